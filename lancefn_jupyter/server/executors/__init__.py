@@ -1,0 +1,29 @@
+"""Executor registry; implementations are imported lazily so ``ray`` is only needed for ``ray``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Executor, ExecutorCallbacks, TaskSpec
+
+__all__ = ["Executor", "ExecutorCallbacks", "TaskSpec", "EXECUTOR_NAMES", "get_executor"]
+
+EXECUTOR_NAMES = ("local", "ray")
+
+
+def get_executor(name: str, **opts: Any) -> Executor:
+    """Build an executor by name.
+
+    ``local`` takes ``classes=`` (the loaded GPU class config) and ``home=``;
+    ``ray`` takes ``address=``.  Options an implementation does not take are dropped, so the
+    CLI can pass everything it knows.
+    """
+    if name == "local":
+        from .local import LocalExecutor
+
+        return LocalExecutor(classes=opts.get("classes"), home=opts.get("home"))
+    if name == "ray":
+        from .ray import RayExecutor
+
+        return RayExecutor(address=opts.get("address"))
+    raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTOR_NAMES)}")

@@ -1,0 +1,78 @@
+"""Executor interface: the one seam between the control plane and whatever runs workers.
+
+The core (``server/core.py``) decides *where* a job runs (class + devices, via the pure
+scheduler) and hands the executor a fully resolved :class:`TaskSpec`.  The executor only
+runs it and reports back through :class:`ExecutorCallbacks`, from any thread it likes; the
+core is thread-safe and ignores callbacks for jobs that are already terminal (cancel races).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
+    from ...models import JobFailure
+
+__all__ = ["TaskSpec", "ExecutorCallbacks", "Executor"]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything an executor needs to run one job; no lookups back into the core."""
+
+    job_id: str
+    name: str
+    version: str
+    artifact: bytes
+    entrypoint: str
+    rows: list[dict]
+    devices: tuple[str, ...]  # device ids chosen by the scheduler ("0", "1", … or "sim0", …)
+    simulated: bool  # True → run with NUMBA_ENABLE_CUDASIM=1 instead of real GPUs
+    gpu_class: str | None  # None for CPU functions (runtime kind "python")
+    num_gpus: int  # 0 for CPU functions
+    env: dict[str, str]  # the function's runtime env; never logged
+    packages: tuple[str, ...]  # declared pip/conda packages that must be importable
+    timeout_s: float | None
+
+
+class ExecutorCallbacks(Protocol):
+    """Implemented by the core; executors call these from their own threads."""
+
+    def task_started(self, job_id: str, *, devices: tuple[str, ...], node: str | None) -> None: ...
+
+    def task_progress(self, job_id: str, rows_done: int) -> None: ...
+
+    def task_log(self, job_id: str, stream: str, lines: list[str]) -> None: ...
+
+    def task_succeeded(self, job_id: str, results: list) -> None: ...
+
+    def task_failed(self, job_id: str, failure: "JobFailure") -> None:  # phase "timeout" → TIMED_OUT
+        ...
+
+
+class Executor(ABC):
+    """Runs tasks; never decides placement (the core's scheduler does)."""
+
+    name: str
+
+    @abstractmethod
+    def start(self, callbacks: ExecutorCallbacks) -> None:
+        """Called once before any launch; keep ``callbacks`` for reporting."""
+
+    @abstractmethod
+    def launch(self, task: TaskSpec) -> None:
+        """Start running ``task``; must not block on the task itself."""
+
+    @abstractmethod
+    def cancel(self, job_id: str) -> None:
+        """Stop the job's worker if any; the core has already marked it CANCELLED."""
+
+    def capacity(self) -> dict[str, int] | None:
+        """GPUs per class when the executor knows better than the config (Ray); else None."""
+        return None
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop all workers; called once on server shutdown."""
