@@ -1,0 +1,567 @@
+"""Wire models of lancefn-jupyter and their canonical JSON (SPEC §3, docs/ARCHITECTURE.md).
+
+Every model is a frozen pydantic v2 value. Decoding ignores unknown fields and never
+re-emits them; validation is eager and fails closed with a message that names the field
+and says how to fix it. Encoding (``to_wire`` / ``to_canonical_json``) writes required
+fields always and omits a field that is ``None`` or equal to its default, so a value that
+did not use a newer optional field encodes to the same bytes as before it existed (that
+is how ``gpu_class`` joins seed 000's contract without changing its digests).
+
+Pure: pydantic and the standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import keyword
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    # encoding
+    "canonical_json",
+    "rfc3339_now",
+    # function versions, leaf types first
+    "FunctionResourceRequirements",
+    "PythonEnvironmentSpec",
+    "PythonRuntimeSpec",
+    "FunctionArtifactContent",
+    "PythonAdapterSpec",
+    "FunctionArtifactRequest",
+    "FunctionArtifact",
+    "FunctionParameter",
+    "FunctionOutput",
+    "FunctionSignature",
+    "FunctionRegistrationRequest",
+    "FunctionVersion",
+    # derivation
+    "version_id",
+    "runtime_digest",
+    "environment_digest",
+    "derive_version",
+    "decode_artifact",
+    # jobs and GPU classes
+    "JobState",
+    "TERMINAL_STATES",
+    "display_state",
+    "JobPlacement",
+    "JobProgress",
+    "JobFailure",
+    "Job",
+    "GpuClass",
+    "GpuUsage",
+]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_PYTHON_VERSION = re.compile(r"[0-9]+\.[0-9]+")
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})"
+)
+_UINT32_MAX = 2**32 - 1
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _wire_value(value: Any) -> Any:
+    """Plain JSON-shaped data from models, enums, mappings and sequences."""
+    if isinstance(value, _RemoteValue):
+        return value.to_wire()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {key: _wire_value(child) for key, child in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_wire_value(child) for child in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON text of a JSON value or a model.
+
+    Keys sorted at every depth, arrays in order, no whitespace, UTF-8 kept as is;
+    NaN and infinities raise ``ValueError`` (they have no JSON form).
+    """
+    return json.dumps(
+        _wire_value(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def rfc3339_now() -> str:
+    """The current UTC time as RFC 3339 with milliseconds, e.g. ``2025-01-31T12:00:00.123Z``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------- field types
+
+
+class _FrozenDict(dict):
+    """A dict that refuses mutation, so a frozen model is frozen all the way down."""
+
+    def _immutable(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("wire values are immutable; build a new model instead")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable
+    __ior__ = _immutable
+
+    def __reduce__(self):
+        # copy/deepcopy/pickle would otherwise refill an empty instance item by item.
+        return (_FrozenDict, (dict(self),))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return _FrozenDict({key: _freeze(child) for key, child in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(child) for child in value)
+    return value
+
+
+def _json_value(value: Any) -> Any:
+    # pydantic's JSON parser accepts NaN/Infinity literals and Python callers can pass
+    # anything, so free-form fields are checked to be finite JSON at decode time.
+    try:
+        canonical_json(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"must be a finite JSON value ({error}); use numbers, strings, lists and objects") from None
+    return value
+
+
+def _pattern(regex: re.Pattern[str], what: str, example: str):
+    def check(value: str) -> str:
+        if not regex.fullmatch(value):
+            raise ValueError(f"must be {what} (got {value!r}), e.g. {example!r}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _non_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _identifier(value: str) -> str:
+    if not value.isidentifier() or keyword.iskeyword(value):
+        raise ValueError(f"must be a Python identifier (got {value!r}), e.g. 'double_all'")
+    return value
+
+
+def _env_mapping(value: Mapping[str, str]) -> Optional[Mapping[str, str]]:
+    for key in value:
+        if not _ENV_NAME.fullmatch(key):
+            raise ValueError(f"environment variable name {key!r} is invalid; use letters, digits and _, e.g. 'MY_VAR'")
+    # An empty mapping means the same as no mapping; normalizing keeps the identity single.
+    return _freeze(value) if value else None
+
+
+def _num_gpus(value: Any) -> int:
+    # bool is an int subclass and JSON floats like 1.0 are not whole GPU counts on the wire.
+    if type(value) is not int or not 1 <= value <= _UINT32_MAX:
+        raise ValueError(f"num_gpus must be a whole number of GPUs ≥ 1 (at most {_UINT32_MAX}), got {value!r}; write e.g. num_gpus=1")
+    return value
+
+
+_Name = Annotated[StrictStr, _pattern(_NAME, "a name of letters, digits, '_', '.', '-' starting with a letter or '_'", "my_function")]
+_Digest = Annotated[StrictStr, _pattern(_DIGEST, "'sha256:' followed by 64 lowercase hex digits", "sha256:" + "0" * 64)]
+_Text = Annotated[StrictStr, AfterValidator(_non_empty)]
+_Identifier = Annotated[StrictStr, AfterValidator(_identifier)]
+_Count = Annotated[int, Field(strict=True, ge=0)]
+_JSON = Annotated[Any, AfterValidator(_json_value)]
+_FrozenJSONObject = Annotated[Mapping[StrictStr, Any], AfterValidator(_json_value), AfterValidator(_freeze)]
+
+
+class _RemoteValue(BaseModel):
+    """Base of every wire model: frozen, unknown fields ignored, canonical encoding."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_wire(self) -> dict[str, Any]:
+        """Known fields as plain JSON data, omitting ``None`` and defaults (required always)."""
+        wire = {}
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not field.is_required():
+                default = field.default_factory() if field.default_factory is not None else field.default
+                if value == default:
+                    continue
+            wire[name] = _wire_value(value)
+        return wire
+
+    def to_canonical_json(self) -> str:
+        return canonical_json(self.to_wire())
+
+    @classmethod
+    def from_json(cls, text: str | bytes):
+        """Decode JSON text; raises ``pydantic.ValidationError`` (a ``ValueError``)."""
+        return cls.model_validate_json(text)
+
+    @classmethod
+    def from_wire(cls, data: Any):
+        """Decode already-parsed JSON data; raises ``pydantic.ValidationError``."""
+        return cls.model_validate(data)
+
+
+# ------------------------------------------------------------------ function versions
+
+
+class FunctionResourceRequirements(_RemoteValue):
+    """Resources required every time a function version executes (part of its identity)."""
+
+    num_gpus: Annotated[int, BeforeValidator(_num_gpus)]
+    # Pins the operator-configured GPU class (seed 001); omitted means the server's default.
+    gpu_class: Optional[_Name] = None
+
+
+class PythonEnvironmentSpec(_RemoteValue):
+    """One Python environment: pip or conda packages, conda channels, optional base image."""
+
+    kind: Literal["pip", "conda"]
+    packages: tuple[StrictStr, ...] = ()
+    channels: tuple[StrictStr, ...] = ()
+    image: Optional[_Text] = None
+
+    @field_validator("packages")
+    @classmethod
+    def _normalize_packages(cls, packages: tuple[str, ...]) -> tuple[str, ...]:
+        # Order and repeats carry no meaning, so they must not change the version id.
+        trimmed = [package.strip() for package in packages]
+        if "" in trimmed:
+            raise ValueError(f"package #{trimmed.index('')} is empty; remove it or name a package like 'numpy'")
+        return tuple(sorted(set(trimmed)))
+
+    @field_validator("channels")
+    @classmethod
+    def _check_channels(cls, channels: tuple[str, ...]) -> tuple[str, ...]:
+        # Channel order is conda's priority order, so it is kept.
+        trimmed = tuple(channel.strip() for channel in channels)
+        if "" in trimmed:
+            raise ValueError(f"channel #{trimmed.index('')} is empty; remove it or name a channel like 'conda-forge'")
+        return trimmed
+
+    @model_validator(mode="after")
+    def _channels_need_conda(self):
+        if self.channels and self.kind != "conda":
+            raise ValueError("channels are only for conda environments; use kind='conda' or remove channels")
+        return self
+
+
+class PythonRuntimeSpec(_RemoteValue):
+    """Runtime of a function version.
+
+    ``python`` is a CPU runtime and must not carry resources; ``python_v2`` is the
+    resource-aware runtime and requires them. A kind from a newer server decodes to just
+    ``{"kind": ...}``: its other fields are not understood, so they are not kept.
+    """
+
+    kind: StrictStr
+    python_version: Optional[Annotated[StrictStr, _pattern(_PYTHON_VERSION, "MAJOR.MINOR", "3.12")]] = None
+    environment: Optional[PythonEnvironmentSpec] = None
+    env: Optional[Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_env_mapping)]] = None
+    resources: Optional[FunctionResourceRequirements] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _discard_unknown_kind_payload(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            kind = data.get("kind")
+            if isinstance(kind, str) and kind not in ("python", "python_v2"):
+                return {"kind": kind}
+        return data
+
+    @model_validator(mode="after")
+    def _check_kind(self):
+        if self.kind not in ("python", "python_v2"):
+            return self
+        fix = {
+            "python_version": "add python_version='3.12'",
+            "environment": "add environment={'kind': 'pip'}",
+            "resources": "add resources={'num_gpus': 1}, or use kind='python' for a CPU function",
+        }
+        required = ("python_version", "environment") + (("resources",) if self.kind == "python_v2" else ())
+        for name in required:
+            if getattr(self, name) is None:
+                raise ValueError(f"{self.kind} runtime requires {name}; {fix[name]}")
+        if self.kind == "python" and self.resources is not None:
+            raise ValueError("python runtime with resources requires kind='python_v2' (or drop resources for a CPU function)")
+        return self
+
+
+class FunctionArtifactContent(_RemoteValue):
+    """The artifact bytes, base64-encoded, carried in a registration request."""
+
+    encoding: Literal["base64"]
+    data: StrictStr
+
+
+class PythonAdapterSpec(_RemoteValue):
+    """How the server turns the scalar entry function into a batch function."""
+
+    kind: Literal["scalar_to_arrow_batch"]
+    version: Literal[1]
+
+
+class FunctionArtifactRequest(_RemoteValue):
+    """The artifact as uploaded: identity plus content and adapter."""
+
+    kind: Literal["python_callable"]
+    digest: _Digest
+    entrypoint: _Identifier
+    content: FunctionArtifactContent
+    adapter: PythonAdapterSpec
+
+
+class FunctionArtifact(_RemoteValue):
+    """The artifact's identity as returned in a version (no bytes)."""
+
+    kind: Literal["python_callable"]
+    digest: _Digest
+    entrypoint: _Identifier
+
+
+class FunctionParameter(_RemoteValue):
+    """One input of the entry function."""
+
+    name: _Identifier
+    arrow_type: _Text
+    nullable: StrictBool
+
+
+class FunctionOutput(_RemoteValue):
+    """The entry function's output; other kinds than ``scalar`` stay decodable."""
+
+    kind: _Text
+    arrow_type: Optional[_Text] = None
+    nullable: Optional[StrictBool] = None
+
+    @model_validator(mode="after")
+    def _scalar_needs_type(self):
+        if self.kind == "scalar" and (self.arrow_type is None or self.nullable is None):
+            raise ValueError("a scalar output requires arrow_type and nullable, e.g. {'kind': 'scalar', 'arrow_type': 'int64', 'nullable': False}")
+        return self
+
+
+class FunctionSignature(_RemoteValue):
+    """Inputs in call order and the output."""
+
+    inputs: tuple[FunctionParameter, ...]
+    output: FunctionOutput
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_names(cls, inputs: tuple[FunctionParameter, ...]) -> tuple[FunctionParameter, ...]:
+        names = [parameter.name for parameter in inputs]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"input {name!r} appears more than once; give each parameter its own name")
+        return inputs
+
+
+class FunctionRegistrationRequest(_RemoteValue):
+    """What the kernel sends to register a function version."""
+
+    name: _Name
+    artifact: FunctionArtifactRequest
+    signature: FunctionSignature
+    runtime: PythonRuntimeSpec
+
+
+class FunctionVersion(_RemoteValue):
+    """An immutable registered version; resources are part of its identity."""
+
+    name: _Name
+    version: _Text
+    artifact: FunctionArtifact
+    signature: FunctionSignature
+    runtime: PythonRuntimeSpec
+    runtime_digest: _Digest
+    environment_digest: _Digest
+    created_at: Annotated[StrictStr, _pattern(_RFC3339, "an RFC 3339 UTC timestamp", "2025-01-31T12:00:00.000Z")]
+
+
+# ---------------------------------------------------------------------- derivation
+
+
+def _sha256(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def version_id(request: FunctionRegistrationRequest) -> str:
+    """The version id: first 16 hex digits of sha256 of the canonical request."""
+    return hashlib.sha256(request.to_canonical_json().encode("utf-8")).hexdigest()[:16]
+
+
+def runtime_digest(runtime: PythonRuntimeSpec) -> str:
+    """``sha256:<hex>`` of the runtime's canonical JSON."""
+    return _sha256(runtime.to_canonical_json())
+
+
+def environment_digest(environment: PythonEnvironmentSpec) -> str:
+    """``sha256:<hex>`` of the environment's canonical JSON."""
+    return _sha256(environment.to_canonical_json())
+
+
+def derive_version(request: FunctionRegistrationRequest, created_at: str) -> FunctionVersion:
+    """The version a server records for ``request``; identical requests give identical ids."""
+    environment = request.runtime.environment
+    if environment is None:
+        raise ValueError(f"runtime.kind {request.runtime.kind!r} is not supported here; use 'python' or 'python_v2'")
+    artifact = request.artifact
+    return FunctionVersion(
+        name=request.name,
+        version=version_id(request),
+        artifact=FunctionArtifact(kind=artifact.kind, digest=artifact.digest, entrypoint=artifact.entrypoint),
+        signature=request.signature,
+        runtime=request.runtime,
+        runtime_digest=runtime_digest(request.runtime),
+        environment_digest=environment_digest(environment),
+        created_at=created_at,
+    )
+
+
+def decode_artifact(request: FunctionArtifactRequest) -> bytes:
+    """The artifact bytes, after checking them against ``artifact.digest``."""
+    try:
+        data = base64.b64decode(request.content.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("artifact.content.data is not valid base64; encode the artifact bytes with base64.b64encode") from None
+    actual = "sha256:" + hashlib.sha256(data).hexdigest()
+    if actual != request.digest:
+        raise ValueError(
+            f"artifact.digest {request.digest} does not match the content ({actual}); "
+            "set digest to the sha256 of the artifact bytes"
+        )
+    return data
+
+
+# ------------------------------------------------------------------ jobs and GPU classes
+
+
+class JobState(str, Enum):
+    """Server-side job states; ``display_state`` gives the words users see."""
+
+    PENDING = "PENDING"
+    IN_PROGRESS = "IN_PROGRESS"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+
+
+TERMINAL_STATES = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT})
+
+_DISPLAY = {
+    JobState.PENDING: "pending",
+    JobState.IN_PROGRESS: "running",
+    JobState.DONE: "finished",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+    JobState.TIMED_OUT: "timed out",
+}
+
+
+def display_state(state: JobState | str) -> str:
+    """``"pending"``, ``"running"``, ``"finished"``, ``"failed"``, ``"cancelled"`` or ``"timed out"``."""
+    return _DISPLAY[JobState(state)]
+
+
+class JobPlacement(_RemoteValue):
+    """Where a job runs or waits: its class, GPUs, devices and place in the queue."""
+
+    gpu_class: Optional[_Name] = None
+    num_gpus: _Count = 0
+    devices: tuple[StrictStr, ...] = ()
+    waiting_on_capacity: StrictBool = False
+    queue_position: Optional[_Count] = None
+    node: Optional[StrictStr] = None
+
+
+class JobProgress(_RemoteValue):
+    """Rows finished out of rows submitted."""
+
+    rows_done: _Count = 0
+    rows_total: _Count = 0
+
+    @model_validator(mode="after")
+    def _done_within_total(self):
+        if self.rows_done > self.rows_total:
+            raise ValueError(f"rows_done ({self.rows_done}) exceeds rows_total ({self.rows_total})")
+        return self
+
+
+class JobFailure(_RemoteValue):
+    """Why a job failed, and whether running it again may succeed."""
+
+    phase: Literal["validation", "environment", "import", "run", "result", "worker", "timeout", "server_restart", "executor"]
+    message: StrictStr
+    retryable: StrictBool = False
+    traceback: Optional[StrictStr] = None
+
+
+class Job(_RemoteValue):
+    """A job as the server reports it."""
+
+    job_id: _Text
+    job_type: Literal["create_function", "run_function"]
+    job_state: JobState
+    creation_ms: _Count
+    started_ms: Optional[_Count] = None
+    finished_ms: Optional[_Count] = None
+    spec: _FrozenJSONObject = Field(default_factory=dict)
+    placement: JobPlacement
+    progress: JobProgress
+    # The job's output handed to the user as decoded (lists stay lists), so it is
+    # checked to be JSON but not frozen.
+    result: _JSON = None
+    failure: Optional[JobFailure] = None
+
+
+class GpuClass(_RemoteValue):
+    """An operator-configured GPU class: hardware only, never live availability."""
+
+    name: _Name
+    resource_name: _Text = "nvidia.com/gpu"
+    gpu_model: _Text
+    gpu_memory_bytes: _Count
+    max_gpu_count_per_worker: Annotated[int, Field(strict=True, ge=1, le=_UINT32_MAX)]
+    node_selector: Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_freeze)] = Field(default_factory=dict)
+    tolerations: tuple[_FrozenJSONObject, ...] = ()
+    simulated: StrictBool = False
+
+
+class GpuUsage(_RemoteValue):
+    """Live use of one GPU class."""
+
+    name: _Name
+    gpus_total: _Count
+    gpus_busy: _Count
+    jobs_running: _Count
+    jobs_pending: _Count
