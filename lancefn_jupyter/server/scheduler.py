@@ -1,0 +1,186 @@
+"""Pure placement decisions: which pending job gets which devices of its GPU class.
+
+Rules (SPEC §4, seed 001):
+- Each GPU class is an independent pool of device ids with a FIFO queue of pending jobs.
+- Strict FIFO within a class: only the head of the queue may start; if it needs more GPUs
+  than are free, later (smaller) jobs wait behind it.  This costs some utilisation but means
+  a multi-GPU job can never be starved by a stream of 1-GPU jobs.
+- A job never fails for lack of capacity; it simply stays queued.  (Requests that could
+  *never* fit — more GPUs than the class has — are rejected by the core before enqueueing.)
+- CPU jobs (``num_gpus == 0``, no class) need no devices and are placed at the next
+  ``schedule`` call.
+
+No I/O, no clocks, no threads: the core calls these under its own lock.  Everything is
+O(1) per decision except ``queue_positions`` (O(queue)), so thousands of decisions per
+second are cheap.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+__all__ = ["Placement", "ClassPool", "SchedulerState", "schedule", "release", "queue_positions"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    gpu_class: str | None  # None for CPU jobs
+    devices: tuple[str, ...]
+
+
+@dataclass
+class ClassPool:
+    """One GPU class: its devices, who holds them, and who waits."""
+
+    name: str
+    devices: tuple[str, ...]
+    # Free devices are kept in configured order so placements are deterministic
+    # (lowest ids first), which makes logs and tests readable.
+    free: list[str] = field(default_factory=list)
+    held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job_id -> devices
+    queue: "OrderedDict[str, int]" = field(default_factory=OrderedDict)  # job_id -> num_gpus, FIFO
+
+    def __post_init__(self) -> None:
+        if not self.free:
+            self.free = list(self.devices)
+
+    def take(self, n: int) -> tuple[str, ...]:
+        taken = tuple(self.free[:n])
+        del self.free[:n]
+        return taken
+
+    def give_back(self, devices: Iterable[str]) -> None:
+        order = {device: i for i, device in enumerate(self.devices)}
+        # Devices that are no longer configured (capacity shrank) are simply dropped.
+        self.free.extend(d for d in devices if d in order)
+        self.free.sort(key=order.__getitem__)
+
+
+class SchedulerState:
+    """Mutable scheduler state; all methods are pure bookkeeping."""
+
+    def __init__(self, classes: Mapping[str, Sequence[str]]):
+        self.pools: dict[str, ClassPool] = {
+            name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
+        }
+        self.cpu_queue: "OrderedDict[str, None]" = OrderedDict()
+        self.cpu_running: set[str] = set()
+        self._class_of: dict[str, str | None] = {}  # every job we know about -> its class (None = CPU)
+
+    # ----------------------------------------------------------------- mutation
+
+    def enqueue(self, job_id: str, gpu_class: str | None, num_gpus: int) -> None:
+        """Append a job to its class's queue (or the CPU queue when ``num_gpus == 0``)."""
+        if job_id in self._class_of:
+            raise ValueError(f"job {job_id} is already scheduled")
+        if num_gpus <= 0:
+            self.cpu_queue[job_id] = None
+            self._class_of[job_id] = None
+            return
+        pool = self.pools.get(gpu_class or "")
+        if pool is None:
+            raise KeyError(f"unknown GPU class {gpu_class!r}")
+        if num_gpus > len(pool.devices):
+            # Would wait forever; the core validates first, this guards the invariant.
+            raise ValueError(f"job {job_id} needs {num_gpus} GPUs but class {gpu_class!r} has {len(pool.devices)}")
+        pool.queue[job_id] = num_gpus
+        self._class_of[job_id] = gpu_class
+
+    def release(self, job_id: str) -> tuple[str, ...]:
+        """Forget a job wherever it is (queued or running); returns the devices it freed."""
+        if job_id not in self._class_of:
+            return ()
+        gpu_class = self._class_of.pop(job_id)
+        if gpu_class is None:
+            self.cpu_queue.pop(job_id, None)
+            self.cpu_running.discard(job_id)
+            return ()
+        pool = self.pools[gpu_class]
+        pool.queue.pop(job_id, None)
+        devices = pool.held.pop(job_id, ())
+        pool.give_back(devices)
+        return devices
+
+    def set_devices(self, gpu_class: str, devices: Sequence[str]) -> None:
+        """Replace a class's device list (e.g. capacity reported by Ray); held devices stay held."""
+        pool = self.pools.get(gpu_class)
+        if pool is None:
+            self.pools[gpu_class] = ClassPool(name=gpu_class, devices=tuple(devices))
+            return
+        held = {d for ds in pool.held.values() for d in ds}
+        pool.devices = tuple(devices)
+        pool.free = [d for d in pool.devices if d not in held]
+
+    def schedule(self) -> list[Placement]:
+        """Place every job that can start now, in FIFO order per class."""
+        placements: list[Placement] = []
+        while self.cpu_queue:
+            job_id, _ = self.cpu_queue.popitem(last=False)
+            self.cpu_running.add(job_id)
+            placements.append(Placement(job_id, None, ()))
+        for pool in self.pools.values():
+            queue = pool.queue
+            while queue:
+                job_id, num_gpus = next(iter(queue.items()))
+                if num_gpus > len(pool.free):
+                    break  # strict FIFO: the head blocks everyone behind it
+                queue.popitem(last=False)
+                devices = pool.take(num_gpus)
+                pool.held[job_id] = devices
+                placements.append(Placement(job_id, pool.name, devices))
+        return placements
+
+    # ------------------------------------------------------------------ queries
+
+    def is_pending(self, job_id: str) -> bool:
+        gpu_class = self._class_of.get(job_id, "")
+        if gpu_class is None:
+            return job_id in self.cpu_queue
+        pool = self.pools.get(gpu_class)
+        return pool is not None and job_id in pool.queue
+
+    def queue_positions(self, gpu_class: str | None) -> dict[str, int]:
+        """1-based position of each pending job of a class (1 = next to start)."""
+        queue = self.cpu_queue if gpu_class is None else self.pools[gpu_class].queue
+        return {job_id: i for i, job_id in enumerate(queue, start=1)}
+
+    def queue_position(self, job_id: str) -> int | None:
+        if job_id not in self._class_of:
+            return None
+        gpu_class = self._class_of[job_id]
+        queue = self.cpu_queue if gpu_class is None else self.pools[gpu_class].queue
+        if job_id not in queue:
+            return None
+        for i, queued in enumerate(queue, start=1):
+            if queued == job_id:
+                return i
+        return None  # unreachable
+
+    def usage(self) -> list[dict]:
+        """Per class: gpus_total, gpus_busy, jobs_running, jobs_pending (GpuUsage fields)."""
+        return [
+            {
+                "name": pool.name,
+                "gpus_total": len(pool.devices),
+                "gpus_busy": len(pool.devices) - len(pool.free),
+                "jobs_running": len(pool.held),
+                "jobs_pending": len(pool.queue),
+            }
+            for pool in self.pools.values()
+        ]
+
+
+# Function spellings of the core operations, for callers that prefer them.
+def schedule(state: SchedulerState) -> list[Placement]:
+    return state.schedule()
+
+
+def release(state: SchedulerState, job_id: str) -> tuple[str, ...]:
+    return state.release(job_id)
+
+
+def queue_positions(state: SchedulerState, gpu_class: str | None) -> dict[str, int]:
+    return state.queue_positions(gpu_class)

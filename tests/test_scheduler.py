@@ -1,0 +1,137 @@
+"""Pure scheduler decisions: FIFO per class, devices, no starvation, CPU jobs, release."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lancefn_jupyter.server.scheduler import Placement, SchedulerState, queue_positions, release, schedule
+
+
+def two_gpu_state() -> SchedulerState:
+    return SchedulerState({"default": ("sim0", "sim1")})
+
+
+def test_three_one_gpu_jobs_on_two_gpus_third_waits_at_position_1():
+    state = two_gpu_state()
+    for job in ("a", "b", "c"):
+        state.enqueue(job, "default", 1)
+    placed = schedule(state)
+    assert placed == [Placement("a", "default", ("sim0",)), Placement("b", "default", ("sim1",))]
+    assert queue_positions(state, "default") == {"c": 1}
+    assert state.queue_position("c") == 1
+    assert state.is_pending("c") and not state.is_pending("a")
+    # Nothing more fits until a device frees up.
+    assert schedule(state) == []
+    assert release(state, "b") == ("sim1",)
+    assert schedule(state) == [Placement("c", "default", ("sim1",))]
+    assert queue_positions(state, "default") == {}
+
+
+def test_head_of_queue_blocks_smaller_jobs_behind_it():
+    state = two_gpu_state()
+    state.enqueue("small1", "default", 1)
+    schedule(state)
+    state.enqueue("big", "default", 2)
+    state.enqueue("small2", "default", 1)
+    # One GPU is free and small2 would fit, but big is first in line.
+    assert schedule(state) == []
+    assert queue_positions(state, "default") == {"big": 1, "small2": 2}
+    release(state, "small1")
+    assert schedule(state) == [Placement("big", "default", ("sim0", "sim1"))]
+    release(state, "big")
+    assert schedule(state) == [Placement("small2", "default", ("sim0",))]
+
+
+def test_cancelling_a_pending_head_lets_the_next_job_start():
+    state = two_gpu_state()
+    state.enqueue("run", "default", 1)
+    state.enqueue("big", "default", 2)
+    state.enqueue("small", "default", 1)
+    assert [p.job_id for p in schedule(state)] == ["run"]
+    assert release(state, "big") == ()  # a pending job holds no devices
+    assert schedule(state) == [Placement("small", "default", ("sim1",))]
+
+
+def test_cpu_jobs_are_placed_immediately_without_devices():
+    state = SchedulerState({"default": ("0",)})
+    state.enqueue("gpu", "default", 1)
+    state.enqueue("gpu2", "default", 1)
+    for i in range(5):
+        state.enqueue(f"cpu{i}", None, 0)
+    placed = schedule(state)
+    assert [p for p in placed if p.gpu_class is None] == [Placement(f"cpu{i}", None, ()) for i in range(5)]
+    assert state.is_pending("gpu2")
+    assert release(state, "cpu3") == ()
+    assert state.usage() == [{"name": "default", "gpus_total": 1, "gpus_busy": 1, "jobs_running": 1, "jobs_pending": 1}]
+
+
+def test_classes_are_independent_pools():
+    state = SchedulerState({"a100": ("0", "1"), "t4": ("2",)})
+    state.enqueue("x", "t4", 1)
+    state.enqueue("y", "t4", 1)
+    state.enqueue("z", "a100", 2)
+    placed = {p.job_id: p for p in schedule(state)}
+    assert placed["x"].devices == ("2",) and placed["z"].devices == ("0", "1")
+    assert "y" not in placed
+    assert queue_positions(state, "t4") == {"y": 1}
+    assert queue_positions(state, "a100") == {}
+
+
+def test_freed_devices_are_reused_lowest_id_first():
+    state = SchedulerState({"c": ("0", "1", "2", "3")})
+    for job in "abcd":
+        state.enqueue(job, "c", 1)
+    schedule(state)
+    release(state, "c")
+    release(state, "a")
+    state.enqueue("e", "c", 2)
+    assert schedule(state) == [Placement("e", "c", ("0", "2"))]
+
+
+def test_invalid_enqueues_are_refused():
+    state = two_gpu_state()
+    with pytest.raises(KeyError):
+        state.enqueue("x", "nope", 1)
+    with pytest.raises(ValueError):
+        state.enqueue("x", "default", 3)  # could never fit: would wait forever
+    state.enqueue("x", "default", 1)
+    with pytest.raises(ValueError):
+        state.enqueue("x", "default", 1)
+    assert release(state, "unknown") == ()
+
+
+def test_set_devices_keeps_held_devices_held():
+    state = two_gpu_state()
+    state.enqueue("a", "default", 1)
+    schedule(state)
+    state.set_devices("default", ("sim0", "sim1", "sim2"))
+    state.enqueue("b", "default", 2)
+    assert schedule(state) == [Placement("b", "default", ("sim1", "sim2"))]
+
+
+def test_random_workload_invariants():
+    """Invariants under random enqueue/release: no device double-booked, FIFO order kept."""
+    rng = random.Random(1234)
+    devices = tuple(str(i) for i in range(4))
+    state = SchedulerState({"c": devices})
+    running: dict[str, tuple[str, ...]] = {}
+    enqueued: list[str] = []
+    started: list[str] = []
+    for step in range(5000):
+        if rng.random() < 0.55:
+            job = f"j{step}"
+            state.enqueue(job, "c", rng.randint(1, 4))
+            enqueued.append(job)
+        elif running:
+            job = rng.choice(sorted(running))
+            assert release(state, job) == running.pop(job)
+        for placement in schedule(state):
+            running[placement.job_id] = placement.devices
+            started.append(placement.job_id)
+        busy = [d for ds in running.values() for d in ds]
+        assert len(busy) == len(set(busy))
+        assert set(busy) <= set(devices)
+    # Jobs start in exactly the order they were enqueued (strict FIFO).
+    assert started == enqueued[: len(started)]
