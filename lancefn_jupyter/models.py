@@ -184,11 +184,15 @@ def _env_mapping(value: Mapping[str, str]) -> Optional[Mapping[str, str]]:
 def _num_gpus(value: Any) -> int:
     # bool is an int subclass and JSON floats like 1.0 are not whole GPU counts on the wire.
     if type(value) is not int or not 1 <= value <= _UINT32_MAX:
-        raise ValueError(f"num_gpus must be a whole number of GPUs ≥ 1 (at most {_UINT32_MAX}), got {value!r}; write e.g. num_gpus=1")
+        raise ValueError(
+            f"num_gpus must be a whole number of GPUs ≥ 1 (at most {_UINT32_MAX}), got {value!r}; write e.g. num_gpus=1"
+        )
     return value
 
 
-_Name = Annotated[StrictStr, _pattern(_NAME, "a name of letters, digits, '_', '.', '-' starting with a letter or '_'", "my_function")]
+_Name = Annotated[
+    StrictStr, _pattern(_NAME, "letters, digits, '_', '.', '-', starting with a letter or '_'", "my_function")
+]
 _Digest = Annotated[StrictStr, _pattern(_DIGEST, "'sha256:' followed by 64 lowercase hex digits", "sha256:" + "0" * 64)]
 _Text = Annotated[StrictStr, AfterValidator(_non_empty)]
 _Identifier = Annotated[StrictStr, AfterValidator(_identifier)]
@@ -311,7 +315,9 @@ class PythonRuntimeSpec(_RemoteValue):
             if getattr(self, name) is None:
                 raise ValueError(f"{self.kind} runtime requires {name}; {fix[name]}")
         if self.kind == "python" and self.resources is not None:
-            raise ValueError("python runtime with resources requires kind='python_v2' (or drop resources for a CPU function)")
+            raise ValueError(
+                "python runtime with resources requires kind='python_v2' (or drop resources for a CPU function)"
+            )
         return self
 
 
@@ -326,7 +332,8 @@ class PythonAdapterSpec(_RemoteValue):
     """How the server turns the scalar entry function into a batch function."""
 
     kind: Literal["scalar_to_arrow_batch"]
-    version: Literal[1]
+    # Literal[1] alone would also accept True (True == 1).
+    version: Annotated[int, Field(strict=True, ge=1, le=1)]
 
 
 class FunctionArtifactRequest(_RemoteValue):
@@ -365,7 +372,10 @@ class FunctionOutput(_RemoteValue):
     @model_validator(mode="after")
     def _scalar_needs_type(self):
         if self.kind == "scalar" and (self.arrow_type is None or self.nullable is None):
-            raise ValueError("a scalar output requires arrow_type and nullable, e.g. {'kind': 'scalar', 'arrow_type': 'int64', 'nullable': False}")
+            raise ValueError(
+                "a scalar output requires arrow_type and nullable, "
+                "e.g. {'kind': 'scalar', 'arrow_type': 'int64', 'nullable': False}"
+            )
         return self
 
 
@@ -452,7 +462,9 @@ def decode_artifact(request: FunctionArtifactRequest) -> bytes:
     try:
         data = base64.b64decode(request.content.data, validate=True)
     except (binascii.Error, ValueError):
-        raise ValueError("artifact.content.data is not valid base64; encode the artifact bytes with base64.b64encode") from None
+        raise ValueError(
+            "artifact.content.data is not valid base64; encode the artifact bytes with base64.b64encode"
+        ) from None
     actual = "sha256:" + hashlib.sha256(data).hexdigest()
     if actual != request.digest:
         raise ValueError(
@@ -520,7 +532,9 @@ class JobProgress(_RemoteValue):
 class JobFailure(_RemoteValue):
     """Why a job failed, and whether running it again may succeed."""
 
-    phase: Literal["validation", "environment", "import", "run", "result", "worker", "timeout", "server_restart", "executor"]
+    phase: Literal[
+        "validation", "environment", "import", "run", "result", "worker", "timeout", "server_restart", "executor"
+    ]
     message: StrictStr
     retryable: StrictBool = False
     traceback: Optional[StrictStr] = None
