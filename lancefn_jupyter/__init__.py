@@ -1,5 +1,68 @@
-"""lancefn-jupyter: interactive GPU functions for Jupyter (placeholder until the API lands)."""
+"""lancefn-jupyter: register notebook cells as GPU function versions, watch their jobs live,
+and develop them locally on a GPU or numba's CUDA simulator.
+
+`%load_ext lancefn_jupyter` registers the magics and nothing else: the API below (pydantic models,
+httpx, widgets, numba) is imported on first use so loading the extension stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 from ._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    "connect",
+    "current_client",
+    "gpu_function",
+    "gpu_profile",
+    "list_gpu_classes",
+    "list_versions",
+    "list_jobs",
+    "GpuFunction",
+    "Job",
+    "RemoteFunctionError",
+]
+
+_API_NAMES = frozenset(__all__) - {"__version__", "load_ipython_extension", "unload_ipython_extension"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API_NAMES:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'lancefn_jupyter' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from .magics import GpuMagics
+
+    ipython.register_magics(GpuMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    # Magics stay registered (IPython has no unregister); background listeners are stopped.
+    from . import widgets
+
+    stop = getattr(widgets, "stop_listener", None)
+    if stop is not None:
+        stop()
+
+
+# Jupyter server and JupyterLab extension points (implemented in lancefn_jupyter.jupyter).
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "lancefn-jupyter"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "lancefn_jupyter"}]
+
+
+def _load_jupyter_server_extension(server_app: Any) -> None:
+    from .jupyter import load_jupyter_server_extension
+
+    load_jupyter_server_extension(server_app)

@@ -1,0 +1,59 @@
+"""HTTP client for the lancefn control plane: one module per REST resource (SPEC §4)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from ._http import Transport
+from .errors import (
+    ApiError,
+    Conflict,
+    ControlPlaneUnreachable,
+    Forbidden,
+    InvalidRequest,
+    LancefnError,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from .events import Event, iter_events
+from .functions import FunctionsResource
+from .gpu import GpuResource
+from .jobs import JobsResource
+
+__all__ = [
+    "Client",
+    "Event",
+    "ApiError",
+    "Conflict",
+    "ControlPlaneUnreachable",
+    "Forbidden",
+    "InvalidRequest",
+    "LancefnError",
+    "NotFound",
+    "PayloadTooLarge",
+    "Unauthorized",
+]
+
+
+class Client:
+    """A connection to one control plane (embedded or remote). Thread-safe (httpx.Client is)."""
+
+    def __init__(self, url: str, api_key: Optional[str] = None, *, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self._transport = Transport(self.url, api_key, timeout=timeout)
+        self.jobs = JobsResource(self._transport)
+        self.functions = FunctionsResource(self._transport, self.jobs)
+        self.gpu = GpuResource(self._transport)
+
+    def health(self) -> dict[str, Any]:
+        return self._transport.get("/v1/health")
+
+    def events(self, *, last_event_id: Optional[int] = None, read_timeout: Optional[float] = 60.0) -> Iterator[Event]:
+        return iter_events(self._transport, last_event_id=last_event_id, read_timeout=read_timeout)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"

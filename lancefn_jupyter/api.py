@@ -1,0 +1,624 @@
+"""The Python API behind the magics: connections, GPU function handles, job handles, profiles.
+
+Everything a magic does is reachable from here, for scripts and tests:
+
+    from lancefn_jupyter import gpu_function, connect, list_gpu_classes
+    @gpu_function(num_gpus=1, pip=["numpy"])
+    def double(x: float) -> float: ...
+    double.submit(2.0).result()
+
+Connection rule (SPEC §2): an explicit `connect(url, api_key)`, else `LANCEFN_URL`/`LANCEFN_API_KEY`,
+else the embedded control plane under `$LANCEFN_HOME`, started on first use and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+from . import display
+from .client import Client, Forbidden, LancefnError
+from .models import (
+    TERMINAL_STATES,
+    FunctionRegistrationRequest,
+    FunctionVersion,
+    GpuClass,
+    Job as JobRecord,
+    JobState,
+    display_state,
+)
+from .options import ComputeProfile, FunctionOptions, build_options, build_profile
+from .packaging import PackagedFunction, package_cell, package_function
+
+__all__ = [
+    "connect",
+    "use_local",
+    "stop_local",
+    "current_client",
+    "connection_info",
+    "list_gpu_classes",
+    "list_versions",
+    "list_jobs",
+    "gpu_profile",
+    "profiles",
+    "gpu_function",
+    "function_from_cell",
+    "GpuFunction",
+    "Job",
+    "JobError",
+    "RemoteFunctionError",
+    "JobCancelled",
+    "JobTimedOut",
+]
+
+
+# ---------------------------------------------------------------------------------------- connection
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """Which control plane this kernel talks to (never holds the API key)."""
+
+    url: str
+    embedded: bool
+    home: Optional[str] = None
+    pid: Optional[int] = None
+
+
+class _Session:
+    """Process-wide connection state; one lock so concurrent threads (widgets) agree."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.client: Optional[Client] = None
+        self.info: Optional[ConnectionInfo] = None
+        self.classes: dict[str, GpuClass] = {}
+        # (url, sha256 of the canonical request) → version: an unchanged cell re-registers with no HTTP.
+        self.registered: dict[tuple[str, str], FunctionVersion] = {}
+        self.profiles: dict[str, ComputeProfile] = {}
+
+    def replace(self, client: Client, info: ConnectionInfo) -> Client:
+        with self.lock:
+            if self.client is not None and self.client is not client:
+                self.client.close()
+            self.client, self.info = client, info
+            self.classes = {}
+            return client
+
+
+_session = _Session()
+
+
+def connect(url: Optional[str] = None, api_key: Optional[str] = None, *, home: Optional[str] = None) -> Client:
+    """Connect to a control plane: `url` (with `api_key`, else `LANCEFN_API_KEY`), else `LANCEFN_URL`, else local."""
+    url = url or os.environ.get("LANCEFN_URL")
+    if not url:
+        return use_local(home)
+    key = api_key if api_key is not None else os.environ.get("LANCEFN_API_KEY")
+    client = Client(url, key)
+    return _session.replace(client, ConnectionInfo(url=client.url, embedded=False))
+
+
+def use_local(home: Optional[str] = None) -> Client:
+    """Use (starting it if needed) the embedded control plane under `home` (default `$LANCEFN_HOME`)."""
+    from .embedded import ensure_server
+
+    info = ensure_server(Path(home) if home else None)
+    client = Client(info.url, info.api_key)
+    return _session.replace(client, ConnectionInfo(url=info.url, embedded=True, home=info.home, pid=info.pid))
+
+
+def stop_local(home: Optional[str] = None) -> bool:
+    """Stop the embedded control plane (jobs and versions persist in its home)."""
+    from .embedded import stop_server
+
+    with _session.lock:
+        if _session.info is not None and _session.info.embedded and _session.client is not None:
+            _session.client.close()
+            _session.client, _session.info = None, None
+        return stop_server(Path(home) if home else None)
+
+
+def current_client() -> Client:
+    """The client in use, connecting by the default rule on first use."""
+    with _session.lock:
+        if _session.client is None:
+            connect()
+        assert _session.client is not None
+        return _session.client
+
+
+def connection_info() -> Optional[ConnectionInfo]:
+    return _session.info
+
+
+def _gpu_class(name: Optional[str]) -> Optional[GpuClass]:
+    """Hardware of a class for display; None when unknown or the key may not list classes."""
+    name = name or "default"
+    with _session.lock:
+        if name not in _session.classes:
+            try:
+                _session.classes = {c.name: c for c in current_client().gpu.classes()}
+            except Forbidden:
+                return None
+        return _session.classes.get(name)
+
+
+# ------------------------------------------------------------------------------------ rich listings
+
+
+class _Rendered(list):
+    """A list of models that shows as a table (text and HTML) in notebooks."""
+
+    def __init__(self, items: Iterable[Any], render: Callable[[], tuple[str, str]]):
+        super().__init__(items)
+        self._render = render
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        text, markup = self._render()
+        return {"text/plain": text, "text/html": markup}
+
+    def __repr__(self) -> str:
+        return self._render()[0]
+
+
+def list_gpu_classes() -> list[GpuClass]:
+    """The deployment's GPU classes (hardware), shown with live busy/free when displayed."""
+    client = current_client()
+    classes = client.gpu.classes()
+    usage = client.gpu.usage()
+    return _Rendered(classes, lambda: display.gpu_classes_table(classes, usage))
+
+
+def list_versions(name: Optional[str] = None) -> list:
+    """Registered function versions (with definitions), optionally of one name."""
+    listings = list(current_client().functions.list(name, include_definition=True))
+    rows = [(item.name, item.version, item.definition) for item in listings]
+    return _Rendered(listings, lambda: display.versions_table(rows))
+
+
+def list_jobs(*, state: Optional[str] = None, name: Optional[str] = None, limit: int = 50) -> list:
+    """Recent `run_function` jobs, newest first."""
+    jobs = current_client().jobs.list(state=state, name=name, job_type="run_function", limit=limit)
+    return _Rendered(jobs, lambda: display.jobs_table(jobs))
+
+
+# ------------------------------------------------------------------------------------------ profiles
+
+
+def gpu_profile(name: str, **options: Any) -> ComputeProfile:
+    """Define (or replace) a reusable compute profile; `gpu_function(profile=name)` uses it."""
+    profile = build_profile(name, **options)
+    _session.profiles[profile.name] = profile
+    return profile
+
+
+def profiles() -> dict[str, ComputeProfile]:
+    return dict(_session.profiles)
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+class JobError(LancefnError):
+    """A job did not produce results."""
+
+    def __init__(self, message: str, job: JobRecord):
+        self.job = job
+        self.job_id = job.job_id
+        super().__init__(message)
+
+
+class RemoteFunctionError(JobError):
+    """The function raised (or failed to import/run); the traceback shows the cell's own lines."""
+
+    def __init__(self, message: str, job: JobRecord, *, phase: str, remote_traceback: str):
+        self.phase = phase
+        self.remote_traceback = remote_traceback
+        super().__init__(message, job)
+
+
+class JobCancelled(JobError):
+    pass
+
+
+class JobTimedOut(JobError):
+    pass
+
+
+_FRAME = re.compile(r'File "<gpu_function [^>]*>", line (\d+)')
+
+
+def map_traceback(text: str, packaged: Optional[PackagedFunction], cell_source: Optional[str]) -> str:
+    """Rewrite artifact line numbers to the user's cell lines and show the cell's source lines."""
+    if not text or packaged is None:
+        return text or ""
+    cell_lines = cell_source.splitlines() if cell_source else []
+    out = []
+    for line in text.splitlines():
+        match = _FRAME.search(line)
+        if match and int(match.group(1)) in packaged.line_map:
+            cell_line = packaged.line_map[int(match.group(1))]
+            out.append(line[: match.start()] + f"Cell line {cell_line}" + line[match.end() :])
+            if 0 < cell_line <= len(cell_lines):
+                out.append("    " + cell_lines[cell_line - 1].strip())
+            continue
+        # Drop the artifact's own source echo; the cell's line was printed above.
+        if out and out[-1].startswith("    ") and line.startswith("    ") and "Cell line" in (out[-2] if len(out) > 1 else ""):
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+# -------------------------------------------------------------------------------------- job handles
+
+
+class Job:
+    """A handle on one job: state, wait, results, cancel, logs. Cheap to create; safe to re-attach."""
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        client: Optional[Client] = None,
+        function: Optional["GpuFunction"] = None,
+        single: bool = False,
+        snapshot: Optional[JobRecord] = None,
+    ):
+        self.job_id = job_id
+        self._client = client or current_client()
+        self._function = function
+        self._single = single
+        self._snapshot = snapshot
+
+    @classmethod
+    def attach(cls, job_id: str, *, client: Optional[Client] = None) -> "Job":
+        """Re-attach to an existing job (e.g. after a kernel restart). `result()` returns the list of row results."""
+        job = cls(job_id, client=client)
+        job.refresh()
+        return job
+
+    @property
+    def snapshot(self) -> JobRecord:
+        """The job as last seen (fetched if never seen)."""
+        if self._snapshot is None:
+            self.refresh()
+        assert self._snapshot is not None
+        return self._snapshot
+
+    def refresh(self) -> JobRecord:
+        self._snapshot = self._client.jobs.describe(self.job_id)
+        return self._snapshot
+
+    def _update(self, snapshot: JobRecord) -> None:
+        """Newer state from elsewhere (the event listener); never goes backwards."""
+        if self._snapshot is None or self._snapshot.job_state not in TERMINAL_STATES:
+            self._snapshot = snapshot
+
+    @property
+    def state(self) -> str:
+        """pending, running, finished, failed, cancelled or timed out (as of the last refresh)."""
+        snapshot = self.snapshot
+        if snapshot.job_state not in TERMINAL_STATES:
+            snapshot = self.refresh()
+        return display_state(snapshot.job_state)
+
+    @property
+    def done(self) -> bool:
+        return self.snapshot.job_state in TERMINAL_STATES
+
+    def wait(self, timeout: Optional[float] = None) -> "Job":
+        """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
+        try:
+            self._snapshot = self._client.jobs.wait(self.job_id, timeout=timeout)
+        except KeyboardInterrupt:
+            print(
+                f"Stopped waiting for job {self.job_id}; it keeps running on the control plane. "
+                f"Cancel it with Job.attach({self.job_id!r}).cancel() or the Cancel button in %gpu_jobs.",
+                file=sys.stderr,
+            )
+            raise
+        return self
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """The function's return value (`submit`), or the list of values (`map`); raises on failure."""
+        snapshot = self.snapshot
+        if snapshot.job_state not in TERMINAL_STATES:
+            snapshot = self.wait(timeout).snapshot
+        if snapshot.job_state == JobState.DONE:
+            results = snapshot.result
+            return results[0] if self._single and isinstance(results, list) and len(results) == 1 else results
+        if snapshot.job_state not in TERMINAL_STATES:
+            raise TimeoutError(f"job {self.job_id} is still {display_state(snapshot.job_state)} after {timeout}s")
+        raise self._error(snapshot)
+
+    def _error(self, snapshot: JobRecord) -> JobError:
+        ref = f"{snapshot.spec.get('name', '?')}@{snapshot.spec.get('version', '?')}"
+        if snapshot.job_state == JobState.CANCELLED:
+            return JobCancelled(f"job {self.job_id} ({ref}) was cancelled", snapshot)
+        failure = snapshot.failure
+        if snapshot.job_state == JobState.TIMED_OUT:
+            detail = f": {failure.message}" if failure else ""
+            return JobTimedOut(f"job {self.job_id} ({ref}) timed out{detail}", snapshot)
+        phase = failure.phase if failure else "unknown"
+        message = failure.message if failure else "no failure details"
+        packaged = self._function._packaged if self._function else None
+        cell = self._function._cell_source if self._function else None
+        remote_tb = map_traceback(failure.traceback or "", packaged, cell) if failure else ""
+        text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
+        if remote_tb:
+            text += "\n\nRemote traceback (your code only):\n" + remote_tb
+        return RemoteFunctionError(text, snapshot, phase=phase, remote_traceback=remote_tb)
+
+    def cancel(self) -> bool:
+        """Cancel it (pending or running); True if this call cancelled it."""
+        cancelled = self._client.jobs.cancel(self.job_id)
+        self.refresh()
+        return cancelled
+
+    def logs(self) -> str:
+        """The worker's captured stdout/stderr so far."""
+        lines, offset, out = [], 0, []
+        while True:
+            lines, next_offset = self._client.jobs.logs(self.job_id, offset)
+            out.extend(lines)
+            if not lines or next_offset == offset:
+                return "\n".join(out)
+            offset = next_offset
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        text, markup = display.job_card(self.snapshot)
+        return {"text/plain": text, "text/html": markup}
+
+    def __repr__(self) -> str:
+        return display.job_card(self.snapshot)[0]
+
+
+# --------------------------------------------------------------------------------- function handles
+
+
+def _request_key(request: FunctionRegistrationRequest) -> str:
+    return hashlib.sha256(request.to_canonical_json().encode()).hexdigest()
+
+
+def _to_json_value(value: Any, where: str) -> Any:
+    """Arguments travel as JSON; numpy values are converted, anything else is refused up front."""
+    if hasattr(value, "tolist") and callable(value.tolist):
+        value = value.tolist()
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"argument {where} cannot be sent to a GPU function job ({error}); pass JSON values "
+            "(numbers, strings, bools, None, lists and dicts of them)"
+        ) from None
+    return value
+
+
+class GpuFunction:
+    """A registered (or registrable) function version that still calls the local function.
+
+    `f(x)` runs in this kernel; `f.submit(x)` / `f.map(xs)` / `f.remote(x)` run as jobs on the control
+    plane; `f.local(x)` runs the packaged artifact in a subprocess on a local GPU or the CUDA simulator.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        packaged: PackagedFunction,
+        options: FunctionOptions,
+        *,
+        cell_source: Optional[str] = None,
+    ):
+        self._fn = fn
+        self._packaged = packaged
+        self._options = options
+        self._cell_source = cell_source
+        self._version: Optional[FunctionVersion] = None
+        self.timeout_s: Optional[float] = options.timeout_s
+        self.last_local_device: Optional[str] = None
+        self.name = options.name or packaged.entrypoint
+        self._request = FunctionRegistrationRequest(
+            name=self.name,
+            artifact=packaged.artifact_request(),
+            signature=packaged.signature,
+            runtime=options.runtime(f"{sys.version_info.major}.{sys.version_info.minor}"),
+        )
+        self.__wrapped__ = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", self.name)
+
+    # -- identity
+    @property
+    def registration_request(self) -> FunctionRegistrationRequest:
+        return self._request
+
+    @property
+    def artifact_source(self) -> str:
+        return self._packaged.source.decode("utf-8")
+
+    @property
+    def options(self) -> FunctionOptions:
+        return self._options
+
+    @property
+    def version(self) -> Optional[FunctionVersion]:
+        """The registered version (registering on first access unless `register=no`)."""
+        if self._version is None and self._options.register:
+            self.register()
+        return self._version
+
+    def register(self) -> FunctionVersion:
+        """Register with the current control plane; unchanged requests are not sent again."""
+        client = current_client()
+        key = (client.url, _request_key(self._request))
+        version = _session.registered.get(key)
+        if version is None:
+            version = client.functions.register(self._request)
+            _session.registered[key] = version
+        self._version = version
+        return version
+
+    # -- calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def _row(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            bound = inspect.signature(self._fn).bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{self.name}(): {error}") from None
+        bound.apply_defaults()
+        return {name: _to_json_value(value, f"{name!r} of {self.name}") for name, value in bound.arguments.items()}
+
+    def _submit_rows(self, rows: list[dict[str, Any]], single: bool) -> Job:
+        version = self.version
+        if version is None:
+            raise LancefnError(f"{self.name} was defined with register=no; call {self.name}.register() first")
+        client = current_client()
+        job_id = client.functions.run(version.name, version.version, rows, timeout_s=self.timeout_s)
+        return Job(job_id, client=client, function=self, single=single)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Job:
+        """Run one call as a job; returns at once with a Job handle."""
+        return self._submit_rows([self._row(args, kwargs)], single=True)
+
+    def map(self, items: Iterable[Any]) -> Job:
+        """One job, one row per item (a tuple → positional args, a dict → keyword args, else one arg)."""
+        rows = []
+        for item in items:
+            if isinstance(item, tuple):
+                rows.append(self._row(item, {}))
+            elif isinstance(item, Mapping):
+                rows.append(self._row((), item))
+            else:
+                rows.append(self._row((item,), {}))
+        if not rows:
+            raise ValueError(f"{self.name}.map() needs at least one item")
+        return self._submit_rows(rows, single=False)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Submit, wait and return the result (raises the remote error, mapped to the cell)."""
+        return self.submit(*args, **kwargs).result()
+
+    def local(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the packaged artifact in a subprocess: local GPU if usable, else numba's CUDA simulator."""
+        from .local import LocalRunError, run_local
+
+        row = self._row(args, kwargs)
+        env = self._options.env_dict
+        version = self._version.version if self._version else "local"
+        try:
+            run = run_local(
+                self._packaged.source,
+                self._packaged.entrypoint,
+                f"<gpu_function {self.name}@{version}>",
+                [row],
+                packages=self._request.runtime.environment.packages if self._request.runtime.environment else (),
+                env=env,
+                timeout_s=self.timeout_s,
+            )
+        except LocalRunError as error:
+            tb = map_traceback(error.traceback or "", self._packaged, self._cell_source)
+            raise LancefnError(
+                f"{self.name}.local() failed in phase {error.phase}: {error.message}"
+                + (f"\n\nTraceback (your code only):\n{tb}" if tb else "")
+            ) from None
+        self.last_local_device = run.device
+        print(f"[lancefn] {self.name}.local() ran on {run.device}")
+        return run.results[0]
+
+    # -- display
+    def _card(self) -> tuple[str, str]:
+        runtime = self._request.runtime
+        resources = runtime.resources
+        env = runtime.environment
+        packages = ", ".join(env.packages) if env and env.packages else "no packages"
+        environment = f"{env.kind}: {packages}" if env else "-"
+        if runtime.env:
+            environment += f"; env: {', '.join(sorted(runtime.env))}"  # names only: values may be secrets
+        version = self._version
+        note = "" if version is not None else "not registered (register=no): the request is in .registration_request"
+        return display.function_card(
+            name=self.name,
+            version=version.version if version else None,
+            digest=self._packaged.digest,
+            runtime_kind=runtime.kind,
+            num_gpus=resources.num_gpus if resources else 0,
+            gpu_class=resources.gpu_class if resources else None,
+            environment=environment,
+            hardware=_gpu_class(resources.gpu_class if resources else None) if version is not None else None,
+            note=note,
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        text, markup = self._card()
+        return {"text/plain": text, "text/html": markup}
+
+    def __repr__(self) -> str:
+        return self._card()[0]
+
+
+def function_from_cell(
+    cell: str, namespace: Mapping[str, Any], options: FunctionOptions
+) -> GpuFunction:
+    """Package an already-executed cell and build its handle (the magic's core, usable from Python)."""
+    packaged = package_cell(cell, namespace, entry=options.name)
+    fn = namespace[packaged.entrypoint]
+    if isinstance(fn, GpuFunction):  # the cell's def ran, so this is only a stale handle if re-bound
+        fn = fn.__wrapped__
+    handle = GpuFunction(fn, packaged, options, cell_source=cell)
+    if options.register:
+        handle.register()
+    return handle
+
+
+def gpu_function(
+    fn: Optional[Callable[..., Any]] = None,
+    *,
+    num_gpus: Optional[int] = None,
+    gpu_class: Optional[str] = None,
+    name: Optional[str] = None,
+    pip: Iterable[str] | str = (),
+    conda: Iterable[str] | str = (),
+    conda_channels: Iterable[str] | str = (),
+    env: Optional[Mapping[str, str]] = None,
+    python_version: Optional[str] = None,
+    image: Optional[str] = None,
+    profile: Optional[str] = None,
+    register: bool = True,
+    timeout_s: Optional[float] = None,
+):
+    """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
+
+    Registration is lazy here (first `.version`, `.submit`, `.map`, `.remote` or `.register()`), so
+    importing a module never starts a server.
+    """
+    options = build_options(
+        num_gpus=num_gpus,
+        gpu_class=gpu_class,
+        name=name,
+        pip=pip,
+        conda=conda,
+        conda_channels=conda_channels,
+        env=env,
+        python_version=python_version,
+        image=image,
+        profile=profile,
+        register=register,
+        timeout_s=timeout_s,
+        profiles=_session.profiles,
+    )
+
+    def wrap(function: Callable[..., Any]) -> GpuFunction:
+        return GpuFunction(function, package_function(function), options)
+
+    return wrap(fn) if fn is not None else wrap

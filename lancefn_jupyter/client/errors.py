@@ -1,0 +1,83 @@
+"""Typed errors raised by the control-plane client.
+
+Every error carries what a user needs to act on it: the HTTP status, the server's error code and
+message (which says how to fix the input), and the request id to quote when reporting a problem.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "LancefnError",
+    "ApiError",
+    "InvalidRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "Conflict",
+    "PayloadTooLarge",
+    "ControlPlaneUnreachable",
+    "error_for_status",
+]
+
+
+class LancefnError(Exception):
+    """Base class of every error this package raises about the control plane."""
+
+
+class ControlPlaneUnreachable(LancefnError):
+    """The control plane could not be reached (connection refused, DNS, timeout)."""
+
+    def __init__(self, url: str, reason: str):
+        self.url = url
+        self.reason = reason
+        super().__init__(
+            f"control plane at {url} is unreachable ({reason}); check `%lancefn` for the server in use, "
+            "or `%lancefn local` to start the embedded one"
+        )
+
+
+class ApiError(LancefnError):
+    """The control plane answered with an error envelope."""
+
+    status: int = 0
+
+    def __init__(self, status: int, code: str, message: str, request_id: Optional[str]):
+        self.status = status
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+        suffix = f" (request id {request_id})" if request_id else ""
+        super().__init__(f"{status} {code}: {message}{suffix}")
+
+
+class InvalidRequest(ApiError):
+    status = 400
+
+
+class Unauthorized(ApiError):
+    status = 401
+
+
+class Forbidden(ApiError):
+    status = 403
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class Conflict(ApiError):
+    status = 409
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+
+
+_BY_STATUS = {cls.status: cls for cls in (InvalidRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge)}
+
+
+def error_for_status(status: int, code: str, message: str, request_id: Optional[str]) -> ApiError:
+    return _BY_STATUS.get(status, ApiError)(status, code, message, request_id)

@@ -1,0 +1,66 @@
+"""`GET /v1/jobs/events`: the Server-Sent Events stream of job changes and GPU usage."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import httpx
+
+from ._http import Transport
+
+__all__ = ["Event", "iter_events", "parse_sse_lines"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One SSE event: `job` events carry a Job dict and a durable `id`; `usage` events have no id."""
+
+    event: str
+    data: Any
+    id: Optional[int] = None
+
+
+def parse_sse_lines(lines: Iterator[str]) -> Iterator[Event]:
+    """Pure SSE framing (WHATWG rules we rely on: `id`, `event`, multi-line `data`, comments)."""
+    event, data, event_id = "message", [], None
+    for line in lines:
+        if line == "":
+            if data:
+                text = "\n".join(data)
+                try:
+                    payload = json.loads(text)
+                except ValueError:
+                    payload = text
+                yield Event(event=event, data=payload, id=event_id)
+            event, data, event_id = "message", [], None
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+        elif field == "id":
+            event_id = int(value) if value.isdigit() else None
+
+
+def iter_events(
+    transport: Transport, *, last_event_id: Optional[int] = None, read_timeout: Optional[float] = 60.0
+) -> Iterator[Event]:
+    """One connection's events, resuming after `last_event_id`. Ends when the server closes it.
+
+    `read_timeout` bounds silence between events; the server sends a keepalive every 15 s.
+    """
+    headers = {"accept": "text/event-stream"}
+    if last_event_id is not None:
+        headers["last-event-id"] = str(last_event_id)
+    timeout = httpx.Timeout(connect=10.0, read=read_timeout, write=10.0, pool=10.0)
+    response = transport.stream("/v1/jobs/events", headers, timeout)
+    try:
+        yield from parse_sse_lines(response.iter_lines())
+    finally:
+        response.close()

@@ -1,0 +1,72 @@
+"""`/v1/functions/*`: register, describe, list, drop and run function versions."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from ..models import FunctionRegistrationRequest, FunctionVersion, JobState
+from ._http import Transport
+from .errors import ApiError
+from .jobs import JobsResource
+
+__all__ = ["FunctionsResource", "FunctionListing"]
+
+
+class FunctionListing:
+    """One row of `functions/list`: name, version and (when asked) the full definition."""
+
+    __slots__ = ("name", "version", "definition")
+
+    def __init__(self, name: str, version: str, definition: Optional[FunctionVersion]):
+        self.name, self.version, self.definition = name, version, definition
+
+    def __repr__(self) -> str:
+        return f"FunctionListing({self.name!r}, {self.version!r})"
+
+
+class FunctionsResource:
+    def __init__(self, transport: Transport, jobs: JobsResource):
+        self._t = transport
+        self._jobs = jobs
+
+    def create(self, request: FunctionRegistrationRequest) -> str:
+        """Submit a registration; returns the `create_function` job id (202)."""
+        return self._t.post("/v1/functions/create", request.to_wire())["job_id"]
+
+    def register(self, request: FunctionRegistrationRequest, *, timeout: float = 60.0) -> FunctionVersion:
+        """Create and wait for the registration job; returns the immutable version."""
+        job = self._jobs.wait(self.create(request), timeout=timeout)
+        if job.job_state != JobState.DONE:
+            message = job.failure.message if job.failure else f"registration ended {job.job_state.value}"
+            raise ApiError(400, "registration_failed", message, None)
+        return FunctionVersion.from_wire(job.result)
+
+    def describe(self, name: str, version: str) -> FunctionVersion:
+        return FunctionVersion.from_wire(self._t.post("/v1/functions/describe", {"name": name, "version": version}))
+
+    def list(self, name: Optional[str] = None, *, include_definition: bool = False) -> Iterator[FunctionListing]:
+        """All versions (following page tokens), optionally of one function name."""
+        body: dict[str, Any] = {"include_definition": include_definition}
+        if name is not None:
+            body["name"] = name
+        while True:
+            page = self._t.post("/v1/functions/list", body)
+            for item in page["functions"]:
+                definition = item.get("definition")
+                yield FunctionListing(
+                    item["name"], item["version"], FunctionVersion.from_wire(definition) if definition else None
+                )
+            token = page.get("page_token")
+            if not token:
+                return
+            body["page_token"] = token
+
+    def drop(self, name: str, version: str) -> bool:
+        return bool(self._t.post("/v1/functions/drop", {"name": name, "version": version})["dropped"])
+
+    def run(self, name: str, version: str, rows: list[dict[str, Any]], *, timeout_s: Optional[float] = None) -> str:
+        """Submit a `run_function` job with one row per call; returns the job id (202)."""
+        body: dict[str, Any] = {"name": name, "version": version, "rows": rows}
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        return self._t.post("/v1/functions/run", body)["job_id"]

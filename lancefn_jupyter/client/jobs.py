@@ -1,0 +1,54 @@
+"""`/v1/jobs/*`: describe, list, cancel, logs and (long-poll) wait."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from ..models import TERMINAL_STATES, Job
+from ._http import Transport
+
+__all__ = ["JobsResource"]
+
+# The server holds a wait request at most this long; longer waits loop.
+_MAX_WAIT_S = 30.0
+
+
+class JobsResource:
+    def __init__(self, transport: Transport):
+        self._t = transport
+
+    def describe(self, job_id: str) -> Job:
+        return Job.from_wire(self._t.post("/v1/jobs/describe", {"job_id": job_id}))
+
+    def list(
+        self,
+        *,
+        state: Optional[str] = None,
+        name: Optional[str] = None,
+        job_type: Optional[str] = None,
+        limit: Optional[int] = None,
+    ) -> list[Job]:
+        body: dict[str, Any] = {}
+        for key, value in (("state", state), ("name", name), ("job_type", job_type), ("limit", limit)):
+            if value is not None:
+                body[key] = value
+        return [Job.from_wire(item) for item in self._t.post("/v1/jobs/list", body)["jobs"]]
+
+    def cancel(self, job_id: str) -> bool:
+        return bool(self._t.post("/v1/jobs/cancel", {"job_id": job_id})["cancelled"])
+
+    def logs(self, job_id: str, offset: int = 0) -> tuple[list[str], int]:
+        reply = self._t.post("/v1/jobs/logs", {"job_id": job_id, "offset": offset})
+        return list(reply["lines"]), int(reply["next_offset"])
+
+    def wait(self, job_id: str, *, timeout: Optional[float] = None) -> Job:
+        """The job once terminal, or as it stands when `timeout` seconds have passed (long poll, no busy loop)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _MAX_WAIT_S if deadline is None else max(0.0, min(_MAX_WAIT_S, deadline - time.monotonic()))
+            job = Job.from_wire(
+                self._t.post("/v1/jobs/wait", {"job_id": job_id, "timeout_s": left}, timeout=left + 10.0)
+            )
+            if job.job_state in TERMINAL_STATES or (deadline is not None and time.monotonic() >= deadline):
+                return job

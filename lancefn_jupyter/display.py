@@ -1,0 +1,240 @@
+"""Pure text and HTML renderings of classes, jobs, versions and function cards.
+
+These are the `text/plain` and `text/html` parts of every rich repr and widget fallback, so a
+notebook reads well in nbconvert, GitHub and VS Code too. No I/O, no ipywidgets.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Iterable, Optional, Sequence
+
+from .models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_state
+
+__all__ = [
+    "format_bytes",
+    "format_elapsed",
+    "job_summary",
+    "job_elapsed_s",
+    "render_table",
+    "gpu_classes_table",
+    "jobs_table",
+    "versions_table",
+    "function_card",
+    "job_card",
+    "STATE_COLORS",
+    "state_badge_html",
+]
+
+STATE_COLORS = {
+    "pending": "#b26b00",
+    "running": "#1565c0",
+    "finished": "#2e7d32",
+    "failed": "#c62828",
+    "cancelled": "#616161",
+    "timed out": "#ad1457",
+}
+
+
+def format_bytes(n: int) -> str:
+    """Binary units, as GPU memory is sold: 85899345920 → '80 GiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_elapsed(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def job_elapsed_s(job: Job, now_ms: Optional[float] = None) -> Optional[float]:
+    """Run time so far (running) or in total (ended); None while pending."""
+    if job.started_ms is None:
+        return None
+    end = job.finished_ms if job.finished_ms is not None else (now_ms if now_ms is not None else time.time() * 1000)
+    return (end - job.started_ms) / 1000
+
+
+def job_summary(job: Job) -> str:
+    """One line saying what the job is doing, in the user's words."""
+    state = display_state(job.job_state)
+    placement = job.placement
+    if job.job_state == JobState.PENDING:
+        where = placement.gpu_class or "default"
+        position = f", position {placement.queue_position}" if placement.queue_position is not None else ""
+        if placement.waiting_on_capacity:
+            return f"pending: waiting for GPU capacity in class {where}{position}"
+        return f"pending{position}"
+    if job.job_state == JobState.IN_PROGRESS:
+        devices = ",".join(placement.devices) or "no GPU"
+        elapsed = job_elapsed_s(job)
+        return f"running on {placement.gpu_class or 'cpu'} [{devices}]" + (
+            f" for {format_elapsed(elapsed)}" if elapsed is not None else ""
+        )
+    if job.failure is not None:
+        return f"{state} ({job.failure.phase}): {job.failure.message}"
+    elapsed = job_elapsed_s(job)
+    return state + (f" in {format_elapsed(elapsed)}" if elapsed is not None else "")
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title: str = "") -> tuple[str, str]:
+    """(text, html) of a simple table; cells are plain strings (escaped for HTML here)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    lines = [title] if title else []
+    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    if not rows:
+        lines.append("(none)")
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    caption = f"<b>{html.escape(title)}</b>" if title else ""
+    empty = "<i>none</i>" if not rows else ""
+    markup = f"<div class='lancefn'>{caption}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{empty}</div>"
+    return "\n".join(lines), markup
+
+
+def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = ()) -> tuple[str, str]:
+    by_name = {u.name: u for u in usage}
+    rows = []
+    for gpu in classes:
+        u = by_name.get(gpu.name)
+        rows.append(
+            [
+                gpu.name,
+                gpu.gpu_model + (" (simulated)" if gpu.simulated else ""),
+                format_bytes(gpu.gpu_memory_bytes),
+                str(gpu.max_gpu_count_per_worker),
+                gpu.resource_name,
+                ",".join(f"{k}={v}" for k, v in sorted(gpu.node_selector.items())) or "-",
+                f"{u.gpus_total - u.gpus_busy}/{u.gpus_total}" if u else "?",
+                f"{u.jobs_running}/{u.jobs_pending}" if u else "?",
+            ]
+        )
+    return render_table(
+        ["class", "GPU model", "memory", "max GPUs/worker", "resource", "node selector", "free/total", "running/pending"],
+        rows,
+        title="GPU classes",
+    )
+
+
+def _function_ref(job: Job) -> str:
+    spec = job.spec
+    name, version = spec.get("name", "?"), spec.get("version")
+    return f"{name}@{version}" if version else str(name)
+
+
+def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
+    rows = []
+    for job in jobs:
+        p = job.placement
+        queue = str(p.queue_position) if job.job_state == JobState.PENDING and p.queue_position is not None else ""
+        elapsed = job_elapsed_s(job)
+        rows.append(
+            [
+                job.job_id,
+                _function_ref(job),
+                display_state(job.job_state),
+                p.gpu_class or "cpu",
+                str(p.num_gpus),
+                ",".join(p.devices),
+                queue,
+                f"{job.progress.rows_done}/{job.progress.rows_total}",
+                format_elapsed(elapsed) if elapsed is not None else "",
+                f"{job.failure.phase}: {job.failure.message}" if job.failure else "",
+            ]
+        )
+    return render_table(
+        ["job", "function", "state", "class", "GPUs", "devices", "queue", "progress", "elapsed", "error"],
+        rows,
+        title="GPU jobs",
+    )
+
+
+def versions_table(listings: Iterable[tuple[str, str, Optional[FunctionVersion]]]) -> tuple[str, str]:
+    rows = []
+    for name, version, definition in listings:
+        if definition is not None:
+            runtime = definition.runtime
+            resources = runtime.resources
+            gpus = str(resources.num_gpus) if resources else "0"
+            gpu_class = (resources.gpu_class if resources else None) or ("default" if resources else "cpu")
+            rows.append([name, version, definition.artifact.digest[:19], gpus, gpu_class, definition.created_at])
+        else:
+            rows.append([name, version, "", "", "", ""])
+    return render_table(["function", "version", "digest", "GPUs", "class", "created"], rows, title="Function versions")
+
+
+def function_card(
+    *,
+    name: str,
+    version: Optional[str],
+    digest: str,
+    runtime_kind: str,
+    num_gpus: int,
+    gpu_class: Optional[str],
+    environment: str,
+    hardware: Optional[GpuClass],
+    note: str = "",
+) -> tuple[str, str]:
+    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware."""
+    hw = "unknown class"
+    if hardware is not None:
+        hw = f"{hardware.gpu_model}, {format_bytes(hardware.gpu_memory_bytes)}, up to {hardware.max_gpu_count_per_worker} GPUs/worker"
+        if hardware.simulated:
+            hw += " (simulated)"
+    fields = [
+        ("version", version or "(not registered)"),
+        ("digest", digest[:19]),
+        ("runtime", runtime_kind),
+        ("resources", f"{num_gpus} GPU{'s' if num_gpus != 1 else ''} of class {gpu_class or 'default'}"),
+        ("environment", environment),
+        ("hardware", hw),
+    ]
+    text = "\n".join([f"GPU function {name}"] + [f"  {k:<12}{v}" for k, v in fields] + ([f"  {note}"] if note else []))
+    rows = "".join(
+        f"<tr><td style='padding:1px 8px;color:#666'>{html.escape(k)}</td><td style='padding:1px 8px'><code>{html.escape(v)}</code></td></tr>"
+        for k, v in fields
+    )
+    extra = f"<div style='color:#666'>{html.escape(note)}</div>" if note else ""
+    markup = (
+        "<div class='lancefn lancefn-card' style='border:1px solid #ccc;border-radius:4px;padding:6px;display:inline-block'>"
+        f"<b>GPU function <code>{html.escape(name)}</code></b><table>{rows}</table>{extra}</div>"
+    )
+    return text, markup
+
+
+def state_badge_html(state: str) -> str:
+    color = STATE_COLORS.get(state, "#444")
+    return (
+        f"<span class='lancefn-state lancefn-state-{state.replace(' ', '-')}' "
+        f"style='background:{color};color:white;border-radius:3px;padding:0 6px'>{html.escape(state)}</span>"
+    )
+
+
+def job_card(job: Job) -> tuple[str, str]:
+    state = display_state(job.job_state)
+    progress = job.progress
+    text = f"Job {job.job_id} {_function_ref(job)}: {job_summary(job)} — {progress.rows_done}/{progress.rows_total} rows"
+    pct = 100 * progress.rows_done / progress.rows_total if progress.rows_total else 0
+    markup = (
+        f"<div class='lancefn lancefn-job'>{state_badge_html(state)} <code>{html.escape(job.job_id)}</code> "
+        f"{html.escape(_function_ref(job))} — {html.escape(job_summary(job))} "
+        f"<progress value='{progress.rows_done}' max='{max(progress.rows_total, 1)}'></progress> "
+        f"{progress.rows_done}/{progress.rows_total} ({pct:.0f}%)</div>"
+    )
+    return text, markup

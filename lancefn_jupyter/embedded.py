@@ -1,0 +1,154 @@
+"""Start, reuse and stop the embedded local control plane (like `ray.init()` with no address).
+
+State lives under `$LANCEFN_HOME` (default: the per-user data dir). The running server writes
+`server.json` (url, api key, pid; mode 0600). Any kernel, the Jupyter server extension and the CLI
+reuse a live server from it; a dead or corrupt one is replaced. Two kernels racing to start one are
+safe: the server holds a lock on its home, so the loser exits and we adopt the winner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+__all__ = ["ServerInfo", "default_home", "read_server_info", "ensure_server", "stop_server", "EmbeddedServerError"]
+
+SERVER_JSON = "server.json"
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded control plane could not be started; the message says where its log is."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    url: str
+    api_key: str
+    pid: int
+    home: str
+    version: str = ""
+    executor: str = ""
+
+    def __repr__(self) -> str:  # never show the key
+        return f"ServerInfo(url={self.url!r}, pid={self.pid}, home={self.home!r}, executor={self.executor!r})"
+
+
+def default_home() -> Path:
+    env = os.environ.get("LANCEFN_HOME")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("lancefn-jupyter"))
+
+
+def read_server_info(home: Optional[Path] = None) -> Optional[ServerInfo]:
+    """The server recorded in `home`, or None if there is none or the file is unreadable/corrupt."""
+    path = Path(home or default_home()) / SERVER_JSON
+    try:
+        data = json.loads(path.read_text())
+        return ServerInfo(
+            url=str(data["url"]),
+            api_key=str(data["api_key"]),
+            pid=int(data["pid"]),
+            home=str(data.get("home", path.parent)),
+            version=str(data.get("version", "")),
+            executor=str(data.get("executor", "")),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        # Reap it if it is our own exited child (a zombie still answers kill(pid, 0)).
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _healthy(info: ServerInfo, timeout: float = 2.0) -> bool:
+    if not _pid_alive(info.pid):
+        return False
+    try:
+        return httpx.get(f"{info.url}/v1/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def ensure_server(
+    home: Optional[Path] = None, *, gpu_classes: Optional[str] = None, timeout: float = 60.0
+) -> ServerInfo:
+    """A live embedded server for `home`: reuse the recorded one if healthy, else start a new one."""
+    home = Path(home or default_home())
+    info = read_server_info(home)
+    if info is not None and _healthy(info):
+        return info
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_path = home / "server.log"
+    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0"]
+    if gpu_classes:
+        command += ["--gpu-classes", str(gpu_classes)]
+    env = dict(os.environ)
+    # The embedded server is ours, keyed by the home: never inherit a remote deployment's key.
+    env.pop("LANCEFN_API_KEY", None)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while time.monotonic() < deadline:
+        info = read_server_info(home)
+        # Our own process, or a concurrent starter that won the home's lock.
+        if info is not None and (info.pid == proc.pid or proc.poll() is not None) and _healthy(info, 1.0):
+            return info
+        code = proc.poll()
+        if code is not None and code != 2:
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+    raise EmbeddedServerError(
+        f"the embedded control plane did not start within {timeout:.0f}s; its log is {log_path}"
+        + _log_tail(log_path)
+    )
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n" + "\n".join(tail) if tail else ""
+
+
+def stop_server(home: Optional[Path] = None, *, timeout: float = 10.0) -> bool:
+    """Stop the embedded server of `home` (SIGTERM, then SIGKILL). True if one was running."""
+    info = read_server_info(Path(home or default_home()))
+    if info is None or not _pid_alive(info.pid):
+        return False
+    os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _pid_alive(info.pid):
+            return True
+        time.sleep(0.05)
+    os.kill(info.pid, signal.SIGKILL)
+    return True

@@ -1,0 +1,189 @@
+"""IPython magics, thin over `lancefn_jupyter.api` (every option is reachable from Python too).
+
+Lines are NOT variable-expanded (`@no_var_expand`): the line is part of the function version's
+identity, so `env=HOME=$HOME` means the literal text, never whatever `$HOME` is in this kernel.
+Heavy modules (pydantic models, httpx, widgets, numba) load on first use, not at `%load_ext`.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.display import display
+
+__all__ = ["GpuMagics"]
+
+_LANCEFN_USAGE = """usage:
+  %lancefn                  show which control plane this kernel uses
+  %lancefn connect URL [api_key=KEY]   use a remote control plane (or set LANCEFN_URL / LANCEFN_API_KEY)
+  %lancefn local            use the embedded local control plane (started if needed)
+  %lancefn stop             stop the embedded control plane (versions and jobs persist)"""
+
+
+@magics_class
+class GpuMagics(Magics):
+    @no_var_expand
+    @cell_magic
+    def gpu_function(self, line: str, cell: str):
+        """Run the cell, register it as an immutable GPU function version, bind its name to a handle.
+
+        Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
+        python_version, image, profile, timeout_s, register (yes|no).
+        """
+        from . import api
+        from .client import LancefnError
+        from .options import OptionsError, parse_function_line
+        from .packaging import PackagingError
+
+        try:
+            options = parse_function_line(line, api.profiles())
+        except OptionsError as error:
+            raise UsageError(str(error)) from None
+        source = self.shell.transform_cell(cell)
+        result = self.shell.run_cell(cell, store_history=False)
+        if not result.success:
+            # The traceback is already shown; a cell that does not run is not registered.
+            return None
+        try:
+            handle = api.function_from_cell(source, self.shell.user_ns, options)
+        except PackagingError as error:
+            raise UsageError(f"%%gpu_function: {error}") from None
+        except LancefnError as error:
+            raise UsageError(f"%%gpu_function: registration failed: {error}") from None
+        self.shell.user_ns[handle._packaged.entrypoint] = handle
+        display(handle)
+        return None
+
+    @no_var_expand
+    @line_magic
+    def gpu_profile(self, line: str):
+        """%gpu_profile NAME key=value… defines a reusable compute profile; with no arguments lists them."""
+        from . import api
+        from .options import OptionsError, parse_profile_line
+
+        if not line.strip():
+            defined = api.profiles()
+            if not defined:
+                print("no profiles defined; e.g. %gpu_profile big num_gpus=2 gpu_class=default pip=numpy")
+            for profile in defined.values():
+                print(profile)
+            return None
+        try:
+            profile = parse_profile_line(line)
+        except OptionsError as error:
+            raise UsageError(str(error)) from None
+        api._session.profiles[profile.name] = profile
+        print(f"profile {profile.name!r} defined")
+        return None
+
+    @line_magic
+    def lancefn(self, line: str):
+        """%lancefn [connect URL [api_key=KEY] | local | stop]"""
+        from . import api
+
+        args = shlex.split(line)
+        if not args:
+            info = api.connection_info()
+            if info is None:
+                api.current_client()
+                info = api.connection_info()
+            return _status(info)
+        command, rest = args[0], args[1:]
+        if command == "connect":
+            if not rest:
+                raise UsageError("%lancefn connect needs a URL, e.g. %lancefn connect https://lancefn.example.com api_key=…")
+            key = None
+            for extra in rest[1:]:
+                if not extra.startswith("api_key="):
+                    raise UsageError(f"unknown argument {extra!r}; the only option is api_key=KEY")
+                key = extra.split("=", 1)[1]
+            client = api.connect(rest[0], key)
+            client.health()
+            return _status(api.connection_info())
+        if command == "local" and not rest:
+            api.use_local()
+            return _status(api.connection_info())
+        if command == "stop" and not rest:
+            stopped = api.stop_local()
+            print("embedded control plane stopped" if stopped else "no embedded control plane was running")
+            return None
+        raise UsageError(_LANCEFN_USAGE)
+
+    @line_magic
+    def gpu_classes(self, line: str):
+        """Each GPU class's model, memory, max GPUs per worker and live busy/free."""
+        from . import api
+
+        if line.strip():
+            raise UsageError("%gpu_classes takes no arguments")
+        return api.list_gpu_classes()
+
+    @line_magic
+    def gpu_versions(self, line: str):
+        """%gpu_versions [name]: registered function versions."""
+        from . import api
+
+        args = shlex.split(line)
+        if len(args) > 1:
+            raise UsageError("usage: %gpu_versions [name]")
+        return api.list_versions(args[0] if args else None)
+
+    @line_magic
+    def gpu_jobs(self, line: str):
+        """%gpu_jobs [state=pending|running|…] [name=FUNCTION]: recent jobs."""
+        from . import api
+        from .models import JobState
+
+        filters = {}
+        states = {"pending": "PENDING", "running": "IN_PROGRESS", "finished": "DONE", "failed": "FAILED",
+                  "cancelled": "CANCELLED", "timed_out": "TIMED_OUT"}
+        for token in shlex.split(line):
+            key, sep, value = token.partition("=")
+            if not sep or key not in ("state", "name"):
+                raise UsageError("usage: %gpu_jobs [state=pending|running|finished|failed|cancelled|timed_out] [name=FUNCTION]")
+            if key == "state":
+                if value.upper() in JobState.__members__:
+                    value = value.upper()
+                elif value in states:
+                    value = states[value]
+                else:
+                    raise UsageError(f"unknown state {value!r}; use one of {', '.join(states)}")
+            filters[key] = value
+        return api.list_jobs(**filters)
+
+
+def _status(info) -> "_Status":
+    return _Status(info)
+
+
+class _Status:
+    """`%lancefn` output: which control plane, embedded or remote, and its health (never the key)."""
+
+    def __init__(self, info):
+        from . import api
+
+        self.info = info
+        try:
+            self.health = api.current_client().health()
+        except Exception as error:  # shown to the user, not raised: status must always answer
+            self.health = {"status": f"unreachable ({error})"}
+
+    def _lines(self) -> list[str]:
+        info, health = self.info, self.health
+        kind = "embedded (local)" if info.embedded else "remote"
+        lines = [f"control plane: {info.url} [{kind}]", f"status: {health.get('status')}"]
+        if health.get("version"):
+            lines.append(f"server version: {health['version']}, executor: {health.get('executor')}")
+        if info.embedded:
+            lines.append(f"home: {info.home} (pid {info.pid})")
+        return lines
+
+    def __repr__(self) -> str:
+        return "\n".join(self._lines())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return "<pre class='lancefn'>" + html.escape("\n".join(self._lines())) + "</pre>"
