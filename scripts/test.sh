@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything the tests need into .venv (Python deps, the prebuilt labextension, Debian
+# Chromium for the browser tests) and run the whole suite. This is the README's test command and
+# what .ci/run calls. Extra arguments go to pytest (e.g. scripts/test.sh -k magics).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "== installing Debian chromium for the browser tests"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "== chromium missing and not root: browser tests will be skipped (sudo apt-get install chromium)"
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+echo "== installing lancefn-jupyter[test] (builds the JupyterLab extension)"
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+
+echo "== running the test suite"
+set +e
+.venv/bin/python -m pytest "$@"
+code=$?
+set -e
+if [ "$code" = 5 ]; then
+  echo "pytest collected no tests"
+  exit 0
+fi
+exit "$code"

@@ -1,0 +1,197 @@
+"""The magics and Python API against a real control plane on 127.0.0.1 (issue 2's "done means")."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from lancefn_jupyter import api
+from lancefn_jupyter.client import InvalidRequest
+
+CELL = """\
+def normalize_score(value: float) -> float:
+    return value / 100.0
+"""
+
+TWO_CLASSES = """
+[[gpu_classes]]
+name = "default"
+gpu_model = "Simulated A"
+gpu_memory_bytes = 17179869184
+max_gpu_count_per_worker = 2
+simulated = 2
+
+[[gpu_classes]]
+name = "big"
+gpu_model = "Simulated B"
+gpu_memory_bytes = 85899345920
+max_gpu_count_per_worker = 4
+simulated = 4
+"""
+
+
+@pytest.fixture
+def cp(control_plane_factory):
+    return control_plane_factory(gpu_classes=TWO_CLASSES)
+
+
+@pytest.fixture
+def ip(cp):
+    shell = InteractiveShell.instance()
+    shell.reset()
+    shell.run_line_magic("load_ext", "lancefn_jupyter")
+    api._session.registered.clear()
+    api._session.profiles.clear()
+    api.connect(cp.url, cp.api_key)
+    yield shell
+    shell.reset()
+
+
+def versions(cp) -> list[dict]:
+    with httpx.Client(base_url=cp.url, headers={"x-api-key": cp.api_key}) as http:
+        return http.post("/v1/functions/list", json={"include_definition": True}).json()["functions"]
+
+
+def test_cell_registers_and_binds_a_handle_that_still_runs_locally(ip, cp):
+    with capture_output() as out:
+        ip.run_cell_magic("gpu_function", "num_gpus=1", CELL)
+    handle = ip.user_ns["normalize_score"]
+    assert isinstance(handle, api.GpuFunction)
+    assert handle(50.0) == 0.5  # still the local function
+    version = handle.version
+    assert version.name == "normalize_score"
+    assert version.runtime.kind == "python_v2" and version.runtime.resources.num_gpus == 1
+    assert handle.registration_request.artifact.digest == version.artifact.digest
+    listed = versions(cp)
+    assert [(f["name"], f["version"]) for f in listed] == [("normalize_score", version.version)]
+    # The card shows the identity and the class's hardware.
+    assert version.version in out.stdout and "Simulated A" in out.stdout and "python_v2" in out.stdout
+
+
+def test_unchanged_cell_gives_same_version_changes_give_new_ones(ip, cp):
+    ip.run_cell_magic("gpu_function", "num_gpus=1", CELL)
+    first = ip.user_ns["normalize_score"].version.version
+    ip.run_cell_magic("gpu_function", "num_gpus=1", "# a comment only\n" + CELL)
+    assert ip.user_ns["normalize_score"].version.version == first
+    assert len(versions(cp)) == 1
+
+    ip.run_cell_magic("gpu_function", "num_gpus=1", CELL.replace("100.0", "10.0"))
+    edited = ip.user_ns["normalize_score"].version.version
+    ip.run_cell_magic("gpu_function", "num_gpus=2", CELL)
+    two_gpus = ip.user_ns["normalize_score"].version.version
+    ip.run_cell_magic("gpu_function", "num_gpus=1 pip=numpy", CELL)
+    with_numpy = ip.user_ns["normalize_score"].version
+    assert len({first, edited, two_gpus, with_numpy.version}) == 4
+    assert with_numpy.runtime.environment.packages == ("numpy",)
+    assert len(versions(cp)) == 4
+
+
+def test_default_num_gpus_is_one(ip):
+    ip.run_cell_magic("gpu_function", "", CELL)
+    assert ip.user_ns["normalize_score"].version.runtime.resources.num_gpus == 1
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "1.5", "True", "x"])
+def test_bad_num_gpus_is_a_usage_error_and_registers_nothing(ip, cp, bad):
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", f"num_gpus={bad}", CELL)
+    assert "num_gpus" in str(raised.value)
+    assert versions(cp) == []
+    assert "normalize_score" not in ip.user_ns
+
+
+def test_unknown_option_names_the_valid_ones(ip, cp):
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", "num_gpu=1", CELL)
+    assert "num_gpu" in str(raised.value) and "num_gpus" in str(raised.value)
+    assert versions(cp) == []
+
+
+def test_unknown_class_and_over_limit_are_400s_naming_the_classes(ip, cp):
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", "gpu_class=h100", CELL)
+    message = str(raised.value)
+    assert "h100" in message and "default" in message and "big" in message
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", "num_gpus=3", CELL)  # default allows 2
+    assert "default" in str(raised.value) and "2" in str(raised.value)
+    assert versions(cp) == []
+    # Same check straight through the client: a 400 with the request id.
+    request = api.gpu_function(num_gpus=5, gpu_class="big")(_module_level).registration_request
+    with pytest.raises(InvalidRequest) as raised_api:
+        api.current_client().functions.register(request)
+    assert raised_api.value.status == 400 and "big" in raised_api.value.message and raised_api.value.request_id
+
+
+def _module_level(value: float) -> float:
+    return value * 2
+
+
+def test_pinned_class_and_register_no(ip, cp):
+    ip.run_cell_magic("gpu_function", "gpu_class=big num_gpus=4", CELL)
+    assert ip.user_ns["normalize_score"].version.runtime.resources.gpu_class == "big"
+    with capture_output() as out:
+        ip.run_cell_magic("gpu_function", "register=no name=draft", CELL)
+    draft = ip.user_ns["normalize_score"]
+    assert draft._version is None and draft.registration_request.name == "draft"
+    assert "not registered" in out.stdout
+    assert [f["name"] for f in versions(cp)] == ["normalize_score"]
+
+
+def test_cell_that_fails_to_run_registers_nothing(ip, cp):
+    ip.run_cell_magic("gpu_function", "", "def broken(x: int) -> int:\n    return x\nraise RuntimeError('boom')\n")
+    assert versions(cp) == []
+
+
+def test_notebook_value_is_refused_with_a_fix(ip, cp):
+    ip.run_cell("scale = [1, 2, 3]")
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", "", "def f(x: int) -> int:\n    return x * len(scale)\n")
+    assert "scale" in str(raised.value) and "define it in the cell" in str(raised.value)
+    assert versions(cp) == []
+
+
+def test_profiles_with_explicit_override(ip, cp):
+    ip.run_line_magic("gpu_profile", "big num_gpus=2 gpu_class=big pip=numpy")
+    ip.run_cell_magic("gpu_function", "profile=big num_gpus=3", CELL)
+    runtime = ip.user_ns["normalize_score"].version.runtime
+    assert (runtime.resources.num_gpus, runtime.resources.gpu_class) == (3, "big")
+    assert runtime.environment.packages == ("numpy",)
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", "profile=nope", CELL)
+    assert "nope" in str(raised.value) and "big" in str(raised.value)
+
+
+def test_listing_magics(ip, cp):
+    ip.run_cell_magic("gpu_function", "", CELL)
+    classes = ip.run_line_magic("gpu_classes", "")
+    assert [c.name for c in classes] == ["default", "big"]
+    text = repr(classes)
+    assert "Simulated B" in text and "80 GiB" in text and "(simulated)" in text and "2/2" in text
+    listed = ip.run_line_magic("gpu_versions", "normalize_score")
+    assert [(v.name, v.version) for v in listed] == [("normalize_score", ip.user_ns["normalize_score"].version.version)]
+    assert "normalize_score" in repr(listed)
+    status = repr(ip.run_line_magic("lancefn", ""))
+    assert cp.url in status and "remote" in status and cp.api_key not in status
+    with pytest.raises(UsageError):
+        ip.run_line_magic("lancefn", "bogus")
+
+
+def test_decorator_for_py_code(cp):
+    api.connect(cp.url, cp.api_key)
+    decorated = api.gpu_function(num_gpus=1, pip=["numpy"])(_module_level)
+    assert decorated(2.0) == 4.0
+    request = decorated.registration_request
+    source = request.artifact  # LanceDB's snapshot layout for a plain module-level function
+    import base64
+
+    assert base64.b64decode(source.content.data).decode() == (
+        "from __future__ import annotations\n\ndef _module_level(value: float) -> float:\n    return value * 2\n"
+    )
+    assert decorated.version.name == "_module_level"
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            api.gpu_function(num_gpus=bad)(_module_level)

@@ -1,0 +1,50 @@
+"""A tutorial-style notebook using the magics, executed by a real kernel (nbclient) against a real server."""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+from nbclient import NotebookClient
+
+
+def _outputs_text(cell) -> str:
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            parts.append(output["text"])
+        elif "data" in output:
+            parts.append(output["data"].get("text/plain", ""))
+        elif output.get("output_type") == "error":
+            parts.append(output["ename"] + ": " + output["evalue"])
+    return "\n".join(parts)
+
+
+def test_magics_notebook_runs_top_to_bottom(control_plane, tmp_path):
+    cp = control_plane
+    cells = [
+        "%load_ext lancefn_jupyter",
+        f"%lancefn connect {cp.url}",
+        "%gpu_classes",
+        (
+            "%%gpu_function num_gpus=1\n"
+            "def normalize_score(value: float) -> float:\n"
+            "    return value / 100.0\n"
+        ),
+        "print(normalize_score(42.0), normalize_score.version.version)",
+        "%gpu_versions",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in cells])
+    env = dict(os.environ, LANCEFN_API_KEY=cp.api_key, LANCEFN_HOME=str(tmp_path / "unused-home"))
+    env.pop("LANCEFN_URL", None)
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env=env)
+
+    texts = [_outputs_text(cell) for cell in nb.cells]
+    assert "remote" in texts[1] and cp.url in texts[1]
+    assert "default" in texts[2] and "(simulated)" in texts[2]
+    assert "GPU function normalize_score" in texts[3] and "python_v2" in texts[3]
+    value, version = texts[4].split()
+    assert value == "0.42"
+    assert version in texts[3] and version in texts[5]
+    assert cp.api_key not in "".join(texts)
