@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 echo "== installing lancefn-jupyter[lab] (builds the JupyterLab extension)"
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[lab,test]"
+.venv/bin/python -m pip install -q -e ".[lab]"
 
 # No GPU here? The CUDA simulator must be chosen before numba.cuda is imported, so the kernel's
 # environment decides; with a GPU (NVML sees one) the real device is used.
