@@ -17,7 +17,6 @@ import binascii
 import hashlib
 import json
 import keyword
-import math
 import re
 from collections.abc import Mapping
 from datetime import datetime, timezone

@@ -1,0 +1,420 @@
+"""Options of ``%%gpu_function`` and ``%gpu_profile`` (SPEC §5), from a magic line or Python kwargs.
+
+One validation path serves both: a magic line is split with ``shlex``, each ``key=value``
+is converted from text to a Python value, and from there the line and the kwargs of the
+``gpu_function`` decorator meet in the same checks (``FunctionOptions.__post_init__`` and
+``ComputeProfile.__post_init__``). Every error is an ``OptionsError`` that names the
+option, says what was wrong and shows how to write it instead; the magics turn it into an
+IPython ``UsageError``.
+
+Precedence is defaults < profile < explicit options. An explicit option replaces the
+profile's value, with two refinements a notebook user expects: ``env`` merges per variable
+(the explicit value of a variable wins), and an explicit ``pip`` or ``conda`` replaces the
+profile's whole package set (``pip``, ``conda`` and its ``conda_channels``), because pip
+and conda environments are exclusive and mixing them would be an error the user never wrote.
+
+``image`` and ``timeout_s`` (default job timeout in seconds) are accepted beside the options
+SPEC §5 lists: they are part of a compute profile (seed 002's ``ComputeConfig``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .models import FunctionResourceRequirements, PythonEnvironmentSpec, PythonRuntimeSpec
+
+__all__ = [
+    "OptionsError",
+    "FunctionOptions",
+    "ComputeProfile",
+    "parse_function_line",
+    "parse_profile_line",
+    "build_options",
+    "build_profile",
+]
+
+# Same patterns as the wire models (models.py), checked here first for option-shaped messages.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PYTHON_VERSION = re.compile(r"[0-9]+\.[0-9]+")
+_DIGITS = re.compile(r"[0-9]+")
+_NO_SPACES = re.compile(r"\S+")
+_UINT32_MAX = 2**32 - 1
+_MAX_TIMEOUT_S = 1e9
+_BOOLEANS = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
+# The executor sets these from the job's placement; a user value would fight the scheduler.
+_RESERVED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "the GPUs come from the job's placement; choose them with num_gpus and gpu_class",
+    "NUMBA_ENABLE_CUDASIM": "the simulator is chosen by the GPU class; use a simulated class or .local()",
+}
+
+_EXAMPLES = {
+    "num_gpus": "num_gpus=1",
+    "gpu_class": "gpu_class=default",
+    "name": "name=my_function",
+    "pip": "pip=numpy,scipy",
+    "conda": "conda=numba,cudatoolkit",
+    "conda_channels": "conda_channels=conda-forge",
+    "env": "env=MY_VAR=value",
+    "python_version": "python_version=3.12",
+    "image": "image=nvcr.io/nvidia/pytorch:24.05-py3",
+    "profile": "profile=NAME",
+    "register": "register=no",
+    "timeout_s": "timeout_s=600",
+}
+_FUNCTION_KEYS = tuple(_EXAMPLES)
+_PER_FUNCTION_KEYS = ("name", "profile", "register")
+_PROFILE_KEYS = tuple(key for key in _FUNCTION_KEYS if key not in _PER_FUNCTION_KEYS)
+_LIST_KEYS = ("pip", "conda", "conda_channels", "env")
+_PACKAGE_KEYS = ("pip", "conda", "conda_channels")
+
+
+class OptionsError(ValueError):
+    """A bad option; the message names it, says what is wrong and how to write it."""
+
+
+def _fail(key: str, problem: str, fix: str = "") -> OptionsError:
+    return OptionsError(f"{key} {problem}; {fix or 'write ' + _EXAMPLES[key]}")
+
+
+# --------------------------------------------------------------- checks on Python values
+# Each takes the value as given (line text already converted) and returns it normalized.
+
+
+def _check_num_gpus(value: Any) -> int:
+    # bool is an int subclass; 1.0 is not a whole-GPU count on the wire either.
+    if type(value) is not int or not 1 <= value <= _UINT32_MAX:
+        raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {value!r})")
+    return value
+
+
+def _check_str(key: str, value: Any, pattern: Optional[re.Pattern[str]] = None, what: str = "") -> str:
+    if not isinstance(value, str):
+        raise _fail(key, f"must be a string (got {value!r})")
+    if not value.strip() or value != value.strip():
+        raise _fail(key, f"must be non-empty without surrounding spaces (got {value!r})")
+    if pattern is not None and not pattern.fullmatch(value):
+        raise _fail(key, f"must be {what} (got {value!r})")
+    return value
+
+
+def _check_name(key: str, value: Any) -> str:
+    return _check_str(key, value, _NAME, "letters, digits, '_', '.', '-', starting with a letter or '_'")
+
+
+def _split_specs(text: str) -> list[str]:
+    """``"numpy>=1,<2,pkg[a,b]"`` → ``["numpy>=1,<2", "pkg[a,b]"]``.
+
+    A comma separates packages, except inside ``[extras]`` and before a version operator,
+    where it belongs to the previous package's requirement.
+    """
+    pieces = [""]
+    depth = 0
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth <= 0:
+            pieces.append("")
+        else:
+            pieces[-1] += char
+    items: list[str] = []
+    for piece in (piece.strip() for piece in pieces):
+        if items and items[-1] and piece[:1] in ("<", ">", "=", "!", "~"):
+            items[-1] += "," + piece
+        else:
+            items.append(piece)
+    return items
+
+
+def _check_list(key: str, value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+        raise _fail(key, f"must be a string or a list of strings (got {value!r})")
+    result: list[str] = []
+    for item in items:
+        # Commas separate entries in one string; channels never carry version specifiers.
+        parts = [part.strip() for part in (item.split(",") if key == "conda_channels" else _split_specs(item))]
+        if "" in parts:
+            raise _fail(key, f"has an empty entry in {item!r}")
+        flags = [part for part in parts if part.startswith("-")]
+        if flags:
+            raise _fail(key, f"takes names, not command-line flags (got {flags[0]!r})")
+        result += parts
+    return tuple(dict.fromkeys(result))  # drop repeats, keep order
+
+
+def _check_env(value: Any) -> tuple[tuple[str, str], ...]:
+    pairs = value.items() if isinstance(value, Mapping) else value
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        raise _fail("env", f"must be a mapping of names to strings (got {value!r})")
+    result: dict[str, str] = {}
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(part, str) for part in pair)):
+            raise _fail("env", f"must map names to strings (got {pair!r})")
+        name, text = pair
+        if not _ENV_NAME.fullmatch(name):
+            raise _fail("env", f"variable name {name!r} is invalid: use letters, digits and '_', no leading digit")
+        if name in _RESERVED_ENV:
+            raise _fail("env", f"must not set {name}", _RESERVED_ENV[name])
+        if name in result and result[name] != text:
+            raise _fail("env", f"sets {name} twice ({result[name]!r} and {text!r})", "keep one of them")
+        result[name] = text
+    return tuple(sorted(result.items()))
+
+
+def _check_timeout(value: Any) -> float:
+    # The upper bound (about 31 years) keeps huge ints from overflowing float(); NaN fails both tests.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_TIMEOUT_S:
+        raise _fail("timeout_s", f"must be a positive number of seconds up to {_MAX_TIMEOUT_S:.0e} (got {value!r})")
+    return float(value)
+
+
+def _check_register(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail("register", f"must be True or False (got {value!r})", "write register=False to skip registering")
+    return value
+
+
+_CHECKS = {
+    "num_gpus": _check_num_gpus,
+    "gpu_class": lambda value: _check_name("gpu_class", value),
+    "name": lambda value: _check_name("name", value),
+    "pip": lambda value: _check_list("pip", value),
+    "conda": lambda value: _check_list("conda", value),
+    "conda_channels": lambda value: _check_list("conda_channels", value),
+    "env": _check_env,
+    "python_version": lambda value: _check_str("python_version", value, _PYTHON_VERSION, "MAJOR.MINOR"),
+    "image": lambda value: _check_str("image", value, _NO_SPACES, "an image reference without spaces"),
+    "profile": lambda value: _check_name("profile", value),
+    "register": _check_register,
+    "timeout_s": _check_timeout,
+}
+
+
+def _normalize(instance: Any, keys: Iterable[str]) -> None:
+    """Check and normalize a frozen dataclass's fields in place (``None`` = not set)."""
+    for key in keys:
+        value = getattr(instance, key)
+        if value is not None:
+            object.__setattr__(instance, key, _CHECKS[key](value))
+    pip, conda, channels = (getattr(instance, key) for key in _PACKAGE_KEYS)
+    if pip and conda:
+        raise OptionsError(
+            f"pip and conda are exclusive (got pip={','.join(pip)} and conda={','.join(conda)}): "
+            "an environment is pip or conda; keep one of them"
+        )
+    if channels and not conda:
+        raise OptionsError("conda_channels needs conda packages; add conda=PACKAGES or remove conda_channels")
+
+
+# ------------------------------------------------------------------------- the values
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """A reusable set of resource and environment options (``%gpu_profile``); ``None`` = not set."""
+
+    name: str
+    num_gpus: Optional[int] = None
+    gpu_class: Optional[str] = None
+    pip: Optional[tuple[str, ...]] = None
+    conda: Optional[tuple[str, ...]] = None
+    conda_channels: Optional[tuple[str, ...]] = None
+    env: Optional[tuple[tuple[str, str], ...]] = None
+    python_version: Optional[str] = None
+    image: Optional[str] = None
+    timeout_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        try:
+            _check_name("profile", self.name)
+        except OptionsError:
+            raise OptionsError(f"profile name {self.name!r} is invalid: use letters, digits, '_', '.', '-'; "
+                               "write %gpu_profile big_gpu num_gpus=2") from None
+        _normalize(self, _PROFILE_KEYS)
+
+    def options(self) -> dict[str, Any]:
+        """The options this profile sets."""
+        return {key: getattr(self, key) for key in _PROFILE_KEYS if getattr(self, key) is not None}
+
+
+@dataclass(frozen=True)
+class FunctionOptions:
+    """Resolved options of one GPU function (defaults, then profile, then explicit)."""
+
+    num_gpus: int = 1
+    gpu_class: Optional[str] = None
+    name: Optional[str] = None
+    pip: tuple[str, ...] = ()
+    conda: tuple[str, ...] = ()
+    conda_channels: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    python_version: Optional[str] = None
+    image: Optional[str] = None
+    profile: Optional[str] = None
+    register: bool = True
+    timeout_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _normalize(self, _FUNCTION_KEYS)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def resources(self) -> FunctionResourceRequirements:
+        return FunctionResourceRequirements(num_gpus=self.num_gpus, gpu_class=self.gpu_class)
+
+    def environment(self) -> PythonEnvironmentSpec:
+        return PythonEnvironmentSpec(
+            kind="conda" if self.conda else "pip",
+            packages=self.conda or self.pip,
+            channels=self.conda_channels,
+            image=self.image,
+        )
+
+    def runtime(self, default_python_version: str) -> PythonRuntimeSpec:
+        """The resource-aware runtime (every GPU function is ``python_v2``)."""
+        return PythonRuntimeSpec(
+            kind="python_v2",
+            python_version=self.python_version or default_python_version,
+            environment=self.environment(),
+            env=self.env_dict,
+            resources=self.resources(),
+        )
+
+
+def _resolve(given: dict[str, Any], profile: Optional[ComputeProfile]) -> FunctionOptions:
+    """Apply the ``given`` options over ``profile`` over the defaults."""
+    # Checked before merging, so an error names what the user wrote, not a merged value.
+    explicit = {key: _CHECKS[key](value) for key, value in given.items()}
+    merged = profile.options() if profile is not None else {}
+    if "pip" in explicit or "conda" in explicit:
+        for key in _PACKAGE_KEYS:
+            merged.pop(key, None)
+    if "env" in explicit and "env" in merged:
+        explicit = {**explicit, "env": tuple(sorted({**dict(merged["env"]), **dict(explicit["env"])}.items()))}
+    merged.update(explicit)
+    if profile is not None:
+        merged["profile"] = profile.name
+    return FunctionOptions(**merged)
+
+
+def _unknown_option(key: str, valid: tuple[str, ...], where: str) -> OptionsError:
+    if key in _PER_FUNCTION_KEYS and where == "a profile":
+        return OptionsError(
+            f"{key} is a per-function option, not allowed in a profile; put it on the %%gpu_function line"
+        )
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return OptionsError(f"unknown option {key!r} for {where}; {hint}valid options: {', '.join(sorted(valid))}")
+
+
+def _lookup_profile(name: str, profiles: Mapping[str, ComputeProfile]) -> ComputeProfile:
+    if name not in profiles:
+        defined = f"defined profiles: {', '.join(sorted(profiles))}" if profiles else "no profiles are defined yet"
+        raise OptionsError(
+            f"profile {name!r} is not defined ({defined}); define it with %gpu_profile {name} num_gpus=1 …"
+        )
+    return profiles[name]
+
+
+# -------------------------------------------------------------------------- magic lines
+
+
+def _from_text(key: str, values: list[str]) -> Any:
+    """Convert the raw text(s) of one option to the Python value the checks take."""
+    if key in _PACKAGE_KEYS:
+        return values
+    if key == "env":
+        pairs = []
+        for text in values:
+            name, equals, value = text.partition("=")
+            if not equals:
+                raise _fail("env", f"takes NAME=VALUE (got {text!r})")
+            pairs.append((name, value))
+        return pairs
+    (text,) = values
+    if key == "num_gpus":
+        if not _DIGITS.fullmatch(text) or len(text) > 10:  # more digits than any uint32
+            raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {text!r})")
+        return int(text)
+    if key == "register":
+        if text.lower() not in _BOOLEANS:
+            raise _fail("register", f"must be yes or no (got {text!r})")
+        return _BOOLEANS[text.lower()]
+    if key == "timeout_s":
+        try:
+            return float(text)
+        except ValueError:
+            raise _fail("timeout_s", f"must be a positive number of seconds (got {text!r})") from None
+    return text
+
+
+def _parse_tokens(tokens: list[str], valid: tuple[str, ...], where: str) -> dict[str, Any]:
+    raw: dict[str, list[str]] = {}
+    for token in tokens:
+        key, equals, value = token.partition("=")
+        if not equals:
+            if token in valid:
+                raise _fail(token, "needs a value")
+            raise OptionsError(f"expected key=value, got {token!r}; write options like num_gpus=1 pip=numpy")
+        if key not in valid:
+            raise _unknown_option(key, valid, where)
+        if key in raw and key not in _LIST_KEYS:
+            raise _fail(key, f"is given twice ({raw[key][0]!r} and {value!r})", "keep one of them")
+        raw.setdefault(key, []).append(value)
+    return {key: _from_text(key, values) for key, values in raw.items()}
+
+
+def _split_line(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as error:
+        raise OptionsError(f"cannot split the options ({error}); close the quote or escape it with \\") from None
+
+
+def parse_function_line(line: str, profiles: Mapping[str, ComputeProfile]) -> FunctionOptions:
+    """Options of a ``%%gpu_function`` line, e.g. ``num_gpus=2 pip=numpy env=A=1 profile=big``."""
+    given = _parse_tokens(_split_line(line), _FUNCTION_KEYS, "%%gpu_function")
+    profile = _lookup_profile(_check_name("profile", given.pop("profile")), profiles) if "profile" in given else None
+    return _resolve(given, profile)
+
+
+def parse_profile_line(line: str) -> ComputeProfile:
+    """A profile from a ``%gpu_profile NAME key=value…`` line."""
+    tokens = _split_line(line)
+    if not tokens or "=" in tokens[0]:
+        raise OptionsError("a profile needs a NAME first; write %gpu_profile big_gpu num_gpus=2 pip=cupy-cuda12x")
+    return ComputeProfile(tokens[0], **_parse_tokens(tokens[1:], _PROFILE_KEYS, "a profile"))
+
+
+# ------------------------------------------------------------------------- Python kwargs
+
+
+def _given(options: Mapping[str, Any], valid: tuple[str, ...], where: str) -> dict[str, Any]:
+    for key in options:
+        if key not in valid:
+            raise _unknown_option(key, valid, where)
+    # None, and an empty list option, mean "not given", so a decorator can forward its keyword
+    # defaults (pip=(), env=None, ...) without them overriding a profile.
+    empty = lambda key, value: key in _LIST_KEYS and isinstance(value, (str, list, tuple, Mapping)) and not value
+    return {key: value for key, value in options.items() if value is not None and not empty(key, value)}
+
+
+def build_options(*, profiles: Optional[Mapping[str, ComputeProfile]] = None, **options: Any) -> FunctionOptions:
+    """Options from Python kwargs; ``profile`` is a ``ComputeProfile`` or a name in ``profiles``."""
+    given = _given(options, _FUNCTION_KEYS, "gpu_function")
+    profile = given.pop("profile", None)
+    if profile is not None and not isinstance(profile, ComputeProfile):
+        profile = _lookup_profile(_check_name("profile", profile), profiles or {})
+    return _resolve(given, profile)
+
+
+def build_profile(name: str, **options: Any) -> ComputeProfile:
+    """A profile from Python kwargs, checked like ``%gpu_profile``."""
+    return ComputeProfile(name, **_given(options, _PROFILE_KEYS, "a profile"))

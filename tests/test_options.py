@@ -1,0 +1,391 @@
+"""Magic-line and kwargs options: every option, every error, profiles, properties."""
+
+import dataclasses
+import shlex
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lancefn_jupyter.models import PythonRuntimeSpec
+from lancefn_jupyter.options import (
+    ComputeProfile,
+    FunctionOptions,
+    OptionsError,
+    build_options,
+    build_profile,
+    parse_function_line,
+    parse_profile_line,
+)
+
+SEED_CANONICAL = '{"environment":{"kind":"pip"},"kind":"python_v2","python_version":"3.12","resources":{"num_gpus":1}}'
+
+
+def parse(line, **profiles):
+    return parse_function_line(line, profiles)
+
+
+# ------------------------------------------------------------------------ every option
+
+
+def test_empty_line_gives_the_defaults():
+    options = parse("")
+    assert options == FunctionOptions()
+    assert options.num_gpus == 1 and options.register is True
+    assert options.runtime("3.12").to_canonical_json() == SEED_CANONICAL
+
+
+def test_every_option_on_one_line():
+    options = parse(
+        "num_gpus=2 gpu_class=h100 name=my.fn-2 pip=numpy,scipy pip=pandas env=B=2 env='MSG=hello world' "
+        "python_version=3.11 image=nvcr.io/nvidia/pytorch:24.05-py3 register=no timeout_s=90.5"
+    )
+    assert options == FunctionOptions(
+        num_gpus=2,
+        gpu_class="h100",
+        name="my.fn-2",
+        pip=("numpy", "scipy", "pandas"),
+        env=(("B", "2"), ("MSG", "hello world")),
+        python_version="3.11",
+        image="nvcr.io/nvidia/pytorch:24.05-py3",
+        register=False,
+        timeout_s=90.5,
+    )
+    assert options.env_dict == {"B": "2", "MSG": "hello world"}
+    runtime = options.runtime("3.12")
+    assert runtime.kind == "python_v2"
+    assert runtime.python_version == "3.11"
+    assert runtime.resources.to_wire() == {"num_gpus": 2, "gpu_class": "h100"}
+    assert runtime.environment.to_wire() == {
+        "kind": "pip", "packages": ["numpy", "pandas", "scipy"], "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+    }
+    assert dict(runtime.env) == {"B": "2", "MSG": "hello world"}
+
+
+def test_conda_environment_keeps_channel_order():
+    options = parse("conda=numba,cudatoolkit conda_channels=nvidia,conda-forge conda_channels=defaults")
+    environment = options.environment()
+    assert environment.kind == "conda"
+    assert environment.packages == ("cudatoolkit", "numba")
+    assert environment.channels == ("nvidia", "conda-forge", "defaults")
+
+
+def test_package_lists_split_on_commas_but_not_inside_requirements():
+    options = parse('pip="numpy>=1.24, <2" pip=pkg[a,b]==1.0,scipy pip=numpy>=1.24,<2')
+    assert options.pip == ("numpy>=1.24,<2", "pkg[a,b]==1.0", "scipy")
+
+
+@pytest.mark.parametrize("text, value", [("yes", False), ("no", True), ("true", False), ("false", True),
+                                         ("1", False), ("0", True), ("YES", False), ("No", True)])
+def test_register_spellings(text, value):
+    assert parse(f"register={text}").register is (not value)
+
+
+def test_env_values_may_contain_equals_and_be_empty():
+    assert parse("env=URL=http://x/?a=b env=EMPTY=").env == (("EMPTY", ""), ("URL", "http://x/?a=b"))
+
+
+def test_resources_without_gpu_class_keep_seed_bytes():
+    assert parse("num_gpus=1").resources().to_canonical_json() == '{"num_gpus":1}'
+
+
+# -------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "line, option, fix",
+    [
+        ("num_gpus=0", "num_gpus", "write num_gpus=1"),
+        ("num_gpus=-1", "num_gpus", "write num_gpus=1"),
+        ("num_gpus=1.5", "num_gpus", "write num_gpus=1"),
+        ("num_gpus=True", "num_gpus", "write num_gpus=1"),
+        ("num_gpus=x", "num_gpus", "write num_gpus=1"),
+        ("num_gpus=", "num_gpus", "write num_gpus=1"),
+        ("num_gpus=99999999999", "num_gpus", "write num_gpus=1"),
+        ("num_gpus", "num_gpus", "write num_gpus=1"),
+        ("num_gpus=1 num_gpus=2", "num_gpus", "keep one of them"),
+        ("num_gpu=2", "num_gpu", "did you mean num_gpus?"),
+        ("gpuclass=a", "gpuclass", "did you mean gpu_class?"),
+        ("zzz=1", "zzz", "valid options: conda, conda_channels, env, gpu_class"),
+        ("gpu", "gpu", "write options like num_gpus=1"),
+        ("gpu_class='a b'", "gpu_class", "write gpu_class=default"),
+        ("gpu_class=", "gpu_class", "write gpu_class=default"),
+        ("name=1fn", "name", "write name=my_function"),
+        ("name=a name=b", "name", "keep one of them"),
+        ("pip=", "pip", "write pip=numpy,scipy"),
+        ("pip=numpy,,scipy", "pip", "write pip=numpy,scipy"),
+        ("pip=-r", "pip", "write pip=numpy,scipy"),
+        ("conda=,", "conda", "write conda=numba"),
+        ("pip=numpy conda=numba", "pip and conda", "keep one of them"),
+        ("conda_channels=conda-forge", "conda_channels", "add conda=PACKAGES or remove conda_channels"),
+        ("conda=numba conda_channels=a,", "conda_channels", "write conda_channels=conda-forge"),
+        ("env=NOVALUE", "env", "write env=MY_VAR=value"),
+        ("env=1X=a", "env", "write env=MY_VAR=value"),
+        ("env==a", "env", "write env=MY_VAR=value"),
+        ("env=A=1 env=A=2", "env", "keep one of them"),
+        ("env=CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES", "choose them with num_gpus and gpu_class"),
+        ("env=NUMBA_ENABLE_CUDASIM=1", "NUMBA_ENABLE_CUDASIM", "use a simulated class"),
+        ("python_version=3", "python_version", "write python_version=3.12"),
+        ("python_version=latest", "python_version", "write python_version=3.12"),
+        ("image='a b'", "image", "write image="),
+        ("register=maybe", "register", "write register=no"),
+        ("register=yes register=no", "register", "keep one of them"),
+        ("timeout_s=0", "timeout_s", "write timeout_s=600"),
+        ("timeout_s=-5", "timeout_s", "write timeout_s=600"),
+        ("timeout_s=nan", "timeout_s", "write timeout_s=600"),
+        ("timeout_s=inf", "timeout_s", "write timeout_s=600"),
+        ("timeout_s=soon", "timeout_s", "write timeout_s=600"),
+        ("profile=nope", "profile 'nope'", "define it with %gpu_profile nope"),
+        ("profile=a profile=b", "profile", "keep one of them"),
+        ("'unclosed", "cannot split", "close the quote"),
+    ],
+)
+def test_errors_name_the_option_and_the_fix(line, option, fix):
+    with pytest.raises(OptionsError) as info:
+        parse(line)
+    message = str(info.value)
+    assert option in message
+    assert fix in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_num_gpus_message_shows_what_was_written():
+    with pytest.raises(OptionsError, match=r"^num_gpus must be a whole number ≥ 1 \(got '1\.5'\); write num_gpus=1$"):
+        parse("num_gpus=1.5")
+
+
+def test_unknown_profile_lists_the_defined_ones():
+    big = build_profile("big", num_gpus=4)
+    small = build_profile("small", num_gpus=1)
+    with pytest.raises(OptionsError, match="defined profiles: big, small"):
+        parse("profile=huge", big=big, small=small)
+
+
+# ------------------------------------------------------------------------ profiles
+
+
+def test_profile_line():
+    profile = parse_profile_line("big_gpu num_gpus=4 gpu_class=h100 conda=cupy conda_channels=conda-forge "
+                                 "env=A=1 python_version=3.11 image=img:1 timeout_s=60")
+    assert profile == ComputeProfile(
+        name="big_gpu", num_gpus=4, gpu_class="h100", conda=("cupy",), conda_channels=("conda-forge",),
+        env=(("A", "1"),), python_version="3.11", image="img:1", timeout_s=60.0,
+    )
+    assert parse_profile_line("empty") == ComputeProfile(name="empty")
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("", "a profile needs a NAME first; write %gpu_profile"),
+        ("num_gpus=2", "a profile needs a NAME first"),
+        ("b@d num_gpus=1", "profile name 'b@d' is invalid"),
+        ("big name=x", "name is a per-function option, not allowed in a profile; put it on the %%gpu_function line"),
+        ("big register=no", "register is a per-function option"),
+        ("big profile=other", "profile is a per-function option"),
+        ("big num_gpus=0", "num_gpus must be a whole number ≥ 1"),
+        ("big num_gpu=1", "did you mean num_gpus?"),
+        ("big pip=a conda=b", "pip and conda are exclusive"),
+    ],
+)
+def test_profile_line_errors(line, fragment):
+    with pytest.raises(OptionsError, match=None) as info:
+        parse_profile_line(line)
+    assert fragment in str(info.value)
+
+
+def test_precedence_defaults_then_profile_then_explicit():
+    profile = parse_profile_line("big num_gpus=4 gpu_class=h100 pip=cupy env=A=1 env=B=1 timeout_s=60")
+    from_profile = parse("profile=big", big=profile)
+    assert (from_profile.num_gpus, from_profile.gpu_class, from_profile.pip) == (4, "h100", ("cupy",))
+    assert from_profile.profile == "big" and from_profile.timeout_s == 60.0
+    assert from_profile.register is True  # a default the profile cannot set
+
+    overridden = parse("profile=big num_gpus=2 env=B=2 env=C=3 pip=numpy register=no", big=profile)
+    assert overridden.num_gpus == 2
+    assert overridden.gpu_class == "h100"
+    assert overridden.pip == ("numpy",)
+    assert overridden.env == (("A", "1"), ("B", "2"), ("C", "3"))  # merged per variable
+    assert overridden.register is False
+
+
+def test_explicit_packages_replace_the_profiles_package_set():
+    conda = parse_profile_line("rapids conda=cudf conda_channels=rapidsai,conda-forge")
+    pip = parse("profile=rapids pip=numpy", rapids=conda)
+    assert (pip.pip, pip.conda, pip.conda_channels) == (("numpy",), (), ())
+    channels = parse("profile=rapids conda_channels=nvidia", rapids=conda)
+    assert (channels.conda, channels.conda_channels) == (("cudf",), ("nvidia",))
+
+
+def test_explicit_option_errors_name_what_was_written_not_the_merge():
+    profile = parse_profile_line("p env=A=1")
+    with pytest.raises(OptionsError, match="env sets A twice"):
+        parse("profile=p env=A=2 env=A=3", p=profile)
+
+
+# --------------------------------------------------------------------- Python kwargs
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, 1.0, True, False, "1", 2**32])
+def test_build_options_num_gpus_must_be_a_real_int(bad):
+    with pytest.raises(OptionsError, match=r"num_gpus must be a whole number ≥ 1 .*; write num_gpus=1"):
+        build_options(num_gpus=bad)
+
+
+def test_build_options_accepts_python_values():
+    options = build_options(num_gpus=2, pip="numpy,scipy", env={"B": "2", "A": "1"}, register=False, timeout_s=30)
+    assert options.pip == ("numpy", "scipy")
+    assert options.env == (("A", "1"), ("B", "2"))
+    assert options.timeout_s == 30.0 and isinstance(options.timeout_s, float)
+    assert build_options(pip=["numpy", "scipy"]) == build_options(pip=("numpy", "scipy")) == build_options(pip="numpy,scipy")
+    # None means "not given", so a decorator can forward its defaults.
+    assert build_options(num_gpus=None, pip=None, register=None, profile=None) == FunctionOptions()
+    assert build_options(num_gpus=2) == parse("num_gpus=2")
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"pip": 3}, "pip must be a string or a list of strings (got 3)"),
+        ({"pip": ["numpy", 1]}, "pip must be a string or a list of strings"),
+        ({"env": "A=1"}, "env must be a mapping of names to strings"),
+        ({"env": {"A": 1}}, "env must map names to strings"),
+        ({"env": {"bad name": "x"}}, "env variable name 'bad name' is invalid"),
+        ({"register": "yes"}, "register must be True or False (got 'yes'); write register=False"),
+        ({"timeout_s": True}, "timeout_s must be a positive number of seconds"),
+        ({"timeout_s": "60"}, "timeout_s must be a positive number of seconds"),
+        ({"timeout_s": float("nan")}, "timeout_s must be a positive number of seconds"),
+        ({"timeout_s": 10**400}, "timeout_s must be a positive number of seconds"),
+        ({"gpu_class": 3}, "gpu_class must be a string (got 3); write gpu_class=default"),
+        ({"name": " padded"}, "name must be non-empty without surrounding spaces"),
+        ({"python_version": 3.12}, "python_version must be a string"),
+        ({"bogus": 1}, "unknown option 'bogus' for gpu_function; valid options:"),
+        ({"num_gpu": 1}, "did you mean num_gpus?"),
+        ({"profile": "missing"}, "profile 'missing' is not defined (no profiles are defined yet)"),
+        ({"pip": "numpy", "conda": "numba"}, "pip and conda are exclusive"),
+    ],
+)
+def test_build_options_errors(kwargs, fragment):
+    with pytest.raises(OptionsError) as info:
+        build_options(**kwargs)
+    assert fragment in str(info.value)
+
+
+def test_build_options_profiles_by_object_or_name():
+    profile = build_profile("big", num_gpus=4, pip=["cupy"], env={"A": "1"})
+    assert profile == parse_profile_line("big num_gpus=4 pip=cupy env=A=1")
+    by_object = build_options(profile=profile, gpu_class="h100")
+    by_name = build_options(profile="big", profiles={"big": profile}, gpu_class="h100")
+    assert by_object == by_name == parse("profile=big gpu_class=h100", big=profile)
+    assert by_object.num_gpus == 4
+
+
+def test_decorator_defaults_do_not_override_a_profile():
+    # gpu_function forwards its keyword defaults; empty package lists are "not given".
+    profile = build_profile("rapids", conda=["cudf"], conda_channels="rapidsai", env={"A": "1"})
+    options = build_options(pip=(), conda=(), conda_channels=(), env=None, register=True, profile=profile)
+    assert (options.conda, options.conda_channels, options.env) == (("cudf",), ("rapidsai",), (("A", "1"),))
+    assert build_profile("p", pip=(), env={}) == ComputeProfile(name="p")
+
+
+def test_build_profile_errors():
+    with pytest.raises(OptionsError, match="register is a per-function option"):
+        build_profile("p", register=False)
+    with pytest.raises(OptionsError, match="num_gpus must be a whole number"):
+        build_profile("p", num_gpus=True)
+    with pytest.raises(OptionsError, match="profile name '' is invalid"):
+        build_profile("")
+
+
+def test_dataclasses_validate_on_construction_and_are_frozen():
+    with pytest.raises(OptionsError, match="num_gpus"):
+        FunctionOptions(num_gpus=0)
+    with pytest.raises(OptionsError, match="conda_channels needs conda packages"):
+        FunctionOptions(conda_channels=("conda-forge",))
+    options = FunctionOptions(pip="numpy")
+    assert options.pip == ("numpy",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.num_gpus = 2
+
+
+def test_every_field_is_an_option():
+    # The line accepts each field of FunctionOptions; a profile each field but name/profile/register.
+    values = {"num_gpus": "2", "gpu_class": "c", "name": "n", "pip": "p", "conda": "", "conda_channels": "",
+              "env": "A=1", "python_version": "3.12", "image": "i", "profile": "p", "register": "no", "timeout_s": "1"}
+    assert {field.name for field in dataclasses.fields(FunctionOptions)} == set(values)
+    profile_fields = {field.name for field in dataclasses.fields(ComputeProfile)} - {"name"}
+    assert profile_fields == set(values) - {"name", "profile", "register"}
+    line = " ".join(f"{key}={value}" for key, value in values.items() if value)
+    options = parse(line, p=ComputeProfile(name="p"))
+    assert options.num_gpus == 2 and options.image == "i" and options.timeout_s == 1.0
+
+
+# ----------------------------------------------------------------------- properties
+
+_tokens = st.sampled_from(
+    ["num_gpus", "gpu_class", "name", "pip", "conda", "conda_channels", "env", "python_version", "image",
+     "profile", "register", "timeout_s", "=", ",", "'", '"', " ", "\\", "1", "0", "-1", "1.5", "yes", "A=1",
+     "numpy", "[", "]", ">=", "nan", "default", "p"]
+)
+
+
+@settings(max_examples=500)
+@given(st.one_of(st.text(max_size=40), st.lists(_tokens, max_size=12).map("".join)))
+def test_random_lines_fail_only_with_options_error(line):
+    profiles = {"p": ComputeProfile(name="p", num_gpus=2, conda=("numba",))}
+    for call in (lambda: parse_function_line(line, profiles), lambda: parse_profile_line(line)):
+        try:
+            result = call()
+        except OptionsError:
+            continue
+        assert isinstance(result, (FunctionOptions, ComputeProfile))
+
+
+_words = st.from_regex(r"[A-Za-z][A-Za-z0-9_.-]{0,8}", fullmatch=True)
+_env_values = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8)
+_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "num_gpus": st.integers(1, 2**32 - 1),
+        "gpu_class": _words,
+        "name": _words,
+        "pip": st.lists(_words, min_size=1, max_size=3, unique=True),
+        "env": st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,6}", fullmatch=True)
+                               .filter(lambda name: name not in ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")),
+                               _env_values, min_size=1, max_size=3),
+        "python_version": st.sampled_from(["3.10", "3.11", "3.12", "3.13"]),
+        "image": _words,
+        "register": st.booleans(),
+        "timeout_s": st.floats(min_value=0.001, max_value=1e6),
+    },
+)
+
+
+def _to_line(options):
+    tokens = []
+    for key, value in options.items():
+        if key == "env":
+            tokens += [f"env={name}={text}" for name, text in value.items()]
+        elif key == "pip":
+            tokens.append("pip=" + ",".join(value))
+        elif key == "register":
+            tokens.append("register=" + ("yes" if value else "no"))
+        else:
+            tokens.append(f"{key}={value!r}" if key == "timeout_s" else f"{key}={value}")
+    return " ".join(shlex.quote(token) for token in tokens)
+
+
+@settings(max_examples=300)
+@given(_options)
+def test_valid_lines_round_trip(options):
+    parsed = parse_function_line(_to_line(options), {})
+    assert parsed == build_options(**options)
+    for key, value in options.items():
+        if key == "pip":
+            value = tuple(value)
+        elif key == "env":
+            value = tuple(sorted(value.items()))
+        assert getattr(parsed, key) == value
+    # Every valid option set makes a valid wire runtime.
+    runtime = parsed.runtime("3.12")
+    assert PythonRuntimeSpec.from_json(runtime.to_canonical_json()) == runtime
