@@ -402,7 +402,9 @@ def _given(options: Mapping[str, Any], valid: tuple[str, ...], where: str) -> di
             raise _unknown_option(key, valid, where)
     # None, and an empty list option, mean "not given", so a decorator can forward its keyword
     # defaults (pip=(), env=None, ...) without them overriding a profile.
-    empty = lambda key, value: key in _LIST_KEYS and isinstance(value, (str, list, tuple, Mapping)) and not value
+    def empty(key: str, value: Any) -> bool:
+        return key in _LIST_KEYS and isinstance(value, (str, list, tuple, Mapping)) and not value
+
     return {key: value for key, value in options.items() if value is not None and not empty(key, value)}
 
 
