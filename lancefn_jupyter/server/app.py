@@ -1,0 +1,442 @@
+"""FastAPI routes of the control plane (SPEC §4 + ARCHITECTURE "REST details").
+
+Thin on purpose: authenticate, parse the body into a small request model, call the
+``ControlPlane``, wrap errors in the envelope ``{"error": {code, message, request_id}}``.
+
+Why bodies are parsed by hand rather than as FastAPI body parameters: FastAPI reads and
+validates the body *before* running dependencies, so a request with a bad body and no key
+would get 400 instead of 401.  Parsing inside the route keeps the order auth → validation.
+
+No input may produce a 5xx and no error carries a stack trace: ``_Guard`` (outermost of
+our middleware) turns anything unexpected into a 400 ``request_failed`` envelope and logs
+the traceback server-side only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import re
+import tomllib
+import uuid
+from typing import Any, Literal, Optional
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .core import ApiError, ControlPlane, format_validation_error
+
+__all__ = ["create_app", "load_api_keys", "PRIVILEGES", "DEFAULT_MAX_BODY_BYTES", "ApiKeyError"]
+
+log = logging.getLogger("lancefn.server")
+
+PRIVILEGES = ("functions", "jobs", "system_usage")
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+KEEPALIVE_S = 15.0
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
+
+
+# ---------------------------------------------------------------------- API keys
+
+
+class ApiKeyError(Exception):
+    """The --api-keys file is unusable; the message names the file and the entry."""
+
+
+def load_api_keys(path: str) -> dict[str, frozenset[str]]:
+    """``[[api_keys]] key = "..." privileges = [...]`` → ``{key: privileges}``."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ApiKeyError(f"{path}: API key file not found; fix the --api-keys path") from None
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ApiKeyError(f"{path}: cannot read API key file ({error})") from None
+    if set(data) - {"api_keys"}:
+        raise ApiKeyError(f"{path}: unknown top-level key {sorted(set(data) - {'api_keys'})[0]!r}; use [[api_keys]] tables")
+    entries = data.get("api_keys", [])
+    if not isinstance(entries, list):
+        raise ApiKeyError(f"{path}: 'api_keys' must be a list of [[api_keys]] tables")
+    keys: dict[str, frozenset[str]] = {}
+    for i, entry in enumerate(entries):
+        where = f"{path}: api_keys[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"key", "privileges"}:
+            raise ApiKeyError(f"{where}: each entry has exactly 'key' and 'privileges'")
+        key, privileges = entry.get("key"), entry.get("privileges", [])
+        if not isinstance(key, str) or len(key) < 8 or not key.isprintable() or key.strip() != key:
+            raise ApiKeyError(f"{where}: field 'key' must be a string of at least 8 printable characters")
+        if not isinstance(privileges, list) or not all(p in PRIVILEGES for p in privileges):
+            raise ApiKeyError(f"{where}: field 'privileges' must be a list drawn from {', '.join(PRIVILEGES)}")
+        if key in keys:
+            raise ApiKeyError(f"{where}: this key is listed twice")
+        keys[key] = frozenset(privileges)
+    return keys
+
+
+# -------------------------------------------------------------------- request models
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _NameVersion(_Body):
+    name: str
+    version: str
+
+
+class _ListFunctions(_Body):
+    include_definition: bool = False
+    name: Optional[str] = None
+    page_token: Optional[str] = None
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class _Run(_Body):
+    name: str
+    version: str
+    rows: Any  # checked against the signature by the core
+    timeout_s: Optional[float] = Field(None, gt=0)
+
+
+class _JobId(_Body):
+    job_id: str
+
+
+class _ListJobs(_Body):
+    state: Optional[Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED", "TIMED_OUT"]] = None
+    name: Optional[str] = None
+    job_type: Optional[Literal["create_function", "run_function"]] = None
+    page_token: Optional[str] = None
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class _Logs(_Body):
+    job_id: str
+    offset: int = Field(0, ge=0)
+    limit: int = Field(1000, ge=1, le=10000)
+
+
+class _Wait(_Body):
+    job_id: str
+    timeout_s: float = Field(30.0, ge=0, le=60)
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty; send a JSON object")
+    try:
+        # NaN/Infinity are not JSON; refuse them here rather than store them.
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as error:
+        raise ApiError(400, f"the request body is not valid JSON ({_short(error)})") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON; use null or a finite number")
+
+
+def _short(error: Exception) -> str:
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+async def _parse(request: Request, model: type[_Body]) -> Any:
+    data = await _json_body(request)
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ApiError(400, "invalid request: " + format_validation_error(error)) from None
+
+
+# -------------------------------------------------------------------- middleware
+
+
+def _envelope(status: int, code: str, message: str, request_id: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "request_id": request_id}}, status_code=status)
+
+
+def _request_id(request: Request) -> str:
+    return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
+
+
+class _Guard:
+    """Request id, body-size limit and last-resort error handling (pure ASGI for speed)."""
+
+    def __init__(self, app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        sent_id = headers.get(b"x-request-id", b"").decode("latin-1")
+        request_id = sent_id if _REQUEST_ID.fullmatch(sent_id) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                MutableHeaders(scope=message)["x-request-id"] = request_id
+            await send(message)
+
+        async def reply(status: int, code: str, message: str) -> None:
+            await _envelope(status, code, message, request_id)(scope, receive, send_with_id)
+
+        limit_message = f"the request body is larger than the server's limit of {self.max_body_bytes} bytes; send fewer rows per job"
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
+            length = headers.get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.max_body_bytes:
+                await reply(413, "payload_too_large", limit_message)
+                return
+            # Buffer the body (bounded) so the limit also holds for chunked uploads.
+            chunks, size, more = [], 0, True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    await reply(413, "payload_too_large", limit_message)
+                    return
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            body, replayed = b"".join(chunks), False
+
+            async def replay() -> dict:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            inner_receive = replay
+        else:
+            inner_receive = receive
+        try:
+            await self.app(scope, inner_receive, send_with_id)
+        except Exception:
+            log.exception("unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id)
+            if not started:
+                await reply(
+                    400,
+                    "request_failed",
+                    f"the server could not process this request (request id {request_id}); "
+                    "check the request against the API reference or see the server log",
+                )
+
+
+# --------------------------------------------------------------------------- app
+
+
+def create_app(
+    core: ControlPlane,
+    *,
+    api_keys: dict[str, frozenset[str]],
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    on_shutdown: Any = None,
+) -> FastAPI:
+    """The ASGI app; ``api_keys`` maps each accepted key to its privileges."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        core.attach_loop(asyncio.get_running_loop())
+        core.start()
+        try:
+            yield
+        finally:
+            core.begin_shutdown()
+            await asyncio.get_running_loop().run_in_executor(None, core.shutdown)
+            core.attach_loop(None)
+
+    app = FastAPI(
+        title="lancefn control plane",
+        version=core.version,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # no unauthenticated routes besides /v1/health
+        lifespan=lifespan,
+    )
+    app.state.core = core
+    app.add_middleware(_Guard, max_body_bytes=max_body_bytes)
+
+    key_items = list(api_keys.items())
+
+    def require(privilege: str):
+        async def check(request: Request) -> None:
+            sent = request.headers.get("x-api-key")
+            privileges = None
+            if sent:
+                sent_bytes = sent.encode("utf-8", "surrogateescape")
+                for key, granted in key_items:
+                    if hmac.compare_digest(sent_bytes, key.encode("utf-8")):
+                        privileges = granted
+            if privileges is None:
+                raise ApiError(401, "missing or unknown API key; send it in the x-api-key header (see server.json for the local key)")
+            if privilege not in privileges:
+                raise ApiError(403, f"this API key lacks the '{privilege}' privilege needed for {request.url.path}")
+
+        return Depends(check)
+
+    # ------------------------------------------------------------- error handlers
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return _envelope(error.status, error.code, error.message, _request_id(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        parts = []
+        for item in error.errors():
+            loc = ".".join(str(p) for p in item.get("loc", ()))
+            parts.append(f"{loc}: {item.get('msg', 'invalid')}")
+        return _envelope(400, "invalid_request", "invalid request: " + "; ".join(parts), _request_id(request))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        status = error.status_code if 400 <= error.status_code < 500 else 400
+        code = ApiError.CODES.get(status, "invalid_request" if status != 405 else "method_not_allowed")
+        message = "no such endpoint; see the API reference for /v1 routes" if status == 404 else str(error.detail)
+        return _envelope(status, code, message, _request_id(request))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        rid = _request_id(request)
+        log.error("unexpected error (request %s): %s", rid, type(error).__name__)
+        return _envelope(400, "request_failed", f"the server could not process this request (request id {rid}); see the server log", rid)
+
+    # ------------------------------------------------------------------- routes
+
+    @app.get("/v1/health")
+    async def health() -> dict:
+        return {"status": "ok", "version": core.version, "executor": core.executor_name}
+
+    @app.get("/v1/gpu/classes", dependencies=[require("system_usage")])
+    async def gpu_classes() -> dict:
+        return core.gpu_classes()
+
+    @app.get("/v1/gpu/usage", dependencies=[require("system_usage")])
+    async def gpu_usage() -> dict:
+        return core.gpu_usage()
+
+    @app.post("/v1/functions/create", status_code=202, dependencies=[require("functions")])
+    async def create_function(request: Request) -> dict:
+        return {"job_id": core.register(await _json_body(request))}
+
+    @app.post("/v1/functions/describe", dependencies=[require("functions")])
+    async def describe_function(request: Request) -> dict:
+        body = await _parse(request, _NameVersion)
+        return core.describe_function(body.name, body.version)
+
+    @app.post("/v1/functions/list", dependencies=[require("functions")])
+    async def list_functions(request: Request) -> dict:
+        body = await _parse(request, _ListFunctions)
+        return core.list_functions(
+            name=body.name, include_definition=body.include_definition, page_token=body.page_token, limit=body.limit
+        )
+
+    @app.post("/v1/functions/drop", dependencies=[require("functions")])
+    async def drop_function(request: Request) -> dict:
+        body = await _parse(request, _NameVersion)
+        return core.drop_function(body.name, body.version)
+
+    @app.post("/v1/functions/run", status_code=202, dependencies=[require("functions")])
+    async def run_function(request: Request) -> dict:
+        body = await _parse(request, _Run)
+        return {"job_id": core.run(body.name, body.version, body.rows, body.timeout_s)}
+
+    @app.post("/v1/jobs/describe", dependencies=[require("jobs")])
+    async def describe_job(request: Request) -> dict:
+        body = await _parse(request, _JobId)
+        return core.describe_job(body.job_id)
+
+    @app.post("/v1/jobs/list", dependencies=[require("jobs")])
+    async def list_jobs(request: Request) -> dict:
+        body = await _parse(request, _ListJobs)
+        return core.list_jobs(
+            state=body.state, name=body.name, job_type=body.job_type, page_token=body.page_token, limit=body.limit
+        )
+
+    @app.post("/v1/jobs/cancel", dependencies=[require("jobs")])
+    async def cancel_job(request: Request) -> dict:
+        body = await _parse(request, _JobId)
+        return core.cancel_job(body.job_id)
+
+    @app.post("/v1/jobs/logs", dependencies=[require("jobs")])
+    async def job_logs(request: Request) -> dict:
+        body = await _parse(request, _Logs)
+        return core.job_logs(body.job_id, body.offset, body.limit)
+
+    @app.post("/v1/jobs/wait", dependencies=[require("jobs")])
+    async def wait_job(request: Request) -> dict:
+        body = await _parse(request, _Wait)
+        return await core.wait_job(body.job_id, body.timeout_s)
+
+    @app.get("/v1/jobs/events", dependencies=[require("jobs")])
+    async def job_events(request: Request, last_event_id: Optional[str] = None) -> StreamingResponse:
+        raw = request.headers.get("last-event-id") or last_event_id
+        if raw is None or raw == "":
+            start = core.last_event_seq()  # no resume point: only changes from now on
+        elif raw.isdigit() and len(raw) < 19:
+            start = int(raw)
+        else:
+            raise ApiError(400, "Last-Event-ID / last_event_id must be a non-negative integer event id")
+        return StreamingResponse(
+            _event_stream(core, start),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return app
+
+
+async def _event_stream(core: ControlPlane, last: int):
+    """SSE: durable job events after ``last``, then live ones; usage events interleaved."""
+    subscriber = core.bus.subscribe()  # subscribe before reading the backlog so nothing falls between
+    try:
+        yield f"event: usage\ndata: {json.dumps(core.gpu_usage(), separators=(',', ':'))}\n\n"
+        backlog = True
+        while not subscriber.closed:
+            if backlog or subscriber.overflowed:
+                subscriber.overflowed = False
+                subscriber.items.clear()
+                while True:
+                    rows = core.events_after(last, 500)
+                    for seq, data in rows:
+                        yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
+                        last = seq
+                    if len(rows) < 500:
+                        break
+                backlog = False
+            while subscriber.items:
+                kind, seq, data = subscriber.items.popleft()
+                if kind == "job":
+                    if seq <= last:
+                        continue  # already sent from the backlog
+                    last = seq
+                    yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
+                else:
+                    yield f"event: {kind}\ndata: {data}\n\n"
+            if subscriber.closed:
+                break
+            subscriber.ready.clear()
+            try:
+                await asyncio.wait_for(subscriber.ready.wait(), KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield ": keepalive\n\n"
+    finally:
+        core.bus.unsubscribe(subscriber)

@@ -1,0 +1,219 @@
+"""``lancefn-server``: run the control plane for one home directory.
+
+    lancefn-server [--home DIR] [--host 127.0.0.1] [--port 0] [--gpu-classes FILE]
+                   [--executor local|ray] [--ray-address ADDR] [--api-keys FILE]
+                   [--max-body-bytes N] [--log-level warning]
+
+Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``.
+
+Startup order matters: lock the home (one server per home), validate config (exit 2 with
+a readable message), bind the socket (so ``--port 0`` resolves to a real port), start
+serving, and only then write ``server.json`` — its existence means "ready".  SIGTERM/SIGINT
+stop gracefully: streams and long polls end, the executor shuts down, ``server.json`` is
+removed.  After a SIGKILL a stale ``server.json`` may remain; its pid is dead and the lock
+is free, which is how clients (and the next server) tell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+
+__all__ = ["main", "default_home", "SERVER_JSON", "LOCK_FILE", "API_KEY_FILE"]
+
+SERVER_JSON = "server.json"
+LOCK_FILE = "server.lock"
+API_KEY_FILE = "api_key"  # the generated admin key, reused across restarts so clients keep working
+EXIT_CONFIG = 2
+
+log = logging.getLogger("lancefn.server")
+
+
+def default_home() -> Path:
+    """``$LANCEFN_HOME``, else the per-user data dir (``platformdirs``)."""
+    if os.environ.get("LANCEFN_HOME"):
+        return Path(os.environ["LANCEFN_HOME"]).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("lancefn-jupyter"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lancefn-server", description="lancefn control plane (REST API for GPU function versions and jobs)")
+    p.add_argument("--home", help="state directory (SQLite, server.json, logs); default $LANCEFN_HOME or the per-user data dir")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: only this machine)")
+    p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default)")
+    p.add_argument("--gpu-classes", help="GPU class TOML config; default $LANCEFN_GPU_CLASSES, else NVML, else simulated")
+    p.add_argument("--executor", choices=("local", "ray"), default="local", help="where workers run (default local)")
+    p.add_argument("--ray-address", help="Ray cluster address for --executor ray (default: start/attach locally)")
+    p.add_argument("--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])")
+    p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="largest accepted request body (default 64 MiB)")
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"lancefn-server: {message}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` atomically with mode 0600 (never briefly world-readable)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _admin_key(home: Path) -> str:
+    if os.environ.get("LANCEFN_API_KEY"):
+        return os.environ["LANCEFN_API_KEY"]
+    path = home / API_KEY_FILE
+    try:
+        key = path.read_text("utf-8").strip()
+        if key:
+            return key
+    except FileNotFoundError:
+        pass
+    key = secrets.token_urlsafe(32)
+    _write_private(path, key + "\n")
+    return key
+
+
+def _lock_home(home: Path) -> tuple[Any, str | None]:
+    """Take ``server.lock``; returns (file, None) or (None, holder pid text)."""
+    handle = open(home / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        return None, holder
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    home = Path(args.home).expanduser() if args.home else default_home()
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:
+        return _fail(f"cannot create home directory {home}: {error}")
+    home = home.resolve()
+
+    lock, holder = _lock_home(home)
+    if lock is None:
+        return _fail(f"another lancefn-server (pid {holder}) is already using home {home}; stop it or pick another --home")
+
+    # Heavy imports after the cheap checks so a refused start is fast.
+    import uvicorn
+
+    from .app import ApiKeyError, create_app, load_api_keys
+    from .core import ControlPlane
+    from .executors import get_executor
+    from .gpu_classes import ConfigError, load_gpu_classes
+    from .store import DB_FILENAME, Store
+
+    try:
+        classes = load_gpu_classes(args.gpu_classes, executor=args.executor)
+    except ConfigError as error:
+        return _fail(f"invalid GPU class config: {error}")
+    try:
+        extra_keys = load_api_keys(args.api_keys) if args.api_keys else {}
+    except ApiKeyError as error:
+        return _fail(str(error))
+    admin_key = _admin_key(home)
+    api_keys = {**extra_keys, admin_key: frozenset(("functions", "jobs", "system_usage"))}
+
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+        sock.listen(2048)
+    except OSError as error:
+        return _fail(f"cannot listen on {args.host}:{args.port}: {error}")
+    port = sock.getsockname()[1]
+    url_host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{url_host}:{port}"
+
+    try:
+        executor = get_executor(args.executor, classes=classes, home=home, address=args.ray_address)
+    except Exception as error:  # e.g. ray not installed; say so instead of a traceback
+        return _fail(f"cannot create the {args.executor!r} executor: {error}")
+
+    store = Store(home / DB_FILENAME)
+    core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__)
+    app = create_app(core, api_keys=api_keys, max_body_bytes=args.max_body_bytes)
+    server_json = home / SERVER_JSON
+    info = {
+        "url": url,
+        "api_key": admin_key,
+        "pid": os.getpid(),
+        "home": str(home),
+        "version": __version__,
+        "executor": args.executor,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit:
+                _write_private(server_json, json.dumps(info, indent=2) + "\n")
+                print(f"lancefn-server listening on {url}", flush=True)
+
+        async def shutdown(self, sockets: list | None = None) -> None:
+            core.begin_shutdown()  # end SSE streams and long polls so they don't delay the stop
+            await super().shutdown(sockets=sockets)
+
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    server = _Server(config)
+    # uvicorn captures SIGTERM/SIGINT itself and re-raises them once it has stopped; make
+    # that re-raise a no-op so our cleanup below runs and the exit code is 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        try:
+            if server_json.exists() and json.loads(server_json.read_text()).get("pid") == os.getpid():
+                server_json.unlink()
+        except (OSError, ValueError):
+            pass
+        store.close()
+        lock.close()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

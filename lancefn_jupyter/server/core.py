@@ -1,0 +1,819 @@
+"""The control plane core: function catalog, job state machine, scheduling and events.
+
+``ControlPlane`` ties together the store (durable truth), the pure scheduler (who gets
+which devices), the executor (runs tasks) and the event bus (SSE fan-out).  Every method
+is synchronous and guarded by one re-entrant lock; executor callbacks arrive on executor
+threads and take the same lock.  Events are handed to the asyncio loop with
+``call_soon_threadsafe`` *while the lock is held*, so subscribers see them in seq order.
+
+Job lifecycle::
+
+    run → PENDING (queued; waiting_on_capacity, queue_position)
+        → PENDING with devices (placed; the executor is starting the worker)
+        → IN_PROGRESS (task_started) → DONE | FAILED | TIMED_OUT
+    cancel at any non-terminal point → CANCELLED (devices freed at once)
+
+Durability on start (decision): jobs that were IN_PROGRESS — or already placed on devices —
+when the server died are **re-queued as PENDING** at their original place in their class's
+FIFO, because the user asked for the work and a worker that died with the server produced
+nothing.  Their progress is reset and a log line records the restart.  A job re-queued more
+than ``MAX_REQUEUES`` (3) times is FAILED with a retryable ``server_restart`` failure so a
+job that crashes the server cannot loop forever.  PENDING jobs stay queued in their original
+order; after a restart no device is busy.
+
+No input may produce a 5xx: every user-facing problem raises :class:`ApiError` with a 4xx
+status and a message saying what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import binascii
+import collections
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..models import (
+    FunctionRegistrationRequest,
+    FunctionVersion,
+    JobFailure,
+    JobState,
+    TERMINAL_STATES,
+    decode_artifact,
+    derive_version,
+    rfc3339_now,
+    version_id,
+)
+from .executors.base import Executor, TaskSpec
+from .gpu_classes import GpuClassConfig
+from .scheduler import SchedulerState
+from .store import JobRecord, Store
+
+__all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "MAX_REQUEUES"]
+
+log = logging.getLogger("lancefn.server")
+
+MAX_REQUEUES = 3
+MAX_LOG_LINES_PER_JOB = 20_000
+MAX_LOG_LINE_CHARS = 8_192
+PROGRESS_EVENT_INTERVAL_S = 0.1  # progress events are coalesced per job; final states carry the final count
+PAGE_LIMIT_MAX = 1000
+
+PENDING, IN_PROGRESS = JobState.PENDING.value, JobState.IN_PROGRESS.value
+DONE, FAILED = JobState.DONE.value, JobState.FAILED.value
+CANCELLED, TIMED_OUT = JobState.CANCELLED.value, JobState.TIMED_OUT.value
+_TERMINAL = {state.value for state in TERMINAL_STATES}
+_ACTIVE = (PENDING, IN_PROGRESS)
+
+
+class ApiError(Exception):
+    """A client-visible error: HTTP status, stable code, readable message."""
+
+    CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict", 413: "payload_too_large"}
+
+    def __init__(self, status: int, message: str, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code or self.CODES.get(status, "error")
+        self.message = message
+
+
+def format_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """Readable pydantic errors naming each field; never echoes input values (they may be secrets)."""
+    parts = []
+    for item in error.errors(include_url=False, include_input=False):
+        loc = ".".join(str(part) for part in (prefix, *item["loc"]) if part != "")
+        message = item["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc or 'body'}: {message}" if loc else message)
+    return "; ".join(parts[:10]) + (f"; and {len(parts) - 10} more" if len(parts) > 10 else "")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _encode_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"lancefn:{seq}".encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str | None) -> int | None:
+    if token is None or token == "":
+        return None
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        prefix, _, seq = text.partition(":")
+        if prefix == "lancefn" and seq.isdigit():
+            return int(seq)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        pass
+    raise ApiError(400, "page_token is not a token this server issued; pass the page_token from the previous reply or omit it")
+
+
+# ----------------------------------------------------------------------- event bus
+
+
+class Subscriber:
+    """One SSE client's buffer.  If it falls too far behind it is marked ``overflowed`` and
+    re-reads from the durable event log instead of growing without bound."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self.items: collections.deque[tuple[str, int | None, str]] = collections.deque()
+        self.ready = asyncio.Event()
+        self.overflowed = False
+        self.closed = False  # the server is shutting down: end the stream
+
+    def push(self, item: tuple[str, int | None, str]) -> None:
+        if self.overflowed:
+            return
+        if len(self.items) >= self.LIMIT:
+            self.items.clear()
+            self.overflowed = True
+        else:
+            self.items.append(item)
+        self.ready.set()
+
+
+class EventBus:
+    """Fan-out of ``(kind, seq, data)`` to asyncio subscribers; publish from any thread."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._subscribers: set[Subscriber] = set()
+
+    def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+
+    def publish(self, kind: str, seq: int | None, data: str) -> None:
+        loop = self._loop
+        if loop is None or not self._subscribers:
+            return
+        try:
+            loop.call_soon_threadsafe(self._fanout, (kind, seq, data))
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    def _fanout(self, item: tuple[str, int | None, str]) -> None:
+        for subscriber in list(self._subscribers):
+            subscriber.push(item)
+
+    def close(self) -> None:
+        """End every stream (server shutdown); call on the loop thread."""
+        for subscriber in list(self._subscribers):
+            subscriber.closed = True
+            subscriber.ready.set()
+
+    def subscribe(self) -> Subscriber:
+        subscriber = Subscriber()
+        self._subscribers.add(subscriber)
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+
+
+# --------------------------------------------------------------------------- core
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """Where a function version's jobs run."""
+
+    gpu_class: str | None
+    num_gpus: int
+    simulated: bool
+
+
+class ControlPlane:
+    def __init__(self, *, store: Store, classes: GpuClassConfig, executor: Executor | None, version: str = "0"):
+        self.store = store
+        self.classes = classes
+        self.executor = executor
+        self.version = version
+        self.bus = EventBus()
+        self._lock = threading.RLock()
+        self._scheduler = SchedulerState(classes.devices())
+        self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
+        self._log_pos: dict[str, int] = {}
+        self._progress_emitted: dict[str, float] = {}
+        self._waiters: dict[str, list[asyncio.Future]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._versions: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
+        self._started = False
+
+    @property
+    def executor_name(self) -> str:
+        return self.executor.name if self.executor is not None else "none"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        self.bus.attach(loop)
+
+    def start(self) -> None:
+        """Recover durable state, start the executor and place whatever can run."""
+        with self._lock:
+            if self.executor is not None:
+                self.executor.start(self)
+                self._apply_executor_capacity()
+            self._recover()
+            self._started = True
+            self._dispatch()
+
+    def begin_shutdown(self) -> None:
+        """First step of a graceful stop (on the loop thread): end streams and long polls now
+        so open connections don't hold the server up."""
+        self.bus.close()
+        with self._lock:
+            self._started = False
+            for job_id in list(self._waiters):
+                self._wake_waiters(job_id)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._started = False
+            executor, self.executor = self.executor, None
+        if executor is not None:
+            try:
+                executor.shutdown()
+            except Exception:  # shutting down anyway; the reason goes to the log
+                log.exception("executor shutdown failed")
+        # Waiters get the job as it stands now rather than hanging until their timeout.
+        with self._lock:
+            for job_id in list(self._waiters):
+                self._wake_waiters(job_id)
+
+    def _apply_executor_capacity(self) -> None:
+        capacity = self.executor.capacity() if self.executor is not None else None
+        for spec in self.classes.classes:
+            count = (capacity or {}).get(spec.name)
+            if count is not None and not spec.devices:
+                # Classes without local devices (Ray) get one slot id per GPU the executor reports.
+                self._scheduler.set_devices(spec.name, tuple(f"slot{i}" for i in range(count)))
+            elif not spec.devices:
+                self._scheduler.set_devices(
+                    spec.name, tuple(f"slot{i}" for i in range(spec.gpu_class.max_gpu_count_per_worker))
+                )
+
+    def _recover(self) -> None:
+        unfinished = self.store.list_jobs(states=_ACTIVE, limit=10**9, oldest_first=True)
+        with self.store.batch():
+            for rec in unfinished:
+                if rec.state == IN_PROGRESS or rec.devices:
+                    rec.requeues += 1
+                    if rec.requeues > MAX_REQUEUES:
+                        rec.state, rec.finished_ms = FAILED, _now_ms()
+                        rec.failure = JobFailure(
+                            phase="server_restart",
+                            message=f"the control plane restarted {rec.requeues} times while this job ran; "
+                            "it was not re-queued again. Submit it again to retry.",
+                            retryable=True,
+                        ).to_wire()
+                        rec.devices, rec.node = (), None
+                        self._persist(rec, new=False)
+                        continue
+                    rec.state, rec.started_ms, rec.devices, rec.node, rec.rows_done = PENDING, None, (), None, 0
+                    self._append_log(rec, "system", [f"[lancefn] control plane restarted; job re-queued (restart {rec.requeues})"])
+                    self._persist(rec, new=False)
+                problem = self._capacity_problem(rec.gpu_class, rec.num_gpus) if rec.num_gpus else None
+                if problem:
+                    rec.state, rec.finished_ms = FAILED, _now_ms()
+                    rec.failure = JobFailure(phase="validation", message=problem).to_wire()
+                    self._persist(rec, new=False)
+                    continue
+                self._active[rec.job_id] = rec
+                self._scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+
+    # ---------------------------------------------------------------- functions
+
+    def register(self, body: Any) -> str:
+        """Validate and record a function version; returns the (already DONE) job's id."""
+        if not isinstance(body, Mapping):
+            raise ApiError(400, "the body must be a JSON object: a function registration request")
+        try:
+            request = FunctionRegistrationRequest.from_wire(body)
+        except ValidationError as error:
+            raise ApiError(400, "invalid registration request: " + format_validation_error(error)) from None
+        runtime = request.runtime
+        if runtime.kind not in ("python", "python_v2"):
+            raise ApiError(400, f"runtime.kind {runtime.kind!r} is not supported by this server; use 'python' (CPU) or 'python_v2' (GPU)")
+        try:
+            artifact = decode_artifact(request.artifact)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        self._check_artifact(artifact, request.artifact.entrypoint)
+        if runtime.resources is not None:
+            resources = runtime.resources
+            problem = self._capacity_problem(resources.gpu_class, resources.num_gpus)
+            if problem:
+                raise ApiError(400, problem)
+        vid = version_id(request)
+        with self._lock:
+            row = self.store.get_version(request.name, vid)
+            with self.store.batch():
+                if row is None:
+                    version = derive_version(request, rfc3339_now())
+                    definition = version.to_canonical_json()
+                    self.store.insert_version(request.name, vid, definition, artifact, version.created_at)
+                else:
+                    definition = row.definition
+                    if row.dropped:  # registering it again brings a dropped version back
+                        self.store.set_dropped(request.name, vid, False)
+                now = _now_ms()
+                rec = JobRecord(
+                    job_id=uuid.uuid4().hex,
+                    job_type="create_function",
+                    state=DONE,
+                    creation_ms=now,
+                    started_ms=now,
+                    finished_ms=now,
+                    spec={"name": request.name, "version": vid},
+                    name=request.name,
+                    result=json.loads(definition),
+                )
+                self._persist(rec, new=True)
+            return rec.job_id
+
+    @staticmethod
+    def _check_artifact(artifact: bytes, entrypoint: str) -> None:
+        # Cheap early checks so a broken upload fails at registration, not at the first run.
+        try:
+            tree = ast.parse(artifact.decode("utf-8"), filename="<artifact>")
+        except UnicodeDecodeError:
+            raise ApiError(400, "artifact content is not UTF-8 Python source; package the function with lancefn_jupyter.packaging") from None
+        except (SyntaxError, ValueError) as error:
+            raise ApiError(400, f"artifact content is not valid Python ({error}); package the function with lancefn_jupyter.packaging") from None
+        defined = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(t.id for t in targets if isinstance(t, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        if entrypoint not in defined:
+            raise ApiError(400, f"artifact.entrypoint {entrypoint!r} is not defined at the top level of the artifact; name the entry function")
+
+    def _capacity_problem(self, gpu_class: str | None, num_gpus: int) -> str | None:
+        spec = self.classes.get(gpu_class)
+        if spec is None:
+            available = ", ".join(
+                f"{s.name} (max {s.gpu_class.max_gpu_count_per_worker} GPUs/worker)" for s in self.classes.classes
+            )
+            return f"unknown gpu_class {gpu_class!r}; available GPU classes: {available}"
+        limit = spec.gpu_class.max_gpu_count_per_worker
+        if num_gpus > limit:
+            return (
+                f"num_gpus={num_gpus} exceeds GPU class {spec.name!r}'s max_gpu_count_per_worker of {limit}; "
+                f"request at most {limit} GPUs or pick another class ({self._class_limits()})"
+            )
+        return None
+
+    def _class_limits(self) -> str:
+        return ", ".join(f"{s.name}: {s.gpu_class.max_gpu_count_per_worker}" for s in self.classes.classes)
+
+    def _version(self, name: str, version: str) -> tuple[dict, bool]:
+        """The version's definition and whether it is dropped; 404 if never registered."""
+        row = self.store.get_version(name, version)
+        if row is None:
+            raise ApiError(404, f"function version {name}@{version} not found; list versions with POST /v1/functions/list")
+        return json.loads(row.definition), row.dropped
+
+    def describe_function(self, name: str, version: str) -> dict:
+        definition, dropped = self._version(name, version)
+        if dropped:
+            raise ApiError(404, f"function version {name}@{version} was dropped; register it again to restore it")
+        return definition
+
+    def list_functions(self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100) -> dict:
+        after = _decode_token(page_token) or 0
+        limit = max(1, min(limit, PAGE_LIMIT_MAX))
+        rows = self.store.list_versions(name=name, after_seq=after, limit=limit + 1)
+        reply: dict[str, Any] = {"functions": []}
+        for seq, fname, fversion, definition in rows[:limit]:
+            item: dict[str, Any] = {"name": fname, "version": fversion}
+            if include_definition:
+                item["definition"] = json.loads(definition)
+            reply["functions"].append(item)
+        if len(rows) > limit:
+            reply["page_token"] = _encode_token(rows[limit - 1][0])
+        return reply
+
+    def drop_function(self, name: str, version: str) -> dict:
+        with self._lock:
+            _, dropped = self._version(name, version)
+            if not dropped:
+                self.store.set_dropped(name, version, True)
+            return {"dropped": not dropped}
+
+    # --------------------------------------------------------------------- runs
+
+    def run(self, name: str, version: str, rows: Any, timeout_s: float | None = None) -> str:
+        definition, dropped = self._version(name, version)
+        if dropped:
+            raise ApiError(404, f"function version {name}@{version} was dropped; register it again to run it")
+        fv = FunctionVersion.from_wire(definition)
+        self._check_rows(fv, rows)
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ApiError(400, "timeout_s must be a number of seconds > 0, or omitted for no timeout")
+        resources = fv.runtime.resources
+        if resources is None:
+            where = _Resolved(None, 0, False)
+        else:
+            problem = self._capacity_problem(resources.gpu_class, resources.num_gpus)
+            if problem:  # the config changed since registration
+                raise ApiError(400, problem)
+            spec = self.classes.get(resources.gpu_class)
+            where = _Resolved(spec.name, resources.num_gpus, spec.simulated)
+        job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": len(rows)}
+        if timeout_s is not None:
+            job_spec["timeout_s"] = timeout_s
+        with self._lock:
+            rec = JobRecord(
+                job_id=uuid.uuid4().hex,
+                job_type="run_function",
+                state=PENDING,
+                creation_ms=_now_ms(),
+                spec=job_spec,
+                name=name,
+                gpu_class=where.gpu_class,
+                num_gpus=where.num_gpus,
+                rows_total=len(rows),
+            )
+            self._active[rec.job_id] = rec
+            self._scheduler.enqueue(rec.job_id, where.gpu_class, where.num_gpus)
+            with self.store.batch():
+                self._persist(rec, new=True, rows=rows)
+                self._dispatch(changed=where.num_gpus > 0)
+            return rec.job_id
+
+    @staticmethod
+    def _check_rows(fv: FunctionVersion, rows: Any) -> None:
+        if not isinstance(rows, list) or not rows:
+            raise ApiError(400, "rows must be a non-empty list of objects, one {param: value} object per call")
+        expected = [p.name for p in fv.signature.inputs]
+        wanted = set(expected)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise ApiError(400, f"rows[{i}] must be an object mapping parameter names to values, e.g. {{{', '.join(repr(n) + ': ...' for n in expected)}}}")
+            keys = set(row)
+            if keys != wanted:
+                missing = [n for n in expected if n not in keys]
+                unknown = sorted(keys - wanted)
+                problems = []
+                if missing:
+                    problems.append(f"missing parameter(s) {', '.join(missing)}")
+                if unknown:
+                    problems.append(f"unknown parameter(s) {', '.join(unknown)}")
+                raise ApiError(
+                    400,
+                    f"rows[{i}]: {' and '.join(problems)}; {fv.name}@{fv.version} takes ({', '.join(expected)})",
+                )
+            try:
+                _dumps(row)
+            except ValueError:
+                raise ApiError(400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number") from None
+
+    # --------------------------------------------------------------------- jobs
+
+    def _get_job(self, job_id: str) -> JobRecord:
+        rec = self._active.get(job_id)
+        if rec is None:
+            rec = self.store.get_job(job_id)
+        if rec is None:
+            raise ApiError(404, f"job {job_id} not found; list jobs with POST /v1/jobs/list")
+        return rec
+
+    def describe_job(self, job_id: str) -> dict:
+        with self._lock:
+            return self._job_wire(self._get_job(job_id))
+
+    def list_jobs(
+        self,
+        *,
+        state: str | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
+        page_token: str | None = None,
+        limit: int = 100,
+    ) -> dict:
+        before = _decode_token(page_token)
+        limit = max(1, min(limit, PAGE_LIMIT_MAX))
+        with self._lock:
+            recs = self.store.list_jobs(
+                states=(state,) if state else None, name=name, job_type=job_type, before_seq=before, limit=limit + 1
+            )
+            # Memory is authoritative for active jobs (e.g. coalesced progress).
+            jobs = [self._job_wire(self._active.get(rec.job_id, rec)) for rec in recs[:limit]]
+        reply: dict[str, Any] = {"jobs": jobs}
+        if len(recs) > limit:
+            reply["page_token"] = _encode_token(recs[limit - 1].seq)
+        return reply
+
+    def cancel_job(self, job_id: str) -> dict:
+        with self._lock:
+            rec = self._get_job(job_id)
+            if rec.state in _TERMINAL:
+                return {"job_id": job_id, "cancelled": False}
+            was_placed = bool(rec.devices) or rec.state == IN_PROGRESS or (rec.num_gpus == 0 and not self._scheduler.is_pending(job_id))
+            with self.store.batch():
+                self._finish(rec, CANCELLED)
+            if was_placed and self.executor is not None:
+                try:
+                    self.executor.cancel(job_id)
+                except Exception:
+                    log.exception("executor.cancel(%s) failed", job_id)
+            return {"job_id": job_id, "cancelled": True}
+
+    def job_logs(self, job_id: str, offset: int = 0, limit: int = 1000) -> dict:
+        with self._lock:
+            self._get_job(job_id)
+        limit = max(1, min(limit, 10_000))
+        entries = self.store.read_logs(job_id, max(0, offset), limit)
+        lines = [line for _, _, line in entries]
+        next_offset = entries[-1][0] + 1 if entries else max(0, offset)
+        return {"lines": lines, "next_offset": next_offset}
+
+    async def wait_job(self, job_id: str, timeout_s: float) -> dict:
+        """The job once terminal, or as it stands after ``timeout_s`` (long poll)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            rec = self._get_job(job_id)
+            if rec.state in _TERMINAL or timeout_s <= 0 or not self._started:
+                return self._job_wire(rec)
+            future = loop.create_future()
+            self._waiters.setdefault(job_id, []).append(future)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(job_id)
+                if waiters and future in waiters:
+                    waiters.remove(future)
+                    if not waiters:
+                        del self._waiters[job_id]
+        return self.describe_job(job_id)
+
+    def _wake_waiters(self, job_id: str) -> None:
+        futures = self._waiters.pop(job_id, None)
+        if not futures or self._loop is None:
+            return
+
+        def wake() -> None:
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
+        try:
+            self._loop.call_soon_threadsafe(wake)
+        except RuntimeError:
+            pass
+
+    # ---------------------------------------------------------------- GPU info
+
+    def gpu_classes(self) -> dict:
+        return {"classes": [spec.gpu_class.to_wire() for spec in self.classes.classes]}
+
+    def gpu_usage(self) -> dict:
+        with self._lock:
+            return {"classes": self._scheduler.usage()}
+
+    # ------------------------------------------------------------------- events
+
+    def events_after(self, seq: int, limit: int = 1000) -> list[tuple[int, str]]:
+        return self.store.events_after(seq, limit)
+
+    def last_event_seq(self) -> int:
+        return self.store.last_event_seq()
+
+    # ------------------------------------------------- executor callbacks (any thread)
+
+    def task_started(self, job_id: str, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
+        with self._lock:
+            rec = self._active.get(job_id)
+            if rec is None or rec.state in _TERMINAL:
+                return
+            rec.state = IN_PROGRESS
+            rec.started_ms = rec.started_ms or _now_ms()
+            rec.devices = tuple(devices) or rec.devices
+            rec.node = node
+            self._persist(rec, new=False)
+
+    def task_progress(self, job_id: str, rows_done: int) -> None:
+        with self._lock:
+            rec = self._active.get(job_id)
+            if rec is None or rec.state in _TERMINAL:
+                return
+            rec.rows_done = max(rec.rows_done, min(int(rows_done), rec.rows_total))
+            now = time.monotonic()
+            # Coalesce: a 10k-row map must not write 10k events; the last row always gets one.
+            if rec.rows_done == rec.rows_total or now - self._progress_emitted.get(job_id, 0.0) >= PROGRESS_EVENT_INTERVAL_S:
+                self._progress_emitted[job_id] = now
+                self._persist(rec, new=False)
+
+    def task_log(self, job_id: str, stream: str, lines: list[str]) -> None:
+        with self._lock:
+            rec = self._active.get(job_id)
+            if rec is None or rec.state in _TERMINAL:
+                return
+            self._append_log(rec, str(stream), [str(line) for line in lines])
+
+    def task_succeeded(self, job_id: str, results: list) -> None:
+        with self._lock:
+            rec = self._active.get(job_id)
+            if rec is None or rec.state in _TERMINAL:
+                return
+            problem = None
+            if not isinstance(results, list) or len(results) != rec.rows_total:
+                problem = f"the worker returned {len(results) if isinstance(results, list) else 'no list of'} results for {rec.rows_total} rows"
+            else:
+                try:
+                    _dumps(results)
+                except (TypeError, ValueError) as error:
+                    problem = f"a result is not JSON ({error}); return numbers, strings, lists, dicts or None (NaN/Infinity are not JSON)"
+            with self.store.batch():
+                if problem:
+                    rec.failure = JobFailure(phase="result", message=problem).to_wire()
+                    self._finish(rec, FAILED)
+                else:
+                    rec.result = results
+                    rec.rows_done = rec.rows_total
+                    self._finish(rec, DONE)
+
+    def task_failed(self, job_id: str, failure: JobFailure | Mapping[str, Any]) -> None:
+        with self._lock:
+            rec = self._active.get(job_id)
+            if rec is None or rec.state in _TERMINAL:
+                return
+            if isinstance(failure, JobFailure):
+                wire = failure.to_wire()
+            else:
+                try:
+                    wire = JobFailure.from_wire(failure).to_wire()
+                except ValidationError:
+                    wire = JobFailure(phase="executor", message=f"worker failed: {str(failure)[:2000]}").to_wire()
+            rec.failure = wire
+            with self.store.batch():
+                self._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
+
+    # ---------------------------------------------------------------- internals
+
+    def _finish(self, rec: JobRecord, state: str) -> None:
+        """Move an active job to a terminal state, free its devices and start what can run."""
+        rec.state = state
+        rec.finished_ms = _now_ms()
+        if state == DONE:
+            rec.failure = None
+        had_devices = bool(self._scheduler.release(rec.job_id)) or bool(rec.devices)
+        self._active.pop(rec.job_id, None)
+        self._log_pos.pop(rec.job_id, None)
+        self._progress_emitted.pop(rec.job_id, None)
+        self._persist(rec, new=False)
+        self._wake_waiters(rec.job_id)
+        self._dispatch(changed=had_devices or rec.num_gpus > 0)
+
+    def _dispatch(self, changed: bool = False) -> bool:
+        """Place and launch every job that fits now; returns whether anything was placed.
+
+        ``changed``: the caller altered GPU queues/holdings, so a ``usage`` event is due even
+        when nothing new is placed.
+        """
+        if not self._started:
+            return False
+        placements = self._scheduler.schedule()
+        if not placements:
+            if changed:
+                self._publish_usage()
+            return False
+        launches = []
+        with self.store.batch():
+            for placement in placements:
+                rec = self._active[placement.job_id]
+                rec.devices = placement.devices
+                self._persist(rec, new=False)
+                launches.append(rec)
+        self._publish_usage()
+        for rec in launches:
+            self._launch(rec)
+        return True
+
+    def _launch(self, rec: JobRecord) -> None:
+        try:
+            if self.executor is None:
+                raise RuntimeError("no executor is configured")
+            row = self.store.get_version(rec.spec["name"], rec.spec["version"])
+            if row is None:
+                raise RuntimeError(f"function version {rec.spec['name']}@{rec.spec['version']} vanished from the store")
+            fv = json.loads(row.definition)
+            runtime = fv.get("runtime", {})
+            spec = self.classes.get(rec.gpu_class) if rec.gpu_class else None
+            task = TaskSpec(
+                job_id=rec.job_id,
+                name=rec.spec["name"],
+                version=rec.spec["version"],
+                artifact=row.artifact,
+                entrypoint=fv["artifact"]["entrypoint"],
+                rows=self.store.get_rows(rec.job_id),
+                devices=rec.devices,
+                simulated=bool(spec and spec.simulated),
+                gpu_class=rec.gpu_class,
+                num_gpus=rec.num_gpus,
+                env=dict(runtime.get("env") or {}),
+                packages=tuple((runtime.get("environment") or {}).get("packages", ())),
+                timeout_s=rec.spec.get("timeout_s"),
+            )
+            self.executor.launch(task)
+        except Exception as error:  # the job fails; the server keeps serving
+            log.exception("launching job %s failed", rec.job_id)
+            if rec.job_id in self._active:
+                rec.failure = JobFailure(phase="executor", message=f"could not start a worker: {error}", retryable=True).to_wire()
+                with self.store.batch():
+                    self._finish(rec, FAILED)
+
+    def _append_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
+        pos = self._log_pos.get(rec.job_id)
+        if pos is None:
+            pos = self.store.next_log_pos(rec.job_id)
+        if pos >= MAX_LOG_LINES_PER_JOB:
+            return
+        room = MAX_LOG_LINES_PER_JOB - pos
+        clipped = [line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "…" for line in lines[:room]]
+        if len(lines) > room:
+            clipped[-1] = f"[lancefn] log truncated after {MAX_LOG_LINES_PER_JOB} lines"
+        self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
+
+    def _persist(self, rec: JobRecord, *, new: bool, rows: list | None = None) -> None:
+        """Write the job and its event in one transaction, then publish the event."""
+        wire = self._job_wire(rec)
+        data = _dumps(wire)
+        with self.store.batch():
+            if new:
+                self.store.insert_job(rec, rows)
+            else:
+                self.store.update_job(rec)
+            seq = self.store.insert_event(rec.job_id, data)
+        self.bus.publish("job", seq, data)
+
+    def _publish_usage(self) -> None:
+        self.bus.publish("usage", None, _dumps({"classes": self._scheduler.usage()}))
+
+    def _job_wire(self, rec: JobRecord) -> dict:
+        """The Job wire form (same omissions as ``Job.to_wire()``), built without pydantic for speed."""
+        placement: dict[str, Any] = {}
+        if rec.gpu_class is not None:
+            placement["gpu_class"] = rec.gpu_class
+        if rec.num_gpus:
+            placement["num_gpus"] = rec.num_gpus
+        if rec.devices:
+            placement["devices"] = list(rec.devices)
+        if rec.state == PENDING and rec.num_gpus and not rec.devices:
+            placement["waiting_on_capacity"] = True
+            position = self._scheduler.queue_position(rec.job_id)
+            if position is not None:
+                placement["queue_position"] = position
+        if rec.node is not None:
+            placement["node"] = rec.node
+        progress: dict[str, Any] = {}
+        if rec.rows_done:
+            progress["rows_done"] = rec.rows_done
+        if rec.rows_total:
+            progress["rows_total"] = rec.rows_total
+        wire: dict[str, Any] = {
+            "job_id": rec.job_id,
+            "job_type": rec.job_type,
+            "job_state": rec.state,
+            "creation_ms": rec.creation_ms,
+            "placement": placement,
+            "progress": progress,
+        }
+        if rec.started_ms is not None:
+            wire["started_ms"] = rec.started_ms
+        if rec.finished_ms is not None:
+            wire["finished_ms"] = rec.finished_ms
+        if rec.spec:
+            wire["spec"] = rec.spec
+        if rec.result is not None:
+            wire["result"] = rec.result
+        if rec.failure is not None:
+            wire["failure"] = rec.failure
+        return wire

@@ -1,0 +1,348 @@
+"""SQLite persistence of function versions, jobs, job rows, job logs and the event log.
+
+Durability: WAL journal + ``synchronous=NORMAL`` + one commit per logical change.  In WAL
+mode a committed transaction survives the *process* being SIGKILLed (the OS still has the
+WAL pages); only a power loss can drop the last commits, which is acceptable for a local
+control plane and is what makes ~1000 commits/s cheap.  Callers group several changes into
+one commit with ``with store.batch():``.
+
+One connection shared by all threads behind a lock: SQLite serialises writers anyway, and
+every statement here is short.  The store knows nothing about job semantics; it maps
+:class:`JobRecord` (owned by the core) to rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["Store", "JobRecord", "VersionRow", "DB_FILENAME"]
+
+DB_FILENAME = "lancefn.sqlite3"
+EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS function_versions(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    definition TEXT NOT NULL,          -- FunctionVersion wire JSON (canonical)
+    artifact BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    dropped INTEGER NOT NULL DEFAULT 0,
+    UNIQUE(name, version)
+);
+CREATE TABLE IF NOT EXISTS jobs(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL UNIQUE,
+    job_type TEXT NOT NULL,
+    state TEXT NOT NULL,
+    name TEXT,
+    creation_ms INTEGER NOT NULL,
+    started_ms INTEGER,
+    finished_ms INTEGER,
+    spec TEXT NOT NULL,
+    placement TEXT NOT NULL,           -- {gpu_class, num_gpus, devices, node}
+    rows_done INTEGER NOT NULL DEFAULT 0,
+    rows_total INTEGER NOT NULL DEFAULT 0,
+    result TEXT,
+    failure TEXT,
+    requeues INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs(name, seq);
+CREATE TABLE IF NOT EXISTS job_rows(
+    job_id TEXT PRIMARY KEY,
+    rows TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS job_logs(
+    job_id TEXT NOT NULL,
+    pos INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    line TEXT NOT NULL,
+    PRIMARY KEY(job_id, pos)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT,
+    data TEXT NOT NULL
+);
+"""
+
+
+@dataclass
+class JobRecord:
+    """A job as the core tracks it (mutable; the wire form is built by the core)."""
+
+    job_id: str
+    job_type: str
+    state: str
+    creation_ms: int
+    spec: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    gpu_class: str | None = None
+    num_gpus: int = 0
+    devices: tuple[str, ...] = ()
+    node: str | None = None
+    rows_done: int = 0
+    rows_total: int = 0
+    result: Any = None
+    failure: dict[str, Any] | None = None
+    requeues: int = 0
+    seq: int | None = None  # storage order (set once inserted)
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    name: str
+    version: str
+    definition: str
+    artifact: bytes
+    dropped: bool
+    seq: int
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._depth = 0  # batch nesting; commit when the outermost batch ends
+        if not self.path.exists():
+            # The DB holds artifacts and function env values: private from the start
+            # (SQLite gives the -wal/-shm files the database file's permissions).
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so batches are explicit.
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=OFF")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        self._events_since_prune = 0
+        self.prune_events()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group writes into one transaction (re-entrant; commits at the outermost level)."""
+        with self._lock:
+            if self._depth == 0:
+                self._db.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            if self._depth == 0:
+                self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---------------------------------------------------------------- versions
+
+    def get_version(self, name: str, version: str) -> VersionRow | None:
+        rows = self._query(
+            "SELECT name, version, definition, artifact, dropped, seq FROM function_versions WHERE name=? AND version=?",
+            (name, version),
+        )
+        if not rows:
+            return None
+        n, v, definition, artifact, dropped, seq = rows[0]
+        return VersionRow(n, v, definition, bytes(artifact), bool(dropped), seq)
+
+    def insert_version(self, name: str, version: str, definition: str, artifact: bytes, created_at: str) -> None:
+        with self.batch():
+            self._db.execute(
+                "INSERT INTO function_versions(name, version, definition, artifact, created_at) VALUES(?,?,?,?,?)",
+                (name, version, definition, artifact, created_at),
+            )
+
+    def set_dropped(self, name: str, version: str, dropped: bool) -> None:
+        with self.batch():
+            self._db.execute(
+                "UPDATE function_versions SET dropped=? WHERE name=? AND version=?", (int(dropped), name, version)
+            )
+
+    def list_versions(self, *, name: str | None, after_seq: int, limit: int) -> list[tuple[int, str, str, str]]:
+        """``[(seq, name, version, definition)]`` of live versions, registration order."""
+        sql = "SELECT seq, name, version, definition FROM function_versions WHERE dropped=0 AND seq>?"
+        args: tuple = (after_seq,)
+        if name is not None:
+            sql += " AND name=?"
+            args += (name,)
+        return self._query(sql + " ORDER BY seq LIMIT ?", args + (limit,))
+
+    def count_versions(self) -> int:
+        return self._query("SELECT COUNT(*) FROM function_versions")[0][0]
+
+    # -------------------------------------------------------------------- jobs
+
+    _JOB_COLUMNS = (
+        "seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
+        "rows_done, rows_total, result, failure, requeues"
+    )
+
+    @staticmethod
+    def _job_params(rec: JobRecord) -> tuple:
+        placement = {"gpu_class": rec.gpu_class, "num_gpus": rec.num_gpus, "devices": list(rec.devices), "node": rec.node}
+        return (
+            rec.job_type,
+            rec.state,
+            rec.name,
+            rec.creation_ms,
+            rec.started_ms,
+            rec.finished_ms,
+            _dumps(rec.spec),
+            _dumps(placement),
+            rec.rows_done,
+            rec.rows_total,
+            None if rec.result is None else _dumps(rec.result),
+            None if rec.failure is None else _dumps(rec.failure),
+            rec.requeues,
+            rec.job_id,
+        )
+
+    @staticmethod
+    def _job_from_row(row: tuple) -> JobRecord:
+        (seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement,
+         rows_done, rows_total, result, failure, requeues) = row  # fmt: skip
+        where = json.loads(placement)
+        return JobRecord(
+            job_id=job_id,
+            job_type=job_type,
+            state=state,
+            creation_ms=creation_ms,
+            spec=json.loads(spec),
+            name=name,
+            started_ms=started_ms,
+            finished_ms=finished_ms,
+            gpu_class=where.get("gpu_class"),
+            num_gpus=where.get("num_gpus", 0),
+            devices=tuple(where.get("devices", ())),
+            node=where.get("node"),
+            rows_done=rows_done,
+            rows_total=rows_total,
+            result=None if result is None else json.loads(result),
+            failure=None if failure is None else json.loads(failure),
+            requeues=requeues,
+            seq=seq,
+        )
+
+    def insert_job(self, rec: JobRecord, rows: list[dict] | None = None) -> None:
+        with self.batch():
+            cur = self._db.execute(
+                "INSERT INTO jobs(job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
+                "rows_done, rows_total, result, failure, requeues, job_id) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                self._job_params(rec),
+            )
+            rec.seq = cur.lastrowid
+            if rows is not None:
+                self._db.execute("INSERT INTO job_rows(job_id, rows) VALUES(?,?)", (rec.job_id, _dumps(rows)))
+
+    def update_job(self, rec: JobRecord) -> None:
+        with self.batch():
+            self._db.execute(
+                "UPDATE jobs SET job_type=?, state=?, name=?, creation_ms=?, started_ms=?, finished_ms=?, spec=?, "
+                "placement=?, rows_done=?, rows_total=?, result=?, failure=?, requeues=? WHERE job_id=?",
+                self._job_params(rec),
+            )
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        rows = self._query(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE job_id=?", (job_id,))
+        return self._job_from_row(rows[0]) if rows else None
+
+    def list_jobs(
+        self,
+        *,
+        states: tuple[str, ...] | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 100,
+        oldest_first: bool = False,
+    ) -> list[JobRecord]:
+        clauses, args = [], []
+        if states:
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        if name is not None:
+            clauses.append("name=?")
+            args.append(name)
+        if job_type is not None:
+            clauses.append("job_type=?")
+            args.append(job_type)
+        if before_seq is not None:
+            clauses.append("seq<?")
+            args.append(before_seq)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "ASC" if oldest_first else "DESC"
+        rows = self._query(f"SELECT {self._JOB_COLUMNS} FROM jobs{where} ORDER BY seq {order} LIMIT ?", (*args, limit))
+        return [self._job_from_row(row) for row in rows]
+
+    def get_rows(self, job_id: str) -> list[dict]:
+        rows = self._query("SELECT rows FROM job_rows WHERE job_id=?", (job_id,))
+        return json.loads(rows[0][0]) if rows else []
+
+    # -------------------------------------------------------------------- logs
+
+    def next_log_pos(self, job_id: str) -> int:
+        return self._query("SELECT COALESCE(MAX(pos) + 1, 0) FROM job_logs WHERE job_id=?", (job_id,))[0][0]
+
+    def append_logs(self, job_id: str, start: int, stream: str, lines: list[str]) -> int:
+        """Append ``lines`` at positions ``start…``; returns the next position."""
+        with self.batch():
+            self._db.executemany(
+                "INSERT INTO job_logs(job_id, pos, stream, line) VALUES(?,?,?,?)",
+                [(job_id, start + i, stream, line) for i, line in enumerate(lines)],
+            )
+        return start + len(lines)
+
+    def read_logs(self, job_id: str, offset: int, limit: int) -> list[tuple[int, str, str]]:
+        return self._query(
+            "SELECT pos, stream, line FROM job_logs WHERE job_id=? AND pos>=? ORDER BY pos LIMIT ?",
+            (job_id, offset, limit),
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def insert_event(self, job_id: str | None, data: str) -> int:
+        with self.batch():
+            seq = self._db.execute("INSERT INTO events(job_id, data) VALUES(?,?)", (job_id, data)).lastrowid
+        self._events_since_prune += 1
+        if self._events_since_prune >= 10_000:
+            self.prune_events()
+        return seq
+
+    def events_after(self, seq: int, limit: int = 1000) -> list[tuple[int, str]]:
+        return self._query("SELECT seq, data FROM events WHERE seq>? ORDER BY seq LIMIT ?", (seq, limit))
+
+    def last_event_seq(self) -> int:
+        # sqlite_sequence remembers the highest seq even after pruning, so ids never repeat.
+        rows = self._query("SELECT seq FROM sqlite_sequence WHERE name='events'")
+        return rows[0][0] if rows else 0
+
+    def prune_events(self) -> None:
+        with self.batch():
+            self._db.execute("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (EVENTS_KEPT,))
+        self._events_since_prune = 0
