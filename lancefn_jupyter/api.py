@@ -237,24 +237,32 @@ class JobTimedOut(JobError):
 _FRAME = re.compile(r'File "<gpu_function [^>]*>", line (\d+)')
 
 
-def map_traceback(text: str, packaged: Optional[PackagedFunction], cell_source: Optional[str]) -> str:
-    """Rewrite artifact line numbers to the user's cell lines and show the cell's source lines."""
+def map_traceback(
+    text: str, packaged: Optional[PackagedFunction], cell_source: Optional[str], *, line_offset: int = 0
+) -> str:
+    """Rewrite artifact frames to the user's cell lines, with the cell's own source line under each.
+
+    `line_offset` is 1 for `%%gpu_function` cells: the magic line is the notebook cell's first line.
+    """
     if not text or packaged is None:
         return text or ""
     cell_lines = cell_source.splitlines() if cell_source else []
-    out = []
+    out: list[str] = []
+    skip_echo = False
     for line in text.splitlines():
+        if skip_echo and line.startswith("    "):
+            skip_echo = False  # the worker's echo of the artifact line; the cell's line replaces it
+            continue
+        skip_echo = False
         match = _FRAME.search(line)
-        if match and int(match.group(1)) in packaged.line_map:
-            cell_line = packaged.line_map[int(match.group(1))]
-            out.append(line[: match.start()] + f"Cell line {cell_line}" + line[match.end() :])
-            if 0 < cell_line <= len(cell_lines):
-                out.append("    " + cell_lines[cell_line - 1].strip())
+        user_line = packaged.user_line(int(match.group(1))) if match else None
+        if user_line is None:
+            out.append(line)
             continue
-        # Drop the artifact's own source echo; the cell's line was printed above.
-        if out and out[-1].startswith("    ") and line.startswith("    ") and "Cell line" in (out[-2] if len(out) > 1 else ""):
-            continue
-        out.append(line)
+        out.append(line[: match.start()] + f"cell line {user_line + line_offset}" + line[match.end() :])
+        if 0 < user_line <= len(cell_lines):
+            out.append("    " + cell_lines[user_line - 1].strip())
+            skip_echo = True
     return "\n".join(out)
 
 
@@ -352,7 +360,8 @@ class Job:
         message = failure.message if failure else "no failure details"
         packaged = self._function._packaged if self._function else None
         cell = self._function._cell_source if self._function else None
-        remote_tb = map_traceback(failure.traceback or "", packaged, cell) if failure else ""
+        offset = self._function._line_offset if self._function else 0
+        remote_tb = map_traceback(failure.traceback or "", packaged, cell, line_offset=offset) if failure else ""
         text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
         if remote_tb:
             text += "\n\nRemote traceback (your code only):\n" + remote_tb
@@ -422,6 +431,8 @@ class GpuFunction:
         self._packaged = packaged
         self._options = options
         self._cell_source = cell_source
+        # A %%gpu_function cell's body starts on the notebook cell's second line.
+        self._line_offset = 1 if cell_source is not None else 0
         self._version: Optional[FunctionVersion] = None
         self.timeout_s: Optional[float] = options.timeout_s
         self.last_local_device: Optional[str] = None
@@ -527,7 +538,7 @@ class GpuFunction:
                 timeout_s=self.timeout_s,
             )
         except LocalRunError as error:
-            tb = map_traceback(error.traceback or "", self._packaged, self._cell_source)
+            tb = map_traceback(error.traceback or "", self._packaged, self._cell_source, line_offset=self._line_offset)
             raise LancefnError(
                 f"{self.name}.local() failed in phase {error.phase}: {error.message}"
                 + (f"\n\nTraceback (your code only):\n{tb}" if tb else "")
