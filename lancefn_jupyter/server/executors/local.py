@@ -1,0 +1,312 @@
+"""Local executor: each job runs on a warm worker subprocess of this machine.
+
+A worker's GPUs are fixed when the process starts (``CUDA_VISIBLE_DEVICES``, and
+``NUMBA_ENABLE_CUDASIM=1`` for simulated classes, must be set before CUDA/numba initialise), so
+warm workers are pooled per *key* = (devices, simulated, function env):
+
+* a task takes the idle worker of its key, else starts one; when the task ends normally (result,
+  or a failure the worker survived: environment/import/run/result) the worker goes back idle;
+* a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
+  a replacement for its key is started in the background;
+* at most one idle worker per key and ``max_idle_workers`` in all (least recently used retired
+  first); idle workers retire after ``idle_timeout_s``;
+* starting a task first stops idle workers of *other* keys that share its devices, and waits for
+  stopped workers on its devices to be reaped, so a job never shares its GPUs with a leftover
+  process (an idle worker that used CUDA still holds a context and memory);
+* with a GPU class config, one worker per single device is pre-started at :meth:`start`.
+
+Each task has its own thread that reads the worker's protocol events and calls the callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...models import JobFailure
+from ..worker import WorkerProcess, WorkerStartError, artifact_filename, describe_exit
+from .base import Executor, ExecutorCallbacks, TaskSpec
+
+if TYPE_CHECKING:
+    from ..gpu_classes import GpuClassConfig
+
+__all__ = ["LocalExecutor"]
+
+log = logging.getLogger(__name__)
+
+# (devices, simulated, sorted env items): everything fixed at a worker's start
+_Key = tuple[tuple[str, ...], bool, tuple[tuple[str, str], ...]]
+_SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach user code
+
+
+def _key(devices: tuple[str, ...], simulated: bool, env: dict[str, str]) -> _Key:
+    return (tuple(devices), simulated, tuple(sorted(env.items())))
+
+
+def _worker_env(key: _Key) -> dict[str, str]:
+    devices, simulated, extra = key
+    env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
+    env.update(extra)
+    # Device variables are set last so a function's env can never widen its GPUs.
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    if simulated:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)  # "" for CPU tasks: no GPU at all
+    return env
+
+
+@dataclass(eq=False)
+class _Run:
+    task: TaskSpec
+    key: _Key
+    worker: WorkerProcess | None = None
+    # Decided once, first come first served: "finished", "crashed", "failed" (executor error),
+    # or a stop: "timeout", "cancelled", "shutdown".
+    outcome: str | None = None
+    rows_done: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: threading.Event = field(default_factory=threading.Event)  # set once its worker is reaped or pooled
+
+    def claim(self, outcome: str) -> bool:
+        with self.lock:
+            if self.outcome is not None:
+                return False
+            self.outcome = outcome
+            return True
+
+
+class LocalExecutor(Executor):
+    name = "local"
+
+    def __init__(
+        self,
+        classes: GpuClassConfig | None = None,
+        home: str | Path | None = None,  # unused: workers keep the server's cwd, like the notebook's
+        *,
+        max_idle_workers: int = 16,
+        idle_timeout_s: float = 600.0,
+        kill_grace_s: float = 2.0,
+    ) -> None:
+        self._classes = classes
+        self._max_idle = max_idle_workers
+        self._idle_timeout_s = idle_timeout_s
+        self._grace_s = kill_grace_s
+        self._callbacks: ExecutorCallbacks | None = None
+        self._lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._idle: dict[_Key, tuple[WorkerProcess, float]] = {}  # key → (worker, idle since)
+        self._spawners: set[threading.Thread] = set()
+        self._closed = threading.Event()
+
+    # ----------------------------------------------------------------- Executor interface
+
+    def start(self, callbacks: ExecutorCallbacks) -> None:
+        self._callbacks = callbacks
+        threading.Thread(target=self._retire_idle, name="lancefn-idle-workers", daemon=True).start()
+        for spec in self._classes.classes if self._classes else ():
+            for device in spec.devices:
+                self._prewarm(_key((device,), spec.simulated, {}))
+
+    def launch(self, task: TaskSpec) -> None:
+        run = _Run(task, _key(task.devices, task.simulated, task.env))
+        with self._lock:
+            self._runs[task.job_id] = run
+        threading.Thread(target=self._execute, args=(run,), name=f"lancefn-job-{task.job_id}", daemon=True).start()
+
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            run = self._runs.get(job_id)
+        if run is not None:  # killing may take the grace period; don't hold up the caller
+            threading.Thread(target=self._stop, args=(run, "cancelled"), daemon=True).start()
+
+    def shutdown(self) -> None:
+        self._closed.set()
+        with self._lock:
+            runs = list(self._runs.values())
+            idle = [worker for worker, _ in self._idle.values()]
+            self._idle.clear()
+            spawners = list(self._spawners)
+        for run in runs:
+            self._stop(run, "shutdown")
+        for worker in idle:
+            worker.stop(self._grace_s)
+        for thread in spawners:
+            thread.join()
+        for run in runs:
+            run.done.wait(2 * self._grace_s + 5)
+
+    # ----------------------------------------------------------------- one task
+
+    def _execute(self, run: _Run) -> None:
+        try:
+            self._run(run)
+        except Exception as exc:  # an executor bug must still end the job, never leave it running
+            log.exception("local executor failed on job %s", run.task.job_id)
+            if run.worker is not None:
+                run.worker.kill(self._grace_s)
+            if run.claim("failed"):
+                self._callbacks.task_failed(
+                    run.task.job_id, JobFailure(phase="executor", message=f"local executor error: {exc}")
+                )
+        finally:
+            with self._lock:
+                self._runs.pop(run.task.job_id, None)
+            run.done.set()
+
+    def _run(self, run: _Run) -> None:
+        task, callbacks = run.task, self._callbacks
+        self._wait_for_devices(run)
+        try:
+            worker = self._acquire(run.key)
+        except WorkerStartError as exc:
+            if run.claim("crashed"):
+                callbacks.task_failed(task.job_id, JobFailure(phase="worker", message=str(exc)))
+            return
+        with run.lock:
+            stopped = run.outcome is not None  # cancelled or shut down while the worker started
+            if not stopped:
+                run.worker = worker
+        if stopped:
+            self._release(run.key, worker)  # it never saw the task, so it is still clean
+            return
+
+        callbacks.task_started(task.job_id, devices=task.devices, node=None)
+        worker.start_task(
+            task.job_id,
+            task.artifact,
+            task.entrypoint,
+            artifact_filename(task.name, task.version),
+            task.rows,
+            task.packages,
+        )
+        timer = None
+        if task.timeout_s is not None:
+            timer = threading.Timer(task.timeout_s, self._stop, (run, "timeout"))
+            timer.daemon = True
+            timer.start()
+        final = None
+        try:
+            for event in worker.events():
+                if run.outcome is not None:  # being stopped: report nothing more
+                    continue
+                if event["event"] == "log":
+                    callbacks.task_log(task.job_id, event["stream"], event["lines"])
+                elif event["event"] == "progress":
+                    run.rows_done = event["rows_done"]
+                    callbacks.task_progress(task.job_id, run.rows_done)
+                elif event["event"] in ("result", "failed") and run.claim("finished"):
+                    final = event
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+        if final is not None:
+            self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
+            if final["event"] == "result":
+                callbacks.task_succeeded(task.job_id, final["results"])
+            else:
+                callbacks.task_failed(
+                    task.job_id,
+                    JobFailure(phase=final["phase"], message=final["message"], traceback=final.get("traceback")),
+                )
+            return
+
+        # The worker died or is being stopped: reap it before the core frees its devices.
+        worker.kill(self._grace_s)
+        if run.claim("crashed"):
+            callbacks.task_failed(
+                task.job_id,
+                JobFailure(
+                    phase="worker",
+                    message=f"{describe_exit(worker.process.returncode)} while running {task.name}; "
+                    "its output so far is in the job's logs",
+                ),
+            )
+        elif run.outcome == "timeout":
+            callbacks.task_failed(
+                task.job_id,
+                JobFailure(
+                    phase="timeout",
+                    message=f"the job ran longer than its timeout of {task.timeout_s:g} s and was stopped "
+                    f"({run.rows_done} of {len(task.rows)} rows done)",
+                ),
+            )
+        if run.outcome != "shutdown":
+            self._prewarm(run.key)
+
+    def _stop(self, run: _Run, outcome: str) -> None:
+        if run.claim(outcome) and run.worker is not None:
+            run.worker.kill(self._grace_s)
+        # else: finished already, or still starting its worker (it will see the outcome and stop)
+
+    def _wait_for_devices(self, run: _Run) -> None:
+        """The scheduler only hands out free devices, so a run still holding them is being stopped."""
+        with self._lock:
+            others = [
+                other
+                for other in self._runs.values()
+                if other is not run and set(other.task.devices) & set(run.task.devices)
+            ]
+        for other in others:
+            other.done.wait(2 * self._grace_s + 5)
+
+    # ----------------------------------------------------------------- the pool
+
+    def _acquire(self, key: _Key) -> WorkerProcess:
+        with self._lock:
+            entry = self._idle.pop(key, None)
+            sharing = [self._idle.pop(other)[0] for other in list(self._idle) if set(other[0]) & set(key[0])]
+        for worker in sharing:
+            worker.stop(self._grace_s)
+        if entry is not None:
+            if entry[0].alive():
+                return entry[0]
+            entry[0].kill(self._grace_s)
+        return WorkerProcess(_worker_env(key))
+
+    def _release(self, key: _Key, worker: WorkerProcess) -> None:
+        retire = worker
+        with self._lock:
+            if not self._closed.is_set() and key not in self._idle:
+                self._idle[key] = (worker, time.monotonic())
+                retire = None
+                if len(self._idle) > self._max_idle:
+                    oldest = min(self._idle, key=lambda k: self._idle[k][1])
+                    retire = self._idle.pop(oldest)[0]
+        if retire is not None:
+            retire.stop(self._grace_s)
+
+    def _prewarm(self, key: _Key) -> None:
+        """Start a worker for ``key`` in the background unless one is already idle."""
+
+        def spawn() -> None:
+            try:
+                self._release(key, WorkerProcess(_worker_env(key)))
+            except WorkerStartError:
+                log.warning("could not pre-start a worker for devices %s", key[0], exc_info=True)
+            finally:
+                with self._lock:
+                    self._spawners.discard(threading.current_thread())
+
+        with self._lock:
+            if self._closed.is_set() or key in self._idle:
+                return
+            thread = threading.Thread(target=spawn, name="lancefn-prewarm", daemon=True)
+            self._spawners.add(thread)
+            thread.start()  # under the lock, so shutdown never joins a thread that isn't started
+
+    def _retire_idle(self) -> None:
+        while not self._closed.wait(min(self._idle_timeout_s, 30.0)):
+            deadline = time.monotonic() - self._idle_timeout_s
+            with self._lock:
+                expired = [key for key, (worker, since) in self._idle.items() if since < deadline or not worker.alive()]
+                retired = [self._idle.pop(key)[0] for key in expired]
+            for worker in retired:
+                worker.stop(self._grace_s)

@@ -1,0 +1,458 @@
+"""The warm worker that runs a function version's artifact, and the parent's handle on it.
+
+Both ends of the worker protocol (docs/ARCHITECTURE.md, "Worker protocol") live in this module:
+:func:`main` is the child (``python -m lancefn_jupyter.server.worker``) and
+:class:`WorkerProcess` is the parent side used by the local executor and by
+``lancefn_jupyter.local``.
+
+Child, in short: the protocol goes out on a private dup of the original stdout; fds 1 and 2 are
+re-pointed at pipes whose lines become ``log`` events, so neither ``print`` nor C-level
+``printf`` can corrupt the protocol; stdin is replaced by /dev/null so user code cannot eat the
+task stream.  Tasks are JSON lines on the original stdin; the worker loops until stdin closes.
+
+The module imports only the standard library at top level: a CPU-only task must not pay for
+numba (imported only when the artifact imports it) and ``ready`` must come fast.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import linecache
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import types
+from typing import Iterator, Mapping, Sequence
+
+__all__ = ["WorkerProcess", "WorkerStartError", "describe_exit", "artifact_filename", "main"]
+
+_MODULE = "lancefn_jupyter.server.worker"
+_ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the artifact while a task runs
+_PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the last row always reported
+_SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
+_FINAL_EVENTS = ("result", "failed")
+
+
+def artifact_filename(name: str, version: str) -> str:
+    """The filename artifacts are compiled with; tracebacks keep only frames of this file."""
+    return f"<gpu_function {name}@{version}>"
+
+
+# ===================================================================== child (the worker)
+
+
+class _Protocol:
+    """JSON lines on the protocol fd; locked because log threads and the task loop both send."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, **event: object) -> None:
+        data = memoryview((json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n").encode())
+        with self._lock:
+            while data:
+                data = data[os.write(self._fd, data) :]
+
+
+class _Capture(threading.Thread):
+    """Points ``fd`` (1 or 2) at a pipe and forwards what is written there as ``log`` events."""
+
+    def __init__(self, proto: _Protocol, stream: str, fd: int) -> None:
+        super().__init__(name=f"lancefn-{stream}", daemon=True)
+        self._proto, self._stream, self.fd = proto, stream, fd
+        self.synced = threading.Event()
+        self._read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, fd)
+        os.close(write_fd)
+
+    def run(self) -> None:
+        pending = b""
+        while chunk := os.read(self._read_fd, 65536):
+            *complete, pending = (pending + chunk).split(b"\n")
+            lines, synced = [], False
+            for line in complete:
+                if line.endswith(_SYNC):  # a partial line before the marker still counts as a line
+                    line, synced = line[: -len(_SYNC)], True
+                    if not line:
+                        continue
+                lines.append(line.decode("utf-8", "replace"))
+            if lines:
+                self._proto.send(event="log", stream=self._stream, lines=lines)
+            if synced:
+                self.synced.set()
+
+
+def _flush_output(captures: Sequence[_Capture]) -> None:
+    """Return once everything user code wrote so far has gone out as ``log`` events.
+
+    Called before ``result``/``failed`` so a task's logs always precede its outcome.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # user code may have replaced or closed them
+            pass
+    try:  # C-level stdio buffers (e.g. CUDA printf) live in libc, not in sys.stdout
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+    for capture in captures:
+        capture.synced.clear()
+        os.write(capture.fd, _SYNC + b"\n")
+    for capture in captures:
+        capture.synced.wait(2.0)  # bounded: user code may have re-pointed fd 1/2 elsewhere
+
+
+class _TaskFailure(Exception):
+    def __init__(self, phase: str, message: str, tb: str | None = None) -> None:
+        super().__init__(message)
+        self.phase, self.message, self.traceback = phase, message, tb
+
+
+def _missing_packages(requirements: Sequence[str]) -> list[tuple[str, str]]:
+    """Declared requirements not satisfied by an installed distribution, as (requirement, reason)."""
+    if not requirements:
+        return []
+    import re
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    problems = []
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:  # conda specs such as "conda-forge::numpy=1.26": check the name only
+            name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", text.split("::")[-1].strip())
+            if name is None:
+                problems.append((text, "not a valid requirement"))
+                continue
+            requirement = Requirement(name.group())
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        try:
+            installed = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            problems.append((text, "not installed"))
+            continue
+        if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
+            problems.append((text, f"installed: {installed}"))
+    return problems
+
+
+def _user_traceback(exc: BaseException, filename: str) -> str:
+    """The traceback reduced to the artifact's own frames plus the exception line."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == filename]
+    text = "".join(traceback.format_exception_only(type(exc), exc))
+    if frames:
+        text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + text
+    return text
+
+
+def _exception_line(exc: BaseException) -> str:
+    """'ValueError: message' (the exception's name alone when it has no message)."""
+    return f"{type(exc).__qualname__}: {exc}" if str(exc) else type(exc).__qualname__
+
+
+def _load_entry(task: dict) -> object:
+    """Compile and execute the artifact in a fresh module; return its entry function."""
+    filename = task["filename"]
+    source = base64.b64decode(task["artifact_b64"]).decode("utf-8")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
+    module = types.ModuleType(_ARTIFACT_MODULE)
+    module.__file__ = filename
+    sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
+    try:
+        # dont_inherit: this file's `from __future__` flags must not leak into the user's code
+        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+    except BaseException as exc:
+        message = _exception_line(exc)
+        if isinstance(exc, ImportError):
+            message += (
+                "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
+            )
+        raise _TaskFailure("import", message, _user_traceback(exc, filename)) from None
+    entry = getattr(module, task["entrypoint"], None)
+    if not callable(entry):
+        raise _TaskFailure("import", f"the artifact defines no function named {task['entrypoint']!r}")
+    return entry
+
+
+def _to_json(value: object, where: str) -> object:
+    """Plain JSON values; numpy scalars and arrays become Python values; anything else is refused."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise _TaskFailure("result", f"{where} is {value}, which JSON cannot carry; return None or a finite number")
+        return value
+    if type(value).__module__.split(".")[0] == "numpy" and hasattr(value, "tolist"):
+        return _to_json(value.tolist(), where)
+    if isinstance(value, (list, tuple)):
+        return [_to_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _to_json(item, f"{where}[{key!r}]") for key, item in value.items()}
+    kind = "dict with non-str keys" if isinstance(value, dict) else f"type {type(value).__module__}.{type(value).__qualname__}"
+    raise _TaskFailure(
+        "result",
+        f"{where} has {kind}, which cannot be sent back as JSON; return None, bool, int, float, str, "
+        "lists or dicts with str keys (numpy scalars and arrays are converted)",
+    )
+
+
+def _run_rows(task: dict, proto: _Protocol) -> list:
+    missing = _missing_packages(task.get("packages") or ())
+    if missing:
+        import shlex
+
+        raise _TaskFailure(
+            "environment",
+            f"declared packages are not available in the executor's Python environment ({sys.executable}): "
+            + ", ".join(f"{text} ({reason})" for text, reason in missing)
+            + ". Install them into the control plane's environment (e.g. `"
+            + shlex.join([sys.executable, "-m", "pip", "install", *(text for text, _ in missing)])
+            + "`) and run the job again",
+        )
+    entry = _load_entry(task)
+    rows = task["rows"]
+    results, last_sent = [], 0.0
+    for index, row in enumerate(rows):
+        try:
+            value = entry(**row)
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
+            where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
+            raise _TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
+        results.append(_to_json(value, f"the result of row {index}" if len(rows) > 1 else "the result"))
+        now = time.monotonic()
+        if index + 1 == len(rows) or now - last_sent >= _PROGRESS_INTERVAL_S:
+            proto.send(event="progress", rows_done=index + 1)
+            last_sent = now
+    return results
+
+
+def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
+    try:
+        results = _run_rows(task, proto)
+    except _TaskFailure as failure:
+        _flush_output(captures)
+        proto.send(event="failed", phase=failure.phase, message=failure.message, traceback=failure.traceback)
+    else:
+        _flush_output(captures)
+        proto.send(event="result", results=results)
+    finally:
+        sys.modules.pop(_ARTIFACT_MODULE, None)
+        linecache.cache.pop(task.get("filename"), None)
+
+
+def _nvml_device_names(visible: str | None) -> list[str]:
+    """Model names of the GPUs this process may use, in CUDA_VISIBLE_DEVICES order; [] without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        if visible is None:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        else:
+            handles = []
+            for entry in (item.strip() for item in visible.split(",")):
+                try:
+                    handles.append(
+                        pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+                        if entry.isdigit()
+                        else pynvml.nvmlDeviceGetHandleByUUID(entry)
+                    )
+                except pynvml.NVMLError:
+                    break  # like CUDA: devices after the first invalid entry are ignored
+        names = [pynvml.nvmlDeviceGetName(handle) for handle in handles]
+        return [name.decode() if isinstance(name, bytes) else name for name in names]
+    except pynvml.NVMLError:
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _detect_device() -> str:
+    """What this worker runs on, decided from its environment without importing numba."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "CUDA simulator"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return "cpu"
+    return ", ".join(dict.fromkeys(_nvml_device_names(visible))) or "cpu"
+
+
+def _exit_with_parent() -> None:
+    """Workers run in their own session; make sure one never outlives a killed parent."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="lancefn-parent-watch", daemon=True).start()
+
+
+def main() -> None:
+    proto = _Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
+    tasks = os.fdopen(os.dup(0), "rb")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    captures = [_Capture(proto, "stdout", 1), _Capture(proto, "stderr", 2)]
+    for capture in captures:
+        capture.start()
+    for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up in the logs live
+        stream.reconfigure(line_buffering=True)
+    _exit_with_parent()
+    proto.send(event="ready", device=_detect_device())
+    for line in tasks:
+        if line.strip():
+            _serve(json.loads(line), proto, captures)
+
+
+# ===================================================================== parent side
+
+
+class WorkerStartError(RuntimeError):
+    """The worker process died before it said ``ready``."""
+
+
+def describe_exit(returncode: int) -> str:
+    """'worker process exited with code N' / 'worker process was killed by signal SIGSEGV (…)'."""
+    if returncode >= 0:
+        return f"worker process exited with code {returncode}"
+    try:
+        sig = signal.Signals(-returncode)
+    except ValueError:
+        return f"worker process was killed by signal {-returncode}"
+    hint = {
+        signal.SIGSEGV: " (segmentation fault: a crash in native code, e.g. an out-of-bounds access)",
+        signal.SIGKILL: " (possibly by the out-of-memory killer)",
+        signal.SIGABRT: " (aborted by native code)",
+    }.get(sig, "")
+    return f"worker process was killed by signal {sig.name}{hint}"
+
+
+class WorkerProcess:
+    """Parent's handle on one warm worker; use from one thread at a time, except :meth:`kill`."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
+        # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
+        # workers, and killpg also stops processes the user's code started.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", _MODULE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+        )
+        self._kill_lock = threading.Lock()
+        ready = self._read_event()
+        if ready is None or ready.get("event") != "ready":
+            detail = self.process.stderr.read().decode("utf-8", "replace").strip()
+            self.kill()
+            raise WorkerStartError(
+                f"{describe_exit(self.process.returncode)} before it was ready"
+                + (f": {detail.splitlines()[-1]}" if detail else "")
+            )
+        self.process.stderr.close()  # the worker has re-pointed fd 2 at its log pipe by now
+        self.device: str = ready["device"]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def start_task(
+        self,
+        task_id: str,
+        artifact: bytes,
+        entrypoint: str,
+        filename: str,
+        rows: list[dict],
+        packages: Sequence[str] = (),
+    ) -> None:
+        """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
+        task = {
+            "task_id": task_id,
+            "artifact_b64": base64.b64encode(artifact).decode("ascii"),
+            "entrypoint": entrypoint,
+            "filename": filename,
+            "rows": rows,
+            "packages": list(packages),
+        }
+        try:
+            self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: stdin closed by a concurrent kill
+            pass
+
+    def events(self) -> Iterator[dict]:
+        """The current task's events up to its ``result``/``failed``; ends early if the worker exits."""
+        while (event := self._read_event()) is not None:
+            yield event
+            if event["event"] in _FINAL_EVENTS:
+                return
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def kill(self, grace_s: float = 2.0) -> None:
+        """SIGTERM the worker's process group, SIGKILL after ``grace_s``, reap it. Idempotent."""
+        with self._kill_lock:
+            if self.process.returncode is None:  # not reaped yet, so the pid/pgid is still ours
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(self.process.pid, sig)
+                    except ProcessLookupError:
+                        pass
+                    try:
+                        self.process.wait(grace_s)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+                self.process.wait()
+            self._close_pipes()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Graceful end for an idle worker: close its stdin so it exits, then :meth:`kill`."""
+        try:
+            self.process.stdin.close()
+            self.process.wait(grace_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill(grace_s)
+
+    def _read_event(self) -> dict | None:
+        try:
+            line = self.process.stdout.readline()
+        except ValueError:  # stdout closed by a concurrent kill
+            return None
+        return json.loads(line) if line else None
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    main()

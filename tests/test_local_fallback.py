@@ -1,0 +1,80 @@
+"""`.local()` fallback: a numba CUDA cell run in a local worker (the simulator on a GPU-less machine)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lancefn_jupyter.local import LocalRunError, gpu_available, run_local
+
+# The layout packaging produces for a %%gpu_function cell: header, then the cell's definitions.
+CELL = b'''from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+@cuda.jit
+def _double(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = 2 * x[i]
+
+def _as_array(values):
+    return np.asarray(values, dtype=np.float32)
+
+def double_all(values: list[float]) -> list[float]:
+    x = _as_array(values)
+    out = np.zeros_like(x)
+    _double.forall(x.size)(x, out)
+    print("doubled", x.size, "values")
+    return out
+'''
+FILENAME = "<gpu_function double_all@v1>"
+
+
+def test_cuda_cell_runs_on_the_simulator_when_there_is_no_gpu():
+    values = [float(i) / 4 for i in range(200)]  # 200 simulated threads: correct and quick
+    run = run_local(CELL, "double_all", FILENAME, [{"values": [1.0, 2.5]}, {"values": values}], mode="auto")
+    assert run.results == [[2.0, 5.0], [2 * v for v in values]]
+    assert run.device == ("CUDA simulator" if not gpu_available() else run.device)
+    assert run.device != "cpu"
+    assert run.logs == ["doubled 2 values", "doubled 200 values"]
+
+
+def test_warm_worker_is_reused_and_env_reaches_the_function():
+    source = b"import os\ndef f():\n    return [os.getpid(), os.environ.get('MY_VAR'), os.environ.get('NUMBA_ENABLE_CUDASIM')]\n"
+    first = run_local(source, "f", FILENAME, [{}], mode="simulator", env={"MY_VAR": "a"}).results[0]
+    second = run_local(source, "f", FILENAME, [{}], mode="simulator", env={"MY_VAR": "a"}).results[0]
+    other_env = run_local(source, "f", FILENAME, [{}], mode="simulator", env={"MY_VAR": "b"}).results[0]
+    assert first == second and first[1:] == ["a", "1"]
+    assert other_env[0] != first[0] and other_env[1] == "b"  # env is fixed at process start
+    assert first[0] != os.getpid()
+
+
+def test_kernel_error_raises_with_the_users_frames_only():
+    bad = CELL.replace(b"out[i] = 2 * x[i]", b"out[i] = 2 * x[i]\n        if x[i] < 0:\n            raise ValueError('negative')")
+    with pytest.raises(LocalRunError) as info:
+        run_local(bad, "double_all", FILENAME, [{"values": [1.0, -1.0]}], mode="simulator")
+    error = info.value
+    assert error.phase == "run" and "negative" in error.message
+    assert f'File "{FILENAME}", line 20, in double_all' in error.traceback
+    assert f'File "{FILENAME}", line 12, in _double' in error.traceback
+    assert "numba" not in error.traceback and "worker.py" not in error.traceback
+
+
+def test_timeout_and_crash_raise_and_the_next_run_still_works():
+    with pytest.raises(LocalRunError) as timeout:
+        run_local(b"import time\ndef f():\n    time.sleep(60)\n", "f", FILENAME, [{}], mode="simulator", timeout_s=0.5)
+    assert timeout.value.phase == "timeout"
+    with pytest.raises(LocalRunError) as crash:
+        run_local(b"import os\ndef f():\n    os._exit(3)\n", "f", FILENAME, [{}], mode="simulator")
+    assert (crash.value.phase, crash.value.message) == ("worker", "worker process exited with code 3")
+    assert run_local(b"def f():\n    return 'ok'\n", "f", FILENAME, [{}], mode="simulator").results == ["ok"]
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the message given when there is no GPU")
+def test_gpu_mode_without_a_gpu_says_how_to_fix_it():
+    with pytest.raises(LocalRunError) as info:
+        run_local(CELL, "double_all", FILENAME, [{"values": [1.0]}], mode="gpu")
+    assert info.value.phase == "environment" and "mode='simulator'" in info.value.message

@@ -1,0 +1,229 @@
+"""The warm worker driven over its raw protocol: JSON lines in on stdin, JSON lines out on stdout."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+FILENAME = "<gpu_function f@v1>"
+
+
+class RawWorker:
+    """A worker subprocess spoken to exactly as ARCHITECTURE.md's "Worker protocol" says."""
+
+    def __init__(self, **env: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lancefn_jupyter.server.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env},
+        )
+        self.ready = self.read()
+
+    def read(self) -> dict | None:
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else None  # every protocol line must be JSON
+
+    def send(self, source: str, rows: list[dict], *, entrypoint: str = "f", packages: list[str] = ()) -> None:
+        task = {
+            "task_id": "t",
+            "artifact_b64": base64.b64encode(textwrap.dedent(source).encode()).decode(),
+            "entrypoint": entrypoint,
+            "filename": FILENAME,
+            "rows": rows,
+            "packages": list(packages),
+        }
+        self.proc.stdin.write(json.dumps(task).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def events(self) -> list[dict]:
+        """Events of one task, up to and including its result/failed event."""
+        events = []
+        while (event := self.read()) is not None:
+            events.append(event)
+            if event["event"] in ("result", "failed"):
+                break
+        return events
+
+    def run(self, source: str, rows: list[dict], **kwargs) -> list[dict]:
+        self.send(source, rows, **kwargs)
+        return self.events()
+
+    def close(self) -> int:
+        self.proc.stdin.close()
+        code = self.proc.wait(30)
+        self.proc.stdout.close()
+        return code
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """One warm worker shared by the tests below: it must survive every failing task."""
+    w = RawWorker()
+    yield w
+    assert w.proc.poll() is None, "a failing task took the worker down"
+    assert w.close() == 0
+
+
+def logs(events: list[dict], stream: str | None = None) -> list[str]:
+    return [line for e in events if e["event"] == "log" and stream in (None, e["stream"]) for line in e["lines"]]
+
+
+def test_ready_reports_the_device_from_the_environment():
+    cpu, sim = RawWorker(), RawWorker(NUMBA_ENABLE_CUDASIM="1")
+    try:
+        assert cpu.ready == {"event": "ready", "device": "cpu"}
+        assert sim.ready == {"event": "ready", "device": "CUDA simulator"}
+    finally:
+        assert cpu.close() == 0 and sim.close() == 0
+
+
+def test_results_converted_to_json_and_numba_not_imported_for_cpu_code(worker):
+    events = worker.run(
+        """
+        import sys
+        import numpy as np
+
+        def f(x):
+            return {"double": np.float32(2 * x), "arr": np.arange(x), "numba": "numba" in sys.modules}
+        """,
+        [{"x": 1}, {"x": 3}],
+    )
+    assert events[-1] == {
+        "event": "result",
+        "results": [
+            {"double": 2.0, "arr": [0], "numba": False},
+            {"double": 6.0, "arr": [0, 1, 2], "numba": False},
+        ],
+    }
+
+
+def test_python_and_c_level_output_become_logs_before_the_result(worker):
+    events = worker.run(
+        """
+        import ctypes, os, sys
+
+        def f():
+            print("to stdout")
+            print('{"event": "result", "results": [666]}')  # looks like protocol, must stay a log line
+            print("to stderr", file=sys.stderr)
+            os.write(1, b"raw fd write\\n")
+            ctypes.CDLL(None).printf(b"from C printf\\n")  # buffered inside libc, not in sys.stdout
+            print("no newline", end="")
+            return 1
+        """,
+        [{}],
+    )
+    assert events[-1] == {"event": "result", "results": [1]}
+    assert logs(events, "stdout") == [
+        "to stdout",
+        '{"event": "result", "results": [666]}',
+        "raw fd write",
+        "from C printf",
+        "no newline",
+    ]
+    assert logs(events, "stderr") == ["to stderr"]
+
+
+def test_progress_counts_every_row_of_a_slow_map(worker):
+    # Each row sleeps longer than the worker's progress throttle (20 ms), so every row is reported.
+    events = worker.run("import time\ndef f(i):\n    time.sleep(0.03)\n    return i\n", [{"i": i} for i in range(5)])
+    assert [e["rows_done"] for e in events if e["event"] == "progress"] == [1, 2, 3, 4, 5]
+    assert events[-1]["results"] == [0, 1, 2, 3, 4]
+
+
+def test_progress_of_a_big_map_is_throttled_but_ends_at_the_total(worker):
+    rows = [{"i": i} for i in range(20000)]
+    progress = [e["rows_done"] for e in worker.run("def f(i):\n    return i\n", rows) if e["event"] == "progress"]
+    assert progress[-1] == 20000
+    assert progress == sorted(progress)
+    assert len(progress) < 1000  # one per row would flood the parent
+
+
+def test_raising_function_fails_in_run_with_only_artifact_frames(worker):
+    events = worker.run(
+        """
+        def helper(x):
+            return 1 / x
+
+        def f(x):
+            print("before", x)
+            return helper(x)
+        """,
+        [{"x": 1}, {"x": 0}],
+    )
+    failed = events[-1]
+    assert failed["event"] == "failed" and failed["phase"] == "run"
+    assert failed["message"] == "ZeroDivisionError: division by zero (row 1 of 2)"
+    tb = failed["traceback"]
+    assert tb.startswith("Traceback (most recent call last):\n")
+    assert f'File "{FILENAME}", line 7, in f' in tb and "return helper(x)" in tb
+    assert f'File "{FILENAME}", line 3, in helper' in tb and "return 1 / x" in tb
+    assert "worker.py" not in tb and "lancefn_jupyter" not in tb
+    assert tb.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert logs(events) == ["before 1", "before 0"]  # prints of the failing task are kept
+
+
+def test_missing_and_too_old_packages_fail_in_environment(worker):
+    events = worker.run(
+        "def f():\n    return 1\n",
+        [{}],
+        packages=["numpy>=1.0", "lancefn-no-such-package", "numpy>=999"],
+    )
+    failed = events[-1]
+    assert failed["phase"] == "environment"
+    assert "lancefn-no-such-package (not installed)" in failed["message"]
+    assert "numpy>=999 (installed: " in failed["message"]
+    assert "numpy>=1.0" not in failed["message"]  # satisfied, so not blamed
+    assert "pip install" in failed["message"]
+    assert worker.run("def f():\n    return 1\n", [{}], packages=["numpy>=1.0", "pytest"])[-1]["results"] == [1]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def f(:\n    pass\n", "SyntaxError: invalid syntax"),
+        ("import lancefn_no_such_module\n", "ModuleNotFoundError: No module named 'lancefn_no_such_module'"),
+        ("def g():\n    return 1\n", "the artifact defines no function named 'f'"),
+    ],
+)
+def test_artifact_that_cannot_load_fails_in_import(worker, source, expected):
+    failed = worker.run(source, [{}])[-1]
+    assert failed["phase"] == "import"
+    assert expected in failed["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("return {1, 2}", "has type builtins.set"),
+        ("return [1, float('nan')]", "the result[1] is nan"),
+        ("return {1: 'a'}", "has dict with non-str keys"),
+    ],
+)
+def test_result_that_is_not_json_fails_in_result(worker, body, expected):
+    failed = worker.run(f"def f():\n    {body}\n", [{}])[-1]
+    assert failed["phase"] == "result"
+    assert expected in failed["message"]
+
+
+def test_user_code_cannot_read_the_task_stream(worker):
+    # Two tasks queued at once: the first one's stdin read must not swallow the second task.
+    worker.send("import sys\ndef f():\n    return sys.stdin.read()\n", [{}])
+    worker.send("def f():\n    return 'second'\n", [{}])
+    assert worker.events()[-1]["results"] == [""]
+    assert worker.events()[-1]["results"] == ["second"]
+
+
+def test_hard_exit_ends_the_worker_and_the_parent_sees_it():
+    w = RawWorker()
+    events = w.run("import os\ndef f():\n    print('bye')\n    os._exit(1)\n", [{}])
+    assert all(e["event"] != "result" and e["event"] != "failed" for e in events)
+    assert w.read() is None  # EOF on the protocol
+    assert w.close() == 1
