@@ -50,6 +50,11 @@ def ip(cp):
     shell.reset()
 
 
+def shown(captured) -> str:
+    """Everything a cell showed: printed text plus the text/plain of displayed objects."""
+    return captured.stdout + "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
+
+
 def versions(cp) -> list[dict]:
     with httpx.Client(base_url=cp.url, headers={"x-api-key": cp.api_key}) as http:
         return http.post("/v1/functions/list", json={"include_definition": True}).json()["functions"]
@@ -68,7 +73,8 @@ def test_cell_registers_and_binds_a_handle_that_still_runs_locally(ip, cp):
     listed = versions(cp)
     assert [(f["name"], f["version"]) for f in listed] == [("normalize_score", version.version)]
     # The card shows the identity and the class's hardware.
-    assert version.version in out.stdout and "Simulated A" in out.stdout and "python_v2" in out.stdout
+    card = shown(out)
+    assert version.version in card and "Simulated A" in card and "python_v2" in card
 
 
 def test_unchanged_cell_gives_same_version_changes_give_new_ones(ip, cp):
@@ -137,7 +143,7 @@ def test_pinned_class_and_register_no(ip, cp):
         ip.run_cell_magic("gpu_function", "register=no name=draft", CELL)
     draft = ip.user_ns["normalize_score"]
     assert draft._version is None and draft.registration_request.name == "draft"
-    assert "not registered" in out.stdout
+    assert "not registered" in shown(out)
     assert [f["name"] for f in versions(cp)] == ["normalize_score"]
 
 
