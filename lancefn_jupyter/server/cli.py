@@ -150,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     api_keys = {**extra_keys, admin_key: frozenset(("functions", "jobs", "system_usage"))}
 
     try:
-        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto must be IPPROTO_TCP (not 0): asyncio only sets TCP_NODELAY on accepted sockets whose
+        # proto says TCP, and without it keep-alive responses stall ~40 ms on delayed ACKs.
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))
         sock.listen(2048)
