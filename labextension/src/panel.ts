@@ -1,0 +1,421 @@
+/**
+ * The "GPU Functions" side panel: a Lumino widget rendered with plain DOM (no React, no extra
+ * bundle weight). All wording and numbers come from the pure helpers in ./model; this file only
+ * places them. Job rows are keyed by job id and updated in place, so a Cancel button under the
+ * pointer is never replaced while the list ticks.
+ */
+
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { IPanelState, LiveConnection } from './connection';
+import {
+  canCancel,
+  classRows,
+  failureText,
+  formatElapsed,
+  groupFunctions,
+  IJob,
+  isTerminal,
+  jobElapsedMs,
+  jobPlacementText,
+  jobTitle,
+  progressOf,
+  queueText,
+  stateBadge
+} from './model';
+
+const GPU_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
+  <g class="jp-icon3" fill="#616161">
+    <path d="M7 7h10v10H7z" opacity=".35"/>
+    <path d="M9 2h2v3H9zM13 2h2v3h-2zM9 19h2v3H9zM13 19h2v3h-2zM2 9h3v2H2zM2 13h3v2H2zM19 9h3v2h-3zM19 13h3v2h-3z"/>
+    <path d="M5 5h14v14H5zm2 2v10h10V7z"/>
+  </g>
+</svg>`;
+
+export const gpuIcon = new LabIcon({ name: 'lancefn-jupyter:gpu', svgstr: GPU_SVG });
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className?: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function setText(node: HTMLElement, text: string): void {
+  if (node.textContent !== text) {
+    node.textContent = text;
+  }
+}
+
+interface IJobRow {
+  root: HTMLElement;
+  badge: HTMLElement;
+  title: HTMLElement;
+  elapsed: HTMLElement;
+  placement: HTMLElement;
+  queue: HTMLElement;
+  progress: HTMLElement;
+  progressBar: HTMLElement;
+  progressText: HTMLElement;
+  failure: HTMLElement;
+  cancel: HTMLButtonElement;
+  error: HTMLElement;
+  cancelling: boolean;
+}
+
+export class GpuFunctionsPanel extends Widget {
+  constructor(readonly connection: LiveConnection) {
+    super();
+    this.id = 'lancefn-gpu-functions';
+    this.addClass('lf-panel');
+    this.title.icon = gpuIcon;
+    this.title.caption = 'GPU Functions';
+
+    const header = el('div', 'lf-header');
+    header.appendChild(el('h2', 'lf-title', 'GPU Functions'));
+    this._status = el('div', 'lf-status');
+    this._statusText = el('span', 'lf-status-text');
+    this._retry = el('button', 'lf-retry jp-mod-styled', 'Retry now');
+    this._retry.type = 'button';
+    this._retry.addEventListener('click', () => this.connection.retryNow());
+    this._status.append(this._statusText, this._retry);
+    header.appendChild(this._status);
+
+    const classes = this._section('GPU classes', 'lf-classes');
+    this._classesBody = classes.body;
+    const jobs = this._section('Jobs', 'lf-jobs');
+    this._jobsBody = jobs.body;
+    this._jobsCount = jobs.count;
+    const functions = this._section('Functions', 'lf-functions');
+    this._functionsBody = functions.body;
+    this._functionsCount = functions.count;
+
+    this.node.append(header, classes.root, jobs.root, functions.root);
+    this._unsubscribe = this.connection.subscribe(state => this._render(state));
+    this._render(this.connection.state);
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._stopTicker();
+    this._unsubscribe();
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    // Connect lazily, when the panel is first shown; afterwards it stays live even when hidden,
+    // so reopening it shows current state at once.
+    this.connection.start();
+    this._render(this.connection.state);
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    if (this.isVisible) {
+      this.connection.start();
+    }
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this._stopTicker();
+    super.onBeforeDetach(msg);
+  }
+
+  private _section(
+    title: string,
+    className: string
+  ): { root: HTMLElement; body: HTMLElement; count: HTMLElement } {
+    const root = el('section', `lf-section ${className}`);
+    const heading = el('h3', 'lf-section-title', title);
+    const count = el('span', 'lf-count');
+    heading.appendChild(count);
+    const body = el('div', 'lf-section-body');
+    root.append(heading, body);
+    return { root, body, count };
+  }
+
+  private _render(state: Readonly<IPanelState>): void {
+    this._renderStatus(state);
+    this._renderClasses(state);
+    this._renderJobs(state);
+    this._renderFunctions(state);
+    const needsTick =
+      state.status.kind === 'unreachable' ||
+      state.status.kind === 'error' ||
+      state.jobs.some(j => !isTerminal(j.job_state));
+    if (needsTick) {
+      this._startTicker();
+    } else {
+      this._stopTicker();
+    }
+  }
+
+  private _renderStatus(state: Readonly<IPanelState>): void {
+    const s = state.status;
+    this._status.dataset.status = s.kind;
+    let text: string;
+    let showRetry = false;
+    switch (s.kind) {
+      case 'connected':
+        text = `connected to ${s.url || 'control plane'}${s.embedded ? ' (embedded)' : ''}`;
+        break;
+      case 'connecting':
+        text = s.message;
+        break;
+      case 'no-extension':
+        text = s.message;
+        showRetry = true;
+        break;
+      case 'unreachable':
+      case 'error': {
+        const seconds = Math.max(0, Math.ceil((s.retryAt - Date.now()) / 1000));
+        text = `${s.message} — retrying in ${seconds} s`;
+        showRetry = true;
+        break;
+      }
+    }
+    setText(this._statusText, text);
+    this._retry.style.display = showRetry ? '' : 'none';
+  }
+
+  private _renderClasses(state: Readonly<IPanelState>): void {
+    const body = this._classesBody;
+    body.textContent = '';
+    if (state.classesError) {
+      body.appendChild(el('div', 'lf-error', state.classesError));
+      return;
+    }
+    const rows = classRows(state.classes, state.usage);
+    if (rows.length === 0) {
+      body.appendChild(el('div', 'lf-empty', state.status.kind === 'connected' ? 'No GPU classes.' : '—'));
+      return;
+    }
+    for (const row of rows) {
+      const card = el('div', 'lf-class');
+      card.dataset.className = row.name;
+      const top = el('div', 'lf-class-top');
+      top.appendChild(el('span', 'lf-class-name', row.name));
+      if (row.simulated) {
+        top.appendChild(el('span', 'lf-badge lf-simulated', 'simulated'));
+      }
+      card.appendChild(top);
+      card.appendChild(el('div', 'lf-class-model', row.model || 'unknown GPU model'));
+      card.appendChild(
+        el('div', 'lf-class-hw', `${row.memory} per GPU · max ${row.maxPerWorker} GPUs per worker`)
+      );
+      const usage = el('div', 'lf-class-usage');
+      if (row.total !== null && row.busy !== null) {
+        const meter = el('div', 'lf-meter');
+        const fill = el('div', 'lf-meter-fill');
+        fill.style.width = row.total > 0 ? `${Math.round((100 * row.busy) / row.total)}%` : '0%';
+        meter.appendChild(fill);
+        usage.appendChild(meter);
+        const text = row.pending > 0 ? `${row.usage} · ${row.pending} pending` : row.usage;
+        usage.appendChild(el('span', 'lf-usage-text', text));
+      } else {
+        usage.appendChild(el('span', 'lf-usage-text', 'usage unknown'));
+      }
+      card.appendChild(usage);
+      body.appendChild(card);
+    }
+  }
+
+  private _renderJobs(state: Readonly<IPanelState>): void {
+    const body = this._jobsBody;
+    const active = state.jobs.filter(j => !isTerminal(j.job_state)).length;
+    setText(this._jobsCount, state.jobs.length ? ` (${active} active)` : '');
+    if (state.jobsError) {
+      this._jobRows.clear();
+      body.textContent = '';
+      body.appendChild(el('div', 'lf-error', state.jobsError));
+      return;
+    }
+    if (state.jobs.length === 0) {
+      this._jobRows.clear();
+      body.textContent = '';
+      body.appendChild(el('div', 'lf-empty', state.status.kind === 'connected' ? 'No jobs yet.' : '—'));
+      return;
+    }
+    // Drop placeholders and rows of jobs no longer listed.
+    const wanted = new Set(state.jobs.map(j => j.job_id));
+    for (const child of Array.from(body.children)) {
+      const id = (child as HTMLElement).dataset.jobId;
+      if (!id || !wanted.has(id)) {
+        child.remove();
+      }
+    }
+    for (const [id] of this._jobRows) {
+      if (!wanted.has(id)) {
+        this._jobRows.delete(id);
+      }
+    }
+    const now = Date.now();
+    state.jobs.forEach((job, index) => {
+      let row = this._jobRows.get(job.job_id);
+      if (!row) {
+        row = this._createJobRow(job.job_id);
+        this._jobRows.set(job.job_id, row);
+      }
+      this._updateJobRow(row, job, now);
+      if (body.children[index] !== row.root) {
+        body.insertBefore(row.root, body.children[index] ?? null);
+      }
+    });
+  }
+
+  private _createJobRow(jobId: string): IJobRow {
+    const root = el('div', 'lf-job');
+    root.dataset.jobId = jobId;
+    const line1 = el('div', 'lf-job-line');
+    const badge = el('span', 'lf-badge');
+    const title = el('span', 'lf-job-title');
+    const elapsed = el('span', 'lf-job-elapsed');
+    line1.append(badge, title);
+    const line2 = el('div', 'lf-job-line lf-job-meta');
+    const placement = el('span', 'lf-job-placement');
+    const queue = el('span', 'lf-job-queue');
+    line2.append(placement, queue, elapsed);
+    const progress = el('div', 'lf-job-progress');
+    const meter = el('div', 'lf-meter');
+    const progressBar = el('div', 'lf-meter-fill');
+    meter.appendChild(progressBar);
+    const progressText = el('span', 'lf-progress-text');
+    progress.append(meter, progressText);
+    const failure = el('div', 'lf-job-failure');
+    const error = el('div', 'lf-error lf-job-error');
+    const cancel = el('button', 'lf-job-cancel jp-mod-styled jp-mod-warn', 'Cancel');
+    cancel.type = 'button';
+    const row: IJobRow = {
+      root,
+      badge,
+      title,
+      elapsed,
+      placement,
+      queue,
+      progress,
+      progressBar,
+      progressText,
+      failure,
+      cancel,
+      error,
+      cancelling: false
+    };
+    cancel.addEventListener('click', () => void this._cancel(row, jobId));
+    line2.appendChild(cancel);
+    root.append(line1, line2, progress, failure, error);
+    return row;
+  }
+
+  private _updateJobRow(row: IJobRow, job: IJob, now: number): void {
+    const badge = stateBadge(job.job_state);
+    row.root.dataset.state = badge.label;
+    row.badge.className = badge.className;
+    setText(row.badge, badge.label);
+    setText(row.title, jobTitle(job));
+    row.title.title = job.job_id;
+    setText(row.elapsed, formatElapsed(jobElapsedMs(job, now)));
+    setText(row.placement, jobPlacementText(job));
+    setText(row.queue, queueText(job));
+    const progress = progressOf(job);
+    row.progress.style.display = progress.fraction === null ? 'none' : '';
+    row.progressBar.style.width = `${Math.round(100 * (progress.fraction ?? 0))}%`;
+    setText(row.progressText, progress.text);
+    const failure = failureText(job);
+    setText(row.failure, failure);
+    row.failure.style.display = failure ? '' : 'none';
+    row.failure.title = job.failure?.traceback ?? '';
+    const cancellable = canCancel(job);
+    row.cancel.style.display = cancellable ? '' : 'none';
+    row.cancel.disabled = row.cancelling;
+    if (!cancellable) {
+      row.cancelling = false;
+    }
+    row.error.style.display = row.error.textContent ? '' : 'none';
+  }
+
+  private async _cancel(row: IJobRow, jobId: string): Promise<void> {
+    row.cancelling = true;
+    row.cancel.disabled = true;
+    row.error.textContent = '';
+    row.error.style.display = 'none';
+    try {
+      await this.connection.cancelJob(jobId);
+    } catch (err) {
+      row.cancelling = false;
+      row.cancel.disabled = false;
+      row.error.textContent = `cancel failed: ${(err as Error).message ?? String(err)}`;
+      row.error.style.display = '';
+    }
+  }
+
+  private _renderFunctions(state: Readonly<IPanelState>): void {
+    const body = this._functionsBody;
+    body.textContent = '';
+    if (state.functionsError) {
+      body.appendChild(el('div', 'lf-error', state.functionsError));
+      return;
+    }
+    const groups = groupFunctions(state.functions);
+    setText(this._functionsCount, groups.length ? ` (${groups.length})` : '');
+    if (groups.length === 0) {
+      body.appendChild(
+        el('div', 'lf-empty', state.status.kind === 'connected' ? 'No functions registered.' : '—')
+      );
+      return;
+    }
+    for (const group of groups) {
+      const item = el('div', 'lf-function');
+      item.dataset.functionName = group.name;
+      item.appendChild(el('span', 'lf-function-name', group.name));
+      const versions = el('span', 'lf-function-versions');
+      for (const v of group.versions) {
+        versions.appendChild(el('code', 'lf-version', v));
+      }
+      item.appendChild(versions);
+      body.appendChild(item);
+    }
+  }
+
+  private _startTicker(): void {
+    if (this._ticker === null) {
+      this._ticker = window.setInterval(() => {
+        if (this.isVisible) {
+          this._renderStatus(this.connection.state);
+          this._renderJobs(this.connection.state);
+        }
+      }, 1000);
+    }
+  }
+
+  private _stopTicker(): void {
+    if (this._ticker !== null) {
+      window.clearInterval(this._ticker);
+      this._ticker = null;
+    }
+  }
+
+  private _status: HTMLElement;
+  private _statusText: HTMLElement;
+  private _retry: HTMLButtonElement;
+  private _classesBody: HTMLElement;
+  private _jobsBody: HTMLElement;
+  private _jobsCount: HTMLElement;
+  private _functionsBody: HTMLElement;
+  private _functionsCount: HTMLElement;
+  private _jobRows = new Map<string, IJobRow>();
+  private _ticker: number | null = null;
+  private _unsubscribe: () => void;
+}

@@ -1,0 +1,308 @@
+"""Shared helpers for tests that run a real Jupyter server / JupyterLab and a real browser.
+
+- `JupyterProcess` / `start_jupyter(...)`: `jupyter lab` or `jupyter server` as a subprocess on
+  127.0.0.1 with a free port, a token, a non-root `base_url` (default `/jl/`), and its own config,
+  data, runtime, settings and workspaces directories, so nothing leaks between tests or from the
+  user's setup. The lancefn server extension is enabled through that config (or disabled, to test
+  the panel's "not enabled" message). The freshly built labextension
+  (`lancefn_jupyter/labextension`) is put first on `JUPYTER_PATH`, so the browser runs the current
+  build even when an older copy is installed.
+- `launch_chromium(playwright)`: Debian's `/usr/bin/chromium` driven by the PyPI `playwright`
+  package (never `playwright install`).
+- `open_lab(page, server)`, `screenshot(page, name)` (→ `test-artifacts/<name>.png`).
+
+Every wait is bounded. Processes are started in their own session and stopped by their own pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Optional
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = os.environ.get("LANCEFN_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
+LABEXTENSION_NAME = "lancefn-jupyter"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def built_labextension() -> Optional[Path]:
+    """The built labextension (`lancefn_jupyter/labextension`), or None when it was never built."""
+    import lancefn_jupyter
+
+    path = Path(lancefn_jupyter.__file__).resolve().parent / "labextension"
+    return path if (path / "package.json").is_file() and (path / "static" / "style.js").is_file() else None
+
+
+def chromium_missing_reason() -> Optional[str]:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does it when root)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install -e '.[test]')"
+    return None
+
+
+@dataclass
+class JupyterProcess:
+    """A running `jupyter lab|server`. `base` is the absolute base URL, ending in '/'."""
+
+    proc: subprocess.Popen
+    port: int
+    base_url: str
+    token: str
+    root_dir: Path
+    log_path: Path
+    env: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.base_url}"
+
+    def url(self, path: str = "") -> str:
+        return self.base + path.lstrip("/")
+
+    def lab_url(self) -> str:
+        return self.url(f"lab?token={self.token}") if self.token else self.url("lab")
+
+    def auth_headers(self) -> dict:
+        return {"Authorization": f"token {self.token}"} if self.token else {}
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        # Our own process group (start_new_session): the server and the kernels it started.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+
+
+def start_jupyter(
+    workdir: Path,
+    *,
+    app: str = "lab",
+    base_url: str = "/jl/",
+    token: str = "lancefn-test-token",
+    env: Optional[Mapping[str, str]] = None,
+    server_extension: bool = True,
+    labextension: bool = True,
+    extra_args: tuple[str, ...] = (),
+    timeout: float = 90.0,
+) -> JupyterProcess:
+    """Starts `jupyter <app>` and waits until it answers `GET <base>api/status`.
+
+    `env` is added to the process environment (e.g. `LANCEFN_URL`, `LANCEFN_API_KEY`,
+    `LANCEFN_HOME`). `server_extension=False` disables the lancefn server extension.
+    """
+    workdir = Path(workdir)
+    config_dir = workdir / "config"
+    data_dir = workdir / "data"
+    runtime_dir = workdir / "runtime"
+    root_dir = workdir / "root"
+    jpath = workdir / "jupyter_path"
+    for d in (config_dir, data_dir, runtime_dir, root_dir, jpath / "labextensions"):
+        d.mkdir(parents=True, exist_ok=True)
+    (config_dir / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"lancefn_jupyter": server_extension}}})
+    )
+    # Quiet JupyterLab: no news prompt and no update check (the machine is offline).
+    labconfig = config_dir / "labconfig"
+    labconfig.mkdir(exist_ok=True)
+    (labconfig / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    )
+    built = built_labextension()
+    if labextension and built is not None:
+        link = jpath / "labextensions" / LABEXTENSION_NAME
+        if not link.exists():
+            link.symlink_to(built, target_is_directory=True)
+
+    port = free_port()
+    log_path = workdir / f"jupyter-{app}-{port}.log"
+    process_env = dict(os.environ)
+    for key in ("LANCEFN_URL", "LANCEFN_API_KEY", "JUPYTER_TOKEN"):
+        process_env.pop(key, None)
+    process_env.update(
+        {
+            "JUPYTER_CONFIG_DIR": str(config_dir),
+            "JUPYTER_DATA_DIR": str(data_dir),
+            "JUPYTER_RUNTIME_DIR": str(runtime_dir),
+            "JUPYTER_PATH": str(jpath),
+            "JUPYTERLAB_SETTINGS_DIR": str(workdir / "lab-settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(workdir / "lab-workspaces"),
+            "IPYTHONDIR": str(workdir / "ipython"),
+            "LANCEFN_HOME": str(workdir / "lancefn-home"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    process_env.update(env or {})
+    bindir = Path(sys.executable).parent
+    jupyter = bindir / "jupyter"
+    command = [
+        str(jupyter) if jupyter.exists() else shutil.which("jupyter") or "jupyter",
+        app,
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        f"--ServerApp.base_url={base_url}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root_dir}",
+    ]
+    if app == "lab":
+        command += ["--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")
+    command += list(extra_args)
+    log = open(log_path, "wb")
+    try:
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=process_env,
+            cwd=str(root_dir), start_new_session=True,
+        )
+    finally:
+        log.close()
+    server = JupyterProcess(proc, port, base_url, token, root_dir, log_path, env=process_env)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter {app} exited with {proc.returncode}:\n{server.log()[-4000:]}")
+        try:
+            r = httpx.get(server.url("api/status"), headers=server.auth_headers(), timeout=2.0)
+            if r.status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"jupyter {app} did not answer within {timeout:.0f}s:\n{server.log()[-4000:]}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def running_jupyter(workdir: Path, **kwargs) -> Iterator[JupyterProcess]:
+    server = start_jupyter(workdir, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def launch_chromium(playwright, **kwargs):
+    """Headless Debian Chromium through Playwright (`executable_path`, never `playwright install`)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, **kwargs)
+
+
+def open_lab(page, server: JupyterProcess, timeout_ms: int = 90_000) -> None:
+    """Opens JupyterLab and waits until the shell is up and the splash screen is gone."""
+    page.goto(server.lab_url(), timeout=timeout_ms)
+    page.wait_for_selector("#jp-main-dock-panel", timeout=timeout_ms)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=timeout_ms)
+
+
+def run_command(page, label: str, timeout_ms: int = 30_000) -> None:
+    """Runs a command through the command palette (Ctrl+Shift+C), by its label."""
+    page.keyboard.press("Control+Shift+C")
+    palette_input = page.locator(".lm-CommandPalette-input")
+    palette_input.wait_for(state="visible", timeout=timeout_ms)
+    palette_input.fill(label)
+    item = page.locator(".lm-CommandPalette-item", has_text=label).first
+    item.wait_for(state="visible", timeout=timeout_ms)
+    item.click()
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+# ------------------------------------------------------------------ deterministic jobs
+
+#: A function whose job runs until the test creates a file: state changes happen when the test
+#: says so, never by timing.
+GATE_SOURCE = (
+    "from __future__ import annotations\n\n"
+    "import os\n"
+    "import time\n\n\n"
+    "def wait_for(path: str) -> str:\n"
+    "    while not os.path.exists(path):\n"
+    "        time.sleep(0.05)\n"
+    "    return path\n"
+)
+
+
+def register_gate_function(http: httpx.Client, *, name: str = "wait_for", num_gpus: int = 1) -> str:
+    """Registers `wait_for(path)` directly on the control plane; returns its version id."""
+    from conftest import register, registration_body
+
+    body = registration_body(
+        name,
+        source=GATE_SOURCE,
+        entrypoint="wait_for",
+        inputs=(("path", "utf8", False),),
+        output_type="utf8",
+        num_gpus=num_gpus,
+    )
+    return register(http, body)["version"]
+
+
+def submit_gate_job(http: httpx.Client, name: str, version: str, gate: Path, *, timeout_s: float = 300) -> str:
+    reply = http.post(
+        "/v1/functions/run",
+        json={"name": name, "version": version, "rows": [{"path": str(gate)}], "timeout_s": timeout_s},
+    )
+    assert reply.status_code == 202, reply.text
+    return reply.json()["job_id"]
+
+
+def wait_job_state(http: httpx.Client, job_id: str, states: set[str], timeout: float = 30.0) -> dict:
+    """Polls `jobs/describe` (bounded) until the job is in one of `states`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = http.post("/v1/jobs/describe", json={"job_id": job_id}).json()
+        if job.get("job_state") in states:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not in {states} after {timeout}s: {job}")
+        time.sleep(0.05)
