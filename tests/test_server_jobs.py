@@ -1,0 +1,331 @@
+"""Job bookkeeping of the control plane over real HTTP with the real local executor:
+re-queue on restart (and its limit), FIFO order across restarts, the SSE event stream
+(resume, usage events), long-poll wait, list filters/paging, CPU jobs, logs offsets.
+
+Functions that must keep running wait for a file the test creates, so nothing depends on
+timing; waits poll with a generous deadline and never assert on elapsed time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+from conftest import register, registration_body
+
+from lancefn_jupyter.models import Job
+
+DEADLINE_S = 60.0
+
+HOLD = """from __future__ import annotations
+
+import os
+import time
+
+
+def hold(path: str) -> str:
+    print("holding", path, flush=True)
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path
+"""
+
+
+def hold_version(http: httpx.Client, name: str = "hold", num_gpus: int | None = 1) -> str:
+    body = registration_body(name, source=HOLD, entrypoint="hold", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus)
+    return register(http, body)["version"]
+
+
+def run(http: httpx.Client, name: str, version: str, rows: list[dict]) -> str:
+    reply = http.post("/v1/functions/run", json={"name": name, "version": version, "rows": rows})
+    assert reply.status_code == 202, reply.text
+    return reply.json()["job_id"]
+
+
+def describe(http: httpx.Client, job_id: str) -> dict:
+    reply = http.post("/v1/jobs/describe", json={"job_id": job_id})
+    assert reply.status_code == 200, reply.text
+    Job.from_wire(reply.json())  # every reply decodes as the wire model
+    return reply.json()
+
+
+def wait_until(condition, what: str):
+    deadline = time.monotonic() + DEADLINE_S
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def wait_state(http: httpx.Client, job_id: str, state: str) -> dict:
+    return wait_until(lambda: (job := describe(http, job_id))["job_state"] == state and job, f"{job_id} {state}")
+
+
+def wait_done(http: httpx.Client, job_id: str) -> dict:
+    job = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": DEADLINE_S}).json()
+    assert job["job_state"] in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT"), job
+    return job
+
+
+def read_events(cp, *, last_event_id: str | None = None, via_query: bool = False, until) -> list[tuple[str, str | None, dict]]:
+    """Read SSE ``(event, id, data)`` until ``until(events)`` is true (bounded by DEADLINE_S)."""
+    headers = dict(cp.client_headers)
+    params = {}
+    if last_event_id is not None:
+        if via_query:
+            params["last_event_id"] = last_event_id
+        else:
+            headers["Last-Event-ID"] = last_event_id
+    events: list[tuple[str, str | None, dict]] = []
+    with httpx.stream("GET", cp.url + "/v1/jobs/events", headers=headers, params=params, timeout=DEADLINE_S) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        kind, event_id, data = None, None, None
+        for line in reply.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("id: "):
+                event_id = line[4:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+            elif line == "" and kind is not None:
+                events.append((kind, event_id, data))
+                kind, event_id, data = None, None, None
+                if until(events):
+                    return events
+    raise AssertionError("event stream ended early")
+
+
+# --------------------------------------------------------------------- restarts
+
+
+def test_restart_requeues_running_jobs_and_keeps_fifo_order(control_plane, tmp_path):
+    cp = control_plane
+    with cp.http() as http:
+        wide = hold_version(http, "wide", num_gpus=2)
+        narrow = hold_version(http, "narrow", num_gpus=1)
+        big = run(http, "wide", wide, [{"path": str(tmp_path / "big")}])
+        wait_state(http, big, "IN_PROGRESS")
+        small = [run(http, "narrow", narrow, [{"path": str(tmp_path / f"s{i}")}]) for i in range(3)]
+        positions = [describe(http, job)["placement"]["queue_position"] for job in small]
+        assert positions == [1, 2, 3]
+    cp.kill()
+    cp.start()
+    with cp.http() as http:
+        # The running job was re-queued first, so it starts again; the others keep their order.
+        job = wait_state(http, big, "IN_PROGRESS")
+        assert job["placement"]["devices"] == ["sim0", "sim1"]
+        for i, job_id in enumerate(small, start=1):
+            placement = describe(http, job_id)["placement"]
+            assert placement["waiting_on_capacity"] is True and placement["queue_position"] == i
+        log = http.post("/v1/jobs/logs", json={"job_id": big}).json()["lines"]
+        assert any("re-queued (restart 1)" in line for line in log)
+        (tmp_path / "big").touch()
+        assert wait_done(http, big)["result"] == [str(tmp_path / "big")]
+        for i in range(3):
+            (tmp_path / f"s{i}").touch()
+        assert [wait_done(http, job)["job_state"] for job in small] == ["DONE"] * 3
+
+
+def test_a_job_requeued_more_than_three_times_fails_retryably(control_plane, tmp_path):
+    cp = control_plane
+    with cp.http() as http:
+        job_id = run(http, "hold", hold_version(http), [{"path": str(tmp_path / "never")}])
+    for restart in range(1, 5):
+        with cp.http() as http:
+            wait_state(http, job_id, "IN_PROGRESS")
+        cp.kill()
+        cp.start()
+    with cp.http() as http:
+        job = describe(http, job_id)
+        assert job["job_state"] == "FAILED"
+        assert job["failure"]["phase"] == "server_restart" and job["failure"]["retryable"] is True
+        assert "restarted 4 times" in job["failure"]["message"]
+        usage = http.get("/v1/gpu/usage").json()["classes"][0]
+        assert usage["gpus_busy"] == 0 and usage["jobs_pending"] == 0
+
+
+def test_pending_jobs_of_a_removed_class_fail_on_restart(control_plane_factory, tmp_path):
+    two = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n[[gpu_classes]]\nname = 'extra'\nsimulated = 1\n"
+    cp = control_plane_factory(two)
+    with cp.http() as http:
+        body = registration_body("hold", source=HOLD, entrypoint="hold", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="extra")
+        version = register(http, body)["version"]
+        first = run(http, "hold", version, [{"path": str(tmp_path / "a")}])
+        second = run(http, "hold", version, [{"path": str(tmp_path / "b")}])
+        wait_state(http, first, "IN_PROGRESS")
+    config = cp.args[cp.args.index("--gpu-classes") + 1]
+    with open(config, "w") as f:
+        f.write("[[gpu_classes]]\nname = 'default'\nsimulated = 1\n")
+    cp.kill()
+    cp.start()
+    with cp.http() as http:
+        for job_id in (first, second):
+            job = describe(http, job_id)
+            assert job["job_state"] == "FAILED"
+            assert job["failure"]["phase"] == "validation" and "'extra'" in job["failure"]["message"]
+        assert http.post("/v1/functions/run", json={"name": "hold", "version": version, "rows": [{"path": "x"}]}).status_code == 400
+
+
+# ------------------------------------------------------------------------ events
+
+
+def test_event_stream_shows_the_lifecycle_and_resumes_from_last_event_id(control_plane, tmp_path):
+    cp = control_plane
+    with cp.http() as http:
+        version = hold_version(http)
+        gate = tmp_path / "go"
+        job_id = run(http, "hold", version, [{"path": str(gate)}])
+        wait_state(http, job_id, "IN_PROGRESS")
+        gate.touch()
+        wait_done(http, job_id)
+
+    def finished(events):
+        return any(kind == "job" and data["job_id"] == job_id and data["job_state"] == "DONE" for kind, _, data in events)
+
+    events = read_events(cp, last_event_id="0", until=finished)
+    assert events[0][0] == "usage"  # a snapshot first, so dashboards are right at once
+    job_events = [(int(event_id), data) for kind, event_id, data in events if kind == "job"]
+    ids = [event_id for event_id, _ in job_events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    for _, data in job_events:
+        Job.from_wire(data)
+    states = [data["job_state"] for _, data in job_events if data["job_id"] == job_id]
+    assert states[0] == "PENDING" and states[-1] == "DONE" and "IN_PROGRESS" in states
+    assert job_events[0][1]["job_type"] == "create_function"  # the registration's job came first
+
+    # Resuming after the first job event replays exactly the later ones (header or query).
+    first_id = ids[0]
+    for via_query in (False, True):
+        resumed = read_events(cp, last_event_id=str(first_id), via_query=via_query, until=finished)
+        assert [int(event_id) for kind, event_id, _ in resumed if kind == "job"] == ids[1:]
+
+
+def test_live_events_and_usage_events_arrive_while_streaming(control_plane, tmp_path):
+    cp = control_plane
+    with cp.http() as http:
+        version = hold_version(http)
+    seen: list = []
+    ready = threading.Event()
+
+    def listen():
+        def until(events):
+            seen[:] = events
+            ready.set()
+            done = [i for i, (kind, _, data) in enumerate(events) if kind == "job" and data["job_state"] == "DONE"]
+            # Stop at the usage event that follows the job's end (its GPU freed).
+            return bool(done) and any(kind == "usage" for kind, _, _ in events[done[0]:])
+
+        read_events(cp, until=until)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert ready.wait(DEADLINE_S)  # the initial usage snapshot arrived: we are subscribed
+    with cp.http() as http:
+        gate = tmp_path / "go"
+        job_id = run(http, "hold", version, [{"path": str(gate)}])
+        wait_state(http, job_id, "IN_PROGRESS")
+        gate.touch()
+        wait_done(http, job_id)
+    listener.join(DEADLINE_S)
+    assert not listener.is_alive()
+    kinds = [kind for kind, _, _ in seen]
+    # Without Last-Event-ID only changes after subscribing are sent: no registration event.
+    assert all(data["job_id"] == job_id for kind, _, data in seen if kind == "job")
+    busy = [data["classes"][0]["gpus_busy"] for kind, _, data in seen if kind == "usage"]
+    assert 1 in busy and busy[-1] == 0 and kinds.count("usage") >= 3
+
+
+def test_sigterm_ends_open_streams_and_exits_cleanly(control_plane):
+    cp = control_plane
+    opened = threading.Event()
+    outcome: list = []
+
+    def listen():
+        try:
+            read_events(cp, until=lambda events: opened.set() or False)
+        except (AssertionError, httpx.HTTPError) as error:
+            outcome.append(type(error).__name__)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert opened.wait(DEADLINE_S)
+    assert cp.stop() == 0  # not SIGKILLed after the stop timeout
+    listener.join(DEADLINE_S)
+    assert outcome  # the stream ended
+
+
+# ------------------------------------------------------------------ wait, list, logs
+
+
+def test_wait_returns_at_completion_or_the_current_state_at_timeout(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = hold_version(http)
+        gate = tmp_path / "go"
+        job_id = run(http, "hold", version, [{"path": str(gate)}])
+        early = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 0.2}).json()
+        assert early["job_state"] in ("PENDING", "IN_PROGRESS")
+        result: list = []
+        waiter = threading.Thread(target=lambda: result.append(wait_done(http, job_id)), daemon=True)
+        waiter.start()
+        wait_state(http, job_id, "IN_PROGRESS")
+        gate.touch()
+        waiter.join(DEADLINE_S)
+        assert result and result[0]["job_state"] == "DONE" and result[0]["result"] == [str(gate)]
+        assert result[0]["started_ms"] <= result[0]["finished_ms"]
+        assert result[0]["progress"] == {"rows_done": 1, "rows_total": 1}
+
+
+def test_cpu_jobs_run_without_gpus_even_when_all_gpus_are_busy(control_plane, tmp_path):
+    with control_plane.http() as http:
+        gpu = hold_version(http, "gpu_hold", num_gpus=2)
+        blocker = run(http, "gpu_hold", gpu, [{"path": str(tmp_path / "release")}])
+        wait_state(http, blocker, "IN_PROGRESS")
+        cpu = register(http, registration_body("cpu_double", num_gpus=None))["version"]
+        job = wait_done(http, run(http, "cpu_double", cpu, [{"x": 1}, {"x": 2}, {"x": 3}]))
+        assert job["job_state"] == "DONE" and job["result"] == [2, 4, 6]
+        assert job["placement"] == {} and job["progress"] == {"rows_done": 3, "rows_total": 3}
+        assert job["spec"] == {"name": "cpu_double", "version": cpu, "rows_total": 3}
+        (tmp_path / "release").touch()
+        assert wait_done(http, blocker)["job_state"] == "DONE"
+
+
+def test_jobs_list_filters_and_pages_newest_first(control_plane):
+    with control_plane.http() as http:
+        version = register(http, registration_body("double", num_gpus=None))["version"]
+        runs = [run(http, "double", version, [{"x": i}]) for i in range(5)]
+        for job_id in runs:
+            wait_done(http, job_id)
+        listed = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 2}).json()
+        collected, pages = [j["job_id"] for j in listed["jobs"]], 1
+        while "page_token" in listed:
+            listed = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 2, "page_token": listed["page_token"]}).json()
+            collected += [j["job_id"] for j in listed["jobs"]]
+            pages += 1
+        assert collected == runs[::-1] and pages == 3
+        assert len(http.post("/v1/jobs/list", json={"job_type": "create_function"}).json()["jobs"]) == 1
+        assert len(http.post("/v1/jobs/list", json={"state": "DONE", "name": "double"}).json()["jobs"]) == 6
+        assert http.post("/v1/jobs/list", json={"state": "PENDING"}).json()["jobs"] == []
+        assert http.post("/v1/jobs/list", json={"name": "other"}).json()["jobs"] == []
+        # Cancelling a finished job changes nothing.
+        assert http.post("/v1/jobs/cancel", json={"job_id": runs[0]}).json() == {"job_id": runs[0], "cancelled": False}
+
+
+def test_logs_are_read_by_offset(control_plane):
+    source = "def chatty(n: int) -> int:\n    for i in range(n):\n        print('line', i)\n    return n\n"
+    with control_plane.http() as http:
+        body = registration_body("chatty", source=source, entrypoint="chatty", inputs=(("n", "int64", False),), num_gpus=None)
+        version = register(http, body)["version"]
+        job_id = run(http, "chatty", version, [{"n": 5}])
+        assert wait_done(http, job_id)["result"] == [5]
+        everything = http.post("/v1/jobs/logs", json={"job_id": job_id}).json()
+        printed = [line for line in everything["lines"] if line.startswith("line ")]
+        assert printed == [f"line {i}" for i in range(5)]
+        assert everything["next_offset"] == len(everything["lines"])
+        first = http.post("/v1/jobs/logs", json={"job_id": job_id, "limit": 2}).json()
+        rest = http.post("/v1/jobs/logs", json={"job_id": job_id, "offset": first["next_offset"]}).json()
+        assert first["next_offset"] == 2 and first["lines"] + rest["lines"] == everything["lines"]
+        beyond = http.post("/v1/jobs/logs", json={"job_id": job_id, "offset": 1000}).json()
+        assert beyond == {"lines": [], "next_offset": 1000}
