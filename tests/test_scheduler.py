@@ -67,6 +67,18 @@ def test_cpu_jobs_are_placed_immediately_without_devices():
     assert state.usage() == [{"name": "default", "gpus_total": 1, "gpus_busy": 1, "jobs_running": 1, "jobs_pending": 1}]
 
 
+def test_cpu_slots_limit_concurrent_cpu_jobs_fifo():
+    state = SchedulerState({}, cpu_slots=2)
+    for i in range(4):
+        state.enqueue(f"cpu{i}", None, 0)
+    assert [p.job_id for p in schedule(state)] == ["cpu0", "cpu1"]
+    assert queue_positions(state, None) == {"cpu2": 1, "cpu3": 2}
+    assert state.queue_position("cpu3") == 2
+    release(state, "cpu1")
+    assert [p.job_id for p in schedule(state)] == ["cpu2"]
+    assert schedule(state) == []
+
+
 def test_classes_are_independent_pools():
     state = SchedulerState({"a100": ("0", "1"), "t4": ("2",)})
     state.enqueue("x", "t4", 1)

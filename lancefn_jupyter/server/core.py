@@ -35,6 +35,7 @@ import collections
 import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -201,14 +202,23 @@ class _Resolved:
 
 
 class ControlPlane:
-    def __init__(self, *, store: Store, classes: GpuClassConfig, executor: Executor | None, version: str = "0"):
+    def __init__(
+        self,
+        *,
+        store: Store,
+        classes: GpuClassConfig,
+        executor: Executor | None,
+        version: str = "0",
+        cpu_slots: int | None = None,
+    ):
         self.store = store
         self.classes = classes
         self.executor = executor
         self.version = version
         self.bus = EventBus()
         self._lock = threading.RLock()
-        self._scheduler = SchedulerState(classes.devices())
+        # CPU functions run at most one per core at a time (each is a worker process).
+        self._scheduler = SchedulerState(classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1)
         self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
         self._log_pos: dict[str, int] = {}
         self._progress_emitted: dict[str, float] = {}
@@ -533,7 +543,7 @@ class ControlPlane:
             rec = self._get_job(job_id)
             if rec.state in _TERMINAL:
                 return {"job_id": job_id, "cancelled": False}
-            was_placed = bool(rec.devices) or rec.state == IN_PROGRESS or (rec.num_gpus == 0 and not self._scheduler.is_pending(job_id))
+            was_placed = rec.state == IN_PROGRESS or not self._scheduler.is_pending(job_id)
             with self.store.batch():
                 self._finish(rec, CANCELLED)
             if was_placed and self.executor is not None:
@@ -786,10 +796,11 @@ class ControlPlane:
             placement["num_gpus"] = rec.num_gpus
         if rec.devices:
             placement["devices"] = list(rec.devices)
-        if rec.state == PENDING and rec.num_gpus and not rec.devices:
-            placement["waiting_on_capacity"] = True
+        if rec.state == PENDING:
+            # Queued (not yet placed): waiting for its class's GPUs, or a CPU slot.
             position = self._scheduler.queue_position(rec.job_id)
             if position is not None:
+                placement["waiting_on_capacity"] = True
                 placement["queue_position"] = position
         if rec.node is not None:
             placement["node"] = rec.node

@@ -7,8 +7,9 @@ Rules (SPEC §4, seed 001):
   a multi-GPU job can never be starved by a stream of 1-GPU jobs.
 - A job never fails for lack of capacity; it simply stays queued.  (Requests that could
   *never* fit — more GPUs than the class has — are rejected by the core before enqueueing.)
-- CPU jobs (``num_gpus == 0``, no class) need no devices and are placed at the next
-  ``schedule`` call.
+- CPU jobs (``num_gpus == 0``, no class) need no devices and never wait for a GPU; they are
+  placed at the next ``schedule`` call, FIFO, up to ``cpu_slots`` at once (default unlimited;
+  the server passes the CPU count so a burst of CPU jobs can't fork hundreds of workers).
 
 No I/O, no clocks, no threads: the core calls these under its own lock.  Everything is
 O(1) per decision except ``queue_positions`` (O(queue)), so thousands of decisions per
@@ -62,7 +63,8 @@ class ClassPool:
 class SchedulerState:
     """Mutable scheduler state; all methods are pure bookkeeping."""
 
-    def __init__(self, classes: Mapping[str, Sequence[str]]):
+    def __init__(self, classes: Mapping[str, Sequence[str]], cpu_slots: int | None = None):
+        self.cpu_slots = cpu_slots
         self.pools: dict[str, ClassPool] = {
             name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
         }
@@ -117,7 +119,7 @@ class SchedulerState:
     def schedule(self) -> list[Placement]:
         """Place every job that can start now, in FIFO order per class."""
         placements: list[Placement] = []
-        while self.cpu_queue:
+        while self.cpu_queue and (self.cpu_slots is None or len(self.cpu_running) < self.cpu_slots):
             job_id, _ = self.cpu_queue.popitem(last=False)
             self.cpu_running.add(job_id)
             placements.append(Placement(job_id, None, ()))
