@@ -27,9 +27,17 @@ import threading
 import time
 import traceback
 import types
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
-__all__ = ["WorkerProcess", "WorkerStartError", "describe_exit", "artifact_filename", "main"]
+__all__ = [
+    "WorkerProcess",
+    "WorkerStartError",
+    "describe_exit",
+    "artifact_filename",
+    "missing_packages",
+    "run_task_inline",
+    "main",
+]
 
 _MODULE = "lancefn_jupyter.server.worker"
 _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the artifact while a task runs
@@ -250,6 +258,33 @@ def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
     finally:
         sys.modules.pop(_ARTIFACT_MODULE, None)
         linecache.cache.pop(task.get("filename"), None)
+
+
+def run_task_inline(task: dict, send: Callable[..., None]) -> dict:
+    """Run one task (the protocol's task dict) in *this* process and return its final event.
+
+    For executors that already are a worker process (the Ray executor runs this inside a Ray
+    task): ``log``/``progress`` events go to ``send(**event)`` as they would on the protocol
+    fd, and the ``result``/``failed`` event is returned instead of sent.  Capturing fds 1/2 is
+    the caller's business; Python and C stdio buffers are flushed before this returns.
+    """
+    final: dict = {}
+
+    class _Inline:
+        @staticmethod
+        def send(**event: object) -> None:
+            if event.get("event") in _FINAL_EVENTS:
+                final.update(event)
+            else:
+                send(**event)
+
+    _serve(task, _Inline, ())  # type: ignore[arg-type]  # duck-typed _Protocol
+    return final
+
+
+def missing_packages(requirements: Sequence[str]) -> list[tuple[str, str]]:
+    """Declared requirements not satisfied in this Python environment, as (requirement, reason)."""
+    return _missing_packages(requirements)
 
 
 def _nvml_device_names(visible: str | None) -> list[str]:

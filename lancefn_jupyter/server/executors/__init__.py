@@ -15,7 +15,8 @@ def get_executor(name: str, **opts: Any) -> Executor:
     """Build an executor by name.
 
     ``local`` takes ``classes=`` (the loaded GPU class config) and ``home=``;
-    ``ray`` takes ``address=``.  Options an implementation does not take are dropped, so the
+    ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``)
+    and ``home=`` (where that local Ray keeps its temp dir when the path is short enough).  Options an implementation does not take are dropped, so the
     CLI can pass everything it knows.
     """
     if name == "local":
@@ -25,5 +26,5 @@ def get_executor(name: str, **opts: Any) -> Executor:
     if name == "ray":
         from .ray import RayExecutor
 
-        return RayExecutor(address=opts.get("address"))
+        return RayExecutor(address=opts.get("address"), classes=opts.get("classes"), home=opts.get("home"))
     raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTOR_NAMES)}")
