@@ -16,8 +16,8 @@ def get_executor(name: str, **opts: Any) -> Executor:
 
     ``local`` takes ``classes=`` (the loaded GPU class config) and ``home=``;
     ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``)
-    and ``home=`` (where that local Ray keeps its temp dir when the path is short enough).  Options an implementation does not take are dropped, so the
-    CLI can pass everything it knows.
+    and ``home=`` (where that local Ray keeps its temp dir when the path is short enough).
+    Options an implementation does not take are dropped, so the CLI can pass everything it knows.
     """
     if name == "local":
         from .local import LocalExecutor
