@@ -331,6 +331,10 @@ BAD_BODIES = [
     ("/v1/jobs/wait", b'{"job_id": "x", "timeout_s": 61}', "timeout_s"),
     ("/v1/jobs/cancel", b'{"job_id": null}', "job_id"),
     ("/v1/jobs/list", b'{"page_token": "@@@"}', "page_token"),
+    ("/v1/jobs/logs", b'{"job_id": "x", "offset": 100000000000000000000000}', "offset"),
+    ("/v1/functions/run", b'{"name": "x", "version": "y", "rows": [], "timeout_s": 1e300}', "timeout_s"),
+    ("/v1/functions/describe", b'{"name": "\\ud800", "version": "x"}', "surrogate"),
+    ("/v1/functions/run", b'{"name": "x", "version": "y", "rows": [{"x": "\\udfff"}]}', "surrogate"),
 ]
 
 
@@ -368,3 +372,38 @@ def test_bodies_over_the_limit_are_413(control_plane_factory):
 
         assert_error(http.post("/v1/functions/create", content=chunks()), 413)
         assert http.post("/v1/functions/list", json={}).status_code == 200
+
+
+# ----------------------------------------------------------------- fuzzing
+
+
+def test_random_json_on_every_route_never_gives_5xx_or_a_traceback(shared_control_plane):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80) | st.floats(allow_nan=False) | st.text(max_size=20)
+    keys = st.sampled_from(
+        ["name", "version", "rows", "job_id", "timeout_s", "offset", "limit", "page_token", "state", "job_type",
+         "include_definition", "artifact", "signature", "runtime", "x", "\x00", "é"]
+    )
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4), max_leaves=12)
+    bodies = st.dictionaries(keys, values, max_size=6) | values
+    paths = st.sampled_from(
+        ["/v1/functions/create", "/v1/functions/describe", "/v1/functions/list", "/v1/functions/drop",
+         "/v1/functions/run", "/v1/jobs/describe", "/v1/jobs/list", "/v1/jobs/cancel", "/v1/jobs/logs", "/v1/jobs/wait"]
+    )
+
+    with shared_control_plane.http() as http:
+
+        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(path=paths, body=bodies)
+        def check(path, body):
+            if path == "/v1/jobs/wait" and isinstance(body, dict):
+                body = {**body, "timeout_s": 0}  # don't long-poll real jobs
+            reply = http.post(path, content=json.dumps(body).encode())
+            assert reply.status_code < 500, (path, body, reply.text)
+            assert "Traceback" not in reply.text and 'File "' not in reply.text
+            if reply.status_code >= 400:
+                assert reply.json()["error"]["code"] != "request_failed", (path, body, reply.text)
+
+        check()

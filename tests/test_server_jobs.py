@@ -329,3 +329,18 @@ def test_logs_are_read_by_offset(control_plane):
         assert first["next_offset"] == 2 and first["lines"] + rest["lines"] == everything["lines"]
         beyond = http.post("/v1/jobs/logs", json={"job_id": job_id, "offset": 1000}).json()
         assert beyond == {"lines": [], "next_offset": 1000}
+
+
+def test_unencodable_worker_output_fails_the_job_readably_and_keeps_the_server_healthy(control_plane):
+    source = "def bad(x: int) -> str:\n    print('before', flush=True)\n    return chr(0xD800) * x\n"
+    with control_plane.http() as http:
+        body = registration_body("bad", source=source, entrypoint="bad", inputs=(("x", "int64", False),), output_type="utf8", num_gpus=None)
+        version = register(http, body)["version"]
+        job = wait_done(http, run(http, "bad", version, [{"x": 1}]))
+        # A lone surrogate can't be stored or sent as UTF-8: caught by the worker or the server.
+        assert job["job_state"] == "FAILED" and job["failure"]["phase"] in ("result", "run"), job
+        assert "Traceback" not in job["failure"]["message"]
+        lines = http.post("/v1/jobs/logs", json={"job_id": job["job_id"]}).json()["lines"]
+        assert "before" in lines
+        assert http.post("/v1/jobs/list", json={}).status_code == 200
+        assert wait_done(http, run(http, "bad", version, [{"x": 0}]))["result"] == [""]

@@ -40,6 +40,7 @@ log = logging.getLogger("lancefn.server")
 PRIVILEGES = ("functions", "jobs", "system_usage")
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 KEEPALIVE_S = 15.0
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 
 
@@ -103,7 +104,7 @@ class _Run(_Body):
     name: str
     version: str
     rows: Any  # checked against the signature by the core
-    timeout_s: Optional[float] = Field(None, gt=0)
+    timeout_s: Optional[float] = Field(None, gt=0, le=30 * 24 * 3600)  # ≤ 30 days: timers can't take 1e300
 
 
 class _JobId(_Body):
@@ -120,7 +121,7 @@ class _ListJobs(_Body):
 
 class _Logs(_Body):
     job_id: str
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=2**62)  # SQLite integers are 64-bit
     limit: int = Field(1000, ge=1, le=10000)
 
 
@@ -135,9 +136,16 @@ async def _json_body(request: Request) -> Any:
         raise ApiError(400, "the request body is empty; send a JSON object")
     try:
         # NaN/Infinity are not JSON; refuse them here rather than store them.
-        return json.loads(raw, parse_constant=_reject_constant)
+        data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as error:
         raise ApiError(400, f"the request body is not valid JSON ({_short(error)})") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        # "\ud800" escapes decode to lone surrogates that no UTF-8 store or reply can hold.
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text") from None
+    return data
 
 
 def _reject_constant(name: str) -> Any:

@@ -32,6 +32,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import functools
 import json
 import logging
 import math
@@ -108,6 +109,15 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def _clean_text(text: str) -> str:
+    """``text`` made storable: lone surrogates (from a worker's output) become U+FFFD-ish '?'."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _encode_token(seq: int) -> str:
     return base64.urlsafe_b64encode(f"lancefn:{seq}".encode()).decode().rstrip("=")
 
@@ -123,6 +133,21 @@ def _decode_token(token: str | None) -> int | None:
     except (binascii.Error, ValueError, UnicodeDecodeError):
         pass
     raise ApiError(400, "page_token is not a token this server issued; pass the page_token from the previous reply or omit it")
+
+
+def _callback(method):
+    """Executor callbacks must never raise into executor threads, and a bookkeeping error
+    (e.g. a full disk) must not leave the job hanging: the job is failed instead."""
+
+    @functools.wraps(method)
+    def guarded(self: "ControlPlane", job_id: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, job_id, *args, **kwargs)
+        except Exception:
+            log.exception("%s(%s) failed; failing the job", method.__name__, job_id)
+            self._fail_after_error(job_id)
+
+    return guarded
 
 
 # ----------------------------------------------------------------------- event bus
@@ -470,9 +495,14 @@ class ControlPlane:
             )
             self._active[rec.job_id] = rec
             self._scheduler.enqueue(rec.job_id, where.gpu_class, where.num_gpus)
-            with self.store.batch():
-                self._persist(rec, new=True, rows=rows)
-                self._dispatch(changed=where.num_gpus > 0)
+            try:
+                with self.store.batch():
+                    self._persist(rec, new=True, rows=rows)
+            except BaseException:  # not stored: it must not linger in memory either
+                self._active.pop(rec.job_id, None)
+                self._scheduler.release(rec.job_id)
+                raise
+            self._dispatch(changed=where.num_gpus > 0)
             return rec.job_id
 
     @staticmethod
@@ -498,7 +528,7 @@ class ControlPlane:
                     f"rows[{i}]: {' and '.join(problems)}; {fv.name}@{fv.version} takes ({', '.join(expected)})",
                 )
             try:
-                _dumps(row)
+                _dumps(row).encode("utf-8")
             except ValueError:
                 raise ApiError(400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number") from None
 
@@ -618,6 +648,7 @@ class ControlPlane:
 
     # ------------------------------------------------- executor callbacks (any thread)
 
+    @_callback
     def task_started(self, job_id: str, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
         with self._lock:
             rec = self._active.get(job_id)
@@ -629,6 +660,7 @@ class ControlPlane:
             rec.node = node
             self._persist(rec, new=False)
 
+    @_callback
     def task_progress(self, job_id: str, rows_done: int) -> None:
         with self._lock:
             rec = self._active.get(job_id)
@@ -641,13 +673,15 @@ class ControlPlane:
                 self._progress_emitted[job_id] = now
                 self._persist(rec, new=False)
 
+    @_callback
     def task_log(self, job_id: str, stream: str, lines: list[str]) -> None:
         with self._lock:
             rec = self._active.get(job_id)
             if rec is None or rec.state in _TERMINAL:
                 return
-            self._append_log(rec, str(stream), [str(line) for line in lines])
+            self._append_log(rec, _clean_text(str(stream)), [_clean_text(str(line)) for line in lines])
 
+    @_callback
     def task_succeeded(self, job_id: str, results: list) -> None:
         with self._lock:
             rec = self._active.get(job_id)
@@ -658,7 +692,9 @@ class ControlPlane:
                 problem = f"the worker returned {len(results) if isinstance(results, list) else 'no list of'} results for {rec.rows_total} rows"
             else:
                 try:
-                    _dumps(results)
+                    _dumps(results).encode("utf-8")
+                except UnicodeEncodeError:
+                    problem = "a result contains a string with a lone surrogate, which is not valid Unicode; return valid text"
                 except (TypeError, ValueError) as error:
                     problem = f"a result is not JSON ({error}); return numbers, strings, lists, dicts or None (NaN/Infinity are not JSON)"
             with self.store.batch():
@@ -670,6 +706,7 @@ class ControlPlane:
                     rec.rows_done = rec.rows_total
                     self._finish(rec, DONE)
 
+    @_callback
     def task_failed(self, job_id: str, failure: JobFailure | Mapping[str, Any]) -> None:
         with self._lock:
             rec = self._active.get(job_id)
@@ -682,9 +719,32 @@ class ControlPlane:
                     wire = JobFailure.from_wire(failure).to_wire()
                 except ValidationError:
                     wire = JobFailure(phase="executor", message=f"worker failed: {str(failure)[:2000]}").to_wire()
+            wire = {k: _clean_text(v) if isinstance(v, str) else v for k, v in wire.items()}
             rec.failure = wire
             with self.store.batch():
                 self._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
+
+    def _fail_after_error(self, job_id: str) -> None:
+        with self._lock:
+            rec = self._active.get(job_id)
+            if rec is None:
+                return
+            rec.failure = JobFailure(
+                phase="executor", message="the control plane could not record this job's progress; see the server log", retryable=True
+            ).to_wire()
+            try:
+                with self.store.batch():
+                    self._finish(rec, FAILED)
+            except Exception:
+                log.exception("could not fail job %s either; dropping it from memory", job_id)
+                self._active.pop(job_id, None)
+                self._scheduler.release(job_id)
+                self._wake_waiters(job_id)
+        if self.executor is not None:
+            try:
+                self.executor.cancel(job_id)
+            except Exception:
+                log.exception("executor.cancel(%s) failed", job_id)
 
     # ---------------------------------------------------------------- internals
 
