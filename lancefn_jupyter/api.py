@@ -156,13 +156,29 @@ def _gpu_class(name: Optional[str]) -> Optional[GpuClass]:
 
 
 class _Rendered(list):
-    """A list of models that shows as a table (text and HTML) in notebooks."""
+    """A list of models that shows as a table (text and HTML) in notebooks, or as a live widget."""
 
-    def __init__(self, items: Iterable[Any], render: Callable[[], tuple[str, str]]):
+    def __init__(
+        self,
+        items: Iterable[Any],
+        render: Callable[[], tuple[str, str]],
+        widget: Optional[Callable[[], Any]] = None,
+    ):
         super().__init__(items)
         self._render = render
+        self._make_widget = widget
+        self._widget: Any = None
 
     def _repr_mimebundle_(self, include=None, exclude=None):
+        if self._make_widget is not None:
+            from .widgets import rich_bundle
+
+            def make():
+                if self._widget is None or getattr(self._widget, "comm", None) is None:
+                    self._widget = self._make_widget()
+                return self._widget
+
+            return rich_bundle(make, self._render)
         text, markup = self._render()
         return {"text/plain": text, "text/html": markup}
 
@@ -175,7 +191,7 @@ def list_gpu_classes() -> list[GpuClass]:
     client = current_client()
     classes = client.gpu.classes()
     usage = client.gpu.usage()
-    return _Rendered(classes, lambda: display.gpu_classes_table(classes, usage))
+    return _Rendered(classes, lambda: display.gpu_classes_table(classes, usage), widget=lambda: _widget("GpuClassesWidget", classes, usage, client=client))
 
 
 def list_versions(name: Optional[str] = None) -> list:
@@ -187,8 +203,19 @@ def list_versions(name: Optional[str] = None) -> list:
 
 def list_jobs(*, state: Optional[str] = None, name: Optional[str] = None, limit: int = 50) -> list:
     """Recent `run_function` jobs, newest first."""
-    jobs = current_client().jobs.list(state=state, name=name, job_type="run_function", limit=limit)
-    return _Rendered(jobs, lambda: display.jobs_table(jobs))
+    client = current_client()
+    jobs = client.jobs.list(state=state, name=name, job_type="run_function", limit=limit)
+    return _Rendered(
+        jobs,
+        lambda: display.jobs_table(jobs),
+        widget=lambda: _widget("JobsDashboard", state=state, name=name, limit=limit, client=client),
+    )
+
+
+def _widget(kind: str, *args: Any, **kwargs: Any) -> Any:
+    from . import widgets
+
+    return getattr(widgets, kind)(*args, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------ profiles
@@ -269,6 +296,15 @@ def map_traceback(
 # -------------------------------------------------------------------------------------- job handles
 
 
+def _listener_live() -> bool:
+    from .widgets import get_listener
+
+    return get_listener().is_live()
+
+
+_SHOW_JOB_AFTER_S = 2.0  # ipyparallel's progress_after default: quick calls stay quiet
+
+
 class Job:
     """A handle on one job: state, wait, results, cancel, logs. Cheap to create; safe to re-attach."""
 
@@ -286,6 +322,11 @@ class Job:
         self._function = function
         self._single = single
         self._snapshot = snapshot
+        self._widget: Any = None
+        # Held weakly; while the widgets' event listener runs, it keeps `state` current without HTTP.
+        from .widgets import get_listener
+
+        get_listener().subscribe_job(job_id, self._update)
 
     @classmethod
     def attach(cls, job_id: str, *, client: Optional[Client] = None) -> "Job":
@@ -315,7 +356,7 @@ class Job:
     def state(self) -> str:
         """pending, running, finished, failed, cancelled or timed out (as of the last refresh)."""
         snapshot = self.snapshot
-        if snapshot.job_state not in TERMINAL_STATES:
+        if snapshot.job_state not in TERMINAL_STATES and not _listener_live():
             snapshot = self.refresh()
         return display_state(snapshot.job_state)
 
@@ -384,8 +425,9 @@ class Job:
             offset = next_offset
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        text, markup = display.job_card(self.snapshot)
-        return {"text/plain": text, "text/html": markup}
+        from .widgets import job_bundle
+
+        return job_bundle(self)
 
     def __repr__(self) -> str:
         return display.job_card(self.snapshot)[0]
@@ -517,8 +559,18 @@ class GpuFunction:
         return self._submit_rows(rows, single=False)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Submit, wait and return the result (raises the remote error, mapped to the cell)."""
-        return self.submit(*args, **kwargs).result()
+        """Submit, wait and return the result (raises the remote error, mapped to the cell).
+
+        In a notebook, a job still going after ~2 s shows its live widget while this waits.
+        """
+        job = self.submit(*args, **kwargs)
+        from .widgets import use_widgets
+
+        if use_widgets() and not job.wait(timeout=_SHOW_JOB_AFTER_S).done:
+            from IPython.display import display as ipy_display
+
+            ipy_display(job)
+        return job.result()
 
     def local(self, *args: Any, **kwargs: Any) -> Any:
         """Run the packaged artifact in a subprocess: local GPU if usable, else numba's CUDA simulator."""
@@ -571,8 +623,9 @@ class GpuFunction:
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        text, markup = self._card()
-        return {"text/plain": text, "text/html": markup}
+        from .widgets import function_card_bundle
+
+        return function_card_bundle(self)
 
     def __repr__(self) -> str:
         return self._card()[0]

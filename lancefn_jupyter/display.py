@@ -23,6 +23,8 @@ __all__ = [
     "versions_table",
     "function_card",
     "job_card",
+    "usage_line",
+    "progress_text",
     "STATE_COLORS",
     "state_badge_html",
 ]
@@ -121,15 +123,35 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
                 str(gpu.max_gpu_count_per_worker),
                 gpu.resource_name,
                 ",".join(f"{k}={v}" for k, v in sorted(gpu.node_selector.items())) or "-",
+                str(u.gpus_busy) if u else "?",
                 f"{u.gpus_total - u.gpus_busy}/{u.gpus_total}" if u else "?",
                 f"{u.jobs_running}/{u.jobs_pending}" if u else "?",
             ]
         )
     return render_table(
-        ["class", "GPU model", "memory", "max GPUs/worker", "resource", "node selector", "free/total", "running/pending"],
+        ["class", "GPU model", "memory", "max GPUs/worker", "resource", "node selector", "busy", "free/total",
+         "running/pending"],
         rows,
         title="GPU classes",
     )
+
+
+def usage_line(gpu_class: str, usage: Optional[GpuUsage]) -> str:
+    """One class's live use in words, e.g. 'class default: 1 busy, 1 free of 2 GPUs; 1 running, 0 pending'."""
+    if usage is None:
+        return f"class {gpu_class}: live usage unknown"
+    free = usage.gpus_total - usage.gpus_busy
+    return (
+        f"class {gpu_class}: {usage.gpus_busy} busy, {free} free of {usage.gpus_total} GPUs; "
+        f"{usage.jobs_running} running, {usage.jobs_pending} pending"
+    )
+
+
+def progress_text(job: Job) -> str:
+    """'2/3 rows (67%)'."""
+    done, total = job.progress.rows_done, job.progress.rows_total
+    pct = 100 * done / total if total else (100 if job.job_state == JobState.DONE else 0)
+    return f"{done}/{total} rows ({pct:.0f}%)"
 
 
 def _function_ref(job: Job) -> str:

@@ -1,0 +1,86 @@
+"""Live notebook widgets: GPU classes, a job, the jobs dashboard, the function card.
+
+All are standard ipywidgets (no custom JavaScript), fed by ONE background event listener per
+kernel (`_listener.EventListener`, the control plane's SSE stream), and each carries `text/plain`
+and `text/html` fallbacks. Importing this package is cheap: ipywidgets loads with the first widget.
+
+    from lancefn_jupyter.widgets import JobWidget, JobsDashboard, GpuClassesWidget, FunctionCardWidget
+    from lancefn_jupyter.widgets import get_listener, start_listener, stop_listener
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._listener import EventListener, get_listener, running_threads, start_listener, stop_listener
+from ._support import WIDGET_VIEW_MIME, in_frontend_kernel, rich_bundle, set_widgets, use_widgets, widgets_available
+
+__all__ = [
+    "WIDGET_VIEW_MIME",
+    "EventListener",
+    "get_listener",
+    "start_listener",
+    "stop_listener",
+    "running_threads",
+    "widgets_available",
+    "in_frontend_kernel",
+    "use_widgets",
+    "set_widgets",
+    "rich_bundle",
+    "JobWidget",
+    "JobsDashboard",
+    "GpuClassesWidget",
+    "FunctionCardWidget",
+    "job_widget",
+    "job_bundle",
+    "function_card_bundle",
+]
+
+_LAZY = {
+    "JobWidget": "._job",
+    "JobsDashboard": "._dashboard",
+    "GpuClassesWidget": "._classes",
+    "FunctionCardWidget": "._card",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lancefn_jupyter.widgets' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module, __name__), name)
+
+
+def job_widget(job: Any) -> Any:
+    """The (one, cached) widget of a `Job` handle."""
+    widget = getattr(job, "_widget", None)
+    if widget is None or getattr(widget, "comm", None) is None:
+        from ._job import JobWidget
+
+        widget = JobWidget(job.job_id, client=job._client, function=job._function)
+        job._widget = widget
+    return widget
+
+
+def job_bundle(job: Any) -> dict:
+    """A `Job`'s display: its live widget where widgets work, else the text/HTML card."""
+    from .. import display
+
+    return rich_bundle(lambda: job_widget(job), lambda: display.job_card(job.snapshot))
+
+
+def function_card_bundle(handle: Any) -> dict:
+    """A `GpuFunction`'s display: the card widget (with live class usage) or its text/HTML."""
+
+    def make() -> Any:
+        widget = getattr(handle, "_widget", None)
+        if widget is None or getattr(widget, "comm", None) is None:
+            from ._card import FunctionCardWidget
+
+            widget = FunctionCardWidget(handle)
+            handle._widget = widget
+        return widget
+
+    return rich_bundle(make, handle._card)

@@ -1,0 +1,84 @@
+"""The function card (what `%%gpu_function` displays), with its GPU class's live usage.
+
+Name, version id, short digest, runtime kind, resources, environment and the class's hardware come
+from `display.function_card` (the same text/HTML as the fallback); a second line follows the class's
+busy/free GPUs and running/pending jobs from the listener's usage events.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any, Optional
+
+import ipywidgets as w
+
+from .. import display
+from ._listener import EventListener, get_listener, start_listener
+from ._support import FallbackReprMixin
+
+__all__ = ["FunctionCardWidget"]
+
+
+class FunctionCardWidget(FallbackReprMixin, w.VBox):
+    """`card` (HTML) is the static card; `usage_label` (HTML) the class's live use."""
+
+    def __init__(self, handle: Any, *, listener: Optional[EventListener] = None, start: bool = True):
+        self._handle = handle
+        self._listener = listener or get_listener()
+        self._lock = threading.RLock()
+        self._usage_events = 0
+        if handle._version is None and handle.options.register:
+            try:
+                handle.version  # registers (lazily, decorator handles); the magic already did
+            except Exception:  # the card still shows the request; the error surfaces on submit
+                pass
+        text, markup = handle._card()
+        self._text, self._markup = text, markup
+        resources = handle.registration_request.runtime.resources
+        self.gpu_class = (resources.gpu_class or "default") if resources is not None else None
+        self.card = w.HTML(markup)
+        self.usage_label = w.HTML()
+        self.usage: Any = None
+        children = [self.card]
+        registered = handle._version is not None
+        if self.gpu_class is not None and registered:
+            children.append(self.usage_label)
+        super().__init__(children=children, layout=w.Layout(width="auto"))
+        self.add_class("lancefn-function-card")
+        if self.gpu_class is None or not registered:
+            return
+        self._listener.subscribe_usage(self._on_usage)
+        if start:
+            start_listener() if listener is None else self._listener.start()
+        seen = self._usage_events
+        usage = self._listener.usage if self._listener.connected else None
+        if usage is None:
+            try:
+                from ..api import current_client
+
+                usage = current_client().gpu.usage()
+            except Exception:  # usage needs the system-usage privilege; the card stands without it
+                usage = []
+        with self._lock:
+            if self._usage_events == seen:
+                self._apply(usage)
+
+    def _on_usage(self, usage: list) -> None:
+        with self._lock:
+            self._usage_events += 1
+            self._apply(usage)
+
+    def _apply(self, usage: list) -> None:
+        self.usage = next((u for u in usage if u.name == self.gpu_class), None)
+        line = display.usage_line(self.gpu_class, self.usage)
+        self.usage_label.value = f"<span class='lancefn-card-usage' style='color:#555'>{html.escape(line)}</span>"
+
+    def _fallback(self) -> tuple[str, str]:
+        return self._text, self._markup
+
+    def close(self) -> None:
+        self._listener.unsubscribe(self)
+        self.card.close()
+        self.usage_label.close()
+        super().close()

@@ -1,0 +1,77 @@
+"""The GPU classes widget (`%gpu_classes`, `list_gpu_classes()`): hardware plus live busy/free.
+
+One row per class: GPU model (marked simulated), memory in binary units, max GPUs per worker,
+resource name, node selector, GPUs busy/free and jobs running/pending. Hardware is read once over
+REST; usage follows the listener's `usage` events (sent after every placement change).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+import ipywidgets as w
+
+from .. import display
+from ._listener import EventListener, get_listener, start_listener
+from ._support import FallbackReprMixin
+
+__all__ = ["GpuClassesWidget"]
+
+
+class GpuClassesWidget(FallbackReprMixin, w.VBox):
+    """`table` (an HTML widget) holds the classes table; `usage` maps class name → GpuUsage."""
+
+    def __init__(
+        self,
+        classes: Optional[Sequence[Any]] = None,
+        usage: Optional[Sequence[Any]] = None,
+        *,
+        client: Any = None,
+        listener: Optional[EventListener] = None,
+        start: bool = True,
+    ):
+        if client is None:
+            from ..api import current_client
+
+            client = current_client()
+        self._client = client
+        self._listener = listener or get_listener()
+        self._lock = threading.RLock()
+        self._usage_events = 0
+        self.gpu_classes = list(classes) if classes is not None else client.gpu.classes()
+        self.usage: dict[str, Any] = {}
+        self.table = w.HTML()
+        super().__init__(children=[self.table], layout=w.Layout(width="auto"))
+        self.add_class("lancefn-gpu-classes-widget")
+
+        self._listener.subscribe_usage(self._on_usage)
+        if start:
+            start_listener() if listener is None else self._listener.start()
+        seen = self._usage_events
+        if self._listener.connected and self._listener.usage is not None:
+            current = self._listener.usage  # as fresh as the stream
+        elif usage is not None:
+            current = list(usage)
+        else:
+            current = client.gpu.usage()
+        with self._lock:
+            if self._usage_events == seen:
+                self._apply(current)
+
+    def _on_usage(self, usage: list) -> None:
+        with self._lock:
+            self._usage_events += 1
+            self._apply(usage)
+
+    def _apply(self, usage: Sequence[Any]) -> None:
+        self.usage = {u.name: u for u in usage}
+        self.table.value = self._fallback()[1]
+
+    def _fallback(self) -> tuple[str, str]:
+        return display.gpu_classes_table(self.gpu_classes, list(self.usage.values()))
+
+    def close(self) -> None:
+        self._listener.unsubscribe(self)
+        self.table.close()
+        super().close()

@@ -1,0 +1,302 @@
+"""The jobs dashboard (`%gpu_jobs`): a live table of recent jobs with filters and per-row Cancel.
+
+Columns: job, function, state, placement (class, GPUs, devices, or queue position), progress,
+detail (rows, elapsed time, error), Cancel. Filters: state (dropdown) and function (combobox; a
+substring of the name). Recent jobs come from REST when the dashboard is built (and again when a
+filter changes or the listener reconnects afresh, e.g. after a kernel restart); every change after
+that comes from the kernel's event listener. Standard ipywidgets only: a `GridBox` of small widgets,
+so each row's cells update in place.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any, Optional, Sequence
+
+import ipywidgets as w
+
+from .. import display
+from ..client.errors import LancefnError
+from ..models import TERMINAL_STATES, JobState, display_state
+from ._job import _BAR_STYLE, function_ref
+from ._listener import EventListener, get_listener, start_listener
+from ._support import FallbackReprMixin
+
+__all__ = ["JobsDashboard"]
+
+STATE_OPTIONS = [
+    ("all states", ""),
+    ("pending", "PENDING"),
+    ("running", "IN_PROGRESS"),
+    ("finished", "DONE"),
+    ("failed", "FAILED"),
+    ("cancelled", "CANCELLED"),
+    ("timed out", "TIMED_OUT"),
+]
+COLUMNS = ["job", "function", "state", "placement", "progress", "detail", ""]
+_KEEP_JOBS = 500  # jobs remembered (newest first) for filtering; older terminal ones are forgotten
+
+
+def _placement_text(job: Any) -> str:
+    p = job.placement
+    where = p.gpu_class or "cpu"
+    if job.job_state == JobState.PENDING:
+        if p.waiting_on_capacity or p.queue_position is not None:
+            position = f", position {p.queue_position}" if p.queue_position is not None else ""
+            return f"waiting for {where}{position}"
+        return f"queued ({where})"
+    gpus = f"{p.num_gpus} GPU{'s' if p.num_gpus != 1 else ''}" if p.num_gpus else "no GPU"
+    devices = f" [{','.join(p.devices)}]" if p.devices else ""
+    return f"{where} · {gpus}{devices}"
+
+
+def _detail_text(job: Any) -> str:
+    if job.failure is not None:
+        return f"{job.failure.phase}: {job.failure.message}"
+    elapsed = display.job_elapsed_s(job)
+    rows = display.progress_text(job)
+    return rows + (f" · {display.format_elapsed(elapsed)}" if elapsed is not None else "")
+
+
+class _Row:
+    """One job's cells in the grid."""
+
+    def __init__(self, dashboard: "JobsDashboard", job: Any):
+        self.job_id = job.job_id
+        self.job = job
+        self.id_cell = w.HTML(f"<code title='{html.escape(job.job_id)}'>{html.escape(job.job_id[:12])}</code>")
+        self.function_cell = w.HTML()
+        self.state_cell = w.HTML()
+        self.placement_cell = w.HTML()
+        self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="120px"))
+        self.detail_cell = w.HTML()
+        self.cancel_button = w.Button(description="Cancel", icon="stop", tooltip=f"Cancel job {job.job_id}",
+                                      layout=w.Layout(width="auto"))
+        self.cancel_button.on_click(lambda _b, job_id=job.job_id: dashboard.cancel(job_id))
+        self.cells = [self.id_cell, self.function_cell, self.state_cell, self.placement_cell, self.progress,
+                      self.detail_cell, self.cancel_button]
+        self.apply(job)
+
+    def apply(self, job: Any) -> None:
+        self.job = job
+        state = display_state(job.job_state)
+        self.function_cell.value = f"<b>{html.escape(function_ref(job))}</b>"
+        self.state_cell.value = display.state_badge_html(state)
+        self.placement_cell.value = f"<span class='lancefn-placement'>{html.escape(_placement_text(job))}</span>"
+        total, done = job.progress.rows_total, job.progress.rows_done
+        if job.job_state == JobState.DONE and total:
+            done = total
+        self.progress.max = max(total, 1)
+        self.progress.value = min(done, self.progress.max) if total else (1 if job.job_state == JobState.DONE else 0)
+        self.progress.bar_style = _BAR_STYLE.get(job.job_state, "")
+        self.tick()
+        self.cancel_button.disabled = job.job_state in TERMINAL_STATES
+
+    def tick(self) -> None:
+        color = "#c62828" if self.job.failure is not None else "inherit"
+        self.detail_cell.value = (
+            f"<span class='lancefn-detail' style='color:{color}'>{html.escape(_detail_text(self.job))}</span>"
+        )
+
+    def close(self) -> None:
+        for cell in self.cells:
+            cell.close()
+
+
+class JobsDashboard(FallbackReprMixin, w.VBox):
+    """Live table of recent `run_function` jobs. `rows` maps job id → row (cells are widgets)."""
+
+    def __init__(
+        self,
+        *,
+        state: Optional[str] = None,
+        name: Optional[str] = None,
+        limit: int = 25,
+        jobs: Optional[Sequence[Any]] = None,
+        client: Any = None,
+        listener: Optional[EventListener] = None,
+        start: bool = True,
+    ):
+        if client is None:
+            from ..api import current_client
+
+            client = current_client()
+        self._client = client
+        self._listener = listener or get_listener()
+        self._lock = threading.RLock()
+        self.limit = limit
+        self.jobs: dict[str, Any] = {}
+        self.rows: dict[str, _Row] = {}
+        self._touched: set[str] = set()  # ids changed by events since the last REST read began
+        self._shown: list[str] = []
+        states = {value for _, value in STATE_OPTIONS}
+        self.state_filter = w.Dropdown(
+            options=STATE_OPTIONS, value=state if state in states else "", description="state",
+            layout=w.Layout(width="200px"),
+        )
+        self.name_filter = w.Combobox(
+            value=name or "", placeholder="all functions", options=[], ensure_option=False, description="function",
+            layout=w.Layout(width="280px"),
+        )
+        self.summary = w.HTML()
+        self.message = w.HTML()
+        header = [w.HTML(f"<b>{html.escape(c)}</b>") for c in COLUMNS]
+        self._header = header
+        self.grid = w.GridBox(
+            children=header,
+            layout=w.Layout(grid_template_columns="auto auto auto auto auto 1fr auto", grid_gap="2px 10px",
+                            align_items="center", width="auto"),
+        )
+        super().__init__(
+            children=[w.HBox([self.state_filter, self.name_filter, self.summary]), self.message, self.grid],
+            layout=w.Layout(width="auto"),
+        )
+        self.add_class("lancefn-jobs-dashboard")
+        self.state_filter.observe(self._on_filter, names="value")
+        self.name_filter.observe(self._on_filter, names="value")
+
+        self._listener.subscribe_jobs(self._on_event, resync=self._resync)
+        self._listener.subscribe_tick(self._on_tick)
+        if start:
+            start_listener() if listener is None else self._listener.start()
+        if jobs is not None and not start:
+            self._merge(jobs)
+        else:
+            self._load(client)
+
+    # ---------------------------------------------------------------- data
+
+    def _load(self, client: Any) -> None:
+        """Recent jobs (and, with filters, recent matching ones) over REST, merged with live state."""
+        with self._lock:
+            self._touched.clear()
+        try:
+            found = list(client.jobs.list(job_type="run_function", limit=self.limit))
+            state, name = self.state_filter.value or None, (self.name_filter.value or "").strip() or None
+            if state or name:
+                found += client.jobs.list(job_type="run_function", state=state, name=name, limit=self.limit)
+        except LancefnError as error:
+            self.message.value = f"<span style='color:#c62828'>could not list jobs: {html.escape(str(error))}</span>"
+            return
+        self.message.value = ""
+        self._merge([self._listener.observe_rest(job) for job in found])
+
+    def _merge(self, jobs: Sequence[Any]) -> None:
+        with self._lock:
+            for job in jobs:
+                if job.job_id in self._touched:
+                    continue  # an event newer than this read already updated it
+                self._upsert(job)
+            self._render()
+
+    def _resync(self, client: Any) -> None:
+        self._load(client)
+
+    def _upsert(self, job: Any) -> None:
+        previous = self.jobs.get(job.job_id)
+        if previous is not None and previous.job_state in TERMINAL_STATES and job.job_state not in TERMINAL_STATES:
+            return
+        self.jobs[job.job_id] = job
+        row = self.rows.get(job.job_id)
+        if row is not None:
+            row.apply(job)
+        if len(self.jobs) > _KEEP_JOBS:
+            for old in sorted(self.jobs.values(), key=lambda j: j.creation_ms)[: len(self.jobs) - _KEEP_JOBS]:
+                if old.job_state in TERMINAL_STATES:
+                    self.jobs.pop(old.job_id, None)
+                    stale = self.rows.pop(old.job_id, None)
+                    if stale is not None and old.job_id not in self._shown:
+                        stale.close()
+
+    def _on_event(self, job: Any) -> None:
+        if job.job_type != "run_function":
+            return
+        with self._lock:
+            self._touched.add(job.job_id)
+            self._upsert(job)
+            self._render()
+
+    def _on_tick(self) -> None:
+        with self._lock:
+            for job_id in self._shown:
+                row = self.rows.get(job_id)
+                if row is not None and row.job.job_state == JobState.IN_PROGRESS:
+                    row.tick()
+
+    def _on_filter(self, _change: dict) -> None:
+        self._load(self._client)
+
+    # ---------------------------------------------------------------- view
+
+    def _matches(self, job: Any) -> bool:
+        state = self.state_filter.value
+        if state and job.job_state != state:
+            return False
+        name = (self.name_filter.value or "").strip()
+        return not name or name in str(job.spec.get("name", ""))
+
+    def visible_jobs(self) -> list:
+        """The jobs the table shows now (filters applied, newest first, at most `limit`)."""
+        with self._lock:
+            jobs = sorted(self.jobs.values(), key=lambda j: j.creation_ms, reverse=True)
+            return [job for job in jobs if self._matches(job)][: self.limit]
+
+    def _render(self) -> None:
+        visible = self.visible_jobs()
+        ids = [job.job_id for job in visible]
+        for job in visible:
+            if job.job_id not in self.rows:
+                self.rows[job.job_id] = _Row(self, job)
+        if ids != self._shown:
+            self._shown = ids
+            cells = list(self._header)
+            for job_id in ids:
+                cells.extend(self.rows[job_id].cells)
+            self.grid.children = cells
+        names = sorted({str(j.spec.get("name", "")) for j in self.jobs.values()} - {""})
+        if list(self.name_filter.options) != names:
+            self.name_filter.options = names
+        counts: dict[str, int] = {}
+        for job in self.jobs.values():
+            label = display_state(job.job_state)
+            counts[label] = counts.get(label, 0) + 1
+        parts = ", ".join(f"{counts[s]} {s}" for s in ("running", "pending", "finished", "failed", "cancelled", "timed out") if counts.get(s))
+        self.summary.value = (
+            f"<span class='lancefn-jobs-summary' style='margin-left:12px'>{len(ids)} shown"
+            f"{' · ' + html.escape(parts) if parts else ''}</span>"
+        )
+
+    def _fallback(self) -> tuple[str, str]:
+        return display.jobs_table(self.visible_jobs())
+
+    # ---------------------------------------------------------------- actions
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel one job (each row's button); True if this call cancelled it."""
+        try:
+            cancelled = self._client.jobs.cancel(job_id)
+            job = self._client.jobs.describe(job_id)
+        except LancefnError as error:
+            self.message.value = f"<span style='color:#c62828'>cancel failed: {html.escape(str(error))}</span>"
+            return False
+        with self._lock:
+            self._upsert(job)
+            self._render()
+        return cancelled
+
+    def refresh(self) -> None:
+        """Re-read recent jobs over REST (the listener keeps them live without this)."""
+        self._load(self._client)
+
+    def close(self) -> None:
+        self._listener.unsubscribe(self)
+        with self._lock:
+            for row in self.rows.values():
+                row.close()
+            self.rows.clear()
+        for widget in (self.state_filter, self.name_filter, self.summary, self.message, self.grid, *self._header):
+            widget.close()
+        for box in list(self.children):
+            box.close()
+        super().close()

@@ -1,0 +1,544 @@
+"""The one background event listener per kernel: `GET /v1/jobs/events` (SSE) → widgets and Job handles.
+
+Why one thread and not a poller per widget: every widget of a kernel shows a slice of the same
+stream (a job, all jobs, GPU usage), so one connection feeds them all and a state change reaches a
+widget model in about a millisecond plus the network. Updates are sent from this thread, which is
+what keeps widgets live while the kernel is busy running another cell (kernel → frontend comm
+messages work from any thread; frontend → kernel messages, e.g. button clicks, wait for the kernel).
+
+Design:
+- Subscriptions are held through `weakref.WeakMethod`, so a widget that is closed (or a `Job`
+  handle that is dropped) is collected and silently unsubscribed. Subscribing never starts a thread;
+  `start()` does (widgets call it).
+- Connecting without a resume point means "changes from now on" (the server's rule), so after such a
+  connect the listener re-reads, over REST, everything its subscribers show (`resync`); the stream is
+  already subscribed on the server when its first event (always a `usage` event) arrives, so nothing
+  falls between the two.
+- Reconnects use `Last-Event-ID` (the server replays what was missed from its durable event log),
+  with exponential backoff (50 ms doubling to 3 s) while the control plane is down or restarting. A
+  change of connection (`%lancefn connect …`) starts afresh instead, since event ids belong to one
+  server.
+- Queue positions: the server reports a pending job's position when that job changes; when a job
+  ahead of it leaves the queue (starts, is cancelled) no event names the jobs behind it. Scheduling is
+  strict FIFO per class, so `_QueueShadow` moves every job behind up by one and the listener delivers
+  that as an updated snapshot; it is primed from `jobs/list state=PENDING` on every fresh connect.
+- A second small thread ("ticker", 1 s) refreshes what changes with the clock (elapsed time of
+  running jobs, open log views) and notices a changed connection; it never touches the network for
+  state.
+- `stop()` (also `stop_listener()`, `unload_ipython_extension`, atexit) sets a flag, shuts the
+  stream's socket down so a blocked read returns at once, and joins both threads. Both threads are
+  daemons, so a kernel shutdown is never held up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import random
+import socket
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+import httpx
+
+from ..client.errors import LancefnError
+from ..client.events import parse_sse_lines
+
+log = logging.getLogger("lancefn_jupyter.widgets")
+
+__all__ = ["EventListener", "get_listener", "start_listener", "stop_listener"]
+
+_BACKOFF_INITIAL_S = 0.05
+_BACKOFF_MAX_S = 3.0
+_TICK_S = 1.0
+_READ_TIMEOUT_S = 45.0  # the server sends a keepalive every 15 s
+
+
+class _QueueShadow:
+    """Pending jobs' 1-based queue positions per GPU class, kept current from job events (pure).
+
+    `observe(job_dict)` returns the ids of *other* jobs whose position moved because this job left
+    its class's queue. Strict FIFO means leaving from position p moves every job behind p up by one.
+    """
+
+    def __init__(self) -> None:
+        self.positions: dict[str, tuple[Optional[str], int]] = {}
+
+    def clear(self) -> None:
+        self.positions.clear()
+
+    @staticmethod
+    def _queued(job: dict) -> Optional[tuple[Optional[str], int]]:
+        placement = job.get("placement") or {}
+        position = placement.get("queue_position")
+        if job.get("job_state") != "PENDING" or not isinstance(position, int):
+            return None
+        return placement.get("gpu_class"), position
+
+    def observe(self, job: dict, *, authoritative: bool = True) -> list[str]:
+        """Apply one job's new state; `authoritative=False` (a REST read) only fills unknown jobs."""
+        job_id = job.get("job_id")
+        if not isinstance(job_id, str):
+            return []
+        if not authoritative and job_id in self.positions:
+            return []
+        queued = self._queued(job)
+        old = self.positions.pop(job_id, None)
+        moved: list[str] = []
+        if old is not None and (queued is None or queued[0] != old[0]):
+            cls, left = old
+            for other, (other_cls, position) in list(self.positions.items()):
+                if other_cls == cls and position > left:
+                    self.positions[other] = (other_cls, position - 1)
+                    moved.append(other)
+        if queued is not None:
+            self.positions[job_id] = queued
+        return moved
+
+    def position(self, job_id: str) -> Optional[int]:
+        entry = self.positions.get(job_id)
+        return entry[1] if entry else None
+
+
+class _Subscribers:
+    """Weak callbacks grouped by key; dead ones are dropped as they are met."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Any, list[weakref.WeakMethod]] = {}
+
+    def add(self, key: Any, callback: Callable) -> None:
+        ref = weakref.WeakMethod(callback)
+        refs = self._by_key.setdefault(key, [])
+        if not any(existing() == callback for existing in refs):
+            refs.append(ref)
+
+    def get(self, key: Any) -> list[Callable]:
+        refs = self._by_key.get(key)
+        if not refs:
+            return []
+        alive = [(ref, ref()) for ref in refs]
+        live = [cb for _, cb in alive if cb is not None]
+        if len(live) != len(refs):
+            kept = [ref for ref, cb in alive if cb is not None]
+            if kept:
+                self._by_key[key] = kept
+            else:
+                del self._by_key[key]
+        return live
+
+    def keys(self) -> list[Any]:
+        return list(self._by_key)
+
+    def discard_owner(self, owner: Any, key: Any = None) -> None:
+        keys = [key] if key is not None else list(self._by_key)
+        for k in keys:
+            refs = self._by_key.get(k)
+            if not refs:
+                continue
+            kept = [ref for ref in refs if ref() is not None and getattr(ref(), "__self__", None) is not owner]
+            if kept:
+                self._by_key[k] = kept
+            else:
+                self._by_key.pop(k, None)
+
+    def count(self) -> int:
+        return sum(1 for key in list(self._by_key) for _ in self.get(key))
+
+
+class EventListener:
+    """Reads the control plane's event stream on a daemon thread and feeds subscribers."""
+
+    def __init__(
+        self,
+        *,
+        client_getter: Optional[Callable[[], Any]] = None,
+        backoff_initial_s: float = _BACKOFF_INITIAL_S,
+        backoff_max_s: float = _BACKOFF_MAX_S,
+        tick_s: float = _TICK_S,
+    ):
+        self._client_getter = client_getter or _session_client
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.tick_s = tick_s
+        self._lock = threading.RLock()
+        self._jobs = _Subscribers()  # job_id → callbacks(Job)
+        self._all_jobs = _Subscribers()  # None → callbacks(Job)
+        self._usage = _Subscribers()  # None → callbacks(list[GpuUsage])
+        self._resync = _Subscribers()  # None → callbacks(client) after a fresh connect
+        self._ticks = _Subscribers()  # None → callbacks() once per tick
+        self._terminal: set[str] = set()  # subscribed jobs last seen terminal (no resync needed)
+        self._pending: dict[str, Any] = {}  # last Job model of each job in the queue shadow
+        self.queue = _QueueShadow()
+        self.usage: Optional[list] = None
+        self.last_event_id: Optional[int] = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # cuts a backoff wait short (stop, or a new connection)
+        self._connected = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._ticker: Optional[threading.Thread] = None
+        self._stream_client: Any = None
+        self._socket: Optional[socket.socket] = None
+        # Counters and the last problem, for `%lancefn`-style diagnostics and tests.
+        self.connects = 0
+        self.resumes = 0
+        self.events = 0
+        self.failures = 0
+        self.last_error: Optional[str] = None
+        self._event_hooks: list[Callable[[Any], None]] = []  # benchmarks: called per dispatched event
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def connected(self) -> bool:
+        return self.running and self._connected.is_set()
+
+    def is_live(self) -> bool:
+        """True while events flow: subscribed state is current without asking over HTTP."""
+        return self.connected
+
+    def wait_connected(self, timeout: float = 10.0) -> bool:
+        return self._connected.wait(timeout)
+
+    def start(self) -> "EventListener":
+        with self._lock:
+            if self.running:
+                return self
+            self._stop.clear()
+            self._wake.clear()
+            self._thread = threading.Thread(target=self._run, name="lancefn-events", daemon=True)
+            self._ticker = threading.Thread(target=self._tick_loop, name="lancefn-widgets-ticker", daemon=True)
+            self._thread.start()
+            self._ticker.start()
+            return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop both threads (idempotent); subscriptions are kept for a later `start()`."""
+        self._stop.set()
+        self._wake.set()
+        self._interrupt_stream()
+        for thread in (self._thread, self._ticker):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+        self._connected.clear()
+        with self._lock:
+            self._thread = self._ticker = None
+
+    def threads(self) -> list[threading.Thread]:
+        return [t for t in (self._thread, self._ticker) if t is not None and t.is_alive()]
+
+    def _interrupt_stream(self) -> None:
+        sock = self._socket
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    # -------------------------------------------------------------- subscriptions
+
+    def subscribe_job(self, job_id: str, callback: Callable[[Any], None]) -> None:
+        """`callback(job)` (a bound method, held weakly) on every change of `job_id`."""
+        with self._lock:
+            self._jobs.add(job_id, callback)
+            self._terminal.discard(job_id)
+
+    def subscribe_jobs(self, callback: Callable[[Any], None], *, resync: Optional[Callable[[Any], None]] = None) -> None:
+        """`callback(job)` on every job change; `resync(client)` after a fresh (non-resumed) connect."""
+        with self._lock:
+            self._all_jobs.add(None, callback)
+            if resync is not None:
+                self._resync.add(None, resync)
+
+    def subscribe_usage(self, callback: Callable[[list], None]) -> None:
+        """`callback(list[GpuUsage])` on every usage event (sent after each placement change)."""
+        with self._lock:
+            self._usage.add(None, callback)
+
+    def subscribe_tick(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._ticks.add(None, callback)
+
+    def unsubscribe(self, owner: Any, job_id: Optional[str] = None) -> None:
+        """Drop every callback bound to `owner` (or only its subscription to `job_id`)."""
+        with self._lock:
+            if job_id is not None:
+                self._jobs.discard_owner(owner, job_id)
+                return
+            for group in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks):
+                group.discard_owner(owner)
+
+    def subscriber_count(self) -> int:
+        with self._lock:
+            return sum(g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks))
+
+    def observe_rest(self, job: Any) -> Any:
+        """A job read over REST by a widget: fills the queue shadow; returns the snapshot to show."""
+        with self._lock:
+            if self.running:
+                self.queue.observe(job.to_wire(), authoritative=False)
+                if job.job_state == "PENDING" and job.placement.queue_position is not None:
+                    self._pending.setdefault(job.job_id, job)
+                    position = self.queue.position(job.job_id)
+                    if position is not None and position != job.placement.queue_position:
+                        return _with_position(job, position)
+        return job
+
+    def add_event_hook(self, hook: Callable[[Any], None]) -> None:
+        self._event_hooks.append(hook)
+
+    def remove_event_hook(self, hook: Callable[[Any], None]) -> None:
+        if hook in self._event_hooks:
+            self._event_hooks.remove(hook)
+
+    # ------------------------------------------------------------------- threads
+
+    def _run(self) -> None:
+        backoff = self.backoff_initial_s
+        while not self._stop.is_set():
+            client = self._client_getter()
+            if client is None:
+                self._wake.wait(self.tick_s)
+                self._wake.clear()
+                continue
+            if client is not self._stream_client:
+                self._stream_client = client
+                self.last_event_id = None  # event ids belong to one server
+            try:
+                delivered = self._stream_once(client)
+            except Exception as error:  # never let the thread die; report and retry
+                self.failures += 1
+                self.last_error = f"{type(error).__name__}: {error}"
+                log.debug("lancefn event stream failed: %s", self.last_error)
+                delivered = False
+            finally:
+                self._connected.clear()
+                self._socket = None
+            if self._stop.is_set():
+                break
+            backoff = self.backoff_initial_s if delivered else min(self.backoff_max_s, backoff * 2)
+            self._wake.wait(backoff * (0.75 + 0.5 * random.random()))
+            self._wake.clear()
+
+    def _stream_once(self, client: Any) -> bool:
+        """One connection: returns True if it got as far as receiving events."""
+        resume = self.last_event_id
+        headers = {"accept": "text/event-stream"}
+        if resume is not None:
+            headers["last-event-id"] = str(resume)
+        timeout = httpx.Timeout(connect=5.0, read=_READ_TIMEOUT_S, write=5.0, pool=5.0)
+        response = client._transport.stream("/v1/jobs/events", headers, timeout)
+        try:
+            stream = response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            self._socket = sock if isinstance(sock, socket.socket) else None
+            if self._stop.is_set():
+                return False
+            established = False
+            for event in parse_sse_lines(response.iter_lines()):
+                if self._stop.is_set():
+                    break
+                if not established:
+                    established = True
+                    self.connects += 1
+                    if resume is not None:
+                        self.resumes += 1
+                    else:
+                        self._fresh_sync(client)
+                    self._connected.set()
+                self._dispatch(event)
+            return established
+        except (httpx.HTTPError, LancefnError, OSError) as error:
+            if not self._stop.is_set():
+                self.failures += 1
+                self.last_error = f"{type(error).__name__}: {error}"
+            return self._connected.is_set()
+        finally:
+            response.close()
+
+    def _fresh_sync(self, client: Any) -> None:
+        """After a connect without resume point: re-read what subscribers show, over REST."""
+        from ..models import TERMINAL_STATES
+
+        with self._lock:
+            self.queue.clear()
+            self._pending.clear()
+        try:
+            pending = client.jobs.list(state="PENDING", limit=1000)
+        except Exception as error:
+            pending = []
+            self.last_error = f"priming queue positions failed: {error}"
+        with self._lock:
+            for job in reversed(pending):  # oldest first, like the scheduler's queue
+                self.queue.observe(job.to_wire())
+                if job.placement.queue_position is not None:
+                    self._pending[job.job_id] = job
+            job_ids = [k for k in self._jobs.keys() if k not in self._terminal]
+            resyncs = self._resync.get(None)
+        pending_by_id = {job.job_id: job for job in pending}
+        for job_id in job_ids:
+            if self._stop.is_set():
+                return
+            job = pending_by_id.get(job_id)
+            if job is None:
+                try:
+                    job = client.jobs.describe(job_id)
+                except Exception:
+                    continue
+            if job.job_state in TERMINAL_STATES:
+                with self._lock:
+                    self._terminal.add(job_id)
+            for callback in self._callbacks_for(job_id):
+                _call(callback, job)
+        for callback in resyncs:
+            _call(callback, client)
+        try:
+            usage = client.gpu.usage()
+        except Exception:
+            return
+        self._deliver_usage(usage)
+
+    def _callbacks_for(self, job_id: str) -> list[Callable]:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def _dispatch(self, event: Any) -> None:
+        from ..models import TERMINAL_STATES, GpuUsage, Job
+
+        self.events += 1
+        if event.id is not None:  # job events carry the durable sequence number
+            self.last_event_id = event.id
+        if event.event == "job" and isinstance(event.data, dict):
+            data = event.data
+            job_id = data.get("job_id")
+            with self._lock:
+                moved = self.queue.observe(data)
+                direct = self._jobs.get(job_id)
+                everyone = self._all_jobs.get(None)
+                queued = job_id in self.queue.positions
+            job = None
+            if direct or everyone or queued:
+                try:
+                    job = Job.from_wire(data)
+                except Exception as error:  # a newer server's shape we cannot read: skip, keep going
+                    self.last_error = f"unreadable job event: {error}"
+                    return
+            with self._lock:
+                if queued:
+                    self._pending[job_id] = job
+                else:
+                    self._pending.pop(job_id, None)
+                if job is not None and job.job_state in TERMINAL_STATES and direct:
+                    self._terminal.add(job_id)
+                shifted = []
+                for other in moved:
+                    previous = self._pending.get(other)
+                    position = self.queue.position(other)
+                    if previous is not None and position is not None:
+                        updated = _with_position(previous, position)
+                        self._pending[other] = updated
+                        shifted.append((updated, self._jobs.get(other)))
+            if job is not None:
+                for callback in direct:
+                    _call(callback, job)
+                for callback in everyone:
+                    _call(callback, job)
+            for updated, callbacks in shifted:
+                for callback in callbacks:
+                    _call(callback, updated)
+                for callback in everyone:
+                    _call(callback, updated)
+            for hook in list(self._event_hooks):
+                _call(hook, job if job is not None else data)
+        elif event.event == "usage" and isinstance(event.data, dict):
+            try:
+                usage = [GpuUsage.from_wire(item) for item in event.data.get("classes", [])]
+            except Exception as error:
+                self.last_error = f"unreadable usage event: {error}"
+                return
+            self._deliver_usage(usage)
+            for hook in list(self._event_hooks):
+                _call(hook, usage)
+
+    def _deliver_usage(self, usage: list) -> None:
+        self.usage = usage
+        with self._lock:
+            callbacks = self._usage.get(None)
+        for callback in callbacks:
+            _call(callback, usage)
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            # A new connection (`%lancefn connect …`) replaces the stream at once.
+            client = self._client_getter()
+            if self._stream_client is not None and client is not self._stream_client:
+                self._interrupt_stream()
+                self._wake.set()
+            with self._lock:
+                callbacks = self._ticks.get(None)
+            for callback in callbacks:
+                if self._stop.is_set():
+                    return
+                _call(callback)
+
+
+def _with_position(job: Any, position: int) -> Any:
+    placement = job.placement.model_copy(update={"queue_position": position})
+    return job.model_copy(update={"placement": placement})
+
+
+def _call(callback: Callable, *args: Any) -> None:
+    try:
+        callback(*args)
+    except Exception:  # one broken widget must not stop the others' updates
+        log.exception("lancefn widget update failed")
+
+
+def _session_client() -> Any:
+    from .. import api
+
+    return api._session.client
+
+
+_listener: Optional[EventListener] = None
+_listener_lock = threading.Lock()
+_atexit_registered = False
+
+
+def get_listener() -> EventListener:
+    """The kernel's listener (created, not started, on first use)."""
+    global _listener
+    with _listener_lock:
+        if _listener is None:
+            _listener = EventListener()
+        return _listener
+
+
+def start_listener() -> EventListener:
+    """Start the kernel's listener if it is not running (widgets call this)."""
+    global _atexit_registered
+    listener = get_listener()
+    listener.start()
+    if not _atexit_registered:
+        atexit.register(stop_listener)
+        _atexit_registered = True
+    return listener
+
+
+def stop_listener(timeout: float = 5.0) -> None:
+    """Stop the kernel's listener threads (subscriptions stay; a new widget starts it again)."""
+    listener = _listener
+    if listener is not None:
+        listener.stop(timeout)
+
+
+def running_threads() -> list[threading.Thread]:
+    """Threads the listener owns that are still alive (empty after `stop_listener()`)."""
+    return [t for t in threading.enumerate() if t.name in ("lancefn-events", "lancefn-widgets-ticker")]
+

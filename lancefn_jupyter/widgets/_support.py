@@ -1,0 +1,117 @@
+"""When to show a widget, and the text/HTML fallbacks every widget carries.
+
+A widget is shown only where a frontend can render it: ipywidgets >= 8 importable and a Jupyter
+kernel (ipykernel) behind IPython. Everywhere else (terminal IPython, scripts, ipywidgets missing or
+too old) the same objects display as text and HTML. Widgets themselves always return the widget view
+*plus* `text/plain` and `text/html`, so nbconvert, GitHub and VS Code read them without the widget
+state (ANCHORS §2 items 1 and 9; the Ray pattern).
+
+`LANCEFN_WIDGETS=0` turns widgets off (text/HTML only); `LANCEFN_WIDGETS=1` forces them on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Optional
+
+log = logging.getLogger("lancefn_jupyter.widgets")
+
+__all__ = [
+    "WIDGET_VIEW_MIME",
+    "widgets_available",
+    "in_frontend_kernel",
+    "use_widgets",
+    "set_widgets",
+    "rich_bundle",
+    "FallbackReprMixin",
+]
+
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+
+_forced: Optional[bool] = None
+_advised = False
+
+
+def widgets_available() -> bool:
+    """ipywidgets >= 8 is importable."""
+    try:
+        import ipywidgets
+    except ImportError:
+        return False
+    try:
+        return int(str(ipywidgets.__version__).split(".")[0]) >= 8
+    except ValueError:
+        return False
+
+
+def in_frontend_kernel() -> bool:
+    """Running inside a Jupyter kernel (which is what carries widget comms to a frontend)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def set_widgets(enabled: Optional[bool]) -> None:
+    """Force widgets on (True) or off (False), or back to auto-detection (None)."""
+    global _forced
+    _forced = enabled
+
+
+def use_widgets() -> bool:
+    """Whether displays should be widgets here (else text/HTML)."""
+    global _advised
+    if _forced is not None:
+        return _forced and widgets_available()
+    env = os.environ.get("LANCEFN_WIDGETS", "").strip().lower()
+    if env in ("0", "false", "no", "off"):
+        return False
+    available = widgets_available()
+    if env in ("1", "true", "yes", "on"):
+        return available
+    if not in_frontend_kernel():
+        return False
+    if not available and not _advised:
+        # INFO, not WARNING (ray-project/ray#35490): the text/HTML display is a fine answer.
+        log.info("lancefn: live widgets need ipywidgets>=8 (pip install -U ipywidgets); showing text instead")
+        _advised = True
+    return available
+
+
+def rich_bundle(make_widget: Callable[[], Any], fallback: Callable[[], tuple[str, str]]) -> dict:
+    """The widget's bundle (view + text + HTML) where widgets work, else text + HTML only."""
+    if use_widgets():
+        try:
+            bundle = make_widget()._repr_mimebundle_()
+            if bundle:
+                return bundle
+        except Exception as error:  # a display must always answer something readable
+            log.info("lancefn: showing text instead of a widget (%s: %s)", type(error).__name__, error)
+    text, markup = fallback()
+    return {"text/plain": text, "text/html": markup}
+
+
+class FallbackReprMixin:
+    """Widget bundle = the widget view + our `text/plain` + `text/html` (put before the widget base)."""
+
+    def _fallback(self) -> tuple[str, str]:  # pragma: no cover - every widget overrides it
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})  # type: ignore[misc]
+        text, markup = self._fallback()
+        bundle["text/plain"] = text
+        bundle["text/html"] = markup
+        return bundle
+
+    def _repr_html_(self) -> str:  # used once a widget is closed (ipywidgets drops its bundle)
+        return self._fallback()[1]
+
+    def __repr__(self) -> str:  # cheap: never serializes traits
+        try:
+            return self._fallback()[0]
+        except Exception:
+            return object.__repr__(self)

@@ -1,0 +1,505 @@
+"""Live widgets against a real control plane on 127.0.0.1 (issue 4).
+
+Jobs run functions that wait for a file the test creates ("gates"), so every state a widget shows
+is reached when the test says so, never by timing. Waits are bounded polls of widget values (the
+listener thread updates them); nothing asserts on elapsed time.
+"""
+
+from __future__ import annotations
+
+import gc
+import html
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import ipywidgets
+import pytest
+
+import lancefn_jupyter.widgets._listener as listener_module
+from lancefn_jupyter import api
+from lancefn_jupyter.widgets import (
+    WIDGET_VIEW_MIME,
+    FunctionCardWidget,
+    GpuClassesWidget,
+    JobsDashboard,
+    JobWidget,
+    get_listener,
+    running_threads,
+    set_widgets,
+    stop_listener,
+)
+from lancefn_jupyter.server.core import PROGRESS_EVENT_INTERVAL_S
+from lancefn_jupyter.widgets._listener import _QueueShadow
+
+DEADLINE_S = 60.0
+
+TWO_CLASSES = """
+[[gpu_classes]]
+name = "default"
+gpu_model = "Simulated A100"
+gpu_memory_bytes = 42949672960
+max_gpu_count_per_worker = 2
+node_selector = { "cloud.google.com/gke-accelerator" = "nvidia-tesla-a100" }
+simulated = 2
+
+[[gpu_classes]]
+name = "big"
+resource_name = "example.com/gpu"
+gpu_model = "Simulated H100"
+gpu_memory_bytes = 85899345920
+max_gpu_count_per_worker = 4
+simulated = 4
+"""
+
+
+def wait_for_file(path: str) -> str:
+    import os
+    import time
+
+    print("waiting for", path, flush=True)
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path
+
+
+def explode(value: int) -> int:
+    if value > 2:
+        raise ValueError(f"value {value} is too big")
+    return value
+
+
+def wait_until(condition, what: str, timeout: float = DEADLINE_S):
+    """Poll `condition()` until truthy; fail (not on timing, on never happening) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+    return value
+
+
+def table_rows(markup: str) -> dict[str, list[str]]:
+    """`<tr><td>…` rows of an HTML table, keyed by their first cell."""
+    rows = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", markup):
+        cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        if cells:
+            rows[cells[0]] = cells
+    return rows
+
+
+def status_text(widget: JobWidget) -> str:
+    return widget.status.value
+
+
+@pytest.fixture
+def fresh_listener():
+    """Each test gets its own kernel-wide listener; none survives the test."""
+    stop_listener()
+    listener_module._listener = None
+    set_widgets(None)
+    yield
+    stop_listener()
+    listener_module._listener = None
+    set_widgets(None)
+    ipywidgets.Widget.close_all()
+
+
+@pytest.fixture
+def cp(control_plane_factory, fresh_listener):
+    cp = control_plane_factory(gpu_classes=TWO_CLASSES)
+    api._session.registered.clear()
+    api.connect(cp.url, cp.api_key)
+    return cp
+
+
+@pytest.fixture
+def gate_fn(cp):
+    return api.gpu_function(num_gpus=1)(wait_for_file)
+
+
+@pytest.fixture
+def gates(tmp_path):
+    class Gates:
+        def __getitem__(self, name) -> str:
+            return str(tmp_path / f"gate-{name}")
+
+        def open(self, name) -> None:
+            Path(self[name]).touch()
+
+    return Gates()
+
+
+def badge_history(widget: JobWidget) -> list[str]:
+    """The states the badge shows, in order, recorded from now on (starting with the current one)."""
+    seen = [widget.state]
+    lock = threading.Lock()
+
+    def record(change):
+        text = change["new"]
+        state = next(s for s in ("pending", "running", "finished", "failed", "cancelled", "timed out") if f">{s}<" in text)
+        with lock:
+            if seen[-1] != state:
+                seen.append(state)
+
+    widget.badge.observe(record, names="value")
+    return seen
+
+
+# ------------------------------------------------------------------------------ pure
+
+
+def test_queue_shadow_moves_jobs_behind_up_when_one_leaves():
+    shadow = _QueueShadow()
+
+    def pending(job_id, position, cls="default"):
+        return {"job_id": job_id, "job_state": "PENDING", "placement": {"gpu_class": cls, "queue_position": position}}
+
+    for i, job_id in enumerate("abc", start=1):
+        assert shadow.observe(pending(job_id, i)) == []
+    shadow.observe(pending("x", 1, cls="big"))
+    # b starts (leaves from position 2): only c, behind it in the same class, moves up.
+    moved = shadow.observe({"job_id": "b", "job_state": "IN_PROGRESS", "placement": {"gpu_class": "default"}})
+    assert moved == ["c"]
+    assert (shadow.position("a"), shadow.position("b"), shadow.position("c"), shadow.position("x")) == (1, None, 2, 1)
+    # a REST read never overrides what the stream already said.
+    assert shadow.observe(pending("c", 5), authoritative=False) == [] and shadow.position("c") == 2
+    shadow.observe({"job_id": "a", "job_state": "CANCELLED", "placement": {"gpu_class": "default"}})
+    assert shadow.position("c") == 1
+
+
+# ------------------------------------------------------------------------ job widget
+
+
+def test_job_widget_follows_pending_running_finished_with_queue_positions(cp, gate_fn, gates):
+    jobs = [gate_fn.submit(gates[i]) for i in range(4)]  # 2 simulated GPUs: 2 run, 2 wait
+    widgets = [JobWidget(job.job_id) for job in jobs]
+    assert get_listener().wait_connected(DEADLINE_S)
+    first, _, third, fourth = widgets
+    wait_until(lambda: first.state == "running", "job 0 running")
+    assert "running on default [sim" in status_text(first)
+    assert third.state == "pending" and fourth.state == "pending"
+    assert "waiting for GPU capacity in class default, position 1" in status_text(third)
+    assert "waiting for GPU capacity in class default, position 2" in status_text(fourth)
+    history = badge_history(third)
+
+    gates.open(0)  # job 0 finishes, job 2 takes its GPU, job 3 moves up
+    wait_until(lambda: first.state == "finished", "job 0 finished")
+    wait_until(lambda: third.state == "running", "job 2 running")
+    wait_until(lambda: "position 1" in status_text(fourth), "job 3 at position 1")
+    assert first.progress.value == first.progress.max == 1 and first.progress_label.value == "1/1 rows (100%)"
+    assert first.cancel_button.disabled and not third.cancel_button.disabled
+
+    for i in range(1, 4):
+        gates.open(i)
+    for widget in widgets:
+        wait_until(lambda w=widget: w.state == "finished", f"{widget.job_id} finished")
+    assert history == ["pending", "running", "finished"]
+    assert all(w.progress.value == w.progress.max and w.progress.bar_style == "success" for w in widgets)
+    assert [job.result() for job in jobs] == [gates[i] for i in range(4)]
+
+
+def test_map_job_progress_bar_follows_rows(cp, gate_fn, gates):
+    job = gate_fn.map([gates[f"row{i}"] for i in range(3)])
+    widget = JobWidget(job.job_id)
+    wait_until(lambda: widget.state == "running", "map job running")
+    assert (widget.progress.value, widget.progress.max) == (0, 3)
+    for i in range(3):
+        # The server coalesces progress events (at most one per PROGRESS_EVENT_INTERVAL_S per job, with
+        # no trailing event), so the next row may only finish once that window has passed.
+        time.sleep(PROGRESS_EVENT_INTERVAL_S * 1.5)
+        gates.open(f"row{i}")
+        wait_until(lambda i=i: widget.progress.value == i + 1, f"{i + 1} rows done")
+        assert widget.progress_label.value.startswith(f"{i + 1}/3 rows")
+    wait_until(lambda: widget.state == "finished", "map job finished")
+    assert widget.progress_label.value == "3/3 rows (100%)"
+
+
+def test_failed_and_timed_out_jobs_show_readable_errors(cp, gates):
+    failing = api.gpu_function(num_gpus=1)(explode)
+    job = failing.map([1, 2, 3])
+    widget = JobWidget(job.job_id, function=failing)
+    wait_until(lambda: widget.state == "failed", "job failed")
+    assert "failed in phase run" in status_text(widget)
+    assert widget.error.layout.display is None and "value 3 is too big" in widget.error.value
+    assert widget.progress.bar_style == "danger" and widget.cancel_button.disabled
+
+    slow = api.gpu_function(num_gpus=1, timeout_s=0.5)(wait_for_file)
+    late = slow.submit(gates["never"])
+    late_widget = JobWidget(late.job_id)
+    wait_until(lambda: late_widget.state == "timed out", "job timed out")
+    assert "timeout" in late_widget.error.value
+
+
+def test_cancel_button_cancels_pending_job(cp, gate_fn, gates):
+    running = [gate_fn.submit(gates[i]) for i in range(2)]
+    pending = gate_fn.submit(gates["p"])
+    widget = JobWidget(pending.job_id)
+    assert widget.state == "pending" and not widget.cancel_button.disabled
+    widget.cancel_button.click()  # what the frontend's click runs in the kernel
+    assert widget.state == "cancelled" and widget.cancel_button.disabled
+    assert pending.refresh().job_state == "CANCELLED"
+    # A running job is cancelled from its widget too; its GPU is freed.
+    first = JobWidget(running[0].job_id)
+    first.cancel_button.click()
+    assert first.state == "cancelled"
+    assert running[0].refresh().job_state == "CANCELLED"
+    gates.open(1)
+    assert running[1].wait(DEADLINE_S).snapshot.job_state == "DONE"
+
+
+def test_logs_toggle_shows_worker_output(cp, gate_fn, gates):
+    job = gate_fn.submit(gates["log"])
+    widget = JobWidget(job.job_id)
+    assert widget.logs_view.layout.display == "none"
+    widget.logs_button.value = True
+    assert widget.logs_view.layout.display is None
+    wait_until(lambda: "waiting for " + gates["log"] in widget.logs_view.value, "the worker's print in the log view")
+    gates.open("log")
+    wait_until(lambda: widget.state == "finished", "finished")
+    widget.logs_button.value = False
+    assert widget.logs_view.layout.display == "none"
+
+
+# ----------------------------------------------------------------------- reprs
+
+
+def test_repr_mimebundles_have_widget_view_and_fallbacks(cp, gate_fn, gates):
+    job = gate_fn.submit(gates["repr"])
+    widget = JobWidget(job.job_id)
+    bundle = widget._repr_mimebundle_()
+    assert set(bundle) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
+    assert bundle[WIDGET_VIEW_MIME]["model_id"] == widget.model_id
+    assert job.job_id in bundle["text/plain"] and "lancefn-state" in bundle["text/html"]
+
+    others = [
+        GpuClassesWidget(),
+        JobsDashboard(),
+        FunctionCardWidget(gate_fn),
+    ]
+    for other in others:
+        bundle = other._repr_mimebundle_()
+        assert set(bundle) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}, type(other)
+    assert "Simulated A100" in others[0]._repr_mimebundle_()["text/plain"]
+    assert job.job_id in others[1]._repr_mimebundle_()["text/plain"]
+    assert gate_fn.version.version in others[2]._repr_mimebundle_()["text/plain"]
+
+    # Handles: a widget where a frontend can show one, text + HTML otherwise.
+    set_widgets(True)
+    assert set(job._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
+    assert job._repr_mimebundle_()[WIDGET_VIEW_MIME]["model_id"] == job._repr_mimebundle_()[WIDGET_VIEW_MIME]["model_id"]
+    assert set(gate_fn._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
+    assert set(api.list_gpu_classes()._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
+    assert set(api.list_jobs()._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
+    set_widgets(None)  # auto: this test process is no kernel, so no widget
+    for shown in (job, gate_fn, api.list_gpu_classes(), api.list_jobs()):
+        assert set(shown._repr_mimebundle_()) == {"text/plain", "text/html"}
+    gates.open("repr")
+
+
+# ---------------------------------------------------------------- other widgets
+
+
+def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
+    widget = GpuClassesWidget()
+    text = widget._fallback()[0]
+    for expected in ("Simulated A100 (simulated)", "40 GiB", "Simulated H100 (simulated)", "80 GiB",
+                     "example.com/gpu", "nvidia.com/gpu", "cloud.google.com/gke-accelerator=nvidia-tesla-a100"):
+        assert expected in text, expected
+    rows = table_rows(widget.table.value)
+    assert rows["default"] == ["default", "Simulated A100 (simulated)", "40 GiB", "2", "nvidia.com/gpu",
+                               "cloud.google.com/gke-accelerator=nvidia-tesla-a100", "0", "2/2", "0/0"]
+    assert rows["big"] == ["big", "Simulated H100 (simulated)", "80 GiB", "4", "example.com/gpu", "-", "0", "4/4", "0/0"]
+
+    jobs = [gate_fn.submit(gates[i]) for i in range(3)]
+    wait_until(lambda: table_rows(widget.table.value)["default"][6:] == ["2", "0/2", "2/1"], "usage: 2 busy, 1 pending")
+    for i in range(3):
+        gates.open(i)
+    for job in jobs:
+        job.wait(DEADLINE_S)
+    wait_until(lambda: table_rows(widget.table.value)["default"][6:] == ["0", "2/2", "0/0"], "usage back to idle")
+    assert widget.usage["default"].gpus_busy == 0
+
+
+def test_jobs_dashboard_live_rows_filters_and_cancel(cp, gate_fn, gates):
+    before = gate_fn.submit(gates["old"])
+    dashboard = JobsDashboard()
+    assert [j.job_id for j in dashboard.visible_jobs()] == [before.job_id]  # existing jobs from REST
+    wait_until(lambda: dashboard.rows[before.job_id].job.job_state == "IN_PROGRESS", "first job running")
+    later = [gate_fn.submit(gates[i]) for i in range(2)]  # one runs, one waits
+    wait_until(lambda: len(dashboard.visible_jobs()) == 3, "new jobs appear live")
+    shown = [j.job_id for j in dashboard.visible_jobs()]
+    assert set(shown) == {later[1].job_id, later[0].job_id, before.job_id} and shown[-1] == before.job_id
+    waiting = dashboard.rows[later[1].job_id]
+    wait_until(lambda: "waiting for default, position 1" in waiting.placement_cell.value, "queue position shown")
+    assert ">pending<" in waiting.state_cell.value
+    assert len(dashboard.grid.children) == 7 * 4  # header + 3 rows of 7 cells
+
+    dashboard.state_filter.value = "PENDING"
+    assert [j.job_id for j in dashboard.visible_jobs()] == [later[1].job_id]
+    assert len(dashboard.grid.children) == 7 * 2
+    dashboard.state_filter.value = ""
+    dashboard.name_filter.value = "no_such_function"
+    assert dashboard.visible_jobs() == []
+    dashboard.name_filter.value = "wait_for"
+    assert len(dashboard.visible_jobs()) == 3
+    assert "wait_for_file" in dashboard.name_filter.options
+
+    waiting.cancel_button.click()
+    assert ">cancelled<" in waiting.state_cell.value and waiting.cancel_button.disabled
+    assert later[1].refresh().job_state == "CANCELLED"
+    gates.open("old")
+    gates.open(0)
+    wait_until(lambda: all(">finished<" in dashboard.rows[j.job_id].state_cell.value for j in (before, later[0])),
+               "dashboard rows finished")
+    assert dashboard.rows[before.job_id].progress.value == 1
+    assert "1 cancelled" in dashboard.summary.value and "2 finished" in dashboard.summary.value
+
+
+def test_function_card_widget_shows_version_and_class_hardware(cp, gate_fn, gates):
+    card = FunctionCardWidget(gate_fn)
+    version = gate_fn.version
+    text = card._fallback()[0]
+    for expected in ("GPU function wait_for_file", version.version, version.artifact.digest[:19], "python_v2",
+                     "1 GPU of class default", "pip: no packages", "Simulated A100, 40 GiB, up to 2 GPUs/worker (simulated)"):
+        assert expected in text, expected
+    assert "0 busy, 2 free of 2 GPUs" in card.usage_label.value
+    job = gate_fn.submit(gates["card"])
+    wait_until(lambda: "1 busy, 1 free of 2 GPUs; 1 running" in card.usage_label.value, "card usage live")
+    gates.open("card")
+    job.wait(DEADLINE_S)
+    wait_until(lambda: "0 busy, 2 free" in card.usage_label.value, "card usage idle")
+
+
+# ------------------------------------------------------------------- the listener
+
+
+def test_job_handle_state_is_live_without_http(cp, gate_fn, gates):
+    watcher = JobWidget(gate_fn.submit(gates["w"]).job_id)  # starts the listener
+    assert get_listener().wait_connected(DEADLINE_S)
+    job = gate_fn.submit(gates["live"])
+    assert job.state in ("pending", "running")  # one REST read (never seen before)
+
+    def no_http():
+        raise AssertionError("Job.state asked over HTTP although the listener is live")
+
+    job.refresh = no_http
+    gates.open("live")
+    wait_until(lambda: job.state == "finished", "job.state from the event stream")
+    gates.open("w")
+    wait_until(lambda: watcher.done, "watcher done")
+
+
+def test_attach_and_dashboard_show_existing_jobs_after_kernel_restart(cp, gate_fn, gates):
+    running = gate_fn.submit(gates["r"]).job_id
+    gate_fn.submit(gates["s"])
+    pending = gate_fn.submit(gates["t"]).job_id
+    # "Kernel restart": a new process has a new client, no handles and no listener.
+    stop_listener()
+    listener_module._listener = None
+    api.connect(cp.url, cp.api_key)
+    job = api.Job.attach(pending)
+    assert job.state == "pending"
+    set_widgets(True)
+    bundle = job._repr_mimebundle_()
+    widget = job._widget
+    assert bundle[WIDGET_VIEW_MIME]["model_id"] == widget.model_id
+    assert "position 1" in status_text(widget)
+    dashboard = JobsDashboard()
+    assert {running, pending} <= {j.job_id for j in dashboard.visible_jobs()}
+    gates.open("r")
+    wait_until(lambda: widget.state == "running", "attached job runs live")
+    wait_until(lambda: ">finished<" in dashboard.rows[running].state_cell.value, "dashboard live after restart")
+    for name in ("s", "t"):
+        gates.open(name)
+    wait_until(lambda: widget.state == "finished", "attached job finished")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_listener_resumes_after_server_sigkill_and_restart(control_plane_factory, fresh_listener, gates):
+    cp = control_plane_factory(gpu_classes=TWO_CLASSES, args=["--port", str(_free_port())])
+    api._session.registered.clear()
+    api.connect(cp.url, cp.api_key)
+    fn = api.gpu_function(num_gpus=1)(wait_for_file)
+    classes = GpuClassesWidget()  # starts the listener before the job exists, so it sees its events
+    listener = get_listener()
+    assert listener.wait_connected(DEADLINE_S)
+    job = fn.submit(gates["k"])
+    widget = JobWidget(job.job_id)
+    wait_until(lambda: widget.state == "running", "running before the kill")
+    wait_until(lambda: table_rows(classes.table.value)["default"][6] == "1", "usage seen")
+    history = badge_history(widget)
+    connects, last_id = listener.connects, listener.last_event_id
+    assert last_id is not None
+
+    cp.kill()
+    wait_until(lambda: not listener.connected, "listener notices the server is gone")
+    url = cp.url
+    cp.start()  # same home, same port: the job is re-queued and started again
+    assert cp.url == url
+    wait_until(lambda: listener.connects > connects, "listener reconnected")
+    assert listener.resumes >= 1  # with Last-Event-ID: the re-queue happened while we were away
+    wait_until(lambda: history[-1] == "running" and "pending" in history, "re-queued then running again")
+    gates.open("k")
+    wait_until(lambda: widget.state == "finished", "finished after the restart")
+    assert history == ["running", "pending", "running", "finished"]
+    assert listener.failures >= 1 and len(running_threads()) == 2
+
+
+def test_listener_follows_a_new_connection(control_plane_factory, fresh_listener, gates):
+    cp = control_plane_factory(gpu_classes=TWO_CLASSES)
+    api._session.registered.clear()
+    api.connect(cp.url, cp.api_key)
+    fn = api.gpu_function(num_gpus=1)(wait_for_file)
+    job = fn.submit(gates["n"])
+    widget = JobWidget(job.job_id)
+    listener = get_listener()
+    wait_until(lambda: widget.state == "running", "running")
+    cp.kill()
+    cp.start()  # a new port this time: `%lancefn connect NEW_URL`
+    api.connect(cp.url, cp.api_key)
+    wait_until(lambda: listener.connected and listener._stream_client is api._session.client, "stream on the new client")
+    gates.open("n")
+    wait_until(lambda: widget.state == "finished", "finished, seen through the new connection")
+
+
+def test_stop_listener_leaves_no_thread_and_unload_stops_it(cp, gate_fn, gates):
+    widget = JobWidget(gate_fn.submit(gates["stop"]).job_id)
+    assert get_listener().wait_connected(DEADLINE_S)
+    assert {t.name for t in running_threads()} == {"lancefn-events", "lancefn-widgets-ticker"}
+    stop_listener()
+    assert running_threads() == [] and not get_listener().running
+    # A new widget starts it again; unloading the extension stops it.
+    JobWidget(widget.job_id)
+    assert len(running_threads()) == 2
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import lancefn_jupyter
+
+    lancefn_jupyter.unload_ipython_extension(InteractiveShell.instance())
+    assert running_threads() == []
+    gates.open("stop")
+
+
+def test_closed_widgets_and_dropped_jobs_are_unsubscribed(cp, gate_fn, gates):
+    listener = get_listener()
+    job = gate_fn.submit(gates["gc"])
+    base = listener.subscriber_count()  # the Job handle's own subscription
+    widgets = [JobWidget(job.job_id), GpuClassesWidget(), JobsDashboard(), FunctionCardWidget(gate_fn)]
+    assert listener.subscriber_count() > base
+    for widget in widgets:
+        widget.close()
+    del widgets, widget
+    gc.collect()
+    assert listener.subscriber_count() == base
+    del job
+    gc.collect()
+    assert listener.subscriber_count() == base - 1
+    gates.open("gc")
