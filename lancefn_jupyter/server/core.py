@@ -256,6 +256,12 @@ class ControlPlane:
     def executor_name(self) -> str:
         return self.executor.name if self.executor is not None else "none"
 
+    @property
+    def _executor_queues(self) -> bool:
+        """The executor queues and places jobs itself (Ray): the core launches them at once,
+        bypassing the scheduler, and they stay PENDING until the executor reports them started."""
+        return bool(getattr(self.executor, "owns_queue", False))
+
     # ---------------------------------------------------------------- lifecycle
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -271,6 +277,9 @@ class ControlPlane:
             self._recover()
             self._started = True
             self._dispatch()
+            if self._executor_queues:  # recovered jobs, oldest first
+                for rec in list(self._active.values()):
+                    self._launch(rec)
 
     def begin_shutdown(self) -> None:
         """First step of a graceful stop (on the loop thread): end streams and long polls now
@@ -334,7 +343,8 @@ class ControlPlane:
                     self._persist(rec, new=False)
                     continue
                 self._active[rec.job_id] = rec
-                self._scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+                if not self._executor_queues:
+                    self._scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
 
     # ---------------------------------------------------------------- functions
 
@@ -494,7 +504,8 @@ class ControlPlane:
                 rows_total=len(rows),
             )
             self._active[rec.job_id] = rec
-            self._scheduler.enqueue(rec.job_id, where.gpu_class, where.num_gpus)
+            if not self._executor_queues:
+                self._scheduler.enqueue(rec.job_id, where.gpu_class, where.num_gpus)
             try:
                 with self.store.batch():
                     self._persist(rec, new=True, rows=rows)
@@ -502,7 +513,12 @@ class ControlPlane:
                 self._active.pop(rec.job_id, None)
                 self._scheduler.release(rec.job_id)
                 raise
-            self._dispatch(changed=where.num_gpus > 0)
+            if self._executor_queues:
+                if self._started:
+                    self._launch(rec)
+                self._publish_usage()
+            else:
+                self._dispatch(changed=where.num_gpus > 0)
             return rec.job_id
 
     @staticmethod
@@ -636,7 +652,28 @@ class ControlPlane:
 
     def gpu_usage(self) -> dict:
         with self._lock:
-            return {"classes": self._scheduler.usage()}
+            return {"classes": self._usage()}
+
+    def _usage(self) -> list[dict]:
+        """GpuUsage per class: the scheduler's, or with an executor that queues (Ray) the
+        GPUs it reports per class and the jobs it is running / holding."""
+        if not self._executor_queues:
+            return self._scheduler.usage()
+        capacity = self.executor.capacity() or {}
+        rows = {
+            spec.name: {"name": spec.name, "gpus_total": int(capacity.get(spec.name, 0)), "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 0}
+            for spec in self.classes.classes
+        }
+        for rec in self._active.values():
+            row = rows.get(rec.gpu_class) if rec.num_gpus else None
+            if row is None:
+                continue
+            if rec.state == IN_PROGRESS:
+                row["gpus_busy"] += rec.num_gpus
+                row["jobs_running"] += 1
+            else:
+                row["jobs_pending"] += 1
+        return list(rows.values())
 
     # ------------------------------------------------------------------- events
 
@@ -659,6 +696,8 @@ class ControlPlane:
             rec.devices = tuple(devices) or rec.devices
             rec.node = node
             self._persist(rec, new=False)
+            if self._executor_queues and rec.num_gpus:
+                self._publish_usage()
 
     @_callback
     def task_progress(self, job_id: str, rows_done: int) -> None:
@@ -845,7 +884,7 @@ class ControlPlane:
         self.bus.publish("job", seq, data)
 
     def _publish_usage(self) -> None:
-        self.bus.publish("usage", None, _dumps({"classes": self._scheduler.usage()}))
+        self.bus.publish("usage", None, _dumps({"classes": self._usage()}))
 
     def _job_wire(self, rec: JobRecord) -> dict:
         """The Job wire form (same omissions as ``Job.to_wire()``), built without pydantic for speed."""
@@ -862,6 +901,8 @@ class ControlPlane:
             if position is not None:
                 placement["waiting_on_capacity"] = True
                 placement["queue_position"] = position
+            elif self._executor_queues and not rec.devices:
+                placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
         if rec.node is not None:
             placement["node"] = rec.node
         progress: dict[str, Any] = {}

@@ -56,6 +56,10 @@ class Executor(ABC):
     """Runs tasks; never decides placement (the core's scheduler does)."""
 
     name: str
+    # True: the executor queues and places jobs itself (Ray: the cluster decides where and when).
+    # The core then launches every job at once without picking devices, keeps it PENDING until
+    # ``task_started``, and reports ``capacity()`` as the GPUs per class in ``/v1/gpu/usage``.
+    owns_queue: bool = False
 
     @abstractmethod
     def start(self, callbacks: ExecutorCallbacks) -> None:
