@@ -146,6 +146,28 @@ def test_progress_of_a_big_map_is_throttled_but_ends_at_the_total(worker):
     assert len(progress) < 1000  # one per row would flood the parent
 
 
+@pytest.mark.timeout(60)
+def test_count_held_back_by_the_throttle_is_sent_while_the_next_row_runs(worker, tmp_path):
+    # Rows 0 and 1 finish at once (the second count is throttled); row 2 blocks until the test has
+    # seen "2 rows done", which only a trailing progress event can deliver.
+    gate = tmp_path / "gate"
+    worker.send(
+        f"""
+        import os, time
+
+        def f(i):
+            while i == 2 and not os.path.exists({str(gate)!r}):
+                time.sleep(0.01)
+            return i
+        """,
+        [{"i": i} for i in range(3)],
+    )
+    while (event := worker.read())["event"] != "progress" or event["rows_done"] < 2:
+        assert event["event"] == "progress"
+    gate.touch()
+    assert worker.events()[-1] == {"event": "result", "results": [0, 1, 2]}
+
+
 def test_raising_function_fails_in_run_with_only_artifact_frames(worker):
     events = worker.run(
         """

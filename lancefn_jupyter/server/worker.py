@@ -41,7 +41,7 @@ __all__ = [
 
 _MODULE = "lancefn_jupyter.server.worker"
 _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the artifact while a task runs
-_PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the last row always reported
+_PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
 _SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
 _FINAL_EVENTS = ("result", "failed")
 
@@ -117,6 +117,52 @@ def _flush_output(captures: Sequence[_Capture]) -> None:
         os.write(capture.fd, _SYNC + b"\n")
     for capture in captures:
         capture.synced.wait(2.0)  # bounded: user code may have re-pointed fd 1/2 elsewhere
+
+
+class _Progress:
+    """Rows done → ``progress`` events: at most one per interval, yet the latest count always goes out.
+
+    A count held back by the throttle is sent by a timer when the interval ends, so a map whose
+    next row is slow never shows a stale count meanwhile.
+    """
+
+    def __init__(self, proto: _Protocol) -> None:
+        self._proto = proto
+        self._lock = threading.Lock()
+        self._latest = self._sent = 0
+        self._sent_at = float("-inf")
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    def update(self, rows_done: int) -> None:
+        with self._lock:
+            self._latest = rows_done
+            wait = self._sent_at + _PROGRESS_INTERVAL_S - time.monotonic()
+            if wait <= 0:
+                self._send()
+            elif self._timer is None:
+                self._timer = threading.Timer(wait, self._trailing)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def close(self) -> None:
+        """Send the final count if it is still held back; nothing is sent after this."""
+        with self._lock:
+            if self._latest > self._sent:
+                self._send()
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _trailing(self) -> None:
+        with self._lock:
+            self._timer = None
+            if not self._closed and self._latest > self._sent:
+                self._send()
+
+    def _send(self) -> None:
+        self._proto.send(event="progress", rows_done=self._latest)
+        self._sent, self._sent_at = self._latest, time.monotonic()
 
 
 class _TaskFailure(Exception):
@@ -231,18 +277,18 @@ def _run_rows(task: dict, proto: _Protocol) -> list:
         )
     entry = _load_entry(task)
     rows = task["rows"]
-    results, last_sent = [], 0.0
-    for index, row in enumerate(rows):
-        try:
-            value = entry(**row)
-        except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
-            where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
-            raise _TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
-        results.append(_to_json(value, f"the result of row {index}" if len(rows) > 1 else "the result"))
-        now = time.monotonic()
-        if index + 1 == len(rows) or now - last_sent >= _PROGRESS_INTERVAL_S:
-            proto.send(event="progress", rows_done=index + 1)
-            last_sent = now
+    results, progress = [], _Progress(proto)
+    try:
+        for index, row in enumerate(rows):
+            try:
+                value = entry(**row)
+            except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
+                where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
+                raise _TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
+            results.append(_to_json(value, f"the result of row {index}" if len(rows) > 1 else "the result"))
+            progress.update(index + 1)
+    finally:
+        progress.close()  # before the final event, so no progress of this task can follow it
     return results
 
 
