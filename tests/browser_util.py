@@ -90,8 +90,15 @@ class JupyterProcess:
     def url(self, path: str = "") -> str:
         return self.base + path.lstrip("/")
 
-    def lab_url(self) -> str:
-        return self.url(f"lab?token={self.token}") if self.token else self.url("lab")
+    def lab_url(self, path: str = "", workspace: Optional[str] = None) -> str:
+        """`<base>lab[/workspaces/<ws>][/tree/<path>][?token=...]`. A named workspace keeps tests
+        that share a server from restoring each other's layout."""
+        url = "lab"
+        if workspace:
+            url += f"/workspaces/{workspace}"
+        if path:
+            url += f"/tree/{path}"
+        return self.url(f"{url}?token={self.token}") if self.token else self.url(url)
 
     def auth_headers(self) -> dict:
         return {"Authorization": f"token {self.token}"} if self.token else {}
@@ -232,18 +239,32 @@ def launch_chromium(playwright, **kwargs):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, **kwargs)
 
 
-def open_lab(page, server: JupyterProcess, timeout_ms: int = 90_000) -> None:
-    """Opens JupyterLab and waits until the shell is up and the splash screen is gone."""
-    page.goto(server.lab_url(), timeout=timeout_ms)
+def open_lab(
+    page, server: JupyterProcess, path: str = "", workspace: Optional[str] = None, timeout_ms: int = 90_000
+) -> None:
+    """Opens JupyterLab (optionally a file, in a named workspace) and waits until the shell is up
+    and the splash screen is gone."""
+    page.goto(server.lab_url(path, workspace), timeout=timeout_ms)
+    wait_lab_ready(page, timeout_ms)
+
+
+def wait_lab_ready(page, timeout_ms: int = 90_000) -> None:
     page.wait_for_selector("#jp-main-dock-panel", timeout=timeout_ms)
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=timeout_ms)
 
 
 def run_command(page, label: str, timeout_ms: int = 30_000) -> None:
-    """Runs a command through the command palette (Ctrl+Shift+C), by its label."""
-    page.keyboard.press("Control+Shift+C")
+    """Runs a command through the command palette, by its label. The palette opens with
+    Ctrl+Shift+C, or through View › Activate Command Palette when an editor kept the keys."""
     palette_input = page.locator(".lm-CommandPalette-input")
-    palette_input.wait_for(state="visible", timeout=timeout_ms)
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+Shift+C")
+    try:
+        palette_input.wait_for(state="visible", timeout=3_000)
+    except Exception:
+        page.locator(".lm-MenuBar-itemLabel", has_text="View").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Activate Command Palette").first.click()
+        palette_input.wait_for(state="visible", timeout=timeout_ms)
     palette_input.fill(label)
     item = page.locator(".lm-CommandPalette-item", has_text=label).first
     item.wait_for(state="visible", timeout=timeout_ms)

@@ -271,6 +271,7 @@ export function mergeJobLists(known: readonly IJob[], fetched: readonly IJob[], 
 export interface IClassRow {
   name: string;
   model: string;
+  /** "80 GiB", or "" when the class does not report GPU memory. */
   memory: string;
   maxPerWorker: string;
   simulated: boolean;
@@ -297,7 +298,8 @@ export function classRows(
     return {
       name: c.name,
       model: c.gpu_model ?? '',
-      memory: formatBytes(c.gpu_memory_bytes),
+      // 0 / missing means "not reported" (simulated classes), not a 0-byte GPU.
+      memory: c.gpu_memory_bytes && c.gpu_memory_bytes > 0 ? formatBytes(c.gpu_memory_bytes) : '',
       maxPerWorker:
         c.max_gpu_count_per_worker !== undefined ? String(c.max_gpu_count_per_worker) : '—',
       simulated: Boolean(c.simulated),

@@ -213,9 +213,8 @@ export class GpuFunctionsPanel extends Widget {
       }
       card.appendChild(top);
       card.appendChild(el('div', 'lf-class-model', row.model || 'unknown GPU model'));
-      card.appendChild(
-        el('div', 'lf-class-hw', `${row.memory} per GPU · max ${row.maxPerWorker} GPUs per worker`)
-      );
+      const memory = row.memory ? `${row.memory} per GPU` : 'GPU memory not reported';
+      card.appendChild(el('div', 'lf-class-hw', `${memory} · max ${row.maxPerWorker} GPUs per worker`));
       const usage = el('div', 'lf-class-usage');
       if (row.total !== null && row.busy !== null) {
         const meter = el('div', 'lf-meter');

@@ -109,20 +109,24 @@ class _LancefnHandler(APIHandler):
 
     def _unreachable(self, target: Optional[ControlPlaneTarget], exc: BaseException) -> None:
         self._state.resolver.invalidate()
-        where = f" at {target.public_dict()['url']}" if target is not None else ""
-        message = f"control plane unreachable{where}: {_describe(exc)}"
+        message = f"control plane unreachable: {_describe(exc, target)}"
         message = _scrub(message.encode(), target.api_key if target else None).decode()
         self.log.warning("lancefn: %s", message)
         self._error(502, "control_plane_unreachable", message)
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, target: Optional[ControlPlaneTarget] = None) -> str:
+    """A one-line reason for the browser (no traceback, no key)."""
     if isinstance(exc, DiscoveryError):
         return str(exc)
-    if isinstance(exc, httpx.TimeoutException):
-        return f"timed out ({type(exc).__name__})"
     text = str(exc) or type(exc).__name__
-    return text if len(text) < 500 else text[:500] + "…"
+    text = text if len(text) < 500 else text[:500] + "…"
+    where = target.public_dict()["url"] if target is not None else "the control plane"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{where} did not answer in time ({type(exc).__name__})"
+    if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+        return f"cannot connect to {where} ({text})"
+    return f"{where}: {text}"
 
 
 def _upstream_headers(target: ControlPlaneTarget, request_id: str, extra: Optional[dict] = None) -> dict:
@@ -161,7 +165,7 @@ class StatusHandler(_LancefnHandler):
             )
         except httpx.HTTPError as exc:
             state.resolver.invalidate()
-            reply["error"] = _scrub(_describe(exc).encode(), target.api_key).decode()
+            reply["error"] = _scrub(_describe(exc, target).encode(), target.api_key).decode()
         else:
             if response.status_code == 200:
                 reply["connected"] = True
@@ -286,7 +290,7 @@ class ProxyHandler(_LancefnHandler):
                 self._unreachable(target, exc)
                 return
             # Mid-stream failure: end the stream; the panel reconnects with Last-Event-ID.
-            self.log.info("lancefn: event stream from the control plane ended: %s", _describe(exc))
+            self.log.info("lancefn: event stream from the control plane ended: %s", _describe(exc, target))
         if not self._finished:
             self.finish()
 

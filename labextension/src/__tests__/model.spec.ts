@@ -222,6 +222,13 @@ describe('GPU classes', () => {
     expect(rows[1]).toMatchObject({ name: 'h100', memory: '80 GiB', simulated: false, usage: '', busy: null });
   });
 
+  it('treats zero or missing memory as not reported', () => {
+    expect(classRows([{ name: 'sim', gpu_memory_bytes: 0 }, { name: 'x' }], new Map()).map(r => r.memory)).toEqual([
+      '',
+      ''
+    ]);
+  });
+
   it('reads usage from an event payload or a plain list and ignores junk', () => {
     expect([...usageMap([{ name: 'x', gpus_total: 1 }]).keys()]).toEqual(['x']);
     expect(usageMap(null).size).toBe(0);

@@ -1,0 +1,298 @@
+"""The "GPU Functions" side panel in a real JupyterLab, driven by headless Debian Chromium.
+
+`jupyter lab --allow-root --no-browser --ServerApp.base_url=/jl/ --IdentityProvider.token=...`
+on 127.0.0.1 with a real control plane (simulated `default` class, 2 GPUs). Jobs run
+`wait_for(path)`, which returns once the test creates the file, so every state change happens
+when the test says so. Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from browser_util import (
+    chromium_missing_reason,
+    built_labextension,
+    free_port,
+    launch_chromium,
+    open_lab,
+    register_gate_function,
+    wait_lab_ready,
+    run_command,
+    screenshot,
+    start_jupyter,
+    submit_gate_job,
+    wait_job_state,
+)
+from conftest import ControlPlaneProcess, make_env
+
+_missing = chromium_missing_reason()
+if _missing is None and built_labextension() is None:
+    _missing = "the labextension is not built: `pip install -e .` (or `npm run build:prod` in labextension/)"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(_missing is not None, reason=_missing or ""),
+]
+
+OPEN_PANEL = "Open GPU Functions Panel"
+PANEL = "#lancefn-gpu-functions"
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.lancefn_errors = errors  # type: ignore[attr-defined]
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+class Lab:
+    def __init__(self, cp: ControlPlaneProcess, server, tmp: Path) -> None:
+        self.cp, self.server, self.tmp = cp, server, tmp
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Iterator[Lab]:
+    """A control plane and a tokened `jupyter lab` under /jl/ proxying to it (shared by the module)."""
+    base = tmp_path_factory.mktemp("panel")
+    cp = ControlPlaneProcess(base / "home", args=[], env=make_env(), log_dir=base).start()
+    server = None
+    try:
+        server = start_jupyter(base / "jupyter", app="lab", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key})
+        yield Lab(cp, server, base)
+    finally:
+        if server is not None:
+            server.stop()
+        cp.stop()
+
+
+def path_of(url: str) -> str:
+    """The URL without its query (JupyterLab adds a cache-busting timestamp to GETs)."""
+    return url.split("?", 1)[0]
+
+
+def job_row(page, job_id: str, state: str):
+    return page.locator(f'{PANEL} .lf-job[data-job-id="{job_id}"][data-state="{state}"]')
+
+
+def open_panel(page) -> None:
+    run_command(page, OPEN_PANEL)
+    page.wait_for_selector(f"{PANEL}:visible")
+    page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
+
+
+def start_busy_notebook(page, server, marker: Path) -> None:
+    """Opens a new notebook (its own kernel) whose cell writes `marker` then sleeps: the kernel
+    stays busy for the rest of the test."""
+    name = f"busy-{marker.name}.ipynb"
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": "busy",
+                "metadata": {},
+                "outputs": [],
+                "source": f"import time\nopen({str(marker)!r}, 'w').write('busy')\ntime.sleep(600)",
+            }
+        ],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (server.root_dir / name).write_text(json.dumps(notebook))
+    open_lab(page, server, path=name, workspace=marker.name)
+    # Run only once the kernel is up: a cell run while the kernel is still starting is dropped.
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=90_000)
+    editor = page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first
+    editor.wait_for()
+    editor.click()
+    page.keyboard.press("Shift+Enter")
+    deadline = time.monotonic() + 90
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the notebook cell never started"
+        time.sleep(0.1)
+
+
+def assert_kernel_busy(page) -> None:
+    prompt = page.locator(".jp-NotebookPanel:visible .jp-Cell .jp-InputPrompt").first
+    assert "[*]" in prompt.inner_text()
+
+
+# --------------------------------------------------------------------------------- tests
+
+
+def test_panel_shows_classes_and_live_jobs_while_the_kernel_is_busy(page, lab):
+    start_busy_notebook(page, lab.server, lab.tmp / "busy-started")
+    open_panel(page)
+
+    gpu_class = page.locator(f'{PANEL} .lf-class[data-class-name="default"]')
+    gpu_class.wait_for()
+    text = gpu_class.inner_text()
+    assert "simulated" in text
+    assert "max 2 GPUs per worker" in text
+    assert "GPU memory not reported" in text  # the simulated class has no memory size
+    page.wait_for_selector(f'{PANEL} .lf-class[data-class-name="default"] .lf-usage-text:text("0 busy / 2 free of 2")')
+
+    with lab.cp.http() as http:
+        version = register_gate_function(http, num_gpus=2)
+        gate_a, gate_b = lab.tmp / "gate-a", lab.tmp / "gate-b"
+        job_a = submit_gate_job(http, "wait_for", version, gate_a)
+        wait_job_state(http, job_a, {"IN_PROGRESS"})
+        job_b = submit_gate_job(http, "wait_for", version, gate_b)  # needs both GPUs too: waits
+
+        job_row(page, job_a, "running").wait_for()
+        pending = job_row(page, job_b, "pending")
+        pending.wait_for()
+        assert "queue #" in pending.inner_text()
+        assert f"wait_for@{version}" in pending.inner_text()
+        running_text = job_row(page, job_a, "running").inner_text()
+        assert "default" in running_text and "2 GPUs (sim0, sim1)" in running_text
+        page.wait_for_selector(f'{PANEL} .lf-usage-text:text("2 busy / 0 free of 2 · 1 pending")')
+        page.wait_for_selector(f'{PANEL} .lf-function[data-function-name="wait_for"] code:text("{version}")')
+        assert_kernel_busy(page)
+        screenshot(page, "panel-running-and-pending")
+
+        gate_a.write_text("go")
+        job_row(page, job_a, "finished").wait_for()
+        job_row(page, job_b, "running").wait_for()
+        gate_b.write_text("go")
+        finished = job_row(page, job_b, "finished")
+        finished.wait_for()
+        assert "1/1 row" in finished.inner_text()
+        assert finished.locator(".lf-job-cancel").is_hidden()
+        page.wait_for_selector(f'{PANEL} .lf-usage-text:text("0 busy / 2 free of 2")')
+        assert_kernel_busy(page)
+        screenshot(page, "panel-finished")
+    assert page.lancefn_errors == []
+
+
+def test_cancel_in_the_panel_stops_a_running_job_while_the_kernel_is_busy(page, lab):
+    start_busy_notebook(page, lab.server, lab.tmp / "busy-started-2")
+    open_panel(page)
+    with lab.cp.http() as http:
+        version = register_gate_function(http, num_gpus=1)
+        job_id = submit_gate_job(http, "wait_for", version, lab.tmp / "gate-never")  # never opened
+        wait_job_state(http, job_id, {"IN_PROGRESS"})
+        row = job_row(page, job_id, "running")
+        row.wait_for()
+        assert_kernel_busy(page)
+        row.locator(".lf-job-cancel").click()
+        job_row(page, job_id, "cancelled").wait_for()
+        assert wait_job_state(http, job_id, {"CANCELLED"})["job_state"] == "CANCELLED"
+        # Its GPU is free again.
+        page.wait_for_selector(f'{PANEL} .lf-usage-text:text("0 busy / 2 free of 2")')
+        assert_kernel_busy(page)
+        screenshot(page, "panel-cancelled")
+
+
+def test_panel_layout_is_restored_after_reload(page, lab):
+    open_lab(page, lab.server, workspace="restore")
+    with page.expect_response(lambda r: "api/workspaces" in r.url and r.request.method == "PUT", timeout=TIMEOUT_MS):
+        open_panel(page)
+    page.reload()
+    wait_lab_ready(page)
+    # No command this time: the restorer reopens it, and it reconnects by itself.
+    page.wait_for_selector(f"{PANEL}:visible")
+    page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
+    page.wait_for_selector(f'{PANEL} .lf-class[data-class-name="default"]')
+
+
+def test_panel_works_under_a_tokenless_server(page, tmp_path, control_plane_factory):
+    cp = control_plane_factory()
+    server = start_jupyter(tmp_path, token="", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key})
+    try:
+        urls: list[str] = []
+        page.on("request", lambda r: urls.append(r.url) if "/lancefn/" in r.url else None)
+        open_lab(page, server)
+        open_panel(page)
+        page.wait_for_selector(f'{PANEL} .lf-class[data-class-name="default"]')
+        assert server.lab_url() == server.url("lab")
+        with cp.http() as http:
+            version = register_gate_function(http)
+            gate = tmp_path / "gate"
+            gate.write_text("open")
+            job_id = submit_gate_job(http, "wait_for", version, gate)
+            job_row(page, job_id, "finished").wait_for()  # arrived over the (cookie-less, token-less) stream
+        assert not any("token=" in u for u in urls)
+        assert server.url("lancefn/api/v1/jobs/events") in urls
+    finally:
+        server.stop()
+
+
+def test_unreachable_control_plane_backs_off_then_recovers(page, tmp_path, control_plane_factory):
+    port = free_port()
+    key = "panel-test-admin-key-0123456789abcdef"
+    server = start_jupyter(tmp_path, env={"LANCEFN_URL": f"http://127.0.0.1:{port}", "LANCEFN_API_KEY": key})
+    try:
+        requests: list[tuple[float, str]] = []
+        page.on("request", lambda r: requests.append((time.monotonic(), r.url)) if "/lancefn/" in r.url else None)
+        statuses: list[int] = []
+        page.on("response", lambda r: statuses.append(r.status) if "/lancefn/" in r.url else None)
+        open_lab(page, server)
+        run_command(page, OPEN_PANEL)
+        status = page.locator(f'{PANEL} .lf-status[data-status="unreachable"]')
+        status.wait_for()
+        assert "control plane unreachable" in status.inner_text()
+        assert "retrying in" in status.inner_text()
+        screenshot(page, "panel-unreachable")
+        start = requests[0][0]
+        page.wait_for_timeout(6_500)  # (not time.sleep: Playwright delivers events while it waits)
+        early = [t - start for t, _ in requests if t - start < 6.5]
+        # Backoff 1 s, 2 s, 4 s: at most 4 status checks in 6.5 s, never a stream of requests.
+        assert 2 <= len(early) <= 4, early
+        assert 404 not in statuses
+        assert all(path_of(u).endswith("/jl/lancefn/status") for _, u in requests)
+
+        # The control plane appears on that port: "Retry now" connects at once.
+        control_plane_factory(env={"LANCEFN_API_KEY": key}, args=["--port", str(port)])
+        page.locator(f"{PANEL} .lf-retry").click()
+        page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
+        page.wait_for_selector(f'{PANEL} .lf-class[data-class-name="default"]')
+        assert key not in page.content()
+    finally:
+        server.stop()
+
+
+def test_missing_server_extension_is_explained_not_polled(page, tmp_path):
+    server = start_jupyter(tmp_path, server_extension=False)
+    try:
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url) if "/lancefn/" in r.url else None)
+        open_lab(page, server)
+        run_command(page, OPEN_PANEL)
+        status = page.locator(f'{PANEL} .lf-status[data-status="no-extension"]')
+        status.wait_for()
+        assert (
+            "lancefn server extension is not enabled: run `jupyter server extension enable lancefn_jupyter`"
+            in status.inner_text()
+        )
+        page.wait_for_timeout(3_000)
+        assert [path_of(u) for u in requests] == [server.url("lancefn/status")], requests
+        screenshot(page, "panel-no-server-extension")
+    finally:
+        server.stop()
