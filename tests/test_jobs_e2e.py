@@ -8,13 +8,11 @@ assert on elapsed time).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 from conftest import register, registration_body
 from test_local_fallback import CELL
 

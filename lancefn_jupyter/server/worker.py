@@ -9,6 +9,9 @@ Child, in short: the protocol goes out on a private dup of the original stdout; 
 re-pointed at pipes whose lines become ``log`` events, so neither ``print`` nor C-level
 ``printf`` can corrupt the protocol; stdin is replaced by /dev/null so user code cannot eat the
 task stream.  Tasks are JSON lines on the original stdin; the worker loops until stdin closes.
+Known limit: output written in the instant before a *hard* death (``os._exit``, a segfault,
+SIGKILL) can be lost, because the thread that forwards it dies with the process; everything
+written before a task ends normally (result or any Python exception) is always delivered.
 
 The module imports only the standard library at top level: a CPU-only task must not pay for
 numba (imported only when the artifact imports it) and ``ready`` must come fast.
@@ -83,6 +86,9 @@ class _Capture(threading.Thread):
         pending = b""
         while chunk := os.read(self._read_fd, 65536):
             *complete, pending = (pending + chunk).split(b"\n")
+            if len(pending) > 65536:  # e.g. "\r" progress bars: never buffer a whole task's output
+                complete.append(pending)
+                pending = b""
             lines, synced = [], False
             for line in complete:
                 if line.endswith(_SYNC):  # a partial line before the marker still counts as a line
