@@ -648,7 +648,8 @@ class ControlPlane:
     # ---------------------------------------------------------------- GPU info
 
     def gpu_classes(self) -> dict:
-        return {"classes": [spec.gpu_class.to_wire() for spec in self.classes.classes]}
+        # Every field, defaults included: SPEC §4 lists them all for this reply.
+        return {"classes": [spec.gpu_class.model_dump(mode="json") for spec in self.classes.classes]}
 
     def gpu_usage(self) -> dict:
         with self._lock:
@@ -887,14 +888,15 @@ class ControlPlane:
         self.bus.publish("usage", None, _dumps({"classes": self._usage()}))
 
     def _job_wire(self, rec: JobRecord) -> dict:
-        """The Job wire form (same omissions as ``Job.to_wire()``), built without pydantic for speed."""
-        placement: dict[str, Any] = {}
-        if rec.gpu_class is not None:
-            placement["gpu_class"] = rec.gpu_class
-        if rec.num_gpus:
-            placement["num_gpus"] = rec.num_gpus
-        if rec.devices:
-            placement["devices"] = list(rec.devices)
+        """The Job wire form, built without pydantic for speed. Placement and progress carry every
+        field (SPEC §4 lists them; the side panel and other tools read them without defaults)."""
+        placement: dict[str, Any] = {
+            "gpu_class": rec.gpu_class,
+            "num_gpus": rec.num_gpus or 0,
+            "devices": list(rec.devices or ()),
+            "waiting_on_capacity": False,
+            "queue_position": None,
+        }
         if rec.state == PENDING:
             # Queued (not yet placed): waiting for its class's GPUs, or a CPU slot.
             position = self._scheduler.queue_position(rec.job_id)
@@ -905,11 +907,7 @@ class ControlPlane:
                 placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
         if rec.node is not None:
             placement["node"] = rec.node
-        progress: dict[str, Any] = {}
-        if rec.rows_done:
-            progress["rows_done"] = rec.rows_done
-        if rec.rows_total:
-            progress["rows_total"] = rec.rows_total
+        progress = {"rows_done": rec.rows_done or 0, "rows_total": rec.rows_total or 0}
         wire: dict[str, Any] = {
             "job_id": rec.job_id,
             "job_type": rec.job_type,
