@@ -265,7 +265,12 @@ _FRAME = re.compile(r'File "<gpu_function [^>]*>", line (\d+)')
 
 
 def map_traceback(
-    text: str, packaged: Optional[PackagedFunction], cell_source: Optional[str], *, line_offset: int = 0
+    text: str,
+    packaged: Optional[PackagedFunction],
+    cell_source: Optional[str],
+    *,
+    line_offset: int = 0,
+    where: str = "cell line {}",
 ) -> str:
     """Rewrite artifact frames to the user's cell lines, with the cell's own source line under each.
 
@@ -286,7 +291,7 @@ def map_traceback(
         if user_line is None:
             out.append(line)
             continue
-        out.append(line[: match.start()] + f"cell line {user_line + line_offset}" + line[match.end() :])
+        out.append(line[: match.start()] + where.format(user_line + line_offset) + line[match.end() :])
         if 0 < user_line <= len(cell_lines):
             out.append("    " + cell_lines[user_line - 1].strip())
             skip_echo = True
@@ -399,10 +404,9 @@ class Job:
             return JobTimedOut(f"job {self.job_id} ({ref}) timed out{detail}", snapshot)
         phase = failure.phase if failure else "unknown"
         message = failure.message if failure else "no failure details"
-        packaged = self._function._packaged if self._function else None
-        cell = self._function._cell_source if self._function else None
-        offset = self._function._line_offset if self._function else 0
-        remote_tb = map_traceback(failure.traceback or "", packaged, cell, line_offset=offset) if failure else ""
+        remote_tb = (failure.traceback or "") if failure else ""
+        if self._function is not None:
+            remote_tb = self._function._map_traceback(remote_tb)
         text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
         if remote_tb:
             text += "\n\nRemote traceback (your code only):\n" + remote_tb
@@ -468,13 +472,14 @@ class GpuFunction:
         options: FunctionOptions,
         *,
         cell_source: Optional[str] = None,
+        line_offset: int = 0,
     ):
         self._fn = fn
         self._packaged = packaged
         self._options = options
         self._cell_source = cell_source
-        # A %%gpu_function cell's body starts on the notebook cell's second line.
-        self._line_offset = 1 if cell_source is not None else 0
+        # Notebook line of the packaged text's line 0 (the magic line, plus any blank lines IPython dropped).
+        self._line_offset = line_offset
         self._version: Optional[FunctionVersion] = None
         self.timeout_s: Optional[float] = options.timeout_s
         self.last_local_device: Optional[str] = None
@@ -519,6 +524,13 @@ class GpuFunction:
             _session.registered[key] = version
         self._version = version
         return version
+
+    def _map_traceback(self, text: str) -> str:
+        """Remote frames shown at the user's lines: the notebook cell's, or the .py file's (decorator)."""
+        if self._cell_source is not None:
+            return map_traceback(text, self._packaged, self._cell_source, line_offset=self._line_offset)
+        filename = getattr(getattr(self._fn, "__code__", None), "co_filename", "<source>")
+        return map_traceback(text, self._packaged, None, where=f'File "{filename}", line {{}}')
 
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -590,7 +602,7 @@ class GpuFunction:
                 timeout_s=self.timeout_s,
             )
         except LocalRunError as error:
-            tb = map_traceback(error.traceback or "", self._packaged, self._cell_source, line_offset=self._line_offset)
+            tb = self._map_traceback(error.traceback or "")
             raise LancefnError(
                 f"{self.name}.local() failed in phase {error.phase}: {error.message}"
                 + (f"\n\nTraceback (your code only):\n{tb}" if tb else "")
@@ -632,14 +644,17 @@ class GpuFunction:
 
 
 def function_from_cell(
-    cell: str, namespace: Mapping[str, Any], options: FunctionOptions
+    cell: str, namespace: Mapping[str, Any], options: FunctionOptions, *, line_offset: int = 0
 ) -> GpuFunction:
-    """Package an already-executed cell and build its handle (the magic's core, usable from Python)."""
+    """Package an already-executed cell and build its handle (the magic's core, usable from Python).
+
+    `line_offset` is how many notebook lines precede `cell`'s first line (remote tracebacks use it).
+    """
     packaged = package_cell(cell, namespace, entry=options.name)
     fn = namespace[packaged.entrypoint]
     if isinstance(fn, GpuFunction):  # the cell's def ran, so this is only a stale handle if re-bound
         fn = fn.__wrapped__
-    handle = GpuFunction(fn, packaged, options, cell_source=cell)
+    handle = GpuFunction(fn, packaged, options, cell_source=cell, line_offset=line_offset)
     if options.register:
         handle.register()
     return handle

@@ -47,7 +47,9 @@ class GpuMagics(Magics):
             # The traceback is already shown; a cell that does not run is not registered.
             return None
         try:
-            handle = api.function_from_cell(source, self.shell.user_ns, options)
+            # The magic line, plus the leading blank lines transform_cell drops, precede the source.
+            offset = 1 + len(cell) - len(cell.lstrip("\n"))
+            handle = api.function_from_cell(source, self.shell.user_ns, options, line_offset=offset)
         except PackagingError as error:
             raise UsageError(f"%%gpu_function: {error}") from None
         except LancefnError as error:
