@@ -255,20 +255,30 @@ def wait_lab_ready(page, timeout_ms: int = 90_000) -> None:
 
 def run_command(page, label: str, timeout_ms: int = 30_000) -> None:
     """Runs a command through the command palette, by its label. The palette opens with
-    Ctrl+Shift+C, or through View › Activate Command Palette when an editor kept the keys."""
+    Ctrl+Shift+C, or through View › Activate Command Palette when an editor kept the keys. The
+    palette is modal and closes when something else takes focus while JupyterLab settles, so
+    each try is short and retried."""
     palette_input = page.locator(".lm-CommandPalette-input")
-    page.keyboard.press("Escape")
-    page.keyboard.press("Control+Shift+C")
-    try:
-        palette_input.wait_for(state="visible", timeout=3_000)
-    except Exception:
-        page.locator(".lm-MenuBar-itemLabel", has_text="View").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Activate Command Palette").first.click()
-        palette_input.wait_for(state="visible", timeout=timeout_ms)
-    palette_input.fill(label)
-    item = page.locator(".lm-CommandPalette-item", has_text=label).first
-    item.wait_for(state="visible", timeout=timeout_ms)
-    item.click()
+    deadline = time.monotonic() + timeout_ms / 1000
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            if not palette_input.is_visible():
+                page.keyboard.press("Escape")
+                if attempt % 2:
+                    page.keyboard.press("Control+Shift+C")
+                else:
+                    page.locator(".lm-MenuBar-itemLabel", has_text="View").first.click(timeout=3_000)
+                    page.locator(".lm-Menu-itemLabel", has_text="Activate Command Palette").first.click(timeout=3_000)
+            palette_input.fill(label, timeout=3_000)
+            item = page.locator(".lm-CommandPalette-item", has_text=label).first
+            item.click(timeout=3_000)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            page.wait_for_timeout(250)
 
 
 def screenshot(page, name: str) -> Path:

@@ -209,6 +209,14 @@ def test_cancel_in_the_panel_stops_a_running_job_while_the_kernel_is_busy(page, 
         assert_kernel_busy(page)
         screenshot(page, "panel-cancelled")
 
+        # A job that runs out of time shows "timed out" and the failure message, without Cancel.
+        late = submit_gate_job(http, "wait_for", version, lab.tmp / "gate-never-2", timeout_s=1)
+        timed_out = job_row(page, late, "timed out")
+        timed_out.wait_for()
+        failure = timed_out.locator(".lf-job-failure")
+        assert failure.is_visible() and failure.inner_text().startswith("timeout:")
+        assert timed_out.locator(".lf-job-cancel").is_hidden()
+
 
 def test_panel_layout_is_restored_after_reload(page, lab):
     open_lab(page, lab.server, workspace="restore")
@@ -237,7 +245,12 @@ def test_panel_works_under_a_tokenless_server(page, tmp_path, control_plane_fact
             gate = tmp_path / "gate"
             gate.write_text("open")
             job_id = submit_gate_job(http, "wait_for", version, gate)
-            job_row(page, job_id, "finished").wait_for()  # arrived over the (cookie-less, token-less) stream
+            job_row(page, job_id, "finished").wait_for()  # arrived over the token-less stream
+            # Cancel is a POST: without a token it is authorised by JupyterLab's XSRF cookie.
+            stuck = submit_gate_job(http, "wait_for", version, tmp_path / "never")
+            job_row(page, stuck, "running").locator(".lf-job-cancel").click()
+            job_row(page, stuck, "cancelled").wait_for()
+            assert wait_job_state(http, stuck, {"CANCELLED"})["job_state"] == "CANCELLED"
         assert not any("token=" in u for u in urls)
         assert server.url("lancefn/api/v1/jobs/events") in urls
     finally:
