@@ -147,3 +147,36 @@ def test_random_workload_invariants():
         assert set(busy) <= set(devices)
     # Jobs start in exactly the order they were enqueued (strict FIFO).
     assert started == enqueued[: len(started)]
+
+
+def test_queue_position_matches_the_queue_order_under_random_operations():
+    """queue_position is computed without walking the queue; it must equal the walk."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(
+        st.tuples(st.sampled_from(["gpu", "cpu", "schedule", "release", "cancel"]), st.integers(0, 50), st.integers(1, 2)),
+        max_size=80,
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(ops)
+    def check(operations):
+        state = SchedulerState({"a": ("d0", "d1", "d2")}, cpu_slots=1)
+        known: list[str] = []
+        for op, pick, gpus in operations:
+            if op in ("gpu", "cpu"):
+                job_id = f"j{len(known)}"
+                state.enqueue(job_id, "a" if op == "gpu" else None, gpus if op == "gpu" else 0)
+                known.append(job_id)
+            elif op == "schedule":
+                state.schedule()
+            elif known:
+                state.release(known[pick % len(known)])  # a running job finishing, or a cancel anywhere
+            for gpu_class in ("a", None):
+                walked = state.queue_positions(gpu_class)
+                for job_id in known:
+                    if state._class_of.get(job_id, "x") == gpu_class:
+                        assert state.queue_position(job_id) == walked.get(job_id), (job_id, operations)
+
+    check()

@@ -11,13 +11,14 @@ Rules (SPEC §4, seed 001):
   placed at the next ``schedule`` call, FIFO, up to ``cpu_slots`` at once (default unlimited;
   the server passes the CPU count so a burst of CPU jobs can't fork hundreds of workers).
 
-No I/O, no clocks, no threads: the core calls these under its own lock.  Everything is
-O(1) per decision except ``queue_positions`` (O(queue)), so thousands of decisions per
-second are cheap.
+No I/O, no clocks, no threads: the core calls these under its own lock.  Every decision is
+O(1), and ``queue_position`` is O(log cancellations) (the core asks it for every PENDING job
+event, so it must not walk a 10,000-job queue); only ``queue_positions`` is O(queue).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -32,6 +33,53 @@ class Placement:
     devices: tuple[str, ...]
 
 
+class _Ranks:
+    """1-based positions in a FIFO without walking it.
+
+    Each queued job gets an increasing ticket.  A job's position is its ticket minus the
+    removed tickets below it: ``popped`` counts removed tickets below every queued one (jobs
+    placed from the head, or cancelled at the head), ``holes`` keeps the other removed tickets
+    (cancelled mid-queue) sorted until the head moves past them.
+    """
+
+    __slots__ = ("tickets", "next", "popped", "holes")
+
+    def __init__(self) -> None:
+        self.tickets: dict[str, int] = {}
+        self.next = 0
+        self.popped = 0
+        self.holes: list[int] = []
+
+    def add(self, job_id: str) -> None:
+        self.tickets[job_id] = self.next
+        self.next += 1
+
+    def remove(self, job_id: str, queue: "OrderedDict[str, object]") -> None:
+        """Forget ``job_id`` (already removed from ``queue``)."""
+        ticket = self.tickets.pop(job_id, None)
+        if ticket is None:
+            return
+        if not queue:
+            self.tickets.clear()
+            self.next = self.popped = 0
+            self.holes.clear()
+            return
+        head = self.tickets[next(iter(queue))]
+        if ticket < head:
+            self.popped += 1
+        else:
+            insort(self.holes, ticket)
+        while self.holes and self.holes[0] < head:
+            self.holes.pop(0)
+            self.popped += 1
+
+    def position(self, job_id: str) -> int | None:
+        ticket = self.tickets.get(job_id)
+        if ticket is None:
+            return None
+        return ticket - self.popped - bisect_left(self.holes, ticket) + 1
+
+
 @dataclass
 class ClassPool:
     """One GPU class: its devices, who holds them, and who waits."""
@@ -43,6 +91,7 @@ class ClassPool:
     free: list[str] = field(default_factory=list)
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job_id -> devices
     queue: "OrderedDict[str, int]" = field(default_factory=OrderedDict)  # job_id -> num_gpus, FIFO
+    ranks: _Ranks = field(default_factory=_Ranks)  # queue positions of ``queue``
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -69,6 +118,7 @@ class SchedulerState:
             name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
         }
         self.cpu_queue: "OrderedDict[str, None]" = OrderedDict()
+        self._cpu_ranks = _Ranks()
         self.cpu_running: set[str] = set()
         self._class_of: dict[str, str | None] = {}  # every job we know about -> its class (None = CPU)
 
@@ -80,6 +130,7 @@ class SchedulerState:
             raise ValueError(f"job {job_id} is already scheduled")
         if num_gpus <= 0:
             self.cpu_queue[job_id] = None
+            self._cpu_ranks.add(job_id)
             self._class_of[job_id] = None
             return
         pool = self.pools.get(gpu_class or "")
@@ -89,6 +140,7 @@ class SchedulerState:
             # Would wait forever; the core validates first, this guards the invariant.
             raise ValueError(f"job {job_id} needs {num_gpus} GPUs but class {gpu_class!r} has {len(pool.devices)}")
         pool.queue[job_id] = num_gpus
+        pool.ranks.add(job_id)
         self._class_of[job_id] = gpu_class
 
     def release(self, job_id: str) -> tuple[str, ...]:
@@ -97,11 +149,13 @@ class SchedulerState:
             return ()
         gpu_class = self._class_of.pop(job_id)
         if gpu_class is None:
-            self.cpu_queue.pop(job_id, None)
+            if self.cpu_queue.pop(job_id, 0) is None:
+                self._cpu_ranks.remove(job_id, self.cpu_queue)
             self.cpu_running.discard(job_id)
             return ()
         pool = self.pools[gpu_class]
-        pool.queue.pop(job_id, None)
+        if pool.queue.pop(job_id, None) is not None:
+            pool.ranks.remove(job_id, pool.queue)
         devices = pool.held.pop(job_id, ())
         pool.give_back(devices)
         return devices
@@ -121,6 +175,7 @@ class SchedulerState:
         placements: list[Placement] = []
         while self.cpu_queue and (self.cpu_slots is None or len(self.cpu_running) < self.cpu_slots):
             job_id, _ = self.cpu_queue.popitem(last=False)
+            self._cpu_ranks.remove(job_id, self.cpu_queue)
             self.cpu_running.add(job_id)
             placements.append(Placement(job_id, None, ()))
         for pool in self.pools.values():
@@ -130,6 +185,7 @@ class SchedulerState:
                 if num_gpus > len(pool.free):
                     break  # strict FIFO: the head blocks everyone behind it
                 queue.popitem(last=False)
+                pool.ranks.remove(job_id, queue)
                 devices = pool.take(num_gpus)
                 pool.held[job_id] = devices
                 placements.append(Placement(job_id, pool.name, devices))
@@ -153,13 +209,8 @@ class SchedulerState:
         if job_id not in self._class_of:
             return None
         gpu_class = self._class_of[job_id]
-        queue = self.cpu_queue if gpu_class is None else self.pools[gpu_class].queue
-        if job_id not in queue:
-            return None
-        for i, queued in enumerate(queue, start=1):
-            if queued == job_id:
-                return i
-        return None  # unreachable
+        ranks = self._cpu_ranks if gpu_class is None else self.pools[gpu_class].ranks
+        return ranks.position(job_id)
 
     def usage(self) -> list[dict]:
         """Per class: gpus_total, gpus_busy, jobs_running, jobs_pending (GpuUsage fields)."""
