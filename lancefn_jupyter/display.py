@@ -14,6 +14,7 @@ from .models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_
 
 __all__ = [
     "format_bytes",
+    "gpu_memory",
     "format_elapsed",
     "job_summary",
     "job_elapsed_s",
@@ -47,6 +48,11 @@ def format_bytes(n: int) -> str:
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def gpu_memory(n: int) -> str:
+    """A class's GPU memory for display; 0 means the config (e.g. a simulated class) did not say."""
+    return format_bytes(n) if n > 0 else "memory not reported"
 
 
 def format_elapsed(seconds: float) -> str:
@@ -119,7 +125,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
             [
                 gpu.name,
                 gpu.gpu_model + (" (simulated)" if gpu.simulated else ""),
-                format_bytes(gpu.gpu_memory_bytes),
+                gpu_memory(gpu.gpu_memory_bytes),
                 str(gpu.max_gpu_count_per_worker),
                 gpu.resource_name,
                 ",".join(f"{k}={v}" for k, v in sorted(gpu.node_selector.items())) or "-",
@@ -216,7 +222,7 @@ def function_card(
     """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware."""
     hw = "unknown class"
     if hardware is not None:
-        hw = f"{hardware.gpu_model}, {format_bytes(hardware.gpu_memory_bytes)}, up to {hardware.max_gpu_count_per_worker} GPUs/worker"
+        hw = f"{hardware.gpu_model}, {gpu_memory(hardware.gpu_memory_bytes)}, up to {hardware.max_gpu_count_per_worker} GPUs/worker"
         if hardware.simulated:
             hw += " (simulated)"
     fields = [

@@ -160,6 +160,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self._snapshot = job
         state = display_state(job.job_state)
         terminal = job.job_state in TERMINAL_STATES
+        self.cancel_button.disabled = terminal  # before the badge, so a terminal badge never shows a live button
         self.badge.value = display.state_badge_html(state)
         self.title.value = (
             f"<span style='margin-left:6px'>job <code title='{html.escape(job.job_id)}'>{html.escape(job.job_id[:12])}</code>"
@@ -174,7 +175,6 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self.progress.value = min(done, self.progress.max) if total else (1 if job.job_state == JobState.DONE else 0)
         self.progress.bar_style = _BAR_STYLE.get(job.job_state, "")
         self.progress_label.value = display.progress_text(job)
-        self.cancel_button.disabled = terminal
         failure = job.failure
         if failure is not None:
             self.error.value = self._error_html(job)
