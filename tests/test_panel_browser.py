@@ -41,7 +41,7 @@ pytestmark = [
 
 OPEN_PANEL = "Open GPU Functions Panel"
 PANEL = "#lancefn-gpu-functions"
-TIMEOUT_MS = 30_000
+TIMEOUT_MS = 45_000
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,18 @@ def lab(tmp_path_factory) -> Iterator[Lab]:
         if server is not None:
             server.stop()
         cp.stop()
+
+
+def saves_open_panel(request) -> bool:
+    """A workspace save (PUT <base>api/workspaces/...) whose left area shows the panel."""
+    if "api/workspaces" not in request.url or request.method != "PUT":
+        return False
+    try:
+        data = json.loads(request.post_data or "{}")
+    except ValueError:
+        return False
+    left = data.get("data", {}).get("layout-restorer:data", {}).get("left", {})
+    return left.get("current") == "lancefn-gpu-functions" and not left.get("collapsed", True)
 
 
 def path_of(url: str) -> str:
@@ -220,8 +232,10 @@ def test_cancel_in_the_panel_stops_a_running_job_while_the_kernel_is_busy(page, 
 
 def test_panel_layout_is_restored_after_reload(page, lab):
     open_lab(page, lab.server, workspace="restore")
-    with page.expect_response(lambda r: "api/workspaces" in r.url and r.request.method == "PUT", timeout=TIMEOUT_MS):
+    # Reload only once the workspace saved with the panel as the open left-area widget.
+    with page.expect_request(saves_open_panel, timeout=60_000) as saved:
         open_panel(page)
+    assert saved.value.response().ok
     page.reload()
     wait_lab_ready(page)
     # No command this time: the restorer reopens it, and it reconnects by itself.
