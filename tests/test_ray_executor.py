@@ -1,0 +1,392 @@
+"""The Ray executor end to end: a real ``lancefn-server --executor ray`` that starts its own
+local Ray (one start for the module) with two simulated GPU classes as logical Ray GPUs and
+class resources, driven over HTTP like every other server test.
+
+Ray is slow to start (~8 s, more on a busy machine), so one server serves the whole module and
+the tests that end it (lost cluster, SIGKILL + restart, stop) come last, in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import ControlPlaneProcess, make_env, register, registration_body
+
+pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+CLASSES = """
+[[gpu_classes]]
+name = "small"
+gpu_model = "Simulated small GPU"
+simulated = 2
+
+[[gpu_classes]]
+name = "big"
+gpu_model = "Simulated big GPU"
+simulated = 1
+"""
+
+PROBE = '''
+import json
+import os
+import sys
+
+import ray
+
+
+def probe(tag: str) -> str:
+    print(f"hello from {tag}")
+    print("to stderr", file=sys.stderr)
+    context = ray.get_runtime_context()
+    return json.dumps({
+        "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "sim": os.environ.get("NUMBA_ENABLE_CUDASIM"),
+        "greeting": os.environ.get("GREETING"),
+        "resources": context.get_assigned_resources(),
+        "node": context.get_node_id(),
+    })
+'''
+
+WAIT = '''
+import os
+import time
+
+
+def wait_for(path: str) -> str:
+    with open(path + ".pid." + str(os.getpid()), "w"):
+        pass
+    while not os.path.exists(path):
+        time.sleep(0.05)
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+'''
+
+FAILING = '''
+def _check(x):
+    if x < 0:
+        raise ValueError(f"x must be >= 0, got {x}")
+    return x
+
+
+def checked(x: int) -> int:
+    return _check(x)
+'''
+
+TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
+SLOW = 120.0  # generous: a first task on a busy 2-core CI box waits for a Ray worker to start
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _short_dir(tmp_path_factory) -> str:
+    """Ray's unix sockets must fit in 107 chars: its temp dir stays short."""
+    base = tmp_path_factory.mktemp("r")
+    if len(str(base)) <= 40:
+        return str(base)
+    return tempfile.mkdtemp(prefix="lfr", dir="/tmp")
+
+
+def _bridge(cp: ControlPlaneProcess) -> psutil.Process:
+    """The server's Ray driver process (whose session holds every Ray process it started)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for child in psutil.Process(cp.proc.pid).children():
+            try:
+                if "_bridge_main" in " ".join(child.cmdline()):
+                    return child
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.1)
+    raise AssertionError("the server started no Ray driver process")
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid:
+                found.append(proc)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return found
+
+
+def _wait_no_session(sid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _session(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(p.pid, p.name()) for p in _session(sid) if p.is_running()]
+    assert not left, f"Ray processes left behind: {left}"
+
+
+def _version(http, name: str, source: str, entrypoint: str, **kwargs) -> str:
+    return register(http, registration_body(name, source=source, entrypoint=entrypoint, **kwargs))["version"]
+
+
+def _run(http, name: str, version: str, rows: list[dict], **extra) -> str:
+    reply = http.post("/v1/functions/run", json={"name": name, "version": version, "rows": rows, **extra})
+    assert reply.status_code == 202, reply.text
+    return reply.json()["job_id"]
+
+
+def _job(http, job_id: str) -> dict:
+    return http.post("/v1/jobs/describe", json={"job_id": job_id}).json()
+
+
+def _until(http, job_id: str, states: tuple[str, ...], timeout: float = SLOW) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _job(http, job_id)
+        if job["job_state"] in states:
+            return job
+        assert job["job_state"] not in TERMINAL, job
+        assert time.monotonic() < deadline, f"job still {job['job_state']} after {timeout}s: {job}"
+        time.sleep(0.05)
+
+
+def _finished(http, job_id: str, timeout: float = SLOW) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 10}).json()
+        if job["job_state"] in TERMINAL:
+            return job
+        assert time.monotonic() < deadline, f"job not finished after {timeout}s: {job}"
+
+
+def _usage(http) -> dict:
+    return {row["name"]: row for row in http.get("/v1/gpu/usage").json()["classes"]}
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
+    base = tmp_path_factory.mktemp("raycp")
+    (base / "classes.toml").write_text(CLASSES)
+    temp_dir = _short_dir(tmp_path_factory)
+    env = make_env(
+        {
+            "RAY_AUTH_MODE": "disabled",  # no token written to ~/.ray for a throwaway cluster
+            "LANCEFN_RAY_TEMP_DIR": temp_dir,
+            "LANCEFN_RAY_LOST_AFTER_S": "10",
+        }
+    )
+    cp = ControlPlaneProcess(
+        base / "home", args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray"], env=env, log_dir=base
+    )
+    cp.start()
+    sessions: list[int] = []
+    cp.sessions = sessions  # every bridge session seen, swept at teardown
+    sessions.append(_bridge(cp).pid)
+    try:
+        yield cp
+    finally:
+        try:
+            cp.stop()
+        except Exception:
+            cp.kill()
+        for sid in sessions:  # never leave Ray behind, even when a test failed half-way
+            for proc in _session(sid):
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def flag(tmp_path) -> Path:
+    """A path the waiting function polls for; create it to let the jobs finish."""
+    return tmp_path / "go"
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+def test_job_runs_on_the_gpu_ids_ray_assigns_with_env_and_logs(ray_cp):
+    with ray_cp.http() as http:
+        assert http.get("/v1/health").json()["executor"] == "ray"
+        version = _version(
+            http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8",
+            gpu_class="small", env={"GREETING": "hi"},
+        )
+        job_id = _run(http, "probe", version, [{"tag": "a"}])
+        job = _finished(http, job_id)
+        assert job["job_state"] == "DONE", job
+        seen = json.loads(job["result"][0])
+        placement = job["placement"]
+        # Ray set CUDA_VISIBLE_DEVICES from the logical GPU ids it assigned, and reported them.
+        assert seen["cvd"] == ",".join(placement["devices"]) and placement["devices"][0].startswith("sim")
+        assert seen["sim"] == "1"  # simulated class → numba CUDA simulator
+        assert seen["greeting"] == "hi"  # the function's env went into runtime_env env_vars
+        assert placement["node"] == seen["node"]
+        assert job["started_ms"] <= job["finished_ms"]
+        logs = http.post("/v1/jobs/logs", json={"job_id": job_id}).json()["lines"]
+        assert "hello from a" in logs and "to stderr" in logs
+        usage = _usage(http)
+        assert usage["small"]["gpus_total"] == 2 and usage["big"]["gpus_total"] == 1  # Ray's class resources
+
+
+def test_two_classes_are_routed_to_their_class_resources(ray_cp):
+    with ray_cp.http() as http:
+        jobs = {}
+        for gpu_class in ("small", "big"):
+            version = _version(
+                http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8", gpu_class=gpu_class
+            )
+            jobs[gpu_class] = _run(http, "probe", version, [{"tag": gpu_class}])
+        for gpu_class, job_id in jobs.items():
+            job = _finished(http, job_id)
+            assert job["job_state"] == "DONE", job
+            assert job["placement"]["gpu_class"] == gpu_class
+            resources = json.loads(job["result"][0])["resources"]
+            assert resources.get(f"lancefn_gpu_class:{gpu_class}") == 1.0, resources
+            assert resources.get("GPU") == 1.0
+            other = {"small": "big", "big": "small"}[gpu_class]
+            assert f"lancefn_gpu_class:{other}" not in resources
+
+
+def test_more_jobs_than_gpus_wait_pending_until_gpus_free(ray_cp, flag):
+    with ray_cp.http() as http:
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small")
+        job_ids = [_run(http, "wait_for", version, [{"path": str(flag)}]) for _ in range(3)]
+        deadline = time.monotonic() + SLOW
+        while True:
+            jobs = [_job(http, job_id) for job_id in job_ids]
+            running = [job for job in jobs if job["job_state"] == "IN_PROGRESS"]
+            if len(running) == 2:
+                break
+            assert len(running) < 2 and time.monotonic() < deadline, jobs
+            time.sleep(0.1)
+        time.sleep(1.5)  # the third stays queued in Ray while both GPUs are held
+        jobs = [_job(http, job_id) for job_id in job_ids]
+        pending = [job for job in jobs if job["job_state"] == "PENDING"]
+        assert len(pending) == 1, jobs
+        assert pending[0]["placement"].get("waiting_on_capacity") is True
+        assert not pending[0]["placement"].get("devices")  # Ray has not placed it yet
+        busy = [tuple(job["placement"]["devices"]) for job in jobs if job["job_state"] == "IN_PROGRESS"]
+        assert len(set(busy)) == 2, busy  # two different GPUs
+        usage = _usage(http)["small"]
+        assert (usage["gpus_busy"], usage["jobs_running"], usage["jobs_pending"]) == (2, 2, 1), usage
+
+        flag.touch()
+        for job_id in job_ids:
+            job = _finished(http, job_id)
+            assert job["job_state"] == "DONE", job
+            assert job["result"] == [",".join(job["placement"]["devices"])]
+        assert _usage(http)["small"]["gpus_busy"] == 0
+
+
+def test_cancel_pending_and_running_jobs_frees_the_gpu(ray_cp, flag):
+    with ray_cp.http() as http:
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        first = _run(http, "wait_for", version, [{"path": str(flag)}])
+        _until(http, first, ("IN_PROGRESS",))
+        second = _run(http, "wait_for", version, [{"path": str(flag)}])
+        time.sleep(1.0)
+        assert _job(http, second)["job_state"] == "PENDING"  # big has one GPU
+
+        assert http.post("/v1/jobs/cancel", json={"job_id": second}).json()["cancelled"] is True
+        assert http.post("/v1/jobs/cancel", json={"job_id": first}).json()["cancelled"] is True
+        assert _job(http, first)["job_state"] == "CANCELLED" and _job(http, second)["job_state"] == "CANCELLED"
+        # The running task's worker process was killed (ray.cancel force=True) ...
+        pids = [int(path.name.rsplit(".", 1)[1]) for path in flag.parent.glob(f"{flag.name}.pid.*")]
+        assert len(pids) == 1, pids  # ... and the pending one never started
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(pids[0]) and psutil.Process(pids[0]).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the cancelled task's worker is still running"
+            time.sleep(0.1)
+        # ... and the class's only GPU is free for the next job.
+        flag.touch()
+        third = _run(http, "wait_for", version, [{"path": str(flag)}])
+        assert _finished(http, third)["job_state"] == "DONE"
+
+
+def test_failure_reports_the_remote_traceback_with_user_frames_only(ray_cp):
+    with ray_cp.http() as http:
+        version = _version(http, "checked", FAILING, "checked", gpu_class="small")
+        job = _finished(http, _run(http, "checked", version, [{"x": 1}, {"x": -1}]))
+        assert job["job_state"] == "FAILED", job
+        failure = job["failure"]
+        assert failure["phase"] == "run"
+        assert "ValueError: x must be >= 0, got -1" in failure["message"] and "row 1 of 2" in failure["message"]
+        traceback = failure["traceback"]
+        assert f"<gpu_function checked@{version}>" in traceback
+        assert "_check" in traceback and 'raise ValueError(f"x must be >= 0, got {x}")' in traceback
+        assert "site-packages" not in traceback and "_run_job" not in traceback  # no Ray or lancefn frames
+
+
+def test_timeout_cancels_the_task(ray_cp, flag):
+    with ray_cp.http() as http:
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        job = _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}], timeout_s=1.5))
+        assert job["job_state"] == "TIMED_OUT", job
+        assert job["failure"]["phase"] == "timeout" and "1.5 s" in job["failure"]["message"]
+        assert job["finished_ms"] - job["started_ms"] >= 1200  # counted from the start on the node (± relay)
+
+
+def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp, flag):
+    with ray_cp.http() as http:
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        job_id = _run(http, "wait_for", version, [{"path": str(flag)}])
+        _until(http, job_id, ("IN_PROGRESS",))
+        old = _bridge(ray_cp)
+        for proc in _session(old.pid):  # the cluster dies under the control plane
+            if proc.name() in ("gcs_server", "raylet"):
+                proc.send_signal(signal.SIGKILL)
+        job = _finished(http, job_id, timeout=60)
+        assert job["job_state"] == "FAILED", job
+        failure = job["failure"]
+        assert failure["phase"] == "executor" and failure["retryable"] is True, failure
+        assert "lost the local Ray" in failure["message"] and "run it again" in failure["message"]
+        _wait_no_session(old.pid)  # the dead cluster's leftovers were swept
+
+        # The executor starts a fresh local Ray; the same job submitted again runs.
+        deadline = time.monotonic() + 30
+        while (new := _bridge(ray_cp)).pid == old.pid:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        ray_cp.sessions.append(new.pid)
+        flag.touch()
+        again = _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))
+        assert again["job_state"] == "DONE", again
+
+
+def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp, flag):
+    with ray_cp.http() as http:
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small")
+        job_id = _run(http, "wait_for", version, [{"path": str(flag)}])
+        _until(http, job_id, ("IN_PROGRESS",))
+    bridge = _bridge(ray_cp)
+    ray_cp.kill()  # SIGKILL: no cleanup in the server itself
+    _wait_no_session(bridge.pid)  # its Ray driver noticed and took the local Ray down with it
+
+    ray_cp.start()
+    ray_cp.sessions.append(_bridge(ray_cp).pid)
+    with ray_cp.http() as http:
+        logs = http.post("/v1/jobs/logs", json={"job_id": job_id}).json()["lines"]
+        assert any("re-queued" in line for line in logs), logs
+        _until(http, job_id, ("IN_PROGRESS",))  # launched again on the new Ray, nothing lost
+        flag.touch()
+        job = _finished(http, job_id)
+        assert job["job_state"] == "DONE", job
+
+
+def test_server_stop_leaves_no_ray_processes(ray_cp):
+    bridge = _bridge(ray_cp)
+    assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
+    assert ray_cp.stop() == 0
+    _wait_no_session(bridge.pid, timeout=10)
