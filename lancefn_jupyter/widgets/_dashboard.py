@@ -15,6 +15,8 @@ import threading
 from typing import Any, Optional, Sequence
 
 import ipywidgets as w
+from ipywidgets.widgets.widget_int import ProgressStyle
+from ipywidgets.widgets.widget_string import HTMLStyle
 
 from .. import display
 from ..client.errors import LancefnError
@@ -65,14 +67,18 @@ class _Row:
     def __init__(self, dashboard: "JobsDashboard", job: Any):
         self.job_id = job.job_id
         self.job = job
-        self.id_cell = w.HTML(f"<code title='{html.escape(job.job_id)}'>{html.escape(job.job_id[:12])}</code>")
-        self.function_cell = w.HTML()
-        self.state_cell = w.HTML()
-        self.placement_cell = w.HTML()
-        self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="120px"))
-        self.detail_cell = w.HTML()
+        # Rows share their Layout/Style models: a row is 7 models instead of 21 (widget creation is
+        # what a new job costs on the listener thread).
+        shared = dashboard._shared
+        cell = {"layout": shared["cell"], "style": shared["html"]}
+        self.id_cell = w.HTML(f"<code title='{html.escape(job.job_id)}'>{html.escape(job.job_id[:12])}</code>", **cell)
+        self.function_cell = w.HTML(**cell)
+        self.state_cell = w.HTML(**cell)
+        self.placement_cell = w.HTML(**cell)
+        self.progress = w.IntProgress(value=0, min=0, max=1, layout=shared["bar"], style=shared["bar_style"])
+        self.detail_cell = w.HTML(**cell)
         self.cancel_button = w.Button(description="Cancel", icon="stop", tooltip=f"Cancel job {job.job_id}",
-                                      layout=w.Layout(width="auto"))
+                                      layout=shared["button"], style=shared["button_style"])
         self.cancel_button.on_click(lambda _b, job_id=job.job_id: dashboard.cancel(job_id))
         self.cells = [self.id_cell, self.function_cell, self.state_cell, self.placement_cell, self.progress,
                       self.detail_cell, self.cancel_button]
@@ -101,7 +107,7 @@ class _Row:
 
     def close(self) -> None:
         for cell in self.cells:
-            cell.close()
+            cell.close()  # shared layouts/styles stay open: the dashboard closes them
 
 
 class JobsDashboard(FallbackReprMixin, w.VBox):
@@ -130,6 +136,14 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self.rows: dict[str, _Row] = {}
         self._touched: set[str] = set()  # ids changed by events since the last REST read began
         self._shown: list[str] = []
+        self._shared = {
+            "cell": w.Layout(width="auto"),
+            "html": HTMLStyle(),
+            "bar": w.Layout(width="120px"),
+            "bar_style": ProgressStyle(),
+            "button": w.Layout(width="auto"),
+            "button_style": w.ButtonStyle(),
+        }
         states = {value for _, value in STATE_OPTIONS}
         self.state_filter = w.Dropdown(
             options=STATE_OPTIONS, value=state if state in states else "", description="state",
@@ -290,12 +304,15 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self._load(self._client)
 
     def close(self) -> None:
+        if not hasattr(self, "grid"):  # failed half-way through __init__
+            return super().close()
         self._listener.unsubscribe(self)
         with self._lock:
             for row in self.rows.values():
                 row.close()
             self.rows.clear()
-        for widget in (self.state_filter, self.name_filter, self.summary, self.message, self.grid, *self._header):
+        for widget in (self.state_filter, self.name_filter, self.summary, self.message, self.grid, *self._header,
+                       *self._shared.values()):
             widget.close()
         for box in list(self.children):
             box.close()
