@@ -125,10 +125,9 @@ def ensure_server(
             break
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)
-    raise EmbeddedServerError(
-        f"the embedded control plane did not start within {timeout:.0f}s; its log is {log_path}"
-        + _log_tail(log_path)
-    )
+    code = proc.poll()
+    what = f"exited with code {code}" if code is not None else f"did not start within {timeout:.0f}s"
+    raise EmbeddedServerError(f"the embedded control plane {what}; its log is {log_path}" + _log_tail(log_path))
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

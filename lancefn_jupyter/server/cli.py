@@ -74,12 +74,21 @@ def _write_private(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.fchmod(fd, 0o600)
+            data = text.encode("utf-8")
+            if os.write(fd, data) != len(data):
+                raise OSError(f"short write to {tmp}")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _admin_key(home: Path) -> str:
@@ -182,12 +191,37 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
+    info_text = json.dumps(info, indent=2) + "\n"
+    failed_to_publish = False
+
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list | None = None) -> None:
+            nonlocal failed_to_publish
             await super().startup(sockets=sockets)
             if self.started and not self.should_exit:
-                _write_private(server_json, json.dumps(info, indent=2) + "\n")
+                try:
+                    _write_private(server_json, info_text)
+                except OSError as error:  # e.g. a full disk, or a directory in the way
+                    print(f"lancefn-server: cannot write {server_json} ({error}); fix or free the home directory", file=sys.stderr, flush=True)
+                    failed_to_publish = self.should_exit = True
+                    return
                 print(f"lancefn-server listening on {url}", flush=True)
+
+        async def on_tick(self, counter: int) -> bool:
+            # The lock holder is the only rightful writer of server.json: if it was deleted or
+            # overwritten while we run, put it back so clients (which find us only through it) recover.
+            if counter % 10 == 0 and self.started and not failed_to_publish:
+                try:
+                    current = server_json.read_text("utf-8")
+                except OSError:
+                    current = None
+                if current != info_text:
+                    try:
+                        _write_private(server_json, info_text)
+                        log.warning("%s was missing or changed; rewrote it", server_json)
+                    except OSError:
+                        pass  # e.g. the disk is full; tried again on the next tick
+            return await super().on_tick(counter)
 
         async def shutdown(self, sockets: list | None = None) -> None:
             core.begin_shutdown()  # end SSE streams and long polls so they don't delay the stop
@@ -215,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         store.close()
         lock.close()
-    return 0 if server.started else 1
+    return 0 if server.started and not failed_to_publish else 1
 
 
 if __name__ == "__main__":
