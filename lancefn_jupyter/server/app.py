@@ -9,7 +9,8 @@ would get 400 instead of 401.  Parsing inside the route keeps the order auth →
 
 No input may produce a 5xx and no error carries a stack trace: ``_Guard`` (outermost of
 our middleware) turns anything unexpected into a 400 ``request_failed`` envelope and logs
-the traceback server-side only.
+the traceback server-side only.  The one 5xx is not caused by input: a full disk answers
+507 ``insufficient_storage`` (nothing from that request is saved; retry once space frees).
 """
 
 from __future__ import annotations
@@ -169,6 +170,22 @@ async def _parse(request: Request, model: type[_Body]) -> Any:
 # -------------------------------------------------------------------- middleware
 
 
+_STORAGE_FULL_MESSAGE = (
+    "the control plane's disk is full, so this request was not saved (nothing changed); "
+    "free space on the filesystem of its home directory and retry"
+)
+
+
+def _storage_full(error: BaseException) -> bool:
+    """A full disk (SQLite's SQLITE_FULL or ENOSPC/EDQUOT/EFBIG from a write)."""
+    import errno
+    import sqlite3
+
+    if isinstance(error, sqlite3.OperationalError):
+        return "full" in str(error)
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def _envelope(status: int, code: str, message: str, request_id: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message, "request_id": request_id}}, status_code=status)
 
@@ -237,7 +254,13 @@ class _Guard:
             inner_receive = receive
         try:
             await self.app(scope, inner_receive, send_with_id)
-        except Exception:
+        except Exception as error:
+            if _storage_full(error):
+                # Not a bug and not the client's fault: 507 Insufficient Storage, and no traceback spam.
+                log.error("%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error)
+                if not started:
+                    await reply(507, "insufficient_storage", _STORAGE_FULL_MESSAGE)
+                return
             log.exception("unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id)
             if not started:
                 await reply(
@@ -324,6 +347,8 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         rid = _request_id(request)
+        if _storage_full(error):
+            return _envelope(507, "insufficient_storage", _STORAGE_FULL_MESSAGE, rid)
         log.error("unexpected error (request %s): %s", rid, type(error).__name__)
         return _envelope(400, "request_failed", f"the server could not process this request (request id {rid}); see the server log", rid)
 

@@ -153,7 +153,14 @@ class Store:
                 raise
             self._depth -= 1
             if self._depth == 0:
-                self._db.execute("COMMIT")
+                try:
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    # e.g. SQLITE_FULL: SQLite may leave the transaction open, and a later COMMIT
+                    # would then save changes the caller was told failed.
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
