@@ -440,6 +440,10 @@ class Job:
 # --------------------------------------------------------------------------------- function handles
 
 
+def _echo_log(stream: str, lines: list[str]) -> None:
+    print("\n".join(lines), file=sys.stderr if stream == "stderr" else sys.stdout)
+
+
 def _request_key(request: FunctionRegistrationRequest) -> str:
     return hashlib.sha256(request.to_canonical_json().encode()).hexdigest()
 
@@ -600,6 +604,7 @@ class GpuFunction:
                 packages=self._request.runtime.environment.packages if self._request.runtime.environment else (),
                 env=env,
                 timeout_s=self.timeout_s,
+                on_log=_echo_log,  # the function's prints show up live, as they would in the kernel
             )
         except LocalRunError as error:
             tb = self._map_traceback(error.traceback or "")

@@ -68,7 +68,7 @@ def test_kernel_cell_same_results_locally_and_as_a_job(ip):
     assert double_all.remote([5.0]) == [10.0]
 
 
-def test_remote_error_shows_the_cells_frames_and_job_id(ip):
+def test_remote_error_shows_the_cells_frames_and_job_id(ip, capsys):
     ip.run_cell_magic("gpu_function", "", FAILING_CELL)
     ratio = ip.user_ns["ratio"]
     with pytest.raises(api.RemoteFunctionError) as raised:
@@ -82,6 +82,7 @@ def test_remote_error_shows_the_cells_frames_and_job_id(ip):
     with pytest.raises(Exception) as local_error:
         ratio.local(3, 0)
     assert "cell line 4" in str(local_error.value) and "ZeroDivisionError" in str(local_error.value)
+    assert "computing 3 0" in capsys.readouterr().out  # .local() shows the function's prints live
 
 
 def test_cancel_attach_and_pending_state(ip, tmp_path):
