@@ -5,7 +5,8 @@ what nbconvert/GitHub render without a kernel) must show a pending job with its 
 the GPUs are busy, and at the end every job finished with its progress bar at 100 %. The updates
 come from the kernel's background listener thread; nbclient records them because they carry the
 executing cell's parent header. Jobs wait for files a notebook cell creates, so nothing depends on
-timing; in-kernel waits are bounded loops.
+timing; in-kernel waits are bounded loops. A second kernel (what a restart gives) then shows the same
+jobs again through `%gpu_jobs` and `Job.attach(job_id)`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -97,7 +99,7 @@ class WidgetState:
         return found
 
 
-def test_notebook_widget_state_shows_queue_position_then_all_finished(control_plane, tmp_path):
+def test_notebook_widget_state_shows_queue_position_then_all_finished_and_again_after_restart(control_plane, tmp_path):
     cp = control_plane  # the default class: 2 simulated GPUs
     gate_dir = tmp_path / "gates"
     gate_dir.mkdir()
@@ -156,3 +158,22 @@ def test_notebook_widget_state_shows_queue_position_then_all_finished(control_pl
     dashboard_output = nb.cells[5].outputs[0]["data"]
     assert dashboard_output["text/plain"].count("finished") == 3
     json.dumps(final)  # the saved state is plain JSON
+
+    # After a kernel restart (a new kernel process): `%gpu_jobs` and `Job.attach` show the jobs again.
+    job_id = re.search(r"<code title='([0-9a-f]+)'>", after[0]["html"]).group(1)
+    again = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
+        f"%load_ext lancefn_jupyter\n%lancefn connect {cp.url}",
+        "%gpu_jobs",
+        f"from lancefn_jupyter import Job\nJob.attach({job_id!r})",
+    )])
+    NotebookClient(
+        again, timeout=180, kernel_name="python3", store_widget_state=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute(env=env)
+    state = WidgetState(again.metadata["widgets"][WIDGET_STATE]["state"])
+    (dashboard,) = state.boxes("lancefn-jobs-dashboard")
+    values = [m["state"].get("value") for m in state.descendants(dashboard)]
+    assert sum(isinstance(v, str) and "lancefn-state-finished" in v for v in values) == 3
+    (attached,) = state.job_widgets()
+    assert job_id in attached["html"] and "lancefn-state-finished" in attached["html"]
+    assert attached["progress"] == (1, 1)
