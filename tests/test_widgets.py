@@ -11,6 +11,7 @@ import gc
 import html
 import re
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -297,6 +298,19 @@ def test_repr_mimebundles_have_widget_view_and_fallbacks(cp, gate_fn, gates):
     for shown in (job, gate_fn, api.list_gpu_classes(), api.list_jobs()):
         assert set(shown._repr_mimebundle_()) == {"text/plain", "text/html"}
     gates.open("repr")
+
+
+def test_without_ipywidgets_everything_shows_as_text_and_html(cp, gate_fn, gates, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # `import ipywidgets` now fails
+    monkeypatch.setenv("LANCEFN_WIDGETS", "1")  # even when asked for widgets
+    job = gate_fn.submit(gates["plain"])
+    for shown in (job, gate_fn, api.list_gpu_classes(), api.list_jobs()):
+        bundle = shown._repr_mimebundle_()
+        assert set(bundle) == {"text/plain", "text/html"}
+    assert job.job_id in job._repr_mimebundle_()["text/plain"]
+    assert "lancefn-state" in job._repr_mimebundle_()["text/html"]
+    assert job._widget is None and not get_listener().running
+    gates.open("plain")
 
 
 # ---------------------------------------------------------------- other widgets
