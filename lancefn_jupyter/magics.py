@@ -70,7 +70,8 @@ class GpuMagics(Magics):
             if not defined:
                 print("no profiles defined; e.g. %gpu_profile big num_gpus=2 gpu_class=default pip=numpy")
             for profile in defined.values():
-                print(profile)
+                names = f" env names: {', '.join(k for k, _ in profile.env)}" if profile.env else ""
+                print(f"{profile!r}{names}")
             return None
         try:
             profile = parse_profile_line(line)

@@ -23,7 +23,7 @@ import difflib
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .models import FunctionResourceRequirements, PythonEnvironmentSpec, PythonRuntimeSpec
@@ -224,7 +224,8 @@ class ComputeProfile:
     pip: Optional[tuple[str, ...]] = None
     conda: Optional[tuple[str, ...]] = None
     conda_channels: Optional[tuple[str, ...]] = None
-    env: Optional[tuple[tuple[str, str], ...]] = None
+    # repr=False: env values may be secrets and must never be echoed back (repr, %gpu_profile, errors).
+    env: Optional[tuple[tuple[str, str], ...]] = field(default=None, repr=False)
     python_version: Optional[str] = None
     image: Optional[str] = None
     timeout_s: Optional[float] = None
@@ -252,7 +253,7 @@ class FunctionOptions:
     pip: tuple[str, ...] = ()
     conda: tuple[str, ...] = ()
     conda_channels: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # values may be secrets
     python_version: Optional[str] = None
     image: Optional[str] = None
     profile: Optional[str] = None
