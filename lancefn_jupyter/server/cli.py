@@ -22,8 +22,10 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -177,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # e.g. ray not installed; say so instead of a traceback
         return _fail(f"cannot create the {args.executor!r} executor: {error}")
 
-    store = Store(home / DB_FILENAME)
+    try:
+        store = Store(home / DB_FILENAME)
+    except (sqlite3.Error, OSError) as error:
+        full = shutil.disk_usage(home).free < (1 << 20)
+        hint = f"the disk holding {home} is full; free some space" if full else "check that the home directory is writable"
+        print(f"lancefn-server: cannot open the state database {home / DB_FILENAME} ({error}); {hint}", file=sys.stderr, flush=True)
+        return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
     core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__)
     app = create_app(core, api_keys=api_keys, max_body_bytes=args.max_body_bytes)
     server_json = home / SERVER_JSON
@@ -192,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     info_text = json.dumps(info, indent=2) + "\n"
+    info_bytes = info_text.encode("utf-8")
     failed_to_publish = False
 
     class _Server(uvicorn.Server):
@@ -212,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
             # overwritten while we run, put it back so clients (which find us only through it) recover.
             if counter % 10 == 0 and self.started and not failed_to_publish:
                 try:
-                    current = server_json.read_text("utf-8")
+                    current = server_json.read_bytes()
                 except OSError:
                     current = None
-                if current != info_text:
+                if current != info_bytes:
                     try:
                         _write_private(server_json, info_text)
                         log.warning("%s was missing or changed; rewrote it", server_json)
