@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 from conftest import register, registration_body
 from test_jobs_e2e import describe, logs, process_gone, submit, usage, wait_done, wait_until
@@ -27,18 +26,18 @@ IDLE_USAGE = {"name": "default", "gpus_total": 2, "gpus_busy": 0, "jobs_running"
 
 
 def worker_pids(cp) -> set[int]:
-    """Live worker processes of a control plane (its children running the worker module)."""
-    try:
-        children = psutil.Process(cp.proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return set()
+    """Live worker processes of a control plane (its children running the worker module), from /proc."""
     pids = set()
-    for child in children:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            if "lancefn_jupyter.server.worker" in " ".join(child.cmdline()):
-                pids.add(child.pid)
-        except psutil.Error:
-            pass
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if int(stat[1]) == cp.proc.pid and stat[0] != "Z" and b"lancefn_jupyter.server.worker" in cmdline:
+            pids.add(int(entry.name))
     return pids
 
 
