@@ -62,7 +62,7 @@ from .gpu_classes import GpuClassConfig
 from .scheduler import SchedulerState
 from .store import JobRecord, Store
 
-__all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "MAX_REQUEUES"]
+__all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "redact_definition", "MAX_REQUEUES", "REDACTED"]
 
 log = logging.getLogger("lancefn.server")
 
@@ -116,6 +116,19 @@ def _clean_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode("utf-8")
+
+
+REDACTED = "<redacted>"
+
+
+def redact_definition(definition: dict) -> dict:
+    """A FunctionVersion as replies show it: ``runtime.env`` values (often tokens or passwords)
+    replaced by ``<redacted>``, names kept.  The stored definition keeps the values for the
+    executor, and ``runtime_digest`` still covers them, so changing a value gives a new version."""
+    runtime = definition.get("runtime")
+    if not isinstance(runtime, dict) or not runtime.get("env"):
+        return definition
+    return {**definition, "runtime": {**runtime, "env": {name: REDACTED for name in runtime["env"]}}}
 
 
 def _encode_token(seq: int) -> str:
@@ -391,7 +404,7 @@ class ControlPlane:
                     finished_ms=now,
                     spec={"name": request.name, "version": vid},
                     name=request.name,
-                    result=json.loads(definition),
+                    result=redact_definition(json.loads(definition)),
                 )
                 self._persist(rec, new=True)
             return rec.job_id
@@ -446,7 +459,7 @@ class ControlPlane:
         definition, dropped = self._version(name, version)
         if dropped:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to restore it")
-        return definition
+        return redact_definition(definition)
 
     def list_functions(self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100) -> dict:
         after = _decode_token(page_token) or 0
@@ -456,7 +469,7 @@ class ControlPlane:
         for seq, fname, fversion, definition in rows[:limit]:
             item: dict[str, Any] = {"name": fname, "version": fversion}
             if include_definition:
-                item["definition"] = json.loads(definition)
+                item["definition"] = redact_definition(json.loads(definition))
             reply["functions"].append(item)
         if len(rows) > limit:
             reply["page_token"] = _encode_token(rows[limit - 1][0])
