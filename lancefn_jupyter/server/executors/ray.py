@@ -70,10 +70,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CLASS_RESOURCE_PREFIX = "lancefn_gpu_class:"
+_NAMESPACE = "lancefn"  # Ray namespace of the event hub actors
 _SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach Ray or user code
 _MAX_SOCKET_DIR = 40  # Ray's unix sockets live under <temp_dir>/session_…/sockets (107-char limit)
 _OUTCOME_GRACE_S = 5.0  # how long an outcome waits for the task's last events to arrive
 _CAPACITY_POLL_S = 2.0
+_HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
 _LOG_BATCH_S = 0.05  # a task's output lines are sent to the hub at most this often per batch
 _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
 
@@ -614,7 +616,10 @@ class _Driver:
         self.stopping = threading.Event()
         self.last_ok = time.monotonic()
         self.capacity: dict[str, int] = {}
-        self.hub = ray.remote(num_cpus=0)(_EventHub).remote()
+        # Named, so tasks look it up once per worker process instead of receiving a handle
+        # with every task (a handle argument costs each task a borrower round trip).
+        self.hub_name = f"lancefn-hub-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
+        self.hub = ray.remote(num_cpus=0)(_EventHub).options(name=self.hub_name, namespace=_NAMESPACE).remote()
         ray.get(self.hub.drain.remote(0.0), timeout=120)
         # CPU and simulated tasks reuse warm workers; real-GPU tasks get a fresh process each.
         self.reusable = ray.remote(max_calls=0)(_run_job)
@@ -625,7 +630,11 @@ class _Driver:
     # ------------------------------------------------------------------ commands (main thread)
 
     def serve(self) -> None:
-        self.proto.send(event="ready", capacity=self.capacity, address=self.ray.get_runtime_context().gcs_address)
+        try:
+            address = self.ray.get_runtime_context().gcs_address
+        except Exception:  # e.g. Ray Client (ray://) connections
+            address = self.config.get("address") or "local"
+        self.proto.send(event="ready", capacity=self.capacity, address=address)
         for target, name in ((self._pump, "pump"), (self._report, "report"), (self._watch, "watch")):
             threading.Thread(target=target, name=f"lancefn-ray-{name}", daemon=True).start()
         for line in sys.stdin.buffer:
@@ -657,6 +666,7 @@ class _Driver:
         remote = self.fresh if gpus and not job.get("simulated") else self.reusable
         payload = {
             "job_id": job_id,
+            "hub": self.hub_name,
             "task": {
                 "task_id": job_id,
                 "artifact_b64": job["artifact_b64"],
@@ -670,7 +680,7 @@ class _Driver:
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
         try:
-            ref = remote.options(**options).remote(self.hub, payload)
+            ref = remote.options(**options).remote(payload)
         except Exception as error:  # e.g. an invalid runtime_env
             with self.lock:
                 self.jobs.pop(job_id, None)
@@ -688,8 +698,13 @@ class _Driver:
 
     def _runtime_env(self, job: dict) -> dict:
         env_vars = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
+        # Ray pools warm workers per runtime_env: these keep simulated tasks (numba imported in
+        # simulator mode) and real-GPU tasks (a fresh process each) out of each other's and the
+        # CPU tasks' workers.
         if job.get("simulated"):
             env_vars["NUMBA_ENABLE_CUDASIM"] = "1"
+        elif job.get("num_gpus"):
+            env_vars["LANCEFN_RAY_WORKER"] = "gpu"
         runtime_env: dict[str, Any] = {}
         if env_vars:
             runtime_env["env_vars"] = env_vars
@@ -777,6 +792,8 @@ class _Driver:
             if kind == "progress":
                 record.rows_done = int(event.get("rows_done", 0))
             parked = record.outcome if record.outcome and record.seen >= record.outcome.get("last_seq", 0) else None
+            if parked is not None:
+                record.outcome = None
         self.proto.send(job_id=job_id, **event)
         if parked is not None:
             self._finish(job_id, parked)
@@ -796,6 +813,8 @@ class _Driver:
         self._finish(job_id, value)
 
     def _finish(self, job_id: str, value: dict) -> None:
+        for seq, event in value.get("tail") or ():  # events the task had not pushed to the hub
+            self._relay(job_id, seq, event)
         with self.lock:
             record = self.jobs.pop(job_id, None)
             if record is None or record.finished:
@@ -819,6 +838,7 @@ class _Driver:
                     expired.append(record)
                 elif record.outcome is not None and now >= record.outcome_due:
                     overdue.append((record.job_id, record.outcome))
+                    record.outcome = None
         for record in expired:
             self._cancel_ref(record.ref)
             self.proto.send(
@@ -1007,17 +1027,51 @@ class _EventHub:
 
 
 class _HubSender:
-    """Numbered, ordered, fire-and-forget events from a task to the hub."""
+    """Numbered, ordered events from a task to the hub, flushed every ``_HUB_FLUSH_S``.
+
+    A task that ends before the first flush sends nothing through the hub: :meth:`close`
+    hands back the unflushed events, which travel inline with the outcome.  So a short job
+    costs no extra round trip, and a long one shows ``started``, logs and progress live.
+    """
 
     def __init__(self, hub: Any, job_id: str) -> None:
         self._hub, self._job_id = hub, job_id
         self._lock = threading.Lock()
-        self.seq = 0
+        self._pending: list[tuple[int, dict]] = []
+        self._closed = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self.seq = 0  # events numbered so far
+        self.flushed = 0  # highest number pushed to the hub
 
     def send(self, **event: Any) -> None:
-        with self._lock:  # numbering and submission in one step keep the hub's order
+        with self._lock:
+            if self._closed.is_set():  # a late line after close: straight to the hub
+                self.seq += 1
+                self._hub.push.remote(self._job_id, [(self.seq, event)])
+                return
             self.seq += 1
-            self._hub.push.remote(self._job_id, [(self.seq, event)])
+            self._pending.append((self.seq, event))
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, name="lancefn-hub-flush", daemon=True)
+                self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(_HUB_FLUSH_S):
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:  # pushed under the lock: submission order is hub order
+            if self._pending and not self._closed.is_set():
+                batch, self._pending = self._pending, []
+                self._hub.push.remote(self._job_id, batch)
+                self.flushed = batch[-1][0]
+
+    def close(self) -> list[tuple[int, dict]]:
+        """Stop flushing; return the events not pushed (they go with the outcome)."""
+        with self._lock:
+            self._closed.set()
+            tail, self._pending = self._pending, []
+        return tail
 
 
 class _CapturedOutput:
@@ -1118,17 +1172,27 @@ def _flush_all() -> None:
         pass
 
 
-def _run_job(hub: Any, payload: dict) -> dict:
+_hubs: dict[str, Any] = {}  # per Ray worker process: hub name → actor handle
+
+
+def _run_job(payload: dict) -> dict:
     """The Ray task: report where it runs, run the artifact like the local worker, return the outcome."""
     import ray
 
     from ..worker import run_task_inline
 
+    hub = _hubs.get(payload["hub"])
+    if hub is None:
+        hub = _hubs[payload["hub"]] = ray.get_actor(payload["hub"], namespace=_NAMESPACE)
     sender = _HubSender(hub, payload["job_id"])
     context = ray.get_runtime_context()
     sender.send(event="started", devices=[str(gpu) for gpu in ray.get_gpu_ids()], node=context.get_node_id())
-    with _CapturedOutput(sender.send):
-        final = run_task_inline(payload["task"], sender.send)
+    try:
+        with _CapturedOutput(sender.send):
+            final = run_task_inline(payload["task"], sender.send)
+    finally:
+        tail = sender.close()
     if final.get("event") == "failed" and final.get("phase") == "environment":
         final["message"] = f"{final.get('message', '')} [on Ray node {context.get_node_id()}]"
-    return {"last_seq": sender.seq, "final": final}
+    # The bridge relays events 1..last_seq from the hub, then the tail, then the outcome.
+    return {"last_seq": sender.flushed, "tail": tail, "final": final}
