@@ -534,8 +534,8 @@ def package_cell(
         tree = ast.parse(cell)
     except SyntaxError as error:
         raise PackagingError(
-            f"the cell has a syntax error on line {error.lineno}: {error.msg}; fix it "
-            "and run the cell again"
+            f"the cell has a syntax error{f' on line {error.lineno}' if error.lineno else ''}: {error.msg}; "
+            "fix it and run the cell again"
         ) from None
     kept = [
         node
