@@ -182,6 +182,9 @@ def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
             "RAY_AUTH_MODE": "disabled",  # no token written to ~/.ray for a throwaway cluster
             "LANCEFN_RAY_TEMP_DIR": temp_dir,
             "LANCEFN_RAY_LOST_AFTER_S": "10",
+            # No package index here: a missing package must fail fast in the task's own check
+            # instead of a pip install through runtime_env (the "auto" rule is tested below).
+            "LANCEFN_RAY_PIP": "never",
         }
     )
     cp = ControlPlaneProcess(
@@ -211,6 +214,45 @@ def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
 def flag(tmp_path) -> Path:
     """A path the waiting function polls for; create it to let the jobs finish."""
     return tmp_path / "go"
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def test_local_cluster_plan_gives_every_device_a_logical_gpu_and_each_class_its_resource():
+    from lancefn_jupyter.server.executors.ray import local_cluster_plan
+    from lancefn_jupyter.server.gpu_classes import parse_gpu_classes
+
+    classes = parse_gpu_classes(
+        '[[gpu_classes]]\nname = "a100"\ngpu_model = "A100"\ngpu_memory_bytes = 1\ndevices = [2, 3]\n'
+        '[[gpu_classes]]\nname = "sim"\nsimulated = 2\n'
+        '[[gpu_classes]]\nname = "sim1"\nsimulated = 1\n'
+    )
+    assert local_cluster_plan(classes) == {
+        "gpu_ids": ["2", "3", "sim0", "sim1", "sim2"],  # real ids kept; simulated numbered across classes
+        "resources": {"lancefn_gpu_class:a100": 2, "lancefn_gpu_class:sim": 2, "lancefn_gpu_class:sim1": 1},
+    }
+
+
+def test_pip_requirements_only_sends_what_is_missing_here():
+    from lancefn_jupyter.server.executors.ray import pip_requirements
+
+    packages = ["numpy", "definitely-not-installed-lancefn-pkg>=1", "conda-forge::numpy=1.26"]
+    assert pip_requirements(packages, "auto") == ["definitely-not-installed-lancefn-pkg>=1"]
+    assert pip_requirements(packages, "always") == ["numpy", "definitely-not-installed-lancefn-pkg>=1"]
+    assert pip_requirements(packages, "never") == []
+    assert pip_requirements([], "auto") == []
+
+
+def test_local_ray_temp_dir_stays_short(tmp_path, monkeypatch):
+    from lancefn_jupyter.server.executors.ray import default_temp_dir
+
+    monkeypatch.delenv("LANCEFN_RAY_TEMP_DIR", raising=False)
+    assert default_temp_dir("/srv/h") == "/srv/h/ray"
+    long_home = "/srv/" + "x" * 80
+    assert len(default_temp_dir(long_home)) <= 40 and default_temp_dir(long_home) == default_temp_dir(long_home)
+    monkeypatch.setenv("LANCEFN_RAY_TEMP_DIR", str(tmp_path))
+    assert default_temp_dir(long_home) == str(tmp_path)
 
 
 # ------------------------------------------------------------------------------ tests
@@ -327,6 +369,16 @@ def test_failure_reports_the_remote_traceback_with_user_frames_only(ray_cp):
         assert f"<gpu_function checked@{version}>" in traceback
         assert "_check" in traceback and 'raise ValueError(f"x must be >= 0, got {x}")' in traceback
         assert "site-packages" not in traceback and "_run_job" not in traceback  # no Ray or lancefn frames
+
+
+def test_missing_declared_package_fails_in_phase_environment(ray_cp):
+    with ray_cp.http() as http:
+        version = _version(http, "needs_pkg", FAILING, "checked", gpu_class="small", packages=("definitely-not-installed-lancefn-pkg",))
+        job = _finished(http, _run(http, "needs_pkg", version, [{"x": 1}]))
+        assert job["job_state"] == "FAILED", job
+        failure = job["failure"]
+        assert failure["phase"] == "environment"
+        assert "definitely-not-installed-lancefn-pkg" in failure["message"] and "Ray node" in failure["message"]
 
 
 def test_timeout_cancels_the_task(ray_cp, flag):

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
@@ -418,7 +419,12 @@ class RayExecutor(Executor):
     def _supervise(self) -> None:
         backoff = 1.0
         while not self._closed.is_set():
-            if self._run_bridge():
+            try:
+                up = self._run_bridge()
+            except Exception:  # a bug here must not leave the executor silently dead
+                log.exception("ray executor: supervisor error")
+                up = False
+            if up:
                 backoff = 1.0  # it was up: reconnect quickly
             if self._closed.is_set():
                 return
@@ -467,7 +473,10 @@ class RayExecutor(Executor):
             if event.get("event") == "lost":
                 lost = event.get("message")
             else:
-                self._on_event(event)
+                try:
+                    self._on_event(event)
+                except Exception:
+                    log.exception("ray executor: could not handle %s event", event.get("event"))
         rc = bridge.kill()
         if self._closed.is_set():
             return True
@@ -618,7 +627,7 @@ class _Driver:
         self.capacity: dict[str, int] = {}
         # Named, so tasks look it up once per worker process instead of receiving a handle
         # with every task (a handle argument costs each task a borrower round trip).
-        self.hub_name = f"lancefn-hub-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
+        self.hub_name = f"lancefn-hub-{uuid.uuid4().hex[:16]}"
         self.hub = ray.remote(num_cpus=0)(_EventHub).options(name=self.hub_name, namespace=_NAMESPACE).remote()
         ray.get(self.hub.drain.remote(0.0), timeout=120)
         # CPU and simulated tasks reuse warm workers; real-GPU tasks get a fresh process each.
@@ -642,14 +651,29 @@ class _Driver:
                 continue
             command = json.loads(line)
             op = command.get("op")
-            if op == "launch":
-                self.launch(command["job"])
-            elif op == "cancel":
-                self.cancel(command["job_id"])
-            elif op == "shutdown":
+            if op == "shutdown":
                 break
+            try:
+                if op == "launch":
+                    self.launch(command["job"])
+                elif op == "cancel":
+                    self.cancel(command["job_id"])
+            except Exception as error:  # one bad job must not take the driver down
+                logging.getLogger(__name__).exception("ray bridge: %s failed", op)
+                if op == "launch":
+                    with self.lock:
+                        self.jobs.pop(command["job"]["job_id"], None)
+                    self.proto.send(
+                        event="failed",
+                        job_id=command["job"]["job_id"],
+                        phase="executor",
+                        message=f"could not submit the job to Ray: {type(error).__name__}: {error}",
+                        retryable=True,
+                    )
 
     def launch(self, job: dict) -> None:
+        from ..worker import artifact_filename
+
         job_id = job["job_id"]
         gpus = int(job.get("num_gpus") or 0)
         options: dict[str, Any] = {
@@ -671,7 +695,7 @@ class _Driver:
                 "task_id": job_id,
                 "artifact_b64": job["artifact_b64"],
                 "entrypoint": job["entrypoint"],
-                "filename": f"<gpu_function {job['name']}@{job['version']}>",
+                "filename": artifact_filename(job["name"], job["version"]),
                 "rows": job["rows"],
                 "packages": job.get("packages") or [],
             },
@@ -762,14 +786,17 @@ class _Driver:
                 item = self.inbox.get(timeout=self._next_wakeup())
             except queue.Empty:
                 item = None
-            if item is not None:
-                kind, first, second = item
-                if kind == "events":
-                    for job_id, seq, event in first:
-                        self._relay(job_id, seq, event)
-                else:
-                    self._outcome(first, second)
-            self._tick()
+            try:
+                if item is not None:
+                    kind, first, second = item
+                    if kind == "events":
+                        for job_id, seq, event in first:
+                            self._relay(job_id, seq, event)
+                    else:
+                        self._outcome(first, second)
+                self._tick()
+            except Exception:
+                logging.getLogger(__name__).exception("ray bridge: reporter error")
 
     def _next_wakeup(self) -> float:
         now, wake = time.monotonic(), 0.5
