@@ -182,7 +182,7 @@ def main() -> None:
         print(summary("cancel (REST) -> JobWidget badge (widget model)", cancel_to_widget))
         print(summary("cancel (REST) -> bare SSE client", cancel_to_sse))
         print(summary("cancel REST round trip", cancel_rtt))
-        print(summary("widget update after the bare SSE client", widget_after_sse))
+        print(summary("widget update minus SSE-probe arrival (same change)", widget_after_sse))
         ratio = statistics.median(cancel_to_widget) / statistics.median(cancel_to_sse)
         print(f"widget/SSE median ratio (cancel): {ratio:.2f}x   listener: connects={listener.connects} events={listener.events} failures={listener.failures}")
         for job_id in blockers:
