@@ -516,4 +516,12 @@ def test_closed_widgets_and_dropped_jobs_are_unsubscribed(cp, gate_fn, gates):
     del job
     gc.collect()
     assert listener.subscriber_count() == base - 1
+    # The listener holds widgets weakly: one that only ipywidgets' own close() released (so our
+    # unsubscribe never ran) is collected and silently drops out as well.
+    classes = GpuClassesWidget()
+    assert listener.subscriber_count() == base
+    ipywidgets.VBox.close(classes)
+    del classes
+    gc.collect()
+    assert listener.subscriber_count() == base - 1
     gates.open("gc")
