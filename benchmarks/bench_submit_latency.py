@@ -119,6 +119,14 @@ def main() -> None:
                 raise SystemExit("ray direct returned a wrong value")
 
         modes["Ray direct (ray.get(f.remote()))"] = ray_direct
+        # What a simulated-class task of ours asks Ray for beyond that: its runtime_env.
+        with_env = direct.options(**options, runtime_env={"env_vars": {"NUMBA_ENABLE_CUDASIM": "1"}})
+
+        def ray_direct_env() -> None:
+            if ray.get(with_env.remote(21)) != 42:
+                raise SystemExit("ray direct returned a wrong value")
+
+        modes["Ray direct + runtime_env env_vars"] = ray_direct_env
 
         samples: dict[str, list[float]] = {label: [] for label in modes}
         for _ in range(args.warmup):  # first calls start workers (and the Ray executor's driver)

@@ -77,7 +77,6 @@ _MAX_SOCKET_DIR = 40  # Ray's unix sockets live under <temp_dir>/session_…/soc
 _OUTCOME_GRACE_S = 5.0  # how long an outcome waits for the task's last events to arrive
 _CAPACITY_POLL_S = 2.0
 _HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
-_LOG_BATCH_S = 0.05  # a task's output lines are sent to the hub at most this often per batch
 _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
 
 
@@ -633,6 +632,7 @@ class _Driver:
         # CPU and simulated tasks reuse warm workers; real-GPU tasks get a fresh process each.
         self.reusable = ray.remote(max_calls=0)(_run_job)
         self.fresh = ray.remote(num_gpus=1, max_calls=1)(_run_job)
+        self._submitters: dict[str, Any] = {}
         self.daemons = self._local_daemons() if self.local else []
         self.capacity = self._read_capacity()
 
@@ -687,7 +687,7 @@ class _Driver:
         runtime_env = self._runtime_env(job)
         if runtime_env:
             options["runtime_env"] = runtime_env
-        remote = self.fresh if gpus and not job.get("simulated") else self.reusable
+        fresh = bool(gpus and not job.get("simulated"))
         payload = {
             "job_id": job_id,
             "hub": self.hub_name,
@@ -704,7 +704,7 @@ class _Driver:
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
         try:
-            ref = remote.options(**options).remote(payload)
+            ref = self._submitter(fresh, options).remote(payload)
         except Exception as error:  # e.g. an invalid runtime_env
             with self.lock:
                 self.jobs.pop(job_id, None)
@@ -719,6 +719,18 @@ class _Driver:
             self._cancel_ref(ref)
             return
         ref.future().add_done_callback(lambda future, job_id=job_id: self.inbox.put(("outcome", job_id, future)))
+
+    def _submitter(self, fresh: bool, options: dict) -> Any:
+        """``remote.options(**options)``, cached: Ray parses and serializes the runtime_env on
+        every ``.options()`` call, and most jobs share a handful of option sets."""
+        key = json.dumps([fresh, options], sort_keys=True)
+        submitter = self._submitters.pop(key, None)
+        if submitter is None:
+            submitter = (self.fresh if fresh else self.reusable).options(**options)
+        self._submitters[key] = submitter  # most recently used last
+        while len(self._submitters) > 256:
+            self._submitters.pop(next(iter(self._submitters)))
+        return submitter
 
     def _runtime_env(self, job: dict) -> dict:
         env_vars = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
@@ -1056,65 +1068,96 @@ class _EventHub:
 class _HubSender:
     """Numbered, ordered events from a task to the hub, flushed every ``_HUB_FLUSH_S``.
 
-    A task that ends before the first flush sends nothing through the hub: :meth:`close`
-    hands back the unflushed events, which travel inline with the outcome.  So a short job
-    costs no extra round trip, and a long one shows ``started``, logs and progress live.
+    ``send`` only appends (it never waits on Ray), so output readers can call it directly.  A
+    task that ends before the first flush sends nothing through the hub: :meth:`close` hands
+    back the unflushed events, which travel inline with the outcome.  So a short job costs no
+    extra round trip, and a long one shows ``started``, logs and progress live.
     """
 
     def __init__(self, hub: Any, job_id: str) -> None:
         self._hub, self._job_id = hub, job_id
         self._lock = threading.Lock()
         self._pending: list[tuple[int, dict]] = []
-        self._closed = threading.Event()
-        self._flusher: threading.Thread | None = None
+        self._closed = False
         self.seq = 0  # events numbered so far
         self.flushed = 0  # highest number pushed to the hub
+        _flusher().add(self)
 
     def send(self, **event: Any) -> None:
         with self._lock:
-            if self._closed.is_set():  # a late line after close: straight to the hub
-                self.seq += 1
-                self._hub.push.remote(self._job_id, [(self.seq, event)])
-                return
             self.seq += 1
-            self._pending.append((self.seq, event))
-            if self._flusher is None:
-                self._flusher = threading.Thread(target=self._flush_loop, name="lancefn-hub-flush", daemon=True)
-                self._flusher.start()
+            if self._closed:  # a late line after close: straight to the hub
+                self._hub.push.remote(self._job_id, [(self.seq, event)])
+            else:
+                self._pending.append((self.seq, event))
 
-    def _flush_loop(self) -> None:
-        while not self._closed.wait(_HUB_FLUSH_S):
-            self._flush()
-
-    def _flush(self) -> None:
+    def flush(self) -> None:
         with self._lock:  # pushed under the lock: submission order is hub order
-            if self._pending and not self._closed.is_set():
+            if self._pending and not self._closed:
                 batch, self._pending = self._pending, []
                 self._hub.push.remote(self._job_id, batch)
                 self.flushed = batch[-1][0]
 
     def close(self) -> list[tuple[int, dict]]:
         """Stop flushing; return the events not pushed (they go with the outcome)."""
+        _flusher().discard(self)
         with self._lock:
-            self._closed.set()
+            self._closed = True
             tail, self._pending = self._pending, []
         return tail
+
+
+class _Flusher:
+    """One thread per Ray worker process flushing every live task's events to the hub."""
+
+    def __init__(self) -> None:
+        self._senders: set[_HubSender] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="lancefn-hub-flush", daemon=True).start()
+
+    def add(self, sender: _HubSender) -> None:
+        with self._lock:
+            self._senders.add(sender)
+
+    def discard(self, sender: _HubSender) -> None:
+        with self._lock:
+            self._senders.discard(sender)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(_HUB_FLUSH_S)
+            with self._lock:
+                senders = list(self._senders)
+            for sender in senders:
+                try:
+                    sender.flush()
+                except Exception:  # the hub is gone (driver ended): the task is being torn down
+                    pass
+
+
+_flushers: list[_Flusher] = []
+_flushers_lock = threading.Lock()
+
+
+def _flusher() -> _Flusher:
+    if not _flushers:
+        with _flushers_lock:
+            if not _flushers:
+                _flushers.append(_Flusher())
+    return _flushers[0]
 
 
 class _CapturedOutput:
     """fds 1 and 2 into pipes for the task's duration; their lines become ``log`` events.
 
-    Reader threads only read and queue (they never wait on Ray); one sender thread batches
-    lines into hub events every ``_LOG_BATCH_S``.  On exit the fds are restored, the readers
-    drain to EOF and the sender sends what is left, so every line precedes the outcome.
+    Reader threads hand lines to ``send`` (which only queues them, see :class:`_HubSender`).
+    On exit the fds are restored and the readers drain to EOF, so every line precedes the outcome.
     """
 
     def __init__(self, send: Callable[..., None]) -> None:
         self._send = send
         self._saved: dict[int, int] = {}
         self._readers: list[threading.Thread] = []
-        self._lines: queue.Queue = queue.Queue()
-        self._sender = threading.Thread(target=self._send_batches, name="lancefn-log-sender", daemon=True)
         self._buffering: list[tuple[Any, bool]] = []
 
     def __enter__(self) -> "_CapturedOutput":
@@ -1127,7 +1170,6 @@ class _CapturedOutput:
             thread = threading.Thread(target=self._read, args=(read_fd, stream), daemon=True)
             thread.start()
             self._readers.append(thread)
-        self._sender.start()
         for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up live
             try:
                 self._buffering.append((stream, stream.line_buffering))
@@ -1143,8 +1185,6 @@ class _CapturedOutput:
             os.close(saved)
         for thread in self._readers:
             thread.join(5.0)  # bounded: a process the user started may still hold the pipe
-        self._lines.put(None)
-        self._sender.join(60.0)
         for stream, buffering in self._buffering:
             try:
                 stream.reconfigure(line_buffering=buffering)
@@ -1157,32 +1197,11 @@ class _CapturedOutput:
             while chunk := os.read(read_fd, 65536):
                 *complete, pending = (pending + chunk).split(b"\n")
                 if complete:
-                    self._lines.put((stream, [line.decode("utf-8", "replace") for line in complete]))
+                    self._send(event="log", stream=stream, lines=[line.decode("utf-8", "replace") for line in complete])
             if pending:
-                self._lines.put((stream, [pending.decode("utf-8", "replace")]))
+                self._send(event="log", stream=stream, lines=[pending.decode("utf-8", "replace")])
         finally:
             os.close(read_fd)
-
-    def _send_batches(self) -> None:
-        done = False
-        while not done:
-            item = self._lines.get()
-            batch: list[tuple[str, list[str]]] = []
-            deadline = time.monotonic() + _LOG_BATCH_S
-            while True:
-                if item is None:
-                    done = True
-                    break
-                if batch and batch[-1][0] == item[0]:
-                    batch[-1][1].extend(item[1])
-                else:
-                    batch.append(item)
-                try:
-                    item = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-            for stream, lines in batch:
-                self._send(event="log", stream=stream, lines=lines)
 
 
 def _flush_all() -> None:
@@ -1200,6 +1219,15 @@ def _flush_all() -> None:
 
 
 _hubs: dict[str, Any] = {}  # per Ray worker process: hub name → actor handle
+_node: list[str] = []  # per Ray worker process: its node id
+
+
+def _node_id() -> str:
+    if not _node:
+        import ray
+
+        _node.append(ray.get_runtime_context().get_node_id())
+    return _node[0]
 
 
 def _run_job(payload: dict) -> dict:
@@ -1212,14 +1240,14 @@ def _run_job(payload: dict) -> dict:
     if hub is None:
         hub = _hubs[payload["hub"]] = ray.get_actor(payload["hub"], namespace=_NAMESPACE)
     sender = _HubSender(hub, payload["job_id"])
-    context = ray.get_runtime_context()
-    sender.send(event="started", devices=[str(gpu) for gpu in ray.get_gpu_ids()], node=context.get_node_id())
+    node = _node_id()
+    sender.send(event="started", devices=[str(gpu) for gpu in ray.get_gpu_ids()], node=node)
     try:
         with _CapturedOutput(sender.send):
             final = run_task_inline(payload["task"], sender.send)
     finally:
         tail = sender.close()
     if final.get("event") == "failed" and final.get("phase") == "environment":
-        final["message"] = f"{final.get('message', '')} [on Ray node {context.get_node_id()}]"
+        final["message"] = f"{final.get('message', '')} [on Ray node {node}]"
     # The bridge relays events 1..last_seq from the hub, then the tail, then the outcome.
     return {"last_seq": sender.flushed, "tail": tail, "final": final}
