@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default)")
     p.add_argument("--gpu-classes", help="GPU class TOML config; default $LANCEFN_GPU_CLASSES, else NVML, else simulated")
     p.add_argument("--executor", choices=("local", "ray"), default="local", help="where workers run (default local)")
-    p.add_argument("--ray-address", help="Ray cluster address for --executor ray (default: start/attach locally)")
+    p.add_argument("--ray-address", help="Ray cluster address for --executor ray (default: start a private local Ray; 'auto': the cluster on this machine or $RAY_ADDRESS; see docs/ray.md)")
     p.add_argument("--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])")
     p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="largest accepted request body (default 64 MiB)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
