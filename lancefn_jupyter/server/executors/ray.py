@@ -309,6 +309,10 @@ class RayExecutor(Executor):
         start_timeout_s: float = 180.0,
         stop_grace_s: float = 10.0,
     ) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:  # say so at startup, not at the first job
+            raise RuntimeError("the ray executor needs Ray; install it with: pip install 'lancefn-jupyter[ray]'")
         self._address = address or None
         self._classes = classes
         self._home = home
