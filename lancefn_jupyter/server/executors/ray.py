@@ -23,9 +23,10 @@ Three processes take part::
   :func:`lancefn_jupyter.server.worker.run_task_inline` — the same code as the local warm worker,
   so results, phases and user-only tracebacks are identical.  fds 1/2 are captured for the
   task's duration and streamed as logs.  Events (started, log, progress) go to a small async
-  **event hub** actor that the bridge long-polls; the outcome comes back as the task's return
-  value, with the number of events sent before it so the bridge reports the outcome only after
-  the last log line.
+  **event hub** actor that the bridge long-polls (flushed every 20 ms; a task that ends sooner
+  returns its events inline instead); the outcome comes back as the task's return value, with
+  the number of events flushed before it, so the bridge reports the outcome only after the
+  last log line.
 * Cancel is ``ray.cancel(force=True)``; a timeout (counted from ``started``, like the local
   executor) is an executor-side deadline that cancels the task and reports ``timeout``.
   Tasks are owned by the bridge, so if the control plane dies Ray stops them (fate sharing) and
@@ -50,7 +51,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
