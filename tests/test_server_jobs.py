@@ -347,3 +347,29 @@ def test_unencodable_worker_output_fails_the_job_readably_and_keeps_the_server_h
         assert "before" in lines
         assert http.post("/v1/jobs/list", json={}).status_code == 200
         assert wait_done(http, run(http, "bad", version, [{"x": 0}]))["result"] == [""]
+
+
+def test_progress_held_back_by_coalescing_is_still_published(control_plane, tmp_path):
+    """Rows 1-2 of 3 finish at once (row 2 inside the coalescing interval), row 3 blocks: the event
+    stream must still carry rows_done=2 while row 3 runs."""
+    from lancefn_jupyter.client import Client
+
+    client = Client(control_plane.url, control_plane.api_key)
+    with control_plane.http() as http:
+        version = hold_version(http)
+        gate = tmp_path / "gate"
+        ready = tmp_path / "ready"
+        ready.touch()
+        events = client.events(read_timeout=DEADLINE_S)
+        next(events)  # the opening usage event: the stream is live
+        job_id = run(http, "hold", version, [{"path": str(ready)}, {"path": str(ready)}, {"path": str(gate)}])
+        seen = []
+        for event in events:
+            if event.event == "job" and event.data["job_id"] == job_id:
+                seen.append((event.data["job_state"], event.data["progress"]["rows_done"]))
+                if seen[-1] == ("IN_PROGRESS", 2) or seen[-1][0] != "IN_PROGRESS" and seen[-1][0] != "PENDING":
+                    break
+        gate.touch()
+        assert ("IN_PROGRESS", 2) in seen
+        assert wait_done(http, job_id)["result"] == [str(ready), str(ready), str(gate)]
+    client.close()

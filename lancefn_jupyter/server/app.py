@@ -441,7 +441,8 @@ async def _event_stream(core: ControlPlane, last: int):
     """SSE: durable job events after ``last``, then live ones; usage events interleaved."""
     subscriber = core.bus.subscribe()  # subscribe before reading the backlog so nothing falls between
     try:
-        yield f"event: usage\ndata: {json.dumps(core.gpu_usage(), separators=(',', ':'))}\n\n"
+        # The id is the resume point, so a client that sees no job event before a restart can still resume.
+        yield f"id: {last}\nevent: usage\ndata: {json.dumps(core.gpu_usage(), separators=(',', ':'))}\n\n"
         backlog = True
         while not subscriber.closed:
             if backlog or subscriber.overflowed:

@@ -260,6 +260,7 @@ class ControlPlane:
         self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
         self._log_pos: dict[str, int] = {}
         self._progress_emitted: dict[str, float] = {}
+        self._progress_held: set[str] = set()  # jobs whose latest count waits for the interval to end
         self._waiters: dict[str, list[asyncio.Future]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._versions: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
@@ -721,10 +722,29 @@ class ControlPlane:
                 return
             rec.rows_done = max(rec.rows_done, min(int(rows_done), rec.rows_total))
             now = time.monotonic()
-            # Coalesce: a 10k-row map must not write 10k events; the last row always gets one.
-            if rec.rows_done == rec.rows_total or now - self._progress_emitted.get(job_id, 0.0) >= PROGRESS_EVENT_INTERVAL_S:
+            # Coalesce: a 10k-row map must not write 10k events; the last row always gets one, and a
+            # count held back by the interval is sent when it ends (no stale count while a slow row runs).
+            since = now - self._progress_emitted.get(job_id, 0.0)
+            if rec.rows_done == rec.rows_total or since >= PROGRESS_EVENT_INTERVAL_S:
                 self._progress_emitted[job_id] = now
+                self._progress_held.discard(job_id)
                 self._persist(rec, new=False)
+            elif job_id not in self._progress_held and self._loop is not None:
+                self._progress_held.add(job_id)
+                delay = PROGRESS_EVENT_INTERVAL_S - since
+                self._loop.call_soon_threadsafe(self._loop.call_later, delay, self._flush_progress, job_id)
+
+    def _flush_progress(self, job_id: str) -> None:
+        """Publish a progress count the coalescing interval held back (runs on the event loop)."""
+        with self._lock:
+            if job_id not in self._progress_held:
+                return
+            self._progress_held.discard(job_id)
+            rec = self._active.get(job_id)
+            if rec is None or rec.state in _TERMINAL:
+                return
+            self._progress_emitted[job_id] = time.monotonic()
+            self._persist(rec, new=False)
 
     @_callback
     def task_log(self, job_id: str, stream: str, lines: list[str]) -> None:
@@ -811,6 +831,7 @@ class ControlPlane:
         self._active.pop(rec.job_id, None)
         self._log_pos.pop(rec.job_id, None)
         self._progress_emitted.pop(rec.job_id, None)
+        self._progress_held.discard(rec.job_id)
         self._persist(rec, new=False)
         self._wake_waiters(rec.job_id)
         self._dispatch(changed=had_devices or rec.num_gpus > 0)
