@@ -19,18 +19,17 @@ the ratios (target: ours ≤ 2× Ray direct).  Never asserts on time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import Server, print_machine, summary  # noqa: E402
+from typing import Callable, Sequence
 
 CLASSES = """
 [[gpu_classes]]
@@ -43,6 +42,55 @@ CLASS_RESOURCE = "lancefn_gpu_class:default"
 
 def double_it(x: int) -> int:
     return 2 * x
+
+
+class Server:
+    """A real ``lancefn-server`` subprocess in a fresh home under ``work`` (``close`` stops it)."""
+
+    def __init__(self, work: Path, name: str, args: Sequence[str] = ()) -> None:
+        home = work / name
+        home.mkdir()
+        (home / "classes.toml").write_text(CLASSES)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LANCEFN_")}
+        env["LANCEFN_DISABLE_NVML"] = "1"
+        self.log_path = work / f"{name}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0",
+                 "--gpu-classes", str(home / "classes.toml"), *args],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"lancefn-server exited during startup:\n{self.log_path.read_text()}")
+            try:
+                info = json.loads((home / "server.json").read_text())
+                if info.get("pid") == self.proc.pid:
+                    break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise SystemExit(f"lancefn-server did not start in 120 s:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+        self.url, self.api_key = info["url"], info["api_key"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def summary(metric: str, value: float, unit: str, target: str = "", met: bool | None = None, **extra) -> None:
+    """The machine-readable line ``benchmarks/run_all.py`` collects."""
+    record = {"bench": "bench_submit_latency.py", "metric": metric, "value": value, "unit": unit,
+              "target": target, "met": met, **extra}
+    print("SUMMARY " + json.dumps(record, sort_keys=True), flush=True)
 
 
 def ours(client, version) -> Callable[[], None]:
@@ -90,8 +138,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lfb", dir="/tmp" if os.path.isdir("/tmp") else None))
     servers: list[Server] = []
     try:
-        print_machine()
-        print(f"ray {ray.__version__}", flush=True)
+        load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0,)
+        print(
+            f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, ray {ray.__version__}, "
+            f"load average {load[0]:.1f}",
+            flush=True,
+        )
         t0 = time.monotonic()
         os.environ["CUDA_VISIBLE_DEVICES"] = "sim0"  # the one logical GPU's id (as our executor does)
         ray.init(
@@ -102,8 +154,8 @@ def main() -> None:
         address = ray.get_runtime_context().gcs_address
         print(f"ray.init: {time.monotonic() - t0:.1f} s ({address})", flush=True)
 
-        servers.append(Server(gpu_classes=CLASSES))
-        servers.append(Server(gpu_classes=CLASSES, args=["--executor", "ray", "--ray-address", address]))
+        servers.append(Server(work, "home-local"))
+        servers.append(Server(work, "home-ray", ["--executor", "ray", "--ray-address", address]))
 
         request = gpu_function(num_gpus=1, gpu_class="default", name="double_it")(double_it).registration_request
         modes = {}
@@ -153,7 +205,7 @@ def main() -> None:
         print(f"{'mode':<{width}}  {'n':>4}  {'median ms':>10}  {'p95 ms':>8}  {'mean ms':>8}")
         for label, row in stats.items():
             print(f"{label:<{width}}  {row['n']:>4}  {row['median']:>10.2f}  {row['p95']:>8.2f}  {row['mean']:>8.2f}")
-            summary("bench_submit_latency.py", label, round(row["median"], 3), "ms median", p95_ms=round(row["p95"], 3))
+            summary(label, round(row["median"], 3), "ms median", p95_ms=round(row["p95"], 3))
 
         floor = stats["Ray direct (ray.get(f.remote()))"]
         local = stats["ours, local executor"]
@@ -168,7 +220,7 @@ def main() -> None:
             text = f"  {label}: {ratio:.2f}× / {row['p95'] / base['p95']:.2f}×"
             print(text + (f"   ({target})" if target else ""))
             summary(
-                "bench_submit_latency.py", f"{' '.join(label.split())} (median ratio)", round(ratio, 2), "x",
+                f"{' '.join(label.split())} (median ratio)", round(ratio, 2), "x",
                 target="<= 2" if target else "", met=(ratio <= 2.0) if target else None,
             )
     finally:
