@@ -15,13 +15,17 @@ warm workers are pooled per *key* = (devices, simulated, function env):
   process (an idle worker that used CUDA still holds a context and memory);
 * with a GPU class config, one worker per single device is pre-started at :meth:`start`.
 
-Each task has its own thread that reads the worker's protocol events and calls the callbacks.
+Each running task has a thread that reads the worker's protocol events and calls the callbacks.
+Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
+thread waits until it first runs, which on a busy machine cost ~0.4 ms median (2 ms p95) on the
+``functions/run`` request path.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -104,6 +108,9 @@ class LocalExecutor(Executor):
         self._idle: dict[_Key, tuple[WorkerProcess, float]] = {}  # key → (worker, idle since)
         self._spawners: set[threading.Thread] = set()
         self._closed = threading.Event()
+        self._tasks: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
+        self._runner_threads = 0  # alive task threads
+        self._idle_runners = 0  # of which waiting for a task and not yet promised one
 
     # ----------------------------------------------------------------- Executor interface
 
@@ -118,7 +125,36 @@ class LocalExecutor(Executor):
         run = _Run(task, _key(task.devices, task.simulated, task.env))
         with self._lock:
             self._runs[task.job_id] = run
-        threading.Thread(target=self._execute, args=(run,), name=f"lancefn-job-{task.job_id}", daemon=True).start()
+            spawn = self._idle_runners == 0
+            if spawn:
+                self._runner_threads += 1
+            else:
+                self._idle_runners -= 1  # promised to this task
+        self._tasks.put(run)
+        if spawn:
+            threading.Thread(target=self._runner, name="lancefn-job", daemon=True).start()
+
+    def _runner(self) -> None:
+        """A task thread: runs tasks from the queue, idles, retires after ``idle_timeout_s``."""
+        while True:
+            try:
+                run = self._tasks.get(timeout=self._idle_timeout_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle_runners == 0:
+                        continue  # every idle runner is promised to a queued task: take one
+                    self._idle_runners -= 1
+                    self._runner_threads -= 1
+                return
+            if run is None:  # shutdown
+                with self._lock:
+                    self._runner_threads -= 1
+                return
+            threading.current_thread().name = f"lancefn-job-{run.task.job_id}"
+            self._execute(run)
+            threading.current_thread().name = "lancefn-job"
+            with self._lock:
+                self._idle_runners += 1
 
     def cancel(self, job_id: str) -> None:
         with self._lock:
@@ -133,6 +169,8 @@ class LocalExecutor(Executor):
             idle = [worker for worker, _ in self._idle.values()]
             self._idle.clear()
             spawners = list(self._spawners)
+            for _ in range(self._runner_threads):
+                self._tasks.put(None)  # each task thread ends once its current task does
         for run in runs:
             self._stop(run, "shutdown")
         for worker in idle:
