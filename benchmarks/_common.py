@@ -1,0 +1,228 @@
+"""Shared helpers for the benchmarks: statistics, a real control plane, machine facts, summaries.
+
+Every benchmark prints its figures (median, p95, ratios) for people, and one machine-readable
+line per metric for ``run_all.py``::
+
+    SUMMARY {"bench": "...", "metric": "...", "value": 1.23, "unit": "ms", "target": "<= 10 ms", "met": true}
+
+Benchmarks never assert on time: a missed target is reported, not raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_CMD = [sys.executable, "-m", "lancefn_jupyter.server.cli"]
+_SCRUBBED = ("LANCEFN_HOME", "LANCEFN_API_KEY", "LANCEFN_GPU_CLASSES", "LANCEFN_URL")
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    ordered = sorted(samples)
+    rank = max(1, min(len(ordered), round(q / 100.0 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def describe(samples: Sequence[float]) -> dict:
+    return {
+        "n": len(samples),
+        "median": statistics.median(samples),
+        "p95": percentile(samples, 95),
+        "min": min(samples),
+        "max": max(samples),
+    }
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def line_ms(label: str, samples: Sequence[float]) -> str:
+    d = describe(samples)
+    return f"{label:<52} median {fmt_ms(d['median']):>11}  p95 {fmt_ms(d['p95']):>11}  (n={d['n']}, min {fmt_ms(d['min'])})"
+
+
+def summary(bench: str, metric: str, value: float, unit: str, target: str = "", met: Optional[bool] = None, **extra) -> None:
+    """One machine-readable line for run_all.py (and a human-readable echo)."""
+    record = {"bench": bench, "metric": metric, "value": value, "unit": unit, "target": target, "met": met, **extra}
+    print("SUMMARY " + json.dumps(record, sort_keys=True), flush=True)
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def machine() -> dict:
+    mem_kb = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (0.0, 0.0, 0.0)
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gib": round(mem_kb / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "loadavg": [round(x, 2) for x in load],
+    }
+
+
+def print_machine() -> None:
+    m = machine()
+    print(
+        f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, "
+        f"{m['platform']}, {m['date']}, load average {m['loadavg']}",
+        flush=True,
+    )
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of ``pid`` (VmRSS from /proc), in MiB; 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def clean_env(extra: Optional[dict] = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    env["LANCEFN_DISABLE_NVML"] = "1"  # simulated classes on every machine, like the tests
+    env.update(extra or {})
+    return env
+
+
+# ------------------------------------------------------------------------ a control plane
+
+
+class Server:
+    """A real ``lancefn-server`` subprocess in a fresh home (stopped on ``close``)."""
+
+    def __init__(self, *, gpu_classes: Optional[str] = None, args: Sequence[str] = (), home: Optional[Path] = None):
+        self._tmp = tempfile.TemporaryDirectory(prefix="lancefn-bench-")
+        base = Path(self._tmp.name)
+        self.home = home or base / "home"
+        argv = [*SERVER_CMD, "--home", str(self.home), "--port", "0", *args]
+        if gpu_classes is not None:
+            path = base / "gpu_classes.toml"
+            path.write_text(gpu_classes)
+            argv += ["--gpu-classes", str(path)]
+        self.log_path = base / "server.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, env=clean_env(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lancefn-server exited {self.proc.returncode}:\n{self.log_path.read_text()}")
+            try:
+                info = json.loads((self.home / "server.json").read_text())
+                if info.get("pid") == self.proc.pid and httpx.get(info["url"] + "/v1/health", timeout=2).status_code == 200:
+                    break
+            except (OSError, ValueError, httpx.HTTPError):
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("lancefn-server did not start within 60 s")
+            time.sleep(0.05)
+        self.url, self.api_key, self.pid = info["url"], info["api_key"], self.proc.pid
+
+    def http(self, **kwargs) -> httpx.Client:
+        kwargs.setdefault("timeout", 60.0)
+        return httpx.Client(base_url=self.url, headers={"x-api-key": self.api_key}, **kwargs)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextmanager
+def server(**kwargs) -> Iterator[Server]:
+    s = Server(**kwargs)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+TRIVIAL_SOURCE = "from __future__ import annotations\n\n\ndef inc(x: int) -> int:\n    return x + 1\n"
+
+
+def trivial_registration(name: str = "inc", num_gpus: Optional[int] = 1) -> dict:
+    """A registration request for ``inc(x) = x + 1`` built by hand (no packaging import)."""
+    import base64
+    import hashlib
+
+    data = TRIVIAL_SOURCE.encode()
+    runtime: dict = {"kind": "python_v2" if num_gpus else "python", "python_version": "3.12", "environment": {"kind": "pip"}}
+    if num_gpus:
+        runtime["resources"] = {"num_gpus": num_gpus}
+    return {
+        "name": name,
+        "artifact": {
+            "kind": "python_callable",
+            "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
+            "entrypoint": "inc",
+            "content": {"encoding": "base64", "data": base64.b64encode(data).decode()},
+            "adapter": {"kind": "scalar_to_arrow_batch", "version": 1},
+        },
+        "signature": {
+            "inputs": [{"name": "x", "arrow_type": "int64", "nullable": False}],
+            "output": {"kind": "scalar", "arrow_type": "int64", "nullable": False},
+        },
+        "runtime": runtime,
+    }
+
+
+def register(http: httpx.Client, body: dict) -> dict:
+    reply = http.post("/v1/functions/create", json=body)
+    reply.raise_for_status()
+    job = http.post("/v1/jobs/wait", json={"job_id": reply.json()["job_id"], "timeout_s": 30}).json()
+    assert job["job_state"] == "DONE", job
+    return job["result"]
