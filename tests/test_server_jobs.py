@@ -373,3 +373,37 @@ def test_progress_held_back_by_coalescing_is_still_published(control_plane, tmp_
         assert ("IN_PROGRESS", 2) in seen
         assert wait_done(http, job_id)["result"] == [str(ready), str(ready), str(gate)]
     client.close()
+
+
+def test_queue_events_renumber_pending_jobs_when_the_queue_moves(control_plane, tmp_path):
+    """Jobs behind a cancelled one move up without job events of their own; `queue` events say so."""
+    from lancefn_jupyter.client import Client
+
+    client = Client(control_plane.url, control_plane.api_key)
+    with control_plane.http() as http:
+        version = hold_version(http, num_gpus=2)  # the class has exactly 2 GPUs: one job at a time
+        gate = str(tmp_path / "gate")
+        events = client.events(read_timeout=DEADLINE_S)
+        first = next(events)
+        assert first.event == "usage" and first.id is not None  # the opening event carries the resume id
+        assert next(events).event == "queue"
+        running = run(http, "hold", version, [{"path": gate}])
+        wait_state(http, running, "IN_PROGRESS")
+        second = run(http, "hold", version, [{"path": gate}])
+        third = run(http, "hold", version, [{"path": gate}])
+        heads = []
+        for event in events:
+            if event.event == "queue":
+                heads.append(event.data["classes"]["default"])
+                if heads[-1] == [second, third]:
+                    break
+        http.post("/v1/jobs/cancel", json={"job_id": second}).raise_for_status()
+        for event in events:
+            if event.event == "queue":
+                heads.append(event.data["classes"]["default"])
+                if heads[-1] == [third]:
+                    break
+        assert heads[-1] == [third] and describe(http, third)["placement"]["queue_position"] == 1
+        (tmp_path / "gate").touch()
+        assert wait_done(http, third)["job_state"] == "DONE"
+    client.close()

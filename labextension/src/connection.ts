@@ -13,6 +13,7 @@
 
 import {
   applyJobEvent,
+  applyQueueEvent,
   backoffDelay,
   errorMessage,
   IFunctionEntry,
@@ -248,6 +249,19 @@ export class LiveConnection {
       this._applyJob(job);
       if (job.job_type === 'create_function' && job.job_state === 'DONE') {
         void this._refreshFunctions(generation);
+      }
+    });
+    es.addEventListener('queue', ev => {
+      if (generation !== this._generation) {
+        return;
+      }
+      try {
+        const jobs = applyQueueEvent(this._state.jobs, JSON.parse(ev.data));
+        if (jobs !== this._state.jobs) {
+          this._update({ jobs: jobs as IJob[] });
+        }
+      } catch {
+        // ignore a malformed queue event
       }
     });
     es.addEventListener('usage', ev => {

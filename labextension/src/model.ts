@@ -256,6 +256,35 @@ export function applyJobEvent(jobs: readonly IJob[], job: IJob, limit = 50): IJo
 }
 
 /**
+ * Apply a `queue` event (`{"classes": {"<class>": [job_id, ...]}}`, the first pending jobs of each
+ * class in start order): re-number the pending jobs it lists. Jobs behind a started or cancelled job
+ * move up without job events of their own, so this keeps the queue positions shown current.
+ * Returns the same array when nothing changed.
+ */
+export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readonly IJob[] {
+  const classes = (payload as { classes?: Record<string, unknown> } | null)?.classes;
+  if (!classes || typeof classes !== 'object') {
+    return jobs;
+  }
+  const positions = new Map<string, number>();
+  for (const ids of Object.values(classes)) {
+    if (Array.isArray(ids)) {
+      ids.forEach((id, index) => positions.set(String(id), index + 1));
+    }
+  }
+  let changed = false;
+  const next = jobs.map(job => {
+    const position = positions.get(job.job_id);
+    if (job.job_state !== 'PENDING' || position === undefined || job.placement?.queue_position === position) {
+      return job;
+    }
+    changed = true;
+    return { ...job, placement: { ...job.placement, waiting_on_capacity: true, queue_position: position } };
+  });
+  return changed ? next : jobs;
+}
+
+/**
  * Merge a freshly fetched job list into the rows known from events: the fetched list is the
  * truth except that a terminal state known from an event is not regressed.
  */

@@ -443,6 +443,9 @@ async def _event_stream(core: ControlPlane, last: int):
     try:
         # The id is the resume point, so a client that sees no job event before a restart can still resume.
         yield f"id: {last}\nevent: usage\ndata: {json.dumps(core.gpu_usage(), separators=(',', ':'))}\n\n"
+        queue = core.queue_snapshot()
+        if queue is not None:
+            yield f"event: queue\ndata: {json.dumps(queue, separators=(',', ':'))}\n\n"
         backlog = True
         while not subscriber.closed:
             if backlog or subscriber.overflowed:

@@ -69,6 +69,7 @@ log = logging.getLogger("lancefn.server")
 MAX_REQUEUES = 3
 MAX_LOG_LINES_PER_JOB = 20_000
 MAX_LOG_LINE_CHARS = 8_192
+QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
 PROGRESS_EVENT_INTERVAL_S = 0.1  # progress events are coalesced per job; final states carry the final count
 PAGE_LIMIT_MAX = 1000
 
@@ -918,8 +919,19 @@ class ControlPlane:
             seq = self.store.insert_event(rec.job_id, data)
         self.bus.publish("job", seq, data)
 
+    def queue_snapshot(self) -> dict | None:
+        """The `queue` event payload now (None when the executor owns queuing, as Ray does)."""
+        if self._executor_queues:
+            return None
+        with self._lock:
+            return {"classes": self._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)}
+
     def _publish_usage(self) -> None:
         self.bus.publish("usage", None, _dumps({"classes": self._usage()}))
+        if not self._executor_queues:
+            # When the queue moves, every job behind moves up without an event of its own (one per
+            # job would cost O(queue) writes per start): UIs re-number pending jobs from this.
+            self.bus.publish("queue", None, _dumps({"classes": self._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)}))
 
     def _job_wire(self, rec: JobRecord) -> dict:
         """The Job wire form, built without pydantic for speed. Placement and progress carry every

@@ -21,6 +21,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Iterable, Mapping, Sequence
 
 __all__ = ["Placement", "ClassPool", "SchedulerState", "schedule", "release", "queue_positions"]
@@ -211,6 +212,10 @@ class SchedulerState:
         gpu_class = self._class_of[job_id]
         ranks = self._cpu_ranks if gpu_class is None else self.pools[gpu_class].ranks
         return ranks.position(job_id)
+
+    def queue_heads(self, limit: int) -> dict[str, list[str]]:
+        """Per GPU class, the first `limit` pending job ids in start order (position = index + 1)."""
+        return {name: list(islice(pool.queue, limit)) for name, pool in self.pools.items()}
 
     def usage(self) -> list[dict]:
         """Per class: gpus_total, gpus_busy, jobs_running, jobs_pending (GpuUsage fields)."""

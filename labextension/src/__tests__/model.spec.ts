@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 
 import {
   applyJobEvent,
+  applyQueueEvent,
   backoffDelay,
   canCancel,
   classRows,
@@ -265,5 +266,24 @@ describe('errorMessage', () => {
     expect(errorMessage({ error: { code: 'x', message: 'boom' } }, 'fallback')).toBe('boom');
     expect(errorMessage({ message: 'tornado' }, 'fallback')).toBe('tornado');
     expect(errorMessage('nope', 'fallback')).toBe('fallback');
+  });
+});
+
+describe('applyQueueEvent', () => {
+  const pending = (id: string, position: number) =>
+    job(id, 'PENDING', { placement: { gpu_class: 'default', num_gpus: 1, waiting_on_capacity: true, queue_position: position } });
+
+  it('re-numbers pending jobs that moved up the queue', () => {
+    const jobs = [pending('b', 2), pending('c', 3), job('a', 'IN_PROGRESS')];
+    const next = applyQueueEvent(jobs, { classes: { default: ['b', 'c'] } });
+    expect(next.map(j => j.placement?.queue_position)).toEqual([1, 2, undefined]);
+    expect(queueText(next[0])).toContain('1');
+  });
+
+  it('leaves non-pending jobs and unchanged lists alone', () => {
+    const jobs = [pending('b', 1), job('a', 'DONE')];
+    expect(applyQueueEvent(jobs, { classes: { default: ['b', 'a'] } })).toBe(jobs);
+    expect(applyQueueEvent(jobs, { nonsense: true })).toBe(jobs);
+    expect(applyQueueEvent(jobs, null)).toBe(jobs);
   });
 });
