@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -390,6 +391,71 @@ def test_timeout_cancels_the_task(ray_cp, flag):
         assert job["finished_ms"] - job["started_ms"] >= 1200  # counted from the start on the node (± relay)
 
 
+ADDRESS_CLASSES = """
+[[gpu_classes]]
+name = "big"
+gpu_model = "Simulated big GPU"
+gpu_memory_bytes = 0
+max_gpu_count_per_worker = 1
+
+[[gpu_classes]]
+name = "t4"
+gpu_model = "NVIDIA T4"
+gpu_memory_bytes = 17179869184
+max_gpu_count_per_worker = 1
+"""
+
+
+def _ray_address(cp: ControlPlaneProcess) -> str:
+    match = re.search(r"connected to local Ray started by the control plane \(([^)]+)\)", cp.log_text())
+    assert match, cp.log_text()
+    return match.group(1)
+
+
+def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp, tmp_path_factory, flag):
+    """--ray-address (here: the module server's own Ray, so no second Ray start): capacity comes
+    from the cluster's labels, a class no node offers waits PENDING, stopping leaves the cluster."""
+    base = tmp_path_factory.mktemp("addr")
+    (base / "classes.toml").write_text(ADDRESS_CLASSES)
+    with ray_cp.http() as http:  # the module server's Ray is up once a job has run
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        flag.touch()
+        assert _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
+    address = _ray_address(ray_cp)
+    cp = ControlPlaneProcess(
+        base / "home",
+        args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray", "--ray-address", address],
+        env=make_env({"RAY_AUTH_MODE": "disabled", "LANCEFN_RAY_PIP": "never"}),
+        log_dir=base,
+    )
+    try:
+        cp.start()
+        with cp.http() as http:
+            version = _version(http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8", gpu_class="big")
+            job = _finished(http, _run(http, "probe", version, [{"tag": "joined"}]))
+            assert job["job_state"] == "DONE", job
+            seen = json.loads(job["result"][0])
+            assert seen["resources"].get("lancefn_gpu_class:big") == 1.0 and seen["cvd"] == ",".join(job["placement"]["devices"])
+            usage = _usage(http)
+            assert usage["big"]["gpus_total"] == 1 and usage["t4"]["gpus_total"] == 0  # from the cluster's labels
+            # No node offers "t4": Ray holds the task (an autoscaler would add a node for it).
+            t4 = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="t4")
+            waiting = _run(http, "wait_for", t4, [{"path": str(flag)}])
+            time.sleep(2.0)
+            job = _job(http, waiting)
+            assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True, job
+            assert _usage(http)["t4"]["jobs_pending"] == 1
+            assert http.post("/v1/jobs/cancel", json={"job_id": waiting}).json()["cancelled"] is True
+        bridge = _bridge(cp)
+        assert cp.stop() == 0
+        _wait_no_session(bridge.pid, timeout=10)
+    finally:
+        cp.kill()
+    with ray_cp.http() as http:  # the cluster it joined is not its to stop
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        assert _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
+
+
 def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp, flag):
     with ray_cp.http() as http:
         version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
@@ -442,91 +508,3 @@ def test_server_stop_leaves_no_ray_processes(ray_cp):
     assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
     assert ray_cp.stop() == 0
     _wait_no_session(bridge.pid, timeout=10)
-
-
-# ------------------------------------------------------------------- an existing cluster
-
-CLUSTER = r"""
-import json, os, sys, ray
-os.environ["CUDA_VISIBLE_DEVICES"] = "7"
-ray.init(address="local", num_cpus=1, num_gpus=1, resources={"lancefn_gpu_class:big": 1},
-         _temp_dir=sys.argv[1], include_dashboard=False, log_to_driver=False)
-print(json.dumps({"address": ray.get_runtime_context().gcs_address,
-                  "node": ray.get_runtime_context().get_node_id()}), flush=True)
-sys.stdin.read()  # until the test closes stdin
-ray.shutdown()
-"""
-
-ADDRESS_CLASSES = """
-[[gpu_classes]]
-name = "big"
-gpu_model = "NVIDIA H100 80GB HBM3"
-gpu_memory_bytes = 85899345920
-max_gpu_count_per_worker = 1
-
-[[gpu_classes]]
-name = "small"
-gpu_model = "NVIDIA T4"
-gpu_memory_bytes = 17179869184
-max_gpu_count_per_worker = 1
-"""
-
-
-def test_joins_an_existing_cluster_by_address_and_leaves_it_running(tmp_path_factory, flag):
-    """--ray-address: capacity comes from the cluster's labels; a class no node offers waits."""
-    import subprocess
-    import sys
-
-    temp_dir = _short_dir(tmp_path_factory)
-    env = make_env({"RAY_AUTH_MODE": "disabled"})
-    cluster = subprocess.Popen(
-        [sys.executable, "-c", CLUSTER, temp_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-        start_new_session=True,
-    )
-    base = tmp_path_factory.mktemp("addr")
-    (base / "classes.toml").write_text(ADDRESS_CLASSES)
-    cp = None
-    try:
-        info = json.loads(cluster.stdout.readline())
-        cp = ControlPlaneProcess(
-            base / "home",
-            args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray", "--ray-address", info["address"]],
-            env=make_env({"RAY_AUTH_MODE": "disabled", "LANCEFN_RAY_PIP": "never"}),
-            log_dir=base,
-        ).start()
-        with cp.http() as http:
-            version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
-            flag.touch()
-            job = _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))
-            assert job["job_state"] == "DONE", job
-            assert job["placement"]["node"] == info["node"] and job["placement"]["devices"] == ["7"]
-            assert job["result"] == ["7"]  # the node's own CUDA id, as Ray set it
-
-            usage = _usage(http)
-            assert usage["big"]["gpus_total"] == 1 and usage["small"]["gpus_total"] == 0
-            # No node offers "small": Ray holds the task (an autoscaler would add a node).
-            small = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small")
-            waiting = _run(http, "wait_for", small, [{"path": str(flag)}])
-            time.sleep(2.0)
-            job = _job(http, waiting)
-            assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True, job
-            assert _usage(http)["small"]["jobs_pending"] == 1
-            assert http.post("/v1/jobs/cancel", json={"job_id": waiting}).json()["cancelled"] is True
-        bridge = _bridge(cp)
-        assert cp.stop() == 0
-        _wait_no_session(bridge.pid, timeout=10)
-        assert cluster.poll() is None  # not ours: still running
-    finally:
-        if cp is not None:
-            cp.kill()
-        cluster.stdin.close()
-        try:
-            cluster.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        for proc in _session(cluster.pid) + ([psutil.Process(cluster.pid)] if psutil.pid_exists(cluster.pid) else []):
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        shutil.rmtree(temp_dir, ignore_errors=True)
