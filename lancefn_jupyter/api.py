@@ -111,8 +111,17 @@ def use_local(home: Optional[str] = None) -> Client:
     """Use (starting it if needed) the embedded control plane under `home` (default `$LANCEFN_HOME`)."""
     from .embedded import ensure_server
 
-    info = ensure_server(Path(home) if home else None)
-    client = Client(info.url, info.api_key)
+    home_path = Path(home) if home else None
+    info = ensure_server(home_path)
+
+    def recover() -> tuple[str, str]:
+        # The embedded server died (killed, machine slept, `%lancefn stop` elsewhere): start it again.
+        # Its state is in the home, so versions and jobs are all still there.
+        fresh = ensure_server(home_path)
+        _session.info = ConnectionInfo(url=fresh.url, embedded=True, home=fresh.home, pid=fresh.pid)
+        return fresh.url, fresh.api_key
+
+    client = Client(info.url, info.api_key, recover=recover)
     return _session.replace(client, ConnectionInfo(url=info.url, embedded=True, home=info.home, pid=info.pid))
 
 

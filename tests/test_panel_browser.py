@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from browser_util import (
     chromium_missing_reason,
     built_labextension,
@@ -297,8 +298,14 @@ def test_unreachable_control_plane_backs_off_then_recovers(page, tmp_path, contr
 
         # The control plane appears on that port: "Retry now" connects at once.
         control_plane_factory(env={"LANCEFN_API_KEY": key}, args=["--port", str(port)])
-        page.locator(f"{PANEL} .lf-retry").click()
-        page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
+        connected = page.locator(f'{PANEL} .lf-status[data-status="connected"]')
+        try:
+            page.locator(f"{PANEL} .lf-retry").click(timeout=10_000)
+        except PlaywrightTimeoutError:
+            # On a slow machine the server can take longer to start than the next backoff step,
+            # so the panel's own retry may connect first (the button is gone); either way it connects.
+            assert connected.count() == 1
+        connected.wait_for()
         page.wait_for_selector(f'{PANEL} .lf-class[data-class-name="default"]')
         assert key not in page.content()
     finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ._http import Transport
 from .errors import (
@@ -39,12 +39,24 @@ __all__ = [
 class Client:
     """A connection to one control plane (embedded or remote). Thread-safe (httpx.Client is)."""
 
-    def __init__(self, url: str, api_key: Optional[str] = None, *, timeout: float = 30.0):
-        self.url = url.rstrip("/")
-        self._transport = Transport(self.url, api_key, timeout=timeout)
+    def __init__(
+        self,
+        url: str,
+        api_key: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        recover: Optional[Callable[[], tuple[str, str]]] = None,
+    ):
+        """`recover`, if given, returns a (url, api_key) to switch to when the server refuses connections."""
+        self._transport = Transport(url, api_key, timeout=timeout, recover=recover)
         self.jobs = JobsResource(self._transport)
         self.functions = FunctionsResource(self._transport, self.jobs)
         self.gpu = GpuResource(self._transport)
+
+    @property
+    def url(self) -> str:
+        """The server in use now (an embedded one may have been restarted on another port)."""
+        return self._transport.url
 
     def health(self) -> dict[str, Any]:
         return self._transport.get("/v1/health")
