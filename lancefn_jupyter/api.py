@@ -48,6 +48,7 @@ __all__ = [
     "list_versions",
     "list_jobs",
     "gpu_profile",
+    "add_profile",
     "profiles",
     "gpu_function",
     "function_from_cell",
@@ -232,7 +233,11 @@ def _widget(kind: str, *args: Any, **kwargs: Any) -> Any:
 
 def gpu_profile(name: str, **options: Any) -> ComputeProfile:
     """Define (or replace) a reusable compute profile; `gpu_function(profile=name)` uses it."""
-    profile = build_profile(name, **options)
+    return add_profile(build_profile(name, **options))
+
+
+def add_profile(profile: ComputeProfile) -> ComputeProfile:
+    """Define (or replace) a profile already built (what `%gpu_profile NAME key=value…` does)."""
     _session.profiles[profile.name] = profile
     return profile
 

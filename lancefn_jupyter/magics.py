@@ -77,7 +77,7 @@ class GpuMagics(Magics):
             profile = parse_profile_line(line)
         except OptionsError as error:
             raise UsageError(str(error)) from None
-        api._session.profiles[profile.name] = profile
+        api.add_profile(profile)
         print(f"profile {profile.name!r} defined")
         return None
 
