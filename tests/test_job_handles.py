@@ -111,3 +111,31 @@ def test_bad_arguments_are_refused_before_submitting(ip):
     with pytest.raises(TypeError, match="JSON"):
         ratio.submit(object(), 2)
     assert api.current_client().jobs.list(job_type="run_function") == []
+
+
+def test_ctrl_c_in_wait_stops_waiting_not_the_job(ip, tmp_path, capsys):
+    import os
+    import signal
+    import threading
+
+    ip.run_cell_magic("gpu_function", "", WAITING_CELL)
+    gate = tmp_path / "gate"
+    job = ip.user_ns["hold"].submit(str(gate))
+    watcher = api.Job.attach(job.job_id)
+
+    def interrupt_once_running():
+        watcher.wait(timeout=0.1)
+        while watcher.refresh().job_state.value != "IN_PROGRESS":
+            watcher.wait(timeout=0.1)
+        threading.Event().wait(0.3)  # the main thread is inside job.wait() by now (nothing else to do)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_once_running, daemon=True)
+    thread.start()
+    with pytest.raises(KeyboardInterrupt):
+        job.wait()
+    thread.join(30)
+    assert "keeps running" in capsys.readouterr().err
+    assert job.refresh().job_state.value == "IN_PROGRESS"
+    gate.touch()
+    assert job.result(timeout=120) == str(gate)
