@@ -407,3 +407,21 @@ def test_queue_events_renumber_pending_jobs_when_the_queue_moves(control_plane, 
         (tmp_path / "gate").touch()
         assert wait_done(http, third)["job_state"] == "DONE"
     client.close()
+
+
+def test_a_job_that_can_start_at_once_is_never_shown_waiting_for_capacity(control_plane, tmp_path):
+    from lancefn_jupyter.client import Client
+
+    client = Client(control_plane.url, control_plane.api_key)
+    with control_plane.http() as http:
+        version = hold_version(http)
+        ready = tmp_path / "ready"
+        ready.touch()
+        events = client.events(read_timeout=DEADLINE_S)
+        next(events)  # opening usage event
+        job_id = run(http, "hold", version, [{"path": str(ready)}])
+        first = next(e for e in events if e.event == "job" and e.data["job_id"] == job_id)
+        assert first.data["placement"]["waiting_on_capacity"] is False
+        assert first.data["placement"]["devices"] and first.data["placement"]["queue_position"] is None
+        assert wait_done(http, job_id)["job_state"] == "DONE"
+    client.close()

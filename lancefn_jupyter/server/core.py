@@ -523,7 +523,10 @@ class ControlPlane:
                 self._scheduler.enqueue(rec.job_id, where.gpu_class, where.num_gpus)
             try:
                 with self.store.batch():
-                    self._persist(rec, new=True, rows=rows)
+                    if self._executor_queues:
+                        self._persist(rec, new=True, rows=rows)
+                    else:
+                        self.store.insert_job(rec, rows)  # its first event follows placement, below
             except BaseException:  # not stored: it must not linger in memory either
                 self._active.pop(rec.job_id, None)
                 self._scheduler.release(rec.job_id)
@@ -533,7 +536,11 @@ class ControlPlane:
                     self._launch(rec)
                 self._publish_usage()
             else:
+                # Place it before its first event, so a job that starts at once is never shown as
+                # "waiting for GPU capacity": placed, its first event already carries its devices.
                 self._dispatch(changed=where.num_gpus > 0)
+                if self._scheduler.is_pending(rec.job_id):
+                    self._persist(rec, new=False)
             return rec.job_id
 
     @staticmethod
