@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import ipywidgets as w
 
 from .. import display
-from ._listener import EventListener, get_listener, start_listener
+from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["GpuClassesWidget"]
@@ -31,12 +31,7 @@ class GpuClassesWidget(FallbackReprMixin, w.VBox):
         listener: Optional[EventListener] = None,
         start: bool = True,
     ):
-        if client is None:
-            from ..api import current_client
-
-            client = current_client()
-        self._client = client
-        self._listener = listener or get_listener()
+        self._client, self._listener = bind(client, listener)
         self._lock = threading.RLock()
         self._usage_events = 0
         self.gpu_classes = list(classes) if classes is not None else client.gpu.classes()

@@ -22,7 +22,7 @@ from .. import display
 from ..client.errors import LancefnError
 from ..models import TERMINAL_STATES, JobState, display_state
 from ._job import _BAR_STYLE, function_ref
-from ._listener import EventListener, get_listener, start_listener
+from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["JobsDashboard"]
@@ -124,12 +124,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         listener: Optional[EventListener] = None,
         start: bool = True,
     ):
-        if client is None:
-            from ..api import current_client
-
-            client = current_client()
-        self._client = client
-        self._listener = listener or get_listener()
+        self._client, self._listener = bind(client, listener)
         self._lock = threading.RLock()
         self.limit = limit
         self.jobs: dict[str, Any] = {}

@@ -21,7 +21,7 @@ import ipywidgets as w
 from .. import display
 from ..client.errors import LancefnError
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._listener import EventListener, get_listener, start_listener
+from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["JobWidget"]
@@ -55,14 +55,9 @@ class JobWidget(FallbackReprMixin, w.VBox):
         listener: Optional[EventListener] = None,
         start: bool = True,
     ):
-        if client is None:
-            from ..api import current_client
-
-            client = current_client()
         self.job_id = job_id
-        self._client = client
+        self._client, self._listener = bind(client, listener)
         self._function = function  # a GpuFunction, to map remote tracebacks to its cell
-        self._listener = listener or get_listener()
         self._lock = threading.RLock()
         self._snapshot: Any = None
         self._events_seen = 0

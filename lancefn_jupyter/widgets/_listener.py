@@ -37,7 +37,6 @@ import logging
 import random
 import socket
 import threading
-import time
 import weakref
 from typing import Any, Callable, Optional
 
@@ -542,3 +541,12 @@ def running_threads() -> list[threading.Thread]:
     """Threads the listener owns that are still alive (empty after `stop_listener()`)."""
     return [t for t in threading.enumerate() if t.name in ("lancefn-events", "lancefn-widgets-ticker")]
 
+
+
+def bind(client: Any, listener: Optional["EventListener"]) -> tuple[Any, "EventListener"]:
+    """The client and listener a widget uses: the ones given, else this kernel's current ones."""
+    if client is None:
+        from ..api import current_client
+
+        client = current_client()
+    return client, listener or get_listener()
