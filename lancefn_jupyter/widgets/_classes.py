@@ -34,7 +34,7 @@ class GpuClassesWidget(FallbackReprMixin, w.VBox):
         self._client, self._listener = bind(client, listener)
         self._lock = threading.RLock()
         self._usage_events = 0
-        self.gpu_classes = list(classes) if classes is not None else client.gpu.classes()
+        self.gpu_classes = list(classes) if classes is not None else self._client.gpu.classes()
         self.usage: dict[str, Any] = {}
         self.table = w.HTML()
         super().__init__(children=[self.table], layout=w.Layout(width="auto"))
@@ -49,7 +49,7 @@ class GpuClassesWidget(FallbackReprMixin, w.VBox):
         elif usage is not None:
             current = list(usage)
         else:
-            current = client.gpu.usage()
+            current = self._client.gpu.usage()
         with self._lock:
             if self._usage_events == seen:
                 self._apply(current)

@@ -172,7 +172,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         if jobs is not None and not start:
             self._merge(jobs)
         else:
-            self._load(client)
+            self._load(self._client)
 
     # ---------------------------------------------------------------- data
 

@@ -102,7 +102,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         if start:
             start_listener() if listener is None else self._listener.start()
         seen = self._events_seen
-        job = snapshot if snapshot is not None else client.jobs.describe(job_id)
+        job = snapshot if snapshot is not None else self._client.jobs.describe(job_id)
         job = self._listener.observe_rest(job)
         with self._lock:
             if self._events_seen == seen:  # no fresher event arrived while we read it
