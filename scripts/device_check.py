@@ -1,0 +1,88 @@
+"""The real-CUDA check (issue 3) for a machine with an NVIDIA GPU, in one short run.
+
+    python scripts/device_check.py          # on the GPU machine, from the repo root, after installing
+
+It starts a throwaway `lancefn-server` whose `default` class comes from NVML (no config), registers a
+`@cuda.jit` cell, then runs it through `.local()` (which must pick the GPU, not the simulator) and as
+jobs (each must see exactly its placed devices in `CUDA_VISIBLE_DEVICES`). It
+prints what it saw and exits non-zero if a check fails. On a machine without a GPU it says so and
+runs everything on the simulator instead, which is how it is exercised in CI-less development.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+CELL = """\
+import os
+import numpy as np
+from numba import cuda
+
+@cuda.jit
+def _double(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = 2 * x[i]
+
+def probe(values: list[float]) -> list[str]:
+    x = np.asarray(values, dtype=np.float32)
+    out = np.zeros_like(x)
+    _double.forall(x.size)(x, out)
+    device = "CUDA simulator" if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else cuda.get_current_device().name
+    if isinstance(device, bytes):
+        device = device.decode()
+    return [str(out.tolist()), os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"), str(device)]
+"""
+
+
+def main() -> int:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from lancefn_jupyter import api
+    from lancefn_jupyter.embedded import stop_server
+
+    home = tempfile.mkdtemp(prefix="lancefn-device-check-")
+    os.environ.pop("LANCEFN_URL", None)
+    os.environ.pop("LANCEFN_DISABLE_NVML", None)
+    failures = []
+    try:
+        api.use_local(home)
+        classes = api.list_gpu_classes()
+        print(repr(classes))
+        default = next(c for c in classes if c.name == "default")
+        real = not default.simulated
+        print(f"GPU class 'default': {default.gpu_model}, {default.max_gpu_count_per_worker} GPU(s), real={real}")
+
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "lancefn_jupyter")
+        shell.run_cell_magic("gpu_function", "num_gpus=1 pip=numpy", CELL)
+        probe = shell.user_ns["probe"]
+
+        doubled, visible, device = probe.local([1.0, 2.0, 3.0])
+        print(f".local(): {doubled} on {probe.last_local_device} (CUDA_VISIBLE_DEVICES={visible}, device {device})")
+        if doubled != "[2.0, 4.0, 6.0]":
+            failures.append(f".local() computed {doubled}")
+        if real and probe.last_local_device == "CUDA simulator":
+            failures.append(".local() used the simulator on a machine with a GPU")
+
+        n = default.max_gpu_count_per_worker
+        jobs = [probe.submit([float(i)]) for i in range(n)]
+        for job in jobs:
+            doubled, visible, device = job.result(timeout=300)
+            placement = job.snapshot.placement
+            print(f"job {job.job_id}: {doubled} devices={list(placement.devices)} CUDA_VISIBLE_DEVICES={visible} device={device}")
+            expected = ",".join(placement.devices) if real else ""
+            if visible != expected:
+                failures.append(f"job {job.job_id} saw CUDA_VISIBLE_DEVICES={visible}, expected {expected!r}")
+    finally:
+        stop_server(home)
+    for failure in failures:
+        print("FAILED:", failure)
+    print("device check:", "FAILED" if failures else "ok")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
