@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 import httpx
 import pytest
@@ -27,7 +27,6 @@ from browser_util import (
     free_port,
     register_gate_function,
     running_jupyter,
-    start_jupyter,
     submit_gate_job,
     wait_job_state,
 )

@@ -13,7 +13,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
