@@ -415,7 +415,12 @@ def test_frontend_unit_tests():
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
-    result = subprocess.run([npm, "test", "--silent"], cwd=labext, capture_output=True, text=True, timeout=300)
-    output = result.stdout + result.stderr
+    # CI terminals may force colour; vitest then wraps every word in ANSI codes.
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CI_FORCE_COLOR")}
+    env["NO_COLOR"] = "1"
+    result = subprocess.run(
+        [npm, "test", "--silent"], cwd=labext, capture_output=True, text=True, timeout=300, env=env
+    )
+    output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
     assert result.returncode == 0, output
     assert re.search(r"Tests\s+\d+ passed", output), output
