@@ -175,7 +175,7 @@ import os
 
 def probe(name: str) -> str:
     if name == "raise":
-        raise ValueError("failed on purpose")
+        raise ValueError(f"failed on purpose with {os.environ['SECRET_TOKEN']}")
     print("probing", name)
     value = os.environ.get(name)
     return "unset" if value is None else ("match" if value == EXPECTED else "other")
@@ -206,7 +206,10 @@ def test_function_env_values_never_echoed_but_reach_the_worker(control_plane_fac
         failing = submit(http, "probe", version["version"], [{"name": "raise"}])
         # The worker gets the real value; the server's admin key is not in its environment.
         assert record(http.post("/v1/jobs/wait", json={"job_id": ok, "timeout_s": 60}))["result"] == ["match", "unset"]
-        assert record(http.post("/v1/jobs/wait", json={"job_id": failing, "timeout_s": 60}))["job_state"] == "FAILED"
+        failed = record(http.post("/v1/jobs/wait", json={"job_id": failing, "timeout_s": 60}))
+        assert failed["job_state"] == "FAILED"
+        # The user's own error quoted the value: the failure shows where it was, not what it is.
+        assert "failed on purpose with <redacted>" in failed["failure"]["message"], failed["failure"]
         name, vid = version["name"], version["version"]
         record(http.post("/v1/functions/describe", json={"name": name, "version": vid}))
         record(http.post("/v1/functions/list", json={"include_definition": True}))
@@ -287,3 +290,12 @@ def test_embedded_home_is_private_and_its_server_listens_on_loopback_only(tmp_pa
                 assert info.api_key not in path.read_text(errors="replace"), path.name
     finally:
         stop_server(home)
+
+
+def test_redact_env_replaces_values_longest_first_and_leaves_flags():
+    from lancefn_jupyter.server.executors.base import redact_env
+
+    envs = [{"A": "secret-abc", "B": "secret-abc-longer"}, {"FLAG": "1", "MODE": "on"}]
+    text = "A=secret-abc B=secret-abc-longer FLAG=1 MODE=on"
+    assert redact_env(text, envs) == "A=<redacted> B=<redacted> FLAG=1 MODE=on"
+    assert redact_env(text, []) == text

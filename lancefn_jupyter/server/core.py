@@ -57,7 +57,7 @@ from ..models import (
     rfc3339_now,
     version_id,
 )
-from .executors.base import Executor, TaskSpec
+from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
 from .scheduler import SchedulerState
 from .store import JobRecord, Store
@@ -119,7 +119,6 @@ def _clean_text(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")
 
 
-REDACTED = "<redacted>"
 
 
 def redact_definition(definition: dict) -> dict:
@@ -259,6 +258,7 @@ class ControlPlane:
         # CPU functions run at most one per core at a time (each is a worker process).
         self._scheduler = SchedulerState(classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1)
         self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
+        self._job_env: dict[str, dict[str, str]] = {}  # launched jobs' function env (never logged)
         self._log_pos: dict[str, int] = {}
         self._progress_emitted: dict[str, float] = {}
         self._progress_held: set[str] = set()  # jobs whose latest count waits for the interval to end
@@ -800,7 +800,8 @@ class ControlPlane:
                     wire = JobFailure.from_wire(failure).to_wire()
                 except ValidationError:
                     wire = JobFailure(phase="executor", message=f"worker failed: {str(failure)[:2000]}").to_wire()
-            wire = {k: _clean_text(v) if isinstance(v, str) else v for k, v in wire.items()}
+            env = [self._job_env.get(job_id, {})]
+            wire = {k: _clean_text(redact_env(v, env)) if isinstance(v, str) else v for k, v in wire.items()}
             rec.failure = wire
             with self.store.batch():
                 self._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
@@ -819,6 +820,7 @@ class ControlPlane:
             except Exception:
                 log.exception("could not fail job %s either; dropping it from memory", job_id)
                 self._active.pop(job_id, None)
+                self._job_env.pop(job_id, None)
                 self._scheduler.release(job_id)
                 self._wake_waiters(job_id)
         if self.executor is not None:
@@ -838,6 +840,7 @@ class ControlPlane:
         had_devices = bool(self._scheduler.release(rec.job_id)) or bool(rec.devices)
         self._active.pop(rec.job_id, None)
         self._log_pos.pop(rec.job_id, None)
+        self._job_env.pop(rec.job_id, None)
         self._progress_emitted.pop(rec.job_id, None)
         self._progress_held.discard(rec.job_id)
         self._persist(rec, new=False)
@@ -894,11 +897,13 @@ class ControlPlane:
                 packages=tuple((runtime.get("environment") or {}).get("packages", ())),
                 timeout_s=rec.spec.get("timeout_s"),
             )
+            self._job_env[rec.job_id] = task.env  # to redact from its failure messages
             self.executor.launch(task)
         except Exception as error:  # the job fails; the server keeps serving
             log.exception("launching job %s failed", rec.job_id)
             if rec.job_id in self._active:
-                rec.failure = JobFailure(phase="executor", message=f"could not start a worker: {error}", retryable=True).to_wire()
+                message = redact_env(f"could not start a worker: {error}", [self._job_env.get(rec.job_id, {})])
+                rec.failure = JobFailure(phase="executor", message=message, retryable=True).to_wire()
                 with self.store.batch():
                     self._finish(rec, FAILED)
 

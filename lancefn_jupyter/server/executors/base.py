@@ -10,12 +10,28 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
     from ...models import JobFailure
 
-__all__ = ["TaskSpec", "ExecutorCallbacks", "Executor"]
+__all__ = ["TaskSpec", "ExecutorCallbacks", "Executor", "REDACTED", "redact_env"]
+
+REDACTED = "<redacted>"
+# Shorter values are flags ("1", "on") rather than secrets, and replacing them would garble text.
+_MIN_SECRET_CHARS = 4
+
+
+def redact_env(text: str, envs: Iterable[Mapping[str, str]]) -> str:
+    """``text`` with every value of the given function ``env`` mappings replaced by ``<redacted>``.
+
+    Error messages and Ray's own log lines may quote a task's environment (a failed
+    ``runtime_env`` setup prints it); function env values must never be echoed.
+    """
+    values = {value for env in envs for value in env.values() if len(value) >= _MIN_SECRET_CHARS}
+    for value in sorted(values, key=len, reverse=True):  # longest first: one may contain another
+        text = text.replace(value, REDACTED)
+    return text
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from .base import Executor, ExecutorCallbacks, TaskSpec
+from .base import Executor, ExecutorCallbacks, TaskSpec, redact_env
 
 if TYPE_CHECKING:
     from ..gpu_classes import GpuClassConfig
@@ -165,7 +165,7 @@ class _BridgeDown(RuntimeError):
 class _BridgeProcess:
     """The control plane's handle on one bridge (Ray driver) process."""
 
-    def __init__(self, config: dict, env: Mapping[str, str]) -> None:
+    def __init__(self, config: dict, env: Mapping[str, str], scrub: Callable[[str], str]) -> None:
         code = "from lancefn_jupyter.server.executors.ray import _bridge_main; raise SystemExit(_bridge_main())"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],
@@ -176,6 +176,7 @@ class _BridgeProcess:
             start_new_session=True,  # its session id marks every local Ray process it starts
         )
         self.sid = self.proc.pid
+        self._scrub = scrub  # Ray may quote a task's runtime_env (function env values) in its output
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self._write_lock = threading.Lock()
         threading.Thread(target=self._forward_stderr, name="lancefn-ray-stderr", daemon=True).start()
@@ -184,7 +185,7 @@ class _BridgeProcess:
     def _forward_stderr(self) -> None:
         """Ray's own messages go to the server's log, and the last ones into failure messages."""
         for raw in self.proc.stderr:
-            line = raw.decode("utf-8", "replace").rstrip()
+            line = self._scrub(raw.decode("utf-8", "replace").rstrip())
             if line:
                 self.tail.append(line)
                 try:
@@ -330,6 +331,7 @@ class RayExecutor(Executor):
         self._bridge: _BridgeProcess | None = None  # the live bridge (also while it starts)
         self._buffer: list[TaskSpec] = []  # launched while the bridge starts
         self._inflight: dict[str, TaskSpec] = {}  # sent to the bridge, no outcome yet
+        self._recent_envs: collections.deque[dict[str, str]] = collections.deque(maxlen=64)
         self._capacity: dict[str, int] | None = None
         self._start_failures = 0
         if self._address is None and classes is not None:
@@ -374,7 +376,7 @@ class RayExecutor(Executor):
     def cancel(self, job_id: str) -> None:
         with self._lock:
             self._buffer = [task for task in self._buffer if task.job_id != job_id]
-            task = self._inflight.pop(job_id, None)
+            task = self._forget(job_id)
             bridge = self._bridge if self._state == "up" else None
         if task is not None and bridge is not None:
             bridge.send({"op": "cancel", "job_id": job_id})
@@ -382,6 +384,21 @@ class RayExecutor(Executor):
     def capacity(self) -> dict[str, int] | None:
         with self._lock:
             return dict(self._capacity) if self._capacity is not None else None
+
+    def _forget(self, job_id: str) -> TaskSpec | None:
+        """Drop an in-flight job (lock held); Ray's lines about it may still come, so its env
+        stays in the scrub list a while."""
+        task = self._inflight.pop(job_id, None)
+        if task is not None and task.env:
+            self._recent_envs.append(task.env)
+        return task
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the env values of any job Ray holds, is about to get or just ended."""
+        with self._lock:
+            envs = [task.env for task in (*self._buffer, *self._inflight.values()) if task.env]
+            envs += self._recent_envs
+        return redact_env(text, envs) if envs else text
 
     def shutdown(self) -> None:
         self._closed.set()
@@ -443,7 +460,7 @@ class RayExecutor(Executor):
                 return False
             self._state = "starting"
             try:
-                bridge = _BridgeProcess(config, env)
+                bridge = _BridgeProcess(config, env, self._scrub)
             except OSError as error:
                 bridge = None
                 spawn_error = str(error)
@@ -507,6 +524,7 @@ class RayExecutor(Executor):
             self._state = "stopped" if self._closed.is_set() else "starting"
             failed = list(self._buffer) + list(self._inflight.values())
             self._buffer, self._inflight = [], {}
+            self._recent_envs.extend(task.env for task in failed if task.env)
         log.warning("ray executor: %s", reason)
         from ...models import JobFailure
 
@@ -530,7 +548,7 @@ class RayExecutor(Executor):
         with self._lock:
             known = job_id in self._inflight
             if kind in ("result", "failed"):
-                self._inflight.pop(job_id, None)
+                self._forget(job_id)
         if not known:
             return  # cancelled meanwhile: the core has already finished it
         if kind == "started":
