@@ -113,6 +113,14 @@ def _bridge(cp: ControlPlaneProcess) -> psutil.Process:
     raise AssertionError("the server started no Ray driver process")
 
 
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie); a process may vanish between any two checks."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _session(sid: int) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
@@ -365,7 +373,7 @@ def test_cancel_pending_and_running_jobs_frees_the_gpu(ray_cp, flag):
         pids = [int(path.name.rsplit(".", 1)[1]) for path in flag.parent.glob(f"{flag.name}.pid.*")]
         assert len(pids) == 1, pids  # ... and the pending one never started
         deadline = time.monotonic() + 30
-        while psutil.pid_exists(pids[0]) and psutil.Process(pids[0]).status() != psutil.STATUS_ZOMBIE:
+        while _alive(pids[0]):
             assert time.monotonic() < deadline, "the cancelled task's worker is still running"
             time.sleep(0.1)
         # ... and the class's only GPU is free for the next job.
