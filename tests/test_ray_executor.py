@@ -136,7 +136,12 @@ def _wait_no_session(sid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while _session(sid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = [(p.pid, p.name()) for p in _session(sid) if p.is_running()]
+    left = []
+    for proc in _session(sid):
+        try:
+            left.append((proc.pid, proc.name()))
+        except psutil.NoSuchProcess:  # ended between the listing and the name
+            continue
     assert not left, f"Ray processes left behind: {left}"
 
 
