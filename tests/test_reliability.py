@@ -13,12 +13,13 @@ import os
 import signal
 import sqlite3
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import describe, logs, process_gone, submit, usage, wait_done, wait_until
+from test_jobs_e2e import DEADLINE_S, describe, logs, process_gone, submit, usage, wait_done, wait_until
 
 TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
 IDLE_USAGE = {"name": "default", "gpus_total": 2, "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 0}
@@ -386,10 +387,27 @@ def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_pla
         assert http.post("/v1/functions/describe", json={"name": "kept", "version": kept["version"]}).json() == kept
         assert describe(http, done["job_id"]) == done
         assert http.get("/v1/health").status_code == 200
-        gate.touch()  # the running job ends while the disk is full (its result may not fit)
-        wait_until(lambda: usage(http)["gpus_busy"] == 0, "the finished job's GPU to be freed")
+        stream_lines: list[str] = []
+        streaming = threading.Thread(target=read_stream_until, args=(cp, running, '"DONE"', stream_lines), daemon=True)
+        streaming.start()
+        wait_until(lambda: stream_lines, "the event stream to open")
+        gate.touch()  # the running job ends while the disk is full: its result does not fit
+        ended = wait_done(http, running)  # memory holds the outcome until the disk has room
+        streaming.join(DEADLINE_S)
+        # The stream announced it live, without an id: an unsaved change is no resume point.
+        data_at = next(i for i, line in enumerate(stream_lines) if running in line and '"DONE"' in line)
+        start = max(i for i, line in enumerate(stream_lines[:data_at]) if line == "") + 1
+        assert stream_lines[start:data_at] == ["event: job"], stream_lines[start : data_at + 1]
+        assert ended["job_state"] == "DONE" and ended["result"] == [str(gate)], ended
+        assert describe(http, running) == ended
+        listed = http.post("/v1/jobs/list", json={"state": "IN_PROGRESS"}).json()["jobs"]
+        assert running not in [job["job_id"] for job in listed]
+        assert usage(http)["gpus_busy"] == 0
+        assert saved_state(small_disk, running) == "IN_PROGRESS"  # not saved yet: the disk is full
 
         (small_disk / "filler").unlink()
+        # Saved by the next retry (every second) once space frees, without any request.
+        wait_until(lambda: saved_state(small_disk, running) == "DONE", "the finished job to be saved")
         big = register(http, big_registration("big"))  # space is back: writes work again
         assert wait_done(http, submit(http, "big", big["version"], [{"x": 5}]))["result"] == [10]
 
@@ -399,13 +417,30 @@ def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_pla
     db.close()
     cp.start()
     with cp.http() as http:
-        # Nothing lost: versions intact; the job that finished on a full disk is DONE, or was
-        # re-queued by the restart and runs again.
+        # Nothing lost: versions intact; the job that finished on a full disk is DONE as it
+        # ended then (not re-queued and run again by the restart).
         assert http.post("/v1/functions/describe", json={"name": "kept", "version": kept["version"]}).json() == kept
         assert http.post("/v1/functions/describe", json={"name": "big", "version": big["version"]}).json() == big
-        assert wait_done(http, running)["job_state"] == "DONE"
-        assert describe(http, running)["result"] == [str(gate)]
+        assert describe(http, running) == ended
         assert usage(http) == IDLE_USAGE
+
+
+def read_stream_until(cp, job_id: str, marker: str, lines: list[str]) -> None:
+    """Collect ``/v1/jobs/events`` lines (from now on) until one about ``job_id`` has ``marker``."""
+    with cp.http() as http, http.stream("GET", "/v1/jobs/events") as stream:
+        for line in stream.iter_lines():
+            lines.append(line)
+            if job_id in line and marker in line:
+                return
+
+
+def saved_state(disk: Path, job_id: str) -> str:
+    """The job's state in the control plane's database, read beside the running server."""
+    db = sqlite3.connect(f"file:{disk / 'home' / 'lancefn.sqlite3'}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT state FROM jobs WHERE job_id=?", (job_id,)).fetchone()[0]
+    finally:
+        db.close()
 
 
 def test_server_that_cannot_start_on_a_full_disk_says_so(control_plane_factory, small_disk):

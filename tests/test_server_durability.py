@@ -102,3 +102,25 @@ def test_admin_key_from_the_environment(control_plane_factory):
     assert cp.api_key == "env-provided-key-123"
     assert httpx.get(cp.url + "/v1/gpu/usage", headers={"x-api-key": "env-provided-key-123"}).status_code == 200
     assert not (cp.home / "api_key").exists()
+
+
+def test_store_runs_after_commit_callbacks_only_once_the_outermost_batch_commits(tmp_path):
+    from lancefn_jupyter.server.store import Store
+
+    store = Store(tmp_path / "db.sqlite3")
+    ran: list[str] = []
+    with store.batch():
+        with store.batch():
+            store.after_commit(lambda: ran.append("inner"))
+            assert store.in_batch()
+        assert ran == []  # the inner batch ending commits nothing
+    assert ran == ["inner"] and not store.in_batch()
+    try:
+        with store.batch():
+            store.after_commit(lambda: ran.append("rolled back"))
+            raise RuntimeError("abort")
+    except RuntimeError:
+        pass
+    store.after_commit(lambda: ran.append("no batch"))  # outside a batch: at once
+    assert ran == ["inner", "no batch"]
+    store.close()

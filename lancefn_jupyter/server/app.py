@@ -33,6 +33,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .core import ApiError, ControlPlane, format_validation_error
+from .store import is_storage_full
 
 __all__ = ["create_app", "load_api_keys", "PRIVILEGES", "DEFAULT_MAX_BODY_BYTES", "ApiKeyError"]
 
@@ -176,16 +177,6 @@ _STORAGE_FULL_MESSAGE = (
 )
 
 
-def _storage_full(error: BaseException) -> bool:
-    """A full disk (SQLite's SQLITE_FULL or ENOSPC/EDQUOT/EFBIG from a write)."""
-    import errno
-    import sqlite3
-
-    if isinstance(error, sqlite3.OperationalError):
-        return "full" in str(error)
-    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 def _envelope(status: int, code: str, message: str, request_id: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message, "request_id": request_id}}, status_code=status)
 
@@ -255,7 +246,7 @@ class _Guard:
         try:
             await self.app(scope, inner_receive, send_with_id)
         except Exception as error:
-            if _storage_full(error):
+            if is_storage_full(error):
                 # Not a bug and not the client's fault: 507 Insufficient Storage, and no traceback spam.
                 log.error("%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error)
                 if not started:
@@ -347,7 +338,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         rid = _request_id(request)
-        if _storage_full(error):
+        if is_storage_full(error):
             return _envelope(507, "insufficient_storage", _STORAGE_FULL_MESSAGE, rid)
         log.error("unexpected error (request %s): %s", rid, type(error).__name__)
         return _envelope(400, "request_failed", f"the server could not process this request (request id {rid}); see the server log", rid)
@@ -461,7 +452,10 @@ async def _event_stream(core: ControlPlane, last: int):
                 backlog = False
             while subscriber.items:
                 kind, seq, data = subscriber.items.popleft()
-                if kind == "job":
+                if kind == "job" and seq is None:
+                    # A change the full disk kept from being saved (yet): live only, no resume id.
+                    yield f"event: job\ndata: {data}\n\n"
+                elif kind == "job":
                     if seq <= last:
                         continue  # already sent from the backlog
                     last = seq

@@ -60,13 +60,14 @@ from ..models import (
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
 from .scheduler import SchedulerState
-from .store import JobRecord, Store
+from .store import JobRecord, Store, is_storage_full
 
 __all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "redact_definition", "MAX_REQUEUES", "REDACTED"]
 
 log = logging.getLogger("lancefn.server")
 
 MAX_REQUEUES = 3
+UNSAVED_RETRY_S = 1.0  # how often changes a full disk refused are tried again
 MAX_LOG_LINES_PER_JOB = 20_000
 MAX_LOG_LINE_CHARS = 8_192
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
@@ -150,13 +151,18 @@ def _decode_token(token: str | None) -> int | None:
 
 def _callback(method):
     """Executor callbacks must never raise into executor threads, and a bookkeeping error
-    (e.g. a full disk) must not leave the job hanging: the job is failed instead."""
+    must not leave the job hanging: the job is failed instead.  A full disk is not such an
+    error: state changes are kept in memory and saved once space frees (``_keep_unsaved``),
+    log lines that do not fit are dropped, and the job goes on."""
 
     @functools.wraps(method)
     def guarded(self: "ControlPlane", job_id: str, *args: Any, **kwargs: Any) -> None:
         try:
             method(self, job_id, *args, **kwargs)
-        except Exception:
+        except Exception as error:
+            if is_storage_full(error):
+                log.error("%s(%s): the disk is full (%s); the job goes on", method.__name__, job_id, error)
+                return
             log.exception("%s(%s) failed; failing the job", method.__name__, job_id)
             self._fail_after_error(job_id)
 
@@ -259,6 +265,10 @@ class ControlPlane:
         self._scheduler = SchedulerState(classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1)
         self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
         self._job_env: dict[str, dict[str, str]] = {}  # launched jobs' function env (never logged)
+        # Jobs whose latest change the full disk kept from being saved; memory is authoritative
+        # for them (a finished job stays here, not in _active) until a retry saves them.
+        self._unsaved: dict[str, JobRecord] = {}
+        self._unsaved_retry: threading.Timer | None = None
         self._log_pos: dict[str, int] = {}
         self._progress_emitted: dict[str, float] = {}
         self._progress_held: set[str] = set()  # jobs whose latest count waits for the interval to end
@@ -314,6 +324,10 @@ class ControlPlane:
                 executor.shutdown()
             except Exception:  # shutting down anyway; the reason goes to the log
                 log.exception("executor shutdown failed")
+        with self._lock:
+            if self._unsaved_retry is not None:
+                self._unsaved_retry.cancel()
+            self._save_unsaved(retry=False)
         # Waiters get the job as it stands now rather than hanging until their timeout.
         with self._lock:
             for job_id in list(self._waiters):
@@ -573,7 +587,7 @@ class ControlPlane:
     # --------------------------------------------------------------------- jobs
 
     def _get_job(self, job_id: str) -> JobRecord:
-        rec = self._active.get(job_id)
+        rec = self._active.get(job_id) or self._unsaved.get(job_id)
         if rec is None:
             rec = self.store.get_job(job_id)
         if rec is None:
@@ -599,8 +613,9 @@ class ControlPlane:
             recs = self.store.list_jobs(
                 states=(state,) if state else None, name=name, job_type=job_type, before_seq=before, limit=limit + 1
             )
-            # Memory is authoritative for active jobs (e.g. coalesced progress).
-            jobs = [self._job_wire(self._active.get(rec.job_id, rec)) for rec in recs[:limit]]
+            # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
+            current = [self._active.get(rec.job_id) or self._unsaved.get(rec.job_id) or rec for rec in recs[:limit]]
+            jobs = [self._job_wire(rec) for rec in current if state is None or rec.state == state]
         reply: dict[str, Any] = {"jobs": jobs}
         if len(recs) > limit:
             reply["page_token"] = _encode_token(recs[limit - 1].seq)
@@ -612,8 +627,7 @@ class ControlPlane:
             if rec.state in _TERMINAL:
                 return {"job_id": job_id, "cancelled": False}
             was_placed = rec.state == IN_PROGRESS or not self._scheduler.is_pending(job_id)
-            with self.store.batch():
-                self._finish(rec, CANCELLED)
+            self._finish(rec, CANCELLED)
             if was_placed and self.executor is not None:
                 try:
                     self.executor.cancel(job_id)
@@ -778,14 +792,13 @@ class ControlPlane:
                     problem = "a result contains a string with a lone surrogate, which is not valid Unicode; return valid text"
                 except (TypeError, ValueError) as error:
                     problem = f"a result is not JSON ({error}); return numbers, strings, lists, dicts or None (NaN/Infinity are not JSON)"
-            with self.store.batch():
-                if problem:
-                    rec.failure = JobFailure(phase="result", message=problem).to_wire()
-                    self._finish(rec, FAILED)
-                else:
-                    rec.result = results
-                    rec.rows_done = rec.rows_total
-                    self._finish(rec, DONE)
+            if problem:
+                rec.failure = JobFailure(phase="result", message=problem).to_wire()
+                self._finish(rec, FAILED)
+            else:
+                rec.result = results
+                rec.rows_done = rec.rows_total
+                self._finish(rec, DONE)
 
     @_callback
     def task_failed(self, job_id: str, failure: JobFailure | Mapping[str, Any]) -> None:
@@ -803,8 +816,7 @@ class ControlPlane:
             env = [self._job_env.get(job_id, {})]
             wire = {k: _clean_text(redact_env(v, env)) if isinstance(v, str) else v for k, v in wire.items()}
             rec.failure = wire
-            with self.store.batch():
-                self._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
+            self._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
 
     def _fail_after_error(self, job_id: str) -> None:
         with self._lock:
@@ -815,8 +827,7 @@ class ControlPlane:
                 phase="executor", message="the control plane could not record this job's progress; see the server log", retryable=True
             ).to_wire()
             try:
-                with self.store.batch():
-                    self._finish(rec, FAILED)
+                self._finish(rec, FAILED)
             except Exception:
                 log.exception("could not fail job %s either; dropping it from memory", job_id)
                 self._active.pop(job_id, None)
@@ -861,12 +872,19 @@ class ControlPlane:
                 self._publish_usage()
             return False
         launches = []
-        with self.store.batch():
-            for placement in placements:
-                rec = self._active[placement.job_id]
-                rec.devices = placement.devices
-                self._persist(rec, new=False)
-                launches.append(rec)
+        for placement in placements:
+            rec = self._active[placement.job_id]
+            rec.devices = placement.devices
+            launches.append(rec)
+        try:
+            with self.store.batch():
+                for rec in launches:
+                    self._persist(rec, new=False)
+        except Exception as error:
+            if not is_storage_full(error):
+                raise
+            for rec in launches:  # placed in memory all the same: they run
+                self._keep_unsaved(rec)
         self._publish_usage()
         for rec in launches:
             self._launch(rec)
@@ -904,8 +922,7 @@ class ControlPlane:
             if rec.job_id in self._active:
                 message = redact_env(f"could not start a worker: {error}", [self._job_env.get(rec.job_id, {})])
                 rec.failure = JobFailure(phase="executor", message=message, retryable=True).to_wire()
-                with self.store.batch():
-                    self._finish(rec, FAILED)
+                self._finish(rec, FAILED)
 
     def _append_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
         pos = self._log_pos.get(rec.job_id)
@@ -920,16 +937,66 @@ class ControlPlane:
         self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
 
     def _persist(self, rec: JobRecord, *, new: bool, rows: list | None = None) -> None:
-        """Write the job and its event in one transaction, then publish the event."""
-        wire = self._job_wire(rec)
-        data = _dumps(wire)
-        with self.store.batch():
-            if new:
-                self.store.insert_job(rec, rows)
-            else:
-                self.store.update_job(rec)
-            seq = self.store.insert_event(rec.job_id, data)
-        self.bus.publish("job", seq, data)
+        """Write the job and its event in one transaction, and publish the event once committed.
+
+        A change to a known job that the full disk refuses is kept in memory and retried (see
+        ``_keep_unsaved``) instead of raising, unless an enclosing batch (whose caller decides)
+        is open.  A new job is never kept that way: its request gets the 507."""
+        data = _dumps(self._job_wire(rec))
+        try:
+            with self.store.batch():
+                if new:
+                    self.store.insert_job(rec, rows)
+                else:
+                    self.store.update_job(rec)
+                seq = self.store.insert_event(rec.job_id, data)
+                self.store.after_commit(lambda: self.bus.publish("job", seq, data))
+        except Exception as error:
+            if new or not is_storage_full(error) or self.store.in_batch():
+                raise
+            self._keep_unsaved(rec, data)
+            return
+        self._unsaved.pop(rec.job_id, None)  # its latest state is saved now
+
+    def _keep_unsaved(self, rec: JobRecord, data: str | None = None) -> None:
+        """The disk is full: keep the job's latest state in memory (reads, waits and the event
+        stream see it; a finished job does not look IN_PROGRESS nor run again after a restart
+        once saved) and save it when space frees.  Lock held."""
+        if rec.job_id not in self._unsaved:
+            log.error("job %s is %s but the disk is full; kept in memory and saved once space frees", rec.job_id, rec.state)
+        self._unsaved[rec.job_id] = rec
+        self.bus.publish("job", None, data or _dumps(self._job_wire(rec)))  # live only: no sequence number
+        self._arm_unsaved_retry()
+
+    def _arm_unsaved_retry(self) -> None:
+        if self._unsaved_retry is None:
+            self._unsaved_retry = threading.Timer(UNSAVED_RETRY_S, self._save_unsaved)
+            self._unsaved_retry.daemon = True
+            self._unsaved_retry.start()
+
+    def _save_unsaved(self, *, retry: bool = True) -> None:
+        """Save what the full disk refused, oldest first; try again later while it is full.
+        ``retry=False``: the last try, at shutdown (what is still unsaved then is re-queued by the
+        next start, like any job that was running)."""
+        with self._lock:
+            self._unsaved_retry = None
+            if retry and not self._started:
+                return  # stopped meanwhile: shutdown made the last try
+            for job_id, rec in list(self._unsaved.items()):
+                data = _dumps(self._job_wire(rec))
+                try:
+                    with self.store.batch():
+                        self.store.update_job(rec)
+                        seq = self.store.insert_event(job_id, data)
+                except Exception as error:
+                    if not is_storage_full(error):
+                        log.exception("could not save job %s", job_id)
+                    if retry:
+                        self._arm_unsaved_retry()
+                    return
+                del self._unsaved[job_id]
+                self.bus.publish("job", seq, data)
+                log.info("job %s (%s) saved now that the disk has room", job_id, rec.state)
 
     def queue_snapshot(self) -> dict | None:
         """The `queue` event payload now (None when the executor owns queuing, as Ray does)."""

@@ -13,6 +13,7 @@ every statement here is short.  The store knows nothing about job semantics; it 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -20,9 +21,16 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["Store", "JobRecord", "VersionRow", "DB_FILENAME"]
+__all__ = ["Store", "JobRecord", "VersionRow", "DB_FILENAME", "is_storage_full"]
+
+
+def is_storage_full(error: BaseException) -> bool:
+    """A full disk (SQLite's SQLITE_FULL or ENOSPC/EDQUOT/EFBIG from a write)."""
+    if isinstance(error, sqlite3.OperationalError):
+        return "full" in str(error)
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 DB_FILENAME = "lancefn.sqlite3"
 EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
@@ -119,6 +127,7 @@ class Store:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._depth = 0  # batch nesting; commit when the outermost batch ends
+        self._after_commit: list[Callable[[], None]] = []
         if not self.path.exists():
             # The DB holds artifacts and function env values: private from the start
             # (SQLite gives the -wal/-shm files the database file's permissions).
@@ -149,6 +158,7 @@ class Store:
             except BaseException:
                 self._depth -= 1
                 if self._depth == 0:
+                    self._after_commit.clear()
                     self._db.execute("ROLLBACK")
                 raise
             self._depth -= 1
@@ -156,11 +166,31 @@ class Store:
                 try:
                     self._db.execute("COMMIT")
                 except BaseException:
+                    self._after_commit.clear()
                     # e.g. SQLITE_FULL: SQLite may leave the transaction open, and a later COMMIT
                     # would then save changes the caller was told failed.
                     if self._db.in_transaction:
                         self._db.execute("ROLLBACK")
                     raise
+                callbacks, self._after_commit = self._after_commit, []
+                for callback in callbacks:
+                    callback()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the current outermost batch has committed (never if it rolls
+        back): events announce only what is saved, and a rolled-back sequence number, which
+        SQLite hands out again, is never seen by a client."""
+        with self._lock:
+            if self._depth == 0:
+                callback()
+            else:
+                self._after_commit.append(callback)
+
+    def in_batch(self) -> bool:
+        """Whether this thread is inside a batch (another thread's batch holds the lock, so
+        this waits for it to end and then answers False)."""
+        with self._lock:
+            return self._depth > 0
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
