@@ -118,31 +118,28 @@ def open_panel(page) -> None:
     page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
 
 
-def start_busy_notebook(page, server, marker: Path) -> None:
-    """Opens a new notebook (its own kernel) whose cell writes `marker` then sleeps: the kernel
-    stays busy for the rest of the test."""
-    name = f"busy-{marker.name}.ipynb"
+def open_notebook(page, server, name: str, source: str, workspace: str):
+    """Writes a one-cell notebook, opens it and waits for its kernel; returns the cell's editor."""
     notebook = {
-        "cells": [
-            {
-                "cell_type": "code",
-                "execution_count": None,
-                "id": "busy",
-                "metadata": {},
-                "outputs": [],
-                "source": f"import time\nopen({str(marker)!r}, 'w').write('busy')\ntime.sleep(600)",
-            }
-        ],
+        "cells": [{"cell_type": "code", "execution_count": None, "id": "first", "metadata": {}, "outputs": [], "source": source}],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
         "nbformat": 4,
         "nbformat_minor": 5,
     }
     (server.root_dir / name).write_text(json.dumps(notebook))
-    open_lab(page, server, path=name, workspace=marker.name)
+    open_lab(page, server, path=name, workspace=workspace)
     # Run only once the kernel is up: a cell run while the kernel is still starting is dropped.
     page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=90_000)
     editor = page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first
     editor.wait_for()
+    return editor
+
+
+def start_busy_notebook(page, server, marker: Path) -> None:
+    """Opens a new notebook (its own kernel) whose cell writes `marker` then sleeps: the kernel
+    stays busy for the rest of the test."""
+    source = f"import time\nopen({str(marker)!r}, 'w').write('busy')\ntime.sleep(600)"
+    editor = open_notebook(page, server, f"busy-{marker.name}.ipynb", source, workspace=marker.name)
     editor.click()
     page.keyboard.press("Shift+Enter")
     deadline = time.monotonic() + 90
@@ -229,6 +226,45 @@ def test_cancel_in_the_panel_stops_a_running_job_while_the_kernel_is_busy(page, 
         failure = timed_out.locator(".lf-job-failure")
         assert failure.is_visible() and failure.inner_text().startswith("timeout:")
         assert timed_out.locator(".lf-job-cancel").is_hidden()
+
+
+def test_insert_puts_a_job_handle_into_the_notebook(page, lab):
+    """A job row's Insert adds a `Job.attach` cell below the active cell of the current notebook;
+    run, it shows the job as the kernel sees it."""
+    open_lab(page, lab.server, workspace="insert-no-notebook")
+    open_panel(page)
+    with lab.cp.http() as http:
+        version = register_gate_function(http, num_gpus=1)
+        gate = lab.tmp / "gate-insert"
+        gate.write_text("go")
+        job_id = submit_gate_job(http, "wait_for", version, gate)
+        assert wait_job_state(http, job_id, {"DONE"})["job_state"] == "DONE"
+    job_row(page, job_id, "finished").locator(".lf-job-insert").click()  # no notebook open yet
+    page.wait_for_selector(f'{PANEL} .lf-job[data-job-id="{job_id}"] .lf-job-error:text("open a notebook first")')
+
+    open_notebook(page, lab.server, "insert.ipynb", "x = 1", workspace="insert").click()
+    open_panel(page)
+    row = job_row(page, job_id, "finished")
+    row.wait_for()
+    registration = page.locator(f"{PANEL} .lf-job", has_text="register wait_for").first
+    registration.wait_for()
+    assert registration.locator(".lf-job-insert").is_hidden()  # offered for run jobs only
+    row.locator(".lf-job-insert").click()
+
+    cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
+    cells.nth(1).wait_for()
+    assert cells.count() == 2 and cells.nth(0).locator(".cm-content").inner_text() == "x = 1"
+    inserted = cells.nth(1).locator(".cm-content")
+    lines = [line for line in inserted.inner_text().splitlines() if line.strip()]  # CodeMirror pads blank lines
+    assert lines == ["from lancefn_jupyter import Job", f'job = Job.attach("{job_id}")', "job"]
+    inserted.click()
+    page.keyboard.press("Shift+Enter")
+    output = cells.nth(1).locator(".jp-OutputArea-output")
+    output.filter(has_text="finished").first.wait_for(timeout=90_000)
+    assert f"wait_for@{version}" in output.first.inner_text()
+    assert row.locator(".lf-job-error").is_hidden()
+    screenshot(page, "panel-insert")
+    assert page.lancefn_errors == []
 
 
 def test_panel_layout_is_restored_after_reload(page, lab):

@@ -12,16 +12,36 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { ServerConnection } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { IEventSourceLike, LiveConnection } from './connection';
-import { GpuFunctionsPanel } from './panel';
+import { CodeInserter, GpuFunctionsPanel } from './panel';
 
 const PLUGIN_ID = 'lancefn-jupyter:plugin';
 
 export namespace CommandIDs {
   export const open = 'lancefn-jupyter:open';
+}
+
+/** Insert `code` as a new code cell below the active cell of the current notebook, and show it. */
+function notebookInserter(app: JupyterFrontEnd, tracker: INotebookTracker): CodeInserter {
+  return code => {
+    const current = tracker.currentWidget;
+    if (!current) {
+      return false;
+    }
+    const notebook = current.content;
+    NotebookActions.insertBelow(notebook);
+    const cell = notebook.activeCell;
+    if (!cell) {
+      return false;
+    }
+    cell.model.sharedModel.setSource(code);
+    app.shell.activateById(current.id);
+    return true;
+  };
 }
 
 function makeConnection(jobsLimit: number): LiveConnection {
@@ -43,15 +63,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'GPU Functions side panel: GPU classes, live jobs with Cancel, function versions.',
   autoStart: true,
   requires: [ICommandPalette],
-  optional: [ILayoutRestorer, ISettingRegistry],
+  optional: [ILayoutRestorer, ISettingRegistry, INotebookTracker],
   activate: (
     app: JupyterFrontEnd,
     palette: ICommandPalette,
     restorer: ILayoutRestorer | null,
-    settingRegistry: ISettingRegistry | null
+    settingRegistry: ISettingRegistry | null,
+    notebooks: INotebookTracker | null
   ) => {
     const connection = makeConnection(50);
-    const panel = new GpuFunctionsPanel(connection);
+    const panel = new GpuFunctionsPanel(connection, notebooks ? notebookInserter(app, notebooks) : null);
     panel.title.label = '';
     app.shell.add(panel, 'left', { rank: 600, type: 'GPU Functions' });
 

@@ -230,6 +230,18 @@ export function canCancel(job: IJob): boolean {
   return job.job_state === 'PENDING' || job.job_state === 'IN_PROGRESS';
 }
 
+/**
+ * The code cell the panel's "Insert" button adds to the current notebook: a `Job` handle on this
+ * job (state, wait, result, logs, cancel) in the kernel, like `%gpu_jobs` rows. Null for ids that
+ * are not plain job ids (the control plane's are hex), so nothing odd is ever written into code.
+ */
+export function attachSnippet(jobId: string): string | null {
+  if (!/^[A-Za-z0-9_-]{1,128}$/.test(jobId)) {
+    return null;
+  }
+  return `from lancefn_jupyter import Job\n\njob = Job.attach("${jobId}")\njob`;
+}
+
 function sortJobs(jobs: IJob[]): IJob[] {
   // Newest first; the list the control plane returns is ordered the same way.
   return jobs.sort((a, b) => (b.creation_ms ?? 0) - (a.creation_ms ?? 0));

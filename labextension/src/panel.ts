@@ -11,6 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IPanelState, LiveConnection } from './connection';
 import {
+  attachSnippet,
   canCancel,
   classRows,
   failureText,
@@ -69,12 +70,22 @@ interface IJobRow {
   progressText: HTMLElement;
   failure: HTMLElement;
   cancel: HTMLButtonElement;
+  insert: HTMLButtonElement;
   error: HTMLElement;
   cancelling: boolean;
 }
 
+/**
+ * Puts a code cell into the user's current notebook (below the active cell) and returns whether
+ * there was a notebook to put it in. Provided by the plugin when the notebook tracker exists.
+ */
+export type CodeInserter = (code: string) => boolean;
+
 export class GpuFunctionsPanel extends Widget {
-  constructor(readonly connection: LiveConnection) {
+  constructor(
+    readonly connection: LiveConnection,
+    private readonly _insertCode: CodeInserter | null = null
+  ) {
     super();
     this.id = 'lancefn-gpu-functions';
     this.addClass('lf-panel');
@@ -297,6 +308,9 @@ export class GpuFunctionsPanel extends Widget {
     const error = el('div', 'lf-error lf-job-error');
     const cancel = el('button', 'lf-job-cancel jp-mod-styled jp-mod-warn', 'Cancel');
     cancel.type = 'button';
+    const insert = el('button', 'lf-job-insert jp-mod-styled', 'Insert');
+    insert.type = 'button';
+    insert.title = 'Add a cell with a Job handle on this job (Job.attach) to the current notebook';
     const row: IJobRow = {
       root,
       badge,
@@ -309,11 +323,13 @@ export class GpuFunctionsPanel extends Widget {
       progressText,
       failure,
       cancel,
+      insert,
       error,
       cancelling: false
     };
     cancel.addEventListener('click', () => void this._cancel(row, jobId));
-    line2.appendChild(cancel);
+    insert.addEventListener('click', () => this._insert(row, jobId));
+    line2.append(insert, cancel);
     root.append(line1, line2, progress, failure, error);
     return row;
   }
@@ -342,7 +358,17 @@ export class GpuFunctionsPanel extends Widget {
     if (!cancellable) {
       row.cancelling = false;
     }
+    // Run jobs only: a handle on a registration job is of little use in a notebook.
+    const insertable = this._insertCode !== null && job.job_type === 'run_function';
+    row.insert.style.display = insertable && attachSnippet(job.job_id) ? '' : 'none';
     row.error.style.display = row.error.textContent ? '' : 'none';
+  }
+
+  private _insert(row: IJobRow, jobId: string): void {
+    const code = attachSnippet(jobId);
+    const inserted = code !== null && this._insertCode !== null && this._insertCode(code);
+    row.error.textContent = inserted ? '' : 'open a notebook first, then click Insert again';
+    row.error.style.display = inserted ? 'none' : '';
   }
 
   private async _cancel(row: IJobRow, jobId: string): Promise<void> {

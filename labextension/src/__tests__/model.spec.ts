@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import {
   applyJobEvent,
   applyQueueEvent,
+  attachSnippet,
   backoffDelay,
   canCancel,
   classRows,
@@ -285,5 +286,19 @@ describe('applyQueueEvent', () => {
     expect(applyQueueEvent(jobs, { classes: { default: ['b', 'a'] } })).toBe(jobs);
     expect(applyQueueEvent(jobs, { nonsense: true })).toBe(jobs);
     expect(applyQueueEvent(jobs, null)).toBe(jobs);
+  });
+});
+
+describe('attachSnippet', () => {
+  it('gives a cell that attaches a Job handle to the job', () => {
+    expect(attachSnippet('0123abcdef')).toBe(
+      'from lancefn_jupyter import Job\n\njob = Job.attach("0123abcdef")\njob'
+    );
+  });
+
+  it('refuses ids that are not plain job ids', () => {
+    for (const id of ['', 'a"b', 'a\nimport os', 'x'.repeat(129), 'a b']) {
+      expect(attachSnippet(id)).toBeNull();
+    }
   });
 });
