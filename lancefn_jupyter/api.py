@@ -36,7 +36,7 @@ from .models import (
     display_state,
 )
 from .options import ComputeProfile, FunctionOptions, build_options, build_profile
-from .packaging import PackagedFunction, package_cell, package_function
+from .packaging import PackagedFunction, entry_name, package_cell, package_function
 
 __all__ = [
     "connect",
@@ -53,6 +53,8 @@ __all__ = [
     "gpu_function",
     "function_from_cell",
     "GpuFunction",
+    "UnregisteredFunction",
+    "NotRegisteredError",
     "Job",
     "JobError",
     "RemoteFunctionError",
@@ -660,6 +662,55 @@ class GpuFunction:
 
     def __repr__(self) -> str:
         return self._card()[0]
+
+
+class NotRegisteredError(LancefnError):
+    """A job method was called on the handle of a `%%gpu_function` cell that was refused."""
+
+
+class UnregisteredFunction:
+    """What a refused `%%gpu_function` cell binds its entry name to (README, "When a cell is refused").
+
+    The cell ran, so calling it runs the plain function in this kernel, as it would without the magic;
+    `submit` / `map` / `remote` / `local` / `register` / `version` raise the registration error again
+    instead of an AttributeError, so a stale name never looks like a GPU function.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str, error: str):
+        self.__wrapped__ = fn
+        self.__name__ = name
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.error = error
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__wrapped__(*args, **kwargs)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotRegisteredError(
+            f"{self.__name__} is not registered: {self.error}\nFix the cell and run it again."
+        )
+
+    submit = map = remote = local = register = _refuse
+
+    @property
+    def version(self) -> Any:
+        return self._refuse()
+
+    def __repr__(self) -> str:
+        return f"{self.__name__}: not registered ({self.error}); fix the cell and run it again"
+
+
+def bind_refused(namespace: dict, cell: str, options: FunctionOptions, error: str) -> Optional[UnregisteredFunction]:
+    """After a refused cell: bind its entry name (if the cell defined it) to an `UnregisteredFunction`."""
+    name = entry_name(cell, options.name)
+    fn = namespace.get(name) if name else None
+    if isinstance(fn, (GpuFunction, UnregisteredFunction)):
+        fn = fn.__wrapped__
+    if not callable(fn):
+        return None
+    handle = UnregisteredFunction(fn, name, error)
+    namespace[name] = handle
+    return handle
 
 
 def function_from_cell(

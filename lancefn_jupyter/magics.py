@@ -50,10 +50,10 @@ class GpuMagics(Magics):
             # The magic line, plus the leading blank lines transform_cell drops, precede the source.
             offset = 1 + len(cell) - len(cell.lstrip("\n"))
             handle = api.function_from_cell(source, self.shell.user_ns, options, line_offset=offset)
-        except PackagingError as error:
-            raise UsageError(f"%%gpu_function: {error}") from None
-        except LancefnError as error:
-            raise UsageError(f"%%gpu_function: registration failed: {error}") from None
+        except (PackagingError, LancefnError) as error:
+            message = str(error) if isinstance(error, PackagingError) else f"registration failed: {error}"
+            api.bind_refused(self.shell.user_ns, source, options, message)
+            raise UsageError(f"%%gpu_function: {message}") from None
         self.shell.user_ns[handle._packaged.entrypoint] = handle
         display(handle)
         return None

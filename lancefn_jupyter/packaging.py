@@ -100,6 +100,7 @@ from .models import (
 __all__ = [
     "PackagedFunction",
     "PackagingError",
+    "entry_name",
     "infer_signature",
     "package_cell",
     "package_function",
@@ -113,12 +114,21 @@ _DYNAMIC_NAMESPACE_ACCESS = frozenset(
 _NAMESPACE_MODULES = frozenset(
     {"sys", "builtins", "importlib", "inspect", "gc", "ctypes", "types"}
 )
-# Names IPython injects into `builtins` while a cell runs; they do not exist
-# in the worker, so they are not treated as builtins.
-_IPYTHON_INJECTED = frozenset(
-    {"display", "get_ipython", "__IPYTHON__", "__IPYTHON__active", "dreload"}
-)
-_BUILTIN_NAMES = frozenset(dir(builtins)) - _IPYTHON_INJECTED
+# Names IPython injects into `builtins` while a cell runs that do not exist in
+# the worker, so they are not treated as builtins.
+_IPYTHON_INJECTED = frozenset({"__IPYTHON__", "__IPYTHON__active", "dreload"})
+# IPython's stand-ins for builtins (user namespace: `open`, `exit`, `quit`,
+# `get_ipython`; builtins: `display`). They resolve as builtins in the
+# artifact; the worker provides `display` and `get_ipython` (ARCHITECTURE.md
+# "Names that resolve as builtins").
+_WORKER_STAND_INS = frozenset({"display", "get_ipython"})
+_IPYTHON_STAND_INS = frozenset({"open", "exit", "quit"}) | _WORKER_STAND_INS
+_BUILTIN_NAMES = (frozenset(dir(builtins)) - _IPYTHON_INJECTED) | _WORKER_STAND_INS
+# `!cmd` and `%magic` lines become these calls on get_ipython() (transform_cell).
+_SHELL_CALLS = frozenset({"system", "getoutput", "run_line_magic", "run_cell_magic"})
+# Captured literals larger than this are refused: they would bloat every version.
+LITERAL_CAP_BYTES = 64 * 1024
+_LITERAL_DEPTH = 100
 # Module attributes every module has; they mean the artifact module's own.
 _MODULE_DUNDERS = frozenset(
     {
@@ -285,23 +295,50 @@ def _refuse_dynamic(
         )
 
 
+class _NotLiteral(Exception):
+    """`path` (e.g. ``['model'][0]``) inside a container is not a literal."""
+
+    def __init__(self, path: str, value: Any, why: str = ""):
+        super().__init__(path)
+        self.path, self.value, self.why = path, value, why
+
+
+def _literal_text(value: Any, path: str, depth: int) -> str:
+    """Python source that evaluates to `value`; containers recursively, sets sorted by
+    their elements' source and dicts in insertion order, so equal values give equal text."""
+    if depth > _LITERAL_DEPTH:
+        raise _NotLiteral(path, value, f"nested more than {_LITERAL_DEPTH} levels deep (or contains itself)")
+    kind = type(value)
+    if value is None or kind in (bool, int, str, bytes):
+        return repr(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise _NotLiteral(path, value)
+        return repr(value)
+    if kind is tuple or kind is list:
+        items = [_literal_text(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+        if kind is list:
+            return f"[{', '.join(items)}]"
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if kind is dict:
+        pairs = [
+            f"{_literal_text(k, f'{path}.keys()', depth + 1)}: {_literal_text(v, f'{path}[{k!r}]', depth + 1)}"
+            for k, v in value.items()
+        ]
+        return f"{{{', '.join(pairs)}}}"
+    if kind is set or kind is frozenset:
+        items = sorted(_literal_text(v, f"{path}{{…}}", depth + 1) for v in value)
+        if kind is set:
+            return f"{{{', '.join(items)}}}" if items else "set()"
+        return f"frozenset({{{', '.join(items)}}})" if items else "frozenset()"
+    raise _NotLiteral(path, value)
+
+
 def _literal_source(value: Any) -> Optional[str]:
-    if value is None or type(value) in (bool, int, str, bytes):
-        return repr(value)
-    if type(value) is float and math.isfinite(value):
-        return repr(value)
-    if type(value) is tuple:
-        children = []
-        for child in value:
-            text = _literal_source(child)
-            if text is None:
-                return None
-            children.append(text)
-        inner = ", ".join(children)
-        if len(value) == 1:
-            inner += ","
-        return f"({inner})"
-    return None
+    try:
+        return _literal_text(value, "", 0)
+    except _NotLiteral:
+        return None
 
 
 def _importable_qualname(value: Any) -> Optional[str]:
@@ -355,8 +392,6 @@ def _describe(value: Any) -> str:
         return f"module {value.__name__!r}, which is not importable under that name"
     if type(value) is float:
         return f"a non-finite float ({value!r})"
-    if type(value) is tuple:
-        return "a tuple holding values other than None/bool/int/float/str/bytes"
     kind = type(value)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     article = "an" if name[:1].lower() in "aeiou" else "a"
@@ -378,15 +413,72 @@ def _capture_line(name: str, value: Any, where: Callable[[], str]) -> str:
         imported = _importable_qualname(value)
         if imported is not None:
             return f"{imported} as {name}"
-        literal = _literal_source(value)
-        if literal is not None:
-            return f"{name} = {literal}"
+        try:
+            literal = _literal_text(value, "", 0)
+        except _NotLiteral as error:
+            if error.path:
+                what = f"'{name}{error.path}'"
+                raise PackagingError(
+                    f"the function uses {name!r}{where()} from the notebook, but {what} is "
+                    f"{error.why or _describe(error.value)}, which cannot be packaged into a "
+                    f"function version; {_DEFINE_IT}. {_CAPTURED_KINDS}"
+                ) from None
+        else:
+            line = f"{name} = {literal}"
+            size = len(line.encode("utf-8"))
+            if size > LITERAL_CAP_BYTES:
+                raise PackagingError(
+                    f"{name!r}{where()} is a literal of {size / 1024:.1f} KiB; captured literals "
+                    f"are capped at {LITERAL_CAP_BYTES // 1024} KiB to keep function versions "
+                    "small: read the data inside the function (e.g. from a file) or pass it "
+                    "as a parameter"
+                )
+            return line
     raise PackagingError(
         f"the function uses {name!r}{where()} from the notebook, but {name!r} is "
         f"{_describe(value)}, which cannot be packaged into a function version; "
-        f"{_DEFINE_IT}. Only modules, importable classes/functions and "
-        "None/bool/int/float/str/bytes values (or tuples of them) are captured."
+        f"{_DEFINE_IT}. {_CAPTURED_KINDS}"
     )
+
+
+_CAPTURED_KINDS = (
+    "Only modules, importable classes/functions and literals (None/bool/int/float/str/"
+    "bytes, and dict/list/set/frozenset/tuple of literals) are captured."
+)
+
+
+def _resolves_as_builtin(name: str, value: Any) -> bool:
+    """Whether free `name` (bound to `value` in the namespace, or `_MISSING`) is the
+    builtin of that name, or IPython's stand-in for it, rather than a notebook value."""
+    if name not in _BUILTIN_NAMES:
+        return False
+    if value is _MISSING or value is getattr(builtins, name, _MISSING):
+        return True
+    if name not in _IPYTHON_STAND_INS:
+        return False
+    if getattr(value, "__wrapped__", None) is getattr(builtins, name, _MISSING):
+        return True  # IPython's `open` wraps io.open
+    owner = getattr(value, "__self__", value)  # get_ipython is a bound method of the shell
+    module = getattr(owner, "__module__", None) or type(owner).__module__
+    return isinstance(module, str) and module.split(".")[0] in ("IPython", "ipykernel")
+
+
+def _refuse_shell_syntax(nodes: list[ast.AST], line_of: Callable[[Optional[int]], Optional[int]]) -> None:
+    for top in nodes:
+        for node in ast.walk(top):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _SHELL_CALLS
+                and isinstance(node.func.value, ast.Call)
+                and isinstance(node.func.value.func, ast.Name)
+                and node.func.value.func.id == "get_ipython"
+            ):
+                raise PackagingError(
+                    f"shell and magic syntax (`!cmd`, `%magic`){_at(line_of(node.lineno))} "
+                    "needs IPython, which the worker does not have; use subprocess.run([...]) "
+                    "or plain Python instead"
+                )
 
 
 _NESTED_FIELDS = ("decorator_list", "body", "handlers", "orelse", "finalbody", "cases")
@@ -480,6 +572,17 @@ def _choose_entry(defs: list[ast.stmt], entry: Optional[str]) -> ast.stmt:
     return defs[-1]
 
 
+def entry_name(cell: str, entry: Optional[str] = None) -> Optional[str]:
+    """The entry function's name `package_cell` would choose, or None (no ``def``, or a
+    syntax error): what a refused cell would have bound."""
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:
+        return None
+    defs = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return _choose_entry(defs, entry).name if defs else None
+
+
 def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> types.FunctionType:
     name = node.name
     value = namespace.get(name, _MISSING)
@@ -559,19 +662,17 @@ def package_cell(
         return line
 
     _refuse_dynamic(free, kept, code, same)
+    if "get_ipython" in free:
+        _refuse_shell_syntax(kept, same)
 
     header: dict[str, str] = {}
     for name in sorted(free):
         if name in _MODULE_DUNDERS:
             continue
         value = namespace.get(name, _MISSING)
-        if (
-            value is _MISSING
-            or name in _IPYTHON_INJECTED
-            or value is getattr(builtins, name, _MISSING)
-        ):
-            if name in _BUILTIN_NAMES:
-                continue
+        if _resolves_as_builtin(name, value):
+            continue
+        if value is _MISSING or name in _IPYTHON_INJECTED:
             raise _undefined(name, _first_use(kept, name), "the cell, the notebook")
         header[name] = _capture_line(
             name, value, lambda name=name: _at(_first_use(kept, name))
@@ -588,8 +689,7 @@ def _undefined(name: str, line: Optional[int], scopes: str) -> PackagingError:
     if name in _IPYTHON_INJECTED:
         return PackagingError(
             f"name {name!r}{_at(line)} is provided by IPython and does not exist where "
-            f"the function runs; remove it (or import it explicitly, e.g. "
-            f"`from IPython.display import display`)"
+            "the function runs; remove it"
         )
     return PackagingError(
         f"name {name!r}{_at(line)} is not defined: it is not defined in {scopes}, "
@@ -661,6 +761,8 @@ class _FunctionPackager:
         loaded, bound = _scope_names(code)
         free = loaded - bound
         _refuse_dynamic(free, [node], code, file_line)
+        if "get_ipython" in free:
+            _refuse_shell_syntax([node], file_line)
         for ref in sorted(free):
             if ref in _MODULE_DUNDERS or ref in self.header or ref in self.visiting:
                 continue
@@ -669,13 +771,9 @@ class _FunctionPackager:
                 return _at(file_line(_first_use([node], ref)))
 
             value = self.module_globals.get(ref, _MISSING)
-            if (
-                value is _MISSING
-                or ref in _IPYTHON_INJECTED
-                or value is getattr(builtins, ref, _MISSING)
-            ):
-                if ref in _BUILTIN_NAMES:
-                    continue
+            if _resolves_as_builtin(ref, value):
+                continue
+            if value is _MISSING or ref in _IPYTHON_INJECTED:
                 raise _undefined(
                     ref, file_line(_first_use([node], ref)), f"{label} {name!r}'s module"
                 )

@@ -222,6 +222,21 @@ def _exception_line(exc: BaseException) -> str:
     return f"{type(exc).__qualname__}: {exc}" if str(exc) else type(exc).__qualname__
 
 
+def _display(*objs: object, **_options: object) -> None:
+    """The worker's `display`: what IPython's does outside a kernel, the repr on stdout (job logs)."""
+    for obj in objs:
+        print(repr(obj))
+
+
+def _get_ipython() -> None:
+    """The worker's `get_ipython`: no IPython shell here, as in a plain Python process."""
+    return None
+
+
+# Builtins IPython provides in a notebook, stand-ins in the artifact (ARCHITECTURE.md, "Names that resolve as builtins").
+_STAND_INS = {"display": _display, "get_ipython": _get_ipython}
+
+
 def _load_entry(task: dict) -> object:
     """Compile and execute the artifact in a fresh module; return its entry function."""
     filename = task["filename"]
@@ -229,6 +244,9 @@ def _load_entry(task: dict) -> object:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
     module = types.ModuleType(_ARTIFACT_MODULE)
     module.__file__ = filename
+    import builtins
+
+    module.__builtins__ = {**_STAND_INS, **vars(builtins)}  # real builtins win where they exist
     sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
     try:
         # dont_inherit: this file's `from __future__` flags must not leak into the user's code
