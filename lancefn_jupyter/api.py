@@ -561,7 +561,7 @@ class GpuFunction:
             bound = inspect.signature(self._fn).bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{self.name}(): {error}") from None
-        bound.apply_defaults()
+        # Omitted arguments with defaults stay out of the row: the worker applies the default.
         return {name: _to_json_value(value, f"{name!r} of {self.name}") for name, value in bound.arguments.items()}
 
     def _submit_rows(self, rows: list[dict[str, Any]], single: bool) -> Job:

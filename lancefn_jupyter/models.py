@@ -354,11 +354,17 @@ class FunctionArtifact(_RemoteValue):
 
 
 class FunctionParameter(_RemoteValue):
-    """One input of the entry function."""
+    """One input of the entry function.
+
+    ``default`` is the Python literal source of the parameter's default value (e.g. ``"2"``,
+    ``"None"``); present means the input is optional: a row may omit it and the worker applies
+    the default. Absent (the common case) keeps the encoding, so version ids, as before.
+    """
 
     name: _Identifier
     arrow_type: _Text
     nullable: StrictBool
+    default: Optional[StrictStr] = None
 
 
 class FunctionOutput(_RemoteValue):

@@ -975,11 +975,14 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
                 f"parameter {parameter.name!r} of {name} is positional-only; rows are "
                 "passed by parameter name, so remove the `/` from the signature"
             )
-        if parameter.default is not inspect.Parameter.empty:
+        if parameter.default is not inspect.Parameter.empty and (
+            _literal_source(parameter.default) is None
+        ):
             raise PackagingError(
-                f"parameter {parameter.name!r} of {name} has a default value; every "
-                "parameter is a required input column, so remove the default "
-                f"(`{parameter.name}: type` only)"
+                f"parameter {parameter.name!r} of {name} has a default that is not a literal "
+                f"({_describe(parameter.default)}); a default must be a literal such as None, "
+                "a number, a string or a tuple/list/dict of them: use `= None` and compute "
+                "the value inside the function"
             )
     hints = _type_hints(fn, name)
     missing = [p.name for p in parameters if p.name not in hints]
@@ -1009,8 +1012,13 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
                 f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); "
                 f"supported types: {_SUPPORTED_TYPES}"
             ) from None
+        default = None
+        if parameter.default is not inspect.Parameter.empty:
+            default = _literal_source(parameter.default)  # an optional input (models.py)
         inputs.append(
-            FunctionParameter(name=parameter.name, arrow_type=arrow_type, nullable=nullable)
+            FunctionParameter(
+                name=parameter.name, arrow_type=arrow_type, nullable=nullable, default=default
+            )
         )
     try:
         output_type, output_nullable = _arrow_type(hints["return"])

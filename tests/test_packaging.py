@@ -639,7 +639,8 @@ def test_missing_annotations_say_how_to_fix():
         ("def f(*args: int) -> int: return 1", "parameter '*args' of f"),
         ("def f(**kw: int) -> int: return 1", "parameter '**kw' of f"),
         ("def f(x: int, /) -> int: return 1", "positional-only"),
-        ("def f(x: int = 1) -> int: return 1", "has a default value"),
+        ("def f(x: float = float('nan')) -> int: return 1", "has a default that is not a literal (a non-finite float"),
+        ("def f(x: int = Optional) -> int: return 1", "use `= None` and compute"),
     ],
 )
 def test_unsupported_signatures_are_refused(source, needle):

@@ -563,13 +563,15 @@ class ControlPlane:
             raise ApiError(400, "rows must be a non-empty list of objects, one {param: value} object per call")
         expected = [p.name for p in fv.signature.inputs]
         wanted = set(expected)
+        optional = {p.name for p in fv.signature.inputs if p.default is not None}  # the worker applies the default
+        takes = [p.name if p.default is None else f"{p.name}={p.default}" for p in fv.signature.inputs]
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
                 raise ApiError(400, f"rows[{i}] must be an object mapping parameter names to values, e.g. {{{', '.join(repr(n) + ': ...' for n in expected)}}}")
             keys = set(row)
-            if keys != wanted:
-                missing = [n for n in expected if n not in keys]
-                unknown = sorted(keys - wanted)
+            missing = [n for n in expected if n not in keys and n not in optional]
+            unknown = sorted(keys - wanted)
+            if missing or unknown:
                 problems = []
                 if missing:
                     problems.append(f"missing parameter(s) {', '.join(missing)}")
@@ -577,7 +579,7 @@ class ControlPlane:
                     problems.append(f"unknown parameter(s) {', '.join(unknown)}")
                 raise ApiError(
                     400,
-                    f"rows[{i}]: {' and '.join(problems)}; {fv.name}@{fv.version} takes ({', '.join(expected)})",
+                    f"rows[{i}]: {' and '.join(problems)}; {fv.name}@{fv.version} takes ({', '.join(takes)})",
                 )
             try:
                 _dumps(row).encode("utf-8")
