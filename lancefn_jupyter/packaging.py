@@ -121,9 +121,9 @@ _IPYTHON_INJECTED = frozenset({"__IPYTHON__", "__IPYTHON__active", "dreload"})
 # `get_ipython`; builtins: `display`). They resolve as builtins in the
 # artifact; the worker provides `display` and `get_ipython` (ARCHITECTURE.md
 # "Names that resolve as builtins").
-_WORKER_STAND_INS = frozenset({"display", "get_ipython"})
-_IPYTHON_STAND_INS = frozenset({"open", "exit", "quit"}) | _WORKER_STAND_INS
-_BUILTIN_NAMES = (frozenset(dir(builtins)) - _IPYTHON_INJECTED) | _WORKER_STAND_INS
+_IPYTHON_STAND_INS = frozenset({"open", "exit", "quit", "display", "get_ipython"})
+# While a cell runs IPython hides `exit`/`quit` from builtins, and this module may be imported then.
+_BUILTIN_NAMES = (frozenset(dir(builtins)) - _IPYTHON_INJECTED) | _IPYTHON_STAND_INS
 # `!cmd` and `%magic` lines become these calls on get_ipython() (transform_cell).
 _SHELL_CALLS = frozenset({"system", "getoutput", "run_line_magic", "run_cell_magic"})
 # Captured literals larger than this are refused: they would bloat every version.

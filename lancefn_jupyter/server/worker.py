@@ -233,8 +233,13 @@ def _get_ipython() -> None:
     return None
 
 
+def _exit(code: object = None) -> None:
+    """`exit`/`quit` where `site` did not add them (python -S): end the row with SystemExit."""
+    raise SystemExit(code)
+
+
 # Builtins IPython provides in a notebook, stand-ins in the artifact (ARCHITECTURE.md, "Names that resolve as builtins").
-_STAND_INS = {"display": _display, "get_ipython": _get_ipython}
+_STAND_INS = {"display": _display, "get_ipython": _get_ipython, "exit": _exit, "quit": _exit}
 
 
 def _load_entry(task: dict) -> object:
