@@ -9,7 +9,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from lancefn_jupyter import api
-from lancefn_jupyter.client import InvalidRequest
+from lancefn_jupyter.client import InvalidRequest, LancefnError
 
 CELL = """\
 def normalize_score(value: float) -> float:
@@ -153,11 +153,14 @@ def test_cell_that_fails_to_run_registers_nothing(ip, cp):
 
 
 def test_notebook_value_is_refused_with_a_fix(ip, cp):
-    ip.run_cell("scale = [1, 2, 3]")
+    ip.run_cell("scale = [1, object()]")
     with pytest.raises(UsageError) as raised:
         ip.run_cell_magic("gpu_function", "", "def f(x: int) -> int:\n    return x * len(scale)\n")
-    assert "scale" in str(raised.value) and "define it in the cell" in str(raised.value)
+    assert "'scale[1]' is an object" in str(raised.value) and "define it in the cell" in str(raised.value)
     assert versions(cp) == []
+    # the refused cell's name is a handle that says so, not a plain function (README)
+    with pytest.raises(LancefnError, match="f is not registered: the function uses 'scale'"):
+        ip.user_ns["f"].submit(1)
 
 
 def test_profiles_with_explicit_override(ip, cp):
