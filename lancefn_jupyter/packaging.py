@@ -38,17 +38,20 @@ Decisions worth knowing
   The analysis is flow-insensitive: a name the cell binds anywhere at module
   level counts as defined by the cell.
 * A free name is resolved from the namespace first, then the builtins (like
-  the interpreter). Builtins are never captured. IPython's injected helpers
-  (``display``, ``get_ipython``) are *not* treated as builtins: they do not
-  exist where the function runs. Module dunders (``__name__``, ``__file__``,
-  …) are never captured; they refer to the artifact module's own attributes.
+  the interpreter). Builtins, and IPython's stand-ins for them (``open``,
+  ``exit``, ``quit``, ``get_ipython``, ``display``), are never captured; the
+  worker supplies ``display``/``get_ipython`` (ARCHITECTURE.md, "Names that
+  resolve as builtins"). Module dunders (``__name__``, ``__file__``, …) are
+  never captured; they refer to the artifact module's own attributes.
 * Captured values: modules → ``import m as n``; a class/function importable
   from a real module (not ``__main__``, plain qualname, the module in
   ``sys.modules`` gives back the very same object) → ``from m import q as n``;
-  ``None``/bool/int/str/bytes/finite float and tuples of them → ``n = <repr>``.
-  Anything else (a DataFrame, list, dict, lambda, closure, a function or
-  kernel from another cell, …) is refused with a :class:`PackagingError` that
-  names the variable and says to define it in the cell.
+  literals — ``None``/bool/int/str/bytes/finite float and dict/list/tuple/
+  set/frozenset of literals, dicts in insertion order, sets sorted — →
+  ``n = <source>``, at most ``LITERAL_CAP_BYTES``. Anything else (a
+  DataFrame, lambda, closure, a function or kernel from another cell, …) is
+  refused with a :class:`PackagingError` that names the variable (or the
+  path inside a container) and says to define it in the cell.
 * Dynamic namespace access (``globals``, ``locals``, ``vars``, ``eval``,
   ``exec``, ``compile``, ``__import__``) and the namespace modules ``sys``,
   ``builtins``, ``importlib``, ``inspect``, ``gc``, ``ctypes``, ``types`` are
