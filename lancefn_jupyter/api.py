@@ -36,7 +36,7 @@ from .models import (
     display_state,
 )
 from .options import ComputeProfile, FunctionOptions, build_options, build_profile
-from .packaging import PackagedFunction, entry_name, package_cell, package_function
+from .packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
 
 __all__ = [
     "connect",
@@ -423,6 +423,7 @@ class Job:
         remote_tb = (failure.traceback or "") if failure else ""
         if self._function is not None:
             remote_tb = self._function._map_traceback(remote_tb)
+            message += _missing_module_hint(message, self._function._root)
         text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
         if remote_tb:
             text += "\n\nRemote traceback (your code only):\n" + remote_tb
@@ -454,6 +455,25 @@ class Job:
 
 
 # --------------------------------------------------------------------------------- function handles
+
+
+_NO_MODULE = re.compile(r"No module named '([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _missing_module_hint(message: str, root: Optional[str]) -> str:
+    """For `No module named 'X'`: say whether X is a file next to the notebook that was not shipped."""
+    match = _NO_MODULE.search(message)
+    if match is None or root is None:
+        return ""
+    name = match.group(1)
+    for candidate in (Path(root) / f"{name}.py", Path(root) / name):
+        if candidate.exists():
+            return (
+                f". Note: {name!r} is a local module ({candidate.name} next to the notebook) that was not "
+                f"shipped with this version, so no package needs declaring: import it in the cell, or add "
+                f"include={candidate.name} to %%gpu_function, and run the cell again"
+            )
+    return f". {name!r} is not a file next to the notebook, so it is a package to declare (pip=/conda=)"
 
 
 def _echo_log(stream: str, lines: list[str]) -> None:
@@ -493,8 +513,10 @@ class GpuFunction:
         *,
         cell_source: Optional[str] = None,
         line_offset: int = 0,
+        root: Optional[str] = None,
     ):
         self._fn = fn
+        self._root = root  # the notebook's directory, for the missing-local-module hint
         self._packaged = packaged
         self._options = options
         self._cell_source = cell_source
@@ -626,6 +648,7 @@ class GpuFunction:
             tb = self._map_traceback(error.traceback or "")
             raise LancefnError(
                 f"{self.name}.local() failed in phase {error.phase}: {error.message}"
+                + _missing_module_hint(error.message, self._root)
                 + (f"\n\nTraceback (your code only):\n{tb}" if tb else "")
             ) from None
         self.last_local_device = run.device
@@ -641,6 +664,8 @@ class GpuFunction:
         environment = f"{env.kind}: {packages}" if env else "-"
         if runtime.env:
             environment += f"; env: {', '.join(sorted(runtime.env))}"  # names only: values may be secrets
+        if self._packaged.local_modules:
+            environment += f"; local modules: {', '.join(self._packaged.local_modules)}"
         version = self._version
         note = "" if version is not None else "not registered (register=no): the request is in .registration_request"
         return display.function_card(
@@ -714,17 +739,33 @@ def bind_refused(namespace: dict, cell: str, options: FunctionOptions, error: st
 
 
 def function_from_cell(
-    cell: str, namespace: Mapping[str, Any], options: FunctionOptions, *, line_offset: int = 0
+    cell: str,
+    namespace: Mapping[str, Any],
+    options: FunctionOptions,
+    *,
+    line_offset: int = 0,
+    root: Optional[str] = None,
 ) -> GpuFunction:
     """Package an already-executed cell and build its handle (the magic's core, usable from Python).
 
     `line_offset` is how many notebook lines precede `cell`'s first line (remote tracebacks use it).
+    `root` is the notebook's directory (default: the kernel's working directory, which Jupyter sets to
+    it): modules the cell uses from files under it, and `options.include`, ship inside the artifact.
     """
+    from .local_modules import LocalModuleError, collect
+
     packaged = package_cell(cell, namespace, entry=options.name)
+    root = root or os.getcwd()
+    try:
+        modules = collect(cell, namespace, packaged.captured, root, options.include)
+    except LocalModuleError as error:
+        raise PackagingError(str(error)) from None
+    if modules:
+        packaged = package_cell(cell, namespace, entry=options.name, modules=modules)
     fn = namespace[packaged.entrypoint]
     if isinstance(fn, GpuFunction):  # the cell's def ran, so this is only a stale handle if re-bound
         fn = fn.__wrapped__
-    handle = GpuFunction(fn, packaged, options, cell_source=cell, line_offset=line_offset)
+    handle = GpuFunction(fn, packaged, options, cell_source=cell, line_offset=line_offset, root=root)
     if options.register:
         handle.register()
     return handle

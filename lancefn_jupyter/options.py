@@ -66,11 +66,12 @@ _EXAMPLES = {
     "profile": "profile=NAME",
     "register": "register=no",
     "timeout_s": "timeout_s=600",
+    "include": "include=mylib.py",
 }
 _FUNCTION_KEYS = tuple(_EXAMPLES)
-_PER_FUNCTION_KEYS = ("name", "profile", "register")
+_PER_FUNCTION_KEYS = ("name", "profile", "register", "include")
 _PROFILE_KEYS = tuple(key for key in _FUNCTION_KEYS if key not in _PER_FUNCTION_KEYS)
-_LIST_KEYS = ("pip", "conda", "conda_channels", "env")
+_LIST_KEYS = ("pip", "conda", "conda_channels", "env", "include")
 _PACKAGE_KEYS = ("pip", "conda", "conda_channels")
 
 
@@ -166,6 +167,13 @@ def _check_env(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(result.items()))
 
 
+def _check_include(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) and item.strip() for item in items):
+        raise _fail("include", f"must be a path or a list of paths (got {value!r})", "write include=mylib.py")
+    return tuple(dict.fromkeys(items))  # repeatable; paths may contain commas, so no splitting
+
+
 def _check_timeout(value: Any) -> float:
     # The upper bound (about 31 years) keeps huge ints from overflowing float(); NaN fails both tests.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_TIMEOUT_S:
@@ -192,6 +200,7 @@ _CHECKS = {
     "profile": lambda value: _check_name("profile", value),
     "register": _check_register,
     "timeout_s": _check_timeout,
+    "include": _check_include,
 }
 
 
@@ -259,6 +268,8 @@ class FunctionOptions:
     profile: Optional[str] = None
     register: bool = True
     timeout_s: Optional[float] = None
+    # Files / packages next to the notebook to ship besides the ones the cell imports (local_modules.py).
+    include: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _normalize(self, _FUNCTION_KEYS)
@@ -329,7 +340,7 @@ def _lookup_profile(name: str, profiles: Mapping[str, ComputeProfile]) -> Comput
 
 def _from_text(key: str, values: list[str]) -> Any:
     """Convert the raw text(s) of one option to the Python value the checks take."""
-    if key in _PACKAGE_KEYS:
+    if key in _PACKAGE_KEYS or key == "include":
         return values
     if key == "env":
         pairs = []

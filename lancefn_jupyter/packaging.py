@@ -91,6 +91,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .local_modules import prelude_line
 from .models import (
     FunctionArtifactContent,
     FunctionArtifactRequest,
@@ -169,6 +170,7 @@ class PackagedFunction:
     signature: FunctionSignature
     line_map: Mapping[int, int] = field(compare=False, repr=False)
     captured: tuple[str, ...] = ()
+    local_modules: tuple[str, ...] = ()  # module names shipped inside the artifact (local_modules.py)
 
     @property
     def source_text(self) -> str:
@@ -538,10 +540,13 @@ def _finish(
     signature: FunctionSignature,
     captured: tuple[str, ...],
     code: Optional[str] = None,
+    modules: Optional[Mapping[str, tuple[str, bytes]]] = None,
 ) -> PackagedFunction:
     if code is None:
         code = ast.unparse(ast.Module(body=body, type_ignores=[]))
     header_lines = [header[name] for name in sorted(header)]
+    if modules:  # first, so the captured imports below already find them; absent otherwise (same bytes)
+        header_lines.insert(0, prelude_line(modules))
     text, first_code_line = _assemble(header_lines, code)
     source = text.encode("utf-8")
     return PackagedFunction(
@@ -551,6 +556,7 @@ def _finish(
         signature=signature,
         line_map=types.MappingProxyType(_line_map(code, body, offsets, first_code_line)),
         captured=captured,
+        local_modules=tuple(sorted(modules or ())),
     )
 
 
@@ -626,7 +632,11 @@ def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> types.Functio
 
 
 def package_cell(
-    cell: str, namespace: Mapping[str, Any], *, entry: Optional[str] = None
+    cell: str,
+    namespace: Mapping[str, Any],
+    *,
+    entry: Optional[str] = None,
+    modules: Optional[Mapping[str, tuple[str, bytes]]] = None,
 ) -> PackagedFunction:
     """Package a ``%%gpu_function`` cell.
 
@@ -634,7 +644,8 @@ def package_cell(
     syntax, no magic line); `namespace` is the user namespace *after* the
     cell ran (the entry function must exist there: its annotations give the
     signature). `entry` selects the entry function if it names a top-level
-    ``def`` of the cell.
+    ``def`` of the cell. `modules` (from ``local_modules.collect``) are the
+    notebook's own modules to ship inside the artifact.
     """
     try:
         tree = ast.parse(cell)
@@ -684,7 +695,7 @@ def package_cell(
     function = _entry_object(namespace, entry_node)
     signature = infer_signature(function)
     return _finish(
-        header, kept, [0] * len(kept), entry_node.name, signature, tuple(sorted(header)), code
+        header, kept, [0] * len(kept), entry_node.name, signature, tuple(sorted(header)), code, modules
     )
 
 

@@ -105,3 +105,56 @@ def test_a_config_dict_defaults_and_a_refused_cell(control_plane, tmp_path):
     assert refused.startswith("refused NotRegisteredError bad is not registered: the function uses 'TABLE'")
     assert "Fix the cell and run it again." in texts[-1]
     assert line(texts, "still") == ["callable", "3"]
+
+
+def test_the_notebooks_own_modules_travel_with_the_version(control_plane, tmp_path):
+    (tmp_path / "mylib.py").write_text("from mydep import FACTOR\n\ndef helper(x):\n    return x * FACTOR\n")
+    (tmp_path / "mydep.py").write_text("FACTOR = 3\n")
+    (tmp_path / "extras").mkdir()
+    (tmp_path / "extras" / "__init__.py").write_text("SCALE = 5\n")
+    (tmp_path / "fast.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    (tmp_path.parent / "outside.py").write_text("X = 1\n")
+    tripled = MAGIC + "from mylib import helper\n\ndef tripled(x: int) -> int:\n    return helper(x)\n"
+    report = "print(TAG, tripled.local(2), tripled.submit(2).result(), tripled.version.version)"
+    cells = [
+        "%load_ext lancefn_jupyter",
+        f"%lancefn connect {control_plane.url}",
+        tripled,
+        "TAG = 'first'\n" + report,
+        tripled,
+        "TAG = 'again'\n" + report,
+        # editing the shipped module (here its dependency) makes a new version
+        "with open('mydep.py', 'w') as f:\n    f.write('FACTOR = 4\\n')",
+        tripled,
+        "TAG = 'edited'\n" + report,
+        "print('card', repr(tripled).splitlines()[5])",
+        # include= ships what the cell does not import by name
+        "%%gpu_function num_gpus=1 include=extras\ndef scaled(x: int) -> int:\n"
+        "    import extras\n    return x * extras.SCALE\n",
+        "print('included', scaled.local(2), scaled.remote(2), 'extras/__init__.py' in scaled.artifact_source)",
+        "%%gpu_function num_gpus=1 include=../outside.py\ndef out(x: int) -> int:\n    return x\n",
+        "%%gpu_function num_gpus=1 include=fast.cpython-312-x86_64-linux-gnu.so\ndef comp(x: int) -> int:\n    return x\n",
+        # a local file created after registration was not shipped: the message says so
+        MAGIC + "def late(x: int) -> int:\n    import later\n    return later.Y\n",
+        "with open('later.py', 'w') as f:\n    f.write('Y = 1\\n')",
+        "try:\n    late.remote(1)\nexcept Exception as error:\n    print('late', error)",
+        MAGIC + "def pkg(x: int) -> int:\n    import not_a_local_module_xyz\n    return x\n",
+        "try:\n    pkg.remote(1)\nexcept Exception as error:\n    print('pkg', error)",
+    ]
+    texts = run_notebook(control_plane, tmp_path, cells)
+
+    first, again, edited = line(texts, "first"), line(texts, "again"), line(texts, "edited")
+    assert first[:2] == ["6", "6"] and again == first
+    assert edited[:2] == ["8", "8"] and edited[2] != first[2]
+    assert line(texts, "card")[-3:] == ["modules:", "mydep,", "mylib"]
+    assert line(texts, "included") == ["10", "10", "True"]
+
+    outside, compiled = texts[12], texts[13]
+    assert "UsageError" in outside and "include=../outside.py" in outside and "outside the notebook's directory" in outside
+    assert "UsageError" in compiled and "fast.cpython-312-x86_64-linux-gnu.so, a compiled extension module" in compiled
+
+    late = "\n".join(row for row in texts[16].splitlines())
+    assert "No module named 'later'" in late
+    assert "'later' is a local module (later.py next to the notebook) that was not shipped" in late
+    assert "include=later.py" in late
+    assert "'not_a_local_module_xyz' is not a file next to the notebook, so it is a package to declare" in texts[18]

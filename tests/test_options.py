@@ -311,13 +311,17 @@ def test_dataclasses_validate_on_construction_and_are_frozen():
 def test_every_field_is_an_option():
     # The line accepts each field of FunctionOptions; a profile each field but name/profile/register.
     values = {"num_gpus": "2", "gpu_class": "c", "name": "n", "pip": "p", "conda": "", "conda_channels": "",
-              "env": "A=1", "python_version": "3.12", "image": "i", "profile": "p", "register": "no", "timeout_s": "1"}
+              "env": "A=1", "python_version": "3.12", "image": "i", "profile": "p", "register": "no", "timeout_s": "1",
+              "include": "mylib.py"}
     assert {field.name for field in dataclasses.fields(FunctionOptions)} == set(values)
     profile_fields = {field.name for field in dataclasses.fields(ComputeProfile)} - {"name"}
-    assert profile_fields == set(values) - {"name", "profile", "register"}
+    assert profile_fields == set(values) - {"name", "profile", "register", "include"}
     line = " ".join(f"{key}={value}" for key, value in values.items() if value)
     options = parse(line, p=ComputeProfile(name="p"))
     assert options.num_gpus == 2 and options.image == "i" and options.timeout_s == 1.0
+    assert options.include == ("mylib.py",)
+    assert parse("include=a.py include=pkg").include == ("a.py", "pkg")  # repeatable
+    assert build_options(include=["a.py"]).include == ("a.py",)
 
 
 # ----------------------------------------------------------------------- properties

@@ -333,6 +333,9 @@ def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
     finally:
         sys.modules.pop(_ARTIFACT_MODULE, None)
         linecache.cache.pop(task.get("filename"), None)
+        shipped = sys.modules.get("lancefn_jupyter.local_modules")
+        if shipped is not None:  # the notebook's modules of this version must not serve the next task
+            shipped.uninstall()
 
 
 def run_task_inline(task: dict, send: Callable[..., None]) -> dict:
