@@ -246,3 +246,68 @@ def test_a_refused_cell_without_a_def_binds_nothing():
     namespace: dict = {}
     assert bind_refused(namespace, "x = 1\n", build_options(), "no def") is None
     assert namespace == {}
+
+
+# ------------------------------------------------------------------------------------- local modules
+
+
+def test_local_modules_are_found_next_to_the_notebook_only(tmp_path, monkeypatch):
+    from lancefn_jupyter.local_modules import collect
+
+    (tmp_path / "mylib.py").write_text("import json\nimport numpy\nfrom mydep import K\n")
+    (tmp_path / "mydep.py").write_text("K = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cell = "import numpy as np\nimport json\n\ndef f(x: int) -> int:\n    import mylib\n    return x\n"
+    modules = collect(cell, {}, (), tmp_path)
+    assert {name: path for name, (path, _) in modules.items()} == {"mydep": "mydep.py", "mylib": "mylib.py"}
+    assert modules["mydep"][1] == b"K = 1\n"
+    # the standard library and site-packages never ship, even when the notebook's directory holds them
+    assert collect("import json\nimport numpy\nimport hypothesis\n", {}, (), "/") == {}
+
+
+def test_include_refusals_name_the_path(tmp_path):
+    from lancefn_jupyter.local_modules import LocalModuleError, collect
+
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "fast.abi3.so").write_bytes(b"\x7fELF")
+    for include, needle in [
+        ("../elsewhere.py", "is outside the notebook's directory"),
+        ("missing.py", "does not exist"),
+        ("notes.txt", "notes.txt is not a Python module"),
+        ("fast.abi3.so", "fast.abi3.so, a compiled extension module"),
+    ]:
+        with pytest.raises(LocalModuleError, match=f"include={include}"):
+            collect("", {}, (), tmp_path, [include])
+        with pytest.raises(LocalModuleError) as info:
+            collect("", {}, (), tmp_path, [include])
+        assert needle in str(info.value)
+
+
+def test_cells_without_local_modules_package_to_the_same_bytes(tmp_path):
+    cell = "def f(x: int) -> int:\n    return x\n"
+    plain = pack_with(None, cell, "unused")
+    namespace: dict = {}
+    exec(cell, namespace)
+    assert package_cell(cell, namespace, modules={}).source == plain.source
+    shipped = package_cell(cell, namespace, modules={"m": ("m.py", b"A = 1\n")})
+    assert shipped.local_modules == ("m",) and shipped.digest != plain.digest
+    assert shipped.source_text.endswith(plain.source_text.split("\n\n", 1)[1])
+
+
+def test_a_warm_worker_never_serves_one_versions_modules_to_the_next_task():
+    from test_worker import RawWorker
+
+    def artifact(modules) -> str:
+        cell = "def f(x: int) -> int:\n    import mylib\n    return mylib.V\n"
+        namespace: dict = {}
+        exec(cell, namespace)
+        return package_cell(cell, namespace, modules=modules).source_text
+
+    worker = RawWorker()
+    try:
+        assert worker.run(artifact({"mylib": ("mylib.py", b"V = 1\n")}), [{"x": 0}])[-1]["results"] == [1]
+        assert worker.run(artifact({"mylib": ("mylib.py", b"V = 2\n")}), [{"x": 0}])[-1]["results"] == [2]
+        failed = worker.run(artifact(None), [{"x": 0}])[-1]
+        assert failed["event"] == "failed" and "No module named 'mylib'" in failed["message"]
+    finally:
+        worker.close()
