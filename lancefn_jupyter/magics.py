@@ -30,7 +30,7 @@ class GpuMagics(Magics):
         """Run the cell, register it as an immutable GPU function version, bind its name to a handle.
 
         Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
-        python_version, image, profile, timeout_s, register (yes|no).
+        python_version, image, profile, timeout_s, register (yes|no), include (PATH, repeatable).
         """
         from . import api
         from .client import LancefnError
