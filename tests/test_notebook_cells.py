@@ -11,9 +11,18 @@ from __future__ import annotations
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from test_notebook_magics import _outputs_text
+
+try:  # the module-scoped Ray control plane of the Ray executor's tests, for the one Ray case here
+    from test_ray_executor import ray_cp  # noqa: F401
+except pytest.skip.Exception:  # Ray not installed: only that case is skipped
+
+    @pytest.fixture
+    def ray_cp():
+        pytest.skip("ray is not installed")
 
 MAGIC = "%%gpu_function num_gpus=1\n"
 
@@ -158,3 +167,24 @@ def test_the_notebooks_own_modules_travel_with_the_version(control_plane, tmp_pa
     assert "'later' is a local module (later.py next to the notebook) that was not shipped" in late
     assert "include=later.py" in late
     assert "'not_a_local_module_xyz' is not a file next to the notebook, so it is a package to declare" in texts[18]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_on_the_ray_executor(ray_cp, tmp_path):
+    """One notebook using all of it, its jobs run by Ray: a local module, a config dict, a default, `open`."""
+    (tmp_path / "mylib.py").write_text("def helper(x):\n    return x + 100\n")
+    (tmp_path / "data.txt").write_text("hello")
+    cells = [
+        "%load_ext lancefn_jupyter",
+        f"%lancefn connect {ray_cp.url}",
+        "CONFIG = {'scale': 2, 'names': ('a', 'b')}",
+        "%%gpu_function num_gpus=1 gpu_class=small\nfrom mylib import helper\n\n"
+        "def every(path: str, *, extra: int = 1) -> int:\n"
+        "    with open(path) as f:\n"
+        "        return helper(len(f.read()) * CONFIG['scale'] + extra)\n",
+        f"P = {str(tmp_path / 'data.txt')!r}\n"
+        "print('ray', every.local(P), every.submit(P).result(), every.remote(P, extra=0))",
+    ]
+    texts = run_notebook(ray_cp, tmp_path, cells)
+    assert line(texts, "ray") == ["111", "111", "110"]
