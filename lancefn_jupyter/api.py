@@ -721,6 +721,13 @@ class UnregisteredFunction:
     def version(self) -> Any:
         return self._refuse()
 
+    def __getattr__(self, attribute: str) -> Any:
+        # Any other public GpuFunction attribute (.name, .artifact_source, …): the same error, not an
+        # AttributeError. Private names stay AttributeErrors, as display and introspection expect.
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return self._refuse()
+
     def __repr__(self) -> str:
         return f"{self.__name__}: not registered ({self.error}); fix the cell and run it again"
 

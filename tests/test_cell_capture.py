@@ -236,10 +236,12 @@ def test_a_refused_cell_binds_a_handle_that_raises_the_registration_error():
     assert isinstance(handle, UnregisteredFunction) and namespace["f"] is handle
     assert handle(1) == 3  # the cell ran: calling it in the kernel works as without the magic
     for call in (lambda: handle.submit(1), lambda: handle.map([1]), lambda: handle.remote(1),
-                 lambda: handle.local(1), lambda: handle.register(), lambda: handle.version):
+                 lambda: handle.local(1), lambda: handle.register(), lambda: handle.version,
+                 lambda: handle.artifact_source):
         with pytest.raises(NotRegisteredError, match="f is not registered: TABLE is an object\nFix the cell and run it again"):
             call()
     assert "not registered" in repr(handle)
+    assert not hasattr(handle, "_repr_html_")  # display and introspection still see plain AttributeErrors
 
 
 def test_a_refused_cell_without_a_def_binds_nothing():
