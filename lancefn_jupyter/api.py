@@ -22,7 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from . import display
 from .client import Client, Forbidden, LancefnError
@@ -37,6 +37,9 @@ from .models import (
 )
 from .options import ComputeProfile, FunctionOptions, build_options, build_profile
 from .packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
+
+if TYPE_CHECKING:
+    from .versions import VersionDiff, VersionHistory
 
 __all__ = [
     "connect",
@@ -60,6 +63,9 @@ __all__ = [
     "RemoteFunctionError",
     "JobCancelled",
     "JobTimedOut",
+    "lookup",
+    "diff_versions",
+    "version_history",
 ]
 
 
@@ -523,6 +529,7 @@ class GpuFunction:
         # Notebook line of the packaged text's line 0 (the magic line, plus any blank lines IPython dropped).
         self._line_offset = line_offset
         self._version: Optional[FunctionVersion] = None
+        self._line_label = "cell line {}"  # looked-up handles name the artifact's lines instead
         self.timeout_s: Optional[float] = options.timeout_s
         self.last_local_device: Optional[str] = None
         self.name = options.name or packaged.entrypoint
@@ -570,9 +577,15 @@ class GpuFunction:
     def _map_traceback(self, text: str) -> str:
         """Remote frames shown at the user's lines: the notebook cell's, or the .py file's (decorator)."""
         if self._cell_source is not None:
-            return map_traceback(text, self._packaged, self._cell_source, line_offset=self._line_offset)
+            return map_traceback(
+                text, self._packaged, self._cell_source, line_offset=self._line_offset, where=self._line_label
+            )
         filename = getattr(getattr(self._fn, "__code__", None), "co_filename", "<source>")
         return map_traceback(text, self._packaged, None, where=f'File "{filename}", line {{}}')
+
+    def diff(self, old: Optional[str] = None, new: Optional[str] = None) -> "VersionDiff":
+        """What changed between two versions of this function (default: the last two); prefixes of 6+ chars work."""
+        return diff_versions(self.name, old, new)
 
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -819,3 +832,117 @@ def gpu_function(
         return GpuFunction(function, package_function(function), options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+# ------------------------------------------------------------------------- versions from anywhere
+
+
+def _registered_versions(client: Client, name: str) -> list[FunctionVersion]:
+    """Live versions of `name` with definitions, registration order (oldest first)."""
+    return [item.definition for item in client.functions.list(name, include_definition=True) if item.definition]
+
+
+def _pick_version(name: str, prefix: Optional[str], known: list[FunctionVersion]) -> FunctionVersion:
+    from .versions import resolve_version
+
+    version = resolve_version(name, prefix, [fv.version for fv in known])
+    return next(fv for fv in known if fv.version == version)
+
+
+def _looked_up_stub(fv: FunctionVersion) -> Callable[..., Any]:
+    """Stands in for the Python function, which lives in another process: it carries the signature
+    (so `submit`/`map` bind arguments as usual) and says what to call instead."""
+
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise LancefnError(
+            f"{fv.name}@{fv.version} was looked up from the control plane, so its Python function is not "
+            f"in this process; call .local(...), .remote(...), .submit(...) or .map(...)"
+        )
+
+    stub.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in fv.signature.inputs]
+    )
+    stub.__name__ = stub.__qualname__ = fv.artifact.entrypoint
+    return stub
+
+
+def lookup(ref: str) -> GpuFunction:
+    """A handle on a registered version from any kernel or script: `lookup("name")` (newest) or
+    `lookup("name@1a2b3c")` (a unique version prefix of 6+ characters).
+
+    It has `submit`, `map`, `remote`, `local`, `version`, `diff` and the card. Env values are secrets the
+    control plane never returns: `.local()` takes each env name's value from this process's environment.
+    """
+    from .versions import parse_ref
+
+    name, prefix = parse_ref(ref)
+    client = current_client()
+    fv = _pick_version(name, prefix, _registered_versions(client, name))
+    source = client.functions.artifact(fv.name, fv.version)
+    text = source.decode("utf-8")
+    packaged = PackagedFunction(
+        source=source,
+        digest=fv.artifact.digest,
+        entrypoint=fv.artifact.entrypoint,
+        signature=fv.signature,
+        line_map={i: i for i in range(1, text.count("\n") + 2)},  # the artifact is the user's text here
+    )
+    runtime, resources = fv.runtime, fv.runtime.resources
+    environment = runtime.environment
+    packages = tuple(environment.packages) if environment else ()
+    options = build_options(
+        name=fv.name,
+        num_gpus=resources.num_gpus if resources else None,
+        gpu_class=resources.gpu_class if resources else None,
+        pip=packages if environment is None or environment.kind == "pip" else (),
+        conda=packages if environment is not None and environment.kind == "conda" else (),
+        conda_channels=tuple(environment.channels) if environment else (),
+        image=environment.image if environment else None,
+        python_version=runtime.python_version,
+        env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},
+    )
+    handle = GpuFunction(_looked_up_stub(fv), packaged, options, cell_source=text)
+    handle._line_label = f"line {{}} of {fv.name}@{fv.version[:8]}'s source"
+    # The registered request (env values redacted): `register()` finds the version here and sends nothing.
+    handle._request = FunctionRegistrationRequest(
+        name=fv.name, artifact=packaged.artifact_request(), signature=fv.signature, runtime=runtime
+    )
+    _session.registered[(client.url, _request_key(handle._request))] = fv
+    handle._version = fv
+    return handle
+
+
+def version_history(name: str) -> "VersionHistory":
+    """`%gpu_versions NAME`: versions newest first, each with its one-line change and lookup snippet."""
+    from .versions import history
+
+    client = current_client()
+    known = _registered_versions(client, name)
+    if not known:
+        from .versions import resolve_version
+
+        resolve_version(name, None, [])  # raises the "no function named" error
+    sources = [client.functions.artifact(fv.name, fv.version).decode("utf-8") for fv in known]
+    return history(name, known, sources)
+
+
+def diff_versions(name: str, old: Optional[str] = None, new: Optional[str] = None) -> "VersionDiff":
+    """Source diff and runtime differences between two versions of `name`.
+
+    Default: the newest version against the one before; with only `old`, `old` against the newest.
+    Versions may be unique prefixes of 6+ characters.
+    """
+    from .versions import VersionLookupError, diff_versions as diff
+
+    client = current_client()
+    known = _registered_versions(client, name)
+    new_fv = _pick_version(name, new, known)
+    if old is None:
+        index = [fv.version for fv in known].index(new_fv.version)
+        if index == 0:
+            raise VersionLookupError(f"{name}@{new_fv.version} is the first version of {name!r}: there is nothing before it to diff against")
+        old_fv = known[index - 1]
+    else:
+        old_fv = _pick_version(name, old, known)
+    sources = [client.functions.artifact(name, fv.version).decode("utf-8") for fv in (old_fv, new_fv)]
+    return diff(old_fv, new_fv, *sources)

@@ -125,13 +125,23 @@ class GpuMagics(Magics):
 
     @line_magic
     def gpu_versions(self, line: str):
-        """%gpu_versions [name]: registered function versions."""
+        """%gpu_versions: every version; %gpu_versions NAME: its history, newest first, one line of change
+        each; %gpu_versions diff NAME [OLD [NEW]]: source and runtime diff (default: the last two)."""
         from . import api
+        from .versions import VersionLookupError
 
         args = shlex.split(line)
-        if len(args) > 1:
-            raise UsageError("usage: %gpu_versions [name]")
-        return api.list_versions(args[0] if args else None)
+        usage = "usage: %gpu_versions [NAME] | %gpu_versions diff NAME [OLD [NEW]] (versions: unique prefixes of 6+ chars)"
+        try:
+            if args[:1] == ["diff"] and len(args) > 1:  # a function named "diff" still lists with one word
+                if len(args) > 4:
+                    raise UsageError(usage)
+                return api.diff_versions(*args[1:])
+            if len(args) > 1:
+                raise UsageError(usage)
+            return api.version_history(args[0]) if args else api.list_versions()
+        except VersionLookupError as error:
+            raise UsageError(str(error)) from None
 
     @line_magic
     def gpu_jobs(self, line: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Iterator, Optional
 
 from ..models import FunctionRegistrationRequest, FunctionVersion, JobState
@@ -60,6 +61,11 @@ class FunctionsResource:
             if not token:
                 return
             body["page_token"] = token
+
+    def artifact(self, name: str, version: str) -> bytes:
+        """The version's artifact source bytes (`POST /v1/functions/artifact`)."""
+        reply = self._t.post("/v1/functions/artifact", {"name": name, "version": version})
+        return base64.b64decode(reply["data"])
 
     def drop(self, name: str, version: str) -> bool:
         return bool(self._t.post("/v1/functions/drop", {"name": name, "version": version})["dropped"])

@@ -373,6 +373,11 @@ def create_app(
             name=body.name, include_definition=body.include_definition, page_token=body.page_token, limit=body.limit
         )
 
+    @app.post("/v1/functions/artifact", dependencies=[require("functions")])
+    async def function_artifact(request: Request) -> dict:
+        body = await _parse(request, _NameVersion)
+        return core.function_artifact(body.name, body.version)
+
     @app.post("/v1/functions/drop", dependencies=[require("functions")])
     async def drop_function(request: Request) -> dict:
         body = await _parse(request, _NameVersion)

@@ -477,6 +477,15 @@ class ControlPlane:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to restore it")
         return redact_definition(definition)
 
+    def function_artifact(self, name: str, version: str) -> dict:
+        """The version's artifact bytes (base64), so any process can run or diff it (`lookup`, `.local()`)."""
+        self.describe_function(name, version)  # 404 for unknown and dropped versions, same messages
+        row = self.store.get_version(name, version)
+        definition = json.loads(row.definition)["artifact"]
+        data = base64.b64encode(row.artifact).decode("ascii")
+        return {"name": name, "version": version, "entrypoint": definition["entrypoint"],
+                "digest": definition["digest"], "encoding": "base64", "data": data}
+
     def list_functions(self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100) -> dict:
         after = _decode_token(page_token) or 0
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
