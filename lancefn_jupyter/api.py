@@ -283,7 +283,13 @@ class JobTimedOut(JobError):
     pass
 
 
-_FRAME = re.compile(r'File "<gpu_function [^>]*>", line (\d+)')
+def _user_line(packaged: PackagedFunction, artifact_line: int) -> Optional[int]:
+    """The user's line for an artifact line; inside a multi-line statement, the statement's line."""
+    line = packaged.user_line(artifact_line)
+    if line is None:
+        starts = [k for k in packaged.line_map if k <= artifact_line]
+        line = packaged.user_line(max(starts)) if starts else None
+    return line
 
 
 def map_traceback(
@@ -294,30 +300,19 @@ def map_traceback(
     line_offset: int = 0,
     where: str = "cell line {}",
 ) -> str:
-    """Rewrite artifact frames to the user's cell lines, with the cell's own source line under each.
+    """Rewrite every reference to the artifact (Python frames, SyntaxError, numba's forms) to the user's
+    cell lines, with the cell's own source line in place of the packaged one (see `tracebacks`).
 
     `line_offset` is 1 for `%%gpu_function` cells: the magic line is the notebook cell's first line.
     """
     if not text or packaged is None:
         return text or ""
+    from .tracebacks import map_error_text
+
     cell_lines = cell_source.splitlines() if cell_source else []
-    out: list[str] = []
-    skip_echo = False
-    for line in text.splitlines():
-        if skip_echo and line.startswith("    "):
-            skip_echo = False  # the worker's echo of the artifact line; the cell's line replaces it
-            continue
-        skip_echo = False
-        match = _FRAME.search(line)
-        user_line = packaged.user_line(int(match.group(1))) if match else None
-        if user_line is None:
-            out.append(line)
-            continue
-        out.append(line[: match.start()] + where.format(user_line + line_offset) + line[match.end() :])
-        if 0 < user_line <= len(cell_lines):
-            out.append("    " + cell_lines[user_line - 1].strip())
-            skip_echo = True
-    return "\n".join(out)
+    return map_error_text(
+        text, lambda n: _user_line(packaged, n), cell_lines, line_offset=line_offset, where=where
+    )
 
 
 # -------------------------------------------------------------------------------------- job handles
@@ -428,8 +423,9 @@ class Job:
         message = failure.message if failure else "no failure details"
         remote_tb = (failure.traceback or "") if failure else ""
         if self._function is not None:
-            remote_tb = self._function._map_traceback(remote_tb)
-            message += _missing_module_hint(message, self._function._root)
+            hint = _missing_module_hint(message, self._function._root)
+            message, remote_tb = self._function._map_failure(message, remote_tb)
+            message += hint
         text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
         if remote_tb:
             text += "\n\nRemote traceback (your code only):\n" + remote_tb
@@ -587,6 +583,13 @@ class GpuFunction:
         """What changed between two versions of this function (default: the last two); prefixes of 6+ chars work."""
         return diff_versions(self.name, old, new)
 
+    def _map_failure(self, message: str, traceback: str) -> tuple[str, str]:
+        """(message, traceback) at the user's lines, the message said once (compiler errors are long)."""
+        from .tracebacks import say_once
+
+        traceback = self._map_traceback(traceback)
+        return say_once(self._map_traceback(message), traceback), traceback
+
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
@@ -658,9 +661,9 @@ class GpuFunction:
                 on_log=_echo_log,  # the function's prints show up live, as they would in the kernel
             )
         except LocalRunError as error:
-            tb = self._map_traceback(error.traceback or "")
+            message, tb = self._map_failure(error.message, error.traceback or "")
             raise LancefnError(
-                f"{self.name}.local() failed in phase {error.phase}: {error.message}"
+                f"{self.name}.local() failed in phase {error.phase}: {message}"
                 + _missing_module_hint(error.message, self._root)
                 + (f"\n\nTraceback (your code only):\n{tb}" if tb else "")
             ) from None

@@ -185,16 +185,14 @@ class JobWidget(FallbackReprMixin, w.VBox):
 
     def _error_html(self, job: Any) -> str:
         failure = job.failure
-        trace = failure.traceback or ""
+        trace, message = failure.traceback or "", failure.message
         function = self._function
-        if trace and function is not None:
-            from ..api import map_traceback
-
-            trace = map_traceback(trace, function._packaged, function._cell_source)
+        if function is not None:
+            message, trace = function._map_failure(message, trace)
         retry = " (retryable: submitting again may succeed)" if failure.retryable else ""
         body = (
             f"<div class='lancefn-job-error' style='color:#c62828'><b>{html.escape(failure.phase)}</b>: "
-            f"{html.escape(failure.message)}{html.escape(retry)}</div>"
+            f"{html.escape(message)}{html.escape(retry)}</div>"
         )
         if trace:
             body += (
