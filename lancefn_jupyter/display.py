@@ -17,6 +17,7 @@ __all__ = [
     "gpu_memory",
     "format_elapsed",
     "job_summary",
+    "expected_start_text",
     "job_elapsed_s",
     "render_table",
     "gpu_classes_table",
@@ -74,6 +75,20 @@ def job_elapsed_s(job: Job, now_ms: Optional[float] = None) -> Optional[float]:
     return (end - job.started_ms) / 1000
 
 
+def expected_start_text(expected_start_ms: Optional[int], now_ms: Optional[float] = None) -> str:
+    """"starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
+    if expected_start_ms is None:
+        return "start time unknown"
+    wait_s = (expected_start_ms - (now_ms if now_ms is not None else time.time() * 1000)) / 1000
+    if wait_s < 1.5:
+        return "starts any moment"
+    if wait_s < 90:
+        return f"starts in about {wait_s:.0f} s"
+    if wait_s < 90 * 60:
+        return f"starts in about {wait_s / 60:.0f} min"
+    return f"starts in about {wait_s / 3600:.1f} h"
+
+
 def job_summary(job: Job) -> str:
     """One line saying what the job is doing, in the user's words."""
     state = display_state(job.job_state)
@@ -81,6 +96,8 @@ def job_summary(job: Job) -> str:
     if job.job_state == JobState.PENDING:
         where = placement.gpu_class or "default"
         position = f", position {placement.queue_position}" if placement.queue_position is not None else ""
+        if placement.queue_position is not None and placement.num_gpus:
+            position += f", {expected_start_text(placement.expected_start_ms)}"
         if placement.waiting_on_capacity:
             return f"pending: waiting for GPU capacity in class {where}{position}"
         return f"pending{position}"

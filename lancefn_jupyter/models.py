@@ -30,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     StrictStr,
     field_validator,
     model_validator,
@@ -519,6 +520,8 @@ class JobPlacement(_RemoteValue):
     waiting_on_capacity: StrictBool = False
     queue_position: Optional[_Count] = None
     node: Optional[StrictStr] = None
+    # When a queued job should start (epoch ms), from the queue and recent run times; None: unknown.
+    expected_start_ms: Optional[StrictInt] = None
 
 
 class JobProgress(_RemoteValue):

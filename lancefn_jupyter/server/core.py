@@ -57,6 +57,7 @@ from ..models import (
     rfc3339_now,
     version_id,
 )
+from .estimates import RunTimes, queue_estimates
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
 from .scheduler import SchedulerState
@@ -71,6 +72,7 @@ UNSAVED_RETRY_S = 1.0  # how often changes a full disk refused are tried again
 MAX_LOG_LINES_PER_JOB = 20_000
 MAX_LOG_LINE_CHARS = 8_192
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
+ESTIMATE_REFRESH_MS = 1000  # expected starts are recomputed at least this often (running jobs overrun)
 PROGRESS_EVENT_INTERVAL_S = 0.1  # progress events are coalesced per job; final states carry the final count
 PAGE_LIMIT_MAX = 1000
 
@@ -276,6 +278,8 @@ class ControlPlane:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._versions: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
         self._started = False
+        self._run_times = RunTimes()  # recent run times, for pending jobs' expected start
+        self._estimates: tuple[int, dict[str, int | None]] = (0, {})  # (computed at, job_id → ms)
 
     @property
     def executor_name(self) -> str:
@@ -300,6 +304,8 @@ class ControlPlane:
                 self.executor.start(self)
                 self._apply_executor_capacity()
             self._recover()
+            for done in reversed(self.store.list_jobs(states=(DONE,), job_type="run_function", limit=1000)):
+                self._note_run_time(done)
             self._started = True
             self._dispatch()
             if self._executor_queues:  # recovered jobs, oldest first
@@ -859,6 +865,7 @@ class ControlPlane:
         rec.finished_ms = _now_ms()
         if state == DONE:
             rec.failure = None
+            self._note_run_time(rec)
         had_devices = bool(self._scheduler.release(rec.job_id)) or bool(rec.devices)
         self._active.pop(rec.job_id, None)
         self._log_pos.pop(rec.job_id, None)
@@ -1014,14 +1021,36 @@ class ControlPlane:
         if self._executor_queues:
             return None
         with self._lock:
-            return {"classes": self._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)}
+            return self._queue_payload()
+
+    def _queue_payload(self) -> dict:
+        heads = self._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)
+        expected = {job_id: self._expected_start(job_id) for ids in heads.values() for job_id in ids}
+        return {"classes": heads, "expected_start_ms": expected}
+
+    def _note_run_time(self, rec: JobRecord) -> None:
+        if rec.job_type == "run_function" and rec.gpu_class and rec.started_ms is not None and rec.finished_ms is not None:
+            self._run_times.record(rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class, rec.finished_ms - rec.started_ms)
+
+    def _expected_start(self, job_id: str) -> int | None:
+        """When a queued job should start (epoch ms), or None when unknown (see `estimates`)."""
+        with self._lock:
+            now = _now_ms()
+            at, table = self._estimates
+            if now - at >= ESTIMATE_REFRESH_MS or job_id not in table:
+                table = queue_estimates(now, list(self._scheduler.pools.values()), self._active, self._run_times)
+                self._estimates = (now, table)
+            value = table.get(job_id)
+            return None if value is None else max(value, now)
 
     def _publish_usage(self) -> None:
+        self._estimates = (0, {})  # the queue or the GPUs held changed
         self.bus.publish("usage", None, _dumps({"classes": self._usage()}))
         if not self._executor_queues:
             # When the queue moves, every job behind moves up without an event of its own (one per
-            # job would cost O(queue) writes per start): UIs re-number pending jobs from this.
-            self.bus.publish("queue", None, _dumps({"classes": self._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)}))
+            # job would cost O(queue) writes per start): UIs re-number pending jobs (and re-read
+            # their expected start) from this.
+            self.bus.publish("queue", None, _dumps(self._queue_payload()))
 
     def _job_wire(self, rec: JobRecord) -> dict:
         """The Job wire form, built without pydantic for speed. Placement and progress carry every
@@ -1032,6 +1061,7 @@ class ControlPlane:
             "devices": list(rec.devices or ()),
             "waiting_on_capacity": False,
             "queue_position": None,
+            "expected_start_ms": None,
         }
         if rec.state == PENDING:
             # Queued (not yet placed): waiting for its class's GPUs, or a CPU slot.
@@ -1039,6 +1069,8 @@ class ControlPlane:
             if position is not None:
                 placement["waiting_on_capacity"] = True
                 placement["queue_position"] = position
+                if rec.num_gpus:
+                    placement["expected_start_ms"] = self._expected_start(rec.job_id)
             elif self._executor_queues and not rec.devices:
                 placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
         if rec.node is not None:

@@ -455,6 +455,8 @@ class EventListener:
                     _call(callback, updated)
             for hook in list(self._event_hooks):
                 _call(hook, job if job is not None else data)
+        elif event.event == "queue" and isinstance(event.data, dict):
+            self._deliver_expected(event.data.get("expected_start_ms") or {})
         elif event.event == "usage" and isinstance(event.data, dict):
             try:
                 usage = [GpuUsage.from_wire(item) for item in event.data.get("classes", [])]
@@ -464,6 +466,21 @@ class EventListener:
             self._deliver_usage(usage)
             for hook in list(self._event_hooks):
                 _call(hook, usage)
+
+    def _deliver_expected(self, expected: dict) -> None:
+        """`queue` events carry pending jobs' expected start, which moves with the queue: re-show them."""
+        with self._lock:
+            everyone = self._all_jobs.get(None)
+            changed = []
+            for job_id, at in expected.items():
+                previous = self._pending.get(job_id)
+                if previous is not None and previous.placement.expected_start_ms != at and (at is None or isinstance(at, int)):
+                    placement = previous.placement.model_copy(update={"expected_start_ms": at})
+                    updated = self._pending[job_id] = previous.model_copy(update={"placement": placement})
+                    changed.append((updated, self._jobs.get(job_id)))
+        for updated, callbacks in changed:
+            for callback in [*callbacks, *everyone]:
+                _call(callback, updated)
 
     def _deliver_usage(self, usage: list) -> None:
         self.usage = usage

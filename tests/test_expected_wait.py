@@ -1,0 +1,106 @@
+"""Expected start of pending jobs (issue 17 §3): the pure replay, then a real control plane's REST shape,
+queue events and the text a user reads. Accuracy is measured in benchmarks/bench_expected_wait.py."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+
+from lancefn_jupyter import display
+from lancefn_jupyter.models import Job
+from lancefn_jupyter.server.estimates import Holding, RunTimes, Waiting, expected_starts
+
+from conftest import register, registration_body
+from test_jobs_e2e import describe, submit, wait_done, wait_state
+
+
+def test_replay_strict_fifo_over_predicted_run_times():
+    # 2 GPUs: a (1 GPU) ends at 10_000, b (1 GPU) at 4_000; queue: c (2 GPUs), d (1 GPU, 3 s), e (1 GPU).
+    holding = [Holding("a", 1, 0, 10_000.0), Holding("b", 1, 1_000, 3_000.0)]
+    waiting = [Waiting("c", 2, 5_000.0), Waiting("d", 1, 3_000.0), Waiting("e", 1, 1_000.0)]
+    got = expected_starts(2_000, 2, holding, waiting)
+    # c needs both GPUs: after a ends (10 s); d and e start when c ends (15 s): FIFO, no overtaking.
+    assert got == {"c": 10_000, "d": 15_000, "e": 15_000}
+
+
+def test_overrun_unknown_and_unstarted_jobs():
+    # a overran its expected 1 s: taken to end now. b was placed but has not started: counts from now.
+    got = expected_starts(5_000, 2, [Holding("a", 1, 0, 1_000.0), Holding("b", 1, None, 2_000.0)],
+                          [Waiting("c", 1, 500.0), Waiting("d", 1, None), Waiting("e", 1, 100.0), Waiting("f", 1, 1.0)])
+    assert got == {"c": 5_000, "d": 5_500, "e": 7_000, "f": 7_100}
+    # A holder with no history never frees its GPU in the replay: whoever needs it is unknown, and so is
+    # everyone behind (strict FIFO).
+    got = expected_starts(0, 1, [Holding("a", 1, 0, None)], [Waiting("b", 1, 5.0), Waiting("c", 1, 5.0)])
+    assert got == {"b": None, "c": None}
+
+
+def test_run_times_version_median_then_class_median():
+    times = RunTimes(keep=3)
+    assert times.expected_ms("f", "v1", "default") is None
+    for ms in (100, 900, 200, 300):  # keeps the last 3: 900, 200, 300
+        times.record("f", "v1", "default", ms)
+    times.record("g", "v1", "default", 10_000)
+    assert times.expected_ms("f", "v1", "default") == 300
+    assert times.expected_ms("f", "new", "default") == 300  # class median of 200, 300, 10_000
+    assert times.expected_ms("f", "v1", "big") is None
+
+
+def test_expected_start_text():
+    assert display.expected_start_text(None) == "start time unknown"
+    assert display.expected_start_text(41_000, now_ms=1_000) == "starts in about 40 s"
+    assert display.expected_start_text(1_500, now_ms=1_000) == "starts any moment"
+    assert display.expected_start_text(601_000, now_ms=1_000) == "starts in about 10 min"
+
+
+NAP = "from __future__ import annotations\n\nimport time\n\ndef nap(s: float) -> float:\n    time.sleep(s)\n    return s\n"
+
+
+def _nap(name="nap", source=NAP):
+    return registration_body(name, source=source, entrypoint="nap", inputs=(("s", "float64", False),), output_type="float64")
+
+
+def _first_queue_event(cp) -> dict:
+    with cp.http() as http, http.stream("GET", "/v1/jobs/events") as stream:
+        kind = None
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind == "queue":
+                return json.loads(line[6:])
+    raise AssertionError("no queue event")
+
+
+def test_pending_jobs_carry_expected_start(control_plane):
+    with control_plane.http() as http:
+        version = register(http, _nap())["version"]
+        first = [submit(http, "nap", version, [{"s": 1.5}]) for _ in range(3)]
+        queued = wait_state(http, first[2], "PENDING")
+        assert queued["placement"]["queue_position"] == 1
+        assert queued["placement"]["expected_start_ms"] is None  # no run history on this server yet
+        assert "start time unknown" in display.job_summary(Job.from_wire(queued))
+        history = [wait_done(http, job_id) for job_id in first]
+        median = statistics.median(job["finished_ms"] - job["started_ms"] for job in history)
+
+        jobs = [submit(http, "nap", version, [{"s": 2.0}]) for _ in range(4)]
+        running = [wait_state(http, job_id, "IN_PROGRESS") for job_id in jobs[:2]]
+        third, fourth = describe(http, jobs[2]), describe(http, jobs[3])
+        assert (third["placement"]["queue_position"], fourth["placement"]["queue_position"]) == (1, 2)
+        # The first GPU to free is the earlier-started running job's, after the version's median run time.
+        expected = max(min(job["started_ms"] for job in running) + median, time.time() * 1000 - 1000)
+        assert third["placement"]["expected_start_ms"] == pytest.approx(expected, abs=1000)
+        assert fourth["placement"]["expected_start_ms"] >= third["placement"]["expected_start_ms"]
+        assert "starts in about" in display.job_summary(Job.from_wire(third)) or "any moment" in display.job_summary(Job.from_wire(third))
+        event = _first_queue_event(control_plane)
+        assert event["classes"]["default"] == jobs[2:]
+        assert set(event["expected_start_ms"]) == set(jobs[2:]) and all(event["expected_start_ms"].values())
+
+        # A version never run on the class: the class-wide median stands in.
+        other = register(http, _nap("nap2", NAP.replace("return s", "return s + 0")))["version"]
+        fresh = submit(http, "nap2", other, [{"s": 0.1}])
+        assert describe(http, fresh)["placement"]["expected_start_ms"] is not None
+        for job_id in [*jobs, fresh]:
+            wait_done(http, job_id)
+        assert describe(http, fresh)["placement"]["expected_start_ms"] is None  # only pending jobs carry one
