@@ -287,7 +287,8 @@ def test_cpu_jobs_run_without_gpus_even_when_all_gpus_are_busy(control_plane, tm
         job = wait_done(http, run(http, "cpu_double", cpu, [{"x": 1}, {"x": 2}, {"x": 3}]))
         assert job["job_state"] == "DONE" and job["result"] == [2, 4, 6]
         assert job["placement"] == {
-            "gpu_class": None, "num_gpus": 0, "devices": [], "waiting_on_capacity": False, "queue_position": None
+            "gpu_class": None, "num_gpus": 0, "devices": [], "waiting_on_capacity": False, "queue_position": None,
+            "expected_start_ms": None,
         }
         assert job["progress"] == {"rows_done": 3, "rows_total": 3}
         assert job["spec"] == {"name": "cpu_double", "version": cpu, "rows_total": 3}
