@@ -935,17 +935,10 @@ def diff_versions(name: str, old: Optional[str] = None, new: Optional[str] = Non
     Default: the newest version against the one before; with only `old`, `old` against the newest.
     Versions may be unique prefixes of 6+ characters.
     """
-    from .versions import VersionLookupError, diff_versions as diff
+    from .versions import diff_pair, diff_versions as diff
 
     client = current_client()
-    known = _registered_versions(client, name)
-    new_fv = _pick_version(name, new, known)
-    if old is None:
-        index = [fv.version for fv in known].index(new_fv.version)
-        if index == 0:
-            raise VersionLookupError(f"{name}@{new_fv.version} is the first version of {name!r}: there is nothing before it to diff against")
-        old_fv = known[index - 1]
-    else:
-        old_fv = _pick_version(name, old, known)
-    sources = [client.functions.artifact(name, fv.version).decode("utf-8") for fv in (old_fv, new_fv)]
-    return diff(old_fv, new_fv, *sources)
+    known = {fv.version: fv for fv in _registered_versions(client, name)}
+    old_id, new_id = diff_pair(name, list(known), old, new)
+    sources = [client.functions.artifact(name, v).decode("utf-8") for v in (old_id, new_id)]
+    return diff(known[old_id], known[new_id], *sources)

@@ -20,6 +20,7 @@ __all__ = [
     "MIN_PREFIX",
     "VersionLookupError",
     "resolve_version",
+    "diff_pair",
     "parse_ref",
     "runtime_fields",
     "change_summary",
@@ -39,6 +40,10 @@ _CANDIDATES_SHOWN = 10
 
 class VersionLookupError(LancefnError, LookupError):
     """An unknown function name, or a version prefix that is unknown, too short or ambiguous."""
+
+    def __init__(self, message: str, *, unknown: bool = False):
+        super().__init__(message)
+        self.unknown = unknown  # nothing matched (a 404), rather than a malformed or ambiguous reference
 
 
 def parse_ref(ref: str) -> tuple[str, Optional[str]]:
@@ -66,7 +71,8 @@ def resolve_version(name: str, prefix: Optional[str], versions: Sequence[str]) -
     if not versions:
         raise VersionLookupError(
             f"no function named {name!r} is registered on this control plane; "
-            "list names with %gpu_versions or lancefn_jupyter.list_versions()"
+            "list names with %gpu_versions or lancefn_jupyter.list_versions()",
+            unknown=True,
         )
     if prefix is None:
         return versions[-1]
@@ -79,12 +85,26 @@ def resolve_version(name: str, prefix: Optional[str], versions: Sequence[str]) -
         )
     matches = [v for v in versions if v.startswith(prefix)]
     if not matches:
-        raise VersionLookupError(f"{name!r} has no version starting with {prefix!r}; versions, newest first: {_listing(versions)}")
+        raise VersionLookupError(
+            f"{name!r} has no version starting with {prefix!r}; versions, newest first: {_listing(versions)}", unknown=True
+        )
     if len(matches) > 1:
         raise VersionLookupError(
             f"version prefix {prefix!r} of {name!r} is ambiguous: it matches {_listing(matches)}; type more characters"
         )
     return matches[0]
+
+
+def diff_pair(name: str, versions: Sequence[str], old: Optional[str], new: Optional[str]) -> tuple[str, str]:
+    """Which two versions `diff NAME [OLD [NEW]]` compares: NEW defaults to the newest, OLD to the
+    version registered just before NEW."""
+    new_id = resolve_version(name, new, versions)
+    if old is not None:
+        return resolve_version(name, old, versions), new_id
+    index = list(versions).index(new_id)
+    if index == 0:
+        raise VersionLookupError(f"{name}@{new_id} is the first version of {name!r}: there is nothing before it to diff against")
+    return versions[index - 1], new_id
 
 
 # ------------------------------------------------------------------------------------------ runtime
@@ -211,6 +231,13 @@ class VersionDiff:
             f"<div class='lancefn lancefn-diff'><b>{html.escape(self.name)}</b> <code>{html.escape(self.old)}</code> → "
             f"<code>{html.escape(self.new)}</code> — {html.escape(self.summary)}{table}{source}</div>"
         )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The `POST /v1/functions/diff` reply."""
+        return {
+            "name": self.name, "old": self.old, "new": self.new, "summary": self.summary,
+            "source_diff": list(self.source_diff), "runtime": [list(row) for row in self.runtime],
+        }
 
     def __str__(self) -> str:
         return self.to_text()

@@ -191,3 +191,24 @@ def test_lookup_from_a_plain_python_process(ip, control_plane):
     assert "remote 6.0 4.0 [2.0, 3.0]" in lines
     assert "local 10.0" in lines
     assert "call True" in lines and "unknown True" in lines
+
+
+def test_history_and_diff_routes_for_the_panel(ip, control_plane):
+    ip.run_cell_magic("gpu_function", "", V1)
+    v1 = ip.user_ns["score"].version.version
+    ip.run_cell_magic("gpu_function", "pip=numpy", V2)
+    v2 = ip.user_ns["score"].version.version
+    with httpx.Client(base_url=control_plane.url, headers={"x-api-key": control_plane.api_key}) as http:
+        history = http.post("/v1/functions/history", json={}).json()["functions"]
+        assert [(f["name"], [v["version"] for v in f["versions"]]) for f in history] == [("score", [v2, v1])]
+        assert [v["change"] for v in history[0]["versions"]] == ["code: 2 lines; pip: +numpy", "first version"]
+        # With a limit, the oldest row shown still says what changed (not "first version").
+        limited = http.post("/v1/functions/history", json={"name": "score", "limit": 1}).json()["functions"][0]["versions"]
+        assert [(v["version"], v["change"]) for v in limited] == [(v2, "code: 2 lines; pip: +numpy")]
+        assert http.post("/v1/functions/history", json={"name": "nope"}).status_code == 404
+        diff = http.post("/v1/functions/diff", json={"name": "score"}).json()
+        assert (diff["old"], diff["new"]) == (v1, v2) and ["packages", "-", "numpy"] in diff["runtime"]
+        assert "+    y = x + 1" in diff["source_diff"]
+        assert http.post("/v1/functions/diff", json={"name": "score", "old": v1[:3]}).status_code == 400
+        assert http.post("/v1/functions/diff", json={"name": "score", "old": "ffffff"}).status_code == 404
+        assert httpx.post(control_plane.url + "/v1/functions/history", json={}).status_code == 401

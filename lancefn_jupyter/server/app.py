@@ -102,6 +102,17 @@ class _ListFunctions(_Body):
     limit: int = Field(100, ge=1, le=1000)
 
 
+class _History(_Body):
+    name: Optional[str] = None
+    limit: int = Field(20, ge=1, le=1000)
+
+
+class _Diff(_Body):
+    name: str
+    old: Optional[str] = None
+    new: Optional[str] = None
+
+
 class _Run(_Body):
     name: str
     version: str
@@ -377,6 +388,16 @@ def create_app(
     async def function_artifact(request: Request) -> dict:
         body = await _parse(request, _NameVersion)
         return core.function_artifact(body.name, body.version)
+
+    @app.post("/v1/functions/history", dependencies=[require("functions")])
+    async def function_history(request: Request) -> dict:
+        body = await _parse(request, _History)
+        return core.function_history(body.name, body.limit)
+
+    @app.post("/v1/functions/diff", dependencies=[require("functions")])
+    async def function_diff(request: Request) -> dict:
+        body = await _parse(request, _Diff)
+        return core.function_diff(body.name, body.old, body.new)
 
     @app.post("/v1/functions/drop", dependencies=[require("functions")])
     async def drop_function(request: Request) -> dict:

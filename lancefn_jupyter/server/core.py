@@ -492,6 +492,43 @@ class ControlPlane:
         return {"name": name, "version": version, "entrypoint": definition["entrypoint"],
                 "digest": definition["digest"], "encoding": "base64", "data": data}
 
+    def _live_versions(self, name: str | None) -> dict[str, list[FunctionVersion]]:
+        """Live versions (env values redacted) by name, registration order."""
+        grouped: dict[str, list[FunctionVersion]] = {}
+        for _, fname, _, definition in self.store.list_versions(name=name, after_seq=0, limit=10**9):
+            grouped.setdefault(fname, []).append(FunctionVersion.from_wire(redact_definition(json.loads(definition))))
+        return grouped
+
+    def _source(self, name: str, version: str) -> str:
+        return self.store.get_version(name, version).artifact.decode("utf-8", errors="replace")
+
+    def function_history(self, name: str | None, limit: int) -> dict:
+        """Each function's newest `limit` versions, newest first, with their one-line change (`versions`)."""
+        from ..versions import history
+
+        functions = []
+        for fname, known in sorted(self._live_versions(name).items()):
+            shown = known[-(limit + 1):]  # one more, so the oldest row shown still has a change line
+            rows = history(fname, shown, [self._source(fname, fv.version) for fv in shown])[:limit]
+            functions.append({"name": fname, "versions": [
+                {"version": r.version, "created_at": r.created_at, "change": r.change, "snippet": r.snippet} for r in rows
+            ]})
+        if name is not None and not functions:
+            raise ApiError(404, f"no function named {name!r} is registered; list functions with POST /v1/functions/list")
+        return {"functions": functions}
+
+    def function_diff(self, name: str, old: str | None, new: str | None) -> dict:
+        """Source diff and runtime differences of two versions (`versions.diff_pair` picks them)."""
+        from ..versions import VersionLookupError, diff_pair, diff_versions
+
+        known = {fv.version: fv for fv in self._live_versions(name).get(name, [])}
+        try:
+            old_id, new_id = diff_pair(name, list(known), old, new)
+        except VersionLookupError as error:
+            raise ApiError(404 if error.unknown else 400, str(error)) from None
+        sources = [self._source(name, v) for v in (old_id, new_id)]
+        return diff_versions(known[old_id], known[new_id], *sources).to_wire()
+
     def list_functions(self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100) -> dict:
         after = _decode_token(page_token) or 0
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
