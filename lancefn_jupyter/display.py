@@ -110,7 +110,14 @@ def job_summary(job: Job) -> str:
     if job.failure is not None:
         return f"{state} ({job.failure.phase}): {job.failure.message}"
     elapsed = job_elapsed_s(job)
-    return state + (f" in {format_elapsed(elapsed)}" if elapsed is not None else "")
+    summary = state + (f" in {format_elapsed(elapsed)}" if elapsed is not None else "")
+    if job.job_state == JobState.DONE and job.result is not None:
+        from .versions import nonfinite_text
+
+        nonfinite = nonfinite_text(job.result)  # a function that silently produced NaNs shows at a glance
+        if nonfinite:
+            summary += f"; results hold {nonfinite}"
+    return summary
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title: str = "") -> tuple[str, str]:

@@ -212,3 +212,15 @@ def test_history_and_diff_routes_for_the_panel(ip, control_plane):
         assert http.post("/v1/functions/diff", json={"name": "score", "old": v1[:3]}).status_code == 400
         assert http.post("/v1/functions/diff", json={"name": "score", "old": "ffffff"}).status_code == 404
         assert httpx.post(control_plane.url + "/v1/functions/history", json={}).status_code == 401
+
+
+def test_job_summary_shows_nonfinite_results():
+    from lancefn_jupyter import display
+    from lancefn_jupyter.models import Job
+
+    base = {"job_id": "j", "job_type": "run_function", "job_state": "DONE", "creation_ms": 0, "started_ms": 0,
+            "finished_ms": 1500, "placement": {}, "progress": {}}
+    # JSON results cannot carry NaN (the worker refuses them today); Arrow results (issue 12) can.
+    job = Job.from_wire(base).model_copy(update={"result": [[1.0, float("nan")], [float("-inf"), 2.0]]})
+    assert display.job_summary(job) == "finished in 1.5s; results hold 1 NaN, 1 -Inf of 4 floats"
+    assert display.job_summary(Job.from_wire({**base, "result": [1.0, 2.0]})) == "finished in 1.5s"
