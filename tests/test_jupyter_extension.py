@@ -42,6 +42,8 @@ JUPYTER_BIN = Path(sys.executable).parent / "jupyter"
 POST_BODIES = {
     "functions/list": {"include_definition": False},
     "functions/describe": {"name": "wait_for", "version": "0000000000000000"},
+    "functions/history": {},
+    "functions/diff": {"name": "wait_for"},
     "jobs/list": {},
     "jobs/describe": {"job_id": "no-such-job"},
     "jobs/cancel": {"job_id": "no-such-job"},

@@ -17,9 +17,12 @@ import {
   backoffDelay,
   errorMessage,
   IFunctionEntry,
+  IFunctionHistory,
   IGpuClass,
   IGpuUsage,
   IJob,
+  IVersionDiff,
+  IVersionEntry,
   mergeJobLists,
   usageMap
 } from './model';
@@ -44,6 +47,8 @@ export interface IPanelState {
   jobsError: string | null;
   functions: IFunctionEntry[];
   functionsError: string | null;
+  /** Each function's newest versions with their one-line change (`functions/history`); empty if unavailable. */
+  history: Map<string, IVersionEntry[]>;
   lastEventId: string | null;
 }
 
@@ -167,6 +172,11 @@ export class LiveConnection {
     } catch {
       // The event stream brings the new state anyway.
     }
+  }
+
+  /** What changed between a version and the one registered before it (`functions/diff`). */
+  async fetchDiff(name: string, version: string): Promise<IVersionDiff> {
+    return (await this._call('POST', 'functions/diff', JSON.stringify({ name, new: version }))) as IVersionDiff;
   }
 
   private async _connect(): Promise<void> {
@@ -333,9 +343,31 @@ export class LiveConnection {
         embedded: this._connectedInfo?.embedded ?? false
       };
       this._update(patch);
+      if (functions.status === 'fulfilled') {
+        void this._refreshHistory(generation);
+      }
     } finally {
       this._loading = false;
       this._eventsDuringLoad = [];
+    }
+  }
+
+  private async _refreshHistory(generation: number): Promise<void> {
+    try {
+      const reply = (await this._call('POST', 'functions/history', JSON.stringify({}))) as {
+        functions?: IFunctionHistory[];
+      };
+      const history = new Map<string, IVersionEntry[]>();
+      for (const f of reply?.functions ?? []) {
+        if (f && typeof f.name === 'string' && Array.isArray(f.versions)) {
+          history.set(f.name, f.versions);
+        }
+      }
+      if (generation === this._generation) {
+        this._update({ history });
+      }
+    } catch {
+      // an older control plane without history: the panel lists bare versions
     }
   }
 
@@ -344,6 +376,7 @@ export class LiveConnection {
       const functions = await this._listFunctions();
       if (generation === this._generation) {
         this._update({ functions, functionsError: null });
+        void this._refreshHistory(generation);
       }
     } catch {
       // shown on the next full refresh
@@ -452,6 +485,7 @@ export class LiveConnection {
     jobsError: null,
     functions: [],
     functionsError: null,
+    history: new Map(),
     lastEventId: null
   };
   private _listeners = new Set<(state: Readonly<IPanelState>) => void>();

@@ -22,6 +22,8 @@ export interface IJobPlacement {
   waiting_on_capacity?: boolean;
   queue_position?: number | null;
   node?: string | null;
+  /** When a queued GPU job should start (epoch ms); null: unknown; absent: no estimate offered. */
+  expected_start_ms?: number | null;
 }
 
 export interface IJobProgress {
@@ -69,6 +71,28 @@ export interface IGpuUsage {
 export interface IFunctionEntry {
   name: string;
   version: string;
+}
+
+/** One version row of `functions/history` (newest first). */
+export interface IVersionEntry {
+  version: string;
+  created_at?: string;
+  change?: string;
+}
+
+export interface IFunctionHistory {
+  name: string;
+  versions: IVersionEntry[];
+}
+
+/** The reply of `functions/diff`. */
+export interface IVersionDiff {
+  name?: string;
+  old?: string;
+  new?: string;
+  summary?: string;
+  source_diff?: string[];
+  runtime?: [string, string, string][];
 }
 
 export const TERMINAL_STATES: ReadonlySet<string> = new Set([
@@ -203,6 +227,35 @@ export function queueText(job: IJob): string {
   return '';
 }
 
+/**
+ * "starts in about 40 s" for a queued GPU job with an estimate, "start time unknown" when the control
+ * plane has no run history to estimate from (null), "" when it offers none (absent, CPU jobs, Ray).
+ */
+export function expectedStartText(job: IJob, nowMs: number): string {
+  const p = job.placement;
+  if (job.job_state !== 'PENDING' || !p || p.queue_position === null || p.queue_position === undefined) {
+    return '';
+  }
+  const at = p.expected_start_ms;
+  if (at === undefined || !(p.num_gpus ?? 0)) {
+    return '';
+  }
+  if (at === null) {
+    return 'start time unknown';
+  }
+  const waitS = (at - nowMs) / 1000;
+  if (waitS < 1.5) {
+    return 'starts any moment';
+  }
+  if (waitS < 90) {
+    return `starts in about ${Math.round(waitS)} s`;
+  }
+  if (waitS < 90 * 60) {
+    return `starts in about ${Math.round(waitS / 60)} min`;
+  }
+  return `starts in about ${(waitS / 3600).toFixed(1)} h`;
+}
+
 /** Progress as "3/10 rows" with a 0..1 fraction (fraction is null when the total is unknown). */
 export function progressOf(job: IJob): { text: string; fraction: number | null } {
   const done = job.progress?.rows_done ?? 0;
@@ -242,6 +295,29 @@ export function attachSnippet(jobId: string): string | null {
   return `from lancefn_jupyter import Job\n\njob = Job.attach("${jobId}")\njob`;
 }
 
+/**
+ * The cell that uses a registered version from any notebook or script (`lancefn_jupyter.lookup`).
+ * Null for names or versions with characters that are not in function names / version ids.
+ */
+export function lookupSnippet(name: string, version: string): string | null {
+  if (!/^[A-Za-z_][A-Za-z0-9_.-]{0,127}$/.test(name) || !/^[A-Za-z0-9]{6,64}$/.test(version)) {
+    return null;
+  }
+  const variable = /^[A-Za-z_][A-Za-z0-9_]*$/.test(name) ? name : 'fn';
+  return `import lancefn_jupyter\n\n${variable} = lancefn_jupyter.lookup("${name}@${version.slice(0, 8)}")\n${variable}`;
+}
+
+/** The `functions/diff` reply as text: a header, the runtime differences, then the unified source diff. */
+export function diffText(diff: IVersionDiff): string {
+  const lines = [`${diff.old ?? '?'} → ${diff.new ?? '?'}: ${diff.summary ?? ''}`];
+  for (const [field, before, after] of diff.runtime ?? []) {
+    lines.push(`${field}: ${before} → ${after}`);
+  }
+  const source = diff.source_diff ?? [];
+  lines.push(...(source.length ? source : ['source unchanged']));
+  return lines.join('\n');
+}
+
 function sortJobs(jobs: IJob[]): IJob[] {
   // Newest first; the list the control plane returns is ordered the same way.
   return jobs.sort((a, b) => (b.creation_ms ?? 0) - (a.creation_ms ?? 0));
@@ -268,8 +344,9 @@ export function applyJobEvent(jobs: readonly IJob[], job: IJob, limit = 50): IJo
 }
 
 /**
- * Apply a `queue` event (`{"classes": {"<class>": [job_id, ...]}}`, the first pending jobs of each
- * class in start order): re-number the pending jobs it lists. Jobs behind a started or cancelled job
+ * Apply a `queue` event (`{"classes": {"<class>": [job_id, ...]}, "expected_start_ms": {job_id: ms}}`, the
+ * first pending jobs of each class in start order): re-number the pending jobs it lists and take their
+ * expected start. Jobs behind a started or cancelled job
  * move up without job events of their own, so this keeps the queue positions shown current.
  * Returns the same array when nothing changed.
  */
@@ -284,14 +361,29 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
       ids.forEach((id, index) => positions.set(String(id), index + 1));
     }
   }
+  const expected = (payload as { expected_start_ms?: Record<string, unknown> }).expected_start_ms;
+  const startOf = (id: string): number | null | undefined => {
+    const value = expected && typeof expected === 'object' ? expected[id] : undefined;
+    return typeof value === 'number' || value === null ? value : undefined;
+  };
   let changed = false;
   const next = jobs.map(job => {
     const position = positions.get(job.job_id);
-    if (job.job_state !== 'PENDING' || position === undefined || job.placement?.queue_position === position) {
+    if (job.job_state !== 'PENDING' || position === undefined) {
+      return job;
+    }
+    const start = startOf(job.job_id);
+    const placement = job.placement ?? {};
+    const startChanged = start !== undefined && placement.expected_start_ms !== start;
+    if (placement.queue_position === position && !startChanged) {
       return job;
     }
     changed = true;
-    return { ...job, placement: { ...job.placement, waiting_on_capacity: true, queue_position: position } };
+    const update: IJobPlacement = { ...placement, waiting_on_capacity: true, queue_position: position };
+    if (start !== undefined) {
+      update.expected_start_ms = start;
+    }
+    return { ...job, placement: update };
   });
   return changed ? next : jobs;
 }

@@ -14,6 +14,8 @@ import {
   attachSnippet,
   canCancel,
   classRows,
+  diffText,
+  expectedStartText,
   failureText,
   formatElapsed,
   groupFunctions,
@@ -22,6 +24,7 @@ import {
   jobElapsedMs,
   jobPlacementText,
   jobTitle,
+  lookupSnippet,
   progressOf,
   queueText,
   stateBadge
@@ -343,7 +346,7 @@ export class GpuFunctionsPanel extends Widget {
     row.title.title = job.job_id;
     setText(row.elapsed, formatElapsed(jobElapsedMs(job, now)));
     setText(row.placement, jobPlacementText(job));
-    setText(row.queue, queueText(job));
+    setText(row.queue, [queueText(job), expectedStartText(job, now)].filter(Boolean).join(' · '));
     const progress = progressOf(job);
     row.progress.style.display = progress.fraction === null ? 'none' : '';
     row.progressBar.style.width = `${Math.round(100 * (progress.fraction ?? 0))}%`;
@@ -406,11 +409,81 @@ export class GpuFunctionsPanel extends Widget {
       item.dataset.functionName = group.name;
       item.appendChild(el('span', 'lf-function-name', group.name));
       const versions = el('span', 'lf-function-versions');
-      for (const v of group.versions) {
-        versions.appendChild(el('code', 'lf-version', v));
+      const history = state.history.get(group.name);
+      if (history && history.length) {
+        // Newest first, each with what changed from the one before, Diff and Insert (lookup).
+        versions.classList.add('lf-function-history');
+        for (const entry of history) {
+          versions.appendChild(this._versionRow(group.name, entry.version, entry.change ?? ''));
+        }
+      } else {
+        for (const v of group.versions) {
+          versions.appendChild(el('code', 'lf-version', v));
+        }
       }
       item.appendChild(versions);
       body.appendChild(item);
+    }
+  }
+
+  private _versionRow(name: string, version: string, change: string): HTMLElement {
+    const key = `${name}@${version}`;
+    const row = el('div', 'lf-version-row');
+    row.dataset.version = version;
+    const line = el('div', 'lf-job-line');
+    const code = el('code', 'lf-version', version.slice(0, 12));
+    code.title = version;
+    line.append(code, el('span', 'lf-version-change', change));
+    const note = el('div', 'lf-error lf-version-error');
+    note.style.display = 'none';
+    const snippet = lookupSnippet(name, version);
+    if (snippet !== null && this._insertCode !== null) {
+      const insert = el('button', 'lf-version-insert jp-mod-styled', 'Insert');
+      insert.type = 'button';
+      insert.title = 'Add a cell that uses this version from any notebook or script (lancefn_jupyter.lookup)';
+      insert.addEventListener('click', () => {
+        const inserted = this._insertCode !== null && this._insertCode(snippet);
+        note.textContent = inserted ? '' : 'open a notebook first, then click Insert again';
+        note.style.display = inserted ? 'none' : '';
+      });
+      line.appendChild(insert);
+    }
+    const diff = el('pre', 'lf-diff');
+    const shown = this._openDiffs.get(key);
+    diff.textContent = shown ?? '';
+    diff.style.display = shown === undefined ? 'none' : '';
+    if (change && change !== 'first version') {
+      const toggle = el('button', 'lf-version-diff jp-mod-styled', 'Diff');
+      toggle.type = 'button';
+      toggle.title = 'What changed from the version before';
+      toggle.addEventListener('click', () => void this._toggleDiff(key, name, version, diff, note));
+      line.appendChild(toggle);
+    }
+    row.append(line, note, diff);
+    return row;
+  }
+
+  private async _toggleDiff(
+    key: string,
+    name: string,
+    version: string,
+    diff: HTMLElement,
+    note: HTMLElement
+  ): Promise<void> {
+    if (this._openDiffs.has(key)) {
+      this._openDiffs.delete(key);
+      diff.style.display = 'none';
+      return;
+    }
+    try {
+      const text = diffText(await this.connection.fetchDiff(name, version));
+      this._openDiffs.set(key, text);
+      diff.textContent = text;
+      diff.style.display = '';
+      note.style.display = 'none';
+    } catch (err) {
+      note.textContent = `diff failed: ${(err as Error).message ?? String(err)}`;
+      note.style.display = '';
     }
   }
 
@@ -441,6 +514,7 @@ export class GpuFunctionsPanel extends Widget {
   private _functionsBody: HTMLElement;
   private _functionsCount: HTMLElement;
   private _jobRows = new Map<string, IJobRow>();
+  private _openDiffs = new Map<string, string>(); // name@version → diff text, kept across re-renders
   private _ticker: number | null = null;
   private _unsubscribe: () => void;
 }

@@ -40,6 +40,8 @@ ALLOWED_ROUTES: dict[str, frozenset[str]] = {
     "gpu/usage": frozenset({"GET"}),
     "functions/list": frozenset({"POST"}),
     "functions/describe": frozenset({"POST"}),
+    "functions/history": frozenset({"POST"}),  # the panel's version rows (one-line changes)
+    "functions/diff": frozenset({"POST"}),  # the panel's Diff button
     "jobs/list": frozenset({"POST"}),
     "jobs/describe": frozenset({"POST"}),
     "jobs/cancel": frozenset({"POST"}),

@@ -241,3 +241,40 @@ describe('LiveConnection', () => {
     expect(clock.timers).toHaveLength(0);
   });
 });
+
+describe('LiveConnection version history', () => {
+  const withHistory: Handler = (method, url, body) => {
+    if (url === 'lancefn/api/v1/functions/history') {
+      return { status: 200, body: { functions: [{ name: 'f', versions: [{ version: 'v2', change: 'pip: +torch' }, { version: 'v1', change: 'first version' }] }] } };
+    }
+    if (url === 'lancefn/api/v1/functions/diff') {
+      return { status: 200, body: { old: 'v1', new: JSON.parse(body ?? '{}').new, summary: 'pip: +torch', runtime: [], source_diff: [] } };
+    }
+    return healthy(method, url, body);
+  };
+
+  it('loads each function\'s history after the lists and fetches a diff on demand', async () => {
+    const { conn, streams } = setup(withHistory);
+    conn.start();
+    await flush();
+    streams[0].onopen?.({});
+    await flush();
+    await flush();
+    expect(conn.state.history.get('f')?.map(v => [v.version, v.change])).toEqual([
+      ['v2', 'pip: +torch'],
+      ['v1', 'first version']
+    ]);
+    expect((await conn.fetchDiff('f', 'v2')).new).toBe('v2');
+  });
+
+  it('keeps an empty history when the control plane has no history route', async () => {
+    const { conn, streams } = setup(healthy);
+    conn.start();
+    await flush();
+    streams[0].onopen?.({});
+    await flush();
+    await flush();
+    expect(conn.state.functions).toEqual([{ name: 'f', version: 'v1' }]);
+    expect(conn.state.history.size).toBe(0);
+  });
+});
