@@ -431,7 +431,7 @@ export class GpuFunctionsPanel extends Widget {
     const row = el('div', 'lf-version-row');
     row.dataset.version = version;
     const line = el('div', 'lf-job-line');
-    const code = el('code', 'lf-version', version.slice(0, 12));
+    const code = el('code', 'lf-version', version);
     code.title = version;
     line.append(code, el('span', 'lf-version-change', change));
     const note = el('div', 'lf-error lf-version-error');
