@@ -104,3 +104,27 @@ def test_pending_jobs_carry_expected_start(control_plane):
         for job_id in [*jobs, fresh]:
             wait_done(http, job_id)
         assert describe(http, fresh)["placement"]["expected_start_ms"] is None  # only pending jobs carry one
+
+
+def test_listener_refreshes_expected_start_from_queue_events():
+    """The kernel's event listener re-shows a pending job when a `queue` event moves its expected start."""
+    from lancefn_jupyter.client.events import Event
+    from lancefn_jupyter.widgets._listener import EventListener
+
+    class Watcher:
+        def __init__(self):
+            self.seen = []
+
+        def update(self, job):
+            self.seen.append(job.placement.expected_start_ms)
+
+    listener, watcher = EventListener(), Watcher()
+    listener.subscribe_job("j1", watcher.update)
+    pending = {"job_id": "j1", "job_type": "run_function", "job_state": "PENDING", "creation_ms": 0,
+               "placement": {"gpu_class": "default", "num_gpus": 1, "waiting_on_capacity": True, "queue_position": 1,
+                             "expected_start_ms": None}, "progress": {}}
+    listener._dispatch(Event(event="job", data=pending, id="1"))
+    listener._dispatch(Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None))
+    listener._dispatch(Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None))
+    assert listener.last_error is None
+    assert watcher.seen == [None, 5000]  # an unchanged estimate is not re-shown
