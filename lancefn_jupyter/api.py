@@ -915,18 +915,19 @@ def lookup(ref: str) -> GpuFunction:
     return handle
 
 
-def version_history(name: str) -> "VersionHistory":
-    """`%gpu_versions NAME`: versions newest first, each with its one-line change and lookup snippet."""
-    from .versions import history
+def version_history(name: str, *, limit: int = 50) -> "VersionHistory":
+    """`%gpu_versions NAME`: the newest `limit` versions, newest first, each with its one-line change
+    and lookup snippet (one request: the control plane reads the artifacts)."""
+    from .client import NotFound
+    from .versions import HistoryRow, VersionHistory, resolve_version
 
-    client = current_client()
-    known = _registered_versions(client, name)
-    if not known:
-        from .versions import resolve_version
-
-        resolve_version(name, None, [])  # raises the "no function named" error
-    sources = [client.functions.artifact(fv.name, fv.version).decode("utf-8") for fv in known]
-    return history(name, known, sources)
+    try:
+        functions = current_client().functions.history(name, limit=limit)
+    except NotFound:
+        resolve_version(name, None, [])  # raises the kernel's wording: "no function named …"
+    rows = [HistoryRow(name, r["version"], r.get("created_at", ""), r.get("change", ""), r.get("snippet", ""))
+            for f in functions if f["name"] == name for r in f["versions"]]
+    return VersionHistory(name, rows)
 
 
 def diff_versions(name: str, old: Optional[str] = None, new: Optional[str] = None) -> "VersionDiff":

@@ -67,6 +67,11 @@ class FunctionsResource:
         reply = self._t.post("/v1/functions/artifact", {"name": name, "version": version})
         return base64.b64decode(reply["data"])
 
+    def history(self, name: Optional[str] = None, *, limit: int = 20) -> list[dict[str, Any]]:
+        """`POST /v1/functions/history`: per function, its newest versions with their one-line change."""
+        body: dict[str, Any] = {"limit": limit, **({"name": name} if name is not None else {})}
+        return self._t.post("/v1/functions/history", body)["functions"]
+
     def drop(self, name: str, version: str) -> bool:
         return bool(self._t.post("/v1/functions/drop", {"name": name, "version": version})["dropped"])
 
