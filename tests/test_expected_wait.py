@@ -128,3 +128,30 @@ def test_listener_refreshes_expected_start_from_queue_events():
     listener._dispatch(Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None))
     assert listener.last_error is None
     assert watcher.seen == [None, 5000]  # an unchanged estimate is not re-shown
+
+
+def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
+    """The core's incremental estimator agrees with a full replay, and is rebuilt after invalidate()."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from lancefn_jupyter.server.estimates import QueueEstimator
+
+    estimator = QueueEstimator(refresh_ms=10**9)
+    for ms in (1000, 1000, 1000):
+        estimator.run_times.record("f", "v", "default", ms)
+    jobs = {j: SimpleNamespace(spec={"name": "f", "version": "v"}, started_ms=0) for j in "abcdef"}
+    pool = SimpleNamespace(name="default", devices=("sim0", "sim1"), held={"a": ("sim0",), "b": ("sim1",)},
+                           queue=OrderedDict([("c", 1), ("d", 2)]))
+    assert estimator.expected_start(0, pool, "c", jobs) == 1000
+    pool.queue["e"] = 1  # joins the tail: the replay is extended, not rebuilt
+    assert [estimator.expected_start(0, pool, j, jobs) for j in "de"] == [2000, 3000]
+    full = expected_starts(0, 2, [Holding("a", 1, 0, 1000.0), Holding("b", 1, 0, 1000.0)],
+                           [Waiting(j, n, 1000.0) for j, n in pool.queue.items()])
+    assert full == {"c": 1000, "d": 2000, "e": 3000}
+    del pool.queue["c"], pool.held["a"]
+    pool.held["c"] = ("sim0",)
+    jobs["c"].started_ms = 1000
+    estimator.invalidate()  # c started: rebuilt with c holding a GPU from 1000 to 2000
+    assert estimator.expected_start(1000, pool, "d", jobs) == 2000
+    assert estimator.expected_start(5000, pool, "f", jobs) is None  # not queued

@@ -57,7 +57,7 @@ from ..models import (
     rfc3339_now,
     version_id,
 )
-from .estimates import RunTimes, queue_estimates
+from .estimates import QueueEstimator
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
 from .scheduler import SchedulerState
@@ -72,7 +72,7 @@ UNSAVED_RETRY_S = 1.0  # how often changes a full disk refused are tried again
 MAX_LOG_LINES_PER_JOB = 20_000
 MAX_LOG_LINE_CHARS = 8_192
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
-ESTIMATE_REFRESH_MS = 1000  # expected starts are recomputed at least this often (running jobs overrun)
+QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at most this often (a trailing one follows)
 PROGRESS_EVENT_INTERVAL_S = 0.1  # progress events are coalesced per job; final states carry the final count
 PAGE_LIMIT_MAX = 1000
 
@@ -278,8 +278,9 @@ class ControlPlane:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._versions: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
         self._started = False
-        self._run_times = RunTimes()  # recent run times, for pending jobs' expected start
-        self._estimates: tuple[int, dict[str, int | None]] = (0, {})  # (computed at, job_id → ms)
+        self._estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
+        self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
+        self._estimates_timer: threading.Timer | None = None
 
     @property
     def executor_name(self) -> str:
@@ -333,6 +334,8 @@ class ControlPlane:
         with self._lock:
             if self._unsaved_retry is not None:
                 self._unsaved_retry.cancel()
+            if self._estimates_timer is not None:
+                self._estimates_timer.cancel()
             self._save_unsaved(retry=False)
         # Waiters get the job as it stands now rather than hanging until their timeout.
         with self._lock:
@@ -784,6 +787,7 @@ class ControlPlane:
                 return
             rec.state = IN_PROGRESS
             rec.started_ms = rec.started_ms or _now_ms()
+            self._estimator.invalidate()  # its GPUs now free at started_ms + its run time
             rec.devices = tuple(devices) or rec.devices
             rec.node = node
             self._persist(rec, new=False)
@@ -900,6 +904,7 @@ class ControlPlane:
         """Move an active job to a terminal state, free its devices and start what can run."""
         rec.state = state
         rec.finished_ms = _now_ms()
+        self._estimator.invalidate()
         if state == DONE:
             rec.failure = None
             self._note_run_time(rec)
@@ -926,6 +931,7 @@ class ControlPlane:
             if changed:
                 self._publish_usage()
             return False
+        self._estimator.invalidate()
         launches = []
         for placement in placements:
             rec = self._active[placement.job_id]
@@ -1058,30 +1064,45 @@ class ControlPlane:
         if self._executor_queues:
             return None
         with self._lock:
-            return self._queue_payload()
+            return self._queue_payload(estimates=True)
 
-    def _queue_payload(self) -> dict:
+    def _queue_payload(self, *, estimates: bool = False) -> dict:
+        """The `queue` event. Expected starts ride along at most every QUEUE_ESTIMATES_INTERVAL_S (a busy
+        queue moves hundreds of times a second); a skipped update is sent by a trailing event."""
         heads = self._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)
-        expected = {job_id: self._expected_start(job_id) for ids in heads.values() for job_id in ids}
-        return {"classes": heads, "expected_start_ms": expected}
+        payload: dict[str, Any] = {"classes": heads}
+        now = time.monotonic()
+        if estimates or now - self._estimates_sent >= QUEUE_ESTIMATES_INTERVAL_S:
+            self._estimates_sent = now
+            payload["expected_start_ms"] = {job_id: self._expected_start(job_id) for ids in heads.values() for job_id in ids}
+        elif self._estimates_timer is None:
+            self._estimates_timer = threading.Timer(QUEUE_ESTIMATES_INTERVAL_S, self._publish_estimates)
+            self._estimates_timer.daemon = True
+            self._estimates_timer.start()
+        return payload
+
+    def _publish_estimates(self) -> None:
+        with self._lock:
+            self._estimates_timer = None
+            if self._started and not self._executor_queues:
+                self.bus.publish("queue", None, _dumps(self._queue_payload(estimates=True)))
 
     def _note_run_time(self, rec: JobRecord) -> None:
         if rec.job_type == "run_function" and rec.gpu_class and rec.started_ms is not None and rec.finished_ms is not None:
-            self._run_times.record(rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class, rec.finished_ms - rec.started_ms)
+            self._estimator.run_times.record(
+                rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class, rec.finished_ms - rec.started_ms
+            )
 
     def _expected_start(self, job_id: str) -> int | None:
-        """When a queued job should start (epoch ms), or None when unknown (see `estimates`)."""
+        """When a queued GPU job should start (epoch ms), or None when unknown (see `estimates`)."""
         with self._lock:
-            now = _now_ms()
-            at, table = self._estimates
-            if now - at >= ESTIMATE_REFRESH_MS or job_id not in table:
-                table = queue_estimates(now, list(self._scheduler.pools.values()), self._active, self._run_times)
-                self._estimates = (now, table)
-            value = table.get(job_id)
-            return None if value is None else max(value, now)
+            rec = self._active.get(job_id)
+            pool = self._scheduler.pools.get(rec.gpu_class or "") if rec is not None else None
+            if pool is None or job_id not in pool.queue:
+                return None
+            return self._estimator.expected_start(_now_ms(), pool, job_id, self._active)
 
     def _publish_usage(self) -> None:
-        self._estimates = (0, {})  # the queue or the GPUs held changed
         self.bus.publish("usage", None, _dumps({"classes": self._usage()}))
         if not self._executor_queues:
             # When the queue moves, every job behind moves up without an event of its own (one per

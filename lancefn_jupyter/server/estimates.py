@@ -19,9 +19,10 @@ import heapq
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from itertools import islice
+from typing import Any, Optional, Sequence
 
-__all__ = ["KEEP", "RunTimes", "Holding", "Waiting", "expected_starts", "queue_estimates"]
+__all__ = ["KEEP", "RunTimes", "Holding", "Waiting", "ClassReplay", "expected_starts", "QueueEstimator"]
 
 KEEP = 20  # recent runs per version (and per class) that the median is taken over
 
@@ -34,20 +35,28 @@ class RunTimes:
         self._max_versions = max_versions
         self._by_version: dict[tuple[str, str, str], deque[float]] = {}
         self._by_class: dict[str, deque[float]] = {}
+        # Medians are kept up to date on record: the replay reads them for every queued job.
+        self._version_median: dict[tuple[str, str, str], float] = {}
+        self._class_median: dict[str, float] = {}
 
     def record(self, name: str, version: str, gpu_class: str, duration_ms: float) -> None:
         if duration_ms < 0:
             return
         key = (name, version, gpu_class)
         if key not in self._by_version and len(self._by_version) >= self._max_versions:
-            self._by_version.pop(next(iter(self._by_version)))  # the oldest-seen version goes first
-        self._by_version.setdefault(key, deque(maxlen=self._keep)).append(duration_ms)
-        self._by_class.setdefault(gpu_class, deque(maxlen=self._keep)).append(duration_ms)
+            oldest = next(iter(self._by_version))  # the oldest-seen version goes first
+            del self._by_version[oldest], self._version_median[oldest]
+        runs = self._by_version.setdefault(key, deque(maxlen=self._keep))
+        runs.append(duration_ms)
+        self._version_median[key] = statistics.median(runs)
+        class_runs = self._by_class.setdefault(gpu_class, deque(maxlen=self._keep))
+        class_runs.append(duration_ms)
+        self._class_median[gpu_class] = statistics.median(class_runs)
 
     def expected_ms(self, name: str, version: str, gpu_class: str) -> Optional[float]:
         """The version's median run time on the class, else the class median, else None."""
-        runs = self._by_version.get((name, version, gpu_class)) or self._by_class.get(gpu_class)
-        return statistics.median(runs) if runs else None
+        median = self._version_median.get((name, version, gpu_class))
+        return median if median is not None else self._class_median.get(gpu_class)
 
 
 @dataclass(frozen=True)
@@ -69,52 +78,84 @@ class Waiting:
     expected_ms: Optional[float]
 
 
+class ClassReplay:
+    """The replay of one class, extended job by job in queue order (a job appended to the queue costs
+    O(log GPUs), not a replay of everything ahead of it)."""
+
+    def __init__(self, now_ms: int, total_gpus: int, holding: Sequence[Holding]):
+        self.created_ms = now_ms
+        self.free = total_gpus - sum(h.num_gpus for h in holding)
+        self.releases: list[tuple[float, int]] = []  # (time GPUs come free, how many)
+        for h in holding:  # a job with an unknown end never frees its GPUs in the replay
+            if h.expected_ms is not None:
+                start = now_ms if h.started_ms is None else h.started_ms
+                heapq.heappush(self.releases, (max(now_ms, start + h.expected_ms), h.num_gpus))
+        self.clock = float(now_ms)
+        self.blocked = False  # only GPUs with an unknown end are left: everyone from here is unknown
+        self.starts: dict[str, Optional[int]] = {}
+
+    def extend(self, job_id: str, num_gpus: int, expected_ms: Optional[float]) -> None:
+        """The next queued job (plain arguments: this runs for every queued job the core shows)."""
+        while not self.blocked and self.free < num_gpus:
+            if not self.releases:
+                self.blocked = True
+                break
+            at, gpus = heapq.heappop(self.releases)
+            self.clock = max(self.clock, at)
+            self.free += gpus
+        if self.blocked:
+            self.starts[job_id] = None
+            return
+        self.starts[job_id] = round(self.clock)
+        self.free -= num_gpus
+        if expected_ms is not None:
+            heapq.heappush(self.releases, (self.clock + expected_ms, num_gpus))
+
+
 def expected_starts(
     now_ms: int, total_gpus: int, holding: Sequence[Holding], waiting: Sequence[Waiting]
 ) -> dict[str, Optional[int]]:
     """``{job_id: expected start (epoch ms) or None}`` for every waiting job of one class."""
-    free = total_gpus - sum(h.num_gpus for h in holding)
-    releases: list[tuple[float, int]] = []  # (time GPUs come free, how many)
-    for h in holding:  # a job with an unknown end never frees its GPUs in the replay
-        if h.expected_ms is not None:
-            heapq.heappush(releases, (max(now_ms, (now_ms if h.started_ms is None else h.started_ms) + h.expected_ms), h.num_gpus))
-    result: dict[str, Optional[int]] = {}
-    clock = float(now_ms)
-    blocked = False
+    replay = ClassReplay(now_ms, total_gpus, holding)
     for job in waiting:
-        while not blocked and free < job.num_gpus:
-            if not releases:
-                blocked = True  # only GPUs with an unknown end (or none) could let it start
-                break
-            at, gpus = heapq.heappop(releases)
-            clock = max(clock, at)
-            free += gpus
-        if blocked:
-            result[job.job_id] = None
-            continue
-        result[job.job_id] = round(clock)
-        free -= job.num_gpus
-        if job.expected_ms is not None:
-            heapq.heappush(releases, (clock + job.expected_ms, job.num_gpus))
-    return result
+        replay.extend(job.job_id, job.num_gpus, job.expected_ms)
+    return replay.starts
 
 
-def queue_estimates(now_ms: int, pools: Sequence, jobs: dict, run_times: RunTimes) -> dict[str, Optional[int]]:
-    """`expected_starts` for every GPU class of the scheduler: ``pools`` are its ``ClassPool``s (devices,
-    ``held``, FIFO ``queue``), ``jobs`` the core's active ``JobRecord``s by id."""
+class QueueEstimator:
+    """The core's expected starts: one replay per class, kept while only jobs join the queue's tail.
 
-    def expected(job_id: str, gpu_class: str) -> Optional[float]:
-        spec = jobs[job_id].spec if job_id in jobs else {}
-        return run_times.expected_ms(spec.get("name", ""), spec.get("version", ""), gpu_class)
+    ``invalidate()`` is due whenever jobs start, finish, are cancelled or placed (the core calls it);
+    a replay older than ``refresh_ms`` is rebuilt anyway, as running jobs overrun their expected time.
+    """
 
-    result: dict[str, Optional[int]] = {}
-    for pool in pools:
-        if not pool.queue:
-            continue
-        holding = [
-            Holding(job_id, len(devices), getattr(jobs.get(job_id), "started_ms", None), expected(job_id, pool.name))
-            for job_id, devices in pool.held.items()
-        ]
-        waiting = [Waiting(job_id, num_gpus, expected(job_id, pool.name)) for job_id, num_gpus in pool.queue.items()]
-        result.update(expected_starts(now_ms, len(pool.devices), holding, waiting))
-    return result
+    def __init__(self, refresh_ms: int = 1000):
+        self.run_times = RunTimes()
+        self._refresh_ms = refresh_ms
+        self._replays: dict[str, ClassReplay] = {}
+
+    def invalidate(self) -> None:
+        self._replays.clear()
+
+    def expected_start(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> Optional[int]:
+        """When queued ``job_id`` of scheduler ``pool`` (devices, ``held``, FIFO ``queue``) should start,
+        never before ``now_ms``; ``jobs`` are the core's active ``JobRecord``s by id."""
+
+        def expected(other: str) -> Optional[float]:
+            spec = jobs[other].spec if other in jobs else {}
+            return self.run_times.expected_ms(spec.get("name", ""), spec.get("version", ""), pool.name)
+
+        replay = self._replays.get(pool.name)
+        if replay is None or now_ms - replay.created_ms >= self._refresh_ms:
+            holding = [
+                Holding(other, len(devices), getattr(jobs.get(other), "started_ms", None), expected(other))
+                for other, devices in pool.held.items()
+            ]
+            replay = self._replays[pool.name] = ClassReplay(now_ms, len(pool.devices), holding)
+        if job_id not in replay.starts:
+            for other, num_gpus in islice(pool.queue.items(), len(replay.starts), None):
+                replay.extend(other, num_gpus, expected(other))
+                if other == job_id:
+                    break
+        value = replay.starts.get(job_id)
+        return None if value is None else max(value, now_ms)
