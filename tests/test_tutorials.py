@@ -154,7 +154,10 @@ def test_01_quickstart(run_tutorial):
 
     versions = nb.text("check-versions")
     assert first in versions and second in versions
-    assert versions.count("double_all ") == 2  # unchanged re-run registered nothing new
+    assert "double_all: 2 versions" in versions  # unchanged re-run registered nothing new
+    assert "code: 1 line" in versions and f"lancefn_jupyter.lookup('double_all@{second[:8]}')" in versions
+    diff = nb.text("check-diff")
+    assert f"{first} → {second}" in diff and "+    x = np.asarray(values, dtype=np.float64)" in diff
 
     local = nb.text("check-local")
     assert "double_all.local() ran on CUDA simulator" in local
