@@ -224,3 +224,16 @@ def test_job_summary_shows_nonfinite_results():
     job = Job.from_wire(base).model_copy(update={"result": [[1.0, float("nan")], [float("-inf"), 2.0]]})
     assert display.job_summary(job) == "finished in 1.5s; results hold 1 NaN, 1 -Inf of 4 floats"
     assert display.job_summary(Job.from_wire({**base, "result": [1.0, 2.0]})) == "finished in 1.5s"
+
+
+def test_looked_up_local_errors_name_the_artifact_lines(ip):
+    ip.run_cell_magic("gpu_function", "", "def boom(x: float) -> float:\n    y = x + 1\n    raise ValueError(f'bad {y}')\n")
+    version = ip.user_ns["boom"].version.version
+    handle = api.lookup(f"boom@{version[:6]}")
+    assert handle.version == ip.user_ns["boom"].version and "boom" in repr(handle)
+    with pytest.raises(api.LancefnError) as raised:
+        handle.local(1.0)
+    text = str(raised.value)
+    # The artifact is the only source this process has: its lines are named, with their text.
+    assert f"line 5 of boom@{version[:8]}'s source, in boom\n    raise ValueError(f'bad {{y}}')" in text, text
+    assert "ValueError: bad 2.0" in text and "<gpu_function" not in text
