@@ -8,6 +8,7 @@ safe: the server holds a lock on its home, so the loser exits and we adopt the w
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -20,9 +21,12 @@ from typing import Optional
 
 import httpx
 
+from ._homefs import open_private
+
 __all__ = ["ServerInfo", "default_home", "read_server_info", "ensure_server", "stop_server", "EmbeddedServerError"]
 
 SERVER_JSON = "server.json"
+LOCK_FILE = "server.lock"
 
 
 class EmbeddedServerError(RuntimeError):
@@ -109,7 +113,7 @@ def ensure_server(
     env = dict(os.environ)
     # The embedded server is ours, keyed by the home: never inherit a remote deployment's key.
     env.pop("LANCEFN_API_KEY", None)
-    with open(log_path, "ab") as log:
+    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as log:
         proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
         )
@@ -139,9 +143,13 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 
 def stop_server(home: Optional[Path] = None, *, timeout: float = 10.0) -> bool:
-    """Stop the embedded server of `home` (SIGTERM, then SIGKILL). True if one was running."""
-    info = read_server_info(Path(home or default_home()))
-    if info is None or not _pid_alive(info.pid):
+    """Stop the embedded server of `home` (SIGTERM, then SIGKILL). True if one was running.
+
+    A stale server.json may name a pid that now belongs to an unrelated process: only a pid
+    proven to be this home's server is signalled."""
+    home = Path(home or default_home())
+    info = read_server_info(home)
+    if info is None or not _pid_alive(info.pid) or not _is_home_server(info.pid, home):
         return False
     os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -151,3 +159,35 @@ def stop_server(home: Optional[Path] = None, *, timeout: float = 10.0) -> bool:
         time.sleep(0.05)
     os.kill(info.pid, signal.SIGKILL)
     return True
+
+
+def _is_home_server(pid: int, home: Path) -> bool:
+    """Whether ``pid`` is the lancefn server of ``home``: its command line says so, or it holds
+    the home's ``server.lock`` (the holder writes its pid there)."""
+    import psutil
+
+    home = home.resolve()
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except (psutil.Error, OSError):
+        argv = []
+    if any(arg == "lancefn_jupyter.server.cli" or Path(arg).name == "lancefn-server" for arg in argv[:3]):
+        served = Path(argv[argv.index("--home") + 1]) if "--home" in argv[:-1] else default_home()
+        try:
+            if served.expanduser().resolve() == home:
+                return True
+        except OSError:
+            pass
+    try:
+        fd = os.open(home / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: by the pid written in it
+            return os.read(fd, 32).strip() == str(pid).encode()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False  # nobody holds it: no server runs on this home
+    finally:
+        os.close(fd)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the tests need into .venv (Python deps, the prebuilt labextension, Debian
 # Chromium for the browser tests) and run the whole suite. This is the README's test command and
-# what .ci/run calls. Extra arguments go to pytest (e.g. scripts/test.sh -k magics).
+# what .ci/run calls. Extra arguments go to pytest (e.g. scripts/test.sh -k magics); with arguments,
+# collecting no tests is a failure (exit 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +27,11 @@ set +e
 code=$?
 set -e
 if [ "$code" = 5 ]; then
-  echo "pytest collected no tests"
-  exit 0
+  # Fine for the bare CI run; with arguments it means a mistyped path or filter.
+  if [ "$#" = 0 ]; then
+    echo "pytest collected no tests"
+    exit 0
+  fi
+  echo "pytest collected no tests for: $*; check the test paths and -k/-m filters" >&2
 fi
 exit "$code"

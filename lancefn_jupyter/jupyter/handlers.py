@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from typing import Any, Optional
 from urllib.parse import parse_qsl, urlencode
@@ -55,6 +56,8 @@ MAX_BODY_BYTES = 1 << 20
 _SETTINGS_KEY = "lancefn_jupyter"
 _TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=5.0)
 _STREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=10.0, pool=5.0)
+# As the control plane: printable ASCII, no spaces (httpx cannot even send anything else).
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
 # Query parameters that belong to Jupyter, never forwarded.
 _JUPYTER_PARAMS = frozenset({"token", "_xsrf"})
 
@@ -100,7 +103,20 @@ class _LancefnHandler(APIHandler):
 
     def _request_id(self) -> str:
         rid = self.request.headers.get("x-request-id", "")
-        return rid if rid and len(rid) <= 200 and rid.isprintable() else uuid.uuid4().hex
+        return rid if _REQUEST_ID.fullmatch(rid) else uuid.uuid4().hex
+
+    async def prepare(self, **kwargs: Any) -> None:
+        await super().prepare(**kwargs)
+        if self._finished or not self.current_user:
+            return  # @tornado.web.authenticated answers an anonymous request, whatever its headers
+        # Headers forwarded upstream must be ASCII, or httpx fails with a UnicodeEncodeError (a 500).
+        rid = self.request.headers.get("x-request-id")
+        if rid is not None and not _REQUEST_ID.fullmatch(rid):
+            self._error(400, "invalid_request", "X-Request-Id must be 1-200 printable ASCII characters without spaces; fix or omit it")
+            return
+        last = self.request.headers.get("Last-Event-ID")
+        if last and not (last.isascii() and last.isdigit()):
+            self._error(400, "invalid_request", "Last-Event-ID must be a non-negative integer event id; fix or omit it")
 
     def _error(self, status: int, code: str, message: str, request_id: Optional[str] = None) -> None:
         self.set_status(status)

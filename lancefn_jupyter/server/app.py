@@ -7,6 +7,11 @@ Why bodies are parsed by hand rather than as FastAPI body parameters: FastAPI re
 validates the body *before* running dependencies, so a request with a bad body and no key
 would get 400 instead of 401.  Parsing inside the route keeps the order auth → validation.
 
+Nothing a client sends may stall the server for others: ``_Guard`` refuses a request
+without a known ``x-api-key`` *before* reading its body, bounds the body's size and the time
+to send it, and core work (JSON parsing, hashing, SQLite) runs in the threadpool via
+``_off_loop`` so health checks, SSE streams and other clients stay live.
+
 No input may produce a 5xx and no error carries a stack trace: ``_Guard`` (outermost of
 our middleware) turns anything unexpected into a 400 ``request_failed`` envelope and logs
 the traceback server-side only.  The one 5xx is not caused by input: a full disk answers
@@ -29,18 +34,30 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .core import ApiError, ControlPlane, format_validation_error
+from .core import DEFAULT_MAX_ARTIFACT_BYTES, ApiError, ControlPlane, format_validation_error
 from .store import is_storage_full
 
-__all__ = ["create_app", "load_api_keys", "PRIVILEGES", "DEFAULT_MAX_BODY_BYTES", "ApiKeyError"]
+__all__ = [
+    "create_app",
+    "load_api_keys",
+    "PRIVILEGES",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_ARTIFACT_BYTES",
+    "DEFAULT_BODY_TIMEOUT_S",
+    "ApiKeyError",
+]
 
 log = logging.getLogger("lancefn.server")
 
 PRIVILEGES = ("functions", "jobs", "system_usage")
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A maximum-size artifact (base64: 4/3 of its bytes) plus rows; --max-body-bytes raises it.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_S = 30.0  # --body-timeout-s: the whole body must arrive within this
+UNAUTHENTICATED_PATHS = frozenset({"/v1/health"})
 KEEPALIVE_S = 15.0
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
@@ -143,13 +160,30 @@ class _Wait(_Body):
     timeout_s: float = Field(30.0, ge=0, le=60)
 
 
+async def _off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run core work (parsing, hashing, SQLite) in the threadpool so the event loop stays live."""
+    return await run_in_threadpool(fn, *args, **kwargs)
+
+
 async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+    return await _off_loop(_load_json, await request.body())
+
+
+def _load_json(raw: bytes) -> Any:
     if not raw.strip():
         raise ApiError(400, "the request body is empty; send a JSON object")
     try:
+        # Strict: json.loads(bytes) would let UTF-8-encoded surrogates (ED A0 80) through.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ApiError(
+            400,
+            f"the request body is not valid UTF-8 (byte {error.start}: {error.reason}; a lone surrogate "
+            "such as ED A0 80 is not UTF-8); send JSON encoded as UTF-8",
+        ) from None
+    try:
         # NaN/Infinity are not JSON; refuse them here rather than store them.
-        data = json.loads(raw, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as error:
         raise ApiError(400, f"the request body is not valid JSON ({_short(error)})") from None
     if _SURROGATE_ESCAPE.search(raw):
@@ -182,6 +216,7 @@ async def _parse(request: Request, model: type[_Body]) -> Any:
 # -------------------------------------------------------------------- middleware
 
 
+_MISSING_KEY_MESSAGE = "missing or unknown API key; send it in the x-api-key header (see server.json for the local key)"
 _STORAGE_FULL_MESSAGE = (
     "the control plane's disk is full, so this request was not saved (nothing changed); "
     "free space on the filesystem of its home directory and retry"
@@ -196,12 +231,28 @@ def _request_id(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
 
 
-class _Guard:
-    """Request id, body-size limit and last-resort error handling (pure ASGI for speed)."""
+def _known_key(sent: bytes, keys: list[bytes]) -> bool:
+    found = False
+    for key in keys:  # every key compared: no early exit that times which one matched
+        found |= hmac.compare_digest(sent, key)
+    return found
 
-    def __init__(self, app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+
+class _Guard:
+    """Request id, key-before-body, body-size and body-time limits, and last-resort error
+    handling (pure ASGI for speed).  The routes still check the key's privileges."""
+
+    def __init__(
+        self,
+        app: Any,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        api_keys: Any = (),
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    ):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.keys = [key.encode("utf-8") for key in api_keys]
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -223,22 +274,44 @@ class _Guard:
         async def reply(status: int, code: str, message: str) -> None:
             await _envelope(status, code, message, request_id)(scope, receive, send_with_id)
 
-        limit_message = f"the request body is larger than the server's limit of {self.max_body_bytes} bytes; send fewer rows per job"
+        async def refuse(status: int, code: str, message: str) -> None:
+            # The unread body is not drained: uvicorn closes the connection after this reply.
+            response = _envelope(status, code, message, request_id)
+            response.headers["connection"] = "close"
+            await response(scope, receive, send_with_id)
+
+        limit_message = (
+            f"the request body is larger than the server's limit of {self.max_body_bytes} bytes; "
+            "send fewer rows per job, or start lancefn-server with a larger --max-body-bytes"
+        )
         if scope.get("method") in ("POST", "PUT", "PATCH"):
+            if scope.get("path") not in UNAUTHENTICATED_PATHS and not _known_key(headers.get(b"x-api-key", b""), self.keys):
+                await refuse(401, "unauthorized", _MISSING_KEY_MESSAGE)
+                return
             length = headers.get(b"content-length", b"")
             if length.isdigit() and int(length) > self.max_body_bytes:
-                await reply(413, "payload_too_large", limit_message)
+                await refuse(413, "payload_too_large", limit_message)
                 return
-            # Buffer the body (bounded) so the limit also holds for chunked uploads.
+            # Buffer the body (bounded in size and time) so the limit also holds for chunked uploads.
             chunks, size, more = [], 0, True
+            deadline = asyncio.get_running_loop().time() + self.body_timeout_s
             while more:
-                message = await receive()
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+                except asyncio.TimeoutError:
+                    await refuse(
+                        408,
+                        "request_timeout",
+                        f"the request body did not arrive within {self.body_timeout_s:g}s; send it at once, "
+                        "or start lancefn-server with a larger --body-timeout-s",
+                    )
+                    return
                 if message["type"] == "http.disconnect":
                     return
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > self.max_body_bytes:
-                    await reply(413, "payload_too_large", limit_message)
+                    await refuse(413, "payload_too_large", limit_message)
                     return
                 chunks.append(chunk)
                 more = message.get("more_body", False)
@@ -281,9 +354,12 @@ def create_app(
     *,
     api_keys: dict[str, frozenset[str]],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     on_shutdown: Any = None,
 ) -> FastAPI:
     """The ASGI app; ``api_keys`` maps each accepted key to its privileges."""
+    core.max_artifact_bytes = max_artifact_bytes
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -305,7 +381,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.core = core
-    app.add_middleware(_Guard, max_body_bytes=max_body_bytes)
+    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, api_keys=list(api_keys), body_timeout_s=body_timeout_s)
 
     key_items = list(api_keys.items())
 
@@ -319,7 +395,7 @@ def create_app(
                     if hmac.compare_digest(sent_bytes, key.encode("utf-8")):
                         privileges = granted
             if privileges is None:
-                raise ApiError(401, "missing or unknown API key; send it in the x-api-key header (see server.json for the local key)")
+                raise ApiError(401, _MISSING_KEY_MESSAGE)
             if privilege not in privileges:
                 raise ApiError(403, f"this API key lacks the '{privilege}' privilege needed for {request.url.path}")
 
@@ -366,21 +442,22 @@ def create_app(
 
     @app.get("/v1/gpu/usage", dependencies=[require("system_usage")])
     async def gpu_usage() -> dict:
-        return core.gpu_usage()
+        return await _off_loop(core.gpu_usage)
 
     @app.post("/v1/functions/create", status_code=202, dependencies=[require("functions")])
     async def create_function(request: Request) -> dict:
-        return {"job_id": core.register(await _json_body(request))}
+        return {"job_id": await _off_loop(core.register, await _json_body(request))}
 
     @app.post("/v1/functions/describe", dependencies=[require("functions")])
     async def describe_function(request: Request) -> dict:
         body = await _parse(request, _NameVersion)
-        return core.describe_function(body.name, body.version)
+        return await _off_loop(core.describe_function, body.name, body.version)
 
     @app.post("/v1/functions/list", dependencies=[require("functions")])
     async def list_functions(request: Request) -> dict:
         body = await _parse(request, _ListFunctions)
-        return core.list_functions(
+        return await _off_loop(
+            core.list_functions,
             name=body.name, include_definition=body.include_definition, page_token=body.page_token, limit=body.limit
         )
 
@@ -402,34 +479,35 @@ def create_app(
     @app.post("/v1/functions/drop", dependencies=[require("functions")])
     async def drop_function(request: Request) -> dict:
         body = await _parse(request, _NameVersion)
-        return core.drop_function(body.name, body.version)
+        return await _off_loop(core.drop_function, body.name, body.version)
 
     @app.post("/v1/functions/run", status_code=202, dependencies=[require("functions")])
     async def run_function(request: Request) -> dict:
         body = await _parse(request, _Run)
-        return {"job_id": core.run(body.name, body.version, body.rows, body.timeout_s)}
+        return {"job_id": await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s)}
 
     @app.post("/v1/jobs/describe", dependencies=[require("jobs")])
     async def describe_job(request: Request) -> dict:
         body = await _parse(request, _JobId)
-        return core.describe_job(body.job_id)
+        return await _off_loop(core.describe_job, body.job_id)
 
     @app.post("/v1/jobs/list", dependencies=[require("jobs")])
     async def list_jobs(request: Request) -> dict:
         body = await _parse(request, _ListJobs)
-        return core.list_jobs(
+        return await _off_loop(
+            core.list_jobs,
             state=body.state, name=body.name, job_type=body.job_type, page_token=body.page_token, limit=body.limit
         )
 
     @app.post("/v1/jobs/cancel", dependencies=[require("jobs")])
     async def cancel_job(request: Request) -> dict:
         body = await _parse(request, _JobId)
-        return core.cancel_job(body.job_id)
+        return await _off_loop(core.cancel_job, body.job_id)
 
     @app.post("/v1/jobs/logs", dependencies=[require("jobs")])
     async def job_logs(request: Request) -> dict:
         body = await _parse(request, _Logs)
-        return core.job_logs(body.job_id, body.offset, body.limit)
+        return await _off_loop(core.job_logs, body.job_id, body.offset, body.limit)
 
     @app.post("/v1/jobs/wait", dependencies=[require("jobs")])
     async def wait_job(request: Request) -> dict:
@@ -440,7 +518,7 @@ def create_app(
     async def job_events(request: Request, last_event_id: Optional[str] = None) -> StreamingResponse:
         raw = request.headers.get("last-event-id") or last_event_id
         if raw is None or raw == "":
-            start = core.last_event_seq()  # no resume point: only changes from now on
+            start = await _off_loop(core.last_event_seq)  # no resume point: only changes from now on
         elif raw.isdigit() and len(raw) < 19:
             start = int(raw)
         else:
@@ -459,8 +537,8 @@ async def _event_stream(core: ControlPlane, last: int):
     subscriber = core.bus.subscribe()  # subscribe before reading the backlog so nothing falls between
     try:
         # The id is the resume point, so a client that sees no job event before a restart can still resume.
-        yield f"id: {last}\nevent: usage\ndata: {json.dumps(core.gpu_usage(), separators=(',', ':'))}\n\n"
-        queue = core.queue_snapshot()
+        yield f"id: {last}\nevent: usage\ndata: {json.dumps(await _off_loop(core.gpu_usage), separators=(',', ':'))}\n\n"
+        queue = await _off_loop(core.queue_snapshot)
         if queue is not None:
             yield f"event: queue\ndata: {json.dumps(queue, separators=(',', ':'))}\n\n"
         backlog = True
@@ -469,7 +547,7 @@ async def _event_stream(core: ControlPlane, last: int):
                 subscriber.overflowed = False
                 subscriber.items.clear()
                 while True:
-                    rows = core.events_after(last, 500)
+                    rows = await _off_loop(core.events_after, last, 500)
                     for seq, data in rows:
                         yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
                         last = seq

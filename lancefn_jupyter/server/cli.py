@@ -2,7 +2,8 @@
 
     lancefn-server [--home DIR] [--host 127.0.0.1] [--port 0] [--gpu-classes FILE]
                    [--executor local|ray] [--ray-address ADDR] [--api-keys FILE]
-                   [--max-body-bytes N] [--log-level warning]
+                   [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
+                   [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``.
 
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._homefs import home_problem, open_private, private_file_problem, write_private
 from .._version import __version__
 
 __all__ = ["main", "default_home", "SERVER_JSON", "LOCK_FILE", "API_KEY_FILE"]
@@ -61,7 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=("local", "ray"), default="local", help="where workers run (default local)")
     p.add_argument("--ray-address", help="Ray cluster address for --executor ray (default: start a private local Ray; 'auto': the cluster on this machine or $RAY_ADDRESS; see docs/ray.md)")
     p.add_argument("--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])")
-    p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024, help="largest accepted request body (default 64 MiB)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest accepted request body (default 8 MiB; raised to fit --max-artifact-bytes)")
+    p.add_argument("--max-artifact-bytes", type=int, default=4 * 1024 * 1024, help="largest accepted function artifact (default 4 MiB)")
+    p.add_argument("--body-timeout-s", type=float, default=30.0, help="a request body must arrive within this many seconds (default 30)")
+    p.add_argument("--header-timeout-s", type=float, default=10.0, help="a request's line and headers must arrive within this many seconds (default 10)")
+    p.add_argument("--limit-concurrency", type=int, default=256, help="most connections and requests at once; more get 503 (default 256)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -71,46 +77,29 @@ def _fail(message: str) -> int:
     return EXIT_CONFIG
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` atomically with mode 0600 (never briefly world-readable)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        try:
-            os.fchmod(fd, 0o600)
-            data = text.encode("utf-8")
-            if os.write(fd, data) != len(data):
-                raise OSError(f"short write to {tmp}")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _admin_key(home: Path) -> str:
+    """The admin key; raises ``PermissionError`` (message says the fix) for an untrustworthy file."""
     if os.environ.get("LANCEFN_API_KEY"):
         return os.environ["LANCEFN_API_KEY"]
     path = home / API_KEY_FILE
+    problem = private_file_problem(path)
+    if problem:
+        raise PermissionError(f"refusing the admin key file: {problem}")
     try:
-        key = path.read_text("utf-8").strip()
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), encoding="utf-8") as f:
+            key = f.read().strip()
         if key:
             return key
     except FileNotFoundError:
         pass
     key = secrets.token_urlsafe(32)
-    _write_private(path, key + "\n")
+    write_private(path, key + "\n")
     return key
 
 
 def _lock_home(home: Path) -> tuple[Any, str | None]:
     """Take ``server.lock``; returns (file, None) or (None, holder pid text)."""
-    handle = open(home / LOCK_FILE, "a+")
+    handle = os.fdopen(open_private(home / LOCK_FILE, os.O_RDWR | os.O_CREAT), "r+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -135,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         return _fail(f"cannot create home directory {home}: {error}")
     home = home.resolve()
+    problem = home_problem(home)
+    if problem:
+        print(f"lancefn-server: {problem}", file=sys.stderr, flush=True)
+        return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
 
     lock, holder = _lock_home(home)
     if lock is None:
@@ -157,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         extra_keys = load_api_keys(args.api_keys) if args.api_keys else {}
     except ApiKeyError as error:
         return _fail(str(error))
-    admin_key = _admin_key(home)
+    try:
+        admin_key = _admin_key(home)
+    except PermissionError as error:
+        print(f"lancefn-server: {error}", file=sys.stderr, flush=True)
+        return 1
     api_keys = {**extra_keys, admin_key: frozenset(("functions", "jobs", "system_usage"))}
 
     try:
@@ -187,7 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lancefn-server: cannot open the state database {home / DB_FILENAME} ({error}); {hint}", file=sys.stderr, flush=True)
         return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
     core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__)
-    app = create_app(core, api_keys=api_keys, max_body_bytes=args.max_body_bytes)
+    # A maximum-size artifact travels base64-encoded (4/3 of its bytes) in a JSON body.
+    max_body = max(args.max_body_bytes, args.max_artifact_bytes * 4 // 3 + (64 << 10))
+    app = create_app(
+        core,
+        api_keys=api_keys,
+        max_body_bytes=max_body,
+        max_artifact_bytes=args.max_artifact_bytes,
+        body_timeout_s=args.body_timeout_s,
+    )
     server_json = home / SERVER_JSON
     info = {
         "url": url,
@@ -209,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             await super().startup(sockets=sockets)
             if self.started and not self.should_exit:
                 try:
-                    _write_private(server_json, info_text)
+                    write_private(server_json, info_text)
                 except OSError as error:  # e.g. a full disk, or a directory in the way
                     print(f"lancefn-server: cannot write {server_json} ({error}); fix or free the home directory", file=sys.stderr, flush=True)
                     failed_to_publish = self.should_exit = True
@@ -226,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     current = None
                 if current != info_bytes:
                     try:
-                        _write_private(server_json, info_text)
+                        write_private(server_json, info_text)
                         log.warning("%s was missing or changed; rewrote it", server_json)
                     except OSError:
                         pass  # e.g. the disk is full; tried again on the next tick
@@ -236,8 +241,12 @@ def main(argv: list[str] | None = None) -> int:
             core.begin_shutdown()  # end SSE streams and long polls so they don't delay the stop
             await super().shutdown(sockets=sockets)
 
+    from .connections import header_timeout_protocol
+
     config = uvicorn.Config(
         app,
+        http=header_timeout_protocol(args.header_timeout_s),
+        limit_concurrency=args.limit_concurrency,
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,

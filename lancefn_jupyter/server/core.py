@@ -27,7 +27,6 @@ status and a message saying what is wrong and how to fix it.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import base64
 import binascii
@@ -57,6 +56,7 @@ from ..models import (
     rfc3339_now,
     version_id,
 )
+from .artifact_check import artifact_problem
 from .estimates import QueueEstimator
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
@@ -75,6 +75,7 @@ QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
 QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at most this often (a trailing one follows)
 PROGRESS_EVENT_INTERVAL_S = 0.1  # progress events are coalesced per job; final states carry the final count
 PAGE_LIMIT_MAX = 1000
+DEFAULT_MAX_ARTIFACT_BYTES = 4 * 1024 * 1024  # --max-artifact-bytes
 
 PENDING, IN_PROGRESS = JobState.PENDING.value, JobState.IN_PROGRESS.value
 DONE, FAILED = JobState.DONE.value, JobState.FAILED.value
@@ -144,7 +145,8 @@ def _decode_token(token: str | None) -> int | None:
     try:
         text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
         prefix, _, seq = text.partition(":")
-        if prefix == "lancefn" and seq.isdigit():
+        # SQLite integers are 64-bit: a bigger number is no token of ours (and must not reach SQLite).
+        if prefix == "lancefn" and seq.isascii() and seq.isdigit() and len(seq) <= 18:
             return int(seq)
     except (binascii.Error, ValueError, UnicodeDecodeError):
         pass
@@ -248,6 +250,8 @@ class _Resolved:
 
 
 class ControlPlane:
+    max_artifact_bytes = DEFAULT_MAX_ARTIFACT_BYTES  # set by create_app
+
     def __init__(
         self,
         *,
@@ -401,6 +405,12 @@ class ControlPlane:
             artifact = decode_artifact(request.artifact)
         except ValueError as error:
             raise ApiError(400, str(error)) from None
+        if len(artifact) > self.max_artifact_bytes:
+            raise ApiError(
+                413,
+                f"the artifact is {len(artifact)} bytes, over this server's limit of {self.max_artifact_bytes}; "
+                "keep data out of the function's source, or start lancefn-server with a larger --max-artifact-bytes",
+            )
         self._check_artifact(artifact, request.artifact.entrypoint)
         if runtime.resources is not None:
             resources = runtime.resources
@@ -436,24 +446,9 @@ class ControlPlane:
 
     @staticmethod
     def _check_artifact(artifact: bytes, entrypoint: str) -> None:
-        # Cheap early checks so a broken upload fails at registration, not at the first run.
-        try:
-            tree = ast.parse(artifact.decode("utf-8"), filename="<artifact>")
-        except UnicodeDecodeError:
-            raise ApiError(400, "artifact content is not UTF-8 Python source; package the function with lancefn_jupyter.packaging") from None
-        except (SyntaxError, ValueError) as error:
-            raise ApiError(400, f"artifact content is not valid Python ({error}); package the function with lancefn_jupyter.packaging") from None
-        defined = set()
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                defined.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                defined.update(t.id for t in targets if isinstance(t, ast.Name))
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        if entrypoint not in defined:
-            raise ApiError(400, f"artifact.entrypoint {entrypoint!r} is not defined at the top level of the artifact; name the entry function")
+        problem = artifact_problem(artifact, entrypoint)
+        if problem:
+            raise ApiError(400, problem)
 
     def _capacity_problem(self, gpu_class: str | None, num_gpus: int) -> str | None:
         spec = self.classes.get(gpu_class)
