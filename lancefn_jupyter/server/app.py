@@ -178,8 +178,8 @@ def _load_json(raw: bytes) -> Any:
     except UnicodeDecodeError as error:
         raise ApiError(
             400,
-            f"the request body is not valid UTF-8 (byte {error.start}: {error.reason}; a lone surrogate "
-            "such as ED A0 80 is not UTF-8); send JSON encoded as UTF-8",
+            f"the request body is not valid JSON text: it is not UTF-8 (byte {error.start}: {error.reason}; "
+            "a lone surrogate such as ED A0 80 is not UTF-8); send JSON encoded as UTF-8",
         ) from None
     try:
         # NaN/Infinity are not JSON; refuse them here rather than store them.

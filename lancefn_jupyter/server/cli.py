@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=("local", "ray"), default="local", help="where workers run (default local)")
     p.add_argument("--ray-address", help="Ray cluster address for --executor ray (default: start a private local Ray; 'auto': the cluster on this machine or $RAY_ADDRESS; see docs/ray.md)")
     p.add_argument("--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest accepted request body (default 8 MiB; raised to fit --max-artifact-bytes)")
+    p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (default 8 MiB, or enough for a --max-artifact-bytes artifact if larger)")
     p.add_argument("--max-artifact-bytes", type=int, default=4 * 1024 * 1024, help="largest accepted function artifact (default 4 MiB)")
     p.add_argument("--body-timeout-s", type=float, default=30.0, help="a request body must arrive within this many seconds (default 30)")
     p.add_argument("--header-timeout-s", type=float, default=10.0, help="a request's line and headers must arrive within this many seconds (default 10)")
@@ -75,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
 def _fail(message: str) -> int:
     print(f"lancefn-server: {message}", file=sys.stderr, flush=True)
     return EXIT_CONFIG
+
+
+def _refuse(message: str) -> int:
+    """An unsafe home: exit 1, not EXIT_CONFIG, which clients read as "another server holds this home"."""
+    print(f"lancefn-server: {message}", file=sys.stderr, flush=True)
+    return 1
 
 
 def _admin_key(home: Path) -> str:
@@ -126,17 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     home = home.resolve()
     problem = home_problem(home)
     if problem:
-        print(f"lancefn-server: {problem}", file=sys.stderr, flush=True)
-        return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
-
-    lock, holder = _lock_home(home)
+        return _refuse(problem)
+    try:
+        lock, holder = _lock_home(home)
+    except OSError as error:  # e.g. a symlink planted at server.lock (never followed)
+        return _refuse(f"cannot open {home / LOCK_FILE} ({error}); remove it and start again")
     if lock is None:
         return _fail(f"another lancefn-server (pid {holder}) is already using home {home}; stop it or pick another --home")
 
     # Heavy imports after the cheap checks so a refused start is fast.
     import uvicorn
 
-    from .app import ApiKeyError, create_app, load_api_keys
+    from .app import DEFAULT_MAX_BODY_BYTES, ApiKeyError, create_app, load_api_keys
     from .core import ControlPlane
     from .executors import get_executor
     from .gpu_classes import ConfigError, load_gpu_classes
@@ -153,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         admin_key = _admin_key(home)
     except PermissionError as error:
-        print(f"lancefn-server: {error}", file=sys.stderr, flush=True)
-        return 1
+        return _refuse(str(error))
     api_keys = {**extra_keys, admin_key: frozenset(("functions", "jobs", "system_usage"))}
 
     try:
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
     core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__)
     # A maximum-size artifact travels base64-encoded (4/3 of its bytes) in a JSON body.
-    max_body = max(args.max_body_bytes, args.max_artifact_bytes * 4 // 3 + (64 << 10))
+    max_body = args.max_body_bytes or max(DEFAULT_MAX_BODY_BYTES, args.max_artifact_bytes * 4 // 3 + (64 << 10))
     app = create_app(
         core,
         api_keys=api_keys,

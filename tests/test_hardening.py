@@ -1,0 +1,374 @@
+"""Hostile but plausible input against a real control plane: nothing a client sends stalls the
+server for others, bad input gets a readable 4xx (no traceback in the log), and a home is
+trusted only when it is safe.  Also the scripts' newcomer paths (quickstart --headless, test.sh).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from conftest import SERVER_CMD, make_env, register, registration_body
+
+from lancefn_jupyter.embedded import ensure_server, read_server_info, stop_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def assert_4xx(reply: httpx.Response, status: int, *words: str) -> dict:
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["code"] != "request_failed", error
+    for word in words:
+        assert word in error["message"], (word, error["message"])
+    return error
+
+
+def raw_socket(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=20)
+    return sock
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (bounded by the socket timeout)."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+# ------------------------------------------------------------------ the loop stays live
+
+
+def test_artifact_over_the_cap_is_413_naming_the_flag(control_plane_factory):
+    cp = control_plane_factory(args=["--max-artifact-bytes", "3000"])
+    source = "# " + "x" * 4000 + "\n\ndef double(x: int) -> int:\n    return 2 * x\n"
+    with cp.http() as http:
+        assert_4xx(http.post("/v1/functions/create", json=registration_body(source=source)), 413, "--max-artifact-bytes", "3000")
+        register(http, registration_body())  # a small one still registers
+
+
+def test_default_artifact_cap_is_a_few_mib(control_plane):
+    source = "# " + "x" * (5 << 20) + "\n\ndef double(x: int) -> int:\n    return 2 * x\n"
+    with control_plane.http() as http:
+        assert_4xx(http.post("/v1/functions/create", json=registration_body(source=source)), 413, "--max-artifact-bytes")
+
+
+def test_health_answers_while_a_large_artifact_is_parsed(control_plane):
+    # ~3.5 MiB of list literal: seconds of ast.parse holding the GIL; the server parses it elsewhere.
+    source = "def double(x: int) -> int:\n    return 2 * x\n\nX = [" + "0," * (1800 << 10) + "0]\n"
+    replies: dict = {}
+
+    def register_big() -> None:
+        with control_plane.http(timeout=120) as http:
+            replies["create"] = http.post("/v1/functions/create", json=registration_body(source=source))
+
+    worker = threading.Thread(target=register_big)
+    worker.start()
+    answered = 0
+    with httpx.Client(base_url=control_plane.url, timeout=60) as http:
+        while worker.is_alive():
+            assert http.get("/v1/health").status_code == 200
+            answered += 1
+    worker.join()
+    assert replies["create"].status_code == 202, replies["create"].text
+    # While the registration was in flight the loop kept answering (old code: none during the parse).
+    assert answered >= 50, answered
+    with control_plane.http() as http:
+        job = http.post("/v1/jobs/describe", json={"job_id": replies["create"].json()["job_id"]}).json()
+    assert job["job_state"] == "DONE", job
+
+
+def test_large_artifacts_are_still_checked(control_plane):
+    filler = "# " + "y" * (64 << 10) + "\n"
+    with control_plane.http() as http:
+        assert_4xx(
+            http.post("/v1/functions/create", json=registration_body(source=filler + "def double(x:\n")), 400, "not valid Python"
+        )
+        assert_4xx(
+            http.post("/v1/functions/create", json=registration_body(source=filler + "def other(x: int) -> int:\n    return x\n")),
+            400,
+            "'double' is not defined",
+        )
+        register(http, registration_body(source=filler + "def double(x: int) -> int:\n    return 2 * x\n"))
+
+
+def test_the_key_is_checked_before_the_body_is_read(control_plane):
+    sock = raw_socket(control_plane.url)
+    with sock:
+        # Announce 50 MB and send none of it: the 401 must come without waiting for the body.
+        sock.sendall(b"POST /v1/functions/create HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 50000000\r\n\r\n{")
+        reply = read_reply(sock)  # old code: waits for the body until the socket timeout
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401"), head
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "unauthorized"
+    # A wrong key is no better than none.
+    with httpx.Client(base_url=control_plane.url, headers={"x-api-key": "wrong-key-123"}) as http:
+        assert_4xx(http.post("/v1/jobs/list", json={}), 401, "x-api-key")
+
+
+def test_a_body_that_trickles_is_cut_off_with_408(control_plane_factory):
+    cp = control_plane_factory(args=["--body-timeout-s", "1"])
+    sock = raw_socket(cp.url)
+    with sock:
+        sock.sendall(
+            b"POST /v1/jobs/list HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n"
+            + f"x-api-key: {cp.api_key}\r\n\r\n".encode()
+            + b"{"
+        )
+        reply = read_reply(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert "--body-timeout-s" in json.loads(body)["error"]["message"]
+
+
+def test_headers_that_trickle_are_cut_off(control_plane_factory):
+    cp = control_plane_factory(args=["--header-timeout-s", "1"])
+    sock = raw_socket(cp.url)
+    with sock:
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n")  # and never the blank line
+        assert read_reply(sock) == b""  # closed by the server (old code: the socket timeout)
+    with httpx.Client(base_url=cp.url) as http:
+        assert http.get("/v1/health").status_code == 200
+
+
+def test_concurrency_is_bounded(control_plane_factory):
+    cp = control_plane_factory(args=["--limit-concurrency", "3", "--header-timeout-s", "60"])
+    idle = [raw_socket(cp.url) for _ in range(3)]
+    try:
+        time.sleep(0.3)  # let the server accept them
+        with httpx.Client(base_url=cp.url) as http:
+            assert http.get("/v1/health").status_code == 503
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+# ------------------------------------------------------------ readable 4xx, clean log
+
+
+def test_page_tokens_beyond_64_bits_are_invalid_tokens(control_plane):
+    for number in (2**63, 10**30):
+        token = base64.urlsafe_b64encode(f"lancefn:{number}".encode()).decode().rstrip("=")
+        with control_plane.http() as http:
+            for route in ("/v1/jobs/list", "/v1/functions/list"):
+                assert_4xx(http.post(route, json={"page_token": token}), 400, "page_token is not a token")
+    log = control_plane.log_text()
+    assert "OverflowError" not in log and "Traceback" not in log, log[-2000:]
+
+
+SURROGATE = b"\xed\xa0\x80"
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/jobs/describe", b'{"job_id": "a' + SURROGATE + b'"}'),
+        ("/v1/jobs/logs", b'{"job_id": "a' + SURROGATE + b'"}'),
+        ("/v1/jobs/wait", b'{"job_id": "a' + SURROGATE + b'", "timeout_s": 0}'),
+        ("/v1/jobs/cancel", b'{"job_id": "a' + SURROGATE + b'"}'),
+        ("/v1/jobs/list", b'{"name": "a' + SURROGATE + b'"}'),
+        ("/v1/functions/describe", b'{"name": "a' + SURROGATE + b'", "version": "1"}'),
+        ("/v1/functions/list", b'{"name": "a' + SURROGATE + b'"}'),
+        ("/v1/functions/drop", b'{"name": "a' + SURROGATE + b'", "version": "1"}'),
+        ("/v1/functions/create", b'{"name": "a' + SURROGATE + b'"}'),
+        ("/v1/functions/run", b'{"name": "double", "version": "1", "rows": [{"x": "' + SURROGATE + b'"}]}'),
+    ],
+)
+def test_raw_surrogates_in_a_body_are_a_400_naming_utf8(shared_control_plane, route, body):
+    with shared_control_plane.http() as http:
+        error = assert_4xx(http.post(route, content=body, headers={"content-type": "application/json"}), 400, "UTF-8")
+    assert "NaN" not in error["message"]
+    log = shared_control_plane.log_text()
+    assert "UnicodeEncodeError" not in log and "Traceback" not in log, log[-2000:]
+
+
+# --------------------------------------------------------------- home and processes
+
+
+def start_server(home: Path, timeout: float = 20.0) -> subprocess.CompletedProcess:
+    """Run lancefn-server on ``home`` expecting it to refuse; a server that starts is stopped and fails the test."""
+    proc = subprocess.Popen(
+        [*SERVER_CMD, "--home", str(home), "--port", "0"],
+        env=make_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate()
+        pytest.fail(f"the server started on an unsafe home: {out}{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_home_others_can_write_is_refused(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o777)
+    done = start_server(home)
+    assert done.returncode == 1
+    assert f"chmod 700 {home}" in done.stderr, done.stderr
+    assert not (home / "server.json").exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the home to another user")
+def test_a_home_owned_by_someone_else_is_refused(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, 65534, 65534)
+    done = start_server(home)
+    assert done.returncode == 1 and "not by you" in done.stderr, done.stderr
+
+
+def test_a_planted_api_key_is_not_trusted(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "api_key").write_text("planted-by-someone-else\n")
+    (home / "api_key").chmod(0o666)
+    done = start_server(home)
+    assert done.returncode == 1
+    assert "api_key" in done.stderr and "chmod 600" in done.stderr, done.stderr
+
+
+def test_a_symlink_planted_at_the_lock_is_not_followed(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    (home / "server.lock").symlink_to(target)
+    done = start_server(home)
+    assert done.returncode == 1 and "server.lock" in done.stderr, done.stderr
+    assert target.read_text() == "keep me"
+
+
+def test_private_files_are_0600(tmp_path):
+    home = tmp_path / "home"
+    info = ensure_server(home)
+    try:
+        for name in ("server.json", "api_key", "server.lock", "server.log"):
+            mode = stat.S_IMODE(os.stat(home / name).st_mode)
+            assert mode == 0o600, (name, oct(mode))
+        assert not list(home.glob(".*.tmp"))
+    finally:
+        stop_server(home)
+    assert info.pid
+
+
+def test_stop_never_signals_a_pid_that_is_not_this_homes_server(tmp_path):
+    home = tmp_path / "home"
+    info = ensure_server(home)
+    stop_server(home)
+    # A stale server.json whose pid now belongs to an unrelated process.
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        data = {"url": info.url, "api_key": "k" * 20, "pid": bystander.pid, "home": str(home)}
+        (home / "server.json").write_text(json.dumps(data))
+        assert read_server_info(home).pid == bystander.pid
+        assert stop_server(home, timeout=2) is False
+        time.sleep(0.2)
+        assert bystander.poll() is None, "stop_server killed an unrelated process"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_stop_still_stops_the_real_server(tmp_path):
+    home = tmp_path / "home"
+    info = ensure_server(home)
+    assert stop_server(home) is True
+    for _ in range(200):
+        try:
+            os.kill(info.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the server is still running")
+
+
+# ---------------------------------------------------------------------------- scripts
+
+
+def fake_tree(tmp_path: Path, script: str, python_body: str) -> Path:
+    """A copy of ``scripts/<script>`` in a tree whose ``.venv/bin/python`` is ``python_body`` (bash)."""
+    root = tmp_path / "tree"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / script, root / "scripts" / script)
+    bin_dir = root / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("#!/usr/bin/env bash\n" + python_body)
+    (bin_dir / "python").chmod(0o755)
+    (root / "fakebin").mkdir()
+    (root / "fakebin" / "chromium").write_text("#!/bin/sh\n")  # test.sh installs it otherwise
+    (root / "fakebin" / "chromium").chmod(0o755)
+    return root
+
+
+def run_script(root: Path, script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**make_env(env), "PATH": f"{root / 'fakebin'}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(root / "scripts" / script), *args], env=full_env, capture_output=True, text=True, timeout=120)
+
+
+def test_test_sh_fails_when_arguments_collect_nothing(tmp_path):
+    # pytest exit 5 = "no tests collected"; everything else the fake python does succeeds.
+    root = fake_tree(tmp_path, "test.sh", 'if [ "$1 $2" = "-m pytest" ]; then exit 5; fi\nexit 0\n')
+    bare = run_script(root, "test.sh")
+    assert bare.returncode == 0, bare.stderr
+    filtered = run_script(root, "test.sh", "-k", "no_such_test")
+    assert filtered.returncode == 5, filtered.stdout
+    assert "no_such_test" in filtered.stderr
+
+
+def test_quickstart_headless_uses_a_throwaway_home_and_stops_its_server(tmp_path):
+    real = sys.executable
+    record = tmp_path / "record"
+    # The fake python: pip is a no-op, no GPU, and the notebook run starts a real embedded server
+    # in $LANCEFN_HOME (as the quickstart's first cell does); anything else runs for real.
+    root = fake_tree(
+        tmp_path,
+        "quickstart.sh",
+        f"""case "$*" in
+  "-m pip"*) exit 0 ;;
+  *pynvml*) exit 1 ;;
+  scripts/run_notebook.py*)
+    echo "$LANCEFN_HOME" > {record}
+    exec {real} -c "from lancefn_jupyter.embedded import ensure_server; print(ensure_server().pid, flush=True)" ;;
+  *) exec {real} "$@" ;;
+esac
+""",
+    )
+    mine = tmp_path / "my-home"
+    done = run_script(root, "quickstart.sh", "--headless", env={"LANCEFN_HOME": str(mine), "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    used = Path(record.read_text().strip())
+    assert used != mine and not mine.exists()  # not the user's home
+    assert not used.exists()  # removed afterwards
+    pid = int(done.stdout.strip().splitlines()[-1])
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("quickstart --headless left its control plane running")
