@@ -497,3 +497,78 @@ def test_raw_bytes_on_every_route_get_readable_errors(shared_control_plane):
 
         check()
 
+
+
+# Invalid UTF-8 inside an otherwise valid JSON body: UTF-8-encoded surrogates (ED A0 80 … ED BF BF),
+# stray continuation bytes, overlong forms, truncated sequences.
+BAD_UTF8 = st.one_of(
+    st.integers(0xA0, 0xBF).flatmap(lambda b: st.integers(0x80, 0xBF).map(lambda c: bytes([0xED, b, c]))),
+    st.sampled_from([b"\x80", b"\xff", b"\xc0\xaf", b"\xe2\x82", b"\xf4\x90\x80\x80", b"\xfe\xfe"]),
+    st.binary(min_size=1, max_size=8).filter(lambda b: not _is_utf8(b)),
+)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_invalid_utf8_inside_json_on_every_route_is_a_400_naming_utf8(shared_control_plane):
+    routes = [path for path, ops in openapi_document()["paths"].items() if "post" in ops]
+    fields = ["name", "version", "job_id", "page_token", "state"]
+
+    with shared_control_plane.http(timeout=30) as http:
+
+        @fuzz(150)
+        @given(path=st.sampled_from(routes), bad=BAD_UTF8, field=st.sampled_from(fields), prefix=st.text(alphabet="ab1", max_size=3))
+        def check(path, bad, field, prefix):
+            body = b'{"%s": "%s%s", "rows": [{"x": "%s"}], "timeout_s": 0}' % (field.encode(), prefix.encode(), bad, bad)
+            reply = http.post(path, content=body, headers={"content-type": "application/json"})
+            assert reply.status_code == 400, (path, body, reply.text[:300])
+            error = reply.json()["error"]
+            assert error["code"] == "invalid_request" and "UTF-8" in error["message"], (path, body, error)
+
+        check()
+    assert "Traceback" not in shared_control_plane.log_text()
+
+
+# Header values a browser or script may send: any visible byte, Latin-1 and UTF-8 included.
+HEADER_VALUES = st.lists(
+    st.sampled_from([*range(0x21, 0x7F), *range(0x80, 0x100), 0x20]), min_size=1, max_size=40
+).map(lambda codes: bytes(codes).strip())
+
+
+@pytest.fixture(scope="module")
+def jupyter_proxy(shared_control_plane, tmp_path_factory):
+    from browser_util import running_jupyter
+
+    env = {"LANCEFN_URL": shared_control_plane.url, "LANCEFN_API_KEY": shared_control_plane.api_key}
+    with running_jupyter(tmp_path_factory.mktemp("fuzz-jupyter"), app="server", env=env) as server:
+        yield server
+
+
+def test_jupyter_proxy_headers_get_no_5xx(jupyter_proxy):
+    auth = jupyter_proxy.auth_headers()
+    urls = [jupyter_proxy.url("lancefn/status"), jupyter_proxy.url("lancefn/api/v1/health"), jupyter_proxy.url("lancefn/api/v1/gpu/usage")]
+    events = jupyter_proxy.url("lancefn/api/v1/jobs/events")
+
+    with httpx.Client(timeout=30) as http:
+
+        @fuzz(120)
+        @given(url=st.sampled_from(urls + [events]), header=st.sampled_from(["x-request-id", "last-event-id"]), value=HEADER_VALUES)
+        def check(url, header, value):
+            if not value:
+                return
+            with http.stream("GET", url, headers={**auth, header: value}) as reply:
+                assert reply.status_code < 500, (url, header, value, reply.status_code)
+                if reply.status_code >= 400:
+                    reply.read()
+                    error = reply.json()["error"]
+                    assert error["message"] and error["request_id"].isascii(), (url, header, value, error)
+                    ascii_id = header == "x-request-id" and value.isascii()
+                    assert not ascii_id or len(value) > 200 or b" " in value, (url, header, value, error)
+
+        check()

@@ -284,6 +284,24 @@ def test_event_stream_is_passed_through_and_resumable(proxied):
         assert int([e for e in replay if e.get("event") == "job"][0]["id"]) == first + 1, how
 
 
+def test_non_ascii_request_ids_and_bad_last_event_ids_are_400_not_500(proxied):
+    auth = proxied.server.auth_headers()
+    for url in (proxied.server.url("lancefn/status"), proxied.api("health"), proxied.api("jobs/events")):
+        reply = httpx.get(url, headers={**auth, "x-request-id": "café".encode()}, timeout=30)
+        assert reply.status_code == 400, (url, reply.status_code, reply.text)
+        error = reply.json()["error"]
+        assert "X-Request-Id" in error["message"] and error["request_id"].isascii()
+    for last in (b"abc", "caf\u00e9".encode(), "\u0663".encode(), b"-1"):
+        reply = httpx.get(proxied.api("jobs/events"), headers={**auth, "Last-Event-ID": last}, timeout=30)
+        assert reply.status_code == 400, (last, reply.status_code, reply.text)
+        assert "Last-Event-ID" in reply.json()["error"]["message"]
+    # An anonymous request is still refused as such, whatever its headers.
+    assert httpx.get(proxied.api("health"), headers={"x-request-id": "café".encode()}).status_code in (401, 403)
+    # Printable ASCII ids are passed through as before.
+    reply = httpx.get(proxied.api("health"), headers={**auth, "x-request-id": "trace-42"}, timeout=30)
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "trace-42"
+
+
 def test_client_disconnect_closes_the_upstream_stream(proxied):
     """Opening and dropping many streams must not leave the proxy stuck (each is cancelled)."""
     for _ in range(5):
