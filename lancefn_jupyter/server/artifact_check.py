@@ -13,11 +13,14 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import threading
 
 __all__ = ["artifact_problem", "IN_PROCESS_MAX_BYTES"]
 
 IN_PROCESS_MAX_BYTES = 16 * 1024  # parses in a few ms at worst
 CHILD_TIMEOUT_S = 60.0
+# A worst-case 4 MiB artifact takes GBs to parse: a few at a time, not one per request thread.
+_CHILDREN = threading.BoundedSemaphore(2)
 
 
 def artifact_problem(artifact: bytes, entrypoint: str) -> str | None:
@@ -25,12 +28,13 @@ def artifact_problem(artifact: bytes, entrypoint: str) -> str | None:
     if len(artifact) <= IN_PROCESS_MAX_BYTES:
         return _problem(artifact, entrypoint)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", __name__, entrypoint],
-            input=artifact,
-            capture_output=True,
-            timeout=CHILD_TIMEOUT_S,
-        )
+        with _CHILDREN:
+            done = subprocess.run(
+                [sys.executable, "-m", __name__, entrypoint],
+                input=artifact,
+                capture_output=True,
+                timeout=CHILD_TIMEOUT_S,
+            )
     except subprocess.TimeoutExpired:
         done = None
     if done is None or done.returncode != 0:
