@@ -464,17 +464,17 @@ def create_app(
     @app.post("/v1/functions/artifact", dependencies=[require("functions")])
     async def function_artifact(request: Request) -> dict:
         body = await _parse(request, _NameVersion)
-        return core.function_artifact(body.name, body.version)
+        return await _off_loop(core.function_artifact, body.name, body.version)
 
     @app.post("/v1/functions/history", dependencies=[require("functions")])
     async def function_history(request: Request) -> dict:
         body = await _parse(request, _History)
-        return core.function_history(body.name, body.limit)
+        return await _off_loop(core.function_history, body.name, body.limit)
 
     @app.post("/v1/functions/diff", dependencies=[require("functions")])
     async def function_diff(request: Request) -> dict:
         body = await _parse(request, _Diff)
-        return core.function_diff(body.name, body.old, body.new)
+        return await _off_loop(core.function_diff, body.name, body.old, body.new)
 
     @app.post("/v1/functions/drop", dependencies=[require("functions")])
     async def drop_function(request: Request) -> dict:
