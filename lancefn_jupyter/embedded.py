@@ -21,7 +21,7 @@ from typing import Optional
 
 import httpx
 
-from ._homefs import open_private
+from ._homefs import home_problem, open_private, private_file_problem
 
 __all__ = ["ServerInfo", "default_home", "read_server_info", "ensure_server", "stop_server", "EmbeddedServerError"]
 
@@ -100,12 +100,18 @@ def _healthy(info: ServerInfo, timeout: float = 2.0) -> bool:
 def ensure_server(
     home: Optional[Path] = None, *, gpu_classes: Optional[str] = None, timeout: float = 60.0
 ) -> ServerInfo:
-    """A live embedded server for `home`: reuse the recorded one if healthy, else start a new one."""
+    """A live embedded server for `home`: reuse the recorded one if healthy, else start a new one.
+
+    A home others can write into is refused (its server.json could send our code and key anywhere),
+    and a server.json that is not a private file of ours is not reused (the new server replaces it)."""
     home = Path(home or default_home())
-    info = read_server_info(home)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    problem = home_problem(home)
+    if problem:
+        raise EmbeddedServerError(f"not using the embedded control plane's home: {problem}")
+    info = read_server_info(home) if private_file_problem(home / SERVER_JSON) is None else None
     if info is not None and _healthy(info):
         return info
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = home / "server.log"
     command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0"]
     if gpu_classes:

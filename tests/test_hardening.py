@@ -375,3 +375,26 @@ esac
     else:
         os.kill(pid, 9)
         pytest.fail("quickstart --headless left its control plane running")
+
+
+def test_the_kernel_side_trusts_no_server_json_in_an_unsafe_home(tmp_path, control_plane):
+    from lancefn_jupyter.embedded import EmbeddedServerError
+
+    # A server.json planted by someone else, pointing at a live server that is not ours to use.
+    planted = {"url": control_plane.url, "api_key": control_plane.api_key, "pid": control_plane.proc.pid, "home": "x"}
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "server.json").write_text(json.dumps(planted))
+    shared.chmod(0o777)
+    with pytest.raises(EmbeddedServerError, match=f"chmod 700 {shared}"):
+        ensure_server(shared)
+    # In a private home, a server.json others may have written (not 0600) is not reused either.
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (mine / "server.json").write_text(json.dumps(planted))
+    (mine / "server.json").chmod(0o644)
+    try:
+        info = ensure_server(mine)
+        assert info.url != control_plane.url and info.pid != control_plane.proc.pid
+    finally:
+        stop_server(mine)
