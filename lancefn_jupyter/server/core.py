@@ -701,12 +701,15 @@ class ControlPlane:
         next_offset = entries[-1][0] + 1 if entries else max(0, offset)
         return {"lines": lines, "next_offset": next_offset}
 
-    async def wait_job(self, job_id: str, timeout_s: float) -> dict:
-        """The job once terminal, or as it stands after ``timeout_s`` (long poll)."""
+    async def wait_job(self, job_id: str, timeout_s: float, *, unless_queued: bool = False) -> dict:
+        """The job once terminal, or as it stands after ``timeout_s`` (long poll).
+        ``unless_queued``: answer at once if it waits for capacity (``functions/run``'s inline
+        wait: a submit must not stall behind a full queue)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             rec = self._get_job(job_id)
-            if rec.state in _TERMINAL or timeout_s <= 0 or not self._started:
+            queued = unless_queued and rec.state == PENDING and self._scheduler.is_pending(job_id)
+            if rec.state in _TERMINAL or timeout_s <= 0 or not self._started or queued:
                 return self._job_wire(rec)
             future = loop.create_future()
             self._waiters.setdefault(job_id, []).append(future)
