@@ -465,7 +465,7 @@ class ControlPlane:
         limit = spec.gpu_class.max_gpu_count_per_worker
         if num_gpus > limit:
             return (
-                f"num_gpus={num_gpus} exceeds GPU class {spec.name!r}'s max_gpu_count_per_worker of {limit}; "
+                f"num_gpus={num_gpus} exceeds GPU class {spec.name!r} (max_gpu_count_per_worker of {limit}); "
                 f"request at most {limit} GPU{'' if limit == 1 else 's'} or pick another class ({self._class_limits()})"
             )
         return None
