@@ -777,6 +777,10 @@ class ControlPlane:
                 row["jobs_running"] += 1
             else:
                 row["jobs_pending"] += 1
+                if "pending_reason" not in row:
+                    reason = self.executor.pending_reason(rec.gpu_class, rec.num_gpus)
+                    if reason:
+                        row["pending_reason"] = reason
         return list(rows.values())
 
     # ------------------------------------------------------------------- events
@@ -1170,6 +1174,9 @@ class ControlPlane:
                     placement["expected_start_ms"] = self._expected_start(rec.job_id)
             elif self._executor_queues and not rec.devices:
                 placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
+                reason = self.executor.pending_reason(rec.gpu_class, rec.num_gpus) if self.executor else None
+                if reason:
+                    placement["pending_reason"] = reason
         if rec.node is not None:
             placement["node"] = rec.node
         progress = {"rows_done": rec.rows_done or 0, "rows_total": rec.rows_total or 0}

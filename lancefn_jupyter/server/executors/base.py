@@ -93,6 +93,11 @@ class Executor(ABC):
         """GPUs per class when the executor knows better than the config (Ray); else None."""
         return None
 
+    def pending_reason(self, gpu_class: str | None, num_gpus: int) -> str | None:
+        """Why a job of this shape cannot start now although its class allows it (Ray: no node
+        is big enough); None when it simply waits its turn."""
+        return None
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stop all workers; called once on server shutdown."""

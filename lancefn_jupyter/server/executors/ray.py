@@ -333,6 +333,7 @@ class RayExecutor(Executor):
         self._inflight: dict[str, TaskSpec] = {}  # sent to the bridge, no outcome yet
         self._recent_envs: collections.deque[dict[str, str]] = collections.deque(maxlen=64)
         self._capacity: dict[str, int] | None = None
+        self._largest: dict[str, int] = {}  # per class: GPUs of its biggest node (from the bridge)
         self._start_failures = 0
         if self._address is None and classes is not None:
             plan = local_cluster_plan(classes)["resources"]
@@ -384,6 +385,16 @@ class RayExecutor(Executor):
     def capacity(self) -> dict[str, int] | None:
         with self._lock:
             return dict(self._capacity) if self._capacity is not None else None
+
+    def pending_reason(self, gpu_class: str | None, num_gpus: int) -> str | None:
+        with self._lock:
+            largest = self._largest.get(gpu_class) if gpu_class and num_gpus else None
+        if largest is None or num_gpus <= largest:
+            return None
+        return (
+            f"no node of GPU class {gpu_class!r} can currently fit {num_gpus} GPUs (the largest has {largest}); "
+            "the job waits for the autoscaler or a bigger node to join"
+        )
 
     def _forget(self, job_id: str) -> TaskSpec | None:
         """Drop an in-flight job (lock held); Ray's lines about it may still come, so its env
@@ -483,6 +494,7 @@ class RayExecutor(Executor):
         with self._lock:
             self._start_failures = 0
             self._capacity = {str(k): int(v) for k, v in ready.get("capacity", {}).items()}
+            self._largest = {str(k): int(v) for k, v in ready.get("largest", {}).items()}
             self._state = "up"
             buffered, self._buffer = self._buffer, []
             for task in buffered:
@@ -544,6 +556,7 @@ class RayExecutor(Executor):
         if kind == "capacity":
             with self._lock:
                 self._capacity = {str(k): int(v) for k, v in event.get("capacity", {}).items()}
+                self._largest = {str(k): int(v) for k, v in event.get("largest", {}).items()}
             return
         with self._lock:
             known = job_id in self._inflight
@@ -647,17 +660,34 @@ class _Driver:
         self.stopping = threading.Event()
         self.last_ok = time.monotonic()
         self.capacity: dict[str, int] = {}
+        self.largest: dict[str, int] = {}
         # Named, so tasks look it up once per worker process instead of receiving a handle
         # with every task (a handle argument costs each task a borrower round trip).
         self.hub_name = f"lancefn-hub-{uuid.uuid4().hex[:16]}"
-        self.hub = ray.remote(num_cpus=0)(_EventHub).options(name=self.hub_name, namespace=_NAMESPACE).remote()
+        # Pinned to this driver's node: the hub then shares the driver's fate and no other node's
+        # loss can stop every job's events (Ray would not restart it, and its events would be lost).
+        self.hub = (
+            ray.remote(num_cpus=0)(_EventHub)
+            .options(name=self.hub_name, namespace=_NAMESPACE, scheduling_strategy=self._driver_node())
+            .remote()
+        )
         ray.get(self.hub.drain.remote(0.0), timeout=120)
         # CPU and simulated tasks reuse warm workers; real-GPU tasks get a fresh process each.
         self.reusable = ray.remote(max_calls=0)(_run_job)
         self.fresh = ray.remote(num_gpus=1, max_calls=1)(_run_job)
         self._submitters: dict[str, Any] = {}
         self.daemons = self._local_daemons() if self.local else []
-        self.capacity = self._read_capacity()
+        self.capacity, self.largest = self._read_capacity()
+
+    def _driver_node(self) -> Any:
+        """A hard affinity to the node this driver runs on ("DEFAULT" when Ray cannot say, e.g.
+        over Ray Client, where the driver runs on the head anyway)."""
+        try:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            return NodeAffinitySchedulingStrategy(node_id=self.ray.get_runtime_context().get_node_id(), soft=False)
+        except Exception:
+            return "DEFAULT"
 
     # ------------------------------------------------------------------ commands (main thread)
 
@@ -666,7 +696,7 @@ class _Driver:
             address = self.ray.get_runtime_context().gcs_address
         except Exception:  # e.g. Ray Client (ray://) connections
             address = self.config.get("address") or "local"
-        self.proto.send(event="ready", capacity=self.capacity, address=address)
+        self.proto.send(event="ready", capacity=self.capacity, largest=self.largest, address=address)
         for target, name in ((self._pump, "pump"), (self._report, "report"), (self._watch, "watch")):
             threading.Thread(target=target, name=f"lancefn-ray-{name}", daemon=True).start()
         for line in sys.stdin.buffer:
@@ -922,17 +952,27 @@ class _Driver:
             if dead:
                 self._lost(f"the local Ray's {' and '.join(dead)} stopped")
             try:
-                capacity = self._read_capacity()
+                capacity, largest = self._read_capacity()
             except Exception:
                 continue  # the reporter declares the cluster lost once this stays stale
             self.last_ok = time.monotonic()
-            if capacity != self.capacity:
-                self.capacity = capacity
-                self.proto.send(event="capacity", capacity=capacity)
+            if (capacity, largest) != (self.capacity, self.largest):
+                self.capacity, self.largest = capacity, largest
+                self.proto.send(event="capacity", capacity=capacity, largest=largest)
 
-    def _read_capacity(self) -> dict[str, int]:
+    def _read_capacity(self) -> tuple[dict[str, int], dict[str, int]]:
+        """GPUs per class in the cluster, and on its biggest live node (a task never spans nodes:
+        a job asking more than that waits until an autoscaler or operator adds a bigger node)."""
         resources = self.ray.cluster_resources()
-        return {name: int(resources.get(class_resource(name), 0)) for name in self.classes}
+        capacity = {name: int(resources.get(class_resource(name), 0)) for name in self.classes}
+        largest = dict.fromkeys(self.classes, 0)
+        for node in self.ray.nodes():
+            if node.get("Alive"):
+                have = node.get("Resources") or {}
+                for name in self.classes:
+                    fit = int(min(have.get(class_resource(name), 0), have.get("GPU", 0)))
+                    largest[name] = max(largest[name], fit)
+        return capacity, largest
 
     def _lost(self, message: str) -> None:
         if self.stopping.is_set():
