@@ -51,6 +51,7 @@ class TaskSpec:
     env: dict[str, str]  # the function's runtime env; never logged
     packages: tuple[str, ...]  # declared pip/conda packages that must be importable
     timeout_s: float | None
+    namespace: str = ""  # jobs of different namespaces never share a warm worker
 
 
 class ExecutorCallbacks(Protocol):
