@@ -5,7 +5,9 @@
   job), on a warm local worker; also the older two-round-trip path (``functions.run`` then
   ``jobs.wait``) for reference;
 * **ours, Ray executor** — ``lancefn-server --executor ray --ray-address ADDR`` on the Ray
-  cluster this script starts, same API call;
+  cluster this script starts, same API call; and the same for a *real-GPU* class (a second
+  logical GPU), whose jobs run on a warm GPU actor of the function version (target ≤ 2× Ray
+  direct on a warm worker);
 * **Ray direct** — ``ray.get(f.options(num_gpus=1, …).remote(x))`` on the same cluster (a
   logical GPU, warm worker), the floor any Ray-based path pays.  For reference also Ray's
   default for GPU tasks, ``@ray.remote(num_gpus=1)`` (``max_calls=1``: a fresh worker per call).
@@ -42,6 +44,15 @@ gpu_model = "Simulated GPU (numba CUDA simulator)"
 simulated = 1
 """
 CLASS_RESOURCE = "lancefn_gpu_class:default"
+# A second logical GPU, of a class the Ray executor treats as real: its jobs run on warm GPU actors.
+REAL_CLASSES = """
+[[gpu_classes]]
+name = "real"
+gpu_model = "NVIDIA T4 (a logical Ray GPU here)"
+gpu_memory_bytes = 17179869184
+max_gpu_count_per_worker = 1
+"""
+REAL_RESOURCE = "lancefn_gpu_class:real"
 
 
 def double_it(x: int) -> int:
@@ -51,10 +62,10 @@ def double_it(x: int) -> int:
 class Server:
     """A real ``lancefn-server`` subprocess in a fresh home under ``work`` (``close`` stops it)."""
 
-    def __init__(self, work: Path, name: str, args: Sequence[str] = ()) -> None:
+    def __init__(self, work: Path, name: str, args: Sequence[str] = (), classes: str = CLASSES) -> None:
         home = work / name
         home.mkdir()
-        (home / "classes.toml").write_text(CLASSES)
+        (home / "classes.toml").write_text(classes)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LANCEFN_")}
         env["LANCEFN_DISABLE_NVML"] = "1"
         self.log_path = work / f"{name}.log"
@@ -102,7 +113,8 @@ def client_main(url: str, api_key: str, path: str) -> None:
     from lancefn_jupyter import api
 
     api.connect(url, api_key)
-    fn = api.gpu_function(num_gpus=1, gpu_class="default", name="double_it")(double_it)
+    gpu_class = "real" if path == "api-real" else "default"
+    fn = api.gpu_function(num_gpus=1, gpu_class=gpu_class, name="double_it")(double_it)
     version = fn.version
     client = api.current_client()
     counter = iter(range(10**9))
@@ -111,7 +123,7 @@ def client_main(url: str, api_key: str, path: str) -> None:
             break
         x = next(counter)
         start = time.perf_counter()
-        if path == "api":
+        if path.startswith("api"):
             value = fn.submit(x).result(timeout=120)
         else:  # the two round trips every call took before functions/run's inline wait
             value = client.jobs.wait(client.functions.run(version.name, version.version, [{"x": x}]), timeout=120).result
@@ -197,9 +209,9 @@ def main() -> None:
             flush=True,
         )
         t0 = time.monotonic()
-        os.environ["CUDA_VISIBLE_DEVICES"] = "sim0"  # the one logical GPU's id (as our executor does)
+        os.environ["CUDA_VISIBLE_DEVICES"] = "sim0,0"  # the logical GPUs' ids (as our executor does)
         ray.init(
-            address="local", num_gpus=1, resources={CLASS_RESOURCE: 1}, _temp_dir=str(work / "ray"),
+            address="local", num_gpus=2, resources={CLASS_RESOURCE: 1, REAL_RESOURCE: 1}, _temp_dir=str(work / "ray"),
             include_dashboard=False, log_to_driver=False,
         )
         del os.environ["CUDA_VISIBLE_DEVICES"]
@@ -208,12 +220,14 @@ def main() -> None:
 
         servers.append(Server(work, "home-local"))
         servers.append(Server(work, "home-ray", ["--executor", "ray", "--ray-address", address]))
+        servers.append(Server(work, "home-ray-real", ["--executor", "ray", "--ray-address", address], classes=REAL_CLASSES))
 
         modes: dict[str, Callable[[], float]] = {}
         for label, server, path in (
             ("ours, local executor", servers[0], "api"),
             ("ours, Ray executor", servers[1], "api"),
             ("ours, local executor, run + jobs/wait (two round trips)", servers[0], "two-trips"),
+            ("ours, Ray executor, real-GPU class (warm GPU actor)", servers[2], "api-real"),
         ):
             clients.append(ClientProcess(server, path))
             modes[label] = clients[-1].call
@@ -263,10 +277,12 @@ def main() -> None:
         floor = stats["Ray direct (ray.get(f.remote()))"]
         local = stats["ours, local executor"]
         via_ray = stats["ours, Ray executor"]
+        real = stats["ours, Ray executor, real-GPU class (warm GPU actor)"]
         print("\nratios (median / p95):")
         for label, row, base, target in (
             ("ours local / Ray direct", local, floor, 1.0),
             ("ours Ray   / Ray direct", via_ray, floor, 1.5),
+            ("ours Ray real-GPU (warm actor) / Ray direct", real, floor, 2.0),
             ("ours Ray   / ours local", via_ray, local, None),
         ):
             ratio, ratio_p95 = row["median"] / base["median"], row["p95"] / base["p95"]
