@@ -74,9 +74,10 @@ MAX_LOG_LINE_CHARS = 8_192
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
 QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at most this often (a trailing one follows)
 PROGRESS_EVENT_INTERVAL_S = 0.1  # progress events are coalesced per job; final states carry the final count
-# An executor's started / progress change waits this long for the job's next change before it is
-# committed, so a quick job's states (started, last row, done) share one commit. A job not yet
-# saved as started is re-queued after a crash, like a running one: nothing acknowledged is lost.
+# A placement, start or progress change waits this long for the job's next change before it is
+# committed, so a quick job's states (placed, started, last row, done) share one commit. A job
+# not yet saved as placed or started is re-queued after a crash, like a running one: nothing
+# acknowledged as finished is lost.
 DEFER_COMMIT_S = 0.01
 PAGE_LIMIT_MAX = 1000
 
@@ -951,15 +952,9 @@ class ControlPlane:
             rec = self._active[placement.job_id]
             rec.devices = placement.devices
             launches.append(rec)
-        try:
-            with self.store.batch():
-                for rec in launches:
-                    self._persist(rec, new=False)
-        except Exception as error:
-            if not is_storage_full(error):
-                raise
-            for rec in launches:  # placed in memory all the same: they run
-                self._keep_unsaved(rec)
+            # Committed with the job's next change (a quick job: with its outcome); a placement
+            # lost in a crash re-queues the job, like any job that had started.
+            self._persist_soon(rec)
         self._publish_usage()
         for rec in launches:
             self._launch(rec)
