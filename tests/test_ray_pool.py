@@ -2,7 +2,8 @@
 namespace), on a local Ray whose two logical GPUs stand in for real ones (a non-simulated
 class with ``devices = [0, 1]``).  A version's later jobs reuse its warm actor; another version
 never does; a crashed actor is replaced; cancelling a job on a warm actor kills the actor and
-frees its GPUs; an idle actor retires.
+frees its GPUs; a job of another version waiting for the GPUs gets them when the running actor's
+job ends (the actor is not kept idle on them); an idle actor retires.
 
 One server (and its local Ray) for the module; every wait is bounded; nothing is timed."""
 
@@ -23,7 +24,7 @@ pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 SLOW = 120.0
-IDLE_S = 4  # LANCEFN_RAY_ACTOR_IDLE_S for this server
+IDLE_S = 30  # LANCEFN_RAY_ACTOR_IDLE_S for this server
 CLASSES = """
 [[gpu_classes]]
 name = "real"
@@ -152,6 +153,28 @@ def test_cancelling_a_job_on_a_warm_actor_kills_it_and_frees_its_gpus(cp, tmp_pa
         job = _finished(http, _run(http, both))
         assert job["job_state"] == "DONE" and len(job["placement"]["devices"]) == 2, job
         assert _pid(http, v1) != warm
+
+
+def test_a_job_of_another_version_waiting_for_the_gpus_gets_them_when_the_running_job_ends(cp, tmp_path):
+    gate = tmp_path / "gate"
+    with cp.http() as http:
+        both = _version(http, comment="# holds both GPUs\n", num_gpus=2)
+        holder = _run(http, both, str(gate))
+        _until("the 2-GPU job to run", lambda: (tmp_path / "gate.pid").exists())
+        holder_pid = int((tmp_path / "gate.pid").read_text())
+        other = _version(http, comment="# waits for a GPU\n")
+        waiting = _run(http, other)
+        assert http.post("/v1/jobs/describe", json={"job_id": waiting}).json()["job_state"] == "PENDING"
+        gate.touch()
+        assert _finished(http, holder)["job_state"] == "DONE"
+        # Well before the idle timeout: the holder's actor was not kept idle on both GPUs.
+        job = _until(
+            "the waiting job to finish",
+            lambda: (j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["job_state"] == "DONE" and j,
+            timeout=IDLE_S * 2 / 3,
+        )
+        assert int(job["result"][0].split()[0]) != holder_pid
+        _until("the holder's actor to be gone", lambda: not psutil.pid_exists(holder_pid) or psutil.Process(holder_pid).status() == psutil.STATUS_ZOMBIE)
 
 
 def test_an_idle_actor_retires(cp):

@@ -648,6 +648,7 @@ class _BridgeJob:
     finished: bool = False
     actor: Any = None  # the warm GPU actor running it (real-GPU jobs)
     pool_key: tuple | None = None
+    started: bool = False
 
 
 class _Driver:
@@ -929,8 +930,10 @@ class _Driver:
                 return
             record.seen = max(record.seen, seq)
             kind = event.get("event")
-            if kind == "started" and record.timeout_s is not None:
-                record.deadline = time.monotonic() + float(record.timeout_s)
+            if kind == "started":
+                record.started = True
+                if record.timeout_s is not None:
+                    record.deadline = time.monotonic() + float(record.timeout_s)
             if kind == "progress":
                 record.rows_done = int(event.get("rows_done", 0))
             parked = record.outcome if record.outcome and record.seen >= record.outcome.get("last_seq", 0) else None
@@ -952,8 +955,16 @@ class _Driver:
             if record is None or record.finished:
                 return
             if record.actor is not None:
-                if returned:  # it ran the job and lives: warm for the version's next job
-                    self.idle_actors.setdefault(record.pool_key, []).append((record.actor, time.monotonic()))
+                # It ran the job and lives: warm for the version's next job, unless a job of
+                # another version of the class waits (its GPUs may be the ones it needs).
+                key = record.pool_key
+                waiting = any(
+                    other.pool_key is not None and other.pool_key[0] == key[0] and other.pool_key != key
+                    and not other.started and not other.finished
+                    for other in self.jobs.values()
+                )
+                if returned and not waiting:
+                    self.idle_actors.setdefault(key, []).append((record.actor, time.monotonic()))
                 else:
                     self._kill_actor(record.actor)  # crashed or lost: never reused
                 record.actor = None
