@@ -325,6 +325,9 @@ def _listener_live() -> bool:
 
 
 _SHOW_JOB_AFTER_S = 2.0  # ipyparallel's progress_after default: quick calls stay quiet
+# `functions/run` holds its reply up to this long so a quick job comes back finished in that one
+# round trip; short, so a loop of submits of long jobs barely waits (a queued job answers at once).
+_SUBMIT_WAIT_S = 0.02
 
 
 class Job:
@@ -388,6 +391,8 @@ class Job:
 
     def wait(self, timeout: Optional[float] = None) -> "Job":
         """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
+        if self._snapshot is not None and self._snapshot.job_state in TERMINAL_STATES:
+            return self  # a terminal job never changes: no round trip
         try:
             self._snapshot = self._client.jobs.wait(self.job_id, timeout=timeout)
         except KeyboardInterrupt:
@@ -607,8 +612,10 @@ class GpuFunction:
         if version is None:
             raise LancefnError(f"{self.name} was defined with register=no; call {self.name}.register() first")
         client = current_client()
-        job_id = client.functions.run(version.name, version.version, rows, timeout_s=self.timeout_s)
-        return Job(job_id, client=client, function=self, single=single)
+        snapshot = client.functions.run_job(
+            version.name, version.version, rows, timeout_s=self.timeout_s, wait_s=_SUBMIT_WAIT_S
+        )
+        return Job(snapshot.job_id, client=client, function=self, single=single, snapshot=snapshot)
 
     def submit(self, *args: Any, **kwargs: Any) -> Job:
         """Run one call as a job; returns at once with a Job handle."""

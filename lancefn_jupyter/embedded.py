@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import httpx
-
 from ._homefs import home_problem, open_private, private_file_problem
 
-__all__ = ["ServerInfo", "default_home", "read_server_info", "ensure_server", "stop_server", "EmbeddedServerError"]
+__all__ = ["ServerInfo", "default_home", "read_server_info", "ensure_server", "prestart", "stop_server", "EmbeddedServerError"]
 
 SERVER_JSON = "server.json"
 LOCK_FILE = "server.lock"
+# Servers this process started and has not adopted yet, by home (see `prestart`).
+_starting: dict[Path, subprocess.Popen] = {}
 
 
 class EmbeddedServerError(RuntimeError):
@@ -91,10 +91,39 @@ def _pid_alive(pid: int) -> bool:
 def _healthy(info: ServerInfo, timeout: float = 2.0) -> bool:
     if not _pid_alive(info.pid):
         return False
+    import httpx  # here, not at import: `prestart` runs before the kernel has paid for httpx
+
     try:
         return httpx.get(f"{info.url}/v1/health", timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def prestart(home: Optional[Path] = None) -> None:
+    """Start the embedded server of `home` now, without waiting, unless one is recorded alive.
+
+    The first `%%gpu_function` calls this before its own imports and packaging, so the server's
+    start-up (mostly imports) overlaps the kernel's; `ensure_server` then adopts the process."""
+    home = Path(home or default_home())
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if home_problem(home) or home in _starting:
+        return  # an unsafe home is refused, with its reason, by `ensure_server`
+    info = read_server_info(home) if private_file_problem(home / SERVER_JSON) is None else None
+    if info is not None and _pid_alive(info.pid):
+        return
+    _starting[home] = _spawn(home, None)
+
+
+def _spawn(home: Path, gpu_classes: Optional[str]) -> subprocess.Popen:
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0"]
+    if gpu_classes:
+        command += ["--gpu-classes", str(gpu_classes)]
+    env = dict(os.environ)
+    # The embedded server is ours, keyed by the home: never inherit a remote deployment's key.
+    env.pop("LANCEFN_API_KEY", None)
+    with os.fdopen(open_private(home / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as log:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
 
 
 def ensure_server(
@@ -109,22 +138,15 @@ def ensure_server(
     problem = home_problem(home)
     if problem:
         raise EmbeddedServerError(f"not using the embedded control plane's home: {problem}")
+    started = _starting.pop(home, None)
+    if started is not None and (gpu_classes or started.poll() is not None):
+        started = None  # asked for another config, or it exited: start afresh below (and say why)
     info = read_server_info(home) if private_file_problem(home / SERVER_JSON) is None else None
-    if info is not None and _healthy(info):
+    if started is None and info is not None and _healthy(info):
         return info
     log_path = home / "server.log"
-    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0"]
-    if gpu_classes:
-        command += ["--gpu-classes", str(gpu_classes)]
-    env = dict(os.environ)
-    # The embedded server is ours, keyed by the home: never inherit a remote deployment's key.
-    env.pop("LANCEFN_API_KEY", None)
-    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as log:
-        proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
-        )
+    proc = started or _spawn(home, gpu_classes)
     deadline = time.monotonic() + timeout
-    delay = 0.01
     while time.monotonic() < deadline:
         info = read_server_info(home)
         # Our own process, or a concurrent starter that won the home's lock.
@@ -133,8 +155,7 @@ def ensure_server(
         code = proc.poll()
         if code is not None and code != 2:
             break
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.2)
+        time.sleep(0.01)  # reading a small file: poll often, the server is ready within ~1 s
     code = proc.poll()
     what = f"exited with code {code}" if code is not None else f"did not start within {timeout:.0f}s"
     raise EmbeddedServerError(f"the embedded control plane {what}; its log is {log_path}" + _log_tail(log_path))

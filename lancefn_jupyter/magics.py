@@ -22,6 +22,23 @@ _LANCEFN_USAGE = """usage:
   %lancefn stop             stop the embedded control plane (versions and jobs persist)"""
 
 
+def _prestart_embedded(line: str) -> None:
+    """First use with no control plane chosen: start the embedded one now, so its start-up
+    overlaps this kernel's imports and packaging (`api.connect` adopts it)."""
+    import os
+    import sys
+
+    api = sys.modules.get("lancefn_jupyter.api")
+    if (api is not None and api._session.client is not None) or os.environ.get("LANCEFN_URL") or "register=no" in line:
+        return
+    from .embedded import prestart
+
+    try:
+        prestart()
+    except OSError:
+        pass  # e.g. an unwritable home: the regular start below reports it properly
+
+
 @magics_class
 class GpuMagics(Magics):
     @no_var_expand
@@ -32,6 +49,7 @@ class GpuMagics(Magics):
         Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
         python_version, image, profile, timeout_s, register (yes|no), include (PATH, repeatable).
         """
+        _prestart_embedded(line)
         from . import api
         from .client import LancefnError
         from .options import OptionsError, parse_function_line

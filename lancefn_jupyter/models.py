@@ -522,6 +522,7 @@ class JobPlacement(_RemoteValue):
     node: Optional[StrictStr] = None
     # When a queued job should start (epoch ms), from the queue and recent run times; None: unknown.
     expected_start_ms: Optional[StrictInt] = None
+    pending_reason: Optional[StrictStr] = None  # why it cannot start now beyond waiting its turn (Ray)
 
 
 class JobProgress(_RemoteValue):
@@ -587,3 +588,4 @@ class GpuUsage(_RemoteValue):
     gpus_busy: _Count
     jobs_running: _Count
     jobs_pending: _Count
+    pending_reason: Optional[StrictStr] = None  # a pending job of the class no node can fit (Ray)

@@ -373,6 +373,8 @@ def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_pla
         done = wait_done(http, submit(http, "kept", kept["version"], [{"x": 4}]))
         running = submit(http, "gated", gated_version, [{"path": str(gate)}])
         wait_until(lambda: describe(http, running)["job_state"] == "IN_PROGRESS", "the gated job to run")
+        # Its start is committed shortly after (batched with the job's next change for up to 10 ms).
+        wait_until(lambda: saved_state(small_disk, running) == "IN_PROGRESS", "the start to be saved")
 
         fill(small_disk / "filler")
         for reply in (

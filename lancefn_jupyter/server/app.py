@@ -135,6 +135,7 @@ class _Run(_Body):
     version: str
     rows: Any  # checked against the signature by the core
     timeout_s: Optional[float] = Field(None, gt=0, le=30 * 24 * 3600)  # ≤ 30 days: timers can't take 1e300
+    wait_s: Optional[float] = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
 
 
 class _JobId(_Body):
@@ -484,7 +485,11 @@ def create_app(
     @app.post("/v1/functions/run", status_code=202, dependencies=[require("functions")])
     async def run_function(request: Request) -> dict:
         body = await _parse(request, _Run)
-        return {"job_id": await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s)}
+        job_id = await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s)
+        if body.wait_s is None:
+            return {"job_id": job_id}
+        # Inline wait: a quick job's result comes back in this reply (one round trip, no jobs/wait).
+        return {"job_id": job_id, "job": await core.wait_job(job_id, body.wait_s, unless_queued=True)}
 
     @app.post("/v1/jobs/describe", dependencies=[require("jobs")])
     async def describe_job(request: Request) -> dict:

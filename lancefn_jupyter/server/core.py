@@ -74,6 +74,11 @@ MAX_LOG_LINE_CHARS = 8_192
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
 QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at most this often (a trailing one follows)
 PROGRESS_EVENT_INTERVAL_S = 0.1  # progress events are coalesced per job; final states carry the final count
+# A placement, start or progress change waits this long for the job's next change before it is
+# committed, so a quick job's states (placed, started, last row, done) share one commit. A job
+# not yet saved as placed or started is re-queued after a crash, like a running one: nothing
+# acknowledged as finished is lost.
+DEFER_COMMIT_S = 0.01
 PAGE_LIMIT_MAX = 1000
 DEFAULT_MAX_ARTIFACT_BYTES = 4 * 1024 * 1024  # --max-artifact-bytes
 
@@ -278,6 +283,7 @@ class ControlPlane:
         self._log_pos: dict[str, int] = {}
         self._progress_emitted: dict[str, float] = {}
         self._progress_held: set[str] = set()  # jobs whose latest count waits for the interval to end
+        self._deferred: dict[str, list[str]] = {}  # job id → events of changes not committed yet
         self._waiters: dict[str, list[asyncio.Future]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._versions: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
@@ -336,6 +342,8 @@ class ControlPlane:
             except Exception:  # shutting down anyway; the reason goes to the log
                 log.exception("executor shutdown failed")
         with self._lock:
+            for job_id in list(self._deferred):
+                self._flush_deferred(job_id)
             if self._unsaved_retry is not None:
                 self._unsaved_retry.cancel()
             if self._estimates_timer is not None:
@@ -460,7 +468,7 @@ class ControlPlane:
         limit = spec.gpu_class.max_gpu_count_per_worker
         if num_gpus > limit:
             return (
-                f"num_gpus={num_gpus} exceeds GPU class {spec.name!r}'s max_gpu_count_per_worker of {limit}; "
+                f"num_gpus={num_gpus} exceeds GPU class {spec.name!r} (max_gpu_count_per_worker of {limit}); "
                 f"request at most {limit} GPU{'' if limit == 1 else 's'} or pick another class ({self._class_limits()})"
             )
         return None
@@ -696,12 +704,15 @@ class ControlPlane:
         next_offset = entries[-1][0] + 1 if entries else max(0, offset)
         return {"lines": lines, "next_offset": next_offset}
 
-    async def wait_job(self, job_id: str, timeout_s: float) -> dict:
-        """The job once terminal, or as it stands after ``timeout_s`` (long poll)."""
+    async def wait_job(self, job_id: str, timeout_s: float, *, unless_queued: bool = False) -> dict:
+        """The job once terminal, or as it stands after ``timeout_s`` (long poll).
+        ``unless_queued``: answer at once if it waits for capacity (``functions/run``'s inline
+        wait: a submit must not stall behind a full queue)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             rec = self._get_job(job_id)
-            if rec.state in _TERMINAL or timeout_s <= 0 or not self._started:
+            queued = unless_queued and rec.state == PENDING and self._scheduler.is_pending(job_id)
+            if rec.state in _TERMINAL or timeout_s <= 0 or not self._started or queued:
                 return self._job_wire(rec)
             future = loop.create_future()
             self._waiters.setdefault(job_id, []).append(future)
@@ -762,6 +773,10 @@ class ControlPlane:
                 row["jobs_running"] += 1
             else:
                 row["jobs_pending"] += 1
+                if "pending_reason" not in row:
+                    reason = self.executor.pending_reason(rec.gpu_class, rec.num_gpus)
+                    if reason:
+                        row["pending_reason"] = reason
         return list(rows.values())
 
     # ------------------------------------------------------------------- events
@@ -785,7 +800,7 @@ class ControlPlane:
             self._estimator.invalidate()  # its GPUs now free at started_ms + its run time
             rec.devices = tuple(devices) or rec.devices
             rec.node = node
-            self._persist(rec, new=False)
+            self._persist_soon(rec)
             if self._executor_queues and rec.num_gpus:
                 self._publish_usage()
 
@@ -803,7 +818,7 @@ class ControlPlane:
             if rec.rows_done == rec.rows_total or since >= PROGRESS_EVENT_INTERVAL_S:
                 self._progress_emitted[job_id] = now
                 self._progress_held.discard(job_id)
-                self._persist(rec, new=False)
+                self._persist_soon(rec)
             elif job_id not in self._progress_held and self._loop is not None:
                 self._progress_held.add(job_id)
                 delay = PROGRESS_EVENT_INTERVAL_S - since
@@ -932,15 +947,9 @@ class ControlPlane:
             rec = self._active[placement.job_id]
             rec.devices = placement.devices
             launches.append(rec)
-        try:
-            with self.store.batch():
-                for rec in launches:
-                    self._persist(rec, new=False)
-        except Exception as error:
-            if not is_storage_full(error):
-                raise
-            for rec in launches:  # placed in memory all the same: they run
-                self._keep_unsaved(rec)
+            # Committed with the job's next change (a quick job: with its outcome); a placement
+            # lost in a crash re-queues the job, like any job that had started.
+            self._persist_soon(rec)
         self._publish_usage()
         for rec in launches:
             self._launch(rec)
@@ -992,27 +1001,56 @@ class ControlPlane:
             clipped[-1] = f"[lancefn] log truncated after {MAX_LOG_LINES_PER_JOB} lines"
         self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
 
-    def _persist(self, rec: JobRecord, *, new: bool, rows: list | None = None) -> None:
+    def _persist(self, rec: JobRecord, *, new: bool, rows: list | None = None, event: bool = True) -> None:
         """Write the job and its event in one transaction, and publish the event once committed.
 
         A change to a known job that the full disk refuses is kept in memory and retried (see
         ``_keep_unsaved``) instead of raising, unless an enclosing batch (whose caller decides)
         is open.  A new job is never kept that way: its request gets the 507."""
-        data = _dumps(self._job_wire(rec))
+        data = _dumps(self._job_wire(rec)) if event else None
+        earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
         try:
             with self.store.batch():
                 if new:
                     self.store.insert_job(rec, rows)
                 else:
                     self.store.update_job(rec)
-                seq = self.store.insert_event(rec.job_id, data)
-                self.store.after_commit(lambda: self.bus.publish("job", seq, data))
+                for item in earlier + [data] if data is not None else earlier:
+                    self._insert_event(rec.job_id, item)
         except Exception as error:
             if new or not is_storage_full(error) or self.store.in_batch():
+                if earlier:
+                    self._deferred[rec.job_id] = earlier
                 raise
             self._keep_unsaved(rec, data)
             return
         self._unsaved.pop(rec.job_id, None)  # its latest state is saved now
+
+    def _insert_event(self, job_id: str, data: str) -> None:
+        seq = self.store.insert_event(job_id, data)
+        self.store.after_commit(lambda: self.bus.publish("job", seq, data))
+
+    def _persist_soon(self, rec: JobRecord) -> None:
+        """Record an executor-reported change now and commit it with the job's next change, or
+        after ``DEFER_COMMIT_S`` (batched state commits; lock held)."""
+        if self._loop is None:
+            self._persist(rec, new=False)
+            return
+        pending = self._deferred.setdefault(rec.job_id, [])
+        pending.append(_dumps(self._job_wire(rec)))
+        if len(pending) == 1:
+            self._loop.call_soon_threadsafe(self._loop.call_later, DEFER_COMMIT_S, self._flush_deferred, rec.job_id)
+
+    def _flush_deferred(self, job_id: str) -> None:
+        """Commit a job's deferred changes that no later change has committed (event loop, shutdown)."""
+        with self._lock:
+            if job_id not in self._deferred:
+                return
+            rec = self._active.get(job_id)
+            if rec is None:  # gone without a commit of its own (cannot happen today); drop quietly
+                self._deferred.pop(job_id)
+                return
+            self._persist(rec, new=False, event=False)
 
     def _keep_unsaved(self, rec: JobRecord, data: str | None = None) -> None:
         """The disk is full: keep the job's latest state in memory (reads, waits and the event
@@ -1126,6 +1164,9 @@ class ControlPlane:
                     placement["expected_start_ms"] = self._expected_start(rec.job_id)
             elif self._executor_queues and not rec.devices:
                 placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
+                reason = self.executor.pending_reason(rec.gpu_class, rec.num_gpus) if self.executor else None
+                if reason:
+                    placement["pending_reason"] = reason
         if rec.node is not None:
             placement["node"] = rec.node
         progress = {"rows_done": rec.rows_done or 0, "rows_total": rec.rows_total or 0}

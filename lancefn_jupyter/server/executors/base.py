@@ -51,6 +51,7 @@ class TaskSpec:
     env: dict[str, str]  # the function's runtime env; never logged
     packages: tuple[str, ...]  # declared pip/conda packages that must be importable
     timeout_s: float | None
+    namespace: str = ""  # jobs of different namespaces never share a warm worker
 
 
 class ExecutorCallbacks(Protocol):
@@ -91,6 +92,11 @@ class Executor(ABC):
 
     def capacity(self) -> dict[str, int] | None:
         """GPUs per class when the executor knows better than the config (Ray); else None."""
+        return None
+
+    def pending_reason(self, gpu_class: str | None, num_gpus: int) -> str | None:
+        """Why a job of this shape cannot start now although its class allows it (Ray: no node
+        is big enough); None when it simply waits its turn."""
         return None
 
     @abstractmethod

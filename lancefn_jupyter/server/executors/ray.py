@@ -32,9 +32,14 @@ Three processes take part::
   Tasks are owned by the bridge, so if the control plane dies Ray stops them (fate sharing) and
   the restarted core re-queues them: nothing runs twice concurrently, nothing is lost.
 
-Real-GPU tasks run in a fresh Ray worker process each (``max_calls=1``, Ray's own default for
-GPU tasks: a CUDA context stays bound to the devices the process first saw, and Ray reuses
-workers across tasks with different GPU ids).  CPU and simulated-GPU tasks reuse warm workers.
+Real-GPU jobs run on **warm GPU actors**: a pool per (class, GPU count, function name and
+version, namespace).  An actor holds its GPUs for its whole life (a CUDA context stays bound to
+the devices a process first saw, so a plain reused Ray worker could not be trusted with other
+GPU ids), runs that version's later jobs one at a time, and is killed when idle for
+``LANCEFN_RAY_ACTOR_IDLE_S`` (default 300 s), when a job of another key of its class needs the
+GPUs it sits on, after a crash, or when its job is cancelled or times out (``ray.kill``: the
+GPUs are freed; the next job starts a new actor).  Actors are never shared across versions or
+namespaces.  CPU and simulated-GPU tasks reuse Ray's warm workers.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ _OUTCOME_GRACE_S = 5.0  # how long an outcome waits for the task's last events t
 _CAPACITY_POLL_S = 2.0
 _HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
 _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
+_ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
 
 
 def class_resource(gpu_class: str) -> str:
@@ -333,6 +339,7 @@ class RayExecutor(Executor):
         self._inflight: dict[str, TaskSpec] = {}  # sent to the bridge, no outcome yet
         self._recent_envs: collections.deque[dict[str, str]] = collections.deque(maxlen=64)
         self._capacity: dict[str, int] | None = None
+        self._largest: dict[str, int] = {}  # per class: GPUs of its biggest node (from the bridge)
         self._start_failures = 0
         if self._address is None and classes is not None:
             plan = local_cluster_plan(classes)["resources"]
@@ -384,6 +391,16 @@ class RayExecutor(Executor):
     def capacity(self) -> dict[str, int] | None:
         with self._lock:
             return dict(self._capacity) if self._capacity is not None else None
+
+    def pending_reason(self, gpu_class: str | None, num_gpus: int) -> str | None:
+        with self._lock:
+            largest = self._largest.get(gpu_class) if gpu_class and num_gpus else None
+        if largest is None or num_gpus <= largest:
+            return None
+        return (
+            f"no node of GPU class {gpu_class!r} can currently fit {num_gpus} GPUs (the largest has {largest}); "
+            "the job waits for the autoscaler or a bigger node to join"
+        )
 
     def _forget(self, job_id: str) -> TaskSpec | None:
         """Drop an in-flight job (lock held); Ray's lines about it may still come, so its env
@@ -483,6 +500,7 @@ class RayExecutor(Executor):
         with self._lock:
             self._start_failures = 0
             self._capacity = {str(k): int(v) for k, v in ready.get("capacity", {}).items()}
+            self._largest = {str(k): int(v) for k, v in ready.get("largest", {}).items()}
             self._state = "up"
             buffered, self._buffer = self._buffer, []
             for task in buffered:
@@ -544,6 +562,7 @@ class RayExecutor(Executor):
         if kind == "capacity":
             with self._lock:
                 self._capacity = {str(k): int(v) for k, v in event.get("capacity", {}).items()}
+                self._largest = {str(k): int(v) for k, v in event.get("largest", {}).items()}
             return
         with self._lock:
             known = job_id in self._inflight
@@ -593,6 +612,7 @@ def _job_payload(task: TaskSpec) -> dict:
         "env": dict(task.env),
         "packages": list(task.packages),
         "timeout_s": task.timeout_s,
+        "namespace": task.namespace,
     }
 
 
@@ -626,6 +646,9 @@ class _BridgeJob:
     outcome: dict | None = None  # parked until `seen` reaches its last_seq
     outcome_due: float = 0.0
     finished: bool = False
+    actor: Any = None  # the warm GPU actor running it (real-GPU jobs)
+    pool_key: tuple | None = None
+    started: bool = False
 
 
 class _Driver:
@@ -647,17 +670,36 @@ class _Driver:
         self.stopping = threading.Event()
         self.last_ok = time.monotonic()
         self.capacity: dict[str, int] = {}
+        self.largest: dict[str, int] = {}
         # Named, so tasks look it up once per worker process instead of receiving a handle
         # with every task (a handle argument costs each task a borrower round trip).
         self.hub_name = f"lancefn-hub-{uuid.uuid4().hex[:16]}"
-        self.hub = ray.remote(num_cpus=0)(_EventHub).options(name=self.hub_name, namespace=_NAMESPACE).remote()
+        # Pinned to this driver's node: the hub then shares the driver's fate and no other node's
+        # loss can stop every job's events (Ray would not restart it, and its events would be lost).
+        self.hub = (
+            ray.remote(num_cpus=0)(_EventHub)
+            .options(name=self.hub_name, namespace=_NAMESPACE, scheduling_strategy=self._driver_node())
+            .remote()
+        )
         ray.get(self.hub.drain.remote(0.0), timeout=120)
-        # CPU and simulated tasks reuse warm workers; real-GPU tasks get a fresh process each.
+        # CPU and simulated tasks reuse Ray's warm workers; real-GPU jobs use warm actors (_actor_for).
         self.reusable = ray.remote(max_calls=0)(_run_job)
-        self.fresh = ray.remote(num_gpus=1, max_calls=1)(_run_job)
+        self.gpu_actor = ray.remote(_GpuActor)
+        self.actor_idle_s = float(os.environ.get("LANCEFN_RAY_ACTOR_IDLE_S") or _ACTOR_IDLE_S)
+        self.idle_actors: dict[tuple, list[tuple[Any, float]]] = {}  # pool key → (actor, idle since)
         self._submitters: dict[str, Any] = {}
         self.daemons = self._local_daemons() if self.local else []
-        self.capacity = self._read_capacity()
+        self.capacity, self.largest = self._read_capacity()
+
+    def _driver_node(self) -> Any:
+        """A hard affinity to the node this driver runs on ("DEFAULT" when Ray cannot say, e.g.
+        over Ray Client, where the driver runs on the head anyway)."""
+        try:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            return NodeAffinitySchedulingStrategy(node_id=self.ray.get_runtime_context().get_node_id(), soft=False)
+        except Exception:
+            return "DEFAULT"
 
     # ------------------------------------------------------------------ commands (main thread)
 
@@ -666,7 +708,7 @@ class _Driver:
             address = self.ray.get_runtime_context().gcs_address
         except Exception:  # e.g. Ray Client (ray://) connections
             address = self.config.get("address") or "local"
-        self.proto.send(event="ready", capacity=self.capacity, address=address)
+        self.proto.send(event="ready", capacity=self.capacity, largest=self.largest, address=address)
         for target, name in ((self._pump, "pump"), (self._report, "report"), (self._watch, "watch")):
             threading.Thread(target=target, name=f"lancefn-ray-{name}", daemon=True).start()
         for line in sys.stdin.buffer:
@@ -710,7 +752,7 @@ class _Driver:
         runtime_env = self._runtime_env(job)
         if runtime_env:
             options["runtime_env"] = runtime_env
-        fresh = bool(gpus and not job.get("simulated"))
+        pooled = bool(gpus and not job.get("simulated"))
         payload = {
             "job_id": job_id,
             "hub": self.hub_name,
@@ -727,8 +769,15 @@ class _Driver:
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
         try:
-            ref = self._submitter(fresh, options).remote(payload)
+            if pooled:
+                record.pool_key = (job.get("gpu_class"), gpus, job["name"], job["version"], job.get("namespace") or "")
+                record.actor = self._actor_for(record.pool_key, options)
+                ref = record.actor.run.remote(payload)
+            else:
+                ref = self._submitter(options).remote(payload)
         except Exception as error:  # e.g. an invalid runtime_env
+            if record.actor is not None:
+                self._kill_actor(record.actor)
             with self.lock:
                 self.jobs.pop(job_id, None)
             self.proto.send(
@@ -739,17 +788,42 @@ class _Driver:
             record.ref = ref
             cancelled = record.finished  # cancelled while being submitted
         if cancelled:
-            self._cancel_ref(ref)
+            self._stop(record)
             return
         ref.future().add_done_callback(lambda future, job_id=job_id: self.inbox.put(("outcome", job_id, future)))
 
-    def _submitter(self, fresh: bool, options: dict) -> Any:
+    def _actor_for(self, key: tuple, options: dict) -> Any:
+        """A warm actor of ``key`` (most recently idle first), else a new one holding the GPUs.
+        Idle actors of the same class but another key are killed first: their GPUs may be the
+        ones this job needs."""
+        retire = []
+        with self.lock:
+            idle = self.idle_actors.get(key)
+            if idle:
+                actor, _ = idle.pop()
+                return actor
+            for other in [k for k in self.idle_actors if k[0] == key[0]]:
+                retire += [actor for actor, _ in self.idle_actors.pop(other)]
+        for actor in retire:
+            self._kill_actor(actor)
+        actor_options = {k: v for k, v in options.items() if k in ("num_gpus", "resources", "runtime_env")}
+        return self.gpu_actor.options(
+            num_cpus=0, max_restarts=0, max_concurrency=1, name=None, **actor_options
+        ).remote()
+
+    def _kill_actor(self, actor: Any) -> None:
+        try:
+            self.ray.kill(actor, no_restart=True)
+        except Exception:  # already dead, or the cluster is going away
+            pass
+
+    def _submitter(self, options: dict) -> Any:
         """``remote.options(**options)``, cached: Ray parses and serializes the runtime_env on
         every ``.options()`` call, and most jobs share a handful of option sets."""
-        key = json.dumps([fresh, options], sort_keys=True)
+        key = json.dumps(options, sort_keys=True)
         submitter = self._submitters.pop(key, None)
         if submitter is None:
-            submitter = (self.fresh if fresh else self.reusable).options(**options)
+            submitter = self.reusable.options(**options)
         self._submitters[key] = submitter  # most recently used last
         while len(self._submitters) > 256:
             self._submitters.pop(next(iter(self._submitters)))
@@ -757,13 +831,10 @@ class _Driver:
 
     def _runtime_env(self, job: dict) -> dict:
         env_vars = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
-        # Ray pools warm workers per runtime_env: these keep simulated tasks (numba imported in
-        # simulator mode) and real-GPU tasks (a fresh process each) out of each other's and the
-        # CPU tasks' workers.
+        # Ray pools warm workers per runtime_env: this keeps simulated tasks (numba imported in
+        # simulator mode) out of the CPU tasks' workers.
         if job.get("simulated"):
             env_vars["NUMBA_ENABLE_CUDASIM"] = "1"
-        elif job.get("num_gpus"):
-            env_vars["LANCEFN_RAY_WORKER"] = "gpu"
         runtime_env: dict[str, Any] = {}
         if env_vars:
             runtime_env["env_vars"] = env_vars
@@ -778,13 +849,18 @@ class _Driver:
             if record is not None:
                 record.finished = True
         if record is not None:
-            self._cancel_ref(record.ref)
+            self._stop(record)
 
-    def _cancel_ref(self, ref: Any) -> None:
-        if ref is None:
+    def _stop(self, record: _BridgeJob) -> None:
+        """Stop a job's task; a warm actor is killed (Ray cannot force-cancel an actor's task),
+        which frees its GPUs."""
+        if record.actor is not None:
+            self._kill_actor(record.actor)
+            return
+        if record.ref is None:
             return
         try:
-            self.ray.cancel(ref, force=True)
+            self.ray.cancel(record.ref, force=True)
         except Exception:  # already finished, or the cluster is going away
             pass
 
@@ -794,7 +870,12 @@ class _Driver:
             records = list(self.jobs.values())
             self.jobs.clear()
         for record in records:
-            self._cancel_ref(record.ref)
+            self._stop(record)
+        with self.lock:
+            idle = [actor for actors in self.idle_actors.values() for actor, _ in actors]
+            self.idle_actors.clear()
+        for actor in idle:
+            self._kill_actor(actor)
         try:
             self.ray.shutdown()
         except Exception:
@@ -849,8 +930,10 @@ class _Driver:
                 return
             record.seen = max(record.seen, seq)
             kind = event.get("event")
-            if kind == "started" and record.timeout_s is not None:
-                record.deadline = time.monotonic() + float(record.timeout_s)
+            if kind == "started":
+                record.started = True
+                if record.timeout_s is not None:
+                    record.deadline = time.monotonic() + float(record.timeout_s)
             if kind == "progress":
                 record.rows_done = int(event.get("rows_done", 0))
             parked = record.outcome if record.outcome and record.seen >= record.outcome.get("last_seq", 0) else None
@@ -861,14 +944,30 @@ class _Driver:
             self._finish(job_id, parked)
 
     def _outcome(self, job_id: str, future: Any) -> None:
+        returned = True
         try:
             value = future.result()
         except BaseException as error:  # the task did not return: cancelled, crashed, lost, …
             value = {"last_seq": 0, "final": _failure_from_ray_error(error, self.ray)}
+            returned = False
         with self.lock:
             record = self.jobs.get(job_id)
             if record is None or record.finished:
                 return
+            if record.actor is not None:
+                # It ran the job and lives: warm for the version's next job, unless a job of
+                # another version of the class waits (its GPUs may be the ones it needs).
+                key = record.pool_key
+                waiting = any(
+                    other.pool_key is not None and other.pool_key[0] == key[0] and other.pool_key != key
+                    and not other.started and not other.finished
+                    for other in self.jobs.values()
+                )
+                if returned and not waiting:
+                    self.idle_actors.setdefault(key, []).append((record.actor, time.monotonic()))
+                else:
+                    self._kill_actor(record.actor)  # crashed or lost: never reused
+                record.actor = None
             if record.seen < int(value.get("last_seq", 0)):
                 record.outcome, record.outcome_due = value, time.monotonic() + _OUTCOME_GRACE_S
                 return
@@ -902,7 +1001,7 @@ class _Driver:
                     overdue.append((record.job_id, record.outcome))
                     record.outcome = None
         for record in expired:
-            self._cancel_ref(record.ref)
+            self._stop(record)
             self.proto.send(
                 event="failed",
                 job_id=record.job_id,
@@ -912,6 +1011,17 @@ class _Driver:
             )
         for job_id, value in overdue:
             self._finish(job_id, value)
+        retire = []
+        with self.lock:
+            for key in list(self.idle_actors):
+                keep = [(actor, since) for actor, since in self.idle_actors[key] if now - since < self.actor_idle_s]
+                retire += [actor for actor, since in self.idle_actors[key] if now - since >= self.actor_idle_s]
+                if keep:
+                    self.idle_actors[key] = keep
+                else:
+                    del self.idle_actors[key]
+        for actor in retire:
+            self._kill_actor(actor)
         if now - self.last_ok > self.lost_after_s:
             self._lost(f"the Ray cluster has not answered for {self.lost_after_s:g} s")
 
@@ -922,17 +1032,27 @@ class _Driver:
             if dead:
                 self._lost(f"the local Ray's {' and '.join(dead)} stopped")
             try:
-                capacity = self._read_capacity()
+                capacity, largest = self._read_capacity()
             except Exception:
                 continue  # the reporter declares the cluster lost once this stays stale
             self.last_ok = time.monotonic()
-            if capacity != self.capacity:
-                self.capacity = capacity
-                self.proto.send(event="capacity", capacity=capacity)
+            if (capacity, largest) != (self.capacity, self.largest):
+                self.capacity, self.largest = capacity, largest
+                self.proto.send(event="capacity", capacity=capacity, largest=largest)
 
-    def _read_capacity(self) -> dict[str, int]:
+    def _read_capacity(self) -> tuple[dict[str, int], dict[str, int]]:
+        """GPUs per class in the cluster, and on its biggest live node (a task never spans nodes:
+        a job asking more than that waits until an autoscaler or operator adds a bigger node)."""
         resources = self.ray.cluster_resources()
-        return {name: int(resources.get(class_resource(name), 0)) for name in self.classes}
+        capacity = {name: int(resources.get(class_resource(name), 0)) for name in self.classes}
+        largest = dict.fromkeys(self.classes, 0)
+        for node in self.ray.nodes():
+            if node.get("Alive"):
+                have = node.get("Resources") or {}
+                for name in self.classes:
+                    fit = int(min(have.get(class_resource(name), 0), have.get("GPU", 0)))
+                    largest[name] = max(largest[name], fit)
+        return capacity, largest
 
     def _lost(self, message: str) -> None:
         if self.stopping.is_set():
@@ -978,7 +1098,9 @@ def _failure_from_ray_error(error: BaseException, ray: Any) -> dict:
         }
     if isinstance(error, exceptions.OutOfMemoryError):
         return {"event": "failed", "phase": "worker", "message": f"Ray killed the worker for lack of memory: {short}"}
-    if isinstance(error, exceptions.WorkerCrashedError):
+    if isinstance(error, exceptions.WorkerCrashedError) or (
+        isinstance(error, exceptions.ActorDiedError) and "worker process has died" in text
+    ):  # a warm GPU actor's process died (its node dying instead stays a retryable loss)
         return {
             "event": "failed",
             "phase": "worker",
@@ -1251,6 +1373,13 @@ def _node_id() -> str:
 
         _node.append(ray.get_runtime_context().get_node_id())
     return _node[0]
+
+
+class _GpuActor:
+    """A warm real-GPU worker (see the module docstring): holds its GPUs, runs one job at a time."""
+
+    def run(self, payload: dict) -> dict:
+        return _run_job(payload)
 
 
 def _run_job(payload: dict) -> dict:

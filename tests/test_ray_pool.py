@@ -1,0 +1,185 @@
+"""Warm real-GPU workers on Ray: a pool of Ray actors per (class, GPU count, function version,
+namespace), on a local Ray whose two logical GPUs stand in for real ones (a non-simulated
+class with ``devices = [0, 1]``).  A version's later jobs reuse its warm actor; another version
+never does; a crashed actor is replaced; cancelling a job on a warm actor kills the actor and
+frees its GPUs; a job of another version waiting for the GPUs gets them when the running actor's
+job ends (the actor is not kept idle on them); an idle actor retires.
+
+One server (and its local Ray) for the module; every wait is bounded; nothing is timed."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+from conftest import ControlPlaneProcess, make_env, register, registration_body
+
+pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+SLOW = 120.0
+IDLE_S = 30  # LANCEFN_RAY_ACTOR_IDLE_S for this server
+CLASSES = """
+[[gpu_classes]]
+name = "real"
+gpu_model = "NVIDIA T4"
+gpu_memory_bytes = 17179869184
+devices = [0, 1]
+"""
+PID = '''
+import os
+import time
+
+
+def pid_of(path: str) -> str:
+    if path == "crash":
+        os._exit(3)
+    if path:
+        with open(path + ".pid", "w") as out:
+            out.write(str(os.getpid()))
+        while not os.path.exists(path):
+            time.sleep(0.02)
+    return f"{os.getpid()} {os.environ.get('CUDA_VISIBLE_DEVICES')}"
+'''
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
+    base = tmp_path_factory.mktemp("pool")
+    (base / "classes.toml").write_text(CLASSES)
+    temp_dir = tempfile.mkdtemp(prefix="lfp", dir="/tmp")  # short: Ray's unix sockets live below
+    server = ControlPlaneProcess(
+        base / "home",
+        args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray"],
+        env=make_env(
+            {
+                "RAY_AUTH_MODE": "disabled",
+                "LANCEFN_RAY_TEMP_DIR": temp_dir,
+                "LANCEFN_RAY_PIP": "never",
+                "LANCEFN_RAY_ACTOR_IDLE_S": str(IDLE_S),
+            }
+        ),
+        log_dir=base,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        except Exception:
+            server.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _version(http, *, comment: str = "", num_gpus: int = 1) -> str:
+    body = registration_body(
+        "pid_of", source=PID + comment, entrypoint="pid_of", inputs=(("path", "utf8", False),), output_type="utf8",
+        num_gpus=num_gpus, gpu_class="real",
+    )
+    return register(http, body)["version"]
+
+
+def _run(http, version: str, path: str = "") -> str:
+    reply = http.post("/v1/functions/run", json={"name": "pid_of", "version": version, "rows": [{"path": path}]})
+    assert reply.status_code == 202, reply.text
+    return reply.json()["job_id"]
+
+
+def _until(what, condition, timeout: float = SLOW):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def _finished(http, job_id: str) -> dict:
+    return _until(
+        f"job {job_id} to end",
+        lambda: (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"]
+        in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT") and job,
+    )
+
+
+def _pid(http, version: str) -> int:
+    job = _finished(http, _run(http, version))
+    assert job["job_state"] == "DONE", job
+    pid, devices = job["result"][0].split()
+    assert devices == ",".join(job["placement"]["devices"]) and len(job["placement"]["devices"]) == 1
+    return int(pid)
+
+
+def test_a_version_reuses_its_warm_actor_and_another_version_never_does(cp):
+    with cp.http() as http:
+        v1, v2 = _version(http), _version(http, comment="# another version\n")
+        first = _pid(http, v1)
+        assert _pid(http, v1) == first  # warm: the same actor process ran it
+        other = _pid(http, v2)
+        assert other != first
+        assert _pid(http, v2) == other
+
+
+def test_a_crashed_actor_fails_its_job_and_is_replaced(cp):
+    with cp.http() as http:
+        v1 = _version(http)
+        warm = _pid(http, v1)
+        job = _finished(http, _run(http, v1, "crash"))
+        assert job["job_state"] == "FAILED" and job["failure"]["phase"] == "worker", job["failure"]
+        assert _until("the crashed actor to be gone", lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE)
+        fresh = _pid(http, v1)
+        assert fresh != warm
+        assert _pid(http, v1) == fresh
+
+
+def test_cancelling_a_job_on_a_warm_actor_kills_it_and_frees_its_gpus(cp, tmp_path):
+    gate = tmp_path / "gate"
+    with cp.http() as http:
+        v1 = _version(http)
+        warm = _pid(http, v1)
+        running = _run(http, v1, str(gate))
+        _until("the job to run", lambda: (tmp_path / "gate.pid").exists())
+        assert int((tmp_path / "gate.pid").read_text()) == warm  # on the warm actor
+        assert http.post("/v1/jobs/cancel", json={"job_id": running}).json()["cancelled"] is True
+        _until("the actor to be killed", lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE)
+        # Both GPUs are free again: a 2-GPU job starts and finishes.
+        both = _version(http, comment="# two GPUs\n", num_gpus=2)
+        job = _finished(http, _run(http, both))
+        assert job["job_state"] == "DONE" and len(job["placement"]["devices"]) == 2, job
+        assert _pid(http, v1) != warm
+
+
+def test_a_job_of_another_version_waiting_for_the_gpus_gets_them_when_the_running_job_ends(cp, tmp_path):
+    gate = tmp_path / "gate"
+    with cp.http() as http:
+        both = _version(http, comment="# holds both GPUs\n", num_gpus=2)
+        holder = _run(http, both, str(gate))
+        _until("the 2-GPU job to run", lambda: (tmp_path / "gate.pid").exists())
+        holder_pid = int((tmp_path / "gate.pid").read_text())
+        other = _version(http, comment="# waits for a GPU\n")
+        waiting = _run(http, other)
+        assert http.post("/v1/jobs/describe", json={"job_id": waiting}).json()["job_state"] == "PENDING"
+        gate.touch()
+        assert _finished(http, holder)["job_state"] == "DONE"
+        # Well before the idle timeout: the holder's actor was not kept idle on both GPUs.
+        job = _until(
+            "the waiting job to finish",
+            lambda: (j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["job_state"] == "DONE" and j,
+            timeout=IDLE_S * 2 / 3,
+        )
+        assert int(job["result"][0].split()[0]) != holder_pid
+        _until("the holder's actor to be gone", lambda: not psutil.pid_exists(holder_pid) or psutil.Process(holder_pid).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_an_idle_actor_retires(cp):
+    with cp.http() as http:
+        v1 = _version(http, comment="# retire me\n")
+        warm = _pid(http, v1)
+        _until("the idle actor to retire", lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE, timeout=IDLE_S + 60)
+        assert _pid(http, v1) != warm
