@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from .core import ControlPlane
     from .executors import get_executor
     from .gpu_classes import ConfigError, load_gpu_classes
+    from .namespaces import admin_principal
     from .store import DB_FILENAME, Store
 
     try:
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_key = _admin_key(home)
     except PermissionError as error:
         return _refuse(str(error))
-    api_keys = {**extra_keys, admin_key: frozenset(("functions", "jobs", "system_usage"))}
+    api_keys = {**extra_keys, admin_key: admin_principal()}
 
     try:
         # proto must be IPPROTO_TCP (not 0): asyncio only sets TCP_NODELAY on accepted sockets whose
