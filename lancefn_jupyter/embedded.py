@@ -113,7 +113,8 @@ def ensure_server(
     if info is not None and _healthy(info):
         return info
     log_path = home / "server.log"
-    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0"]
+    # A same-user embedded server is yours alone: its workers run as you (even as root).
+    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0", "--worker-user", str(os.geteuid())]
     if gpu_classes:
         command += ["--gpu-classes", str(gpu_classes)]
     env = dict(os.environ)

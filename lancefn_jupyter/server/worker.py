@@ -417,7 +417,28 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="lancefn-parent-watch", daemon=True).start()
 
 
+def _not_dumpable() -> None:
+    """Linux: other processes of this user (e.g. another team's worker) cannot read this one's
+    memory or ``/proc/<pid>/environ`` (ptrace and those files need a dumpable process), so the
+    function env a task brings stays in this process."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+def _apply_env(task: dict) -> None:
+    """The function's env arrives with the task, never at exec, so it is in no ``/proc/*/environ``.
+    A worker only serves one (namespace, version), whose env is fixed, so setting it is final."""
+    env = task.get("env")
+    if env:
+        os.environ.update(env)
+
+
 def main() -> None:
+    _not_dumpable()
     proto = _Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
     tasks = os.fdopen(os.dup(0), "rb")
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -432,7 +453,9 @@ def main() -> None:
     proto.send(event="ready", device=_detect_device())
     for line in tasks:
         if line.strip():
-            _serve(json.loads(line), proto, captures)
+            task = json.loads(line)
+            _apply_env(task)
+            _serve(task, proto, captures)
 
 
 # ===================================================================== parent side
@@ -461,8 +484,10 @@ def describe_exit(returncode: int) -> str:
 class WorkerProcess:
     """Parent's handle on one warm worker; use from one thread at a time, except :meth:`kill`."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], user: tuple[int, int] | None = None) -> None:
+        """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours."""
         self.env = dict(env)
+        switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
         # workers, and killpg also stops processes the user's code started.
         self.process = subprocess.Popen(
@@ -472,6 +497,7 @@ class WorkerProcess:
             stderr=subprocess.PIPE,
             env=self.env,
             start_new_session=True,
+            **switch,
         )
         self._kill_lock = threading.Lock()
         ready = self._read_event()
@@ -500,8 +526,10 @@ class WorkerProcess:
         filename: str,
         rows: list[dict],
         packages: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
+        """Send one task; a worker that already died shows up as an early end of :meth:`events`.
+        ``env``: the function's env, set in the worker before the artifact loads."""
         task = {
             "task_id": task_id,
             "artifact_b64": base64.b64encode(artifact).decode("ascii"),
@@ -510,6 +538,8 @@ class WorkerProcess:
             "rows": rows,
             "packages": list(packages),
         }
+        if env:
+            task["env"] = dict(env)
         try:
             self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
             self.process.stdin.flush()
