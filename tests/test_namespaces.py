@@ -259,3 +259,26 @@ def test_upgrade_of_a_home_from_the_release_before_namespaces(control_plane_fact
                         break
         # Old events replay as they were saved (before jobs named their namespace), to the admin.
         assert events[-1]["job_state"] == "DONE" and "namespace" not in events[-1]
+
+
+def test_jobs_dashboard_shows_a_namespace_column_only_when_several_are_visible(teams):
+    from lancefn_jupyter.models import Job
+    from lancefn_jupyter.widgets import JobsDashboard
+
+    cp, vid, first = teams
+    with client(cp, CAROL) as carol:
+        cvid = register(carol, registration_body("embed"))["version"]
+        wait(carol, theirs := submit(carol, "embed", cvid, [{"x": 4}]))
+
+    def jobs(key: str) -> list:
+        with client(cp, key) as http:
+            return [Job.from_wire(j) for j in http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"]]
+
+    admin_view = JobsDashboard(jobs=jobs(cp.api_key), client=object(), start=False)
+    assert "<b>namespace</b>" in [getattr(c, "value", "") for c in admin_view.grid.children][:3]
+    assert len(admin_view.grid.children) == 8 * 3  # header + 2 rows of 8 cells
+    assert "carol" in admin_view.rows[theirs].namespace_cell.value and "team-a" in admin_view.rows[first].namespace_cell.value
+    own_view = JobsDashboard(jobs=jobs(ALICE), client=object(), start=False)
+    assert len(own_view.grid.children) == 7 * 2 and "<b>namespace</b>" not in [getattr(c, "value", "") for c in own_view.grid.children]
+    for view in (admin_view, own_view):
+        view.close()
