@@ -7,10 +7,10 @@ version sets (a patched ``builtins.open``, a module global) never reaches anothe
 team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner being
 (namespace, name, version), or ``None`` for a *fresh* worker that has run nothing yet:
 
-* a task takes the idle worker of its key, else a fresh one for its devices (and a new fresh one
-  is started in the background, so the next new version finds one ready), else starts one; when
+* a task takes the idle worker of its key, else a fresh one for its devices, else starts one; when
   the task ends normally (result, or a failure the worker survived) the worker goes back idle
-  under its owner's key;
+  under its owner's key, and a fresh one for its devices is started in the background unless one
+  is idle already (so the next new version finds one ready);
 * the function's env travels with the task (never at exec), so it is in no ``/proc/*/environ``;
 * a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
   a fresh one for its devices is started in the background;
@@ -285,6 +285,9 @@ class LocalExecutor(Executor):
                     task.job_id,
                     JobFailure(phase=final["phase"], message=final["message"], traceback=final.get("traceback")),
                 )
+            # A new fresh spare for the next new version here, started only now: on a small machine a
+            # process start racing the job it was taken for would slow that job down.
+            self._prewarm(_fresh(run.key))
             return
 
         # The worker died or is being stopped: reap it before the core frees its devices.
@@ -342,11 +345,8 @@ class LocalExecutor(Executor):
             if entry is None:
                 continue
             if entry[0].alive():
-                if entry is fresh:
-                    self._prewarm(_fresh(key))  # the next new version here finds one ready too
                 return entry[0]
             entry[0].kill(self._grace_s)
-        self._prewarm(_fresh(key))
         return WorkerProcess(_worker_env(key, self._user), self._user_ids())
 
     def _user_ids(self) -> tuple[int, int] | None:
@@ -365,8 +365,26 @@ class LocalExecutor(Executor):
                 if len(self._idle) > self._max_idle:
                     oldest = min(self._idle, key=lambda k: self._idle[k][1])
                     retire.append(self._idle.pop(oldest)[0])
-        for old in retire:
-            old.stop(self._grace_s)
+        if retire == [worker]:
+            worker.stop(self._grace_s)  # not pooled: the caller's worker, stopped before it goes on
+        elif retire:
+            self._retire(retire)
+
+    def _retire(self, workers: list[WorkerProcess]) -> None:
+        """Stop pooled workers in the background: a job's result must not wait for another's exit."""
+
+        def stop() -> None:
+            try:
+                for worker in workers:
+                    worker.stop(self._grace_s)
+            finally:
+                with self._lock:
+                    self._spawners.discard(threading.current_thread())
+
+        with self._lock:
+            thread = threading.Thread(target=stop, name="lancefn-retire", daemon=True)
+            self._spawners.add(thread)
+            thread.start()
 
     def _prewarm(self, key: _Key) -> None:
         """Start a worker for ``key`` in the background unless one is already idle."""
