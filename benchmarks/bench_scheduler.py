@@ -125,7 +125,11 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
                 with srv.http(headers={"x-api-key": key}) as team:
                     assert register(team, trivial_registration())["version"] == version
             gate_version = register(http, _gate_registration(gpus))["version"] if gate else None
-            gate_file = srv.home.parent / "gate-open"
+            # Where the gate job can see it: a root server runs workers as an unprivileged user
+            # (--worker-user), who cannot look into the server's private temp dir.
+            gate_dir = Path(tempfile.mkdtemp(prefix="lancefn-bench-gate-"))
+            gate_dir.chmod(0o755)
+            gate_file = gate_dir / "gate-open"
             # Let the pre-started workers come up so the run measures scheduling, not forks.
             time.sleep(2.0)
             baseline_rss = rss_mb(srv.pid)
