@@ -74,6 +74,9 @@ def test_every_route_for_own_same_team_other_team_and_admin(teams):
     missing_fn = {"name": "embed", "version": MISSING_VERSION}
     routes = [
         ("/v1/functions/describe", fn, missing_fn),
+        ("/v1/functions/artifact", fn, missing_fn),
+        ("/v1/functions/history", {"name": "embed"}, {"name": "embed"}),
+        ("/v1/functions/diff", {"name": "embed", "old": vid, "new": vid}, {"name": "embed", "old": MISSING_VERSION, "new": MISSING_VERSION}),
         ("/v1/functions/run", {**fn, "rows": [{"x": 2}]}, {**missing_fn, "rows": [{"x": 2}]}),
         ("/v1/jobs/describe", {"job_id": job}, {"job_id": MISSING_JOB}),
         ("/v1/jobs/logs", {"job_id": job}, {"job_id": MISSING_JOB}),
@@ -87,7 +90,9 @@ def test_every_route_for_own_same_team_other_team_and_admin(teams):
                 status, reply = _reply(http, path, body)
                 if who == "other team":
                     # Exactly the reply for an id that does not exist (only the id differs).
-                    m_status, m_reply = _reply(http, path, missing)
+                    m_status, m_reply = _reply(http, path, missing if path != "/v1/functions/history" else {"name": "no-such-fn"})
+                    if path == "/v1/functions/history":
+                        m_reply["error"]["message"] = m_reply["error"]["message"].replace("no-such-fn", "embed")
                     assert status == m_status == 404, (path, reply)
                     same = reply["error"]["message"].replace(vid, MISSING_VERSION).replace(job, MISSING_JOB)
                     assert same == m_reply["error"]["message"] and reply["error"]["code"] == m_reply["error"]["code"]

@@ -519,10 +519,14 @@ class ControlPlane:
         return {"name": name, "version": version, "entrypoint": definition["entrypoint"],
                 "digest": definition["digest"], "encoding": "base64", "data": data}
 
-    @staticmethod
-    def _one_namespace(namespace: str | None, scope: str | None, home: str) -> str | None:
-        """The one namespace a history/diff request means (the admin's own unless it names one),
-        or None when the caller may not see it (its replies are then those of an unknown name)."""
+    def _one_namespace(self, name: str | None, namespace: str | None, scope: str | None, home: str) -> str | None:
+        """The one namespace a history/diff request means: the caller's own, or for the admin the one
+        it names, else its own if that has ``name``, else the first that does.  None when the caller
+        may not see it (its replies are then those of an unknown name)."""
+        if namespace is None and scope is None and name is not None:
+            if not self.store.list_versions(name=name, after_seq=0, limit=1, namespace=home):
+                first = self.store.list_versions(name=name, after_seq=0, limit=1)
+                namespace = first[0][4] if first else None
         namespace = namespace or home
         return namespace if visible(scope, namespace) else None
 
@@ -545,7 +549,7 @@ class ControlPlane:
         from ..versions import history
 
         functions = []
-        ns = self._one_namespace(namespace, scope, home)
+        ns = self._one_namespace(name, namespace, scope, home)
         for fname, known in sorted(self._live_versions(name, ns).items()):
             shown = known[-(limit + 1):]  # one more, so the oldest row shown still has a change line
             rows = history(fname, shown, [self._source(fname, fv.version, ns) for fv in shown])[:limit]
@@ -562,7 +566,7 @@ class ControlPlane:
         """Source diff and runtime differences of two versions (`versions.diff_pair` picks them)."""
         from ..versions import VersionLookupError, diff_pair, diff_versions
 
-        ns = self._one_namespace(namespace, scope, home)
+        ns = self._one_namespace(name, namespace, scope, home)
         known = {fv.version: fv for fv in self._live_versions(name, ns).get(name, [])}
         try:
             old_id, new_id = diff_pair(name, list(known), old, new)
