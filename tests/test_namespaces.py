@@ -224,6 +224,7 @@ def test_queue_positions_and_usage_count_every_namespace(control_plane_factory):
                     items.append(json.loads(line[6:]))
                     break
         assert items[0]["classes"]["default"] == [None, mine]
+        assert set(items[0]["expected_start_ms"]) == {mine}  # per-job maps keep only alice's jobs
         with cp.http() as admin:
             for job_id in (running, queued, mine):
                 admin.post("/v1/jobs/cancel", json={"job_id": job_id})
