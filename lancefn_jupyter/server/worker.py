@@ -40,9 +40,11 @@ __all__ = [
     "missing_packages",
     "run_task_inline",
     "main",
+    "PRELOAD_ENV",
 ]
 
 _MODULE = "lancefn_jupyter.server.worker"
+PRELOAD_ENV = "LANCEFN_WORKER_PRELOAD"
 _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the artifact while a task runs
 _PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
 _SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
@@ -437,6 +439,26 @@ def _apply_env(task: dict) -> None:
         os.environ.update(env)
 
 
+def _preload(names: str) -> None:
+    """Import heavy modules (``LANCEFN_WORKER_PRELOAD``, comma-separated, e.g. ``numpy,numba``) in
+    the background after ``ready``, so a new version's first job on a spare worker does not pay for
+    them.  Importing numba does not initialise CUDA (``numba.cuda`` is left to the artifact)."""
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    if not wanted:
+        return
+
+    def load() -> None:
+        import importlib
+
+        for name in wanted:
+            try:
+                importlib.import_module(name)
+            except Exception:  # not installed or broken: the artifact that needs it will say so
+                pass
+
+    threading.Thread(target=load, name="lancefn-preload", daemon=True).start()
+
+
 _WARM_UP_SOURCE = b"def warm_up(x):\n    return x\n"
 
 
@@ -475,6 +497,7 @@ def main() -> None:
     _exit_with_parent()
     _warm_up(captures)
     proto.send(event="ready", device=_detect_device())
+    _preload(os.environ.pop(PRELOAD_ENV, ""))
     for line in tasks:
         if line.strip():
             task = json.loads(line)

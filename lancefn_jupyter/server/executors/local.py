@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ...models import JobFailure
 from ..isolation import WorkerUser
-from ..worker import WorkerProcess, WorkerStartError, artifact_filename, describe_exit
+from ..worker import PRELOAD_ENV, WorkerProcess, WorkerStartError, artifact_filename, describe_exit
 from .base import Executor, ExecutorCallbacks, TaskSpec
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
 def _worker_env(key: _Key, user: WorkerUser | None = None) -> dict[str, str]:
     devices, simulated, _ = key
     env = worker_base_env(user)
+    # The heavy imports a GPU function needs, done while the worker waits (CPU workers: numpy only,
+    # so a CPU function never pays for numba).
+    env[PRELOAD_ENV] = "numpy,numba" if devices else "numpy"
     if simulated:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
