@@ -80,12 +80,13 @@ def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
     return env
 
 
-def _worker_env(key: _Key, user: WorkerUser | None = None) -> dict[str, str]:
+def _worker_env(key: _Key, user: WorkerUser | None = None, *, spare: bool = False) -> dict[str, str]:
     devices, simulated, _ = key
     env = worker_base_env(user)
-    # The heavy imports a GPU function needs, done while the worker waits (CPU workers: numpy only,
-    # so a CPU function never pays for numba).
-    env[PRELOAD_ENV] = "numpy,numba" if devices else "numpy"
+    if spare:
+        # A spare does the heavy imports a GPU function needs while it waits (CPU: numpy only, so a
+        # CPU function never pays for numba). A worker started for a task imports what it uses.
+        env[PRELOAD_ENV] = "numpy,numba" if devices else "numpy"
     if simulated:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -394,7 +395,7 @@ class LocalExecutor(Executor):
 
         def spawn() -> None:
             try:
-                self._release(key, WorkerProcess(_worker_env(key, self._user), self._user_ids()))
+                self._release(key, WorkerProcess(_worker_env(key, self._user, spare=True), self._user_ids()))
             except WorkerStartError:
                 log.warning("could not pre-start a worker for devices %s", key[0], exc_info=True)
             finally:
