@@ -162,7 +162,8 @@ class Server:
 
     def http(self, **kwargs) -> httpx.Client:
         kwargs.setdefault("timeout", 60.0)
-        return httpx.Client(base_url=self.url, headers={"x-api-key": self.api_key}, **kwargs)
+        headers = {"x-api-key": self.api_key, **kwargs.pop("headers", {})}  # another key may be given
+        return httpx.Client(base_url=self.url, headers=headers, **kwargs)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -116,7 +116,8 @@ def prestart(home: Optional[Path] = None) -> None:
 
 def _spawn(home: Path, gpu_classes: Optional[str]) -> subprocess.Popen:
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0"]
+    # A same-user embedded server is yours alone: its workers run as you (even as root).
+    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0", "--worker-user", str(os.geteuid())]
     if gpu_classes:
         command += ["--gpu-classes", str(gpu_classes)]
     env = dict(os.environ)

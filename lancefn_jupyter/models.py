@@ -565,6 +565,7 @@ class Job(_RemoteValue):
     # checked to be JSON but not frozen.
     result: _JSON = None
     failure: Optional[JobFailure] = None
+    namespace: Optional[_Text] = None  # the owning team (servers before namespaces: absent)
 
 
 class GpuClass(_RemoteValue):

@@ -151,6 +151,9 @@ def http(cp: ControlPlaneProcess, **kwargs) -> httpx.Client:
 def make_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
     env["LANCEFN_DISABLE_NVML"] = "1"
+    # Workers run as the test's own user; isolation tests pass LANCEFN_WORKER_USER="" to get the
+    # product default (an unprivileged user when the server runs as root, as in CI).
+    env["LANCEFN_WORKER_USER"] = str(os.geteuid())
     env.update(extra or {})
     return env
 

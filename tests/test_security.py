@@ -26,18 +26,22 @@ JOBS_ONLY = "jobs-only-key-0001-cccc"
 NOBODY = "no-privilege-key-0001-dddd"
 KEYS_TOML = f"""
 [[api_keys]]
+name = "analyst"
 key = "{ANALYST}"
 privileges = ["functions"]
 
 [[api_keys]]
+name = "operator"
 key = "{OPERATOR}"
 privileges = ["system_usage"]
 
 [[api_keys]]
+name = "jobs-only"
 key = "{JOBS_ONLY}"
 privileges = ["jobs"]
 
 [[api_keys]]
+name = "nobody"
 key = "{NOBODY}"
 privileges = []
 """

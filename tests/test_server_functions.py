@@ -87,10 +87,12 @@ def test_every_route_but_health_rejects_missing_and_wrong_keys(control_plane):
 def test_privileges_from_the_api_keys_file(control_plane_factory):
     keys = """
 [[api_keys]]
+name = "analyst"
 key = "analyst-key-0001"
 privileges = ["functions", "jobs"]
 
 [[api_keys]]
+name = "operator"
 key = "operator-key-0001"
 privileges = ["system_usage"]
 """
@@ -151,7 +153,7 @@ def test_identical_registration_is_idempotent_and_changes_make_new_versions(cont
         again = register(http, registration_body())
         assert again == first  # same version id and same created_at: no new row
         listed = http.post("/v1/functions/list", json={"name": "double"}).json()
-        assert listed == {"functions": [{"name": "double", "version": first["version"]}]}
+        assert listed == {"functions": [{"name": "double", "version": first["version"], "namespace": "default"}]}
 
         variants = [
             registration_body(num_gpus=2),
@@ -236,7 +238,7 @@ def test_drop_hides_a_version_and_registering_again_restores_it(control_plane):
         assert http.post("/v1/functions/drop", json=ref).json() == {"dropped": False}
         assert_error(http.post("/v1/functions/describe", json=ref), 404, "dropped")
         assert_error(http.post("/v1/functions/run", json={**ref, "rows": [{"x": 1}]}), 404, "dropped")
-        assert http.post("/v1/functions/list", json={}).json()["functions"] == [{"name": "other", "version": keep}]
+        assert http.post("/v1/functions/list", json={}).json()["functions"] == [{"name": "other", "version": keep, "namespace": "default"}]
         assert register(http, registration_body())["version"] == version
         assert http.post("/v1/functions/describe", json=ref).status_code == 200
 

@@ -49,6 +49,7 @@ export interface IJob {
   placement?: IJobPlacement;
   progress?: IJobProgress;
   failure?: IJobFailure | null;
+  namespace?: string; // the owning team; absent from servers before namespaces
 }
 
 export interface IGpuClass {
@@ -216,6 +217,14 @@ export function jobPlacementText(job: IJob): string {
     parts.push(gpus);
   }
   return parts.join(' · ');
+}
+
+/**
+ * Whether the namespace is worth showing: jobs of more than one namespace are listed (an admin on a
+ * shared server). A key that sees only its own team's jobs gets no namespace label.
+ */
+export function showNamespaces(jobs: readonly IJob[]): boolean {
+  return new Set(jobs.map(j => j.namespace).filter(ns => ns)).size > 1;
 }
 
 /** "queue #2" for a pending job that has a queue position, else "". */

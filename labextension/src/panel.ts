@@ -27,6 +27,7 @@ import {
   lookupSnippet,
   progressOf,
   queueText,
+  showNamespaces,
   stateBadge
 } from './model';
 
@@ -65,6 +66,7 @@ interface IJobRow {
   root: HTMLElement;
   badge: HTMLElement;
   title: HTMLElement;
+  namespace: HTMLElement;
   elapsed: HTMLElement;
   placement: HTMLElement;
   queue: HTMLElement;
@@ -276,13 +278,14 @@ export class GpuFunctionsPanel extends Widget {
       }
     }
     const now = Date.now();
+    const namespaces = showNamespaces(state.jobs);
     state.jobs.forEach((job, index) => {
       let row = this._jobRows.get(job.job_id);
       if (!row) {
         row = this._createJobRow(job.job_id);
         this._jobRows.set(job.job_id, row);
       }
-      this._updateJobRow(row, job, now);
+      this._updateJobRow(row, job, now, namespaces);
       if (body.children[index] !== row.root) {
         body.insertBefore(row.root, body.children[index] ?? null);
       }
@@ -295,8 +298,9 @@ export class GpuFunctionsPanel extends Widget {
     const line1 = el('div', 'lf-job-line');
     const badge = el('span', 'lf-badge');
     const title = el('span', 'lf-job-title');
+    const namespace = el('span', 'lf-job-namespace');
     const elapsed = el('span', 'lf-job-elapsed');
-    line1.append(badge, title);
+    line1.append(badge, title, namespace);
     const line2 = el('div', 'lf-job-line lf-job-meta');
     const placement = el('span', 'lf-job-placement');
     const queue = el('span', 'lf-job-queue');
@@ -318,6 +322,7 @@ export class GpuFunctionsPanel extends Widget {
       root,
       badge,
       title,
+      namespace,
       elapsed,
       placement,
       queue,
@@ -337,13 +342,15 @@ export class GpuFunctionsPanel extends Widget {
     return row;
   }
 
-  private _updateJobRow(row: IJobRow, job: IJob, now: number): void {
+  private _updateJobRow(row: IJobRow, job: IJob, now: number, namespaces = false): void {
     const badge = stateBadge(job.job_state);
     row.root.dataset.state = badge.label;
     row.badge.className = badge.className;
     setText(row.badge, badge.label);
     setText(row.title, jobTitle(job));
     row.title.title = job.job_id;
+    setText(row.namespace, namespaces ? job.namespace ?? '' : '');
+    row.namespace.style.display = namespaces ? '' : 'none';
     setText(row.elapsed, formatElapsed(jobElapsedMs(job, now)));
     setText(row.placement, jobPlacementText(job));
     setText(row.queue, [queueText(job), expectedStartText(job, now)].filter(Boolean).join(' · '));

@@ -26,7 +26,6 @@ import hmac
 import json
 import logging
 import re
-import tomllib
 import uuid
 from typing import Any, Literal, Optional
 
@@ -39,6 +38,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .core import DEFAULT_MAX_ARTIFACT_BYTES, ApiError, ControlPlane, format_validation_error
+from .namespaces import PRIVILEGES, ApiKeyError, Principal, load_api_keys
 from .store import is_storage_full
 
 __all__ = [
@@ -53,7 +53,6 @@ __all__ = [
 
 log = logging.getLogger("lancefn.server")
 
-PRIVILEGES = ("functions", "jobs", "system_usage")
 # A maximum-size artifact (base64: 4/3 of its bytes) plus rows; --max-body-bytes raises it.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_S = 30.0  # --body-timeout-s: the whole body must arrive within this
@@ -64,40 +63,7 @@ _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 
 
 # ---------------------------------------------------------------------- API keys
-
-
-class ApiKeyError(Exception):
-    """The --api-keys file is unusable; the message names the file and the entry."""
-
-
-def load_api_keys(path: str) -> dict[str, frozenset[str]]:
-    """``[[api_keys]] key = "..." privileges = [...]`` → ``{key: privileges}``."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ApiKeyError(f"{path}: API key file not found; fix the --api-keys path") from None
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise ApiKeyError(f"{path}: cannot read API key file ({error})") from None
-    if set(data) - {"api_keys"}:
-        raise ApiKeyError(f"{path}: unknown top-level key {sorted(set(data) - {'api_keys'})[0]!r}; use [[api_keys]] tables")
-    entries = data.get("api_keys", [])
-    if not isinstance(entries, list):
-        raise ApiKeyError(f"{path}: 'api_keys' must be a list of [[api_keys]] tables")
-    keys: dict[str, frozenset[str]] = {}
-    for i, entry in enumerate(entries):
-        where = f"{path}: api_keys[{i}]"
-        if not isinstance(entry, dict) or set(entry) - {"key", "privileges"}:
-            raise ApiKeyError(f"{where}: each entry has exactly 'key' and 'privileges'")
-        key, privileges = entry.get("key"), entry.get("privileges", [])
-        if not isinstance(key, str) or len(key) < 8 or not key.isprintable() or key.strip() != key:
-            raise ApiKeyError(f"{where}: field 'key' must be a string of at least 8 printable characters")
-        if not isinstance(privileges, list) or not all(p in PRIVILEGES for p in privileges):
-            raise ApiKeyError(f"{where}: field 'privileges' must be a list drawn from {', '.join(PRIVILEGES)}")
-        if key in keys:
-            raise ApiKeyError(f"{where}: this key is listed twice")
-        keys[key] = frozenset(privileges)
-    return keys
+# Parsed in namespaces.py (keys → Principal: name, namespace, privileges, admin); re-exported here.
 
 
 # -------------------------------------------------------------------- request models
@@ -110,6 +76,7 @@ class _Body(BaseModel):
 class _NameVersion(_Body):
     name: str
     version: str
+    namespace: Optional[str] = None  # the admin's pick among namespaces; others may only name their own
 
 
 class _ListFunctions(_Body):
@@ -122,17 +89,20 @@ class _ListFunctions(_Body):
 class _History(_Body):
     name: Optional[str] = None
     limit: int = Field(20, ge=1, le=1000)
+    namespace: Optional[str] = None  # one namespace's history: the caller's own unless the admin names another
 
 
 class _Diff(_Body):
     name: str
     old: Optional[str] = None
     new: Optional[str] = None
+    namespace: Optional[str] = None
 
 
 class _Run(_Body):
     name: str
     version: str
+    namespace: Optional[str] = None
     rows: Any  # checked against the signature by the core
     timeout_s: Optional[float] = Field(None, gt=0, le=30 * 24 * 3600)  # ≤ 30 days: timers can't take 1e300
     wait_s: Optional[float] = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
@@ -353,13 +323,13 @@ class _Guard:
 def create_app(
     core: ControlPlane,
     *,
-    api_keys: dict[str, frozenset[str]],
+    api_keys: dict[str, Principal],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     on_shutdown: Any = None,
 ) -> FastAPI:
-    """The ASGI app; ``api_keys`` maps each accepted key to its privileges."""
+    """The ASGI app; ``api_keys`` maps each accepted key to its :class:`Principal`."""
     core.max_artifact_bytes = max_artifact_bytes
 
     @contextlib.asynccontextmanager
@@ -389,16 +359,17 @@ def create_app(
     def require(privilege: str):
         async def check(request: Request) -> None:
             sent = request.headers.get("x-api-key")
-            privileges = None
+            principal = None
             if sent:
                 sent_bytes = sent.encode("utf-8", "surrogateescape")
                 for key, granted in key_items:
                     if hmac.compare_digest(sent_bytes, key.encode("utf-8")):
-                        privileges = granted
-            if privileges is None:
+                        principal = granted
+            if principal is None:
                 raise ApiError(401, _MISSING_KEY_MESSAGE)
-            if privilege not in privileges:
+            if privilege not in principal.privileges:
                 raise ApiError(403, f"this API key lacks the '{privilege}' privilege needed for {request.url.path}")
+            request.state.principal = principal
 
         return Depends(check)
 
@@ -447,45 +418,46 @@ def create_app(
 
     @app.post("/v1/functions/create", status_code=202, dependencies=[require("functions")])
     async def create_function(request: Request) -> dict:
-        return {"job_id": await _off_loop(core.register, await _json_body(request))}
+        return {"job_id": await _off_loop(core.register, await _json_body(request), _who(request).namespace)}
 
     @app.post("/v1/functions/describe", dependencies=[require("functions")])
     async def describe_function(request: Request) -> dict:
         body = await _parse(request, _NameVersion)
-        return await _off_loop(core.describe_function, body.name, body.version)
+        return await _off_loop(core.describe_function, body.name, body.version, **_pick(request, body.namespace))
 
     @app.post("/v1/functions/list", dependencies=[require("functions")])
     async def list_functions(request: Request) -> dict:
         body = await _parse(request, _ListFunctions)
         return await _off_loop(
             core.list_functions,
-            name=body.name, include_definition=body.include_definition, page_token=body.page_token, limit=body.limit
+            name=body.name, include_definition=body.include_definition, page_token=body.page_token, limit=body.limit,
+            scope=_who(request).scope,
         )
 
     @app.post("/v1/functions/artifact", dependencies=[require("functions")])
     async def function_artifact(request: Request) -> dict:
         body = await _parse(request, _NameVersion)
-        return await _off_loop(core.function_artifact, body.name, body.version)
+        return await _off_loop(core.function_artifact, body.name, body.version, **_pick(request, body.namespace))
 
     @app.post("/v1/functions/history", dependencies=[require("functions")])
     async def function_history(request: Request) -> dict:
         body = await _parse(request, _History)
-        return await _off_loop(core.function_history, body.name, body.limit)
+        return await _off_loop(core.function_history, body.name, body.limit, **_pick(request, body.namespace))
 
     @app.post("/v1/functions/diff", dependencies=[require("functions")])
     async def function_diff(request: Request) -> dict:
         body = await _parse(request, _Diff)
-        return await _off_loop(core.function_diff, body.name, body.old, body.new)
+        return await _off_loop(core.function_diff, body.name, body.old, body.new, **_pick(request, body.namespace))
 
     @app.post("/v1/functions/drop", dependencies=[require("functions")])
     async def drop_function(request: Request) -> dict:
         body = await _parse(request, _NameVersion)
-        return await _off_loop(core.drop_function, body.name, body.version)
+        return await _off_loop(core.drop_function, body.name, body.version, **_pick(request, body.namespace))
 
     @app.post("/v1/functions/run", status_code=202, dependencies=[require("functions")])
     async def run_function(request: Request) -> dict:
         body = await _parse(request, _Run)
-        job_id = await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s)
+        job_id = await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s, **_pick(request, body.namespace))
         if body.wait_s is None:
             return {"job_id": job_id}
         # Inline wait: a quick job's result comes back in this reply (one round trip, no jobs/wait).
@@ -494,30 +466,31 @@ def create_app(
     @app.post("/v1/jobs/describe", dependencies=[require("jobs")])
     async def describe_job(request: Request) -> dict:
         body = await _parse(request, _JobId)
-        return await _off_loop(core.describe_job, body.job_id)
+        return await _off_loop(core.describe_job, body.job_id, _who(request).scope)
 
     @app.post("/v1/jobs/list", dependencies=[require("jobs")])
     async def list_jobs(request: Request) -> dict:
         body = await _parse(request, _ListJobs)
         return await _off_loop(
             core.list_jobs,
-            state=body.state, name=body.name, job_type=body.job_type, page_token=body.page_token, limit=body.limit
+            state=body.state, name=body.name, job_type=body.job_type, page_token=body.page_token, limit=body.limit,
+            scope=_who(request).scope,
         )
 
     @app.post("/v1/jobs/cancel", dependencies=[require("jobs")])
     async def cancel_job(request: Request) -> dict:
         body = await _parse(request, _JobId)
-        return await _off_loop(core.cancel_job, body.job_id)
+        return await _off_loop(core.cancel_job, body.job_id, _who(request).scope)
 
     @app.post("/v1/jobs/logs", dependencies=[require("jobs")])
     async def job_logs(request: Request) -> dict:
         body = await _parse(request, _Logs)
-        return await _off_loop(core.job_logs, body.job_id, body.offset, body.limit)
+        return await _off_loop(core.job_logs, body.job_id, body.offset, body.limit, _who(request).scope)
 
     @app.post("/v1/jobs/wait", dependencies=[require("jobs")])
     async def wait_job(request: Request) -> dict:
         body = await _parse(request, _Wait)
-        return await core.wait_job(body.job_id, body.timeout_s)
+        return await core.wait_job(body.job_id, body.timeout_s, _who(request).scope)
 
     @app.get("/v1/jobs/events", dependencies=[require("jobs")])
     async def job_events(request: Request, last_event_id: Optional[str] = None) -> StreamingResponse:
@@ -529,7 +502,7 @@ def create_app(
         else:
             raise ApiError(400, "Last-Event-ID / last_event_id must be a non-negative integer event id")
         return StreamingResponse(
-            _event_stream(core, start),
+            _event_stream(core, start, _who(request).scope),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -537,13 +510,27 @@ def create_app(
     return app
 
 
-async def _event_stream(core: ControlPlane, last: int):
-    """SSE: durable job events after ``last``, then live ones; usage events interleaved."""
-    subscriber = core.bus.subscribe()  # subscribe before reading the backlog so nothing falls between
+def _who(request: Request) -> Principal:
+    return request.state.principal
+
+
+def _pick(request: Request, namespace: str | None) -> dict:
+    """Which namespace's function a name@version means: a key's own namespace; the admin's own
+    unless it names another (``None`` then means: wherever the only such version is)."""
+    who = _who(request)
+    if who.admin:
+        return {"namespace": namespace, "scope": None, "home": who.namespace}
+    return {"namespace": namespace or who.namespace, "scope": who.namespace, "home": who.namespace}
+
+
+async def _event_stream(core: ControlPlane, last: int, scope: str | None = None):
+    """SSE: durable job events after ``last``, then live ones; usage events interleaved.
+    ``scope``: only this namespace's job events (None: all, for the admin)."""
+    subscriber = core.bus.subscribe(scope)  # subscribe before reading the backlog so nothing falls between
     try:
         # The id is the resume point, so a client that sees no job event before a restart can still resume.
         yield f"id: {last}\nevent: usage\ndata: {json.dumps(await _off_loop(core.gpu_usage), separators=(',', ':'))}\n\n"
-        queue = await _off_loop(core.queue_snapshot)
+        queue = await _off_loop(core.queue_snapshot, scope)
         if queue is not None:
             yield f"event: queue\ndata: {json.dumps(queue, separators=(',', ':'))}\n\n"
         backlog = True
@@ -552,7 +539,7 @@ async def _event_stream(core: ControlPlane, last: int):
                 subscriber.overflowed = False
                 subscriber.items.clear()
                 while True:
-                    rows = await _off_loop(core.events_after, last, 500)
+                    rows = await _off_loop(core.events_after, last, 500, scope)
                     for seq, data in rows:
                         yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
                         last = seq

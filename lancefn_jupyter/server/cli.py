@@ -4,6 +4,7 @@
                    [--executor local|ray] [--ray-address ADDR] [--api-keys FILE]
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
                    [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
+                   [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``.
 
@@ -68,6 +69,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--body-timeout-s", type=float, default=30.0, help="a request body must arrive within this many seconds (default 30)")
     p.add_argument("--header-timeout-s", type=float, default=10.0, help="a request's line and headers must arrive within this many seconds (default 10)")
     p.add_argument("--limit-concurrency", type=int, default=256, help="most connections and requests at once; more get 503 (default 256)")
+    p.add_argument(
+        "--worker-user",
+        default=os.environ.get("LANCEFN_WORKER_USER") or None,
+        help="OS user local workers run as when the server runs as root (default: nobody; env LANCEFN_WORKER_USER); "
+        "a non-root server runs workers as itself",
+    )
+    p.add_argument("--max-idle-workers", type=int, default=16, help="local executor: idle warm workers kept in all (default 16)")
+    p.add_argument(
+        "--max-idle-per-device-set",
+        type=int,
+        default=4,
+        help="local executor: idle workers of distinct function versions kept per device set, least recently used retired first (default 4)",
+    )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -147,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from .core import ControlPlane
     from .executors import get_executor
     from .gpu_classes import ConfigError, load_gpu_classes
+    from .namespaces import admin_principal
     from .store import DB_FILENAME, Store
 
     try:
@@ -161,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_key = _admin_key(home)
     except PermissionError as error:
         return _refuse(str(error))
-    api_keys = {**extra_keys, admin_key: frozenset(("functions", "jobs", "system_usage"))}
+    api_keys = {**extra_keys, admin_key: admin_principal()}
 
     try:
         # proto must be IPPROTO_TCP (not 0): asyncio only sets TCP_NODELAY on accepted sockets whose
@@ -177,8 +192,30 @@ def main(argv: list[str] | None = None) -> int:
     url_host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{url_host}:{port}"
 
+    if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
+        return _fail("--max-idle-workers and --max-idle-per-device-set must be >= 0")
+    worker_user = None
+    if args.executor == "local":
+        from .executors.local import worker_base_env
+        from .isolation import WorkerUserError, check_worker_user, resolve_worker_user
+
+        try:
+            worker_user = resolve_worker_user(args.worker_user)
+        except WorkerUserError as error:
+            return _fail(str(error))
+        problem = check_worker_user(worker_user, worker_base_env(worker_user)) if worker_user else None
+        if problem:
+            return _fail(problem)
     try:
-        executor = get_executor(args.executor, classes=classes, home=home, address=args.ray_address)
+        executor = get_executor(
+            args.executor,
+            classes=classes,
+            home=home,
+            address=args.ray_address,
+            worker_user=worker_user,
+            max_idle_workers=args.max_idle_workers,
+            max_idle_per_device_set=args.max_idle_per_device_set,
+        )
     except Exception as error:  # e.g. ray not installed; say so instead of a traceback
         return _fail(f"cannot create the {args.executor!r} executor: {error}")
 

@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
@@ -60,8 +60,9 @@ from .artifact_check import artifact_problem
 from .estimates import QueueEstimator
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
+from .namespaces import DEFAULT_NAMESPACE, queue_view, visible
 from .scheduler import SchedulerState
-from .store import JobRecord, Store, is_storage_full
+from .store import JobRecord, Store, VersionRow, is_storage_full
 
 __all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "redact_definition", "MAX_REQUEUES", "REDACTED"]
 
@@ -187,7 +188,8 @@ class Subscriber:
 
     LIMIT = 10_000
 
-    def __init__(self) -> None:
+    def __init__(self, scope: str | None = None) -> None:
+        self.scope = scope  # the one namespace whose job events it gets; None: all (admin)
         self.items: collections.deque[tuple[str, int | None, str]] = collections.deque()
         self.ready = asyncio.Event()
         self.overflowed = False
@@ -214,18 +216,28 @@ class EventBus:
     def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
 
-    def publish(self, kind: str, seq: int | None, data: str) -> None:
+    def publish(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None = None) -> None:
+        """``namespace``: only subscribers that may see it get the item.  ``data`` may instead be
+        a view: called once per subscriber scope on the loop thread (e.g. the ``queue`` event)."""
         loop = self._loop
         if loop is None or not self._subscribers:
             return
         try:
-            loop.call_soon_threadsafe(self._fanout, (kind, seq, data))
+            loop.call_soon_threadsafe(self._fanout, kind, seq, data, namespace)
         except RuntimeError:  # loop closed during shutdown
             pass
 
-    def _fanout(self, item: tuple[str, int | None, str]) -> None:
+    def _fanout(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None) -> None:
+        views: dict[str | None, str] = {}
         for subscriber in list(self._subscribers):
-            subscriber.push(item)
+            if namespace is not None and not visible(subscriber.scope, namespace):
+                continue
+            if callable(data):
+                if subscriber.scope not in views:
+                    views[subscriber.scope] = data(subscriber.scope)
+                subscriber.push((kind, seq, views[subscriber.scope]))
+            else:
+                subscriber.push((kind, seq, data))
 
     def close(self) -> None:
         """End every stream (server shutdown); call on the loop thread."""
@@ -233,8 +245,8 @@ class EventBus:
             subscriber.closed = True
             subscriber.ready.set()
 
-    def subscribe(self) -> Subscriber:
-        subscriber = Subscriber()
+    def subscribe(self, scope: str | None = None) -> Subscriber:
+        subscriber = Subscriber(scope)
         self._subscribers.add(subscriber)
         return subscriber
 
@@ -286,7 +298,6 @@ class ControlPlane:
         self._deferred: dict[str, list[str]] = {}  # job id → events of changes not committed yet
         self._waiters: dict[str, list[asyncio.Future]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._versions: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
         self._started = False
         self._estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
         self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
@@ -398,8 +409,8 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- functions
 
-    def register(self, body: Any) -> str:
-        """Validate and record a function version; returns the (already DONE) job's id."""
+    def register(self, body: Any, namespace: str = DEFAULT_NAMESPACE) -> str:
+        """Validate and record a function version in ``namespace``; returns the (already DONE) job's id."""
         if not isinstance(body, Mapping):
             raise ApiError(400, "the body must be a JSON object: a function registration request")
         try:
@@ -427,16 +438,16 @@ class ControlPlane:
                 raise ApiError(400, problem)
         vid = version_id(request)
         with self._lock:
-            row = self.store.get_version(request.name, vid)
+            row = self.store.get_version(request.name, vid, namespace)
             with self.store.batch():
                 if row is None:
                     version = derive_version(request, rfc3339_now())
                     definition = version.to_canonical_json()
-                    self.store.insert_version(request.name, vid, definition, artifact, version.created_at)
+                    self.store.insert_version(request.name, vid, definition, artifact, version.created_at, namespace)
                 else:
                     definition = row.definition
                     if row.dropped:  # registering it again brings a dropped version back
-                        self.store.set_dropped(request.name, vid, False)
+                        self.store.set_dropped(request.name, vid, False, namespace)
                 now = _now_ms()
                 rec = JobRecord(
                     job_id=uuid.uuid4().hex,
@@ -448,6 +459,7 @@ class ControlPlane:
                     spec={"name": request.name, "version": vid},
                     name=request.name,
                     result=redact_definition(json.loads(definition)),
+                    namespace=namespace,
                 )
                 self._persist(rec, new=True)
             return rec.job_id
@@ -476,46 +488,79 @@ class ControlPlane:
     def _class_limits(self) -> str:
         return ", ".join(f"{s.name}: {s.gpu_class.max_gpu_count_per_worker}" for s in self.classes.classes)
 
-    def _version(self, name: str, version: str) -> tuple[dict, bool]:
-        """The version's definition and whether it is dropped; 404 if never registered."""
-        row = self.store.get_version(name, version)
+    def _version_row(self, name: str, version: str, namespace: str | None, scope: str | None, home: str) -> VersionRow:
+        """The version a caller means (see ``namespaces``); 404 if never registered *or not the
+        caller's to see*, with the same message either way so nothing leaks."""
+        row = None
+        if namespace is not None:
+            if visible(scope, namespace):
+                row = self.store.get_version(name, version, namespace)
+        else:  # the admin named no namespace: its own first, else wherever it is
+            row = self.store.get_version(name, version, home) or self.store.get_version(name, version, None)
         if row is None:
             raise ApiError(404, f"function version {name}@{version} not found; list versions with POST /v1/functions/list")
-        return json.loads(row.definition), row.dropped
+        return row
 
-    def describe_function(self, name: str, version: str) -> dict:
-        definition, dropped = self._version(name, version)
+    def _version(
+        self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+    ) -> tuple[dict, bool, str]:
+        """The version's definition, whether it is dropped, and its namespace; 404 if never registered."""
+        row = self._version_row(name, version, namespace, scope, home)
+        return json.loads(row.definition), row.dropped, row.namespace
+
+    def describe_function(
+        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+    ) -> dict:
+        definition, dropped, _ = self._version(name, version, namespace, scope, home)
         if dropped:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to restore it")
-        return redact_definition(definition)
+        return redact_definition(definition)  # exactly the FunctionVersion; lists and jobs name the namespace
 
-    def function_artifact(self, name: str, version: str) -> dict:
+    def function_artifact(
+        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+    ) -> dict:
         """The version's artifact bytes (base64), so any process can run or diff it (`lookup`, `.local()`)."""
-        self.describe_function(name, version)  # 404 for unknown and dropped versions, same messages
-        row = self.store.get_version(name, version)
+        self.describe_function(name, version, namespace=namespace, scope=scope, home=home)  # 404s, same messages
+        row = self._version_row(name, version, namespace, scope, home)
         definition = json.loads(row.definition)["artifact"]
         data = base64.b64encode(row.artifact).decode("ascii")
         return {"name": name, "version": version, "entrypoint": definition["entrypoint"],
                 "digest": definition["digest"], "encoding": "base64", "data": data}
 
-    def _live_versions(self, name: str | None) -> dict[str, list[FunctionVersion]]:
-        """Live versions (env values redacted) by name, registration order."""
+    def _one_namespace(self, name: str | None, namespace: str | None, scope: str | None, home: str) -> str | None:
+        """The one namespace a history/diff request means: the caller's own, or for the admin the one
+        it names, else its own if that has ``name``, else the first that does.  None when the caller
+        may not see it (its replies are then those of an unknown name)."""
+        if namespace is None and scope is None and name is not None:
+            if not self.store.list_versions(name=name, after_seq=0, limit=1, namespace=home):
+                first = self.store.list_versions(name=name, after_seq=0, limit=1)
+                namespace = first[0][4] if first else None
+        namespace = namespace or home
+        return namespace if visible(scope, namespace) else None
+
+    def _live_versions(self, name: str | None, namespace: str | None = DEFAULT_NAMESPACE) -> dict[str, list[FunctionVersion]]:
+        """Live versions (env values redacted) of one namespace by name, registration order."""
         grouped: dict[str, list[FunctionVersion]] = {}
-        for _, fname, _, definition in self.store.list_versions(name=name, after_seq=0, limit=10**9):
+        if namespace is None:
+            return grouped
+        for _, fname, _, definition, _ in self.store.list_versions(name=name, after_seq=0, limit=10**9, namespace=namespace):
             grouped.setdefault(fname, []).append(FunctionVersion.from_wire(redact_definition(json.loads(definition))))
         return grouped
 
-    def _source(self, name: str, version: str) -> str:
-        return self.store.get_version(name, version).artifact.decode("utf-8", errors="replace")
+    def _source(self, name: str, version: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+        return self.store.get_version(name, version, namespace).artifact.decode("utf-8", errors="replace")
 
-    def function_history(self, name: str | None, limit: int) -> dict:
+    def function_history(
+        self, name: str | None, limit: int, *, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+    ) -> dict:
         """Each function's newest `limit` versions, newest first, with their one-line change (`versions`)."""
         from ..versions import history
 
         functions = []
-        for fname, known in sorted(self._live_versions(name).items()):
+        ns = self._one_namespace(name, namespace, scope, home)
+        for fname, known in sorted(self._live_versions(name, ns).items()):
             shown = known[-(limit + 1):]  # one more, so the oldest row shown still has a change line
-            rows = history(fname, shown, [self._source(fname, fv.version) for fv in shown])[:limit]
+            rows = history(fname, shown, [self._source(fname, fv.version, ns) for fv in shown])[:limit]
             functions.append({"name": fname, "versions": [
                 {"version": r.version, "created_at": r.created_at, "change": r.change, "snippet": r.snippet} for r in rows
             ]})
@@ -523,25 +568,30 @@ class ControlPlane:
             raise ApiError(404, f"no function named {name!r} is registered; list functions with POST /v1/functions/list")
         return {"functions": functions}
 
-    def function_diff(self, name: str, old: str | None, new: str | None) -> dict:
+    def function_diff(
+        self, name: str, old: str | None, new: str | None, *, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+    ) -> dict:
         """Source diff and runtime differences of two versions (`versions.diff_pair` picks them)."""
         from ..versions import VersionLookupError, diff_pair, diff_versions
 
-        known = {fv.version: fv for fv in self._live_versions(name).get(name, [])}
+        ns = self._one_namespace(name, namespace, scope, home)
+        known = {fv.version: fv for fv in self._live_versions(name, ns).get(name, [])}
         try:
             old_id, new_id = diff_pair(name, list(known), old, new)
         except VersionLookupError as error:
             raise ApiError(404 if error.unknown else 400, str(error)) from None
-        sources = [self._source(name, v) for v in (old_id, new_id)]
+        sources = [self._source(name, v, ns) for v in (old_id, new_id)]
         return diff_versions(known[old_id], known[new_id], *sources).to_wire()
 
-    def list_functions(self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100) -> dict:
+    def list_functions(
+        self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100, scope: str | None = None
+    ) -> dict:
         after = _decode_token(page_token) or 0
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
-        rows = self.store.list_versions(name=name, after_seq=after, limit=limit + 1)
+        rows = self.store.list_versions(name=name, after_seq=after, limit=limit + 1, namespace=scope)
         reply: dict[str, Any] = {"functions": []}
-        for seq, fname, fversion, definition in rows[:limit]:
-            item: dict[str, Any] = {"name": fname, "version": fversion}
+        for seq, fname, fversion, definition, owner in rows[:limit]:
+            item: dict[str, Any] = {"name": fname, "version": fversion, "namespace": owner}
             if include_definition:
                 item["definition"] = redact_definition(json.loads(definition))
             reply["functions"].append(item)
@@ -549,17 +599,30 @@ class ControlPlane:
             reply["page_token"] = _encode_token(rows[limit - 1][0])
         return reply
 
-    def drop_function(self, name: str, version: str) -> dict:
+    def drop_function(
+        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+    ) -> dict:
         with self._lock:
-            _, dropped = self._version(name, version)
+            _, dropped, owner = self._version(name, version, namespace, scope, home)
             if not dropped:
-                self.store.set_dropped(name, version, True)
+                self.store.set_dropped(name, version, True, owner)
             return {"dropped": not dropped}
 
     # --------------------------------------------------------------------- runs
 
-    def run(self, name: str, version: str, rows: Any, timeout_s: float | None = None) -> str:
-        definition, dropped = self._version(name, version)
+    def run(
+        self,
+        name: str,
+        version: str,
+        rows: Any,
+        timeout_s: float | None = None,
+        *,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
+    ) -> str:
+        """Queue a job; it belongs to the function's namespace (whose env it runs with)."""
+        definition, dropped, owner = self._version(name, version, namespace, scope, home)
         if dropped:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to run it")
         fv = FunctionVersion.from_wire(definition)
@@ -589,6 +652,7 @@ class ControlPlane:
                 gpu_class=where.gpu_class,
                 num_gpus=where.num_gpus,
                 rows_total=len(rows),
+                namespace=owner,
             )
             self._active[rec.job_id] = rec
             if not self._executor_queues:
@@ -646,17 +710,17 @@ class ControlPlane:
 
     # --------------------------------------------------------------------- jobs
 
-    def _get_job(self, job_id: str) -> JobRecord:
+    def _get_job(self, job_id: str, scope: str | None = None) -> JobRecord:
         rec = self._active.get(job_id) or self._unsaved.get(job_id)
         if rec is None:
             rec = self.store.get_job(job_id)
-        if rec is None:
+        if rec is None or not visible(scope, rec.namespace):  # another team's job: as if it did not exist
             raise ApiError(404, f"job {job_id} not found; list jobs with POST /v1/jobs/list")
         return rec
 
-    def describe_job(self, job_id: str) -> dict:
+    def describe_job(self, job_id: str, scope: str | None = None) -> dict:
         with self._lock:
-            return self._job_wire(self._get_job(job_id))
+            return self._job_wire(self._get_job(job_id, scope))
 
     def list_jobs(
         self,
@@ -666,12 +730,14 @@ class ControlPlane:
         job_type: str | None = None,
         page_token: str | None = None,
         limit: int = 100,
+        scope: str | None = None,
     ) -> dict:
         before = _decode_token(page_token)
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
         with self._lock:
             recs = self.store.list_jobs(
-                states=(state,) if state else None, name=name, job_type=job_type, before_seq=before, limit=limit + 1
+                states=(state,) if state else None, name=name, job_type=job_type, before_seq=before, limit=limit + 1,
+                namespace=scope,
             )
             # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
             current = [self._active.get(rec.job_id) or self._unsaved.get(rec.job_id) or rec for rec in recs[:limit]]
@@ -681,9 +747,9 @@ class ControlPlane:
             reply["page_token"] = _encode_token(recs[limit - 1].seq)
         return reply
 
-    def cancel_job(self, job_id: str) -> dict:
+    def cancel_job(self, job_id: str, scope: str | None = None) -> dict:
         with self._lock:
-            rec = self._get_job(job_id)
+            rec = self._get_job(job_id, scope)
             if rec.state in _TERMINAL:
                 return {"job_id": job_id, "cancelled": False}
             was_placed = rec.state == IN_PROGRESS or not self._scheduler.is_pending(job_id)
@@ -695,22 +761,22 @@ class ControlPlane:
                     log.exception("executor.cancel(%s) failed", job_id)
             return {"job_id": job_id, "cancelled": True}
 
-    def job_logs(self, job_id: str, offset: int = 0, limit: int = 1000) -> dict:
+    def job_logs(self, job_id: str, offset: int = 0, limit: int = 1000, scope: str | None = None) -> dict:
         with self._lock:
-            self._get_job(job_id)
+            self._get_job(job_id, scope)
         limit = max(1, min(limit, 10_000))
         entries = self.store.read_logs(job_id, max(0, offset), limit)
         lines = [line for _, _, line in entries]
         next_offset = entries[-1][0] + 1 if entries else max(0, offset)
         return {"lines": lines, "next_offset": next_offset}
 
-    async def wait_job(self, job_id: str, timeout_s: float, *, unless_queued: bool = False) -> dict:
+    async def wait_job(self, job_id: str, timeout_s: float, scope: str | None = None, *, unless_queued: bool = False) -> dict:
         """The job once terminal, or as it stands after ``timeout_s`` (long poll).
         ``unless_queued``: answer at once if it waits for capacity (``functions/run``'s inline
         wait: a submit must not stall behind a full queue)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            rec = self._get_job(job_id)
+            rec = self._get_job(job_id, scope)
             queued = unless_queued and rec.state == PENDING and self._scheduler.is_pending(job_id)
             if rec.state in _TERMINAL or timeout_s <= 0 or not self._started or queued:
                 return self._job_wire(rec)
@@ -781,8 +847,8 @@ class ControlPlane:
 
     # ------------------------------------------------------------------- events
 
-    def events_after(self, seq: int, limit: int = 1000) -> list[tuple[int, str]]:
-        return self.store.events_after(seq, limit)
+    def events_after(self, seq: int, limit: int = 1000, scope: str | None = None) -> list[tuple[int, str]]:
+        return self.store.events_after(seq, limit, namespace=scope)
 
     def last_event_seq(self) -> int:
         return self.store.last_event_seq()
@@ -959,7 +1025,7 @@ class ControlPlane:
         try:
             if self.executor is None:
                 raise RuntimeError("no executor is configured")
-            row = self.store.get_version(rec.spec["name"], rec.spec["version"])
+            row = self.store.get_version(rec.spec["name"], rec.spec["version"], rec.namespace)
             if row is None:
                 raise RuntimeError(f"function version {rec.spec['name']}@{rec.spec['version']} vanished from the store")
             fv = json.loads(row.definition)
@@ -979,6 +1045,7 @@ class ControlPlane:
                 env=dict(runtime.get("env") or {}),
                 packages=tuple((runtime.get("environment") or {}).get("packages", ())),
                 timeout_s=rec.spec.get("timeout_s"),
+                namespace=rec.namespace,
             )
             self._job_env[rec.job_id] = task.env  # to redact from its failure messages
             self.executor.launch(task)
@@ -1016,7 +1083,7 @@ class ControlPlane:
                 else:
                     self.store.update_job(rec)
                 for item in earlier + [data] if data is not None else earlier:
-                    self._insert_event(rec.job_id, item)
+                    self._insert_event(rec.job_id, item, rec.namespace)
         except Exception as error:
             if new or not is_storage_full(error) or self.store.in_batch():
                 if earlier:
@@ -1026,9 +1093,9 @@ class ControlPlane:
             return
         self._unsaved.pop(rec.job_id, None)  # its latest state is saved now
 
-    def _insert_event(self, job_id: str, data: str) -> None:
-        seq = self.store.insert_event(job_id, data)
-        self.store.after_commit(lambda: self.bus.publish("job", seq, data))
+    def _insert_event(self, job_id: str, data: str, namespace: str) -> None:
+        seq = self.store.insert_event(job_id, data, namespace)
+        self.store.after_commit(lambda: self.bus.publish("job", seq, data, namespace))
 
     def _persist_soon(self, rec: JobRecord) -> None:
         """Record an executor-reported change now and commit it with the job's next change, or
@@ -1059,7 +1126,7 @@ class ControlPlane:
         if rec.job_id not in self._unsaved:
             log.error("job %s is %s but the disk is full; kept in memory and saved once space frees", rec.job_id, rec.state)
         self._unsaved[rec.job_id] = rec
-        self.bus.publish("job", None, data or _dumps(self._job_wire(rec)))  # live only: no sequence number
+        self.bus.publish("job", None, data or _dumps(self._job_wire(rec)), rec.namespace)  # live only: no sequence number
         self._arm_unsaved_retry()
 
     def _arm_unsaved_retry(self) -> None:
@@ -1081,7 +1148,7 @@ class ControlPlane:
                 try:
                     with self.store.batch():
                         self.store.update_job(rec)
-                        seq = self.store.insert_event(job_id, data)
+                        seq = self.store.insert_event(job_id, data, rec.namespace)
                 except Exception as error:
                     if not is_storage_full(error):
                         log.exception("could not save job %s", job_id)
@@ -1089,15 +1156,25 @@ class ControlPlane:
                         self._arm_unsaved_retry()
                     return
                 del self._unsaved[job_id]
-                self.bus.publish("job", seq, data)
+                self.bus.publish("job", seq, data, rec.namespace)
                 log.info("job %s (%s) saved now that the disk has room", job_id, rec.state)
 
-    def queue_snapshot(self) -> dict | None:
-        """The `queue` event payload now (None when the executor owns queuing, as Ray does)."""
+    def queue_snapshot(self, scope: str | None = None) -> dict | None:
+        """The `queue` event payload now as ``scope`` sees it (None when the executor owns queuing, as Ray does)."""
         if self._executor_queues:
             return None
         with self._lock:
-            return self._queue_payload(estimates=True)
+            payload = self._queue_payload(estimates=True)
+            return queue_view(payload, self._queue_owners(payload), scope)
+
+    def _queue_owners(self, payload: dict) -> dict[str, str]:
+        """Namespace of each job a `queue` payload lists (to render it per subscriber's scope)."""
+        return {job_id: rec.namespace for ids in payload["classes"].values() for job_id in ids if (rec := self._active.get(job_id))}
+
+    def _publish_queue(self, payload: dict) -> None:
+        # Each namespace sees the others' queued jobs as null (positions count them; ids don't leak).
+        owners = self._queue_owners(payload)
+        self.bus.publish("queue", None, lambda scope: _dumps(queue_view(payload, owners, scope)))
 
     def _queue_payload(self, *, estimates: bool = False) -> dict:
         """The `queue` event. Expected starts ride along at most every QUEUE_ESTIMATES_INTERVAL_S (a busy
@@ -1118,7 +1195,7 @@ class ControlPlane:
         with self._lock:
             self._estimates_timer = None
             if self._started and not self._executor_queues:
-                self.bus.publish("queue", None, _dumps(self._queue_payload(estimates=True)))
+                self._publish_queue(self._queue_payload(estimates=True))
 
     def _note_run_time(self, rec: JobRecord) -> None:
         if rec.job_type == "run_function" and rec.gpu_class and rec.started_ms is not None and rec.finished_ms is not None:
@@ -1141,7 +1218,7 @@ class ControlPlane:
             # When the queue moves, every job behind moves up without an event of its own (one per
             # job would cost O(queue) writes per start): UIs re-number pending jobs (and re-read
             # their expected start) from this.
-            self.bus.publish("queue", None, _dumps(self._queue_payload()))
+            self._publish_queue(self._queue_payload())
 
     def _job_wire(self, rec: JobRecord) -> dict:
         """The Job wire form, built without pydantic for speed. Placement and progress carry every
@@ -1172,6 +1249,7 @@ class ControlPlane:
         progress = {"rows_done": rec.rows_done or 0, "rows_total": rec.rows_total or 0}
         wire: dict[str, Any] = {
             "job_id": rec.job_id,
+            "namespace": rec.namespace,
             "job_type": rec.job_type,
             "job_state": rec.state,
             "creation_ms": rec.creation_ms,

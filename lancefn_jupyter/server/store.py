@@ -16,12 +16,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sqlite3
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from .namespaces import DEFAULT_NAMESPACE
 
 __all__ = ["Store", "JobRecord", "VersionRow", "DB_FILENAME", "is_storage_full"]
 
@@ -106,6 +109,7 @@ class JobRecord:
     failure: dict[str, Any] | None = None
     requeues: int = 0
     seq: int | None = None  # storage order (set once inserted)
+    namespace: str = DEFAULT_NAMESPACE  # the owning team (docs/ARCHITECTURE.md, "Namespaces")
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class VersionRow:
     artifact: bytes
     dropped: bool
     seq: int
+    namespace: str = DEFAULT_NAMESPACE
 
 
 def _dumps(value: Any) -> str:
@@ -139,6 +144,7 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=OFF")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        self._migrate_namespaces()
         self._events_since_prune = 0
         self.prune_events()
 
@@ -192,42 +198,85 @@ class Store:
         with self._lock:
             return self._depth > 0
 
+    def _migrate_namespaces(self) -> None:
+        """Give versions, jobs and events a ``namespace`` (rows of an older home: the default one)
+        and make function names unique per namespace.  SQLite cannot change a UNIQUE constraint in
+        place, so ``function_versions`` is rebuilt from its own CREATE statement (keeping any column
+        others added) once, in one transaction."""
+        def columns(table: str) -> list[str]:
+            return [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
+
+        default = DEFAULT_NAMESPACE.replace("'", "")
+        with self.batch():
+            if "namespace" not in columns("function_versions"):
+                (sql,) = self._db.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='function_versions'").fetchone()
+                old = columns("function_versions")
+                sql = sql.replace("function_versions", "function_versions_ns", 1)
+                sql = re.sub(
+                    r"UNIQUE\s*\(\s*name\s*,\s*version\s*\)",
+                    f"namespace TEXT NOT NULL DEFAULT '{default}',\n    UNIQUE(namespace, name, version)",
+                    sql,
+                )
+                self._db.execute(sql)
+                listed = ", ".join(old)
+                self._db.execute(f"INSERT INTO function_versions_ns({listed}) SELECT {listed} FROM function_versions")
+                self._db.execute("DROP TABLE function_versions")
+                self._db.execute("ALTER TABLE function_versions_ns RENAME TO function_versions")
+            if "namespace" not in columns("jobs"):
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN namespace TEXT NOT NULL DEFAULT '{default}'")
+            self._db.execute("CREATE INDEX IF NOT EXISTS jobs_by_namespace ON jobs(namespace, seq)")
+            if "namespace" not in columns("events"):
+                self._db.execute(f"ALTER TABLE events ADD COLUMN namespace TEXT NOT NULL DEFAULT '{default}'")
+            self._db.execute("CREATE INDEX IF NOT EXISTS events_by_namespace ON events(namespace, seq)")
+
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
     # ---------------------------------------------------------------- versions
 
-    def get_version(self, name: str, version: str) -> VersionRow | None:
-        rows = self._query(
-            "SELECT name, version, definition, artifact, dropped, seq FROM function_versions WHERE name=? AND version=?",
-            (name, version),
-        )
+    def get_version(self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE) -> VersionRow | None:
+        """The version in ``namespace``; ``namespace=None``: in whichever namespace registered it first."""
+        sql = "SELECT name, version, definition, artifact, dropped, seq, namespace FROM function_versions WHERE name=? AND version=?"
+        args: tuple = (name, version)
+        if namespace is not None:
+            sql += " AND namespace=?"
+            args += (namespace,)
+        rows = self._query(sql + " ORDER BY seq LIMIT 1", args)
         if not rows:
             return None
-        n, v, definition, artifact, dropped, seq = rows[0]
-        return VersionRow(n, v, definition, bytes(artifact), bool(dropped), seq)
+        n, v, definition, artifact, dropped, seq, ns = rows[0]
+        return VersionRow(n, v, definition, bytes(artifact), bool(dropped), seq, ns)
 
-    def insert_version(self, name: str, version: str, definition: str, artifact: bytes, created_at: str) -> None:
+    def insert_version(
+        self, name: str, version: str, definition: str, artifact: bytes, created_at: str, namespace: str = DEFAULT_NAMESPACE
+    ) -> None:
         with self.batch():
             self._db.execute(
-                "INSERT INTO function_versions(name, version, definition, artifact, created_at) VALUES(?,?,?,?,?)",
-                (name, version, definition, artifact, created_at),
+                "INSERT INTO function_versions(name, version, definition, artifact, created_at, namespace) VALUES(?,?,?,?,?,?)",
+                (name, version, definition, artifact, created_at, namespace),
             )
 
-    def set_dropped(self, name: str, version: str, dropped: bool) -> None:
+    def set_dropped(self, name: str, version: str, dropped: bool, namespace: str = DEFAULT_NAMESPACE) -> None:
         with self.batch():
             self._db.execute(
-                "UPDATE function_versions SET dropped=? WHERE name=? AND version=?", (int(dropped), name, version)
+                "UPDATE function_versions SET dropped=? WHERE name=? AND version=? AND namespace=?",
+                (int(dropped), name, version, namespace),
             )
 
-    def list_versions(self, *, name: str | None, after_seq: int, limit: int) -> list[tuple[int, str, str, str]]:
-        """``[(seq, name, version, definition)]`` of live versions, registration order."""
-        sql = "SELECT seq, name, version, definition FROM function_versions WHERE dropped=0 AND seq>?"
+    def list_versions(
+        self, *, name: str | None, after_seq: int, limit: int, namespace: str | None = None
+    ) -> list[tuple[int, str, str, str, str]]:
+        """``[(seq, name, version, definition, namespace)]`` of live versions, registration order;
+        ``namespace=None``: every namespace's."""
+        sql = "SELECT seq, name, version, definition, namespace FROM function_versions WHERE dropped=0 AND seq>?"
         args: tuple = (after_seq,)
         if name is not None:
             sql += " AND name=?"
             args += (name,)
+        if namespace is not None:
+            sql += " AND namespace=?"
+            args += (namespace,)
         return self._query(sql + " ORDER BY seq LIMIT ?", args + (limit,))
 
     def count_versions(self) -> int:
@@ -237,7 +286,7 @@ class Store:
 
     _JOB_COLUMNS = (
         "seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
-        "rows_done, rows_total, result, failure, requeues"
+        "rows_done, rows_total, result, failure, requeues, namespace"
     )
 
     @staticmethod
@@ -263,7 +312,7 @@ class Store:
     @staticmethod
     def _job_from_row(row: tuple) -> JobRecord:
         (seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement,
-         rows_done, rows_total, result, failure, requeues) = row  # fmt: skip
+         rows_done, rows_total, result, failure, requeues, namespace) = row  # fmt: skip
         where = json.loads(placement)
         return JobRecord(
             job_id=job_id,
@@ -284,14 +333,15 @@ class Store:
             failure=None if failure is None else json.loads(failure),
             requeues=requeues,
             seq=seq,
+            namespace=namespace,
         )
 
     def insert_job(self, rec: JobRecord, rows: list[dict] | None = None) -> None:
         with self.batch():
             cur = self._db.execute(
                 "INSERT INTO jobs(job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
-                "rows_done, rows_total, result, failure, requeues, job_id) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                self._job_params(rec),
+                "rows_done, rows_total, result, failure, requeues, job_id, namespace) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (*self._job_params(rec), rec.namespace),
             )
             rec.seq = cur.lastrowid
             if rows is not None:
@@ -318,8 +368,12 @@ class Store:
         before_seq: int | None = None,
         limit: int = 100,
         oldest_first: bool = False,
+        namespace: str | None = None,
     ) -> list[JobRecord]:
         clauses, args = [], []
+        if namespace is not None:
+            clauses.append("namespace=?")
+            args.append(namespace)
         if states:
             clauses.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(states)
@@ -363,15 +417,21 @@ class Store:
 
     # ------------------------------------------------------------------ events
 
-    def insert_event(self, job_id: str | None, data: str) -> int:
+    def insert_event(self, job_id: str | None, data: str, namespace: str = DEFAULT_NAMESPACE) -> int:
         with self.batch():
-            seq = self._db.execute("INSERT INTO events(job_id, data) VALUES(?,?)", (job_id, data)).lastrowid
+            seq = self._db.execute(
+                "INSERT INTO events(job_id, data, namespace) VALUES(?,?,?)", (job_id, data, namespace)
+            ).lastrowid
         self._events_since_prune += 1
         if self._events_since_prune >= 10_000:
             self.prune_events()
         return seq
 
-    def events_after(self, seq: int, limit: int = 1000) -> list[tuple[int, str]]:
+    def events_after(self, seq: int, limit: int = 1000, namespace: str | None = None) -> list[tuple[int, str]]:
+        if namespace is not None:
+            return self._query(
+                "SELECT seq, data FROM events WHERE namespace=? AND seq>? ORDER BY seq LIMIT ?", (namespace, seq, limit)
+            )
         return self._query("SELECT seq, data FROM events WHERE seq>? ORDER BY seq LIMIT ?", (seq, limit))
 
     def last_event_seq(self) -> int:

@@ -40,9 +40,11 @@ __all__ = [
     "missing_packages",
     "run_task_inline",
     "main",
+    "PRELOAD_ENV",
 ]
 
 _MODULE = "lancefn_jupyter.server.worker"
+PRELOAD_ENV = "LANCEFN_WORKER_PRELOAD"
 _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the artifact while a task runs
 _PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
 _SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
@@ -417,7 +419,71 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="lancefn-parent-watch", daemon=True).start()
 
 
+def _not_dumpable() -> None:
+    """Linux: other processes of this user (e.g. another team's worker) cannot read this one's
+    memory or ``/proc/<pid>/environ`` (ptrace and those files need a dumpable process), so the
+    function env a task brings stays in this process."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+def _apply_env(task: dict) -> None:
+    """The function's env arrives with the task, never at exec, so it is in no ``/proc/*/environ``.
+    A worker only serves one (namespace, version), whose env is fixed, so setting it is final."""
+    env = task.get("env")
+    if env:
+        os.environ.update(env)
+
+
+def _preload(names: str) -> None:
+    """Import heavy modules (``LANCEFN_WORKER_PRELOAD``, comma-separated, e.g. ``numpy,numba``) in
+    the background after ``ready``, so a new version's first job on a spare worker does not pay for
+    them.  Importing numba does not initialise CUDA (``numba.cuda`` is left to the artifact)."""
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    if not wanted:
+        return
+
+    def load() -> None:
+        import importlib
+
+        for name in wanted:
+            try:
+                importlib.import_module(name)
+            except Exception:  # not installed or broken: the artifact that needs it will say so
+                pass
+
+    threading.Thread(target=load, name="lancefn-preload", daemon=True).start()
+
+
+_WARM_UP_SOURCE = b"def warm_up(x):\n    return x\n"
+
+
+def _warm_up(captures: Sequence[_Capture]) -> None:
+    """Run a trivial task through the whole task path (compile, progress, output flush) before
+    ``ready``, so a fresh worker's first real task does not pay for first-use costs (~10 ms)."""
+
+    class _Discard:
+        @staticmethod
+        def send(**event: object) -> None:
+            pass
+
+    task = {
+        "task_id": "warm-up",
+        "artifact_b64": base64.b64encode(_WARM_UP_SOURCE).decode("ascii"),
+        "entrypoint": "warm_up",
+        "filename": "<lancefn warm-up>",
+        "rows": [{"x": 1}],
+        "packages": [],
+    }
+    _serve(task, _Discard, captures)  # type: ignore[arg-type]  # duck-typed _Protocol
+
+
 def main() -> None:
+    _not_dumpable()
     proto = _Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
     tasks = os.fdopen(os.dup(0), "rb")
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -429,10 +495,14 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up in the logs live
         stream.reconfigure(line_buffering=True)
     _exit_with_parent()
+    _warm_up(captures)
     proto.send(event="ready", device=_detect_device())
+    _preload(os.environ.pop(PRELOAD_ENV, ""))
     for line in tasks:
         if line.strip():
-            _serve(json.loads(line), proto, captures)
+            task = json.loads(line)
+            _apply_env(task)
+            _serve(task, proto, captures)
 
 
 # ===================================================================== parent side
@@ -461,8 +531,10 @@ def describe_exit(returncode: int) -> str:
 class WorkerProcess:
     """Parent's handle on one warm worker; use from one thread at a time, except :meth:`kill`."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], user: tuple[int, int] | None = None) -> None:
+        """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours."""
         self.env = dict(env)
+        switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
         # workers, and killpg also stops processes the user's code started.
         self.process = subprocess.Popen(
@@ -472,6 +544,7 @@ class WorkerProcess:
             stderr=subprocess.PIPE,
             env=self.env,
             start_new_session=True,
+            **switch,
         )
         self._kill_lock = threading.Lock()
         ready = self._read_event()
@@ -500,8 +573,10 @@ class WorkerProcess:
         filename: str,
         rows: list[dict],
         packages: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
+        """Send one task; a worker that already died shows up as an early end of :meth:`events`.
+        ``env``: the function's env, set in the worker before the artifact loads."""
         task = {
             "task_id": task_id,
             "artifact_b64": base64.b64encode(artifact).decode("ascii"),
@@ -510,6 +585,8 @@ class WorkerProcess:
             "rows": rows,
             "packages": list(packages),
         }
+        if env:
+            task["env"] = dict(env)
         try:
             self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
             self.process.stdin.flush()

@@ -37,6 +37,8 @@ STATE_OPTIONS = [
     ("timed out", "TIMED_OUT"),
 ]
 COLUMNS = ["job", "function", "state", "placement", "progress", "detail", ""]
+# Shown after "function" once jobs of more than one namespace are visible (an admin on a shared server).
+NAMESPACE_COLUMN = "namespace"
 _KEEP_JOBS = 500  # jobs remembered (newest first) for filtering; older terminal ones are forgotten
 
 
@@ -79,6 +81,7 @@ class _Row:
         self.placement_cell = w.HTML(**cell)
         self.progress = w.IntProgress(value=0, min=0, max=1, layout=shared["bar"], style=shared["bar_style"])
         self.detail_cell = w.HTML(**cell)
+        self.namespace_cell = w.HTML(**cell)
         self.cancel_button = w.Button(description="Cancel", icon="stop", tooltip=f"Cancel job {job.job_id}",
                                       layout=shared["button"], style=shared["button_style"])
         self.cancel_button.on_click(lambda _b, job_id=job.job_id: dashboard.cancel(job_id))
@@ -86,10 +89,14 @@ class _Row:
                       self.detail_cell, self.cancel_button]
         self.apply(job)
 
+    def grid_cells(self, with_namespace: bool) -> list:
+        return [*self.cells[:2], self.namespace_cell, *self.cells[2:]] if with_namespace else self.cells
+
     def apply(self, job: Any) -> None:
         self.job = job
         state = display_state(job.job_state)
         self.function_cell.value = f"<b>{html.escape(function_ref(job))}</b>"
+        self.namespace_cell.value = f"<span class='lancefn-namespace'>{html.escape(getattr(job, 'namespace', None) or '')}</span>"
         self.state_cell.value = display.state_badge_html(state)
         self.placement_cell.value = f"<span class='lancefn-placement'>{html.escape(_placement_text(job))}</span>"
         total, done = job.progress.rows_total, job.progress.rows_done
@@ -108,7 +115,7 @@ class _Row:
         )
 
     def close(self) -> None:
-        for cell in self.cells:
+        for cell in (*self.cells, self.namespace_cell):
             cell.close()  # shared layouts/styles stay open: the dashboard closes them
 
 
@@ -133,6 +140,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self.rows: dict[str, _Row] = {}
         self._touched: set[str] = set()  # ids changed by events since the last REST read began
         self._shown: list[str] = []
+        self._multi_namespace = False  # the namespace column is shown
         self._shared = {
             "cell": w.Layout(width="auto"),
             "html": HTMLStyle(),
@@ -154,6 +162,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self.message = w.HTML()
         header = [w.HTML(f"<b>{html.escape(c)}</b>") for c in COLUMNS]
         self._header = header
+        self._namespace_header = w.HTML(f"<b>{NAMESPACE_COLUMN}</b>")
         self.grid = w.GridBox(
             children=header,
             layout=w.Layout(grid_template_columns="auto auto auto auto auto 1fr auto", grid_gap="2px 10px",
@@ -259,12 +268,14 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         for job in visible:
             if job.job_id not in self.rows:
                 self.rows[job.job_id] = _Row(self, job)
-        if ids != self._shown:
-            self._shown = ids
-            cells = list(self._header)
+        multi = len({getattr(j, "namespace", None) for j in self.jobs.values()} - {None}) > 1
+        if ids != self._shown or multi != self._multi_namespace:
+            self._shown, self._multi_namespace = ids, multi
+            cells = [*self._header[:2], self._namespace_header, *self._header[2:]] if multi else list(self._header)
             for job_id in ids:
-                cells.extend(self.rows[job_id].cells)
+                cells.extend(self.rows[job_id].grid_cells(multi))
             self.grid.children = cells
+            self.grid.layout.grid_template_columns = ("auto " * (len(COLUMNS) + multi - 2)) + "1fr auto"
         names = sorted({str(j.spec.get("name", "")) for j in self.jobs.values()} - {""})
         if list(self.name_filter.options) != names:
             self.name_filter.options = names
@@ -308,7 +319,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             for row in self.rows.values():
                 row.close()
             self.rows.clear()
-        for widget in (self.state_filter, self.name_filter, self.summary, self.message, self.grid, *self._header,
+        for widget in (self.state_filter, self.name_filter, self.summary, self.message, self.grid, *self._header, self._namespace_header,
                        *self._shared.values()):
             widget.close()
         for box in list(self.children):

@@ -20,6 +20,7 @@ import {
   mergeJobLists,
   progressOf,
   queueText,
+  showNamespaces,
   stateBadge,
   usageMap
 } from '../model';
@@ -300,5 +301,20 @@ describe('attachSnippet', () => {
     for (const id of ['', 'a"b', 'a\nimport os', 'x'.repeat(129), 'a b']) {
       expect(attachSnippet(id)).toBeNull();
     }
+  });
+});
+
+describe('showNamespaces', () => {
+  it('is true only when jobs of more than one namespace are listed', () => {
+    expect(showNamespaces([])).toBe(false);
+    expect(showNamespaces([job('a', 'DONE'), job('b', 'DONE')])).toBe(false); // servers before namespaces
+    expect(showNamespaces([job('a', 'DONE', { namespace: 't1' }), job('b', 'DONE', { namespace: 't1' })])).toBe(false);
+    expect(showNamespaces([job('a', 'DONE', { namespace: 't1' }), job('b', 'DONE', { namespace: 't2' })])).toBe(true);
+  });
+
+  it('a queue event with other namespaces hidden as null still numbers own jobs by global position', () => {
+    const mine = job('mine', 'PENDING', { placement: { gpu_class: 'default', queue_position: 5 } });
+    const next = applyQueueEvent([mine], { classes: { default: [null, 'mine'] } });
+    expect(next[0].placement?.queue_position).toBe(2);
   });
 });

@@ -51,7 +51,8 @@ class TaskSpec:
     env: dict[str, str]  # the function's runtime env; never logged
     packages: tuple[str, ...]  # declared pip/conda packages that must be importable
     timeout_s: float | None
-    namespace: str = ""  # jobs of different namespaces never share a warm worker
+    # The owning namespace: a worker process (or Ray actor) only ever serves one (namespace, name, version).
+    namespace: str = "default"
 
 
 class ExecutorCallbacks(Protocol):

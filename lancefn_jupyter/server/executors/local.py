@@ -1,19 +1,27 @@
 """Local executor: each job runs on a warm worker subprocess of this machine.
 
 A worker's GPUs are fixed when the process starts (``CUDA_VISIBLE_DEVICES``, and
-``NUMBA_ENABLE_CUDASIM=1`` for simulated classes, must be set before CUDA/numba initialise), so
-warm workers are pooled per *key* = (devices, simulated, function env):
+``NUMBA_ENABLE_CUDASIM=1`` for simulated classes, must be set before CUDA/numba initialise), and
+a worker that ran a job of (namespace N, version V) only ever runs (N, V) again: state one
+version sets (a patched ``builtins.open``, a module global) never reaches another version or
+team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner being
+(namespace, name, version), or ``None`` for a *fresh* worker that has run nothing yet:
 
-* a task takes the idle worker of its key, else starts one; when the task ends normally (result,
-  or a failure the worker survived: environment/import/run/result) the worker goes back idle;
+* a task takes the idle worker of its key, else a fresh one for its devices, else starts one; when
+  the task ends normally (result, or a failure the worker survived) the worker goes back idle
+  under its owner's key, and a fresh one for its devices is started in the background unless one
+  is idle already (so the next new version finds one ready);
+* the function's env travels with the task (never at exec), so it is in no ``/proc/*/environ``;
 * a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
-  a replacement for its key is started in the background;
-* at most one idle worker per key and ``max_idle_workers`` in all (least recently used retired
-  first); idle workers retire after ``idle_timeout_s``;
-* starting a task first stops idle workers of *other* keys that share its devices, and waits for
+  a fresh one for its devices is started in the background;
+* idle workers that ran something: at most ``max_idle_per_device_set`` per device set and
+  ``max_idle_workers`` in all, least recently used retired first; idle workers retire after
+  ``idle_timeout_s``;
+* starting a task stops idle workers of *other device sets* that share its devices, and waits for
   stopped workers on its devices to be reaped, so a job never shares its GPUs with a leftover
-  process (an idle worker that used CUDA still holds a context and memory);
-* with a GPU class config, one worker per single device is pre-started at :meth:`start`.
+  process of a wider or narrower placement;
+* with a GPU class config, one fresh worker per single device is pre-started at :meth:`start`;
+* when the server runs as root, workers run as ``worker_user`` (see ``server/isolation.py``).
 
 Each running task has a thread that reads the worker's protocol events and calls the callbacks.
 Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
@@ -33,31 +41,52 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...models import JobFailure
-from ..worker import WorkerProcess, WorkerStartError, artifact_filename, describe_exit
+from ..isolation import WorkerUser
+from ..worker import PRELOAD_ENV, WorkerProcess, WorkerStartError, artifact_filename, describe_exit
 from .base import Executor, ExecutorCallbacks, TaskSpec
 
 if TYPE_CHECKING:
     from ..gpu_classes import GpuClassConfig
 
-__all__ = ["LocalExecutor"]
+__all__ = ["LocalExecutor", "DEFAULT_MAX_IDLE_PER_DEVICE_SET", "worker_base_env"]
 
 log = logging.getLogger(__name__)
 
-# (devices, simulated, sorted env items): everything fixed at a worker's start
-_Key = tuple[tuple[str, ...], bool, tuple[tuple[str, str], ...]]
+# Idle workers kept per device set, besides its fresh one: a notebook alternating a few versions
+# stays warm, while each idle worker that used CUDA holds a context's memory on those GPUs.
+DEFAULT_MAX_IDLE_PER_DEVICE_SET = 4
+
+# (devices, simulated, owner): owner = (namespace, name, version) once it ran a job, None while fresh
+_Key = tuple[tuple[str, ...], bool, "tuple[str, str, str] | None"]
 _SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach user code
+# The function env arrives with the task; these would change the worker's devices after start.
+_DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")
 
 
-def _key(devices: tuple[str, ...], simulated: bool, env: dict[str, str]) -> _Key:
-    return (tuple(devices), simulated, tuple(sorted(env.items())))
+def _key(task: TaskSpec) -> _Key:
+    return (tuple(task.devices), task.simulated, (task.namespace, task.name, task.version))
 
 
-def _worker_env(key: _Key) -> dict[str, str]:
-    devices, simulated, extra = key
+def _fresh(key: _Key) -> _Key:
+    return (key[0], key[1], None)
+
+
+def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
+    """The server's environment as workers get it, before devices are set."""
     env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
-    env.update(extra)
-    # Device variables are set last so a function's env can never widen its GPUs.
+    if user is not None:
+        env["HOME"] = user.home  # not the server user's home directory, which it cannot (and must not) use
     env.pop("NUMBA_ENABLE_CUDASIM", None)
+    return env
+
+
+def _worker_env(key: _Key, user: WorkerUser | None = None, *, spare: bool = False) -> dict[str, str]:
+    devices, simulated, _ = key
+    env = worker_base_env(user)
+    if spare:
+        # A spare does the heavy imports a GPU function needs while it waits (CPU: numpy only, so a
+        # CPU function never pays for numba). A worker started for a task imports what it uses.
+        env[PRELOAD_ENV] = "numpy,numba" if devices else "numpy"
     if simulated:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -95,11 +124,15 @@ class LocalExecutor(Executor):
         home: str | Path | None = None,  # unused: workers keep the server's cwd, like the notebook's
         *,
         max_idle_workers: int = 16,
+        max_idle_per_device_set: int = DEFAULT_MAX_IDLE_PER_DEVICE_SET,
         idle_timeout_s: float = 600.0,
         kill_grace_s: float = 2.0,
+        worker_user: WorkerUser | None = None,
     ) -> None:
         self._classes = classes
         self._max_idle = max_idle_workers
+        self._max_idle_per_set = max_idle_per_device_set
+        self._user = worker_user
         self._idle_timeout_s = idle_timeout_s
         self._grace_s = kill_grace_s
         self._callbacks: ExecutorCallbacks | None = None
@@ -107,6 +140,7 @@ class LocalExecutor(Executor):
         self._runs: dict[str, _Run] = {}
         self._idle: dict[_Key, tuple[WorkerProcess, float]] = {}  # key → (worker, idle since)
         self._spawners: set[threading.Thread] = set()
+        self._spawning: set[_Key] = set()  # keys a background start is under way for
         self._closed = threading.Event()
         self._tasks: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._runner_threads = 0  # alive task threads
@@ -119,10 +153,10 @@ class LocalExecutor(Executor):
         threading.Thread(target=self._retire_idle, name="lancefn-idle-workers", daemon=True).start()
         for spec in self._classes.classes if self._classes else ():
             for device in spec.devices:
-                self._prewarm(_key((device,), spec.simulated, {}))
+                self._prewarm(((device,), spec.simulated, None))
 
     def launch(self, task: TaskSpec) -> None:
-        run = _Run(task, _key(task.devices, task.simulated, task.env))
+        run = _Run(task, _key(task))
         with self._lock:
             self._runs[task.job_id] = run
             spawn = self._idle_runners == 0
@@ -223,6 +257,7 @@ class LocalExecutor(Executor):
             artifact_filename(task.name, task.version),
             task.rows,
             task.packages,
+            {name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
         )
         timer = None
         if task.timeout_s is not None:
@@ -254,6 +289,9 @@ class LocalExecutor(Executor):
                     task.job_id,
                     JobFailure(phase=final["phase"], message=final["message"], traceback=final.get("traceback")),
                 )
+            # A new fresh spare for the next new version here, started only now: on a small machine a
+            # process start racing the job it was taken for would slow that job down.
+            self._prewarm(_fresh(run.key))
             return
 
         # The worker died or is being stopped: reap it before the core frees its devices.
@@ -277,7 +315,7 @@ class LocalExecutor(Executor):
                 ),
             )
         if run.outcome != "shutdown":
-            self._prewarm(run.key)
+            self._prewarm(_fresh(run.key))
 
     def _stop(self, run: _Run, outcome: str) -> None:
         if run.claim(outcome) and run.worker is not None:
@@ -298,44 +336,77 @@ class LocalExecutor(Executor):
     # ----------------------------------------------------------------- the pool
 
     def _acquire(self, key: _Key) -> WorkerProcess:
+        """Its own (namespace, version)'s idle worker, else a fresh one, else a new process."""
         with self._lock:
-            entry = self._idle.pop(key, None)
-            sharing = [self._idle.pop(other)[0] for other in list(self._idle) if set(other[0]) & set(key[0])]
+            own = self._idle.pop(key, None)
+            fresh = self._idle.pop(_fresh(key), None) if own is None else None
+            sharing = [
+                self._idle.pop(other)[0] for other in list(self._idle) if other[0] != key[0] and set(other[0]) & set(key[0])
+            ]
         for worker in sharing:
             worker.stop(self._grace_s)
-        if entry is not None:
+        for entry in (own, fresh):
+            if entry is None:
+                continue
             if entry[0].alive():
                 return entry[0]
             entry[0].kill(self._grace_s)
-        return WorkerProcess(_worker_env(key))
+        return WorkerProcess(_worker_env(key, self._user), self._user_ids())
+
+    def _user_ids(self) -> tuple[int, int] | None:
+        return (self._user.uid, self._user.gid) if self._user is not None else None
 
     def _release(self, key: _Key, worker: WorkerProcess) -> None:
-        retire = worker
+        retire: list[WorkerProcess] = [worker]
         with self._lock:
             if not self._closed.is_set() and key not in self._idle:
                 self._idle[key] = (worker, time.monotonic())
-                retire = None
+                retire = []
+                used = [k for k in self._idle if k[0] == key[0] and k[1] == key[1] and k[2] is not None]
+                if len(used) > self._max_idle_per_set:  # this device set's least recently used
+                    used.sort(key=lambda k: self._idle[k][1])
+                    retire += [self._idle.pop(k)[0] for k in used[: len(used) - self._max_idle_per_set]]
                 if len(self._idle) > self._max_idle:
                     oldest = min(self._idle, key=lambda k: self._idle[k][1])
-                    retire = self._idle.pop(oldest)[0]
-        if retire is not None:
-            retire.stop(self._grace_s)
+                    retire.append(self._idle.pop(oldest)[0])
+        if retire == [worker]:
+            worker.stop(self._grace_s)  # not pooled: the caller's worker, stopped before it goes on
+        elif retire:
+            self._retire(retire)
+
+    def _retire(self, workers: list[WorkerProcess]) -> None:
+        """Stop pooled workers in the background: a job's result must not wait for another's exit."""
+
+        def stop() -> None:
+            try:
+                for worker in workers:
+                    worker.stop(self._grace_s)
+            finally:
+                with self._lock:
+                    self._spawners.discard(threading.current_thread())
+
+        with self._lock:
+            thread = threading.Thread(target=stop, name="lancefn-retire", daemon=True)
+            self._spawners.add(thread)
+            thread.start()
 
     def _prewarm(self, key: _Key) -> None:
         """Start a worker for ``key`` in the background unless one is already idle."""
 
         def spawn() -> None:
             try:
-                self._release(key, WorkerProcess(_worker_env(key)))
+                self._release(key, WorkerProcess(_worker_env(key, self._user, spare=True), self._user_ids()))
             except WorkerStartError:
                 log.warning("could not pre-start a worker for devices %s", key[0], exc_info=True)
             finally:
                 with self._lock:
                     self._spawners.discard(threading.current_thread())
+                    self._spawning.discard(key)
 
         with self._lock:
-            if self._closed.is_set() or key in self._idle:
+            if self._closed.is_set() or key in self._idle or key in self._spawning:
                 return
+            self._spawning.add(key)
             thread = threading.Thread(target=spawn, name="lancefn-prewarm", daemon=True)
             self._spawners.add(thread)
             thread.start()  # under the lock, so shutdown never joins a thread that isn't started
