@@ -38,6 +38,7 @@ QUICK_ARGS = {
     "bench_load_ext.py": ["--runs", "7"],
     "bench_widget_latency.py": ["--n", "50"],
     "bench_hardening.py": ["--artifacts", "1", "--row-posts", "2", "--floods", "1"],
+    "bench_dataplane.py": ["--quick"],
 }
 # Targets for timing lines of modules that print "label ... median X ms ... p95 Y ms":
 # (module, substring of the label) -> (statistic compared, limit in ms, target text).
@@ -61,7 +62,10 @@ def timing_record(module: str, line: str) -> dict | None:
             record.update(target=text, met=(p95 if stat == "p95" else median) <= limit)
     return record
 # Run order: cheap, isolated measurements first; the heavy scheduler run last.
-ORDER = ["bench_load_ext.py", "bench_magic.py", "bench_widget_latency.py", "bench_submit_latency.py", "bench_hardening.py", "bench_scheduler.py"]
+ORDER = [
+    "bench_load_ext.py", "bench_magic.py", "bench_widget_latency.py", "bench_submit_latency.py", "bench_hardening.py",
+    "bench_dataplane.py", "bench_scheduler.py",
+]
 
 
 def modules(only: list[str]) -> list[Path]:

@@ -20,11 +20,12 @@ import os
 import re
 import sys
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
-from . import display
+from . import dataplane, display
 from .client import Client, Forbidden, LancefnError
 from .models import (
     TERMINAL_STATES,
@@ -347,6 +348,7 @@ class Job:
         self._function = function
         self._single = single
         self._snapshot = snapshot
+        self._arrow_results: Optional[list] = None
         self._widget: Any = None
         # Held weakly; while the widgets' event listener runs, it keeps `state` current without HTTP.
         from .widgets import get_listener
@@ -411,6 +413,19 @@ class Job:
             snapshot = self.wait(timeout).snapshot
         if snapshot.job_state == JobState.DONE:
             results = snapshot.result
+            if snapshot.result_format == "arrow":
+                if self._arrow_results is None:  # fetched once: the file can be large
+                    home = _shared_home(self._client)
+                    local = home / "data" / "results" / f"{self.job_id}.arrow" if home else None
+                    # Mapped, not copied, from the embedded server's file (immutable once renamed).
+                    try:
+                        table = dataplane.read_ipc(local) if local is not None else None
+                    except (OSError, ValueError):  # gone (retention) or unreadable: the server says why
+                        table = None
+                    if table is None:
+                        table = dataplane.read_ipc(self._client.jobs.result(self.job_id))
+                    self._arrow_results = dataplane.decode_results(table)
+                results = self._arrow_results
             return results[0] if self._single and isinstance(results, list) and len(results) == 1 else results
         if snapshot.job_state not in TERMINAL_STATES:
             raise TimeoutError(f"job {self.job_id} is still {display_state(snapshot.job_state)} after {timeout}s")
@@ -505,6 +520,35 @@ def _to_json_value(value: Any, where: str) -> Any:
     return value
 
 
+def _rows_payload(
+    rows: list[dict[str, Any]], signature: Any, name: str, defaults: Optional[Mapping[str, Any]] = None
+) -> tuple[Optional[list[dict[str, Any]]], Any]:
+    """(JSON rows, None) or (None, Arrow table of the rows): Arrow when a parameter or the return
+    is an array / Arrow type, or a value JSON cannot carry (NaN, ±Inf); JSON for small plain rows."""
+    types = {p.name: p.arrow_type for p in signature.inputs}
+    if not dataplane.uses_data_plane(types.values(), signature.output.arrow_type):
+        try:
+            return [{k: _to_json_value(v, f"{k!r} of {name}") for k, v in row.items()} for row in rows], None
+        except TypeError as json_error:
+            try:
+                return None, dataplane.encode_rows(rows, types, name=name, defaults=defaults)
+            except (dataplane.DataPlaneError, ImportError):
+                raise json_error from None
+    try:
+        return None, dataplane.encode_rows(rows, types, name=name, defaults=defaults)
+    except dataplane.DataPlaneError as error:
+        raise TypeError(f"{name}(): {error}") from None
+
+
+def _shared_home(client: Client) -> Optional[Path]:
+    """The embedded server's home when `client` talks to it: Arrow rows and results are then
+    handed over as files in ``$HOME/data`` instead of bytes over HTTP (docs/ARCHITECTURE.md)."""
+    info = _session.info
+    if info is None or not info.embedded or not info.home or client is not _session.client:
+        return None
+    return Path(info.home)
+
+
 class GpuFunction:
     """A registered (or registrable) function version that still calls the local function.
 
@@ -531,6 +575,7 @@ class GpuFunction:
         self._line_offset = line_offset
         self._version: Optional[FunctionVersion] = None
         self._line_label = "cell line {}"  # looked-up handles name the artifact's lines instead
+        self._py_signature: Optional[inspect.Signature] = None
         self.timeout_s: Optional[float] = options.timeout_s
         self.last_local_device: Optional[str] = None
         self.name = options.name or packaged.entrypoint
@@ -601,21 +646,49 @@ class GpuFunction:
 
     def _row(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            bound = inspect.signature(self._fn).bind(*args, **kwargs)
+            if self._py_signature is None:  # cached: a map binds one row per item
+                self._py_signature = inspect.signature(self._fn)
+            bound = self._py_signature.bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{self.name}(): {error}") from None
         # Omitted arguments with defaults stay out of the row: the worker applies the default.
-        return {name: _to_json_value(value, f"{name!r} of {self.name}") for name, value in bound.arguments.items()}
+        return dict(bound.arguments)
+
+    def _single_parameter(self) -> Optional[str]:
+        """The name of the function's only parameter, when it has exactly one plain one."""
+        if self._py_signature is None:
+            self._py_signature = inspect.signature(self._fn)
+        params = list(self._py_signature.parameters.values())
+        if len(params) == 1 and params[0].kind in (params[0].POSITIONAL_OR_KEYWORD, params[0].KEYWORD_ONLY):
+            return params[0].name
+        return None
+
+    def _defaults(self) -> dict[str, Any]:
+        """Parameter defaults, to fill the Arrow column of a parameter only some rows of a map give."""
+        if self._py_signature is None:
+            self._py_signature = inspect.signature(self._fn)
+        return {n: p.default for n, p in self._py_signature.parameters.items() if p.default is not p.empty}
 
     def _submit_rows(self, rows: list[dict[str, Any]], single: bool) -> Job:
         version = self.version
         if version is None:
             raise LancefnError(f"{self.name} was defined with register=no; call {self.name}.register() first")
+        json_rows, table = _rows_payload(rows, self._packaged.signature, self.name, self._defaults())
         client = current_client()
-        snapshot = client.functions.run_job(
-            version.name, version.version, rows, timeout_s=self.timeout_s, wait_s=_SUBMIT_WAIT_S
-        )
-        return Job(snapshot.job_id, client=client, function=self, single=single, snapshot=snapshot)
+        if table is None:
+            snapshot = client.functions.run_job(
+                version.name, version.version, json_rows, timeout_s=self.timeout_s, wait_s=_SUBMIT_WAIT_S
+            )
+            return Job(snapshot.job_id, client=client, function=self, single=single, snapshot=snapshot)
+        if (home := _shared_home(client)) is not None:
+            name = f"{uuid.uuid4().hex}.arrow"
+            dataplane.write_ipc_file(home / "data" / "uploads" / name, table, durable=False)
+            job_id = client.functions.run(version.name, version.version, None, timeout_s=self.timeout_s, rows_file=name)
+        else:
+            job_id = client.functions.run(
+                version.name, version.version, None, timeout_s=self.timeout_s, arrow=dataplane.to_ipc_bytes(table)
+            )
+        return Job(job_id, client=client, function=self, single=single)
 
     def submit(self, *args: Any, **kwargs: Any) -> Job:
         """Run one call as a job; returns at once with a Job handle."""
@@ -629,6 +702,8 @@ class GpuFunction:
                 rows.append(self._row(item, {}))
             elif isinstance(item, Mapping):
                 rows.append(self._row((), item))
+            elif (single := self._single_parameter()) is not None:
+                rows.append({single: item})  # one parameter: no signature binding per item
             else:
                 rows.append(self._row((item,), {}))
         if not rows:
@@ -653,7 +728,7 @@ class GpuFunction:
         """Run the packaged artifact in a subprocess: local GPU if usable, else numba's CUDA simulator."""
         from .local import LocalRunError, run_local
 
-        row = self._row(args, kwargs)
+        json_rows, table = _rows_payload([self._row(args, kwargs)], self._packaged.signature, self.name)
         env = self._options.env_dict
         version = self._version.version if self._version else "local"
         try:
@@ -661,7 +736,9 @@ class GpuFunction:
                 self._packaged.source,
                 self._packaged.entrypoint,
                 f"<gpu_function {self.name}@{version}>",
-                [row],
+                json_rows or [],
+                signature=self._packaged.signature,
+                arrow_rows=table,
                 packages=self._request.runtime.environment.packages if self._request.runtime.environment else (),
                 env=env,
                 timeout_s=self.timeout_s,

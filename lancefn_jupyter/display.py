@@ -27,6 +27,7 @@ __all__ = [
     "job_card",
     "usage_line",
     "progress_text",
+    "result_text",
     "STATE_COLORS",
     "state_badge_html",
 ]
@@ -117,7 +118,47 @@ def job_summary(job: Job) -> str:
         nonfinite = nonfinite_text(job.result)  # a function that silently produced NaNs shows at a glance
         if nonfinite:
             summary += f"; results hold {nonfinite}"
-    return summary
+    result = result_text(job) if job.result_format == "arrow" else ""  # small JSON values: the result column
+    return f"{summary} → {result}" if result else summary
+
+
+def _describe_summary(summary: dict) -> str:
+    kind = summary.get("type", "?")
+    if kind == "list" and "item" in summary:
+        return f"list of {summary.get('shape', ['?'])[0]} × {_describe_summary(summary['item'])}"
+    parts = [kind]
+    if summary.get("dtype"):
+        dtype = str(summary["dtype"])
+        parts.append(dtype if len(dtype) <= 40 else dtype[:39] + "…")
+    if summary.get("shape") is not None:
+        parts.append("(" + ", ".join(str(n) for n in summary["shape"]) + ("," if len(summary["shape"]) == 1 else "") + ")")
+    text = " ".join(parts)
+    if summary.get("nbytes"):
+        text += f", {format_bytes(summary['nbytes'])}"
+    counts = summary.get("nonfinite")
+    if isinstance(counts, dict):  # the same words as versions.nonfinite_text for JSON results
+        found = [f"{counts.get(k)} {label}" for k, label in (("nan", "NaN"), ("inf", "+Inf"), ("-inf", "-Inf")) if counts.get(k)]
+        text += f"; holds {', '.join(found)} of {counts.get('floats')} floats"
+    return text
+
+
+def result_text(job: Job) -> str:
+    """A finished job's result in a few words (type, dtype, shape, bytes): never the data itself."""
+    if job.job_state != JobState.DONE or job.job_type != "run_function":
+        return ""
+    if job.result_format == "arrow" and isinstance(job.result_summary, dict):
+        text = _describe_summary(job.result_summary)
+        return text + (" (removed by retention)" if job.result_summary.get("expired") else "")
+    results = job.result
+    if not isinstance(results, list):
+        return ""
+    if len(results) == 1:
+        value = results[0]
+        if isinstance(value, (list, dict, str)) and len(value) > 40:  # never repr a big value
+            return f"{type(value).__name__} of {len(value)}"
+        text = repr(value)
+        return text if len(text) <= 40 else f"{type(value).__name__} of {len(value)}" if hasattr(value, "__len__") else text[:39] + "…"
+    return f"list of {len(results)}"
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title: str = "") -> tuple[str, str]:
@@ -208,10 +249,11 @@ def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
                 f"{job.progress.rows_done}/{job.progress.rows_total}",
                 format_elapsed(elapsed) if elapsed is not None else "",
                 f"{job.failure.phase}: {job.failure.message}" if job.failure else "",
+                result_text(job),
             ]
         )
     return render_table(
-        ["job", "function", "state", "class", "GPUs", "devices", "queue", "progress", "elapsed", "error"],
+        ["job", "function", "state", "class", "GPUs", "devices", "queue", "progress", "elapsed", "error", "result"],
         rows,
         title="GPU jobs",
     )

@@ -20,11 +20,15 @@ import functools
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from .server.worker import WorkerProcess, WorkerStartError, describe_exit
+
+if TYPE_CHECKING:
+    from .models import FunctionSignature
 
 __all__ = ["LocalRun", "LocalRunError", "run_local", "gpu_available"]
 
@@ -142,12 +146,42 @@ def run_local(
     mode: Mode = "auto",
     timeout_s: float | None = None,
     on_log: Callable[[str, list[str]], None] | None = None,
+    signature: "FunctionSignature | None" = None,
+    arrow_rows: Any = None,
 ) -> LocalRun:
     """Call ``entrypoint`` of ``artifact`` once per row in a local worker; see the module docstring.
 
     ``on_log(stream, lines)`` is called as the function prints, for live output in a notebook.
     Raises :class:`LocalRunError` with the failure's phase, message and user-only traceback.
     """
+    with tempfile.TemporaryDirectory(prefix="lancefn-local-") as scratch:
+        data = None
+        if signature is not None:  # the Arrow data plane, as on the control plane (docs/ARCHITECTURE.md)
+            data = {
+                "input_types": {p.name: p.arrow_type for p in signature.inputs},
+                "output_type": signature.output.arrow_type,
+                "result_file": os.path.join(scratch, "result.arrow"),
+            }
+            if arrow_rows is not None:  # a pyarrow Table of the rows (dataplane.encode_rows)
+                from . import dataplane
+
+                data["rows_file"] = os.path.join(scratch, "rows.arrow")
+                dataplane.write_ipc_file(data["rows_file"], arrow_rows, durable=False)
+        return _run(artifact, entrypoint, filename, rows, packages, env, mode, timeout_s, on_log, data)
+
+
+def _run(
+    artifact: bytes,
+    entrypoint: str,
+    filename: str,
+    rows: list[dict],
+    packages: Sequence[str],
+    env: Mapping[str, str] | None,
+    mode: Mode,
+    timeout_s: float | None,
+    on_log: Callable[[str, list[str]], None] | None,
+    data: dict | None,
+) -> LocalRun:
     simulated = _use_simulator(mode)
     worker_env = _worker_env(simulated, env)
     logs: list[str] = []
@@ -165,7 +199,7 @@ def run_local(
         timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
         final = None
         try:
-            worker.start_task("local", artifact, entrypoint, filename, rows, packages)
+            worker.start_task("local", artifact, entrypoint, filename, rows, packages, data=data)
             if timer is not None:
                 timer.daemon = True
                 timer.start()
@@ -190,4 +224,11 @@ def run_local(
             raise LocalRunError("worker", describe_exit(returncode), logs=logs)
     if final["event"] == "failed":
         raise LocalRunError(final["phase"], final["message"], final.get("traceback"), logs)
-    return LocalRun(results=final["results"], device=worker.device, logs=logs)
+    if "result_file" in final:
+        from . import dataplane
+
+        with open(final["result_file"], "rb") as source:  # read, not mapped: the scratch dir goes next
+            results = dataplane.decode_results(dataplane.read_ipc(source.read()))
+    else:
+        results = final["results"]
+    return LocalRun(results=results, device=worker.device, logs=logs)

@@ -566,6 +566,10 @@ class Job(_RemoteValue):
     result: _JSON = None
     failure: Optional[JobFailure] = None
     namespace: Optional[_Text] = None  # the owning team (servers before namespaces: absent)
+    # "arrow": the result is an Arrow IPC stream at GET /v1/jobs/result (not in `result`), and
+    # `result_summary` ({type, dtype?, shape?, nbytes, item?, expired?, nonfinite?}) describes it.
+    result_format: Optional[_Text] = None
+    result_summary: _JSON = None
 
 
 class GpuClass(_RemoteValue):

@@ -91,6 +91,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from . import dataplane
 from .local_modules import prelude_line
 from .models import (
     FunctionArtifactContent,
@@ -150,7 +151,8 @@ _MODULE_DUNDERS = frozenset(
 )
 _SUPPORTED_TYPES = (
     "int, float, str, bool, bytes, list[T] (nested lists allowed), "
-    "and Optional[T] / T | None for nullable parameters"
+    + dataplane.SUPPORTED_ANNOTATIONS
+    + ", and Optional[T] / T | None for nullable parameters"
 )
 _DEFINE_IT = "define it in the cell (or import it from an installed module)"
 _MISSING = object()
@@ -933,7 +935,15 @@ def _arrow_type(annotation: Any) -> tuple[str, bool]:
         item, item_nullable = _arrow_type(arguments[0])
         if item_nullable:
             raise _Unsupported("a list with nullable elements")
+        if dataplane.is_data_type(item):
+            raise _Unsupported(f"a list of {_type_text(arguments[0])} (use map() for one array per call)")
         return f"list<{item}>", False
+    try:  # numpy / pyarrow annotations: the Arrow data plane's types
+        data_type = dataplane.annotation_type(annotation)
+    except dataplane.UnsupportedAnnotation as error:
+        raise _Unsupported(str(error)) from None
+    if data_type is not None:
+        return data_type, False
     raise _Unsupported(_type_text(annotation))
 
 

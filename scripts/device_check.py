@@ -1,6 +1,7 @@
 """The real-CUDA check (issue 3) for a machine with an NVIDIA GPU, in one short run.
 
     python scripts/device_check.py          # on the GPU machine, from the repo root, after installing
+    python scripts/device_check.py --dataplane-bench   # then a short run of benchmarks/bench_dataplane.py
 
 It starts a throwaway `lancefn-server` whose `default` class comes from NVML (no config), registers a
 `@cuda.jit` cell, then runs it through `.local()` (which must pick the GPU, not the simulator) and as
@@ -35,6 +36,40 @@ def probe(values: list[float]) -> list[str]:
         device = device.decode()
     return [str(out.tolist()), os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"), str(device)]
 """
+
+
+ARRAY_CELL = """\
+import numpy as np
+from numba import cuda
+from numpy.typing import NDArray
+
+@cuda.jit
+def _twice(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = 2 * x[i]
+
+def twice(x: NDArray[np.float32]) -> NDArray[np.float32]:
+    d_x = cuda.to_device(x.ravel())
+    d_out = cuda.device_array_like(d_x)
+    _twice.forall(x.size)(d_x, d_out)
+    return d_out.copy_to_host().reshape(x.shape)
+"""
+
+
+def check_arrays(shell, real: bool, failures: list) -> None:
+    """The Arrow data plane on this machine: a float32 array through a kernel, .local() and a job."""
+    import numpy as np
+
+    shell.run_cell_magic("gpu_function", "num_gpus=1 pip=numpy", ARRAY_CELL)
+    twice = shell.user_ns["twice"]
+    shape = (1000, 768) if real else (4, 8)  # the simulator runs one Python thread per element
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for how, got in (("local", twice.local(x)), ("job", twice.remote(x))):
+        ok = isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == shape and np.array_equal(got, x * 2)
+        print(f"arrays via {how}: {type(got).__name__} {getattr(got, 'dtype', '?')} {getattr(got, 'shape', '?')} exact={ok}")
+        if not ok:
+            failures.append(f"array round trip via {how} was not exact")
 
 
 def main() -> int:
@@ -76,11 +111,17 @@ def main() -> int:
             expected = ",".join(placement.devices) if real else ""
             if visible != expected:
                 failures.append(f"job {job.job_id} saw CUDA_VISIBLE_DEVICES={visible}, expected {expected!r}")
+        check_arrays(shell, real, failures)
     finally:
         stop_server(home)
     for failure in failures:
         print("FAILED:", failure)
     print("device check:", "FAILED" if failures else "ok")
+    if "--dataplane-bench" in sys.argv[1:]:
+        import subprocess
+
+        bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "bench_dataplane.py")
+        subprocess.run([sys.executable, bench, "--quick"], check=False)
     return 1 if failures else 0
 
 

@@ -141,7 +141,7 @@ def test_01_quickstart(run_tutorial):
 
     result = nb.text("check-result")
     assert "state: finished" in result
-    assert "result: [2.0, 4.0]" in result
+    assert "result: array([2., 4.], dtype=float32)" in result
     assert "results: [[2.0], [4.0, 6.0]]" in nb.text("check-map")
 
     same = nb.text("check-same-version")
@@ -155,13 +155,13 @@ def test_01_quickstart(run_tutorial):
     versions = nb.text("check-versions")
     assert first in versions and second in versions
     assert "double_all: 2 versions" in versions  # unchanged re-run registered nothing new
-    assert "code: 1 line" in versions and f"lancefn_jupyter.lookup('double_all@{second[:8]}')" in versions
+    assert "code: 2 lines" in versions and f"lancefn_jupyter.lookup('double_all@{second[:8]}')" in versions
     diff = nb.text("check-diff")
     assert f"{first} → {second}" in diff and "+    x = np.asarray(values, dtype=np.float64)" in diff
 
     local = nb.text("check-local")
     assert "double_all.local() ran on CUDA simulator" in local
-    assert "[2.0, 4.0]" in local
+    assert "array([2., 4.])" in local  # the float64 version registered last
 
 
 def test_02_gpu_classes_and_capacity(run_tutorial):

@@ -50,6 +50,21 @@ export interface IJob {
   progress?: IJobProgress;
   failure?: IJobFailure | null;
   namespace?: string; // the owning team; absent from servers before namespaces
+  /** "arrow": the result is an Arrow IPC file (GET /v1/jobs/result); `result_summary` describes it. */
+  result_format?: string | null;
+  result_summary?: IResultSummary | null;
+}
+
+/** A result's description (never its data): type, dtype, shape, bytes; `item` for a map's rows. */
+export interface IResultSummary {
+  type?: string;
+  dtype?: string;
+  shape?: number[];
+  nbytes?: number;
+  item?: IResultSummary;
+  expired?: boolean;
+  /** NaN / ±Inf counts of a float array result, present only when some value is not finite. */
+  nonfinite?: { nan?: number; inf?: number; '-inf'?: number; floats?: number };
 }
 
 export interface IGpuClass {
@@ -285,6 +300,42 @@ export function failureText(job: IJob): string {
     return '';
   }
   return f.phase ? `${f.phase}: ${f.message}` : f.message;
+}
+
+function describeSummary(s: IResultSummary): string {
+  if (s.type === 'list' && s.item) {
+    return `list of ${s.shape?.[0] ?? '?'} × ${describeSummary(s.item)}`;
+  }
+  const parts = [s.type ?? '?'];
+  if (s.dtype) {
+    parts.push(s.dtype.length <= 40 ? s.dtype : `${s.dtype.slice(0, 39)}…`);
+  }
+  if (s.shape) {
+    parts.push(`(${s.shape.join(', ')}${s.shape.length === 1 ? ',' : ''})`);
+  }
+  let text = parts.join(' ');
+  if (s.nbytes) {
+    text += `, ${formatBytes(s.nbytes)}`;
+  }
+  const n = s.nonfinite;
+  if (n) {
+    const found = [
+      n.nan ? `${n.nan} NaN` : '',
+      n.inf ? `${n.inf} +Inf` : '',
+      n['-inf'] ? `${n['-inf']} -Inf` : ''
+    ].filter(Boolean);
+    text += `; holds ${found.join(', ')} of ${n.floats ?? '?'} floats`;
+  }
+  return text;
+}
+
+/** A finished job's Arrow result in a few words ("ndarray float32 (1000, 768), 2.9 MiB"); '' otherwise. */
+export function resultText(job: IJob): string {
+  const s = job.result_summary;
+  if (job.job_state !== 'DONE' || job.result_format !== 'arrow' || !s) {
+    return '';
+  }
+  return describeSummary(s) + (s.expired ? ' (removed by retention)' : '');
 }
 
 /** Whether the panel offers Cancel for this job. */

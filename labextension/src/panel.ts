@@ -17,6 +17,7 @@ import {
   diffText,
   expectedStartText,
   failureText,
+  resultText,
   formatElapsed,
   groupFunctions,
   IJob,
@@ -357,7 +358,8 @@ export class GpuFunctionsPanel extends Widget {
     const progress = progressOf(job);
     row.progress.style.display = progress.fraction === null ? 'none' : '';
     row.progressBar.style.width = `${Math.round(100 * (progress.fraction ?? 0))}%`;
-    setText(row.progressText, progress.text);
+    const result = resultText(job);
+    setText(row.progressText, result ? `${progress.text} · ${result}` : progress.text);
     const failure = failureText(job);
     setText(row.failure, failure);
     row.failure.style.display = failure ? '' : 'none';

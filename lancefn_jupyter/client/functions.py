@@ -6,7 +6,7 @@ import base64
 from typing import Any, Iterator, Optional
 
 from ..models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
-from ._http import Transport
+from ._http import _ARROW_STREAM, Transport
 from .errors import ApiError
 from .jobs import JobsResource
 
@@ -75,9 +75,34 @@ class FunctionsResource:
     def drop(self, name: str, version: str) -> bool:
         return bool(self._t.post("/v1/functions/drop", {"name": name, "version": version})["dropped"])
 
-    def run(self, name: str, version: str, rows: list[dict[str, Any]], *, timeout_s: Optional[float] = None) -> str:
-        """Submit a `run_function` job with one row per call; returns the job id (202)."""
-        body: dict[str, Any] = {"name": name, "version": version, "rows": rows}
+    def run(
+        self,
+        name: str,
+        version: str,
+        rows: Optional[list[dict[str, Any]]],
+        *,
+        timeout_s: Optional[float] = None,
+        arrow: Optional[bytes] = None,
+        rows_file: Optional[str] = None,
+    ) -> str:
+        """Submit a `run_function` job with one row per call; returns the job id (202).
+
+        ``arrow``: the rows as an Arrow IPC stream (``dataplane.encode_rows`` + ``to_ipc_bytes``),
+        sent as ``application/vnd.apache.arrow.stream`` instead of JSON ``rows``. ``rows_file``: the
+        name of an Arrow IPC file already written into the server's ``$HOME/data/uploads/`` (a
+        client on the server's machine: no bytes over HTTP)."""
+        if arrow is not None:
+            params: dict[str, Any] = {"name": name, "version": version}
+            if timeout_s is not None:
+                params["timeout_s"] = timeout_s
+            return self._t.request(
+                "POST", "/v1/functions/run", content=arrow, content_type=_ARROW_STREAM, params=params
+            )["job_id"]
+        body: dict[str, Any] = {"name": name, "version": version}
+        if rows_file is not None:
+            body["rows_file"] = rows_file
+        else:
+            body["rows"] = rows
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
         return self._t.post("/v1/functions/run", body)["job_id"]

@@ -21,6 +21,12 @@ class JobsResource:
     def describe(self, job_id: str) -> Job:
         return Job.from_wire(self._t.post("/v1/jobs/describe", {"job_id": job_id}))
 
+    def result(self, job_id: str) -> Any:
+        """A DONE job's result from ``GET /v1/jobs/result``: Arrow IPC ``bytes`` when the job's
+        ``result_format`` is ``arrow``, else the JSON results list."""
+        reply = self._t.get("/v1/jobs/result", params={"job_id": job_id})
+        return reply if isinstance(reply, bytes) else reply["result"]
+
     def list(
         self,
         *,

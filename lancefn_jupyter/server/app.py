@@ -31,12 +31,13 @@ from typing import Any, Literal, Optional
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..dataplane import MEDIA_TYPE as ARROW_STREAM
 from .core import DEFAULT_MAX_ARTIFACT_BYTES, ApiError, ControlPlane, format_validation_error
 from .namespaces import PRIVILEGES, ApiKeyError, Principal, load_api_keys
 from .store import is_storage_full
@@ -57,6 +58,15 @@ log = logging.getLogger("lancefn.server")
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_S = 30.0  # --body-timeout-s: the whole body must arrive within this
 UNAUTHENTICATED_PATHS = frozenset({"/v1/health"})
+DEFAULT_MAX_ARROW_BODY_BYTES = 4 * 1024**3  # Arrow rows stream to a file, never into memory
+
+
+def _is_arrow(content_type: str | bytes | None) -> bool:
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
+    return (content_type or "").split(";")[0].strip().lower() == ARROW_STREAM
+
+
 KEEPALIVE_S = 15.0
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
@@ -103,7 +113,8 @@ class _Run(_Body):
     name: str
     version: str
     namespace: Optional[str] = None
-    rows: Any  # checked against the signature by the core
+    rows: Any = None  # checked against the signature by the core
+    rows_file: Optional[str] = None  # an Arrow IPC file a local client wrote into $HOME/data/uploads/
     timeout_s: Optional[float] = Field(None, gt=0, le=30 * 24 * 3600)  # ≤ 30 days: timers can't take 1e300
     wait_s: Optional[float] = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
 
@@ -259,6 +270,8 @@ class _Guard:
             if scope.get("path") not in UNAUTHENTICATED_PATHS and not _known_key(headers.get(b"x-api-key", b""), self.keys):
                 await refuse(401, "unauthorized", _MISSING_KEY_MESSAGE)
                 return
+        # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here.
+        if scope.get("method") in ("POST", "PUT", "PATCH") and not _is_arrow(headers.get(b"content-type")):
             length = headers.get(b"content-length", b"")
             if length.isdigit() and int(length) > self.max_body_bytes:
                 await refuse(413, "payload_too_large", limit_message)
@@ -328,6 +341,7 @@ def create_app(
     max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     on_shutdown: Any = None,
+    max_arrow_body_bytes: int = DEFAULT_MAX_ARROW_BODY_BYTES,
 ) -> FastAPI:
     """The ASGI app; ``api_keys`` maps each accepted key to its :class:`Principal`."""
     core.max_artifact_bytes = max_artifact_bytes
@@ -456,12 +470,65 @@ def create_app(
 
     @app.post("/v1/functions/run", status_code=202, dependencies=[require("functions")])
     async def run_function(request: Request) -> dict:
+        if _is_arrow(request.headers.get("content-type")):
+            return await _run_arrow(request)
         body = await _parse(request, _Run)
-        job_id = await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s, **_pick(request, body.namespace))
+        if body.rows_file is not None:
+            try:
+                upload = core.data.upload(body.rows_file)
+            except ValueError as error:
+                raise ApiError(400, str(error)) from None
+            job_id = await _off_loop(
+                core.run, body.name, body.version, None, body.timeout_s, arrow_rows=upload, **_pick(request, body.namespace)
+            )
+        else:
+            job_id = await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s, **_pick(request, body.namespace))
         if body.wait_s is None:
             return {"job_id": job_id}
         # Inline wait: a quick job's result comes back in this reply (one round trip, no jobs/wait).
         return {"job_id": job_id, "job": await core.wait_job(job_id, body.wait_s, unless_queued=True)}
+
+    async def _run_arrow(request: Request) -> dict:
+        """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""
+        query = request.query_params
+        try:
+            params = _Run.model_validate({"name": query.get("name"), "version": query.get("version"), "rows": None,
+                                          "timeout_s": query.get("timeout_s"), "namespace": query.get("namespace")})
+        except ValidationError as error:
+            raise ApiError(400, "invalid request (query string of an Arrow run): " + format_validation_error(error)) from None
+        tmp, _ = core.data.new_rows_file()
+        try:
+            size = 0
+            chunks = request.stream()
+            with open(tmp, "wb") as sink:  # streamed: a 1 GB body never sits in the server's memory
+                while True:
+                    try:  # a stalled upload must not hold the connection: each chunk within the body timeout
+                        chunk = await asyncio.wait_for(chunks.__anext__(), body_timeout_s)
+                    except StopAsyncIteration:
+                        break
+                    except asyncio.TimeoutError:
+                        raise ApiError(408, f"the Arrow body stalled for {body_timeout_s:g}s; send it at once, or start "
+                                            "lancefn-server with a larger --body-timeout-s", code="request_timeout") from None
+                    size += len(chunk)
+                    if size > max_arrow_body_bytes:
+                        raise ApiError(413, f"the Arrow body is larger than the server's limit of {max_arrow_body_bytes} "
+                                            "bytes (--max-arrow-body-bytes); send fewer rows per job")
+                    sink.write(chunk)
+            job_id = await _off_loop(
+                core.run, params.name, params.version, None, params.timeout_s, arrow_rows=tmp, **_pick(request, params.namespace)
+            )
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return {"job_id": job_id}
+
+    @app.get("/v1/jobs/result", dependencies=[require("jobs")])
+    async def job_result(request: Request, job_id: str) -> Any:
+        """A DONE job's result: its Arrow IPC stream (streamed from the file), or JSON results."""
+        path, results = await _off_loop(core.result_file, job_id, _who(request).scope)
+        if path is None:
+            return {"job_id": job_id, "result": results}
+        return FileResponse(path, media_type=ARROW_STREAM)
 
     @app.post("/v1/jobs/describe", dependencies=[require("jobs")])
     async def describe_job(request: Request) -> dict:

@@ -82,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
         default=4,
         help="local executor: idle workers of distinct function versions kept per device set, least recently used retired first (default 4)",
     )
+    p.add_argument("--max-arrow-body-bytes", type=int, default=4 * 1024**3,
+                   help="largest accepted Arrow IPC rows body, streamed to disk (default 4 GiB)")
+    p.add_argument("--result-max-age-days", type=float, default=7.0,
+                   help="Arrow result files older than this are removed (default 7)")
+    p.add_argument("--result-max-bytes", type=int, default=5 * 1024**3,
+                   help="Arrow result files beyond this total are removed, oldest first (default 5 GiB)")
+    p.add_argument("--result-fsync", action="store_true",
+                   help="fsync each Arrow result file before the job is DONE (survives power loss; slower)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -159,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .app import DEFAULT_MAX_BODY_BYTES, ApiKeyError, create_app, load_api_keys
     from .core import ControlPlane
+    from .datastore import DataStore
     from .executors import get_executor
     from .gpu_classes import ConfigError, load_gpu_classes
     from .namespaces import admin_principal
@@ -226,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"the disk holding {home} is full; free some space" if full else "check that the home directory is writable"
         print(f"lancefn-server: cannot open the state database {home / DB_FILENAME} ({error}); {hint}", file=sys.stderr, flush=True)
         return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
-    core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__)
+    data = DataStore(
+        home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
+    )
+    core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__, data=data)
     # A maximum-size artifact travels base64-encoded (4/3 of its bytes) in a JSON body.
     max_body = args.max_body_bytes or max(DEFAULT_MAX_BODY_BYTES, args.max_artifact_bytes * 4 // 3 + (64 << 10))
     app = create_app(
@@ -235,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         max_body_bytes=max_body,
         max_artifact_bytes=args.max_artifact_bytes,
         body_timeout_s=args.body_timeout_s,
+        max_arrow_body_bytes=args.max_arrow_body_bytes,
     )
     server_json = home / SERVER_JSON
     info = {

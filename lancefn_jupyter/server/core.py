@@ -57,6 +57,7 @@ from ..models import (
     version_id,
 )
 from .artifact_check import artifact_problem
+from .datastore import DataStore
 from .estimates import QueueEstimator
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
@@ -277,8 +278,11 @@ class ControlPlane:
         executor: Executor | None,
         version: str = "0",
         cpu_slots: int | None = None,
+        data: DataStore | None = None,
     ):
         self.store = store
+        # Arrow rows and results live as files next to the database (docs/ARCHITECTURE.md).
+        self.data = data or DataStore(store.path.parent)
         self.classes = classes
         self.executor = executor
         self.version = version
@@ -293,6 +297,7 @@ class ControlPlane:
         self._unsaved: dict[str, JobRecord] = {}
         self._unsaved_retry: threading.Timer | None = None
         self._log_pos: dict[str, int] = {}
+        self._result_arrivals = 0
         self._progress_emitted: dict[str, float] = {}
         self._progress_held: set[str] = set()  # jobs whose latest count waits for the interval to end
         self._deferred: dict[str, list[str]] = {}  # job id → events of changes not committed yet
@@ -325,9 +330,11 @@ class ControlPlane:
             if self.executor is not None:
                 self.executor.start(self)
                 self._apply_executor_capacity()
+            self.data.sweep_temp()
             self._recover()
             for done in reversed(self.store.list_jobs(states=(DONE,), job_type="run_function", limit=1000)):
                 self._note_run_time(done)
+            self._enforce_retention()
             self._started = True
             self._dispatch()
             if self._executor_queues:  # recovered jobs, oldest first
@@ -620,13 +627,19 @@ class ControlPlane:
         namespace: str | None = DEFAULT_NAMESPACE,
         scope: str | None = None,
         home: str = DEFAULT_NAMESPACE,
+        arrow_rows: Any = None,
     ) -> str:
-        """Queue a job; it belongs to the function's namespace (whose env it runs with)."""
+        """Queue a job; it belongs to the function's namespace (whose env it runs with).
+        ``arrow_rows``: the path of an Arrow IPC rows file (instead of JSON ``rows``): a body the
+        route streamed to a temp file, or a client's upload; it is checked, then kept as the job's rows."""
         definition, dropped, owner = self._version(name, version, namespace, scope, home)
         if dropped:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to run it")
         fv = FunctionVersion.from_wire(definition)
-        self._check_rows(fv, rows)
+        if arrow_rows is not None:
+            rows = self._take_arrow_rows(fv, arrow_rows)
+        else:
+            self._check_rows(fv, rows)
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ApiError(400, "timeout_s must be a number of seconds > 0, or omitted for no timeout")
         resources = fv.runtime.resources
@@ -638,9 +651,12 @@ class ControlPlane:
                 raise ApiError(400, problem)
             spec = self.classes.get(resources.gpu_class)
             where = _Resolved(spec.name, resources.num_gpus, spec.simulated)
-        job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": len(rows)}
+        rows_total = rows["rows_total"] if isinstance(rows, dict) else len(rows)
+        job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": rows_total}
         if timeout_s is not None:
             job_spec["timeout_s"] = timeout_s
+        if isinstance(rows, dict):
+            job_spec["rows_format"] = "arrow"
         with self._lock:
             rec = JobRecord(
                 job_id=uuid.uuid4().hex,
@@ -651,7 +667,7 @@ class ControlPlane:
                 name=name,
                 gpu_class=where.gpu_class,
                 num_gpus=where.num_gpus,
-                rows_total=len(rows),
+                rows_total=rows_total,
                 namespace=owner,
             )
             self._active[rec.job_id] = rec
@@ -666,6 +682,7 @@ class ControlPlane:
             except BaseException:  # not stored: it must not linger in memory either
                 self._active.pop(rec.job_id, None)
                 self._scheduler.release(rec.job_id)
+                self.data.remove_rows(rows)
                 raise
             if self._executor_queues:
                 if self._started:
@@ -678,6 +695,21 @@ class ControlPlane:
                 if self._scheduler.is_pending(rec.job_id):
                     self._persist(rec, new=False)
             return rec.job_id
+
+    def _take_arrow_rows(self, fv: FunctionVersion, tmp: Any) -> dict:
+        """Check an Arrow rows body (a temp file) and keep it under its final name; the rows ref
+        stored in place of JSON rows: ``{"arrow_file": "rows/<uuid>.arrow", "rows_total": n}``."""
+        tmp = os.fspath(tmp)
+        _, final = self.data.new_rows_file()
+        try:
+            count = self.data.check_rows(tmp, fv.signature.inputs, f"{fv.name}@{fv.version}")
+            os.replace(tmp, final)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return {"arrow_file": os.path.relpath(final, self.data.root), "rows_total": count}
 
     @staticmethod
     def _check_rows(fv: FunctionVersion, rows: Any) -> None:
@@ -917,7 +949,9 @@ class ControlPlane:
             if rec is None or rec.state in _TERMINAL:
                 return
             problem = None
-            if not isinstance(results, list) or len(results) != rec.rows_total:
+            if isinstance(results, Mapping) and "result_file" in results:
+                problem = self._take_arrow_result(rec, results)
+            elif not isinstance(results, list) or len(results) != rec.rows_total:
                 problem = f"the worker returned {len(results) if isinstance(results, list) else 'no list of'} results for {rec.rows_total} rows"
             else:
                 try:
@@ -930,9 +964,61 @@ class ControlPlane:
                 rec.failure = JobFailure(phase="result", message=problem).to_wire()
                 self._finish(rec, FAILED)
             else:
-                rec.result = results
+                if isinstance(results, list):
+                    rec.result = results
                 rec.rows_done = rec.rows_total
                 self._finish(rec, DONE)
+                if not isinstance(results, list):
+                    self._result_arrivals += 1
+                    if self._result_arrivals % 16 == 1:  # a directory scan: not on every result
+                        self._enforce_retention()
+
+    def _take_arrow_result(self, rec: JobRecord, ref: Mapping[str, Any]) -> str | None:
+        """An executor wrote the job's result as an Arrow IPC file: reference it from the job
+        (``rec.result = {"arrow": {...}}``; JSON results are always lists). A problem or None."""
+        path = self.data.result_path(rec.job_id)
+        if os.fspath(ref["result_file"]) != os.fspath(path) or not path.exists():
+            return f"the worker reported a result file that is not there ({ref['result_file']})"
+        rec.result = {"arrow": {"nbytes": int(ref.get("nbytes", 0)), "summary": dict(ref.get("summary") or {})}}
+        return None
+
+    def _enforce_retention(self) -> None:
+        """Remove results past the retention rule; their jobs say so (``result_expired``)."""
+        for job_id in self.data.enforce_retention():
+            rec = self._unsaved.get(job_id) or self.store.get_job(job_id)
+            if rec is None or not isinstance(rec.result, dict) or "arrow" not in rec.result:
+                continue
+            rec.result = {"arrow": {**rec.result["arrow"], "expired": True}}
+            try:
+                self._persist(rec, new=False)
+            except Exception:
+                log.exception("could not mark job %s's result as expired", job_id)
+
+    def result_file(self, job_id: str) -> tuple[str | None, Any]:
+        """(path of the Arrow IPC result, None) or (None, JSON results) of a DONE job."""
+        with self._lock:
+            rec = self._get_job(job_id)
+        if rec.state != DONE:
+            raise ApiError(409, f"job {job_id} is {rec.state}, not DONE; wait for it with POST /v1/jobs/wait")
+        if not (isinstance(rec.result, dict) and "arrow" in rec.result):
+            return None, rec.result
+        path = self.data.result_path(job_id)
+        recorded = rec.result["arrow"].get("nbytes")
+        if path.exists() and recorded and path.stat().st_size != recorded:
+            raise ApiError(
+                410,
+                f"the result file of job {job_id} is incomplete (the machine lost power before it reached the "
+                "disk; start the server with --result-fsync to prevent this); run the function again",
+                code="gone",
+            )
+        if rec.result["arrow"].get("expired") or not path.exists():
+            raise ApiError(
+                410,
+                f"the result of job {job_id} was removed by the retention rule (--result-max-age-days / "
+                "--result-max-bytes); run the function again",
+                code="gone",
+            )
+        return str(path), None
 
     @_callback
     def task_failed(self, job_id: str, failure: JobFailure | Mapping[str, Any]) -> None:
@@ -985,6 +1071,8 @@ class ControlPlane:
             rec.failure = None
             self._note_run_time(rec)
         had_devices = bool(self._scheduler.release(rec.job_id)) or bool(rec.devices)
+        if rec.spec.get("rows_format") == "arrow":  # the rows file is done with; JSON rows stay in SQLite
+            self.data.remove_rows(self.store.get_rows(rec.job_id))
         self._active.pop(rec.job_id, None)
         self._log_pos.pop(rec.job_id, None)
         self._job_env.pop(rec.job_id, None)
@@ -1031,13 +1119,14 @@ class ControlPlane:
             fv = json.loads(row.definition)
             runtime = fv.get("runtime", {})
             spec = self.classes.get(rec.gpu_class) if rec.gpu_class else None
+            rows = self.store.get_rows(rec.job_id)
             task = TaskSpec(
                 job_id=rec.job_id,
                 name=rec.spec["name"],
                 version=rec.spec["version"],
                 artifact=row.artifact,
                 entrypoint=fv["artifact"]["entrypoint"],
-                rows=self.store.get_rows(rec.job_id),
+                rows=[] if isinstance(rows, dict) else rows,
                 devices=rec.devices,
                 simulated=bool(spec and spec.simulated),
                 gpu_class=rec.gpu_class,
@@ -1046,6 +1135,7 @@ class ControlPlane:
                 packages=tuple((runtime.get("environment") or {}).get("packages", ())),
                 timeout_s=rec.spec.get("timeout_s"),
                 namespace=rec.namespace,
+                data=self._task_data(rec, fv, rows),
             )
             self._job_env[rec.job_id] = task.env  # to redact from its failure messages
             self.executor.launch(task)
@@ -1055,6 +1145,20 @@ class ControlPlane:
                 message = redact_env(f"could not start a worker: {error}", [self._job_env.get(rec.job_id, {})])
                 rec.failure = JobFailure(phase="executor", message=message, retryable=True).to_wire()
                 self._finish(rec, FAILED)
+
+    def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:
+        """The worker protocol's data-plane fields of a task (docs/ARCHITECTURE.md)."""
+        signature = fv.get("signature") or {}
+        data: dict[str, Any] = {
+            "input_types": {p["name"]: p["arrow_type"] for p in signature.get("inputs", ())},
+            "output_type": (signature.get("output") or {}).get("arrow_type"),
+            "result_file": str(self.data.result_path(rec.job_id)),
+            "result_fsync": self.data.fsync,
+            "rows_total": rec.rows_total,
+        }
+        if isinstance(rows, dict):
+            data["rows_file"] = str(self.data.rows_path(rows))
+        return data
 
     def _append_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
         pos = self._log_pos.get(rec.job_id)
@@ -1262,7 +1366,12 @@ class ControlPlane:
             wire["finished_ms"] = rec.finished_ms
         if rec.spec:
             wire["spec"] = rec.spec
-        if rec.result is not None:
+        if isinstance(rec.result, dict) and "arrow" in rec.result:
+            # The result is an Arrow IPC file: GET /v1/jobs/result streams it; the job shows a summary.
+            arrow = rec.result["arrow"]
+            wire["result_format"] = "arrow"
+            wire["result_summary"] = {**arrow.get("summary", {}), **({"expired": True} if arrow.get("expired") else {})}
+        elif rec.result is not None:
             wire["result"] = rec.result
         if rec.failure is not None:
             wire["failure"] = rec.failure

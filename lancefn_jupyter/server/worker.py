@@ -32,6 +32,8 @@ import traceback
 import types
 from typing import Callable, Iterator, Mapping, Sequence
 
+from .. import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+
 __all__ = [
     "WorkerProcess",
     "WorkerStartError",
@@ -49,6 +51,10 @@ _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the artifact while 
 _PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
 _SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
 _FINAL_EVENTS = ("result", "failed")
+# Plain results up to this much JSON travel inline (faster for small scalar jobs); bigger ones,
+# and values JSON cannot carry (NaN, ±Inf), go as Arrow IPC when the task allows it.
+_JSON_RESULT_MAX_CHARS = 256 * 1024
+_JSON_RESULT_MAX_ITEMS = 16 * 1024
 
 
 def artifact_filename(name: str, version: str) -> str:
@@ -293,6 +299,21 @@ def _to_json(value: object, where: str) -> object:
     )
 
 
+def _task_rows(task: dict) -> list:
+    """The task's rows: Arrow IPC (``rows_file`` path, ``rows_ipc`` bytes) or JSON (``rows``)."""
+    arrow = task.get("rows_file") or task.get("rows_ipc")
+    types = task.get("input_types") or {}
+    if arrow is None and not any(dataplane.is_data_type(t) for t in types.values()):
+        return task["rows"]
+    try:
+        if arrow is None:
+            return dataplane.rows_from_json(task["rows"], types)
+        # Writable: numba copies host arrays back after a kernel, and user code may work in place.
+        return dataplane.decode_rows(dataplane.read_ipc(arrow), writable=True)
+    except (dataplane.DataPlaneError, OSError) as error:
+        raise _TaskFailure("validation", f"the job's rows cannot be decoded: {error}") from None
+
+
 def _run_rows(task: dict, proto: _Protocol) -> list:
     missing = _missing_packages(task.get("packages") or ())
     if missing:
@@ -307,7 +328,7 @@ def _run_rows(task: dict, proto: _Protocol) -> list:
             + "`) and run the job again",
         )
     entry = _load_entry(task)
-    rows = task["rows"]
+    rows = _task_rows(task)
     results, progress = [], _Progress(proto)
     try:
         for index, row in enumerate(rows):
@@ -316,22 +337,59 @@ def _run_rows(task: dict, proto: _Protocol) -> list:
             except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
                 raise _TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
-            results.append(_to_json(value, f"the result of row {index}" if len(rows) > 1 else "the result"))
+            results.append(value)
             progress.update(index + 1)
     finally:
         progress.close()  # before the final event, so no progress of this task can follow it
     return results
 
 
+def _rough_items(values: list) -> int:
+    """About how many scalars ``values`` hold (top level only): big results skip JSON at once."""
+    return sum(len(v) if isinstance(v, (list, tuple, str, bytes)) else getattr(v, "size", 1) for v in values)
+
+
+def _result_event(task: dict, values: list) -> dict:
+    """The ``result`` event's fields: ``results`` (JSON) for small plain values, else the Arrow
+    IPC result written to ``result_file`` (``{result_file, nbytes, summary}``), or returned as
+    ``result_ipc`` bytes when the task has no file (Ray moves those bytes natively)."""
+    output_type = task.get("output_type")
+    arrow_ok = output_type is not None and ("result_file" in task or task.get("result_ipc"))
+    many = len(values) > 1
+
+    def where(index: int) -> str:
+        return f"the result of row {index}" if many else "the result"
+
+    if not dataplane.is_data_type(output_type) and (not arrow_ok or _rough_items(values) <= _JSON_RESULT_MAX_ITEMS):
+        try:
+            results = [_to_json(value, where(index)) for index, value in enumerate(values)]
+            if not arrow_ok or len(json.dumps(results, separators=(",", ":"))) <= _JSON_RESULT_MAX_CHARS:
+                return {"results": results}
+        except _TaskFailure:
+            if not arrow_ok:  # no Arrow path (an old caller): the JSON rules apply
+                raise
+    if not arrow_ok:
+        raise _TaskFailure("result", f"the result is declared {output_type}, which needs the Arrow data plane")
+    try:
+        table = dataplane.encode_results(values, output_type, many=many)
+        if "result_file" in task:
+            nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
+            return {"result_file": task["result_file"], "nbytes": nbytes, "summary": dataplane.summarize_results(values, nbytes)}
+        data = dataplane.to_ipc_bytes(table)
+        return {"result_ipc": data, "nbytes": len(data), "summary": dataplane.summarize_results(values, len(data))}
+    except dataplane.DataPlaneError as error:
+        raise _TaskFailure("result", str(error)) from None
+
+
 def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
     try:
-        results = _run_rows(task, proto)
+        event = _result_event(task, _run_rows(task, proto))
     except _TaskFailure as failure:
         _flush_output(captures)
         proto.send(event="failed", phase=failure.phase, message=failure.message, traceback=failure.traceback)
     else:
         _flush_output(captures)
-        proto.send(event="result", results=results)
+        proto.send(event="result", **event)
     finally:
         sys.modules.pop(_ARTIFACT_MODULE, None)
         linecache.cache.pop(task.get("filename"), None)
@@ -574,9 +632,12 @@ class WorkerProcess:
         rows: list[dict],
         packages: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        data: Mapping[str, object] | None = None,
     ) -> None:
         """Send one task; a worker that already died shows up as an early end of :meth:`events`.
-        ``env``: the function's env, set in the worker before the artifact loads."""
+        ``env``: the function's env, set in the worker before the artifact loads.
+        ``data``: the Arrow data plane's task fields (``input_types``, ``output_type``,
+        ``rows_file`` instead of ``rows``, ``result_file``); see docs/ARCHITECTURE.md."""
         task = {
             "task_id": task_id,
             "artifact_b64": base64.b64encode(artifact).decode("ascii"),
@@ -584,9 +645,12 @@ class WorkerProcess:
             "filename": filename,
             "rows": rows,
             "packages": list(packages),
+            **(data or {}),
         }
         if env:
             task["env"] = dict(env)
+        if "rows_file" in task:
+            del task["rows"]
         try:
             self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
             self.process.stdin.flush()

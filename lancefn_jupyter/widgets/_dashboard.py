@@ -62,7 +62,8 @@ def _detail_text(job: Any) -> str:
         return f"{job.failure.phase}: {job.failure.message}"
     elapsed = display.job_elapsed_s(job)
     rows = display.progress_text(job)
-    return rows + (f" · {display.format_elapsed(elapsed)}" if elapsed is not None else "")
+    result = display.result_text(job)
+    return rows + (f" · {display.format_elapsed(elapsed)}" if elapsed is not None else "") + (f" · {result}" if result else "")
 
 
 class _Row:

@@ -21,6 +21,7 @@ import {
   progressOf,
   queueText,
   showNamespaces,
+  resultText,
   stateBadge,
   usageMap
 } from '../model';
@@ -137,6 +138,24 @@ describe('job row texts', () => {
     });
     expect(progressOf({ job_id: 'x', job_state: 'PENDING' })).toEqual({ text: '', fraction: null });
     expect(progressOf(job('a', 'DONE', { progress: { rows_done: 1, rows_total: 1 } })).text).toBe('1/1 row');
+  });
+
+  it('summarises an Arrow result without its data', () => {
+    const summary = { type: 'ndarray', dtype: 'float32', shape: [1000, 768], nbytes: 3072000 };
+    expect(resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: summary }))).toBe(
+      'ndarray float32 (1000, 768), 2.9 MiB'
+    );
+    expect(
+      resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: { type: 'list', shape: [2], item: { type: 'ndarray', dtype: 'int8', shape: [3] } } }))
+    ).toBe('list of 2 × ndarray int8 (3,)');
+    expect(resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: { ...summary, expired: true } }))).toContain(
+      '(removed by retention)'
+    );
+    expect(resultText(job('a', 'IN_PROGRESS', { result_summary: summary }))).toBe('');
+    const nan = { ...summary, nonfinite: { nan: 2, inf: 0, '-inf': 1, floats: 768000 } };
+    expect(resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: nan }))).toBe(
+      'ndarray float32 (1000, 768), 2.9 MiB; holds 2 NaN, 1 -Inf of 768000 floats'
+    );
   });
 
   it('shows the failure phase and message', () => {

@@ -9,7 +9,7 @@ core is thread-safe and ignores callbacks for jobs that are already terminal (ca
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
@@ -53,6 +53,14 @@ class TaskSpec:
     timeout_s: float | None
     # The owning namespace: a worker process (or Ray actor) only ever serves one (namespace, name, version).
     namespace: str = "default"
+    # The Arrow data plane's worker-protocol fields (input_types, output_type, result_file,
+    # rows_file when the rows are an Arrow file and ``rows`` is empty, rows_total); see
+    # docs/ARCHITECTURE.md "Worker protocol".  Empty: plain JSON rows and results, as before.
+    data: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def rows_total(self) -> int:
+        return int(self.data.get("rows_total", len(self.rows)))  # type: ignore[call-overload]
 
 
 class ExecutorCallbacks(Protocol):

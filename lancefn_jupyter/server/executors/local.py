@@ -258,6 +258,7 @@ class LocalExecutor(Executor):
             task.rows,
             task.packages,
             {name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
+            data=task.data,
         )
         timer = None
         if task.timeout_s is not None:
@@ -283,7 +284,7 @@ class LocalExecutor(Executor):
         if final is not None:
             self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
             if final["event"] == "result":
-                callbacks.task_succeeded(task.job_id, final["results"])
+                callbacks.task_succeeded(task.job_id, final["results"] if "results" in final else final)
             else:
                 callbacks.task_failed(
                     task.job_id,
@@ -311,7 +312,7 @@ class LocalExecutor(Executor):
                 JobFailure(
                     phase="timeout",
                     message=f"the job ran longer than its timeout of {task.timeout_s:g} s and was stopped "
-                    f"({run.rows_done} of {len(task.rows)} rows done)",
+                    f"({run.rows_done} of {task.rows_total} rows done)",
                 ),
             )
         if run.outcome != "shutdown":

@@ -577,7 +577,7 @@ class RayExecutor(Executor):
         elif kind == "progress":
             callbacks.task_progress(job_id, int(event.get("rows_done", 0)))
         elif kind == "result":
-            callbacks.task_succeeded(job_id, event.get("results"))
+            callbacks.task_succeeded(job_id, event["results"] if "results" in event else event)  # else an Arrow result file
         elif kind == "failed":
             from ...models import JobFailure
 
@@ -598,6 +598,30 @@ def _describe_exit(returncode: int | None) -> str:
     return describe_exit(returncode).replace("worker process", "the Ray driver process")
 
 
+def _ray_data_fields(data: dict) -> dict:
+    """The data plane's task fields for a Ray task: Arrow rows go as IPC bytes (the task may run
+    on another node) and the result comes back as IPC bytes (``result_ipc``), never as JSON."""
+    if not data:
+        return {}
+    fields = {"input_types": data.get("input_types") or {}, "output_type": data.get("output_type"), "result_ipc": True}
+    if "rows_file" in data:
+        fields["rows_ipc"] = Path(data["rows_file"]).read_bytes()
+    return fields
+
+
+def _store_result(final: dict, path: str | None, durable: bool) -> dict:
+    """Write a task's ``result_ipc`` atomically to the job's result file; the ``result`` event."""
+    from ...dataplane import write_bytes_file
+
+    if path is None:
+        return {"event": "failed", "phase": "executor", "message": "an Arrow result arrived for a job without a result file"}
+    try:
+        nbytes = write_bytes_file(path, final["result_ipc"], durable=durable)
+    except OSError as error:
+        return {"event": "failed", "phase": "executor", "message": f"could not store the result ({error})", "retryable": True}
+    return {"event": "result", "result_file": path, "nbytes": nbytes, "summary": final.get("summary") or {}}
+
+
 def _job_payload(task: TaskSpec) -> dict:
     return {
         "job_id": task.job_id,
@@ -613,6 +637,7 @@ def _job_payload(task: TaskSpec) -> dict:
         "packages": list(task.packages),
         "timeout_s": task.timeout_s,
         "namespace": task.namespace,
+        "data": dict(task.data),
     }
 
 
@@ -649,6 +674,8 @@ class _BridgeJob:
     actor: Any = None  # the warm GPU actor running it (real-GPU jobs)
     pool_key: tuple | None = None
     started: bool = False
+    result_file: str | None = None  # where an Arrow result goes (the bridge shares the server's disk)
+    result_fsync: bool = True
 
 
 class _Driver:
@@ -763,9 +790,13 @@ class _Driver:
                 "filename": artifact_filename(job["name"], job["version"]),
                 "rows": job["rows"],
                 "packages": job.get("packages") or [],
+                **_ray_data_fields(job.get("data") or {}),
             },
         }
-        record = _BridgeJob(job_id, None, job.get("timeout_s"), len(job["rows"]))
+        data = job.get("data") or {}
+        record = _BridgeJob(job_id, None, job.get("timeout_s"), int(data.get("rows_total", len(job["rows"]))))
+        record.result_file = data.get("result_file")
+        record.result_fsync = bool(data.get("result_fsync", True))
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
         try:
@@ -982,6 +1013,8 @@ class _Driver:
                 return
             record.finished = True
         final = dict(value.get("final") or {})
+        if "result_ipc" in final:  # Arrow IPC bytes Ray carried natively: stored as the job's result file
+            final = _store_result(final, record.result_file, record.result_fsync)
         final.setdefault("event", "failed")
         if final["event"] == "failed":
             final.setdefault("phase", "executor")
