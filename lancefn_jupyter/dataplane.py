@@ -52,6 +52,7 @@ __all__ = [
     "read_ipc",
     "write_ipc_file",
     "write_bytes_file",
+    "write_stream_file",
     "summarize",
     "summarize_results",
 ]
@@ -466,6 +467,23 @@ def write_bytes_file(path: str | os.PathLike[str], data: bytes, *, durable: bool
     def write(tmp: str) -> None:
         with open(tmp, "wb") as sink:
             sink.write(data)
+
+    return _write_atomic(os.fspath(path), write, durable)
+
+
+def write_stream_file(path: str | os.PathLike[str], source: Any, size: int, *, durable: bool = True) -> int:
+    """Copy exactly ``size`` bytes from the file object ``source`` (a worker's pipe) into ``path``
+    atomically, in 1 MiB chunks (never the whole result in memory). EOFError if it ends early."""
+
+    def write(tmp: str) -> None:
+        left = size
+        with open(tmp, "wb") as sink:
+            while left:
+                chunk = source.read(min(left, 1 << 20))
+                if not chunk:
+                    raise EOFError(f"the stream ended {left} bytes before the {size} announced")
+                sink.write(chunk)
+                left -= len(chunk)
 
     return _write_atomic(os.fspath(path), write, durable)
 

@@ -994,10 +994,11 @@ class ControlPlane:
             except Exception:
                 log.exception("could not mark job %s's result as expired", job_id)
 
-    def result_file(self, job_id: str) -> tuple[str | None, Any]:
-        """(path of the Arrow IPC result, None) or (None, JSON results) of a DONE job."""
+    def result_file(self, job_id: str, scope: str | None = None) -> tuple[str | None, Any]:
+        """(path of the Arrow IPC result, None) or (None, JSON results) of a DONE job
+        (``scope``: the caller's namespace; another team's job is a 404, as everywhere)."""
         with self._lock:
-            rec = self._get_job(job_id)
+            rec = self._get_job(job_id, scope)
         if rec.state != DONE:
             raise ApiError(409, f"job {job_id} is {rec.state}, not DONE; wait for it with POST /v1/jobs/wait")
         if not (isinstance(rec.result, dict) and "arrow" in rec.result):

@@ -23,6 +23,7 @@ import base64
 import json
 import linecache
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,10 +74,17 @@ class _Protocol:
         self._lock = threading.Lock()
 
     def send(self, **event: object) -> None:
+        self.send_frame(b"", **event)
+
+    def send_frame(self, payload: bytes, **event: object) -> None:
+        """The event line, then ``payload`` raw (announced as ``ipc_len``), with nothing between."""
+        if payload:
+            event["ipc_len"] = len(payload)
         data = memoryview((json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n").encode())
         with self._lock:
-            while data:
-                data = data[os.write(self._fd, data) :]
+            for part in (data, memoryview(payload)):
+                while part:
+                    part = part[os.write(self._fd, part) :]
 
 
 class _Capture(threading.Thread):
@@ -354,7 +362,7 @@ def _result_event(task: dict, values: list) -> dict:
     IPC result written to ``result_file`` (``{result_file, nbytes, summary}``), or returned as
     ``result_ipc`` bytes when the task has no file (Ray moves those bytes natively)."""
     output_type = task.get("output_type")
-    arrow_ok = output_type is not None and ("result_file" in task or task.get("result_ipc"))
+    arrow_ok = output_type is not None and ("result_file" in task or task.get("result_ipc") or task.get("result_frame"))
     many = len(values) > 1
 
     def where(index: int) -> str:
@@ -376,7 +384,8 @@ def _result_event(task: dict, values: list) -> dict:
             nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
             return {"result_file": task["result_file"], "nbytes": nbytes, "summary": dataplane.summarize_results(values, nbytes)}
         data = dataplane.to_ipc_bytes(table)
-        return {"result_ipc": data, "nbytes": len(data), "summary": dataplane.summarize_results(values, len(data))}
+        key = "result_frame" if task.get("result_frame") else "result_ipc"
+        return {key: data, "nbytes": len(data), "summary": dataplane.summarize_results(values, len(data))}
     except dataplane.DataPlaneError as error:
         raise _TaskFailure("result", str(error)) from None
 
@@ -389,7 +398,11 @@ def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
         proto.send(event="failed", phase=failure.phase, message=failure.message, traceback=failure.traceback)
     else:
         _flush_output(captures)
-        proto.send(event="result", **event)
+        frame = event.pop("result_frame", b"")
+        if frame:
+            proto.send_frame(frame, event="result", **event)
+        else:
+            proto.send(event="result", **event)
     finally:
         sys.modules.pop(_ARTIFACT_MODULE, None)
         linecache.cache.pop(task.get("filename"), None)
@@ -556,9 +569,11 @@ def main() -> None:
     _warm_up(captures)
     proto.send(event="ready", device=_detect_device())
     _preload(os.environ.pop(PRELOAD_ENV, ""))
-    for line in tasks:
+    while line := tasks.readline():
         if line.strip():
             task = json.loads(line)
+            if "rows_len" in task:  # Arrow rows follow the line raw (a worker that cannot open the server's files)
+                task["rows_ipc"] = tasks.read(task.pop("rows_len"))
             _apply_env(task)
             _serve(task, proto, captures)
 
@@ -592,6 +607,9 @@ class WorkerProcess:
     def __init__(self, env: Mapping[str, str], user: tuple[int, int] | None = None) -> None:
         """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours."""
         self.env = dict(env)
+        # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
+        self.frames = user is not None
+        self._result_sink: tuple[str, bool] | None = None  # (result file, fsync) of the current task
         switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
         # workers, and killpg also stops processes the user's code started.
@@ -651,8 +669,20 @@ class WorkerProcess:
             task["env"] = dict(env)
         if "rows_file" in task:
             del task["rows"]
+        rows_file = None
+        self._result_sink = None
+        if self.frames:  # the worker gets the rows after the line and sends the result after its event
+            rows_file = task.pop("rows_file", None)
+            if rows_file is not None:
+                task["rows_len"] = os.path.getsize(rows_file)
+            if "result_file" in task:
+                self._result_sink = (task.pop("result_file"), bool(task.get("result_fsync", True)))
+                task["result_frame"] = True
         try:
             self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
+            if rows_file is not None:
+                with open(rows_file, "rb") as rows_source:
+                    shutil.copyfileobj(rows_source, self.process.stdin, 1 << 20)
             self.process.stdin.flush()
         except (BrokenPipeError, ValueError):  # ValueError: stdin closed by a concurrent kill
             pass
@@ -696,9 +726,20 @@ class WorkerProcess:
     def _read_event(self) -> dict | None:
         try:
             line = self.process.stdout.readline()
-        except ValueError:  # stdout closed by a concurrent kill
+            if not line:
+                return None
+            event = json.loads(line)
+            if "ipc_len" in event:  # an Arrow result frame: streamed into the job's result file
+                size = event.pop("ipc_len")
+                if self._result_sink is None:
+                    self.process.stdout.read(size)
+                    return {"event": "failed", "phase": "worker", "message": "the worker sent an unexpected result frame"}
+                path, durable = self._result_sink
+                event["nbytes"] = dataplane.write_stream_file(path, self.process.stdout, size, durable=durable)
+                event["result_file"] = path
+            return event
+        except (ValueError, EOFError, OSError):  # stdout closed by a concurrent kill, or the worker died mid-frame
             return None
-        return json.loads(line) if line else None
 
     def _close_pipes(self) -> None:
         for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
