@@ -498,6 +498,10 @@ def _missing_module_hint(message: str, root: Optional[str]) -> str:
     return f". {name!r} is not a file next to the notebook, so it is a package to declare (pip=/conda=)"
 
 
+def _is_lance_table(items: Any) -> bool:
+    return type(items).__module__.startswith("lancedb")
+
+
 def _echo_log(stream: str, lines: list[str]) -> None:
     print("\n".join(lines), file=sys.stderr if stream == "stderr" else sys.stdout)
 
@@ -694,21 +698,52 @@ class GpuFunction:
         """Run one call as a job; returns at once with a Job handle."""
         return self._submit_rows([self._row(args, kwargs)], single=True)
 
-    def map(self, items: Iterable[Any]) -> Job:
-        """One job, one row per item (a tuple → positional args, a dict → keyword args, else one arg)."""
-        rows = []
-        for item in items:
-            if isinstance(item, tuple):
-                rows.append(self._row(item, {}))
-            elif isinstance(item, Mapping):
-                rows.append(self._row((), item))
-            elif (single := self._single_parameter()) is not None:
-                rows.append({single: item})  # one parameter: no signature binding per item
-            else:
-                rows.append(self._row((item,), {}))
-        if not rows:
-            raise ValueError(f"{self.name}.map() needs at least one item")
-        return self._submit_rows(rows, single=False)
+    def _item_row(self, item: Any) -> dict[str, Any]:
+        """A map item as a row: a tuple → positional args, a dict → keyword args, else one arg."""
+        if isinstance(item, tuple):
+            return self._row(item, {})
+        if isinstance(item, Mapping):
+            return self._row((), item)
+        if (single := self._single_parameter()) is not None:
+            return {single: item}  # one parameter: no signature binding per item
+        return self._row((item,), {})
+
+    def map(
+        self,
+        items: Iterable[Any],
+        *,
+        parallel: Any = 1,
+        chunk_size: Optional[int] = None,
+        retries: int = 0,
+        return_exceptions: bool = False,
+        fresh: bool = False,
+        column: Optional[str] = None,
+        into: Optional[str] = None,
+    ) -> Any:
+        """Run the function over every item.
+
+        `parallel=1, chunk_size=None` (the default): one job, one row per item (a `Job`).
+        `parallel="auto"` or N, a `chunk_size`, `retries`, or `fresh`: a batch of chunk jobs spread
+        over the class's GPUs (a `Batch`; docs/ARCHITECTURE.md, "Batches"). A LanceDB table with
+        `column=` reads that column; `into=` writes the results back as a new column.
+        """
+        if column is not None or into is not None or _is_lance_table(items):
+            from .tables import map_table
+
+            return map_table(
+                self, items, column=column, into=into, parallel=parallel, chunk_size=chunk_size,
+                retries=retries, return_exceptions=return_exceptions, fresh=fresh,
+            )
+        if parallel == 1 and chunk_size is None and not retries and not fresh:
+            rows = [self._item_row(item) for item in items]
+            if not rows:
+                raise ValueError(f"{self.name}.map() needs at least one item")
+            return self._submit_rows(rows, single=False)
+        from .batch import start_batch
+
+        return start_batch(
+            self, items, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh
+        )
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Submit, wait and return the result (raises the remote error, mapped to the cell).

@@ -16,6 +16,7 @@ from .errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from .batches import BatchesResource
 from .events import Event, iter_events
 from .functions import FunctionsResource
 from .gpu import GpuResource
@@ -52,6 +53,7 @@ class Client:
         self.jobs = JobsResource(self._transport)
         self.functions = FunctionsResource(self._transport, self.jobs)
         self.gpu = GpuResource(self._transport)
+        self.batches = BatchesResource(self._transport)
 
     @property
     def url(self) -> str:

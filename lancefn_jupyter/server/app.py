@@ -147,6 +147,37 @@ async def _off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await run_in_threadpool(fn, *args, **kwargs)
 
 
+class _BatchCreate(_Body):
+    name: str
+    version: str
+    chunks: Any  # a list of chunks, each a list of rows; checked against the signature by the core
+    parallel: Optional[int] = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
+    retries: int = Field(0, ge=0, le=10)
+    fresh: bool = False
+    timeout_s: Optional[float] = Field(None, gt=0, le=30 * 24 * 3600)
+
+
+class _BatchId(_Body):
+    batch_id: str
+
+
+class _BatchDescribe(_Body):
+    batch_id: str
+    include_chunks: bool = True
+
+
+class _BatchWait(_Body):
+    batch_id: str
+    timeout_s: float = Field(30.0, ge=0, le=60)
+    revision: Optional[int] = None  # return as soon as the batch is newer than this
+
+
+class _ListBatches(_Body):
+    state: Optional[Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED"]] = None
+    name: Optional[str] = None
+    limit: int = Field(100, ge=1, le=1000)
+
+
 async def _json_body(request: Request) -> Any:
     return await _off_loop(_load_json, await request.body())
 
@@ -558,6 +589,39 @@ def create_app(
     async def wait_job(request: Request) -> dict:
         body = await _parse(request, _Wait)
         return await core.wait_job(body.job_id, body.timeout_s, _who(request).scope)
+
+    # Batches (docs/ARCHITECTURE.md, "Batches"): a map fanned out as chunk jobs.
+    @app.post("/v1/batches/create", status_code=202, dependencies=[require("functions")])
+    async def create_batch(request: Request) -> dict:
+        body = await _parse(request, _BatchCreate)
+        return core.batches.create(
+            body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s, fresh=body.fresh
+        )
+
+    @app.post("/v1/batches/describe", dependencies=[require("jobs")])
+    async def describe_batch(request: Request) -> dict:
+        body = await _parse(request, _BatchDescribe)
+        return core.batches.describe(body.batch_id, include_chunks=body.include_chunks)
+
+    @app.post("/v1/batches/list", dependencies=[require("jobs")])
+    async def list_batches(request: Request) -> dict:
+        body = await _parse(request, _ListBatches)
+        return core.batches.list(state=body.state, name=body.name, limit=body.limit)
+
+    @app.post("/v1/batches/cancel", dependencies=[require("jobs")])
+    async def cancel_batch(request: Request) -> dict:
+        body = await _parse(request, _BatchId)
+        return core.batches.cancel(body.batch_id)
+
+    @app.post("/v1/batches/retry", dependencies=[require("functions")])
+    async def retry_batch(request: Request) -> dict:
+        body = await _parse(request, _BatchId)
+        return core.batches.retry(body.batch_id)
+
+    @app.post("/v1/batches/wait", dependencies=[require("jobs")])
+    async def wait_batch(request: Request) -> dict:
+        body = await _parse(request, _BatchWait)
+        return await core.batches.wait(body.batch_id, body.timeout_s, body.revision)
 
     @app.get("/v1/jobs/events", dependencies=[require("jobs")])
     async def job_events(request: Request, last_event_id: Optional[str] = None) -> StreamingResponse:

@@ -59,6 +59,7 @@ from ..models import (
 from .artifact_check import artifact_problem
 from .datastore import DataStore
 from .estimates import QueueEstimator
+from .batches import BatchManager
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
 from .namespaces import DEFAULT_NAMESPACE, queue_view, visible
@@ -307,6 +308,7 @@ class ControlPlane:
         self._estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
         self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
         self._estimates_timer: threading.Timer | None = None
+        self.batches = BatchManager(self)  # fan-out of `map` over chunk jobs (server/batches.py)
 
     @property
     def executor_name(self) -> str:
@@ -335,6 +337,7 @@ class ControlPlane:
             for done in reversed(self.store.list_jobs(states=(DONE,), job_type="run_function", limit=1000)):
                 self._note_run_time(done)
             self._enforce_retention()
+            self.batches.recover()
             self._started = True
             self._dispatch()
             if self._executor_queues:  # recovered jobs, oldest first
@@ -628,10 +631,12 @@ class ControlPlane:
         scope: str | None = None,
         home: str = DEFAULT_NAMESPACE,
         arrow_rows: Any = None,
+        spec_extra: dict | None = None,
     ) -> str:
         """Queue a job; it belongs to the function's namespace (whose env it runs with).
         ``arrow_rows``: the path of an Arrow IPC rows file (instead of JSON ``rows``): a body the
-        route streamed to a temp file, or a client's upload; it is checked, then kept as the job's rows."""
+        route streamed to a temp file, or a client's upload; it is checked, then kept as the job's rows.
+        ``spec_extra`` (a batch's chunk jobs: batch_id, chunk, row_start) goes into the job's spec."""
         definition, dropped, owner = self._version(name, version, namespace, scope, home)
         if dropped:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to run it")
@@ -657,6 +662,8 @@ class ControlPlane:
             job_spec["timeout_s"] = timeout_s
         if isinstance(rows, dict):
             job_spec["rows_format"] = "arrow"
+        if spec_extra:
+            job_spec.update(spec_extra)
         with self._lock:
             rec = JobRecord(
                 job_id=uuid.uuid4().hex,
@@ -749,6 +756,11 @@ class ControlPlane:
         if rec is None or not visible(scope, rec.namespace):  # another team's job: as if it did not exist
             raise ApiError(404, f"job {job_id} not found; list jobs with POST /v1/jobs/list")
         return rec
+
+    def job_record(self, job_id: str) -> JobRecord | None:
+        """A job as the core knows it now (memory first), or None."""
+        with self._lock:
+            return self._active.get(job_id) or self._unsaved.get(job_id) or self.store.get_job(job_id)
 
     def describe_job(self, job_id: str, scope: str | None = None) -> dict:
         with self._lock:
@@ -1197,6 +1209,8 @@ class ControlPlane:
             self._keep_unsaved(rec, data)
             return
         self._unsaved.pop(rec.job_id, None)  # its latest state is saved now
+        if "batch_id" in rec.spec:
+            self.batches.on_job(rec)
 
     def _insert_event(self, job_id: str, data: str, namespace: str) -> None:
         seq = self.store.insert_event(job_id, data, namespace)

@@ -229,6 +229,22 @@ class Store:
                 self._db.execute(f"ALTER TABLE events ADD COLUMN namespace TEXT NOT NULL DEFAULT '{default}'")
             self._db.execute("CREATE INDEX IF NOT EXISTS events_by_namespace ON events(namespace, seq)")
 
+    # Generic access for modules that own their own tables (server/batches.py).
+    def executescript(self, script: str) -> None:
+        with self._lock:
+            self._db.executescript(script)
+
+    def execute(self, sql: str, args: tuple = ()) -> None:
+        with self.batch():
+            self._db.execute(sql, args)
+
+    def executemany(self, sql: str, rows: list[tuple]) -> None:
+        with self.batch():
+            self._db.executemany(sql, rows)
+
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        return self._query(sql, args)
+
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()

@@ -1,0 +1,272 @@
+"""Batches over real HTTP with the real local executor (docs/ARCHITECTURE.md, "Batches"):
+fan-out through the class's FIFO, results in order, failures named by chunk and rows, retries,
+retry of what did not finish, resume by re-running, cancel, SIGKILL mid-batch then restart,
+and bad input that starts nothing.
+
+Functions that must keep running wait for a file the test creates, so nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from conftest import register, registration_body
+
+from lancefn_jupyter.batch_models import Batch
+
+DEADLINE_S = 60.0
+
+GATE = """from __future__ import annotations
+
+import os
+import time
+
+
+def gate(path: str, value: int) -> int:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    if value < 0 and not os.path.exists(path + ".fixed"):
+        raise ValueError(f"value {value} is negative")
+    return value * 10
+"""
+
+FLAKY = """from __future__ import annotations
+
+import os
+
+
+def flaky(marker: str, value: int) -> int:
+    # Fails on the first attempt of each chunk (one marker file per chunk), then succeeds.
+    tries = open(marker).read().count("x") if os.path.exists(marker) else 0
+    with open(marker, "a") as handle:
+        handle.write("x")
+    if tries == 0:
+        raise RuntimeError(f"first attempt for {value}")
+    return value + 1
+"""
+
+
+def gate_version(http: httpx.Client) -> str:
+    body = registration_body("gate", source=GATE, entrypoint="gate", inputs=(("path", "utf8", False), ("value", "int64", False)), num_gpus=1)
+    return register(http, body)["version"]
+
+
+def create(http: httpx.Client, version: str, chunks: list, name: str = "gate", **options) -> dict:
+    reply = http.post("/v1/batches/create", json={"name": name, "version": version, "chunks": chunks, **options})
+    assert reply.status_code == 202, reply.text
+    return reply.json()
+
+
+def describe(http: httpx.Client, batch_id: str) -> dict:
+    reply = http.post("/v1/batches/describe", json={"batch_id": batch_id})
+    assert reply.status_code == 200, reply.text
+    Batch.from_wire(reply.json())  # every reply decodes as the wire model
+    return reply.json()
+
+
+def wait_until(condition, what: str):
+    deadline = time.monotonic() + DEADLINE_S
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def wait_batch(http: httpx.Client, batch_id: str) -> dict:
+    batch = http.post("/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": DEADLINE_S}, timeout=DEADLINE_S + 10).json()
+    assert batch["batch_state"] in ("DONE", "FAILED", "CANCELLED"), batch
+    return batch
+
+
+def job(http: httpx.Client, job_id: str) -> dict:
+    return http.post("/v1/jobs/describe", json={"job_id": job_id}).json()
+
+
+def results(http: httpx.Client, batch: dict) -> list:
+    out = []
+    for chunk in batch["chunks"]:
+        out.extend(job(http, chunk["job_id"])["result"])
+    return out
+
+
+def gate_chunks(tmp_path, values: list[list[int]], prefix: str = "g") -> list:
+    return [[{"path": str(tmp_path / f"{prefix}{i}"), "value": v} for v in chunk] for i, chunk in enumerate(values)]
+
+
+def open_gates(tmp_path, count: int, prefix: str = "g") -> None:
+    for i in range(count):
+        (tmp_path / f"{prefix}{i}").touch()
+
+
+def test_six_chunks_on_two_gpus_two_run_four_wait_in_order_results_in_input_order(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = gate_version(http)
+        reply = create(http, version, gate_chunks(tmp_path, [[i, i + 100] for i in range(6)]))
+        batch_id = reply["batch_id"]
+        assert reply["reused_chunks"] == 0
+
+        def placed():
+            batch = describe(http, batch_id)
+            return batch if batch["strip"].count("r") == 2 else None
+
+        batch = wait_until(placed, "two chunks running")
+        assert batch["strip"] == "rrpppp" and batch["batch_state"] == "IN_PROGRESS"
+        assert [c["row_start"] for c in batch["chunks"]] == [0, 2, 4, 6, 8, 10] and batch["rows_total"] == 12
+        waiting = [job(http, c["job_id"]) for c in batch["chunks"][2:]]
+        assert [j["placement"]["queue_position"] for j in waiting] == [1, 2, 3, 4]
+        assert all(j["placement"]["waiting_on_capacity"] and j["spec"]["batch_id"] == batch_id for j in waiting)
+        assert [j["spec"]["chunk"] for j in waiting] == [2, 3, 4, 5]
+        # Chunks finish out of order; results still come back in input order.
+        for i in (5, 3, 1, 0, 2, 4):
+            (tmp_path / f"g{i}").touch()
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "DONE" and batch["strip"] == "dddddd"
+        assert batch["rows_done"] == 12 and batch["chunk_counts"] == {"DONE": 6}
+        assert results(http, batch) == [v * 10 for i in range(6) for v in (i, i + 100)]
+        assert batch["started_ms"] <= batch["finished_ms"]
+
+
+def test_parallel_bounds_how_many_chunk_jobs_exist(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = gate_version(http)
+        batch_id = create(http, version, gate_chunks(tmp_path, [[i] for i in range(4)]), parallel=1)["batch_id"]
+        batch = wait_until(lambda: (b := describe(http, batch_id))["strip"] == "rppp" and b, "first chunk running")
+        assert [("job_id" in c) for c in batch["chunks"]] == [True, False, False, False]  # the rest are not jobs yet
+        (tmp_path / "g0").touch()
+        batch = wait_until(lambda: (b := describe(http, batch_id))["strip"] == "drpp" and b, "second chunk running")
+        open_gates(tmp_path, 4)
+        assert results(http, wait_batch(http, batch_id)) == [0, 10, 20, 30]
+
+
+def test_a_failing_chunk_fails_the_batch_naming_rows_and_keeps_finished_chunks_then_retry_failed(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = gate_version(http)
+        open_gates(tmp_path, 3)
+        batch_id = create(http, version, gate_chunks(tmp_path, [[1, 2], [3, -4], [5, 6]]))["batch_id"]
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "FAILED" and batch["strip"] == "dfd"
+        failure = batch["failure"]
+        assert (failure["chunk"], failure["row_start"], failure["row_end"]) == (1, 2, 4)
+        assert "value -4 is negative" in failure["message"] and "ValueError" in failure["traceback"]
+        kept = {c["index"]: c["job_id"] for c in batch["chunks"] if c["state"] == "DONE"}
+        assert set(kept) == {0, 2}
+
+        (tmp_path / "g1.fixed").touch()
+        retried = http.post("/v1/batches/retry", json={"batch_id": batch_id})
+        assert retried.status_code == 200, retried.text
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "DONE" and "failure" not in batch
+        # Finished chunks were not run again: same jobs.
+        assert {c["index"]: c["job_id"] for c in batch["chunks"] if c["index"] in kept} == kept
+        assert results(http, batch) == [10, 20, 30, -40, 50, 60]
+
+
+def test_retries_rerun_a_failed_chunk_and_zero_retries_do_not(control_plane, tmp_path):
+    with control_plane.http() as http:
+        body = registration_body("flaky", source=FLAKY, entrypoint="flaky", inputs=(("marker", "utf8", False), ("value", "int64", False)), num_gpus=1)
+        version = register(http, body)["version"]
+        chunks = [[{"marker": str(tmp_path / f"m{i}"), "value": i}] for i in range(3)]
+        reply = http.post("/v1/batches/create", json={"name": "flaky", "version": version, "chunks": chunks, "retries": 1})
+        batch = wait_batch(http, reply.json()["batch_id"])
+        assert batch["batch_state"] == "DONE" and [c["attempts"] for c in batch["chunks"]] == [2, 2, 2]
+        assert results(http, batch) == [1, 2, 3]
+
+        chunks = [[{"marker": str(tmp_path / f"n{i}"), "value": i}] for i in range(2)]
+        reply = http.post("/v1/batches/create", json={"name": "flaky", "version": version, "chunks": chunks})
+        batch = wait_batch(http, reply.json()["batch_id"])
+        assert batch["batch_state"] == "FAILED" and [c["attempts"] for c in batch["chunks"]] == [1, 1]
+        assert "first attempt for 0" in batch["failure"]["message"]
+
+
+def test_running_the_same_map_again_reuses_finished_chunks_unless_fresh(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = gate_version(http)
+        open_gates(tmp_path, 3)
+        chunks = gate_chunks(tmp_path, [[1], [-2], [3]])
+        first = create(http, version, chunks)
+        batch = wait_batch(http, first["batch_id"])
+        assert batch["strip"] == "dfd"
+        done_jobs = [c["job_id"] for c in batch["chunks"] if c["state"] == "DONE"]
+
+        (tmp_path / "g1.fixed").touch()
+        again = create(http, version, chunks)
+        assert again == {"batch_id": first["batch_id"], "reused_chunks": 2}
+        batch = wait_batch(http, again["batch_id"])
+        assert batch["batch_state"] == "DONE" and results(http, batch) == [10, -20, 30]
+        assert [c["job_id"] for c in batch["chunks"] if c["index"] != 1] == done_jobs
+
+        # A finished batch is returned as is; fresh=True runs everything again.
+        assert create(http, version, chunks) == {"batch_id": first["batch_id"], "reused_chunks": 3}
+        fresh = create(http, version, chunks, fresh=True)
+        assert fresh["batch_id"] != first["batch_id"] and fresh["reused_chunks"] == 0
+        assert wait_batch(http, fresh["batch_id"])["batch_state"] == "DONE"
+        # A different cut of the same rows is a different input.
+        other = create(http, version, [chunks[0] + chunks[1], chunks[2]])
+        assert other["batch_id"] not in (first["batch_id"], fresh["batch_id"])
+        wait_batch(http, other["batch_id"])
+
+
+def test_cancel_cancels_every_pending_and_running_chunk_and_keeps_finished_ones(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = gate_version(http)
+        (tmp_path / "g0").touch()
+        batch_id = create(http, version, gate_chunks(tmp_path, [[i] for i in range(5)]))["batch_id"]
+        wait_until(lambda: describe(http, batch_id)["strip"] == "drrpp", "first done, two running")
+        reply = http.post("/v1/batches/cancel", json={"batch_id": batch_id}).json()
+        assert reply == {"batch_id": batch_id, "cancelled": True}
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "CANCELLED" and batch["strip"] == "dcccc"
+        assert all(job(http, c["job_id"])["job_state"] == "CANCELLED" for c in batch["chunks"][1:])
+        assert job(http, batch["chunks"][0]["job_id"])["result"] == [0]
+        assert http.post("/v1/batches/cancel", json={"batch_id": batch_id}).json()["cancelled"] is False
+        usage = http.get("/v1/gpu/usage").json()["classes"][0]
+        assert usage["gpus_busy"] == 0 and usage["jobs_pending"] == 0
+
+
+def test_sigkill_mid_batch_resumes_on_restart_with_no_row_lost_or_counted_twice(control_plane, tmp_path):
+    cp = control_plane
+    with cp.http() as http:
+        version = gate_version(http)
+        open_gates(tmp_path, 2)
+        batch_id = create(http, version, gate_chunks(tmp_path, [[i, i + 1] for i in range(0, 16, 2)]), parallel=3)["batch_id"]
+        # Two chunks done, two running on the two GPUs, one queued (the window of 3), three not yet jobs.
+        batch = wait_until(lambda: (b := describe(http, batch_id))["strip"] == "ddrrpppp" and b, "two done, two running")
+        assert [("job_id" in c) for c in batch["chunks"]] == [True] * 5 + [False] * 3
+    cp.kill()
+    cp.start()
+    with cp.http() as http:
+        batch = describe(http, batch_id)
+        assert batch["batch_state"] == "IN_PROGRESS" and batch["strip"].startswith("dd")
+        open_gates(tmp_path, 8)
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "DONE" and batch["rows_done"] == batch["rows_total"] == 16
+        assert results(http, batch) == [i * 10 for i in range(16)]
+        # Each chunk has exactly one finished job; the re-queued ones kept their job ids.
+        jobs = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 100}).json()["jobs"]
+        done = sorted(j["spec"]["chunk"] for j in jobs if j["spec"].get("batch_id") == batch_id and j["job_state"] == "DONE")
+        assert done == list(range(8))
+
+
+def test_bad_input_is_refused_clearly_and_starts_nothing(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = gate_version(http)
+        row = {"path": str(tmp_path / "x"), "value": 1}
+        cases = [
+            ({"chunks": []}, "non-empty list"),
+            ({"chunks": [[]]}, "chunks[0]: rows must be a non-empty list"),
+            ({"chunks": [[row], [{"path": "p"}]]}, "chunks[1]: rows[0]: missing parameter(s) value"),
+            ({"chunks": [[row]], "parallel": 0}, "parallel"),
+            ({"chunks": [[row]], "retries": 11}, "retries"),
+            ({"chunks": [[row]], "version": "0000000000000000"}, "not found"),
+        ]
+        for extra, needle in cases:
+            body = {"name": "gate", "version": version, **extra}
+            reply = http.post("/v1/batches/create", json=body)
+            assert reply.status_code in (400, 404), reply.text
+            assert needle in reply.json()["error"]["message"], (needle, reply.text)
+        assert http.post("/v1/batches/list", json={}).json() == {"batches": []}
+        assert http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"] == []
+        assert http.post("/v1/batches/describe", json={"batch_id": "nope"}).status_code == 404
+        unauthorized = httpx.post(control_plane.url + "/v1/batches/list", json={})
+        assert unauthorized.status_code == 401
