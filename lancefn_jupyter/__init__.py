@@ -27,6 +27,8 @@ __all__ = [
     "version_history",
     "GpuFunction",
     "Job",
+    "Batch",
+    "BatchError",
     "RemoteFunctionError",
 ]
 

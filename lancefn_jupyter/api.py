@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from . import dataplane, display
+from .batch import Batch, BatchChunkError, BatchError
 from .client import Client, Forbidden, LancefnError
 from .models import (
     TERMINAL_STATES,
@@ -60,6 +61,9 @@ __all__ = [
     "UnregisteredFunction",
     "NotRegisteredError",
     "Job",
+    "Batch",
+    "BatchError",
+    "BatchChunkError",
     "JobError",
     "RemoteFunctionError",
     "JobCancelled",

@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
-from . import batching, display
+from . import batching
+from .batch_display import batch_card
 from .batch_models import Batch as BatchRecord
 from .client import Client, LancefnError
 from .models import TERMINAL_STATES, JobState, display_state
@@ -252,9 +253,13 @@ class Batch:
         seen: set[int] = set()
         revision: Optional[int] = None
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            snapshot = self._client.batches.wait(self.batch_id, timeout=left, revision=revision)
-            self._snapshot, revision = snapshot, snapshot.revision
+            if revision is None:
+                snapshot = self.refresh()  # what has finished already, without waiting
+            else:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                snapshot = self._client.batches.wait(self.batch_id, timeout=left, revision=revision)
+                self._snapshot = snapshot
+            revision = snapshot.revision
             for chunk in snapshot.chunks or ():
                 if chunk.index in seen:
                     continue
@@ -293,4 +298,4 @@ class Batch:
         return batch_bundle(self)
 
     def __repr__(self) -> str:
-        return display.batch_card(self.snapshot)[0]
+        return batch_card(self.snapshot)[0]

@@ -33,6 +33,8 @@ __all__ = [
     "FunctionCardWidget",
     "job_widget",
     "job_bundle",
+    "BatchWidget",
+    "batch_bundle",
     "function_card_bundle",
 ]
 
@@ -41,6 +43,7 @@ _LAZY = {
     "JobsDashboard": "._dashboard",
     "GpuClassesWidget": "._classes",
     "FunctionCardWidget": "._card",
+    "BatchWidget": "._batch",
 }
 
 
@@ -69,6 +72,22 @@ def job_bundle(job: Any) -> dict:
     from .. import display
 
     return rich_bundle(lambda: job_widget(job), lambda: display.job_card(job.snapshot))
+
+
+def batch_bundle(batch: Any) -> dict:
+    """A `Batch`'s display: its live widget where widgets work, else the text/HTML card."""
+    from ..batch_display import batch_card
+
+    def make() -> Any:
+        widget = getattr(batch, "_widget", None)
+        if widget is None or getattr(widget, "comm", None) is None:
+            from ._batch import BatchWidget
+
+            widget = BatchWidget(batch.batch_id, client=batch._client, function=batch._function)
+            batch._widget = widget
+        return widget
+
+    return rich_bundle(make, lambda: batch_card(batch.snapshot))
 
 
 def function_card_bundle(handle: Any) -> dict:

@@ -167,6 +167,7 @@ class EventListener:
         self._usage = _Subscribers()  # None → callbacks(list[GpuUsage])
         self._resync = _Subscribers()  # None → callbacks(client) after a fresh connect
         self._ticks = _Subscribers()  # None → callbacks() once per tick
+        self._batches = _Subscribers()  # batch_id (None: every batch) → callbacks(Batch); `batch` events
         self._terminal: set[str] = set()  # subscribed jobs last seen terminal (no resync needed)
         self._pending: dict[str, Any] = {}  # last Job model of each job in the queue shadow
         self.queue = _QueueShadow()
@@ -260,6 +261,11 @@ class EventListener:
         with self._lock:
             self._usage.add(None, callback)
 
+    def subscribe_batch(self, batch_id: Optional[str], callback: Callable[[Any], None]) -> None:
+        """`callback(batch)` on every `batch` event of `batch_id` (None: of every batch)."""
+        with self._lock:
+            self._batches.add(batch_id, callback)
+
     def subscribe_tick(self, callback: Callable[[], None]) -> None:
         with self._lock:
             self._ticks.add(None, callback)
@@ -270,12 +276,12 @@ class EventListener:
             if job_id is not None:
                 self._jobs.discard_owner(owner, job_id)
                 return
-            for group in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks):
+            for group in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks, self._batches):
                 group.discard_owner(owner)
 
     def subscriber_count(self) -> int:
         with self._lock:
-            return sum(g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks))
+            return sum(g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks, self._batches))
 
     def observe_rest(self, job: Any) -> Any:
         """A job read over REST by a widget: fills the queue shadow; returns the snapshot to show."""
@@ -457,6 +463,8 @@ class EventListener:
                 _call(hook, job if job is not None else data)
         elif event.event == "queue" and isinstance(event.data, dict):
             self._deliver_expected(event.data.get("expected_start_ms") or {})
+        elif event.event == "batch" and isinstance(event.data, dict):
+            self._dispatch_batch(event.data)
         elif event.event == "usage" and isinstance(event.data, dict):
             try:
                 usage = [GpuUsage.from_wire(item) for item in event.data.get("classes", [])]
@@ -481,6 +489,21 @@ class EventListener:
         for updated, callbacks in changed:
             for callback in [*callbacks, *everyone]:
                 _call(callback, updated)
+
+    def _dispatch_batch(self, data: dict) -> None:
+        with self._lock:
+            callbacks = self._batches.get(data.get("batch_id")) + self._batches.get(None)
+        if not callbacks:
+            return
+        from ..batch_models import Batch
+
+        try:
+            batch = Batch.from_wire(data)
+        except Exception as error:
+            self.last_error = f"unreadable batch event: {error}"
+            return
+        for callback in callbacks:
+            _call(callback, batch)
 
     def _deliver_usage(self, usage: list) -> None:
         self.usage = usage

@@ -1,0 +1,157 @@
+"""The batch widget: what `f.map(..., parallel=…)` and a `Batch` handle display.
+
+    [running] batch 3f2a…  embed@5c1e…
+    [██████░░░░] 640/1000 rows (64%) · 12 finished, 2 running, 6 pending of 20 chunks · 210 rows/s · 2s left
+    ▮▮▮▮▮▮▮▮▮▮▮▮▮▮▯▯▯▯▯▯   (one cell per chunk, coloured by state)
+    chunk 7 (rows 350–399) failed in phase run: ValueError …
+    [Cancel] [Retry failed]
+
+Child widgets are public attributes (`badge`, `title`, `progress`, `progress_label`, `strip`,
+`error`, `cancel_button`, `retry_button`). State comes from REST once, then from the kernel's event
+listener (`batch` events); the ticker re-reads it while the stream is down.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any, Optional
+
+import ipywidgets as w
+
+from .. import display
+from ..batch_display import STRIP_COLOURS, batch_card, batch_summary, strip_cells
+from ..batch_models import STRIP_STATES
+from ..client.errors import LancefnError
+from ..models import TERMINAL_STATES, JobState, display_state
+from ._listener import EventListener, bind, start_listener
+from ._support import FallbackReprMixin
+
+__all__ = ["BatchWidget"]
+
+_BAR_STYLE = {JobState.IN_PROGRESS: "info", JobState.DONE: "success", JobState.FAILED: "danger", JobState.CANCELLED: "warning"}
+
+
+class BatchWidget(FallbackReprMixin, w.VBox):
+    """Live state of one batch: progress over all rows, rows/s, time left, chunk strip, failure, Cancel."""
+
+    def __init__(self, batch_id: str, *, client: Any = None, function: Any = None, listener: Optional[EventListener] = None, start: bool = True):
+        self.batch_id = batch_id
+        self._client, self._listener = bind(client, listener)
+        self._function = function
+        self._lock = threading.RLock()
+        self._snapshot: Any = None
+        self.badge = w.HTML(layout=w.Layout(width="auto"))
+        self.title = w.HTML(layout=w.Layout(width="auto"))
+        self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="260px"))
+        self.progress_label = w.Label()
+        self.strip = w.HTML()
+        self.error = w.HTML(layout=w.Layout(display="none"))
+        self.cancel_button = w.Button(description="Cancel", icon="stop", tooltip=f"Cancel batch {batch_id}", layout=w.Layout(width="auto"))
+        self.retry_button = w.Button(
+            description="Retry failed", icon="redo", tooltip="Run again only the chunks that did not finish",
+            layout=w.Layout(width="auto", display="none"),
+        )
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.retry_button.on_click(lambda _b: self.retry_failed())
+        super().__init__(
+            children=[
+                w.HBox([self.badge, self.title]),
+                w.HBox([self.progress, self.progress_label]),
+                self.strip,
+                self.error,
+                w.HBox([self.cancel_button, self.retry_button]),
+            ],
+            layout=w.Layout(border="1px solid #ddd", padding="4px", margin="2px 0", width="auto"),
+        )
+        self.add_class("lancefn-batch-widget")
+        self._listener.subscribe_batch(batch_id, self._on_event)
+        self._listener.subscribe_tick(self._on_tick)
+        if start:
+            start_listener() if listener is None else self._listener.start()
+        self._apply(self._client.batches.describe(batch_id, include_chunks=False))
+
+    @property
+    def snapshot(self) -> Any:
+        return self._snapshot
+
+    @property
+    def state(self) -> str:
+        return display_state(self._snapshot.batch_state) if self._snapshot is not None else "unknown"
+
+    def _fallback(self) -> tuple[str, str]:
+        if self._snapshot is None:
+            return f"Batch {self.batch_id}", f"<code>{html.escape(self.batch_id)}</code>"
+        return batch_card(self._snapshot)
+
+    def _on_event(self, batch: Any) -> None:
+        self._apply(batch)
+
+    def _on_tick(self) -> None:
+        batch = self._snapshot
+        if batch is None or batch.batch_state in TERMINAL_STATES:
+            return
+        if not self._listener.is_live():  # batch events are live only: re-read while the stream is down
+            try:
+                batch = self._client.batches.describe(self.batch_id, include_chunks=False)
+            except LancefnError:
+                return
+        self._apply(batch)  # rows/s and time left move with the clock
+
+    def _apply(self, batch: Any) -> None:
+        with self._lock:
+            previous = self._snapshot
+            if previous is not None and batch.revision < previous.revision:
+                return  # an older event
+            self._snapshot = batch
+            terminal = batch.batch_state in TERMINAL_STATES
+            self.cancel_button.disabled = terminal
+            failed = batch.chunk_counts.get("FAILED", 0) + batch.chunk_counts.get("CANCELLED", 0)
+            self.retry_button.layout.display = None if terminal and failed else "none"
+            self.badge.value = display.state_badge_html(display_state(batch.batch_state))
+            self.title.value = (
+                f"<span style='margin-left:6px'>batch <code title='{html.escape(batch.batch_id)}'>{html.escape(batch.batch_id[:12])}</code>"
+                f" <b>{html.escape(batch.name)}@{html.escape(batch.version)}</b></span>"
+            )
+            self.progress.max = max(batch.rows_total, 1)
+            self.progress.value = min(batch.rows_done, self.progress.max)
+            self.progress.bar_style = _BAR_STYLE.get(batch.batch_state, "")
+            pct = 100 * batch.rows_done / batch.rows_total if batch.rows_total else 0
+            self.progress_label.value = f"{batch.rows_done}/{batch.rows_total} rows ({pct:.0f}%) · {batch_summary(batch)}"
+            self.strip.value = "".join(
+                f"<span class='lancefn-chunk lancefn-chunk-{STRIP_STATES[c]}' title='{STRIP_STATES[c]}' "
+                f"style='display:inline-block;width:8px;height:12px;margin-right:1px;background:{STRIP_COLOURS[c]}'></span>"
+                for c in strip_cells(batch.strip)
+            )
+            failure = batch.failure
+            if failure is not None:
+                trace = failure.traceback or ""
+                if trace and self._function is not None:
+                    trace = self._function._map_traceback(trace)
+                self.error.value = (
+                    f"<div class='lancefn-job-error' style='color:#c62828'>chunk {failure.chunk} (rows {failure.row_start}–"
+                    f"{failure.row_end - 1}) failed in phase <b>{html.escape(failure.phase)}</b>: {html.escape(failure.message)}</div>"
+                    + (f"<details><summary>remote traceback (your code only)</summary><pre style='font-size:90%'>{html.escape(trace)}</pre></details>" if trace else "")
+                )
+                self.error.layout.display = None
+            else:
+                self.error.layout.display = "none"
+
+    def cancel(self) -> bool:
+        try:
+            cancelled = self._client.batches.cancel(self.batch_id)
+            self._apply(self._client.batches.describe(self.batch_id, include_chunks=False))
+        except LancefnError as error:
+            self.progress_label.value = f"cancel failed: {error}"
+            return False
+        return cancelled
+
+    def retry_failed(self) -> None:
+        try:
+            self._apply(self._client.batches.retry(self.batch_id))
+        except LancefnError as error:
+            self.progress_label.value = f"retry failed: {error}"
+
+    def close(self) -> None:
+        self._listener.unsubscribe(self)
+        super().close()
