@@ -247,11 +247,23 @@ class Batch:
 
         A chunk that fails after its retries raises BatchError once reached (or yields
         BatchChunkError values with `return_exceptions=True`)."""
+        for chunk, values in self.chunks_as_completed(timeout):
+            if isinstance(values, BatchChunkError):
+                if not self.return_exceptions:
+                    self._raise(self.refresh() if self.done else self.snapshot)
+                yield from ((i, values) for i in range(chunk.row_start, chunk.row_end))
+            else:
+                yield from enumerate(values, start=chunk.row_start)
+
+    def chunks_as_completed(self, timeout: Optional[float] = None) -> Iterator[tuple[Any, Any]]:
+        """`(chunk, its rows' results)` as chunks finish, or `(chunk, BatchChunkError)` for one
+        that failed after its retries (a cancelled chunk only once the batch has ended)."""
         import time
 
         deadline = None if timeout is None else time.monotonic() + timeout
         seen: set[int] = set()
         revision: Optional[int] = None
+        ended = (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)
         while True:
             if revision is None:
                 snapshot = self.refresh()  # what has finished already, without waiting
@@ -260,21 +272,17 @@ class Batch:
                 snapshot = self._client.batches.wait(self.batch_id, timeout=left, revision=revision)
                 self._snapshot = snapshot
             revision = snapshot.revision
+            terminal = snapshot.batch_state in TERMINAL_STATES
             for chunk in snapshot.chunks or ():
                 if chunk.index in seen:
                     continue
                 if chunk.state == JobState.DONE:
                     seen.add(chunk.index)
-                    yield from enumerate(self._chunk_rows(chunk), start=chunk.row_start)
-                elif chunk.state in (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED) and (
-                    snapshot.batch_state in TERMINAL_STATES or chunk.state != JobState.CANCELLED
-                ):
+                    yield chunk, self._chunk_rows(chunk)
+                elif chunk.state in ended and (terminal or chunk.state != JobState.CANCELLED):
                     seen.add(chunk.index)
-                    if not self.return_exceptions:
-                        self._raise(self.refresh() if snapshot.batch_state in TERMINAL_STATES else snapshot)
-                    error = self._chunk_error(chunk)
-                    yield from ((i, error) for i in range(chunk.row_start, chunk.row_end))
-            if snapshot.batch_state in TERMINAL_STATES:
+                    yield chunk, self._chunk_error(chunk)
+            if terminal:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s")
