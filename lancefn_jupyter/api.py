@@ -228,11 +228,37 @@ def list_jobs(*, state: Optional[str] = None, name: Optional[str] = None, limit:
     """Recent `run_function` jobs, newest first."""
     client = current_client()
     jobs = client.jobs.list(state=state, name=name, job_type="run_function", limit=limit)
+    batches = _recent_batches(client, name)
+    if batches:  # batch rows above the jobs (their chunk jobs are among the jobs)
+        from .batch_display import batches_table
+
+        def render() -> tuple[str, str]:
+            (bt, bh), (jt, jh) = batches_table(batches), display.jobs_table(jobs)
+            return f"{bt}\n\n{jt}", bh + jh
+
+        return _Rendered(jobs, render, widget=lambda: _jobs_with_batches(batches, state, name, limit, client))
     return _Rendered(
         jobs,
         lambda: display.jobs_table(jobs),
         widget=lambda: _widget("JobsDashboard", state=state, name=name, limit=limit, client=client),
     )
+
+
+_BATCH_ROWS = 5  # recent batches `%gpu_jobs` shows
+
+
+def _recent_batches(client: Client, name: Optional[str]) -> list:
+    try:
+        return client.batches.list(name=name, limit=_BATCH_ROWS)
+    except LancefnError:  # a server without batches, or a key without the privilege
+        return []
+
+
+def _jobs_with_batches(batches: list, state: Optional[str], name: Optional[str], limit: int, client: Client) -> Any:
+    import ipywidgets
+
+    rows = [_widget("BatchWidget", batch.batch_id, client=client) for batch in batches]
+    return ipywidgets.VBox([*rows, _widget("JobsDashboard", state=state, name=name, limit=limit, client=client)])
 
 
 def _widget(kind: str, *args: Any, **kwargs: Any) -> Any:

@@ -91,3 +91,26 @@ def batch_card(batch: Batch, now_ms: Optional[float] = None) -> tuple[str, str]:
         + "</div>"
     )
     return text, markup
+
+
+def batches_table(batches: list[Batch], now_ms: Optional[float] = None) -> tuple[str, str]:
+    """The batch rows `%gpu_jobs` shows above its jobs (text and HTML)."""
+    from .display import render_table
+
+    rows = []
+    for batch in batches:
+        rate, left = batch_rate(batch, now_ms)
+        failure = batch.failure
+        rows.append(
+            [
+                batch.batch_id,
+                f"{batch.name}@{batch.version}",
+                display_state(batch.batch_state),
+                f"{batch.rows_done}/{batch.rows_total}",
+                f"[{strip_cells(batch.strip, 32)}]",
+                f"{rate:,.1f}" if rate is not None else "",
+                format_elapsed(left) if left is not None else "",
+                f"chunk {failure.chunk} (rows {failure.row_start}–{failure.row_end - 1}): {failure.message}" if failure else "",
+            ]
+        )
+    return render_table(["batch", "function", "state", "rows", "chunks", "rows/s", "left", "error"], rows, title="GPU batches")

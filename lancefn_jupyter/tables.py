@@ -149,7 +149,9 @@ class TableMap:
             for chunk, values in self.batch.chunks_as_completed():
                 if isinstance(values, BatchChunkError):
                     continue  # written once retried; `.result()` reports it
-                data = pa.table({self.key: self._keys[chunk.row_start : chunk.row_end], self.into: pa.array(values, type=self._type)})
+                # One source row per key (merge_insert refuses ambiguity); equal keys have equal inputs.
+                unique = dict(zip(self._keys[chunk.row_start : chunk.row_end], values))
+                data = pa.table({self.key: list(unique), self.into: pa.array(list(unique.values()), type=self._type)})
                 with self._lock:
                     self.table.merge_insert(self.key).when_matched_update_all().execute(data)  # one commit per chunk
                     self.rows_written += chunk.row_end - chunk.row_start

@@ -182,3 +182,12 @@ def test_batch_widget_follows_the_batch_and_text_fallback_reads_well(cp, gate, t
     assert strip_cells("d" * 100 + "f" + "d" * 27, 64) == "d" * 50 + "f" + "d" * 13
     text, markup = batch_card(batch.refresh())
     assert "cancelled" in text and "<progress" in markup
+
+
+def test_gpu_jobs_shows_batch_rows_above_the_jobs(cp, gate, tmp_path):
+    open_all(tmp_path, 2)
+    batch = gate.map(rows(tmp_path, [1, -2]), parallel="auto", chunk_size=1)
+    batch.wait()
+    text = repr(api.list_jobs())
+    assert text.startswith("GPU batches") and batch.batch_id in text and "[df]" in text
+    assert "chunk 1 (rows 1–1): ValueError" in text and "GPU jobs" in text

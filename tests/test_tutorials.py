@@ -32,6 +32,7 @@ TUTORIALS = (
     "02-gpu-classes-and-capacity.ipynb",
     "03-numba-cuda-locally.ipynb",
     "04-profiles-and-remote.ipynb",
+    "05-batches-and-tables.ipynb",
 )
 CELL_TIMEOUT_S = 240
 
@@ -249,6 +250,26 @@ def test_04_profiles_and_remote(run_tutorial):
     assert "result from the shared control plane: 42.0" in nb.text("check-remote-job")
     assert "lancefn-server stopped with exit code 0" in nb.all_outputs()
     assert not list(nb.tmp.glob("lancefn-tutorial-04-*"))
+
+
+def test_05_batches_and_tables(run_tutorial):
+    nb = run_tutorial("05-batches-and-tables.ipynb")
+
+    assert "GPU function slow_square" in nb.text("check-register") or "slow_square" in nb.text("check-register")
+    assert "Batch " in nb.text("check-batch")
+    result = nb.text("check-result")
+    assert "first five: [0.0, 1.0, 4.0, 9.0, 16.0] rows: 24" in result and "24/24 rows (100%)" in result
+    assert "array([ 0.,  1.,  4.,  9., 16., 25.])" in nb.text("check-numpy")
+    assert "rows received: True" in nb.text("check-as-completed")
+    failure = nb.text("check-failure")
+    assert "chunk 2 (rows 6–8) failed in phase run: ValueError: 7 needs the fix file" in failure
+    assert "3 of 4 chunks finished" in failure and "cell line 6, in fragile" in failure
+    assert "after retry: [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111]" in nb.text("check-retry")
+    backfill = nb.text("check-backfill")
+    assert "300/300 rows written" in backfill
+    assert "rows: 300 | still empty: 0 | same as a plain loop: True" in backfill
+    assert "0/0 rows written" in nb.text("check-backfill-again")
+    assert not list(nb.tmp.glob("lancefn-tutorial-05-*"))
 
 
 def test_headless_quickstart_prints_a_version_and_a_finished_job(tmp_path):
