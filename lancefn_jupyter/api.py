@@ -749,19 +749,21 @@ class GpuFunction:
         fresh: bool = False,
         column: Optional[str] = None,
         into: Optional[str] = None,
+        key: Optional[str] = None,
     ) -> Any:
         """Run the function over every item.
 
         `parallel=1, chunk_size=None` (the default): one job, one row per item (a `Job`).
         `parallel="auto"` or N, a `chunk_size`, `retries`, or `fresh`: a batch of chunk jobs spread
         over the class's GPUs (a `Batch`; docs/ARCHITECTURE.md, "Batches"). A LanceDB table with
-        `column=` reads that column; `into=` writes the results back as a new column.
+        `column=` reads that column; `into=` writes the results back as a new column (rows matched on `key`,
+        default `column`).
         """
-        if column is not None or into is not None or _is_lance_table(items):
+        if column is not None or into is not None or key is not None or _is_lance_table(items):
             from .tables import map_table
 
             return map_table(
-                self, items, column=column, into=into, parallel=parallel, chunk_size=chunk_size,
+                self, items, column=column, into=into, key=key, parallel=parallel, chunk_size=chunk_size,
                 retries=retries, return_exceptions=return_exceptions, fresh=fresh,
             )
         if parallel == 1 and chunk_size is None and not retries and not fresh:

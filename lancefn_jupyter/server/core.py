@@ -632,18 +632,20 @@ class ControlPlane:
         home: str = DEFAULT_NAMESPACE,
         arrow_rows: Any = None,
         spec_extra: dict | None = None,
+        rows_checked: bool = False,
     ) -> str:
         """Queue a job; it belongs to the function's namespace (whose env it runs with).
         ``arrow_rows``: the path of an Arrow IPC rows file (instead of JSON ``rows``): a body the
         route streamed to a temp file, or a client's upload; it is checked, then kept as the job's rows.
-        ``spec_extra`` (a batch's chunk jobs: batch_id, chunk, row_start) goes into the job's spec."""
+        A batch's chunk jobs pass ``spec_extra`` (batch_id, chunk, row_start: kept in the job's spec)
+        and ``rows_checked`` (their rows were checked when the batch was created)."""
         definition, dropped, owner = self._version(name, version, namespace, scope, home)
         if dropped:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to run it")
         fv = FunctionVersion.from_wire(definition)
         if arrow_rows is not None:
             rows = self._take_arrow_rows(fv, arrow_rows)
-        else:
+        elif not rows_checked:
             self._check_rows(fv, rows)
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ApiError(400, "timeout_s must be a number of seconds > 0, or omitted for no timeout")
