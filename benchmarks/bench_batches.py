@@ -71,11 +71,10 @@ def ray_side(runs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="lancefn-bench-ray-") as tmp:
         ray.init(address="local", num_cpus=8, num_gpus=8, include_dashboard=False, log_to_driver=False, _temp_dir=tmp)
 
-        @ray.remote(num_gpus=1)
-        def g(chunk: list) -> list:
+        @ray.remote(num_gpus=1, max_calls=0)  # reuse workers, as our warm workers do (Ray's GPU default is 1 call)
+        def g_reuse(chunk: list) -> list:
             return [nap(x) for x in chunk]
 
-        g_reuse = g.options(max_calls=0)  # reuse workers, as our warm workers do (Ray's GPU default is 1 call)
         chunks = [list(range(i, i + CHUNK)) for i in range(0, ROWS, CHUNK)]
         ray.get([g_reuse.remote(c) for c in chunks])  # warm: 8 workers started
         samples = [timed(lambda: ray.get([g_reuse.remote(c) for c in chunks])) for _ in range(runs)]

@@ -537,3 +537,28 @@ def test_server_stop_leaves_no_ray_processes(ray_cp):
     assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
     assert ray_cp.stop() == 0
     _wait_no_session(bridge.pid, timeout=10)
+
+
+def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
+    """Each chunk is a Ray task of the class's resource, waiting in Ray for the class's GPUs."""
+    with ray_cp.http() as http:
+        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small")
+        gates = [tmp_path / f"chunk{i}" for i in range(4)]
+        for gate in gates[:3]:
+            gate.touch()
+        chunks = [[{"path": str(gate)}, {"path": str(gate)}] for gate in gates]
+        reply = http.post("/v1/batches/create", json={"name": "wait_for", "version": version, "chunks": chunks, "timeout_s": 30})
+        assert reply.status_code == 202, reply.text
+        batch_id = reply.json()["batch_id"]
+        deadline = time.monotonic() + SLOW
+        while (batch := http.post("/v1/batches/describe", json={"batch_id": batch_id}).json())["strip"] != "dddr":
+            assert time.monotonic() < deadline, batch
+            time.sleep(0.1)
+        jobs = [_job(http, chunk["job_id"]) for chunk in batch["chunks"]]
+        assert all(job["placement"]["gpu_class"] == "small" and job["spec"]["batch_id"] == batch_id for job in jobs)
+        gates[3].touch()
+        batch = http.post("/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": 60}, timeout=90).json()
+        assert batch["batch_state"] == "DONE", batch
+        for chunk in batch["chunks"]:
+            job = _finished(http, chunk["job_id"])  # `wait_for` returns the devices its task ran on
+            assert job["result"] == [",".join(job["placement"]["devices"])] * 2 and (chunk["row_start"], chunk["row_end"]) == (2 * chunk["index"], 2 * chunk["index"] + 2)
