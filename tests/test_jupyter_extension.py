@@ -48,6 +48,9 @@ POST_BODIES = {
     "jobs/describe": {"job_id": "no-such-job"},
     "jobs/cancel": {"job_id": "no-such-job"},
     "jobs/logs": {"job_id": "no-such-job"},
+    "batches/list": {"limit": 5},
+    "batches/describe": {"batch_id": "no-such-batch"},
+    "batches/cancel": {"batch_id": "no-such-batch"},
 }
 
 

@@ -26,6 +26,7 @@ import {
   mergeJobLists,
   usageMap
 } from './model';
+import { applyBatchEvent, IBatch } from './batches';
 import { apiUrl, eventsUrl, statusUrl } from './urls';
 
 export const NO_EXTENSION_MESSAGE =
@@ -50,6 +51,8 @@ export interface IPanelState {
   /** Each function's newest versions with their one-line change (`functions/history`); empty if unavailable. */
   history: Map<string, IVersionEntry[]>;
   lastEventId: string | null;
+  /** Recent batches (newest first); empty with a server that has none. */
+  batches: IBatch[];
 }
 
 /** The subset of `EventSource` the connection uses. */
@@ -179,6 +182,20 @@ export class LiveConnection {
     return (await this._call('POST', 'functions/diff', JSON.stringify({ name, new: version }))) as IVersionDiff;
   }
 
+  /** Cancels every pending or running chunk of a batch and applies its new state. */
+  async cancelBatch(batchId: string): Promise<void> {
+    const body = JSON.stringify({ batch_id: batchId });
+    await this._call('POST', 'batches/cancel', body);
+    try {
+      const batch = (await this._call('POST', 'batches/describe', JSON.stringify({ batch_id: batchId, include_chunks: false }))) as IBatch;
+      if (batch && batch.batch_id) {
+        this._update({ batches: applyBatchEvent(this._state.batches, batch) });
+      }
+    } catch {
+      // The event stream brings the new state anyway.
+    }
+  }
+
   private async _connect(): Promise<void> {
     const generation = ++this._generation;
     this._clearTimer();
@@ -274,6 +291,16 @@ export class LiveConnection {
         // ignore a malformed queue event
       }
     });
+    es.addEventListener('batch', ev => {
+      if (generation !== this._generation) {
+        return;
+      }
+      try {
+        this._update({ batches: applyBatchEvent(this._state.batches, JSON.parse(ev.data) as IBatch) });
+      } catch {
+        // ignore a malformed batch event
+      }
+    });
     es.addEventListener('usage', ev => {
       if (generation !== this._generation) {
         return;
@@ -291,11 +318,12 @@ export class LiveConnection {
     this._loading = true;
     this._eventsDuringLoad = [];
     try {
-      const [classes, usage, jobs, functions] = await Promise.allSettled([
+      const [classes, usage, jobs, functions, batches] = await Promise.allSettled([
         this._call('GET', 'gpu/classes'),
         this._call('GET', 'gpu/usage'),
         this._call('POST', 'jobs/list', JSON.stringify({ limit: this._jobsLimit })),
-        this._listFunctions()
+        this._listFunctions(),
+        this._call('POST', 'batches/list', JSON.stringify({ limit: 10 }))
       ]);
       if (generation !== this._generation) {
         return;
@@ -329,6 +357,11 @@ export class LiveConnection {
         patch.jobsError = null;
       } else {
         patch.jobsError = String((jobs.reason as Error).message ?? jobs.reason);
+      }
+      if (batches.status === 'fulfilled') {
+        // Batch events carry no id, so the list fetched on (re)open is the truth.
+        const list = (batches.value as { batches?: IBatch[] })?.batches;
+        patch.batches = (Array.isArray(list) ? list : []).reduce<IBatch[]>((all, b) => applyBatchEvent(all, b), []);
       }
       if (functions.status === 'fulfilled') {
         patch.functions = functions.value;
@@ -486,7 +519,8 @@ export class LiveConnection {
     functions: [],
     functionsError: null,
     history: new Map(),
-    lastEventId: null
+    lastEventId: null,
+    batches: []
   };
   private _listeners = new Set<(state: Readonly<IPanelState>) => void>();
   private _started = false;

@@ -9,6 +9,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import { BatchRows } from './batchesView';
 import { IPanelState, LiveConnection } from './connection';
 import {
   attachSnippet,
@@ -110,6 +111,8 @@ export class GpuFunctionsPanel extends Widget {
 
     const classes = this._section('GPU classes', 'lf-classes');
     this._classesBody = classes.body;
+    const batches = this._section('Batches', 'lf-batches');
+    this._batches = new BatchRows(batches.root, batches.body, batches.count, id => this.connection.cancelBatch(id));
     const jobs = this._section('Jobs', 'lf-jobs');
     this._jobsBody = jobs.body;
     this._jobsCount = jobs.count;
@@ -117,7 +120,7 @@ export class GpuFunctionsPanel extends Widget {
     this._functionsBody = functions.body;
     this._functionsCount = functions.count;
 
-    this.node.append(header, classes.root, jobs.root, functions.root);
+    this.node.append(header, classes.root, batches.root, jobs.root, functions.root);
     this._unsubscribe = this.connection.subscribe(state => this._render(state));
     this._render(this.connection.state);
   }
@@ -167,12 +170,14 @@ export class GpuFunctionsPanel extends Widget {
   private _render(state: Readonly<IPanelState>): void {
     this._renderStatus(state);
     this._renderClasses(state);
+    this._batches.render(state.batches ?? [], Date.now());
     this._renderJobs(state);
     this._renderFunctions(state);
     const needsTick =
       state.status.kind === 'unreachable' ||
       state.status.kind === 'error' ||
-      state.jobs.some(j => !isTerminal(j.job_state));
+      state.jobs.some(j => !isTerminal(j.job_state)) ||
+      (state.batches ?? []).some(b => !isTerminal(b.batch_state));
     if (needsTick) {
       this._startTicker();
     } else {
@@ -518,6 +523,7 @@ export class GpuFunctionsPanel extends Widget {
   private _statusText: HTMLElement;
   private _retry: HTMLButtonElement;
   private _classesBody: HTMLElement;
+  private _batches: BatchRows;
   private _jobsBody: HTMLElement;
   private _jobsCount: HTMLElement;
   private _functionsBody: HTMLElement;

@@ -48,6 +48,9 @@ ALLOWED_ROUTES: dict[str, frozenset[str]] = {
     "jobs/cancel": frozenset({"POST"}),
     "jobs/logs": frozenset({"POST"}),
     "jobs/events": frozenset({"GET"}),
+    "batches/list": frozenset({"POST"}),
+    "batches/describe": frozenset({"POST"}),
+    "batches/cancel": frozenset({"POST"}),
 }
 
 #: Largest request body forwarded (the allow-listed routes take small JSON objects).
