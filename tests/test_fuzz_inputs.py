@@ -384,6 +384,12 @@ def openapi_document() -> dict:
         "/v1/jobs/cancel": app_module._JobId,
         "/v1/jobs/logs": app_module._Logs,
         "/v1/jobs/wait": app_module._Wait,
+        "/v1/batches/create": app_module._BatchCreate,
+        "/v1/batches/describe": app_module._BatchDescribe,
+        "/v1/batches/list": app_module._ListBatches,
+        "/v1/batches/cancel": app_module._BatchId,
+        "/v1/batches/retry": app_module._BatchId,
+        "/v1/batches/wait": app_module._BatchWait,
     }
     posts = {path for path, ops in document["paths"].items() if "post" in ops}
     assert posts == set(bodies), f"describe the body of every POST route here: {sorted(posts ^ set(bodies))}"
@@ -391,7 +397,7 @@ def openapi_document() -> dict:
     for path, model in bodies.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
-        if path == "/v1/jobs/wait":
+        if path in ("/v1/jobs/wait", "/v1/batches/wait"):
             schema["properties"]["timeout_s"]["maximum"] = 0.2  # no long polls in a fuzz run
         document["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     document["components"]["securitySchemes"] = {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
