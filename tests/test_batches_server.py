@@ -270,3 +270,15 @@ def test_bad_input_is_refused_clearly_and_starts_nothing(control_plane, tmp_path
         assert http.post("/v1/batches/describe", json={"batch_id": "nope"}).status_code == 404
         unauthorized = httpx.post(control_plane.url + "/v1/batches/list", json={})
         assert unauthorized.status_code == 401
+
+
+def test_a_version_dropped_mid_batch_fails_the_chunks_not_yet_started_saying_why(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = gate_version(http)
+        batch_id = create(http, version, gate_chunks(tmp_path, [[1], [2], [3]]), parallel=1)["batch_id"]
+        wait_until(lambda: describe(http, batch_id)["strip"] == "rpp", "first chunk running")
+        assert http.post("/v1/functions/drop", json={"name": "gate", "version": version}).json() == {"dropped": True}
+        open_gates(tmp_path, 3)
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "FAILED" and batch["strip"] == "dff"
+        assert batch["failure"]["phase"] == "validation" and "was dropped" in batch["failure"]["message"]

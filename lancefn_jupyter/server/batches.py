@@ -417,9 +417,19 @@ class BatchManager:
             return
         window = batch.parallel or len(batch.chunks)
         if batch.waiting and len(batch.live) < window and not batch.cancel_requested:
+            from .core import ApiError
+
             with self.store.batch():
                 while batch.waiting and len(batch.live) < window:
-                    self._submit(batch, batch.chunks[batch.waiting.popleft()])
+                    chunk = batch.chunks[batch.waiting.popleft()]
+                    try:
+                        self._submit(batch, chunk)
+                    except ApiError as error:
+                        if self._fresh_rows is not None:
+                            raise  # creating the batch: the request fails and nothing is kept
+                        # E.g. the version was dropped since: the chunk fails, saying why.
+                        chunk.failure = {"phase": "validation", "message": error.message}
+                        self._set_chunk(batch, chunk, FAILED)
         if batch.live or batch.waiting:
             return
         if batch.cancel_requested:
