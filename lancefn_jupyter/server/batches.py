@@ -89,10 +89,15 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def input_digest(chunks: list) -> str:
-    """What makes two maps "the same input": the rows and how they are cut (chunk boundaries)."""
-    canonical = json.dumps(chunks, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+def input_digest(encoded_chunks: list[str]) -> str:
+    """What makes two maps "the same input": the rows and how they are cut (chunk boundaries).
+    Over each chunk's JSON as sent (a client builds rows in signature order, so the same map
+    encodes the same; a differently ordered row only misses a reuse)."""
+    digest = hashlib.sha256()
+    for text in encoded_chunks:
+        digest.update(len(text).to_bytes(8, "big"))
+        digest.update(text.encode("utf-8"))
+    return "sha256:" + digest.hexdigest()
 
 
 @dataclass
@@ -184,8 +189,8 @@ class BatchManager:
             raise ApiError(400, "parallel must be ≥ 1, or null for as many as the class has GPUs ('auto')")
         if not 0 <= retries <= MAX_RETRIES:
             raise ApiError(400, f"retries must be between 0 and {MAX_RETRIES}")
-        self._check_chunks(fv, chunks)
-        digest = input_digest(chunks)
+        encoded = self._check_chunks(fv, chunks)
+        digest = input_digest(encoded)
         with core._lock:
             if not fresh:
                 previous = self._find(namespace, name, version, digest)
@@ -222,7 +227,7 @@ class BatchManager:
                 )
                 self.store.executemany(
                     "INSERT INTO batch_chunks(batch_id, idx, row_start, row_end, rows, state) VALUES(?,?,?,?,?,?)",
-                    [(batch.batch_id, c.idx, c.row_start, c.row_end, _dumps(rows), PENDING) for c, rows in zip(batch.chunks, chunks)],
+                    [(batch.batch_id, c.idx, c.row_start, c.row_end, text, PENDING) for c, text in zip(batch.chunks, encoded)],
                 )
                 self._batches[batch.batch_id] = batch
                 try:
@@ -236,17 +241,20 @@ class BatchManager:
             return {"batch_id": batch.batch_id, "reused_chunks": 0}
 
     @staticmethod
-    def _check_chunks(fv: FunctionVersion, chunks: list) -> None:
-        """Every row fits the signature (the message names chunk and row). Fast path: the parameter
-        names per row and one JSON encoding per chunk; the core's per-row check only to name a problem."""
+    def _check_chunks(fv: FunctionVersion, chunks: list) -> list[str]:
+        """Every row fits the signature (the message names chunk and row); returns each chunk's JSON.
+        Fast path: the parameter names per row and one JSON encoding per chunk; the core's per-row
+        check only to name a problem."""
         from .core import ApiError, ControlPlane
 
         wanted = {p.name for p in fv.signature.inputs}
+        encoded = []
         for i, rows in enumerate(chunks):
             try:
-                ok = isinstance(rows, list) and rows and all(type(row) is dict and row.keys() == wanted for row in rows)
-                if ok:
-                    _dumps(rows).encode("utf-8")
+                if isinstance(rows, list) and rows and all(type(row) is dict and row.keys() == wanted for row in rows):
+                    text = _dumps(rows)
+                    text.encode("utf-8")  # lone surrogates
+                    encoded.append(text)
                     continue
             except (TypeError, ValueError):
                 pass
@@ -254,6 +262,8 @@ class BatchManager:
                 ControlPlane._check_rows(fv, rows)
             except ApiError as error:
                 raise ApiError(400, f"chunks[{i}]: {error.message}") from None
+            raise ApiError(400, f"chunks[{i}] cannot be stored as JSON; send rows of JSON values")  # pragma: no cover
+        return encoded
 
     def describe(self, batch_id: str, *, include_chunks: bool = True) -> dict:
         with self.core._lock:
