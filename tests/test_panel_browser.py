@@ -366,3 +366,30 @@ def test_missing_server_extension_is_explained_not_polled(page, tmp_path):
         screenshot(page, "panel-no-server-extension")
     finally:
         server.stop()
+
+
+def test_a_batch_row_shows_rows_chunks_by_state_and_cancels(page, lab):
+    open_lab(page, lab.server, workspace="batches")
+    open_panel(page)
+    with lab.cp.http() as http:
+        version = register_gate_function(http, num_gpus=1)
+        done, never = lab.tmp / "batch-done", lab.tmp / "batch-never"
+        done.write_text("open")
+        chunks = [[{"path": str(path)}] * 2 for path in (done, done, never, never, never)]
+        reply = http.post("/v1/batches/create", json={"name": "wait_for", "version": version, "chunks": chunks})
+        assert reply.status_code == 202, reply.text
+        batch_id = reply.json()["batch_id"]
+        row = page.locator(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"][data-state="running"]')
+        row.wait_for()
+        # Two chunks finished, two running on the two GPUs, one waiting: one strip cell per chunk.
+        page.wait_for_selector(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"] .lf-progress-text:text("4/10 rows")')
+        cells = row.locator(".lf-chunk")
+        assert [cells.nth(i).get_attribute("title") for i in range(5)] == ["finished", "finished", "running", "running", "pending"]
+        assert "2 finished, 2 running, 1 pending of 5 chunks" in row.locator(".lf-batch-detail").inner_text()
+        screenshot(page, "panel-batch")
+        row.locator(".lf-job-cancel").click()
+        cancelled = page.locator(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"][data-state="cancelled"]')
+        cancelled.wait_for()
+        assert cancelled.locator(".lf-job-cancel").is_hidden()
+        state = http.post("/v1/batches/describe", json={"batch_id": batch_id}).json()
+        assert state["batch_state"] == "CANCELLED" and state["strip"] == "ddccc"
