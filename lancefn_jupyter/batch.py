@@ -140,7 +140,7 @@ class Batch:
         self.return_exceptions = return_exceptions
         self.reused_chunks = 0
         self._snapshot = snapshot
-        self._results: dict[int, list] = {}  # chunk index → its rows' results (fetched once)
+        self._results: dict[int, Any] = {}  # chunk index → its rows' results (fetched once)
         self._widget: Any = None
 
     @classmethod
@@ -199,13 +199,20 @@ class Batch:
         return self
 
     # -- results
-    def _chunk_rows(self, chunk: Any) -> list:
+    def _chunk_value(self, chunk: Any) -> Any:
+        """A finished chunk's results as its job returns them (through the jobs' result transport)."""
         if chunk.index not in self._results:
             from .api import Job
 
-            value = Job(chunk.job_id, client=self._client, function=self._function).result()
-            self._results[chunk.index] = value.tolist() if hasattr(value, "tolist") else list(value)
+            self._results[chunk.index] = Job(chunk.job_id, client=self._client, function=self._function).result()
         return self._results[chunk.index]
+
+    def _chunk_rows(self, chunk: Any) -> list:
+        """A finished chunk's results, one item per row."""
+        value = self._chunk_value(chunk)
+        if hasattr(value, "to_pylist"):  # an Arrow table / array
+            return value.to_pylist()
+        return list(value)
 
     def _chunk_error(self, chunk: Any) -> BatchChunkError:
         failure = chunk.failure or {}
@@ -252,7 +259,7 @@ class Batch:
         parts: list = []
         for chunk in snapshot.chunks or ():
             if chunk.state == JobState.DONE:
-                parts.append(self._chunk_rows(chunk))
+                parts.append(self._chunk_value(chunk))
             else:
                 parts.append([self._chunk_error(chunk)] * (chunk.row_end - chunk.row_start))
         if snapshot.batch_state != JobState.DONE:

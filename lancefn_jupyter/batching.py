@@ -94,5 +94,8 @@ def stack(kind: str, chunk_results: Sequence[Any]) -> Any:
         return pa.concat_tables(tables)
     out: list = []
     for part in chunk_results:
-        out.extend(part.tolist() if hasattr(part, "tolist") else list(part))
+        if hasattr(part, "to_pylist"):
+            out.extend(part.to_pylist())
+        else:
+            out.extend(part.tolist() if hasattr(part, "tolist") else list(part))
     return out
