@@ -594,29 +594,30 @@ def create_app(
     @app.post("/v1/batches/create", status_code=202, dependencies=[require("functions")])
     async def create_batch(request: Request) -> dict:
         body = await _parse(request, _BatchCreate)
-        return core.batches.create(
-            body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s, fresh=body.fresh
+        return await _off_loop(
+            core.batches.create,
+            body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s, fresh=body.fresh,
         )
 
     @app.post("/v1/batches/describe", dependencies=[require("jobs")])
     async def describe_batch(request: Request) -> dict:
         body = await _parse(request, _BatchDescribe)
-        return core.batches.describe(body.batch_id, include_chunks=body.include_chunks)
+        return await _off_loop(core.batches.describe, body.batch_id, include_chunks=body.include_chunks)
 
     @app.post("/v1/batches/list", dependencies=[require("jobs")])
     async def list_batches(request: Request) -> dict:
         body = await _parse(request, _ListBatches)
-        return core.batches.list(state=body.state, name=body.name, limit=body.limit)
+        return await _off_loop(core.batches.list, state=body.state, name=body.name, limit=body.limit)
 
     @app.post("/v1/batches/cancel", dependencies=[require("jobs")])
     async def cancel_batch(request: Request) -> dict:
         body = await _parse(request, _BatchId)
-        return core.batches.cancel(body.batch_id)
+        return await _off_loop(core.batches.cancel, body.batch_id)
 
     @app.post("/v1/batches/retry", dependencies=[require("functions")])
     async def retry_batch(request: Request) -> dict:
         body = await _parse(request, _BatchId)
-        return core.batches.retry(body.batch_id)
+        return await _off_loop(core.batches.retry, body.batch_id)
 
     @app.post("/v1/batches/wait", dependencies=[require("jobs")])
     async def wait_batch(request: Request) -> dict:
