@@ -282,3 +282,38 @@ def test_a_version_dropped_mid_batch_fails_the_chunks_not_yet_started_saying_why
         batch = wait_batch(http, batch_id)
         assert batch["batch_state"] == "FAILED" and batch["strip"] == "dff"
         assert batch["failure"]["phase"] == "validation" and "was dropped" in batch["failure"]["message"]
+
+
+TEAM_KEYS = """
+[[api_keys]]
+name = "alice"
+key = "alice-key-000000001"
+namespace = "team-a"
+privileges = ["functions", "jobs"]
+
+[[api_keys]]
+name = "carol"
+key = "carol-key-000000003"
+privileges = ["functions", "jobs"]
+"""
+
+
+def test_a_batch_lives_in_its_functions_namespace_and_other_teams_cannot_see_it(control_plane_factory):
+    cp = control_plane_factory(api_keys=TEAM_KEYS)
+    alice = httpx.Client(base_url=cp.url, headers={"x-api-key": "alice-key-000000001"}, timeout=60)
+    carol = httpx.Client(base_url=cp.url, headers={"x-api-key": "carol-key-000000003"}, timeout=60)
+    with alice, carol, cp.http() as admin:
+        version = register(alice, registration_body("double"))["version"]
+        batch_id = create(alice, version, [[{"x": 1}], [{"x": 2}]], name="double")["batch_id"]
+        batch = wait_batch(alice, batch_id)
+        assert batch["batch_state"] == "DONE" and batch["namespace"] == "team-a"
+        assert all(job(alice, c["job_id"])["namespace"] == "team-a" for c in batch["chunks"])
+        # Another team: the same 404 as a batch that does not exist, and an empty list.
+        for path in ("/v1/batches/describe", "/v1/batches/cancel", "/v1/batches/retry", "/v1/batches/wait"):
+            reply = carol.post(path, json={"batch_id": batch_id})
+            assert reply.status_code == 404 and batch_id in reply.json()["error"]["message"], (path, reply.text)
+        assert carol.post("/v1/batches/list", json={}).json() == {"batches": []}
+        # Its function is not carol's either: she cannot start a batch of it.
+        assert carol.post("/v1/batches/create", json={"name": "double", "version": version, "chunks": [[{"x": 1}]]}).status_code == 404
+        # The admin sees every namespace.
+        assert [b["batch_id"] for b in admin.post("/v1/batches/list", json={}).json()["batches"]] == [batch_id]

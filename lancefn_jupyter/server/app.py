@@ -150,6 +150,7 @@ async def _off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
 class _BatchCreate(_Body):
     name: str
     version: str
+    namespace: Optional[str] = None  # which namespace's function (as for functions/run)
     chunks: Any  # a list of chunks, each a list of rows; checked against the signature by the core
     parallel: Optional[int] = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
     retries: int = Field(0, ge=0, le=10)
@@ -597,32 +598,33 @@ def create_app(
         return await _off_loop(
             core.batches.create,
             body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s, fresh=body.fresh,
+            **_pick(request, body.namespace),
         )
 
     @app.post("/v1/batches/describe", dependencies=[require("jobs")])
     async def describe_batch(request: Request) -> dict:
         body = await _parse(request, _BatchDescribe)
-        return await _off_loop(core.batches.describe, body.batch_id, include_chunks=body.include_chunks)
+        return await _off_loop(core.batches.describe, body.batch_id, include_chunks=body.include_chunks, scope=_who(request).scope)
 
     @app.post("/v1/batches/list", dependencies=[require("jobs")])
     async def list_batches(request: Request) -> dict:
         body = await _parse(request, _ListBatches)
-        return await _off_loop(core.batches.list, state=body.state, name=body.name, limit=body.limit)
+        return await _off_loop(core.batches.list, state=body.state, name=body.name, limit=body.limit, scope=_who(request).scope)
 
     @app.post("/v1/batches/cancel", dependencies=[require("jobs")])
     async def cancel_batch(request: Request) -> dict:
         body = await _parse(request, _BatchId)
-        return await _off_loop(core.batches.cancel, body.batch_id)
+        return await _off_loop(core.batches.cancel, body.batch_id, _who(request).scope)
 
     @app.post("/v1/batches/retry", dependencies=[require("functions")])
     async def retry_batch(request: Request) -> dict:
         body = await _parse(request, _BatchId)
-        return await _off_loop(core.batches.retry, body.batch_id)
+        return await _off_loop(core.batches.retry, body.batch_id, _who(request).scope)
 
     @app.post("/v1/batches/wait", dependencies=[require("jobs")])
     async def wait_batch(request: Request) -> dict:
         body = await _parse(request, _BatchWait)
-        return await core.batches.wait(body.batch_id, body.timeout_s, body.revision)
+        return await core.batches.wait(body.batch_id, body.timeout_s, body.revision, _who(request).scope)
 
     @app.get("/v1/jobs/events", dependencies=[require("jobs")])
     async def job_events(request: Request, last_event_id: Optional[str] = None) -> StreamingResponse:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..models import FunctionVersion, JobState
+from .namespaces import DEFAULT_NAMESPACE, visible
 
 if TYPE_CHECKING:  # pragma: no cover
     from .core import ControlPlane
@@ -53,7 +54,7 @@ BATCH_SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches(
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     batch_id TEXT NOT NULL UNIQUE,
-    namespace TEXT,                    -- reserved for namespaces (issue 14); NULL = the default one
+    namespace TEXT,                    -- the function's namespace: its chunk jobs run there, callers see it by scope
     name TEXT NOT NULL,
     version TEXT NOT NULL,
     input_digest TEXT NOT NULL,
@@ -169,7 +170,9 @@ class BatchManager:
         retries: int,
         timeout_s: float | None,
         fresh: bool,
-        namespace: str | None = None,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         """Validate everything, then record the batch and submit its first chunks (nothing is
         created when any check fails).  Same version + same input (+ same cut) and not ``fresh``:
@@ -177,7 +180,8 @@ class BatchManager:
         from .core import ApiError
 
         core = self.core
-        definition, dropped = core._version(name, version)
+        # The version the caller means (namespaces, as for functions/run); the batch lives in its namespace.
+        definition, dropped, namespace = core._version(name, version, namespace, scope, home)
         if dropped:
             raise ApiError(404, f"function version {name}@{version} was dropped; register it again to run it")
         fv = FunctionVersion.from_wire(definition)
@@ -265,12 +269,15 @@ class BatchManager:
             raise ApiError(400, f"chunks[{i}] cannot be stored as JSON; send rows of JSON values")  # pragma: no cover
         return encoded
 
-    def describe(self, batch_id: str, *, include_chunks: bool = True) -> dict:
+    def describe(self, batch_id: str, *, include_chunks: bool = True, scope: str | None = None) -> dict:
         with self.core._lock:
-            return self._wire(self._get(batch_id), include_chunks=include_chunks)
+            return self._wire(self._get(batch_id, scope), include_chunks=include_chunks)
 
-    def list(self, *, state: str | None, name: str | None, limit: int) -> dict:
+    def list(self, *, state: str | None, name: str | None, limit: int, scope: str | None = None) -> dict:
         clauses, args = [], []
+        if scope is not None:  # a namespace's key sees its own batches only
+            clauses.append("namespace=?")
+            args.append(scope)
         if state:
             clauses.append("state=?")
             args.append(state)
@@ -282,10 +289,10 @@ class BatchManager:
             ids = [row[0] for row in self.store.query(f"SELECT batch_id FROM batches{where} ORDER BY seq DESC LIMIT ?", (*args, limit))]
             return {"batches": [self._wire(self._get(i), include_chunks=False) for i in ids]}
 
-    def cancel(self, batch_id: str) -> dict:
+    def cancel(self, batch_id: str, scope: str | None = None) -> dict:
         """Cancel every chunk still pending or running; finished chunks keep their results."""
         with self.core._lock:
-            batch = self._get(batch_id)
+            batch = self._get(batch_id, scope)
             if batch.state in _TERMINAL:
                 return {"batch_id": batch_id, "cancelled": False}
             batch.cancel_requested = True
@@ -301,10 +308,10 @@ class BatchManager:
             self._changed(batch)
             return {"batch_id": batch_id, "cancelled": True}
 
-    def retry(self, batch_id: str) -> dict:
+    def retry(self, batch_id: str, scope: str | None = None) -> dict:
         """Run again every chunk that did not finish (failed or cancelled); finished ones are kept."""
         with self.core._lock:
-            batch = self._get(batch_id)
+            batch = self._get(batch_id, scope)
             redo = [c for c in batch.chunks if c.state in (FAILED, CANCELLED, TIMED_OUT)]
             if not redo:
                 return self._wire(batch, include_chunks=False)
@@ -322,14 +329,14 @@ class BatchManager:
             self._changed(batch)
             return self._wire(batch, include_chunks=False)
 
-    async def wait(self, batch_id: str, timeout_s: float, revision: int | None) -> dict:
+    async def wait(self, batch_id: str, timeout_s: float, revision: int | None, scope: str | None = None) -> dict:
         """The batch once terminal or (with ``revision``) newer than it, or as it stands when
         ``timeout_s`` passes (long poll like ``jobs/wait``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             with self.core._lock:
-                batch = self._get(batch_id)
+                batch = self._get(batch_id, scope)
                 newer = revision is not None and batch.revision > revision
                 left = deadline - loop.time()
                 if newer or batch.state in _TERMINAL or left <= 0 or not self.core._started:
@@ -461,7 +468,10 @@ class BatchManager:
         extra = {"batch_id": batch.batch_id, "chunk": chunk.idx, "row_start": chunk.row_start}
         with self.store.batch():
             # The job and the chunk's pointer to it commit together (see the module's durability note).
-            job_id = self.core.run(batch.name, batch.version, rows, batch.timeout_s, spec_extra=extra, rows_checked=True)
+            job_id = self.core.run(
+                batch.name, batch.version, rows, batch.timeout_s,
+                namespace=batch.namespace, home=batch.namespace, spec_extra=extra, rows_checked=True,
+            )
             chunk.job_id = job_id
             batch.live.add(chunk.idx)
             self._by_job[job_id] = (batch.batch_id, chunk.idx)
@@ -509,14 +519,13 @@ class BatchManager:
         )
         return self._get(rows[0][0]) if rows else None
 
-    def _get(self, batch_id: str) -> _Batch:
+    def _get(self, batch_id: str, scope: str | None = None) -> _Batch:
+        """The batch, if the caller (``scope``: its namespace; None: the admin) may see it; else the same 404."""
         from .core import ApiError
 
-        batch = self._batches.get(batch_id)
-        if batch is None:
-            batch = self._load(batch_id)
-            if batch is None:
-                raise ApiError(404, f"batch {batch_id} not found; list batches with POST /v1/batches/list")
+        batch = self._batches.get(batch_id) or self._load(batch_id)
+        if batch is None or not visible(scope, batch.namespace):
+            raise ApiError(404, f"batch {batch_id} not found; list batches with POST /v1/batches/list")
         return batch
 
     def _load(self, batch_id: str) -> _Batch | None:
@@ -597,7 +606,7 @@ class BatchManager:
         if batch.state in _TERMINAL or since >= BATCH_EVENT_INTERVAL_S:
             self._emitted[batch.batch_id] = now
             self._held.discard(batch.batch_id)
-            self.core.bus.publish("batch", None, _dumps(self._wire(batch, include_chunks=False)))
+            self.core.bus.publish("batch", None, _dumps(self._wire(batch, include_chunks=False)), batch.namespace)
             if batch.state in _TERMINAL:
                 self._emitted.pop(batch.batch_id, None)
         elif batch.batch_id not in self._held and loop is not None:
@@ -615,7 +624,7 @@ class BatchManager:
             batch = self._batches.get(batch_id)
             if batch is not None:
                 self._emitted[batch_id] = time.monotonic()
-                self.core.bus.publish("batch", None, _dumps(self._wire(batch, include_chunks=False)))
+                self.core.bus.publish("batch", None, _dumps(self._wire(batch, include_chunks=False)), batch.namespace)
 
     def _wire(self, batch: _Batch, *, include_chunks: bool) -> dict:
         rows_running = sum(batch.chunks[i].rows_done for i in batch.live) if batch.live else 0
