@@ -148,7 +148,7 @@ def test_binder_builds_and_runs_the_quickstart_in_a_fresh_environment(tmp_path):
             timeout=60,
         )
     out = quickstart.stdout
-    assert "registered version: " in out and "result: [2.0, 4.0]" in out, out[-4000:]
+    assert "registered version: " in out and "result: array([2., 4.], dtype=float32)" in out, out[-4000:]
     assert "ran on CUDA simulator" in out
     assert (user_home / ".lancefn" / "server.log").exists()  # the embedded control plane lived there
 

@@ -288,7 +288,7 @@ def test_headless_quickstart_prints_a_version_and_a_finished_job(tmp_path):
         stop_control_planes(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(r"registered version: [0-9a-f]{16}", proc.stdout), proc.stdout
-    assert "state: finished" in proc.stdout and "result: [2.0, 4.0]" in proc.stdout
+    assert "state: finished" in proc.stdout and "result: array([2., 4.], dtype=float32)" in proc.stdout
     assert "notebooks/01-quickstart.ipynb: all cells ran" in proc.stdout
 
 
