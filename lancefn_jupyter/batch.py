@@ -69,18 +69,32 @@ def _slots(function: "GpuFunction", client: Client, parallel: Optional[int]) -> 
     return max(1, (row.gpus_total if row else 1) // resources.num_gpus)
 
 
-def _chunk_rows(function: "GpuFunction", items: list, row_of: Any) -> list:
-    """One chunk's rows as JSON (the batch route's transport), built as `map` builds rows."""
-    from .api import _rows_payload
+def _create(function: "GpuFunction", client: Client, parts: batching.Split, row_of: Any, **options: Any) -> dict:
+    """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
+    can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
+    results, NaN/Inf values), handed over as a file to the embedded server."""
+    from . import dataplane
+    from .api import _rows_payload, _shared_home
 
+    items = [item for chunk in parts.chunks for item in chunk]
     rows = [row_of(item) for item in items] if row_of is not None else [function._item_row(item) for item in items]
     json_rows, table = _rows_payload(rows, function._packaged.signature, function.name, function._defaults())
-    if table is not None:
-        raise LancefnError(
-            f"{function.name}.map(parallel=…) cannot batch rows that need the Arrow data plane yet (numpy/pyarrow "
-            f"parameters or NaN/Inf values); run them as one job with {function.name}.map(items)"
-        )
-    return json_rows
+    version = function.version
+    assert version is not None
+    if table is None:
+        chunks = [json_rows[a:b] for a, b in parts.bounds]
+        return client.batches.create(version.name, version.version, chunks, **options)
+    import pyarrow as pa
+
+    whole = table.combine_chunks().to_batches()[0]  # one record batch; sliced per chunk (no copy)
+    chunked = pa.Table.from_batches([whole.slice(a, b - a) for a, b in parts.bounds], schema=table.schema)
+    if (home := _shared_home(client)) is not None:
+        import uuid
+
+        name = f"{uuid.uuid4().hex}.arrow"
+        dataplane.write_ipc_file(home / "data" / "uploads" / name, chunked, durable=False)
+        return client.batches.create(version.name, version.version, None, rows_file=name, **options)
+    return client.batches.create(version.name, version.version, None, arrow=dataplane.to_ipc_bytes(chunked), **options)
 
 
 def start_batch(
@@ -105,10 +119,7 @@ def start_batch(
         raise LancefnError(f"{function.name} was defined with register=no; call {function.name}.register() first")
     client = current_client()
     parts = batching.split(items, chunk_size, slots=_slots(function, client, window) if chunk_size is None else 1)
-    chunks = [_chunk_rows(function, chunk, row_of) for chunk in parts.chunks]
-    reply = client.batches.create(
-        version.name, version.version, chunks, parallel=window, retries=retries, fresh=fresh, timeout_s=function.timeout_s
-    )
+    reply = _create(function, client, parts, row_of, parallel=window, retries=retries, fresh=fresh, timeout_s=function.timeout_s)
     batch = Batch(reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions)
     batch.reused_chunks = int(reply.get("reused_chunks", 0))
     return batch
