@@ -5,8 +5,6 @@ out), also after `retry_failed` and when re-running the same map reuses finished
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 import pytest
