@@ -69,18 +69,50 @@ def _slots(function: "GpuFunction", client: Client, parallel: Optional[int]) -> 
     return max(1, (row.gpus_total if row else 1) // resources.num_gpus)
 
 
-def _chunk_rows(function: "GpuFunction", items: list, row_of: Any) -> list:
-    """One chunk's rows as JSON (the batch route's transport), built as `map` builds rows."""
-    from .api import _rows_payload
+def _column_rows(function: "GpuFunction", column: Any) -> Any:
+    """An Arrow column of the one parameter's values as the rows table (no per-row Python), or
+    None when the parameter's type needs the per-row path (arrays, tables) or the column does not cast."""
+    import pyarrow as pa
 
-    rows = [row_of(item) for item in items] if row_of is not None else [function._item_row(item) for item in items]
-    json_rows, table = _rows_payload(rows, function._packaged.signature, function.name, function._defaults())
-    if table is not None:
-        raise LancefnError(
-            f"{function.name}.map(parallel=…) cannot batch rows that need the Arrow data plane yet (numpy/pyarrow "
-            f"parameters or NaN/Inf values); run them as one job with {function.name}.map(items)"
-        )
-    return json_rows
+    from . import dataplane
+
+    (param,) = function._packaged.signature.inputs
+    if dataplane.is_data_type(param.arrow_type):
+        return None
+    try:
+        array = column.cast(dataplane._scalar_type(param.arrow_type))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError, ValueError):
+        return None
+    return pa.Table.from_arrays([array], schema=pa.schema([dataplane._field(param.name, array, param.arrow_type)]))
+
+
+def _create(function: "GpuFunction", client: Client, parts: batching.Split, row_of: Any, table: Any = None, **options: Any) -> dict:
+    """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
+    can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
+    results, NaN/Inf values, a table column), handed over as a file to the embedded server."""
+    from . import dataplane
+    from .api import _rows_payload, _shared_home
+
+    version = function.version
+    assert version is not None
+    if table is None:
+        items = [item for chunk in parts.chunks for item in chunk]
+        rows = [row_of(item) for item in items] if row_of is not None else [function._item_row(item) for item in items]
+        json_rows, table = _rows_payload(rows, function._packaged.signature, function.name, function._defaults())
+        if table is None:
+            chunks = [json_rows[a:b] for a, b in parts.bounds]
+            return client.batches.create(version.name, version.version, chunks, **options)
+    import pyarrow as pa
+
+    whole = table.combine_chunks().to_batches()[0]  # one record batch; sliced per chunk (no copy)
+    chunked = pa.Table.from_batches([whole.slice(a, b - a) for a, b in parts.bounds], schema=table.schema)
+    if (home := _shared_home(client)) is not None:
+        import uuid
+
+        name = f"{uuid.uuid4().hex}.arrow"
+        dataplane.write_ipc_file(home / "data" / "uploads" / name, chunked, durable=False)
+        return client.batches.create(version.name, version.version, None, rows_file=name, **options)
+    return client.batches.create(version.name, version.version, None, arrow=dataplane.to_ipc_bytes(chunked), **options)
 
 
 def start_batch(
@@ -93,8 +125,11 @@ def start_batch(
     return_exceptions: bool = False,
     fresh: bool = False,
     row_of: Any = None,
+    column: Any = None,
 ) -> "Batch":
-    """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input)."""
+    """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
+    ``column``: the values of the function's one parameter as an Arrow array (a table's column),
+    sent as Arrow chunks as they are; ``items`` is then ignored."""
     from .api import current_client
 
     window = check_parallel(parallel)
@@ -104,10 +139,16 @@ def start_batch(
     if version is None:
         raise LancefnError(f"{function.name} was defined with register=no; call {function.name}.register() first")
     client = current_client()
-    parts = batching.split(items, chunk_size, slots=_slots(function, client, window) if chunk_size is None else 1)
-    chunks = [_chunk_rows(function, chunk, row_of) for chunk in parts.chunks]
-    reply = client.batches.create(
-        version.name, version.version, chunks, parallel=window, retries=retries, fresh=fresh, timeout_s=function.timeout_s
+    slots = _slots(function, client, window) if chunk_size is None else 1
+    table = _column_rows(function, column) if column is not None else None
+    if table is None and column is not None:
+        items = column.to_pylist()
+    if table is not None:
+        parts = batching.Split("list", (), batching.cut(table.num_rows, chunk_size, slots=slots))
+    else:
+        parts = batching.split(items, chunk_size, slots=slots)
+    reply = _create(
+        function, client, parts, row_of, table, parallel=window, retries=retries, fresh=fresh, timeout_s=function.timeout_s
     )
     batch = Batch(reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions)
     batch.reused_chunks = int(reply.get("reused_chunks", 0))

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-__all__ = ["Split", "split", "stack", "auto_chunk_size", "input_kind"]
+__all__ = ["Split", "split", "cut", "stack", "auto_chunk_size", "input_kind"]
 
 # "auto" cuts the input into this many chunks per parallel slot, so a slow chunk does not leave
 # the other GPUs idle at the end (and a failure re-runs a small share).
@@ -67,7 +67,12 @@ def split(items: Any, chunk_size: int | None, *, slots: int = 1) -> Split:
         raise TypeError(f"map() takes a sequence, a numpy array or a pyarrow Table of inputs, not {type(items).__name__}")
     else:
         rows = items if isinstance(items, Sequence) else list(items)
-    n = len(rows)
+    bounds = cut(len(rows), chunk_size, slots=slots)
+    return Split(kind, tuple(list(rows[a:b]) for a, b in bounds), bounds)
+
+
+def cut(n: int, chunk_size: int | None, *, slots: int = 1) -> tuple[tuple[int, int], ...]:
+    """The ``[row_start, row_end)`` of each chunk of ``n`` rows (the rule of :func:`split`)."""
     if n == 0:
         raise ValueError("map() needs at least one item; the input is empty")
     if chunk_size is None:
@@ -76,8 +81,7 @@ def split(items: Any, chunk_size: int | None, *, slots: int = 1) -> Split:
         raise ValueError(f"chunk_size must be a whole number of rows ≥ 1, or None to choose one; got {chunk_size!r}")
     if chunk_size > n:
         raise ValueError(f"chunk_size={chunk_size} is larger than the input ({n} rows); pass chunk_size ≤ {n} or None")
-    bounds = tuple((start, min(start + chunk_size, n)) for start in range(0, n, chunk_size))
-    return Split(kind, tuple(list(rows[a:b]) for a, b in bounds), bounds)
+    return tuple((start, min(start + chunk_size, n)) for start in range(0, n, chunk_size))
 
 
 def stack(kind: str, chunk_results: Sequence[Any]) -> Any:

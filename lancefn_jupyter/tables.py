@@ -93,9 +93,10 @@ def map_table(
     param = inputs[0].name
     row_of = lambda value: {param: value}  # noqa: E731
     if into is None:
-        values = table.search().select([column]).limit(None).to_arrow()[column].to_pylist()
+        values = table.search().select([column]).limit(None).to_arrow()[column]
         return start_batch(
-            function, values, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh, row_of=row_of
+            function, None, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh,
+            row_of=row_of, column=values,
         )
     key = key or column
     if key not in names:
@@ -114,24 +115,32 @@ def map_table(
     todo = (query.where(f"`{into}` IS NULL") if into in names else query).to_arrow()
     if todo.num_rows == 0:
         return TableMap(table, into, key, None, [])
-    values, keys = todo[column].to_pylist(), todo[key].to_pylist()
-    # Everything is checked and the input cut: now the batch starts, then the new column is added.
+    # Everything is checked and the input cut: now the batch starts (the column sent as Arrow chunks), then the new column is added.
     batch = start_batch(
-        function, values, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh, row_of=row_of
+        function, None, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh,
+        row_of=row_of, column=todo[column],
     )
+    keys = todo[key].combine_chunks()
     if into not in names:
         table.add_columns(pa.field(into, result_type))
     return TableMap(table, into, key, batch, keys, result_type=result_type)
 
 
+def _count_distinct(values: Any) -> int:
+    import pyarrow.compute as pc
+
+    return pc.count_distinct(values, mode="all").as_py()
+
+
 class TableMap:
     """A backfill of `into`: the batch (`.batch`) plus the kernel thread that writes each finished chunk."""
 
-    def __init__(self, table: Any, into: str, key: str, batch: Optional[Batch], keys: list, *, result_type: Any = None):
+    def __init__(self, table: Any, into: str, key: str, batch: Optional[Batch], keys: Any, *, result_type: Any = None):
         self.table, self.into, self.key, self.batch = table, into, key, batch
         self.rows_written = 0
         self.rows_to_write = len(keys)
-        self._keys = keys
+        self._keys = keys  # an Arrow array (or a list), in the batch's row order
+        self._unique = batch is not None and _count_distinct(keys) == len(keys)
         self._type = result_type
         self._error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
@@ -149,9 +158,12 @@ class TableMap:
             for chunk, values in self.batch.chunks_as_completed():
                 if isinstance(values, BatchChunkError):
                     continue  # written once retried; `.result()` reports it
-                # One source row per key (merge_insert refuses ambiguity); equal keys have equal inputs.
-                unique = dict(zip(self._keys[chunk.row_start : chunk.row_end], values))
-                data = pa.table({self.key: list(unique), self.into: pa.array(list(unique.values()), type=self._type)})
+                keys = self._keys[chunk.row_start : chunk.row_end]
+                if self._unique:  # Arrow slices as they are
+                    data = pa.table({self.key: keys, self.into: pa.array(values, type=self._type)})
+                else:  # one source row per key (merge_insert refuses ambiguity); equal keys have equal inputs
+                    unique = dict(zip(keys.to_pylist(), values))
+                    data = pa.table({self.key: list(unique), self.into: pa.array(list(unique.values()), type=self._type)})
                 with self._lock:
                     self.table.merge_insert(self.key).when_matched_update_all().execute(data)  # one commit per chunk
                     self.rows_written += chunk.row_end - chunk.row_start

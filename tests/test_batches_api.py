@@ -191,15 +191,3 @@ def test_gpu_jobs_shows_batch_rows_above_the_jobs(cp, gate, tmp_path):
     text = repr(api.list_jobs())
     assert text.startswith("GPU batches") and batch.batch_id in text and "[df]" in text
     assert "chunk 1 (rows 1–1): ValueError" in text and "GPU jobs" in text
-
-
-def total(v: "np.ndarray") -> float:
-    return float(v.sum())
-
-
-def test_rows_that_need_the_arrow_data_plane_are_refused_with_what_to_do_instead(cp):
-    fn = api.gpu_function(num_gpus=1)(total)
-    with pytest.raises(api.LancefnError, match=r"cannot batch rows that need the Arrow data plane yet .* total.map\(items\)"):
-        fn.map([np.ones(3), np.zeros(2)], parallel="auto")
-    assert api.current_client().batches.list() == []
-    assert fn.map([np.ones(3), np.zeros(2)]).result() == [3.0, 0.0]  # one job carries them

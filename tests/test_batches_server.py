@@ -248,6 +248,38 @@ def test_sigkill_mid_batch_resumes_on_restart_with_no_row_lost_or_counted_twice(
         assert done == list(range(8))
 
 
+def test_arrow_chunks_survive_sigkill_mid_batch_and_resume_on_restart(control_plane, tmp_path):
+    """Chunks sent as one Arrow IPC body (a record batch per chunk) are stored with the batch: after
+    SIGKILL the chunks not yet submitted still get their rows, each row's result counted once."""
+    import pyarrow as pa
+
+    from lancefn_jupyter import dataplane
+
+    cp = control_plane
+    rows = [row for chunk in gate_chunks(tmp_path, [[i, i + 1] for i in range(0, 12, 2)], prefix="a") for row in chunk]
+    (whole,) = dataplane.encode_rows(rows, {"path": "utf8", "value": "int64"}).to_batches()
+    body = dataplane.to_ipc_bytes(pa.Table.from_batches([whole.slice(i, 2) for i in range(0, 12, 2)]))
+    with cp.http() as http:
+        version = gate_version(http)
+        reply = http.post(
+            "/v1/batches/create", content=body, params={"name": "gate", "version": version, "parallel": "2"},
+            headers={"content-type": dataplane.MEDIA_TYPE},
+        )
+        assert reply.status_code == 202, reply.text
+        batch_id = reply.json()["batch_id"]
+        open_gates(tmp_path, 1, prefix="a")
+        batch = wait_until(lambda: (b := describe(http, batch_id))["strip"] == "drrppp" and b, "one done, two running")
+        assert [(c["row_start"], c["row_end"]) for c in batch["chunks"]] == [(i, i + 2) for i in range(0, 12, 2)]
+    cp.kill()
+    cp.start()
+    with cp.http() as http:
+        open_gates(tmp_path, 6, prefix="a")
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "DONE" and batch["rows_done"] == batch["rows_total"] == 12
+        assert results(http, batch) == [i * 10 for i in range(12)]
+        assert job(http, batch["chunks"][5]["job_id"])["spec"]["rows_format"] == "arrow"
+
+
 def test_bad_input_is_refused_clearly_and_starts_nothing(control_plane, tmp_path):
     with control_plane.http() as http:
         version = gate_version(http)

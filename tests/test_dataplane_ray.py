@@ -42,3 +42,12 @@ def test_wrong_dtype_fails_in_phase_result_on_ray(cp):
     with pytest.raises(RemoteFunctionError, match="expected an ndarray of dtype float32") as info:
         wrong_dtype.remote(2)
     assert info.value.phase == "result"
+
+
+def test_a_batch_of_arrow_chunks_runs_as_ray_tasks_and_stacks_exactly(cp):
+    cube = np.arange(5 * 3 * 2, dtype=np.float32).reshape(5, 3, 2)
+    cube[0, 0, 0], cube[3, 1, 1] = np.nan, -0.0
+    batch = scale.map([(row, 2.0) for row in cube], parallel="auto", chunk_size=2)
+    got = batch.result(timeout=120)
+    assert [len(part) for part in (got[:2], got[2:4], got[4:])] == [2, 2, 1] and batch.snapshot.chunks_total == 3
+    same(np.stack(got), cube * 2)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Optional
 
 from ..batch_models import Batch
 from ..models import TERMINAL_STATES
-from ._http import Transport
+from ._http import _ARROW_STREAM, Transport
 
 __all__ = ["BatchesResource"]
 
@@ -22,19 +23,33 @@ class BatchesResource:
         self,
         name: str,
         version: str,
-        chunks: list[list[dict[str, Any]]],
+        chunks: Optional[list[list[dict[str, Any]]]],
         *,
         parallel: Optional[int] = None,
         retries: int = 0,
         fresh: bool = False,
         timeout_s: Optional[float] = None,
+        arrow: Optional[bytes] = None,
+        rows_file: Optional[str] = None,
     ) -> dict[str, Any]:
-        """`{batch_id, reused_chunks}`; `parallel=None` is "auto"."""
-        body: dict[str, Any] = {"name": name, "version": version, "chunks": chunks, "retries": retries, "fresh": fresh}
+        """`{batch_id, reused_chunks}`; `parallel=None` is "auto".
+
+        ``arrow``: the chunks as one Arrow IPC stream, one record batch per chunk (sent as
+        ``application/vnd.apache.arrow.stream``, the other fields in the query string) instead of
+        JSON ``chunks``; ``rows_file``: such a stream already written into the server's
+        ``$HOME/data/uploads/`` (a client on the server's machine)."""
+        body: dict[str, Any] = {"name": name, "version": version, "retries": retries, "fresh": fresh}
         if parallel is not None:
             body["parallel"] = parallel
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if arrow is not None:
+            params = {k: v if k in ("name", "version") else json.dumps(v) for k, v in body.items()}
+            return self._t.request("POST", "/v1/batches/create", content=arrow, content_type=_ARROW_STREAM, params=params)
+        if rows_file is not None:
+            body["rows_file"] = rows_file
+        else:
+            body["chunks"] = chunks
         return self._t.post("/v1/batches/create", body)
 
     def describe(self, batch_id: str, *, include_chunks: bool = True) -> Batch:

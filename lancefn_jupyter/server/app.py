@@ -151,7 +151,8 @@ class _BatchCreate(_Body):
     name: str
     version: str
     namespace: Optional[str] = None  # which namespace's function (as for functions/run)
-    chunks: Any  # a list of chunks, each a list of rows; checked against the signature by the core
+    chunks: Any = None  # a list of chunks, each a list of rows; checked against the signature by the core
+    rows_file: Optional[str] = None  # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
     parallel: Optional[int] = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
     retries: int = Field(0, ge=0, le=10)
     fresh: bool = False
@@ -530,22 +531,7 @@ def create_app(
             raise ApiError(400, "invalid request (query string of an Arrow run): " + format_validation_error(error)) from None
         tmp, _ = core.data.new_rows_file()
         try:
-            size = 0
-            chunks = request.stream()
-            with open(tmp, "wb") as sink:  # streamed: a 1 GB body never sits in the server's memory
-                while True:
-                    try:  # a stalled upload must not hold the connection: each chunk within the body timeout
-                        chunk = await asyncio.wait_for(chunks.__anext__(), body_timeout_s)
-                    except StopAsyncIteration:
-                        break
-                    except asyncio.TimeoutError:
-                        raise ApiError(408, f"the Arrow body stalled for {body_timeout_s:g}s; send it at once, or start "
-                                            "lancefn-server with a larger --body-timeout-s", code="request_timeout") from None
-                    size += len(chunk)
-                    if size > max_arrow_body_bytes:
-                        raise ApiError(413, f"the Arrow body is larger than the server's limit of {max_arrow_body_bytes} "
-                                            "bytes (--max-arrow-body-bytes); send fewer rows per job")
-                    sink.write(chunk)
+            await _receive_arrow(request, tmp)
             job_id = await _off_loop(
                 core.run, params.name, params.version, None, params.timeout_s, arrow_rows=tmp, **_pick(request, params.namespace)
             )
@@ -553,6 +539,25 @@ def create_app(
             if tmp.exists():
                 tmp.unlink()
         return {"job_id": job_id}
+
+    async def _receive_arrow(request: Request, tmp: Any) -> None:
+        """Stream an Arrow IPC body into ``tmp``: a 1 GB body never sits in the server's memory."""
+        size = 0
+        chunks = request.stream()
+        with open(tmp, "wb") as sink:
+            while True:
+                try:  # a stalled upload must not hold the connection: each chunk within the body timeout
+                    chunk = await asyncio.wait_for(chunks.__anext__(), body_timeout_s)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    raise ApiError(408, f"the Arrow body stalled for {body_timeout_s:g}s; send it at once, or start "
+                                        "lancefn-server with a larger --body-timeout-s", code="request_timeout") from None
+                size += len(chunk)
+                if size > max_arrow_body_bytes:
+                    raise ApiError(413, f"the Arrow body is larger than the server's limit of {max_arrow_body_bytes} "
+                                        "bytes (--max-arrow-body-bytes); send fewer rows per job")
+                sink.write(chunk)
 
     @app.get("/v1/jobs/result", dependencies=[require("jobs")])
     async def job_result(request: Request, job_id: str) -> Any:
@@ -594,12 +599,48 @@ def create_app(
     # Batches (docs/ARCHITECTURE.md, "Batches"): a map fanned out as chunk jobs.
     @app.post("/v1/batches/create", status_code=202, dependencies=[require("functions")])
     async def create_batch(request: Request) -> dict:
+        if _is_arrow(request.headers.get("content-type")):
+            return await _create_batch_arrow(request)
         body = await _parse(request, _BatchCreate)
-        return await _off_loop(
-            core.batches.create,
-            body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s, fresh=body.fresh,
-            **_pick(request, body.namespace),
-        )
+        arrow_rows = None
+        if body.rows_file is not None:
+            try:
+                arrow_rows = core.data.upload(body.rows_file)
+            except ValueError as error:
+                raise ApiError(400, str(error)) from None
+        try:
+            return await _off_loop(
+                core.batches.create,
+                body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s,
+                fresh=body.fresh, arrow_rows=arrow_rows, **_pick(request, body.namespace),
+            )
+        finally:
+            if arrow_rows is not None:  # its chunks are stored with the batch
+                arrow_rows.unlink(missing_ok=True)
+
+    async def _create_batch_arrow(request: Request) -> dict:
+        """Chunks as one Arrow IPC stream body, one record batch per chunk; the other fields in the query string."""
+        query = request.query_params
+        try:
+            fields = {k: query[k] for k in ("name", "version", "namespace") if k in query}
+            fields.update({k: json.loads(query[k]) for k in ("parallel", "retries", "fresh", "timeout_s") if k in query})
+            params = _BatchCreate.model_validate(fields)
+        except json.JSONDecodeError as error:
+            raise ApiError(400, f"invalid request (query string of an Arrow batch): {error}; parallel, retries, fresh "
+                                "and timeout_s are JSON values (e.g. 4, true)") from None
+        except ValidationError as error:
+            raise ApiError(400, "invalid request (query string of an Arrow batch): " + format_validation_error(error)) from None
+        tmp, _ = core.data.new_rows_file()
+        try:
+            await _receive_arrow(request, tmp)
+            return await _off_loop(
+                core.batches.create,
+                params.name, params.version, None, parallel=params.parallel, retries=params.retries, timeout_s=params.timeout_s,
+                fresh=params.fresh, arrow_rows=tmp, **_pick(request, params.namespace),
+            )
+        finally:
+            if tmp.exists():
+                tmp.unlink()
 
     @app.post("/v1/batches/describe", dependencies=[require("jobs")])
     async def describe_batch(request: Request) -> dict:
