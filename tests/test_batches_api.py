@@ -172,7 +172,8 @@ def test_batch_widget_follows_the_batch_and_text_fallback_reads_well(cp, gate, t
     (tmp_path / "g0").touch()
     wait_until(lambda: widget.progress.value == 2, "first chunk's rows counted")
     assert "2/6 rows (33%)" in widget.progress_label.value and "rows/s" in widget.progress_label.value
-    assert widget.strip.value.count("lancefn-chunk-finished") == 1
+    # Row progress may arrive before the chunk's own finished state: wait for the strip too.
+    wait_until(lambda: widget.strip.value.count("lancefn-chunk-finished") == 1, "first chunk shown finished")
     widget.cancel()
     wait_until(lambda: widget.state == "cancelled", "cancelled")
     assert widget.cancel_button.disabled and widget.retry_button.layout.display is None
