@@ -9,10 +9,12 @@ when the test says so. Screenshots go to test-artifacts/.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from browser_util import (
@@ -29,7 +31,7 @@ from browser_util import (
     submit_gate_job,
     wait_job_state,
 )
-from conftest import ControlPlaneProcess, make_env
+from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 _missing = chromium_missing_reason()
 if _missing is None and built_labextension() is None:
@@ -179,6 +181,8 @@ def test_panel_shows_classes_and_live_jobs_while_the_kernel_is_busy(page, lab):
         pending = job_row(page, job_b, "pending")
         pending.wait_for()
         assert "queue #" in pending.inner_text()
+        # The module's first test: no run has finished on this control plane, so nothing to estimate from.
+        assert "start time unknown" in pending.inner_text()
         assert f"wait_for@{version}" in pending.inner_text()
         running_text = job_row(page, job_a, "running").inner_text()
         assert "default" in running_text and "2 GPUs (sim0, sim1)" in running_text
@@ -393,3 +397,140 @@ def test_a_batch_row_shows_rows_chunks_by_state_and_cancels(page, lab):
         assert cancelled.locator(".lf-job-cancel").is_hidden()
         state = http.post("/v1/batches/describe", json={"batch_id": batch_id}).json()
         assert state["batch_state"] == "CANCELLED" and state["strip"] == "ddccc"
+
+
+SCALE_V1 = "from __future__ import annotations\n\n\ndef scale(x: int) -> int:\n    y = 2 * x\n    return y\n"
+SCALE_V2 = "from __future__ import annotations\n\n\ndef scale(x: int) -> int:\n    y = 3 * x\n    return y + 1\n"
+
+
+def test_functions_section_lists_versions_with_changes_diff_and_lookup_insert(page, lab):
+    """Issue 17: versions newest first with their one-line change; Diff opens the unified diff against
+    the version before; Insert adds a `lancefn_jupyter.lookup("name@prefix")` cell that, run, gives a
+    handle on that version."""
+    open_notebook(page, lab.server, "versions.ipynb", "x = 1", workspace="versions").click()
+    open_panel(page)
+    with lab.cp.http() as http:
+        old = register(http, registration_body("scale", source=SCALE_V1, entrypoint="scale"))["version"]
+        new = register(http, registration_body("scale", source=SCALE_V2, entrypoint="scale"))["version"]
+        history = http.post("/v1/functions/history", json={"name": "scale"}).json()
+    function = page.locator(f'{PANEL} .lf-function[data-function-name="scale"]')
+    function.locator(f'.lf-version-row[data-version="{old}"]').wait_for()
+    rows = function.locator(".lf-version-row")
+    rows.nth(1).wait_for()
+    assert [rows.nth(i).get_attribute("data-version") for i in range(rows.count())] == [new, old]
+    changes = [rows.nth(i).locator(".lf-version-change").inner_text() for i in range(2)]
+    assert changes == ["code: 2 lines", "first version"], (changes, history)
+    newer, first = rows.nth(0), rows.nth(1)
+    assert first.locator(".lf-version-diff").count() == 0  # nothing before the first version
+
+    newer.locator(".lf-version-diff").click()
+    diff = newer.locator(".lf-diff")
+    diff.wait_for()
+    text = diff.inner_text()
+    assert text.startswith(f"{old} → {new}: code: 2 lines"), text
+    assert "-    y = 2 * x" in text and "+    y = 3 * x" in text
+    assert "-    return y" in text and "+    return y + 1" in text
+    screenshot(page, "panel-version-diff")
+    newer.locator(".lf-version-diff").click()  # Diff again closes it
+    diff.wait_for(state="hidden")
+
+    first.locator(".lf-version-insert").click()  # the older version, by its prefix
+    cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
+    cells.nth(1).wait_for()
+    assert cells.count() == 2 and cells.nth(0).locator(".cm-content").inner_text() == "x = 1"
+    inserted = cells.nth(1).locator(".cm-content")
+    lines = [line for line in inserted.inner_text().splitlines() if line.strip()]
+    assert lines == ["import lancefn_jupyter", f'scale = lancefn_jupyter.lookup("scale@{old[:8]}")', "scale"]
+    inserted.click()
+    page.keyboard.press("Shift+Enter")
+    output = cells.nth(1).locator(".jp-OutputArea-output")
+    output.filter(has_text=old[:8]).first.wait_for(timeout=90_000)
+    shown = output.first.inner_text()
+    assert "scale" in shown and new[:8] not in shown, shown
+    screenshot(page, "panel-version-insert")
+    assert first.locator(".lf-version-error").is_hidden()
+    assert page.lancefn_errors == []
+
+
+NAP_SOURCE = "from __future__ import annotations\n\nimport time\n\n\ndef nap(s: float) -> float:\n    time.sleep(s)\n    return s\n"
+
+
+def test_pending_jobs_show_their_expected_start_behind_busy_gpus(page, lab):
+    """A queued job shows "starts in about N s" once the control plane has run times to estimate from
+    (the module's first test checks "start time unknown" before any)."""
+    open_lab(page, lab.server, workspace="expected-start")
+    open_panel(page)
+    with lab.cp.http() as http:
+        nap = register(
+            http, registration_body("nap", source=NAP_SOURCE, entrypoint="nap", inputs=(("s", "float64", False),), output_type="float64", num_gpus=2)
+        )["version"]
+        history = http.post("/v1/functions/run", json={"name": "nap", "version": nap, "rows": [{"s": 2.0}]}).json()["job_id"]
+        assert wait_job_state(http, history, {"DONE", "FAILED"}, timeout=60)["job_state"] == "DONE"
+        holder_version = register_gate_function(http, name="hold_gpus", num_gpus=2)
+        gate = lab.tmp / "gate-expected-start"
+        holder = submit_gate_job(http, "hold_gpus", holder_version, gate)
+        wait_job_state(http, holder, {"IN_PROGRESS"})
+        # Eight 2-GPU naps of ~2 s queue behind it: the last one starts some 14 s after the holder ends
+        # (the panel counts down to "starts any moment", so the margin keeps a slow machine from racing it).
+        queued = [
+            http.post("/v1/functions/run", json={"name": "nap", "version": nap, "rows": [{"s": 2.0}]}).json()["job_id"]
+            for _ in range(8)
+        ]
+        try:
+            last = job_row(page, queued[-1], "pending")
+            last.wait_for()
+            page.wait_for_selector(f'{PANEL} .lf-usage-text:text("2 busy / 0 free of 2 · 8 pending")')
+            text = last.locator(".lf-job-queue").inner_text()
+            assert re.fullmatch(r"queue #8 · starts in about \d+ s", text), text
+            screenshot(page, "panel-expected-start")
+        finally:
+            for job_id in queued:
+                http.post("/v1/jobs/cancel", json={"job_id": job_id})
+            gate.write_text("go")
+        job_row(page, holder, "finished").wait_for()
+    assert page.lancefn_errors == []
+
+
+TEAM_KEYS = """
+[[api_keys]]
+name = "alice"
+key = "alice-key-000000001"
+namespace = "team-a"
+privileges = ["functions", "jobs", "system_usage"]
+
+[[api_keys]]
+name = "carol"
+key = "carol-key-000000003"
+privileges = ["functions", "jobs", "system_usage"]
+"""
+
+
+def test_namespace_label_shows_only_when_jobs_of_two_namespaces_are_listed(page, tmp_path, control_plane_factory):
+    """Issue 14: an admin key on a shared server (`--api-keys`) sees every team's jobs; the panel names
+    each job's namespace once more than one is listed, and not before."""
+    cp = control_plane_factory(api_keys=TEAM_KEYS)
+    server = start_jupyter(tmp_path, env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key})
+    try:
+        open_lab(page, server)
+        open_panel(page)
+        runs = {}
+        for who, key in (("alice", "alice-key-000000001"), ("carol", "carol-key-000000003")):
+            with httpx.Client(base_url=cp.url, headers={"x-api-key": key}, timeout=60.0) as http:
+                version = register_gate_function(http, num_gpus=1)
+                gate = tmp_path / f"gate-{who}"
+                gate.write_text("go")
+                runs[who] = submit_gate_job(http, "wait_for", version, gate)
+            row = job_row(page, runs[who], "finished")
+            row.wait_for()
+            if who == "alice":
+                # Only team-a's jobs so far (its registration and its run): no namespace label.
+                assert page.locator(f"{PANEL} .lf-job").count() == 2
+                assert row.locator(".lf-job-namespace").is_hidden()
+        alice_row, carol_row = job_row(page, runs["alice"], "finished"), job_row(page, runs["carol"], "finished")
+        alice_row.locator(".lf-job-namespace:visible").wait_for()
+        assert alice_row.locator(".lf-job-namespace").inner_text() == "team-a"
+        assert carol_row.locator(".lf-job-namespace").inner_text() == "carol"
+        screenshot(page, "panel-namespaces")
+        assert page.lancefn_errors == []
+    finally:
+        server.stop()
