@@ -133,7 +133,8 @@ def test_an_unfittable_job_says_why_and_starts_once_a_big_node_joins_and_node_lo
         body["runtime"]["resources"]["num_gpus"] = 2
         two = register(http, body)["version"]
         waiting = _run(http, two, "big")
-        job = _until("a pending reason", lambda: (j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["placement"].get("pending_reason") and j)
+        # The reason follows the bridge's periodic read of the cluster: wait until it has seen the new node.
+        job = _until("a pending reason naming the small node", lambda: "(the largest has 1)" in ((j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["placement"].get("pending_reason") or "") and j)
         assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True
         reason = job["placement"]["pending_reason"]
         assert "no node of GPU class 't4' can currently fit 2 GPUs (the largest has 1)" in reason
