@@ -141,7 +141,7 @@ def main() -> None:
 
         submit_to_row, submit_to_sse, submit_rtt = [], [], []
         cancel_to_widget, cancel_to_sse, cancel_rtt, widget_after_sse = [], [], [], []
-        for i in range(args.n):
+        for _ in range(args.n):
             t0 = time.perf_counter()
             job_id = client.functions.run(version.name, version.version, [{"path": never}])
             t1 = time.perf_counter()

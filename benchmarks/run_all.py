@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     print("\nSUMMARY TABLE")
     for row in [header, ["-" * w for w in widths], *body]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if args.markdown:
         lines = [
             f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, {m['platform']}, "

@@ -33,9 +33,11 @@ from .models import (
     FunctionRegistrationRequest,
     FunctionVersion,
     GpuClass,
-    Job as JobRecord,
     JobState,
     display_state,
+)
+from .models import (
+    Job as JobRecord,
 )
 from .options import ComputeProfile, FunctionOptions, build_options, build_profile
 from .packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
@@ -1087,7 +1089,8 @@ def diff_versions(name: str, old: Optional[str] = None, new: Optional[str] = Non
     Default: the newest version against the one before; with only `old`, `old` against the newest.
     Versions may be unique prefixes of 6+ characters.
     """
-    from .versions import diff_pair, diff_versions as diff
+    from .versions import diff_pair
+    from .versions import diff_versions as diff
 
     client = current_client()
     known = {fv.version: fv for fv in _registered_versions(client, name)}

@@ -517,7 +517,7 @@ def _line_map(
     if len(emitted) != len(originals):  # pragma: no cover - unparse round-trips
         return result
     shift = first_code_line - 1
-    stack = list(zip(reversed(emitted), reversed(originals), reversed(offsets)))
+    stack = list(zip(reversed(emitted), reversed(originals), reversed(offsets), strict=False))
     while stack:
         new, old, offset = stack.pop()
         new_line = getattr(new, "lineno", None)
@@ -528,7 +528,7 @@ def _line_map(
         old_children = _line_starts(old)
         if len(new_children) != len(old_children):  # pragma: no cover
             continue
-        for new_child, old_child in zip(reversed(new_children), reversed(old_children)):
+        for new_child, old_child in zip(reversed(new_children), reversed(old_children), strict=True):
             if type(new_child) is type(old_child):
                 stack.append((new_child, old_child, offset))
     return result

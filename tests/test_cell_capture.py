@@ -20,6 +20,8 @@ from lancefn_jupyter.options import build_options
 from lancefn_jupyter.packaging import PackagingError, infer_signature, package_cell
 from lancefn_jupyter.server.worker import run_task_inline
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def shell():
@@ -170,7 +172,7 @@ def _same(a, b) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, dict):
         return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, float):

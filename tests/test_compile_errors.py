@@ -173,7 +173,7 @@ def test_lowering_error_in_numba_njit_helper(ip):
     text = str(raised.value)
     assert "no default `is` implementation" in text
     line = cell_line(LOWERING, "return a   is   b")
-    assert f'During: lowering "$' in text and f"at cell line {line}" in text and "<gpu_function" not in text
+    assert 'During: lowering "$' in text and f"at cell line {line}" in text and "<gpu_function" not in text
     with pytest.raises(api.RemoteFunctionError) as remote:
         ip.user_ns["lowering"].remote(1.0)
     assert f"at cell line {line}" in str(remote.value) and "<gpu_function" not in str(remote.value)

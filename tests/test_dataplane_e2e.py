@@ -81,10 +81,10 @@ def values_of_every_kind() -> list[np.ndarray]:
 def test_arrays_round_trip_through_submit_map_remote_and_local(cp):
     values = values_of_every_kind()
     jobs = [echo.submit(value) for value in values]  # every dtype and shape, one job each
-    for job, want in zip(jobs, values):
+    for job, want in zip(jobs, values, strict=False):
         same(job.result(timeout=DEADLINE_S), np.array(want, order="C"))
     cubes = values[-3:]  # one job over rows of one dtype: contiguous, strided, Fortran-ordered
-    for got, want in zip(echo.map(cubes).result(timeout=DEADLINE_S), cubes):
+    for got, want in zip(echo.map(cubes).result(timeout=DEADLINE_S), cubes, strict=False):
         same(got, np.array(want, order="C"))
     for want in (values[8], values[-1], values[9]):  # specials, Fortran order, 0-d
         same(echo.remote(want), np.array(want, order="C"))

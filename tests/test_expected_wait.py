@@ -8,13 +8,12 @@ import statistics
 import time
 
 import pytest
+from conftest import register, registration_body
+from test_jobs_e2e import describe, submit, wait_done, wait_state
 
 from lancefn_jupyter import display
 from lancefn_jupyter.models import Job
 from lancefn_jupyter.server.estimates import Holding, RunTimes, Waiting, expected_starts
-
-from conftest import register, registration_body
-from test_jobs_e2e import describe, submit, wait_done, wait_state
 
 
 def test_replay_strict_fifo_over_predicted_run_times():

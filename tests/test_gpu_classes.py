@@ -14,6 +14,8 @@ from lancefn_jupyter.server.gpu_classes import (
     parse_gpu_classes,
 )
 
+pytestmark = pytest.mark.unit
+
 GOOD = """
 [[gpu_classes]]
 name = "default"

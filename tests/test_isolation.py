@@ -143,9 +143,8 @@ def whoami(x: int) -> str:
 
 
 def _closed_dirs() -> list[str]:
-    from lancefn_jupyter.server.isolation import _closed_dirs
-
     import lancefn_jupyter
+    from lancefn_jupyter.server.isolation import _closed_dirs
 
     paths = [Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()]
     return _closed_dirs(paths)

@@ -104,7 +104,7 @@ def logs(http: httpx.Client, job_id: str) -> list[str]:
 
 def worker_pid(http: httpx.Client, job_id: str) -> int:
     """The pid a gate function printed first thing (waits for the line to reach the logs)."""
-    line = wait_until(lambda: next((l for l in logs(http, job_id) if l.startswith("pid ")), None), f"{job_id}'s pid")
+    line = wait_until(lambda: next((ln for ln in logs(http, job_id) if ln.startswith("pid ")), None), f"{job_id}'s pid")
     return int(line.split()[1])
 
 
@@ -302,7 +302,7 @@ def test_server_killed_and_restarted_accounts_for_every_job(control_plane_factor
         for job_id in jobs[:2]:
             assert any("job re-queued" in line for line in logs(http, job_id))
         for pid in old_pids:  # workers orphaned by the kill stop on their own
-            wait_until(lambda: process_gone(pid), f"orphaned worker {pid} to exit")
+            wait_until(lambda pid=pid: process_gone(pid), f"orphaned worker {pid} to exit")
         for i in range(3):
             (tmp_path / f"g{i}").touch()
         assert [wait_done(http, job_id)["job_state"] for job_id in jobs] == ["DONE"] * 3

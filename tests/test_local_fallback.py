@@ -8,6 +8,8 @@ import pytest
 
 from lancefn_jupyter.local import LocalRunError, gpu_available, run_local
 
+pytestmark = pytest.mark.unit
+
 # The layout packaging produces for a %%gpu_function cell: header, then the cell's definitions.
 CELL = b'''from __future__ import annotations
 

@@ -39,6 +39,8 @@ from lancefn_jupyter.models import (
     version_id,
 )
 
+pytestmark = pytest.mark.unit
+
 SEED_CANONICAL = '{"environment":{"kind":"pip"},"kind":"python_v2","python_version":"3.12","resources":{"num_gpus":1}}'
 SOURCE = b"from __future__ import annotations\n\n\ndef double(value: int) -> int:\n    return value * 2\n"
 

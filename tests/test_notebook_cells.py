@@ -13,7 +13,6 @@ import os
 import nbformat
 import pytest
 from nbclient import NotebookClient
-
 from test_notebook_magics import _outputs_text
 
 try:  # the module-scoped Ray control plane of the Ray executor's tests, for the one Ray case here

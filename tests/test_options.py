@@ -18,6 +18,8 @@ from lancefn_jupyter.options import (
     parse_profile_line,
 )
 
+pytestmark = pytest.mark.unit
+
 SEED_CANONICAL = '{"environment":{"kind":"pip"},"kind":"python_v2","python_version":"3.12","resources":{"num_gpus":1}}'
 
 

@@ -863,6 +863,8 @@ def test_package_function_imports_importable_functions():
 
 from math import sqrt  # noqa: E402  (module-level, referenced below)
 
+pytestmark = pytest.mark.unit
+
 
 def _uses_importable(x: float) -> float:
     return sqrt(x) if infer_signature else x
@@ -947,7 +949,7 @@ _FORMATTING_BASE = [
 def test_formatting_changes_never_change_the_digest(edits, indent):
     reference = "\n".join("    " * level + text for text, level in _FORMATTING_BASE) + "\n"
     lines = []
-    for (text, level), (blanks, comment, comment_indent, trailing, tail) in zip(_FORMATTING_BASE, edits):
+    for (text, level), (blanks, comment, comment_indent, trailing, tail) in zip(_FORMATTING_BASE, edits, strict=False):
         lines.extend([" " * trailing] * blanks)
         if comment is not None:
             lines.append(" " * comment_indent + "#" + comment)

@@ -16,22 +16,22 @@ from typing import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from browser_util import (
-    chromium_missing_reason,
     built_labextension,
+    chromium_missing_reason,
     free_port,
     launch_chromium,
     open_lab,
     register_gate_function,
-    wait_lab_ready,
     run_command,
     screenshot,
     start_jupyter,
     submit_gate_job,
     wait_job_state,
+    wait_lab_ready,
 )
 from conftest import ControlPlaneProcess, make_env, register, registration_body
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 _missing = chromium_missing_reason()
 if _missing is None and built_labextension() is None:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 pytest.importorskip("ray")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from typing import Iterator
 
 import psutil

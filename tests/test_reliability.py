@@ -123,7 +123,7 @@ def test_sigkill_twice_during_100_jobs_loses_no_job_version_or_gpu(control_plane
         assert len(http.post("/v1/functions/list", json={}).json()["functions"]) == 6
         assert usage(http) == IDLE_USAGE  # no GPU held by a job that died with a server
     for pid in orphans:  # workers orphaned by the kills exit on their own
-        wait_until(lambda: process_gone(pid), f"orphaned worker {pid} to exit")
+        wait_until(lambda pid=pid: process_gone(pid), f"orphaned worker {pid} to exit")
 
 
 # --------------------------------------------------------- a worker killed in every phase
@@ -209,7 +209,7 @@ def test_idle_warm_workers_killed_are_replaced_transparently(control_plane):
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         for pid in pids:
-            wait_until(lambda: pid not in worker_pids(control_plane), f"worker {pid} to be reaped")
+            wait_until(lambda pid=pid: pid not in worker_pids(control_plane), f"worker {pid} to be reaped")
         jobs = [submit(http, "double", version, [{"x": x}]) for x in range(6)]
         assert [wait_done(http, job)["result"] for job in jobs] == [[2 * x] for x in range(6)]
         assert usage(http) == IDLE_USAGE

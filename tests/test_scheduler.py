@@ -8,6 +8,8 @@ import pytest
 
 from lancefn_jupyter.server.scheduler import Placement, SchedulerState, queue_positions, release, schedule
 
+pytestmark = pytest.mark.unit
+
 
 def two_gpu_state() -> SchedulerState:
     return SchedulerState({"default": ("sim0", "sim1")})

@@ -40,12 +40,12 @@ def assert_error(reply: httpx.Response, status: int, *words: str) -> str:
 
 def all_routes() -> list[tuple[str, str]]:
     """Every (method, path) the app serves, read from the real FastAPI app."""
+    import tempfile
+
     from lancefn_jupyter.server.app import create_app
     from lancefn_jupyter.server.core import ControlPlane
     from lancefn_jupyter.server.gpu_classes import simulated_default
     from lancefn_jupyter.server.store import Store
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"{tmp}/db.sqlite3")

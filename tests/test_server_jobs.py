@@ -133,7 +133,7 @@ def test_a_job_requeued_more_than_three_times_fails_retryably(control_plane, tmp
     cp = control_plane
     with cp.http() as http:
         job_id = run(http, "hold", hold_version(http), [{"path": str(tmp_path / "never")}])
-    for restart in range(1, 5):
+    for _restart in range(1, 5):
         with cp.http() as http:
             wait_state(http, job_id, "IN_PROGRESS")
         cp.kill()

@@ -21,6 +21,7 @@ import pytest
 
 import lancefn_jupyter.widgets._listener as listener_module
 from lancefn_jupyter import api
+from lancefn_jupyter.server.core import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.widgets import (
     WIDGET_VIEW_MIME,
     FunctionCardWidget,
@@ -32,7 +33,6 @@ from lancefn_jupyter.widgets import (
     set_widgets,
     stop_listener,
 )
-from lancefn_jupyter.server.core import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.widgets._listener import _QueueShadow
 
 DEADLINE_S = 60.0

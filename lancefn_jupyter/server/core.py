@@ -46,11 +46,11 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from ..models import (
+    TERMINAL_STATES,
     FunctionRegistrationRequest,
     FunctionVersion,
     JobFailure,
     JobState,
-    TERMINAL_STATES,
     decode_artifact,
     derive_version,
     rfc3339_now,
@@ -600,7 +600,7 @@ class ControlPlane:
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
         rows = self.store.list_versions(name=name, after_seq=after, limit=limit + 1, namespace=scope)
         reply: dict[str, Any] = {"functions": []}
-        for seq, fname, fversion, definition, owner in rows[:limit]:
+        for _seq, fname, fversion, definition, owner in rows[:limit]:
             item: dict[str, Any] = {"name": fname, "version": fversion, "namespace": owner}
             if include_definition:
                 item["definition"] = redact_definition(json.loads(definition))

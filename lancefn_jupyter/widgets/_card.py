@@ -30,7 +30,7 @@ class FunctionCardWidget(FallbackReprMixin, w.VBox):
         self._usage_events = 0
         if handle._version is None and handle.options.register:
             try:
-                handle.version  # registers (lazily, decorator handles); the magic already did
+                _ = handle.version  # registers (lazily, decorator handles); the magic already did
             except Exception:  # the card still shows the request; the error surfaces on submit
                 pass
         text, markup = handle._card()
