@@ -9,7 +9,7 @@ import time
 
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import describe, submit, wait_done, wait_state
+from helpers import describe, submit, wait_done, wait_state
 
 from lancefn_jupyter import display
 from lancefn_jupyter.models import Job
@@ -108,7 +108,7 @@ def test_pending_jobs_carry_expected_start(control_plane):
 def test_listener_refreshes_expected_start_from_queue_events():
     """The kernel's event listener re-shows a pending job when a `queue` event moves its expected start."""
     from lancefn_jupyter.client.events import Event
-    from lancefn_jupyter.widgets._listener import EventListener
+    from lancefn_jupyter.client.listener import EventListener
 
     class Watcher:
         def __init__(self):

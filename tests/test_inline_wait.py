@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_server_jobs import DEADLINE_S, describe, hold_version, run, wait_done, wait_state
+from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_state
 
 from lancefn_jupyter import api
 from lancefn_jupyter.client import Client
@@ -59,7 +59,7 @@ def test_a_job_still_running_when_the_wait_ends_comes_back_as_it_stands(control_
 def test_a_job_queued_behind_busy_gpus_is_answered_at_once(control_plane, tmp_path):
     with control_plane.http() as http:
         blocker_version = hold_version(http, "hold_both", num_gpus=2)  # the default class has 2 GPUs
-        blocker = run(http, "hold_both", blocker_version, [{"path": str(tmp_path / "release")}])
+        blocker = submit(http, "hold_both", blocker_version, [{"path": str(tmp_path / "release")}])
         wait_state(http, blocker, "IN_PROGRESS")
         version = register(http, registration_body("double"))["version"]
         # Were the reply held for wait_s, the client's shorter timeout would fail this request.

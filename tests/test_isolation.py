@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import submit
+from helpers import submit
 
 A_KEY, B_KEY = "team-a-key-00000001", "team-b-key-00000002"
 KEYS = f"""

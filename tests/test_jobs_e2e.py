@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import httpx
 from conftest import register, registration_body
+from helpers import DEADLINE_S, describe, submit, wait_done, wait_state, wait_until
 from test_local_fallback import CELL
 
 from lancefn_jupyter.local import run_local
-
-DEADLINE_S = 60.0
 
 GATE = """from __future__ import annotations
 
@@ -62,40 +60,6 @@ def misbehave(mode: str) -> int:
 def register_gate(http: httpx.Client, name: str = "gate", num_gpus: int = 1) -> str:
     body = registration_body(name, source=GATE, entrypoint="gate", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus)
     return register(http, body)["version"]
-
-
-def submit(http: httpx.Client, name: str, version: str, rows: list[dict], timeout_s: float | None = None) -> str:
-    body = {"name": name, "version": version, "rows": rows, **({"timeout_s": timeout_s} if timeout_s else {})}
-    reply = http.post("/v1/functions/run", json=body)
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
-
-
-def describe(http: httpx.Client, job_id: str) -> dict:
-    reply = http.post("/v1/jobs/describe", json={"job_id": job_id})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def wait_until(condition, what: str):
-    """Poll ``condition()`` until it returns something truthy; fail after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def wait_state(http: httpx.Client, job_id: str, *states: str) -> dict:
-    return wait_until(lambda: (job := describe(http, job_id))["job_state"] in states and job, f"{job_id} in {states}")
-
-
-def wait_done(http: httpx.Client, job_id: str) -> dict:
-    reply = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": DEADLINE_S})
-    assert reply.status_code == 200, reply.text
-    job = reply.json()
-    assert job["job_state"] in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT"), job
-    return job
 
 
 def logs(http: httpx.Client, job_id: str) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import submit
+from helpers import submit
 
 ALICE, BOB, CAROL = "alice-key-000000001", "bob-key-00000000002", "carol-key-000000003"
 KEYS = f"""

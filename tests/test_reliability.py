@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import DEADLINE_S, describe, logs, process_gone, submit, usage, wait_done, wait_until
+from helpers import DEADLINE_S, describe, submit, wait_done, wait_until
+from test_jobs_e2e import logs, process_gone, usage
 
 TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
 IDLE_USAGE = {"name": "default", "gpus_total": 2, "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 0}

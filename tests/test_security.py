@@ -17,7 +17,7 @@ import stat
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import submit
+from helpers import submit
 from test_server_functions import all_routes, assert_error
 
 ANALYST = "analyst-key-0001-aaaa"

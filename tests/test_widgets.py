@@ -18,9 +18,11 @@ from pathlib import Path
 
 import ipywidgets
 import pytest
+from helpers import DEADLINE_S, wait_until
 
-import lancefn_jupyter.widgets._listener as listener_module
+import lancefn_jupyter.client.listener as listener_module
 from lancefn_jupyter import api
+from lancefn_jupyter.client.listener import _QueueShadow
 from lancefn_jupyter.server.core import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.widgets import (
     WIDGET_VIEW_MIME,
@@ -33,9 +35,6 @@ from lancefn_jupyter.widgets import (
     set_widgets,
     stop_listener,
 )
-from lancefn_jupyter.widgets._listener import _QueueShadow
-
-DEADLINE_S = 60.0
 
 TWO_CLASSES = """
 [[gpu_classes]]
@@ -69,15 +68,6 @@ def wait_for_file(path: str) -> str:
 def explode(value: int) -> int:
     if value > 2:
         raise ValueError(f"value {value} is too big")
-    return value
-
-
-def wait_until(condition, what: str, timeout: float = DEADLINE_S):
-    """Poll `condition()` until truthy; fail (not on timing, on never happening) after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
     return value
 
 
