@@ -19,9 +19,7 @@ import json
 import os
 import re
 import sys
-import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
@@ -41,6 +39,8 @@ from .models import (
 )
 from .options import ComputeProfile, FunctionOptions, build_options, build_profile
 from .packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
+from .session import ConnectionInfo, _session, connect, connection_info, current_client, stop_local, use_local  # noqa: F401  (ConnectionInfo: re-exported)
+from .tracebacks import map_traceback
 
 if TYPE_CHECKING:
     from .versions import VersionDiff, VersionHistory
@@ -77,92 +77,6 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------- connection
-
-
-@dataclass(frozen=True)
-class ConnectionInfo:
-    """Which control plane this kernel talks to (never holds the API key)."""
-
-    url: str
-    embedded: bool
-    home: Optional[str] = None
-    pid: Optional[int] = None
-
-
-class _Session:
-    """Process-wide connection state; one lock so concurrent threads (widgets) agree."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.client: Optional[Client] = None
-        self.info: Optional[ConnectionInfo] = None
-        self.classes: dict[str, GpuClass] = {}
-        # (url, sha256 of the canonical request) → version: an unchanged cell re-registers with no HTTP.
-        self.registered: dict[tuple[str, str], FunctionVersion] = {}
-        self.profiles: dict[str, ComputeProfile] = {}
-
-    def replace(self, client: Client, info: ConnectionInfo) -> Client:
-        with self.lock:
-            if self.client is not None and self.client is not client:
-                self.client.close()
-            self.client, self.info = client, info
-            self.classes = {}
-            return client
-
-
-_session = _Session()
-
-
-def connect(url: Optional[str] = None, api_key: Optional[str] = None, *, home: Optional[str] = None) -> Client:
-    """Connect to a control plane: `url` (with `api_key`, else `LANCEFN_API_KEY`), else `LANCEFN_URL`, else local."""
-    url = url or os.environ.get("LANCEFN_URL")
-    if not url:
-        return use_local(home)
-    key = api_key if api_key is not None else os.environ.get("LANCEFN_API_KEY")
-    client = Client(url, key)
-    return _session.replace(client, ConnectionInfo(url=client.url, embedded=False))
-
-
-def use_local(home: Optional[str] = None) -> Client:
-    """Use (starting it if needed) the embedded control plane under `home` (default `$LANCEFN_HOME`)."""
-    from .embedded import ensure_server
-
-    home_path = Path(home) if home else None
-    info = ensure_server(home_path)
-
-    def recover() -> tuple[str, str]:
-        # The embedded server died (killed, machine slept, `%lancefn stop` elsewhere): start it again.
-        # Its state is in the home, so versions and jobs are all still there.
-        fresh = ensure_server(home_path)
-        _session.info = ConnectionInfo(url=fresh.url, embedded=True, home=fresh.home, pid=fresh.pid)
-        return fresh.url, fresh.api_key
-
-    client = Client(info.url, info.api_key, recover=recover)
-    return _session.replace(client, ConnectionInfo(url=info.url, embedded=True, home=info.home, pid=info.pid))
-
-
-def stop_local(home: Optional[str] = None) -> bool:
-    """Stop the embedded control plane (jobs and versions persist in its home)."""
-    from .embedded import stop_server
-
-    with _session.lock:
-        if _session.info is not None and _session.info.embedded and _session.client is not None:
-            _session.client.close()
-            _session.client, _session.info = None, None
-        return stop_server(Path(home) if home else None)
-
-
-def current_client() -> Client:
-    """The client in use, connecting by the default rule on first use."""
-    with _session.lock:
-        if _session.client is None:
-            connect()
-        assert _session.client is not None
-        return _session.client
-
-
-def connection_info() -> Optional[ConnectionInfo]:
-    return _session.info
 
 
 def _gpu_class(name: Optional[str]) -> Optional[GpuClass]:
@@ -314,38 +228,6 @@ class JobCancelled(JobError):
 
 class JobTimedOut(JobError):
     pass
-
-
-def _user_line(packaged: PackagedFunction, artifact_line: int) -> Optional[int]:
-    """The user's line for an artifact line; inside a multi-line statement, the statement's line."""
-    line = packaged.user_line(artifact_line)
-    if line is None:
-        starts = [k for k in packaged.line_map if k <= artifact_line]
-        line = packaged.user_line(max(starts)) if starts else None
-    return line
-
-
-def map_traceback(
-    text: str,
-    packaged: Optional[PackagedFunction],
-    cell_source: Optional[str],
-    *,
-    line_offset: int = 0,
-    where: str = "cell line {}",
-) -> str:
-    """Rewrite every reference to the artifact (Python frames, SyntaxError, numba's forms) to the user's
-    cell lines, with the cell's own source line in place of the packaged one (see `tracebacks`).
-
-    `line_offset` is 1 for `%%gpu_function` cells: the magic line is the notebook cell's first line.
-    """
-    if not text or packaged is None:
-        return text or ""
-    from .tracebacks import map_error_text
-
-    cell_lines = cell_source.splitlines() if cell_source else []
-    return map_error_text(
-        text, lambda n: _user_line(packaged, n), cell_lines, line_offset=line_offset, where=where
-    )
 
 
 # -------------------------------------------------------------------------------------- job handles

@@ -20,9 +20,9 @@ from ipywidgets.widgets.widget_string import HTMLStyle
 
 from .. import display
 from ..client.errors import LancefnError
+from ..client.listener import EventListener, bind, start_listener
 from ..models import TERMINAL_STATES, JobState, display_state
 from ._job import _BAR_STYLE, function_ref
-from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["JobsDashboard"]

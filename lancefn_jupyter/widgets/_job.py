@@ -20,8 +20,8 @@ import ipywidgets as w
 
 from .. import display
 from ..client.errors import LancefnError
+from ..client.listener import EventListener, bind, start_listener
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["JobWidget"]
