@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..dataplane import MEDIA_TYPE as ARROW_STREAM
 from .core import DEFAULT_MAX_ARTIFACT_BYTES, ApiError, ControlPlane, format_validation_error
+from .events import event_stream
 from .namespaces import PRIVILEGES, ApiKeyError, Principal, load_api_keys
 from .store import is_storage_full
 
@@ -677,7 +678,7 @@ def create_app(
         else:
             raise ApiError(400, "Last-Event-ID / last_event_id must be a non-negative integer event id")
         return StreamingResponse(
-            _event_stream(core, start, _who(request).scope),
+            event_stream(core, start, _who(request).scope, _off_loop, KEEPALIVE_S),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -696,49 +697,3 @@ def _pick(request: Request, namespace: str | None) -> dict:
     if who.admin:
         return {"namespace": namespace, "scope": None, "home": who.namespace}
     return {"namespace": namespace or who.namespace, "scope": who.namespace, "home": who.namespace}
-
-
-async def _event_stream(core: ControlPlane, last: int, scope: str | None = None):
-    """SSE: durable job events after ``last``, then live ones; usage events interleaved.
-    ``scope``: only this namespace's job events (None: all, for the admin)."""
-    subscriber = core.bus.subscribe(scope)  # subscribe before reading the backlog so nothing falls between
-    try:
-        # The id is the resume point, so a client that sees no job event before a restart can still resume.
-        yield f"id: {last}\nevent: usage\ndata: {json.dumps(await _off_loop(core.gpu_usage), separators=(',', ':'))}\n\n"
-        queue = await _off_loop(core.queue_snapshot, scope)
-        if queue is not None:
-            yield f"event: queue\ndata: {json.dumps(queue, separators=(',', ':'))}\n\n"
-        backlog = True
-        while not subscriber.closed:
-            if backlog or subscriber.overflowed:
-                subscriber.overflowed = False
-                subscriber.items.clear()
-                while True:
-                    rows = await _off_loop(core.events_after, last, 500, scope)
-                    for seq, data in rows:
-                        yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
-                        last = seq
-                    if len(rows) < 500:
-                        break
-                backlog = False
-            while subscriber.items:
-                kind, seq, data = subscriber.items.popleft()
-                if kind == "job" and seq is None:
-                    # A change the full disk kept from being saved (yet): live only, no resume id.
-                    yield f"event: job\ndata: {data}\n\n"
-                elif kind == "job":
-                    if seq <= last:
-                        continue  # already sent from the backlog
-                    last = seq
-                    yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
-                else:
-                    yield f"event: {kind}\ndata: {data}\n\n"
-            if subscriber.closed:
-                break
-            subscriber.ready.clear()
-            try:
-                await asyncio.wait_for(subscriber.ready.wait(), KEEPALIVE_S)
-            except asyncio.TimeoutError:
-                yield ": keepalive\n\n"
-    finally:
-        core.bus.unsubscribe(subscriber)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import collections
 import functools
 import json
 import logging
@@ -41,7 +40,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -60,18 +59,19 @@ from .artifact_check import artifact_problem
 from .datastore import DataStore
 from .estimates import QueueEstimator
 from .batches import BatchManager
+from .events import EventBus, Subscriber  # noqa: F401  (Subscriber: re-exported)
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
 from .namespaces import DEFAULT_NAMESPACE, queue_view, visible
 from .scheduler import SchedulerState
 from .store import JobRecord, Store, VersionRow, is_storage_full
+from .unsaved import UnsavedJobs
 
 __all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "redact_definition", "MAX_REQUEUES", "REDACTED"]
 
 log = logging.getLogger("lancefn.server")
 
 MAX_REQUEUES = 3
-UNSAVED_RETRY_S = 1.0  # how often changes a full disk refused are tried again
 MAX_LOG_LINES_PER_JOB = 20_000
 MAX_LOG_LINE_CHARS = 8_192
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
@@ -164,7 +164,7 @@ def _decode_token(token: str | None) -> int | None:
 def _callback(method):
     """Executor callbacks must never raise into executor threads, and a bookkeeping error
     must not leave the job hanging: the job is failed instead.  A full disk is not such an
-    error: state changes are kept in memory and saved once space frees (``_keep_unsaved``),
+    error: state changes are kept in memory and saved once space frees (``UnsavedJobs.keep``),
     log lines that do not fit are dropped, and the job goes on."""
 
     @functools.wraps(method)
@@ -179,81 +179,6 @@ def _callback(method):
             self._fail_after_error(job_id)
 
     return guarded
-
-
-# ----------------------------------------------------------------------- event bus
-
-
-class Subscriber:
-    """One SSE client's buffer.  If it falls too far behind it is marked ``overflowed`` and
-    re-reads from the durable event log instead of growing without bound."""
-
-    LIMIT = 10_000
-
-    def __init__(self, scope: str | None = None) -> None:
-        self.scope = scope  # the one namespace whose job events it gets; None: all (admin)
-        self.items: collections.deque[tuple[str, int | None, str]] = collections.deque()
-        self.ready = asyncio.Event()
-        self.overflowed = False
-        self.closed = False  # the server is shutting down: end the stream
-
-    def push(self, item: tuple[str, int | None, str]) -> None:
-        if self.overflowed:
-            return
-        if len(self.items) >= self.LIMIT:
-            self.items.clear()
-            self.overflowed = True
-        else:
-            self.items.append(item)
-        self.ready.set()
-
-
-class EventBus:
-    """Fan-out of ``(kind, seq, data)`` to asyncio subscribers; publish from any thread."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._subscribers: set[Subscriber] = set()
-
-    def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        self._loop = loop
-
-    def publish(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None = None) -> None:
-        """``namespace``: only subscribers that may see it get the item.  ``data`` may instead be
-        a view: called once per subscriber scope on the loop thread (e.g. the ``queue`` event)."""
-        loop = self._loop
-        if loop is None or not self._subscribers:
-            return
-        try:
-            loop.call_soon_threadsafe(self._fanout, kind, seq, data, namespace)
-        except RuntimeError:  # loop closed during shutdown
-            pass
-
-    def _fanout(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None) -> None:
-        views: dict[str | None, str] = {}
-        for subscriber in list(self._subscribers):
-            if namespace is not None and not visible(subscriber.scope, namespace):
-                continue
-            if callable(data):
-                if subscriber.scope not in views:
-                    views[subscriber.scope] = data(subscriber.scope)
-                subscriber.push((kind, seq, views[subscriber.scope]))
-            else:
-                subscriber.push((kind, seq, data))
-
-    def close(self) -> None:
-        """End every stream (server shutdown); call on the loop thread."""
-        for subscriber in list(self._subscribers):
-            subscriber.closed = True
-            subscriber.ready.set()
-
-    def subscribe(self, scope: str | None = None) -> Subscriber:
-        subscriber = Subscriber(scope)
-        self._subscribers.add(subscriber)
-        return subscriber
-
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        self._subscribers.discard(subscriber)
 
 
 # --------------------------------------------------------------------------- core
@@ -294,9 +219,8 @@ class ControlPlane:
         self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
         self._job_env: dict[str, dict[str, str]] = {}  # launched jobs' function env (never logged)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
-        # for them (a finished job stays here, not in _active) until a retry saves them.
-        self._unsaved: dict[str, JobRecord] = {}
-        self._unsaved_retry: threading.Timer | None = None
+        # for them (a finished job stays there, not in _active) until a retry saves them.
+        self._unsaved = UnsavedJobs(store, self.bus, self._lock, lambda rec: _dumps(self._job_wire(rec)), lambda: self._started)
         self._log_pos: dict[str, int] = {}
         self._result_arrivals = 0
         self._progress_emitted: dict[str, float] = {}
@@ -365,11 +289,10 @@ class ControlPlane:
         with self._lock:
             for job_id in list(self._deferred):
                 self._flush_deferred(job_id)
-            if self._unsaved_retry is not None:
-                self._unsaved_retry.cancel()
+            self._unsaved.cancel_retry()
             if self._estimates_timer is not None:
                 self._estimates_timer.cancel()
-            self._save_unsaved(retry=False)
+            self._unsaved.save(retry=False)
         # Waiters get the job as it stands now rather than hanging until their timeout.
         with self._lock:
             for job_id in list(self._waiters):
@@ -1191,7 +1114,7 @@ class ControlPlane:
         """Write the job and its event in one transaction, and publish the event once committed.
 
         A change to a known job that the full disk refuses is kept in memory and retried (see
-        ``_keep_unsaved``) instead of raising, unless an enclosing batch (whose caller decides)
+        ``UnsavedJobs.keep``) instead of raising, unless an enclosing batch (whose caller decides)
         is open.  A new job is never kept that way: its request gets the 507."""
         data = _dumps(self._job_wire(rec)) if event else None
         earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
@@ -1208,9 +1131,9 @@ class ControlPlane:
                 if earlier:
                     self._deferred[rec.job_id] = earlier
                 raise
-            self._keep_unsaved(rec, data)
+            self._unsaved.keep(rec, data)
             return
-        self._unsaved.pop(rec.job_id, None)  # its latest state is saved now
+        self._unsaved.saved(rec.job_id)  # its latest state is saved now
         if "batch_id" in rec.spec:
             self.batches.on_job(rec)
 
@@ -1239,46 +1162,6 @@ class ControlPlane:
                 self._deferred.pop(job_id)
                 return
             self._persist(rec, new=False, event=False)
-
-    def _keep_unsaved(self, rec: JobRecord, data: str | None = None) -> None:
-        """The disk is full: keep the job's latest state in memory (reads, waits and the event
-        stream see it; a finished job does not look IN_PROGRESS nor run again after a restart
-        once saved) and save it when space frees.  Lock held."""
-        if rec.job_id not in self._unsaved:
-            log.error("job %s is %s but the disk is full; kept in memory and saved once space frees", rec.job_id, rec.state)
-        self._unsaved[rec.job_id] = rec
-        self.bus.publish("job", None, data or _dumps(self._job_wire(rec)), rec.namespace)  # live only: no sequence number
-        self._arm_unsaved_retry()
-
-    def _arm_unsaved_retry(self) -> None:
-        if self._unsaved_retry is None:
-            self._unsaved_retry = threading.Timer(UNSAVED_RETRY_S, self._save_unsaved)
-            self._unsaved_retry.daemon = True
-            self._unsaved_retry.start()
-
-    def _save_unsaved(self, *, retry: bool = True) -> None:
-        """Save what the full disk refused, oldest first; try again later while it is full.
-        ``retry=False``: the last try, at shutdown (what is still unsaved then is re-queued by the
-        next start, like any job that was running)."""
-        with self._lock:
-            self._unsaved_retry = None
-            if retry and not self._started:
-                return  # stopped meanwhile: shutdown made the last try
-            for job_id, rec in list(self._unsaved.items()):
-                data = _dumps(self._job_wire(rec))
-                try:
-                    with self.store.batch():
-                        self.store.update_job(rec)
-                        seq = self.store.insert_event(job_id, data, rec.namespace)
-                except Exception as error:
-                    if not is_storage_full(error):
-                        log.exception("could not save job %s", job_id)
-                    if retry:
-                        self._arm_unsaved_retry()
-                    return
-                del self._unsaved[job_id]
-                self.bus.publish("job", seq, data, rec.namespace)
-                log.info("job %s (%s) saved now that the disk has room", job_id, rec.state)
 
     def queue_snapshot(self, scope: str | None = None) -> dict | None:
         """The `queue` event payload now as ``scope`` sees it (None when the executor owns queuing, as Ray does)."""

@@ -34,6 +34,7 @@ import types
 from typing import Callable, Iterator, Mapping, Sequence
 
 from .. import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from .worker_io import Protocol, flush_stdio
 
 __all__ = [
     "WorkerProcess",
@@ -66,31 +67,10 @@ def artifact_filename(name: str, version: str) -> str:
 # ===================================================================== child (the worker)
 
 
-class _Protocol:
-    """JSON lines on the protocol fd; locked because log threads and the task loop both send."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-
-    def send(self, **event: object) -> None:
-        self.send_frame(b"", **event)
-
-    def send_frame(self, payload: bytes, **event: object) -> None:
-        """The event line, then ``payload`` raw (announced as ``ipc_len``), with nothing between."""
-        if payload:
-            event["ipc_len"] = len(payload)
-        data = memoryview((json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n").encode())
-        with self._lock:
-            for part in (data, memoryview(payload)):
-                while part:
-                    part = part[os.write(self._fd, part) :]
-
-
 class _Capture(threading.Thread):
     """Points ``fd`` (1 or 2) at a pipe and forwards what is written there as ``log`` events."""
 
-    def __init__(self, proto: _Protocol, stream: str, fd: int) -> None:
+    def __init__(self, proto: Protocol, stream: str, fd: int) -> None:
         super().__init__(name=f"lancefn-{stream}", daemon=True)
         self._proto, self._stream, self.fd = proto, stream, fd
         self.synced = threading.Event()
@@ -123,17 +103,7 @@ def _flush_output(captures: Sequence[_Capture]) -> None:
 
     Called before ``result``/``failed`` so a task's logs always precede its outcome.
     """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # user code may have replaced or closed them
-            pass
-    try:  # C-level stdio buffers (e.g. CUDA printf) live in libc, not in sys.stdout
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except Exception:
-        pass
+    flush_stdio()
     for capture in captures:
         capture.synced.clear()
         os.write(capture.fd, _SYNC + b"\n")
@@ -148,7 +118,7 @@ class _Progress:
     next row is slow never shows a stale count meanwhile.
     """
 
-    def __init__(self, proto: _Protocol) -> None:
+    def __init__(self, proto: Protocol) -> None:
         self._proto = proto
         self._lock = threading.Lock()
         self._latest = self._sent = 0
@@ -322,7 +292,7 @@ def _task_rows(task: dict) -> list:
         raise _TaskFailure("validation", f"the job's rows cannot be decoded: {error}") from None
 
 
-def _run_rows(task: dict, proto: _Protocol) -> list:
+def _run_rows(task: dict, proto: Protocol) -> list:
     missing = _missing_packages(task.get("packages") or ())
     if missing:
         import shlex
@@ -390,7 +360,7 @@ def _result_event(task: dict, values: list) -> dict:
         raise _TaskFailure("result", str(error)) from None
 
 
-def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
+def _serve(task: dict, proto: Protocol, captures: Sequence[_Capture]) -> None:
     try:
         event = _result_event(task, _run_rows(task, proto))
     except _TaskFailure as failure:
@@ -429,7 +399,7 @@ def run_task_inline(task: dict, send: Callable[..., None]) -> dict:
             else:
                 send(**event)
 
-    _serve(task, _Inline, ())  # type: ignore[arg-type]  # duck-typed _Protocol
+    _serve(task, _Inline, ())  # type: ignore[arg-type]  # duck-typed Protocol
     return final
 
 
@@ -550,12 +520,12 @@ def _warm_up(captures: Sequence[_Capture]) -> None:
         "rows": [{"x": 1}],
         "packages": [],
     }
-    _serve(task, _Discard, captures)  # type: ignore[arg-type]  # duck-typed _Protocol
+    _serve(task, _Discard, captures)  # type: ignore[arg-type]  # duck-typed Protocol
 
 
 def main() -> None:
     _not_dumpable()
-    proto = _Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
+    proto = Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
     tasks = os.fdopen(os.dup(0), "rb")
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

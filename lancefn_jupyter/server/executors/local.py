@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from ...models import JobFailure
 from ..isolation import WorkerUser
 from ..worker import PRELOAD_ENV, WorkerProcess, WorkerStartError, artifact_filename, describe_exit
+from ..worker_io import relay
 from .base import Executor, ExecutorCallbacks, TaskSpec
 
 if TYPE_CHECKING:
@@ -270,11 +271,10 @@ class LocalExecutor(Executor):
             for event in worker.events():
                 if run.outcome is not None:  # being stopped: report nothing more
                     continue
-                if event["event"] == "log":
-                    callbacks.task_log(task.job_id, event["stream"], event["lines"])
-                elif event["event"] == "progress":
+                if event["event"] == "progress":
                     run.rows_done = event["rows_done"]
-                    callbacks.task_progress(task.job_id, run.rows_done)
+                if event["event"] in ("log", "progress"):
+                    relay(callbacks, task.job_id, event)
                 elif event["event"] in ("result", "failed") and run.claim("finished"):
                     final = event
         finally:
@@ -283,13 +283,7 @@ class LocalExecutor(Executor):
 
         if final is not None:
             self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
-            if final["event"] == "result":
-                callbacks.task_succeeded(task.job_id, final["results"] if "results" in final else final)
-            else:
-                callbacks.task_failed(
-                    task.job_id,
-                    JobFailure(phase=final["phase"], message=final["message"], traceback=final.get("traceback")),
-                )
+            relay(callbacks, task.job_id, final)
             # A new fresh spare for the next new version here, started only now: on a small machine a
             # process start racing the job it was taken for would slow that job down.
             self._prewarm(_fresh(run.key))

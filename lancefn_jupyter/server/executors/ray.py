@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+from ..worker_io import Protocol, flush_stdio, relay
 from .base import Executor, ExecutorCallbacks, TaskSpec, redact_env
 
 if TYPE_CHECKING:
@@ -570,26 +571,7 @@ class RayExecutor(Executor):
                 self._forget(job_id)
         if not known:
             return  # cancelled meanwhile: the core has already finished it
-        if kind == "started":
-            callbacks.task_started(job_id, devices=tuple(event.get("devices", ())), node=event.get("node"))
-        elif kind == "log":
-            callbacks.task_log(job_id, event.get("stream", "stdout"), list(event.get("lines", ())))
-        elif kind == "progress":
-            callbacks.task_progress(job_id, int(event.get("rows_done", 0)))
-        elif kind == "result":
-            callbacks.task_succeeded(job_id, event["results"] if "results" in event else event)  # else an Arrow result file
-        elif kind == "failed":
-            from ...models import JobFailure
-
-            callbacks.task_failed(
-                job_id,
-                JobFailure(
-                    phase=event.get("phase", "executor"),
-                    message=str(event.get("message", "")),
-                    retryable=bool(event.get("retryable", False)),
-                    traceback=event.get("traceback"),
-                ),
-            )
+        relay(callbacks, job_id, event)
 
 
 def _describe_exit(returncode: int | None) -> str:
@@ -644,21 +626,6 @@ def _job_payload(task: TaskSpec) -> dict:
 # =========================================================================== bridge (Ray driver)
 
 
-class _Protocol:
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-
-    def send(self, **event: Any) -> None:
-        data = memoryview((json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
-        with self._lock:
-            try:
-                while data:
-                    data = data[os.write(self._fd, data) :]
-            except OSError:  # the control plane is gone; stdin EOF will end us
-                pass
-
-
 @dataclass(eq=False)
 class _BridgeJob:
     job_id: str
@@ -681,7 +648,7 @@ class _BridgeJob:
 class _Driver:
     """The bridge: submits tasks, relays their events, enforces timeouts, watches the cluster."""
 
-    def __init__(self, config: dict, proto: _Protocol) -> None:
+    def __init__(self, config: dict, proto: Protocol) -> None:
         import ray
 
         self.ray = ray
@@ -1160,7 +1127,7 @@ def _failure_from_ray_error(error: BaseException, ray: Any) -> dict:
 
 def _bridge_main() -> int:
     """Entry point of the bridge process (started by :class:`RayExecutor`)."""
-    proto = _Protocol(os.dup(1))
+    proto = Protocol(os.dup(1), strict=False)
     os.dup2(2, 1)  # anything Ray or a library prints goes to stderr, never into the protocol
     config = json.loads(sys.stdin.buffer.readline() or b"{}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -1339,7 +1306,7 @@ class _CapturedOutput:
         self._buffering: list[tuple[Any, bool]] = []
 
     def __enter__(self) -> "_CapturedOutput":
-        _flush_all()
+        flush_stdio()
         for fd, stream in ((1, "stdout"), (2, "stderr")):
             read_fd, write_fd = os.pipe()
             self._saved[fd] = os.dup(fd)
@@ -1357,7 +1324,7 @@ class _CapturedOutput:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _flush_all()
+        flush_stdio()
         for fd, saved in self._saved.items():
             os.dup2(saved, fd)  # closes the pipe's write end at fd: the reader sees EOF
             os.close(saved)
@@ -1380,20 +1347,6 @@ class _CapturedOutput:
                 self._send(event="log", stream=stream, lines=[pending.decode("utf-8", "replace")])
         finally:
             os.close(read_fd)
-
-
-def _flush_all() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    try:  # C-level stdio buffers (e.g. CUDA printf)
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except Exception:
-        pass
 
 
 _hubs: dict[str, Any] = {}  # per Ray worker process: hub name → actor handle
