@@ -126,8 +126,8 @@ class _FrozenDict(dict):
     def _immutable(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("wire values are immutable; build a new model instead")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable
-    __ior__ = _immutable
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable  # type: ignore[assignment]
+    __ior__ = _immutable  # type: ignore[assignment]
 
     def __reduce__(self):
         # copy/deepcopy/pickle would otherwise refill an empty instance item by item.
@@ -214,7 +214,7 @@ class _RemoteValue(BaseModel):
             if value is None:
                 continue
             if not field.is_required():
-                default = field.default_factory() if field.default_factory is not None else field.default
+                default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
                 if value == default:
                     continue
             wire[name] = _wire_value(value)

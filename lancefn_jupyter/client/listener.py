@@ -39,7 +39,7 @@ import random
 import socket
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import httpx
 
@@ -418,7 +418,7 @@ class EventListener:
             self.last_event_id = event.id
         if event.event == "job" and isinstance(event.data, dict):
             data = event.data
-            job_id = data.get("job_id")
+            job_id = cast(str, data.get("job_id"))
             with self._lock:
                 moved = self.queue.observe(data)
                 direct = self._jobs.get(job_id)

