@@ -7,8 +7,12 @@ Everything a magic does is reachable from here, for scripts and tests:
     def double(x: float) -> float: ...
     double.submit(2.0).result()
 
-Connection rule (SPEC §2): an explicit `connect(url, api_key)`, else `LANCEFN_URL`/`LANCEFN_API_KEY`,
-else the embedded control plane under `$LANCEFN_HOME`, started on first use and reused afterwards.
+Connection rule (docs/ARCHITECTURE.md, "Connection rule"): an explicit `connect(url, api_key)`, else `LANCEFN_URL`/`LANCEFN_API_KEY`,
+else the embedded control plane under `$LANCEFN_HOME`, started on first use and reused afterwards
+(the state lives in `session.py`; this module re-exports it).
+
+Size: over 600 lines because `GpuFunction` and `Job` are the user's two handles and each method is
+short; the next split along the seam is functions (`GpuFunction`, `gpu_function`, `lookup`) vs jobs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Wire models of lancefn-jupyter and their canonical JSON (SPEC §3, docs/ARCHITECTURE.md).
+"""Wire models of lancefn-jupyter and their canonical JSON (docs/ARCHITECTURE.md, "Function versions (wire rules)").
 
 Every model is a frozen pydantic v2 value. Decoding ignores unknown fields and never
 re-emits them; validation is eager and fails closed with a message that names the field
 and says how to fix it. Encoding (``to_wire`` / ``to_canonical_json``) writes required
 fields always and omits a field that is ``None`` or equal to its default, so a value that
 did not use a newer optional field encodes to the same bytes as before it existed (that
-is how ``gpu_class`` joins seed 000's contract without changing its digests).
+is how ``gpu_class`` joined the contract without changing existing digests).
 
 Pure: pydantic and the standard library only.
 """
@@ -241,7 +241,7 @@ class FunctionResourceRequirements(_RemoteValue):
     """Resources required every time a function version executes (part of its identity)."""
 
     num_gpus: Annotated[int, BeforeValidator(_num_gpus)]
-    # Pins the operator-configured GPU class (seed 001); omitted means the server's default.
+    # Pins the operator-configured GPU class; omitted means the server's default.
     gpu_class: Optional[_Name] = None
 
 

@@ -1,4 +1,4 @@
-"""Options of ``%%gpu_function`` and ``%gpu_profile`` (SPEC §5), from a magic line or Python kwargs.
+"""Options of ``%%gpu_function`` and ``%gpu_profile`` (docs/ARCHITECTURE.md, "Notebook options"), from a magic line or Python kwargs.
 
 One validation path serves both: a magic line is split with ``shlex``, each ``key=value``
 is converted from text to a Python value, and from there the line and the kwargs of the
@@ -14,7 +14,7 @@ profile's whole package set (``pip``, ``conda`` and its ``conda_channels``), bec
 and conda environments are exclusive and mixing them would be an error the user never wrote.
 
 ``image`` and ``timeout_s`` (default job timeout in seconds) are accepted beside the options
-SPEC §5 lists: they are part of a compute profile (seed 002's ``ComputeConfig``).
+the section lists: they are part of a compute profile.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Wire models: seed 000's tests ported, canonical JSON, derivation, job and GPU models."""
+"""Wire models: the byte-exact anchors of docs/ARCHITECTURE.md ("Function versions"), canonical JSON, derivation, job and GPU models."""
 
 import base64
 import hashlib
@@ -74,7 +74,7 @@ def request(source=SOURCE, name="double", num_gpus=1, pip=("numpy",)):
     )
 
 
-# ---------------------------------------------------------------- seed 000, ported
+# ---------------------------------------------------- byte-exact anchors and validation
 
 
 def test_udf_gpu_requirement_uses_resource_aware_runtime():

@@ -1,4 +1,8 @@
-"""Tests for lancefn_jupyter.packaging: cell / function -> artifact bytes, digest, signature."""
+"""Tests for lancefn_jupyter.packaging: cell / function -> artifact bytes, digest, signature.
+
+Size: over 600 lines because it follows packaging.py's four sections (capture, cell, function,
+signature) test by test; all of it is the fast unit tier.
+"""
 
 from __future__ import annotations
 

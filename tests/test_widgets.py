@@ -198,8 +198,9 @@ def test_map_job_progress_bar_follows_rows(cp, gate_fn, gates):
     wait_until(lambda: widget.state == "running", "map job running")
     assert (widget.progress.value, widget.progress.max) == (0, 3)
     for i in range(3):
-        # The server coalesces progress events (at most one per PROGRESS_EVENT_INTERVAL_S per job, with
-        # no trailing event), so the next row may only finish once that window has passed.
+        # The server coalesces progress events (at most one per PROGRESS_EVENT_INTERVAL_S per job; a held
+        # count follows when the window ends), so spacing rows by more than the window makes every
+        # count its own event, which is what this test checks.
         time.sleep(PROGRESS_EVENT_INTERVAL_S * 1.5)
         gates.open(f"row{i}")
         wait_until(lambda i=i: widget.progress.value == i + 1, f"{i + 1} rows done")

@@ -3,7 +3,7 @@
  *
  * Nothing in this module touches the DOM, the network or JupyterLab, so it is unit-tested
  * directly (src/__tests__/model.spec.ts). The wire shapes mirror the control plane's REST API
- * (SPEC §4); every field the panel reads is optional-tolerant because the server omits fields
+ * (docs/ARCHITECTURE.md, "REST API (v1)"); every field the panel reads is optional-tolerant because the server omits fields
  * that are `None` or equal to their default.
  */
 
@@ -127,7 +127,7 @@ const DISPLAY_STATE: Record<string, string> = {
   TIMED_OUT: 'timed out'
 };
 
-/** The user-facing word for a wire job state (SPEC §4): pending, running, finished, ... */
+/** The user-facing word for a wire job state (docs/ARCHITECTURE.md, "REST API (v1)"): pending, running, finished, ... */
 export function displayState(state: string): string {
   return DISPLAY_STATE[state] ?? String(state || 'unknown').toLowerCase().replace(/_/g, ' ');
 }

@@ -1,4 +1,4 @@
-"""HTTP client for the lancefn control plane: one module per REST resource (SPEC §4)."""
+"""HTTP client for the lancefn control plane: one module per REST resource (docs/ARCHITECTURE.md, "REST API (v1)")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FastAPI routes of the control plane (SPEC §4 + ARCHITECTURE "REST details").
+"""FastAPI routes of the control plane (docs/ARCHITECTURE.md, "REST API (v1)" and "REST details").
 
 Thin on purpose: authenticate, parse the body into a small request model, call the
 ``ControlPlane``, wrap errors in the envelope ``{"error": {code, message, request_id}}``.

@@ -2,8 +2,9 @@
 
 ``ControlPlane`` ties together the store (durable truth), the pure scheduler (who gets
 which devices), the executor (runs tasks) and the event bus (SSE fan-out).  Every method
-is synchronous and guarded by one re-entrant lock; executor callbacks arrive on executor
-threads and take the same lock.  Events are handed to the asyncio loop with
+but ``wait_job`` (async: it awaits a job's change on the event loop) is synchronous and
+guarded by one re-entrant lock; executor callbacks arrive on executor threads and take the
+same lock.  Events are handed to the asyncio loop with
 ``call_soon_threadsafe`` *while the lock is held*, so subscribers see them in seq order.
 
 Job lifecycle::
@@ -23,6 +24,10 @@ order; after a restart no device is busy.
 
 No input may produce a 5xx: every user-facing problem raises :class:`ApiError` with a 4xx
 status and a message saying what is wrong and how to fix it.
+
+Size: over 600 lines because the job state machine, its executor callbacks and its persistence
+share one lock and must be read together; the event bus (``events.py``), the disk-full
+bookkeeping (``unsaved.py``), scheduling (``scheduler.py``) and estimates live apart.
 """
 
 from __future__ import annotations
@@ -785,7 +790,7 @@ class ControlPlane:
     # ---------------------------------------------------------------- GPU info
 
     def gpu_classes(self) -> dict:
-        # Every field, defaults included: SPEC §4 lists them all for this reply.
+        # Every field, defaults included (docs/ARCHITECTURE.md, "REST API (v1)").
         return {"classes": [spec.gpu_class.model_dump(mode="json") for spec in self.classes.classes]}
 
     def gpu_usage(self) -> dict:
@@ -1231,7 +1236,7 @@ class ControlPlane:
 
     def _job_wire(self, rec: JobRecord) -> dict:
         """The Job wire form, built without pydantic for speed. Placement and progress carry every
-        field (SPEC §4 lists them; the side panel and other tools read them without defaults)."""
+        field (docs/ARCHITECTURE.md, "REST API (v1)"; the side panel and other tools read them without defaults)."""
         placement: dict[str, Any] = {
             "gpu_class": rec.gpu_class,
             "num_gpus": rec.num_gpus or 0,

@@ -1,6 +1,6 @@
 """GPU classes: operator TOML config, NVML detection, or a simulated default.
 
-Resolution order (SPEC §4):
+Resolution order (docs/ARCHITECTURE.md, "GPU class config (TOML)"):
 1. a TOML file (``--gpu-classes FILE`` or ``$LANCEFN_GPU_CLASSES``), validated eagerly —
    any problem is a :class:`ConfigError` naming the file, the class and the field, and the
    server refuses to start;

@@ -1,6 +1,6 @@
 """Pure placement decisions: which pending job gets which devices of its GPU class.
 
-Rules (SPEC §4, seed 001):
+Rules (docs/ARCHITECTURE.md, "Scheduling"):
 - Each GPU class is an independent pool of device ids with a FIFO queue of pending jobs.
 - Strict FIFO within a class: only the head of the queue may start; if it needs more GPUs
   than are free, later (smaller) jobs wait behind it.  This costs some utilisation but means

@@ -1,5 +1,5 @@
 """Job changes a full disk refused: kept in memory, served to reads and the event stream, and saved
-once space frees (docs/ARCHITECTURE.md, "Storage full").
+once space frees (docs/ARCHITECTURE.md, "REST details": a full disk).
 
 One small class so the core's write path says only "keep this" and "it is saved now"; the retry
 timer, the oldest-first save and the last try at shutdown live here.

@@ -15,6 +15,9 @@ written before a task ends normally (result or any Python exception) is always d
 
 The module imports only the standard library at top level: a CPU-only task must not pay for
 numba (imported only when the artifact imports it) and ``ready`` must come fast.
+
+Size: over 600 lines because it holds both ends of one pipe protocol (the child that runs the
+task, ``WorkerProcess`` in the parent); what the Ray bridge shares lives in ``worker_io.py``.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ GPU ids), runs that version's later jobs one at a time, and is killed when idle 
 GPUs it sits on, after a crash, or when its job is cancelled or times out (``ray.kill``: the
 GPUs are freed; the next job starts a new actor).  Actors are never shared across versions or
 namespaces.  CPU and simulated-GPU tasks reuse Ray's warm workers.
+
+Size: over 600 lines because it holds code for three processes (``RayExecutor`` in the server,
+the bridge ``_Driver``, the task body in Ray workers) that share one wire format; sections are
+marked, and the next split is a package by process.
 """
 
 from __future__ import annotations
