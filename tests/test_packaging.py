@@ -1,6 +1,6 @@
 """Tests for lancefn_jupyter.packaging: cell / function -> artifact bytes, digest, signature.
 
-Size: over 600 lines because it follows packaging.py's four sections (capture, cell, function,
+Size: over 600 lines because it follows the packaging package's four modules (capture, cell, function,
 signature) test by test; all of it is the fast unit tier.
 """
 
