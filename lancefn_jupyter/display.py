@@ -225,7 +225,7 @@ def progress_text(job: Job) -> str:
     return f"{done}/{total} rows ({pct:.0f}%)"
 
 
-def _function_ref(job: Job) -> str:
+def function_ref(job: Job) -> str:
     spec = job.spec
     name, version = spec.get("name", "?"), spec.get("version")
     return f"{name}@{version}" if version else str(name)
@@ -240,7 +240,7 @@ def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
         rows.append(
             [
                 job.job_id,
-                _function_ref(job),
+                function_ref(job),
                 display_state(job.job_state),
                 p.gpu_class or "cpu",
                 str(p.num_gpus),
@@ -323,11 +323,11 @@ def state_badge_html(state: str) -> str:
 def job_card(job: Job) -> tuple[str, str]:
     state = display_state(job.job_state)
     progress = job.progress
-    text = f"Job {job.job_id} {_function_ref(job)}: {job_summary(job)} — {progress.rows_done}/{progress.rows_total} rows"
+    text = f"Job {job.job_id} {function_ref(job)}: {job_summary(job)} — {progress.rows_done}/{progress.rows_total} rows"
     pct = 100 * progress.rows_done / progress.rows_total if progress.rows_total else 0
     markup = (
         f"<div class='lancefn lancefn-job'>{state_badge_html(state)} <code>{html.escape(job.job_id)}</code> "
-        f"{html.escape(_function_ref(job))} — {html.escape(job_summary(job))} "
+        f"{html.escape(function_ref(job))} — {html.escape(job_summary(job))} "
         f"<progress value='{progress.rows_done}' max='{max(progress.rows_total, 1)}'></progress> "
         f"{progress.rows_done}/{progress.rows_total} ({pct:.0f}%)</div>"
     )

@@ -26,7 +26,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .models import FunctionResourceRequirements, PythonEnvironmentSpec, PythonRuntimeSpec
+# The wire models' patterns, checked here first for option-shaped messages.
+from .models import (
+    _ENV_NAME,
+    _NAME,
+    _PYTHON_VERSION,
+    FunctionResourceRequirements,
+    PythonEnvironmentSpec,
+    PythonRuntimeSpec,
+)
 
 __all__ = [
     "OptionsError",
@@ -38,10 +46,6 @@ __all__ = [
     "build_profile",
 ]
 
-# Same patterns as the wire models (models.py), checked here first for option-shaped messages.
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PYTHON_VERSION = re.compile(r"[0-9]+\.[0-9]+")
 _DIGITS = re.compile(r"[0-9]+")
 _NO_SPACES = re.compile(r"\S+")
 _UINT32_MAX = 2**32 - 1

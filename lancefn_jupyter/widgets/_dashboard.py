@@ -21,8 +21,9 @@ from ipywidgets.widgets.widget_string import HTMLStyle
 from .. import display
 from ..client.errors import LancefnError
 from ..client.listener import EventListener, bind, start_listener
+from ..display import function_ref
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._job import _BAR_STYLE, function_ref
+from ._job import _BAR_STYLE
 from ._support import FallbackReprMixin
 
 __all__ = ["JobsDashboard"]

@@ -36,12 +36,6 @@ _BAR_STYLE = {
 }
 
 
-def function_ref(job: Any) -> str:
-    spec = job.spec
-    name, version = spec.get("name", "?"), spec.get("version")
-    return f"{name}@{version}" if version else str(name)
-
-
 class JobWidget(FallbackReprMixin, w.VBox):
     """Live state of one job: badge, what it waits for or where it runs, progress, Cancel, logs."""
 
@@ -159,7 +153,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self.badge.value = display.state_badge_html(state)
         self.title.value = (
             f"<span style='margin-left:6px'>job <code title='{html.escape(job.job_id)}'>{html.escape(job.job_id[:12])}</code>"
-            f" <b>{html.escape(function_ref(job))}</b></span>"
+            f" <b>{html.escape(display.function_ref(job))}</b></span>"
         )
         self.status.value = self._status_html(job)
         total = job.progress.rows_total
