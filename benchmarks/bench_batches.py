@@ -100,7 +100,7 @@ def fan_out(runs: int, skip_ray: bool) -> None:
     if skip_ray:
         return
     proc = subprocess.run([sys.executable, __file__, "--ray-side", "--runs", str(runs)], capture_output=True, text=True, timeout=600)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RAY ")), None)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RAY ")), None)
     if line is None:
         print(f"Ray side failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
         return

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from . import batching
 from .batch_display import batch_card
@@ -130,7 +130,7 @@ def start_batch(
     """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
     ``column``: the values of the function's one parameter as an Arrow array (a table's column),
     sent as Arrow chunks as they are; ``items`` is then ignored."""
-    from .api import current_client
+    from .session import current_client
 
     window = check_parallel(parallel)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
@@ -168,7 +168,7 @@ class Batch:
         return_exceptions: bool = False,
         snapshot: Optional[BatchRecord] = None,
     ):
-        from .api import current_client
+        from .session import current_client
 
         self.batch_id = batch_id
         self._client = client or current_client()

@@ -162,7 +162,7 @@ class TableMap:
                 if self._unique:  # Arrow slices as they are
                     data = pa.table({self.key: keys, self.into: pa.array(values, type=self._type)})
                 else:  # one source row per key (merge_insert refuses ambiguity); equal keys have equal inputs
-                    unique = dict(zip(keys.to_pylist(), values))
+                    unique = dict(zip(keys.to_pylist(), values, strict=False))
                     data = pa.table({self.key: list(unique), self.into: pa.array(list(unique.values()), type=self._type)})
                 with self._lock:
                     self.table.merge_insert(self.key).when_matched_update_all().execute(data)  # one commit per chunk

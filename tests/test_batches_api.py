@@ -8,7 +8,6 @@ Functions that must keep running wait for a file the test creates; nothing asser
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import ipywidgets
 import numpy as np

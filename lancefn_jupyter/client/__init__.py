@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ._http import Transport
+from .batches import BatchesResource
 from .errors import (
     ApiError,
     Conflict,
@@ -16,7 +17,6 @@ from .errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from .batches import BatchesResource
 from .events import Event, iter_events, open_event_stream
 from .functions import FunctionsResource
 from .gpu import GpuResource

@@ -16,6 +16,9 @@ No input may produce a 5xx and no error carries a stack trace: ``_Guard`` (outer
 our middleware) turns anything unexpected into a 400 ``request_failed`` envelope and logs
 the traceback server-side only.  The one 5xx is not caused by input: a full disk answers
 507 ``insufficient_storage`` (nothing from that request is saved; retry once space frees).
+
+Size: over 600 lines because every route is here, each a few lines over the same guards; the
+SSE stream lives in ``events.py``.
 """
 
 from __future__ import annotations

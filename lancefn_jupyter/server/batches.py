@@ -15,6 +15,9 @@ chunk's outcome is read back from its job on start (``recover``), so a control p
 point resumes the batch with no row lost and none counted twice (a job's result is one write).
 
 Everything runs under the core's lock: hooks arrive from ``ControlPlane._persist``.
+
+Size: over 600 lines because a batch's state machine, its durability and its recovery are one
+concern that must be read together; cutting and stacking live in ``batching.py``.
 """
 
 from __future__ import annotations
@@ -259,7 +262,7 @@ class BatchManager:
                 )
                 self.store.executemany(
                     "INSERT INTO batch_chunks(batch_id, idx, row_start, row_end, rows, state) VALUES(?,?,?,?,?,?)",
-                    [(batch.batch_id, c.idx, c.row_start, c.row_end, text, PENDING) for c, text in zip(batch.chunks, encoded)],
+                    [(batch.batch_id, c.idx, c.row_start, c.row_end, text, PENDING) for c, text in zip(batch.chunks, encoded, strict=False)],
                 )
                 self._batches[batch.batch_id] = batch
                 try:
@@ -393,6 +396,7 @@ class BatchManager:
         rows = self.store.query("SELECT batch_id FROM batches WHERE state IN (?,?) ORDER BY seq", (PENDING, IN_PROGRESS))
         for (batch_id,) in rows:
             batch = self._load(batch_id)
+            assert batch is not None  # the query just listed it
             self._activate(batch)
             for idx in sorted(batch.live):
                 chunk = batch.chunks[idx]

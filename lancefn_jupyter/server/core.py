@@ -61,9 +61,9 @@ from ..models import (
     version_id,
 )
 from .artifact_check import artifact_problem
+from .batches import BatchManager
 from .datastore import DataStore
 from .estimates import QueueEstimator
-from .batches import BatchManager
 from .events import EventBus, Subscriber  # noqa: F401  (Subscriber: re-exported)
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
