@@ -13,7 +13,7 @@ import ipywidgets
 import numpy as np
 import pytest
 
-import lancefn_jupyter.widgets._listener as listener_module
+import lancefn_jupyter.client.listener as listener_module
 from lancefn_jupyter import api
 from lancefn_jupyter.batch import Batch, BatchChunkError, BatchError
 from lancefn_jupyter.batch_display import batch_card, strip_cells

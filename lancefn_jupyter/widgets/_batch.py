@@ -23,8 +23,8 @@ from .. import display
 from ..batch_display import STRIP_COLOURS, batch_card, batch_summary, strip_cells
 from ..batch_models import STRIP_STATES
 from ..client.errors import LancefnError
+from ..client.listener import EventListener, bind, start_listener
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["BatchWidget"]
