@@ -8,14 +8,11 @@ Functions that must keep running wait for a file the test creates, so nothing de
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from conftest import register, registration_body
+from helpers import DEADLINE_S, wait_until
 
 from lancefn_jupyter.batch_models import Batch
-
-DEADLINE_S = 60.0
 
 GATE = """from __future__ import annotations
 
@@ -63,14 +60,6 @@ def describe(http: httpx.Client, batch_id: str) -> dict:
     assert reply.status_code == 200, reply.text
     Batch.from_wire(reply.json())  # every reply decodes as the wire model
     return reply.json()
-
-
-def wait_until(condition, what: str):
-    deadline = time.monotonic() + DEADLINE_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def wait_batch(http: httpx.Client, batch_id: str) -> dict:
