@@ -531,13 +531,6 @@ def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp
         assert job["job_state"] == "DONE", job
 
 
-def test_server_stop_leaves_no_ray_processes(ray_cp):
-    bridge = _bridge(ray_cp)
-    assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
-    assert ray_cp.stop() == 0
-    _wait_no_session(bridge.pid, timeout=10)
-
-
 def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
     """Each chunk is a Ray task of the class's resource, waiting in Ray for the class's GPUs."""
     with ray_cp.http() as http:
@@ -561,3 +554,11 @@ def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
         for chunk in batch["chunks"]:
             job = _finished(http, chunk["job_id"])  # `wait_for` returns the devices its task ran on
             assert job["result"] == [",".join(job["placement"]["devices"])] * 2 and (chunk["row_start"], chunk["row_end"]) == (2 * chunk["index"], 2 * chunk["index"] + 2)
+
+
+def test_server_stop_leaves_no_ray_processes(ray_cp):
+    # Last in this module: it stops the module's Ray-backed server.
+    bridge = _bridge(ray_cp)
+    assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
+    assert ray_cp.stop() == 0
+    _wait_no_session(bridge.pid, timeout=10)
