@@ -14,6 +14,9 @@
   error the readable envelope.
 
 Example counts are kept modest for a 2-core CI (derandomized, so runs are repeatable).
+
+Size: over 600 lines because it is one generator per input edge, each short; they share the
+strategies at the top.
 """
 
 from __future__ import annotations

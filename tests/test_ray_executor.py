@@ -4,6 +4,9 @@ class resources, driven over HTTP like every other server test.
 
 Ray is slow to start (~8 s, more on a busy machine), so one server serves the whole module and
 the tests that end it (lost cluster, SIGKILL + restart, stop) come last, in file order.
+
+Size: over 600 lines because that one module-scoped Ray server is what keeps this tier affordable;
+splitting the file would start Ray once more per file.
 """
 
 from __future__ import annotations
