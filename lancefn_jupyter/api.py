@@ -134,7 +134,11 @@ def list_gpu_classes() -> list[GpuClass]:
     client = current_client()
     classes = client.gpu.classes()
     usage = client.gpu.usage()
-    return _Rendered(classes, lambda: display.gpu_classes_table(classes, usage), widget=lambda: _widget("GpuClassesWidget", classes, usage, client=client))
+    return _Rendered(
+        classes,
+        lambda: display.gpu_classes_table(classes, usage),
+        widget=lambda: _widget("GpuClassesWidget", classes, usage, client=client),
+    )
 
 
 def list_versions(name: Optional[str] = None) -> list:
@@ -651,8 +655,16 @@ class GpuFunction:
             from .tables import map_table
 
             return map_table(
-                self, items, column=column, into=into, key=key, parallel=parallel, chunk_size=chunk_size,
-                retries=retries, return_exceptions=return_exceptions, fresh=fresh,
+                self,
+                items,
+                column=column,
+                into=into,
+                key=key,
+                parallel=parallel,
+                chunk_size=chunk_size,
+                retries=retries,
+                return_exceptions=return_exceptions,
+                fresh=fresh,
             )
         if parallel == 1 and chunk_size is None and not retries and not fresh:
             rows = [self._item_row(item) for item in items]
@@ -662,7 +674,13 @@ class GpuFunction:
         from .batch import start_batch
 
         return start_batch(
-            self, items, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh
+            self,
+            items,
+            parallel=parallel,
+            chunk_size=chunk_size,
+            retries=retries,
+            return_exceptions=return_exceptions,
+            fresh=fresh,
         )
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
@@ -766,9 +784,7 @@ class UnregisteredFunction:
         return self.__wrapped__(*args, **kwargs)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotRegisteredError(
-            f"{self.__name__} is not registered: {self.error}\nFix the cell and run it again."
-        )
+        raise NotRegisteredError(f"{self.__name__} is not registered: {self.error}\nFix the cell and run it again.")
 
     submit = map = remote = local = register = _refuse
 
@@ -964,8 +980,12 @@ def version_history(name: str, *, limit: int = 50) -> "VersionHistory":
         functions = current_client().functions.history(name, limit=limit)
     except NotFound:
         resolve_version(name, None, [])  # raises the kernel's wording: "no function named …"
-    rows = [HistoryRow(name, r["version"], r.get("created_at", ""), r.get("change", ""), r.get("snippet", ""))
-            for f in functions if f["name"] == name for r in f["versions"]]
+    rows = [
+        HistoryRow(name, r["version"], r.get("created_at", ""), r.get("change", ""), r.get("snippet", ""))
+        for f in functions
+        if f["name"] == name
+        for r in f["versions"]
+    ]
     return VersionHistory(name, rows)
 
 

@@ -77,7 +77,7 @@ def job_elapsed_s(job: Job, now_ms: Optional[float] = None) -> Optional[float]:
 
 
 def expected_start_text(expected_start_ms: Optional[int], now_ms: Optional[float] = None) -> str:
-    """"starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
+    """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
     if expected_start_ms is None:
         return "start time unknown"
     wait_s = (expected_start_ms - (now_ms if now_ms is not None else time.time() * 1000)) / 1000
@@ -131,13 +131,19 @@ def _describe_summary(summary: dict) -> str:
         dtype = str(summary["dtype"])
         parts.append(dtype if len(dtype) <= 40 else dtype[:39] + "…")
     if summary.get("shape") is not None:
-        parts.append("(" + ", ".join(str(n) for n in summary["shape"]) + ("," if len(summary["shape"]) == 1 else "") + ")")
+        parts.append(
+            "(" + ", ".join(str(n) for n in summary["shape"]) + ("," if len(summary["shape"]) == 1 else "") + ")"
+        )
     text = " ".join(parts)
     if summary.get("nbytes"):
         text += f", {format_bytes(summary['nbytes'])}"
     counts = summary.get("nonfinite")
     if isinstance(counts, dict):  # the same words as versions.nonfinite_text for JSON results
-        found = [f"{counts.get(k)} {label}" for k, label in (("nan", "NaN"), ("inf", "+Inf"), ("-inf", "-Inf")) if counts.get(k)]
+        found = [
+            f"{counts.get(k)} {label}"
+            for k, label in (("nan", "NaN"), ("inf", "+Inf"), ("-inf", "-Inf"))
+            if counts.get(k)
+        ]
         text += f"; holds {', '.join(found)} of {counts.get('floats')} floats"
     return text
 
@@ -157,7 +163,13 @@ def result_text(job: Job) -> str:
         if isinstance(value, (list, dict, str)) and len(value) > 40:  # never repr a big value
             return f"{type(value).__name__} of {len(value)}"
         text = repr(value)
-        return text if len(text) <= 40 else f"{type(value).__name__} of {len(value)}" if hasattr(value, "__len__") else text[:39] + "…"
+        return (
+            text
+            if len(text) <= 40
+            else f"{type(value).__name__} of {len(value)}"
+            if hasattr(value, "__len__")
+            else text[:39] + "…"
+        )
     return f"list of {len(results)}"
 
 
@@ -177,7 +189,9 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title
     )
     caption = f"<b>{html.escape(title)}</b>" if title else ""
     empty = "<i>none</i>" if not rows else ""
-    markup = f"<div class='lancefn'>{caption}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{empty}</div>"
+    markup = (
+        f"<div class='lancefn'>{caption}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{empty}</div>"
+    )
     return "\n".join(lines), markup
 
 
@@ -200,8 +214,17 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
             ]
         )
     return render_table(
-        ["class", "GPU model", "memory", "max GPUs/worker", "resource", "node selector", "busy", "free/total",
-         "running/pending"],
+        [
+            "class",
+            "GPU model",
+            "memory",
+            "max GPUs/worker",
+            "resource",
+            "node selector",
+            "busy",
+            "free/total",
+            "running/pending",
+        ],
         rows,
         title="GPU classes",
     )

@@ -247,8 +247,10 @@ class ComputeProfile:
         try:
             _check_name("profile", self.name)
         except OptionsError:
-            raise OptionsError(f"profile name {self.name!r} is invalid: use letters, digits, '_', '.', '-'; "
-                               "write %gpu_profile big_gpu num_gpus=2") from None
+            raise OptionsError(
+                f"profile name {self.name!r} is invalid: use letters, digits, '_', '.', '-'; "
+                "write %gpu_profile big_gpu num_gpus=2"
+            ) from None
         _normalize(self, _PROFILE_KEYS)
 
     def options(self) -> dict[str, Any]:
@@ -416,6 +418,7 @@ def _given(options: Mapping[str, Any], valid: tuple[str, ...], where: str) -> di
     for key in options:
         if key not in valid:
             raise _unknown_option(key, valid, where)
+
     # None, and an empty list option, mean "not given", so a decorator can forward its keyword
     # defaults (pip=(), env=None, ...) without them overriding a profile.
     def empty(key: str, value: Any) -> bool:

@@ -125,6 +125,4 @@ def map_traceback(
     if not text or packaged is None:
         return text or ""
     cell_lines = cell_source.splitlines() if cell_source else []
-    return map_error_text(
-        text, lambda n: _user_line(packaged, n), cell_lines, line_offset=line_offset, where=where
-    )
+    return map_error_text(text, lambda n: _user_line(packaged, n), cell_lines, line_offset=line_offset, where=where)

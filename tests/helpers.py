@@ -49,7 +49,13 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float = DEADLINE_
 def hold_version(http: httpx.Client, name: str = "hold", num_gpus: int | None = 1, **options: Any) -> str:
     """Registers :data:`HOLD_SOURCE` as ``name``; returns its version id."""
     body = registration_body(
-        name, source=HOLD_SOURCE, entrypoint="hold", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus, **options
+        name,
+        source=HOLD_SOURCE,
+        entrypoint="hold",
+        inputs=(("path", "utf8", False),),
+        output_type="utf8",
+        num_gpus=num_gpus,
+        **options,
     )
     return register(http, body)["version"]
 

@@ -88,7 +88,9 @@ def test_without_wait_s_the_reply_is_the_job_id_alone(control_plane):
 def test_a_bad_wait_s_is_refused_naming_the_field(control_plane, wait_s):
     with control_plane.http() as http:
         version = register(http, registration_body("double"))["version"]
-        reply = http.post("/v1/functions/run", json={"name": "double", "version": version, "rows": [{"x": 1}], "wait_s": wait_s})
+        reply = http.post(
+            "/v1/functions/run", json={"name": "double", "version": version, "rows": [{"x": 1}], "wait_s": wait_s}
+        )
         assert reply.status_code == 400, reply.text
         assert "wait_s" in reply.json()["error"]["message"]
         assert http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"] == []  # nothing started
@@ -113,7 +115,9 @@ def test_submit_and_result_through_the_notebook_api(control_plane):
 
     fn = api.gpu_function(num_gpus=1, name="triple")(triple)
     results: list = []
-    threads = [threading.Thread(target=lambda i=i: results.append(fn.submit(i).result(timeout=DEADLINE_S))) for i in range(4)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(fn.submit(i).result(timeout=DEADLINE_S))) for i in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -58,7 +58,9 @@ def misbehave(mode: str) -> int:
 
 
 def register_gate(http: httpx.Client, name: str = "gate", num_gpus: int = 1) -> str:
-    body = registration_body(name, source=GATE, entrypoint="gate", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus)
+    body = registration_body(
+        name, source=GATE, entrypoint="gate", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus
+    )
     return register(http, body)["version"]
 
 
@@ -91,7 +93,10 @@ def read_events(cp, until, *, last_event_id: int | None = None, connected: threa
     """Job events from ``/v1/jobs/events`` as {"id", "job"}, until ``until(events)`` holds."""
     headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
     events: list[dict] = []
-    with cp.http(timeout=httpx.Timeout(DEADLINE_S)) as http, http.stream("GET", "/v1/jobs/events", headers=headers) as reply:
+    with (
+        cp.http(timeout=httpx.Timeout(DEADLINE_S)) as http,
+        http.stream("GET", "/v1/jobs/events", headers=headers) as reply,
+    ):
         assert reply.status_code == 200
         block: dict[str, str] = {}
         for line in reply.iter_lines():
@@ -140,7 +145,9 @@ def test_capacity_queue_fifo_logs_and_the_event_stream(control_plane, tmp_path):
         connected = threading.Event()
         ids: dict[str, str] = {}
         reader = threading.Thread(
-            target=lambda: live.extend(read_events(cp, lambda ev: "j4" in ids and terminal(ev, ids["j4"]), connected=connected)),
+            target=lambda: live.extend(
+                read_events(cp, lambda ev: "j4" in ids and terminal(ev, ids["j4"]), connected=connected)
+            ),
             daemon=True,
         )
         reader.start()
@@ -210,7 +217,10 @@ def test_cancel_pending_and_running_jobs_frees_their_gpus(control_plane, tmp_pat
         wait_until(lambda: process_gone(pids[0]), "the cancelled job's worker to be killed")
 
         after = submit(http, "gate", version, [{"path": str(tmp_path / "after")}])
-        assert wait_state(http, after, "IN_PROGRESS")["placement"]["devices"] == describe(http, running[0])["placement"]["devices"]
+        assert (
+            wait_state(http, after, "IN_PROGRESS")["placement"]["devices"]
+            == describe(http, running[0])["placement"]["devices"]
+        )
         (tmp_path / "after").touch()
         assert wait_done(http, after)["job_state"] == "DONE"
 
@@ -223,7 +233,9 @@ def test_cancel_pending_and_running_jobs_frees_their_gpus(control_plane, tmp_pat
 
 def test_timeout_crash_and_exception_end_jobs_with_readable_failures(control_plane):
     with control_plane.http() as http:
-        body = registration_body("misbehave", source=MISBEHAVE, entrypoint="misbehave", inputs=(("mode", "utf8", False),))
+        body = registration_body(
+            "misbehave", source=MISBEHAVE, entrypoint="misbehave", inputs=(("mode", "utf8", False),)
+        )
         version = register(http, body)["version"]
         slow = submit(http, "misbehave", version, [{"mode": "sleep"}], timeout_s=1)
         crash = submit(http, "misbehave", version, [{"mode": "exit"}])

@@ -182,7 +182,9 @@ def victim(x: int) -> int:
 
 
 @pytest.mark.parametrize("phase", sorted(VICTIMS))
-def test_worker_killed_while_importing_running_or_returning_fails_the_job_and_frees_its_gpu(control_plane, tmp_path, phase):
+def test_worker_killed_while_importing_running_or_returning_fails_the_job_and_frees_its_gpu(
+    control_plane, tmp_path, phase
+):
     pidfile, gate = tmp_path / "pid", tmp_path / "gate"
     source = VICTIMS[phase].replace("PIDFILE", repr(str(pidfile))).replace("GATE", repr(str(gate)))
     with control_plane.http() as http:
@@ -242,14 +244,23 @@ def test_server_json_deleted_or_overwritten_while_running_is_restored(home, monk
         else:
             path.write_text('{"url": "http://127.0.0.1:9", "api_key": "x", "pid": 1}')
         # The running server (the lock holder) puts it back; a new client finds the same server.
-        wait_until(lambda: (r := read_server_info(home)) is not None and r.pid == info.pid, f"server.json restored after {damage}")
+        wait_until(
+            lambda: (r := read_server_info(home)) is not None and r.pid == info.pid,
+            f"server.json restored after {damage}",
+        )
         assert ensure_server(home, timeout=20).pid == info.pid
         assert os.stat(path).st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize(
     "content",
-    [b"", b"\x00\x01garbage", b'{"url": 5, "api_key": null, "pid": "x"}', b'{"url": "http://127.0.0.1:9", "api_key": "k", "pid": 1}', b"[]"],
+    [
+        b"",
+        b"\x00\x01garbage",
+        b'{"url": 5, "api_key": null, "pid": "x"}',
+        b'{"url": "http://127.0.0.1:9", "api_key": "k", "pid": 1}',
+        b"[]",
+    ],
     ids=["empty", "binary", "wrong-types", "live-unrelated-pid-dead-url", "not-an-object"],
 )
 def test_unusable_server_json_with_no_server_running_is_replaced(home, monkeypatch, content):
@@ -328,7 +339,9 @@ def small_disk(tmp_path):
     """A 24 MiB tmpfs (needs root / CAP_SYS_ADMIN; skipped otherwise)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], capture_output=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to simulate a full disk: {done.stderr.decode(errors='replace').strip()}")
     yield mount
@@ -380,7 +393,10 @@ def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_pla
         fill(small_disk / "filler")
         for reply in (
             http.post("/v1/functions/create", json=big_registration("big")),
-            http.post("/v1/functions/run", json={"name": "kept", "version": kept["version"], "rows": [{"x": i} for i in range(20_000)]}),
+            http.post(
+                "/v1/functions/run",
+                json={"name": "kept", "version": kept["version"], "rows": [{"x": i} for i in range(20_000)]},
+            ),
         ):
             assert reply.status_code == 507, reply.text
             error = reply.json()["error"]

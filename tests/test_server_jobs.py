@@ -18,7 +18,9 @@ from helpers import DEADLINE_S, HOLD_SOURCE, describe, hold_version, submit, wai
 from lancefn_jupyter.models import Job
 
 
-def read_events(cp, *, last_event_id: str | None = None, via_query: bool = False, until) -> list[tuple[str, str | None, dict]]:
+def read_events(
+    cp, *, last_event_id: str | None = None, via_query: bool = False, until
+) -> list[tuple[str, str | None, dict]]:
     """Read SSE ``(event, id, data)`` until ``until(events)`` is true (bounded by DEADLINE_S)."""
     headers = dict(cp.client_headers)
     params = {}
@@ -100,7 +102,14 @@ def test_pending_jobs_of_a_removed_class_fail_on_restart(control_plane_factory, 
     two = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n[[gpu_classes]]\nname = 'extra'\nsimulated = 1\n"
     cp = control_plane_factory(two)
     with cp.http() as http:
-        body = registration_body("hold", source=HOLD_SOURCE, entrypoint="hold", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="extra")
+        body = registration_body(
+            "hold",
+            source=HOLD_SOURCE,
+            entrypoint="hold",
+            inputs=(("path", "utf8", False),),
+            output_type="utf8",
+            gpu_class="extra",
+        )
         version = register(http, body)["version"]
         first = submit(http, "hold", version, [{"path": str(tmp_path / "a")}])
         second = submit(http, "hold", version, [{"path": str(tmp_path / "b")}])
@@ -115,7 +124,12 @@ def test_pending_jobs_of_a_removed_class_fail_on_restart(control_plane_factory, 
             job = describe(http, job_id)
             assert job["job_state"] == "FAILED"
             assert job["failure"]["phase"] == "validation" and "'extra'" in job["failure"]["message"]
-        assert http.post("/v1/functions/run", json={"name": "hold", "version": version, "rows": [{"path": "x"}]}).status_code == 400
+        assert (
+            http.post(
+                "/v1/functions/run", json={"name": "hold", "version": version, "rows": [{"path": "x"}]}
+            ).status_code
+            == 400
+        )
 
 
 # ------------------------------------------------------------------------ events
@@ -132,7 +146,9 @@ def test_event_stream_shows_the_lifecycle_and_resumes_from_last_event_id(control
         wait_done(http, job_id)
 
     def finished(events):
-        return any(kind == "job" and data["job_id"] == job_id and data["job_state"] == "DONE" for kind, _, data in events)
+        return any(
+            kind == "job" and data["job_id"] == job_id and data["job_state"] == "DONE" for kind, _, data in events
+        )
 
     events = read_events(cp, last_event_id="0", until=finished)
     assert events[0][0] == "usage"  # a snapshot first, so dashboards are right at once
@@ -165,7 +181,7 @@ def test_live_events_and_usage_events_arrive_while_streaming(control_plane, tmp_
             ready.set()
             done = [i for i, (kind, _, data) in enumerate(events) if kind == "job" and data["job_state"] == "DONE"]
             # Stop at the usage event that follows the job's end (its GPU freed).
-            return bool(done) and any(kind == "usage" for kind, _, _ in events[done[0]:])
+            return bool(done) and any(kind == "usage" for kind, _, _ in events[done[0] :])
 
         read_events(cp, until=until)
 
@@ -236,7 +252,11 @@ def test_cpu_jobs_run_without_gpus_even_when_all_gpus_are_busy(control_plane, tm
         job = wait_done(http, submit(http, "cpu_double", cpu, [{"x": 1}, {"x": 2}, {"x": 3}]))
         assert job["job_state"] == "DONE" and job["result"] == [2, 4, 6]
         assert job["placement"] == {
-            "gpu_class": None, "num_gpus": 0, "devices": [], "waiting_on_capacity": False, "queue_position": None,
+            "gpu_class": None,
+            "num_gpus": 0,
+            "devices": [],
+            "waiting_on_capacity": False,
+            "queue_position": None,
             "expected_start_ms": None,
         }
         assert job["progress"] == {"rows_done": 3, "rows_total": 3}
@@ -254,7 +274,9 @@ def test_jobs_list_filters_and_pages_newest_first(control_plane):
         listed = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 2}).json()
         collected, pages = [j["job_id"] for j in listed["jobs"]], 1
         while "page_token" in listed:
-            listed = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 2, "page_token": listed["page_token"]}).json()
+            listed = http.post(
+                "/v1/jobs/list", json={"job_type": "run_function", "limit": 2, "page_token": listed["page_token"]}
+            ).json()
             collected += [j["job_id"] for j in listed["jobs"]]
             pages += 1
         assert collected == runs[::-1] and pages == 3
@@ -269,7 +291,9 @@ def test_jobs_list_filters_and_pages_newest_first(control_plane):
 def test_logs_are_read_by_offset(control_plane):
     source = "def chatty(n: int) -> int:\n    for i in range(n):\n        print('line', i)\n    return n\n"
     with control_plane.http() as http:
-        body = registration_body("chatty", source=source, entrypoint="chatty", inputs=(("n", "int64", False),), num_gpus=None)
+        body = registration_body(
+            "chatty", source=source, entrypoint="chatty", inputs=(("n", "int64", False),), num_gpus=None
+        )
         version = register(http, body)["version"]
         job_id = submit(http, "chatty", version, [{"n": 5}])
         assert wait_done(http, job_id)["result"] == [5]
@@ -287,7 +311,9 @@ def test_logs_are_read_by_offset(control_plane):
 def test_unencodable_worker_output_fails_the_job_readably_and_keeps_the_server_healthy(control_plane):
     source = "def bad(x: int) -> str:\n    print('before', flush=True)\n    return chr(0xD800) * x\n"
     with control_plane.http() as http:
-        body = registration_body("bad", source=source, entrypoint="bad", inputs=(("x", "int64", False),), output_type="utf8", num_gpus=None)
+        body = registration_body(
+            "bad", source=source, entrypoint="bad", inputs=(("x", "int64", False),), output_type="utf8", num_gpus=None
+        )
         version = register(http, body)["version"]
         job = wait_done(http, submit(http, "bad", version, [{"x": 1}]))
         # A lone surrogate can't be stored or sent as UTF-8: caught by the worker or the server.

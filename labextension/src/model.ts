@@ -8,12 +8,7 @@
  */
 
 export type JobStateWire =
-  | 'PENDING'
-  | 'IN_PROGRESS'
-  | 'DONE'
-  | 'FAILED'
-  | 'CANCELLED'
-  | 'TIMED_OUT';
+  'PENDING' | 'IN_PROGRESS' | 'DONE' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
 
 export interface IJobPlacement {
   gpu_class?: string | null;
@@ -129,7 +124,12 @@ const DISPLAY_STATE: Record<string, string> = {
 
 /** The user-facing word for a wire job state (docs/ARCHITECTURE.md, "REST API (v1)"): pending, running, finished, ... */
 export function displayState(state: string): string {
-  return DISPLAY_STATE[state] ?? String(state || 'unknown').toLowerCase().replace(/_/g, ' ');
+  return (
+    DISPLAY_STATE[state] ??
+    String(state || 'unknown')
+      .toLowerCase()
+      .replace(/_/g, ' ')
+  );
 }
 
 export function isTerminal(state: string): boolean {
@@ -257,7 +257,12 @@ export function queueText(job: IJob): string {
  */
 export function expectedStartText(job: IJob, nowMs: number): string {
   const p = job.placement;
-  if (job.job_state !== 'PENDING' || !p || p.queue_position === null || p.queue_position === undefined) {
+  if (
+    job.job_state !== 'PENDING' ||
+    !p ||
+    p.queue_position === null ||
+    p.queue_position === undefined
+  ) {
     return '';
   }
   const at = p.expected_start_ms;
@@ -439,7 +444,11 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
       return job;
     }
     changed = true;
-    const update: IJobPlacement = { ...placement, waiting_on_capacity: true, queue_position: position };
+    const update: IJobPlacement = {
+      ...placement,
+      waiting_on_capacity: true,
+      queue_position: position
+    };
     if (start !== undefined) {
       update.expected_start_ms = start;
     }
@@ -452,7 +461,11 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
  * Merge a freshly fetched job list into the rows known from events: the fetched list is the
  * truth except that a terminal state known from an event is not regressed.
  */
-export function mergeJobLists(known: readonly IJob[], fetched: readonly IJob[], limit = 50): IJob[] {
+export function mergeJobLists(
+  known: readonly IJob[],
+  fetched: readonly IJob[],
+  limit = 50
+): IJob[] {
   const byId = new Map(known.map(j => [j.job_id, j] as const));
   const merged = fetched.map(j => {
     const k = byId.get(j.job_id);

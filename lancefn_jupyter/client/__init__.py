@@ -70,7 +70,11 @@ class Client:
         return iter_events(self._transport, last_event_id=last_event_id, read_timeout=read_timeout)
 
     def open_event_stream(
-        self, *, last_event_id: Optional[int] = None, read_timeout: Optional[float] = 60.0, connect_timeout: float = 10.0
+        self,
+        *,
+        last_event_id: Optional[int] = None,
+        read_timeout: Optional[float] = 60.0,
+        connect_timeout: float = 10.0,
     ) -> httpx.Response:
         """The open SSE response behind `events()`, for a caller that must reach its socket (the kernel's
         listener shuts it down to stop at once); iterate `client.events.parse_sse_lines(r.iter_lines())`, then close it."""

@@ -109,7 +109,13 @@ class FunctionsResource:
         return self._t.post("/v1/functions/run", body)["job_id"]
 
     def run_job(
-        self, name: str, version: str, rows: builtins.list[dict[str, Any]], *, timeout_s: Optional[float] = None, wait_s: float = 0.0
+        self,
+        name: str,
+        version: str,
+        rows: builtins.list[dict[str, Any]],
+        *,
+        timeout_s: Optional[float] = None,
+        wait_s: float = 0.0,
     ) -> Job:
         """Submit a `run_function` job and return it as it stands after up to `wait_s` seconds
         (finished, for a quick job: its result comes in this one round trip)."""

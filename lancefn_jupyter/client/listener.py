@@ -250,7 +250,9 @@ class EventListener:
             self._jobs.add(job_id, callback)
             self._terminal.discard(job_id)
 
-    def subscribe_jobs(self, callback: Callable[[Any], None], *, resync: Optional[Callable[[Any], None]] = None) -> None:
+    def subscribe_jobs(
+        self, callback: Callable[[Any], None], *, resync: Optional[Callable[[Any], None]] = None
+    ) -> None:
         """`callback(job)` on every job change; `resync(client)` after a fresh (non-resumed) connect."""
         with self._lock:
             self._all_jobs.add(None, callback)
@@ -282,7 +284,9 @@ class EventListener:
 
     def subscriber_count(self) -> int:
         with self._lock:
-            return sum(g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks, self._batches))
+            return sum(
+                g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks, self._batches)
+            )
 
     def observe_rest(self, job: Any) -> Any:
         """A job read over REST by a widget: fills the queue shadow; returns the snapshot to show."""
@@ -479,7 +483,11 @@ class EventListener:
             changed = []
             for job_id, at in expected.items():
                 previous = self._pending.get(job_id)
-                if previous is not None and previous.placement.expected_start_ms != at and (at is None or isinstance(at, int)):
+                if (
+                    previous is not None
+                    and previous.placement.expected_start_ms != at
+                    and (at is None or isinstance(at, int))
+                ):
                     placement = previous.placement.model_copy(update={"expected_start_ms": at})
                     updated = self._pending[job_id] = previous.model_copy(update={"placement": placement})
                     changed.append((updated, self._jobs.get(job_id)))
@@ -577,7 +585,6 @@ def stop_listener(timeout: float = 5.0) -> None:
 def running_threads() -> list[threading.Thread]:
     """Threads the listener owns that are still alive (empty after `stop_listener()`)."""
     return [t for t in threading.enumerate() if t.name in ("lancefn-events", "lancefn-widgets-ticker")]
-
 
 
 def bind(client: Any, listener: Optional["EventListener"]) -> tuple[Any, "EventListener"]:

@@ -29,12 +29,8 @@ from ..models import (
 
 _HEADER = "from __future__ import annotations"
 
-_DYNAMIC_NAMESPACE_ACCESS = frozenset(
-    {"globals", "locals", "vars", "eval", "exec", "compile", "__import__"}
-)
-_NAMESPACE_MODULES = frozenset(
-    {"sys", "builtins", "importlib", "inspect", "gc", "ctypes", "types"}
-)
+_DYNAMIC_NAMESPACE_ACCESS = frozenset({"globals", "locals", "vars", "eval", "exec", "compile", "__import__"})
+_NAMESPACE_MODULES = frozenset({"sys", "builtins", "importlib", "inspect", "gc", "ctypes", "types"})
 # Names IPython injects into `builtins` while a cell runs that do not exist in
 # the worker, so they are not treated as builtins.
 _IPYTHON_INJECTED = frozenset({"__IPYTHON__", "__IPYTHON__active", "dreload"})
@@ -103,12 +99,9 @@ class PackagedFunction:
             kind="python_callable",
             digest=self.digest,
             entrypoint=self.entrypoint,
-            content=FunctionArtifactContent(
-                encoding="base64", data=base64.b64encode(self.source).decode("ascii")
-            ),
+            content=FunctionArtifactContent(encoding="base64", data=base64.b64encode(self.source).decode("ascii")),
             adapter=PythonAdapterSpec(kind="scalar_to_arrow_batch", version=1),
         )
-
 
 
 # --------------------------------------------------------------------------
@@ -134,8 +127,7 @@ def _scope_names(code: str) -> tuple[set[str], set[str]]:
         table = symtable.symtable(f"{_HEADER}\n\n{code}\n", "<gpu_function>", "exec")
     except SyntaxError as error:
         raise PackagingError(
-            f"the code cannot be compiled as a module: {error.msg}; fix it so the cell "
-            "runs as a plain Python file"
+            f"the code cannot be compiled as a module: {error.msg}; fix it so the cell runs as a plain Python file"
         ) from None
     loaded: set[str] = set()
     bound: set[str] = set()
@@ -148,9 +140,7 @@ def _scope_names(code: str) -> tuple[set[str], set[str]]:
     while stack:
         child = stack.pop()
         for symbol in child.get_symbols():
-            if symbol.is_global() and (
-                symbol.is_referenced() or symbol.is_declared_global()
-            ):
+            if symbol.is_global() and (symbol.is_referenced() or symbol.is_declared_global()):
                 loaded.add(symbol.get_name())
         stack.extend(child.get_children())
     return loaded, bound
@@ -184,9 +174,7 @@ def _namespace_imports(nodes: list[ast.AST], code: str) -> list[tuple[str, int]]
         for node in ast.walk(top):
             if isinstance(node, ast.Import):
                 found.extend(
-                    (alias.name, node.lineno)
-                    for alias in node.names
-                    if alias.name.split(".")[0] in _NAMESPACE_MODULES
+                    (alias.name, node.lineno) for alias in node.names if alias.name.split(".")[0] in _NAMESPACE_MODULES
                 )
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 if node.module.split(".")[0] in _NAMESPACE_MODULES:

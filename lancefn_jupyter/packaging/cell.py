@@ -87,10 +87,7 @@ def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> types.Functio
                 "in the notebook, not to the function the cell defines; run the cell again"
             )
     arguments = node.args  # type: ignore[attr-defined]
-    cell_params = [
-        a.arg
-        for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)
-    ]
+    cell_params = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
     code = function.__code__
     ns_params = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
     if function.__name__ != name or cell_params != ns_params:
@@ -127,8 +124,7 @@ def package_cell(
     kept = [
         node
         for node in tree.body
-        if not isinstance(node, ast.Expr)
-        and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+        if not isinstance(node, ast.Expr) and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
     ]
     defs = [node for node in kept if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     entry_node = _choose_entry(defs, entry)  # type: ignore[arg-type]
@@ -159,23 +155,30 @@ def package_cell(
         if value is _MISSING or name in _IPYTHON_INJECTED:
             raise _undefined(name, _first_use(kept, name), "the cell, the notebook")  # type: ignore[arg-type]
         header[name] = _capture_line(
-            name, value, lambda name=name: _at(_first_use(kept, name))  # type: ignore[arg-type, misc]
+            name,
+            value,
+            lambda name=name: _at(_first_use(kept, name)),  # type: ignore[arg-type, misc]
         )
 
     function = _entry_object(namespace, entry_node)
     signature = infer_signature(function)
     return _finish(
-        header, kept, [0] * len(kept), entry_node.name, signature, tuple(sorted(header)), code, modules  # type: ignore[attr-defined]
+        header,
+        kept,
+        [0] * len(kept),
+        entry_node.name,  # type: ignore[attr-defined]
+        signature,
+        tuple(sorted(header)),
+        code,
+        modules,
     )
 
 
 def _undefined(name: str, line: Optional[int], scopes: str) -> PackagingError:
     if name in _IPYTHON_INJECTED:
         return PackagingError(
-            f"name {name!r}{_at(line)} is provided by IPython and does not exist where "
-            "the function runs; remove it"
+            f"name {name!r}{_at(line)} is provided by IPython and does not exist where the function runs; remove it"
         )
     return PackagingError(
-        f"name {name!r}{_at(line)} is not defined: it is not defined in {scopes}, "
-        f"or as a Python builtin; {_DEFINE_IT}"
+        f"name {name!r}{_at(line)} is not defined: it is not defined in {scopes}, or as a Python builtin; {_DEFINE_IT}"
     )

@@ -65,8 +65,7 @@ def _definition(function: types.FunctionType, label: str) -> ast.stmt:
     matches = [
         node
         for node in module.body
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.name == function.__name__
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function.__name__
     ]
     if len(matches) != 1:
         raise PackagingError(
@@ -111,9 +110,7 @@ class _FunctionPackager:
             if _resolves_as_builtin(ref, value):
                 continue
             if value is _MISSING or ref in _IPYTHON_INJECTED:
-                raise _undefined(
-                    ref, file_line(_first_use([node], ref)), f"{label} {name!r}'s module"
-                )
+                raise _undefined(ref, file_line(_first_use([node], ref)), f"{label} {name!r}'s module")
             helper = self._local_helper(ref, value, where)
             if helper is not None:
                 helper_function, helper_label = helper
@@ -175,10 +172,7 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
                 f"{getattr(fn, '__name__', fn)!r} is a numba CUDA kernel; decorate a "
                 "plain Python function that launches it instead"
             )
-        raise PackagingError(
-            f"gpu_function needs a plain Python function defined with `def`, got "
-            f"{_describe(fn)}"
-        )
+        raise PackagingError(f"gpu_function needs a plain Python function defined with `def`, got {_describe(fn)}")
     name = fn.__name__
     if name == "<lambda>":
         raise PackagingError(
@@ -186,9 +180,7 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
             "and annotate its parameters and return type"
         )
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        raise PackagingError(
-            f"{name!r} is `async def`; a GPU function must be a plain synchronous `def`"
-        )
+        raise PackagingError(f"{name!r} is `async def`; a GPU function must be a plain synchronous `def`")
     if fn.__code__.co_freevars:
         captured = ", ".join(repr(v) for v in fn.__code__.co_freevars)
         raise PackagingError(

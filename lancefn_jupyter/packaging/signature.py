@@ -120,9 +120,7 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
                 f"parameter {parameter.name!r} of {name} is positional-only; rows are "
                 "passed by parameter name, so remove the `/` from the signature"
             )
-        if parameter.default is not inspect.Parameter.empty and (
-            _literal_source(parameter.default) is None
-        ):
+        if parameter.default is not inspect.Parameter.empty and (_literal_source(parameter.default) is None):
             raise PackagingError(
                 f"parameter {parameter.name!r} of {name} has a default that is not a literal "
                 f"({_describe(parameter.default)}); a default must be a literal such as None, "
@@ -139,7 +137,8 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
             parts.append(f"annotate {noun} {listed} of {name}, e.g. `{missing[0]}: float`")
         if "return" not in hints:
             parts.append(
-                ("and its" if parts else "annotate the") + " return type"
+                ("and its" if parts else "annotate the")
+                + " return type"
                 + ("" if parts else f" of {name}")
                 + " (e.g. `-> float`)"
             )
@@ -160,11 +159,7 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
         default = None
         if parameter.default is not inspect.Parameter.empty:
             default = _literal_source(parameter.default)  # an optional input (models.py)
-        inputs.append(
-            FunctionParameter(
-                name=parameter.name, arrow_type=arrow_type, nullable=nullable, default=default
-            )
-        )
+        inputs.append(FunctionParameter(name=parameter.name, arrow_type=arrow_type, nullable=nullable, default=default))
     try:
         output_type, output_nullable = _arrow_type(hints["return"])
     except _Unsupported as error:

@@ -156,7 +156,9 @@ class _BatchCreate(_Body):
     version: str
     namespace: Optional[str] = None  # which namespace's function (as for functions/run)
     chunks: Any = None  # a list of chunks, each a list of rows; checked against the signature by the core
-    rows_file: Optional[str] = None  # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
+    rows_file: Optional[str] = (
+        None  # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
+    )
     parallel: Optional[int] = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
     retries: int = Field(0, ge=0, le=10)
     fresh: bool = False
@@ -210,7 +212,9 @@ def _load_json(raw: bytes) -> Any:
         try:
             json.dumps(data, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise ApiError(400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text") from None
+            raise ApiError(
+                400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text"
+            ) from None
     return data
 
 
@@ -304,7 +308,9 @@ class _Guard:
             "send fewer rows per job, or start lancefn-server with a larger --max-body-bytes"
         )
         if scope.get("method") in ("POST", "PUT", "PATCH"):
-            if scope.get("path") not in UNAUTHENTICATED_PATHS and not _known_key(headers.get(b"x-api-key", b""), self.keys):
+            if scope.get("path") not in UNAUTHENTICATED_PATHS and not _known_key(
+                headers.get(b"x-api-key", b""), self.keys
+            ):
                 await refuse(401, "unauthorized", _MISSING_KEY_MESSAGE)
                 return
         # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here.
@@ -353,11 +359,15 @@ class _Guard:
         except Exception as error:
             if is_storage_full(error):
                 # Not a bug and not the client's fault: 507 Insufficient Storage, and no traceback spam.
-                log.error("%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error)
+                log.error(
+                    "%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error
+                )
                 if not started:
                     await reply(507, "insufficient_storage", _STORAGE_FULL_MESSAGE)
                 return
-            log.exception("unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id)
+            log.exception(
+                "unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id
+            )
             if not started:
                 await reply(
                     400,
@@ -451,7 +461,12 @@ def create_app(
         if is_storage_full(error):
             return _envelope(507, "insufficient_storage", _STORAGE_FULL_MESSAGE, rid)
         log.error("unexpected error (request %s): %s", rid, type(error).__name__)
-        return _envelope(400, "request_failed", f"the server could not process this request (request id {rid}); see the server log", rid)
+        return _envelope(
+            400,
+            "request_failed",
+            f"the server could not process this request (request id {rid}); see the server log",
+            rid,
+        )
 
     # ------------------------------------------------------------------- routes
 
@@ -481,7 +496,10 @@ def create_app(
         body = await _parse(request, _ListFunctions)
         return await _off_loop(
             core.list_functions,
-            name=body.name, include_definition=body.include_definition, page_token=body.page_token, limit=body.limit,
+            name=body.name,
+            include_definition=body.include_definition,
+            page_token=body.page_token,
+            limit=body.limit,
             scope=_who(request).scope,
         )
 
@@ -516,10 +534,18 @@ def create_app(
             except ValueError as error:
                 raise ApiError(400, str(error)) from None
             job_id = await _off_loop(
-                core.run, body.name, body.version, None, body.timeout_s, arrow_rows=upload, **_pick(request, body.namespace)
+                core.run,
+                body.name,
+                body.version,
+                None,
+                body.timeout_s,
+                arrow_rows=upload,
+                **_pick(request, body.namespace),
             )
         else:
-            job_id = await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s, **_pick(request, body.namespace))
+            job_id = await _off_loop(
+                core.run, body.name, body.version, body.rows, body.timeout_s, **_pick(request, body.namespace)
+            )
         if body.wait_s is None:
             return {"job_id": job_id}
         # Inline wait: a quick job's result comes back in this reply (one round trip, no jobs/wait).
@@ -529,15 +555,30 @@ def create_app(
         """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""
         query = request.query_params
         try:
-            params = _Run.model_validate({"name": query.get("name"), "version": query.get("version"), "rows": None,
-                                          "timeout_s": query.get("timeout_s"), "namespace": query.get("namespace")})
+            params = _Run.model_validate(
+                {
+                    "name": query.get("name"),
+                    "version": query.get("version"),
+                    "rows": None,
+                    "timeout_s": query.get("timeout_s"),
+                    "namespace": query.get("namespace"),
+                }
+            )
         except ValidationError as error:
-            raise ApiError(400, "invalid request (query string of an Arrow run): " + format_validation_error(error)) from None
+            raise ApiError(
+                400, "invalid request (query string of an Arrow run): " + format_validation_error(error)
+            ) from None
         tmp, _ = core.data.new_rows_file()
         try:
             await _receive_arrow(request, tmp)
             job_id = await _off_loop(
-                core.run, params.name, params.version, None, params.timeout_s, arrow_rows=tmp, **_pick(request, params.namespace)
+                core.run,
+                params.name,
+                params.version,
+                None,
+                params.timeout_s,
+                arrow_rows=tmp,
+                **_pick(request, params.namespace),
             )
         finally:
             if tmp.exists():
@@ -555,12 +596,19 @@ def create_app(
                 except StopAsyncIteration:
                     break
                 except asyncio.TimeoutError:
-                    raise ApiError(408, f"the Arrow body stalled for {body_timeout_s:g}s; send it at once, or start "
-                                        "lancefn-server with a larger --body-timeout-s", code="request_timeout") from None
+                    raise ApiError(
+                        408,
+                        f"the Arrow body stalled for {body_timeout_s:g}s; send it at once, or start "
+                        "lancefn-server with a larger --body-timeout-s",
+                        code="request_timeout",
+                    ) from None
                 size += len(chunk)
                 if size > max_arrow_body_bytes:
-                    raise ApiError(413, f"the Arrow body is larger than the server's limit of {max_arrow_body_bytes} "
-                                        "bytes (--max-arrow-body-bytes); send fewer rows per job")
+                    raise ApiError(
+                        413,
+                        f"the Arrow body is larger than the server's limit of {max_arrow_body_bytes} "
+                        "bytes (--max-arrow-body-bytes); send fewer rows per job",
+                    )
                 sink.write(chunk)
 
     @app.get("/v1/jobs/result", dependencies=[require("jobs")])
@@ -581,7 +629,11 @@ def create_app(
         body = await _parse(request, _ListJobs)
         return await _off_loop(
             core.list_jobs,
-            state=body.state, name=body.name, job_type=body.job_type, page_token=body.page_token, limit=body.limit,
+            state=body.state,
+            name=body.name,
+            job_type=body.job_type,
+            page_token=body.page_token,
+            limit=body.limit,
             scope=_who(request).scope,
         )
 
@@ -615,8 +667,15 @@ def create_app(
         try:
             return await _off_loop(
                 core.batches.create,
-                body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s,
-                fresh=body.fresh, arrow_rows=arrow_rows, **_pick(request, body.namespace),
+                body.name,
+                body.version,
+                body.chunks,
+                parallel=body.parallel,
+                retries=body.retries,
+                timeout_s=body.timeout_s,
+                fresh=body.fresh,
+                arrow_rows=arrow_rows,
+                **_pick(request, body.namespace),
             )
         finally:
             if arrow_rows is not None:  # its chunks are stored with the batch
@@ -627,20 +686,34 @@ def create_app(
         query = request.query_params
         try:
             fields = {k: query[k] for k in ("name", "version", "namespace") if k in query}
-            fields.update({k: json.loads(query[k]) for k in ("parallel", "retries", "fresh", "timeout_s") if k in query})
+            fields.update(
+                {k: json.loads(query[k]) for k in ("parallel", "retries", "fresh", "timeout_s") if k in query}
+            )
             params = _BatchCreate.model_validate(fields)
         except json.JSONDecodeError as error:
-            raise ApiError(400, f"invalid request (query string of an Arrow batch): {error}; parallel, retries, fresh "
-                                "and timeout_s are JSON values (e.g. 4, true)") from None
+            raise ApiError(
+                400,
+                f"invalid request (query string of an Arrow batch): {error}; parallel, retries, fresh "
+                "and timeout_s are JSON values (e.g. 4, true)",
+            ) from None
         except ValidationError as error:
-            raise ApiError(400, "invalid request (query string of an Arrow batch): " + format_validation_error(error)) from None
+            raise ApiError(
+                400, "invalid request (query string of an Arrow batch): " + format_validation_error(error)
+            ) from None
         tmp, _ = core.data.new_rows_file()
         try:
             await _receive_arrow(request, tmp)
             return await _off_loop(
                 core.batches.create,
-                params.name, params.version, None, parallel=params.parallel, retries=params.retries, timeout_s=params.timeout_s,
-                fresh=params.fresh, arrow_rows=tmp, **_pick(request, params.namespace),
+                params.name,
+                params.version,
+                None,
+                parallel=params.parallel,
+                retries=params.retries,
+                timeout_s=params.timeout_s,
+                fresh=params.fresh,
+                arrow_rows=tmp,
+                **_pick(request, params.namespace),
             )
         finally:
             if tmp.exists():
@@ -649,12 +722,16 @@ def create_app(
     @app.post("/v1/batches/describe", dependencies=[require("jobs")])
     async def describe_batch(request: Request) -> dict:
         body = await _parse(request, _BatchDescribe)
-        return await _off_loop(core.batches.describe, body.batch_id, include_chunks=body.include_chunks, scope=_who(request).scope)
+        return await _off_loop(
+            core.batches.describe, body.batch_id, include_chunks=body.include_chunks, scope=_who(request).scope
+        )
 
     @app.post("/v1/batches/list", dependencies=[require("jobs")])
     async def list_batches(request: Request) -> dict:
         body = await _parse(request, _ListBatches)
-        return await _off_loop(core.batches.list, state=body.state, name=body.name, limit=body.limit, scope=_who(request).scope)
+        return await _off_loop(
+            core.batches.list, state=body.state, name=body.name, limit=body.limit, scope=_who(request).scope
+        )
 
     @app.post("/v1/batches/cancel", dependencies=[require("jobs")])
     async def cancel_batch(request: Request) -> dict:

@@ -72,7 +72,15 @@ from .scheduler import SchedulerState
 from .store import JobRecord, Store, VersionRow, is_storage_full
 from .unsaved import UnsavedJobs
 
-__all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "redact_definition", "MAX_REQUEUES", "REDACTED"]
+__all__ = [
+    "ApiError",
+    "ControlPlane",
+    "EventBus",
+    "format_validation_error",
+    "redact_definition",
+    "MAX_REQUEUES",
+    "REDACTED",
+]
 
 log = logging.getLogger("lancefn.server")
 
@@ -100,7 +108,14 @@ _ACTIVE = (PENDING, IN_PROGRESS)
 class ApiError(Exception):
     """A client-visible error: HTTP status, stable code, readable message."""
 
-    CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict", 413: "payload_too_large"}
+    CODES = {
+        400: "invalid_request",
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not_found",
+        409: "conflict",
+        413: "payload_too_large",
+    }
 
     def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
@@ -136,8 +151,6 @@ def _clean_text(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")
 
 
-
-
 def redact_definition(definition: dict) -> dict:
     """A FunctionVersion as replies show it: ``runtime.env`` values (often tokens or passwords)
     replaced by ``<redacted>``, names kept.  The stored definition keeps the values for the
@@ -163,7 +176,9 @@ def _decode_token(token: str | None) -> int | None:
             return int(seq)
     except (binascii.Error, ValueError, UnicodeDecodeError):
         pass
-    raise ApiError(400, "page_token is not a token this server issued; pass the page_token from the previous reply or omit it")
+    raise ApiError(
+        400, "page_token is not a token this server issued; pass the page_token from the previous reply or omit it"
+    )
 
 
 def _callback(method):
@@ -225,7 +240,9 @@ class ControlPlane:
         self._job_env: dict[str, dict[str, str]] = {}  # launched jobs' function env (never logged)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
         # for them (a finished job stays there, not in _active) until a retry saves them.
-        self._unsaved = UnsavedJobs(store, self.bus, self._lock, lambda rec: _dumps(self._job_wire(rec)), lambda: self._started)
+        self._unsaved = UnsavedJobs(
+            store, self.bus, self._lock, lambda rec: _dumps(self._job_wire(rec)), lambda: self._started
+        )
         self._log_pos: dict[str, int] = {}
         self._result_arrivals = 0
         self._progress_emitted: dict[str, float] = {}
@@ -333,7 +350,9 @@ class ControlPlane:
                         self._persist(rec, new=False)
                         continue
                     rec.state, rec.started_ms, rec.devices, rec.node, rec.rows_done = PENDING, None, (), None, 0
-                    self._append_log(rec, "system", [f"[lancefn] control plane restarted; job re-queued (restart {rec.requeues})"])
+                    self._append_log(
+                        rec, "system", [f"[lancefn] control plane restarted; job re-queued (restart {rec.requeues})"]
+                    )
                     self._persist(rec, new=False)
                 problem = self._capacity_problem(rec.gpu_class, rec.num_gpus) if rec.num_gpus else None
                 if problem:
@@ -357,7 +376,10 @@ class ControlPlane:
             raise ApiError(400, "invalid registration request: " + format_validation_error(error)) from None
         runtime = request.runtime
         if runtime.kind not in ("python", "python_v2"):
-            raise ApiError(400, f"runtime.kind {runtime.kind!r} is not supported by this server; use 'python' (CPU) or 'python_v2' (GPU)")
+            raise ApiError(
+                400,
+                f"runtime.kind {runtime.kind!r} is not supported by this server; use 'python' (CPU) or 'python_v2' (GPU)",
+            )
         try:
             artifact = decode_artifact(request.artifact)
         except ValueError as error:
@@ -436,18 +458,31 @@ class ControlPlane:
         else:  # the admin named no namespace: its own first, else wherever it is
             row = self.store.get_version(name, version, home) or self.store.get_version(name, version, None)
         if row is None:
-            raise ApiError(404, f"function version {name}@{version} not found; list versions with POST /v1/functions/list")
+            raise ApiError(
+                404, f"function version {name}@{version} not found; list versions with POST /v1/functions/list"
+            )
         return row
 
     def _version(
-        self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> tuple[dict, bool, str]:
         """The version's definition, whether it is dropped, and its namespace; 404 if never registered."""
         row = self._version_row(name, version, namespace, scope, home)
         return json.loads(row.definition), row.dropped, row.namespace
 
     def describe_function(
-        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        *,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         definition, dropped, _ = self._version(name, version, namespace, scope, home)
         if dropped:
@@ -455,15 +490,27 @@ class ControlPlane:
         return redact_definition(definition)  # exactly the FunctionVersion; lists and jobs name the namespace
 
     def function_artifact(
-        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        *,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         """The version's artifact bytes (base64), so any process can run or diff it (`lookup`, `.local()`)."""
         self.describe_function(name, version, namespace=namespace, scope=scope, home=home)  # 404s, same messages
         row = self._version_row(name, version, namespace, scope, home)
         definition = json.loads(row.definition)["artifact"]
         data = base64.b64encode(row.artifact).decode("ascii")
-        return {"name": name, "version": version, "entrypoint": definition["entrypoint"],
-                "digest": definition["digest"], "encoding": "base64", "data": data}
+        return {
+            "name": name,
+            "version": version,
+            "entrypoint": definition["entrypoint"],
+            "digest": definition["digest"],
+            "encoding": "base64",
+            "data": data,
+        }
 
     def _one_namespace(self, name: str | None, namespace: str | None, scope: str | None, home: str) -> str | None:
         """The one namespace a history/diff request means: the caller's own, or for the admin the one
@@ -476,12 +523,16 @@ class ControlPlane:
         namespace = namespace or home
         return namespace if visible(scope, namespace) else None
 
-    def _live_versions(self, name: str | None, namespace: str | None = DEFAULT_NAMESPACE) -> dict[str, list[FunctionVersion]]:
+    def _live_versions(
+        self, name: str | None, namespace: str | None = DEFAULT_NAMESPACE
+    ) -> dict[str, list[FunctionVersion]]:
         """Live versions (env values redacted) of one namespace by name, registration order."""
         grouped: dict[str, list[FunctionVersion]] = {}
         if namespace is None:
             return grouped
-        for _, fname, _, definition, _ in self.store.list_versions(name=name, after_seq=0, limit=10**9, namespace=namespace):
+        for _, fname, _, definition, _ in self.store.list_versions(
+            name=name, after_seq=0, limit=10**9, namespace=namespace
+        ):
             grouped.setdefault(fname, []).append(FunctionVersion.from_wire(redact_definition(json.loads(definition))))
         return grouped
 
@@ -491,7 +542,13 @@ class ControlPlane:
         return row.artifact.decode("utf-8", errors="replace")
 
     def function_history(
-        self, name: str | None, limit: int, *, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str | None,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         """Each function's newest `limit` versions, newest first, with their one-line change (`versions`)."""
         from ..versions import history
@@ -499,17 +556,32 @@ class ControlPlane:
         functions = []
         ns = self._one_namespace(name, namespace, scope, home)
         for fname, known in sorted(self._live_versions(name, ns).items()):
-            shown = known[-(limit + 1):]  # one more, so the oldest row shown still has a change line
+            shown = known[-(limit + 1) :]  # one more, so the oldest row shown still has a change line
             rows = history(fname, shown, [self._source(fname, fv.version, ns) for fv in shown])[:limit]
-            functions.append({"name": fname, "versions": [
-                {"version": r.version, "created_at": r.created_at, "change": r.change, "snippet": r.snippet} for r in rows
-            ]})
+            functions.append(
+                {
+                    "name": fname,
+                    "versions": [
+                        {"version": r.version, "created_at": r.created_at, "change": r.change, "snippet": r.snippet}
+                        for r in rows
+                    ],
+                }
+            )
         if name is not None and not functions:
-            raise ApiError(404, f"no function named {name!r} is registered; list functions with POST /v1/functions/list")
+            raise ApiError(
+                404, f"no function named {name!r} is registered; list functions with POST /v1/functions/list"
+            )
         return {"functions": functions}
 
     def function_diff(
-        self, name: str, old: str | None, new: str | None, *, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        old: str | None,
+        new: str | None,
+        *,
+        namespace: str | None = None,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         """Source diff and runtime differences of two versions (`versions.diff_pair` picks them)."""
         from ..versions import VersionLookupError, diff_pair, diff_versions
@@ -524,7 +596,13 @@ class ControlPlane:
         return diff_versions(known[old_id], known[new_id], *sources).to_wire()
 
     def list_functions(
-        self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100, scope: str | None = None
+        self,
+        *,
+        name: str | None,
+        include_definition: bool,
+        page_token: str | None,
+        limit: int = 100,
+        scope: str | None = None,
     ) -> dict:
         after = _decode_token(page_token) or 0
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
@@ -540,7 +618,13 @@ class ControlPlane:
         return reply
 
     def drop_function(
-        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        *,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         with self._lock:
             _, dropped, owner = self._version(name, version, namespace, scope, home)
@@ -577,7 +661,9 @@ class ControlPlane:
             rows = self._take_arrow_rows(fv, arrow_rows)
         elif not rows_checked:
             self._check_rows(fv, rows)
-        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        if timeout_s is not None and not (
+            isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
+        ):
             raise ApiError(400, "timeout_s must be a number of seconds > 0, or omitted for no timeout")
         resources = fv.runtime.resources
         if resources is None:
@@ -661,7 +747,10 @@ class ControlPlane:
         takes = [p.name if p.default is None else f"{p.name}={p.default}" for p in fv.signature.inputs]
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
-                raise ApiError(400, f"rows[{i}] must be an object mapping parameter names to values, e.g. {{{', '.join(repr(n) + ': ...' for n in expected)}}}")
+                raise ApiError(
+                    400,
+                    f"rows[{i}] must be an object mapping parameter names to values, e.g. {{{', '.join(repr(n) + ': ...' for n in expected)}}}",
+                )
             keys = set(row)
             missing = [n for n in expected if n not in keys and n not in optional]
             unknown = sorted(keys - wanted)
@@ -678,7 +767,9 @@ class ControlPlane:
             try:
                 _dumps(row).encode("utf-8")
             except ValueError:
-                raise ApiError(400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number") from None
+                raise ApiError(
+                    400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number"
+                ) from None
 
     # --------------------------------------------------------------------- jobs
 
@@ -713,7 +804,11 @@ class ControlPlane:
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
         with self._lock:
             recs = self.store.list_jobs(
-                states=(state,) if state else None, name=name, job_type=job_type, before_seq=before, limit=limit + 1,
+                states=(state,) if state else None,
+                name=name,
+                job_type=job_type,
+                before_seq=before,
+                limit=limit + 1,
                 namespace=scope,
             )
             # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
@@ -747,7 +842,9 @@ class ControlPlane:
         next_offset = entries[-1][0] + 1 if entries else max(0, offset)
         return {"lines": lines, "next_offset": next_offset}
 
-    async def wait_job(self, job_id: str, timeout_s: float, scope: str | None = None, *, unless_queued: bool = False) -> dict:
+    async def wait_job(
+        self, job_id: str, timeout_s: float, scope: str | None = None, *, unless_queued: bool = False
+    ) -> dict:
         """The job once terminal, or as it stands after ``timeout_s`` (long poll).
         ``unless_queued``: answer at once if it waits for capacity (``functions/run``'s inline
         wait: a submit must not stall behind a full queue)."""
@@ -806,7 +903,13 @@ class ControlPlane:
         assert executor is not None  # only an executor that queues gets here
         capacity = executor.capacity() or {}
         rows: dict[str, dict[str, Any]] = {
-            spec.name: {"name": spec.name, "gpus_total": int(capacity.get(spec.name, 0)), "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 0}
+            spec.name: {
+                "name": spec.name,
+                "gpus_total": int(capacity.get(spec.name, 0)),
+                "gpus_busy": 0,
+                "jobs_running": 0,
+                "jobs_pending": 0,
+            }
             for spec in self.classes.classes
         }
         for rec in self._active.values():
@@ -992,7 +1095,9 @@ class ControlPlane:
             if rec is None:
                 return
             rec.failure = JobFailure(
-                phase="executor", message="the control plane could not record this job's progress; see the server log", retryable=True
+                phase="executor",
+                message="the control plane could not record this job's progress; see the server log",
+                retryable=True,
             ).to_wire()
             try:
                 self._finish(rec, FAILED)
@@ -1115,7 +1220,9 @@ class ControlPlane:
         if pos >= MAX_LOG_LINES_PER_JOB:
             return
         room = MAX_LOG_LINES_PER_JOB - pos
-        clipped = [line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "…" for line in lines[:room]]
+        clipped = [
+            line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "…" for line in lines[:room]
+        ]
         if len(lines) > room:
             clipped[-1] = f"[lancefn] log truncated after {MAX_LOG_LINES_PER_JOB} lines"
         self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
@@ -1183,7 +1290,12 @@ class ControlPlane:
 
     def _queue_owners(self, payload: dict) -> dict[str, str]:
         """Namespace of each job a `queue` payload lists (to render it per subscriber's scope)."""
-        return {job_id: rec.namespace for ids in payload["classes"].values() for job_id in ids if (rec := self._active.get(job_id))}
+        return {
+            job_id: rec.namespace
+            for ids in payload["classes"].values()
+            for job_id in ids
+            if (rec := self._active.get(job_id))
+        }
 
     def _publish_queue(self, payload: dict) -> None:
         # Each namespace sees the others' queued jobs as null (positions count them; ids don't leak).
@@ -1198,7 +1310,9 @@ class ControlPlane:
         now = time.monotonic()
         if estimates or now - self._estimates_sent >= QUEUE_ESTIMATES_INTERVAL_S:
             self._estimates_sent = now
-            payload["expected_start_ms"] = {job_id: self._expected_start(job_id) for ids in heads.values() for job_id in ids}
+            payload["expected_start_ms"] = {
+                job_id: self._expected_start(job_id) for ids in heads.values() for job_id in ids
+            }
         elif self._estimates_timer is None:
             self._estimates_timer = threading.Timer(QUEUE_ESTIMATES_INTERVAL_S, self._publish_estimates)
             self._estimates_timer.daemon = True
@@ -1212,7 +1326,12 @@ class ControlPlane:
                 self._publish_queue(self._queue_payload(estimates=True))
 
     def _note_run_time(self, rec: JobRecord) -> None:
-        if rec.job_type == "run_function" and rec.gpu_class and rec.started_ms is not None and rec.finished_ms is not None:
+        if (
+            rec.job_type == "run_function"
+            and rec.gpu_class
+            and rec.started_ms is not None
+            and rec.finished_ms is not None
+        ):
             self._estimator.run_times.record(
                 rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class, rec.finished_ms - rec.started_ms
             )

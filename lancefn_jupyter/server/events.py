@@ -64,7 +64,9 @@ class EventBus:
     def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
 
-    def publish(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None = None) -> None:
+    def publish(
+        self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None = None
+    ) -> None:
         """``namespace``: only subscribers that may see it get the item.  ``data`` may instead be
         a view: called once per subscriber scope on the loop thread (e.g. the ``queue`` event)."""
         loop = self._loop
@@ -75,7 +77,9 @@ class EventBus:
         except RuntimeError:  # loop closed during shutdown
             pass
 
-    def _fanout(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None) -> None:
+    def _fanout(
+        self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None
+    ) -> None:
         views: dict[str | None, str] = {}
         for subscriber in list(self._subscribers):
             if namespace is not None and not visible(subscriber.scope, namespace):

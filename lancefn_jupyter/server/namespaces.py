@@ -147,7 +147,9 @@ def load_api_keys(path: str) -> dict[str, Principal]:
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ApiKeyError(f"{path}: cannot read API key file ({error})") from None
     if set(data) - {"api_keys"}:
-        raise ApiKeyError(f"{path}: unknown top-level key {sorted(set(data) - {'api_keys'})[0]!r}; use [[api_keys]] tables")
+        raise ApiKeyError(
+            f"{path}: unknown top-level key {sorted(set(data) - {'api_keys'})[0]!r}; use [[api_keys]] tables"
+        )
     entries = data.get("api_keys", [])
     if not isinstance(entries, list):
         raise ApiKeyError(f"{path}: 'api_keys' must be a list of [[api_keys]] tables")
@@ -156,15 +158,21 @@ def load_api_keys(path: str) -> dict[str, Principal]:
     for i, raw in enumerate(entries):
         where = f"{path}: api_keys[{i}]"
         if not isinstance(raw, dict):
-            raise ApiKeyError(f"{where}: an entry has 'key', 'name' and 'privileges', optionally 'namespace' and 'admin'")
+            raise ApiKeyError(
+                f"{where}: an entry has 'key', 'name' and 'privileges', optionally 'namespace' and 'admin'"
+            )
         try:
             entry = _KeyEntry.model_validate(raw)
         except ValidationError as error:
             raise ApiKeyError(f"{where}: {_entry_problem(error)}") from None
         if entry.name in names:
-            raise ApiKeyError(f"{where}: name {entry.name!r} is already used ({ADMIN_NAME!r} is the generated admin key's); pick a unique name")
+            raise ApiKeyError(
+                f"{where}: name {entry.name!r} is already used ({ADMIN_NAME!r} is the generated admin key's); pick a unique name"
+            )
         if entry.key in keys:
             raise ApiKeyError(f"{where}: this key is listed twice")
         names.add(entry.name)
-        keys[entry.key] = Principal(entry.name, entry.namespace or entry.name, frozenset(entry.privileges), admin=entry.admin)
+        keys[entry.key] = Principal(
+            entry.name, entry.namespace or entry.name, frozenset(entry.privileges), admin=entry.admin
+        )
     return keys

@@ -51,7 +51,9 @@ class UnsavedJobs:
         stream see it; a finished job does not look IN_PROGRESS nor run again after a restart
         once saved) and save it when space frees."""
         if rec.job_id not in self._jobs:
-            log.error("job %s is %s but the disk is full; kept in memory and saved once space frees", rec.job_id, rec.state)
+            log.error(
+                "job %s is %s but the disk is full; kept in memory and saved once space frees", rec.job_id, rec.state
+            )
         self._jobs[rec.job_id] = rec
         self._bus.publish("job", None, data or self._wire(rec), rec.namespace)  # live only: no sequence number
         self._arm()

@@ -248,9 +248,7 @@ def _load_entry(task: dict) -> object:
     except BaseException as exc:
         message = _exception_line(exc)
         if isinstance(exc, ImportError):
-            message += (
-                "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
-            )
+            message += "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
         raise _TaskFailure("import", message, _user_traceback(exc, filename)) from None
     entry = getattr(module, task["entrypoint"], None)
     if not callable(entry):
@@ -272,7 +270,11 @@ def _to_json(value: object, where: str) -> object:
         return [_to_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         return {key: _to_json(item, f"{where}[{key!r}]") for key, item in value.items()}
-    kind = "dict with non-str keys" if isinstance(value, dict) else f"type {type(value).__module__}.{type(value).__qualname__}"
+    kind = (
+        "dict with non-str keys"
+        if isinstance(value, dict)
+        else f"type {type(value).__module__}.{type(value).__qualname__}"
+    )
     raise _TaskFailure(
         "result",
         f"{where} has {kind}, which cannot be sent back as JSON; return None, bool, int, float, str, "
@@ -317,7 +319,9 @@ def _run_rows(task: dict, proto: Protocol) -> list:
                 value = entry(**row)  # type: ignore[operator]
             except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
-                raise _TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
+                raise _TaskFailure(
+                    "run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])
+                ) from None
             results.append(value)
             progress.update(index + 1)
     finally:
@@ -355,7 +359,11 @@ def _result_event(task: dict, values: list) -> dict:
         table = dataplane.encode_results(values, output_type, many=many)  # type: ignore[arg-type]
         if "result_file" in task:
             nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
-            return {"result_file": task["result_file"], "nbytes": nbytes, "summary": dataplane.summarize_results(values, nbytes)}
+            return {
+                "result_file": task["result_file"],
+                "nbytes": nbytes,
+                "summary": dataplane.summarize_results(values, nbytes),
+            }
         data = dataplane.to_ipc_bytes(table)
         key = "result_frame" if task.get("result_frame") else "result_ipc"
         return {key: data, "nbytes": len(data), "summary": dataplane.summarize_results(values, len(data))}
@@ -706,7 +714,11 @@ class WorkerProcess:
                 size = event.pop("ipc_len")
                 if self._result_sink is None:
                     self.process.stdout.read(size)
-                    return {"event": "failed", "phase": "worker", "message": "the worker sent an unexpected result frame"}
+                    return {
+                        "event": "failed",
+                        "phase": "worker",
+                        "message": "the worker sent an unexpected result frame",
+                    }
                 path, durable = self._result_sink
                 event["nbytes"] = dataplane.write_stream_file(path, self.process.stdout, size, durable=durable)
                 event["result_file"] = path

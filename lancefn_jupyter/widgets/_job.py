@@ -70,7 +70,10 @@ class JobWidget(FallbackReprMixin, w.VBox):
             description="Cancel", icon="stop", tooltip=f"Cancel job {job_id}", layout=w.Layout(width="auto")
         )
         self.logs_button = w.ToggleButton(
-            value=False, description="Logs", icon="align-left", tooltip="Show the worker's stdout/stderr",
+            value=False,
+            description="Logs",
+            icon="align-left",
+            tooltip="Show the worker's stdout/stderr",
             layout=w.Layout(width="auto"),
         )
         self.logs_view = w.HTML(layout=w.Layout(display="none", max_height="240px", overflow="auto"))
@@ -249,8 +252,17 @@ class JobWidget(FallbackReprMixin, w.VBox):
 
     def close(self) -> None:
         self._listener.unsubscribe(self)
-        for child in (self.badge, self.title, self.status, self.progress, self.progress_label,
-                      self.cancel_button, self.logs_button, self.logs_view, self.error):
+        for child in (
+            self.badge,
+            self.title,
+            self.status,
+            self.progress,
+            self.progress_label,
+            self.cancel_button,
+            self.logs_button,
+            self.logs_view,
+            self.error,
+        ):
             child.close()
         for box in list(self.children):
             box.close()

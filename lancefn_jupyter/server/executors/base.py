@@ -72,7 +72,9 @@ class ExecutorCallbacks(Protocol):
 
     def task_log(self, job_id: str, stream: str, lines: list[str]) -> None: ...
 
-    def task_succeeded(self, job_id: str, results: list | Mapping[str, Any]) -> None: ...  # JSON results or an Arrow result-file reference
+    def task_succeeded(
+        self, job_id: str, results: list | Mapping[str, Any]
+    ) -> None: ...  # JSON results or an Arrow result-file reference
 
     def task_failed(self, job_id: str, failure: "JobFailure") -> None:  # phase "timeout" → TIMED_OUT
         ...

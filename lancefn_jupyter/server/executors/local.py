@@ -336,7 +336,9 @@ class LocalExecutor(Executor):
             own = self._idle.pop(key, None)
             fresh = self._idle.pop(_fresh(key), None) if own is None else None
             sharing = [
-                self._idle.pop(other)[0] for other in list(self._idle) if other[0] != key[0] and set(other[0]) & set(key[0])
+                self._idle.pop(other)[0]
+                for other in list(self._idle)
+                if other[0] != key[0] and set(other[0]) & set(key[0])
             ]
         for worker in sharing:
             worker.stop(self._grace_s)

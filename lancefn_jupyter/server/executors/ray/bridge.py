@@ -371,8 +371,11 @@ class _Driver:
                 # another version of the class waits (its GPUs may be the ones it needs).
                 key = record.pool_key
                 waiting = any(
-                    other.pool_key is not None and other.pool_key[0] == key[0] and other.pool_key != key  # type: ignore[index]
-                    and not other.started and not other.finished
+                    other.pool_key is not None
+                    and other.pool_key[0] == key[0]  # type: ignore[index]
+                    and other.pool_key != key
+                    and not other.started
+                    and not other.finished
                     for other in self.jobs.values()
                 )
                 if returned and not waiting:

@@ -9,8 +9,6 @@ if TYPE_CHECKING:
     from ...gpu_classes import GpuClassConfig
 
 
-
-
 CLASS_RESOURCE_PREFIX = "lancefn_gpu_class:"
 _NAMESPACE = "lancefn"  # Ray namespace of the event hub actors
 _SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach Ray or user code

@@ -455,11 +455,20 @@ def _store_result(final: dict, path: str | None, durable: bool) -> dict:
     from ....dataplane import write_bytes_file
 
     if path is None:
-        return {"event": "failed", "phase": "executor", "message": "an Arrow result arrived for a job without a result file"}
+        return {
+            "event": "failed",
+            "phase": "executor",
+            "message": "an Arrow result arrived for a job without a result file",
+        }
     try:
         nbytes = write_bytes_file(path, final["result_ipc"], durable=durable)
     except OSError as error:
-        return {"event": "failed", "phase": "executor", "message": f"could not store the result ({error})", "retryable": True}
+        return {
+            "event": "failed",
+            "phase": "executor",
+            "message": f"could not store the result ({error})",
+            "retryable": True,
+        }
     return {"event": "result", "result_file": path, "nbytes": nbytes, "summary": final.get("summary") or {}}
 
 
