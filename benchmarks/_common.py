@@ -59,7 +59,9 @@ def line_ms(label: str, samples: Sequence[float]) -> str:
     return f"{label:<52} median {fmt_ms(d['median']):>11}  p95 {fmt_ms(d['p95']):>11}  (n={d['n']}, min {fmt_ms(d['min'])})"
 
 
-def summary(bench: str, metric: str, value: float, unit: str, target: str = "", met: Optional[bool] = None, **extra) -> None:
+def summary(
+    bench: str, metric: str, value: float, unit: str, target: str = "", met: Optional[bool] = None, **extra
+) -> None:
     """One machine-readable line for run_all.py (and a human-readable echo)."""
     record = {"bench": bench, "metric": metric, "value": value, "unit": unit, "target": target, "met": met, **extra}
     print("SUMMARY " + json.dumps(record, sort_keys=True), flush=True)
@@ -143,14 +145,19 @@ class Server:
             argv += ["--gpu-classes", str(path)]
         self.log_path = base / "server.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(argv, env=clean_env(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            argv, env=clean_env(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"lancefn-server exited {self.proc.returncode}:\n{self.log_path.read_text()}")
             try:
                 info = json.loads((self.home / "server.json").read_text())
-                if info.get("pid") == self.proc.pid and httpx.get(info["url"] + "/v1/health", timeout=2).status_code == 200:
+                if (
+                    info.get("pid") == self.proc.pid
+                    and httpx.get(info["url"] + "/v1/health", timeout=2).status_code == 200
+                ):
                     break
             except (OSError, ValueError, httpx.HTTPError):
                 pass
@@ -201,7 +208,11 @@ def trivial_registration(name: str = "inc", num_gpus: Optional[int] = 1) -> dict
     import hashlib
 
     data = TRIVIAL_SOURCE.encode()
-    runtime: dict = {"kind": "python_v2" if num_gpus else "python", "python_version": "3.12", "environment": {"kind": "pip"}}
+    runtime: dict = {
+        "kind": "python_v2" if num_gpus else "python",
+        "python_version": "3.12",
+        "environment": {"kind": "pip"},
+    }
     if num_gpus:
         runtime["resources"] = {"num_gpus": num_gpus}
     return {

@@ -91,16 +91,23 @@ def fan_out(runs: int, skip_ray: bool) -> None:
         items = list(range(ROWS))
         fn.map(items, parallel=8, chunk_size=CHUNK, fresh=True).result()  # warm: 8 workers started
         wide = [timed(lambda: fn.map(items, parallel=8, chunk_size=CHUNK, fresh=True).result()) for _ in range(runs)]
-        narrow = [timed(lambda: fn.map(items, parallel=1, chunk_size=CHUNK, fresh=True).result()) for _ in range(max(1, runs // 2))]
+        narrow = [
+            timed(lambda: fn.map(items, parallel=1, chunk_size=CHUNK, fresh=True).result())
+            for _ in range(max(1, runs // 2))
+        ]
     w, n = statistics.median(wide), statistics.median(narrow)
-    print(f"fan-out: 64 rows × {SLEEP_S}s on 8 simulated GPUs: parallel=8 {w:.2f}s, parallel=1 {n:.2f}s (ideal {ROWS * SLEEP_S / 8:.1f}s / {ROWS * SLEEP_S:.1f}s)")
+    print(
+        f"fan-out: 64 rows × {SLEEP_S}s on 8 simulated GPUs: parallel=8 {w:.2f}s, parallel=1 {n:.2f}s (ideal {ROWS * SLEEP_S / 8:.1f}s / {ROWS * SLEEP_S:.1f}s)"
+    )
     summary("bench_batches.py", "map parallel=8, 64 rows x 0.25 s (median)", round(w, 3), "s")
     summary("bench_batches.py", "map parallel=1, same chunks (median)", round(n, 3), "s")
     summary("bench_batches.py", "speed-up parallel=8 vs parallel=1", round(n / w, 2), "x", ">= 6", n / w >= 6)
     if skip_ray:
         return
-    proc = subprocess.run([sys.executable, __file__, "--ray-side", "--runs", str(runs)], capture_output=True, text=True, timeout=600)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RAY ")), None)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--ray-side", "--runs", str(runs)], capture_output=True, text=True, timeout=600
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RAY ")), None)
     if line is None:
         print(f"Ray side failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
         return
@@ -128,10 +135,21 @@ def overhead(chunks: int, runs: int) -> None:
             assert batch.snapshot.batch_state.value == "DONE"
     per_chunk = statistics.median(ends) / chunks * 1000
     per_create = statistics.median(creates) / chunks * 1000
-    print(f"{chunks} chunks of one trivial row on 8 GPUs: {statistics.median(ends):.2f}s to all done = {per_chunk:.2f} ms per chunk; "
-          f"map() (cut, batches/create, every chunk job queued) returns after {per_create:.3f} ms per chunk")
-    summary("bench_batches.py", f"{chunks} trivial chunks, map to all done, per chunk (median)", round(per_chunk, 3), "ms", "<= 2 ms", per_chunk <= 2)
-    summary("bench_batches.py", "map() returning (every chunk job queued), per chunk (median)", round(per_create, 3), "ms")
+    print(
+        f"{chunks} chunks of one trivial row on 8 GPUs: {statistics.median(ends):.2f}s to all done = {per_chunk:.2f} ms per chunk; "
+        f"map() (cut, batches/create, every chunk job queued) returns after {per_create:.3f} ms per chunk"
+    )
+    summary(
+        "bench_batches.py",
+        f"{chunks} trivial chunks, map to all done, per chunk (median)",
+        round(per_chunk, 3),
+        "ms",
+        "<= 2 ms",
+        per_chunk <= 2,
+    )
+    summary(
+        "bench_batches.py", "map() returning (every chunk job queued), per chunk (median)", round(per_create, 3), "ms"
+    )
 
 
 def backfill(rows: int, chunk: int) -> None:
@@ -147,7 +165,9 @@ def backfill(rows: int, chunk: int) -> None:
         fn = api.gpu_function(num_gpus=1)(text_len)
         fn.map(texts[:64], parallel="auto", chunk_size=8).result()  # warm: workers started
         warm = db.create_table("warm", pa.table({"id": list(range(1000)), "text": texts[:1000]}), mode="overwrite")
-        fn.map(warm, column="text", into="n", key="id", parallel="auto", chunk_size=100).result()  # warm: the table path's imports
+        fn.map(
+            warm, column="text", into="n", key="id", parallel="auto", chunk_size=100
+        ).result()  # warm: the table path's imports
 
         def ours() -> None:
             table = db.create_table("ours", pa.table({"id": list(range(rows)), "text": texts}), mode="overwrite")
@@ -161,14 +181,18 @@ def backfill(rows: int, chunk: int) -> None:
             ids, values = data["id"].to_pylist(), data["text"].to_pylist()
             table.add_columns(pa.field("n", pa.int64()))
             for start in range(0, rows, chunk):
-                part = pa.table({"id": ids[start : start + chunk], "n": [text_len(t) for t in values[start : start + chunk]]})
+                part = pa.table(
+                    {"id": ids[start : start + chunk], "n": [text_len(t) for t in values[start : start + chunk]]}
+                )
                 table.merge_insert("id").when_matched_update_all().execute(part)
             assert table.count_rows("n IS NULL") == 0
 
         ours_s = statistics.median(timed(ours) for _ in range(3))
         loop_s = statistics.median(timed(loop) for _ in range(3))
     ratio = (rows / ours_s) / (rows / loop_s)
-    print(f"LanceDB backfill of {rows:,} rows (chunks of {chunk:,}): ours {rows / ours_s:,.0f} rows/s, plain loop {rows / loop_s:,.0f} rows/s, ratio {ratio:.2f}")
+    print(
+        f"LanceDB backfill of {rows:,} rows (chunks of {chunk:,}): ours {rows / ours_s:,.0f} rows/s, plain loop {rows / loop_s:,.0f} rows/s, ratio {ratio:.2f}"
+    )
     summary("bench_batches.py", f"LanceDB backfill {rows} rows, ours (median)", round(rows / ours_s), "rows/s")
     summary("bench_batches.py", f"LanceDB backfill {rows} rows, plain loop (median)", round(rows / loop_s), "rows/s")
     summary("bench_batches.py", "backfill ours / plain loop (rate ratio)", round(ratio, 2), "x", ">= 0.5", ratio >= 0.5)

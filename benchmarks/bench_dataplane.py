@@ -133,8 +133,13 @@ def side_ray(args: argparse.Namespace) -> dict:
     import ray
 
     work = tempfile.mkdtemp(prefix="lfd", dir="/tmp" if os.path.isdir("/tmp") else None)
-    ray.init(address="local", _temp_dir=os.path.join(work, "ray"), include_dashboard=False, log_to_driver=False,
-             num_cpus=max(2, os.cpu_count() or 2))
+    ray.init(
+        address="local",
+        _temp_dir=os.path.join(work, "ray"),
+        include_dashboard=False,
+        log_to_driver=False,
+        num_cpus=max(2, os.cpu_count() or 2),
+    )
     try:
         remote = {f.__name__: ray.remote(f) for f in (make_vector, make_list, total)}
         out: dict = {}
@@ -177,7 +182,9 @@ def main() -> None:
     print_machine()
     results = {}
     for side in ("ours", "ray"):  # each side in its own fresh process
-        cmd = [sys.executable, __file__, "--side", side, "--iterations", str(args.iterations)] + (["--quick"] if args.quick else [])
+        cmd = [sys.executable, __file__, "--side", side, "--iterations", str(args.iterations)] + (
+            ["--quick"] if args.quick else []
+        )
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
@@ -203,7 +210,9 @@ def main() -> None:
         r = med(ray[key.removeprefix("http_")]) if ray else float("nan")
         ratio = o / r if ray else float("nan")
         print(f"{label:<52}{o * 1000:>11.1f} ms{r * 1000:>11.1f} ms{ratio:>9.2f}×")
-        summary(BENCH, f"{label} (ours)", round(o * 1000, 2), "ms median", **({"ray_ms": round(r * 1000, 2)} if ray else {}))
+        summary(
+            BENCH, f"{label} (ours)", round(o * 1000, 2), "ms median", **({"ray_ms": round(r * 1000, 2)} if ray else {})
+        )
         if target is not None and ray:
             summary(BENCH, f"{label}: ours / Ray", round(ratio, 2), "×", target=f"<= {target:g}×", met=ratio <= target)
     mb = args.rows * DIM * 4 * 2 / 1e6  # in + out
@@ -212,18 +221,36 @@ def main() -> None:
     if ray:
         r_rate = args.rows / med(ray["map_s"])
         print(f"{r_rate:>14,.0f}{o_rate / r_rate:>9.2f}×")
-        summary(BENCH, "map 768-float32 rows: ours / Ray throughput", round(o_rate / r_rate, 2), "×",
-                target=">= 0.5×", met=o_rate / r_rate >= 0.5, ours_rows_s=round(o_rate), ray_rows_s=round(r_rate))
+        summary(
+            BENCH,
+            "map 768-float32 rows: ours / Ray throughput",
+            round(o_rate / r_rate, 2),
+            "×",
+            target=">= 0.5×",
+            met=o_rate / r_rate >= 0.5,
+            ours_rows_s=round(o_rate),
+            ray_rows_s=round(r_rate),
+        )
     else:
         print()
-    print(f"{'map throughput (MB/s, in + out)':<52}{mb / med(ours['map_s']):>14,.0f}"
-          + (f"{mb / med(ray['map_s']):>14,.0f}" if ray else ""))
+    print(
+        f"{'map throughput (MB/s, in + out)':<52}{mb / med(ours['map_s']):>14,.0f}"
+        + (f"{mb / med(ray['map_s']):>14,.0f}" if ray else "")
+    )
     summary(BENCH, "map 768-float32 rows (ours)", round(o_rate), "rows/s", mb_s=round(mb / med(ours["map_s"]), 1))
     gb = args.gb_jobs * N_IN * 4 / 1e9
-    print(f"control plane RSS: {ours['rss_idle_mb']:.0f} MB idle, peak {ours['rss_peak_mb']:.0f} MB "
-          f"while {gb:.1f} GB of results flowed through it")
-    summary(BENCH, f"control plane peak RSS ({gb:.1f} GB of results)", round(ours["rss_peak_mb"], 1), "MB",
-            target="<= 300 MB", met=ours["rss_peak_mb"] <= 300)
+    print(
+        f"control plane RSS: {ours['rss_idle_mb']:.0f} MB idle, peak {ours['rss_peak_mb']:.0f} MB "
+        f"while {gb:.1f} GB of results flowed through it"
+    )
+    summary(
+        BENCH,
+        f"control plane peak RSS ({gb:.1f} GB of results)",
+        round(ours["rss_peak_mb"], 1),
+        "MB",
+        target="<= 300 MB",
+        met=ours["rss_peak_mb"] <= 300,
+    )
 
 
 if __name__ == "__main__":

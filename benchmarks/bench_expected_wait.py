@@ -54,7 +54,12 @@ def _registration(seconds: float) -> dict:
             "inputs": [{"name": "x", "arrow_type": "float64", "nullable": False}],
             "output": {"kind": "scalar", "arrow_type": "float64", "nullable": False},
         },
-        "runtime": {"kind": "python_v2", "python_version": "3.12", "environment": {"kind": "pip"}, "resources": {"num_gpus": 1}},
+        "runtime": {
+            "kind": "python_v2",
+            "python_version": "3.12",
+            "environment": {"kind": "pip"},
+            "resources": {"num_gpus": 1},
+        },
     }
 
 
@@ -83,8 +88,11 @@ def main() -> None:
     rng = random.Random(args.seed)
     with server(gpu_classes=classes) as srv, srv.http() as http:
         versions = [register(http, _registration(s))["version"] for s in DURATIONS_S]
-        warmup = [http.post("/v1/functions/run", json={"name": "nap", "version": v, "rows": [{"x": 1.0}]}).json()["job_id"]
-                  for v in versions for _ in range(2)]
+        warmup = [
+            http.post("/v1/functions/run", json={"name": "nap", "version": v, "rows": [{"x": 1.0}]}).json()["job_id"]
+            for v in versions
+            for _ in range(2)
+        ]
         _wait_all(http, warmup)
 
         submitted: list[tuple[str, float, int | None]] = []  # (job id, submit ms, expected start ms)
@@ -94,7 +102,10 @@ def main() -> None:
             next_at += args.interval
             submit_ms = time.time() * 1000
             version = rng.choice(versions)
-            job_id = http.post("/v1/functions/run", json={"name": "nap", "version": version, "rows": [{"x": rng.uniform(1 - JITTER, 1 + JITTER)}]}).json()["job_id"]
+            job_id = http.post(
+                "/v1/functions/run",
+                json={"name": "nap", "version": version, "rows": [{"x": rng.uniform(1 - JITTER, 1 + JITTER)}]},
+            ).json()["job_id"]
             job = http.post("/v1/jobs/describe", json={"job_id": job_id}).json()
             expected = job["placement"].get("expected_start_ms") if job["job_state"] == "PENDING" else None
             submitted.append((job_id, submit_ms, expected))
@@ -113,8 +124,12 @@ def main() -> None:
         estimated_wait = expected - submit_ms
         errors.append(abs(estimated_wait - actual_wait) / max(actual_wait, 1.0))
     waits = [finished[j]["started_ms"] - s for j, s, e in submitted if e is not None]
-    print(f"{args.jobs} jobs ({', '.join(f'{d:g}s' for d in DURATIONS_S)} versions ×U(0.7, 1.3), random) on {args.gpus} simulated GPUs, one every {args.interval:g}s")
-    print(f"  estimated at submit: {len(errors)}   started at once (no estimate): {immediate}   pending without estimate: {unknown}")
+    print(
+        f"{args.jobs} jobs ({', '.join(f'{d:g}s' for d in DURATIONS_S)} versions ×U(0.7, 1.3), random) on {args.gpus} simulated GPUs, one every {args.interval:g}s"
+    )
+    print(
+        f"  estimated at submit: {len(errors)}   started at once (no estimate): {immediate}   pending without estimate: {unknown}"
+    )
     if not errors:
         print("  no pending job had an estimate: nothing to measure")
         summary(BENCH, "median_abs_error", float("nan"), "%", "<= 25 %", False)

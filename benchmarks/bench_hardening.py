@@ -88,12 +88,24 @@ def health_under_load(s, artifacts: int, row_posts: int) -> None:
     d = describe(samples)
     p99 = percentile(samples, 99)
     print(f"artifact registrations (status, s): {[(c, round(t, 2)) for c, t in outcomes['artifact']]}")
-    print(f"max-size rows posts (status, s):     {[(c, round(t, 2)) for c, t in outcomes['rows']]}  body {len(rows_body)} bytes")
+    print(
+        f"max-size rows posts (status, s):     {[(c, round(t, 2)) for c, t in outcomes['rows']]}  body {len(rows_body)} bytes"
+    )
     print(
         f"/v1/health under load: n={d['n']} median {d['median'] * 1000:.2f} ms  p95 {d['p95'] * 1000:.2f} ms  "
         f"p99 {p99 * 1000:.2f} ms  max {d['max'] * 1000:.2f} ms; server RSS peak seen {peak:.0f} MiB"
     )
-    summary(BENCH, "/v1/health p99 while a max-size artifact and max-size rows are posted", round(p99 * 1000, 2), "ms", "<= 50 ms", p99 <= 0.050, p50_ms=round(d["median"] * 1000, 2), max_ms=round(d["max"] * 1000, 2), n=d["n"])
+    summary(
+        BENCH,
+        "/v1/health p99 while a max-size artifact and max-size rows are posted",
+        round(p99 * 1000, 2),
+        "ms",
+        "<= 50 ms",
+        p99 <= 0.050,
+        p50_ms=round(d["median"] * 1000, 2),
+        max_ms=round(d["max"] * 1000, 2),
+        n=d["n"],
+    )
 
 
 def rss_under_unauthenticated_floods(s, floods: int) -> None:
@@ -134,12 +146,23 @@ def rss_under_unauthenticated_floods(s, floods: int) -> None:
         f"8 clients x {floods} unauthenticated {MAX_BODY >> 20} MiB POSTs in {elapsed:.2f} s: replies {counts}; "
         f"server RSS {baseline:.0f} MiB before, peak {peak:.0f} MiB, {after:.0f} MiB after"
     )
-    summary(BENCH, "server RSS peak during 8 concurrent unauthenticated max-size POSTs", round(peak, 1), "MiB", "<= 150 MB", peak * 1.048576 <= 150, before_mib=round(baseline, 1), after_mib=round(after, 1))
+    summary(
+        BENCH,
+        "server RSS peak during 8 concurrent unauthenticated max-size POSTs",
+        round(peak, 1),
+        "MiB",
+        "<= 150 MB",
+        peak * 1.048576 <= 150,
+        before_mib=round(baseline, 1),
+        after_mib=round(after, 1),
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--artifacts", type=int, default=3, help="max-size artifacts registered during the health probe")
+    parser.add_argument(
+        "--artifacts", type=int, default=3, help="max-size artifacts registered during the health probe"
+    )
     parser.add_argument("--row-posts", type=int, default=3, help="max-size rows bodies posted during the health probe")
     parser.add_argument("--floods", type=int, default=3, help="unauthenticated POSTs per client (8 clients)")
     args = parser.parse_args()

@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     print_machine()
     samples, loaded, preloaded = [], set(), set()
     for _ in range(args.runs):
-        out = subprocess.run([sys.executable, "-c", SCRIPT % (HEAVY,)], env=clean_env(), capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", SCRIPT % (HEAVY,)], env=clean_env(), capture_output=True, text=True, timeout=60
+        )
         if out.returncode != 0:
             raise RuntimeError(out.stderr)
         record = json.loads(out.stdout.strip().splitlines()[-1])
@@ -55,12 +57,30 @@ def main(argv: list[str] | None = None) -> int:
         loaded.update(record["loaded"])
         preloaded.update(record["preloaded"])
     print(line_ms("import lancefn_jupyter + %load_ext (fresh process)", samples))
-    print(f"heavy modules imported by load_ext: {sorted(loaded) or 'none'}"
-          + (f" (already loaded by IPython/site before it: {sorted(preloaded)})" if preloaded else ""))
+    print(
+        f"heavy modules imported by load_ext: {sorted(loaded) or 'none'}"
+        + (f" (already loaded by IPython/site before it: {sorted(preloaded)})" if preloaded else "")
+    )
     d = describe(samples)
-    summary(BENCH, "%load_ext lancefn_jupyter (median)", round(d["median"] * 1000, 2), "ms", "<= 50 ms", d["median"] <= 0.050, p95_ms=round(d["p95"] * 1000, 2))
+    summary(
+        BENCH,
+        "%load_ext lancefn_jupyter (median)",
+        round(d["median"] * 1000, 2),
+        "ms",
+        "<= 50 ms",
+        d["median"] <= 0.050,
+        p95_ms=round(d["p95"] * 1000, 2),
+    )
     bad = sorted(set(MUST_NOT) & (loaded | preloaded))
-    summary(BENCH, "httpx/pydantic/ipywidgets/numba/pyarrow in sys.modules after load_ext", len(bad), "modules", "0", not bad, names=bad)
+    summary(
+        BENCH,
+        "httpx/pydantic/ipywidgets/numba/pyarrow in sys.modules after load_ext",
+        len(bad),
+        "modules",
+        "0",
+        not bad,
+        names=bad,
+    )
     return 0
 
 

@@ -76,6 +76,7 @@ def warm(n: int) -> tuple[list[float], list[float]]:
     from lancefn_jupyter.embedded import stop_server
 
     try:
+
         def run(scale: int) -> float:
             cell = "%%gpu_function num_gpus=1\n" + CELL.format(scale=scale)
             with capture_output():
@@ -104,7 +105,9 @@ def cold(n: int) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="lancefn-bench-cold-") as home:
             env = clean_env({"LANCEFN_HOME": home})
             started = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", COLD_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+            out = subprocess.run(
+                [sys.executable, "-c", COLD_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+            )
             wall = time.perf_counter() - started
             if out.returncode != 0:
                 raise RuntimeError(out.stderr)
@@ -130,14 +133,33 @@ def main(argv: list[str] | None = None) -> int:
     print(line_ms("  IPython import + shell (a kernel has it already)", [r["ipython_s"] for r in runs]))
     print(line_ms("  whole fresh process (interpreter start to exit)", [r["process_wall_s"] for r in runs]))
     d = describe(first)
-    summary(BENCH, "first %%gpu_function in a fresh kernel, no server running (median)", round(d["median"] * 1000, 1), "ms", "<= 500 ms", d["median"] <= 0.5, p95_ms=round(d["p95"] * 1000, 1))
+    summary(
+        BENCH,
+        "first %%gpu_function in a fresh kernel, no server running (median)",
+        round(d["median"] * 1000, 1),
+        "ms",
+        "<= 500 ms",
+        d["median"] <= 0.5,
+        p95_ms=round(d["p95"] * 1000, 1),
+    )
 
     unchanged, changed = warm(args.warm)
     print(line_ms("warm: unchanged cell (same version, no HTTP)", unchanged))
     print(line_ms("warm: changed cell (new version registered)", changed))
-    for label, samples in (("warm %%gpu_function, unchanged cell", unchanged), ("warm %%gpu_function, new version registered", changed)):
+    for label, samples in (
+        ("warm %%gpu_function, unchanged cell", unchanged),
+        ("warm %%gpu_function, new version registered", changed),
+    ):
         d = describe(samples)
-        summary(BENCH, label + " (median)", round(d["median"] * 1000, 2), "ms", "<= 10 ms", d["median"] <= 0.010, p95_ms=round(d["p95"] * 1000, 2))
+        summary(
+            BENCH,
+            label + " (median)",
+            round(d["median"] * 1000, 2),
+            "ms",
+            "<= 10 ms",
+            d["median"] <= 0.010,
+            p95_ms=round(d["p95"] * 1000, 2),
+        )
     return 0
 
 

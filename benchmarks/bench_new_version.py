@@ -61,8 +61,12 @@ def run(iterations: int, settle_s: float, imports: str = "") -> tuple[list[float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--settle", type=float, default=1.5, help="seconds between iterations (the spare worker starts meanwhile)")
-    parser.add_argument("--imports", default="", help="modules the function imports, e.g. numpy,numba (spares preload them)")
+    parser.add_argument(
+        "--settle", type=float, default=1.5, help="seconds between iterations (the spare worker starts meanwhile)"
+    )
+    parser.add_argument(
+        "--imports", default="", help="modules the function imports, e.g. numpy,numba (spares preload them)"
+    )
     args = parser.parse_args(argv)
     print_machine()
     first, warm = run(args.iterations, args.settle, args.imports)
@@ -70,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     print(line_ms("second job of that version (its warm worker)", warm))
     median = describe(first)["median"] * 1000
     what = f", importing {args.imports}" if args.imports else ""
-    summary(BENCH, f"first job of a new version{what}, submit→result (settle {args.settle:g} s)", round(median, 2), "ms", "<= 50 ms", median <= 50)
+    summary(
+        BENCH,
+        f"first job of a new version{what}, submit→result (settle {args.settle:g} s)",
+        round(median, 2),
+        "ms",
+        "<= 50 ms",
+        median <= 50,
+    )
     summary(BENCH, "warm job of the same version, submit→result", round(describe(warm)["median"] * 1000, 2), "ms")
     return 0
 

@@ -62,7 +62,9 @@ def pure_decisions(total: int, gpus: int) -> dict:
         elapsed = time.perf_counter() - started
         rate = placed / elapsed
         results[label] = rate
-        print(f"pure decisions ({label}): {placed} placements (+ as many enqueues and releases) in {elapsed:.3f} s = {rate:,.0f}/s")
+        print(
+            f"pure decisions ({label}): {placed} placements (+ as many enqueues and releases) in {elapsed:.3f} s = {rate:,.0f}/s"
+        )
     # What the core pays per PENDING job event: its 1-based queue position.
     state = SchedulerState({"default": devices})
     for i in range(10_000):
@@ -107,10 +109,12 @@ def _team_keys(namespaces: int, work: Path) -> tuple[list[str], list[str]]:
     """``--api-keys`` args and one key per namespace (team0, team1, …) for a multi-team run."""
     keys = [f"bench-team{i}-key-{i:08d}" for i in range(namespaces)]
     path = work / "api_keys.toml"
-    path.write_text("".join(
-        f'[[api_keys]]\nname = "team{i}"\nkey = "{key}"\nprivileges = ["functions", "jobs", "system_usage"]\n\n'
-        for i, key in enumerate(keys)
-    ))
+    path.write_text(
+        "".join(
+            f'[[api_keys]]\nname = "team{i}"\nkey = "{key}"\nprivileges = ["functions", "jobs", "system_usage"]\n\n'
+            for i, key in enumerate(keys)
+        )
+    )
     return ["--api-keys", str(path)], keys
 
 
@@ -153,7 +157,9 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
                 headers = {"x-api-key": team_keys[index % namespaces]} if team_keys else {}
                 with srv.http(headers=headers) as client:
                     for x in range(index, jobs, threads):
-                        reply = client.post("/v1/functions/run", json={"name": "inc", "version": version, "rows": [{"x": x}]})
+                        reply = client.post(
+                            "/v1/functions/run", json={"name": "inc", "version": version, "rows": [{"x": x}]}
+                        )
                         if reply.status_code != 202:
                             errors.append(reply.text)
                             continue
@@ -161,7 +167,10 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
 
             started = time.perf_counter()
             if gate:
-                reply = http.post("/v1/functions/run", json={"name": "gate", "version": gate_version, "rows": [{"path": str(gate_file)}]})
+                reply = http.post(
+                    "/v1/functions/run",
+                    json={"name": "gate", "version": gate_version, "rows": [{"path": str(gate_file)}]},
+                )
                 gate_job = reply.json()["job_id"]
                 while http.post("/v1/jobs/describe", json={"job_id": gate_job}).json()["job_state"] != "IN_PROGRESS":
                     time.sleep(0.01)
@@ -227,8 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--decisions", type=int, default=200_000)
     parser.add_argument("--skip-e2e", action="store_true")
-    parser.add_argument("--no-gate", action="store_true", help="stream jobs (they run as they arrive) instead of queueing them all first")
-    parser.add_argument("--namespaces", type=int, default=1, help="teams submitting at once, each with its own key and namespace (default 1: the admin)")
+    parser.add_argument(
+        "--no-gate",
+        action="store_true",
+        help="stream jobs (they run as they arrive) instead of queueing them all first",
+    )
+    parser.add_argument(
+        "--namespaces",
+        type=int,
+        default=1,
+        help="teams submitting at once, each with its own key and namespace (default 1: the admin)",
+    )
     args = parser.parse_args(argv)
     print_machine()
 
@@ -248,12 +266,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary(BENCH, "submit rate (POST functions/run, queue growing)", round(r["submit_per_s"], 1), "jobs/s")
     summary(BENCH, "drain rate of the queued jobs", round(r["drain_per_s"], 1), "jobs/s")
-    print(f"control plane RSS: {r['rss_baseline']:.0f} MB idle, peak {r['rss_peak']:.0f} MB, {r['rss_final']:.0f} MB after")
+    print(
+        f"control plane RSS: {r['rss_baseline']:.0f} MB idle, peak {r['rss_peak']:.0f} MB, {r['rss_final']:.0f} MB after"
+    )
     teams = f", {args.namespaces} namespaces at once" if args.namespaces > 1 else ""
-    summary(BENCH, f"{args.jobs} jobs on {args.gpus} simulated GPUs{teams}, end to end", round(r["jobs_per_s"], 1), "jobs/s", ">= 200 jobs/s", r["jobs_per_s"] >= 200)
-    summary(BENCH, "control plane peak RSS during the run", round(r["rss_peak"], 1), "MB", "<= 200 MB", r["rss_peak"] <= 200)
+    summary(
+        BENCH,
+        f"{args.jobs} jobs on {args.gpus} simulated GPUs{teams}, end to end",
+        round(r["jobs_per_s"], 1),
+        "jobs/s",
+        ">= 200 jobs/s",
+        r["jobs_per_s"] >= 200,
+    )
+    summary(
+        BENCH, "control plane peak RSS during the run", round(r["rss_peak"], 1), "MB", "<= 200 MB", r["rss_peak"] <= 200
+    )
     lost = r["submitted"] - r["correct"]
-    summary(BENCH, "jobs lost or wrong", lost, "jobs", "0", lost == 0 and r["rejected"] == 0 and r["gpus_busy_after"] == 0)
+    summary(
+        BENCH, "jobs lost or wrong", lost, "jobs", "0", lost == 0 and r["rejected"] == 0 and r["gpus_busy_after"] == 0
+    )
     return 0
 
 

@@ -71,9 +71,22 @@ class Server:
         self.log_path = work / f"{name}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0",
-                 "--gpu-classes", str(home / "classes.toml"), *args],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-m",
+                    "lancefn_jupyter.server.cli",
+                    "--home",
+                    str(home),
+                    "--port",
+                    "0",
+                    "--gpu-classes",
+                    str(home / "classes.toml"),
+                    *args,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
         deadline = time.monotonic() + 120
         while True:
@@ -103,8 +116,15 @@ class Server:
 
 def summary(metric: str, value: float, unit: str, target: str = "", met: bool | None = None, **extra) -> None:
     """The machine-readable line ``benchmarks/run_all.py`` collects."""
-    record = {"bench": "bench_submit_latency.py", "metric": metric, "value": value, "unit": unit,
-              "target": target, "met": met, **extra}
+    record = {
+        "bench": "bench_submit_latency.py",
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "met": met,
+        **extra,
+    }
     print("SUMMARY " + json.dumps(record, sort_keys=True), flush=True)
 
 
@@ -126,7 +146,9 @@ def client_main(url: str, api_key: str, path: str) -> None:
         if path.startswith("api"):
             value = fn.submit(x).result(timeout=120)
         else:  # the two round trips every call took before functions/run's inline wait
-            value = client.jobs.wait(client.functions.run(version.name, version.version, [{"x": x}]), timeout=120).result
+            value = client.jobs.wait(
+                client.functions.run(version.name, version.version, [{"x": x}]), timeout=120
+            ).result
         elapsed = time.perf_counter() - start
         if value not in (2 * x, [2 * x]):
             raise SystemExit(f"unexpected result {value!r} for x={x}")
@@ -139,7 +161,10 @@ class ClientProcess:
     def __init__(self, server: "Server", path: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--client", server.url, server.api_key, path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
         )
 
     def call(self) -> float:
@@ -188,7 +213,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200, help="measured calls per mode (default 200)")
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured calls per mode first (default 10)")
     parser.add_argument(
-        "--fresh-iterations", type=int, default=10,
+        "--fresh-iterations",
+        type=int,
+        default=10,
         help="calls of Ray's default GPU task (a fresh worker each, ~1 s); 0 skips (default 10)",
     )
     args = parser.parse_args()
@@ -211,8 +238,12 @@ def main() -> None:
         t0 = time.monotonic()
         os.environ["CUDA_VISIBLE_DEVICES"] = "sim0,0"  # the logical GPUs' ids (as our executor does)
         ray.init(
-            address="local", num_gpus=2, resources={CLASS_RESOURCE: 1, REAL_RESOURCE: 1}, _temp_dir=str(work / "ray"),
-            include_dashboard=False, log_to_driver=False,
+            address="local",
+            num_gpus=2,
+            resources={CLASS_RESOURCE: 1, REAL_RESOURCE: 1},
+            _temp_dir=str(work / "ray"),
+            include_dashboard=False,
+            log_to_driver=False,
         )
         del os.environ["CUDA_VISIBLE_DEVICES"]
         address = ray.get_runtime_context().gcs_address
@@ -220,7 +251,9 @@ def main() -> None:
 
         servers.append(Server(work, "home-local"))
         servers.append(Server(work, "home-ray", ["--executor", "ray", "--ray-address", address]))
-        servers.append(Server(work, "home-ray-real", ["--executor", "ray", "--ray-address", address], classes=REAL_CLASSES))
+        servers.append(
+            Server(work, "home-ray-real", ["--executor", "ray", "--ray-address", address], classes=REAL_CLASSES)
+        )
 
         modes: dict[str, Callable[[], float]] = {}
         for label, server, path in (
@@ -290,8 +323,11 @@ def main() -> None:
             print(text + (f"   (target ≤ {target} median)" if target else ""))
             name = " ".join(label.split())
             summary(
-                f"{name} (median ratio)", round(ratio, 2), "x",
-                target=f"<= {target}" if target else "", met=(ratio <= target) if target else None,
+                f"{name} (median ratio)",
+                round(ratio, 2),
+                "x",
+                target=f"<= {target}" if target else "",
+                met=(ratio <= target) if target else None,
             )
             if target == 1.0:
                 summary(f"{name} (p95 ratio)", round(ratio_p95, 2), "x", target="<= 1.5", met=ratio_p95 <= 1.5)

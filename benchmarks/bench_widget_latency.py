@@ -50,7 +50,10 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str, str]:
     log = open(home.parent / "server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -72,7 +75,9 @@ def summary(name: str, values_s: list[float]) -> str:
     if not ms:
         return f"{name:<48} (no samples)"
     p95 = ms[min(len(ms) - 1, int(round(0.95 * (len(ms) - 1))))]
-    return f"{name:<48} n={len(ms):<4} median {statistics.median(ms):7.2f} ms   p95 {p95:7.2f} ms   max {ms[-1]:7.2f} ms"
+    return (
+        f"{name:<48} n={len(ms):<4} median {statistics.median(ms):7.2f} ms   p95 {p95:7.2f} ms   max {ms[-1]:7.2f} ms"
+    )
 
 
 class SseProbe:
@@ -141,7 +146,7 @@ def main() -> None:
 
         submit_to_row, submit_to_sse, submit_rtt = [], [], []
         cancel_to_widget, cancel_to_sse, cancel_rtt, widget_after_sse = [], [], [], []
-        for i in range(args.n):
+        for _ in range(args.n):
             t0 = time.perf_counter()
             job_id = client.functions.run(version.name, version.version, [{"path": never}])
             t1 = time.perf_counter()
@@ -183,7 +188,9 @@ def main() -> None:
         print(summary("cancel REST round trip", cancel_rtt))
         print(summary("widget update minus SSE-probe arrival (same change)", widget_after_sse))
         ratio = statistics.median(cancel_to_widget) / statistics.median(cancel_to_sse)
-        print(f"widget/SSE median ratio (cancel): {ratio:.2f}x   listener: connects={listener.connects} events={listener.events} failures={listener.failures}")
+        print(
+            f"widget/SSE median ratio (cancel): {ratio:.2f}x   listener: connects={listener.connects} events={listener.events} failures={listener.failures}"
+        )
         for job_id in blockers:
             client.jobs.cancel(job_id)
         dashboard.close()

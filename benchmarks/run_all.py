@@ -47,7 +47,9 @@ TARGETS = {
     ("bench_widget_latency.py", "(widget model)"): ("p95", 50.0, "p95 <= 50 ms"),
     ("bench_widget_latency.py", "bare SSE client"): ("p95", 50.0, "p95 <= 50 ms"),
 }
-_TIMING = re.compile(r"^\s*(?P<label>\S.*?)\s+(?:n=\s*(?P<n>\d+)\s+)?median\s+(?P<median>[\d.]+)\s*ms.*?p95\s+(?P<p95>[\d.]+)\s*ms")
+_TIMING = re.compile(
+    r"^\s*(?P<label>\S.*?)\s+(?:n=\s*(?P<n>\d+)\s+)?median\s+(?P<median>[\d.]+)\s*ms.*?p95\s+(?P<p95>[\d.]+)\s*ms"
+)
 
 
 def timing_record(module: str, line: str) -> dict | None:
@@ -57,20 +59,37 @@ def timing_record(module: str, line: str) -> dict | None:
         return None
     label = match.group("label").rstrip(" :")
     median, p95 = float(match.group("median")), float(match.group("p95"))
-    record = {"bench": module, "metric": label, "value": median, "unit": "ms median", "p95_ms": p95, "target": "", "met": None}
+    record = {
+        "bench": module,
+        "metric": label,
+        "value": median,
+        "unit": "ms median",
+        "p95_ms": p95,
+        "target": "",
+        "met": None,
+    }
     for (name, fragment), (stat, limit, text) in TARGETS.items():
         if name == module and fragment in label:
             record.update(target=text, met=(p95 if stat == "p95" else median) <= limit)
     return record
+
+
 # Run order: cheap, isolated measurements first; the heavy scheduler run last.
 ORDER = [
-    "bench_load_ext.py", "bench_magic.py", "bench_widget_latency.py", "bench_submit_latency.py", "bench_hardening.py",
-    "bench_dataplane.py", "bench_scheduler.py",
+    "bench_load_ext.py",
+    "bench_magic.py",
+    "bench_widget_latency.py",
+    "bench_submit_latency.py",
+    "bench_hardening.py",
+    "bench_dataplane.py",
+    "bench_scheduler.py",
 ]
 
 
 def modules(only: list[str]) -> list[Path]:
-    found = sorted(HERE.glob("bench_*.py"), key=lambda p: (ORDER.index(p.name) if p.name in ORDER else len(ORDER), p.name))
+    found = sorted(
+        HERE.glob("bench_*.py"), key=lambda p: (ORDER.index(p.name) if p.name in ORDER else len(ORDER), p.name)
+    )
     if only:
         found = [p for p in found if any(word in p.stem for word in only)]
     return found
@@ -82,7 +101,11 @@ def run_module(path: Path, extra: list[str], timeout: float) -> tuple[int, list[
     records: list[dict] = []
     plain: list[dict] = []
     proc = subprocess.Popen(
-        [sys.executable, str(path), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE.parent
+        [sys.executable, str(path), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=HERE.parent,
     )
     try:
         assert proc.stdout is not None
@@ -90,7 +113,7 @@ def run_module(path: Path, extra: list[str], timeout: float) -> tuple[int, list[
             print(line, end="", flush=True)
             if line.startswith("SUMMARY "):
                 try:
-                    records.append(json.loads(line[len("SUMMARY "):]))
+                    records.append(json.loads(line[len("SUMMARY ") :]))
                 except ValueError:
                     pass
             elif (record := timing_record(path.name, line)) is not None:
@@ -119,16 +142,20 @@ def table(rows: list[tuple[str, dict | None, int]]) -> list[list[str]]:
     out = []
     for name, record, code in rows:
         if record is None:
-            out.append([name, "(no SUMMARY lines; see its output above)", "", "", "ok" if code == 0 else f"exit {code}"])
+            out.append(
+                [name, "(no SUMMARY lines; see its output above)", "", "", "ok" if code == 0 else f"exit {code}"]
+            )
             continue
         met = record.get("met")
-        out.append([
-            name,
-            str(record.get("metric", "")),
-            str(record.get("target", "")),
-            fmt_value(record),
-            "-" if met is None else ("met" if met else "NOT met"),
-        ])
+        out.append(
+            [
+                name,
+                str(record.get("metric", "")),
+                str(record.get("target", "")),
+                fmt_value(record),
+                "-" if met is None else ("met" if met else "NOT met"),
+            ]
+        )
     return out
 
 
@@ -141,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     m = machine()
-    print(f"run_all: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, {m['date']}, load {m['loadavg']}")
+    print(
+        f"run_all: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, {m['date']}, load {m['loadavg']}"
+    )
     rows: list[tuple[str, dict | None, int]] = []
     crashed = False
     for path in modules(args.only):
@@ -149,14 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         code, records, elapsed = run_module(path, extra, args.timeout)
         crashed |= code != 0
         print(f"===== {path.name}: exit {code} after {elapsed:.0f} s", flush=True)
-        rows.extend((path.name, record, code) for record in records) if records else rows.append((path.name, None, code))
+        rows.extend((path.name, record, code) for record in records) if records else rows.append(
+            (path.name, None, code)
+        )
 
     header = ["module", "metric", "target", "measured", "status"]
     body = table(rows)
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     print("\nSUMMARY TABLE")
     for row in [header, ["-" * w for w in widths], *body]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if args.markdown:
         lines = [
             f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, {m['platform']}, "

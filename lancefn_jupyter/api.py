@@ -7,8 +7,12 @@ Everything a magic does is reachable from here, for scripts and tests:
     def double(x: float) -> float: ...
     double.submit(2.0).result()
 
-Connection rule (SPEC §2): an explicit `connect(url, api_key)`, else `LANCEFN_URL`/`LANCEFN_API_KEY`,
-else the embedded control plane under `$LANCEFN_HOME`, started on first use and reused afterwards.
+Connection rule (docs/ARCHITECTURE.md, "Connection rule"): an explicit `connect(url, api_key)`, else `LANCEFN_URL`/`LANCEFN_API_KEY`,
+else the embedded control plane under `$LANCEFN_HOME`, started on first use and reused afterwards
+(the state lives in `session.py`; this module re-exports it).
+
+Size: over 600 lines because `GpuFunction` and `Job` are the user's two handles and each method is
+short; the next split along the seam is functions (`GpuFunction`, `gpu_function`, `lookup`) vs jobs.
 """
 
 from __future__ import annotations
@@ -19,9 +23,7 @@ import json
 import os
 import re
 import sys
-import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
@@ -33,12 +35,16 @@ from .models import (
     FunctionRegistrationRequest,
     FunctionVersion,
     GpuClass,
-    Job as JobRecord,
     JobState,
     display_state,
 )
+from .models import (
+    Job as JobRecord,
+)
 from .options import ComputeProfile, FunctionOptions, build_options, build_profile
 from .packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
+from .session import ConnectionInfo, _session, connect, connection_info, current_client, stop_local, use_local  # noqa: F401  (ConnectionInfo: re-exported)
+from .tracebacks import map_traceback
 
 if TYPE_CHECKING:
     from .versions import VersionDiff, VersionHistory
@@ -75,92 +81,6 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------- connection
-
-
-@dataclass(frozen=True)
-class ConnectionInfo:
-    """Which control plane this kernel talks to (never holds the API key)."""
-
-    url: str
-    embedded: bool
-    home: Optional[str] = None
-    pid: Optional[int] = None
-
-
-class _Session:
-    """Process-wide connection state; one lock so concurrent threads (widgets) agree."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.client: Optional[Client] = None
-        self.info: Optional[ConnectionInfo] = None
-        self.classes: dict[str, GpuClass] = {}
-        # (url, sha256 of the canonical request) → version: an unchanged cell re-registers with no HTTP.
-        self.registered: dict[tuple[str, str], FunctionVersion] = {}
-        self.profiles: dict[str, ComputeProfile] = {}
-
-    def replace(self, client: Client, info: ConnectionInfo) -> Client:
-        with self.lock:
-            if self.client is not None and self.client is not client:
-                self.client.close()
-            self.client, self.info = client, info
-            self.classes = {}
-            return client
-
-
-_session = _Session()
-
-
-def connect(url: Optional[str] = None, api_key: Optional[str] = None, *, home: Optional[str] = None) -> Client:
-    """Connect to a control plane: `url` (with `api_key`, else `LANCEFN_API_KEY`), else `LANCEFN_URL`, else local."""
-    url = url or os.environ.get("LANCEFN_URL")
-    if not url:
-        return use_local(home)
-    key = api_key if api_key is not None else os.environ.get("LANCEFN_API_KEY")
-    client = Client(url, key)
-    return _session.replace(client, ConnectionInfo(url=client.url, embedded=False))
-
-
-def use_local(home: Optional[str] = None) -> Client:
-    """Use (starting it if needed) the embedded control plane under `home` (default `$LANCEFN_HOME`)."""
-    from .embedded import ensure_server
-
-    home_path = Path(home) if home else None
-    info = ensure_server(home_path)
-
-    def recover() -> tuple[str, str]:
-        # The embedded server died (killed, machine slept, `%lancefn stop` elsewhere): start it again.
-        # Its state is in the home, so versions and jobs are all still there.
-        fresh = ensure_server(home_path)
-        _session.info = ConnectionInfo(url=fresh.url, embedded=True, home=fresh.home, pid=fresh.pid)
-        return fresh.url, fresh.api_key
-
-    client = Client(info.url, info.api_key, recover=recover)
-    return _session.replace(client, ConnectionInfo(url=info.url, embedded=True, home=info.home, pid=info.pid))
-
-
-def stop_local(home: Optional[str] = None) -> bool:
-    """Stop the embedded control plane (jobs and versions persist in its home)."""
-    from .embedded import stop_server
-
-    with _session.lock:
-        if _session.info is not None and _session.info.embedded and _session.client is not None:
-            _session.client.close()
-            _session.client, _session.info = None, None
-        return stop_server(Path(home) if home else None)
-
-
-def current_client() -> Client:
-    """The client in use, connecting by the default rule on first use."""
-    with _session.lock:
-        if _session.client is None:
-            connect()
-        assert _session.client is not None
-        return _session.client
-
-
-def connection_info() -> Optional[ConnectionInfo]:
-    return _session.info
 
 
 def _gpu_class(name: Optional[str]) -> Optional[GpuClass]:
@@ -214,7 +134,11 @@ def list_gpu_classes() -> list[GpuClass]:
     client = current_client()
     classes = client.gpu.classes()
     usage = client.gpu.usage()
-    return _Rendered(classes, lambda: display.gpu_classes_table(classes, usage), widget=lambda: _widget("GpuClassesWidget", classes, usage, client=client))
+    return _Rendered(
+        classes,
+        lambda: display.gpu_classes_table(classes, usage),
+        widget=lambda: _widget("GpuClassesWidget", classes, usage, client=client),
+    )
 
 
 def list_versions(name: Optional[str] = None) -> list:
@@ -312,38 +236,6 @@ class JobCancelled(JobError):
 
 class JobTimedOut(JobError):
     pass
-
-
-def _user_line(packaged: PackagedFunction, artifact_line: int) -> Optional[int]:
-    """The user's line for an artifact line; inside a multi-line statement, the statement's line."""
-    line = packaged.user_line(artifact_line)
-    if line is None:
-        starts = [k for k in packaged.line_map if k <= artifact_line]
-        line = packaged.user_line(max(starts)) if starts else None
-    return line
-
-
-def map_traceback(
-    text: str,
-    packaged: Optional[PackagedFunction],
-    cell_source: Optional[str],
-    *,
-    line_offset: int = 0,
-    where: str = "cell line {}",
-) -> str:
-    """Rewrite every reference to the artifact (Python frames, SyntaxError, numba's forms) to the user's
-    cell lines, with the cell's own source line in place of the packaged one (see `tracebacks`).
-
-    `line_offset` is 1 for `%%gpu_function` cells: the magic line is the notebook cell's first line.
-    """
-    if not text or packaged is None:
-        return text or ""
-    from .tracebacks import map_error_text
-
-    cell_lines = cell_source.splitlines() if cell_source else []
-    return map_error_text(
-        text, lambda n: _user_line(packaged, n), cell_lines, line_offset=line_offset, where=where
-    )
 
 
 # -------------------------------------------------------------------------------------- job handles
@@ -763,8 +655,16 @@ class GpuFunction:
             from .tables import map_table
 
             return map_table(
-                self, items, column=column, into=into, key=key, parallel=parallel, chunk_size=chunk_size,
-                retries=retries, return_exceptions=return_exceptions, fresh=fresh,
+                self,
+                items,
+                column=column,
+                into=into,
+                key=key,
+                parallel=parallel,
+                chunk_size=chunk_size,
+                retries=retries,
+                return_exceptions=return_exceptions,
+                fresh=fresh,
             )
         if parallel == 1 and chunk_size is None and not retries and not fresh:
             rows = [self._item_row(item) for item in items]
@@ -774,7 +674,13 @@ class GpuFunction:
         from .batch import start_batch
 
         return start_batch(
-            self, items, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh
+            self,
+            items,
+            parallel=parallel,
+            chunk_size=chunk_size,
+            retries=retries,
+            return_exceptions=return_exceptions,
+            fresh=fresh,
         )
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
@@ -878,9 +784,7 @@ class UnregisteredFunction:
         return self.__wrapped__(*args, **kwargs)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotRegisteredError(
-            f"{self.__name__} is not registered: {self.error}\nFix the cell and run it again."
-        )
+        raise NotRegisteredError(f"{self.__name__} is not registered: {self.error}\nFix the cell and run it again.")
 
     submit = map = remote = local = register = _refuse
 
@@ -1076,8 +980,12 @@ def version_history(name: str, *, limit: int = 50) -> "VersionHistory":
         functions = current_client().functions.history(name, limit=limit)
     except NotFound:
         resolve_version(name, None, [])  # raises the kernel's wording: "no function named …"
-    rows = [HistoryRow(name, r["version"], r.get("created_at", ""), r.get("change", ""), r.get("snippet", ""))
-            for f in functions if f["name"] == name for r in f["versions"]]
+    rows = [
+        HistoryRow(name, r["version"], r.get("created_at", ""), r.get("change", ""), r.get("snippet", ""))
+        for f in functions
+        if f["name"] == name
+        for r in f["versions"]
+    ]
     return VersionHistory(name, rows)
 
 
@@ -1087,7 +995,8 @@ def diff_versions(name: str, old: Optional[str] = None, new: Optional[str] = Non
     Default: the newest version against the one before; with only `old`, `old` against the newest.
     Versions may be unique prefixes of 6+ characters.
     """
-    from .versions import diff_pair, diff_versions as diff
+    from .versions import diff_pair
+    from .versions import diff_versions as diff
 
     client = current_client()
     known = {fv.version: fv for fv in _registered_versions(client, name)}

@@ -1,15 +1,15 @@
 """The batch handle: `f.map(items, parallel=…)` fanned out as chunk jobs (docs/ARCHITECTURE.md, "Batches").
 
-    batch = embed.map(texts, parallel="auto", retries=1)
-    batch.result()              # every row's result, in input order (the input's kind: list / numpy / table)
-    for i, value in batch.as_completed(): ...   # rows as their chunks finish
-    batch.retry_failed(); batch.cancel(); Batch.attach(batch_id)
+batch = embed.map(texts, parallel="auto", retries=1)
+batch.result()              # every row's result, in input order (the input's kind: list / numpy / table)
+for i, value in batch.as_completed(): ...   # rows as their chunks finish
+batch.retry_failed(); batch.cancel(); Batch.attach(batch_id)
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from . import batching
 from .batch_display import batch_card
@@ -37,7 +37,9 @@ class BatchError(LancefnError):
 class BatchChunkError(LancefnError):
     """Stands in for each row of a chunk that failed, with `result(return_exceptions=True)`."""
 
-    def __init__(self, message: str, *, chunk: int, row_start: int, row_end: int, phase: str = "run", remote_traceback: str = ""):
+    def __init__(
+        self, message: str, *, chunk: int, row_start: int, row_end: int, phase: str = "run", remote_traceback: str = ""
+    ):
         self.chunk, self.row_start, self.row_end = chunk, row_start, row_end
         self.phase, self.remote_traceback = phase, remote_traceback
         super().__init__(message)
@@ -86,7 +88,9 @@ def _column_rows(function: "GpuFunction", column: Any) -> Any:
     return pa.Table.from_arrays([array], schema=pa.schema([dataplane._field(param.name, array, param.arrow_type)]))
 
 
-def _create(function: "GpuFunction", client: Client, parts: batching.Split, row_of: Any, table: Any = None, **options: Any) -> dict:
+def _create(
+    function: "GpuFunction", client: Client, parts: batching.Split, row_of: Any, table: Any = None, **options: Any
+) -> dict:
     """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
     can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
     results, NaN/Inf values, a table column), handed over as a file to the embedded server."""
@@ -130,7 +134,7 @@ def start_batch(
     """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
     ``column``: the values of the function's one parameter as an Arrow array (a table's column),
     sent as Arrow chunks as they are; ``items`` is then ignored."""
-    from .api import current_client
+    from .session import current_client
 
     window = check_parallel(parallel)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
@@ -148,9 +152,19 @@ def start_batch(
     else:
         parts = batching.split(items, chunk_size, slots=slots)
     reply = _create(
-        function, client, parts, row_of, table, parallel=window, retries=retries, fresh=fresh, timeout_s=function.timeout_s
+        function,
+        client,
+        parts,
+        row_of,
+        table,
+        parallel=window,
+        retries=retries,
+        fresh=fresh,
+        timeout_s=function.timeout_s,
     )
-    batch = Batch(reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions)
+    batch = Batch(
+        reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions
+    )
     batch.reused_chunks = int(reply.get("reused_chunks", 0))
     return batch
 
@@ -168,7 +182,7 @@ class Batch:
         return_exceptions: bool = False,
         snapshot: Optional[BatchRecord] = None,
     ):
-        from .api import current_client
+        from .session import current_client
 
         self.batch_id = batch_id
         self._client = client or current_client()
@@ -260,7 +274,12 @@ class Batch:
             f"{': ' + failure['message'] if failure.get('message') and chunk.state != JobState.CANCELLED else ''}"
         )
         return BatchChunkError(
-            message, chunk=chunk.index, row_start=chunk.row_start, row_end=chunk.row_end, phase=str(failure.get("phase", "run")), remote_traceback=tb
+            message,
+            chunk=chunk.index,
+            row_start=chunk.row_start,
+            row_end=chunk.row_end,
+            phase=str(failure.get("phase", "run")),
+            remote_traceback=tb,
         )
 
     def _map_traceback(self, text: str) -> str:
@@ -272,7 +291,10 @@ class Batch:
         kept = f"{done} of {snapshot.chunks_total} chunks finished and their results are kept; `.retry_failed()` runs the rest"
         if snapshot.batch_state == JobState.CANCELLED:
             raise BatchError(f"batch {self.batch_id} ({ref}) was cancelled; {kept}", snapshot)
-        failed = next((c for c in snapshot.chunks or () if c.state in (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)), None)
+        failed = next(
+            (c for c in snapshot.chunks or () if c.state in (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)),
+            None,
+        )
         error = self._chunk_error(failed) if failed is not None else None
         text = f"batch {self.batch_id} ({ref}) failed: {error or 'a chunk did not finish'}; {kept}"
         if error is not None and error.remote_traceback:
@@ -346,7 +368,9 @@ class Batch:
             if terminal:
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s")
+                raise TimeoutError(
+                    f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s"
+                )
 
     # -- control
     def retry_failed(self) -> "Batch":

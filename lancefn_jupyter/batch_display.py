@@ -45,7 +45,13 @@ def batch_rate(batch: Batch, now_ms: Optional[float] = None) -> tuple[Optional[f
 def batch_summary(batch: Batch, now_ms: Optional[float] = None) -> str:
     """`3 finished, 2 running, 4 pending of 9 chunks · 120 rows/s · 5s left`."""
     counts = batch.chunk_counts
-    names = (("DONE", "finished"), ("IN_PROGRESS", "running"), ("PENDING", "pending"), ("FAILED", "failed"), ("CANCELLED", "cancelled"))
+    names = (
+        ("DONE", "finished"),
+        ("IN_PROGRESS", "running"),
+        ("PENDING", "pending"),
+        ("FAILED", "failed"),
+        ("CANCELLED", "cancelled"),
+    )
     parts = [f"{counts[key]} {label}" for key, label in names if counts.get(key)]
     text = f"{', '.join(parts)} of {batch.chunks_total} chunks"
     rate, left = batch_rate(batch, now_ms)
@@ -110,7 +116,11 @@ def batches_table(batches: list[Batch], now_ms: Optional[float] = None) -> tuple
                 f"[{strip_cells(batch.strip, 32)}]",
                 f"{rate:,.1f}" if rate is not None else "",
                 format_elapsed(left) if left is not None else "",
-                f"chunk {failure.chunk} (rows {failure.row_start}–{failure.row_end - 1}): {failure.message}" if failure else "",
+                f"chunk {failure.chunk} (rows {failure.row_start}–{failure.row_end - 1}): {failure.message}"
+                if failure
+                else "",
             ]
         )
-    return render_table(["batch", "function", "state", "rows", "chunks", "rows/s", "left", "error"], rows, title="GPU batches")
+    return render_table(
+        ["batch", "function", "state", "rows", "chunks", "rows/s", "left", "error"], rows, title="GPU batches"
+    )

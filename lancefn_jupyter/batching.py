@@ -64,7 +64,9 @@ def split(items: Any, chunk_size: int | None, *, slots: int = 1) -> Split:
     elif kind == "arrow":
         rows = items.to_pylist()
     elif isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise TypeError(f"map() takes a sequence, a numpy array or a pyarrow Table of inputs, not {type(items).__name__}")
+        raise TypeError(
+            f"map() takes a sequence, a numpy array or a pyarrow Table of inputs, not {type(items).__name__}"
+        )
     else:
         rows = items if isinstance(items, Sequence) else list(items)
     bounds = cut(len(rows), chunk_size, slots=slots)

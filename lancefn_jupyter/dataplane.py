@@ -66,8 +66,7 @@ DTYPES = (
     "float16", "float32", "float64",
 )  # fmt: skip
 SUPPORTED_ANNOTATIONS = (
-    "numpy.ndarray / numpy.typing.NDArray[dtype] (dtype: " + ", ".join(DTYPES) + "), "
-    "pyarrow.Array, pyarrow.Table"
+    "numpy.ndarray / numpy.typing.NDArray[dtype] (dtype: " + ", ".join(DTYPES) + "), pyarrow.Array, pyarrow.Table"
 )
 
 
@@ -204,15 +203,19 @@ def _tensor_column(values: Sequence[Any], dtype: str, coerce: bool, where: str) 
     if dtype == "any" and present:
         kinds = {a.dtype.name for a in {a.dtype: a for a in present}.values()}
         if len(kinds) > 1:
-            raise DataPlaneError(f"{where(None)}: the rows' arrays have different dtypes ({', '.join(sorted(kinds))}); "
-                                 "declare NDArray[dtype] or return one dtype")
+            raise DataPlaneError(
+                f"{where(None)}: the rows' arrays have different dtypes ({', '.join(sorted(kinds))}); "
+                "declare NDArray[dtype] or return one dtype"
+            )
         dtype = kinds.pop()
     value_type = pa.from_numpy_dtype(np.dtype("float64" if dtype == "any" else dtype))
     flats = [np.ravel(a, order="C") for a in present]  # a view when already C-contiguous
     lengths = [0 if a is None else a.size for a in arrays]
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = flats[0] if len(flats) == 1 else (np.concatenate(flats) if flats else np.empty(0, value_type.to_pandas_dtype()))
+    flat = (
+        flats[0] if len(flats) == 1 else (np.concatenate(flats) if flats else np.empty(0, value_type.to_pandas_dtype()))
+    )
     data = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, type=value_type))
     shapes = pa.array([[] if a is None else list(a.shape) for a in arrays], type=pa.list_(pa.int64()))
     mask = pa.array([a is None for a in arrays]) if any(a is None for a in arrays) else None
@@ -238,8 +241,10 @@ def _nested_column(values: Sequence[Any], kind: str, coerce: bool, where: Any) -
                 raise DataPlaneError(f"{where(i)}: expected {_expected(kind)}, got {_describe(value)}")
             part = value.to_struct_array().combine_chunks()
             if value.schema.metadata:
-                raise DataPlaneError(f"{where(i)}: a pyarrow.Table with schema metadata cannot be carried; "
-                                     "drop it with table.replace_schema_metadata(None)")
+                raise DataPlaneError(
+                    f"{where(i)}: a pyarrow.Table with schema metadata cannot be carried; "
+                    "drop it with table.replace_schema_metadata(None)"
+                )
         else:
             if isinstance(value, pa.ChunkedArray):
                 value = value.combine_chunks()
@@ -249,8 +254,10 @@ def _nested_column(values: Sequence[Any], kind: str, coerce: bool, where: Any) -
                 raise DataPlaneError(f"{where(i)}: expected {_expected(kind)}, got {_describe(value)}")
             part = value
         if parts and part.type != parts[0].type:
-            raise DataPlaneError(f"{where(i)}: {_describe(value)} differs in type from the first row's "
-                                 f"({parts[0].type}); the rows of one job must share it")
+            raise DataPlaneError(
+                f"{where(i)}: {_describe(value)} differs in type from the first row's "
+                f"({parts[0].type}); the rows of one job must share it"
+            )
         parts.append(part)
         lengths.append(len(part))
     child = pa.concat_arrays(parts) if parts else pa.array([], pa.null())
@@ -357,6 +364,7 @@ def encode_rows(
 
     arrays, fields = [], []
     for param, sig_type in types.items():
+
         def where(i: int | None, param: str = param) -> str:
             return f"parameter {param!r} of {name}" + ("" if i is None or len(rows) == 1 else f" (row {i})")
 
@@ -523,17 +531,30 @@ def summarize(value: Any) -> dict:
     """``{type, dtype?, shape?, nbytes?}`` of one value, for widgets and listings (never the data)."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(value, np.ndarray):
-        summary = {"type": "ndarray", "dtype": value.dtype.name, "shape": list(value.shape), "nbytes": int(value.nbytes)}
+        summary = {
+            "type": "ndarray",
+            "dtype": value.dtype.name,
+            "shape": list(value.shape),
+            "nbytes": int(value.nbytes),
+        }
         if value.dtype.kind == "f" and not np.isfinite(value).all():  # silent NaNs stand out (one pass if all finite)
-            summary["nonfinite"] = {"nan": int(np.isnan(value).sum()), "inf": int(np.isposinf(value).sum()),
-                                    "-inf": int(np.isneginf(value).sum()), "floats": int(value.size)}
+            summary["nonfinite"] = {
+                "nan": int(np.isnan(value).sum()),
+                "inf": int(np.isposinf(value).sum()),
+                "-inf": int(np.isneginf(value).sum()),
+                "floats": int(value.size),
+            }
         return summary
     pa = sys.modules.get("pyarrow")
     if pa is not None and isinstance(value, (pa.Array, pa.ChunkedArray)):
         return {"type": "pyarrow.Array", "dtype": str(value.type), "shape": [len(value)], "nbytes": int(value.nbytes)}
     if pa is not None and isinstance(value, pa.Table):
-        return {"type": "pyarrow.Table", "dtype": ", ".join(f"{f.name}: {f.type}" for f in value.schema),
-                "shape": [value.num_rows, value.num_columns], "nbytes": int(value.nbytes)}
+        return {
+            "type": "pyarrow.Table",
+            "dtype": ", ".join(f"{f.name}: {f.type}" for f in value.schema),
+            "shape": [value.num_rows, value.num_columns],
+            "nbytes": int(value.nbytes),
+        }
     if isinstance(value, (list, tuple)):
         return {"type": "list", "shape": [len(value)]}
     return {"type": type(value).__qualname__}

@@ -77,7 +77,7 @@ def job_elapsed_s(job: Job, now_ms: Optional[float] = None) -> Optional[float]:
 
 
 def expected_start_text(expected_start_ms: Optional[int], now_ms: Optional[float] = None) -> str:
-    """"starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
+    """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
     if expected_start_ms is None:
         return "start time unknown"
     wait_s = (expected_start_ms - (now_ms if now_ms is not None else time.time() * 1000)) / 1000
@@ -131,13 +131,19 @@ def _describe_summary(summary: dict) -> str:
         dtype = str(summary["dtype"])
         parts.append(dtype if len(dtype) <= 40 else dtype[:39] + "…")
     if summary.get("shape") is not None:
-        parts.append("(" + ", ".join(str(n) for n in summary["shape"]) + ("," if len(summary["shape"]) == 1 else "") + ")")
+        parts.append(
+            "(" + ", ".join(str(n) for n in summary["shape"]) + ("," if len(summary["shape"]) == 1 else "") + ")"
+        )
     text = " ".join(parts)
     if summary.get("nbytes"):
         text += f", {format_bytes(summary['nbytes'])}"
     counts = summary.get("nonfinite")
     if isinstance(counts, dict):  # the same words as versions.nonfinite_text for JSON results
-        found = [f"{counts.get(k)} {label}" for k, label in (("nan", "NaN"), ("inf", "+Inf"), ("-inf", "-Inf")) if counts.get(k)]
+        found = [
+            f"{counts.get(k)} {label}"
+            for k, label in (("nan", "NaN"), ("inf", "+Inf"), ("-inf", "-Inf"))
+            if counts.get(k)
+        ]
         text += f"; holds {', '.join(found)} of {counts.get('floats')} floats"
     return text
 
@@ -157,7 +163,13 @@ def result_text(job: Job) -> str:
         if isinstance(value, (list, dict, str)) and len(value) > 40:  # never repr a big value
             return f"{type(value).__name__} of {len(value)}"
         text = repr(value)
-        return text if len(text) <= 40 else f"{type(value).__name__} of {len(value)}" if hasattr(value, "__len__") else text[:39] + "…"
+        return (
+            text
+            if len(text) <= 40
+            else f"{type(value).__name__} of {len(value)}"
+            if hasattr(value, "__len__")
+            else text[:39] + "…"
+        )
     return f"list of {len(results)}"
 
 
@@ -165,10 +177,10 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title
     """(text, html) of a simple table; cells are plain strings (escaped for HTML here)."""
     widths = [len(h) for h in headers]
     for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
     lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     if not rows:
         lines.append("(none)")
     head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in headers)
@@ -177,7 +189,9 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title
     )
     caption = f"<b>{html.escape(title)}</b>" if title else ""
     empty = "<i>none</i>" if not rows else ""
-    markup = f"<div class='lancefn'>{caption}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{empty}</div>"
+    markup = (
+        f"<div class='lancefn'>{caption}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{empty}</div>"
+    )
     return "\n".join(lines), markup
 
 
@@ -200,8 +214,17 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
             ]
         )
     return render_table(
-        ["class", "GPU model", "memory", "max GPUs/worker", "resource", "node selector", "busy", "free/total",
-         "running/pending"],
+        [
+            "class",
+            "GPU model",
+            "memory",
+            "max GPUs/worker",
+            "resource",
+            "node selector",
+            "busy",
+            "free/total",
+            "running/pending",
+        ],
         rows,
         title="GPU classes",
     )
@@ -225,7 +248,7 @@ def progress_text(job: Job) -> str:
     return f"{done}/{total} rows ({pct:.0f}%)"
 
 
-def _function_ref(job: Job) -> str:
+def function_ref(job: Job) -> str:
     spec = job.spec
     name, version = spec.get("name", "?"), spec.get("version")
     return f"{name}@{version}" if version else str(name)
@@ -240,7 +263,7 @@ def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
         rows.append(
             [
                 job.job_id,
-                _function_ref(job),
+                function_ref(job),
                 display_state(job.job_state),
                 p.gpu_class or "cpu",
                 str(p.num_gpus),
@@ -323,11 +346,11 @@ def state_badge_html(state: str) -> str:
 def job_card(job: Job) -> tuple[str, str]:
     state = display_state(job.job_state)
     progress = job.progress
-    text = f"Job {job.job_id} {_function_ref(job)}: {job_summary(job)} — {progress.rows_done}/{progress.rows_total} rows"
+    text = f"Job {job.job_id} {function_ref(job)}: {job_summary(job)} — {progress.rows_done}/{progress.rows_total} rows"
     pct = 100 * progress.rows_done / progress.rows_total if progress.rows_total else 0
     markup = (
         f"<div class='lancefn lancefn-job'>{state_badge_html(state)} <code>{html.escape(job.job_id)}</code> "
-        f"{html.escape(_function_ref(job))} — {html.escape(job_summary(job))} "
+        f"{html.escape(function_ref(job))} — {html.escape(job_summary(job))} "
         f"<progress value='{progress.rows_done}' max='{max(progress.rows_total, 1)}'></progress> "
         f"{progress.rows_done}/{progress.rows_total} ({pct:.0f}%)</div>"
     )

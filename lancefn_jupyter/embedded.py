@@ -21,7 +21,15 @@ from typing import Optional
 
 from ._homefs import home_problem, open_private, private_file_problem
 
-__all__ = ["ServerInfo", "default_home", "read_server_info", "ensure_server", "prestart", "stop_server", "EmbeddedServerError"]
+__all__ = [
+    "ServerInfo",
+    "default_home",
+    "read_server_info",
+    "ensure_server",
+    "prestart",
+    "stop_server",
+    "EmbeddedServerError",
+]
 
 SERVER_JSON = "server.json"
 LOCK_FILE = "server.lock"
@@ -117,14 +125,26 @@ def prestart(home: Optional[Path] = None) -> None:
 def _spawn(home: Path, gpu_classes: Optional[str]) -> subprocess.Popen:
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     # A same-user embedded server is yours alone: its workers run as you (even as root).
-    command = [sys.executable, "-m", "lancefn_jupyter.server.cli", "--home", str(home), "--port", "0", "--worker-user", str(os.geteuid())]
+    command = [
+        sys.executable,
+        "-m",
+        "lancefn_jupyter.server.cli",
+        "--home",
+        str(home),
+        "--port",
+        "0",
+        "--worker-user",
+        str(os.geteuid()),
+    ]
     if gpu_classes:
         command += ["--gpu-classes", str(gpu_classes)]
     env = dict(os.environ)
     # The embedded server is ours, keyed by the home: never inherit a remote deployment's key.
     env.pop("LANCEFN_API_KEY", None)
     with os.fdopen(open_private(home / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as log:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+        )
 
 
 def ensure_server(

@@ -220,7 +220,9 @@ def _run(
             returncode = worker.wait()
             _discard(simulated)
             if expired.is_set():
-                raise LocalRunError("timeout", f"the local run took longer than {timeout_s:g} s and was stopped", logs=logs)
+                raise LocalRunError(
+                    "timeout", f"the local run took longer than {timeout_s:g} s and was stopped", logs=logs
+                )
             raise LocalRunError("worker", describe_exit(returncode), logs=logs)
     if final["event"] == "failed":
         raise LocalRunError(final["phase"], final["message"], final.get("traceback"), logs)

@@ -147,7 +147,9 @@ class _Collector:
         if not path.exists():
             raise LocalModuleError(f"include={text}: {path} does not exist; give a .py file or a package directory")
         if path.is_file() and not _compiled(path) and path.suffix != ".py":
-            raise LocalModuleError(f"include={text}: {path.name} is not a Python module; give a .py file or a package directory")
+            raise LocalModuleError(
+                f"include={text}: {path.name} is not a Python module; give a .py file or a package directory"
+            )
         name = path.name if path.is_dir() else path.name.split(".")[0]
         if not name.isidentifier():
             raise LocalModuleError(

@@ -114,7 +114,9 @@ class GpuMagics(Magics):
         command, rest = args[0], args[1:]
         if command == "connect":
             if not rest:
-                raise UsageError("%lancefn connect needs a URL, e.g. %lancefn connect https://lancefn.example.com api_key=…")
+                raise UsageError(
+                    "%lancefn connect needs a URL, e.g. %lancefn connect https://lancefn.example.com api_key=…"
+                )
             key = None
             for extra in rest[1:]:
                 if not extra.startswith("api_key="):
@@ -149,7 +151,9 @@ class GpuMagics(Magics):
         from .versions import VersionLookupError
 
         args = shlex.split(line)
-        usage = "usage: %gpu_versions [NAME] | %gpu_versions diff NAME [OLD [NEW]] (versions: unique prefixes of 6+ chars)"
+        usage = (
+            "usage: %gpu_versions [NAME] | %gpu_versions diff NAME [OLD [NEW]] (versions: unique prefixes of 6+ chars)"
+        )
         try:
             if args[:1] == ["diff"] and len(args) > 1:  # a function named "diff" still lists with one word
                 if len(args) > 4:
@@ -168,12 +172,20 @@ class GpuMagics(Magics):
         from .models import JobState
 
         filters = {}
-        states = {"pending": "PENDING", "running": "IN_PROGRESS", "finished": "DONE", "failed": "FAILED",
-                  "cancelled": "CANCELLED", "timed_out": "TIMED_OUT"}
+        states = {
+            "pending": "PENDING",
+            "running": "IN_PROGRESS",
+            "finished": "DONE",
+            "failed": "FAILED",
+            "cancelled": "CANCELLED",
+            "timed_out": "TIMED_OUT",
+        }
         for token in shlex.split(line):
             key, sep, value = token.partition("=")
             if not sep or key not in ("state", "name"):
-                raise UsageError("usage: %gpu_jobs [state=pending|running|finished|failed|cancelled|timed_out] [name=FUNCTION]")
+                raise UsageError(
+                    "usage: %gpu_jobs [state=pending|running|finished|failed|cancelled|timed_out] [name=FUNCTION]"
+                )
             if key == "state":
                 if value.upper() in JobState.__members__:
                     value = value.upper()

@@ -1,11 +1,11 @@
-"""Wire models of lancefn-jupyter and their canonical JSON (SPEC §3, docs/ARCHITECTURE.md).
+"""Wire models of lancefn-jupyter and their canonical JSON (docs/ARCHITECTURE.md, "Function versions (wire rules)").
 
 Every model is a frozen pydantic v2 value. Decoding ignores unknown fields and never
 re-emits them; validation is eager and fails closed with a message that names the field
 and says how to fix it. Encoding (``to_wire`` / ``to_canonical_json``) writes required
 fields always and omits a field that is ``None`` or equal to its default, so a value that
 did not use a newer optional field encodes to the same bytes as before it existed (that
-is how ``gpu_class`` joins seed 000's contract without changing its digests).
+is how ``gpu_class`` joined the contract without changing existing digests).
 
 Pure: pydantic and the standard library only.
 """
@@ -75,9 +75,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PYTHON_VERSION = re.compile(r"[0-9]+\.[0-9]+")
-_RFC3339 = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})"
-)
+_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})")
 _UINT32_MAX = 2**32 - 1
 
 
@@ -126,8 +124,8 @@ class _FrozenDict(dict):
     def _immutable(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("wire values are immutable; build a new model instead")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable
-    __ior__ = _immutable
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable  # type: ignore[assignment]
+    __ior__ = _immutable  # type: ignore[assignment]
 
     def __reduce__(self):
         # copy/deepcopy/pickle would otherwise refill an empty instance item by item.
@@ -214,7 +212,7 @@ class _RemoteValue(BaseModel):
             if value is None:
                 continue
             if not field.is_required():
-                default = field.default_factory() if field.default_factory is not None else field.default
+                default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
                 if value == default:
                     continue
             wire[name] = _wire_value(value)
@@ -241,7 +239,7 @@ class FunctionResourceRequirements(_RemoteValue):
     """Resources required every time a function version executes (part of its identity)."""
 
     num_gpus: Annotated[int, BeforeValidator(_num_gpus)]
-    # Pins the operator-configured GPU class (seed 001); omitted means the server's default.
+    # Pins the operator-configured GPU class; omitted means the server's default.
     gpu_class: Optional[_Name] = None
 
 

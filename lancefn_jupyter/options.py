@@ -1,4 +1,4 @@
-"""Options of ``%%gpu_function`` and ``%gpu_profile`` (SPEC §5), from a magic line or Python kwargs.
+"""Options of ``%%gpu_function`` and ``%gpu_profile`` (docs/ARCHITECTURE.md, "Notebook options"), from a magic line or Python kwargs.
 
 One validation path serves both: a magic line is split with ``shlex``, each ``key=value``
 is converted from text to a Python value, and from there the line and the kwargs of the
@@ -14,7 +14,7 @@ profile's whole package set (``pip``, ``conda`` and its ``conda_channels``), bec
 and conda environments are exclusive and mixing them would be an error the user never wrote.
 
 ``image`` and ``timeout_s`` (default job timeout in seconds) are accepted beside the options
-SPEC §5 lists: they are part of a compute profile (seed 002's ``ComputeConfig``).
+the section lists: they are part of a compute profile.
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .models import FunctionResourceRequirements, PythonEnvironmentSpec, PythonRuntimeSpec
+# The wire models' patterns, checked here first for option-shaped messages.
+from .models import (
+    _ENV_NAME,
+    _NAME,
+    _PYTHON_VERSION,
+    FunctionResourceRequirements,
+    PythonEnvironmentSpec,
+    PythonRuntimeSpec,
+)
 
 __all__ = [
     "OptionsError",
@@ -38,10 +46,6 @@ __all__ = [
     "build_profile",
 ]
 
-# Same patterns as the wire models (models.py), checked here first for option-shaped messages.
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PYTHON_VERSION = re.compile(r"[0-9]+\.[0-9]+")
 _DIGITS = re.compile(r"[0-9]+")
 _NO_SPACES = re.compile(r"\S+")
 _UINT32_MAX = 2**32 - 1
@@ -243,8 +247,10 @@ class ComputeProfile:
         try:
             _check_name("profile", self.name)
         except OptionsError:
-            raise OptionsError(f"profile name {self.name!r} is invalid: use letters, digits, '_', '.', '-'; "
-                               "write %gpu_profile big_gpu num_gpus=2") from None
+            raise OptionsError(
+                f"profile name {self.name!r} is invalid: use letters, digits, '_', '.', '-'; "
+                "write %gpu_profile big_gpu num_gpus=2"
+            ) from None
         _normalize(self, _PROFILE_KEYS)
 
     def options(self) -> dict[str, Any]:
@@ -412,6 +418,7 @@ def _given(options: Mapping[str, Any], valid: tuple[str, ...], where: str) -> di
     for key in options:
         if key not in valid:
             raise _unknown_option(key, valid, where)
+
     # None, and an empty list option, mean "not given", so a decorator can forward its keyword
     # defaults (pip=(), env=None, ...) without them overriding a profile.
     def empty(key: str, value: Any) -> bool:

@@ -33,14 +33,22 @@ def _pyarrow():
         import lancedb  # noqa: F401  (the table API this module drives)
         import pyarrow
     except ImportError:
-        raise ImportError("mapping over a LanceDB table needs the lancedb extra: pip install 'lancefn-jupyter[lancedb]'") from None
+        raise ImportError(
+            "mapping over a LanceDB table needs the lancedb extra: pip install 'lancefn-jupyter[lancedb]'"
+        ) from None
     return pyarrow
 
 
 def arrow_type_of(signature_type: str) -> Any:
     """The pyarrow type of a signature type (`float64`, `list<float64>`, …)."""
     pa = _pyarrow()
-    scalars = {"bool": pa.bool_(), "int64": pa.int64(), "float64": pa.float64(), "utf8": pa.string(), "binary": pa.binary()}
+    scalars = {
+        "bool": pa.bool_(),
+        "int64": pa.int64(),
+        "float64": pa.float64(),
+        "utf8": pa.string(),
+        "binary": pa.binary(),
+    }
     if signature_type in scalars:
         return scalars[signature_type]
     if signature_type.startswith("list<") and signature_type.endswith(">"):
@@ -54,9 +62,11 @@ def _fits(result: Any, column: Any) -> bool:
     types = pa.types
     if result == column:
         return True
-    if (types.is_integer(result) or types.is_floating(result)) and (types.is_floating(column) or (types.is_integer(result) and types.is_integer(column))):
+    if (types.is_integer(result) or types.is_floating(result)) and (
+        types.is_floating(column) or (types.is_integer(result) and types.is_integer(column))
+    ):
         return True
-    list_like = (types.is_list(column) or types.is_large_list(column) or types.is_fixed_size_list(column))
+    list_like = types.is_list(column) or types.is_large_list(column) or types.is_fixed_size_list(column)
     return types.is_list(result) and list_like and _fits(result.value_type, column.value_type)
 
 
@@ -76,7 +86,9 @@ def map_table(
     """Check everything (nothing starts on bad input), then start the batch (and the write-back)."""
     pa = _pyarrow()
     if not (hasattr(table, "merge_insert") and hasattr(table, "schema") and hasattr(table, "search")):
-        raise TypeError(f"map(column=, into=) takes a LanceDB table (lancedb.connect(path).open_table(name)), not {type(table).__name__}")
+        raise TypeError(
+            f"map(column=, into=) takes a LanceDB table (lancedb.connect(path).open_table(name)), not {type(table).__name__}"
+        )
     if hasattr(table, "checkout_latest"):
         table.checkout_latest()  # another process (a killed backfill) may have written since it was opened
     schema = table.schema
@@ -95,12 +107,21 @@ def map_table(
     if into is None:
         values = table.search().select([column]).limit(None).to_arrow()[column]
         return start_batch(
-            function, None, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh,
-            row_of=row_of, column=values,
+            function,
+            None,
+            parallel=parallel,
+            chunk_size=chunk_size,
+            retries=retries,
+            return_exceptions=return_exceptions,
+            fresh=fresh,
+            row_of=row_of,
+            column=values,
         )
     key = key or column
     if key not in names:
-        raise ValueError(f"the table has no key column {key!r}; pass key= a column that identifies rows (one of {', '.join(names)})")
+        raise ValueError(
+            f"the table has no key column {key!r}; pass key= a column that identifies rows (one of {', '.join(names)})"
+        )
     result_type = arrow_type_of(function.registration_request.signature.output.arrow_type)
     if into in names:
         existing = schema.field(into).type
@@ -117,8 +138,15 @@ def map_table(
         return TableMap(table, into, key, None, [])
     # Everything is checked and the input cut: now the batch starts (the column sent as Arrow chunks), then the new column is added.
     batch = start_batch(
-        function, None, parallel=parallel, chunk_size=chunk_size, retries=retries, return_exceptions=return_exceptions, fresh=fresh,
-        row_of=row_of, column=todo[column],
+        function,
+        None,
+        parallel=parallel,
+        chunk_size=chunk_size,
+        retries=retries,
+        return_exceptions=return_exceptions,
+        fresh=fresh,
+        row_of=row_of,
+        column=todo[column],
     )
     keys = todo[key].combine_chunks()
     if into not in names:
@@ -162,8 +190,10 @@ class TableMap:
                 if self._unique:  # Arrow slices as they are
                     data = pa.table({self.key: keys, self.into: pa.array(values, type=self._type)})
                 else:  # one source row per key (merge_insert refuses ambiguity); equal keys have equal inputs
-                    unique = dict(zip(keys.to_pylist(), values))
-                    data = pa.table({self.key: list(unique), self.into: pa.array(list(unique.values()), type=self._type)})
+                    unique = dict(zip(keys.to_pylist(), values, strict=False))
+                    data = pa.table(
+                        {self.key: list(unique), self.into: pa.array(list(unique.values()), type=self._type)}
+                    )
                 with self._lock:
                     self.table.merge_insert(self.key).when_matched_update_all().execute(data)  # one commit per chunk
                     self.rows_written += chunk.row_end - chunk.row_start

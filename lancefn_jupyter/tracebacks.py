@@ -17,9 +17,12 @@ only when that line reads the same as the packaged one (otherwise its columns wo
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-__all__ = ["map_error_text", "say_once"]
+if TYPE_CHECKING:
+    from .packaging import PackagedFunction
+
+__all__ = ["map_error_text", "map_traceback", "say_once"]
 
 _FILE = re.compile(r'File "<gpu_function [^>]*>", line (\d+)(:?)')
 _AT = re.compile(r"<gpu_function [^>]*> \((\d+)\)|<gpu_function [^>]*>:(\d+)")
@@ -95,3 +98,31 @@ def say_once(message: str, traceback: str) -> str:
         row = re.search(r" \(row \d+ of \d+\)$", message)
         return f"{head}{row.group(0) if row else ''} (message below)"
     return message
+
+
+def _user_line(packaged: PackagedFunction, artifact_line: int) -> Optional[int]:
+    """The user's line for an artifact line; inside a multi-line statement, the statement's line."""
+    line = packaged.user_line(artifact_line)
+    if line is None:
+        starts = [k for k in packaged.line_map if k <= artifact_line]
+        line = packaged.user_line(max(starts)) if starts else None
+    return line
+
+
+def map_traceback(
+    text: str,
+    packaged: Optional[PackagedFunction],
+    cell_source: Optional[str],
+    *,
+    line_offset: int = 0,
+    where: str = "cell line {}",
+) -> str:
+    """Rewrite every reference to the artifact (Python frames, SyntaxError, numba's forms) to the user's
+    cell lines, with the cell's own source line in place of the packaged one (see `tracebacks`).
+
+    `line_offset` is 1 for `%%gpu_function` cells: the magic line is the notebook cell's first line.
+    """
+    if not text or packaged is None:
+        return text or ""
+    cell_lines = cell_source.splitlines() if cell_source else []
+    return map_error_text(text, lambda n: _user_line(packaged, n), cell_lines, line_offset=line_offset, where=where)

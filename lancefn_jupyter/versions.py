@@ -86,7 +86,8 @@ def resolve_version(name: str, prefix: Optional[str], versions: Sequence[str]) -
     matches = [v for v in versions if v.startswith(prefix)]
     if not matches:
         raise VersionLookupError(
-            f"{name!r} has no version starting with {prefix!r}; versions, newest first: {_listing(versions)}", unknown=True
+            f"{name!r} has no version starting with {prefix!r}; versions, newest first: {_listing(versions)}",
+            unknown=True,
         )
     if len(matches) > 1:
         raise VersionLookupError(
@@ -103,7 +104,9 @@ def diff_pair(name: str, versions: Sequence[str], old: Optional[str], new: Optio
         return resolve_version(name, old, versions), new_id
     index = list(versions).index(new_id)
     if index == 0:
-        raise VersionLookupError(f"{name}@{new_id} is the first version of {name!r}: there is nothing before it to diff against")
+        raise VersionLookupError(
+            f"{name}@{new_id} is the first version of {name!r}: there is nothing before it to diff against"
+        )
     return versions[index - 1], new_id
 
 
@@ -225,7 +228,9 @@ class VersionDiff:
             else "<div><i>runtime unchanged</i></div>"
         )
         source = (
-            f"<pre style='font-family:monospace;font-size:12px;margin:4px 0'>{code}</pre>" if code else "<div><i>source unchanged</i></div>"
+            f"<pre style='font-family:monospace;font-size:12px;margin:4px 0'>{code}</pre>"
+            if code
+            else "<div><i>source unchanged</i></div>"
         )
         return (
             f"<div class='lancefn lancefn-diff'><b>{html.escape(self.name)}</b> <code>{html.escape(self.old)}</code> → "
@@ -235,8 +240,12 @@ class VersionDiff:
     def to_wire(self) -> dict[str, Any]:
         """The `POST /v1/functions/diff` reply."""
         return {
-            "name": self.name, "old": self.old, "new": self.new, "summary": self.summary,
-            "source_diff": list(self.source_diff), "runtime": [list(row) for row in self.runtime],
+            "name": self.name,
+            "old": self.old,
+            "new": self.new,
+            "summary": self.summary,
+            "source_diff": list(self.source_diff),
+            "runtime": [list(row) for row in self.runtime],
         }
 
     def __str__(self) -> str:
@@ -253,7 +262,11 @@ def diff_versions(old: FunctionVersion, new: FunctionVersion, old_source: str, n
     """Unified diff of the normalized sources plus every differing runtime field."""
     label = f"{new.name}@{{}}"
     diff = difflib.unified_diff(
-        old_source.splitlines(), new_source.splitlines(), label.format(old.version), label.format(new.version), lineterm=""
+        old_source.splitlines(),
+        new_source.splitlines(),
+        label.format(old.version),
+        label.format(new.version),
+        lineterm="",
     )
     before, after = runtime_fields(old), runtime_fields(new)
     runtime = tuple((key, before[key], after[key]) for key in before if before[key] != after[key])
@@ -274,7 +287,7 @@ def diff_versions(old: FunctionVersion, new: FunctionVersion, old_source: str, n
 
 def lookup_snippet(name: str, version: str) -> str:
     """The line that uses this version from any kernel or script."""
-    return f"lancefn_jupyter.lookup({f'{name}@{version[:MIN_PREFIX + 2]}'!r})"
+    return f"lancefn_jupyter.lookup({f'{name}@{version[: MIN_PREFIX + 2]}'!r})"
 
 
 @dataclass(frozen=True)
@@ -323,9 +336,7 @@ class VersionHistory(list):
         return self.to_html()
 
 
-def history(
-    name: str, definitions: Sequence[FunctionVersion], sources: Sequence[Optional[str]]
-) -> VersionHistory:
+def history(name: str, definitions: Sequence[FunctionVersion], sources: Sequence[Optional[str]]) -> VersionHistory:
     """Rows newest first; ``definitions`` and ``sources`` are in registration order (oldest first)."""
     rows = []
     for i, fv in enumerate(definitions):
@@ -365,6 +376,9 @@ def nonfinite_text(value: Any) -> str:
     counts = nonfinite_counts(value)
     if not counts or not (counts["nan"] or counts["inf"] or counts["-inf"]):
         return ""
-    parts = [f"{counts['nan']} NaN" if counts["nan"] else "", f"{counts['inf']} +Inf" if counts["inf"] else "",
-             f"{counts['-inf']} -Inf" if counts["-inf"] else ""]
+    parts = [
+        f"{counts['nan']} NaN" if counts["nan"] else "",
+        f"{counts['inf']} +Inf" if counts["inf"] else "",
+        f"{counts['-inf']} -Inf" if counts["-inf"] else "",
+    ]
     return f"{', '.join(p for p in parts if p)} of {counts['floats']} floats"

@@ -66,8 +66,15 @@ def check_arrays(shell, real: bool, failures: list) -> None:
     shape = (1000, 768) if real else (4, 8)  # the simulator runs one Python thread per element
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     for how, got in (("local", twice.local(x)), ("job", twice.remote(x))):
-        ok = isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == shape and np.array_equal(got, x * 2)
-        print(f"arrays via {how}: {type(got).__name__} {getattr(got, 'dtype', '?')} {getattr(got, 'shape', '?')} exact={ok}")
+        ok = (
+            isinstance(got, np.ndarray)
+            and got.dtype == np.float32
+            and got.shape == shape
+            and np.array_equal(got, x * 2)
+        )
+        print(
+            f"arrays via {how}: {type(got).__name__} {getattr(got, 'dtype', '?')} {getattr(got, 'shape', '?')} exact={ok}"
+        )
         if not ok:
             failures.append(f"array round trip via {how} was not exact")
 
@@ -107,7 +114,9 @@ def main() -> int:
         for job in jobs:
             doubled, visible, device = job.result(timeout=300)
             placement = job.snapshot.placement
-            print(f"job {job.job_id}: {doubled} devices={list(placement.devices)} CUDA_VISIBLE_DEVICES={visible} device={device}")
+            print(
+                f"job {job.job_id}: {doubled} devices={list(placement.devices)} CUDA_VISIBLE_DEVICES={visible} device={device}"
+            )
             expected = ",".join(placement.devices) if real else ""
             if visible != expected:
                 failures.append(f"job {job.job_id} saw CUDA_VISIBLE_DEVICES={visible}, expected {expected!r}")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install everything the tests need into .venv (Python deps, the prebuilt labextension, Debian
-# Chromium for the browser tests) and run the whole suite. This is the README's test command and
-# what .ci/run calls. Extra arguments go to pytest (e.g. scripts/test.sh -k magics); with arguments,
-# collecting no tests is a failure (exit 5).
+# Chromium for the browser tests), run the linters and the type checker, then the whole suite.
+# This is the README's test command and what .ci/run calls, so CI enforces the linters too.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k magics, scripts/test.sh -m unit for the fast
+# tier); with arguments, collecting no tests is a failure (exit 5). LANCEFN_SKIP_LINT=1 skips the
+# lint step (e.g. while iterating on one test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +22,17 @@ PY=${PYTHON:-python3}
 echo "== installing lancefn-jupyter[test] (builds the JupyterLab extension)"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
+
+if [ "${LANCEFN_SKIP_LINT:-0}" != 1 ]; then
+  echo "== lint: ruff check, ruff format --check, mypy"
+  .venv/bin/python -m ruff check lancefn_jupyter tests benchmarks scripts
+  .venv/bin/python -m ruff format --check lancefn_jupyter tests benchmarks scripts
+  .venv/bin/python -m mypy
+  if [ -d labextension/node_modules ]; then  # installed by the build above
+    echo "== lint: eslint, prettier --check (labextension/src)"
+    (cd labextension && npm run --silent lint)
+  fi
+fi
 
 echo "== running the test suite"
 set +e

@@ -203,8 +203,13 @@ def start_jupyter(
     log = open(log_path, "wb")
     try:
         proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=process_env,
-            cwd=str(root_dir), start_new_session=True,
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=process_env,
+            cwd=str(root_dir),
+            start_new_session=True,
         )
     finally:
         log.close()

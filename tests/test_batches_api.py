@@ -8,13 +8,12 @@ Functions that must keep running wait for a file the test creates; nothing asser
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import ipywidgets
 import numpy as np
 import pytest
 
-import lancefn_jupyter.widgets._listener as listener_module
+import lancefn_jupyter.client.listener as listener_module
 from lancefn_jupyter import api
 from lancefn_jupyter.batch import Batch, BatchChunkError, BatchError
 from lancefn_jupyter.batch_display import batch_card, strip_cells
@@ -148,7 +147,11 @@ def test_bad_input_is_refused_before_anything_starts(cp, gate, tmp_path):
         (dict(items=[], parallel="auto"), ValueError, "at least one item"),
         (dict(items=[("p", 1)], parallel=0), ValueError, "parallel must be 'auto' or a whole number ≥ 1"),
         (dict(items=[("p", 1)], parallel="many"), ValueError, "parallel"),
-        (dict(items=[("p", 1), ("q", 2)], parallel="auto", chunk_size=3), ValueError, "chunk_size=3 is larger than the input (2 rows)"),
+        (
+            dict(items=[("p", 1), ("q", 2)], parallel="auto", chunk_size=3),
+            ValueError,
+            "chunk_size=3 is larger than the input (2 rows)",
+        ),
         (dict(items=[("p", 1)], parallel="auto", chunk_size=0), ValueError, "chunk_size"),
         (dict(items=[("p", 1)], parallel="auto", retries=-1), ValueError, "retries"),
         (dict(items=[("p", 1, 2)], parallel="auto"), TypeError, "too many positional arguments"),

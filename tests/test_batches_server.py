@@ -8,14 +8,11 @@ Functions that must keep running wait for a file the test creates, so nothing de
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from conftest import register, registration_body
+from helpers import DEADLINE_S, wait_until
 
 from lancefn_jupyter.batch_models import Batch
-
-DEADLINE_S = 60.0
 
 GATE = """from __future__ import annotations
 
@@ -48,7 +45,9 @@ def flaky(marker: str, value: int) -> int:
 
 
 def gate_version(http: httpx.Client) -> str:
-    body = registration_body("gate", source=GATE, entrypoint="gate", inputs=(("path", "utf8", False), ("value", "int64", False)), num_gpus=1)
+    body = registration_body(
+        "gate", source=GATE, entrypoint="gate", inputs=(("path", "utf8", False), ("value", "int64", False)), num_gpus=1
+    )
     return register(http, body)["version"]
 
 
@@ -65,16 +64,10 @@ def describe(http: httpx.Client, batch_id: str) -> dict:
     return reply.json()
 
 
-def wait_until(condition, what: str):
-    deadline = time.monotonic() + DEADLINE_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
 def wait_batch(http: httpx.Client, batch_id: str) -> dict:
-    batch = http.post("/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": DEADLINE_S}, timeout=DEADLINE_S + 10).json()
+    batch = http.post(
+        "/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": DEADLINE_S}, timeout=DEADLINE_S + 10
+    ).json()
     assert batch["batch_state"] in ("DONE", "FAILED", "CANCELLED"), batch
     return batch
 
@@ -139,7 +132,9 @@ def test_parallel_bounds_how_many_chunk_jobs_exist(control_plane, tmp_path):
         assert results(http, wait_batch(http, batch_id)) == [0, 10, 20, 30]
 
 
-def test_a_failing_chunk_fails_the_batch_naming_rows_and_keeps_finished_chunks_then_retry_failed(control_plane, tmp_path):
+def test_a_failing_chunk_fails_the_batch_naming_rows_and_keeps_finished_chunks_then_retry_failed(
+    control_plane, tmp_path
+):
     with control_plane.http() as http:
         version = gate_version(http)
         open_gates(tmp_path, 3)
@@ -164,10 +159,18 @@ def test_a_failing_chunk_fails_the_batch_naming_rows_and_keeps_finished_chunks_t
 
 def test_retries_rerun_a_failed_chunk_and_zero_retries_do_not(control_plane, tmp_path):
     with control_plane.http() as http:
-        body = registration_body("flaky", source=FLAKY, entrypoint="flaky", inputs=(("marker", "utf8", False), ("value", "int64", False)), num_gpus=1)
+        body = registration_body(
+            "flaky",
+            source=FLAKY,
+            entrypoint="flaky",
+            inputs=(("marker", "utf8", False), ("value", "int64", False)),
+            num_gpus=1,
+        )
         version = register(http, body)["version"]
         chunks = [[{"marker": str(tmp_path / f"m{i}"), "value": i}] for i in range(3)]
-        reply = http.post("/v1/batches/create", json={"name": "flaky", "version": version, "chunks": chunks, "retries": 1})
+        reply = http.post(
+            "/v1/batches/create", json={"name": "flaky", "version": version, "chunks": chunks, "retries": 1}
+        )
         batch = wait_batch(http, reply.json()["batch_id"])
         assert batch["batch_state"] == "DONE" and [c["attempts"] for c in batch["chunks"]] == [2, 2, 2]
         assert results(http, batch) == [1, 2, 3]
@@ -229,9 +232,13 @@ def test_sigkill_mid_batch_resumes_on_restart_with_no_row_lost_or_counted_twice(
     with cp.http() as http:
         version = gate_version(http)
         open_gates(tmp_path, 2)
-        batch_id = create(http, version, gate_chunks(tmp_path, [[i, i + 1] for i in range(0, 16, 2)]), parallel=3)["batch_id"]
+        batch_id = create(http, version, gate_chunks(tmp_path, [[i, i + 1] for i in range(0, 16, 2)]), parallel=3)[
+            "batch_id"
+        ]
         # Two chunks done, two running on the two GPUs, one queued (the window of 3), three not yet jobs.
-        batch = wait_until(lambda: (b := describe(http, batch_id))["strip"] == "ddrrpppp" and b, "two done, two running")
+        batch = wait_until(
+            lambda: (b := describe(http, batch_id))["strip"] == "ddrrpppp" and b, "two done, two running"
+        )
         assert [("job_id" in c) for c in batch["chunks"]] == [True] * 5 + [False] * 3
     cp.kill()
     cp.start()
@@ -244,7 +251,9 @@ def test_sigkill_mid_batch_resumes_on_restart_with_no_row_lost_or_counted_twice(
         assert results(http, batch) == [i * 10 for i in range(16)]
         # Each chunk has exactly one finished job; the re-queued ones kept their job ids.
         jobs = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 100}).json()["jobs"]
-        done = sorted(j["spec"]["chunk"] for j in jobs if j["spec"].get("batch_id") == batch_id and j["job_state"] == "DONE")
+        done = sorted(
+            j["spec"]["chunk"] for j in jobs if j["spec"].get("batch_id") == batch_id and j["job_state"] == "DONE"
+        )
         assert done == list(range(8))
 
 
@@ -262,7 +271,9 @@ def test_arrow_chunks_survive_sigkill_mid_batch_and_resume_on_restart(control_pl
     with cp.http() as http:
         version = gate_version(http)
         reply = http.post(
-            "/v1/batches/create", content=body, params={"name": "gate", "version": version, "parallel": "2"},
+            "/v1/batches/create",
+            content=body,
+            params={"name": "gate", "version": version, "parallel": "2"},
             headers={"content-type": dataplane.MEDIA_TYPE},
         )
         assert reply.status_code == 202, reply.text
@@ -346,6 +357,11 @@ def test_a_batch_lives_in_its_functions_namespace_and_other_teams_cannot_see_it(
             assert reply.status_code == 404 and batch_id in reply.json()["error"]["message"], (path, reply.text)
         assert carol.post("/v1/batches/list", json={}).json() == {"batches": []}
         # Its function is not carol's either: she cannot start a batch of it.
-        assert carol.post("/v1/batches/create", json={"name": "double", "version": version, "chunks": [[{"x": 1}]]}).status_code == 404
+        assert (
+            carol.post(
+                "/v1/batches/create", json={"name": "double", "version": version, "chunks": [[{"x": 1}]]}
+            ).status_code
+            == 404
+        )
         # The admin sees every namespace.
         assert [b["batch_id"] for b in admin.post("/v1/batches/list", json={}).json()["batches"]] == [batch_id]

@@ -64,7 +64,7 @@ def test_backfill_writes_a_new_column_matching_a_plain_loop(cp, tmp_path):
     assert isinstance(backfill, TableMap)
     result = backfill.result()
     assert backfill.rows_written == 41 and result.count_rows() == 41
-    got = dict(zip(*[result.to_arrow()[c].to_pylist() for c in ("id", "n")]))
+    got = dict(zip(*[result.to_arrow()[c].to_pylist() for c in ("id", "n")], strict=False))
     assert got == {i: text_len(t) for i, t in enumerate(texts)}
     assert result.schema.field("n").type == pa.int64()
     # Nothing left to write: a second map starts nothing.
@@ -131,5 +131,5 @@ def test_backfill_resumes_after_the_writer_is_killed(cp, tmp_path):
     assert resumed.rows_to_write == 10 and resumed.batch.snapshot.rows_total == 10
     resumed.result()
     assert table.count_rows() == 20 and table.count_rows("n IS NULL") == 0
-    got = dict(zip(*[table.to_arrow()[c].to_pylist() for c in ("id", "n")]))
+    got = dict(zip(*[table.to_arrow()[c].to_pylist() for c in ("id", "n")], strict=False))
     assert got == {i: text_len(t) for i, t in enumerate(texts)}

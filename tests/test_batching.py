@@ -9,6 +9,8 @@ import pytest
 
 from lancefn_jupyter.batching import auto_chunk_size, split, stack
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_sequence_is_cut_in_order_with_row_ranges():
     parts = split(list(range(10)), 4)

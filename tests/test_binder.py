@@ -153,7 +153,9 @@ def test_binder_builds_and_runs_the_quickstart_in_a_fresh_environment(tmp_path):
     assert (user_home / ".lancefn" / "server.log").exists()  # the embedded control plane lived there
 
     total = time.monotonic() - started
-    print(f"\nbinder: postBuild {built - started:.0f}s, quickstart {total - (built - started):.0f}s, total {total:.0f}s")
+    print(
+        f"\nbinder: postBuild {built - started:.0f}s, quickstart {total - (built - started):.0f}s, total {total:.0f}s"
+    )
     # ~900 MB of venv and node_modules: don't leave it for pytest's last-three basetemp retention.
     shutil.rmtree(venv, ignore_errors=True)
     shutil.rmtree(repo / "labextension" / "node_modules", ignore_errors=True)

@@ -20,6 +20,8 @@ from lancefn_jupyter.options import build_options
 from lancefn_jupyter.packaging import PackagingError, infer_signature, package_cell
 from lancefn_jupyter.server.worker import run_task_inline
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def shell():
@@ -152,15 +154,19 @@ _scalars = (
     | st.text(max_size=8)
     | st.binary(max_size=8)
 )
-_hashables = st.recursive(_scalars, lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3), max_leaves=6)
+_hashables = st.recursive(
+    _scalars, lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3), max_leaves=6
+)
 _literals = st.recursive(
     _scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.tuples(inner)
-    | st.tuples(inner, inner, inner)
-    | st.dictionaries(_hashables, inner, max_size=4)
-    | st.sets(_hashables, max_size=4)
-    | st.frozensets(_hashables, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner)
+        | st.tuples(inner, inner, inner)
+        | st.dictionaries(_hashables, inner, max_size=4)
+        | st.sets(_hashables, max_size=4)
+        | st.frozensets(_hashables, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -170,7 +176,7 @@ def _same(a, b) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, dict):
         return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, float):
@@ -235,10 +241,18 @@ def test_a_refused_cell_binds_a_handle_that_raises_the_registration_error():
     handle = bind_refused(namespace, cell, build_options(), "TABLE is an object")
     assert isinstance(handle, UnregisteredFunction) and namespace["f"] is handle
     assert handle(1) == 3  # the cell ran: calling it in the kernel works as without the magic
-    for call in (lambda: handle.submit(1), lambda: handle.map([1]), lambda: handle.remote(1),
-                 lambda: handle.local(1), lambda: handle.register(), lambda: handle.version,
-                 lambda: handle.artifact_source):
-        with pytest.raises(NotRegisteredError, match="f is not registered: TABLE is an object\nFix the cell and run it again"):
+    for call in (
+        lambda: handle.submit(1),
+        lambda: handle.map([1]),
+        lambda: handle.remote(1),
+        lambda: handle.local(1),
+        lambda: handle.register(),
+        lambda: handle.version,
+        lambda: handle.artifact_source,
+    ):
+        with pytest.raises(
+            NotRegisteredError, match="f is not registered: TABLE is an object\nFix the cell and run it again"
+        ):
             call()
     assert "not registered" in repr(handle)
     assert not hasattr(handle, "_repr_html_")  # display and introspection still see plain AttributeErrors

@@ -101,9 +101,12 @@ def test_every_reference_form_is_mapped():
     assert "at cell line 9" in mapped and "at cell line 12" in mapped and "warning at cell line 20" in mapped
     assert "cell line 9:\n    return (4 * y) / 2\n\nDuring: lowering" in mapped  # snippet replaced, blank kept
     assert "4 * y / 2" not in mapped and "<source elided>" not in mapped and "def business_logic" not in mapped
-    assert "cell line 9, in business_logic\n    return (4 * y) / 2\n  cell line 20\n    user line 19\nSyntaxError" in mapped
+    assert (
+        "cell line 9, in business_logic\n    return (4 * y) / 2\n  cell line 20\n    user line 19\nSyntaxError"
+        in mapped
+    )
     assert "^" not in mapped  # carets of a re-formatted line would point at the wrong columns
-    assert 'line 99, in unmapped\n    kept as is' in mapped
+    assert "line 99, in unmapped\n    kept as is" in mapped
 
 
 def test_caret_kept_when_the_line_reads_the_same():
@@ -118,7 +121,9 @@ def test_caret_kept_when_the_line_reads_the_same():
 def test_message_said_once():
     long = "TypingError: Failed in nopython mode\nNo implementation of function"
     assert say_once(long, "Traceback ...\nnumba.core.errors." + long.split(": ", 1)[1]) == "TypingError (message below)"
-    assert say_once(long + " (row 2 of 3)", "x\n" + long.split(": ", 1)[1]) == "TypingError (row 2 of 3) (message below)"
+    assert (
+        say_once(long + " (row 2 of 3)", "x\n" + long.split(": ", 1)[1]) == "TypingError (row 2 of 3) (message below)"
+    )
     assert say_once("ValueError: short", "ValueError: short") == "ValueError: short"  # one line: kept
     assert say_once(long, "unrelated traceback") == long
 
@@ -156,13 +161,17 @@ def test_typing_error_in_numba_jit_helper_called_from_kernel(ip):
         compat.local(None, 1.0, 2.0)
     text = str(local_error.value)
     assert "failed in phase run: TypingError (message below)" in text
-    _assert_on_user_lines(text, COMPAT, "return 4 * z * (2 * x - (4 * y) / 2 * pi)", "4 * y / 2", "No implementation of function")
+    _assert_on_user_lines(
+        text, COMPAT, "return 4 * z * (2 * x - (4 * y) / 2 * pi)", "4 * y / 2", "No implementation of function"
+    )
     assert f"cell line {cell_line(COMPAT, 'res[tid] = business_logic')}, in f" in text  # the kernel's frame
 
     with pytest.raises(api.RemoteFunctionError) as remote_error:
         compat.remote(None, 1.0, 2.0)
     remote = str(remote_error.value)
-    _assert_on_user_lines(remote, COMPAT, "return 4 * z * (2 * x - (4 * y) / 2 * pi)", "4 * y / 2", "No implementation of function")
+    _assert_on_user_lines(
+        remote, COMPAT, "return 4 * z * (2 * x - (4 * y) / 2 * pi)", "4 * y / 2", "No implementation of function"
+    )
     assert "TypingError (message below)" in remote
 
 
@@ -173,7 +182,7 @@ def test_lowering_error_in_numba_njit_helper(ip):
     text = str(raised.value)
     assert "no default `is` implementation" in text
     line = cell_line(LOWERING, "return a   is   b")
-    assert f'During: lowering "$' in text and f"at cell line {line}" in text and "<gpu_function" not in text
+    assert 'During: lowering "$' in text and f"at cell line {line}" in text and "<gpu_function" not in text
     with pytest.raises(api.RemoteFunctionError) as remote:
         ip.user_ns["lowering"].remote(1.0)
     assert f"at cell line {line}" in str(remote.value) and "<gpu_function" not in str(remote.value)

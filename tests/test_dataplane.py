@@ -15,6 +15,8 @@ from numpy.typing import NDArray
 from lancefn_jupyter import dataplane as dp
 from lancefn_jupyter.packaging import PackagingError, infer_signature
 
+pytestmark = pytest.mark.unit
+
 DTYPES = [np.dtype(name) for name in dp.DTYPES]
 
 
@@ -97,13 +99,18 @@ same_dtype_arrays = st.sampled_from(DTYPES).flatmap(
 @given(same_dtype_arrays, st.booleans())
 def test_arrays_round_trip_exactly(values, declared):
     sig_type = f"tensor<{values[0].dtype.name}>" if declared else "tensor<any>"
-    for got, want in zip(roundtrip_results(values, sig_type), values):
+    for got, want in zip(roundtrip_results(values, sig_type), values, strict=False):
         assert_same_array(got, want)
 
 
 @settings(max_examples=60, deadline=None)
-@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=6),
-                  elements=st.floats(allow_nan=True, allow_infinity=True)))
+@given(
+    hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=6),
+        elements=st.floats(allow_nan=True, allow_infinity=True),
+    )
+)
 def test_non_contiguous_and_fortran_inputs_round_trip_as_their_values(value):
     for view in (value[::2], np.asfortranarray(value), value.T, value[..., ::-1]):
         table = dp.encode_rows([{"x": view}], {"x": "tensor<float64>"})
@@ -120,8 +127,10 @@ def test_special_floats_survive_in_arrays_and_plain_floats():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), max_size=8),
-       st.lists(st.one_of(st.none(), st.text(max_size=5)), min_size=8, max_size=8))
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), max_size=8),
+    st.lists(st.one_of(st.none(), st.text(max_size=5)), min_size=8, max_size=8),
+)
 def test_tables_with_nulls_round_trip(ints, texts):
     table = pa.table({"i": pa.array(ints, pa.int64()), "s": pa.array(texts[: len(ints)], pa.utf8())})
     (got,) = roundtrip_results([table], "arrow.table")
@@ -165,7 +174,11 @@ def test_json_rows_for_array_parameters_become_arrays():
 @pytest.mark.parametrize(
     ("value", "sig_type", "message"),
     [
-        (np.zeros(3), "tensor<float32>", "expected an ndarray of dtype float32, got ndarray of dtype float64 and shape (3,)"),
+        (
+            np.zeros(3),
+            "tensor<float32>",
+            "expected an ndarray of dtype float32, got ndarray of dtype float64 and shape (3,)",
+        ),
         ([1.0, 2.0], "tensor<float32>", "expected an ndarray of dtype float32, got list"),
         (np.zeros(2, np.complex64), "tensor<any>", "complex64"),
         (pa.array([1]), "arrow.table", "expected a pyarrow.Table, got pyarrow.Array of type int64"),
@@ -185,9 +198,16 @@ def test_a_wrong_row_is_named_in_a_map():
 
 def test_summary_never_holds_the_data():
     value = np.zeros((1000, 768), np.float32)
-    assert dp.summarize_results([value], 123) == {"type": "ndarray", "dtype": "float32", "shape": [1000, 768], "nbytes": value.nbytes}
+    assert dp.summarize_results([value], 123) == {
+        "type": "ndarray",
+        "dtype": "float32",
+        "shape": [1000, 768],
+        "nbytes": value.nbytes,
+    }
     assert dp.summarize_results([value, value], 99) == {
-        "type": "list", "shape": [2], "nbytes": 99,
+        "type": "list",
+        "shape": [2],
+        "nbytes": 99,
         "item": {"type": "ndarray", "dtype": "float32", "shape": [1000, 768], "nbytes": value.nbytes},
     }
 

@@ -71,20 +71,30 @@ def cp(shared_control_plane):
 def values_of_every_kind() -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     cube = rng.standard_normal((3, 4, 5)).astype(np.float32)
-    values = [np.array(dtype_value, dtype=dtype) for dtype, dtype_value in [
-        (np.bool_, [True, False]), (np.int8, [-128, 127]), (np.int16, [1]), (np.int32, [7]), (np.int64, [2**62]),
-        (np.uint8, [255, 0]), (np.float16, [1.5, np.nan]), (np.float32, [-0.0, np.inf]), (np.float64, [np.nan, -np.inf, -0.0]),
-    ]]
+    values = [
+        np.array(dtype_value, dtype=dtype)
+        for dtype, dtype_value in [
+            (np.bool_, [True, False]),
+            (np.int8, [-128, 127]),
+            (np.int16, [1]),
+            (np.int32, [7]),
+            (np.int64, [2**62]),
+            (np.uint8, [255, 0]),
+            (np.float16, [1.5, np.nan]),
+            (np.float32, [-0.0, np.inf]),
+            (np.float64, [np.nan, -np.inf, -0.0]),
+        ]
+    ]
     return values + [np.array(3.5), np.empty((0, 3)), cube, cube[:, ::2], np.asfortranarray(cube)]
 
 
 def test_arrays_round_trip_through_submit_map_remote_and_local(cp):
     values = values_of_every_kind()
     jobs = [echo.submit(value) for value in values]  # every dtype and shape, one job each
-    for job, want in zip(jobs, values):
+    for job, want in zip(jobs, values, strict=False):
         same(job.result(timeout=DEADLINE_S), np.array(want, order="C"))
     cubes = values[-3:]  # one job over rows of one dtype: contiguous, strided, Fortran-ordered
-    for got, want in zip(echo.map(cubes).result(timeout=DEADLINE_S), cubes):
+    for got, want in zip(echo.map(cubes).result(timeout=DEADLINE_S), cubes, strict=False):
         same(got, np.array(want, order="C"))
     for want in (values[8], values[-1], values[9]):  # specials, Fortran order, 0-d
         same(echo.remote(want), np.array(want, order="C"))
@@ -100,7 +110,9 @@ def test_declared_dtype_and_list_inputs(cp):
 
 
 def test_tables_with_nulls_and_nested_lists_and_special_floats(cp):
-    table = pa.table({"id": [1, None, 3], "name": ["a", None, "c"], "v": pa.array([[1.0], None, []], pa.list_(pa.float64()))})
+    table = pa.table(
+        {"id": [1, None, 3], "name": ["a", None, "c"], "v": pa.array([[1.0], None, []], pa.list_(pa.float64()))}
+    )
     assert keep_table.remote(table).equals(table)
     assert keep_table.local(table).equals(table)
     assert nested.remote([[1.0, 2.0], []]) == [[1.0, 2.0], []]
@@ -129,38 +141,59 @@ def test_rest_shape_summary_and_arrow_result_route(cp):
     with cp.http() as client:
         wire = client.post("/v1/jobs/describe", json={"job_id": job.job_id}).json()
         assert wire["result_format"] == "arrow" and "result" not in wire
-        assert wire["result_summary"] == {"type": "ndarray", "dtype": "float32", "shape": [1000, 768], "nbytes": 3072000}
+        assert wire["result_summary"] == {
+            "type": "ndarray",
+            "dtype": "float32",
+            "shape": [1000, 768],
+            "nbytes": 3072000,
+        }
         reply = client.get("/v1/jobs/result", params={"job_id": job.job_id})
         assert reply.headers["content-type"] == ARROW
         (value,) = dataplane.decode_results(dataplane.read_ipc(reply.content))
         same(value, np.full((1000, 768), 3.0, np.float32))
-        assert client.get("/v1/jobs/result", params={"job_id": job.job_id}, headers={"x-api-key": "nope"}).status_code == 401
+        assert (
+            client.get("/v1/jobs/result", params={"job_id": job.job_id}, headers={"x-api-key": "nope"}).status_code
+            == 401
+        )
 
 
 def test_json_clients_keep_working_and_arrow_bodies_are_checked(cp):
     version = scale.version
     with cp.http() as client:
         # Today's JSON API, for an array function: lists in, the result over the new route.
-        reply = client.post("/v1/functions/run", json={"name": version.name, "version": version.version,
-                                                        "rows": [{"x": [1, 2], "k": 2.0}]})
+        reply = client.post(
+            "/v1/functions/run",
+            json={"name": version.name, "version": version.version, "rows": [{"x": [1, 2], "k": 2.0}]},
+        )
         job_id = reply.json()["job_id"]
         wire = client.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 60}).json()
         assert wire["job_state"] == "DONE", wire
-        (value,) = dataplane.decode_results(dataplane.read_ipc(client.get("/v1/jobs/result", params={"job_id": job_id}).content))
+        (value,) = dataplane.decode_results(
+            dataplane.read_ipc(client.get("/v1/jobs/result", params={"job_id": job_id}).content)
+        )
         same(value, np.array([2, 4], np.float32))
         # An Arrow body whose columns do not match the signature.
         body = dataplane.to_ipc_bytes(dataplane.encode_rows([{"y": [1.0]}], {"y": "tensor<float32>"}))
-        reply = client.post("/v1/functions/run", params={"name": version.name, "version": version.version},
-                            content=body, headers={"content-type": ARROW})
+        reply = client.post(
+            "/v1/functions/run",
+            params={"name": version.name, "version": version.version},
+            content=body,
+            headers={"content-type": ARROW},
+        )
         assert reply.status_code == 400
         assert "missing column(s) x, k and unknown column(s) y" in reply.json()["error"]["message"]
-        reply = client.post("/v1/functions/run", params={"name": version.name, "version": version.version},
-                            content=b"not arrow", headers={"content-type": ARROW})
+        reply = client.post(
+            "/v1/functions/run",
+            params={"name": version.name, "version": version.version},
+            content=b"not arrow",
+            headers={"content-type": ARROW},
+        )
         assert reply.status_code == 400 and "not an Arrow IPC stream" in reply.json()["error"]["message"]
         # Plain JSON results still come inline.
         plain = register(client, registration_body(num_gpus=None))
-        job_id = client.post("/v1/functions/run", json={"name": plain["name"], "version": plain["version"],
-                                                         "rows": [{"x": 4}]}).json()["job_id"]
+        job_id = client.post(
+            "/v1/functions/run", json={"name": plain["name"], "version": plain["version"], "rows": [{"x": 4}]}
+        ).json()["job_id"]
         wire = client.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 60}).json()
         assert wire["result"] == [8] and "result_format" not in wire
     assert not list((cp.home / "data" / "rows").glob("*")), "rows files are removed once their job ends"
@@ -188,13 +221,20 @@ def _wait_terminal(client, job_id: str) -> dict:
 def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result(control_plane_factory):
     cp = control_plane_factory()
     n = 25_000_000  # 100 MB of float32
-    body = registration_body("big", source=BIG_SOURCE, entrypoint="big", inputs=(("n", "int64", False),),
-                             output_type="tensor<float32>", num_gpus=None)
+    body = registration_body(
+        "big",
+        source=BIG_SOURCE,
+        entrypoint="big",
+        inputs=(("n", "int64", False),),
+        output_type="tensor<float32>",
+        num_gpus=None,
+    )
     results = cp.home / "data" / "results"
     with cp.http() as client:
         version = register(client, body)
-        job_id = client.post("/v1/functions/run", json={"name": "big", "version": version["version"],
-                                                         "rows": [{"n": n}]}).json()["job_id"]
+        job_id = client.post(
+            "/v1/functions/run", json={"name": "big", "version": version["version"], "rows": [{"n": n}]}
+        ).json()["job_id"]
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:  # kill while the worker writes (or as close as polling gets)
             if any(".tmp-" in p.name for p in results.glob("*")) or (results / f"{job_id}.arrow").exists():
@@ -213,12 +253,19 @@ def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result
 
 def test_retention_removes_results_and_the_job_says_so(control_plane_factory):
     cp = control_plane_factory(args=["--result-max-bytes", "1"])
-    body = registration_body("big", source=BIG_SOURCE, entrypoint="big", inputs=(("n", "int64", False),),
-                             output_type="tensor<float32>", num_gpus=None)
+    body = registration_body(
+        "big",
+        source=BIG_SOURCE,
+        entrypoint="big",
+        inputs=(("n", "int64", False),),
+        output_type="tensor<float32>",
+        num_gpus=None,
+    )
     with cp.http() as client:
         version = register(client, body)
-        job_id = client.post("/v1/functions/run", json={"name": "big", "version": version["version"],
-                                                         "rows": [{"n": 10}]}).json()["job_id"]
+        job_id = client.post(
+            "/v1/functions/run", json={"name": "big", "version": version["version"], "rows": [{"n": 10}]}
+        ).json()["job_id"]
         assert _wait_terminal(client, job_id)["job_state"] == "DONE"
         wire = client.post("/v1/jobs/describe", json={"job_id": job_id}).json()
         assert wire["result_summary"]["expired"] is True and wire["result_summary"]["shape"] == [10]

@@ -27,7 +27,12 @@ def cp(ray_cp):  # noqa: F811
 
 def test_arrays_tables_and_special_floats_round_trip_on_ray(cp):
     cube = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
-    for want in (np.asfortranarray(cube), np.array([np.nan, -0.0, np.inf], np.float64), np.array(True), np.empty((0, 2), np.uint8)):
+    for want in (
+        np.asfortranarray(cube),
+        np.array([np.nan, -0.0, np.inf], np.float64),
+        np.array(True),
+        np.empty((0, 2), np.uint8),
+    ):
         same(echo.remote(want), np.array(want, order="C"))
     got = scale.map([(cube, 2.0), (cube[:, ::2], 1.0)]).result(timeout=120)
     same(got[0], cube * 2)

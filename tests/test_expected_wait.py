@@ -8,13 +8,12 @@ import statistics
 import time
 
 import pytest
+from conftest import register, registration_body
+from helpers import describe, submit, wait_done, wait_state
 
 from lancefn_jupyter import display
 from lancefn_jupyter.models import Job
 from lancefn_jupyter.server.estimates import Holding, RunTimes, Waiting, expected_starts
-
-from conftest import register, registration_body
-from test_jobs_e2e import describe, submit, wait_done, wait_state
 
 
 def test_replay_strict_fifo_over_predicted_run_times():
@@ -28,8 +27,12 @@ def test_replay_strict_fifo_over_predicted_run_times():
 
 def test_overrun_unknown_and_unstarted_jobs():
     # a overran its expected 1 s: taken to end now. b was placed but has not started: counts from now.
-    got = expected_starts(5_000, 2, [Holding("a", 1, 0, 1_000.0), Holding("b", 1, None, 2_000.0)],
-                          [Waiting("c", 1, 500.0), Waiting("d", 1, None), Waiting("e", 1, 100.0), Waiting("f", 1, 1.0)])
+    got = expected_starts(
+        5_000,
+        2,
+        [Holding("a", 1, 0, 1_000.0), Holding("b", 1, None, 2_000.0)],
+        [Waiting("c", 1, 500.0), Waiting("d", 1, None), Waiting("e", 1, 100.0), Waiting("f", 1, 1.0)],
+    )
     assert got == {"c": 5_000, "d": 5_500, "e": 7_000, "f": 7_100}
     # A holder with no history never frees its GPU in the replay: whoever needs it is unknown, and so is
     # everyone behind (strict FIFO).
@@ -59,7 +62,9 @@ NAP = "from __future__ import annotations\n\nimport time\n\ndef nap(s: float) ->
 
 
 def _nap(name="nap", source=NAP):
-    return registration_body(name, source=source, entrypoint="nap", inputs=(("s", "float64", False),), output_type="float64")
+    return registration_body(
+        name, source=source, entrypoint="nap", inputs=(("s", "float64", False),), output_type="float64"
+    )
 
 
 def _first_queue_event(cp) -> dict:
@@ -92,7 +97,9 @@ def test_pending_jobs_carry_expected_start(control_plane):
         expected = max(min(job["started_ms"] for job in running) + median, time.time() * 1000 - 1000)
         assert third["placement"]["expected_start_ms"] == pytest.approx(expected, abs=1000)
         assert fourth["placement"]["expected_start_ms"] >= third["placement"]["expected_start_ms"]
-        assert "starts in about" in display.job_summary(Job.from_wire(third)) or "any moment" in display.job_summary(Job.from_wire(third))
+        assert "starts in about" in display.job_summary(Job.from_wire(third)) or "any moment" in display.job_summary(
+            Job.from_wire(third)
+        )
         event = _first_queue_event(control_plane)
         assert event["classes"]["default"] == jobs[2:]
         assert set(event["expected_start_ms"]) == set(jobs[2:]) and all(event["expected_start_ms"].values())
@@ -109,7 +116,7 @@ def test_pending_jobs_carry_expected_start(control_plane):
 def test_listener_refreshes_expected_start_from_queue_events():
     """The kernel's event listener re-shows a pending job when a `queue` event moves its expected start."""
     from lancefn_jupyter.client.events import Event
-    from lancefn_jupyter.widgets._listener import EventListener
+    from lancefn_jupyter.client.listener import EventListener
 
     class Watcher:
         def __init__(self):
@@ -120,12 +127,27 @@ def test_listener_refreshes_expected_start_from_queue_events():
 
     listener, watcher = EventListener(), Watcher()
     listener.subscribe_job("j1", watcher.update)
-    pending = {"job_id": "j1", "job_type": "run_function", "job_state": "PENDING", "creation_ms": 0,
-               "placement": {"gpu_class": "default", "num_gpus": 1, "waiting_on_capacity": True, "queue_position": 1,
-                             "expected_start_ms": None}, "progress": {}}
+    pending = {
+        "job_id": "j1",
+        "job_type": "run_function",
+        "job_state": "PENDING",
+        "creation_ms": 0,
+        "placement": {
+            "gpu_class": "default",
+            "num_gpus": 1,
+            "waiting_on_capacity": True,
+            "queue_position": 1,
+            "expected_start_ms": None,
+        },
+        "progress": {},
+    }
     listener._dispatch(Event(event="job", data=pending, id="1"))
-    listener._dispatch(Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None))
-    listener._dispatch(Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None))
+    listener._dispatch(
+        Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None)
+    )
+    listener._dispatch(
+        Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None)
+    )
     assert listener.last_error is None
     assert watcher.seen == [None, 5000]  # an unchanged estimate is not re-shown
 
@@ -141,13 +163,21 @@ def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
     for ms in (1000, 1000, 1000):
         estimator.run_times.record("f", "v", "default", ms)
     jobs = {j: SimpleNamespace(spec={"name": "f", "version": "v"}, started_ms=0) for j in "abcdef"}
-    pool = SimpleNamespace(name="default", devices=("sim0", "sim1"), held={"a": ("sim0",), "b": ("sim1",)},
-                           queue=OrderedDict([("c", 1), ("d", 2)]))
+    pool = SimpleNamespace(
+        name="default",
+        devices=("sim0", "sim1"),
+        held={"a": ("sim0",), "b": ("sim1",)},
+        queue=OrderedDict([("c", 1), ("d", 2)]),
+    )
     assert estimator.expected_start(0, pool, "c", jobs) == 1000
     pool.queue["e"] = 1  # joins the tail: the replay is extended, not rebuilt
     assert [estimator.expected_start(0, pool, j, jobs) for j in "de"] == [2000, 3000]
-    full = expected_starts(0, 2, [Holding("a", 1, 0, 1000.0), Holding("b", 1, 0, 1000.0)],
-                           [Waiting(j, n, 1000.0) for j, n in pool.queue.items()])
+    full = expected_starts(
+        0,
+        2,
+        [Holding("a", 1, 0, 1000.0), Holding("b", 1, 0, 1000.0)],
+        [Waiting(j, n, 1000.0) for j, n in pool.queue.items()],
+    )
     assert full == {"c": 1000, "d": 2000, "e": 3000}
     del pool.queue["c"], pool.held["a"]
     pool.held["c"] = ("sim0",)

@@ -14,6 +14,9 @@
   error the readable envelope.
 
 Example counts are kept modest for a 2-core CI (derandomized, so runs are repeatable).
+
+Size: over 600 lines because it is one generator per input edge, each short; they share the
+strategies at the top.
 """
 
 from __future__ import annotations
@@ -78,11 +81,53 @@ def run_magic(shell, line: str, cell: str):
 # ------------------------------------------------------------------------ magic lines
 
 _TOKENS = st.sampled_from(
-    ["num_gpus", "gpu_class", "name", "pip", "conda", "conda_channels", "env", "python_version", "image", "profile",
-     "register", "timeout_s", "=", ",", "'", '"', " ", "\\", "1", "0", "-1", "1.5", "2", "yes", "no", "A=1", "numpy",
-     "default", "big", "p", "nan", "inf", "1e309", "$HOME", "{x}", "é", "\t", "#", ";", "%%gpu_function", "plain"]
+    [
+        "num_gpus",
+        "gpu_class",
+        "name",
+        "pip",
+        "conda",
+        "conda_channels",
+        "env",
+        "python_version",
+        "image",
+        "profile",
+        "register",
+        "timeout_s",
+        "=",
+        ",",
+        "'",
+        '"',
+        " ",
+        "\\",
+        "1",
+        "0",
+        "-1",
+        "1.5",
+        "2",
+        "yes",
+        "no",
+        "A=1",
+        "numpy",
+        "default",
+        "big",
+        "p",
+        "nan",
+        "inf",
+        "1e309",
+        "$HOME",
+        "{x}",
+        "é",
+        "\t",
+        "#",
+        ";",
+        "%%gpu_function",
+        "plain",
+    ]
 )
-LINES = st.one_of(st.text(max_size=30), st.lists(_TOKENS, max_size=10).map("".join), st.lists(_TOKENS, max_size=6).map(" ".join))
+LINES = st.one_of(
+    st.text(max_size=30), st.lists(_TOKENS, max_size=10).map("".join), st.lists(_TOKENS, max_size=6).map(" ".join)
+)
 CELL = "def fuzzed(x: int) -> int:\n    return x + LIMIT\n"
 
 
@@ -197,7 +242,27 @@ def _paths(value, prefix=()):
 VALID = registration_body("fuzzed", env={"TOKEN": "t"}, packages=("numpy",))
 PATHS = [path for path in _paths(VALID) if path]
 REPLACEMENTS = st.sampled_from(
-    [None, True, False, 0, -1, 1.5, 2**64, "", " ", "x" * 300, "\x00", "é", [], [1], {}, {"k": "v"}, "sha256:00", "python_v2", "pip"]
+    [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        1.5,
+        2**64,
+        "",
+        " ",
+        "x" * 300,
+        "\x00",
+        "é",
+        [],
+        [1],
+        {},
+        {"k": "v"},
+        "sha256:00",
+        "python_v2",
+        "pip",
+    ]
 )
 MUTATIONS = st.tuples(st.sampled_from(PATHS), st.sampled_from(["replace", "delete", "add"]), REPLACEMENTS)
 
@@ -237,7 +302,12 @@ def test_broken_registration_requests_fail_naming_the_field(shared_control_plane
         locations = {str(part) for item in error.errors() for part in item["loc"]}
         # The error points into the broken part: the field itself, or (for a broken container or a
         # cross-field rule such as "python_v2 needs resources") one of its ancestors.
-        assert locations & _names(path) or any(not item["loc"] for item in error.errors()) or len(path) == 1, (path, how, value, error.errors())
+        assert locations & _names(path) or any(not item["loc"] for item in error.errors()) or len(path) == 1, (
+            path,
+            how,
+            value,
+            error.errors(),
+        )
     with shared_control_plane.http() as http:
         reply = http.post("/v1/functions/create", json=body)
     assert reply.status_code in (202, 400), (path, how, value, reply.text)
@@ -282,23 +352,40 @@ _SCALARS = st.one_of(
     st.integers(-(2**63), 2**63 - 1),
     st.floats(allow_nan=True),
     st.booleans(),
-    st.sampled_from(["default", "big", "a b", "", "nvidia.com/gpu", "NVIDIA H100", "Exists", "NoSchedule", "sim0", "0"]),
+    st.sampled_from(
+        ["default", "big", "a b", "", "nvidia.com/gpu", "NVIDIA H100", "Exists", "NoSchedule", "sim0", "0"]
+    ),
     st.text(max_size=8),
 )
 _VALUES = st.one_of(
     _SCALARS,
     st.lists(_SCALARS, max_size=4),
     st.dictionaries(st.sampled_from(["key", "operator", "effect", "value", "x"]), _SCALARS, max_size=3),
-    st.lists(st.dictionaries(st.sampled_from(["key", "operator", "effect", "value", "x"]), _SCALARS, max_size=3), max_size=2),
+    st.lists(
+        st.dictionaries(st.sampled_from(["key", "operator", "effect", "value", "x"]), _SCALARS, max_size=3), max_size=2
+    ),
 )
-CLASS_FIELDS = ["name", "resource_name", "gpu_model", "gpu_memory_bytes", "max_gpu_count_per_worker", "node_selector",
-                "tolerations", "devices", "simulated"]
+CLASS_FIELDS = [
+    "name",
+    "resource_name",
+    "gpu_model",
+    "gpu_memory_bytes",
+    "max_gpu_count_per_worker",
+    "node_selector",
+    "tolerations",
+    "devices",
+    "simulated",
+]
 _CLASS = st.dictionaries(st.sampled_from(CLASS_FIELDS + ["bogus"]), _VALUES, max_size=7)
 # Mostly-valid classes, so the deeper checks (devices, limits, duplicates) are reached too.
 _GOOD_CLASS = st.fixed_dictionaries(
     {"name": st.sampled_from(["default", "big", "x"]), "simulated": st.integers(-1, 4)},
-    optional={"max_gpu_count_per_worker": st.integers(-1, 6), "devices": st.lists(st.integers(-1, 3), max_size=3),
-              "gpu_model": st.sampled_from(["A", ""]), "gpu_memory_bytes": st.integers(-1, 2**40)},
+    optional={
+        "max_gpu_count_per_worker": st.integers(-1, 6),
+        "devices": st.lists(st.integers(-1, 3), max_size=3),
+        "gpu_model": st.sampled_from(["A", ""]),
+        "gpu_memory_bytes": st.integers(-1, 2**40),
+    },
 )
 
 
@@ -384,9 +471,6 @@ def openapi_document() -> dict:
         "/v1/jobs/cancel": app_module._JobId,
         "/v1/jobs/logs": app_module._Logs,
         "/v1/jobs/wait": app_module._Wait,
-        "/v1/functions/artifact": app_module._NameVersion,
-        "/v1/functions/history": app_module._History,
-        "/v1/functions/diff": app_module._Diff,
         "/v1/batches/create": app_module._BatchCreate,
         "/v1/batches/describe": app_module._BatchDescribe,
         "/v1/batches/list": app_module._ListBatches,
@@ -402,7 +486,10 @@ def openapi_document() -> dict:
         components.update(schema.pop("$defs", {}))
         if path in ("/v1/jobs/wait", "/v1/batches/wait"):
             schema["properties"]["timeout_s"]["maximum"] = 0.2  # no long polls in a fuzz run
-        document["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+        document["paths"][path]["post"]["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
     document["components"]["securitySchemes"] = {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
     document["security"] = [{"apiKey": []}]
     del document["paths"]["/v1/jobs/events"]  # an endless stream; its errors are tested in test_server_*.py
@@ -452,7 +539,11 @@ def test_openapi_generated_requests_get_no_5xx_and_readable_errors(control_plane
         version = http.post("/v1/jobs/describe", json={"job_id": created["job_id"]}).json()["result"]["version"]
         run = http.post("/v1/functions/run", json={"name": "fuzzed", "version": version, "rows": [{"x": 1}]}).json()
     real = st.fixed_dictionaries(
-        {"name": st.just("fuzzed"), "version": st.just(version), "job_id": st.sampled_from([created["job_id"], run["job_id"]])}
+        {
+            "name": st.just("fuzzed"),
+            "version": st.just(version),
+            "job_id": st.sampled_from([created["job_id"], run["job_id"]]),
+        }
     )
 
     schema = schemathesis.openapi.from_dict(openapi_document())
@@ -470,7 +561,9 @@ def test_openapi_generated_requests_get_no_5xx_and_readable_errors(control_plane
             def check(case, real, use_real):
                 case = aim(case, real, use_real)
                 nonlocal checked
-                response = case.call(base_url=control_plane.url, session=session, headers={"x-api-key": key}, timeout=30)
+                response = case.call(
+                    base_url=control_plane.url, session=session, headers={"x-api-key": key}, timeout=30
+                )
                 check_reply(case, response, key)
                 checked += 1
 
@@ -490,14 +583,27 @@ def test_raw_bytes_on_every_route_get_readable_errors(shared_control_plane):
     routes = [path for path, ops in openapi_document()["paths"].items() if "post" in ops]
     payloads = st.one_of(
         st.binary(max_size=64),
-        st.sampled_from([b"[" * 5000 + b"]" * 5000, b'{"a":' * 3000 + b"1" + b"}" * 3000, b"1e999999", b'"\\ud800"', b"\xef\xbb\xbf{}", b"{}" * 10]),
+        st.sampled_from(
+            [
+                b"[" * 5000 + b"]" * 5000,
+                b'{"a":' * 3000 + b"1" + b"}" * 3000,
+                b"1e999999",
+                b'"\\ud800"',
+                b"\xef\xbb\xbf{}",
+                b"{}" * 10,
+            ]
+        ),
         st.text(max_size=40).map(str.encode),
     )
 
     with httpx.Client(base_url=shared_control_plane.url, headers={"x-api-key": key}, timeout=30) as http:
 
         @fuzz(150)
-        @given(path=st.sampled_from(routes), payload=payloads, content_type=st.sampled_from(["application/json", "text/plain", "", "application/x-www-form-urlencoded"]))
+        @given(
+            path=st.sampled_from(routes),
+            payload=payloads,
+            content_type=st.sampled_from(["application/json", "text/plain", "", "application/x-www-form-urlencoded"]),
+        )
         def check(path, payload, content_type):
             headers = {"content-type": content_type} if content_type else {}
             reply = http.post(path, content=payload, headers=headers)
@@ -508,7 +614,6 @@ def test_raw_bytes_on_every_route_get_readable_errors(shared_control_plane):
                 assert error["code"] != "request_failed", (path, payload[:80], error)
 
         check()
-
 
 
 # Invalid UTF-8 inside an otherwise valid JSON body: UTF-8-encoded surrogates (ED A0 80 … ED BF BF),
@@ -535,9 +640,19 @@ def test_invalid_utf8_inside_json_on_every_route_is_a_400_naming_utf8(shared_con
     with shared_control_plane.http(timeout=30) as http:
 
         @fuzz(150)
-        @given(path=st.sampled_from(routes), bad=BAD_UTF8, field=st.sampled_from(fields), prefix=st.text(alphabet="ab1", max_size=3))
+        @given(
+            path=st.sampled_from(routes),
+            bad=BAD_UTF8,
+            field=st.sampled_from(fields),
+            prefix=st.text(alphabet="ab1", max_size=3),
+        )
         def check(path, bad, field, prefix):
-            body = b'{"%s": "%s%s", "rows": [{"x": "%s"}], "timeout_s": 0}' % (field.encode(), prefix.encode(), bad, bad)
+            body = b'{"%s": "%s%s", "rows": [{"x": "%s"}], "timeout_s": 0}' % (
+                field.encode(),
+                prefix.encode(),
+                bad,
+                bad,
+            )
             reply = http.post(path, content=body, headers={"content-type": "application/json"})
             assert reply.status_code == 400, (path, body, reply.text[:300])
             error = reply.json()["error"]
@@ -548,9 +663,9 @@ def test_invalid_utf8_inside_json_on_every_route_is_a_400_naming_utf8(shared_con
 
 
 # Header values a browser or script may send: any visible byte, Latin-1 and UTF-8 included.
-HEADER_VALUES = st.lists(
-    st.sampled_from([*range(0x21, 0x7F), *range(0x80, 0x100), 0x20]), min_size=1, max_size=40
-).map(lambda codes: bytes(codes).strip())
+HEADER_VALUES = st.lists(st.sampled_from([*range(0x21, 0x7F), *range(0x80, 0x100), 0x20]), min_size=1, max_size=40).map(
+    lambda codes: bytes(codes).strip()
+)
 
 
 @pytest.fixture(scope="module")
@@ -564,13 +679,21 @@ def jupyter_proxy(shared_control_plane, tmp_path_factory):
 
 def test_jupyter_proxy_headers_get_no_5xx(jupyter_proxy):
     auth = jupyter_proxy.auth_headers()
-    urls = [jupyter_proxy.url("lancefn/status"), jupyter_proxy.url("lancefn/api/v1/health"), jupyter_proxy.url("lancefn/api/v1/gpu/usage")]
+    urls = [
+        jupyter_proxy.url("lancefn/status"),
+        jupyter_proxy.url("lancefn/api/v1/health"),
+        jupyter_proxy.url("lancefn/api/v1/gpu/usage"),
+    ]
     events = jupyter_proxy.url("lancefn/api/v1/jobs/events")
 
     with httpx.Client(timeout=30) as http:
 
         @fuzz(120)
-        @given(url=st.sampled_from(urls + [events]), header=st.sampled_from(["x-request-id", "last-event-id"]), value=HEADER_VALUES)
+        @given(
+            url=st.sampled_from(urls + [events]),
+            header=st.sampled_from(["x-request-id", "last-event-id"]),
+            value=HEADER_VALUES,
+        )
         def check(url, header, value):
             if not value:
                 return

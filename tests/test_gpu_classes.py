@@ -14,6 +14,8 @@ from lancefn_jupyter.server.gpu_classes import (
     parse_gpu_classes,
 )
 
+pytestmark = pytest.mark.unit
+
 GOOD = """
 [[gpu_classes]]
 name = "default"
@@ -51,7 +53,9 @@ def test_good_config_parses_into_classes_and_devices():
 
 
 def test_default_class_is_first_when_none_is_named_default():
-    config = parse_gpu_classes('[[gpu_classes]]\nname = "t4"\nsimulated = 1\n[[gpu_classes]]\nname = "a100"\nsimulated = 1\n')
+    config = parse_gpu_classes(
+        '[[gpu_classes]]\nname = "t4"\nsimulated = 1\n[[gpu_classes]]\nname = "a100"\nsimulated = 1\n'
+    )
     assert config.default_class == "t4"
     config = parse_gpu_classes(
         'default_class = "a100"\n[[gpu_classes]]\nname = "t4"\nsimulated = 1\n[[gpu_classes]]\nname = "a100"\nsimulated = 1\n'
@@ -84,10 +88,19 @@ def test_default_class_is_first_when_none_is_named_default():
         ),
         ("[[gpu_classes]]\nname = 'x'\nsimulated = 0\n", ["'simulated'", "simulated = N"]),
         ("[[gpu_classes]]\nname = 'x'\nsimulated = 1\ndevices = [0]\n", ["'simulated'", "not both"]),
-        ("[[gpu_classes]]\nname = 'x'\ngpu_model = 'A'\ngpu_memory_bytes = 1\n", ["'devices'", "missing", "simulated = N"]),
-        ("[[gpu_classes]]\nname = 'x'\ngpu_model='A'\ngpu_memory_bytes=1\ndevices = [0, 0]\n", ["'devices'", "more than once"]),
+        (
+            "[[gpu_classes]]\nname = 'x'\ngpu_model = 'A'\ngpu_memory_bytes = 1\n",
+            ["'devices'", "missing", "simulated = N"],
+        ),
+        (
+            "[[gpu_classes]]\nname = 'x'\ngpu_model='A'\ngpu_memory_bytes=1\ndevices = [0, 0]\n",
+            ["'devices'", "more than once"],
+        ),
         ("[[gpu_classes]]\nname = 'x'\ngpu_model='A'\ngpu_memory_bytes=1\ndevices = [-1]\n", ["'devices'", "-1"]),
-        ("[[gpu_classes]]\nname = 'x'\nsimulated = 1\n[[gpu_classes]]\nname = 'x'\nsimulated = 1\n", ["duplicate", "'x'"]),
+        (
+            "[[gpu_classes]]\nname = 'x'\nsimulated = 1\n[[gpu_classes]]\nname = 'x'\nsimulated = 1\n",
+            ["duplicate", "'x'"],
+        ),
         (
             "[[gpu_classes]]\nname='a'\ngpu_model='A'\ngpu_memory_bytes=1\ndevices=[0]\n"
             "[[gpu_classes]]\nname='b'\ngpu_model='A'\ngpu_memory_bytes=1\ndevices=[0]\n",

@@ -59,14 +59,21 @@ def test_artifact_over_the_cap_is_413_naming_the_flag(control_plane_factory):
     cp = control_plane_factory(args=["--max-artifact-bytes", "3000"])
     source = "# " + "x" * 4000 + "\n\ndef double(x: int) -> int:\n    return 2 * x\n"
     with cp.http() as http:
-        assert_4xx(http.post("/v1/functions/create", json=registration_body(source=source)), 413, "--max-artifact-bytes", "3000")
+        assert_4xx(
+            http.post("/v1/functions/create", json=registration_body(source=source)),
+            413,
+            "--max-artifact-bytes",
+            "3000",
+        )
         register(http, registration_body())  # a small one still registers
 
 
 def test_default_artifact_cap_is_a_few_mib(control_plane):
     source = "# " + "x" * (5 << 20) + "\n\ndef double(x: int) -> int:\n    return 2 * x\n"
     with control_plane.http() as http:
-        assert_4xx(http.post("/v1/functions/create", json=registration_body(source=source)), 413, "--max-artifact-bytes")
+        assert_4xx(
+            http.post("/v1/functions/create", json=registration_body(source=source)), 413, "--max-artifact-bytes"
+        )
 
 
 def test_health_answers_while_a_large_artifact_is_parsed(control_plane):
@@ -98,10 +105,15 @@ def test_large_artifacts_are_still_checked(control_plane):
     filler = "# " + "y" * (64 << 10) + "\n"
     with control_plane.http() as http:
         assert_4xx(
-            http.post("/v1/functions/create", json=registration_body(source=filler + "def double(x:\n")), 400, "not valid Python"
+            http.post("/v1/functions/create", json=registration_body(source=filler + "def double(x:\n")),
+            400,
+            "not valid Python",
         )
         assert_4xx(
-            http.post("/v1/functions/create", json=registration_body(source=filler + "def other(x: int) -> int:\n    return x\n")),
+            http.post(
+                "/v1/functions/create",
+                json=registration_body(source=filler + "def other(x: int) -> int:\n    return x\n"),
+            ),
             400,
             "'double' is not defined",
         )
@@ -112,7 +124,9 @@ def test_the_key_is_checked_before_the_body_is_read(control_plane):
     sock = raw_socket(control_plane.url)
     with sock:
         # Announce 50 MB and send none of it: the 401 must come without waiting for the body.
-        sock.sendall(b"POST /v1/functions/create HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 50000000\r\n\r\n{")
+        sock.sendall(
+            b"POST /v1/functions/create HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 50000000\r\n\r\n{"
+        )
         reply = read_reply(sock)  # old code: waits for the body until the socket timeout
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401"), head
@@ -328,7 +342,9 @@ def fake_tree(tmp_path: Path, script: str, python_body: str) -> Path:
 
 def run_script(root: Path, script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**make_env(env), "PATH": f"{root / 'fakebin'}:{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(root / "scripts" / script), *args], env=full_env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(root / "scripts" / script), *args], env=full_env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_test_sh_fails_when_arguments_collect_nothing(tmp_path):

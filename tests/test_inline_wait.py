@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_server_jobs import DEADLINE_S, describe, hold_version, run, wait_done, wait_state
+from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_state
 
 from lancefn_jupyter import api
 from lancefn_jupyter.client import Client
@@ -59,7 +59,7 @@ def test_a_job_still_running_when_the_wait_ends_comes_back_as_it_stands(control_
 def test_a_job_queued_behind_busy_gpus_is_answered_at_once(control_plane, tmp_path):
     with control_plane.http() as http:
         blocker_version = hold_version(http, "hold_both", num_gpus=2)  # the default class has 2 GPUs
-        blocker = run(http, "hold_both", blocker_version, [{"path": str(tmp_path / "release")}])
+        blocker = submit(http, "hold_both", blocker_version, [{"path": str(tmp_path / "release")}])
         wait_state(http, blocker, "IN_PROGRESS")
         version = register(http, registration_body("double"))["version"]
         # Were the reply held for wait_s, the client's shorter timeout would fail this request.
@@ -88,7 +88,9 @@ def test_without_wait_s_the_reply_is_the_job_id_alone(control_plane):
 def test_a_bad_wait_s_is_refused_naming_the_field(control_plane, wait_s):
     with control_plane.http() as http:
         version = register(http, registration_body("double"))["version"]
-        reply = http.post("/v1/functions/run", json={"name": "double", "version": version, "rows": [{"x": 1}], "wait_s": wait_s})
+        reply = http.post(
+            "/v1/functions/run", json={"name": "double", "version": version, "rows": [{"x": 1}], "wait_s": wait_s}
+        )
         assert reply.status_code == 400, reply.text
         assert "wait_s" in reply.json()["error"]["message"]
         assert http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"] == []  # nothing started
@@ -113,7 +115,9 @@ def test_submit_and_result_through_the_notebook_api(control_plane):
 
     fn = api.gpu_function(num_gpus=1, name="triple")(triple)
     results: list = []
-    threads = [threading.Thread(target=lambda i=i: results.append(fn.submit(i).result(timeout=DEADLINE_S))) for i in range(4)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(fn.submit(i).result(timeout=DEADLINE_S))) for i in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

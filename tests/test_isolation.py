@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import submit
+from helpers import submit
 
 A_KEY, B_KEY = "team-a-key-00000001", "team-b-key-00000002"
 KEYS = f"""
@@ -143,9 +143,8 @@ def whoami(x: int) -> str:
 
 
 def _closed_dirs() -> list[str]:
-    from lancefn_jupyter.server.isolation import _closed_dirs
-
     import lancefn_jupyter
+    from lancefn_jupyter.server.isolation import _closed_dirs
 
     paths = [Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()]
     return _closed_dirs(paths)
@@ -166,13 +165,28 @@ def root_server(control_plane_factory):
 def test_a_job_cannot_read_the_control_planes_files_nor_another_namespaces_env(root_server):
     cp = root_server
     with client(cp, A_KEY) as a, client(cp, B_KEY) as b:
-        body = registration_body("whoami", source=USER.replace("WANTED", repr(SECRET)), entrypoint="whoami", output_type="utf8", env={"TEAM_SECRET": SECRET})
+        body = registration_body(
+            "whoami",
+            source=USER.replace("WANTED", repr(SECRET)),
+            entrypoint="whoami",
+            output_type="utf8",
+            env={"TEAM_SECRET": SECRET},
+        )
         va = register(a, body)["version"]
         (who,) = run(a, "whoami", va, [{"x": 1}])  # A's warm worker now holds A's env
         uid, env_ok = who.split()
         assert env_ok == "True"  # A's env reaches A's function
         assert uid != "0"
-        vb = register(b, registration_body("snoop", source=SNOOPER.replace("WANTED", repr(SECRET)), entrypoint="snoop", inputs=(("home", "utf8", False),), output_type="utf8"))["version"]
+        vb = register(
+            b,
+            registration_body(
+                "snoop",
+                source=SNOOPER.replace("WANTED", repr(SECRET)),
+                entrypoint="snoop",
+                inputs=(("home", "utf8", False),),
+                output_type="utf8",
+            ),
+        )["version"]
         (report,) = run(b, "snoop", vb, [{"home": str(cp.home)}])
     verdicts, found = report.split(" found=")
     assert verdicts.split() == ["api_key:denied", "server.json:denied", "server.lock:denied", "lancefn.sqlite3:denied"]

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import httpx
 from conftest import register, registration_body
+from helpers import DEADLINE_S, describe, submit, wait_done, wait_state, wait_until
 from test_local_fallback import CELL
 
 from lancefn_jupyter.local import run_local
-
-DEADLINE_S = 60.0
 
 GATE = """from __future__ import annotations
 
@@ -60,42 +58,10 @@ def misbehave(mode: str) -> int:
 
 
 def register_gate(http: httpx.Client, name: str = "gate", num_gpus: int = 1) -> str:
-    body = registration_body(name, source=GATE, entrypoint="gate", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus)
+    body = registration_body(
+        name, source=GATE, entrypoint="gate", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus
+    )
     return register(http, body)["version"]
-
-
-def submit(http: httpx.Client, name: str, version: str, rows: list[dict], timeout_s: float | None = None) -> str:
-    body = {"name": name, "version": version, "rows": rows, **({"timeout_s": timeout_s} if timeout_s else {})}
-    reply = http.post("/v1/functions/run", json=body)
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
-
-
-def describe(http: httpx.Client, job_id: str) -> dict:
-    reply = http.post("/v1/jobs/describe", json={"job_id": job_id})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def wait_until(condition, what: str):
-    """Poll ``condition()`` until it returns something truthy; fail after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def wait_state(http: httpx.Client, job_id: str, *states: str) -> dict:
-    return wait_until(lambda: (job := describe(http, job_id))["job_state"] in states and job, f"{job_id} in {states}")
-
-
-def wait_done(http: httpx.Client, job_id: str) -> dict:
-    reply = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": DEADLINE_S})
-    assert reply.status_code == 200, reply.text
-    job = reply.json()
-    assert job["job_state"] in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT"), job
-    return job
 
 
 def logs(http: httpx.Client, job_id: str) -> list[str]:
@@ -104,7 +70,7 @@ def logs(http: httpx.Client, job_id: str) -> list[str]:
 
 def worker_pid(http: httpx.Client, job_id: str) -> int:
     """The pid a gate function printed first thing (waits for the line to reach the logs)."""
-    line = wait_until(lambda: next((l for l in logs(http, job_id) if l.startswith("pid ")), None), f"{job_id}'s pid")
+    line = wait_until(lambda: next((ln for ln in logs(http, job_id) if ln.startswith("pid ")), None), f"{job_id}'s pid")
     return int(line.split()[1])
 
 
@@ -127,7 +93,10 @@ def read_events(cp, until, *, last_event_id: int | None = None, connected: threa
     """Job events from ``/v1/jobs/events`` as {"id", "job"}, until ``until(events)`` holds."""
     headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
     events: list[dict] = []
-    with cp.http(timeout=httpx.Timeout(DEADLINE_S)) as http, http.stream("GET", "/v1/jobs/events", headers=headers) as reply:
+    with (
+        cp.http(timeout=httpx.Timeout(DEADLINE_S)) as http,
+        http.stream("GET", "/v1/jobs/events", headers=headers) as reply,
+    ):
         assert reply.status_code == 200
         block: dict[str, str] = {}
         for line in reply.iter_lines():
@@ -176,7 +145,9 @@ def test_capacity_queue_fifo_logs_and_the_event_stream(control_plane, tmp_path):
         connected = threading.Event()
         ids: dict[str, str] = {}
         reader = threading.Thread(
-            target=lambda: live.extend(read_events(cp, lambda ev: "j4" in ids and terminal(ev, ids["j4"]), connected=connected)),
+            target=lambda: live.extend(
+                read_events(cp, lambda ev: "j4" in ids and terminal(ev, ids["j4"]), connected=connected)
+            ),
             daemon=True,
         )
         reader.start()
@@ -246,7 +217,10 @@ def test_cancel_pending_and_running_jobs_frees_their_gpus(control_plane, tmp_pat
         wait_until(lambda: process_gone(pids[0]), "the cancelled job's worker to be killed")
 
         after = submit(http, "gate", version, [{"path": str(tmp_path / "after")}])
-        assert wait_state(http, after, "IN_PROGRESS")["placement"]["devices"] == describe(http, running[0])["placement"]["devices"]
+        assert (
+            wait_state(http, after, "IN_PROGRESS")["placement"]["devices"]
+            == describe(http, running[0])["placement"]["devices"]
+        )
         (tmp_path / "after").touch()
         assert wait_done(http, after)["job_state"] == "DONE"
 
@@ -259,7 +233,9 @@ def test_cancel_pending_and_running_jobs_frees_their_gpus(control_plane, tmp_pat
 
 def test_timeout_crash_and_exception_end_jobs_with_readable_failures(control_plane):
     with control_plane.http() as http:
-        body = registration_body("misbehave", source=MISBEHAVE, entrypoint="misbehave", inputs=(("mode", "utf8", False),))
+        body = registration_body(
+            "misbehave", source=MISBEHAVE, entrypoint="misbehave", inputs=(("mode", "utf8", False),)
+        )
         version = register(http, body)["version"]
         slow = submit(http, "misbehave", version, [{"mode": "sleep"}], timeout_s=1)
         crash = submit(http, "misbehave", version, [{"mode": "exit"}])
@@ -302,7 +278,7 @@ def test_server_killed_and_restarted_accounts_for_every_job(control_plane_factor
         for job_id in jobs[:2]:
             assert any("job re-queued" in line for line in logs(http, job_id))
         for pid in old_pids:  # workers orphaned by the kill stop on their own
-            wait_until(lambda: process_gone(pid), f"orphaned worker {pid} to exit")
+            wait_until(lambda pid=pid: process_gone(pid), f"orphaned worker {pid} to exit")
         for i in range(3):
             (tmp_path / f"g{i}").touch()
         assert [wait_done(http, job_id)["job_state"] for job_id in jobs] == ["DONE"] * 3

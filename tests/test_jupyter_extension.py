@@ -186,7 +186,9 @@ def test_proxied_replies_equal_the_control_planes(proxied):
                     ours = httpx.get(proxied.api(route), headers={**proxied.server.auth_headers(), **rid})
                     theirs = direct.get(f"/v1/{route}", headers=rid)
                 else:
-                    ours = httpx.post(proxied.api(route), json=bodies[route], headers={**proxied.server.auth_headers(), **rid})
+                    ours = httpx.post(
+                        proxied.api(route), json=bodies[route], headers={**proxied.server.auth_headers(), **rid}
+                    )
                     theirs = direct.post(f"/v1/{route}", json=bodies[route], headers=rid)
                 assert ours.status_code == theirs.status_code, (route, ours.text, theirs.text)
                 assert ours.json() == theirs.json(), (route, ours.text, theirs.text)
@@ -263,7 +265,10 @@ def test_event_stream_is_passed_through_and_resumable(proxied):
             gate.write_text("open")
 
             def finished(events: list[dict]) -> bool:
-                return any(e.get("event") == "job" and e["data"]["job_id"] == job_id and e["data"]["job_state"] == "DONE" for e in events)
+                return any(
+                    e.get("event") == "job" and e["data"]["job_id"] == job_id and e["data"]["job_state"] == "DONE"
+                    for e in events
+                )
 
             events = read_sse(stream, finished)
         job_events = [e for e in events if e.get("event") == "job" and e["data"]["job_id"] == job_id]
@@ -328,7 +333,11 @@ def test_unreachable_control_plane_is_a_502_envelope(tmp_path):
         assert body["connected"] is False and body["url"] == f"http://127.0.0.1:{port}" and body["error"]
         for method, route in (("GET", "gpu/classes"), ("POST", "jobs/list"), ("GET", "jobs/events")):
             reply = httpx.request(
-                method, server.url(f"lancefn/api/v1/{route}"), headers=headers, json={} if method == "POST" else None, timeout=10
+                method,
+                server.url(f"lancefn/api/v1/{route}"),
+                headers=headers,
+                json={} if method == "POST" else None,
+                timeout=10,
             )
             assert reply.status_code == 502, (route, reply.text)
             error = reply.json()["error"]
@@ -344,7 +353,9 @@ def test_embedded_control_plane_is_started_when_nothing_is_configured(tmp_path):
 
     home = tmp_path / "lancefn-home"
     try:
-        with running_jupyter(tmp_path / "jupyter", app="server", env={"LANCEFN_HOME": str(home), **_no_nvml()}) as server:
+        with running_jupyter(
+            tmp_path / "jupyter", app="server", env={"LANCEFN_HOME": str(home), **_no_nvml()}
+        ) as server:
             status = httpx.get(server.url("lancefn/status"), headers=server.auth_headers(), timeout=90).json()
             info = read_server_info(home)
             assert info is not None
@@ -434,16 +445,16 @@ def test_frontend_unit_tests():
     """`npm test` in labextension/ (vitest): formatting, state labels, events, URLs, backoff."""
     labext = REPO / "labextension"
     if not (labext / "node_modules" / ".bin" / "vitest").exists():
-        pytest.skip("labextension/node_modules is absent: `pip install -e .` (or `npm install` in labextension/) installs it")
+        pytest.skip(
+            "labextension/node_modules is absent: `pip install -e .` (or `npm install` in labextension/) installs it"
+        )
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
     # CI terminals may force colour; vitest then wraps every word in ANSI codes.
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CI_FORCE_COLOR")}
     env["NO_COLOR"] = "1"
-    result = subprocess.run(
-        [npm, "test", "--silent"], cwd=labext, capture_output=True, text=True, timeout=300, env=env
-    )
+    result = subprocess.run([npm, "test", "--silent"], cwd=labext, capture_output=True, text=True, timeout=300, env=env)
     output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
     assert result.returncode == 0, output
     assert re.search(r"Tests\s+\d+ passed", output), output

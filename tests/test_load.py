@@ -43,7 +43,12 @@ def test_20_clients_submit_100_jobs_each_and_every_job_is_accounted_for(control_
                     connected.set()
                     if block.get("event") == "job":
                         job = json.loads(block["data"])
-                        if job["job_type"] == "run_function" and job["job_state"] in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT"):
+                        if job["job_type"] == "run_function" and job["job_state"] in (
+                            "DONE",
+                            "FAILED",
+                            "CANCELLED",
+                            "TIMED_OUT",
+                        ):
                             ended.setdefault(job["job_id"], []).append(job["job_state"])
                             if len(ended) >= TOTAL:
                                 return
@@ -71,7 +76,9 @@ def test_20_clients_submit_100_jobs_each_and_every_job_is_accounted_for(control_
                     x = index * 1000 + i
                     # Every fifth job of each client wants 2 GPUs, so queues mix sizes.
                     name, version = ("double2", two) if i % 5 == 4 else ("double", one)
-                    reply = client.post("/v1/functions/run", json={"name": name, "version": version, "rows": [{"x": x}]})
+                    reply = client.post(
+                        "/v1/functions/run", json={"name": name, "version": version, "rows": [{"x": x}]}
+                    )
                     if reply.status_code != 202:
                         failures.append(f"client {index} job {i}: {reply.status_code} {reply.text[:200]}")
                         continue
@@ -135,4 +142,6 @@ def test_concurrent_identical_registrations_give_one_version(control_plane):
         thread.join(120)
     assert errors == [] and len(versions) == CLIENTS and len(set(versions)) == 1
     with control_plane.http() as http:
-        assert [f["version"] for f in http.post("/v1/functions/list", json={"name": "same"}).json()["functions"]] == versions[:1]
+        assert [
+            f["version"] for f in http.post("/v1/functions/list", json={"name": "same"}).json()["functions"]
+        ] == versions[:1]

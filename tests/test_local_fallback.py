@@ -8,8 +8,10 @@ import pytest
 
 from lancefn_jupyter.local import LocalRunError, gpu_available, run_local
 
+pytestmark = pytest.mark.unit
+
 # The layout packaging produces for a %%gpu_function cell: header, then the cell's definitions.
-CELL = b'''from __future__ import annotations
+CELL = b"""from __future__ import annotations
 
 import numpy as np
 from numba import cuda
@@ -29,7 +31,7 @@ def double_all(values: list[float]) -> list[float]:
     _double.forall(x.size)(x, out)
     print("doubled", x.size, "values")
     return out
-'''
+"""
 FILENAME = "<gpu_function double_all@v1>"
 
 
@@ -53,7 +55,9 @@ def test_warm_worker_is_reused_and_env_reaches_the_function():
 
 
 def test_kernel_error_raises_with_the_users_frames_only():
-    bad = CELL.replace(b"out[i] = 2 * x[i]", b"out[i] = 2 * x[i]\n        if x[i] < 0:\n            raise ValueError('negative')")
+    bad = CELL.replace(
+        b"out[i] = 2 * x[i]", b"out[i] = 2 * x[i]\n        if x[i] < 0:\n            raise ValueError('negative')"
+    )
     with pytest.raises(LocalRunError) as info:
         run_local(bad, "double_all", FILENAME, [{"values": [1.0, -1.0]}], mode="simulator")
     error = info.value

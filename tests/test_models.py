@@ -1,4 +1,4 @@
-"""Wire models: seed 000's tests ported, canonical JSON, derivation, job and GPU models."""
+"""Wire models: the byte-exact anchors of docs/ARCHITECTURE.md ("Function versions"), canonical JSON, derivation, job and GPU models."""
 
 import base64
 import hashlib
@@ -39,6 +39,8 @@ from lancefn_jupyter.models import (
     version_id,
 )
 
+pytestmark = pytest.mark.unit
+
 SEED_CANONICAL = '{"environment":{"kind":"pip"},"kind":"python_v2","python_version":"3.12","resources":{"num_gpus":1}}'
 SOURCE = b"from __future__ import annotations\n\n\ndef double(value: int) -> int:\n    return value * 2\n"
 
@@ -72,7 +74,7 @@ def request(source=SOURCE, name="double", num_gpus=1, pip=("numpy",)):
     )
 
 
-# ---------------------------------------------------------------- seed 000, ported
+# ---------------------------------------------------- byte-exact anchors and validation
 
 
 def test_udf_gpu_requirement_uses_resource_aware_runtime():
@@ -99,12 +101,9 @@ def test_resource_aware_python_runtime_round_trips_and_validates():
     assert parsed.to_canonical_json() == SEED_CANONICAL
 
     invalid = {
-        '{"kind":"python","python_version":"3.12","environment":{"kind":"pip"},"resources":{"num_gpus":1}}':
-            "python runtime with resources requires kind='python_v2'",
-        '{"kind":"python_v2","python_version":"3.12","environment":{"kind":"pip"}}':
-            "python_v2 runtime requires resources",
-        '{"kind":"python_v2","python_version":"3.12","environment":{"kind":"pip"},"resources":{"num_gpus":0}}':
-            "num_gpus must be a whole number of GPUs ≥ 1",
+        '{"kind":"python","python_version":"3.12","environment":{"kind":"pip"},"resources":{"num_gpus":1}}': "python runtime with resources requires kind='python_v2'",
+        '{"kind":"python_v2","python_version":"3.12","environment":{"kind":"pip"}}': "python_v2 runtime requires resources",
+        '{"kind":"python_v2","python_version":"3.12","environment":{"kind":"pip"},"resources":{"num_gpus":0}}': "num_gpus must be a whole number of GPUs ≥ 1",
     }
     for payload, message in invalid.items():
         with pytest.raises(ValidationError, match=re.escape(message)):
@@ -191,7 +190,10 @@ def test_pip_and_conda_are_exclusive():
 
 
 def test_image_is_optional_and_not_empty():
-    assert PythonEnvironmentSpec(kind="pip", image="nvcr.io/nvidia/pytorch:24.05").to_wire()["image"] == "nvcr.io/nvidia/pytorch:24.05"
+    assert (
+        PythonEnvironmentSpec(kind="pip", image="nvcr.io/nvidia/pytorch:24.05").to_wire()["image"]
+        == "nvcr.io/nvidia/pytorch:24.05"
+    )
     with pytest.raises(ValidationError, match="must not be empty"):
         PythonEnvironmentSpec(kind="pip", image="")
 
@@ -201,10 +203,21 @@ def test_image_is_optional_and_not_empty():
 
 def test_runtime_required_fields_name_the_fix():
     cases = {
-        "python runtime requires python_version; add python_version='3.12'": {"kind": "python", "environment": {"kind": "pip"}},
+        "python runtime requires python_version; add python_version='3.12'": {
+            "kind": "python",
+            "environment": {"kind": "pip"},
+        },
         "python runtime requires environment": {"kind": "python", "python_version": "3.12"},
-        "python_v2 runtime requires python_version": {"kind": "python_v2", "environment": {"kind": "pip"}, "resources": {"num_gpus": 1}},
-        "python_v2 runtime requires environment": {"kind": "python_v2", "python_version": "3.12", "resources": {"num_gpus": 1}},
+        "python_v2 runtime requires python_version": {
+            "kind": "python_v2",
+            "environment": {"kind": "pip"},
+            "resources": {"num_gpus": 1},
+        },
+        "python_v2 runtime requires environment": {
+            "kind": "python_v2",
+            "python_version": "3.12",
+            "resources": {"num_gpus": 1},
+        },
     }
     for message, payload in cases.items():
         with pytest.raises(ValidationError, match=re.escape(message)):
@@ -271,7 +284,12 @@ def test_canonical_json_rejects_non_finite_numbers(bad):
 def test_defaults_are_omitted_and_required_fields_written():
     job = Job(job_id="j", job_type="run_function", job_state=JobState.PENDING, creation_ms=0, placement={}, progress={})
     assert job.to_wire() == {
-        "job_id": "j", "job_type": "run_function", "job_state": "PENDING", "creation_ms": 0, "placement": {}, "progress": {},
+        "job_id": "j",
+        "job_type": "run_function",
+        "job_state": "PENDING",
+        "creation_ms": 0,
+        "placement": {},
+        "progress": {},
     }
     output = FunctionOutput(kind="scalar", arrow_type="int64", nullable=False)
     assert output.to_canonical_json() == '{"arrow_type":"int64","kind":"scalar","nullable":false}'
@@ -285,9 +303,13 @@ def test_strict_ints_everywhere():
     with pytest.raises(ValidationError):
         GpuUsage(name="default", gpus_total="2", gpus_busy=0, jobs_running=0, jobs_pending=0)
     with pytest.raises(ValidationError):
-        FunctionArtifactRequest.from_wire({**request().artifact.to_wire(), "adapter": {"kind": "scalar_to_arrow_batch", "version": True}})
+        FunctionArtifactRequest.from_wire(
+            {**request().artifact.to_wire(), "adapter": {"kind": "scalar_to_arrow_batch", "version": True}}
+        )
     with pytest.raises(ValidationError):
-        FunctionArtifactRequest.from_wire({**request().artifact.to_wire(), "adapter": {"kind": "scalar_to_arrow_batch", "version": 1.0}})
+        FunctionArtifactRequest.from_wire(
+            {**request().artifact.to_wire(), "adapter": {"kind": "scalar_to_arrow_batch", "version": 1.0}}
+        )
 
 
 # ------------------------------------------------------------------- artifacts etc.
@@ -403,16 +425,27 @@ def test_job_round_trip():
     again = Job.from_json(job.to_canonical_json())
     assert again == job
     assert again.job_state is JobState.FAILED
-    assert again.placement.to_wire() == {"gpu_class": "default", "num_gpus": 1, "devices": ["sim0"], "queue_position": 0}
+    assert again.placement.to_wire() == {
+        "gpu_class": "default",
+        "num_gpus": 1,
+        "devices": ["sim0"],
+        "queue_position": 0,
+    }
     assert again.result == [2, None, {"a": [1.5]}]
     with pytest.raises(TypeError):
         again.spec["name"] = "other"
 
 
 def test_job_validation():
-    base = Job(job_id="j", job_type="create_function", job_state="PENDING", creation_ms=0, placement={}, progress={}).to_wire()
+    base = Job(
+        job_id="j", job_type="create_function", job_state="PENDING", creation_ms=0, placement={}, progress={}
+    ).to_wire()
     for field, value in {
-        "job_state": "RUNNING", "job_type": "train", "creation_ms": -1, "result": float("inf"), "spec": {"x": {1, 2}},
+        "job_state": "RUNNING",
+        "job_type": "train",
+        "creation_ms": -1,
+        "result": float("inf"),
+        "spec": {"x": {1, 2}},
     }.items():
         with pytest.raises(ValidationError) as info:
             Job.from_wire({**base, field: value})
@@ -424,7 +457,14 @@ def test_job_validation():
 
 
 def test_job_states_and_display():
-    assert [display_state(state) for state in JobState] == ["pending", "running", "finished", "failed", "cancelled", "timed out"]
+    assert [display_state(state) for state in JobState] == [
+        "pending",
+        "running",
+        "finished",
+        "failed",
+        "cancelled",
+        "timed out",
+    ]
     assert display_state("IN_PROGRESS") == "running"
     assert TERMINAL_STATES == {JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT}
 
@@ -440,8 +480,13 @@ def test_gpu_class_and_usage_round_trip():
     )
     assert GpuClass.from_json(gpu.to_canonical_json()) == gpu
     assert "resource_name" not in gpu.to_wire() and "simulated" not in gpu.to_wire()
-    simulated = GpuClass(name="default", gpu_model="Simulated GPU (numba CUDA simulator)", gpu_memory_bytes=0,
-                         max_gpu_count_per_worker=2, simulated=True)
+    simulated = GpuClass(
+        name="default",
+        gpu_model="Simulated GPU (numba CUDA simulator)",
+        gpu_memory_bytes=0,
+        max_gpu_count_per_worker=2,
+        simulated=True,
+    )
     assert simulated.to_wire()["simulated"] is True
     with pytest.raises(ValidationError, match="max_gpu_count_per_worker"):
         GpuClass.from_wire({**gpu.to_wire(), "max_gpu_count_per_worker": 0})
@@ -456,16 +501,29 @@ _names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.-]{0,12}", fullmatch=True)
 _packages = st.lists(st.text(min_size=1, max_size=12).filter(str.strip), max_size=4)
 _environments = st.one_of(
     st.builds(PythonEnvironmentSpec, kind=st.just("pip"), packages=_packages),
-    st.builds(PythonEnvironmentSpec, kind=st.just("conda"), packages=_packages,
-              channels=st.lists(st.sampled_from(["conda-forge", "nvidia", "defaults"]), max_size=3)),
+    st.builds(
+        PythonEnvironmentSpec,
+        kind=st.just("conda"),
+        packages=_packages,
+        channels=st.lists(st.sampled_from(["conda-forge", "nvidia", "defaults"]), max_size=3),
+    ),
 )
-_resources = st.builds(FunctionResourceRequirements, num_gpus=st.integers(1, 2**32 - 1),
-                       gpu_class=st.none() | _names)
+_resources = st.builds(FunctionResourceRequirements, num_gpus=st.integers(1, 2**32 - 1), gpu_class=st.none() | _names)
 _runtimes = st.one_of(
-    st.builds(PythonRuntimeSpec, kind=st.just("python"), python_version=st.just("3.11"), environment=_environments,
-              env=st.none() | st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,6}", fullmatch=True), st.text(max_size=5))),
-    st.builds(PythonRuntimeSpec, kind=st.just("python_v2"), python_version=st.just("3.12"), environment=_environments,
-              resources=_resources),
+    st.builds(
+        PythonRuntimeSpec,
+        kind=st.just("python"),
+        python_version=st.just("3.11"),
+        environment=_environments,
+        env=st.none() | st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,6}", fullmatch=True), st.text(max_size=5)),
+    ),
+    st.builds(
+        PythonRuntimeSpec,
+        kind=st.just("python_v2"),
+        python_version=st.just("3.12"),
+        environment=_environments,
+        resources=_resources,
+    ),
     st.builds(PythonRuntimeSpec, kind=_names.filter(lambda kind: kind not in ("python", "python_v2"))),
 )
 
@@ -486,11 +544,14 @@ _json = st.recursive(
     max_leaves=20,
 )
 _runtime_like = st.fixed_dictionaries(
-    {}, optional={
+    {},
+    optional={
         "kind": st.sampled_from(["python", "python_v2", "other"]) | _json,
         "python_version": st.sampled_from(["3.12"]) | _json,
-        "environment": st.fixed_dictionaries({"kind": st.sampled_from(["pip", "conda"])},
-                                             optional={"packages": _json, "channels": _json}) | _json,
+        "environment": st.fixed_dictionaries(
+            {"kind": st.sampled_from(["pip", "conda"])}, optional={"packages": _json, "channels": _json}
+        )
+        | _json,
         "env": _json,
         "resources": st.fixed_dictionaries({"num_gpus": _json}) | _json,
     },

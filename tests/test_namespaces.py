@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import submit
+from helpers import submit
 
 ALICE, BOB, CAROL = "alice-key-000000001", "bob-key-00000000002", "carol-key-000000003"
 KEYS = f"""
@@ -76,7 +76,11 @@ def test_every_route_for_own_same_team_other_team_and_admin(teams):
         ("/v1/functions/describe", fn, missing_fn),
         ("/v1/functions/artifact", fn, missing_fn),
         ("/v1/functions/history", {"name": "embed"}, {"name": "embed"}),
-        ("/v1/functions/diff", {"name": "embed", "old": vid, "new": vid}, {"name": "embed", "old": MISSING_VERSION, "new": MISSING_VERSION}),
+        (
+            "/v1/functions/diff",
+            {"name": "embed", "old": vid, "new": vid},
+            {"name": "embed", "old": MISSING_VERSION, "new": MISSING_VERSION},
+        ),
         ("/v1/functions/run", {**fn, "rows": [{"x": 2}]}, {**missing_fn, "rows": [{"x": 2}]}),
         ("/v1/jobs/describe", {"job_id": job}, {"job_id": MISSING_JOB}),
         ("/v1/jobs/logs", {"job_id": job}, {"job_id": MISSING_JOB}),
@@ -90,7 +94,9 @@ def test_every_route_for_own_same_team_other_team_and_admin(teams):
                 status, reply = _reply(http, path, body)
                 if who == "other team":
                     # Exactly the reply for an id that does not exist (only the id differs).
-                    m_status, m_reply = _reply(http, path, missing if path != "/v1/functions/history" else {"name": "no-such-fn"})
+                    m_status, m_reply = _reply(
+                        http, path, missing if path != "/v1/functions/history" else {"name": "no-such-fn"}
+                    )
                     if path == "/v1/functions/history":
                         m_reply["error"]["message"] = m_reply["error"]["message"].replace("no-such-fn", "embed")
                     assert status == m_status == 404, (path, reply)
@@ -101,7 +107,11 @@ def test_every_route_for_own_same_team_other_team_and_admin(teams):
             listed = http.post("/v1/functions/list", json={}).json()["functions"]
             jobs = http.post("/v1/jobs/list", json={}).json()["jobs"]
             if who == "other team":
-                assert listed == [] and all(j["namespace"] == "carol" for j in jobs) and job not in {j["job_id"] for j in jobs}
+                assert (
+                    listed == []
+                    and all(j["namespace"] == "carol" for j in jobs)
+                    and job not in {j["job_id"] for j in jobs}
+                )
             else:
                 assert {(f["name"], f["version"], f["namespace"]) for f in listed} == {("embed", vid, "team-a")}
                 assert job in {j["job_id"] for j in jobs} and {j["namespace"] for j in jobs} == {"team-a"}
@@ -118,14 +128,25 @@ def test_function_names_are_per_namespace_and_the_admin_picks_one(teams):
     with client(cp, CAROL) as carol, client(cp, ALICE) as alice, cp.http() as admin:
         mine = register(carol, registration_body("embed"))  # the same name and content, another team
         assert mine["version"] == vid
-        assert [(f["name"], f["namespace"]) for f in carol.post("/v1/functions/list", json={}).json()["functions"]] == [("embed", "carol")]
+        assert [(f["name"], f["namespace"]) for f in carol.post("/v1/functions/list", json={}).json()["functions"]] == [
+            ("embed", "carol")
+        ]
         assert carol.post("/v1/functions/drop", json={"name": "embed", "version": vid}).json() == {"dropped": True}
-        assert alice.post("/v1/functions/describe", json={"name": "embed", "version": vid}).status_code == 200  # theirs stays
+        assert (
+            alice.post("/v1/functions/describe", json={"name": "embed", "version": vid}).status_code == 200
+        )  # theirs stays
         # A key may not name another namespace: the same 404 as a missing version.
-        assert alice.post("/v1/functions/describe", json={"name": "embed", "version": vid, "namespace": "carol"}).status_code == 404
+        assert (
+            alice.post(
+                "/v1/functions/describe", json={"name": "embed", "version": vid, "namespace": "carol"}
+            ).status_code
+            == 404
+        )
         listed = admin.post("/v1/functions/list", json={}).json()["functions"]
         assert {(f["name"], f["namespace"]) for f in listed} == {("embed", "team-a")}
-        job = admin.post("/v1/functions/run", json={"name": "embed", "version": vid, "rows": [{"x": 3}], "namespace": "team-a"}).json()["job_id"]
+        job = admin.post(
+            "/v1/functions/run", json={"name": "embed", "version": vid, "rows": [{"x": 3}], "namespace": "team-a"}
+        ).json()["job_id"]
         assert wait(admin, job)["namespace"] == "team-a"  # the job belongs to the function's team
         assert alice.post("/v1/jobs/describe", json={"job_id": job}).status_code == 200
 
@@ -255,9 +276,14 @@ def test_upgrade_of_a_home_from_the_release_before_namespaces(control_plane_fact
         assert alice.post("/v1/jobs/describe", json={"job_id": meta["job_id"]}).status_code == 404
         assert alice.post("/v1/functions/list", json={}).json()["functions"] == []
         # A team may now register the same name beside it.
-        assert register(alice, registration_body(meta["name"], source=meta["source"], entrypoint=meta["name"]))["version"] == meta["version"]
+        assert (
+            register(alice, registration_body(meta["name"], source=meta["source"], entrypoint=meta["name"]))["version"]
+            == meta["version"]
+        )
         events = []
-        with httpx.stream("GET", cp.url + "/v1/jobs/events", headers={"x-api-key": cp.api_key, "Last-Event-ID": "0"}, timeout=30) as stream:
+        with httpx.stream(
+            "GET", cp.url + "/v1/jobs/events", headers={"x-api-key": cp.api_key, "Last-Event-ID": "0"}, timeout=30
+        ) as stream:
             for line in stream.iter_lines():
                 if line.startswith("data: ") and meta["job_id"] in line:
                     events.append(json.loads(line[6:]))
@@ -278,13 +304,20 @@ def test_jobs_dashboard_shows_a_namespace_column_only_when_several_are_visible(t
 
     def jobs(key: str) -> list:
         with client(cp, key) as http:
-            return [Job.from_wire(j) for j in http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"]]
+            return [
+                Job.from_wire(j) for j in http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"]
+            ]
 
     admin_view = JobsDashboard(jobs=jobs(cp.api_key), client=object(), start=False)
     assert "<b>namespace</b>" in [getattr(c, "value", "") for c in admin_view.grid.children][:3]
     assert len(admin_view.grid.children) == 8 * 3  # header + 2 rows of 8 cells
-    assert "carol" in admin_view.rows[theirs].namespace_cell.value and "team-a" in admin_view.rows[first].namespace_cell.value
+    assert (
+        "carol" in admin_view.rows[theirs].namespace_cell.value
+        and "team-a" in admin_view.rows[first].namespace_cell.value
+    )
     own_view = JobsDashboard(jobs=jobs(ALICE), client=object(), start=False)
-    assert len(own_view.grid.children) == 7 * 2 and "<b>namespace</b>" not in [getattr(c, "value", "") for c in own_view.grid.children]
+    assert len(own_view.grid.children) == 7 * 2 and "<b>namespace</b>" not in [
+        getattr(c, "value", "") for c in own_view.grid.children
+    ]
     for view in (admin_view, own_view):
         view.close()

@@ -13,7 +13,6 @@ import os
 import nbformat
 import pytest
 from nbclient import NotebookClient
-
 from test_notebook_magics import _outputs_text
 
 try:  # the module-scoped Ray control plane of the Ray executor's tests, for the one Ray case here
@@ -23,6 +22,7 @@ except pytest.skip.Exception:  # Ray not installed: only that case is skipped
     @pytest.fixture
     def ray_cp():
         pytest.skip("ray is not installed")
+
 
 MAGIC = "%%gpu_function num_gpus=1\n"
 
@@ -85,8 +85,7 @@ def test_a_config_dict_defaults_and_a_refused_cell(control_plane, tmp_path):
         scaled,
         "TAG = 'edited'\n" + report,
         # 3: literal defaults and keyword-only parameters may be omitted by every caller
-        MAGIC + "from typing import Optional\n\n"
-        "def kw(x: int, *, scale: int = 2) -> int:\n    return x * scale\n",
+        MAGIC + "from typing import Optional\n\ndef kw(x: int, *, scale: int = 2) -> int:\n    return x * scale\n",
         "print('kw', kw.local(3), kw.submit(3).result(), kw.remote(3, scale=4),"
         " '/'.join(map(str, kw.map([{'x': 1}, {'x': 1, 'scale': 3}]).result())))",
         MAGIC + "from typing import Optional\n\n"
@@ -159,7 +158,9 @@ def test_the_notebooks_own_modules_travel_with_the_version(control_plane, tmp_pa
     assert line(texts, "included") == ["10", "10", "True"]
 
     outside, compiled = texts[12], texts[13]
-    assert "UsageError" in outside and "include=../outside.py" in outside and "outside the notebook's directory" in outside
+    assert (
+        "UsageError" in outside and "include=../outside.py" in outside and "outside the notebook's directory" in outside
+    )
     assert "UsageError" in compiled and "fast.cpython-312-x86_64-linux-gnu.so, a compiled extension module" in compiled
 
     late = "\n".join(row for row in texts[16].splitlines())

@@ -26,11 +26,7 @@ def test_magics_notebook_runs_top_to_bottom(control_plane, tmp_path):
         "%load_ext lancefn_jupyter",
         f"%lancefn connect {cp.url}",
         "%gpu_classes",
-        (
-            "%%gpu_function num_gpus=1\n"
-            "def normalize_score(value: float) -> float:\n"
-            "    return value / 100.0\n"
-        ),
+        ("%%gpu_function num_gpus=1\ndef normalize_score(value: float) -> float:\n    return value / 100.0\n"),
         "print(normalize_score(42.0), normalize_score.version.version)",
         "%gpu_versions",
     ]

@@ -18,6 +18,8 @@ from lancefn_jupyter.options import (
     parse_profile_line,
 )
 
+pytestmark = pytest.mark.unit
+
 SEED_CANONICAL = '{"environment":{"kind":"pip"},"kind":"python_v2","python_version":"3.12","resources":{"num_gpus":1}}'
 
 
@@ -57,7 +59,9 @@ def test_every_option_on_one_line():
     assert runtime.python_version == "3.11"
     assert runtime.resources.to_wire() == {"num_gpus": 2, "gpu_class": "h100"}
     assert runtime.environment.to_wire() == {
-        "kind": "pip", "packages": ["numpy", "pandas", "scipy"], "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "kind": "pip",
+        "packages": ["numpy", "pandas", "scipy"],
+        "image": "nvcr.io/nvidia/pytorch:24.05-py3",
     }
     assert dict(runtime.env) == {"B": "2", "MSG": "hello world"}
 
@@ -75,8 +79,19 @@ def test_package_lists_split_on_commas_but_not_inside_requirements():
     assert options.pip == ("numpy>=1.24,<2", "pkg[a,b]==1.0", "scipy")
 
 
-@pytest.mark.parametrize("text, value", [("yes", False), ("no", True), ("true", False), ("false", True),
-                                         ("1", False), ("0", True), ("YES", False), ("No", True)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("yes", False),
+        ("no", True),
+        ("true", False),
+        ("false", True),
+        ("1", False),
+        ("0", True),
+        ("YES", False),
+        ("No", True),
+    ],
+)
 def test_register_spellings(text, value):
     assert parse(f"register={text}").register is (not value)
 
@@ -165,11 +180,20 @@ def test_unknown_profile_lists_the_defined_ones():
 
 
 def test_profile_line():
-    profile = parse_profile_line("big_gpu num_gpus=4 gpu_class=h100 conda=cupy conda_channels=conda-forge "
-                                 "env=A=1 python_version=3.11 image=img:1 timeout_s=60")
+    profile = parse_profile_line(
+        "big_gpu num_gpus=4 gpu_class=h100 conda=cupy conda_channels=conda-forge "
+        "env=A=1 python_version=3.11 image=img:1 timeout_s=60"
+    )
     assert profile == ComputeProfile(
-        name="big_gpu", num_gpus=4, gpu_class="h100", conda=("cupy",), conda_channels=("conda-forge",),
-        env=(("A", "1"),), python_version="3.11", image="img:1", timeout_s=60.0,
+        name="big_gpu",
+        num_gpus=4,
+        gpu_class="h100",
+        conda=("cupy",),
+        conda_channels=("conda-forge",),
+        env=(("A", "1"),),
+        python_version="3.11",
+        image="img:1",
+        timeout_s=60.0,
     )
     assert parse_profile_line("empty") == ComputeProfile(name="empty")
 
@@ -237,7 +261,11 @@ def test_build_options_accepts_python_values():
     assert options.pip == ("numpy", "scipy")
     assert options.env == (("A", "1"), ("B", "2"))
     assert options.timeout_s == 30.0 and isinstance(options.timeout_s, float)
-    assert build_options(pip=["numpy", "scipy"]) == build_options(pip=("numpy", "scipy")) == build_options(pip="numpy,scipy")
+    assert (
+        build_options(pip=["numpy", "scipy"])
+        == build_options(pip=("numpy", "scipy"))
+        == build_options(pip="numpy,scipy")
+    )
     # None means "not given", so a decorator can forward its defaults.
     assert build_options(num_gpus=None, pip=None, register=None, profile=None) == FunctionOptions()
     assert build_options(num_gpus=2) == parse("num_gpus=2")
@@ -310,9 +338,21 @@ def test_dataclasses_validate_on_construction_and_are_frozen():
 
 def test_every_field_is_an_option():
     # The line accepts each field of FunctionOptions; a profile each field but name/profile/register.
-    values = {"num_gpus": "2", "gpu_class": "c", "name": "n", "pip": "p", "conda": "", "conda_channels": "",
-              "env": "A=1", "python_version": "3.12", "image": "i", "profile": "p", "register": "no", "timeout_s": "1",
-              "include": "mylib.py"}
+    values = {
+        "num_gpus": "2",
+        "gpu_class": "c",
+        "name": "n",
+        "pip": "p",
+        "conda": "",
+        "conda_channels": "",
+        "env": "A=1",
+        "python_version": "3.12",
+        "image": "i",
+        "profile": "p",
+        "register": "no",
+        "timeout_s": "1",
+        "include": "mylib.py",
+    }
     assert {field.name for field in dataclasses.fields(FunctionOptions)} == set(values)
     profile_fields = {field.name for field in dataclasses.fields(ComputeProfile)} - {"name"}
     assert profile_fields == set(values) - {"name", "profile", "register", "include"}
@@ -327,9 +367,39 @@ def test_every_field_is_an_option():
 # ----------------------------------------------------------------------- properties
 
 _tokens = st.sampled_from(
-    ["num_gpus", "gpu_class", "name", "pip", "conda", "conda_channels", "env", "python_version", "image",
-     "profile", "register", "timeout_s", "=", ",", "'", '"', " ", "\\", "1", "0", "-1", "1.5", "yes", "A=1",
-     "numpy", "[", "]", ">=", "nan", "default", "p"]
+    [
+        "num_gpus",
+        "gpu_class",
+        "name",
+        "pip",
+        "conda",
+        "conda_channels",
+        "env",
+        "python_version",
+        "image",
+        "profile",
+        "register",
+        "timeout_s",
+        "=",
+        ",",
+        "'",
+        '"',
+        " ",
+        "\\",
+        "1",
+        "0",
+        "-1",
+        "1.5",
+        "yes",
+        "A=1",
+        "numpy",
+        "[",
+        "]",
+        ">=",
+        "nan",
+        "default",
+        "p",
+    ]
 )
 
 
@@ -354,9 +424,14 @@ _options = st.fixed_dictionaries(
         "gpu_class": _words,
         "name": _words,
         "pip": st.lists(_words, min_size=1, max_size=3, unique=True),
-        "env": st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,6}", fullmatch=True)
-                               .filter(lambda name: name not in ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")),
-                               _env_values, min_size=1, max_size=3),
+        "env": st.dictionaries(
+            st.from_regex(r"[A-Z_][A-Z0-9_]{0,6}", fullmatch=True).filter(
+                lambda name: name not in ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")
+            ),
+            _env_values,
+            min_size=1,
+            max_size=3,
+        ),
         "python_version": st.sampled_from(["3.10", "3.11", "3.12", "3.13"]),
         "image": _words,
         "register": st.booleans(),

@@ -1,4 +1,8 @@
-"""Tests for lancefn_jupyter.packaging: cell / function -> artifact bytes, digest, signature."""
+"""Tests for lancefn_jupyter.packaging: cell / function -> artifact bytes, digest, signature.
+
+Size: over 600 lines because it follows the packaging package's four modules (capture, cell, function,
+signature) test by test; all of it is the fast unit tier.
+"""
 
 from __future__ import annotations
 
@@ -35,10 +39,7 @@ def normalize_score(value: float) -> float:
 
 
 LANCEDB_SNAPSHOT = (
-    b"from __future__ import annotations\n"
-    b"\n"
-    b"def normalize_score(value: float) -> float:\n"
-    b"    return value / 100.0\n"
+    b"from __future__ import annotations\n\ndef normalize_score(value: float) -> float:\n    return value / 100.0\n"
 )
 
 
@@ -167,9 +168,7 @@ _ = math.floor(1.5)
 """
     packaged = pack(cell, {"print": lambda *a: None})
     assert packaged.source_text == (
-        HEADER
-        + "\n"
-        + "import math\n\ndef double(x: float) -> float:\n    return x * 2\n_ = math.floor(1.5)\n"
+        HEADER + "\n" + "import math\n\ndef double(x: float) -> float:\n    return x * 2\n_ = math.floor(1.5)\n"
     )
 
 
@@ -219,7 +218,18 @@ def entry(x: float) -> float:
         "single = (7,)",
     ]
     assert packaged.captured == (
-        "OD", "TAGS", "big", "blob", "flag", "js", "m", "name", "nothing", "ratio", "root", "single",
+        "OD",
+        "TAGS",
+        "big",
+        "blob",
+        "flag",
+        "js",
+        "m",
+        "name",
+        "nothing",
+        "ratio",
+        "root",
+        "single",
     )
     # exactly one blank line between header, captures and code
     assert packaged.source_text.startswith(HEADER + "\nfrom collections import OrderedDict as OD\n")
@@ -590,9 +600,7 @@ def _annotated(annotation):
 def test_signature_type_table(annotation, arrow_type, nullable):
     function = _annotated(annotation)
     signature = infer_signature(function)
-    assert [(p.name, p.arrow_type, p.nullable) for p in signature.inputs] == [
-        ("value", arrow_type, nullable)
-    ]
+    assert [(p.name, p.arrow_type, p.nullable) for p in signature.inputs] == [("value", arrow_type, nullable)]
     assert signature.output.to_wire() == {"kind": "scalar", "arrow_type": "int64", "nullable": False}
 
 
@@ -724,7 +732,7 @@ def double_all(values: list[float]) -> list[float]:
 
 
 def test_package_function_includes_kernel_and_helpers_from_main(tmp_path, fake_cuda):
-    namespace = load_main(tmp_path, NOTEBOOK_SOURCE, gpu_function=lambda **kw: (lambda f: f))
+    namespace = load_main(tmp_path, NOTEBOOK_SOURCE, gpu_function=lambda **kw: lambda f: f)
     packaged = package_function(namespace["double_all"])
     assert packaged.source_text == (
         "from __future__ import annotations\n"
@@ -863,6 +871,8 @@ def test_package_function_imports_importable_functions():
 
 from math import sqrt  # noqa: E402  (module-level, referenced below)
 
+pytestmark = pytest.mark.unit
+
 
 def _uses_importable(x: float) -> float:
     return sqrt(x) if infer_signature else x
@@ -873,7 +883,7 @@ def _uses_importable(x: float) -> float:
 
 def test_real_numba_kernel_cell_packages_and_runs_under_the_simulator(tmp_path):
     script = textwrap.dedent(
-        '''
+        """
         import json, sys
         from lancefn_jupyter.packaging import package_cell, package_function
         cell = sys.argv[1]
@@ -892,14 +902,17 @@ def test_real_numba_kernel_cell_packages_and_runs_under_the_simulator(tmp_path):
             "captured2": list(by_function.captured),
             "source2": by_function.source_text,
         }))
-        '''
+        """
     )
     cell_path = tmp_path / "cell.py"
     cell_path.write_text(KERNEL_CELL)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     done = subprocess.run(
         [sys.executable, "-c", script, KERNEL_CELL, str(cell_path)],
-        capture_output=True, text=True, env=env, timeout=240,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -934,7 +947,9 @@ _FORMATTING_BASE = [
     st.lists(
         st.tuples(
             st.integers(min_value=0, max_value=3),  # blank lines before
-            st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=20)),
+            st.one_of(
+                st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=20)
+            ),
             st.integers(min_value=0, max_value=8),  # comment indentation
             st.integers(min_value=0, max_value=3),  # trailing spaces
             st.booleans(),  # trailing comment
@@ -947,7 +962,7 @@ _FORMATTING_BASE = [
 def test_formatting_changes_never_change_the_digest(edits, indent):
     reference = "\n".join("    " * level + text for text, level in _FORMATTING_BASE) + "\n"
     lines = []
-    for (text, level), (blanks, comment, comment_indent, trailing, tail) in zip(_FORMATTING_BASE, edits):
+    for (text, level), (blanks, comment, comment_indent, trailing, tail) in zip(_FORMATTING_BASE, edits, strict=False):
         lines.extend([" " * trailing] * blanks)
         if comment is not None:
             lines.append(" " * comment_indent + "#" + comment)

@@ -16,22 +16,22 @@ from typing import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from browser_util import (
-    chromium_missing_reason,
     built_labextension,
+    chromium_missing_reason,
     free_port,
     launch_chromium,
     open_lab,
     register_gate_function,
-    wait_lab_ready,
     run_command,
     screenshot,
     start_jupyter,
     submit_gate_job,
     wait_job_state,
+    wait_lab_ready,
 )
 from conftest import ControlPlaneProcess, make_env, register, registration_body
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 _missing = chromium_missing_reason()
 if _missing is None and built_labextension() is None:
@@ -123,7 +123,16 @@ def open_panel(page) -> None:
 def open_notebook(page, server, name: str, source: str, workspace: str):
     """Writes a one-cell notebook, opens it and waits for its kernel; returns the cell's editor."""
     notebook = {
-        "cells": [{"cell_type": "code", "execution_count": None, "id": "first", "metadata": {}, "outputs": [], "source": source}],
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": "first",
+                "metadata": {},
+                "outputs": [],
+                "source": source,
+            }
+        ],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
         "nbformat": 4,
         "nbformat_minor": 5,
@@ -388,7 +397,13 @@ def test_a_batch_row_shows_rows_chunks_by_state_and_cancels(page, lab):
         # Two chunks finished, two running on the two GPUs, one waiting: one strip cell per chunk.
         page.wait_for_selector(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"] .lf-progress-text:text("4/10 rows")')
         cells = row.locator(".lf-chunk")
-        assert [cells.nth(i).get_attribute("title") for i in range(5)] == ["finished", "finished", "running", "running", "pending"]
+        assert [cells.nth(i).get_attribute("title") for i in range(5)] == [
+            "finished",
+            "finished",
+            "running",
+            "running",
+            "pending",
+        ]
         assert "2 finished, 2 running, 1 pending of 5 chunks" in row.locator(".lf-batch-detail").inner_text()
         screenshot(page, "panel-batch")
         row.locator(".lf-job-cancel").click()
@@ -462,9 +477,19 @@ def test_pending_jobs_show_their_expected_start_behind_busy_gpus(page, lab):
     open_panel(page)
     with lab.cp.http() as http:
         nap = register(
-            http, registration_body("nap", source=NAP_SOURCE, entrypoint="nap", inputs=(("s", "float64", False),), output_type="float64", num_gpus=2)
+            http,
+            registration_body(
+                "nap",
+                source=NAP_SOURCE,
+                entrypoint="nap",
+                inputs=(("s", "float64", False),),
+                output_type="float64",
+                num_gpus=2,
+            ),
         )["version"]
-        history = http.post("/v1/functions/run", json={"name": "nap", "version": nap, "rows": [{"s": 2.0}]}).json()["job_id"]
+        history = http.post("/v1/functions/run", json={"name": "nap", "version": nap, "rows": [{"s": 2.0}]}).json()[
+            "job_id"
+        ]
         assert wait_job_state(http, history, {"DONE", "FAILED"}, timeout=60)["job_state"] == "DONE"
         holder_version = register_gate_function(http, name="hold_gpus", num_gpus=2)
         gate = lab.tmp / "gate-expected-start"

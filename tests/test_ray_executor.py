@@ -4,6 +4,9 @@ class resources, driven over HTTP like every other server test.
 
 Ray is slow to start (~8 s, more on a busy machine), so one server serves the whole module and
 the tests that end it (lost cluster, SIGKILL + restart, stop) come last, in file order.
+
+Size: over 600 lines because that one module-scoped Ray server is what keeps this tier affordable;
+splitting the file would start Ray once more per file.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 pytest.importorskip("ray")
@@ -39,7 +41,7 @@ gpu_model = "Simulated big GPU"
 simulated = 1
 """
 
-PROBE = '''
+PROBE = """
 import json
 import os
 import sys
@@ -58,9 +60,9 @@ def probe(tag: str) -> str:
         "resources": context.get_assigned_resources(),
         "node": context.get_node_id(),
     })
-'''
+"""
 
-WAIT = '''
+WAIT = """
 import os
 import time
 
@@ -71,9 +73,9 @@ def wait_for(path: str) -> str:
     while not os.path.exists(path):
         time.sleep(0.05)
     return os.environ.get("CUDA_VISIBLE_DEVICES", "")
-'''
+"""
 
-FAILING = '''
+FAILING = """
 def _check(x):
     if x < 0:
         raise ValueError(f"x must be >= 0, got {x}")
@@ -82,7 +84,7 @@ def _check(x):
 
 def checked(x: int) -> int:
     return _check(x)
-'''
+"""
 
 TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
 SLOW = 120.0  # generous: a first task on a busy 2-core CI box waits for a Ray worker to start
@@ -276,13 +278,25 @@ def test_ray_output_quoting_a_jobs_env_is_scrubbed_before_it_reaches_the_server_
 
     executor = RayExecutor()  # not started: launches wait in its buffer
     task = TaskSpec(
-        job_id="j1", name="f", version="v", artifact=b"", entrypoint="f", rows=[], devices=(),
-        simulated=True, gpu_class="small", num_gpus=1, env={"TOKEN": "tok-0123456789", "FLAG": "1"},
-        packages=(), timeout_s=None,
+        job_id="j1",
+        name="f",
+        version="v",
+        artifact=b"",
+        entrypoint="f",
+        rows=[],
+        devices=(),
+        simulated=True,
+        gpu_class="small",
+        num_gpus=1,
+        env={"TOKEN": "tok-0123456789", "FLAG": "1"},
+        packages=(),
+        timeout_s=None,
     )
     executor.launch(task)
     line = "RuntimeEnvSetupError: runtime_env={'env_vars': {'TOKEN': 'tok-0123456789', 'FLAG': '1'}}"
-    assert executor._scrub(line) == "RuntimeEnvSetupError: runtime_env={'env_vars': {'TOKEN': '<redacted>', 'FLAG': '1'}}"
+    assert (
+        executor._scrub(line) == "RuntimeEnvSetupError: runtime_env={'env_vars': {'TOKEN': '<redacted>', 'FLAG': '1'}}"
+    )
 
 
 # ------------------------------------------------------------------------------ tests
@@ -292,8 +306,14 @@ def test_job_runs_on_the_gpu_ids_ray_assigns_with_env_and_logs(ray_cp):
     with ray_cp.http() as http:
         assert http.get("/v1/health").json()["executor"] == "ray"
         version = _version(
-            http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8",
-            gpu_class="small", env={"GREETING": "hi"},
+            http,
+            "probe",
+            PROBE,
+            "probe",
+            inputs=(("tag", "utf8", False),),
+            output_type="utf8",
+            gpu_class="small",
+            env={"GREETING": "hi"},
         )
         job_id = _run(http, "probe", version, [{"tag": "a"}])
         job = _finished(http, job_id)
@@ -333,7 +353,9 @@ def test_two_classes_are_routed_to_their_class_resources(ray_cp):
 
 def test_more_jobs_than_gpus_wait_pending_until_gpus_free(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small"
+        )
         job_ids = [_run(http, "wait_for", version, [{"path": str(flag)}]) for _ in range(3)]
         deadline = time.monotonic() + SLOW
         while True:
@@ -364,7 +386,9 @@ def test_more_jobs_than_gpus_wait_pending_until_gpus_free(ray_cp, flag):
 
 def test_cancel_pending_and_running_jobs_frees_the_gpu(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
+        )
         first = _run(http, "wait_for", version, [{"path": str(flag)}])
         _until(http, first, ("IN_PROGRESS",))
         second = _run(http, "wait_for", version, [{"path": str(flag)}])
@@ -403,7 +427,9 @@ def test_failure_reports_the_remote_traceback_with_user_frames_only(ray_cp):
 
 def test_missing_declared_package_fails_in_phase_environment(ray_cp):
     with ray_cp.http() as http:
-        version = _version(http, "needs_pkg", FAILING, "checked", gpu_class="small", packages=("definitely-not-installed-lancefn-pkg",))
+        version = _version(
+            http, "needs_pkg", FAILING, "checked", gpu_class="small", packages=("definitely-not-installed-lancefn-pkg",)
+        )
         job = _finished(http, _run(http, "needs_pkg", version, [{"x": 1}]))
         assert job["job_state"] == "FAILED", job
         failure = job["failure"]
@@ -413,7 +439,9 @@ def test_missing_declared_package_fails_in_phase_environment(ray_cp):
 
 def test_timeout_cancels_the_task(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
+        )
         job = _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}], timeout_s=1.5))
         assert job["job_state"] == "TIMED_OUT", job
         assert job["failure"]["phase"] == "timeout" and "1.5 s" in job["failure"]["message"]
@@ -447,7 +475,9 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
     base = tmp_path_factory.mktemp("addr")
     (base / "classes.toml").write_text(ADDRESS_CLASSES)
     with ray_cp.http() as http:  # the module server's Ray is up once a job has run
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
+        )
         flag.touch()
         assert _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
     address = _ray_address(ray_cp)
@@ -460,15 +490,27 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
     try:
         cp.start()
         with cp.http() as http:
-            version = _version(http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8", gpu_class="big")
+            version = _version(
+                http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8", gpu_class="big"
+            )
             job = _finished(http, _run(http, "probe", version, [{"tag": "joined"}]))
             assert job["job_state"] == "DONE", job
             seen = json.loads(job["result"][0])
-            assert seen["resources"].get("lancefn_gpu_class:big") == 1.0 and seen["cvd"] == ",".join(job["placement"]["devices"])
+            assert seen["resources"].get("lancefn_gpu_class:big") == 1.0 and seen["cvd"] == ",".join(
+                job["placement"]["devices"]
+            )
             usage = _usage(http)
             assert usage["big"]["gpus_total"] == 1 and usage["t4"]["gpus_total"] == 0  # from the cluster's labels
             # No node offers "t4": Ray holds the task (an autoscaler would add a node for it).
-            t4 = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="t4")
+            t4 = _version(
+                http,
+                "wait_for",
+                WAIT,
+                "wait_for",
+                inputs=(("path", "utf8", False),),
+                output_type="utf8",
+                gpu_class="t4",
+            )
             waiting = _run(http, "wait_for", t4, [{"path": str(flag)}])
             time.sleep(2.0)
             job = _job(http, waiting)
@@ -481,13 +523,17 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
     finally:
         cp.kill()
     with ray_cp.http() as http:  # the cluster it joined is not its to stop
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
+        )
         assert _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
 
 
 def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
+        )
         job_id = _run(http, "wait_for", version, [{"path": str(flag)}])
         _until(http, job_id, ("IN_PROGRESS",))
         old = _bridge(ray_cp)
@@ -514,7 +560,9 @@ def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp
 
 def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small"
+        )
         job_id = _run(http, "wait_for", version, [{"path": str(flag)}])
         _until(http, job_id, ("IN_PROGRESS",))
     bridge = _bridge(ray_cp)
@@ -532,22 +580,19 @@ def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp
         assert job["job_state"] == "DONE", job
 
 
-def test_server_stop_leaves_no_ray_processes(ray_cp):
-    bridge = _bridge(ray_cp)
-    assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
-    assert ray_cp.stop() == 0
-    _wait_no_session(bridge.pid, timeout=10)
-
-
 def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
     """Each chunk is a Ray task of the class's resource, waiting in Ray for the class's GPUs."""
     with ray_cp.http() as http:
-        version = _version(http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small")
+        version = _version(
+            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small"
+        )
         gates = [tmp_path / f"chunk{i}" for i in range(4)]
         for gate in gates[:3]:
             gate.touch()
         chunks = [[{"path": str(gate)}, {"path": str(gate)}] for gate in gates]
-        reply = http.post("/v1/batches/create", json={"name": "wait_for", "version": version, "chunks": chunks, "timeout_s": 30})
+        reply = http.post(
+            "/v1/batches/create", json={"name": "wait_for", "version": version, "chunks": chunks, "timeout_s": 30}
+        )
         assert reply.status_code == 202, reply.text
         batch_id = reply.json()["batch_id"]
         deadline = time.monotonic() + SLOW
@@ -561,4 +606,15 @@ def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
         assert batch["batch_state"] == "DONE", batch
         for chunk in batch["chunks"]:
             job = _finished(http, chunk["job_id"])  # `wait_for` returns the devices its task ran on
-            assert job["result"] == [",".join(job["placement"]["devices"])] * 2 and (chunk["row_start"], chunk["row_end"]) == (2 * chunk["index"], 2 * chunk["index"] + 2)
+            assert job["result"] == [",".join(job["placement"]["devices"])] * 2 and (
+                chunk["row_start"],
+                chunk["row_end"],
+            ) == (2 * chunk["index"], 2 * chunk["index"] + 2)
+
+
+def test_server_stop_leaves_no_ray_processes(ray_cp):
+    # Last in this module: it stops the module's Ray-backed server.
+    bridge = _bridge(ray_cp)
+    assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
+    assert ray_cp.stop() == 0
+    _wait_no_session(bridge.pid, timeout=10)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from typing import Iterator
 
 import psutil
@@ -32,7 +31,7 @@ gpu_model = "NVIDIA T4"
 gpu_memory_bytes = 17179869184
 devices = [0, 1]
 """
-PID = '''
+PID = """
 import os
 import time
 
@@ -46,7 +45,7 @@ def pid_of(path: str) -> str:
         while not os.path.exists(path):
             time.sleep(0.02)
     return f"{os.getpid()} {os.environ.get('CUDA_VISIBLE_DEVICES')}"
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +79,13 @@ def cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
 
 def _version(http, *, comment: str = "", num_gpus: int = 1) -> str:
     body = registration_body(
-        "pid_of", source=PID + comment, entrypoint="pid_of", inputs=(("path", "utf8", False),), output_type="utf8",
-        num_gpus=num_gpus, gpu_class="real",
+        "pid_of",
+        source=PID + comment,
+        entrypoint="pid_of",
+        inputs=(("path", "utf8", False),),
+        output_type="utf8",
+        num_gpus=num_gpus,
+        gpu_class="real",
     )
     return register(http, body)["version"]
 
@@ -103,8 +107,11 @@ def _until(what, condition, timeout: float = SLOW):
 def _finished(http, job_id: str) -> dict:
     return _until(
         f"job {job_id} to end",
-        lambda: (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"]
-        in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT") and job,
+        lambda: (
+            (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"]
+            in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
+            and job
+        ),
     )
 
 
@@ -132,7 +139,10 @@ def test_a_crashed_actor_fails_its_job_and_is_replaced(cp):
         warm = _pid(http, v1)
         job = _finished(http, _run(http, v1, "crash"))
         assert job["job_state"] == "FAILED" and job["failure"]["phase"] == "worker", job["failure"]
-        assert _until("the crashed actor to be gone", lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE)
+        assert _until(
+            "the crashed actor to be gone",
+            lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE,
+        )
         fresh = _pid(http, v1)
         assert fresh != warm
         assert _pid(http, v1) == fresh
@@ -147,7 +157,10 @@ def test_cancelling_a_job_on_a_warm_actor_kills_it_and_frees_its_gpus(cp, tmp_pa
         _until("the job to run", lambda: (tmp_path / "gate.pid").exists())
         assert int((tmp_path / "gate.pid").read_text()) == warm  # on the warm actor
         assert http.post("/v1/jobs/cancel", json={"job_id": running}).json()["cancelled"] is True
-        _until("the actor to be killed", lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE)
+        _until(
+            "the actor to be killed",
+            lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE,
+        )
         # Both GPUs are free again: a 2-GPU job starts and finishes.
         both = _version(http, comment="# two GPUs\n", num_gpus=2)
         job = _finished(http, _run(http, both))
@@ -174,12 +187,19 @@ def test_a_job_of_another_version_waiting_for_the_gpus_gets_them_when_the_runnin
             timeout=IDLE_S * 2 / 3,
         )
         assert int(job["result"][0].split()[0]) != holder_pid
-        _until("the holder's actor to be gone", lambda: not psutil.pid_exists(holder_pid) or psutil.Process(holder_pid).status() == psutil.STATUS_ZOMBIE)
+        _until(
+            "the holder's actor to be gone",
+            lambda: not psutil.pid_exists(holder_pid) or psutil.Process(holder_pid).status() == psutil.STATUS_ZOMBIE,
+        )
 
 
 def test_an_idle_actor_retires(cp):
     with cp.http() as http:
         v1 = _version(http, comment="# retire me\n")
         warm = _pid(http, v1)
-        _until("the idle actor to retire", lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE, timeout=IDLE_S + 60)
+        _until(
+            "the idle actor to retire",
+            lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE,
+            timeout=IDLE_S + 60,
+        )
         assert _pid(http, v1) != warm

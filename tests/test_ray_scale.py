@@ -33,13 +33,13 @@ gpu_model = "NVIDIA T4"
 gpu_memory_bytes = 17179869184
 max_gpu_count_per_worker = 4
 """
-WHERE = '''
+WHERE = """
 import ray
 
 
 def where(tag: str) -> str:
     return ray.get_runtime_context().get_node_id()
-'''
+"""
 T4 = "lancefn_gpu_class:t4"
 
 
@@ -105,13 +105,20 @@ def _until(what, condition, timeout: float = SLOW):
 def _finished(http, job_id: str) -> dict:
     return _until(
         f"job {job_id} to end",
-        lambda: (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"]
-        in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT") and job,
+        lambda: (
+            (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"]
+            in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
+            and job
+        ),
     )
 
 
 def _hub_node() -> str:
-    hubs = [a for a in ray._private.state.actors().values() if (a.get("Name") or "").startswith("lancefn-hub-") and a["State"] == "ALIVE"]
+    hubs = [
+        a
+        for a in ray._private.state.actors().values()
+        if (a.get("Name") or "").startswith("lancefn-hub-") and a["State"] == "ALIVE"
+    ]
     assert len(hubs) == 1, hubs
     return hubs[0]["Address"]["NodeID"]
 
@@ -121,7 +128,14 @@ def test_an_unfittable_job_says_why_and_starts_once_a_big_node_joins_and_node_lo
     cluster.wait_for_nodes()
     head_id = cluster.head_node.node_id
     with cp.http() as http:
-        body = registration_body("where", source=WHERE, entrypoint="where", inputs=(("tag", "utf8", False),), output_type="utf8", gpu_class="t4")
+        body = registration_body(
+            "where",
+            source=WHERE,
+            entrypoint="where",
+            inputs=(("tag", "utf8", False),),
+            output_type="utf8",
+            gpu_class="t4",
+        )
         one = register(http, body)["version"]
         job = _finished(http, _run(http, one, "first"))
         assert job["job_state"] == "DONE" and job["result"] == [small.node_id], job
@@ -134,7 +148,19 @@ def test_an_unfittable_job_says_why_and_starts_once_a_big_node_joins_and_node_lo
         two = register(http, body)["version"]
         waiting = _run(http, two, "big")
         # The reason follows the bridge's periodic read of the cluster: wait until it has seen the new node.
-        job = _until("a pending reason naming the small node", lambda: "(the largest has 1)" in ((j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["placement"].get("pending_reason") or "") and j)
+        job = _until(
+            "a pending reason naming the small node",
+            lambda: (
+                "(the largest has 1)"
+                in (
+                    (j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["placement"].get(
+                        "pending_reason"
+                    )
+                    or ""
+                )
+                and j
+            ),
+        )
         assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True
         reason = job["placement"]["pending_reason"]
         assert "no node of GPU class 't4' can currently fit 2 GPUs (the largest has 1)" in reason

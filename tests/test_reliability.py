@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import DEADLINE_S, describe, logs, process_gone, submit, usage, wait_done, wait_until
+from helpers import DEADLINE_S, describe, submit, wait_done, wait_until
+from test_jobs_e2e import logs, process_gone, usage
 
 TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
 IDLE_USAGE = {"name": "default", "gpus_total": 2, "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 0}
@@ -123,7 +124,7 @@ def test_sigkill_twice_during_100_jobs_loses_no_job_version_or_gpu(control_plane
         assert len(http.post("/v1/functions/list", json={}).json()["functions"]) == 6
         assert usage(http) == IDLE_USAGE  # no GPU held by a job that died with a server
     for pid in orphans:  # workers orphaned by the kills exit on their own
-        wait_until(lambda: process_gone(pid), f"orphaned worker {pid} to exit")
+        wait_until(lambda pid=pid: process_gone(pid), f"orphaned worker {pid} to exit")
 
 
 # --------------------------------------------------------- a worker killed in every phase
@@ -181,7 +182,9 @@ def victim(x: int) -> int:
 
 
 @pytest.mark.parametrize("phase", sorted(VICTIMS))
-def test_worker_killed_while_importing_running_or_returning_fails_the_job_and_frees_its_gpu(control_plane, tmp_path, phase):
+def test_worker_killed_while_importing_running_or_returning_fails_the_job_and_frees_its_gpu(
+    control_plane, tmp_path, phase
+):
     pidfile, gate = tmp_path / "pid", tmp_path / "gate"
     source = VICTIMS[phase].replace("PIDFILE", repr(str(pidfile))).replace("GATE", repr(str(gate)))
     with control_plane.http() as http:
@@ -209,7 +212,7 @@ def test_idle_warm_workers_killed_are_replaced_transparently(control_plane):
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         for pid in pids:
-            wait_until(lambda: pid not in worker_pids(control_plane), f"worker {pid} to be reaped")
+            wait_until(lambda pid=pid: pid not in worker_pids(control_plane), f"worker {pid} to be reaped")
         jobs = [submit(http, "double", version, [{"x": x}]) for x in range(6)]
         assert [wait_done(http, job)["result"] for job in jobs] == [[2 * x] for x in range(6)]
         assert usage(http) == IDLE_USAGE
@@ -241,14 +244,23 @@ def test_server_json_deleted_or_overwritten_while_running_is_restored(home, monk
         else:
             path.write_text('{"url": "http://127.0.0.1:9", "api_key": "x", "pid": 1}')
         # The running server (the lock holder) puts it back; a new client finds the same server.
-        wait_until(lambda: (r := read_server_info(home)) is not None and r.pid == info.pid, f"server.json restored after {damage}")
+        wait_until(
+            lambda: (r := read_server_info(home)) is not None and r.pid == info.pid,
+            f"server.json restored after {damage}",
+        )
         assert ensure_server(home, timeout=20).pid == info.pid
         assert os.stat(path).st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize(
     "content",
-    [b"", b"\x00\x01garbage", b'{"url": 5, "api_key": null, "pid": "x"}', b'{"url": "http://127.0.0.1:9", "api_key": "k", "pid": 1}', b"[]"],
+    [
+        b"",
+        b"\x00\x01garbage",
+        b'{"url": 5, "api_key": null, "pid": "x"}',
+        b'{"url": "http://127.0.0.1:9", "api_key": "k", "pid": 1}',
+        b"[]",
+    ],
     ids=["empty", "binary", "wrong-types", "live-unrelated-pid-dead-url", "not-an-object"],
 )
 def test_unusable_server_json_with_no_server_running_is_replaced(home, monkeypatch, content):
@@ -327,7 +339,9 @@ def small_disk(tmp_path):
     """A 24 MiB tmpfs (needs root / CAP_SYS_ADMIN; skipped otherwise)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], capture_output=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to simulate a full disk: {done.stderr.decode(errors='replace').strip()}")
     yield mount
@@ -379,7 +393,10 @@ def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_pla
         fill(small_disk / "filler")
         for reply in (
             http.post("/v1/functions/create", json=big_registration("big")),
-            http.post("/v1/functions/run", json={"name": "kept", "version": kept["version"], "rows": [{"x": i} for i in range(20_000)]}),
+            http.post(
+                "/v1/functions/run",
+                json={"name": "kept", "version": kept["version"], "rows": [{"x": i} for i in range(20_000)]},
+            ),
         ):
             assert reply.status_code == 507, reply.text
             error = reply.json()["error"]

@@ -8,6 +8,8 @@ import pytest
 
 from lancefn_jupyter.server.scheduler import Placement, SchedulerState, queue_positions, release, schedule
 
+pytestmark = pytest.mark.unit
+
 
 def two_gpu_state() -> SchedulerState:
     return SchedulerState({"default": ("sim0", "sim1")})
@@ -155,7 +157,9 @@ def test_queue_position_matches_the_queue_order_under_random_operations():
     from hypothesis import strategies as st
 
     ops = st.lists(
-        st.tuples(st.sampled_from(["gpu", "cpu", "schedule", "release", "cancel"]), st.integers(0, 50), st.integers(1, 2)),
+        st.tuples(
+            st.sampled_from(["gpu", "cpu", "schedule", "release", "cancel"]), st.integers(0, 50), st.integers(1, 2)
+        ),
         max_size=80,
     )
 

@@ -17,7 +17,7 @@ import stat
 import httpx
 import pytest
 from conftest import register, registration_body
-from test_jobs_e2e import submit
+from helpers import submit
 from test_server_functions import all_routes, assert_error
 
 ANALYST = "analyst-key-0001-aaaa"
@@ -108,7 +108,9 @@ def test_no_unauthenticated_schema_docs_or_cross_origin_access(control_plane):
 def test_api_key_lookalikes_and_other_carriers_are_rejected(control_plane):
     key, url = control_plane.api_key, control_plane.url + "/v1/gpu/usage"
     for wrong in (key + "x", key[:-1], key.swapcase(), key[: len(key) // 2], "é" * 8, key.encode().hex()):
-        assert_error(httpx.get(url, headers={"x-api-key": wrong.encode("utf-8")}), 401, "API key")  # raw bytes, UTF-8 included
+        assert_error(
+            httpx.get(url, headers={"x-api-key": wrong.encode("utf-8")}), 401, "API key"
+        )  # raw bytes, UTF-8 included
     for carrier in (
         {"headers": {"authorization": f"Bearer {key}"}},
         {"headers": {"cookie": f"x-api-key={key}"}},
@@ -156,7 +158,9 @@ def test_api_keys_never_appear_in_replies_headers_or_the_debug_log(cp_with_keys)
     for key in secrets:
         record(httpx.get(cp.url + "/v1/gpu/usage", headers={"x-api-key": key, "x-request-id": "probe"}))
         record(httpx.post(cp.url + "/v1/jobs/list", headers={"x-api-key": key}, json={}))
-    with httpx.stream("GET", cp.url + "/v1/jobs/events", headers={"x-api-key": cp.api_key, "Last-Event-ID": "0"}, timeout=30) as stream:
+    with httpx.stream(
+        "GET", cp.url + "/v1/jobs/events", headers={"x-api-key": cp.api_key, "Last-Event-ID": "0"}, timeout=30
+    ) as stream:
         seen.extend(f"{k}: {v}" for k, v in stream.headers.items())
         for line in stream.iter_lines():
             seen.append(line)
@@ -191,7 +195,14 @@ def probe(name: str) -> str:
 def test_function_env_values_never_echoed_but_reach_the_worker(control_plane_factory):
     cp = control_plane_factory(args=["--log-level", "debug"], env={"LANCEFN_API_KEY": "server-admin-key-0123456789"})
     source = PROBE.replace("EXPECTED", repr(ENV_VALUE))
-    body = registration_body("probe", source=source, entrypoint="probe", inputs=(("name", "utf8", False),), output_type="utf8", env={"SECRET_TOKEN": ENV_VALUE})
+    body = registration_body(
+        "probe",
+        source=source,
+        entrypoint="probe",
+        inputs=(("name", "utf8", False),),
+        output_type="utf8",
+        env={"SECRET_TOKEN": ENV_VALUE},
+    )
     seen: list[str] = []
 
     def record(reply: httpx.Response) -> dict:
@@ -251,7 +262,9 @@ def test_env_values_not_shown_by_the_magic_or_the_handle(control_plane):
     api.connect(control_plane.url, control_plane.api_key)
     try:
         with capture_output() as shown:
-            result = shell.run_cell(f"%%gpu_function num_gpus=1 env=SECRET_TOKEN={ENV_VALUE}\ndef plain(x: int) -> int:\n    return x\n")
+            result = shell.run_cell(
+                f"%%gpu_function num_gpus=1 env=SECRET_TOKEN={ENV_VALUE}\ndef plain(x: int) -> int:\n    return x\n"
+            )
         assert result.success
         handle = shell.user_ns["plain"]
         texts = [shown.stdout, shown.stderr, repr(handle), repr(handle.version), *(str(o.data) for o in shown.outputs)]
@@ -292,7 +305,11 @@ def test_embedded_home_is_private_and_its_server_listens_on_loopback_only(tmp_pa
         assert (home / "lancefn.sqlite3").exists() and (home / "server.json").exists()
         # The key is in no file but server.json and api_key (e.g. not the log).
         for path in home.iterdir():
-            if path.is_file() and path.name not in ("server.json", "api_key") and not path.name.startswith("lancefn.sqlite3"):
+            if (
+                path.is_file()
+                and path.name not in ("server.json", "api_key")
+                and not path.name.startswith("lancefn.sqlite3")
+            ):
                 assert info.api_key not in path.read_text(errors="replace"), path.name
     finally:
         stop_server(home)

@@ -27,7 +27,9 @@ def test_sigkill_and_restart_keeps_versions_jobs_and_the_key(control_plane):
     assert cp.api_key == key  # the generated admin key survives restarts, so clients keep working
     with cp.http() as http:
         for version in versions:
-            described = http.post("/v1/functions/describe", json={"name": version["name"], "version": version["version"]})
+            described = http.post(
+                "/v1/functions/describe", json={"name": version["name"], "version": version["version"]}
+            )
             assert described.json() == version
         assert http.post("/v1/jobs/list", json={}).json()["jobs"] == jobs
         # Idempotency holds across restarts too.
@@ -81,7 +83,9 @@ def test_sigterm_stops_cleanly_and_removes_server_json(control_plane):
 
 
 def test_invalid_gpu_class_config_refuses_to_start_with_the_reason(control_plane_factory):
-    cp = control_plane_factory("[[gpu_classes]]\nname = 'x'\nsimulated = 2\nmax_gpu_count_per_worker = 5\n", start=False)
+    cp = control_plane_factory(
+        "[[gpu_classes]]\nname = 'x'\nsimulated = 2\nmax_gpu_count_per_worker = 5\n", start=False
+    )
     result = subprocess.run(cp.command, env=cp.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "gpu_classes.toml" in result.stderr and "class 'x'" in result.stderr

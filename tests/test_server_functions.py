@@ -40,12 +40,12 @@ def assert_error(reply: httpx.Response, status: int, *words: str) -> str:
 
 def all_routes() -> list[tuple[str, str]]:
     """Every (method, path) the app serves, read from the real FastAPI app."""
+    import tempfile
+
     from lancefn_jupyter.server.app import create_app
     from lancefn_jupyter.server.core import ControlPlane
     from lancefn_jupyter.server.gpu_classes import simulated_default
     from lancefn_jupyter.server.store import Store
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"{tmp}/db.sqlite3")
@@ -77,7 +77,9 @@ def test_every_route_but_health_rejects_missing_and_wrong_keys(control_plane):
             continue
         for headers in ({}, {"x-api-key": "wrong-key"}, {"x-api-key": ""}):
             # A broken body must not matter: authentication comes first.
-            reply = httpx.request(method, control_plane.url + path, headers=headers, content=b"{not json" if method == "POST" else None)
+            reply = httpx.request(
+                method, control_plane.url + path, headers=headers, content=b"{not json" if method == "POST" else None
+            )
             assert_error(reply, 401, "API key")
             assert control_plane.api_key not in reply.text
             checked += 1
@@ -238,7 +240,9 @@ def test_drop_hides_a_version_and_registering_again_restores_it(control_plane):
         assert http.post("/v1/functions/drop", json=ref).json() == {"dropped": False}
         assert_error(http.post("/v1/functions/describe", json=ref), 404, "dropped")
         assert_error(http.post("/v1/functions/run", json={**ref, "rows": [{"x": 1}]}), 404, "dropped")
-        assert http.post("/v1/functions/list", json={}).json()["functions"] == [{"name": "other", "version": keep, "namespace": "default"}]
+        assert http.post("/v1/functions/list", json={}).json()["functions"] == [
+            {"name": "other", "version": keep, "namespace": "default"}
+        ]
         assert register(http, registration_body())["version"] == version
         assert http.post("/v1/functions/describe", json=ref).status_code == 200
 
@@ -261,8 +265,12 @@ def test_run_rows_must_match_the_signature(control_plane):
             "unknown parameter(s) z",
             "(x, y)",
         )
-        assert_error(http.post("/v1/functions/run", json={**ref, "rows": [{"x": 1, "y": 1}], "timeout_s": 0}), 400, "timeout_s")
-        assert_error(http.post("/v1/functions/run", json={**ref, "rows": [{"x": 1, "y": 1}], "timeout_s": "5"}), 400, "timeout_s")
+        assert_error(
+            http.post("/v1/functions/run", json={**ref, "rows": [{"x": 1, "y": 1}], "timeout_s": 0}), 400, "timeout_s"
+        )
+        assert_error(
+            http.post("/v1/functions/run", json={**ref, "rows": [{"x": 1, "y": 1}], "timeout_s": "5"}), 400, "timeout_s"
+        )
         # Nothing was queued by any of these.
         assert http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"] == []
 
@@ -383,16 +391,51 @@ def test_random_json_on_every_route_never_gives_5xx_or_a_traceback(shared_contro
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    scalars = st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80) | st.floats(allow_nan=False) | st.text(max_size=20)
-    keys = st.sampled_from(
-        ["name", "version", "rows", "job_id", "timeout_s", "offset", "limit", "page_token", "state", "job_type",
-         "include_definition", "artifact", "signature", "runtime", "x", "\x00", "é"]
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**80), max_value=2**80)
+        | st.floats(allow_nan=False)
+        | st.text(max_size=20)
     )
-    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4), max_leaves=12)
+    keys = st.sampled_from(
+        [
+            "name",
+            "version",
+            "rows",
+            "job_id",
+            "timeout_s",
+            "offset",
+            "limit",
+            "page_token",
+            "state",
+            "job_type",
+            "include_definition",
+            "artifact",
+            "signature",
+            "runtime",
+            "x",
+            "\x00",
+            "é",
+        ]
+    )
+    values = st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4), max_leaves=12
+    )
     bodies = st.dictionaries(keys, values, max_size=6) | values
     paths = st.sampled_from(
-        ["/v1/functions/create", "/v1/functions/describe", "/v1/functions/list", "/v1/functions/drop",
-         "/v1/functions/run", "/v1/jobs/describe", "/v1/jobs/list", "/v1/jobs/cancel", "/v1/jobs/logs", "/v1/jobs/wait"]
+        [
+            "/v1/functions/create",
+            "/v1/functions/describe",
+            "/v1/functions/list",
+            "/v1/functions/drop",
+            "/v1/functions/run",
+            "/v1/jobs/describe",
+            "/v1/jobs/list",
+            "/v1/jobs/cancel",
+            "/v1/jobs/logs",
+            "/v1/jobs/wait",
+        ]
     )
 
     with shared_control_plane.http() as http:

@@ -10,66 +10,17 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 from conftest import register, registration_body
+from helpers import DEADLINE_S, HOLD_SOURCE, describe, hold_version, submit, wait_done, wait_state
 
 from lancefn_jupyter.models import Job
 
-DEADLINE_S = 60.0
 
-HOLD = """from __future__ import annotations
-
-import os
-import time
-
-
-def hold(path: str) -> str:
-    print("holding", path, flush=True)
-    while not os.path.exists(path):
-        time.sleep(0.01)
-    return path
-"""
-
-
-def hold_version(http: httpx.Client, name: str = "hold", num_gpus: int | None = 1) -> str:
-    body = registration_body(name, source=HOLD, entrypoint="hold", inputs=(("path", "utf8", False),), output_type="utf8", num_gpus=num_gpus)
-    return register(http, body)["version"]
-
-
-def run(http: httpx.Client, name: str, version: str, rows: list[dict]) -> str:
-    reply = http.post("/v1/functions/run", json={"name": name, "version": version, "rows": rows})
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
-
-
-def describe(http: httpx.Client, job_id: str) -> dict:
-    reply = http.post("/v1/jobs/describe", json={"job_id": job_id})
-    assert reply.status_code == 200, reply.text
-    Job.from_wire(reply.json())  # every reply decodes as the wire model
-    return reply.json()
-
-
-def wait_until(condition, what: str):
-    deadline = time.monotonic() + DEADLINE_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def wait_state(http: httpx.Client, job_id: str, state: str) -> dict:
-    return wait_until(lambda: (job := describe(http, job_id))["job_state"] == state and job, f"{job_id} {state}")
-
-
-def wait_done(http: httpx.Client, job_id: str) -> dict:
-    job = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": DEADLINE_S}).json()
-    assert job["job_state"] in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT"), job
-    return job
-
-
-def read_events(cp, *, last_event_id: str | None = None, via_query: bool = False, until) -> list[tuple[str, str | None, dict]]:
+def read_events(
+    cp, *, last_event_id: str | None = None, via_query: bool = False, until
+) -> list[tuple[str, str | None, dict]]:
     """Read SSE ``(event, id, data)`` until ``until(events)`` is true (bounded by DEADLINE_S)."""
     headers = dict(cp.client_headers)
     params = {}
@@ -106,9 +57,9 @@ def test_restart_requeues_running_jobs_and_keeps_fifo_order(control_plane, tmp_p
     with cp.http() as http:
         wide = hold_version(http, "wide", num_gpus=2)
         narrow = hold_version(http, "narrow", num_gpus=1)
-        big = run(http, "wide", wide, [{"path": str(tmp_path / "big")}])
+        big = submit(http, "wide", wide, [{"path": str(tmp_path / "big")}])
         wait_state(http, big, "IN_PROGRESS")
-        small = [run(http, "narrow", narrow, [{"path": str(tmp_path / f"s{i}")}]) for i in range(3)]
+        small = [submit(http, "narrow", narrow, [{"path": str(tmp_path / f"s{i}")}]) for i in range(3)]
         positions = [describe(http, job)["placement"]["queue_position"] for job in small]
         assert positions == [1, 2, 3]
     cp.kill()
@@ -132,8 +83,8 @@ def test_restart_requeues_running_jobs_and_keeps_fifo_order(control_plane, tmp_p
 def test_a_job_requeued_more_than_three_times_fails_retryably(control_plane, tmp_path):
     cp = control_plane
     with cp.http() as http:
-        job_id = run(http, "hold", hold_version(http), [{"path": str(tmp_path / "never")}])
-    for restart in range(1, 5):
+        job_id = submit(http, "hold", hold_version(http), [{"path": str(tmp_path / "never")}])
+    for _restart in range(1, 5):
         with cp.http() as http:
             wait_state(http, job_id, "IN_PROGRESS")
         cp.kill()
@@ -151,10 +102,17 @@ def test_pending_jobs_of_a_removed_class_fail_on_restart(control_plane_factory, 
     two = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n[[gpu_classes]]\nname = 'extra'\nsimulated = 1\n"
     cp = control_plane_factory(two)
     with cp.http() as http:
-        body = registration_body("hold", source=HOLD, entrypoint="hold", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="extra")
+        body = registration_body(
+            "hold",
+            source=HOLD_SOURCE,
+            entrypoint="hold",
+            inputs=(("path", "utf8", False),),
+            output_type="utf8",
+            gpu_class="extra",
+        )
         version = register(http, body)["version"]
-        first = run(http, "hold", version, [{"path": str(tmp_path / "a")}])
-        second = run(http, "hold", version, [{"path": str(tmp_path / "b")}])
+        first = submit(http, "hold", version, [{"path": str(tmp_path / "a")}])
+        second = submit(http, "hold", version, [{"path": str(tmp_path / "b")}])
         wait_state(http, first, "IN_PROGRESS")
     config = cp.args[cp.args.index("--gpu-classes") + 1]
     with open(config, "w") as f:
@@ -166,7 +124,12 @@ def test_pending_jobs_of_a_removed_class_fail_on_restart(control_plane_factory, 
             job = describe(http, job_id)
             assert job["job_state"] == "FAILED"
             assert job["failure"]["phase"] == "validation" and "'extra'" in job["failure"]["message"]
-        assert http.post("/v1/functions/run", json={"name": "hold", "version": version, "rows": [{"path": "x"}]}).status_code == 400
+        assert (
+            http.post(
+                "/v1/functions/run", json={"name": "hold", "version": version, "rows": [{"path": "x"}]}
+            ).status_code
+            == 400
+        )
 
 
 # ------------------------------------------------------------------------ events
@@ -177,13 +140,15 @@ def test_event_stream_shows_the_lifecycle_and_resumes_from_last_event_id(control
     with cp.http() as http:
         version = hold_version(http)
         gate = tmp_path / "go"
-        job_id = run(http, "hold", version, [{"path": str(gate)}])
+        job_id = submit(http, "hold", version, [{"path": str(gate)}])
         wait_state(http, job_id, "IN_PROGRESS")
         gate.touch()
         wait_done(http, job_id)
 
     def finished(events):
-        return any(kind == "job" and data["job_id"] == job_id and data["job_state"] == "DONE" for kind, _, data in events)
+        return any(
+            kind == "job" and data["job_id"] == job_id and data["job_state"] == "DONE" for kind, _, data in events
+        )
 
     events = read_events(cp, last_event_id="0", until=finished)
     assert events[0][0] == "usage"  # a snapshot first, so dashboards are right at once
@@ -216,7 +181,7 @@ def test_live_events_and_usage_events_arrive_while_streaming(control_plane, tmp_
             ready.set()
             done = [i for i, (kind, _, data) in enumerate(events) if kind == "job" and data["job_state"] == "DONE"]
             # Stop at the usage event that follows the job's end (its GPU freed).
-            return bool(done) and any(kind == "usage" for kind, _, _ in events[done[0]:])
+            return bool(done) and any(kind == "usage" for kind, _, _ in events[done[0] :])
 
         read_events(cp, until=until)
 
@@ -225,7 +190,7 @@ def test_live_events_and_usage_events_arrive_while_streaming(control_plane, tmp_
     assert ready.wait(DEADLINE_S)  # the initial usage snapshot arrived: we are subscribed
     with cp.http() as http:
         gate = tmp_path / "go"
-        job_id = run(http, "hold", version, [{"path": str(gate)}])
+        job_id = submit(http, "hold", version, [{"path": str(gate)}])
         wait_state(http, job_id, "IN_PROGRESS")
         gate.touch()
         wait_done(http, job_id)
@@ -264,7 +229,7 @@ def test_wait_returns_at_completion_or_the_current_state_at_timeout(control_plan
     with control_plane.http() as http:
         version = hold_version(http)
         gate = tmp_path / "go"
-        job_id = run(http, "hold", version, [{"path": str(gate)}])
+        job_id = submit(http, "hold", version, [{"path": str(gate)}])
         early = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 0.2}).json()
         assert early["job_state"] in ("PENDING", "IN_PROGRESS")
         result: list = []
@@ -281,13 +246,17 @@ def test_wait_returns_at_completion_or_the_current_state_at_timeout(control_plan
 def test_cpu_jobs_run_without_gpus_even_when_all_gpus_are_busy(control_plane, tmp_path):
     with control_plane.http() as http:
         gpu = hold_version(http, "gpu_hold", num_gpus=2)
-        blocker = run(http, "gpu_hold", gpu, [{"path": str(tmp_path / "release")}])
+        blocker = submit(http, "gpu_hold", gpu, [{"path": str(tmp_path / "release")}])
         wait_state(http, blocker, "IN_PROGRESS")
         cpu = register(http, registration_body("cpu_double", num_gpus=None))["version"]
-        job = wait_done(http, run(http, "cpu_double", cpu, [{"x": 1}, {"x": 2}, {"x": 3}]))
+        job = wait_done(http, submit(http, "cpu_double", cpu, [{"x": 1}, {"x": 2}, {"x": 3}]))
         assert job["job_state"] == "DONE" and job["result"] == [2, 4, 6]
         assert job["placement"] == {
-            "gpu_class": None, "num_gpus": 0, "devices": [], "waiting_on_capacity": False, "queue_position": None,
+            "gpu_class": None,
+            "num_gpus": 0,
+            "devices": [],
+            "waiting_on_capacity": False,
+            "queue_position": None,
             "expected_start_ms": None,
         }
         assert job["progress"] == {"rows_done": 3, "rows_total": 3}
@@ -299,13 +268,15 @@ def test_cpu_jobs_run_without_gpus_even_when_all_gpus_are_busy(control_plane, tm
 def test_jobs_list_filters_and_pages_newest_first(control_plane):
     with control_plane.http() as http:
         version = register(http, registration_body("double", num_gpus=None))["version"]
-        runs = [run(http, "double", version, [{"x": i}]) for i in range(5)]
+        runs = [submit(http, "double", version, [{"x": i}]) for i in range(5)]
         for job_id in runs:
             wait_done(http, job_id)
         listed = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 2}).json()
         collected, pages = [j["job_id"] for j in listed["jobs"]], 1
         while "page_token" in listed:
-            listed = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 2, "page_token": listed["page_token"]}).json()
+            listed = http.post(
+                "/v1/jobs/list", json={"job_type": "run_function", "limit": 2, "page_token": listed["page_token"]}
+            ).json()
             collected += [j["job_id"] for j in listed["jobs"]]
             pages += 1
         assert collected == runs[::-1] and pages == 3
@@ -320,9 +291,11 @@ def test_jobs_list_filters_and_pages_newest_first(control_plane):
 def test_logs_are_read_by_offset(control_plane):
     source = "def chatty(n: int) -> int:\n    for i in range(n):\n        print('line', i)\n    return n\n"
     with control_plane.http() as http:
-        body = registration_body("chatty", source=source, entrypoint="chatty", inputs=(("n", "int64", False),), num_gpus=None)
+        body = registration_body(
+            "chatty", source=source, entrypoint="chatty", inputs=(("n", "int64", False),), num_gpus=None
+        )
         version = register(http, body)["version"]
-        job_id = run(http, "chatty", version, [{"n": 5}])
+        job_id = submit(http, "chatty", version, [{"n": 5}])
         assert wait_done(http, job_id)["result"] == [5]
         everything = http.post("/v1/jobs/logs", json={"job_id": job_id}).json()
         printed = [line for line in everything["lines"] if line.startswith("line ")]
@@ -338,16 +311,18 @@ def test_logs_are_read_by_offset(control_plane):
 def test_unencodable_worker_output_fails_the_job_readably_and_keeps_the_server_healthy(control_plane):
     source = "def bad(x: int) -> str:\n    print('before', flush=True)\n    return chr(0xD800) * x\n"
     with control_plane.http() as http:
-        body = registration_body("bad", source=source, entrypoint="bad", inputs=(("x", "int64", False),), output_type="utf8", num_gpus=None)
+        body = registration_body(
+            "bad", source=source, entrypoint="bad", inputs=(("x", "int64", False),), output_type="utf8", num_gpus=None
+        )
         version = register(http, body)["version"]
-        job = wait_done(http, run(http, "bad", version, [{"x": 1}]))
+        job = wait_done(http, submit(http, "bad", version, [{"x": 1}]))
         # A lone surrogate can't be stored or sent as UTF-8: caught by the worker or the server.
         assert job["job_state"] == "FAILED" and job["failure"]["phase"] in ("result", "run"), job
         assert "Traceback" not in job["failure"]["message"]
         lines = http.post("/v1/jobs/logs", json={"job_id": job["job_id"]}).json()["lines"]
         assert "before" in lines
         assert http.post("/v1/jobs/list", json={}).status_code == 200
-        assert wait_done(http, run(http, "bad", version, [{"x": 0}]))["result"] == [""]
+        assert wait_done(http, submit(http, "bad", version, [{"x": 0}]))["result"] == [""]
 
 
 def test_progress_held_back_by_coalescing_is_still_published(control_plane, tmp_path):
@@ -363,7 +338,7 @@ def test_progress_held_back_by_coalescing_is_still_published(control_plane, tmp_
         ready.touch()
         events = client.events(read_timeout=DEADLINE_S)
         next(events)  # the opening usage event: the stream is live
-        job_id = run(http, "hold", version, [{"path": str(ready)}, {"path": str(ready)}, {"path": str(gate)}])
+        job_id = submit(http, "hold", version, [{"path": str(ready)}, {"path": str(ready)}, {"path": str(gate)}])
         seen = []
         for event in events:
             if event.event == "job" and event.data["job_id"] == job_id:
@@ -388,10 +363,10 @@ def test_queue_events_renumber_pending_jobs_when_the_queue_moves(control_plane, 
         first = next(events)
         assert first.event == "usage" and first.id is not None  # the opening event carries the resume id
         assert next(events).event == "queue"
-        running = run(http, "hold", version, [{"path": gate}])
+        running = submit(http, "hold", version, [{"path": gate}])
         wait_state(http, running, "IN_PROGRESS")
-        second = run(http, "hold", version, [{"path": gate}])
-        third = run(http, "hold", version, [{"path": gate}])
+        second = submit(http, "hold", version, [{"path": gate}])
+        third = submit(http, "hold", version, [{"path": gate}])
         heads = []
         for event in events:
             if event.event == "queue":
@@ -420,7 +395,7 @@ def test_a_job_that_can_start_at_once_is_never_shown_waiting_for_capacity(contro
         ready.touch()
         events = client.events(read_timeout=DEADLINE_S)
         next(events)  # opening usage event
-        job_id = run(http, "hold", version, [{"path": str(ready)}])
+        job_id = submit(http, "hold", version, [{"path": str(ready)}])
         first = next(e for e in events if e.event == "job" and e.data["job_id"] == job_id)
         assert first.data["placement"]["waiting_on_capacity"] is False
         assert first.data["placement"]["devices"] and first.data["placement"]["queue_position"] is None

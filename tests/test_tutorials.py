@@ -178,6 +178,7 @@ def test_02_gpu_classes_and_capacity(run_tutorial):
     assert "devices ['sim0']" in pending[0]
     assert "pending" in pending[1] and "queue position 1" in pending[1]
     assert "pending" in pending[2] and "queue position 2" in pending[2]
+
     # The class table's live columns moved: the l4 row now shows its busy GPU and waiting jobs.
     def l4_row(tag: str) -> str:
         return next(line for line in nb.text(tag).splitlines() if line.startswith("l4 "))
@@ -241,7 +242,11 @@ def test_04_profiles_and_remote(run_tutorial):
     assert "cudf-cu12 (not installed)" in environment
 
     runtime = json.loads(nb.text("check-conda").strip())
-    assert runtime["environment"] == {"channels": ["conda-forge"], "kind": "conda", "packages": ["cuda-version=12", "numba"]}
+    assert runtime["environment"] == {
+        "channels": ["conda-forge"],
+        "kind": "conda",
+        "packages": ["cuda-version=12", "numba"],
+    }
     assert runtime["resources"] == {"gpu_class": "default", "num_gpus": 1}
 
     connect = nb.text("check-connect")
@@ -309,7 +314,9 @@ def test_notebooks_are_committed_without_outputs(name):
             assert cell.outputs == [], f"{name} cell {index} has outputs; clear them before committing"
             assert cell.execution_count is None, f"{name} cell {index} has an execution count"
         assert "execution" not in cell.metadata, f"{name} cell {index} has execution timing metadata"
-    assert set(nb.metadata) <= {"kernelspec", "language_info"}, f"{name}: unexpected notebook metadata {set(nb.metadata)}"
+    assert set(nb.metadata) <= {"kernelspec", "language_info"}, (
+        f"{name}: unexpected notebook metadata {set(nb.metadata)}"
+    )
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 

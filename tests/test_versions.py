@@ -17,7 +17,9 @@ from lancefn_jupyter.models import FunctionVersion
 _DIGEST = "sha256:" + "0" * 64
 
 
-def _fv(version: str, *, packages=(), num_gpus=1, gpu_class=None, env=None, digest=_DIGEST, rdigest=_DIGEST) -> FunctionVersion:
+def _fv(
+    version: str, *, packages=(), num_gpus=1, gpu_class=None, env=None, digest=_DIGEST, rdigest=_DIGEST
+) -> FunctionVersion:
     runtime = {"kind": "python_v2", "python_version": "3.12", "resources": {"num_gpus": num_gpus}}
     if gpu_class:
         runtime["resources"]["gpu_class"] = gpu_class
@@ -29,7 +31,10 @@ def _fv(version: str, *, packages=(), num_gpus=1, gpu_class=None, env=None, dige
             "name": "score",
             "version": version,
             "artifact": {"kind": "python_callable", "digest": digest, "entrypoint": "score"},
-            "signature": {"inputs": [{"name": "x", "arrow_type": "float64", "nullable": True}], "output": {"kind": "scalar", "arrow_type": "float64", "nullable": True}},
+            "signature": {
+                "inputs": [{"name": "x", "arrow_type": "float64", "nullable": True}],
+                "output": {"kind": "scalar", "arrow_type": "float64", "nullable": True},
+            },
             "runtime": runtime,
             "runtime_digest": rdigest,
             "environment_digest": _DIGEST,
@@ -68,16 +73,29 @@ def test_parse_ref():
 
 def test_change_summary_lines():
     old = _fv("a" * 16, packages=["numpy"], env={"HF_TOKEN": "<redacted>"})
-    new = _fv("b" * 16, packages=["numpy", "torch"], num_gpus=2, gpu_class="a100", env={"HF_TOKEN": "<redacted>", "KEY": "<redacted>"},
-              digest="sha256:" + "1" * 64)
+    new = _fv(
+        "b" * 16,
+        packages=["numpy", "torch"],
+        num_gpus=2,
+        gpu_class="a100",
+        env={"HF_TOKEN": "<redacted>", "KEY": "<redacted>"},
+        digest="sha256:" + "1" * 64,
+    )
     src_old = "def score(x):\n    return x\n"
     src_new = "def score(x):\n    y = x * 2\n    return y\n"
     summary = versions.change_summary(old, new, src_old, src_new)
     assert summary == "code: 2 lines; pip: +torch; num_gpus 1→2; gpu_class default→a100; env: +KEY"
     assert versions.change_summary(None, old, None, src_old) == "first version"
     # Only an env value changed: shown without the value.
-    assert versions.change_summary(old, _fv("c" * 16, packages=["numpy"], env={"HF_TOKEN": "<redacted>"}, rdigest="sha256:" + "2" * 64),
-                                   src_old, src_old) == "env: values changed"
+    assert (
+        versions.change_summary(
+            old,
+            _fv("c" * 16, packages=["numpy"], env={"HF_TOKEN": "<redacted>"}, rdigest="sha256:" + "2" * 64),
+            src_old,
+            src_old,
+        )
+        == "env: values changed"
+    )
 
 
 def test_diff_data_and_renderings():
@@ -155,8 +173,11 @@ def test_artifact_route_is_authenticated_and_404s(control_plane, ip):
         assert http.post("/v1/functions/artifact", json=body).status_code == 401
         ok = http.post("/v1/functions/artifact", json=body, headers={"x-api-key": control_plane.api_key})
         assert ok.status_code == 200 and ok.json()["entrypoint"] == "score"
-        missing = http.post("/v1/functions/artifact", json={"name": "score", "version": "0" * 16},
-                            headers={"x-api-key": control_plane.api_key})
+        missing = http.post(
+            "/v1/functions/artifact",
+            json={"name": "score", "version": "0" * 16},
+            headers={"x-api-key": control_plane.api_key},
+        )
         assert missing.status_code == 404
 
 
@@ -203,7 +224,9 @@ def test_history_and_diff_routes_for_the_panel(ip, control_plane):
         assert [(f["name"], [v["version"] for v in f["versions"]]) for f in history] == [("score", [v2, v1])]
         assert [v["change"] for v in history[0]["versions"]] == ["code: 2 lines; pip: +numpy", "first version"]
         # With a limit, the oldest row shown still says what changed (not "first version").
-        limited = http.post("/v1/functions/history", json={"name": "score", "limit": 1}).json()["functions"][0]["versions"]
+        limited = http.post("/v1/functions/history", json={"name": "score", "limit": 1}).json()["functions"][0][
+            "versions"
+        ]
         assert [(v["version"], v["change"]) for v in limited] == [(v2, "code: 2 lines; pip: +numpy")]
         assert http.post("/v1/functions/history", json={"name": "nope"}).status_code == 404
         diff = http.post("/v1/functions/diff", json={"name": "score"}).json()
@@ -218,8 +241,16 @@ def test_job_summary_shows_nonfinite_results():
     from lancefn_jupyter import display
     from lancefn_jupyter.models import Job
 
-    base = {"job_id": "j", "job_type": "run_function", "job_state": "DONE", "creation_ms": 0, "started_ms": 0,
-            "finished_ms": 1500, "placement": {}, "progress": {}}
+    base = {
+        "job_id": "j",
+        "job_type": "run_function",
+        "job_state": "DONE",
+        "creation_ms": 0,
+        "started_ms": 0,
+        "finished_ms": 1500,
+        "placement": {},
+        "progress": {},
+    }
     # JSON results cannot carry NaN (the worker refuses them today); Arrow results (issue 12) can.
     job = Job.from_wire(base).model_copy(update={"result": [[1.0, float("nan")], [float("-inf"), 2.0]]})
     assert display.job_summary(job) == "finished in 1.5s; results hold 1 NaN, 1 -Inf of 4 floats"
@@ -227,7 +258,9 @@ def test_job_summary_shows_nonfinite_results():
 
 
 def test_looked_up_local_errors_name_the_artifact_lines(ip):
-    ip.run_cell_magic("gpu_function", "", "def boom(x: float) -> float:\n    y = x + 1\n    raise ValueError(f'bad {y}')\n")
+    ip.run_cell_magic(
+        "gpu_function", "", "def boom(x: float) -> float:\n    y = x + 1\n    raise ValueError(f'bad {y}')\n"
+    )
     version = ip.user_ns["boom"].version.version
     handle = api.lookup(f"boom@{version[:6]}")
     assert handle.version == ip.user_ns["boom"].version and "boom" in repr(handle)

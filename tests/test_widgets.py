@@ -18,9 +18,12 @@ from pathlib import Path
 
 import ipywidgets
 import pytest
+from helpers import DEADLINE_S, wait_until
 
-import lancefn_jupyter.widgets._listener as listener_module
+import lancefn_jupyter.client.listener as listener_module
 from lancefn_jupyter import api
+from lancefn_jupyter.client.listener import _QueueShadow
+from lancefn_jupyter.server.core import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.widgets import (
     WIDGET_VIEW_MIME,
     FunctionCardWidget,
@@ -32,10 +35,6 @@ from lancefn_jupyter.widgets import (
     set_widgets,
     stop_listener,
 )
-from lancefn_jupyter.server.core import PROGRESS_EVENT_INTERVAL_S
-from lancefn_jupyter.widgets._listener import _QueueShadow
-
-DEADLINE_S = 60.0
 
 TWO_CLASSES = """
 [[gpu_classes]]
@@ -69,15 +68,6 @@ def wait_for_file(path: str) -> str:
 def explode(value: int) -> int:
     if value > 2:
         raise ValueError(f"value {value} is too big")
-    return value
-
-
-def wait_until(condition, what: str, timeout: float = DEADLINE_S):
-    """Poll `condition()` until truthy; fail (not on timing, on never happening) after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
     return value
 
 
@@ -140,7 +130,9 @@ def badge_history(widget: JobWidget) -> list[str]:
 
     def record(change):
         text = change["new"]
-        state = next(s for s in ("pending", "running", "finished", "failed", "cancelled", "timed out") if f">{s}<" in text)
+        state = next(
+            s for s in ("pending", "running", "finished", "failed", "cancelled", "timed out") if f">{s}<" in text
+        )
         with lock:
             if seen[-1] != state:
                 seen.append(state)
@@ -208,8 +200,9 @@ def test_map_job_progress_bar_follows_rows(cp, gate_fn, gates):
     wait_until(lambda: widget.state == "running", "map job running")
     assert (widget.progress.value, widget.progress.max) == (0, 3)
     for i in range(3):
-        # The server coalesces progress events (at most one per PROGRESS_EVENT_INTERVAL_S per job, with
-        # no trailing event), so the next row may only finish once that window has passed.
+        # The server coalesces progress events (at most one per PROGRESS_EVENT_INTERVAL_S per job; a held
+        # count follows when the window ends), so spacing rows by more than the window makes every
+        # count its own event, which is what this test checks.
         time.sleep(PROGRESS_EVENT_INTERVAL_S * 1.5)
         gates.open(f"row{i}")
         wait_until(lambda i=i: widget.progress.value == i + 1, f"{i + 1} rows done")
@@ -290,7 +283,9 @@ def test_repr_mimebundles_have_widget_view_and_fallbacks(cp, gate_fn, gates):
     # Handles: a widget where a frontend can show one, text + HTML otherwise.
     set_widgets(True)
     assert set(job._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
-    assert job._repr_mimebundle_()[WIDGET_VIEW_MIME]["model_id"] == job._repr_mimebundle_()[WIDGET_VIEW_MIME]["model_id"]
+    assert (
+        job._repr_mimebundle_()[WIDGET_VIEW_MIME]["model_id"] == job._repr_mimebundle_()[WIDGET_VIEW_MIME]["model_id"]
+    )
     assert set(gate_fn._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
     assert set(api.list_gpu_classes()._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
     assert set(api.list_jobs()._repr_mimebundle_()) == {WIDGET_VIEW_MIME, "text/plain", "text/html"}
@@ -319,13 +314,39 @@ def test_without_ipywidgets_everything_shows_as_text_and_html(cp, gate_fn, gates
 def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
     widget = GpuClassesWidget()
     text = widget._fallback()[0]
-    for expected in ("Simulated A100 (simulated)", "40 GiB", "Simulated H100 (simulated)", "80 GiB",
-                     "example.com/gpu", "nvidia.com/gpu", "cloud.google.com/gke-accelerator=nvidia-tesla-a100"):
+    for expected in (
+        "Simulated A100 (simulated)",
+        "40 GiB",
+        "Simulated H100 (simulated)",
+        "80 GiB",
+        "example.com/gpu",
+        "nvidia.com/gpu",
+        "cloud.google.com/gke-accelerator=nvidia-tesla-a100",
+    ):
         assert expected in text, expected
     rows = table_rows(widget.table.value)
-    assert rows["default"] == ["default", "Simulated A100 (simulated)", "40 GiB", "2", "nvidia.com/gpu",
-                               "cloud.google.com/gke-accelerator=nvidia-tesla-a100", "0", "2/2", "0/0"]
-    assert rows["big"] == ["big", "Simulated H100 (simulated)", "80 GiB", "4", "example.com/gpu", "-", "0", "4/4", "0/0"]
+    assert rows["default"] == [
+        "default",
+        "Simulated A100 (simulated)",
+        "40 GiB",
+        "2",
+        "nvidia.com/gpu",
+        "cloud.google.com/gke-accelerator=nvidia-tesla-a100",
+        "0",
+        "2/2",
+        "0/0",
+    ]
+    assert rows["big"] == [
+        "big",
+        "Simulated H100 (simulated)",
+        "80 GiB",
+        "4",
+        "example.com/gpu",
+        "-",
+        "0",
+        "4/4",
+        "0/0",
+    ]
 
     jobs = [gate_fn.submit(gates[i]) for i in range(3)]
     wait_until(lambda: table_rows(widget.table.value)["default"][6:] == ["2", "0/2", "2/1"], "usage: 2 busy, 1 pending")
@@ -366,8 +387,10 @@ def test_jobs_dashboard_live_rows_filters_and_cancel(cp, gate_fn, gates):
     assert later[1].refresh().job_state == "CANCELLED"
     gates.open("old")
     gates.open(0)
-    wait_until(lambda: all(">finished<" in dashboard.rows[j.job_id].state_cell.value for j in (before, later[0])),
-               "dashboard rows finished")
+    wait_until(
+        lambda: all(">finished<" in dashboard.rows[j.job_id].state_cell.value for j in (before, later[0])),
+        "dashboard rows finished",
+    )
     assert dashboard.rows[before.job_id].progress.value == 1
     assert "1 cancelled" in dashboard.summary.value and "2 finished" in dashboard.summary.value
 
@@ -376,8 +399,15 @@ def test_function_card_widget_shows_version_and_class_hardware(cp, gate_fn, gate
     card = FunctionCardWidget(gate_fn)
     version = gate_fn.version
     text = card._fallback()[0]
-    for expected in ("GPU function wait_for_file", version.version, version.artifact.digest[:19], "python_v2",
-                     "1 GPU of class default", "pip: no packages", "Simulated A100, 40 GiB, up to 2 GPUs/worker (simulated)"):
+    for expected in (
+        "GPU function wait_for_file",
+        version.version,
+        version.artifact.digest[:19],
+        "python_v2",
+        "1 GPU of class default",
+        "pip: no packages",
+        "Simulated A100, 40 GiB, up to 2 GPUs/worker (simulated)",
+    ):
         assert expected in text, expected
     assert "0 busy, 2 free of 2 GPUs" in card.usage_label.value
     job = gate_fn.submit(gates["card"])
@@ -479,7 +509,9 @@ def test_listener_follows_a_new_connection(control_plane_factory, fresh_listener
     cp.kill()
     cp.start()  # a new port this time: `%lancefn connect NEW_URL`
     api.connect(cp.url, cp.api_key)
-    wait_until(lambda: listener.connected and listener._stream_client is api._session.client, "stream on the new client")
+    wait_until(
+        lambda: listener.connected and listener._stream_client is api._session.client, "stream on the new client"
+    )
     gates.open("n")
     wait_until(lambda: widget.state == "finished", "finished, seen through the new connection")
 

@@ -85,7 +85,9 @@ def lab(tmp_path) -> Iterator[tuple]:
     cp = ControlPlaneProcess(tmp_path / "home", args=[], env=make_env(), log_dir=tmp_path).start()
     server = None
     try:
-        server = start_jupyter(tmp_path / "jupyter", app="lab", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key})
+        server = start_jupyter(
+            tmp_path / "jupyter", app="lab", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key}
+        )
         yield cp, server
     finally:
         if server is not None:
@@ -168,7 +170,9 @@ def test_job_widgets_update_live_while_another_cell_runs_and_cancel_works(page, 
     classes = page.locator(".lancefn-gpu-classes-widget")
     classes.locator("td", has_text="Simulated GPU (numba CUDA simulator) (simulated)").wait_for()
     # b and d run, e waits: 2 busy, 0/2 free, 2 running / 1 pending.
-    classes.locator("tr").filter(has=page.locator("td", has_text="0/2")).filter(has=page.locator("td", has_text="2/1")).wait_for()
+    classes.locator("tr").filter(has=page.locator("td", has_text="0/2")).filter(
+        has=page.locator("td", has_text="2/1")
+    ).wait_for()
     dashboard.scroll_into_view_if_needed()
     screenshot(page, "widgets-dashboard-while-busy")
     victim.scroll_into_view_if_needed()
@@ -176,7 +180,9 @@ def test_job_widgets_update_live_while_another_cell_runs_and_cancel_works(page, 
 
     victim.locator(".lancefn-job-status", has_text="position 1").wait_for()  # the follower took the GPU
     (work / "release").touch()  # the kernel goes idle; button clicks now reach it
-    page.locator(".jp-Notebook .jp-Cell").nth(BUSY_CELL).locator(".jp-OutputArea-output", has_text="released").wait_for()
+    page.locator(".jp-Notebook .jp-Cell").nth(BUSY_CELL).locator(
+        ".jp-OutputArea-output", has_text="released"
+    ).wait_for()
     victim.locator(".lancefn-state-pending").wait_for()
     victim.locator("button", has_text="Cancel").click()
     victim.locator(".lancefn-state-cancelled").wait_for()

@@ -93,7 +93,11 @@ class WidgetState:
         for box in self.boxes("lancefn-job-widget"):
             parts = self.descendants(box)
             html = [m["state"].get("value", "") for m in parts if m["model_name"] == "HTMLModel"]
-            bars = [(m["state"].get("value", 0), m["state"].get("max", 100)) for m in parts if m["model_name"] == "IntProgressModel"]
+            bars = [
+                (m["state"].get("value", 0), m["state"].get("max", 100))
+                for m in parts
+                if m["model_name"] == "IntProgressModel"
+            ]
             labels = [m["state"].get("value", "") for m in parts if m["model_name"] == "LabelModel"]
             found.append({"html": " ".join(html), "progress": bars[0], "label": labels[0]})
         return found
@@ -108,7 +112,10 @@ def test_notebook_widget_state_shows_queue_position_then_all_finished_and_again_
     env.pop("LANCEFN_URL", None)
     env.pop("LANCEFN_WIDGETS", None)
     client = NotebookClient(
-        nb, timeout=180, kernel_name="python3", store_widget_state=True,
+        nb,
+        timeout=180,
+        kernel_name="python3",
+        store_widget_state=True,
         resources={"metadata": {"path": str(tmp_path)}},
     )
     with client.setup_kernel(env=env):
@@ -161,13 +168,21 @@ def test_notebook_widget_state_shows_queue_position_then_all_finished_and_again_
 
     # After a kernel restart (a new kernel process): `%gpu_jobs` and `Job.attach` show the jobs again.
     job_id = re.search(r"<code title='([0-9a-f]+)'>", after[0]["html"]).group(1)
-    again = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
-        f"%load_ext lancefn_jupyter\n%lancefn connect {cp.url}",
-        "%gpu_jobs",
-        f"from lancefn_jupyter import Job\nJob.attach({job_id!r})",
-    )])
+    again = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(src)
+            for src in (
+                f"%load_ext lancefn_jupyter\n%lancefn connect {cp.url}",
+                "%gpu_jobs",
+                f"from lancefn_jupyter import Job\nJob.attach({job_id!r})",
+            )
+        ]
+    )
     NotebookClient(
-        again, timeout=180, kernel_name="python3", store_widget_state=True,
+        again,
+        timeout=180,
+        kernel_name="python3",
+        store_widget_state=True,
         resources={"metadata": {"path": str(tmp_path)}},
     ).execute(env=env)
     state = WidgetState(again.metadata["widgets"][WIDGET_STATE]["state"])

@@ -62,14 +62,19 @@ export function stripCells(strip: string, width = 48): string[] {
 }
 
 /** Rows per second since the first chunk started, and the time left at that rate (ms). */
-export function batchRate(batch: IBatch, nowMs: number): { rate: number | null; leftMs: number | null } {
+export function batchRate(
+  batch: IBatch,
+  nowMs: number
+): { rate: number | null; leftMs: number | null } {
   const done = batch.rows_done ?? 0;
   if (batch.started_ms === null || batch.started_ms === undefined || !done) {
     return { rate: null, leftMs: null };
   }
   const end = batch.finished_ms ?? nowMs;
   const rate = done / Math.max((end - batch.started_ms) / 1000, 0.001);
-  const left = isTerminal(batch.batch_state) ? null : (((batch.rows_total ?? 0) - done) / rate) * 1000;
+  const left = isTerminal(batch.batch_state)
+    ? null
+    : (((batch.rows_total ?? 0) - done) / rate) * 1000;
   return { rate, leftMs: left };
 }
 
@@ -97,7 +102,9 @@ export function batchView(batch: IBatch, nowMs: number): IBatchView {
     ['FAILED', 'failed'],
     ['CANCELLED', 'cancelled']
   ];
-  const parts = names.filter(([key]) => counts[key]).map(([key, label]) => `${counts[key]} ${label}`);
+  const parts = names
+    .filter(([key]) => counts[key])
+    .map(([key, label]) => `${counts[key]} ${label}`);
   let detail = `${parts.join(', ')} of ${batch.chunks_total ?? 0} chunks`;
   const { rate, leftMs } = batchRate(batch, nowMs);
   if (rate !== null) {
@@ -114,7 +121,9 @@ export function batchView(batch: IBatch, nowMs: number): IBatchView {
     rowsText: `${done}/${total} rows`,
     detail,
     cells: stripCells(batch.strip ?? ''),
-    failure: f ? `chunk ${f.chunk} (rows ${f.row_start}–${f.row_end - 1}) failed${f.phase ? ` in ${f.phase}` : ''}: ${f.message ?? ''}` : '',
+    failure: f
+      ? `chunk ${f.chunk} (rows ${f.row_start}–${f.row_end - 1}) failed${f.phase ? ` in ${f.phase}` : ''}: ${f.message ?? ''}`
+      : '',
     cancellable: !isTerminal(batch.batch_state)
   };
 }
@@ -125,7 +134,10 @@ export function applyBatchEvent(batches: readonly IBatch[], batch: IBatch, limit
   const index = next.findIndex(b => b.batch_id === batch.batch_id);
   if (index >= 0) {
     const current = next[index];
-    if ((current.revision ?? 0) > (batch.revision ?? 0) || (isTerminal(current.batch_state) && !isTerminal(batch.batch_state))) {
+    if (
+      (current.revision ?? 0) > (batch.revision ?? 0) ||
+      (isTerminal(current.batch_state) && !isTerminal(batch.batch_state))
+    ) {
       return next;
     }
     next[index] = batch;

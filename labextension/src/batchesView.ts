@@ -21,7 +21,11 @@ interface IBatchRow {
   cancelling: boolean;
 }
 
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, className: string, text?: string): HTMLElementTagNameMap[K] {
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   node.className = className;
   if (text !== undefined) {
@@ -89,7 +93,19 @@ export class BatchRows {
     const cancel = el('button', 'lf-job-cancel jp-mod-styled jp-mod-warn', 'Cancel');
     cancel.type = 'button';
     cancel.title = 'Cancel every chunk still pending or running';
-    const row: IBatchRow = { root, badge, title, bar, rows, detail, strip, failure, cancel, error, cancelling: false };
+    const row: IBatchRow = {
+      root,
+      badge,
+      title,
+      bar,
+      rows,
+      detail,
+      strip,
+      failure,
+      cancel,
+      error,
+      cancelling: false
+    };
     cancel.addEventListener('click', () => void this._cancel(row, batchId));
     line1.append(cancel);
     root.append(line1, progress, detail, strip, failure, error);

@@ -59,7 +59,10 @@ export interface IPanelState {
 export interface IEventSourceLike {
   onopen: ((ev: unknown) => void) | null;
   onerror: ((ev: unknown) => void) | null;
-  addEventListener(type: string, listener: (ev: { data: string; lastEventId?: string }) => void): void;
+  addEventListener(
+    type: string,
+    listener: (ev: { data: string; lastEventId?: string }) => void
+  ): void;
   close(): void;
 }
 
@@ -179,7 +182,11 @@ export class LiveConnection {
 
   /** What changed between a version and the one registered before it (`functions/diff`). */
   async fetchDiff(name: string, version: string): Promise<IVersionDiff> {
-    return (await this._call('POST', 'functions/diff', JSON.stringify({ name, new: version }))) as IVersionDiff;
+    return (await this._call(
+      'POST',
+      'functions/diff',
+      JSON.stringify({ name, new: version })
+    )) as IVersionDiff;
   }
 
   /** Cancels every pending or running chunk of a batch and applies its new state. */
@@ -187,7 +194,11 @@ export class LiveConnection {
     const body = JSON.stringify({ batch_id: batchId });
     await this._call('POST', 'batches/cancel', body);
     try {
-      const batch = (await this._call('POST', 'batches/describe', JSON.stringify({ batch_id: batchId, include_chunks: false }))) as IBatch;
+      const batch = (await this._call(
+        'POST',
+        'batches/describe',
+        JSON.stringify({ batch_id: batchId, include_chunks: false })
+      )) as IBatch;
       if (batch && batch.batch_id) {
         this._update({ batches: applyBatchEvent(this._state.batches, batch) });
       }
@@ -228,9 +239,18 @@ export class LiveConnection {
       this._fail('error', errorMessage(body, `lancefn status failed (HTTP ${reply.status})`));
       return;
     }
-    const status = (body ?? {}) as { connected?: boolean; url?: string; embedded?: boolean; error?: string };
+    const status = (body ?? {}) as {
+      connected?: boolean;
+      url?: string;
+      embedded?: boolean;
+      error?: string;
+    };
     if (!status.connected) {
-      this._fail('unreachable', `control plane unreachable${status.error ? `: ${status.error}` : ''}`, status.url);
+      this._fail(
+        'unreachable',
+        `control plane unreachable${status.error ? `: ${status.error}` : ''}`,
+        status.url
+      );
       return;
     }
     this._connectedInfo = { url: status.url ?? '', embedded: Boolean(status.embedded) };
@@ -255,7 +275,11 @@ export class LiveConnection {
         return;
       }
       // Our own reconnect (not the browser's): the status check tells unreachable apart.
-      this._fail('unreachable', 'control plane unreachable: event stream closed', this._connectedInfo?.url);
+      this._fail(
+        'unreachable',
+        'control plane unreachable: event stream closed',
+        this._connectedInfo?.url
+      );
     };
     es.addEventListener('job', ev => {
       if (generation !== this._generation) {
@@ -296,7 +320,9 @@ export class LiveConnection {
         return;
       }
       try {
-        this._update({ batches: applyBatchEvent(this._state.batches, JSON.parse(ev.data) as IBatch) });
+        this._update({
+          batches: applyBatchEvent(this._state.batches, JSON.parse(ev.data) as IBatch)
+        });
       } catch {
         // ignore a malformed batch event
       }
@@ -349,7 +375,11 @@ export class LiveConnection {
       }
       if (jobs.status === 'fulfilled') {
         const list = (jobs.value as { jobs?: IJob[] })?.jobs;
-        let merged = mergeJobLists(this._state.jobs, Array.isArray(list) ? list : [], this._jobsLimit);
+        let merged = mergeJobLists(
+          this._state.jobs,
+          Array.isArray(list) ? list : [],
+          this._jobsLimit
+        );
         for (const job of this._eventsDuringLoad) {
           merged = applyJobEvent(merged, job, this._jobsLimit);
         }
@@ -361,7 +391,10 @@ export class LiveConnection {
       if (batches.status === 'fulfilled') {
         // Batch events carry no id, so the list fetched on (re)open is the truth.
         const list = (batches.value as { batches?: IBatch[] })?.batches;
-        patch.batches = (Array.isArray(list) ? list : []).reduce<IBatch[]>((all, b) => applyBatchEvent(all, b), []);
+        patch.batches = (Array.isArray(list) ? list : []).reduce<IBatch[]>(
+          (all, b) => applyBatchEvent(all, b),
+          []
+        );
       }
       if (functions.status === 'fulfilled') {
         patch.functions = functions.value;
@@ -449,10 +482,15 @@ export class LiveConnection {
     }
     const data = await reply.json().catch(() => null);
     if (reply.status === 502 || reply.status === 504) {
-      throw new UnreachableError(`control plane unreachable: ${errorMessage(data, `HTTP ${reply.status}`)}`);
+      throw new UnreachableError(
+        `control plane unreachable: ${errorMessage(data, `HTTP ${reply.status}`)}`
+      );
     }
     if (!reply.ok) {
-      throw new HttpError(reply.status, errorMessage(data, `${path} failed (HTTP ${reply.status})`));
+      throw new HttpError(
+        reply.status,
+        errorMessage(data, `${path} failed (HTTP ${reply.status})`)
+      );
     }
     return data;
   }

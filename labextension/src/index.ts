@@ -6,11 +6,7 @@
  * panel keeps working while a kernel is busy.
  */
 
-import {
-  ILayoutRestorer,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { ServerConnection } from '@jupyterlab/services';
@@ -72,7 +68,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     notebooks: INotebookTracker | null
   ) => {
     const connection = makeConnection(50);
-    const panel = new GpuFunctionsPanel(connection, notebooks ? notebookInserter(app, notebooks) : null);
+    const panel = new GpuFunctionsPanel(
+      connection,
+      notebooks ? notebookInserter(app, notebooks) : null
+    );
     panel.title.label = '';
     app.shell.add(panel, 'left', { rank: 600, type: 'GPU Functions' });
 

@@ -3,17 +3,12 @@
  *
  * Nothing in this module touches the DOM, the network or JupyterLab, so it is unit-tested
  * directly (src/__tests__/model.spec.ts). The wire shapes mirror the control plane's REST API
- * (SPEC §4); every field the panel reads is optional-tolerant because the server omits fields
+ * (docs/ARCHITECTURE.md, "REST API (v1)"); every field the panel reads is optional-tolerant because the server omits fields
  * that are `None` or equal to their default.
  */
 
 export type JobStateWire =
-  | 'PENDING'
-  | 'IN_PROGRESS'
-  | 'DONE'
-  | 'FAILED'
-  | 'CANCELLED'
-  | 'TIMED_OUT';
+  'PENDING' | 'IN_PROGRESS' | 'DONE' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
 
 export interface IJobPlacement {
   gpu_class?: string | null;
@@ -127,9 +122,14 @@ const DISPLAY_STATE: Record<string, string> = {
   TIMED_OUT: 'timed out'
 };
 
-/** The user-facing word for a wire job state (SPEC §4): pending, running, finished, ... */
+/** The user-facing word for a wire job state (docs/ARCHITECTURE.md, "REST API (v1)"): pending, running, finished, ... */
 export function displayState(state: string): string {
-  return DISPLAY_STATE[state] ?? String(state || 'unknown').toLowerCase().replace(/_/g, ' ');
+  return (
+    DISPLAY_STATE[state] ??
+    String(state || 'unknown')
+      .toLowerCase()
+      .replace(/_/g, ' ')
+  );
 }
 
 export function isTerminal(state: string): boolean {
@@ -257,7 +257,12 @@ export function queueText(job: IJob): string {
  */
 export function expectedStartText(job: IJob, nowMs: number): string {
   const p = job.placement;
-  if (job.job_state !== 'PENDING' || !p || p.queue_position === null || p.queue_position === undefined) {
+  if (
+    job.job_state !== 'PENDING' ||
+    !p ||
+    p.queue_position === null ||
+    p.queue_position === undefined
+  ) {
     return '';
   }
   const at = p.expected_start_ms;
@@ -439,7 +444,11 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
       return job;
     }
     changed = true;
-    const update: IJobPlacement = { ...placement, waiting_on_capacity: true, queue_position: position };
+    const update: IJobPlacement = {
+      ...placement,
+      waiting_on_capacity: true,
+      queue_position: position
+    };
     if (start !== undefined) {
       update.expected_start_ms = start;
     }
@@ -452,7 +461,11 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
  * Merge a freshly fetched job list into the rows known from events: the fetched list is the
  * truth except that a terminal state known from an event is not regressed.
  */
-export function mergeJobLists(known: readonly IJob[], fetched: readonly IJob[], limit = 50): IJob[] {
+export function mergeJobLists(
+  known: readonly IJob[],
+  fetched: readonly IJob[],
+  limit = 50
+): IJob[] {
   const byId = new Map(known.map(j => [j.job_id, j] as const));
   const merged = fetched.map(j => {
     const k = byId.get(j.job_id);

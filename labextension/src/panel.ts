@@ -112,7 +112,9 @@ export class GpuFunctionsPanel extends Widget {
     const classes = this._section('GPU classes', 'lf-classes');
     this._classesBody = classes.body;
     const batches = this._section('Batches', 'lf-batches');
-    this._batches = new BatchRows(batches.root, batches.body, batches.count, id => this.connection.cancelBatch(id));
+    this._batches = new BatchRows(batches.root, batches.body, batches.count, id =>
+      this.connection.cancelBatch(id)
+    );
     const jobs = this._section('Jobs', 'lf-jobs');
     this._jobsBody = jobs.body;
     this._jobsCount = jobs.count;
@@ -222,7 +224,9 @@ export class GpuFunctionsPanel extends Widget {
     }
     const rows = classRows(state.classes, state.usage);
     if (rows.length === 0) {
-      body.appendChild(el('div', 'lf-empty', state.status.kind === 'connected' ? 'No GPU classes.' : '—'));
+      body.appendChild(
+        el('div', 'lf-empty', state.status.kind === 'connected' ? 'No GPU classes.' : '—')
+      );
       return;
     }
     for (const row of rows) {
@@ -236,7 +240,9 @@ export class GpuFunctionsPanel extends Widget {
       card.appendChild(top);
       card.appendChild(el('div', 'lf-class-model', row.model || 'unknown GPU model'));
       const memory = row.memory ? `${row.memory} per GPU` : 'GPU memory not reported';
-      card.appendChild(el('div', 'lf-class-hw', `${memory} · max ${row.maxPerWorker} GPUs per worker`));
+      card.appendChild(
+        el('div', 'lf-class-hw', `${memory} · max ${row.maxPerWorker} GPUs per worker`)
+      );
       const usage = el('div', 'lf-class-usage');
       if (row.total !== null && row.busy !== null) {
         const meter = el('div', 'lf-meter');
@@ -267,7 +273,9 @@ export class GpuFunctionsPanel extends Widget {
     if (state.jobs.length === 0) {
       this._jobRows.clear();
       body.textContent = '';
-      body.appendChild(el('div', 'lf-empty', state.status.kind === 'connected' ? 'No jobs yet.' : '—'));
+      body.appendChild(
+        el('div', 'lf-empty', state.status.kind === 'connected' ? 'No jobs yet.' : '—')
+      );
       return;
     }
     // Drop placeholders and rows of jobs no longer listed.
@@ -355,7 +363,7 @@ export class GpuFunctionsPanel extends Widget {
     setText(row.badge, badge.label);
     setText(row.title, jobTitle(job));
     row.title.title = job.job_id;
-    setText(row.namespace, namespaces ? job.namespace ?? '' : '');
+    setText(row.namespace, namespaces ? (job.namespace ?? '') : '');
     row.namespace.style.display = namespaces ? '' : 'none';
     setText(row.elapsed, formatElapsed(jobElapsedMs(job, now)));
     setText(row.placement, jobPlacementText(job));
@@ -454,7 +462,8 @@ export class GpuFunctionsPanel extends Widget {
     if (snippet !== null && this._insertCode !== null) {
       const insert = el('button', 'lf-version-insert jp-mod-styled', 'Insert');
       insert.type = 'button';
-      insert.title = 'Add a cell that uses this version from any notebook or script (lancefn_jupyter.lookup)';
+      insert.title =
+        'Add a cell that uses this version from any notebook or script (lancefn_jupyter.lookup)';
       insert.addEventListener('click', () => {
         const inserted = this._insertCode !== null && this._insertCode(snippet);
         note.textContent = inserted ? '' : 'open a notebook first, then click Insert again';

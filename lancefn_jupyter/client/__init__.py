@@ -1,10 +1,11 @@
-"""HTTP client for the lancefn control plane: one module per REST resource (SPEC §4)."""
+"""HTTP client for the lancefn control plane: one module per REST resource (docs/ARCHITECTURE.md, "REST API (v1)")."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ._http import Transport
+from .batches import BatchesResource
 from .errors import (
     ApiError,
     Conflict,
@@ -16,11 +17,13 @@ from .errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from .batches import BatchesResource
-from .events import Event, iter_events
+from .events import Event, iter_events, open_event_stream
 from .functions import FunctionsResource
 from .gpu import GpuResource
 from .jobs import JobsResource
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "Client",
@@ -65,6 +68,19 @@ class Client:
 
     def events(self, *, last_event_id: Optional[int] = None, read_timeout: Optional[float] = 60.0) -> Iterator[Event]:
         return iter_events(self._transport, last_event_id=last_event_id, read_timeout=read_timeout)
+
+    def open_event_stream(
+        self,
+        *,
+        last_event_id: Optional[int] = None,
+        read_timeout: Optional[float] = 60.0,
+        connect_timeout: float = 10.0,
+    ) -> httpx.Response:
+        """The open SSE response behind `events()`, for a caller that must reach its socket (the kernel's
+        listener shuts it down to stop at once); iterate `client.events.parse_sse_lines(r.iter_lines())`, then close it."""
+        return open_event_stream(
+            self._transport, last_event_id=last_event_id, read_timeout=read_timeout, connect_timeout=connect_timeout
+        )
 
     def close(self) -> None:
         self._transport.close()

@@ -91,7 +91,9 @@ class Transport:
                     raise
                 response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as error:
-            raise ControlPlaneUnreachable(self.url, type(error).__name__ + (f": {error}" if str(error) else "")) from None
+            raise ControlPlaneUnreachable(
+                self.url, type(error).__name__ + (f": {error}" if str(error) else "")
+            ) from None
         return self._decode(response)
 
     def get(self, path: str, **kwargs: Any) -> Any:

@@ -45,7 +45,9 @@ class BatchesResource:
             body["timeout_s"] = timeout_s
         if arrow is not None:
             params = {k: v if k in ("name", "version") else json.dumps(v) for k, v in body.items()}
-            return self._t.request("POST", "/v1/batches/create", content=arrow, content_type=_ARROW_STREAM, params=params)
+            return self._t.request(
+                "POST", "/v1/batches/create", content=arrow, content_type=_ARROW_STREAM, params=params
+            )
         if rows_file is not None:
             body["rows_file"] = rows_file
         else:
@@ -53,9 +55,13 @@ class BatchesResource:
         return self._t.post("/v1/batches/create", body)
 
     def describe(self, batch_id: str, *, include_chunks: bool = True) -> Batch:
-        return Batch.from_wire(self._t.post("/v1/batches/describe", {"batch_id": batch_id, "include_chunks": include_chunks}))
+        return Batch.from_wire(
+            self._t.post("/v1/batches/describe", {"batch_id": batch_id, "include_chunks": include_chunks})
+        )
 
-    def list(self, *, state: Optional[str] = None, name: Optional[str] = None, limit: Optional[int] = None) -> list[Batch]:
+    def list(
+        self, *, state: Optional[str] = None, name: Optional[str] = None, limit: Optional[int] = None
+    ) -> list[Batch]:
         body = {k: v for k, v in (("state", state), ("name", name), ("limit", limit)) if v is not None}
         return [Batch.from_wire(item) for item in self._t.post("/v1/batches/list", body)["batches"]]
 

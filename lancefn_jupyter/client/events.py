@@ -24,7 +24,8 @@ class Event:
 
 def parse_sse_lines(lines: Iterator[str]) -> Iterator[Event]:
     """Pure SSE framing (WHATWG rules we rely on: `id`, `event`, multi-line `data`, comments)."""
-    event, data, event_id = "message", [], None
+    event, event_id = "message", None
+    data: list[str] = []
     for line in lines:
         if line == "":
             if data:
@@ -48,6 +49,22 @@ def parse_sse_lines(lines: Iterator[str]) -> Iterator[Event]:
             event_id = int(value) if value.isdigit() else None
 
 
+def open_event_stream(
+    transport: Transport,
+    *,
+    last_event_id: Optional[int] = None,
+    read_timeout: Optional[float] = 60.0,
+    connect_timeout: float = 10.0,
+) -> httpx.Response:
+    """An open `GET /v1/jobs/events` response, resuming after `last_event_id` (the caller iterates
+    `parse_sse_lines(response.iter_lines())` and closes it)."""
+    headers = {"accept": "text/event-stream"}
+    if last_event_id is not None:
+        headers["last-event-id"] = str(last_event_id)
+    timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=connect_timeout)
+    return transport.stream("/v1/jobs/events", headers, timeout)
+
+
 def iter_events(
     transport: Transport, *, last_event_id: Optional[int] = None, read_timeout: Optional[float] = 60.0
 ) -> Iterator[Event]:
@@ -55,11 +72,7 @@ def iter_events(
 
     `read_timeout` bounds silence between events; the server sends a keepalive every 15 s.
     """
-    headers = {"accept": "text/event-stream"}
-    if last_event_id is not None:
-        headers["last-event-id"] = str(last_event_id)
-    timeout = httpx.Timeout(connect=10.0, read=read_timeout, write=10.0, pool=10.0)
-    response = transport.stream("/v1/jobs/events", headers, timeout)
+    response = open_event_stream(transport, last_event_id=last_event_id, read_timeout=read_timeout)
     try:
         yield from parse_sse_lines(response.iter_lines())
     finally:

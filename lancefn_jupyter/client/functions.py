@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import builtins  # the resources have a list() method that shadows the type in annotations
 from typing import Any, Iterator, Optional
 
 from ..models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
@@ -67,7 +68,7 @@ class FunctionsResource:
         reply = self._t.post("/v1/functions/artifact", {"name": name, "version": version})
         return base64.b64decode(reply["data"])
 
-    def history(self, name: Optional[str] = None, *, limit: int = 20) -> list[dict[str, Any]]:
+    def history(self, name: Optional[str] = None, *, limit: int = 20) -> builtins.list[dict[str, Any]]:
         """`POST /v1/functions/history`: per function, its newest versions with their one-line change."""
         body: dict[str, Any] = {"limit": limit, **({"name": name} if name is not None else {})}
         return self._t.post("/v1/functions/history", body)["functions"]
@@ -79,7 +80,7 @@ class FunctionsResource:
         self,
         name: str,
         version: str,
-        rows: Optional[list[dict[str, Any]]],
+        rows: Optional[builtins.list[dict[str, Any]]],
         *,
         timeout_s: Optional[float] = None,
         arrow: Optional[bytes] = None,
@@ -108,7 +109,13 @@ class FunctionsResource:
         return self._t.post("/v1/functions/run", body)["job_id"]
 
     def run_job(
-        self, name: str, version: str, rows: list[dict[str, Any]], *, timeout_s: Optional[float] = None, wait_s: float = 0.0
+        self,
+        name: str,
+        version: str,
+        rows: builtins.list[dict[str, Any]],
+        *,
+        timeout_s: Optional[float] = None,
+        wait_s: float = 0.0,
     ) -> Job:
         """Submit a `run_function` job and return it as it stands after up to `wait_s` seconds
         (finished, for a quick job: its result comes in this one round trip)."""

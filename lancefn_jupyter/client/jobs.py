@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # the resources have a list() method that shadows the type in annotations
 import time
 from typing import Any, Optional
 
@@ -44,7 +45,7 @@ class JobsResource:
     def cancel(self, job_id: str) -> bool:
         return bool(self._t.post("/v1/jobs/cancel", {"job_id": job_id})["cancelled"])
 
-    def logs(self, job_id: str, offset: int = 0) -> tuple[list[str], int]:
+    def logs(self, job_id: str, offset: int = 0) -> tuple[builtins.list[str], int]:
         reply = self._t.post("/v1/jobs/logs", {"job_id": job_id, "offset": offset})
         return list(reply["lines"]), int(reply["next_offset"])
 

@@ -115,7 +115,11 @@ class _LancefnHandler(APIHandler):
         # Headers forwarded upstream must be ASCII, or httpx fails with a UnicodeEncodeError (a 500).
         rid = self.request.headers.get("x-request-id")
         if rid is not None and not _REQUEST_ID.fullmatch(rid):
-            self._error(400, "invalid_request", "X-Request-Id must be 1-200 printable ASCII characters without spaces; fix or omit it")
+            self._error(
+                400,
+                "invalid_request",
+                "X-Request-Id must be 1-200 printable ASCII characters without spaces; fix or omit it",
+            )
             return
         last = self.request.headers.get("Last-Event-ID")
         if last and not (last.isascii() and last.isdigit()):

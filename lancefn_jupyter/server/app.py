@@ -1,4 +1,4 @@
-"""FastAPI routes of the control plane (SPEC §4 + ARCHITECTURE "REST details").
+"""FastAPI routes of the control plane (docs/ARCHITECTURE.md, "REST API (v1)" and "REST details").
 
 Thin on purpose: authenticate, parse the body into a small request model, call the
 ``ControlPlane``, wrap errors in the envelope ``{"error": {code, message, request_id}}``.
@@ -16,6 +16,9 @@ No input may produce a 5xx and no error carries a stack trace: ``_Guard`` (outer
 our middleware) turns anything unexpected into a 400 ``request_failed`` envelope and logs
 the traceback server-side only.  The one 5xx is not caused by input: a full disk answers
 507 ``insufficient_storage`` (nothing from that request is saved; retry once space frees).
+
+Size: over 600 lines because every route is here, each a few lines over the same guards; the
+SSE stream lives in ``events.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..dataplane import MEDIA_TYPE as ARROW_STREAM
 from .core import DEFAULT_MAX_ARTIFACT_BYTES, ApiError, ControlPlane, format_validation_error
+from .events import event_stream
 from .namespaces import PRIVILEGES, ApiKeyError, Principal, load_api_keys
 from .store import is_storage_full
 
@@ -152,7 +156,9 @@ class _BatchCreate(_Body):
     version: str
     namespace: Optional[str] = None  # which namespace's function (as for functions/run)
     chunks: Any = None  # a list of chunks, each a list of rows; checked against the signature by the core
-    rows_file: Optional[str] = None  # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
+    rows_file: Optional[str] = (
+        None  # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
+    )
     parallel: Optional[int] = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
     retries: int = Field(0, ge=0, le=10)
     fresh: bool = False
@@ -206,7 +212,9 @@ def _load_json(raw: bytes) -> Any:
         try:
             json.dumps(data, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise ApiError(400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text") from None
+            raise ApiError(
+                400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text"
+            ) from None
     return data
 
 
@@ -287,20 +295,22 @@ class _Guard:
             await send(message)
 
         async def reply(status: int, code: str, message: str) -> None:
-            await _envelope(status, code, message, request_id)(scope, receive, send_with_id)
+            await _envelope(status, code, message, request_id)(scope, receive, send_with_id)  # type: ignore[arg-type]
 
         async def refuse(status: int, code: str, message: str) -> None:
             # The unread body is not drained: uvicorn closes the connection after this reply.
             response = _envelope(status, code, message, request_id)
             response.headers["connection"] = "close"
-            await response(scope, receive, send_with_id)
+            await response(scope, receive, send_with_id)  # type: ignore[arg-type]
 
         limit_message = (
             f"the request body is larger than the server's limit of {self.max_body_bytes} bytes; "
             "send fewer rows per job, or start lancefn-server with a larger --max-body-bytes"
         )
         if scope.get("method") in ("POST", "PUT", "PATCH"):
-            if scope.get("path") not in UNAUTHENTICATED_PATHS and not _known_key(headers.get(b"x-api-key", b""), self.keys):
+            if scope.get("path") not in UNAUTHENTICATED_PATHS and not _known_key(
+                headers.get(b"x-api-key", b""), self.keys
+            ):
                 await refuse(401, "unauthorized", _MISSING_KEY_MESSAGE)
                 return
         # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here.
@@ -349,11 +359,15 @@ class _Guard:
         except Exception as error:
             if is_storage_full(error):
                 # Not a bug and not the client's fault: 507 Insufficient Storage, and no traceback spam.
-                log.error("%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error)
+                log.error(
+                    "%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error
+                )
                 if not started:
                     await reply(507, "insufficient_storage", _STORAGE_FULL_MESSAGE)
                 return
-            log.exception("unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id)
+            log.exception(
+                "unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id
+            )
             if not started:
                 await reply(
                     400,
@@ -447,7 +461,12 @@ def create_app(
         if is_storage_full(error):
             return _envelope(507, "insufficient_storage", _STORAGE_FULL_MESSAGE, rid)
         log.error("unexpected error (request %s): %s", rid, type(error).__name__)
-        return _envelope(400, "request_failed", f"the server could not process this request (request id {rid}); see the server log", rid)
+        return _envelope(
+            400,
+            "request_failed",
+            f"the server could not process this request (request id {rid}); see the server log",
+            rid,
+        )
 
     # ------------------------------------------------------------------- routes
 
@@ -477,7 +496,10 @@ def create_app(
         body = await _parse(request, _ListFunctions)
         return await _off_loop(
             core.list_functions,
-            name=body.name, include_definition=body.include_definition, page_token=body.page_token, limit=body.limit,
+            name=body.name,
+            include_definition=body.include_definition,
+            page_token=body.page_token,
+            limit=body.limit,
             scope=_who(request).scope,
         )
 
@@ -512,10 +534,18 @@ def create_app(
             except ValueError as error:
                 raise ApiError(400, str(error)) from None
             job_id = await _off_loop(
-                core.run, body.name, body.version, None, body.timeout_s, arrow_rows=upload, **_pick(request, body.namespace)
+                core.run,
+                body.name,
+                body.version,
+                None,
+                body.timeout_s,
+                arrow_rows=upload,
+                **_pick(request, body.namespace),
             )
         else:
-            job_id = await _off_loop(core.run, body.name, body.version, body.rows, body.timeout_s, **_pick(request, body.namespace))
+            job_id = await _off_loop(
+                core.run, body.name, body.version, body.rows, body.timeout_s, **_pick(request, body.namespace)
+            )
         if body.wait_s is None:
             return {"job_id": job_id}
         # Inline wait: a quick job's result comes back in this reply (one round trip, no jobs/wait).
@@ -525,15 +555,30 @@ def create_app(
         """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""
         query = request.query_params
         try:
-            params = _Run.model_validate({"name": query.get("name"), "version": query.get("version"), "rows": None,
-                                          "timeout_s": query.get("timeout_s"), "namespace": query.get("namespace")})
+            params = _Run.model_validate(
+                {
+                    "name": query.get("name"),
+                    "version": query.get("version"),
+                    "rows": None,
+                    "timeout_s": query.get("timeout_s"),
+                    "namespace": query.get("namespace"),
+                }
+            )
         except ValidationError as error:
-            raise ApiError(400, "invalid request (query string of an Arrow run): " + format_validation_error(error)) from None
+            raise ApiError(
+                400, "invalid request (query string of an Arrow run): " + format_validation_error(error)
+            ) from None
         tmp, _ = core.data.new_rows_file()
         try:
             await _receive_arrow(request, tmp)
             job_id = await _off_loop(
-                core.run, params.name, params.version, None, params.timeout_s, arrow_rows=tmp, **_pick(request, params.namespace)
+                core.run,
+                params.name,
+                params.version,
+                None,
+                params.timeout_s,
+                arrow_rows=tmp,
+                **_pick(request, params.namespace),
             )
         finally:
             if tmp.exists():
@@ -551,12 +596,19 @@ def create_app(
                 except StopAsyncIteration:
                     break
                 except asyncio.TimeoutError:
-                    raise ApiError(408, f"the Arrow body stalled for {body_timeout_s:g}s; send it at once, or start "
-                                        "lancefn-server with a larger --body-timeout-s", code="request_timeout") from None
+                    raise ApiError(
+                        408,
+                        f"the Arrow body stalled for {body_timeout_s:g}s; send it at once, or start "
+                        "lancefn-server with a larger --body-timeout-s",
+                        code="request_timeout",
+                    ) from None
                 size += len(chunk)
                 if size > max_arrow_body_bytes:
-                    raise ApiError(413, f"the Arrow body is larger than the server's limit of {max_arrow_body_bytes} "
-                                        "bytes (--max-arrow-body-bytes); send fewer rows per job")
+                    raise ApiError(
+                        413,
+                        f"the Arrow body is larger than the server's limit of {max_arrow_body_bytes} "
+                        "bytes (--max-arrow-body-bytes); send fewer rows per job",
+                    )
                 sink.write(chunk)
 
     @app.get("/v1/jobs/result", dependencies=[require("jobs")])
@@ -577,7 +629,11 @@ def create_app(
         body = await _parse(request, _ListJobs)
         return await _off_loop(
             core.list_jobs,
-            state=body.state, name=body.name, job_type=body.job_type, page_token=body.page_token, limit=body.limit,
+            state=body.state,
+            name=body.name,
+            job_type=body.job_type,
+            page_token=body.page_token,
+            limit=body.limit,
             scope=_who(request).scope,
         )
 
@@ -611,8 +667,15 @@ def create_app(
         try:
             return await _off_loop(
                 core.batches.create,
-                body.name, body.version, body.chunks, parallel=body.parallel, retries=body.retries, timeout_s=body.timeout_s,
-                fresh=body.fresh, arrow_rows=arrow_rows, **_pick(request, body.namespace),
+                body.name,
+                body.version,
+                body.chunks,
+                parallel=body.parallel,
+                retries=body.retries,
+                timeout_s=body.timeout_s,
+                fresh=body.fresh,
+                arrow_rows=arrow_rows,
+                **_pick(request, body.namespace),
             )
         finally:
             if arrow_rows is not None:  # its chunks are stored with the batch
@@ -623,20 +686,34 @@ def create_app(
         query = request.query_params
         try:
             fields = {k: query[k] for k in ("name", "version", "namespace") if k in query}
-            fields.update({k: json.loads(query[k]) for k in ("parallel", "retries", "fresh", "timeout_s") if k in query})
+            fields.update(
+                {k: json.loads(query[k]) for k in ("parallel", "retries", "fresh", "timeout_s") if k in query}
+            )
             params = _BatchCreate.model_validate(fields)
         except json.JSONDecodeError as error:
-            raise ApiError(400, f"invalid request (query string of an Arrow batch): {error}; parallel, retries, fresh "
-                                "and timeout_s are JSON values (e.g. 4, true)") from None
+            raise ApiError(
+                400,
+                f"invalid request (query string of an Arrow batch): {error}; parallel, retries, fresh "
+                "and timeout_s are JSON values (e.g. 4, true)",
+            ) from None
         except ValidationError as error:
-            raise ApiError(400, "invalid request (query string of an Arrow batch): " + format_validation_error(error)) from None
+            raise ApiError(
+                400, "invalid request (query string of an Arrow batch): " + format_validation_error(error)
+            ) from None
         tmp, _ = core.data.new_rows_file()
         try:
             await _receive_arrow(request, tmp)
             return await _off_loop(
                 core.batches.create,
-                params.name, params.version, None, parallel=params.parallel, retries=params.retries, timeout_s=params.timeout_s,
-                fresh=params.fresh, arrow_rows=tmp, **_pick(request, params.namespace),
+                params.name,
+                params.version,
+                None,
+                parallel=params.parallel,
+                retries=params.retries,
+                timeout_s=params.timeout_s,
+                fresh=params.fresh,
+                arrow_rows=tmp,
+                **_pick(request, params.namespace),
             )
         finally:
             if tmp.exists():
@@ -645,12 +722,16 @@ def create_app(
     @app.post("/v1/batches/describe", dependencies=[require("jobs")])
     async def describe_batch(request: Request) -> dict:
         body = await _parse(request, _BatchDescribe)
-        return await _off_loop(core.batches.describe, body.batch_id, include_chunks=body.include_chunks, scope=_who(request).scope)
+        return await _off_loop(
+            core.batches.describe, body.batch_id, include_chunks=body.include_chunks, scope=_who(request).scope
+        )
 
     @app.post("/v1/batches/list", dependencies=[require("jobs")])
     async def list_batches(request: Request) -> dict:
         body = await _parse(request, _ListBatches)
-        return await _off_loop(core.batches.list, state=body.state, name=body.name, limit=body.limit, scope=_who(request).scope)
+        return await _off_loop(
+            core.batches.list, state=body.state, name=body.name, limit=body.limit, scope=_who(request).scope
+        )
 
     @app.post("/v1/batches/cancel", dependencies=[require("jobs")])
     async def cancel_batch(request: Request) -> dict:
@@ -677,7 +758,7 @@ def create_app(
         else:
             raise ApiError(400, "Last-Event-ID / last_event_id must be a non-negative integer event id")
         return StreamingResponse(
-            _event_stream(core, start, _who(request).scope),
+            event_stream(core, start, _who(request).scope, _off_loop, KEEPALIVE_S),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -696,49 +777,3 @@ def _pick(request: Request, namespace: str | None) -> dict:
     if who.admin:
         return {"namespace": namespace, "scope": None, "home": who.namespace}
     return {"namespace": namespace or who.namespace, "scope": who.namespace, "home": who.namespace}
-
-
-async def _event_stream(core: ControlPlane, last: int, scope: str | None = None):
-    """SSE: durable job events after ``last``, then live ones; usage events interleaved.
-    ``scope``: only this namespace's job events (None: all, for the admin)."""
-    subscriber = core.bus.subscribe(scope)  # subscribe before reading the backlog so nothing falls between
-    try:
-        # The id is the resume point, so a client that sees no job event before a restart can still resume.
-        yield f"id: {last}\nevent: usage\ndata: {json.dumps(await _off_loop(core.gpu_usage), separators=(',', ':'))}\n\n"
-        queue = await _off_loop(core.queue_snapshot, scope)
-        if queue is not None:
-            yield f"event: queue\ndata: {json.dumps(queue, separators=(',', ':'))}\n\n"
-        backlog = True
-        while not subscriber.closed:
-            if backlog or subscriber.overflowed:
-                subscriber.overflowed = False
-                subscriber.items.clear()
-                while True:
-                    rows = await _off_loop(core.events_after, last, 500, scope)
-                    for seq, data in rows:
-                        yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
-                        last = seq
-                    if len(rows) < 500:
-                        break
-                backlog = False
-            while subscriber.items:
-                kind, seq, data = subscriber.items.popleft()
-                if kind == "job" and seq is None:
-                    # A change the full disk kept from being saved (yet): live only, no resume id.
-                    yield f"event: job\ndata: {data}\n\n"
-                elif kind == "job":
-                    if seq <= last:
-                        continue  # already sent from the backlog
-                    last = seq
-                    yield f"id: {seq}\nevent: job\ndata: {data}\n\n"
-                else:
-                    yield f"event: {kind}\ndata: {data}\n\n"
-            if subscriber.closed:
-                break
-            subscriber.ready.clear()
-            try:
-                await asyncio.wait_for(subscriber.ready.wait(), KEEPALIVE_S)
-            except asyncio.TimeoutError:
-                yield ": keepalive\n\n"
-    finally:
-        core.bus.unsubscribe(subscriber)

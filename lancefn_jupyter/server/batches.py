@@ -15,6 +15,9 @@ chunk's outcome is read back from its job on start (``recover``), so a control p
 point resumes the batch with no row lost and none counted twice (a job's result is one write).
 
 Everything runs under the core's lock: hooks arrive from ``ControlPlane._persist``.
+
+Size: over 600 lines because a batch's state machine, its durability and its recovery are one
+concern that must be read together; cutting and stacking live in ``batching.py``.
 """
 
 from __future__ import annotations
@@ -215,7 +218,9 @@ class BatchManager:
         if not isinstance(chunks, list) or not chunks:
             raise ApiError(400, "chunks must be a non-empty list of chunks, each a non-empty list of rows")
         if len(chunks) > MAX_CHUNKS:
-            raise ApiError(400, f"{len(chunks)} chunks is more than the limit of {MAX_CHUNKS}; pass a larger chunk_size")
+            raise ApiError(
+                400, f"{len(chunks)} chunks is more than the limit of {MAX_CHUNKS}; pass a larger chunk_size"
+            )
         if parallel is not None and parallel < 1:
             raise ApiError(400, "parallel must be ≥ 1, or null for as many as the class has GPUs ('auto')")
         if not 0 <= retries <= MAX_RETRIES:
@@ -255,11 +260,23 @@ class BatchManager:
                 self.store.execute(
                     "INSERT INTO batches(batch_id, namespace, name, version, input_digest, state, spec, creation_ms) "
                     "VALUES(?,?,?,?,?,?,?,?)",
-                    (batch.batch_id, namespace, name, version, digest, PENDING, _dumps(self._spec(batch)), batch.creation_ms),
+                    (
+                        batch.batch_id,
+                        namespace,
+                        name,
+                        version,
+                        digest,
+                        PENDING,
+                        _dumps(self._spec(batch)),
+                        batch.creation_ms,
+                    ),
                 )
                 self.store.executemany(
                     "INSERT INTO batch_chunks(batch_id, idx, row_start, row_end, rows, state) VALUES(?,?,?,?,?,?)",
-                    [(batch.batch_id, c.idx, c.row_start, c.row_end, text, PENDING) for c, text in zip(batch.chunks, encoded)],
+                    [
+                        (batch.batch_id, c.idx, c.row_start, c.row_end, text, PENDING)
+                        for c, text in zip(batch.chunks, encoded, strict=False)
+                    ],
                 )
                 self._batches[batch.batch_id] = batch
                 try:
@@ -316,7 +333,12 @@ class BatchManager:
             args.append(name)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         with self.core._lock:
-            ids = [row[0] for row in self.store.query(f"SELECT batch_id FROM batches{where} ORDER BY seq DESC LIMIT ?", (*args, limit))]
+            ids = [
+                row[0]
+                for row in self.store.query(
+                    f"SELECT batch_id FROM batches{where} ORDER BY seq DESC LIMIT ?", (*args, limit)
+                )
+            ]
             return {"batches": [self._wire(self._get(i), include_chunks=False) for i in ids]}
 
     def cancel(self, batch_id: str, scope: str | None = None) -> dict:
@@ -390,9 +412,12 @@ class BatchManager:
     def recover(self) -> None:
         """On start (core lock held, after the core re-queued its jobs): load unfinished batches and
         read each live chunk's outcome from its job, then submit what is due."""
-        rows = self.store.query("SELECT batch_id FROM batches WHERE state IN (?,?) ORDER BY seq", (PENDING, IN_PROGRESS))
+        rows = self.store.query(
+            "SELECT batch_id FROM batches WHERE state IN (?,?) ORDER BY seq", (PENDING, IN_PROGRESS)
+        )
         for (batch_id,) in rows:
             batch = self._load(batch_id)
+            assert batch is not None  # the query just listed it
             self._activate(batch)
             for idx in sorted(batch.live):
                 chunk = batch.chunks[idx]
@@ -493,7 +518,9 @@ class BatchManager:
         if self._fresh_rows is not None and chunk.attempts == 0:
             rows = self._fresh_rows[chunk.idx]
         else:
-            rows = self.store.query("SELECT rows FROM batch_chunks WHERE batch_id=? AND idx=?", (batch.batch_id, chunk.idx))[0][0]
+            rows = self.store.query(
+                "SELECT rows FROM batch_chunks WHERE batch_id=? AND idx=?", (batch.batch_id, chunk.idx)
+            )[0][0]
             rows = rows if isinstance(rows, bytes) else json.loads(rows)
         arrow_rows = None
         if isinstance(rows, bytes):
@@ -509,8 +536,15 @@ class BatchManager:
             # The job and the chunk's pointer to it commit together (see the module's durability note).
             try:
                 job_id = self.core.run(
-                    batch.name, batch.version, rows, batch.timeout_s,
-                    namespace=batch.namespace, home=batch.namespace, spec_extra=extra, rows_checked=True, arrow_rows=arrow_rows,
+                    batch.name,
+                    batch.version,
+                    rows,
+                    batch.timeout_s,
+                    namespace=batch.namespace,
+                    home=batch.namespace,  # type: ignore[arg-type]
+                    spec_extra=extra,
+                    rows_checked=True,
+                    arrow_rows=arrow_rows,
                 )
             finally:
                 if arrow_rows is not None and arrow_rows.exists():  # refused before the run took it
@@ -539,7 +573,14 @@ class BatchManager:
     def _save_chunk(self, batch: _Batch, chunk: _Chunk) -> None:
         self.store.execute(
             "UPDATE batch_chunks SET state=?, job_id=?, attempts=?, failure=? WHERE batch_id=? AND idx=?",
-            (chunk.state, chunk.job_id, chunk.attempts, None if chunk.failure is None else _dumps(chunk.failure), batch.batch_id, chunk.idx),
+            (
+                chunk.state,
+                chunk.job_id,
+                chunk.attempts,
+                None if chunk.failure is None else _dumps(chunk.failure),
+                batch.batch_id,
+                chunk.idx,
+            ),
         )
 
     def _save_batch(self, batch: _Batch) -> None:
@@ -550,7 +591,12 @@ class BatchManager:
 
     @staticmethod
     def _spec(batch: _Batch) -> dict:
-        spec: dict[str, Any] = {"parallel": batch.parallel, "retries": batch.retries, "rows_total": batch.rows_total, "chunks_total": len(batch.chunks)}
+        spec: dict[str, Any] = {
+            "parallel": batch.parallel,
+            "retries": batch.retries,
+            "rows_total": batch.rows_total,
+            "chunks_total": len(batch.chunks),
+        }
         if batch.timeout_s is not None:
             spec["timeout_s"] = batch.timeout_s
         return spec
@@ -604,7 +650,9 @@ class BatchManager:
             "SELECT idx, row_start, row_end, state, job_id, attempts, failure FROM batch_chunks WHERE batch_id=? ORDER BY idx",
             (batch_id,),
         ):
-            chunk = _Chunk(idx, row_start, row_end, cstate, job_id, attempts, 0, None if failure is None else json.loads(failure))
+            chunk = _Chunk(
+                idx, row_start, row_end, cstate, job_id, attempts, 0, None if failure is None else json.loads(failure)
+            )
             if cstate == DONE:
                 chunk.rows_done = chunk.rows
                 batch.rows_finished += chunk.rows
@@ -635,6 +683,7 @@ class BatchManager:
         futures = self._waiters.pop(batch.batch_id, None)
         loop = self.core._loop
         if futures and loop is not None:
+
             def wake() -> None:
                 for future in futures:
                     if not future.done():
@@ -671,7 +720,11 @@ class BatchManager:
 
     def _wire(self, batch: _Batch, *, include_chunks: bool) -> dict:
         rows_running = sum(batch.chunks[i].rows_done for i in batch.live) if batch.live else 0
-        counts = {state: batch.counts[state] for state in (PENDING, IN_PROGRESS, DONE, FAILED, CANCELLED) if batch.counts[state]}
+        counts = {
+            state: batch.counts[state]
+            for state in (PENDING, IN_PROGRESS, DONE, FAILED, CANCELLED)
+            if batch.counts[state]
+        }
         wire: dict[str, Any] = {
             "batch_id": batch.batch_id,
             "batch_state": batch.state,
@@ -702,7 +755,12 @@ class BatchManager:
             wire["cancel_requested"] = True
         failed = next((c for c in batch.chunks if c.state in (FAILED, TIMED_OUT)), None)
         if failed is not None and failed.failure:
-            wire["failure"] = {"chunk": failed.idx, "row_start": failed.row_start, "row_end": failed.row_end, **failed.failure}
+            wire["failure"] = {
+                "chunk": failed.idx,
+                "row_start": failed.row_start,
+                "row_end": failed.row_end,
+                **failed.failure,
+            }
         if include_chunks:
             wire["chunks"] = [
                 {

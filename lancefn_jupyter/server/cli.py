@@ -56,40 +56,92 @@ def default_home() -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lancefn-server", description="lancefn control plane (REST API for GPU function versions and jobs)")
-    p.add_argument("--home", help="state directory (SQLite, server.json, logs); default $LANCEFN_HOME or the per-user data dir")
+    p = argparse.ArgumentParser(
+        prog="lancefn-server", description="lancefn control plane (REST API for GPU function versions and jobs)"
+    )
+    p.add_argument(
+        "--home", help="state directory (SQLite, server.json, logs); default $LANCEFN_HOME or the per-user data dir"
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: only this machine)")
     p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default)")
-    p.add_argument("--gpu-classes", help="GPU class TOML config; default $LANCEFN_GPU_CLASSES, else NVML, else simulated")
+    p.add_argument(
+        "--gpu-classes", help="GPU class TOML config; default $LANCEFN_GPU_CLASSES, else NVML, else simulated"
+    )
     p.add_argument("--executor", choices=("local", "ray"), default="local", help="where workers run (default local)")
-    p.add_argument("--ray-address", help="Ray cluster address for --executor ray (default: start a private local Ray; 'auto': the cluster on this machine or $RAY_ADDRESS; see docs/ray.md)")
-    p.add_argument("--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])")
-    p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (default 8 MiB, or enough for a --max-artifact-bytes artifact if larger)")
-    p.add_argument("--max-artifact-bytes", type=int, default=4 * 1024 * 1024, help="largest accepted function artifact (default 4 MiB)")
-    p.add_argument("--body-timeout-s", type=float, default=30.0, help="a request body must arrive within this many seconds (default 30)")
-    p.add_argument("--header-timeout-s", type=float, default=10.0, help="a request's line and headers must arrive within this many seconds (default 10)")
-    p.add_argument("--limit-concurrency", type=int, default=256, help="most connections and requests at once; more get 503 (default 256)")
+    p.add_argument(
+        "--ray-address",
+        help="Ray cluster address for --executor ray (default: start a private local Ray; 'auto': the cluster on this machine or $RAY_ADDRESS; see docs/ray.md)",
+    )
+    p.add_argument(
+        "--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="largest accepted request body (default 8 MiB, or enough for a --max-artifact-bytes artifact if larger)",
+    )
+    p.add_argument(
+        "--max-artifact-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest accepted function artifact (default 4 MiB)",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=30.0,
+        help="a request body must arrive within this many seconds (default 30)",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=10.0,
+        help="a request's line and headers must arrive within this many seconds (default 10)",
+    )
+    p.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=256,
+        help="most connections and requests at once; more get 503 (default 256)",
+    )
     p.add_argument(
         "--worker-user",
         default=os.environ.get("LANCEFN_WORKER_USER") or None,
         help="OS user local workers run as when the server runs as root (default: nobody; env LANCEFN_WORKER_USER); "
         "a non-root server runs workers as itself",
     )
-    p.add_argument("--max-idle-workers", type=int, default=16, help="local executor: idle warm workers kept in all (default 16)")
+    p.add_argument(
+        "--max-idle-workers", type=int, default=16, help="local executor: idle warm workers kept in all (default 16)"
+    )
     p.add_argument(
         "--max-idle-per-device-set",
         type=int,
         default=4,
         help="local executor: idle workers of distinct function versions kept per device set, least recently used retired first (default 4)",
     )
-    p.add_argument("--max-arrow-body-bytes", type=int, default=4 * 1024**3,
-                   help="largest accepted Arrow IPC rows body, streamed to disk (default 4 GiB)")
-    p.add_argument("--result-max-age-days", type=float, default=7.0,
-                   help="Arrow result files older than this are removed (default 7)")
-    p.add_argument("--result-max-bytes", type=int, default=5 * 1024**3,
-                   help="Arrow result files beyond this total are removed, oldest first (default 5 GiB)")
-    p.add_argument("--result-fsync", action="store_true",
-                   help="fsync each Arrow result file before the job is DONE (survives power loss; slower)")
+    p.add_argument(
+        "--max-arrow-body-bytes",
+        type=int,
+        default=4 * 1024**3,
+        help="largest accepted Arrow IPC rows body, streamed to disk (default 4 GiB)",
+    )
+    p.add_argument(
+        "--result-max-age-days",
+        type=float,
+        default=7.0,
+        help="Arrow result files older than this are removed (default 7)",
+    )
+    p.add_argument(
+        "--result-max-bytes",
+        type=int,
+        default=5 * 1024**3,
+        help="Arrow result files beyond this total are removed, oldest first (default 5 GiB)",
+    )
+    p.add_argument(
+        "--result-fsync",
+        action="store_true",
+        help="fsync each Arrow result file before the job is DONE (survives power loss; slower)",
+    )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -160,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # e.g. a symlink planted at server.lock (never followed)
         return _refuse(f"cannot open {home / LOCK_FILE} ({error}); remove it and start again")
     if lock is None:
-        return _fail(f"another lancefn-server (pid {holder}) is already using home {home}; stop it or pick another --home")
+        return _fail(
+            f"another lancefn-server (pid {holder}) is already using home {home}; stop it or pick another --home"
+        )
 
     # Heavy imports after the cheap checks so a refused start is fast.
     import uvicorn
@@ -232,8 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(home / DB_FILENAME)
     except (sqlite3.Error, OSError) as error:
         full = shutil.disk_usage(home).free < (1 << 20)
-        hint = f"the disk holding {home} is full; free some space" if full else "check that the home directory is writable"
-        print(f"lancefn-server: cannot open the state database {home / DB_FILENAME} ({error}); {hint}", file=sys.stderr, flush=True)
+        hint = (
+            f"the disk holding {home} is full; free some space" if full else "check that the home directory is writable"
+        )
+        print(
+            f"lancefn-server: cannot open the state database {home / DB_FILENAME} ({error}); {hint}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
     data = DataStore(
         home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
@@ -272,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     write_private(server_json, info_text)
                 except OSError as error:  # e.g. a full disk, or a directory in the way
-                    print(f"lancefn-server: cannot write {server_json} ({error}); fix or free the home directory", file=sys.stderr, flush=True)
+                    print(
+                        f"lancefn-server: cannot write {server_json} ({error}); fix or free the home directory",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     failed_to_publish = self.should_exit = True
                     return
                 print(f"lancefn-server listening on {url}", flush=True)

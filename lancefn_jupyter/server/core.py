@@ -2,8 +2,9 @@
 
 ``ControlPlane`` ties together the store (durable truth), the pure scheduler (who gets
 which devices), the executor (runs tasks) and the event bus (SSE fan-out).  Every method
-is synchronous and guarded by one re-entrant lock; executor callbacks arrive on executor
-threads and take the same lock.  Events are handed to the asyncio loop with
+but ``wait_job`` (async: it awaits a job's change on the event loop) is synchronous and
+guarded by one re-entrant lock; executor callbacks arrive on executor threads and take the
+same lock.  Events are handed to the asyncio loop with
 ``call_soon_threadsafe`` *while the lock is held*, so subscribers see them in seq order.
 
 Job lifecycle::
@@ -23,6 +24,10 @@ order; after a restart no device is busy.
 
 No input may produce a 5xx: every user-facing problem raises :class:`ApiError` with a 4xx
 status and a message saying what is wrong and how to fix it.
+
+Size: over 600 lines because the job state machine, its executor callbacks and its persistence
+share one lock and must be read together; the event bus (``events.py``), the disk-full
+bookkeeping (``unsaved.py``), scheduling (``scheduler.py``) and estimates live apart.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import collections
 import functools
 import json
 import logging
@@ -41,37 +45,46 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import ValidationError
 
 from ..models import (
+    TERMINAL_STATES,
     FunctionRegistrationRequest,
     FunctionVersion,
     JobFailure,
     JobState,
-    TERMINAL_STATES,
     decode_artifact,
     derive_version,
     rfc3339_now,
     version_id,
 )
 from .artifact_check import artifact_problem
+from .batches import BatchManager
 from .datastore import DataStore
 from .estimates import QueueEstimator
-from .batches import BatchManager
+from .events import EventBus, Subscriber  # noqa: F401  (Subscriber: re-exported)
 from .executors.base import REDACTED, Executor, TaskSpec, redact_env
 from .gpu_classes import GpuClassConfig
 from .namespaces import DEFAULT_NAMESPACE, queue_view, visible
 from .scheduler import SchedulerState
 from .store import JobRecord, Store, VersionRow, is_storage_full
+from .unsaved import UnsavedJobs
 
-__all__ = ["ApiError", "ControlPlane", "EventBus", "format_validation_error", "redact_definition", "MAX_REQUEUES", "REDACTED"]
+__all__ = [
+    "ApiError",
+    "ControlPlane",
+    "EventBus",
+    "format_validation_error",
+    "redact_definition",
+    "MAX_REQUEUES",
+    "REDACTED",
+]
 
 log = logging.getLogger("lancefn.server")
 
 MAX_REQUEUES = 3
-UNSAVED_RETRY_S = 1.0  # how often changes a full disk refused are tried again
 MAX_LOG_LINES_PER_JOB = 20_000
 MAX_LOG_LINE_CHARS = 8_192
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
@@ -95,7 +108,14 @@ _ACTIVE = (PENDING, IN_PROGRESS)
 class ApiError(Exception):
     """A client-visible error: HTTP status, stable code, readable message."""
 
-    CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict", 413: "payload_too_large"}
+    CODES = {
+        400: "invalid_request",
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not_found",
+        409: "conflict",
+        413: "payload_too_large",
+    }
 
     def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
@@ -131,8 +151,6 @@ def _clean_text(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")
 
 
-
-
 def redact_definition(definition: dict) -> dict:
     """A FunctionVersion as replies show it: ``runtime.env`` values (often tokens or passwords)
     replaced by ``<redacted>``, names kept.  The stored definition keeps the values for the
@@ -158,13 +176,15 @@ def _decode_token(token: str | None) -> int | None:
             return int(seq)
     except (binascii.Error, ValueError, UnicodeDecodeError):
         pass
-    raise ApiError(400, "page_token is not a token this server issued; pass the page_token from the previous reply or omit it")
+    raise ApiError(
+        400, "page_token is not a token this server issued; pass the page_token from the previous reply or omit it"
+    )
 
 
 def _callback(method):
     """Executor callbacks must never raise into executor threads, and a bookkeeping error
     must not leave the job hanging: the job is failed instead.  A full disk is not such an
-    error: state changes are kept in memory and saved once space frees (``_keep_unsaved``),
+    error: state changes are kept in memory and saved once space frees (``UnsavedJobs.keep``),
     log lines that do not fit are dropped, and the job goes on."""
 
     @functools.wraps(method)
@@ -179,81 +199,6 @@ def _callback(method):
             self._fail_after_error(job_id)
 
     return guarded
-
-
-# ----------------------------------------------------------------------- event bus
-
-
-class Subscriber:
-    """One SSE client's buffer.  If it falls too far behind it is marked ``overflowed`` and
-    re-reads from the durable event log instead of growing without bound."""
-
-    LIMIT = 10_000
-
-    def __init__(self, scope: str | None = None) -> None:
-        self.scope = scope  # the one namespace whose job events it gets; None: all (admin)
-        self.items: collections.deque[tuple[str, int | None, str]] = collections.deque()
-        self.ready = asyncio.Event()
-        self.overflowed = False
-        self.closed = False  # the server is shutting down: end the stream
-
-    def push(self, item: tuple[str, int | None, str]) -> None:
-        if self.overflowed:
-            return
-        if len(self.items) >= self.LIMIT:
-            self.items.clear()
-            self.overflowed = True
-        else:
-            self.items.append(item)
-        self.ready.set()
-
-
-class EventBus:
-    """Fan-out of ``(kind, seq, data)`` to asyncio subscribers; publish from any thread."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._subscribers: set[Subscriber] = set()
-
-    def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        self._loop = loop
-
-    def publish(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None = None) -> None:
-        """``namespace``: only subscribers that may see it get the item.  ``data`` may instead be
-        a view: called once per subscriber scope on the loop thread (e.g. the ``queue`` event)."""
-        loop = self._loop
-        if loop is None or not self._subscribers:
-            return
-        try:
-            loop.call_soon_threadsafe(self._fanout, kind, seq, data, namespace)
-        except RuntimeError:  # loop closed during shutdown
-            pass
-
-    def _fanout(self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None) -> None:
-        views: dict[str | None, str] = {}
-        for subscriber in list(self._subscribers):
-            if namespace is not None and not visible(subscriber.scope, namespace):
-                continue
-            if callable(data):
-                if subscriber.scope not in views:
-                    views[subscriber.scope] = data(subscriber.scope)
-                subscriber.push((kind, seq, views[subscriber.scope]))
-            else:
-                subscriber.push((kind, seq, data))
-
-    def close(self) -> None:
-        """End every stream (server shutdown); call on the loop thread."""
-        for subscriber in list(self._subscribers):
-            subscriber.closed = True
-            subscriber.ready.set()
-
-    def subscribe(self, scope: str | None = None) -> Subscriber:
-        subscriber = Subscriber(scope)
-        self._subscribers.add(subscriber)
-        return subscriber
-
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        self._subscribers.discard(subscriber)
 
 
 # --------------------------------------------------------------------------- core
@@ -294,9 +239,10 @@ class ControlPlane:
         self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
         self._job_env: dict[str, dict[str, str]] = {}  # launched jobs' function env (never logged)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
-        # for them (a finished job stays here, not in _active) until a retry saves them.
-        self._unsaved: dict[str, JobRecord] = {}
-        self._unsaved_retry: threading.Timer | None = None
+        # for them (a finished job stays there, not in _active) until a retry saves them.
+        self._unsaved = UnsavedJobs(
+            store, self.bus, self._lock, lambda rec: _dumps(self._job_wire(rec)), lambda: self._started
+        )
         self._log_pos: dict[str, int] = {}
         self._result_arrivals = 0
         self._progress_emitted: dict[str, float] = {}
@@ -365,11 +311,10 @@ class ControlPlane:
         with self._lock:
             for job_id in list(self._deferred):
                 self._flush_deferred(job_id)
-            if self._unsaved_retry is not None:
-                self._unsaved_retry.cancel()
+            self._unsaved.cancel_retry()
             if self._estimates_timer is not None:
                 self._estimates_timer.cancel()
-            self._save_unsaved(retry=False)
+            self._unsaved.save(retry=False)
         # Waiters get the job as it stands now rather than hanging until their timeout.
         with self._lock:
             for job_id in list(self._waiters):
@@ -405,7 +350,9 @@ class ControlPlane:
                         self._persist(rec, new=False)
                         continue
                     rec.state, rec.started_ms, rec.devices, rec.node, rec.rows_done = PENDING, None, (), None, 0
-                    self._append_log(rec, "system", [f"[lancefn] control plane restarted; job re-queued (restart {rec.requeues})"])
+                    self._append_log(
+                        rec, "system", [f"[lancefn] control plane restarted; job re-queued (restart {rec.requeues})"]
+                    )
                     self._persist(rec, new=False)
                 problem = self._capacity_problem(rec.gpu_class, rec.num_gpus) if rec.num_gpus else None
                 if problem:
@@ -429,7 +376,10 @@ class ControlPlane:
             raise ApiError(400, "invalid registration request: " + format_validation_error(error)) from None
         runtime = request.runtime
         if runtime.kind not in ("python", "python_v2"):
-            raise ApiError(400, f"runtime.kind {runtime.kind!r} is not supported by this server; use 'python' (CPU) or 'python_v2' (GPU)")
+            raise ApiError(
+                400,
+                f"runtime.kind {runtime.kind!r} is not supported by this server; use 'python' (CPU) or 'python_v2' (GPU)",
+            )
         try:
             artifact = decode_artifact(request.artifact)
         except ValueError as error:
@@ -508,18 +458,31 @@ class ControlPlane:
         else:  # the admin named no namespace: its own first, else wherever it is
             row = self.store.get_version(name, version, home) or self.store.get_version(name, version, None)
         if row is None:
-            raise ApiError(404, f"function version {name}@{version} not found; list versions with POST /v1/functions/list")
+            raise ApiError(
+                404, f"function version {name}@{version} not found; list versions with POST /v1/functions/list"
+            )
         return row
 
     def _version(
-        self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> tuple[dict, bool, str]:
         """The version's definition, whether it is dropped, and its namespace; 404 if never registered."""
         row = self._version_row(name, version, namespace, scope, home)
         return json.loads(row.definition), row.dropped, row.namespace
 
     def describe_function(
-        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        *,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         definition, dropped, _ = self._version(name, version, namespace, scope, home)
         if dropped:
@@ -527,15 +490,27 @@ class ControlPlane:
         return redact_definition(definition)  # exactly the FunctionVersion; lists and jobs name the namespace
 
     def function_artifact(
-        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        *,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         """The version's artifact bytes (base64), so any process can run or diff it (`lookup`, `.local()`)."""
         self.describe_function(name, version, namespace=namespace, scope=scope, home=home)  # 404s, same messages
         row = self._version_row(name, version, namespace, scope, home)
         definition = json.loads(row.definition)["artifact"]
         data = base64.b64encode(row.artifact).decode("ascii")
-        return {"name": name, "version": version, "entrypoint": definition["entrypoint"],
-                "digest": definition["digest"], "encoding": "base64", "data": data}
+        return {
+            "name": name,
+            "version": version,
+            "entrypoint": definition["entrypoint"],
+            "digest": definition["digest"],
+            "encoding": "base64",
+            "data": data,
+        }
 
     def _one_namespace(self, name: str | None, namespace: str | None, scope: str | None, home: str) -> str | None:
         """The one namespace a history/diff request means: the caller's own, or for the admin the one
@@ -548,20 +523,32 @@ class ControlPlane:
         namespace = namespace or home
         return namespace if visible(scope, namespace) else None
 
-    def _live_versions(self, name: str | None, namespace: str | None = DEFAULT_NAMESPACE) -> dict[str, list[FunctionVersion]]:
+    def _live_versions(
+        self, name: str | None, namespace: str | None = DEFAULT_NAMESPACE
+    ) -> dict[str, list[FunctionVersion]]:
         """Live versions (env values redacted) of one namespace by name, registration order."""
         grouped: dict[str, list[FunctionVersion]] = {}
         if namespace is None:
             return grouped
-        for _, fname, _, definition, _ in self.store.list_versions(name=name, after_seq=0, limit=10**9, namespace=namespace):
+        for _, fname, _, definition, _ in self.store.list_versions(
+            name=name, after_seq=0, limit=10**9, namespace=namespace
+        ):
             grouped.setdefault(fname, []).append(FunctionVersion.from_wire(redact_definition(json.loads(definition))))
         return grouped
 
-    def _source(self, name: str, version: str, namespace: str = DEFAULT_NAMESPACE) -> str:
-        return self.store.get_version(name, version, namespace).artifact.decode("utf-8", errors="replace")
+    def _source(self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE) -> str:
+        row = self.store.get_version(name, version, namespace)
+        assert row is not None  # callers pass versions they just listed
+        return row.artifact.decode("utf-8", errors="replace")
 
     def function_history(
-        self, name: str | None, limit: int, *, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str | None,
+        limit: int,
+        *,
+        namespace: str | None = None,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         """Each function's newest `limit` versions, newest first, with their one-line change (`versions`)."""
         from ..versions import history
@@ -569,17 +556,32 @@ class ControlPlane:
         functions = []
         ns = self._one_namespace(name, namespace, scope, home)
         for fname, known in sorted(self._live_versions(name, ns).items()):
-            shown = known[-(limit + 1):]  # one more, so the oldest row shown still has a change line
+            shown = known[-(limit + 1) :]  # one more, so the oldest row shown still has a change line
             rows = history(fname, shown, [self._source(fname, fv.version, ns) for fv in shown])[:limit]
-            functions.append({"name": fname, "versions": [
-                {"version": r.version, "created_at": r.created_at, "change": r.change, "snippet": r.snippet} for r in rows
-            ]})
+            functions.append(
+                {
+                    "name": fname,
+                    "versions": [
+                        {"version": r.version, "created_at": r.created_at, "change": r.change, "snippet": r.snippet}
+                        for r in rows
+                    ],
+                }
+            )
         if name is not None and not functions:
-            raise ApiError(404, f"no function named {name!r} is registered; list functions with POST /v1/functions/list")
+            raise ApiError(
+                404, f"no function named {name!r} is registered; list functions with POST /v1/functions/list"
+            )
         return {"functions": functions}
 
     def function_diff(
-        self, name: str, old: str | None, new: str | None, *, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        old: str | None,
+        new: str | None,
+        *,
+        namespace: str | None = None,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         """Source diff and runtime differences of two versions (`versions.diff_pair` picks them)."""
         from ..versions import VersionLookupError, diff_pair, diff_versions
@@ -594,13 +596,19 @@ class ControlPlane:
         return diff_versions(known[old_id], known[new_id], *sources).to_wire()
 
     def list_functions(
-        self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int = 100, scope: str | None = None
+        self,
+        *,
+        name: str | None,
+        include_definition: bool,
+        page_token: str | None,
+        limit: int = 100,
+        scope: str | None = None,
     ) -> dict:
         after = _decode_token(page_token) or 0
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
         rows = self.store.list_versions(name=name, after_seq=after, limit=limit + 1, namespace=scope)
         reply: dict[str, Any] = {"functions": []}
-        for seq, fname, fversion, definition, owner in rows[:limit]:
+        for _seq, fname, fversion, definition, owner in rows[:limit]:
             item: dict[str, Any] = {"name": fname, "version": fversion, "namespace": owner}
             if include_definition:
                 item["definition"] = redact_definition(json.loads(definition))
@@ -610,7 +618,13 @@ class ControlPlane:
         return reply
 
     def drop_function(
-        self, name: str, version: str, *, namespace: str | None = DEFAULT_NAMESPACE, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        *,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
     ) -> dict:
         with self._lock:
             _, dropped, owner = self._version(name, version, namespace, scope, home)
@@ -647,7 +661,9 @@ class ControlPlane:
             rows = self._take_arrow_rows(fv, arrow_rows)
         elif not rows_checked:
             self._check_rows(fv, rows)
-        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        if timeout_s is not None and not (
+            isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
+        ):
             raise ApiError(400, "timeout_s must be a number of seconds > 0, or omitted for no timeout")
         resources = fv.runtime.resources
         if resources is None:
@@ -657,6 +673,7 @@ class ControlPlane:
             if problem:  # the config changed since registration
                 raise ApiError(400, problem)
             spec = self.classes.get(resources.gpu_class)
+            assert spec is not None  # _capacity_problem found the class
             where = _Resolved(spec.name, resources.num_gpus, spec.simulated)
         rows_total = rows["rows_total"] if isinstance(rows, dict) else len(rows)
         job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": rows_total}
@@ -730,7 +747,10 @@ class ControlPlane:
         takes = [p.name if p.default is None else f"{p.name}={p.default}" for p in fv.signature.inputs]
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
-                raise ApiError(400, f"rows[{i}] must be an object mapping parameter names to values, e.g. {{{', '.join(repr(n) + ': ...' for n in expected)}}}")
+                raise ApiError(
+                    400,
+                    f"rows[{i}] must be an object mapping parameter names to values, e.g. {{{', '.join(repr(n) + ': ...' for n in expected)}}}",
+                )
             keys = set(row)
             missing = [n for n in expected if n not in keys and n not in optional]
             unknown = sorted(keys - wanted)
@@ -747,7 +767,9 @@ class ControlPlane:
             try:
                 _dumps(row).encode("utf-8")
             except ValueError:
-                raise ApiError(400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number") from None
+                raise ApiError(
+                    400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number"
+                ) from None
 
     # --------------------------------------------------------------------- jobs
 
@@ -782,7 +804,11 @@ class ControlPlane:
         limit = max(1, min(limit, PAGE_LIMIT_MAX))
         with self._lock:
             recs = self.store.list_jobs(
-                states=(state,) if state else None, name=name, job_type=job_type, before_seq=before, limit=limit + 1,
+                states=(state,) if state else None,
+                name=name,
+                job_type=job_type,
+                before_seq=before,
+                limit=limit + 1,
                 namespace=scope,
             )
             # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
@@ -790,7 +816,7 @@ class ControlPlane:
             jobs = [self._job_wire(rec) for rec in current if state is None or rec.state == state]
         reply: dict[str, Any] = {"jobs": jobs}
         if len(recs) > limit:
-            reply["page_token"] = _encode_token(recs[limit - 1].seq)
+            reply["page_token"] = _encode_token(recs[limit - 1].seq or 0)  # stored records have a seq
         return reply
 
     def cancel_job(self, job_id: str, scope: str | None = None) -> dict:
@@ -816,7 +842,9 @@ class ControlPlane:
         next_offset = entries[-1][0] + 1 if entries else max(0, offset)
         return {"lines": lines, "next_offset": next_offset}
 
-    async def wait_job(self, job_id: str, timeout_s: float, scope: str | None = None, *, unless_queued: bool = False) -> dict:
+    async def wait_job(
+        self, job_id: str, timeout_s: float, scope: str | None = None, *, unless_queued: bool = False
+    ) -> dict:
         """The job once terminal, or as it stands after ``timeout_s`` (long poll).
         ``unless_queued``: answer at once if it waits for capacity (``functions/run``'s inline
         wait: a submit must not stall behind a full queue)."""
@@ -859,7 +887,7 @@ class ControlPlane:
     # ---------------------------------------------------------------- GPU info
 
     def gpu_classes(self) -> dict:
-        # Every field, defaults included: SPEC §4 lists them all for this reply.
+        # Every field, defaults included (docs/ARCHITECTURE.md, "REST API (v1)").
         return {"classes": [spec.gpu_class.model_dump(mode="json") for spec in self.classes.classes]}
 
     def gpu_usage(self) -> dict:
@@ -871,13 +899,21 @@ class ControlPlane:
         GPUs it reports per class and the jobs it is running / holding."""
         if not self._executor_queues:
             return self._scheduler.usage()
-        capacity = self.executor.capacity() or {}
-        rows = {
-            spec.name: {"name": spec.name, "gpus_total": int(capacity.get(spec.name, 0)), "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 0}
+        executor = self.executor
+        assert executor is not None  # only an executor that queues gets here
+        capacity = executor.capacity() or {}
+        rows: dict[str, dict[str, Any]] = {
+            spec.name: {
+                "name": spec.name,
+                "gpus_total": int(capacity.get(spec.name, 0)),
+                "gpus_busy": 0,
+                "jobs_running": 0,
+                "jobs_pending": 0,
+            }
             for spec in self.classes.classes
         }
         for rec in self._active.values():
-            row = rows.get(rec.gpu_class) if rec.num_gpus else None
+            row = rows.get(rec.gpu_class or "") if rec.num_gpus else None
             if row is None:
                 continue
             if rec.state == IN_PROGRESS:
@@ -886,7 +922,7 @@ class ControlPlane:
             else:
                 row["jobs_pending"] += 1
                 if "pending_reason" not in row:
-                    reason = self.executor.pending_reason(rec.gpu_class, rec.num_gpus)
+                    reason = executor.pending_reason(rec.gpu_class, rec.num_gpus)
                     if reason:
                         row["pending_reason"] = reason
         return list(rows.values())
@@ -957,7 +993,7 @@ class ControlPlane:
             self._append_log(rec, _clean_text(str(stream)), [_clean_text(str(line)) for line in lines])
 
     @_callback
-    def task_succeeded(self, job_id: str, results: list) -> None:
+    def task_succeeded(self, job_id: str, results: list | Mapping[str, Any]) -> None:
         with self._lock:
             rec = self._active.get(job_id)
             if rec is None or rec.state in _TERMINAL:
@@ -1059,7 +1095,9 @@ class ControlPlane:
             if rec is None:
                 return
             rec.failure = JobFailure(
-                phase="executor", message="the control plane could not record this job's progress; see the server log", retryable=True
+                phase="executor",
+                message="the control plane could not record this job's progress; see the server log",
+                retryable=True,
             ).to_wire()
             try:
                 self._finish(rec, FAILED)
@@ -1182,7 +1220,9 @@ class ControlPlane:
         if pos >= MAX_LOG_LINES_PER_JOB:
             return
         room = MAX_LOG_LINES_PER_JOB - pos
-        clipped = [line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "…" for line in lines[:room]]
+        clipped = [
+            line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "…" for line in lines[:room]
+        ]
         if len(lines) > room:
             clipped[-1] = f"[lancefn] log truncated after {MAX_LOG_LINES_PER_JOB} lines"
         self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
@@ -1191,7 +1231,7 @@ class ControlPlane:
         """Write the job and its event in one transaction, and publish the event once committed.
 
         A change to a known job that the full disk refuses is kept in memory and retried (see
-        ``_keep_unsaved``) instead of raising, unless an enclosing batch (whose caller decides)
+        ``UnsavedJobs.keep``) instead of raising, unless an enclosing batch (whose caller decides)
         is open.  A new job is never kept that way: its request gets the 507."""
         data = _dumps(self._job_wire(rec)) if event else None
         earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
@@ -1208,9 +1248,9 @@ class ControlPlane:
                 if earlier:
                     self._deferred[rec.job_id] = earlier
                 raise
-            self._keep_unsaved(rec, data)
+            self._unsaved.keep(rec, data)
             return
-        self._unsaved.pop(rec.job_id, None)  # its latest state is saved now
+        self._unsaved.saved(rec.job_id)  # its latest state is saved now
         if "batch_id" in rec.spec:
             self.batches.on_job(rec)
 
@@ -1240,46 +1280,6 @@ class ControlPlane:
                 return
             self._persist(rec, new=False, event=False)
 
-    def _keep_unsaved(self, rec: JobRecord, data: str | None = None) -> None:
-        """The disk is full: keep the job's latest state in memory (reads, waits and the event
-        stream see it; a finished job does not look IN_PROGRESS nor run again after a restart
-        once saved) and save it when space frees.  Lock held."""
-        if rec.job_id not in self._unsaved:
-            log.error("job %s is %s but the disk is full; kept in memory and saved once space frees", rec.job_id, rec.state)
-        self._unsaved[rec.job_id] = rec
-        self.bus.publish("job", None, data or _dumps(self._job_wire(rec)), rec.namespace)  # live only: no sequence number
-        self._arm_unsaved_retry()
-
-    def _arm_unsaved_retry(self) -> None:
-        if self._unsaved_retry is None:
-            self._unsaved_retry = threading.Timer(UNSAVED_RETRY_S, self._save_unsaved)
-            self._unsaved_retry.daemon = True
-            self._unsaved_retry.start()
-
-    def _save_unsaved(self, *, retry: bool = True) -> None:
-        """Save what the full disk refused, oldest first; try again later while it is full.
-        ``retry=False``: the last try, at shutdown (what is still unsaved then is re-queued by the
-        next start, like any job that was running)."""
-        with self._lock:
-            self._unsaved_retry = None
-            if retry and not self._started:
-                return  # stopped meanwhile: shutdown made the last try
-            for job_id, rec in list(self._unsaved.items()):
-                data = _dumps(self._job_wire(rec))
-                try:
-                    with self.store.batch():
-                        self.store.update_job(rec)
-                        seq = self.store.insert_event(job_id, data, rec.namespace)
-                except Exception as error:
-                    if not is_storage_full(error):
-                        log.exception("could not save job %s", job_id)
-                    if retry:
-                        self._arm_unsaved_retry()
-                    return
-                del self._unsaved[job_id]
-                self.bus.publish("job", seq, data, rec.namespace)
-                log.info("job %s (%s) saved now that the disk has room", job_id, rec.state)
-
     def queue_snapshot(self, scope: str | None = None) -> dict | None:
         """The `queue` event payload now as ``scope`` sees it (None when the executor owns queuing, as Ray does)."""
         if self._executor_queues:
@@ -1290,7 +1290,12 @@ class ControlPlane:
 
     def _queue_owners(self, payload: dict) -> dict[str, str]:
         """Namespace of each job a `queue` payload lists (to render it per subscriber's scope)."""
-        return {job_id: rec.namespace for ids in payload["classes"].values() for job_id in ids if (rec := self._active.get(job_id))}
+        return {
+            job_id: rec.namespace
+            for ids in payload["classes"].values()
+            for job_id in ids
+            if (rec := self._active.get(job_id))
+        }
 
     def _publish_queue(self, payload: dict) -> None:
         # Each namespace sees the others' queued jobs as null (positions count them; ids don't leak).
@@ -1305,7 +1310,9 @@ class ControlPlane:
         now = time.monotonic()
         if estimates or now - self._estimates_sent >= QUEUE_ESTIMATES_INTERVAL_S:
             self._estimates_sent = now
-            payload["expected_start_ms"] = {job_id: self._expected_start(job_id) for ids in heads.values() for job_id in ids}
+            payload["expected_start_ms"] = {
+                job_id: self._expected_start(job_id) for ids in heads.values() for job_id in ids
+            }
         elif self._estimates_timer is None:
             self._estimates_timer = threading.Timer(QUEUE_ESTIMATES_INTERVAL_S, self._publish_estimates)
             self._estimates_timer.daemon = True
@@ -1319,7 +1326,12 @@ class ControlPlane:
                 self._publish_queue(self._queue_payload(estimates=True))
 
     def _note_run_time(self, rec: JobRecord) -> None:
-        if rec.job_type == "run_function" and rec.gpu_class and rec.started_ms is not None and rec.finished_ms is not None:
+        if (
+            rec.job_type == "run_function"
+            and rec.gpu_class
+            and rec.started_ms is not None
+            and rec.finished_ms is not None
+        ):
             self._estimator.run_times.record(
                 rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class, rec.finished_ms - rec.started_ms
             )
@@ -1343,7 +1355,7 @@ class ControlPlane:
 
     def _job_wire(self, rec: JobRecord) -> dict:
         """The Job wire form, built without pydantic for speed. Placement and progress carry every
-        field (SPEC §4 lists them; the side panel and other tools read them without defaults)."""
+        field (docs/ARCHITECTURE.md, "REST API (v1)"; the side panel and other tools read them without defaults)."""
         placement: dict[str, Any] = {
             "gpu_class": rec.gpu_class,
             "num_gpus": rec.num_gpus or 0,

@@ -71,8 +71,10 @@ class DataStore:
         """The hand-off file ``uploads/<name>`` a local client wrote (a plain file, no links);
         ValueError saying what is wrong otherwise."""
         if not _UPLOAD_NAME.fullmatch(name):
-            raise ValueError("rows_file must be the name of a file in the home's data/uploads directory "
-                             "(32 hex digits + '.arrow'); clients on other machines send the rows as the body")
+            raise ValueError(
+                "rows_file must be the name of a file in the home's data/uploads directory "
+                "(32 hex digits + '.arrow'); clients on other machines send the rows as the body"
+            )
         path = self.uploads_dir / name
         try:
             info = os.lstat(path)
@@ -172,4 +174,3 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-

@@ -1,6 +1,6 @@
 """GPU classes: operator TOML config, NVML detection, or a simulated default.
 
-Resolution order (SPEC §4):
+Resolution order (docs/ARCHITECTURE.md, "GPU class config (TOML)"):
 1. a TOML file (``--gpu-classes FILE`` or ``$LANCEFN_GPU_CLASSES``), validated eagerly —
    any problem is a :class:`ConfigError` naming the file, the class and the field, and the
    server refuses to start;
@@ -121,7 +121,9 @@ def load_gpu_classes(
             with open(path, "rb") as f:
                 text = f.read().decode("utf-8")
         except FileNotFoundError:
-            raise ConfigError(f"{path}: GPU class config file not found; fix the --gpu-classes path or {ENV_VAR}") from None
+            raise ConfigError(
+                f"{path}: GPU class config file not found; fix the --gpu-classes path or {ENV_VAR}"
+            ) from None
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(f"{path}: cannot read GPU class config ({error})") from None
         return parse_gpu_classes(text, source=path, executor=executor)
@@ -215,7 +217,9 @@ def parse_gpu_classes(text: str, *, source: str = "<gpu classes>", executor: str
     for index, entry in enumerate(entries):
         spec = _parse_class(entry, f"{source}: gpu_classes[{index}]", executor)
         if any(other.name == spec.name for other in specs):
-            raise ConfigError(f"{source}: gpu_classes[{index}]: duplicate class name {spec.name!r}; give each class its own name")
+            raise ConfigError(
+                f"{source}: gpu_classes[{index}]: duplicate class name {spec.name!r}; give each class its own name"
+            )
         if not spec.simulated:
             for device in spec.devices:
                 if device in seen_devices:
@@ -256,9 +260,15 @@ def _parse_class(entry: dict[str, Any], where: str, executor: str) -> ClassSpec:
     if simulated:
         count = entry["simulated"]
         if type(count) is not int or count < 1:
-            raise fail("simulated", f"is {count!r}", "set simulated = N, the number of simulated GPUs (e.g. simulated = 2)")
+            raise fail(
+                "simulated", f"is {count!r}", "set simulated = N, the number of simulated GPUs (e.g. simulated = 2)"
+            )
         if devices is not None:
-            raise fail("simulated", "is set together with 'devices'", "use either devices = [...] (real GPUs) or simulated = N, not both")
+            raise fail(
+                "simulated",
+                "is set together with 'devices'",
+                "use either devices = [...] (real GPUs) or simulated = N, not both",
+            )
         devices = _sim_ids(count)
     if devices is None:
         if executor == "local":
@@ -282,13 +292,17 @@ def _parse_class(entry: dict[str, Any], where: str, executor: str) -> ClassSpec:
 
     memory = entry.get("gpu_memory_bytes", 0 if simulated else None)
     if memory is None:
-        raise fail("gpu_memory_bytes", "is missing", "add gpu_memory_bytes = <bytes per GPU>, e.g. 85899345920 for 80 GiB")
+        raise fail(
+            "gpu_memory_bytes", "is missing", "add gpu_memory_bytes = <bytes per GPU>, e.g. 85899345920 for 80 GiB"
+        )
     if type(memory) is not int or memory < 0:
         raise fail("gpu_memory_bytes", f"is {memory!r}", "it must be a whole number of bytes ≥ 0, e.g. 85899345920")
 
     limit = entry.get("max_gpu_count_per_worker", len(devices) or None)
     if limit is None:
-        raise fail("max_gpu_count_per_worker", "is missing", "add max_gpu_count_per_worker = N (GPUs one worker may request)")
+        raise fail(
+            "max_gpu_count_per_worker", "is missing", "add max_gpu_count_per_worker = N (GPUs one worker may request)"
+        )
     if type(limit) is not int or not 1 <= limit <= 2**32 - 1:
         raise fail("max_gpu_count_per_worker", f"is {limit!r}", "it must be a whole number ≥ 1")
     if devices and limit > len(devices):

@@ -46,7 +46,9 @@ def resolve_worker_user(value: str | None) -> WorkerUser | None:
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except (KeyError, ValueError):
-        raise WorkerUserError(f"--worker-user {name!r}: no such user; create it (e.g. `useradd --system lancefn-worker`) or name another") from None
+        raise WorkerUserError(
+            f"--worker-user {name!r}: no such user; create it (e.g. `useradd --system lancefn-worker`) or name another"
+        ) from None
     if entry.pw_uid == euid:
         return None  # naming the server's own user opts out (an embedded server is yours alone)
     if euid != 0:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 __all__ = [
     "ADMIN_NAME",
@@ -32,7 +34,6 @@ PRIVILEGES = ("functions", "jobs", "system_usage")
 DEFAULT_NAMESPACE = "default"
 ADMIN_NAME = "admin"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_FIELDS = {"key", "privileges", "name", "namespace", "admin"}
 
 
 class ApiKeyError(Exception):
@@ -80,12 +81,56 @@ def queue_view(payload: Mapping[str, Any], owners: Mapping[str, str], scope: str
     return view
 
 
-def _check_name(value: Any, where: str, field: str) -> str:
+_NAME_RULE = "must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def _name(value: Any) -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise ApiKeyError(
-            f"{where}: field {field!r} must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
+        raise ValueError(_NAME_RULE)
     return value
+
+
+def _key(value: Any) -> str:
+    if not isinstance(value, str) or len(value) < 8 or not value.isprintable() or value.strip() != value:
+        raise ValueError("must be a string of at least 8 printable characters")
+    return value
+
+
+def _privileges(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p in PRIVILEGES for p in value):
+        raise ValueError(f"must be a list drawn from {', '.join(PRIVILEGES)}")
+    return tuple(value)
+
+
+def _admin(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+class _KeyEntry(BaseModel):
+    """One ``[[api_keys]]`` table; each validator's message says what the field must be."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: Annotated[str, BeforeValidator(_key)]
+    name: Annotated[str, BeforeValidator(_name)]
+    namespace: Annotated[Optional[str], BeforeValidator(_name)] = None
+    privileges: Annotated[tuple[str, ...], BeforeValidator(_privileges)] = ()
+    admin: Annotated[bool, BeforeValidator(_admin)] = False
+
+
+def _entry_problem(error: ValidationError) -> str:
+    """The first problem, as ``field 'x' <rule>`` (or how an entry looks)."""
+    item = error.errors(include_url=False, include_input=False)[0]
+    field = str(item["loc"][0]) if item["loc"] else ""
+    if item["type"] == "extra_forbidden" or not field:
+        return "an entry has 'key', 'name' and 'privileges', optionally 'namespace' and 'admin'"
+    if item["type"] == "missing" and field == "name":
+        return "field 'name' is required: a unique name for this key's holder, e.g. name = \"alice\""
+    if item["type"] == "missing":
+        return f"field {field!r} is required"
+    return f"field {field!r} {item['msg'].removeprefix('Value error, ')}"
 
 
 def load_api_keys(path: str) -> dict[str, Principal]:
@@ -102,32 +147,32 @@ def load_api_keys(path: str) -> dict[str, Principal]:
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ApiKeyError(f"{path}: cannot read API key file ({error})") from None
     if set(data) - {"api_keys"}:
-        raise ApiKeyError(f"{path}: unknown top-level key {sorted(set(data) - {'api_keys'})[0]!r}; use [[api_keys]] tables")
+        raise ApiKeyError(
+            f"{path}: unknown top-level key {sorted(set(data) - {'api_keys'})[0]!r}; use [[api_keys]] tables"
+        )
     entries = data.get("api_keys", [])
     if not isinstance(entries, list):
         raise ApiKeyError(f"{path}: 'api_keys' must be a list of [[api_keys]] tables")
     keys: dict[str, Principal] = {}
     names: set[str] = {ADMIN_NAME}
-    for i, entry in enumerate(entries):
+    for i, raw in enumerate(entries):
         where = f"{path}: api_keys[{i}]"
-        if not isinstance(entry, dict) or set(entry) - _FIELDS:
-            raise ApiKeyError(f"{where}: an entry has 'key', 'name' and 'privileges', optionally 'namespace' and 'admin'")
-        key, privileges = entry.get("key"), entry.get("privileges", [])
-        if not isinstance(key, str) or len(key) < 8 or not key.isprintable() or key.strip() != key:
-            raise ApiKeyError(f"{where}: field 'key' must be a string of at least 8 printable characters")
-        if not isinstance(privileges, list) or not all(p in PRIVILEGES for p in privileges):
-            raise ApiKeyError(f"{where}: field 'privileges' must be a list drawn from {', '.join(PRIVILEGES)}")
-        if "name" not in entry:
-            raise ApiKeyError(f"{where}: field 'name' is required: a unique name for this key's holder, e.g. name = \"alice\"")
-        name = _check_name(entry["name"], where, "name")
-        if name in names:
-            raise ApiKeyError(f"{where}: name {name!r} is already used ({ADMIN_NAME!r} is the generated admin key's); pick a unique name")
-        namespace = _check_name(entry.get("namespace", name), where, "namespace")
-        admin = entry.get("admin", False)
-        if not isinstance(admin, bool):
-            raise ApiKeyError(f"{where}: field 'admin' must be true or false")
-        if key in keys:
+        if not isinstance(raw, dict):
+            raise ApiKeyError(
+                f"{where}: an entry has 'key', 'name' and 'privileges', optionally 'namespace' and 'admin'"
+            )
+        try:
+            entry = _KeyEntry.model_validate(raw)
+        except ValidationError as error:
+            raise ApiKeyError(f"{where}: {_entry_problem(error)}") from None
+        if entry.name in names:
+            raise ApiKeyError(
+                f"{where}: name {entry.name!r} is already used ({ADMIN_NAME!r} is the generated admin key's); pick a unique name"
+            )
+        if entry.key in keys:
             raise ApiKeyError(f"{where}: this key is listed twice")
-        names.add(name)
-        keys[key] = Principal(name, namespace, frozenset(privileges), admin=admin)
+        names.add(entry.name)
+        keys[entry.key] = Principal(
+            entry.name, entry.namespace or entry.name, frozenset(entry.privileges), admin=entry.admin
+        )
     return keys

@@ -1,6 +1,6 @@
 """Pure placement decisions: which pending job gets which devices of its GPU class.
 
-Rules (SPEC §4, seed 001):
+Rules (docs/ARCHITECTURE.md, "Scheduling"):
 - Each GPU class is an independent pool of device ids with a FIFO queue of pending jobs.
 - Strict FIFO within a class: only the head of the queue may start; if it needs more GPUs
   than are free, later (smaller) jobs wait behind it.  This costs some utilisation but means
@@ -22,7 +22,7 @@ from bisect import bisect_left, insort
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["Placement", "ClassPool", "SchedulerState", "schedule", "release", "queue_positions"]
 
@@ -55,7 +55,7 @@ class _Ranks:
         self.tickets[job_id] = self.next
         self.next += 1
 
-    def remove(self, job_id: str, queue: "OrderedDict[str, object]") -> None:
+    def remove(self, job_id: str, queue: "OrderedDict[str, Any]") -> None:
         """Forget ``job_id`` (already removed from ``queue``)."""
         ticket = self.tickets.pop(job_id, None)
         if ticket is None:

@@ -35,6 +35,7 @@ def is_storage_full(error: BaseException) -> bool:
         return "full" in str(error)
     return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
+
 DB_FILENAME = "lancefn.sqlite3"
 EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
 
@@ -203,13 +204,16 @@ class Store:
         and make function names unique per namespace.  SQLite cannot change a UNIQUE constraint in
         place, so ``function_versions`` is rebuilt from its own CREATE statement (keeping any column
         others added) once, in one transaction."""
+
         def columns(table: str) -> list[str]:
             return [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
 
         default = DEFAULT_NAMESPACE.replace("'", "")
         with self.batch():
             if "namespace" not in columns("function_versions"):
-                (sql,) = self._db.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='function_versions'").fetchone()
+                (sql,) = self._db.execute(
+                    "SELECT sql FROM sqlite_master WHERE type='table' AND name='function_versions'"
+                ).fetchone()
                 old = columns("function_versions")
                 sql = sql.replace("function_versions", "function_versions_ns", 1)
                 sql = re.sub(
@@ -265,7 +269,13 @@ class Store:
         return VersionRow(n, v, definition, bytes(artifact), bool(dropped), seq, ns)
 
     def insert_version(
-        self, name: str, version: str, definition: str, artifact: bytes, created_at: str, namespace: str = DEFAULT_NAMESPACE
+        self,
+        name: str,
+        version: str,
+        definition: str,
+        artifact: bytes,
+        created_at: str,
+        namespace: str = DEFAULT_NAMESPACE,
     ) -> None:
         with self.batch():
             self._db.execute(
@@ -307,7 +317,12 @@ class Store:
 
     @staticmethod
     def _job_params(rec: JobRecord) -> tuple:
-        placement = {"gpu_class": rec.gpu_class, "num_gpus": rec.num_gpus, "devices": list(rec.devices), "node": rec.node}
+        placement = {
+            "gpu_class": rec.gpu_class,
+            "num_gpus": rec.num_gpus,
+            "devices": list(rec.devices),
+            "node": rec.node,
+        }
         return (
             rec.job_type,
             rec.state,
@@ -386,7 +401,8 @@ class Store:
         oldest_first: bool = False,
         namespace: str | None = None,
     ) -> list[JobRecord]:
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[Any] = []
         if namespace is not None:
             clauses.append("namespace=?")
             args.append(namespace)
@@ -438,6 +454,7 @@ class Store:
             seq = self._db.execute(
                 "INSERT INTO events(job_id, data, namespace) VALUES(?,?,?)", (job_id, data, namespace)
             ).lastrowid
+            assert seq is not None  # an INSERT always sets it
         self._events_since_prune += 1
         if self._events_since_prune >= 10_000:
             self.prune_events()

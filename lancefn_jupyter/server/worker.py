@@ -15,6 +15,9 @@ written before a task ends normally (result or any Python exception) is always d
 
 The module imports only the standard library at top level: a CPU-only task must not pay for
 numba (imported only when the artifact imports it) and ``ready`` must come fast.
+
+Size: over 600 lines because it holds both ends of one pipe protocol (the child that runs the
+task, ``WorkerProcess`` in the parent); what the Ray bridge shares lives in ``worker_io.py``.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import threading
 import time
 import traceback
 import types
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, cast
 
 from .. import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from .worker_io import Protocol, flush_stdio
 
 __all__ = [
     "WorkerProcess",
@@ -66,31 +70,10 @@ def artifact_filename(name: str, version: str) -> str:
 # ===================================================================== child (the worker)
 
 
-class _Protocol:
-    """JSON lines on the protocol fd; locked because log threads and the task loop both send."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-
-    def send(self, **event: object) -> None:
-        self.send_frame(b"", **event)
-
-    def send_frame(self, payload: bytes, **event: object) -> None:
-        """The event line, then ``payload`` raw (announced as ``ipc_len``), with nothing between."""
-        if payload:
-            event["ipc_len"] = len(payload)
-        data = memoryview((json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n").encode())
-        with self._lock:
-            for part in (data, memoryview(payload)):
-                while part:
-                    part = part[os.write(self._fd, part) :]
-
-
 class _Capture(threading.Thread):
     """Points ``fd`` (1 or 2) at a pipe and forwards what is written there as ``log`` events."""
 
-    def __init__(self, proto: _Protocol, stream: str, fd: int) -> None:
+    def __init__(self, proto: Protocol, stream: str, fd: int) -> None:
         super().__init__(name=f"lancefn-{stream}", daemon=True)
         self._proto, self._stream, self.fd = proto, stream, fd
         self.synced = threading.Event()
@@ -123,17 +106,7 @@ def _flush_output(captures: Sequence[_Capture]) -> None:
 
     Called before ``result``/``failed`` so a task's logs always precede its outcome.
     """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # user code may have replaced or closed them
-            pass
-    try:  # C-level stdio buffers (e.g. CUDA printf) live in libc, not in sys.stdout
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except Exception:
-        pass
+    flush_stdio()
     for capture in captures:
         capture.synced.clear()
         os.write(capture.fd, _SYNC + b"\n")
@@ -148,7 +121,7 @@ class _Progress:
     next row is slow never shows a stale count meanwhile.
     """
 
-    def __init__(self, proto: _Protocol) -> None:
+    def __init__(self, proto: Protocol) -> None:
         self._proto = proto
         self._lock = threading.Lock()
         self._latest = self._sent = 0
@@ -267,7 +240,7 @@ def _load_entry(task: dict) -> object:
     module.__file__ = filename
     import builtins
 
-    module.__builtins__ = {**_STAND_INS, **vars(builtins)}  # real builtins win where they exist
+    module.__builtins__ = {**_STAND_INS, **vars(builtins)}  # type: ignore[attr-defined]  # real builtins win where they exist
     sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
     try:
         # dont_inherit: this file's `from __future__` flags must not leak into the user's code
@@ -275,9 +248,7 @@ def _load_entry(task: dict) -> object:
     except BaseException as exc:
         message = _exception_line(exc)
         if isinstance(exc, ImportError):
-            message += (
-                "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
-            )
+            message += "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
         raise _TaskFailure("import", message, _user_traceback(exc, filename)) from None
     entry = getattr(module, task["entrypoint"], None)
     if not callable(entry):
@@ -299,7 +270,11 @@ def _to_json(value: object, where: str) -> object:
         return [_to_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         return {key: _to_json(item, f"{where}[{key!r}]") for key, item in value.items()}
-    kind = "dict with non-str keys" if isinstance(value, dict) else f"type {type(value).__module__}.{type(value).__qualname__}"
+    kind = (
+        "dict with non-str keys"
+        if isinstance(value, dict)
+        else f"type {type(value).__module__}.{type(value).__qualname__}"
+    )
     raise _TaskFailure(
         "result",
         f"{where} has {kind}, which cannot be sent back as JSON; return None, bool, int, float, str, "
@@ -322,7 +297,7 @@ def _task_rows(task: dict) -> list:
         raise _TaskFailure("validation", f"the job's rows cannot be decoded: {error}") from None
 
 
-def _run_rows(task: dict, proto: _Protocol) -> list:
+def _run_rows(task: dict, proto: Protocol) -> list:
     missing = _missing_packages(task.get("packages") or ())
     if missing:
         import shlex
@@ -341,10 +316,12 @@ def _run_rows(task: dict, proto: _Protocol) -> list:
     try:
         for index, row in enumerate(rows):
             try:
-                value = entry(**row)
+                value = entry(**row)  # type: ignore[operator]
             except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
-                raise _TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
+                raise _TaskFailure(
+                    "run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])
+                ) from None
             results.append(value)
             progress.update(index + 1)
     finally:
@@ -379,10 +356,14 @@ def _result_event(task: dict, values: list) -> dict:
     if not arrow_ok:
         raise _TaskFailure("result", f"the result is declared {output_type}, which needs the Arrow data plane")
     try:
-        table = dataplane.encode_results(values, output_type, many=many)
+        table = dataplane.encode_results(values, output_type, many=many)  # type: ignore[arg-type]
         if "result_file" in task:
             nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
-            return {"result_file": task["result_file"], "nbytes": nbytes, "summary": dataplane.summarize_results(values, nbytes)}
+            return {
+                "result_file": task["result_file"],
+                "nbytes": nbytes,
+                "summary": dataplane.summarize_results(values, nbytes),
+            }
         data = dataplane.to_ipc_bytes(table)
         key = "result_frame" if task.get("result_frame") else "result_ipc"
         return {key: data, "nbytes": len(data), "summary": dataplane.summarize_results(values, len(data))}
@@ -390,7 +371,7 @@ def _result_event(task: dict, values: list) -> dict:
         raise _TaskFailure("result", str(error)) from None
 
 
-def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
+def _serve(task: dict, proto: Protocol, captures: Sequence[_Capture]) -> None:
     try:
         event = _result_event(task, _run_rows(task, proto))
     except _TaskFailure as failure:
@@ -405,7 +386,7 @@ def _serve(task: dict, proto: _Protocol, captures: Sequence[_Capture]) -> None:
             proto.send(event="result", **event)
     finally:
         sys.modules.pop(_ARTIFACT_MODULE, None)
-        linecache.cache.pop(task.get("filename"), None)
+        linecache.cache.pop(task.get("filename"), None)  # type: ignore[arg-type]
         shipped = sys.modules.get("lancefn_jupyter.local_modules")
         if shipped is not None:  # the notebook's modules of this version must not serve the next task
             shipped.uninstall()
@@ -429,7 +410,7 @@ def run_task_inline(task: dict, send: Callable[..., None]) -> dict:
             else:
                 send(**event)
 
-    _serve(task, _Inline, ())  # type: ignore[arg-type]  # duck-typed _Protocol
+    _serve(task, _Inline, ())  # type: ignore[arg-type]  # duck-typed Protocol
     return final
 
 
@@ -550,12 +531,12 @@ def _warm_up(captures: Sequence[_Capture]) -> None:
         "rows": [{"x": 1}],
         "packages": [],
     }
-    _serve(task, _Discard, captures)  # type: ignore[arg-type]  # duck-typed _Protocol
+    _serve(task, _Discard, captures)  # type: ignore[arg-type]  # duck-typed Protocol
 
 
 def main() -> None:
     _not_dumpable()
-    proto = _Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
+    proto = Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
     tasks = os.fdopen(os.dup(0), "rb")
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -564,7 +545,7 @@ def main() -> None:
     for capture in captures:
         capture.start()
     for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up in the logs live
-        stream.reconfigure(line_buffering=True)
+        stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     _exit_with_parent()
     _warm_up(captures)
     proto.send(event="ready", device=_detect_device())
@@ -613,7 +594,7 @@ class WorkerProcess:
         switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
         # workers, and killpg also stops processes the user's code started.
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # type: ignore[call-overload]
             [sys.executable, "-m", _MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -672,11 +653,11 @@ class WorkerProcess:
         rows_file = None
         self._result_sink = None
         if self.frames:  # the worker gets the rows after the line and sends the result after its event
-            rows_file = task.pop("rows_file", None)
+            rows_file = cast("str | None", task.pop("rows_file", None))
             if rows_file is not None:
                 task["rows_len"] = os.path.getsize(rows_file)
             if "result_file" in task:
-                self._result_sink = (task.pop("result_file"), bool(task.get("result_fsync", True)))
+                self._result_sink = (str(task.pop("result_file")), bool(task.get("result_fsync", True)))
                 task["result_frame"] = True
         try:
             self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
@@ -733,7 +714,11 @@ class WorkerProcess:
                 size = event.pop("ipc_len")
                 if self._result_sink is None:
                     self.process.stdout.read(size)
-                    return {"event": "failed", "phase": "worker", "message": "the worker sent an unexpected result frame"}
+                    return {
+                        "event": "failed",
+                        "phase": "worker",
+                        "message": "the worker sent an unexpected result frame",
+                    }
                 path, durable = self._result_sink
                 event["nbytes"] = dataplane.write_stream_file(path, self.process.stdout, size, durable=durable)
                 event["result_file"] = path

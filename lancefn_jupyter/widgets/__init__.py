@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._listener import EventListener, get_listener, running_threads, start_listener, stop_listener
+from ..client.listener import EventListener, get_listener, running_threads, start_listener, stop_listener
 from ._support import WIDGET_VIEW_MIME, in_frontend_kernel, rich_bundle, set_widgets, use_widgets, widgets_available
 
 __all__ = [

@@ -23,19 +23,32 @@ from .. import display
 from ..batch_display import STRIP_COLOURS, batch_card, batch_summary, strip_cells
 from ..batch_models import STRIP_STATES
 from ..client.errors import LancefnError
+from ..client.listener import EventListener, bind, start_listener
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["BatchWidget"]
 
-_BAR_STYLE = {JobState.IN_PROGRESS: "info", JobState.DONE: "success", JobState.FAILED: "danger", JobState.CANCELLED: "warning"}
+_BAR_STYLE = {
+    JobState.IN_PROGRESS: "info",
+    JobState.DONE: "success",
+    JobState.FAILED: "danger",
+    JobState.CANCELLED: "warning",
+}
 
 
 class BatchWidget(FallbackReprMixin, w.VBox):
     """Live state of one batch: progress over all rows, rows/s, time left, chunk strip, failure, Cancel."""
 
-    def __init__(self, batch_id: str, *, client: Any = None, function: Any = None, listener: Optional[EventListener] = None, start: bool = True):
+    def __init__(
+        self,
+        batch_id: str,
+        *,
+        client: Any = None,
+        function: Any = None,
+        listener: Optional[EventListener] = None,
+        start: bool = True,
+    ):
         self.batch_id = batch_id
         self._client, self._listener = bind(client, listener)
         self._function = function
@@ -47,9 +60,13 @@ class BatchWidget(FallbackReprMixin, w.VBox):
         self.progress_label = w.Label()
         self.strip = w.HTML()
         self.error = w.HTML(layout=w.Layout(display="none"))
-        self.cancel_button = w.Button(description="Cancel", icon="stop", tooltip=f"Cancel batch {batch_id}", layout=w.Layout(width="auto"))
+        self.cancel_button = w.Button(
+            description="Cancel", icon="stop", tooltip=f"Cancel batch {batch_id}", layout=w.Layout(width="auto")
+        )
         self.retry_button = w.Button(
-            description="Retry failed", icon="redo", tooltip="Run again only the chunks that did not finish",
+            description="Retry failed",
+            icon="redo",
+            tooltip="Run again only the chunks that did not finish",
             layout=w.Layout(width="auto", display="none"),
         )
         self.cancel_button.on_click(lambda _b: self.cancel())
@@ -117,7 +134,9 @@ class BatchWidget(FallbackReprMixin, w.VBox):
             self.progress.value = min(batch.rows_done, self.progress.max)
             self.progress.bar_style = _BAR_STYLE.get(batch.batch_state, "")
             pct = 100 * batch.rows_done / batch.rows_total if batch.rows_total else 0
-            self.progress_label.value = f"{batch.rows_done}/{batch.rows_total} rows ({pct:.0f}%) · {batch_summary(batch)}"
+            self.progress_label.value = (
+                f"{batch.rows_done}/{batch.rows_total} rows ({pct:.0f}%) · {batch_summary(batch)}"
+            )
             self.strip.value = "".join(
                 f"<span class='lancefn-chunk lancefn-chunk-{STRIP_STATES[c]}' title='{STRIP_STATES[c]}' "
                 f"style='display:inline-block;width:8px;height:12px;margin-right:1px;background:{STRIP_COLOURS[c]}'></span>"
@@ -131,7 +150,11 @@ class BatchWidget(FallbackReprMixin, w.VBox):
                 self.error.value = (
                     f"<div class='lancefn-job-error' style='color:#c62828'>chunk {failure.chunk} (rows {failure.row_start}–"
                     f"{failure.row_end - 1}) failed in phase <b>{html.escape(failure.phase)}</b>: {html.escape(failure.message)}</div>"
-                    + (f"<details><summary>remote traceback (your code only)</summary><pre style='font-size:90%'>{html.escape(trace)}</pre></details>" if trace else "")
+                    + (
+                        f"<details><summary>remote traceback (your code only)</summary><pre style='font-size:90%'>{html.escape(trace)}</pre></details>"
+                        if trace
+                        else ""
+                    )
                 )
                 self.error.layout.display = None
             else:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import ipywidgets as w
 
 from .. import display
-from ._listener import EventListener, get_listener, start_listener
+from ..client.listener import EventListener, get_listener, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["FunctionCardWidget"]
@@ -30,7 +30,7 @@ class FunctionCardWidget(FallbackReprMixin, w.VBox):
         self._usage_events = 0
         if handle._version is None and handle.options.register:
             try:
-                handle.version  # registers (lazily, decorator handles); the magic already did
+                _ = handle.version  # registers (lazily, decorator handles); the magic already did
             except Exception:  # the card still shows the request; the error surfaces on submit
                 pass
         text, markup = handle._card()
@@ -55,7 +55,7 @@ class FunctionCardWidget(FallbackReprMixin, w.VBox):
         usage = self._listener.usage if self._listener.connected else None
         if usage is None:
             try:
-                from ..api import current_client
+                from ..session import current_client
 
                 usage = current_client().gpu.usage()
             except Exception:  # usage needs the system-usage privilege; the card stands without it

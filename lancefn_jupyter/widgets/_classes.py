@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import ipywidgets as w
 
 from .. import display
-from ._listener import EventListener, bind, start_listener
+from ..client.listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["GpuClassesWidget"]

@@ -20,9 +20,10 @@ from ipywidgets.widgets.widget_string import HTMLStyle
 
 from .. import display
 from ..client.errors import LancefnError
+from ..client.listener import EventListener, bind, start_listener
+from ..display import function_ref
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._job import _BAR_STYLE, function_ref
-from ._listener import EventListener, bind, start_listener
+from ._job import _BAR_STYLE
 from ._support import FallbackReprMixin
 
 __all__ = ["JobsDashboard"]
@@ -63,7 +64,11 @@ def _detail_text(job: Any) -> str:
     elapsed = display.job_elapsed_s(job)
     rows = display.progress_text(job)
     result = display.result_text(job)
-    return rows + (f" · {display.format_elapsed(elapsed)}" if elapsed is not None else "") + (f" · {result}" if result else "")
+    return (
+        rows
+        + (f" · {display.format_elapsed(elapsed)}" if elapsed is not None else "")
+        + (f" · {result}" if result else "")
+    )
 
 
 class _Row:
@@ -83,11 +88,23 @@ class _Row:
         self.progress = w.IntProgress(value=0, min=0, max=1, layout=shared["bar"], style=shared["bar_style"])
         self.detail_cell = w.HTML(**cell)
         self.namespace_cell = w.HTML(**cell)
-        self.cancel_button = w.Button(description="Cancel", icon="stop", tooltip=f"Cancel job {job.job_id}",
-                                      layout=shared["button"], style=shared["button_style"])
+        self.cancel_button = w.Button(
+            description="Cancel",
+            icon="stop",
+            tooltip=f"Cancel job {job.job_id}",
+            layout=shared["button"],
+            style=shared["button_style"],
+        )
         self.cancel_button.on_click(lambda _b, job_id=job.job_id: dashboard.cancel(job_id))
-        self.cells = [self.id_cell, self.function_cell, self.state_cell, self.placement_cell, self.progress,
-                      self.detail_cell, self.cancel_button]
+        self.cells = [
+            self.id_cell,
+            self.function_cell,
+            self.state_cell,
+            self.placement_cell,
+            self.progress,
+            self.detail_cell,
+            self.cancel_button,
+        ]
         self.apply(job)
 
     def grid_cells(self, with_namespace: bool) -> list:
@@ -97,7 +114,9 @@ class _Row:
         self.job = job
         state = display_state(job.job_state)
         self.function_cell.value = f"<b>{html.escape(function_ref(job))}</b>"
-        self.namespace_cell.value = f"<span class='lancefn-namespace'>{html.escape(getattr(job, 'namespace', None) or '')}</span>"
+        self.namespace_cell.value = (
+            f"<span class='lancefn-namespace'>{html.escape(getattr(job, 'namespace', None) or '')}</span>"
+        )
         self.state_cell.value = display.state_badge_html(state)
         self.placement_cell.value = f"<span class='lancefn-placement'>{html.escape(_placement_text(job))}</span>"
         total, done = job.progress.rows_total, job.progress.rows_done
@@ -152,11 +171,17 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         }
         states = {value for _, value in STATE_OPTIONS}
         self.state_filter = w.Dropdown(
-            options=STATE_OPTIONS, value=state if state in states else "", description="state",
+            options=STATE_OPTIONS,
+            value=state if state in states else "",
+            description="state",
             layout=w.Layout(width="200px"),
         )
         self.name_filter = w.Combobox(
-            value=name or "", placeholder="all functions", options=[], ensure_option=False, description="function",
+            value=name or "",
+            placeholder="all functions",
+            options=[],
+            ensure_option=False,
+            description="function",
             layout=w.Layout(width="280px"),
         )
         self.summary = w.HTML()
@@ -166,8 +191,12 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self._namespace_header = w.HTML(f"<b>{NAMESPACE_COLUMN}</b>")
         self.grid = w.GridBox(
             children=header,
-            layout=w.Layout(grid_template_columns="auto auto auto auto auto 1fr auto", grid_gap="2px 10px",
-                            align_items="center", width="auto"),
+            layout=w.Layout(
+                grid_template_columns="auto auto auto auto auto 1fr auto",
+                grid_gap="2px 10px",
+                align_items="center",
+                width="auto",
+            ),
         )
         super().__init__(
             children=[w.HBox([self.state_filter, self.name_filter, self.summary]), self.message, self.grid],
@@ -284,7 +313,11 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         for job in self.jobs.values():
             label = display_state(job.job_state)
             counts[label] = counts.get(label, 0) + 1
-        parts = ", ".join(f"{counts[s]} {s}" for s in ("running", "pending", "finished", "failed", "cancelled", "timed out") if counts.get(s))
+        parts = ", ".join(
+            f"{counts[s]} {s}"
+            for s in ("running", "pending", "finished", "failed", "cancelled", "timed out")
+            if counts.get(s)
+        )
         self.summary.value = (
             f"<span class='lancefn-jobs-summary' style='margin-left:12px'>{len(ids)} shown"
             f"{' · ' + html.escape(parts) if parts else ''}</span>"
@@ -320,8 +353,16 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             for row in self.rows.values():
                 row.close()
             self.rows.clear()
-        for widget in (self.state_filter, self.name_filter, self.summary, self.message, self.grid, *self._header, self._namespace_header,
-                       *self._shared.values()):
+        for widget in (
+            self.state_filter,
+            self.name_filter,
+            self.summary,
+            self.message,
+            self.grid,
+            *self._header,
+            self._namespace_header,
+            *self._shared.values(),
+        ):
             widget.close()
         for box in list(self.children):
             box.close()

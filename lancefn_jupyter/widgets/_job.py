@@ -20,8 +20,8 @@ import ipywidgets as w
 
 from .. import display
 from ..client.errors import LancefnError
+from ..client.listener import EventListener, bind, start_listener
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._listener import EventListener, bind, start_listener
 from ._support import FallbackReprMixin
 
 __all__ = ["JobWidget"]
@@ -34,12 +34,6 @@ _BAR_STYLE = {
     JobState.CANCELLED: "warning",
     JobState.TIMED_OUT: "danger",
 }
-
-
-def function_ref(job: Any) -> str:
-    spec = job.spec
-    name, version = spec.get("name", "?"), spec.get("version")
-    return f"{name}@{version}" if version else str(name)
 
 
 class JobWidget(FallbackReprMixin, w.VBox):
@@ -76,7 +70,10 @@ class JobWidget(FallbackReprMixin, w.VBox):
             description="Cancel", icon="stop", tooltip=f"Cancel job {job_id}", layout=w.Layout(width="auto")
         )
         self.logs_button = w.ToggleButton(
-            value=False, description="Logs", icon="align-left", tooltip="Show the worker's stdout/stderr",
+            value=False,
+            description="Logs",
+            icon="align-left",
+            tooltip="Show the worker's stdout/stderr",
             layout=w.Layout(width="auto"),
         )
         self.logs_view = w.HTML(layout=w.Layout(display="none", max_height="240px", overflow="auto"))
@@ -159,7 +156,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self.badge.value = display.state_badge_html(state)
         self.title.value = (
             f"<span style='margin-left:6px'>job <code title='{html.escape(job.job_id)}'>{html.escape(job.job_id[:12])}</code>"
-            f" <b>{html.escape(function_ref(job))}</b></span>"
+            f" <b>{html.escape(display.function_ref(job))}</b></span>"
         )
         self.status.value = self._status_html(job)
         total = job.progress.rows_total
@@ -255,8 +252,17 @@ class JobWidget(FallbackReprMixin, w.VBox):
 
     def close(self) -> None:
         self._listener.unsubscribe(self)
-        for child in (self.badge, self.title, self.status, self.progress, self.progress_label,
-                      self.cancel_button, self.logs_button, self.logs_view, self.error):
+        for child in (
+            self.badge,
+            self.title,
+            self.status,
+            self.progress,
+            self.progress_label,
+            self.cancel_button,
+            self.logs_button,
+            self.logs_view,
+            self.error,
+        ):
             child.close()
         for box in list(self.children):
             box.close()

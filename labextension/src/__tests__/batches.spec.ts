@@ -27,7 +27,9 @@ describe('batch rows', () => {
     expect(view.state).toBe('running');
     expect(view.fraction).toBeCloseTo(0.4);
     expect(view.rowsText).toBe('40/100 rows');
-    expect(view.detail).toBe('2 finished, 2 running, 1 pending of 5 chunks · 10.0 rows/s · 6.0 s left');
+    expect(view.detail).toBe(
+      '2 finished, 2 running, 1 pending of 5 chunks · 10.0 rows/s · 6.0 s left'
+    );
     expect(view.cells).toEqual(['finished', 'finished', 'running', 'running', 'pending']);
     expect(view.cancellable).toBe(true);
   });
@@ -37,7 +39,13 @@ describe('batch rows', () => {
       batch_state: 'FAILED',
       finished_ms: 20_000,
       strip: 'ddfdd',
-      failure: { chunk: 2, row_start: 40, row_end: 60, phase: 'run', message: 'ValueError: bad row' }
+      failure: {
+        chunk: 2,
+        row_start: 40,
+        row_end: 60,
+        phase: 'run',
+        message: 'ValueError: bad row'
+      }
     });
     const view = batchView(failed, 99_000);
     expect(view.failure).toBe('chunk 2 (rows 40–59) failed in run: ValueError: bad row');

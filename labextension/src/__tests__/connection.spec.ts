@@ -1,8 +1,19 @@
 import { describe, expect, it } from 'vitest';
 
-import { IClock, IEventSourceLike, IResponseLike, ITransport, LiveConnection, NO_EXTENSION_MESSAGE } from '../connection';
+import {
+  IClock,
+  IEventSourceLike,
+  IResponseLike,
+  ITransport,
+  LiveConnection,
+  NO_EXTENSION_MESSAGE
+} from '../connection';
 
-type Handler = (method: string, url: string, body?: string) => { status: number; body: unknown } | Error;
+type Handler = (
+  method: string,
+  url: string,
+  body?: string
+) => { status: number; body: unknown } | Error;
 
 class FakeEventSource implements IEventSourceLike {
   onopen: ((ev: unknown) => void) | null = null;
@@ -10,7 +21,10 @@ class FakeEventSource implements IEventSourceLike {
   closed = false;
   listeners = new Map<string, ((ev: { data: string; lastEventId?: string }) => void)[]>();
   constructor(readonly url: string) {}
-  addEventListener(type: string, listener: (ev: { data: string; lastEventId?: string }) => void): void {
+  addEventListener(
+    type: string,
+    listener: (ev: { data: string; lastEventId?: string }) => void
+  ): void {
     this.listeners.set(type, [...(this.listeners.get(type) ?? []), listener]);
   }
   close(): void {
@@ -82,13 +96,22 @@ const flush = () => new Promise(resolve => setTimeout(resolve, 0));
 const healthy: Handler = (method, url) => {
   switch (url) {
     case 'lancefn/status':
-      return { status: 200, body: { connected: true, url: 'http://127.0.0.1:9/', embedded: false } };
+      return {
+        status: 200,
+        body: { connected: true, url: 'http://127.0.0.1:9/', embedded: false }
+      };
     case 'lancefn/api/v1/gpu/classes':
-      return { status: 200, body: { classes: [{ name: 'default', gpu_memory_bytes: 1024, simulated: true }] } };
+      return {
+        status: 200,
+        body: { classes: [{ name: 'default', gpu_memory_bytes: 1024, simulated: true }] }
+      };
     case 'lancefn/api/v1/gpu/usage':
       return { status: 200, body: { classes: [{ name: 'default', gpus_total: 2, gpus_busy: 0 }] } };
     case 'lancefn/api/v1/jobs/list':
-      return { status: 200, body: { jobs: [{ job_id: 'j1', job_state: 'PENDING', creation_ms: 1 }] } };
+      return {
+        status: 200,
+        body: { jobs: [{ job_id: 'j1', job_state: 'PENDING', creation_ms: 1 }] }
+      };
     case 'lancefn/api/v1/functions/list':
       return { status: 200, body: { functions: [{ name: 'f', version: 'v1', definition: {} }] } };
     default:
@@ -139,7 +162,11 @@ describe('LiveConnection', () => {
     expect(streams[0].url).toBe('http://h/jl/lancefn/api/v1/jobs/events?token=tok');
     streams[0].onopen?.({});
     await flush();
-    expect(conn.state.status).toEqual({ kind: 'connected', url: 'http://127.0.0.1:9/', embedded: false });
+    expect(conn.state.status).toEqual({
+      kind: 'connected',
+      url: 'http://127.0.0.1:9/',
+      embedded: false
+    });
     expect(conn.state.classes.map(c => c.name)).toEqual(['default']);
     expect(conn.state.jobs.map(j => j.job_state)).toEqual(['PENDING']);
     expect(conn.state.functions).toEqual([{ name: 'f', version: 'v1' }]);
@@ -181,7 +208,10 @@ describe('LiveConnection', () => {
     const handler: Handler = (method, url) =>
       url === 'lancefn/status'
         ? healthy(method, url)
-        : { status: 502, body: { error: { code: 'control_plane_unreachable', message: 'connect failed' } } };
+        : {
+            status: 502,
+            body: { error: { code: 'control_plane_unreachable', message: 'connect failed' } }
+          };
     const { conn, streams, clock } = setup(handler);
     conn.start();
     await flush();
@@ -198,7 +228,10 @@ describe('LiveConnection', () => {
   it('keeps going when only one list is forbidden', async () => {
     const handler: Handler = (method, url) =>
       url === 'lancefn/api/v1/gpu/classes'
-        ? { status: 403, body: { error: { code: 'forbidden', message: 'key lacks the system_usage privilege' } } }
+        ? {
+            status: 403,
+            body: { error: { code: 'forbidden', message: 'key lacks the system_usage privilege' } }
+          }
         : healthy(method, url);
     const { conn, streams } = setup(handler);
     conn.start();
@@ -245,15 +278,37 @@ describe('LiveConnection', () => {
 describe('LiveConnection version history', () => {
   const withHistory: Handler = (method, url, body) => {
     if (url === 'lancefn/api/v1/functions/history') {
-      return { status: 200, body: { functions: [{ name: 'f', versions: [{ version: 'v2', change: 'pip: +torch' }, { version: 'v1', change: 'first version' }] }] } };
+      return {
+        status: 200,
+        body: {
+          functions: [
+            {
+              name: 'f',
+              versions: [
+                { version: 'v2', change: 'pip: +torch' },
+                { version: 'v1', change: 'first version' }
+              ]
+            }
+          ]
+        }
+      };
     }
     if (url === 'lancefn/api/v1/functions/diff') {
-      return { status: 200, body: { old: 'v1', new: JSON.parse(body ?? '{}').new, summary: 'pip: +torch', runtime: [], source_diff: [] } };
+      return {
+        status: 200,
+        body: {
+          old: 'v1',
+          new: JSON.parse(body ?? '{}').new,
+          summary: 'pip: +torch',
+          runtime: [],
+          source_diff: []
+        }
+      };
     }
     return healthy(method, url, body);
   };
 
-  it('loads each function\'s history after the lists and fetches a diff on demand', async () => {
+  it("loads each function's history after the lists and fetches a diff on demand", async () => {
     const { conn, streams } = setup(withHistory);
     conn.start();
     await flush();

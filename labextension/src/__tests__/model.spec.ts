@@ -111,17 +111,25 @@ describe('state labels', () => {
 describe('job row texts', () => {
   it('titles run jobs function@version and registrations by name', () => {
     expect(jobTitle(job('a', 'PENDING'))).toBe('double_all@abc123');
-    expect(jobTitle({ job_id: 'b', job_type: 'create_function', job_state: 'DONE', spec: { name: 'f' } })).toBe(
-      'register f'
+    expect(
+      jobTitle({ job_id: 'b', job_type: 'create_function', job_state: 'DONE', spec: { name: 'f' } })
+    ).toBe('register f');
+    expect(jobTitle({ job_id: 'c', job_type: 'something_else', job_state: 'DONE' })).toBe(
+      'something_else'
     );
-    expect(jobTitle({ job_id: 'c', job_type: 'something_else', job_state: 'DONE' })).toBe('something_else');
   });
 
   it('shows class and devices', () => {
-    expect(jobPlacementText(job('a', 'IN_PROGRESS', { placement: { gpu_class: 'default', num_gpus: 2, devices: ['sim0', 'sim1'] } }))).toBe(
-      'default · 2 GPUs (sim0, sim1)'
-    );
-    expect(jobPlacementText(job('a', 'PENDING', { placement: { gpu_class: 'a100', num_gpus: 1 } }))).toBe('a100 · 1 GPU');
+    expect(
+      jobPlacementText(
+        job('a', 'IN_PROGRESS', {
+          placement: { gpu_class: 'default', num_gpus: 2, devices: ['sim0', 'sim1'] }
+        })
+      )
+    ).toBe('default · 2 GPUs (sim0, sim1)');
+    expect(
+      jobPlacementText(job('a', 'PENDING', { placement: { gpu_class: 'a100', num_gpus: 1 } }))
+    ).toBe('a100 · 1 GPU');
   });
 
   it('shows the queue position only while pending', () => {
@@ -132,12 +140,16 @@ describe('job row texts', () => {
   });
 
   it('computes progress from rows_done/rows_total', () => {
-    expect(progressOf(job('a', 'IN_PROGRESS', { progress: { rows_done: 1, rows_total: 4 } }))).toEqual({
+    expect(
+      progressOf(job('a', 'IN_PROGRESS', { progress: { rows_done: 1, rows_total: 4 } }))
+    ).toEqual({
       text: '1/4 rows',
       fraction: 0.25
     });
     expect(progressOf({ job_id: 'x', job_state: 'PENDING' })).toEqual({ text: '', fraction: null });
-    expect(progressOf(job('a', 'DONE', { progress: { rows_done: 1, rows_total: 1 } })).text).toBe('1/1 row');
+    expect(progressOf(job('a', 'DONE', { progress: { rows_done: 1, rows_total: 1 } })).text).toBe(
+      '1/1 row'
+    );
   });
 
   it('summarises an Arrow result without its data', () => {
@@ -146,11 +158,22 @@ describe('job row texts', () => {
       'ndarray float32 (1000, 768), 2.9 MiB'
     );
     expect(
-      resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: { type: 'list', shape: [2], item: { type: 'ndarray', dtype: 'int8', shape: [3] } } }))
+      resultText(
+        job('a', 'DONE', {
+          result_format: 'arrow',
+          result_summary: {
+            type: 'list',
+            shape: [2],
+            item: { type: 'ndarray', dtype: 'int8', shape: [3] }
+          }
+        })
+      )
     ).toBe('list of 2 × ndarray int8 (3,)');
-    expect(resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: { ...summary, expired: true } }))).toContain(
-      '(removed by retention)'
-    );
+    expect(
+      resultText(
+        job('a', 'DONE', { result_format: 'arrow', result_summary: { ...summary, expired: true } })
+      )
+    ).toContain('(removed by retention)');
     expect(resultText(job('a', 'IN_PROGRESS', { result_summary: summary }))).toBe('');
     const nan = { ...summary, nonfinite: { nan: 2, inf: 0, '-inf': 1, floats: 768000 } };
     expect(resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: nan }))).toBe(
@@ -159,17 +182,28 @@ describe('job row texts', () => {
   });
 
   it('shows the failure phase and message', () => {
-    expect(failureText(job('a', 'FAILED', { failure: { phase: 'environment', message: 'no module named foo' } }))).toBe(
-      'environment: no module named foo'
-    );
+    expect(
+      failureText(
+        job('a', 'FAILED', { failure: { phase: 'environment', message: 'no module named foo' } })
+      )
+    ).toBe('environment: no module named foo');
     expect(failureText(job('a', 'DONE'))).toBe('');
   });
 
   it('measures elapsed per phase', () => {
     expect(jobElapsedMs(job('a', 'PENDING', { creation_ms: 1000 }), 4000)).toBe(3000);
-    expect(jobElapsedMs(job('a', 'IN_PROGRESS', { creation_ms: 1000, started_ms: 2000 }), 4500)).toBe(2500);
-    expect(jobElapsedMs(job('a', 'DONE', { creation_ms: 1000, started_ms: 2000, finished_ms: 2600 }), 99999)).toBe(600);
-    expect(jobElapsedMs(job('a', 'CANCELLED', { creation_ms: 1000, finished_ms: 1500 }), 99999)).toBe(500);
+    expect(
+      jobElapsedMs(job('a', 'IN_PROGRESS', { creation_ms: 1000, started_ms: 2000 }), 4500)
+    ).toBe(2500);
+    expect(
+      jobElapsedMs(
+        job('a', 'DONE', { creation_ms: 1000, started_ms: 2000, finished_ms: 2600 }),
+        99999
+      )
+    ).toBe(600);
+    expect(
+      jobElapsedMs(job('a', 'CANCELLED', { creation_ms: 1000, finished_ms: 1500 }), 99999)
+    ).toBe(500);
     expect(jobElapsedMs({ job_id: 'x', job_state: 'PENDING' }, 5)).toBeNull();
   });
 });
@@ -205,8 +239,14 @@ describe('applyJobEvent', () => {
   });
 
   it('merges a refetched list without regressing terminal rows', () => {
-    const known = [job('a', 'DONE', { creation_ms: 2 }), job('gone', 'PENDING', { creation_ms: 0 })];
-    const fetched = [job('a', 'IN_PROGRESS', { creation_ms: 2 }), job('b', 'PENDING', { creation_ms: 3 })];
+    const known = [
+      job('a', 'DONE', { creation_ms: 2 }),
+      job('gone', 'PENDING', { creation_ms: 0 })
+    ];
+    const fetched = [
+      job('a', 'IN_PROGRESS', { creation_ms: 2 }),
+      job('b', 'PENDING', { creation_ms: 3 })
+    ];
     expect(mergeJobLists(known, fetched).map(j => [j.job_id, j.job_state])).toEqual([
       ['b', 'PENDING'],
       ['a', 'DONE']
@@ -223,7 +263,12 @@ describe('GPU classes', () => {
       max_gpu_count_per_worker: 2,
       simulated: true
     },
-    { name: 'h100', gpu_model: 'NVIDIA H100 80GB HBM3', gpu_memory_bytes: 85899345920, max_gpu_count_per_worker: 8 }
+    {
+      name: 'h100',
+      gpu_model: 'NVIDIA H100 80GB HBM3',
+      gpu_memory_bytes: 85899345920,
+      max_gpu_count_per_worker: 8
+    }
   ];
 
   it('joins hardware with live usage', () => {
@@ -241,14 +286,19 @@ describe('GPU classes', () => {
       total: 2,
       pending: 3
     });
-    expect(rows[1]).toMatchObject({ name: 'h100', memory: '80 GiB', simulated: false, usage: '', busy: null });
+    expect(rows[1]).toMatchObject({
+      name: 'h100',
+      memory: '80 GiB',
+      simulated: false,
+      usage: '',
+      busy: null
+    });
   });
 
   it('treats zero or missing memory as not reported', () => {
-    expect(classRows([{ name: 'sim', gpu_memory_bytes: 0 }, { name: 'x' }], new Map()).map(r => r.memory)).toEqual([
-      '',
-      ''
-    ]);
+    expect(
+      classRows([{ name: 'sim', gpu_memory_bytes: 0 }, { name: 'x' }], new Map()).map(r => r.memory)
+    ).toEqual(['', '']);
   });
 
   it('reads usage from an event payload or a plain list and ignores junk', () => {
@@ -292,7 +342,14 @@ describe('errorMessage', () => {
 
 describe('applyQueueEvent', () => {
   const pending = (id: string, position: number) =>
-    job(id, 'PENDING', { placement: { gpu_class: 'default', num_gpus: 1, waiting_on_capacity: true, queue_position: position } });
+    job(id, 'PENDING', {
+      placement: {
+        gpu_class: 'default',
+        num_gpus: 1,
+        waiting_on_capacity: true,
+        queue_position: position
+      }
+    });
 
   it('re-numbers pending jobs that moved up the queue', () => {
     const jobs = [pending('b', 2), pending('c', 3), job('a', 'IN_PROGRESS')];
@@ -327,8 +384,12 @@ describe('showNamespaces', () => {
   it('is true only when jobs of more than one namespace are listed', () => {
     expect(showNamespaces([])).toBe(false);
     expect(showNamespaces([job('a', 'DONE'), job('b', 'DONE')])).toBe(false); // servers before namespaces
-    expect(showNamespaces([job('a', 'DONE', { namespace: 't1' }), job('b', 'DONE', { namespace: 't1' })])).toBe(false);
-    expect(showNamespaces([job('a', 'DONE', { namespace: 't1' }), job('b', 'DONE', { namespace: 't2' })])).toBe(true);
+    expect(
+      showNamespaces([job('a', 'DONE', { namespace: 't1' }), job('b', 'DONE', { namespace: 't1' })])
+    ).toBe(false);
+    expect(
+      showNamespaces([job('a', 'DONE', { namespace: 't1' }), job('b', 'DONE', { namespace: 't2' })])
+    ).toBe(true);
   });
 
   it('a queue event with other namespaces hidden as null still numbers own jobs by global position', () => {

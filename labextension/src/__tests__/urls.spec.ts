@@ -5,7 +5,9 @@ import { apiUrl, eventsUrl, statusUrl } from '../urls';
 describe('URLs under a base_url', () => {
   it('builds from the root base url', () => {
     expect(statusUrl('http://127.0.0.1:8888/')).toBe('http://127.0.0.1:8888/lancefn/status');
-    expect(apiUrl('http://127.0.0.1:8888/', 'gpu/classes')).toBe('http://127.0.0.1:8888/lancefn/api/v1/gpu/classes');
+    expect(apiUrl('http://127.0.0.1:8888/', 'gpu/classes')).toBe(
+      'http://127.0.0.1:8888/lancefn/api/v1/gpu/classes'
+    );
   });
 
   it('keeps a non-root base url (JupyterHub, proxies)', () => {

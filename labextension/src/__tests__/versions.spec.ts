@@ -3,7 +3,12 @@ import { describe, expect, it } from 'vitest';
 import { applyQueueEvent, diffText, expectedStartText, IJob, lookupSnippet } from '../model';
 
 function pending(id: string, position: number, expected?: number | null, numGpus = 1): IJob {
-  const placement: IJob['placement'] = { gpu_class: 'default', num_gpus: numGpus, waiting_on_capacity: true, queue_position: position };
+  const placement: IJob['placement'] = {
+    gpu_class: 'default',
+    num_gpus: numGpus,
+    waiting_on_capacity: true,
+    queue_position: position
+  };
   if (expected !== undefined) {
     placement.expected_start_ms = expected;
   }
@@ -28,14 +33,25 @@ describe('expectedStartText', () => {
 describe('applyQueueEvent with expected starts', () => {
   it('takes the expected start the queue event carries, even when the position is unchanged', () => {
     const jobs = [pending('b', 1, 10_000), pending('c', 2, null)];
-    const next = applyQueueEvent(jobs, { classes: { default: ['b', 'c'] }, expected_start_ms: { b: 12_000, c: 20_000 } });
+    const next = applyQueueEvent(jobs, {
+      classes: { default: ['b', 'c'] },
+      expected_start_ms: { b: 12_000, c: 20_000 }
+    });
     expect(next.map(j => j.placement?.expected_start_ms)).toEqual([12_000, 20_000]);
-    expect(applyQueueEvent(next, { classes: { default: ['b', 'c'] }, expected_start_ms: { b: 12_000, c: 20_000 } })).toBe(next);
+    expect(
+      applyQueueEvent(next, {
+        classes: { default: ['b', 'c'] },
+        expected_start_ms: { b: 12_000, c: 20_000 }
+      })
+    ).toBe(next);
   });
 
   it('ignores malformed estimates and keeps the old value when none is sent', () => {
     const jobs = [pending('b', 2, 10_000)];
-    const next = applyQueueEvent(jobs, { classes: { default: ['b'] }, expected_start_ms: { b: 'soon' } });
+    const next = applyQueueEvent(jobs, {
+      classes: { default: ['b'] },
+      expected_start_ms: { b: 'soon' }
+    });
     expect(next[0].placement?.queue_position).toBe(1);
     expect(next[0].placement?.expected_start_ms).toBe(10_000);
   });
@@ -46,7 +62,9 @@ describe('lookupSnippet', () => {
     expect(lookupSnippet('score', '1a2b3c4d5e6f7a8b')).toBe(
       'import lancefn_jupyter\n\nscore = lancefn_jupyter.lookup("score@1a2b3c4d")\nscore'
     );
-    expect(lookupSnippet('scores.v2', '1a2b3c4d5e6f7a8b')).toContain('fn = lancefn_jupyter.lookup("scores.v2@1a2b3c4d")');
+    expect(lookupSnippet('scores.v2', '1a2b3c4d5e6f7a8b')).toContain(
+      'fn = lancefn_jupyter.lookup("scores.v2@1a2b3c4d")'
+    );
   });
 
   it('refuses names or versions that could break out of the string', () => {
@@ -73,6 +91,8 @@ describe('diffText', () => {
       '-    return x',
       '+    return 2 * x'
     ]);
-    expect(diffText({ old: 'a', new: 'b', summary: 'env: values changed' })).toContain('source unchanged');
+    expect(diffText({ old: 'a', new: 'b', summary: 'env: values changed' })).toContain(
+      'source unchanged'
+    );
   });
 });

@@ -24,7 +24,9 @@ def get_executor(name: str, **opts: Any) -> Executor:
         from .local import LocalExecutor
 
         tuning = {k: opts[k] for k in ("max_idle_workers", "max_idle_per_device_set") if opts.get(k) is not None}
-        return LocalExecutor(classes=opts.get("classes"), home=opts.get("home"), worker_user=opts.get("worker_user"), **tuning)
+        return LocalExecutor(
+            classes=opts.get("classes"), home=opts.get("home"), worker_user=opts.get("worker_user"), **tuning
+        )
     if name == "ray":
         from .ray import RayExecutor
 

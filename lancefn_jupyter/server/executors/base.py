@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
     from ...models import JobFailure
@@ -72,7 +72,9 @@ class ExecutorCallbacks(Protocol):
 
     def task_log(self, job_id: str, stream: str, lines: list[str]) -> None: ...
 
-    def task_succeeded(self, job_id: str, results: list) -> None: ...
+    def task_succeeded(
+        self, job_id: str, results: list | Mapping[str, Any]
+    ) -> None: ...  # JSON results or an Arrow result-file reference
 
     def task_failed(self, job_id: str, failure: "JobFailure") -> None:  # phase "timeout" → TIMED_OUT
         ...

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from ...models import JobFailure
 from ..isolation import WorkerUser
 from ..worker import PRELOAD_ENV, WorkerProcess, WorkerStartError, artifact_filename, describe_exit
+from ..worker_io import relay
 from .base import Executor, ExecutorCallbacks, TaskSpec
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class LocalExecutor(Executor):
         self._user = worker_user
         self._idle_timeout_s = idle_timeout_s
         self._grace_s = kill_grace_s
-        self._callbacks: ExecutorCallbacks | None = None
+        self._callbacks: ExecutorCallbacks = None  # type: ignore[assignment]  # set by start(), before any launch
         self._lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
         self._idle: dict[_Key, tuple[WorkerProcess, float]] = {}  # key → (worker, idle since)
@@ -270,11 +271,10 @@ class LocalExecutor(Executor):
             for event in worker.events():
                 if run.outcome is not None:  # being stopped: report nothing more
                     continue
-                if event["event"] == "log":
-                    callbacks.task_log(task.job_id, event["stream"], event["lines"])
-                elif event["event"] == "progress":
+                if event["event"] == "progress":
                     run.rows_done = event["rows_done"]
-                    callbacks.task_progress(task.job_id, run.rows_done)
+                if event["event"] in ("log", "progress"):
+                    relay(callbacks, task.job_id, event)
                 elif event["event"] in ("result", "failed") and run.claim("finished"):
                     final = event
         finally:
@@ -283,13 +283,7 @@ class LocalExecutor(Executor):
 
         if final is not None:
             self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
-            if final["event"] == "result":
-                callbacks.task_succeeded(task.job_id, final["results"] if "results" in final else final)
-            else:
-                callbacks.task_failed(
-                    task.job_id,
-                    JobFailure(phase=final["phase"], message=final["message"], traceback=final.get("traceback")),
-                )
+            relay(callbacks, task.job_id, final)
             # A new fresh spare for the next new version here, started only now: on a small machine a
             # process start racing the job it was taken for would slow that job down.
             self._prewarm(_fresh(run.key))
@@ -342,7 +336,9 @@ class LocalExecutor(Executor):
             own = self._idle.pop(key, None)
             fresh = self._idle.pop(_fresh(key), None) if own is None else None
             sharing = [
-                self._idle.pop(other)[0] for other in list(self._idle) if other[0] != key[0] and set(other[0]) & set(key[0])
+                self._idle.pop(other)[0]
+                for other in list(self._idle)
+                if other[0] != key[0] and set(other[0]) & set(key[0])
             ]
         for worker in sharing:
             worker.stop(self._grace_s)

@@ -18,10 +18,11 @@ Design:
   with exponential backoff (50 ms doubling to 3 s) while the control plane is down or restarting. A
   change of connection (`%lancefn connect …`) starts afresh instead, since event ids belong to one
   server.
-- Queue positions: the server reports a pending job's position when that job changes; when a job
-  ahead of it leaves the queue (starts, is cancelled) no event names the jobs behind it. Scheduling is
-  strict FIFO per class, so `_QueueShadow` moves every job behind up by one and the listener delivers
-  that as an updated snapshot; it is primed from `jobs/list state=PENDING` on every fresh connect.
+- Queue positions: the server reports a pending job's position when that job changes, and a `queue`
+  event per class when the queue moves (the panel applies those). This listener still derives the
+  positions itself: scheduling is strict FIFO per class, so when a job leaves the queue `_QueueShadow`
+  moves every job behind it up by one and the listener delivers that as an updated snapshot; it is
+  primed from `jobs/list state=PENDING` on every fresh connect.
 - A second small thread ("ticker", 1 s) refreshes what changes with the clock (elapsed time of
   running jobs, open log views) and notices a changed connection; it never touches the network for
   state.
@@ -38,14 +39,14 @@ import random
 import socket
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import httpx
 
-from ..client.errors import LancefnError
-from ..client.events import parse_sse_lines
+from .errors import LancefnError
+from .events import parse_sse_lines
 
-log = logging.getLogger("lancefn_jupyter.widgets")
+log = logging.getLogger("lancefn_jupyter.widgets")  # the name users already filter on
 
 __all__ = ["EventListener", "get_listener", "start_listener", "stop_listener"]
 
@@ -249,7 +250,9 @@ class EventListener:
             self._jobs.add(job_id, callback)
             self._terminal.discard(job_id)
 
-    def subscribe_jobs(self, callback: Callable[[Any], None], *, resync: Optional[Callable[[Any], None]] = None) -> None:
+    def subscribe_jobs(
+        self, callback: Callable[[Any], None], *, resync: Optional[Callable[[Any], None]] = None
+    ) -> None:
         """`callback(job)` on every job change; `resync(client)` after a fresh (non-resumed) connect."""
         with self._lock:
             self._all_jobs.add(None, callback)
@@ -281,7 +284,9 @@ class EventListener:
 
     def subscriber_count(self) -> int:
         with self._lock:
-            return sum(g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks, self._batches))
+            return sum(
+                g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks, self._batches)
+            )
 
     def observe_rest(self, job: Any) -> Any:
         """A job read over REST by a widget: fills the queue shadow; returns the snapshot to show."""
@@ -334,11 +339,7 @@ class EventListener:
     def _stream_once(self, client: Any) -> bool:
         """One connection: returns True if it got as far as receiving events."""
         resume = self.last_event_id
-        headers = {"accept": "text/event-stream"}
-        if resume is not None:
-            headers["last-event-id"] = str(resume)
-        timeout = httpx.Timeout(connect=5.0, read=_READ_TIMEOUT_S, write=5.0, pool=5.0)
-        response = client._transport.stream("/v1/jobs/events", headers, timeout)
+        response = client.open_event_stream(last_event_id=resume, read_timeout=_READ_TIMEOUT_S, connect_timeout=5.0)
         try:
             stream = response.extensions.get("network_stream")
             sock = stream.get_extra_info("socket") if stream is not None else None
@@ -421,7 +422,7 @@ class EventListener:
             self.last_event_id = event.id
         if event.event == "job" and isinstance(event.data, dict):
             data = event.data
-            job_id = data.get("job_id")
+            job_id = cast(str, data.get("job_id"))
             with self._lock:
                 moved = self.queue.observe(data)
                 direct = self._jobs.get(job_id)
@@ -482,7 +483,11 @@ class EventListener:
             changed = []
             for job_id, at in expected.items():
                 previous = self._pending.get(job_id)
-                if previous is not None and previous.placement.expected_start_ms != at and (at is None or isinstance(at, int)):
+                if (
+                    previous is not None
+                    and previous.placement.expected_start_ms != at
+                    and (at is None or isinstance(at, int))
+                ):
                     placement = previous.placement.model_copy(update={"expected_start_ms": at})
                     updated = self._pending[job_id] = previous.model_copy(update={"placement": placement})
                     changed.append((updated, self._jobs.get(job_id)))
@@ -540,9 +545,9 @@ def _call(callback: Callable, *args: Any) -> None:
 
 
 def _session_client() -> Any:
-    from .. import api
+    from ..session import _session
 
-    return api._session.client
+    return _session.client
 
 
 _listener: Optional[EventListener] = None
@@ -582,11 +587,10 @@ def running_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name in ("lancefn-events", "lancefn-widgets-ticker")]
 
 
-
 def bind(client: Any, listener: Optional["EventListener"]) -> tuple[Any, "EventListener"]:
     """The client and listener a widget uses: the ones given, else this kernel's current ones."""
     if client is None:
-        from ..api import current_client
+        from ..session import current_client
 
         client = current_client()
     return client, listener or get_listener()

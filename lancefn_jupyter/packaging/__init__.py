@@ -1,0 +1,98 @@
+"""Package a notebook cell (or one Python function) as an immutable artifact.
+
+This module is pure: it reads source text, a namespace mapping and function
+objects, and returns bytes. It does no I/O and never imports IPython.
+
+The artifact layout (docs/ARCHITECTURE.md, "Function versions"; byte-compatible with LanceDB's ``udf`` snapshot)::
+
+    from __future__ import annotations
+    <blank>
+    import numpy as np                       # one line per captured name,
+    from mylib import helper as helper       # sorted by name
+    THRESHOLD = 0.5
+    <blank>
+    <the code, re-emitted with ast.unparse>
+    <trailing newline>
+
+With no captured names the header is followed by exactly one blank line, so a
+plain module-level function without helpers is byte-for-byte LanceDB's layout::
+
+    from __future__ import annotations\\n\\ndef f(value: float) -> float:\\n    return value / 100.0\\n
+
+Decisions worth knowing
+-----------------------
+* **The cell is the module.** ``package_cell`` keeps every top-level statement
+  of the cell in order (imports, assignments, ``@cuda.jit`` kernels, helpers,
+  the entry function, classes, ``if``/``for`` blocks …) **except bare
+  expression statements** such as ``double_all([1.0])`` or a trailing
+  ``df.head()``: those are interactive display / trial calls and must not run
+  when the worker imports the artifact. Module docstrings are expression
+  statements too and are dropped. To keep a side-effecting call at import,
+  bind it: ``_ = np.random.seed(0)``. ``from __future__`` imports of the cell
+  are dropped (the header already enables postponed annotations).
+* Statements are re-emitted with ``ast.unparse``, so comments, blank lines
+  and formatting never change the digest; any code change does.
+* Free names are found with :mod:`symtable` on the emitted text (Python's own
+  scope analysis). Under ``from __future__ import annotations`` annotations
+  are not runtime loads, so names used only in annotations are not captured.
+  The analysis is flow-insensitive: a name the cell binds anywhere at module
+  level counts as defined by the cell.
+* A free name is resolved from the namespace first, then the builtins (like
+  the interpreter). Builtins, and IPython's stand-ins for them (``open``,
+  ``exit``, ``quit``, ``get_ipython``, ``display``), are never captured; the
+  worker supplies ``display``/``get_ipython`` (ARCHITECTURE.md, "Names that
+  resolve as builtins"). Module dunders (``__name__``, ``__file__``, …) are
+  never captured; they refer to the artifact module's own attributes.
+* Captured values: modules → ``import m as n``; a class/function importable
+  from a real module (not ``__main__``, plain qualname, the module in
+  ``sys.modules`` gives back the very same object) → ``from m import q as n``;
+  literals — ``None``/bool/int/str/bytes/finite float and dict/list/tuple/
+  set/frozenset of literals, dicts in insertion order, sets sorted — →
+  ``n = <source>``, at most ``LITERAL_CAP_BYTES``. Anything else (a
+  DataFrame, lambda, closure, a function or kernel from another cell, …) is
+  refused with a :class:`PackagingError` that names the variable (or the
+  path inside a container) and says to define it in the cell.
+* Dynamic namespace access (``globals``, ``locals``, ``vars``, ``eval``,
+  ``exec``, ``compile``, ``__import__``) and the namespace modules ``sys``,
+  ``builtins``, ``importlib``, ``inspect``, ``gc``, ``ctypes``, ``types`` are
+  refused: the artifact's namespace holds only what was packaged.
+* Entry function (``package_cell``): ``entry`` if it names a top-level
+  ``def`` of the cell (otherwise ``entry`` is ignored, because a Function
+  name such as ``scores.v2`` need not be a Python identifier), else the only
+  public top-level ``def``, else the last top-level ``def``.
+* ``package_function`` snapshots one function the way LanceDB does, but
+  functions and numba CUDA kernels it references that live in the same
+  non-importable module (``__main__`` of a notebook) are included as
+  definitions before the entry, in dependency order, decorators kept (so
+  ``@cuda.jit`` is re-applied); the entry's own ``@gpu_function`` decorator
+  is stripped and any other decorator on the entry is refused.
+* ``line_map`` maps each artifact line that begins an AST node to the line of
+  that node in the user's text: for ``package_cell`` lines of ``cell`` (1 =
+  first line of the string passed in), for ``package_function`` lines of the
+  function's source file (``co_firstlineno``-based). Header lines map to
+  nothing.
+
+Modules: ``capture`` (the artifact value, errors, free-name capture, line map), ``cell``
+(``package_cell``, ``entry_name``), ``function`` (``package_function``), ``signature``
+(``infer_signature``).
+"""
+
+from .capture import PackagedFunction, PackagingError
+from .cell import entry_name, package_cell
+from .function import package_function
+from .signature import infer_signature
+
+__all__ = [
+    "PackagedFunction",
+    "PackagingError",
+    "entry_name",
+    "infer_signature",
+    "package_cell",
+    "package_function",
+]
+
+# The public names keep the module path they always had: an artifact that captures one of them
+# (``from lancefn_jupyter.packaging import infer_signature``) must not change its bytes or digest.
+for _public in (PackagedFunction, PackagingError, entry_name, infer_signature, package_cell, package_function):
+    _public.__module__ = __name__
+del _public

@@ -1,0 +1,213 @@
+"""`package_function`: one Python function (and same-module helpers/kernels it uses) as an artifact (pure)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import types
+from collections.abc import Callable
+from typing import Any, Optional
+
+from .capture import (
+    _IPYTHON_INJECTED,
+    _MISSING,
+    _MODULE_DUNDERS,
+    PackagedFunction,
+    PackagingError,
+    _at,
+    _capture_line,
+    _describe,
+    _finish,
+    _first_use,
+    _importable_qualname,
+    _kernel_function,
+    _refuse_dynamic,
+    _refuse_shell_syntax,
+    _resolves_as_builtin,
+    _scope_names,
+)
+from .cell import (
+    _undefined,
+)
+from .signature import (
+    infer_signature,
+)
+
+# --------------------------------------------------------------------------
+# package_function
+
+
+def _is_gpu_function_decorator(node: ast.expr) -> bool:
+    if isinstance(node, ast.Call):
+        node = node.func
+    return (isinstance(node, ast.Name) and node.id == "gpu_function") or (
+        isinstance(node, ast.Attribute) and node.attr == "gpu_function"
+    )
+
+
+def _definition(function: types.FunctionType, label: str) -> ast.stmt:
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        raise PackagingError(
+            f"the source of {label} {function.__qualname__!r} is not available "
+            "(functions created by exec or typed at a plain REPL have none); define it "
+            "in a notebook cell or a .py file"
+        ) from None
+    try:
+        module = ast.parse(source)
+    except SyntaxError:
+        raise PackagingError(
+            f"the source of {label} {function.__qualname__!r} cannot be parsed on its own "
+            "(is it a lambda?); define it with a top-level `def`"
+        ) from None
+    matches = [
+        node
+        for node in module.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function.__name__
+    ]
+    if len(matches) != 1:
+        raise PackagingError(
+            f"the source of {label} {function.__qualname__!r} must contain exactly one "
+            f"`def {function.__name__}`; define it with a plain top-level `def`"
+        )
+    return matches[0]
+
+
+class _FunctionPackager:
+    def __init__(self, entry: types.FunctionType):
+        self.entry = entry
+        self.module_globals = entry.__globals__
+        self.header: dict[str, str] = {}
+        self.body: list[ast.stmt] = []
+        self.offsets: list[int] = []
+        self.helpers: list[str] = []
+        self.visiting: set[str] = set()
+
+    def add(self, function: types.FunctionType, node: ast.stmt, label: str) -> None:
+        name = function.__name__
+        self.visiting.add(name)
+        offset = function.__code__.co_firstlineno - 1
+
+        def file_line(line: Optional[int]) -> Optional[int]:
+            return None if line is None else line + offset
+
+        code = ast.unparse(node)
+        loaded, bound = _scope_names(code)
+        free = loaded - bound
+        _refuse_dynamic(free, [node], code, file_line)
+        if "get_ipython" in free:
+            _refuse_shell_syntax([node], file_line)
+        for ref in sorted(free):
+            if ref in _MODULE_DUNDERS or ref in self.header or ref in self.visiting:
+                continue
+
+            def where(ref: str = ref) -> str:
+                return _at(file_line(_first_use([node], ref)))
+
+            value = self.module_globals.get(ref, _MISSING)
+            if _resolves_as_builtin(ref, value):
+                continue
+            if value is _MISSING or ref in _IPYTHON_INJECTED:
+                raise _undefined(ref, file_line(_first_use([node], ref)), f"{label} {name!r}'s module")
+            helper = self._local_helper(ref, value, where)
+            if helper is not None:
+                helper_function, helper_label = helper
+                helper_node = _definition(helper_function, helper_label)
+                if isinstance(helper_node, ast.AsyncFunctionDef):
+                    raise PackagingError(
+                        f"{helper_label} {ref!r}{where()} is `async def`, which cannot run "
+                        "in a GPU function; make it a plain `def`"
+                    )
+                self.add(helper_function, helper_node, helper_label)
+                self.helpers.append(ref)
+            else:
+                self.header[ref] = _capture_line(ref, value, where)
+        self.body.append(node)
+        self.offsets.append(offset)
+
+    def _local_helper(
+        self, name: str, value: Any, where: Callable[[], str]
+    ) -> Optional[tuple[types.FunctionType, str]]:
+        """A function/kernel of the same non-importable module, to include."""
+        kernel = _kernel_function(value)
+        if kernel is not None:
+            function, label = kernel, "kernel"
+        elif inspect.isfunction(value):
+            function, label = inspect.unwrap(value), "helper function"
+        else:
+            return None
+        if _importable_qualname(value) is not None:
+            return None
+        if not inspect.isfunction(function) or function.__name__ == "<lambda>":
+            return None
+        if function.__globals__ is not self.module_globals:
+            return None
+        if function.__code__.co_freevars:
+            raise PackagingError(
+                f"{label} {name!r}{where()} is a closure over "
+                f"{', '.join(repr(v) for v in function.__code__.co_freevars)}; "
+                "define it at the top level of the cell or module"
+            )
+        if function.__name__ != name:
+            raise PackagingError(
+                f"{name!r}{where()} is another name for {label} {function.__name__!r}; "
+                f"call it as {function.__name__!r} or define `def {name}` in the cell"
+            )
+        return function, label
+
+
+def package_function(fn: Callable[..., Any]) -> PackagedFunction:
+    """Snapshot one function (the ``gpu_function`` decorator's packaging).
+
+    A plain module-level function without helpers gives exactly LanceDB's
+    ``udf`` artifact. Functions and numba CUDA kernels it references that are
+    defined in the same non-importable module (a notebook's ``__main__``) are
+    included as definitions before it, recursively, in dependency order.
+    """
+    if not inspect.isfunction(fn):
+        if _kernel_function(fn) is not None:
+            raise PackagingError(
+                f"{getattr(fn, '__name__', fn)!r} is a numba CUDA kernel; decorate a "
+                "plain Python function that launches it instead"
+            )
+        raise PackagingError(f"gpu_function needs a plain Python function defined with `def`, got {_describe(fn)}")
+    name = fn.__name__
+    if name == "<lambda>":
+        raise PackagingError(
+            "gpu_function cannot package a lambda; define the function with `def` "
+            "and annotate its parameters and return type"
+        )
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise PackagingError(f"{name!r} is `async def`; a GPU function must be a plain synchronous `def`")
+    if fn.__code__.co_freevars:
+        captured = ", ".join(repr(v) for v in fn.__code__.co_freevars)
+        raise PackagingError(
+            f"{name!r} is a closure over {captured} (it is defined inside another "
+            "function); define it at the top level of the cell or module, and define "
+            f"{captured} there too"
+        )
+    signature = infer_signature(fn)
+    node = _definition(fn, "function")
+    if isinstance(node, ast.AsyncFunctionDef):  # pragma: no cover - caught above
+        raise PackagingError(f"{name!r} is `async def`; use a plain `def`")
+    for decorator in node.decorator_list:  # type: ignore[attr-defined]
+        if not _is_gpu_function_decorator(decorator):
+            raise PackagingError(
+                f"the decorator @{ast.unparse(decorator)} on {name!r} "
+                f"(line {fn.__code__.co_firstlineno + decorator.lineno - 1}) cannot be "
+                "packaged; remove it (only @gpu_function is allowed on the entry "
+                "function) and apply it inside the function body instead"
+            )
+    node.decorator_list = []  # type: ignore[attr-defined]
+    packager = _FunctionPackager(fn)
+    packager.add(fn, node, "function")
+    return _finish(
+        packager.header,
+        packager.body,
+        packager.offsets,
+        name,
+        signature,
+        tuple(sorted({*packager.header, *packager.helpers})),
+    )

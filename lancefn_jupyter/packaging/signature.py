@@ -1,0 +1,179 @@
+"""Signature inference: a function's annotations as a `FunctionSignature` (pure)."""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from .. import dataplane
+from ..models import (
+    FunctionOutput,
+    FunctionParameter,
+    FunctionSignature,
+)
+from .capture import (
+    _SUPPORTED_TYPES,
+    PackagingError,
+    _describe,
+    _literal_source,
+)
+
+# --------------------------------------------------------------------------
+# signature inference
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _arrow_type(annotation: Any) -> tuple[str, bool]:
+    origin = typing.get_origin(annotation)
+    union_type = getattr(types, "UnionType", None)
+    if origin is typing.Union or (union_type is not None and origin is union_type):
+        arguments = typing.get_args(annotation)
+        non_none = [a for a in arguments if a is not type(None)]
+        if len(non_none) != 1 or len(non_none) == len(arguments):
+            raise _Unsupported(f"the union {_type_text(annotation)}")
+        inner, _ = _arrow_type(non_none[0])
+        return inner, True
+    if annotation is bool:
+        return "bool", False
+    if annotation is int:
+        return "int64", False
+    if annotation is float:
+        return "float64", False
+    if annotation is str:
+        return "utf8", False
+    if annotation is bytes:
+        return "binary", False
+    if annotation is list or origin is list:
+        arguments = typing.get_args(annotation)
+        if len(arguments) != 1:
+            raise _Unsupported("a list without its element type (write e.g. list[float])")
+        item, item_nullable = _arrow_type(arguments[0])
+        if item_nullable:
+            raise _Unsupported("a list with nullable elements")
+        if dataplane.is_data_type(item):
+            raise _Unsupported(f"a list of {_type_text(arguments[0])} (use map() for one array per call)")
+        return f"list<{item}>", False
+    try:  # numpy / pyarrow annotations: the Arrow data plane's types
+        data_type = dataplane.annotation_type(annotation)
+    except dataplane.UnsupportedAnnotation as error:
+        raise _Unsupported(str(error)) from None
+    if data_type is not None:
+        return data_type, False
+    raise _Unsupported(_type_text(annotation))
+
+
+def _type_text(annotation: Any) -> str:
+    if isinstance(annotation, type) and typing.get_origin(annotation) is None:
+        return annotation.__qualname__
+    return repr(annotation).replace("typing.", "")
+
+
+def _type_hints(fn: Callable[..., Any], name: str) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        pass
+    hints: dict[str, Any] = {}
+    module_globals = getattr(fn, "__globals__", {})
+    for key, annotation in getattr(fn, "__annotations__", {}).items():
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, dict(module_globals))  # noqa: S307
+            except Exception as error:
+                what = "the return type" if key == "return" else f"parameter {key!r}"
+                raise PackagingError(
+                    f"the annotation {annotation!r} of {what} of {name} cannot be "
+                    f"resolved ({error}); use one of the supported types: {_SUPPORTED_TYPES}"
+                ) from None
+        hints[key] = annotation
+    return hints
+
+
+def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
+    """The Function signature from `fn`'s annotations (docs/ARCHITECTURE.md, "Function versions")."""
+    name = getattr(fn, "__name__", repr(fn))
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        raise PackagingError(f"cannot read the signature of {name}; define it with `def`") from None
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            raise PackagingError(
+                f"parameter '*{parameter.name}' of {name}: a GPU function takes one value "
+                "per named parameter; replace *args with named, annotated parameters "
+                f"(supported types: {_SUPPORTED_TYPES})"
+            )
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            raise PackagingError(
+                f"parameter '**{parameter.name}' of {name}: a GPU function takes one value "
+                "per named parameter; replace **kwargs with named, annotated parameters "
+                f"(supported types: {_SUPPORTED_TYPES})"
+            )
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise PackagingError(
+                f"parameter {parameter.name!r} of {name} is positional-only; rows are "
+                "passed by parameter name, so remove the `/` from the signature"
+            )
+        if parameter.default is not inspect.Parameter.empty and (_literal_source(parameter.default) is None):
+            raise PackagingError(
+                f"parameter {parameter.name!r} of {name} has a default that is not a literal "
+                f"({_describe(parameter.default)}); a default must be a literal such as None, "
+                "a number, a string or a tuple/list/dict of them: use `= None` and compute "
+                "the value inside the function"
+            )
+    hints = _type_hints(fn, name)
+    missing = [p.name for p in parameters if p.name not in hints]
+    if missing or "return" not in hints:
+        parts = []
+        if missing:
+            noun = "parameter" if len(missing) == 1 else "parameters"
+            listed = ", ".join(repr(m) for m in missing)
+            parts.append(f"annotate {noun} {listed} of {name}, e.g. `{missing[0]}: float`")
+        if "return" not in hints:
+            parts.append(
+                ("and its" if parts else "annotate the")
+                + " return type"
+                + ("" if parts else f" of {name}")
+                + " (e.g. `-> float`)"
+            )
+        raise PackagingError(
+            "a GPU function needs type annotations to infer its signature: "
+            + ", ".join(parts)
+            + f". Supported types: {_SUPPORTED_TYPES}."
+        )
+    inputs = []
+    for parameter in parameters:
+        try:
+            arrow_type, nullable = _arrow_type(hints[parameter.name])
+        except _Unsupported as error:
+            raise PackagingError(
+                f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); "
+                f"supported types: {_SUPPORTED_TYPES}"
+            ) from None
+        default = None
+        if parameter.default is not inspect.Parameter.empty:
+            default = _literal_source(parameter.default)  # an optional input (models.py)
+        inputs.append(FunctionParameter(name=parameter.name, arrow_type=arrow_type, nullable=nullable, default=default))
+    try:
+        output_type, output_nullable = _arrow_type(hints["return"])
+    except _Unsupported as error:
+        raise PackagingError(
+            f"the return type of {name} is unsupported ({error}); supported types: "
+            f"{_SUPPORTED_TYPES} (the return value cannot be None)"
+        ) from None
+    if output_nullable:
+        raise PackagingError(
+            f"the return type of {name} is nullable ({_type_text(hints['return'])}); "
+            "a GPU function must always return a value: remove Optional / `| None` "
+            "from the return annotation"
+        )
+    return FunctionSignature(
+        inputs=tuple(inputs),
+        output=FunctionOutput(kind="scalar", arrow_type=output_type, nullable=False),
+    )

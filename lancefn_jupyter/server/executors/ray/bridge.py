@@ -1,0 +1,598 @@
+"""The bridge: the Ray driver process (`ray.init`), talking JSON lines with `RayExecutor` (`_bridge_main`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...worker_io import Protocol
+
+if TYPE_CHECKING:
+    pass
+from .common import (
+    _ACTOR_IDLE_S,
+    _CAPACITY_POLL_S,
+    _NAMESPACE,
+    _OUTCOME_GRACE_S,
+    class_resource,
+    pip_requirements,
+)
+from .executor import (
+    _kill_session,
+    _ray_data_fields,
+    _store_result,
+)
+from .task import (
+    _EventHub,
+    _GpuActor,
+    _run_job,
+)
+
+log = logging.getLogger("lancefn_jupyter.server.executors.ray")  # one logger for the package, as before the split
+
+
+@dataclass(eq=False)
+class _BridgeJob:
+    job_id: str
+    ref: Any
+    timeout_s: float | None
+    rows_total: int
+    seen: int = 0  # events relayed
+    rows_done: int = 0
+    deadline: float | None = None
+    outcome: dict | None = None  # parked until `seen` reaches its last_seq
+    outcome_due: float = 0.0
+    finished: bool = False
+    actor: Any = None  # the warm GPU actor running it (real-GPU jobs)
+    pool_key: tuple | None = None
+    started: bool = False
+    result_file: str | None = None  # where an Arrow result goes (the bridge shares the server's disk)
+    result_fsync: bool = True
+
+
+class _Driver:
+    """The bridge: submits tasks, relays their events, enforces timeouts, watches the cluster."""
+
+    def __init__(self, config: dict, proto: Protocol) -> None:
+        import ray
+
+        self.ray = ray
+        self.config = config
+        self.proto = proto
+        self.local = config.get("local") is not None
+        self.classes: list[str] = list(config.get("classes") or ())
+        self.pip_mode = config.get("pip_mode", "auto")
+        self.lost_after_s = float(config.get("lost_after_s", 30.0))
+        self.jobs: dict[str, _BridgeJob] = {}
+        self.lock = threading.Lock()
+        self.inbox: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.last_ok = time.monotonic()
+        self.capacity: dict[str, int] = {}
+        self.largest: dict[str, int] = {}
+        # Named, so tasks look it up once per worker process instead of receiving a handle
+        # with every task (a handle argument costs each task a borrower round trip).
+        self.hub_name = f"lancefn-hub-{uuid.uuid4().hex[:16]}"
+        # Pinned to this driver's node: the hub then shares the driver's fate and no other node's
+        # loss can stop every job's events (Ray would not restart it, and its events would be lost).
+        self.hub = (
+            ray.remote(num_cpus=0)(_EventHub)
+            .options(name=self.hub_name, namespace=_NAMESPACE, scheduling_strategy=self._driver_node())
+            .remote()
+        )
+        ray.get(self.hub.drain.remote(0.0), timeout=120)  # type: ignore[attr-defined]
+        # CPU and simulated tasks reuse Ray's warm workers; real-GPU jobs use warm actors (_actor_for).
+        self.reusable = ray.remote(max_calls=0)(_run_job)
+        self.gpu_actor = ray.remote(_GpuActor)
+        self.actor_idle_s = float(os.environ.get("LANCEFN_RAY_ACTOR_IDLE_S") or _ACTOR_IDLE_S)
+        self.idle_actors: dict[tuple, list[tuple[Any, float]]] = {}  # pool key → (actor, idle since)
+        self._submitters: dict[str, Any] = {}
+        self.daemons = self._local_daemons() if self.local else []
+        self.capacity, self.largest = self._read_capacity()
+
+    def _driver_node(self) -> Any:
+        """A hard affinity to the node this driver runs on ("DEFAULT" when Ray cannot say, e.g.
+        over Ray Client, where the driver runs on the head anyway)."""
+        try:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            return NodeAffinitySchedulingStrategy(node_id=self.ray.get_runtime_context().get_node_id(), soft=False)
+        except Exception:
+            return "DEFAULT"
+
+    # ------------------------------------------------------------------ commands (main thread)
+
+    def serve(self) -> None:
+        try:
+            address = self.ray.get_runtime_context().gcs_address
+        except Exception:  # e.g. Ray Client (ray://) connections
+            address = self.config.get("address") or "local"
+        self.proto.send(event="ready", capacity=self.capacity, largest=self.largest, address=address)
+        for target, name in ((self._pump, "pump"), (self._report, "report"), (self._watch, "watch")):
+            threading.Thread(target=target, name=f"lancefn-ray-{name}", daemon=True).start()
+        for line in sys.stdin.buffer:
+            if not line.strip():
+                continue
+            command = json.loads(line)
+            op = command.get("op")
+            if op == "shutdown":
+                break
+            try:
+                if op == "launch":
+                    self.launch(command["job"])
+                elif op == "cancel":
+                    self.cancel(command["job_id"])
+            except Exception as error:  # one bad job must not take the driver down
+                log.exception("ray bridge: %s failed", op)
+                if op == "launch":
+                    with self.lock:
+                        self.jobs.pop(command["job"]["job_id"], None)
+                    self.proto.send(
+                        event="failed",
+                        job_id=command["job"]["job_id"],
+                        phase="executor",
+                        message=f"could not submit the job to Ray: {type(error).__name__}: {error}",
+                        retryable=True,
+                    )
+
+    def launch(self, job: dict) -> None:
+        from ...worker import artifact_filename
+
+        job_id = job["job_id"]
+        gpus = int(job.get("num_gpus") or 0)
+        options: dict[str, Any] = {
+            "num_cpus": 0 if gpus else 1,  # GPU tasks are bounded by GPUs, not by the node's cores
+            "num_gpus": gpus,
+            "max_retries": 0,  # a crash fails the job (phase worker); it is never silently re-run
+            "name": f"lancefn:{job['name']}@{job['version']}",
+        }
+        if gpus and job.get("gpu_class"):
+            options["resources"] = {class_resource(job["gpu_class"]): gpus}
+        runtime_env = self._runtime_env(job)
+        if runtime_env:
+            options["runtime_env"] = runtime_env
+        pooled = bool(gpus and not job.get("simulated"))
+        payload = {
+            "job_id": job_id,
+            "hub": self.hub_name,
+            "task": {
+                "task_id": job_id,
+                "artifact_b64": job["artifact_b64"],
+                "entrypoint": job["entrypoint"],
+                "filename": artifact_filename(job["name"], job["version"]),
+                "rows": job["rows"],
+                "packages": job.get("packages") or [],
+                **_ray_data_fields(job.get("data") or {}),
+            },
+        }
+        data = job.get("data") or {}
+        record = _BridgeJob(job_id, None, job.get("timeout_s"), int(data.get("rows_total", len(job["rows"]))))
+        record.result_file = data.get("result_file")
+        record.result_fsync = bool(data.get("result_fsync", True))
+        with self.lock:  # registered first: the task's events may arrive before .remote() returns
+            self.jobs[job_id] = record
+        try:
+            if pooled:
+                record.pool_key = (job.get("gpu_class"), gpus, job["name"], job["version"], job.get("namespace") or "")
+                record.actor = self._actor_for(record.pool_key, options)
+                ref = record.actor.run.remote(payload)
+            else:
+                ref = self._submitter(options).remote(payload)
+        except Exception as error:  # e.g. an invalid runtime_env
+            if record.actor is not None:
+                self._kill_actor(record.actor)
+            with self.lock:
+                self.jobs.pop(job_id, None)
+            self.proto.send(
+                event="failed", job_id=job_id, phase="environment", message=f"Ray refused the task: {error}"
+            )
+            return
+        with self.lock:
+            record.ref = ref
+            cancelled = record.finished  # cancelled while being submitted
+        if cancelled:
+            self._stop(record)
+            return
+        ref.future().add_done_callback(lambda future, job_id=job_id: self.inbox.put(("outcome", job_id, future)))
+
+    def _actor_for(self, key: tuple, options: dict) -> Any:
+        """A warm actor of ``key`` (most recently idle first), else a new one holding the GPUs.
+        Idle actors of the same class but another key are killed first: their GPUs may be the
+        ones this job needs."""
+        retire = []
+        with self.lock:
+            idle = self.idle_actors.get(key)
+            if idle:
+                actor, _ = idle.pop()
+                return actor
+            for other in [k for k in self.idle_actors if k[0] == key[0]]:
+                retire += [actor for actor, _ in self.idle_actors.pop(other)]
+        for actor in retire:
+            self._kill_actor(actor)
+        actor_options = {k: v for k, v in options.items() if k in ("num_gpus", "resources", "runtime_env")}
+        return self.gpu_actor.options(
+            num_cpus=0, max_restarts=0, max_concurrency=1, name=None, **actor_options
+        ).remote()
+
+    def _kill_actor(self, actor: Any) -> None:
+        try:
+            self.ray.kill(actor, no_restart=True)
+        except Exception:  # already dead, or the cluster is going away
+            pass
+
+    def _submitter(self, options: dict) -> Any:
+        """``remote.options(**options)``, cached: Ray parses and serializes the runtime_env on
+        every ``.options()`` call, and most jobs share a handful of option sets."""
+        key = json.dumps(options, sort_keys=True)
+        submitter = self._submitters.pop(key, None)
+        if submitter is None:
+            submitter = self.reusable.options(**options)
+        self._submitters[key] = submitter  # most recently used last
+        while len(self._submitters) > 256:
+            self._submitters.pop(next(iter(self._submitters)))
+        return submitter
+
+    def _runtime_env(self, job: dict) -> dict:
+        env_vars = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
+        # Ray pools warm workers per runtime_env: this keeps simulated tasks (numba imported in
+        # simulator mode) out of the CPU tasks' workers.
+        if job.get("simulated"):
+            env_vars["NUMBA_ENABLE_CUDASIM"] = "1"
+        runtime_env: dict[str, Any] = {}
+        if env_vars:
+            runtime_env["env_vars"] = env_vars
+        pip = pip_requirements(job.get("packages") or (), self.pip_mode)
+        if pip:
+            runtime_env["pip"] = pip
+        return runtime_env
+
+    def cancel(self, job_id: str) -> None:
+        with self.lock:
+            record = self.jobs.pop(job_id, None)
+            if record is not None:
+                record.finished = True
+        if record is not None:
+            self._stop(record)
+
+    def _stop(self, record: _BridgeJob) -> None:
+        """Stop a job's task; a warm actor is killed (Ray cannot force-cancel an actor's task),
+        which frees its GPUs."""
+        if record.actor is not None:
+            self._kill_actor(record.actor)
+            return
+        if record.ref is None:
+            return
+        try:
+            self.ray.cancel(record.ref, force=True)
+        except Exception:  # already finished, or the cluster is going away
+            pass
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            records = list(self.jobs.values())
+            self.jobs.clear()
+        for record in records:
+            self._stop(record)
+        with self.lock:
+            idle = [actor for actors in self.idle_actors.values() for actor, _ in actors]
+            self.idle_actors.clear()
+        for actor in idle:
+            self._kill_actor(actor)
+        try:
+            self.ray.shutdown()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ threads
+
+    def _pump(self) -> None:
+        """Long-poll the hub; events go to the reporter in the order tasks sent them."""
+        while not self.stopping.is_set():
+            try:
+                batch = self.ray.get(self.hub.drain.remote(1.0), timeout=30)  # type: ignore[attr-defined]
+            except Exception:
+                if self.stopping.is_set():
+                    return
+                time.sleep(0.5)
+                continue
+            if batch:
+                self.inbox.put(("events", batch, None))
+
+    def _report(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                item = self.inbox.get(timeout=self._next_wakeup())
+            except queue.Empty:
+                item = None
+            try:
+                if item is not None:
+                    kind, first, second = item
+                    if kind == "events":
+                        for job_id, seq, event in first:
+                            self._relay(job_id, seq, event)
+                    else:
+                        self._outcome(first, second)
+                self._tick()
+            except Exception:
+                log.exception("ray bridge: reporter error")
+
+    def _next_wakeup(self) -> float:
+        now, wake = time.monotonic(), 0.5
+        with self.lock:
+            for record in self.jobs.values():
+                for due in (record.deadline, record.outcome_due if record.outcome else None):
+                    if due is not None:
+                        wake = min(wake, max(0.0, due - now))
+        return wake
+
+    def _relay(self, job_id: str, seq: int, event: dict) -> None:
+        with self.lock:
+            record = self.jobs.get(job_id)
+            if record is None or record.finished:
+                return
+            record.seen = max(record.seen, seq)
+            kind = event.get("event")
+            if kind == "started":
+                record.started = True
+                if record.timeout_s is not None:
+                    record.deadline = time.monotonic() + float(record.timeout_s)
+            if kind == "progress":
+                record.rows_done = int(event.get("rows_done", 0))
+            parked = record.outcome if record.outcome and record.seen >= record.outcome.get("last_seq", 0) else None
+            if parked is not None:
+                record.outcome = None
+        self.proto.send(job_id=job_id, **event)
+        if parked is not None:
+            self._finish(job_id, parked)
+
+    def _outcome(self, job_id: str, future: Any) -> None:
+        returned = True
+        try:
+            value = future.result()
+        except BaseException as error:  # the task did not return: cancelled, crashed, lost, …
+            value = {"last_seq": 0, "final": _failure_from_ray_error(error, self.ray)}
+            returned = False
+        with self.lock:
+            record = self.jobs.get(job_id)
+            if record is None or record.finished:
+                return
+            if record.actor is not None:
+                # It ran the job and lives: warm for the version's next job, unless a job of
+                # another version of the class waits (its GPUs may be the ones it needs).
+                key = record.pool_key
+                waiting = any(
+                    other.pool_key is not None
+                    and other.pool_key[0] == key[0]  # type: ignore[index]
+                    and other.pool_key != key
+                    and not other.started
+                    and not other.finished
+                    for other in self.jobs.values()
+                )
+                if returned and not waiting:
+                    self.idle_actors.setdefault(key, []).append((record.actor, time.monotonic()))  # type: ignore[arg-type]
+                else:
+                    self._kill_actor(record.actor)  # crashed or lost: never reused
+                record.actor = None
+            if record.seen < int(value.get("last_seq", 0)):
+                record.outcome, record.outcome_due = value, time.monotonic() + _OUTCOME_GRACE_S
+                return
+        self._finish(job_id, value)
+
+    def _finish(self, job_id: str, value: dict) -> None:
+        for seq, event in value.get("tail") or ():  # events the task had not pushed to the hub
+            self._relay(job_id, seq, event)
+        with self.lock:
+            record = self.jobs.pop(job_id, None)
+            if record is None or record.finished:
+                return
+            record.finished = True
+        final = dict(value.get("final") or {})
+        if "result_ipc" in final:  # Arrow IPC bytes Ray carried natively: stored as the job's result file
+            final = _store_result(final, record.result_file, record.result_fsync)
+        final.setdefault("event", "failed")
+        if final["event"] == "failed":
+            final.setdefault("phase", "executor")
+            final.setdefault("message", "the Ray task ended without a result")
+        self.proto.send(job_id=job_id, **final)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        expired, overdue = [], []
+        with self.lock:
+            for record in list(self.jobs.values()):
+                if record.deadline is not None and now >= record.deadline and not record.finished:
+                    record.finished = True
+                    self.jobs.pop(record.job_id, None)
+                    expired.append(record)
+                elif record.outcome is not None and now >= record.outcome_due:
+                    overdue.append((record.job_id, record.outcome))
+                    record.outcome = None
+        for record in expired:
+            self._stop(record)
+            self.proto.send(
+                event="failed",
+                job_id=record.job_id,
+                phase="timeout",
+                message=f"the job ran longer than its timeout of {float(record.timeout_s):g} s and was stopped "  # type: ignore[arg-type]
+                f"({record.rows_done} of {record.rows_total} rows done)",
+            )
+        for job_id, value in overdue:
+            self._finish(job_id, value)
+        retire = []
+        with self.lock:
+            for key in list(self.idle_actors):
+                keep = [(actor, since) for actor, since in self.idle_actors[key] if now - since < self.actor_idle_s]
+                retire += [actor for actor, since in self.idle_actors[key] if now - since >= self.actor_idle_s]
+                if keep:
+                    self.idle_actors[key] = keep
+                else:
+                    del self.idle_actors[key]
+        for actor in retire:
+            self._kill_actor(actor)
+        if now - self.last_ok > self.lost_after_s:
+            self._lost(f"the Ray cluster has not answered for {self.lost_after_s:g} s")
+
+    def _watch(self) -> None:
+        """Capacity per class (from the cluster's resources), and whether the cluster is alive."""
+        while not self.stopping.wait(_CAPACITY_POLL_S):
+            dead = [name for name, proc in self.daemons if not _alive(proc)]
+            if dead:
+                self._lost(f"the local Ray's {' and '.join(dead)} stopped")
+            try:
+                capacity, largest = self._read_capacity()
+            except Exception:
+                continue  # the reporter declares the cluster lost once this stays stale
+            self.last_ok = time.monotonic()
+            if (capacity, largest) != (self.capacity, self.largest):
+                self.capacity, self.largest = capacity, largest
+                self.proto.send(event="capacity", capacity=capacity, largest=largest)
+
+    def _read_capacity(self) -> tuple[dict[str, int], dict[str, int]]:
+        """GPUs per class in the cluster, and on its biggest live node (a task never spans nodes:
+        a job asking more than that waits until an autoscaler or operator adds a bigger node)."""
+        resources = self.ray.cluster_resources()
+        capacity = {name: int(resources.get(class_resource(name), 0)) for name in self.classes}
+        largest = dict.fromkeys(self.classes, 0)
+        for node in self.ray.nodes():
+            if node.get("Alive"):
+                have = node.get("Resources") or {}
+                for name in self.classes:
+                    fit = int(min(have.get(class_resource(name), 0), have.get("GPU", 0)))
+                    largest[name] = max(largest[name], fit)
+        return capacity, largest
+
+    def _lost(self, message: str) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self.proto.send(event="lost", message=message)
+        os._exit(3)  # Ray cannot shut down cleanly now; the control plane sweeps our session
+
+    def _local_daemons(self) -> list[tuple[str, Any]]:
+        try:
+            import psutil
+
+            return [
+                (proc.name(), proc)
+                for proc in psutil.Process().children(recursive=True)
+                if proc.name() in ("raylet", "gcs_server")
+            ]
+        except Exception:
+            return []
+
+
+def _alive(proc: Any) -> bool:
+    try:
+        import psutil
+
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def _failure_from_ray_error(error: BaseException, ray: Any) -> dict:
+    """A failed event for a task that raised instead of returning its outcome."""
+    exceptions = ray.exceptions
+    text = str(error).strip()
+    short = text.splitlines()[-1][:1000] if text else type(error).__name__
+    if isinstance(error, exceptions.TaskCancelledError):
+        return {"event": "failed", "phase": "executor", "message": "the Ray task was cancelled outside lancefn"}
+    if isinstance(error, exceptions.RuntimeEnvSetupError):
+        return {
+            "event": "failed",
+            "phase": "environment",
+            "message": f"Ray could not set up the job's runtime_env (pip packages / env): {text[-1500:]}",
+        }
+    if isinstance(error, exceptions.OutOfMemoryError):
+        return {"event": "failed", "phase": "worker", "message": f"Ray killed the worker for lack of memory: {short}"}
+    if isinstance(error, exceptions.WorkerCrashedError) or (
+        isinstance(error, exceptions.ActorDiedError) and "worker process has died" in text
+    ):  # a warm GPU actor's process died (its node dying instead stays a retryable loss)
+        return {
+            "event": "failed",
+            "phase": "worker",
+            "message": "the Ray worker process died while running the job (a crash in native code, or killed); "
+            "its output so far is in the job's logs",
+        }
+    if isinstance(error, exceptions.RayTaskError):
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, ModuleNotFoundError) and "lancefn_jupyter" in str(cause):
+            return {
+                "event": "failed",
+                "phase": "environment",
+                "message": "lancefn-jupyter is not installed on the Ray node that ran the job; install the "
+                "same lancefn-jupyter version in the cluster's image (see docs/ray.md)",
+            }
+        return {"event": "failed", "phase": "executor", "message": f"the Ray task failed outside the function: {short}"}
+    return {
+        "event": "failed",
+        "phase": "executor",
+        "retryable": True,
+        "message": f"Ray lost the job ({type(error).__name__}: {short}); the job did not finish; run it again",
+    }
+
+
+def _bridge_main() -> int:
+    """Entry point of the bridge process (started by :class:`RayExecutor`)."""
+    proto = Protocol(os.dup(1), strict=False)
+    os.dup2(2, 1)  # anything Ray or a library prints goes to stderr, never into the protocol
+    config = json.loads(sys.stdin.buffer.readline() or b"{}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    driver: _Driver | None = None
+    once = threading.Lock()
+
+    def finish(code: int) -> None:
+        """Cancel tasks, stop Ray, sweep what is left in our session, exit.  Runs once."""
+        if not once.acquire(blocking=False):
+            return
+        watchdog = threading.Timer(20.0, lambda: (_kill_session(os.getpid()), os._exit(code or 1)))  # type: ignore[func-returns-value]
+        watchdog.daemon = True
+        watchdog.start()
+        if driver is not None:
+            driver.shutdown()
+        _kill_session(os.getpid())  # we lead our session: anything in it is a Ray process we started
+        os._exit(code)
+
+    parent = os.getppid()
+
+    def exit_with_parent() -> None:  # stdin EOF normally tells us first; this is the fallback
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        finish(1)
+
+    threading.Thread(target=exit_with_parent, name="lancefn-parent-watch", daemon=True).start()
+    try:
+        import ray
+
+        kwargs: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
+        local = config.get("local")
+        if local is not None:
+            Path(local["temp_dir"]).mkdir(parents=True, exist_ok=True)
+            kwargs.update(
+                address="local",
+                num_gpus=int(local["num_gpus"]),
+                resources={str(k): float(v) for k, v in local["resources"].items()},
+                _temp_dir=local["temp_dir"],
+            )
+        else:
+            kwargs.update(address=config["address"])
+            kwargs.pop("include_dashboard")
+        ray.init(**kwargs)
+        driver = _Driver(config, proto)
+    except BaseException as error:  # say why, then end
+        message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        proto.send(event="error", message=f"{type(error).__name__}: {message}"[:2000])
+        finish(2)
+    driver.serve()  # type: ignore[union-attr]  # returns on "shutdown" or when the control plane goes away (stdin EOF)
+    finish(0)
+    return 0

@@ -1,0 +1,94 @@
+"""Names all three Ray processes share: the class resource, the local cluster plan, temp dirs, pip rules."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from ...gpu_classes import GpuClassConfig
+
+
+CLASS_RESOURCE_PREFIX = "lancefn_gpu_class:"
+_NAMESPACE = "lancefn"  # Ray namespace of the event hub actors
+_SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach Ray or user code
+_MAX_SOCKET_DIR = 40  # Ray's unix sockets live under <temp_dir>/session_…/sockets (107-char limit)
+_OUTCOME_GRACE_S = 5.0  # how long an outcome waits for the task's last events to arrive
+_CAPACITY_POLL_S = 2.0
+_HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
+_START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
+_ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
+
+
+def class_resource(gpu_class: str) -> str:
+    """The Ray custom resource of a GPU class: one unit per GPU of the class on a node."""
+    return CLASS_RESOURCE_PREFIX + gpu_class
+
+
+def local_cluster_plan(classes: "GpuClassConfig | None") -> dict:
+    """What a local Ray started by the executor gets: ``{"gpu_ids": [...], "resources": {...}}``.
+
+    Every configured device becomes one logical Ray GPU (real classes keep their CUDA ids, so
+    Ray hands tasks real device ids; simulated classes get ``sim0, sim1, …`` numbered across
+    classes) and each class gets its class resource with one unit per device.  Ray enforces the
+    per-class *counts*; on one node it may hand a task of one class a GPU id listed for another.
+    """
+    gpu_ids: list[str] = []
+    resources: dict[str, int] = {}
+    sim = 0
+    for spec in classes.classes if classes is not None else ():
+        if spec.simulated:
+            ids = [f"sim{sim + i}" for i in range(len(spec.devices))]
+            sim += len(ids)
+        else:
+            ids = list(spec.devices)
+        gpu_ids += ids
+        if ids:
+            resources[class_resource(spec.name)] = len(ids)
+    return {"gpu_ids": gpu_ids, "resources": resources}
+
+
+def default_temp_dir(home: str | os.PathLike[str] | None) -> str:
+    """Ray's temp dir for a local cluster: ``<home>/ray`` when short enough for Ray's unix
+    sockets, else a per-home directory under the system temp dir."""
+    if os.environ.get("LANCEFN_RAY_TEMP_DIR"):
+        return os.environ["LANCEFN_RAY_TEMP_DIR"]
+    if home is not None:
+        candidate = os.path.join(os.path.abspath(home), "ray")
+        if len(candidate) <= _MAX_SOCKET_DIR:
+            return candidate
+    import hashlib
+    import tempfile
+
+    tag = hashlib.sha256(str(home).encode()).hexdigest()[:8]
+    base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+    return os.path.join(base, f"lancefn-ray-{os.getuid() if hasattr(os, 'getuid') else 0}-{tag}")
+
+
+def pip_requirements(packages: Sequence[str], mode: str = "auto") -> list[str]:
+    """Which declared packages go into a task's ``runtime_env["pip"]``.
+
+    ``auto`` (default): only PEP 508 requirements that are *not* satisfied in the control
+    plane's own environment — the same check the worker makes.  A local Ray shares that
+    environment, and a cluster image is expected to be built like it, so installed packages
+    are not re-installed per task (and a cluster without internet keeps working).
+    ``always``: every PEP 508 requirement.  ``never``: none.  Conda specs never go to pip; the
+    worker's check in the task still fails such a job in phase ``environment`` naming them.
+    """
+    if mode == "never" or not packages:
+        return []
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    pep508 = []
+    for text in packages:
+        try:
+            Requirement(text)
+        except InvalidRequirement:
+            continue
+        pep508.append(text)
+    if mode == "always":
+        return pep508
+    from ...worker import missing_packages
+
+    missing = {text for text, _ in missing_packages(pep508)}
+    return [text for text in pep508 if text in missing]

@@ -1,0 +1,491 @@
+"""The control-plane side: `RayExecutor` and the bridge child process it supervises (imports no Ray)."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from ...worker_io import relay
+from ..base import Executor, ExecutorCallbacks, TaskSpec, redact_env
+
+if TYPE_CHECKING:
+    from ...gpu_classes import GpuClassConfig
+from .common import (
+    _SECRET_ENV,
+    _START_ATTEMPTS,
+    class_resource,
+    default_temp_dir,
+    local_cluster_plan,
+)
+
+log = logging.getLogger("lancefn_jupyter.server.executors.ray")  # one logger for the package, as before the split
+
+
+class _BridgeDown(RuntimeError):
+    pass
+
+
+class _BridgeProcess:
+    """The control plane's handle on one bridge (Ray driver) process."""
+
+    def __init__(self, config: dict, env: Mapping[str, str], scrub: Callable[[str], str]) -> None:
+        code = "from lancefn_jupyter.server.executors.ray.bridge import _bridge_main; raise SystemExit(_bridge_main())"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,  # its session id marks every local Ray process it starts
+        )
+        self.sid = self.proc.pid
+        self._scrub = scrub  # Ray may quote a task's runtime_env (function env values) in its output
+        self.tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._write_lock = threading.Lock()
+        threading.Thread(target=self._forward_stderr, name="lancefn-ray-stderr", daemon=True).start()
+        self.send(config)
+
+    def _forward_stderr(self) -> None:
+        """Ray's own messages go to the server's log, and the last ones into failure messages."""
+        for raw in self.proc.stderr:  # type: ignore[union-attr]
+            line = self._scrub(raw.decode("utf-8", "replace").rstrip())
+            if line:
+                self.tail.append(line)
+                try:
+                    sys.stderr.write(f"[ray] {line}\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+
+    def send(self, message: dict) -> None:
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        with self._write_lock:
+            try:
+                self.proc.stdin.write(data)  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+            except (BrokenPipeError, OSError, ValueError):  # gone: its EOF is handled by the reader
+                pass
+
+    def events(self) -> Iterator[dict]:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    log.warning("ray bridge sent a malformed line: %r", line[:200])
+
+    def problem(self) -> str:
+        """The most telling recent line Ray wrote (an error if there is one)."""
+        lines = list(self.tail)
+        for line in reversed(lines):
+            if any(word in line for word in ("Error", "error", "Failed", "failed", "refused")):
+                return line[-500:]
+        return lines[-1][-500:] if lines else ""
+
+    def stop(self, grace_s: float) -> int:
+        """Ask it to shut down (cancel tasks, ``ray.shutdown``), then make sure of it."""
+        if self.proc.poll() is None:
+            self.send({"op": "shutdown"})
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.kill()
+
+    def kill(self) -> int:
+        """SIGTERM/SIGKILL the bridge and every process left in its session; reap it."""
+        if self.proc.poll() is None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                try:
+                    self.proc.wait(3.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        _kill_session(self.sid)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        return self.proc.wait()
+
+
+def _session_pids(sid: int) -> list[int]:
+    import psutil  # a dependency; portable where /proc is not
+
+    found = []
+    for pid in psutil.pids():
+        if pid == os.getpid():
+            continue
+        try:
+            if os.getsid(pid) == sid:
+                found.append(pid)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return found
+
+
+def _kill_session(sid: int, grace_s: float = 2.0) -> None:
+    """Stop the processes a bridge left behind (Ray's raylet, GCS, agents, workers)."""
+    pids = _session_pids(sid)
+    if not pids:
+        return
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _session_pids(sid):
+        time.sleep(0.1)
+    for pid in _session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class RayExecutor(Executor):
+    """Runs each job as a Ray task (see the module docstring)."""
+
+    name = "ray"
+    owns_queue = True  # Ray queues and places jobs; the core launches at once (docs/ray.md)
+
+    def __init__(
+        self,
+        address: str | None = None,
+        classes: "GpuClassConfig | None" = None,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        temp_dir: str | None = None,
+        pip_mode: str | None = None,
+        lost_after_s: float | None = None,
+        start_timeout_s: float = 180.0,
+        stop_grace_s: float = 10.0,
+    ) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:  # say so at startup, not at the first job
+            raise RuntimeError("the ray executor needs Ray; install it with: pip install 'lancefn-jupyter[ray]'")
+        self._address = address or None
+        self._classes = classes
+        self._home = home
+        self._temp_dir = temp_dir
+        self._pip_mode = (pip_mode or os.environ.get("LANCEFN_RAY_PIP") or "auto").lower()
+        if self._pip_mode not in ("auto", "always", "never"):
+            raise ValueError(f"LANCEFN_RAY_PIP is {self._pip_mode!r}; use auto, always or never")
+        self._lost_after_s = float(lost_after_s or os.environ.get("LANCEFN_RAY_LOST_AFTER_S") or 30.0)
+        self._start_timeout_s = start_timeout_s
+        self._stop_grace_s = stop_grace_s
+        self._callbacks: ExecutorCallbacks = None  # type: ignore[assignment]  # set by start(), before any launch
+        self._lock = threading.Lock()
+        self._state = "stopped"  # starting | up | stopped
+        self._bridge: _BridgeProcess | None = None  # the live bridge (also while it starts)
+        self._buffer: list[TaskSpec] = []  # launched while the bridge starts
+        self._inflight: dict[str, TaskSpec] = {}  # sent to the bridge, no outcome yet
+        self._recent_envs: collections.deque[dict[str, str]] = collections.deque(maxlen=64)
+        self._capacity: dict[str, int] | None = None
+        self._largest: dict[str, int] = {}  # per class: GPUs of its biggest node (from the bridge)
+        self._start_failures = 0
+        if self._address is None and classes is not None:
+            plan = local_cluster_plan(classes)["resources"]
+            self._capacity = {spec.name: int(plan.get(class_resource(spec.name), 0)) for spec in classes.classes}
+        self._closed = threading.Event()
+        self._supervisor: threading.Thread | None = None
+
+    @property
+    def where(self) -> str:
+        return f"Ray cluster at {self._address}" if self._address else "local Ray started by the control plane"
+
+    # ------------------------------------------------------------------ Executor interface
+
+    def start(self, callbacks: ExecutorCallbacks) -> None:
+        """Returns at once: Ray starts in the background (jobs launched meanwhile wait PENDING)."""
+        self._callbacks = callbacks
+        if self._address is None and self._classes is not None:
+            empty = [spec.name for spec in self._classes.classes if not spec.devices]
+            if empty:
+                log.warning(
+                    "GPU classes %s list no devices, so the local Ray has no GPUs for them; "
+                    "give them devices/simulated or pass --ray-address",
+                    ", ".join(empty),
+                )
+        with self._lock:
+            self._state = "starting"
+        self._supervisor = threading.Thread(target=self._supervise, name="lancefn-ray", daemon=True)
+        self._supervisor.start()
+
+    def launch(self, task: TaskSpec) -> None:
+        with self._lock:
+            if self._closed.is_set():
+                raise _BridgeDown("the Ray executor is shutting down")
+            if self._state != "up" or self._bridge is None:
+                self._buffer.append(task)
+                return
+            self._inflight[task.job_id] = task
+            bridge = self._bridge
+        bridge.send({"op": "launch", "job": _job_payload(task)})
+
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            self._buffer = [task for task in self._buffer if task.job_id != job_id]
+            task = self._forget(job_id)
+            bridge = self._bridge if self._state == "up" else None
+        if task is not None and bridge is not None:
+            bridge.send({"op": "cancel", "job_id": job_id})
+
+    def capacity(self) -> dict[str, int] | None:
+        with self._lock:
+            return dict(self._capacity) if self._capacity is not None else None
+
+    def pending_reason(self, gpu_class: str | None, num_gpus: int) -> str | None:
+        with self._lock:
+            largest = self._largest.get(gpu_class) if gpu_class and num_gpus else None
+        if largest is None or num_gpus <= largest:
+            return None
+        return (
+            f"no node of GPU class {gpu_class!r} can currently fit {num_gpus} GPUs (the largest has {largest}); "
+            "the job waits for the autoscaler or a bigger node to join"
+        )
+
+    def _forget(self, job_id: str) -> TaskSpec | None:
+        """Drop an in-flight job (lock held); Ray's lines about it may still come, so its env
+        stays in the scrub list a while."""
+        task = self._inflight.pop(job_id, None)
+        if task is not None and task.env:
+            self._recent_envs.append(task.env)
+        return task
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the env values of any job Ray holds, is about to get or just ended."""
+        with self._lock:
+            envs = [task.env for task in (*self._buffer, *self._inflight.values()) if task.env]
+            envs += self._recent_envs
+        return redact_env(text, envs) if envs else text
+
+    def shutdown(self) -> None:
+        self._closed.set()
+        with self._lock:
+            bridge = self._bridge
+            self._state = "stopped"
+        if bridge is not None:
+            bridge.stop(self._stop_grace_s)
+        if self._supervisor is not None:
+            self._supervisor.join(self._stop_grace_s + 10)
+
+    # ------------------------------------------------------------------ the bridge's life
+
+    def _bridge_config(self) -> tuple[dict, dict[str, str]]:
+        env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
+        # Simulated classes get NUMBA_ENABLE_CUDASIM per task; it must not leak into real ones.
+        env.pop("NUMBA_ENABLE_CUDASIM", None)
+        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Backstop: if our own loss detection does not fire, Ray ends the driver itself.
+        env.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(int(self._lost_after_s + 30)))
+        config: dict[str, Any] = {
+            "op": "configure",
+            "address": self._address,
+            "classes": [spec.name for spec in self._classes.classes] if self._classes else [],
+            "pip_mode": self._pip_mode,
+            "lost_after_s": self._lost_after_s,
+        }
+        if self._address is None:
+            plan = local_cluster_plan(self._classes)
+            config["local"] = {
+                "num_gpus": len(plan["gpu_ids"]),
+                "resources": plan["resources"],
+                "temp_dir": self._temp_dir or default_temp_dir(self._home),
+            }
+            # The raylet inherits this: Ray then hands out exactly these ids (see local_cluster_plan).
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(plan["gpu_ids"])
+        return config, env
+
+    def _supervise(self) -> None:
+        backoff = 1.0
+        while not self._closed.is_set():
+            try:
+                up = self._run_bridge()
+            except Exception:  # a bug here must not leave the executor silently dead
+                log.exception("ray executor: supervisor error")
+                up = False
+            if up:
+                backoff = 1.0  # it was up: reconnect quickly
+            if self._closed.is_set():
+                return
+            self._closed.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    def _run_bridge(self) -> bool:
+        """One bridge's life; returns whether it came up."""
+        config, env = self._bridge_config()
+        with self._lock:
+            if self._closed.is_set():
+                return False
+            self._state = "starting"
+            try:
+                bridge = _BridgeProcess(config, env, self._scrub)
+            except OSError as error:
+                bridge = None
+                spawn_error = str(error)
+            self._bridge = bridge
+        if bridge is None:
+            self._start_failed(f"could not start the Ray driver process: {spawn_error}")
+            return False
+        timer = threading.Timer(self._start_timeout_s, bridge.kill)
+        timer.daemon = True
+        timer.start()
+        events = bridge.events()
+        ready = next(events, None)
+        timer.cancel()
+        if ready is None or ready.get("event") != "ready":
+            rc = bridge.kill()
+            detail = (ready or {}).get("message") or bridge.problem() or _describe_exit(rc)
+            self._start_failed(f"could not start or reach the {self.where}: {detail}")
+            return False
+        log.warning("ray executor: connected to %s (%s)", self.where, ready.get("address"))
+        with self._lock:
+            self._start_failures = 0
+            self._capacity = {str(k): int(v) for k, v in ready.get("capacity", {}).items()}
+            self._largest = {str(k): int(v) for k, v in ready.get("largest", {}).items()}
+            self._state = "up"
+            buffered, self._buffer = self._buffer, []
+            for task in buffered:
+                self._inflight[task.job_id] = task
+        for task in buffered:
+            bridge.send({"op": "launch", "job": _job_payload(task)})
+        lost = None
+        for event in events:
+            if event.get("event") == "lost":
+                lost = event.get("message")
+            else:
+                try:
+                    self._on_event(event)
+                except Exception:
+                    log.exception("ray executor: could not handle %s event", event.get("event"))
+        rc = bridge.kill()
+        if self._closed.is_set():
+            return True
+        reason = lost or bridge.problem() or _describe_exit(rc)
+        self._went_down(f"lost the {self.where}: {reason}", lost=True)
+        return True
+
+    def _start_failed(self, reason: str) -> None:
+        """A start attempt failed.  Jobs waiting for Ray keep waiting through a few attempts
+        (a busy machine can make Ray's own 30 s startup wait expire once), then fail."""
+        with self._lock:
+            self._bridge = None
+            self._start_failures += 1
+            give_up = self._start_failures >= _START_ATTEMPTS
+        log.warning("ray executor: %s (attempt %d)", reason, self._start_failures)
+        if give_up:
+            self._went_down(reason, lost=False)
+
+    def _went_down(self, reason: str, *, lost: bool) -> None:
+        """Fail what was waiting on this bridge (retryable), and stay down until the next try."""
+        with self._lock:
+            self._bridge = None
+            # New launches wait (PENDING) for the next attempt; if it fails too, they fail then.
+            self._state = "stopped" if self._closed.is_set() else "starting"
+            failed = list(self._buffer) + list(self._inflight.values())
+            self._buffer, self._inflight = [], {}
+            self._recent_envs.extend(task.env for task in failed if task.env)
+        log.warning("ray executor: %s", reason)
+        from ....models import JobFailure
+
+        suffix = (
+            "the job did not finish; run it again (the control plane reconnects in the background)"
+            if lost
+            else "run the job again once Ray is reachable (the control plane keeps retrying)"
+        )
+        for task in failed:
+            self._callbacks.task_failed(
+                task.job_id, JobFailure(phase="executor", message=f"{reason}; {suffix}", retryable=True)
+            )
+
+    def _on_event(self, event: dict) -> None:
+        kind, callbacks = event.get("event"), self._callbacks
+        job_id = event.get("job_id", "")
+        if kind == "capacity":
+            with self._lock:
+                self._capacity = {str(k): int(v) for k, v in event.get("capacity", {}).items()}
+                self._largest = {str(k): int(v) for k, v in event.get("largest", {}).items()}
+            return
+        with self._lock:
+            known = job_id in self._inflight
+            if kind in ("result", "failed"):
+                self._forget(job_id)
+        if not known:
+            return  # cancelled meanwhile: the core has already finished it
+        relay(callbacks, job_id, event)
+
+
+def _describe_exit(returncode: int | None) -> str:
+    from ...worker import describe_exit
+
+    return describe_exit(returncode).replace("worker process", "the Ray driver process")  # type: ignore[arg-type]
+
+
+def _ray_data_fields(data: dict) -> dict:
+    """The data plane's task fields for a Ray task: Arrow rows go as IPC bytes (the task may run
+    on another node) and the result comes back as IPC bytes (``result_ipc``), never as JSON."""
+    if not data:
+        return {}
+    fields = {"input_types": data.get("input_types") or {}, "output_type": data.get("output_type"), "result_ipc": True}
+    if "rows_file" in data:
+        fields["rows_ipc"] = Path(data["rows_file"]).read_bytes()
+    return fields
+
+
+def _store_result(final: dict, path: str | None, durable: bool) -> dict:
+    """Write a task's ``result_ipc`` atomically to the job's result file; the ``result`` event."""
+    from ....dataplane import write_bytes_file
+
+    if path is None:
+        return {
+            "event": "failed",
+            "phase": "executor",
+            "message": "an Arrow result arrived for a job without a result file",
+        }
+    try:
+        nbytes = write_bytes_file(path, final["result_ipc"], durable=durable)
+    except OSError as error:
+        return {
+            "event": "failed",
+            "phase": "executor",
+            "message": f"could not store the result ({error})",
+            "retryable": True,
+        }
+    return {"event": "result", "result_file": path, "nbytes": nbytes, "summary": final.get("summary") or {}}
+
+
+def _job_payload(task: TaskSpec) -> dict:
+    return {
+        "job_id": task.job_id,
+        "name": task.name,
+        "version": task.version,
+        "artifact_b64": base64.b64encode(task.artifact).decode("ascii"),
+        "entrypoint": task.entrypoint,
+        "rows": task.rows,
+        "gpu_class": task.gpu_class,
+        "num_gpus": task.num_gpus,
+        "simulated": task.simulated,
+        "env": dict(task.env),
+        "packages": list(task.packages),
+        "timeout_s": task.timeout_s,
+        "namespace": task.namespace,
+        "data": dict(task.data),
+    }

@@ -1,0 +1,225 @@
+"""Inside Ray: the task body, the warm GPU actor, the event hub actor and output capture (per Ray worker process)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...worker_io import flush_stdio
+
+if TYPE_CHECKING:
+    pass
+from .common import (
+    _HUB_FLUSH_S,
+    _NAMESPACE,
+)
+
+
+class _EventHub:
+    """Async actor (0 CPUs) collecting task events until the bridge drains them (long poll)."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self._events: list = []
+        self._ready = asyncio.Event()
+
+    async def push(self, job_id: str, events: list) -> None:
+        self._events.extend((job_id, seq, event) for seq, event in events)
+        self._ready.set()
+
+    async def drain(self, timeout: float) -> list:
+        import asyncio
+
+        if not self._events and timeout > 0:
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        self._ready.clear()
+        events, self._events = self._events, []
+        return events
+
+
+class _HubSender:
+    """Numbered, ordered events from a task to the hub, flushed every ``_HUB_FLUSH_S``.
+
+    ``send`` only appends (it never waits on Ray), so output readers can call it directly.  A
+    task that ends before the first flush sends nothing through the hub: :meth:`close` hands
+    back the unflushed events, which travel inline with the outcome.  So a short job costs no
+    extra round trip, and a long one shows ``started``, logs and progress live.
+    """
+
+    def __init__(self, hub: Any, job_id: str) -> None:
+        self._hub, self._job_id = hub, job_id
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, dict]] = []
+        self._closed = False
+        self.seq = 0  # events numbered so far
+        self.flushed = 0  # highest number pushed to the hub
+        _flusher().add(self)
+
+    def send(self, **event: Any) -> None:
+        with self._lock:
+            self.seq += 1
+            if self._closed:  # a late line after close: straight to the hub
+                self._hub.push.remote(self._job_id, [(self.seq, event)])
+            else:
+                self._pending.append((self.seq, event))
+
+    def flush(self) -> None:
+        with self._lock:  # pushed under the lock: submission order is hub order
+            if self._pending and not self._closed:
+                batch, self._pending = self._pending, []
+                self._hub.push.remote(self._job_id, batch)
+                self.flushed = batch[-1][0]
+
+    def close(self) -> list[tuple[int, dict]]:
+        """Stop flushing; return the events not pushed (they go with the outcome)."""
+        _flusher().discard(self)
+        with self._lock:
+            self._closed = True
+            tail, self._pending = self._pending, []
+        return tail
+
+
+class _Flusher:
+    """One thread per Ray worker process flushing every live task's events to the hub."""
+
+    def __init__(self) -> None:
+        self._senders: set[_HubSender] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="lancefn-hub-flush", daemon=True).start()
+
+    def add(self, sender: _HubSender) -> None:
+        with self._lock:
+            self._senders.add(sender)
+
+    def discard(self, sender: _HubSender) -> None:
+        with self._lock:
+            self._senders.discard(sender)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(_HUB_FLUSH_S)
+            with self._lock:
+                senders = list(self._senders)
+            for sender in senders:
+                try:
+                    sender.flush()
+                except Exception:  # the hub is gone (driver ended): the task is being torn down
+                    pass
+
+
+_flushers: list[_Flusher] = []
+_flushers_lock = threading.Lock()
+
+
+def _flusher() -> _Flusher:
+    if not _flushers:
+        with _flushers_lock:
+            if not _flushers:
+                _flushers.append(_Flusher())
+    return _flushers[0]
+
+
+class _CapturedOutput:
+    """fds 1 and 2 into pipes for the task's duration; their lines become ``log`` events.
+
+    Reader threads hand lines to ``send`` (which only queues them, see :class:`_HubSender`).
+    On exit the fds are restored and the readers drain to EOF, so every line precedes the outcome.
+    """
+
+    def __init__(self, send: Callable[..., None]) -> None:
+        self._send = send
+        self._saved: dict[int, int] = {}
+        self._readers: list[threading.Thread] = []
+        self._buffering: list[tuple[Any, bool]] = []
+
+    def __enter__(self) -> "_CapturedOutput":
+        flush_stdio()
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            read_fd, write_fd = os.pipe()
+            self._saved[fd] = os.dup(fd)
+            os.dup2(write_fd, fd)
+            os.close(write_fd)
+            thread = threading.Thread(target=self._read, args=(read_fd, stream), daemon=True)
+            thread.start()
+            self._readers.append(thread)
+        for std in (sys.stdout, sys.stderr):  # line-buffered, so prints show up live
+            try:
+                self._buffering.append((std, std.line_buffering))  # type: ignore[arg-type]
+                std.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # AttributeError handled below
+            except (AttributeError, ValueError):
+                pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        flush_stdio()
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)  # closes the pipe's write end at fd: the reader sees EOF
+            os.close(saved)
+        for thread in self._readers:
+            thread.join(5.0)  # bounded: a process the user started may still hold the pipe
+        for stream, buffering in self._buffering:
+            try:
+                stream.reconfigure(line_buffering=buffering)
+            except (AttributeError, ValueError):
+                pass
+
+    def _read(self, read_fd: int, stream: str) -> None:
+        pending = b""
+        try:
+            while chunk := os.read(read_fd, 65536):
+                *complete, pending = (pending + chunk).split(b"\n")
+                if complete:
+                    self._send(event="log", stream=stream, lines=[line.decode("utf-8", "replace") for line in complete])
+            if pending:
+                self._send(event="log", stream=stream, lines=[pending.decode("utf-8", "replace")])
+        finally:
+            os.close(read_fd)
+
+
+_hubs: dict[str, Any] = {}  # per Ray worker process: hub name → actor handle
+_node: list[str] = []  # per Ray worker process: its node id
+
+
+def _node_id() -> str:
+    if not _node:
+        import ray
+
+        _node.append(ray.get_runtime_context().get_node_id())
+    return _node[0]
+
+
+class _GpuActor:
+    """A warm real-GPU worker (see the module docstring): holds its GPUs, runs one job at a time."""
+
+    def run(self, payload: dict) -> dict:
+        return _run_job(payload)
+
+
+def _run_job(payload: dict) -> dict:
+    """The Ray task: report where it runs, run the artifact like the local worker, return the outcome."""
+    import ray
+
+    from ...worker import run_task_inline
+
+    hub = _hubs.get(payload["hub"])
+    if hub is None:
+        hub = _hubs[payload["hub"]] = ray.get_actor(payload["hub"], namespace=_NAMESPACE)
+    sender = _HubSender(hub, payload["job_id"])
+    node = _node_id()
+    sender.send(event="started", devices=[str(gpu) for gpu in ray.get_gpu_ids()], node=node)
+    try:
+        with _CapturedOutput(sender.send):
+            final = run_task_inline(payload["task"], sender.send)
+    finally:
+        tail = sender.close()
+    if final.get("event") == "failed" and final.get("phase") == "environment":
+        final["message"] = f"{final.get('message', '')} [on Ray node {node}]"
+    # The bridge relays events 1..last_seq from the hub, then the tail, then the outcome.
+    return {"last_seq": sender.flushed, "tail": tail, "final": final}

@@ -1,0 +1,106 @@
+"""The kernel's connection state: which control plane it talks to and the one client for it.
+
+`connect`, `use_local`, `stop_local`, `current_client` and `connection_info` live here (re-exported
+by `lancefn_jupyter.api`) so that widgets and the event listener can reach the current client
+without importing `api`. One lock so concurrent threads (widgets, the listener) agree.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .client import Client
+from .models import FunctionVersion, GpuClass
+from .options import ComputeProfile
+
+__all__ = ["ConnectionInfo", "connect", "connection_info", "current_client", "stop_local", "use_local"]
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """Which control plane this kernel talks to (never holds the API key)."""
+
+    url: str
+    embedded: bool
+    home: Optional[str] = None
+    pid: Optional[int] = None
+
+
+class _Session:
+    """Process-wide connection state; one lock so concurrent threads (widgets) agree."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.client: Optional[Client] = None
+        self.info: Optional[ConnectionInfo] = None
+        self.classes: dict[str, GpuClass] = {}
+        # (url, sha256 of the canonical request) → version: an unchanged cell re-registers with no HTTP.
+        self.registered: dict[tuple[str, str], FunctionVersion] = {}
+        self.profiles: dict[str, ComputeProfile] = {}
+
+    def replace(self, client: Client, info: ConnectionInfo) -> Client:
+        with self.lock:
+            if self.client is not None and self.client is not client:
+                self.client.close()
+            self.client, self.info = client, info
+            self.classes = {}
+            return client
+
+
+_session = _Session()
+
+
+def connect(url: Optional[str] = None, api_key: Optional[str] = None, *, home: Optional[str] = None) -> Client:
+    """Connect to a control plane: `url` (with `api_key`, else `LANCEFN_API_KEY`), else `LANCEFN_URL`, else local."""
+    url = url or os.environ.get("LANCEFN_URL")
+    if not url:
+        return use_local(home)
+    key = api_key if api_key is not None else os.environ.get("LANCEFN_API_KEY")
+    client = Client(url, key)
+    return _session.replace(client, ConnectionInfo(url=client.url, embedded=False))
+
+
+def use_local(home: Optional[str] = None) -> Client:
+    """Use (starting it if needed) the embedded control plane under `home` (default `$LANCEFN_HOME`)."""
+    from .embedded import ensure_server
+
+    home_path = Path(home) if home else None
+    info = ensure_server(home_path)
+
+    def recover() -> tuple[str, str]:
+        # The embedded server died (killed, machine slept, `%lancefn stop` elsewhere): start it again.
+        # Its state is in the home, so versions and jobs are all still there.
+        fresh = ensure_server(home_path)
+        _session.info = ConnectionInfo(url=fresh.url, embedded=True, home=fresh.home, pid=fresh.pid)
+        return fresh.url, fresh.api_key
+
+    client = Client(info.url, info.api_key, recover=recover)
+    return _session.replace(client, ConnectionInfo(url=info.url, embedded=True, home=info.home, pid=info.pid))
+
+
+def stop_local(home: Optional[str] = None) -> bool:
+    """Stop the embedded control plane (jobs and versions persist in its home)."""
+    from .embedded import stop_server
+
+    with _session.lock:
+        if _session.info is not None and _session.info.embedded and _session.client is not None:
+            _session.client.close()
+            _session.client, _session.info = None, None
+        return stop_server(Path(home) if home else None)
+
+
+def current_client() -> Client:
+    """The client in use, connecting by the default rule on first use."""
+    with _session.lock:
+        if _session.client is None:
+            connect()
+        assert _session.client is not None
+        return _session.client
+
+
+def connection_info() -> Optional[ConnectionInfo]:
+    return _session.info
