@@ -323,7 +323,7 @@ def test_job_runs_on_the_gpu_ids_ray_assigns_with_env_and_logs(ray_cp):
         # Ray set CUDA_VISIBLE_DEVICES from the logical GPU ids it assigned, and reported them.
         assert seen["cvd"] == ",".join(placement["devices"]) and placement["devices"][0].startswith("sim")
         assert seen["sim"] == "1"  # simulated class → numba CUDA simulator
-        assert seen["greeting"] == "hi"  # the function's env went into runtime_env env_vars
+        assert seen["greeting"] == "hi"  # the function's env came with the task
         assert placement["node"] == seen["node"]
         assert job["started_ms"] <= job["finished_ms"]
         logs = http.post("/v1/jobs/logs", json={"job_id": job_id}).json()["lines"]
@@ -446,6 +446,88 @@ def test_timeout_cancels_the_task(ray_cp, flag):
         assert job["job_state"] == "TIMED_OUT", job
         assert job["failure"]["phase"] == "timeout" and "1.5 s" in job["failure"]["message"]
         assert job["finished_ms"] - job["started_ms"] >= 1200  # counted from the start on the node (± relay)
+
+
+LEAKY = """
+import builtins
+import os
+
+_real_open = builtins.open
+
+
+def leaky(mode: str) -> str:
+    if mode == "patch":  # version A: leaves state behind in its process
+        builtins.lancefn_leak = "A"
+        builtins.open = lambda *args, **kwargs: _real_open(*args, **kwargs)
+    return f"{os.getpid()} {getattr(builtins, 'lancefn_leak', None)} {builtins.open is __import__('io').open}"
+"""
+
+
+def test_a_simulated_class_job_never_runs_in_a_process_another_version_used(ray_cp):
+    """Simulated-class jobs run in warm actors kept per (class, GPUs, version, namespace)."""
+    with ray_cp.http() as http:
+        versions = [
+            _version(
+                http,
+                "leaky",
+                LEAKY + comment,
+                "leaky",
+                inputs=(("mode", "utf8", False),),
+                output_type="utf8",
+                gpu_class="big",
+            )
+            for comment in ("", "# version B\n")
+        ]
+        assert versions[0] != versions[1]
+        patched = _finished(http, _run(http, "leaky", versions[0], [{"mode": "patch"}]))
+        assert patched["job_state"] == "DONE", patched
+        pid_a, leak_a, _ = patched["result"][0].split()
+        assert leak_a == "A"
+        again = _finished(http, _run(http, "leaky", versions[0], [{"mode": "look"}]))
+        assert again["result"][0].split()[:2] == [pid_a, "A"]  # the same version reuses its warm actor
+        other = _finished(http, _run(http, "leaky", versions[1], [{"mode": "look"}]))
+        assert other["job_state"] == "DONE", other
+        pid_b, leak_b, real_open = other["result"][0].split()
+        assert pid_b != pid_a and leak_b == "None" and real_open == "True"
+
+
+SECRET_ENV = """
+import os
+
+
+def secret(x: int) -> str:
+    return os.environ.get("LANCEFN_TEST_SECRET", "")
+"""
+
+
+def test_a_jobs_env_reaches_the_function_but_no_ray_workers_proc_environ(ray_cp):
+    secret_value = "tok-" + os.urandom(8).hex()
+    with ray_cp.http() as http:
+        found = []
+        for gpu_class in ("small", None):  # a simulated-class job (warm actor) and a CPU task
+            kwargs = {"gpu_class": gpu_class} if gpu_class else {"num_gpus": None}
+            version = _version(
+                http,
+                "secret",
+                SECRET_ENV,
+                "secret",
+                inputs=(("x", "int64", False),),
+                output_type="utf8",
+                env={"LANCEFN_TEST_SECRET": secret_value},
+                **kwargs,
+            )
+            job = _finished(http, _run(http, "secret", version, [{"x": 1}]))
+            assert job["job_state"] == "DONE", job
+            assert job["result"] == [secret_value]  # delivered with the task
+        for proc in psutil.process_iter():
+            try:
+                if secret_value in " ".join(proc.cmdline()) or any(
+                    secret_value in value for value in proc.environ().values()
+                ):
+                    found.append((proc.pid, proc.name()))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        assert not found, f"the env value is in these processes' environ or cmdline: {found}"
 
 
 ADDRESS_CLASSES = """

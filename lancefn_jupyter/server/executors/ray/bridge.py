@@ -90,7 +90,7 @@ class _Driver:
             .remote()
         )
         ray.get(self.hub.drain.remote(0.0), timeout=120)  # type: ignore[attr-defined]
-        # CPU and simulated tasks reuse Ray's warm workers; real-GPU jobs use warm actors (_actor_for).
+        # CPU tasks reuse Ray's warm workers; GPU jobs (real and simulated) use warm actors (_actor_for).
         self.reusable = ray.remote(max_calls=0)(_run_job)
         self.gpu_actor = ray.remote(_GpuActor)
         self.actor_idle_s = float(os.environ.get("LANCEFN_RAY_ACTOR_IDLE_S") or _ACTOR_IDLE_S)
@@ -160,7 +160,9 @@ class _Driver:
         runtime_env = self._runtime_env(job)
         if runtime_env:
             options["runtime_env"] = runtime_env
-        pooled = bool(gpus and not job.get("simulated"))
+        # GPU jobs (real and simulated, bounded by class capacity) run in warm actors kept per
+        # (class, GPUs, name, version, namespace): a process never serves another version or namespace.
+        pooled = bool(gpus)
         payload = {
             "job_id": job_id,
             "hub": self.hub_name,
@@ -171,6 +173,8 @@ class _Driver:
                 "filename": artifact_filename(job["name"], job["version"]),
                 "rows": job["rows"],
                 "packages": job.get("packages") or [],
+                # with the task, never in runtime_env: env values stay out of /proc/<pid>/environ
+                "env": {str(k): str(v) for k, v in (job.get("env") or {}).items()},
                 **_ray_data_fields(job.get("data") or {}),
             },
         }
@@ -242,14 +246,12 @@ class _Driver:
         return submitter
 
     def _runtime_env(self, job: dict) -> dict:
-        env_vars = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
-        # Ray pools warm workers per runtime_env: this keeps simulated tasks (numba imported in
-        # simulator mode) out of the CPU tasks' workers.
-        if job.get("simulated"):
-            env_vars["NUMBA_ENABLE_CUDASIM"] = "1"
+        # The function's env travels with the task (see _run_job), never here: runtime_env
+        # env_vars land in the worker's /proc/<pid>/environ.  The simulator switch must be set
+        # before numba.cuda is imported, so it alone stays at exec (it is no secret).
         runtime_env: dict[str, Any] = {}
-        if env_vars:
-            runtime_env["env_vars"] = env_vars
+        if job.get("simulated"):
+            runtime_env["env_vars"] = {"NUMBA_ENABLE_CUDASIM": "1"}
         pip = pip_requirements(job.get("packages") or (), self.pip_mode)
         if pip:
             runtime_env["pip"] = pip

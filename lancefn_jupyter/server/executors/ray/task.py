@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ...worker_io import flush_stdio
 
@@ -202,6 +203,23 @@ class _GpuActor:
         return _run_job(payload)
 
 
+@contextlib.contextmanager
+def _task_env(env: dict[str, str]) -> Iterator[None]:
+    """The function's env in ``os.environ`` for the task's duration, then the previous values back.
+
+    Set in-process (never at exec), so the values are in no ``/proc/<pid>/environ``."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _run_job(payload: dict) -> dict:
     """The Ray task: report where it runs, run the artifact like the local worker, return the outcome."""
     import ray
@@ -215,7 +233,7 @@ def _run_job(payload: dict) -> dict:
     node = _node_id()
     sender.send(event="started", devices=[str(gpu) for gpu in ray.get_gpu_ids()], node=node)
     try:
-        with _CapturedOutput(sender.send):
+        with _CapturedOutput(sender.send), _task_env(payload["task"].get("env") or {}):
             final = run_task_inline(payload["task"], sender.send)
     finally:
         tail = sender.close()
