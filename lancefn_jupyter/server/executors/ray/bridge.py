@@ -369,13 +369,14 @@ class _Driver:
             if record is None or record.finished:
                 return
             if record.actor is not None:
-                # It ran the job and lives: warm for the version's next job, unless a job of
-                # another version of the class waits (its GPUs may be the ones it needs).
+                # It ran the job and lives: warm for the version's next job, unless another job
+                # of the class waits (its GPUs may be the ones it needs; a job of the same version
+                # waits on its own new actor, which Ray places only once GPUs are free).
                 key = record.pool_key
                 waiting = any(
-                    other.pool_key is not None
+                    other is not record
+                    and other.pool_key is not None
                     and other.pool_key[0] == key[0]  # type: ignore[index]
-                    and other.pool_key != key
                     and not other.started
                     and not other.finished
                     for other in self.jobs.values()
