@@ -201,6 +201,9 @@ def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
             # No package index here: a missing package must fail fast in the task's own check
             # instead of a pip install through runtime_env (the "auto" rule is tested below).
             "LANCEFN_RAY_PIP": "never",
+            # Warm actors hold their GPUs while idle; a second server on this cluster (below) cannot
+            # see them, so its job waits until they retire.
+            "LANCEFN_RAY_ACTOR_IDLE_S": "15",
         }
     )
     cp = ControlPlaneProcess(
