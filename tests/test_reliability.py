@@ -214,7 +214,8 @@ def test_idle_warm_workers_killed_are_replaced_transparently(control_plane):
         for pid in pids:
             wait_until(lambda pid=pid: pid not in worker_pids(control_plane), f"worker {pid} to be reaped")
         jobs = [submit(http, "double", version, [{"x": x}]) for x in range(6)]
-        assert [wait_done(http, job)["result"] for job in jobs] == [[2 * x] for x in range(6)]
+        done = [wait_done(http, job) for job in jobs]
+        assert [d.get("result") for d in done] == [[2 * x] for x in range(6)], done
         assert usage(http) == IDLE_USAGE
 
 
