@@ -14,7 +14,7 @@ Durability: a chunk's job id and attempt count are written in the same transacti
 chunk's outcome is read back from its job on start (``recover``), so a control plane killed at any
 point resumes the batch with no row lost and none counted twice (a job's result is one write).
 
-Everything runs under the core's lock: hooks arrive from ``ControlPlane._persist``.
+Everything runs under the core's lock: hooks arrive from ``JobJournal.persist`` (``journal.py``).
 
 Size: over 600 lines because a batch's state machine, its durability and its recovery are one
 concern that must be read together; cutting and stacking live in ``batching.py``.
@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..models import FunctionVersion, JobState
+from .common import ApiError
+from .jobs import check_rows
 from .namespaces import DEFAULT_NAMESPACE, visible
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,14 +203,9 @@ class BatchManager:
         the latest such batch is reused — finished chunks kept, the rest run again.
         ``arrow_rows``: the path of an Arrow IPC stream, one record batch per chunk, instead of
         JSON ``chunks`` (checked against the signature like a ``functions/run`` body)."""
-        from .core import ApiError
-
         core = self.core
         # The version the caller means (namespaces, as for functions/run); the batch lives in its namespace.
-        definition, dropped, namespace = core._version(name, version, namespace, scope, home)
-        if dropped:
-            raise ApiError(404, f"function version {name}@{version} was dropped; register it again to run it")
-        fv = FunctionVersion.from_wire(definition)
+        fv, namespace = core.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
         if arrow_rows is not None:
             try:
                 core.data.check_rows(arrow_rows, fv.signature.inputs, f"{fv.name}@{fv.version}")
@@ -294,8 +291,6 @@ class BatchManager:
         """Every row fits the signature (the message names chunk and row); returns each chunk's JSON.
         Fast path: the parameter names per row and one JSON encoding per chunk; the core's per-row
         check only to name a problem."""
-        from .core import ApiError, ControlPlane
-
         if all(isinstance(rows, bytes) for rows in chunks):
             return chunks  # Arrow chunks: checked as one stream against the signature already
         wanted = {p.name for p in fv.signature.inputs}
@@ -310,7 +305,7 @@ class BatchManager:
             except (TypeError, ValueError):
                 pass
             try:
-                ControlPlane._check_rows(fv, rows)
+                check_rows(fv, rows)
             except ApiError as error:
                 raise ApiError(400, f"chunks[{i}]: {error.message}") from None
             raise ApiError(400, f"chunks[{i}] cannot be stored as JSON; send rows of JSON values")  # pragma: no cover
@@ -489,8 +484,6 @@ class BatchManager:
             return
         window = batch.parallel or len(batch.chunks)
         if batch.waiting and len(batch.live) < window and not batch.cancel_requested:
-            from .core import ApiError
-
             with self.store.batch():
                 while batch.waiting and len(batch.live) < window:
                     chunk = batch.chunks[batch.waiting.popleft()]
@@ -610,8 +603,6 @@ class BatchManager:
 
     def _get(self, batch_id: str, scope: str | None = None) -> _Batch:
         """The batch, if the caller (``scope``: its namespace; None: the admin) may see it; else the same 404."""
-        from .core import ApiError
-
         batch = self._batches.get(batch_id) or self._load(batch_id)
         if batch is None or not visible(scope, batch.namespace):
             raise ApiError(404, f"batch {batch_id} not found; list batches with POST /v1/batches/list")

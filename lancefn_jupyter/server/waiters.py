@@ -1,0 +1,52 @@
+"""Long polls (``jobs/wait``, ``batches/wait``) waiting for the next change of a job or batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+
+class Waiters:
+    """Futures by the id they wait on.  ``add`` runs under the owner's lock (so a change cannot
+    slip between the check and the wait); ``wake`` may run on any thread."""
+
+    def __init__(self, lock: threading.RLock):
+        self._lock = lock
+        self._futures: dict[str, list[asyncio.Future]] = {}
+
+    def keys(self) -> list[str]:
+        return list(self._futures)
+
+    def add(self, key: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        future = loop.create_future()
+        self._futures.setdefault(key, []).append(future)
+        return future
+
+    async def wait(self, key: str, future: asyncio.Future, timeout_s: float) -> None:
+        """Until ``future`` is woken or ``timeout_s`` passes; then it is no longer waiting."""
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                futures = self._futures.get(key)
+                if futures and future in futures:
+                    futures.remove(future)
+                    if not futures:
+                        del self._futures[key]
+
+    def wake(self, key: str, loop: asyncio.AbstractEventLoop | None) -> None:
+        futures = self._futures.pop(key, None)
+        if not futures or loop is None:
+            return
+
+        def wake() -> None:
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
+        try:
+            loop.call_soon_threadsafe(wake)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
