@@ -201,14 +201,13 @@ def batch_wire(batch: Batch, *, include_chunks: bool) -> dict:
         "strip": "".join(STRIP_LETTER[c.state] for c in batch.chunks),
         "revision": batch.revision,
     }
-    if batch.namespace is not None:
-        wire["namespace"] = batch.namespace
-    if batch.timeout_s is not None:
-        wire["timeout_s"] = batch.timeout_s
-    if batch.started_ms is not None:
-        wire["started_ms"] = batch.started_ms
-    if batch.finished_ms is not None:
-        wire["finished_ms"] = batch.finished_ms
+    optional = {
+        "namespace": batch.namespace,
+        "timeout_s": batch.timeout_s,
+        "started_ms": batch.started_ms,
+        "finished_ms": batch.finished_ms,
+    }
+    wire.update((key, value) for key, value in optional.items() if value is not None)  # unset: left out, not null
     if batch.reused_chunks:
         wire["reused_chunks"] = batch.reused_chunks
     if batch.cancel_requested:

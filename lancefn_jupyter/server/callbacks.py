@@ -28,17 +28,22 @@ _P = ParamSpec("_P")
 
 
 def _callback(
-    method: Callable[Concatenate[JobCallbacks, str, _P], None],
+    method: Callable[Concatenate[JobCallbacks, JobRecord, _P], None],
 ) -> Callable[Concatenate[JobCallbacks, str, _P], None]:
-    """The one guard of every callback: it never raises into executor threads, and a bookkeeping
-    error does not leave the job hanging: the job is failed instead.  A full disk is not such an
-    error: state changes are kept in memory and saved once space frees (``UnsavedJobs.keep``),
-    log lines that do not fit are dropped, and the job goes on."""
+    """The one guard of every callback: under the core's lock, the method gets the job if it is
+    still active (a late report about a finished job, e.g. after a cancel, is ignored).  It never
+    raises into executor threads, and a bookkeeping error does not leave the job hanging: the job
+    is failed instead.  A full disk is not such an error: state changes are kept in memory and
+    saved once space frees (``UnsavedJobs.keep``), log lines that do not fit are dropped, and the
+    job goes on."""
 
     @functools.wraps(method)
     def guarded(self: JobCallbacks, job_id: str, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
         try:
-            method(self, job_id, *args, **kwargs)
+            with self.core._lock:
+                rec = self._live(job_id)
+                if rec is not None:
+                    method(self, rec, *args, **kwargs)
         except Exception as error:
             if is_storage_full(error):
                 log.error("%s(%s): the disk is full (%s); the job goes on", method.__name__, job_id, error)
@@ -67,41 +72,33 @@ class JobCallbacks:
         self._progress_held.discard(job_id)
 
     @_callback
-    def task_started(self, job_id: str, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
+    def task_started(self, rec: JobRecord, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
         core = self.core
-        with core._lock:
-            rec = self._live(job_id)
-            if rec is None:
-                return
-            rec.state = IN_PROGRESS
-            rec.started_ms = rec.started_ms or now_ms()
-            core.reports.estimator.invalidate()  # its GPUs now free at started_ms + its run time
-            rec.devices = tuple(devices) or rec.devices
-            rec.node = node
-            core.journal.persist_soon(rec)
-            if core._executor_queues and rec.num_gpus:
-                core.reports.publish_usage()
+        rec.state = IN_PROGRESS
+        rec.started_ms = rec.started_ms or now_ms()
+        core.reports.estimator.invalidate()  # its GPUs now free at started_ms + its run time
+        rec.devices = tuple(devices) or rec.devices
+        rec.node = node
+        core.journal.persist_soon(rec)
+        if core._executor_queues and rec.num_gpus:
+            core.reports.publish_usage()
 
     @_callback
-    def task_progress(self, job_id: str, rows_done: int) -> None:
-        core = self.core
-        with core._lock:
-            rec = self._live(job_id)
-            if rec is None:
-                return
-            rec.rows_done = max(rec.rows_done, min(int(rows_done), rec.rows_total))
-            now = time.monotonic()
-            # Coalesce: a 10k-row map must not write 10k events; the last row always gets one, and a
-            # count held back by the interval is sent when it ends (no stale count while a slow row runs).
-            since = now - self._progress_emitted.get(job_id, 0.0)
-            if rec.rows_done == rec.rows_total or since >= PROGRESS_EVENT_INTERVAL_S:
-                self._progress_emitted[job_id] = now
-                self._progress_held.discard(job_id)
-                core.journal.persist_soon(rec)
-            elif job_id not in self._progress_held and core._loop is not None:
-                self._progress_held.add(job_id)
-                delay = PROGRESS_EVENT_INTERVAL_S - since
-                core._loop.call_soon_threadsafe(core._loop.call_later, delay, self._flush_progress, job_id)
+    def task_progress(self, rec: JobRecord, rows_done: int) -> None:
+        core, job_id = self.core, rec.job_id
+        rec.rows_done = max(rec.rows_done, min(int(rows_done), rec.rows_total))
+        now = time.monotonic()
+        # Coalesce: a 10k-row map must not write 10k events; the last row always gets one, and a
+        # count held back by the interval is sent when it ends (no stale count while a slow row runs).
+        since = now - self._progress_emitted.get(job_id, 0.0)
+        if rec.rows_done == rec.rows_total or since >= PROGRESS_EVENT_INTERVAL_S:
+            self._progress_emitted[job_id] = now
+            self._progress_held.discard(job_id)
+            core.journal.persist_soon(rec)
+        elif job_id not in self._progress_held and core._loop is not None:
+            self._progress_held.add(job_id)
+            delay = PROGRESS_EVENT_INTERVAL_S - since
+            core._loop.call_soon_threadsafe(core._loop.call_later, delay, self._flush_progress, job_id)
 
     def _flush_progress(self, job_id: str) -> None:
         """Publish a progress count the coalescing interval held back (runs on the event loop)."""
@@ -116,48 +113,36 @@ class JobCallbacks:
             self.core.journal.persist(rec, new=False)
 
     @_callback
-    def task_log(self, job_id: str, stream: str, lines: list[str]) -> None:
-        with self.core._lock:
-            rec = self._live(job_id)
-            if rec is None:
-                return
-            self.core.journal.append_log(rec, clean_text(str(stream)), [clean_text(str(line)) for line in lines])
+    def task_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
+        self.core.journal.append_log(rec, clean_text(str(stream)), [clean_text(str(line)) for line in lines])
 
     @_callback
-    def task_succeeded(self, job_id: str, results: list | Mapping[str, Any]) -> None:
+    def task_succeeded(self, rec: JobRecord, results: list | Mapping[str, Any]) -> None:
         core = self.core
-        with core._lock:
-            rec = self._live(job_id)
-            if rec is None:
-                return
-            problem = core.results.take(rec, results)
-            if problem:
-                rec.failure = JobFailure(phase="result", message=problem).to_wire()
-                core._finish(rec, FAILED)
-                return
-            rec.rows_done = rec.rows_total
-            core._finish(rec, DONE)
-            if not isinstance(results, list):
-                core.results.arrived()
+        problem = core.results.take(rec, results)
+        if problem:
+            rec.failure = JobFailure(phase="result", message=problem).to_wire()
+            core._finish(rec, FAILED)
+            return
+        rec.rows_done = rec.rows_total
+        core._finish(rec, DONE)
+        if not isinstance(results, list):
+            core.results.arrived()
 
     @_callback
-    def task_failed(self, job_id: str, failure: JobFailure | Mapping[str, Any]) -> None:
+    def task_failed(self, rec: JobRecord, failure: JobFailure | Mapping[str, Any]) -> None:
         core = self.core
-        with core._lock:
-            rec = self._live(job_id)
-            if rec is None:
-                return
-            if isinstance(failure, JobFailure):
-                wire = failure.to_wire()
-            else:
-                try:
-                    wire = JobFailure.from_wire(failure).to_wire()
-                except ValidationError:
-                    wire = JobFailure(phase="executor", message=f"worker failed: {str(failure)[:2000]}").to_wire()
-            env = [core._job_env.get(job_id, {})]
-            wire = {k: clean_text(redact_env(v, env)) if isinstance(v, str) else v for k, v in wire.items()}
-            rec.failure = wire
-            core._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
+        if isinstance(failure, JobFailure):
+            wire = failure.to_wire()
+        else:
+            try:
+                wire = JobFailure.from_wire(failure).to_wire()
+            except ValidationError:
+                wire = JobFailure(phase="executor", message=f"worker failed: {str(failure)[:2000]}").to_wire()
+        env = [core._job_env.get(rec.job_id, {})]
+        wire = {k: clean_text(redact_env(v, env)) if isinstance(v, str) else v for k, v in wire.items()}
+        rec.failure = wire
+        core._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
 
     def _fail_after_error(self, job_id: str) -> None:
         core = self.core
