@@ -18,7 +18,7 @@ from .client import Client, LancefnError
 from .models import TERMINAL_STATES, JobState, display_state
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import GpuFunction
+    from .functions import GpuFunction
 
 __all__ = ["Batch", "BatchError", "BatchChunkError", "start_batch", "check_parallel"]
 
@@ -95,14 +95,15 @@ def _create(
     can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
     results, NaN/Inf values, a table column), handed over as a file to the embedded server."""
     from . import dataplane
-    from .api import _rows_payload, _shared_home
+    from .rows import rows_payload
+    from .session import shared_home
 
     version = function.version
     assert version is not None
     if table is None:
         items = [item for chunk in parts.chunks for item in chunk]
         rows = [row_of(item) for item in items] if row_of is not None else [function._item_row(item) for item in items]
-        json_rows, table = _rows_payload(rows, function._packaged.signature, function.name, function._defaults())
+        json_rows, table = rows_payload(rows, function._packaged.signature, function.name, function._defaults())
         if table is None:
             chunks = [json_rows[a:b] for a, b in parts.bounds]
             return client.batches.create(version.name, version.version, chunks, **options)
@@ -110,7 +111,7 @@ def _create(
 
     whole = table.combine_chunks().to_batches()[0]  # one record batch; sliced per chunk (no copy)
     chunked = pa.Table.from_batches([whole.slice(a, b - a) for a, b in parts.bounds], schema=table.schema)
-    if (home := _shared_home(client)) is not None:
+    if (home := shared_home(client)) is not None:
         import uuid
 
         name = f"{uuid.uuid4().hex}.arrow"
@@ -253,7 +254,7 @@ class Batch:
     def _chunk_value(self, chunk: Any) -> Any:
         """A finished chunk's results as its job returns them (through the jobs' result transport)."""
         if chunk.index not in self._results:
-            from .api import Job
+            from .jobs import Job  # batch.py is imported by jobs' users; the handle loads on first result
 
             self._results[chunk.index] = Job(chunk.job_id, client=self._client, function=self._function).result()
         return self._results[chunk.index]

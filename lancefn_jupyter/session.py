@@ -1,8 +1,9 @@
 """The kernel's connection state: which control plane it talks to and the one client for it.
 
-`connect`, `use_local`, `stop_local`, `current_client` and `connection_info` live here (re-exported
-by `lancefn_jupyter.api`) so that widgets and the event listener can reach the current client
-without importing `api`. One lock so concurrent threads (widgets, the listener) agree.
+`connect`, `use_local`, `stop_local`, `current_client`, `connection_info` and the compute profiles
+(`gpu_profile`, `add_profile`, `profiles`) live here (re-exported by `lancefn_jupyter.api`) so that
+widgets, handles and the event listener reach the current client without importing `api`. One lock
+so concurrent threads (widgets, the listener) agree.
 """
 
 from __future__ import annotations
@@ -11,13 +12,25 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from .client import Client
+from .client import Client, Forbidden
 from .models import FunctionVersion, GpuClass
-from .options import ComputeProfile
+from .options import ComputeProfile, build_profile
 
-__all__ = ["ConnectionInfo", "connect", "connection_info", "current_client", "stop_local", "use_local"]
+__all__ = [
+    "ConnectionInfo",
+    "add_profile",
+    "connect",
+    "connection_info",
+    "current_client",
+    "class_hardware",
+    "gpu_profile",
+    "profiles",
+    "shared_home",
+    "stop_local",
+    "use_local",
+]
 
 
 @dataclass(frozen=True)
@@ -104,3 +117,39 @@ def current_client() -> Client:
 
 def connection_info() -> Optional[ConnectionInfo]:
     return _session.info
+
+
+def shared_home(client: Client) -> Optional[Path]:
+    """The embedded server's home when `client` talks to it: Arrow rows and results are then
+    handed over as files in ``$HOME/data`` instead of bytes over HTTP (docs/ARCHITECTURE.md)."""
+    info = _session.info
+    if info is None or not info.embedded or not info.home or client is not _session.client:
+        return None
+    return Path(info.home)
+
+
+def class_hardware(name: Optional[str]) -> Optional[GpuClass]:
+    """Hardware of a class for display; None when unknown or the key may not list classes."""
+    name = name or "default"
+    with _session.lock:
+        if name not in _session.classes:
+            try:
+                _session.classes = {c.name: c for c in current_client().gpu.classes()}
+            except Forbidden:
+                return None
+        return _session.classes.get(name)
+
+
+def gpu_profile(name: str, **options: Any) -> ComputeProfile:
+    """Define (or replace) a reusable compute profile; `gpu_function(profile=name)` uses it."""
+    return add_profile(build_profile(name, **options))
+
+
+def add_profile(profile: ComputeProfile) -> ComputeProfile:
+    """Define (or replace) a profile already built (what `%gpu_profile NAME key=value…` does)."""
+    _session.profiles[profile.name] = profile
+    return profile
+
+
+def profiles() -> dict[str, ComputeProfile]:
+    return dict(_session.profiles)

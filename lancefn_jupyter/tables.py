@@ -23,7 +23,7 @@ from .batch import Batch, BatchChunkError, start_batch
 from .models import JobState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import GpuFunction
+    from .functions import GpuFunction
 
 __all__ = ["map_table", "TableMap", "arrow_type_of"]
 
