@@ -6,7 +6,8 @@
  * stream's `batch` events (live only, no id: every (re)open of the stream refetches the list).
  */
 
-import { displayState, formatElapsed, isTerminal } from './model';
+import { displayState, formatElapsed } from './format';
+import { isTerminal } from './wire';
 
 export interface IBatchFailure {
   chunk: number;

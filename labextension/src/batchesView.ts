@@ -5,7 +5,7 @@
  */
 
 import { batchView, IBatch } from './batches';
-import { stateBadge } from './model';
+import { stateBadge } from './format';
 
 interface IBatchRow {
   root: HTMLElement;

@@ -11,10 +11,8 @@
  * state machine is unit-tested without a browser (src/__tests__/connection.spec.ts).
  */
 
+import { applyJobEvent, applyQueueEvent, backoffDelay, mergeJobLists, usageMap } from './reducers';
 import {
-  applyJobEvent,
-  applyQueueEvent,
-  backoffDelay,
   errorMessage,
   IFunctionEntry,
   IFunctionHistory,
@@ -22,10 +20,8 @@ import {
   IGpuUsage,
   IJob,
   IVersionDiff,
-  IVersionEntry,
-  mergeJobLists,
-  usageMap
-} from './model';
+  IVersionEntry
+} from './wire';
 import { applyBatchEvent, IBatch } from './batches';
 import { apiUrl, eventsUrl, statusUrl } from './urls';
 

@@ -14,24 +14,22 @@ import { IPanelState, LiveConnection } from './connection';
 import {
   attachSnippet,
   canCancel,
-  classRows,
   diffText,
   expectedStartText,
   failureText,
-  resultText,
   formatElapsed,
-  groupFunctions,
-  IJob,
-  isTerminal,
   jobElapsedMs,
   jobPlacementText,
   jobTitle,
   lookupSnippet,
   progressOf,
   queueText,
+  resultText,
   showNamespaces,
   stateBadge
-} from './model';
+} from './format';
+import { classRows, groupFunctions } from './reducers';
+import { IJob, isTerminal } from './wire';
 
 const GPU_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
   <g class="jp-icon3" fill="#616161">

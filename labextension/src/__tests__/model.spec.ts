@@ -1,30 +1,31 @@
 import { describe, expect, it } from 'vitest';
 
 import {
-  applyJobEvent,
-  applyQueueEvent,
   attachSnippet,
-  backoffDelay,
   canCancel,
-  classRows,
   displayState,
-  errorMessage,
   failureText,
   formatBytes,
   formatElapsed,
-  groupFunctions,
-  IJob,
   jobElapsedMs,
   jobPlacementText,
   jobTitle,
-  mergeJobLists,
   progressOf,
   queueText,
-  showNamespaces,
   resultText,
-  stateBadge,
+  showNamespaces,
+  stateBadge
+} from '../format';
+import {
+  applyJobEvent,
+  applyQueueEvent,
+  backoffDelay,
+  classRows,
+  groupFunctions,
+  mergeJobLists,
   usageMap
-} from '../model';
+} from '../reducers';
+import { errorMessage, IJob } from '../wire';
 
 function job(id: string, state: string, extra: Partial<IJob> = {}): IJob {
   return {

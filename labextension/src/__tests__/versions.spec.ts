@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
 
-import { applyQueueEvent, diffText, expectedStartText, IJob, lookupSnippet } from '../model';
+import { diffText, expectedStartText, lookupSnippet } from '../format';
+import { applyQueueEvent } from '../reducers';
+import { IJob } from '../wire';
 
 function pending(id: string, position: number, expected?: number | null, numGpus = 1): IJob {
   const placement: IJob['placement'] = {

@@ -1,0 +1,135 @@
+/**
+ * Wire shapes of the control plane's REST API and events (docs/ARCHITECTURE.md, "REST API (v1)"),
+ * the job states' meaning, and the error envelope.
+ *
+ * Every field the panel reads is optional-tolerant because the server omits fields that are `None`
+ * or equal to their default. Pure: no DOM, network or JupyterLab (tested in src/__tests__).
+ */
+
+export type JobStateWire =
+  'PENDING' | 'IN_PROGRESS' | 'DONE' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
+
+export interface IJobPlacement {
+  gpu_class?: string | null;
+  num_gpus?: number;
+  devices?: string[];
+  waiting_on_capacity?: boolean;
+  queue_position?: number | null;
+  node?: string | null;
+  /** When a queued GPU job should start (epoch ms); null: unknown; absent: no estimate offered. */
+  expected_start_ms?: number | null;
+}
+
+export interface IJobProgress {
+  rows_done?: number;
+  rows_total?: number;
+}
+
+export interface IJobFailure {
+  phase?: string;
+  message?: string;
+  retryable?: boolean;
+  traceback?: string | null;
+}
+
+export interface IJob {
+  job_id: string;
+  job_type?: string;
+  job_state: JobStateWire | string;
+  creation_ms?: number;
+  started_ms?: number | null;
+  finished_ms?: number | null;
+  spec?: { name?: string; version?: string; rows_total?: number; [k: string]: unknown };
+  placement?: IJobPlacement;
+  progress?: IJobProgress;
+  failure?: IJobFailure | null;
+  namespace?: string; // the owning team; absent from servers before namespaces
+  /** "arrow": the result is an Arrow IPC file (GET /v1/jobs/result); `result_summary` describes it. */
+  result_format?: string | null;
+  result_summary?: IResultSummary | null;
+}
+
+/** A result's description (never its data): type, dtype, shape, bytes; `item` for a map's rows. */
+export interface IResultSummary {
+  type?: string;
+  dtype?: string;
+  shape?: number[];
+  nbytes?: number;
+  item?: IResultSummary;
+  expired?: boolean;
+  /** NaN / ±Inf counts of a float array result, present only when some value is not finite. */
+  nonfinite?: { nan?: number; inf?: number; '-inf'?: number; floats?: number };
+}
+
+export interface IGpuClass {
+  name: string;
+  resource_name?: string;
+  gpu_model?: string;
+  gpu_memory_bytes?: number;
+  max_gpu_count_per_worker?: number;
+  simulated?: boolean;
+}
+
+export interface IGpuUsage {
+  name: string;
+  gpus_total?: number;
+  gpus_busy?: number;
+  jobs_running?: number;
+  jobs_pending?: number;
+}
+
+export interface IFunctionEntry {
+  name: string;
+  version: string;
+}
+
+/** One version row of `functions/history` (newest first). */
+export interface IVersionEntry {
+  version: string;
+  created_at?: string;
+  change?: string;
+}
+
+export interface IFunctionHistory {
+  name: string;
+  versions: IVersionEntry[];
+}
+
+/** The reply of `functions/diff`. */
+export interface IVersionDiff {
+  name?: string;
+  old?: string;
+  new?: string;
+  summary?: string;
+  source_diff?: string[];
+  runtime?: [string, string, string][];
+}
+
+export const TERMINAL_STATES: ReadonlySet<string> = new Set([
+  'DONE',
+  'FAILED',
+  'CANCELLED',
+  'TIMED_OUT'
+]);
+
+export function isTerminal(state: string): boolean {
+  return TERMINAL_STATES.has(state);
+}
+
+/** Read the error envelope `{"error": {"code", "message"}}` the server extension and control plane use. */
+export function errorMessage(body: unknown, fallback: string): string {
+  if (body && typeof body === 'object') {
+    const err = (body as { error?: unknown }).error;
+    if (err && typeof err === 'object') {
+      const msg = (err as { message?: unknown }).message;
+      if (typeof msg === 'string' && msg) {
+        return msg;
+      }
+    }
+    const message = (body as { message?: unknown }).message;
+    if (typeof message === 'string' && message) {
+      return message;
+    }
+  }
+  return fallback;
+}
