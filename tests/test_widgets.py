@@ -22,7 +22,8 @@ from helpers import DEADLINE_S, wait_until
 
 import lancefn_jupyter.client.listener as listener_module
 from lancefn_jupyter import api
-from lancefn_jupyter.client.listener import _QueueShadow
+from lancefn_jupyter.client.events import Event
+from lancefn_jupyter.client.listener import EventListener, queue_positions
 from lancefn_jupyter.server.core import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.widgets import (
     WIDGET_VIEW_MIME,
@@ -144,23 +145,35 @@ def badge_history(widget: JobWidget) -> list[str]:
 # ------------------------------------------------------------------------------ pure
 
 
-def test_queue_shadow_moves_jobs_behind_up_when_one_leaves():
-    shadow = _QueueShadow()
+def test_queue_events_move_shown_pending_jobs_and_keep_expected_starts_they_do_not_name():
+    # Another namespace's job is null: it counts for positions but names nothing.
+    assert queue_positions({"classes": {"default": ["a", None, "c"], "big": ["x"]}}) == {"a": 1, "c": 3, "x": 1}
+    assert queue_positions({"classes": None}) == {}
 
-    def pending(job_id, position, cls="default"):
-        return {"job_id": job_id, "job_state": "PENDING", "placement": {"gpu_class": cls, "queue_position": position}}
+    class Seen:
+        def __init__(self):
+            self.jobs = []
 
-    for i, job_id in enumerate("abc", start=1):
-        assert shadow.observe(pending(job_id, i)) == []
-    shadow.observe(pending("x", 1, cls="big"))
-    # b starts (leaves from position 2): only c, behind it in the same class, moves up.
-    moved = shadow.observe({"job_id": "b", "job_state": "IN_PROGRESS", "placement": {"gpu_class": "default"}})
-    assert moved == ["c"]
-    assert (shadow.position("a"), shadow.position("b"), shadow.position("c"), shadow.position("x")) == (1, None, 2, 1)
-    # a REST read never overrides what the stream already said.
-    assert shadow.observe(pending("c", 5), authoritative=False) == [] and shadow.position("c") == 2
-    shadow.observe({"job_id": "a", "job_state": "CANCELLED", "placement": {"gpu_class": "default"}})
-    assert shadow.position("c") == 1
+        def job(self, job):
+            self.jobs.append(job)
+
+    def pending(job_id, position, start=None):
+        placement = {"gpu_class": "default", "queue_position": position, "expected_start_ms": start}
+        job = {"job_id": job_id, "job_type": "run_function", "job_state": "PENDING", "creation_ms": 1}
+        return {**job, "placement": placement, "progress": {"rows_done": 0, "rows_total": 1}}
+
+    listener, seen = EventListener(), Seen()  # not started: events are fed to it directly
+    listener.subscribe_job("c", seen.job)
+    listener._dispatch(Event(event="job", data=pending("c", 3, start=5000), id=1))
+    assert [j.placement.queue_position for j in seen.jobs] == [3]
+    # b started (c moves up) with no job event of c's own; this event names no expected starts.
+    listener._dispatch(Event(event="queue", data={"classes": {"default": ["a", "c"]}}, id=None))
+    assert (seen.jobs[-1].placement.queue_position, seen.jobs[-1].placement.expected_start_ms) == (2, 5000)
+    listener._dispatch(Event(event="queue", data={"classes": {"default": ["a", "c"]}}, id=None))
+    assert len(seen.jobs) == 2  # nothing moved: nothing re-delivered
+    listener._dispatch(Event(event="queue", data={"classes": {"default": ["c"]}, "expected_start_ms": {"c": 7000}}))
+    assert (seen.jobs[-1].placement.queue_position, seen.jobs[-1].placement.expected_start_ms) == (1, 7000)
+    assert seen.jobs[-1].job_id == "c" and seen.jobs[-1].job_state == "PENDING"
 
 
 # ------------------------------------------------------------------------ job widget

@@ -18,11 +18,11 @@ Design:
   with exponential backoff (50 ms doubling to 3 s) while the control plane is down or restarting. A
   change of connection (`%lancefn connect …`) starts afresh instead, since event ids belong to one
   server.
-- Queue positions: the server reports a pending job's position when that job changes, and a `queue`
-  event per class when the queue moves (the panel applies those). This listener still derives the
-  positions itself: scheduling is strict FIFO per class, so when a job leaves the queue `_QueueShadow`
-  moves every job behind it up by one and the listener delivers that as an updated snapshot; it is
-  primed from `jobs/list state=PENDING` on every fresh connect.
+- Queue positions: a pending job's own event carries its position when that job changes; when the
+  queue moves, the server sends a `queue` event listing each class's pending jobs in start order
+  (docs/ARCHITECTURE.md, "Events"), and the listener re-delivers every shown pending job whose
+  position or expected start it moved, as the panel's `applyQueueEvent` does. The stream's first
+  `queue` event is a snapshot, so a fresh connect needs no priming.
 - A second small thread ("ticker", 1 s) refreshes what changes with the clock (elapsed time of
   running jobs, open log views) and notices a changed connection; it never touches the network for
   state.
@@ -54,52 +54,6 @@ _BACKOFF_INITIAL_S = 0.05
 _BACKOFF_MAX_S = 3.0
 _TICK_S = 1.0
 _READ_TIMEOUT_S = 45.0  # the server sends a keepalive every 15 s
-
-
-class _QueueShadow:
-    """Pending jobs' 1-based queue positions per GPU class, kept current from job events (pure).
-
-    `observe(job_dict)` returns the ids of *other* jobs whose position moved because this job left
-    its class's queue. Strict FIFO means leaving from position p moves every job behind p up by one.
-    """
-
-    def __init__(self) -> None:
-        self.positions: dict[str, tuple[Optional[str], int]] = {}
-
-    def clear(self) -> None:
-        self.positions.clear()
-
-    @staticmethod
-    def _queued(job: dict) -> Optional[tuple[Optional[str], int]]:
-        placement = job.get("placement") or {}
-        position = placement.get("queue_position")
-        if job.get("job_state") != "PENDING" or not isinstance(position, int):
-            return None
-        return placement.get("gpu_class"), position
-
-    def observe(self, job: dict, *, authoritative: bool = True) -> list[str]:
-        """Apply one job's new state; `authoritative=False` (a REST read) only fills unknown jobs."""
-        job_id = job.get("job_id")
-        if not isinstance(job_id, str):
-            return []
-        if not authoritative and job_id in self.positions:
-            return []
-        queued = self._queued(job)
-        old = self.positions.pop(job_id, None)
-        moved: list[str] = []
-        if old is not None and (queued is None or queued[0] != old[0]):
-            cls, left = old
-            for other, (other_cls, position) in list(self.positions.items()):
-                if other_cls == cls and position > left:
-                    self.positions[other] = (other_cls, position - 1)
-                    moved.append(other)
-        if queued is not None:
-            self.positions[job_id] = queued
-        return moved
-
-    def position(self, job_id: str) -> Optional[int]:
-        entry = self.positions.get(job_id)
-        return entry[1] if entry else None
 
 
 class _Subscribers:
@@ -170,8 +124,8 @@ class EventListener:
         self._ticks = _Subscribers()  # None → callbacks() once per tick
         self._batches = _Subscribers()  # batch_id (None: every batch) → callbacks(Batch); `batch` events
         self._terminal: set[str] = set()  # subscribed jobs last seen terminal (no resync needed)
-        self._pending: dict[str, Any] = {}  # last Job model of each job in the queue shadow
-        self.queue = _QueueShadow()
+        self._pending: dict[str, Any] = {}  # last Job model of each shown pending job
+        self.queue_positions: dict[str, int] = {}  # job_id → 1-based position, from the last `queue` event
         self.usage: Optional[list] = None
         self.last_event_id: Optional[int] = None
         self._stop = threading.Event()
@@ -289,15 +243,14 @@ class EventListener:
             )
 
     def observe_rest(self, job: Any) -> Any:
-        """A job read over REST by a widget: fills the queue shadow; returns the snapshot to show."""
+        """A job read over REST by a widget: kept for queue moves; returns the snapshot to show
+        (at the position the stream last gave, which a REST read never overrides)."""
         with self._lock:
-            if self.running:
-                self.queue.observe(job.to_wire(), authoritative=False)
-                if job.job_state == "PENDING" and job.placement.queue_position is not None:
-                    self._pending.setdefault(job.job_id, job)
-                    position = self.queue.position(job.job_id)
-                    if position is not None and position != job.placement.queue_position:
-                        return _with_position(job, position)
+            if self.running and job.job_state == "PENDING" and job.placement.queue_position is not None:
+                position = self.queue_positions.get(job.job_id)
+                if position is not None and position != job.placement.queue_position:
+                    job = _placed(job, queue_position=position)
+                return self._pending.setdefault(job.job_id, job)
         return job
 
     def add_event_hook(self, hook: Callable[[Any], None]) -> None:
@@ -373,33 +326,22 @@ class EventListener:
         from ..models import TERMINAL_STATES
 
         with self._lock:
-            self.queue.clear()
+            self.queue_positions.clear()
             self._pending.clear()
-        try:
-            pending = client.jobs.list(state="PENDING", limit=1000)
-        except Exception as error:
-            pending = []
-            self.last_error = f"priming queue positions failed: {error}"
-        with self._lock:
-            for job in reversed(pending):  # oldest first, like the scheduler's queue
-                self.queue.observe(job.to_wire())
-                if job.placement.queue_position is not None:
-                    self._pending[job.job_id] = job
             job_ids = [k for k in self._jobs.keys() if k not in self._terminal]
             resyncs = self._resync.get(None)
-        pending_by_id = {job.job_id: job for job in pending}
         for job_id in job_ids:
             if self._stop.is_set():
                 return
-            job = pending_by_id.get(job_id)
-            if job is None:
-                try:
-                    job = client.jobs.describe(job_id)
-                except Exception:
-                    continue
-            if job.job_state in TERMINAL_STATES:
-                with self._lock:
+            try:
+                job = client.jobs.describe(job_id)
+            except Exception:
+                continue
+            with self._lock:
+                if job.job_state in TERMINAL_STATES:
                     self._terminal.add(job_id)
+                elif job.job_state == "PENDING":
+                    self._pending[job_id] = job
             for callback in self._callbacks_for(job_id):
                 _call(callback, job)
         for callback in resyncs:
@@ -424,46 +366,31 @@ class EventListener:
             data = event.data
             job_id = cast(str, data.get("job_id"))
             with self._lock:
-                moved = self.queue.observe(data)
                 direct = self._jobs.get(job_id)
                 everyone = self._all_jobs.get(None)
-                queued = job_id in self.queue.positions
             job = None
-            if direct or everyone or queued:
+            if direct or everyone:
                 try:
                     job = Job.from_wire(data)
                 except Exception as error:  # a newer server's shape we cannot read: skip, keep going
                     self.last_error = f"unreadable job event: {error}"
                     return
             with self._lock:
-                if queued:
+                if job is not None and job.job_state == "PENDING":
                     self._pending[job_id] = job
                 else:
                     self._pending.pop(job_id, None)
                 if job is not None and job.job_state in TERMINAL_STATES and direct:
                     self._terminal.add(job_id)
-                shifted = []
-                for other in moved:
-                    previous = self._pending.get(other)
-                    position = self.queue.position(other)
-                    if previous is not None and position is not None:
-                        updated = _with_position(previous, position)
-                        self._pending[other] = updated
-                        shifted.append((updated, self._jobs.get(other)))
             if job is not None:
                 for callback in direct:
                     _call(callback, job)
                 for callback in everyone:
                     _call(callback, job)
-            for updated, callbacks in shifted:
-                for callback in callbacks:
-                    _call(callback, updated)
-                for callback in everyone:
-                    _call(callback, updated)
             for hook in list(self._event_hooks):
                 _call(hook, job if job is not None else data)
         elif event.event == "queue" and isinstance(event.data, dict):
-            self._deliver_expected(event.data.get("expected_start_ms") or {})
+            self._dispatch_queue(event.data)
         elif event.event == "batch" and isinstance(event.data, dict):
             self._dispatch_batch(event.data)
         elif event.event == "usage" and isinstance(event.data, dict):
@@ -476,20 +403,26 @@ class EventListener:
             for hook in list(self._event_hooks):
                 _call(hook, usage)
 
-    def _deliver_expected(self, expected: dict) -> None:
-        """`queue` events carry pending jobs' expected start, which moves with the queue: re-show them."""
+    def _dispatch_queue(self, data: dict) -> None:
+        """Re-deliver each shown pending job whose position or expected start the queue event moves
+        (an event without `expected_start_ms` leaves expected starts as they were)."""
+        positions = queue_positions(data)
+        expected = data.get("expected_start_ms")
+        expected = expected if isinstance(expected, dict) else {}
         with self._lock:
+            self.queue_positions = positions
             everyone = self._all_jobs.get(None)
             changed = []
-            for job_id, at in expected.items():
-                previous = self._pending.get(job_id)
-                if (
-                    previous is not None
-                    and previous.placement.expected_start_ms != at
-                    and (at is None or isinstance(at, int))
-                ):
-                    placement = previous.placement.model_copy(update={"expected_start_ms": at})
-                    updated = self._pending[job_id] = previous.model_copy(update={"placement": placement})
+            for job_id, previous in list(self._pending.items()):
+                update: dict[str, Any] = {}
+                position = positions.get(job_id)
+                if position is not None and position != previous.placement.queue_position:
+                    update["queue_position"] = position
+                at = expected.get(job_id, previous.placement.expected_start_ms)
+                if (at is None or isinstance(at, int)) and at != previous.placement.expected_start_ms:
+                    update["expected_start_ms"] = at
+                if update:
+                    updated = self._pending[job_id] = _placed(previous, **update)
                     changed.append((updated, self._jobs.get(job_id)))
         for updated, callbacks in changed:
             for callback in [*callbacks, *everyone]:
@@ -532,9 +465,24 @@ class EventListener:
                 _call(callback)
 
 
-def _with_position(job: Any, position: int) -> Any:
-    placement = job.placement.model_copy(update={"queue_position": position})
-    return job.model_copy(update={"placement": placement})
+def queue_positions(data: dict) -> dict[str, int]:
+    """job_id → 1-based queue position from a `queue` event (`{"classes": {class: [job_id, …]}}`);
+    another namespace's job is listed as null: it counts for positions but names nothing."""
+    classes = data.get("classes")
+    if not isinstance(classes, dict):
+        return {}
+    return {
+        str(job_id): index
+        for ids in classes.values()
+        if isinstance(ids, list)
+        for index, job_id in enumerate(ids, start=1)
+        if job_id is not None
+    }
+
+
+def _placed(job: Any, **placement: Any) -> Any:
+    """`job` with some placement fields replaced (models are frozen)."""
+    return job.model_copy(update={"placement": job.placement.model_copy(update=placement)})
 
 
 def _call(callback: Callable, *args: Any) -> None:
