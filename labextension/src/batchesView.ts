@@ -5,9 +5,19 @@
  */
 
 import { batchView, IBatch } from './batches';
+import {
+  cancelButton,
+  cancelRow,
+  el,
+  ICancellableRow,
+  progressMeter,
+  setText,
+  showCancel,
+  syncRows
+} from './dom';
 import { stateBadge } from './format';
 
-interface IBatchRow {
+interface IBatchRow extends ICancellableRow {
   root: HTMLElement;
   badge: HTMLElement;
   title: HTMLElement;
@@ -16,28 +26,6 @@ interface IBatchRow {
   detail: HTMLElement;
   strip: HTMLElement;
   failure: HTMLElement;
-  cancel: HTMLButtonElement;
-  error: HTMLElement;
-  cancelling: boolean;
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  node.className = className;
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
-
-function setText(node: HTMLElement, text: string): void {
-  if (node.textContent !== text) {
-    node.textContent = text;
-  }
 }
 
 export class BatchRows {
@@ -53,24 +41,14 @@ export class BatchRows {
     this.section.style.display = batches.length ? '' : 'none';
     const active = batches.filter(b => batchView(b, now).cancellable).length;
     setText(this.count, batches.length ? ` (${active} active)` : '');
-    const wanted = new Set(batches.map(b => b.batch_id));
-    for (const [id, row] of this._rows) {
-      if (!wanted.has(id)) {
-        row.root.remove();
-        this._rows.delete(id);
-      }
-    }
-    batches.forEach((batch, index) => {
-      let row = this._rows.get(batch.batch_id);
-      if (!row) {
-        row = this._create(batch.batch_id);
-        this._rows.set(batch.batch_id, row);
-      }
-      this._update(row, batch, now);
-      if (this.body.children[index] !== row.root) {
-        this.body.insertBefore(row.root, this.body.children[index] ?? null);
-      }
-    });
+    syncRows(
+      this.body,
+      this._rows,
+      batches,
+      b => b.batch_id,
+      id => this._create(id),
+      (row, batch) => this._update(row, batch, now)
+    );
   }
 
   private _create(batchId: string): IBatchRow {
@@ -80,19 +58,12 @@ export class BatchRows {
     const badge = el('span', 'lf-badge');
     const title = el('span', 'lf-job-title');
     line1.append(badge, title);
-    const progress = el('div', 'lf-job-progress');
-    const meter = el('div', 'lf-meter');
-    const bar = el('div', 'lf-meter-fill');
-    meter.appendChild(bar);
-    const rows = el('span', 'lf-progress-text');
-    progress.append(meter, rows);
+    const { progress, bar, text: rows } = progressMeter();
     const detail = el('div', 'lf-job-line lf-job-meta lf-batch-detail');
     const strip = el('div', 'lf-batch-strip');
     const failure = el('div', 'lf-job-failure');
     const error = el('div', 'lf-error lf-job-error');
-    const cancel = el('button', 'lf-job-cancel jp-mod-styled jp-mod-warn', 'Cancel');
-    cancel.type = 'button';
-    cancel.title = 'Cancel every chunk still pending or running';
+    const cancel = cancelButton('Cancel every chunk still pending or running');
     const row: IBatchRow = {
       root,
       badge,
@@ -106,7 +77,7 @@ export class BatchRows {
       error,
       cancelling: false
     };
-    cancel.addEventListener('click', () => void this._cancel(row, batchId));
+    cancel.addEventListener('click', () => void cancelRow(row, () => this.cancelBatch(batchId)));
     line1.append(cancel);
     root.append(line1, progress, detail, strip, failure, error);
     return row;
@@ -136,26 +107,8 @@ export class BatchRows {
     setText(row.failure, view.failure);
     row.failure.style.display = view.failure ? '' : 'none';
     row.failure.title = batch.failure?.traceback ?? '';
-    row.cancel.style.display = view.cancellable ? '' : 'none';
-    row.cancel.disabled = row.cancelling;
-    if (!view.cancellable) {
-      row.cancelling = false;
-    }
+    showCancel(row, view.cancellable);
     row.error.style.display = row.error.textContent ? '' : 'none';
-  }
-
-  private async _cancel(row: IBatchRow, batchId: string): Promise<void> {
-    row.cancelling = true;
-    row.cancel.disabled = true;
-    row.error.textContent = '';
-    try {
-      await this.cancelBatch(batchId);
-    } catch (err) {
-      row.cancelling = false;
-      row.cancel.disabled = false;
-      row.error.textContent = `cancel failed: ${(err as Error).message ?? String(err)}`;
-      row.error.style.display = '';
-    }
   }
 
   private _rows = new Map<string, IBatchRow>();

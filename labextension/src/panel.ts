@@ -1,7 +1,7 @@
 /**
  * The "GPU Functions" side panel: a Lumino widget rendered with plain DOM (no React, no extra
- * bundle weight). All wording and numbers come from the pure helpers in ./model; this file only
- * places them. Job rows are keyed by job id and updated in place, so a Cancel button under the
+ * bundle weight). All wording and numbers come from the pure helpers in ./format and ./reducers;
+ * this file only places them (with ./dom). Job rows are keyed by job id and updated in place, so a Cancel button under the
  * pointer is never replaced while the list ticks.
  */
 
@@ -11,6 +11,16 @@ import { Widget } from '@lumino/widgets';
 
 import { BatchRows } from './batchesView';
 import { IPanelState, LiveConnection } from './connection';
+import {
+  cancelButton,
+  cancelRow,
+  el,
+  ICancellableRow,
+  progressMeter,
+  setText,
+  showCancel,
+  syncRows
+} from './dom';
 import {
   attachSnippet,
   canCancel,
@@ -41,28 +51,29 @@ const GPU_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" 
 
 export const gpuIcon = new LabIcon({ name: 'lancefn-jupyter:gpu', svgstr: GPU_SVG });
 
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className?: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
+/**
+ * Shows a section's error, or (with nothing to list) its empty text, in place of its content;
+ * says whether it did. Before the first connection the empty text is a dash.
+ */
+function placeholder(
+  body: HTMLElement,
+  state: Readonly<IPanelState>,
+  error: string | null | undefined,
+  count: number,
+  emptyText: string
+): boolean {
+  if (!error && count > 0) {
+    return false;
   }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
+  body.textContent = '';
+  const connected = state.status.kind === 'connected';
+  body.appendChild(
+    error ? el('div', 'lf-error', error) : el('div', 'lf-empty', connected ? emptyText : '—')
+  );
+  return true;
 }
 
-function setText(node: HTMLElement, text: string): void {
-  if (node.textContent !== text) {
-    node.textContent = text;
-  }
-}
-
-interface IJobRow {
+interface IJobRow extends ICancellableRow {
   root: HTMLElement;
   badge: HTMLElement;
   title: HTMLElement;
@@ -74,10 +85,7 @@ interface IJobRow {
   progressBar: HTMLElement;
   progressText: HTMLElement;
   failure: HTMLElement;
-  cancel: HTMLButtonElement;
   insert: HTMLButtonElement;
-  error: HTMLElement;
-  cancelling: boolean;
 }
 
 /**
@@ -215,18 +223,11 @@ export class GpuFunctionsPanel extends Widget {
 
   private _renderClasses(state: Readonly<IPanelState>): void {
     const body = this._classesBody;
-    body.textContent = '';
-    if (state.classesError) {
-      body.appendChild(el('div', 'lf-error', state.classesError));
-      return;
-    }
     const rows = classRows(state.classes, state.usage);
-    if (rows.length === 0) {
-      body.appendChild(
-        el('div', 'lf-empty', state.status.kind === 'connected' ? 'No GPU classes.' : '—')
-      );
+    if (placeholder(body, state, state.classesError, rows.length, 'No GPU classes.')) {
       return;
     }
+    body.textContent = '';
     for (const row of rows) {
       const card = el('div', 'lf-class');
       card.dataset.className = row.name;
@@ -262,46 +263,20 @@ export class GpuFunctionsPanel extends Widget {
     const body = this._jobsBody;
     const active = state.jobs.filter(j => !isTerminal(j.job_state)).length;
     setText(this._jobsCount, state.jobs.length ? ` (${active} active)` : '');
-    if (state.jobsError) {
+    if (placeholder(body, state, state.jobsError, state.jobs.length, 'No jobs yet.')) {
       this._jobRows.clear();
-      body.textContent = '';
-      body.appendChild(el('div', 'lf-error', state.jobsError));
       return;
-    }
-    if (state.jobs.length === 0) {
-      this._jobRows.clear();
-      body.textContent = '';
-      body.appendChild(
-        el('div', 'lf-empty', state.status.kind === 'connected' ? 'No jobs yet.' : '—')
-      );
-      return;
-    }
-    // Drop placeholders and rows of jobs no longer listed.
-    const wanted = new Set(state.jobs.map(j => j.job_id));
-    for (const child of Array.from(body.children)) {
-      const id = (child as HTMLElement).dataset.jobId;
-      if (!id || !wanted.has(id)) {
-        child.remove();
-      }
-    }
-    for (const [id] of this._jobRows) {
-      if (!wanted.has(id)) {
-        this._jobRows.delete(id);
-      }
     }
     const now = Date.now();
     const namespaces = showNamespaces(state.jobs);
-    state.jobs.forEach((job, index) => {
-      let row = this._jobRows.get(job.job_id);
-      if (!row) {
-        row = this._createJobRow(job.job_id);
-        this._jobRows.set(job.job_id, row);
-      }
-      this._updateJobRow(row, job, now, namespaces);
-      if (body.children[index] !== row.root) {
-        body.insertBefore(row.root, body.children[index] ?? null);
-      }
-    });
+    syncRows(
+      body,
+      this._jobRows,
+      state.jobs,
+      j => j.job_id,
+      id => this._createJobRow(id),
+      (row, job) => this._updateJobRow(row, job, now, namespaces)
+    );
   }
 
   private _createJobRow(jobId: string): IJobRow {
@@ -317,16 +292,10 @@ export class GpuFunctionsPanel extends Widget {
     const placement = el('span', 'lf-job-placement');
     const queue = el('span', 'lf-job-queue');
     line2.append(placement, queue, elapsed);
-    const progress = el('div', 'lf-job-progress');
-    const meter = el('div', 'lf-meter');
-    const progressBar = el('div', 'lf-meter-fill');
-    meter.appendChild(progressBar);
-    const progressText = el('span', 'lf-progress-text');
-    progress.append(meter, progressText);
+    const { progress, bar: progressBar, text: progressText } = progressMeter();
     const failure = el('div', 'lf-job-failure');
     const error = el('div', 'lf-error lf-job-error');
-    const cancel = el('button', 'lf-job-cancel jp-mod-styled jp-mod-warn', 'Cancel');
-    cancel.type = 'button';
+    const cancel = cancelButton();
     const insert = el('button', 'lf-job-insert jp-mod-styled', 'Insert');
     insert.type = 'button';
     insert.title = 'Add a cell with a Job handle on this job (Job.attach) to the current notebook';
@@ -347,7 +316,10 @@ export class GpuFunctionsPanel extends Widget {
       error,
       cancelling: false
     };
-    cancel.addEventListener('click', () => void this._cancel(row, jobId));
+    cancel.addEventListener(
+      'click',
+      () => void cancelRow(row, () => this.connection.cancelJob(jobId))
+    );
     insert.addEventListener('click', () => this._insert(row, jobId));
     line2.append(insert, cancel);
     root.append(line1, line2, progress, failure, error);
@@ -375,12 +347,7 @@ export class GpuFunctionsPanel extends Widget {
     setText(row.failure, failure);
     row.failure.style.display = failure ? '' : 'none';
     row.failure.title = job.failure?.traceback ?? '';
-    const cancellable = canCancel(job);
-    row.cancel.style.display = cancellable ? '' : 'none';
-    row.cancel.disabled = row.cancelling;
-    if (!cancellable) {
-      row.cancelling = false;
-    }
+    showCancel(row, canCancel(job));
     // Run jobs only: a handle on a registration job is of little use in a notebook.
     const insertable = this._insertCode !== null && job.job_type === 'run_function';
     row.insert.style.display = insertable && attachSnippet(job.job_id) ? '' : 'none';
@@ -394,36 +361,16 @@ export class GpuFunctionsPanel extends Widget {
     row.error.style.display = inserted ? 'none' : '';
   }
 
-  private async _cancel(row: IJobRow, jobId: string): Promise<void> {
-    row.cancelling = true;
-    row.cancel.disabled = true;
-    row.error.textContent = '';
-    row.error.style.display = 'none';
-    try {
-      await this.connection.cancelJob(jobId);
-    } catch (err) {
-      row.cancelling = false;
-      row.cancel.disabled = false;
-      row.error.textContent = `cancel failed: ${(err as Error).message ?? String(err)}`;
-      row.error.style.display = '';
-    }
-  }
-
   private _renderFunctions(state: Readonly<IPanelState>): void {
     const body = this._functionsBody;
-    body.textContent = '';
-    if (state.functionsError) {
-      body.appendChild(el('div', 'lf-error', state.functionsError));
-      return;
-    }
     const groups = groupFunctions(state.functions);
-    setText(this._functionsCount, groups.length ? ` (${groups.length})` : '');
-    if (groups.length === 0) {
-      body.appendChild(
-        el('div', 'lf-empty', state.status.kind === 'connected' ? 'No functions registered.' : '—')
-      );
+    if (!state.functionsError) {
+      setText(this._functionsCount, groups.length ? ` (${groups.length})` : '');
+    }
+    if (placeholder(body, state, state.functionsError, groups.length, 'No functions registered.')) {
       return;
     }
+    body.textContent = '';
     for (const group of groups) {
       const item = el('div', 'lf-function');
       item.dataset.functionName = group.name;
