@@ -8,13 +8,13 @@ batch.retry_failed(); batch.cancel(); Batch.attach(batch_id)
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from . import batching
 from .batch_display import batch_card
 from .batch_models import Batch as BatchRecord
 from .client import Client, LancefnError
+from .handles import RecordHandle, waiting
 from .models import TERMINAL_STATES, JobState, display_state
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -170,7 +170,7 @@ def start_batch(
     return batch
 
 
-class Batch:
+class Batch(RecordHandle[BatchRecord]):
     """A handle on one batch: progress, results in order or as they finish, retry, cancel."""
 
     def __init__(
@@ -203,16 +203,8 @@ class Batch:
         return batch
 
     # -- state
-    @property
-    def snapshot(self) -> BatchRecord:
-        if self._snapshot is None:
-            self.refresh()
-        assert self._snapshot is not None
-        return self._snapshot
-
-    def refresh(self) -> BatchRecord:
-        self._snapshot = self._client.batches.describe(self.batch_id)
-        return self._snapshot
+    def _describe(self) -> BatchRecord:
+        return self._client.batches.describe(self.batch_id)
 
     def _update(self, snapshot: BatchRecord) -> None:
         """A newer state from the event listener (never goes backwards)."""
@@ -239,15 +231,11 @@ class Batch:
 
     def wait(self, timeout: Optional[float] = None) -> "Batch":
         """Block until every chunk ended (or `timeout` s). Ctrl-C stops waiting, not the batch."""
-        try:
+        with waiting(
+            f"Stopped waiting for batch {self.batch_id}; it keeps running. "
+            f"Cancel it with Batch.attach({self.batch_id!r}).cancel() or its Cancel button."
+        ):
             self._snapshot = self._client.batches.wait(self.batch_id, timeout=timeout)
-        except KeyboardInterrupt:
-            print(
-                f"Stopped waiting for batch {self.batch_id}; it keeps running. "
-                f"Cancel it with Batch.attach({self.batch_id!r}).cancel() or its Cancel button.",
-                file=sys.stderr,
-            )
-            raise
         return self
 
     # -- results

@@ -452,21 +452,9 @@ def gpu_function(
     Registration is lazy here (first `.version`, `.submit`, `.map`, `.remote` or `.register()`), so
     importing a module never starts a server.
     """
-    options = build_options(
-        num_gpus=num_gpus,
-        gpu_class=gpu_class,
-        name=name,
-        pip=pip,
-        conda=conda,
-        conda_channels=conda_channels,
-        env=env,
-        python_version=python_version,
-        image=image,
-        profile=profile,
-        register=register,
-        timeout_s=timeout_s,
-        profiles=_session.profiles,
-    )
+    # Every keyword above is an option of the same name (the explicit signature is for help() and IDEs).
+    given = {key: value for key, value in locals().items() if key != "fn"}
+    options = build_options(**given, profiles=_session.profiles)
 
     def wrap(function: Callable[..., Any]) -> GpuFunction:
         return GpuFunction(function, package_function(function), options)

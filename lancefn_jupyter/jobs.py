@@ -8,12 +8,12 @@ HTTP (docs/ARCHITECTURE.md, "Client and API (kernel side)").
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import dataplane, display
 from .client import Client, LancefnError
+from .handles import RecordHandle, waiting
 from .models import TERMINAL_STATES, JobState, display_state
 from .models import Job as JobRecord
 from .session import current_client, shared_home
@@ -75,7 +75,7 @@ def _listener_live() -> bool:
     return get_listener().is_live()
 
 
-class Job:
+class Job(RecordHandle[JobRecord]):
     """A handle on one job: state, wait, results, cancel, logs. Cheap to create; safe to re-attach."""
 
     def __init__(
@@ -106,17 +106,8 @@ class Job:
         job.refresh()
         return job
 
-    @property
-    def snapshot(self) -> JobRecord:
-        """The job as last seen (fetched if never seen)."""
-        if self._snapshot is None:
-            self.refresh()
-        assert self._snapshot is not None
-        return self._snapshot
-
-    def refresh(self) -> JobRecord:
-        self._snapshot = self._client.jobs.describe(self.job_id)
-        return self._snapshot
+    def _describe(self) -> JobRecord:
+        return self._client.jobs.describe(self.job_id)
 
     def _update(self, snapshot: JobRecord) -> None:
         """Newer state from elsewhere (the event listener); never goes backwards."""
@@ -139,15 +130,11 @@ class Job:
         """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
         if self._snapshot is not None and self._snapshot.job_state in TERMINAL_STATES:
             return self  # a terminal job never changes: no round trip
-        try:
+        with waiting(
+            f"Stopped waiting for job {self.job_id}; it keeps running on the control plane. "
+            f"Cancel it with Job.attach({self.job_id!r}).cancel() or the Cancel button in %gpu_jobs."
+        ):
             self._snapshot = self._client.jobs.wait(self.job_id, timeout=timeout)
-        except KeyboardInterrupt:
-            print(
-                f"Stopped waiting for job {self.job_id}; it keeps running on the control plane. "
-                f"Cancel it with Job.attach({self.job_id!r}).cancel() or the Cancel button in %gpu_jobs.",
-                file=sys.stderr,
-            )
-            raise
         return self
 
     def result(self, timeout: Optional[float] = None) -> Any:

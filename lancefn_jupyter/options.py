@@ -34,6 +34,7 @@ from .models import (
     FunctionResourceRequirements,
     PythonEnvironmentSpec,
     PythonRuntimeSpec,
+    _num_gpus,
 )
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
 
 _DIGITS = re.compile(r"[0-9]+")
 _NO_SPACES = re.compile(r"\S+")
-_UINT32_MAX = 2**32 - 1
 _MAX_TIMEOUT_S = 1e9
 _BOOLEANS = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 # The executor sets these from the job's placement; a user value would fight the scheduler.
@@ -92,10 +92,10 @@ def _fail(key: str, problem: str, fix: str = "") -> OptionsError:
 
 
 def _check_num_gpus(value: Any) -> int:
-    # bool is an int subclass; 1.0 is not a whole-GPU count on the wire either.
-    if type(value) is not int or not 1 <= value <= _UINT32_MAX:
-        raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {value!r})")
-    return value
+    try:
+        return _num_gpus(value)  # the wire model's rule, with an option-shaped message
+    except ValueError:
+        raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {value!r})") from None
 
 
 def _check_str(key: str, value: Any, pattern: Optional[re.Pattern[str]] = None, what: str = "") -> str:

@@ -103,9 +103,9 @@ def map_table(
             f"{function.name} takes {len(inputs)} parameters; mapping a table column needs a function of one parameter (the column's value)"
         )
     param = inputs[0].name
-    row_of = lambda value: {param: value}  # noqa: E731
-    if into is None:
-        values = table.search().select([column]).limit(None).to_arrow()[column]
+
+    def start(values: Any) -> Batch:
+        """The batch over `values` (the column's Arrow chunks, sent as they are)."""
         return start_batch(
             function,
             None,
@@ -114,9 +114,12 @@ def map_table(
             retries=retries,
             return_exceptions=return_exceptions,
             fresh=fresh,
-            row_of=row_of,
+            row_of=lambda value: {param: value},
             column=values,
         )
+
+    if into is None:
+        return start(table.search().select([column]).limit(None).to_arrow()[column])
     key = key or column
     if key not in names:
         raise ValueError(
@@ -137,17 +140,7 @@ def map_table(
     if todo.num_rows == 0:
         return TableMap(table, into, key, None, [])
     # Everything is checked and the input cut: now the batch starts (the column sent as Arrow chunks), then the new column is added.
-    batch = start_batch(
-        function,
-        None,
-        parallel=parallel,
-        chunk_size=chunk_size,
-        retries=retries,
-        return_exceptions=return_exceptions,
-        fresh=fresh,
-        row_of=row_of,
-        column=todo[column],
-    )
+    batch = start(todo[column])
     keys = todo[key].combine_chunks()
     if into not in names:
         table.add_columns(pa.field(into, result_type))

@@ -14,7 +14,7 @@ import re
 import symtable
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -391,6 +391,50 @@ def _refuse_shell_syntax(nodes: list[ast.AST], line_of: Callable[[Optional[int]]
                     "needs IPython, which the worker does not have; use subprocess.run([...]) "
                     "or plain Python instead"
                 )
+
+
+def _undefined(name: str, line: Optional[int], scopes: str) -> PackagingError:
+    if name in _IPYTHON_INJECTED:
+        return PackagingError(
+            f"name {name!r}{_at(line)} is provided by IPython and does not exist where the function runs; remove it"
+        )
+    return PackagingError(
+        f"name {name!r}{_at(line)} is not defined: it is not defined in {scopes}, or as a Python builtin; {_DEFINE_IT}"
+    )
+
+
+def _free_values(
+    nodes: Sequence[ast.AST],
+    code: str,
+    namespace: Mapping[str, Any],
+    line_of: Callable[[Optional[int]], Optional[int]],
+    scopes: str,
+    skip: Callable[[str], bool] = lambda name: False,
+) -> Iterator[tuple[str, Any, Callable[[], str]]]:
+    """(name, value, where) for each name `code` (the text of `nodes`) loads from module scope, sorted:
+    what the artifact must capture or include, with `where()` naming its first use (" (line N)").
+
+    Refuses dynamic namespace access, shell syntax and names defined nowhere (`scopes` says where they
+    were looked for); module dunders, builtins and names `skip` (asked as each comes up, so a caller
+    may grow what it skips while iterating) are left out. Both packagers resolve names here."""
+    loaded, bound = _scope_names(code)
+    free = loaded - bound
+    _refuse_dynamic(free, list(nodes), code, line_of)
+    if "get_ipython" in free:
+        _refuse_shell_syntax(list(nodes), line_of)
+    for name in sorted(free):
+        if name in _MODULE_DUNDERS or skip(name):
+            continue
+        value = namespace.get(name, _MISSING)
+        if _resolves_as_builtin(name, value):
+            continue
+
+        def where(name: str = name) -> str:
+            return _at(line_of(_first_use(list(nodes), name)))
+
+        if value is _MISSING or name in _IPYTHON_INJECTED:
+            raise _undefined(name, line_of(_first_use(list(nodes), name)), scopes)
+        yield name, value, where
 
 
 _NESTED_FIELDS = ("decorator_list", "body", "handlers", "orelse", "finalbody", "cases")

@@ -9,22 +9,14 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from .capture import (
-    _DEFINE_IT,
-    _IPYTHON_INJECTED,
     _MISSING,
-    _MODULE_DUNDERS,
     PackagedFunction,
     PackagingError,
-    _at,
     _capture_line,
     _describe,
     _finish,
-    _first_use,
+    _free_values,
     _kernel_function,
-    _refuse_dynamic,
-    _refuse_shell_syntax,
-    _resolves_as_builtin,
-    _scope_names,
 )
 from .signature import (
     infer_signature,
@@ -135,30 +127,8 @@ def package_cell(
         )
 
     code = ast.unparse(ast.Module(body=kept, type_ignores=[]))
-    loaded, bound = _scope_names(code)
-    free = loaded - bound
-
-    def same(line: Optional[int]) -> Optional[int]:
-        return line
-
-    _refuse_dynamic(free, kept, code, same)  # type: ignore[arg-type]
-    if "get_ipython" in free:
-        _refuse_shell_syntax(kept, same)  # type: ignore[arg-type]
-
-    header: dict[str, str] = {}
-    for name in sorted(free):
-        if name in _MODULE_DUNDERS:
-            continue
-        value = namespace.get(name, _MISSING)
-        if _resolves_as_builtin(name, value):
-            continue
-        if value is _MISSING or name in _IPYTHON_INJECTED:
-            raise _undefined(name, _first_use(kept, name), "the cell, the notebook")  # type: ignore[arg-type]
-        header[name] = _capture_line(
-            name,
-            value,
-            lambda name=name: _at(_first_use(kept, name)),  # type: ignore[arg-type, misc]
-        )
+    found = _free_values(kept, code, namespace, lambda line: line, "the cell, the notebook")
+    header = {name: _capture_line(name, value, where) for name, value, where in found}
 
     function = _entry_object(namespace, entry_node)
     signature = infer_signature(function)
@@ -171,14 +141,4 @@ def package_cell(
         tuple(sorted(header)),
         code,
         modules,
-    )
-
-
-def _undefined(name: str, line: Optional[int], scopes: str) -> PackagingError:
-    if name in _IPYTHON_INJECTED:
-        return PackagingError(
-            f"name {name!r}{_at(line)} is provided by IPython and does not exist where the function runs; remove it"
-        )
-    return PackagingError(
-        f"name {name!r}{_at(line)} is not defined: it is not defined in {scopes}, or as a Python builtin; {_DEFINE_IT}"
     )

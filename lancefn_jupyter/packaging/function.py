@@ -10,25 +10,14 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from .capture import (
-    _IPYTHON_INJECTED,
-    _MISSING,
-    _MODULE_DUNDERS,
     PackagedFunction,
     PackagingError,
-    _at,
     _capture_line,
     _describe,
     _finish,
-    _first_use,
+    _free_values,
     _importable_qualname,
     _kernel_function,
-    _refuse_dynamic,
-    _refuse_shell_syntax,
-    _resolves_as_builtin,
-    _scope_names,
-)
-from .cell import (
-    _undefined,
 )
 from .signature import (
     infer_signature,
@@ -94,23 +83,12 @@ class _FunctionPackager:
             return None if line is None else line + offset
 
         code = ast.unparse(node)
-        loaded, bound = _scope_names(code)
-        free = loaded - bound
-        _refuse_dynamic(free, [node], code, file_line)
-        if "get_ipython" in free:
-            _refuse_shell_syntax([node], file_line)
-        for ref in sorted(free):
-            if ref in _MODULE_DUNDERS or ref in self.header or ref in self.visiting:
-                continue
+        scopes = f"{label} {name!r}'s module"
 
-            def where(ref: str = ref) -> str:
-                return _at(file_line(_first_use([node], ref)))
+        def skip(ref: str) -> bool:  # asked per name: both grow as helpers are added
+            return ref in self.header or ref in self.visiting
 
-            value = self.module_globals.get(ref, _MISSING)
-            if _resolves_as_builtin(ref, value):
-                continue
-            if value is _MISSING or ref in _IPYTHON_INJECTED:
-                raise _undefined(ref, file_line(_first_use([node], ref)), f"{label} {name!r}'s module")
+        for ref, value, where in _free_values([node], code, self.module_globals, file_line, scopes, skip):
             helper = self._local_helper(ref, value, where)
             if helper is not None:
                 helper_function, helper_label = helper

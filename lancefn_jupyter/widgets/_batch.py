@@ -24,17 +24,11 @@ from ..batch_display import STRIP_COLOURS, batch_card, batch_summary, strip_cell
 from ..batch_models import STRIP_STATES
 from ..client.errors import LancefnError
 from ..client.listener import EventListener, bind, start_listener
-from ..models import TERMINAL_STATES, JobState, display_state
+from ..models import TERMINAL_STATES, display_state
+from ._job import BAR_STYLE
 from ._support import FallbackReprMixin
 
 __all__ = ["BatchWidget"]
-
-_BAR_STYLE = {
-    JobState.IN_PROGRESS: "info",
-    JobState.DONE: "success",
-    JobState.FAILED: "danger",
-    JobState.CANCELLED: "warning",
-}
 
 
 class BatchWidget(FallbackReprMixin, w.VBox):
@@ -132,7 +126,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
             )
             self.progress.max = max(batch.rows_total, 1)
             self.progress.value = min(batch.rows_done, self.progress.max)
-            self.progress.bar_style = _BAR_STYLE.get(batch.batch_state, "")
+            self.progress.bar_style = BAR_STYLE.get(batch.batch_state, "")
             pct = 100 * batch.rows_done / batch.rows_total if batch.rows_total else 0
             self.progress_label.value = (
                 f"{batch.rows_done}/{batch.rows_total} rows ({pct:.0f}%) · {batch_summary(batch)}"

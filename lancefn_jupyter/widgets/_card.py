@@ -9,25 +9,24 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import ipywidgets as w
 
 from .. import display
-from ..client.listener import EventListener, get_listener, start_listener
-from ._support import FallbackReprMixin
+from ..client.listener import EventListener, get_listener
+from ._support import FallbackReprMixin, LiveUsageMixin
 
 __all__ = ["FunctionCardWidget"]
 
 
-class FunctionCardWidget(FallbackReprMixin, w.VBox):
+class FunctionCardWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
     """`card` (HTML) is the static card; `usage_label` (HTML) the class's live use."""
 
     def __init__(self, handle: Any, *, listener: Optional[EventListener] = None, start: bool = True):
         self._handle = handle
         self._listener = listener or get_listener()
         self._lock = threading.RLock()
-        self._usage_events = 0
         if handle._version is None and handle.options.register:
             try:
                 _ = handle.version  # registers (lazily, decorator handles); the magic already did
@@ -48,28 +47,9 @@ class FunctionCardWidget(FallbackReprMixin, w.VBox):
         self.add_class("lancefn-function-card")
         if self.gpu_class is None or not registered:
             return
-        self._listener.subscribe_usage(self._on_usage)
-        if start:
-            start_listener() if listener is None else self._listener.start()
-        seen = self._usage_events
-        usage = self._listener.usage if self._listener.connected else None
-        if usage is None:
-            try:
-                from ..session import current_client
+        self._follow_usage(listener is not None, start, _read_usage)
 
-                usage = current_client().gpu.usage()
-            except Exception:  # usage needs the system-usage privilege; the card stands without it
-                usage = []
-        with self._lock:
-            if self._usage_events == seen:
-                self._apply(usage)
-
-    def _on_usage(self, usage: list) -> None:
-        with self._lock:
-            self._usage_events += 1
-            self._apply(usage)
-
-    def _apply(self, usage: list) -> None:
+    def _apply(self, usage: Sequence[Any]) -> None:
         self.usage = next((u for u in usage if u.name == self.gpu_class), None)
         line = display.usage_line(self.gpu_class, self.usage)
         self.usage_label.value = f"<span class='lancefn-card-usage' style='color:#555'>{html.escape(line)}</span>"
@@ -82,3 +62,12 @@ class FunctionCardWidget(FallbackReprMixin, w.VBox):
         self.card.close()
         self.usage_label.close()
         super().close()
+
+
+def _read_usage() -> list:
+    from ..session import current_client
+
+    try:
+        return current_client().gpu.usage()
+    except Exception:  # usage needs the system-usage privilege; the card stands without it
+        return []

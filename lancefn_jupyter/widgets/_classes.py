@@ -13,13 +13,13 @@ from typing import Any, Optional, Sequence
 import ipywidgets as w
 
 from .. import display
-from ..client.listener import EventListener, bind, start_listener
-from ._support import FallbackReprMixin
+from ..client.listener import EventListener, bind
+from ._support import FallbackReprMixin, LiveUsageMixin
 
 __all__ = ["GpuClassesWidget"]
 
 
-class GpuClassesWidget(FallbackReprMixin, w.VBox):
+class GpuClassesWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
     """`table` (an HTML widget) holds the classes table; `usage` maps class name → GpuUsage."""
 
     def __init__(
@@ -33,31 +33,14 @@ class GpuClassesWidget(FallbackReprMixin, w.VBox):
     ):
         self._client, self._listener = bind(client, listener)
         self._lock = threading.RLock()
-        self._usage_events = 0
         self.gpu_classes = list(classes) if classes is not None else self._client.gpu.classes()
         self.usage: dict[str, Any] = {}
         self.table = w.HTML()
         super().__init__(children=[self.table], layout=w.Layout(width="auto"))
         self.add_class("lancefn-gpu-classes-widget")
 
-        self._listener.subscribe_usage(self._on_usage)
-        if start:
-            start_listener() if listener is None else self._listener.start()
-        seen = self._usage_events
-        if self._listener.connected and self._listener.usage is not None:
-            current = self._listener.usage  # as fresh as the stream
-        elif usage is not None:
-            current = list(usage)
-        else:
-            current = self._client.gpu.usage()
-        with self._lock:
-            if self._usage_events == seen:
-                self._apply(current)
-
-    def _on_usage(self, usage: list) -> None:
-        with self._lock:
-            self._usage_events += 1
-            self._apply(usage)
+        read = self._client.gpu.usage if usage is None else (lambda: list(usage))
+        self._follow_usage(listener is not None, start, read)
 
     def _apply(self, usage: Sequence[Any]) -> None:
         self.usage = {u.name: u for u in usage}

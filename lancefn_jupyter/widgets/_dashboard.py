@@ -23,7 +23,7 @@ from ..client.errors import LancefnError
 from ..client.listener import EventListener, bind, start_listener
 from ..display import function_ref
 from ..models import TERMINAL_STATES, JobState, display_state
-from ._job import _BAR_STYLE
+from ._job import BAR_STYLE
 from ._support import FallbackReprMixin
 
 __all__ = ["JobsDashboard"]
@@ -124,7 +124,7 @@ class _Row:
             done = total
         self.progress.max = max(total, 1)
         self.progress.value = min(done, self.progress.max) if total else (1 if job.job_state == JobState.DONE else 0)
-        self.progress.bar_style = _BAR_STYLE.get(job.job_state, "")
+        self.progress.bar_style = BAR_STYLE.get(job.job_state, "")
         self.tick()
         self.cancel_button.disabled = job.job_state in TERMINAL_STATES
 

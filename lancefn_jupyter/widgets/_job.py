@@ -26,7 +26,7 @@ from ._support import FallbackReprMixin
 
 __all__ = ["JobWidget"]
 
-_BAR_STYLE = {
+BAR_STYLE = {  # progress bar colour by job (or batch) state
     JobState.PENDING: "",
     JobState.IN_PROGRESS: "info",
     JobState.DONE: "success",
@@ -165,7 +165,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
             done = total
         self.progress.max = max(total, 1)
         self.progress.value = min(done, self.progress.max) if total else (1 if job.job_state == JobState.DONE else 0)
-        self.progress.bar_style = _BAR_STYLE.get(job.job_state, "")
+        self.progress.bar_style = BAR_STYLE.get(job.job_state, "")
         self.progress_label.value = display.progress_text(job)
         failure = job.failure
         if failure is not None:

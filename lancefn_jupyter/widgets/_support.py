@@ -4,7 +4,7 @@ A widget is shown only where a frontend can render it: ipywidgets >= 8 importabl
 kernel (ipykernel) behind IPython. Everywhere else (terminal IPython, scripts, ipywidgets missing or
 too old) the same objects display as text and HTML. Widgets themselves always return the widget view
 *plus* `text/plain` and `text/html`, so nbconvert, GitHub and VS Code read them without the widget
-state (ANCHORS §2 items 1 and 9; the Ray pattern).
+state (docs/ARCHITECTURE.md, "Client and API (kernel side)"; the Ray pattern).
 
 `LANCEFN_WIDGETS=0` turns widgets off (text/HTML only); `LANCEFN_WIDGETS=1` forces them on.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 log = logging.getLogger("lancefn_jupyter.widgets")
 
@@ -25,6 +25,7 @@ __all__ = [
     "set_widgets",
     "rich_bundle",
     "FallbackReprMixin",
+    "LiveUsageMixin",
 ]
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -115,3 +116,35 @@ class FallbackReprMixin:
             return self._fallback()[0]
         except Exception:
             return object.__repr__(self)
+
+
+class LiveUsageMixin:
+    """A widget showing GPU usage, kept current by the listener's usage events. The first usage
+    shown is the listener's (when connected) or `read()`'s, unless an event arrived meanwhile."""
+
+    _lock: Any
+    _listener: Any
+    _usage_events = 0
+
+    def _follow_usage(self, own_listener: bool, start: bool, read: Callable[[], Sequence[Any]]) -> None:
+        """Subscribe (and start the kernel's listener, or `own_listener` given to the widget), then show."""
+        from ..client.listener import start_listener
+
+        self._listener.subscribe_usage(self._on_usage)
+        if start:
+            self._listener.start() if own_listener else start_listener()
+        seen = self._usage_events
+        current = self._listener.usage if self._listener.connected else None
+        if current is None:
+            current = read()
+        with self._lock:
+            if self._usage_events == seen:
+                self._apply(current)
+
+    def _on_usage(self, usage: Sequence[Any]) -> None:
+        with self._lock:
+            self._usage_events += 1
+            self._apply(usage)
+
+    def _apply(self, usage: Sequence[Any]) -> None:  # pragma: no cover - every user overrides it
+        raise NotImplementedError
