@@ -233,21 +233,17 @@ class GpuFunction:
         `column=` reads that column; `into=` writes the results back as a new column (rows matched on `key`,
         default `column`).
         """
+        batch_options: dict[str, Any] = {
+            "parallel": parallel,
+            "chunk_size": chunk_size,
+            "retries": retries,
+            "return_exceptions": return_exceptions,
+            "fresh": fresh,
+        }
         if column is not None or into is not None or key is not None or _is_lance_table(items):
             from .tables import map_table
 
-            return map_table(
-                self,
-                items,
-                column=column,
-                into=into,
-                key=key,
-                parallel=parallel,
-                chunk_size=chunk_size,
-                retries=retries,
-                return_exceptions=return_exceptions,
-                fresh=fresh,
-            )
+            return map_table(self, items, column=column, into=into, key=key, **batch_options)
         if parallel == 1 and chunk_size is None and not retries and not fresh:
             rows = [self._item_row(item) for item in items]
             if not rows:
@@ -255,15 +251,7 @@ class GpuFunction:
             return self._submit_rows(rows, single=False)
         from .batch import start_batch
 
-        return start_batch(
-            self,
-            items,
-            parallel=parallel,
-            chunk_size=chunk_size,
-            retries=retries,
-            return_exceptions=return_exceptions,
-            fresh=fresh,
-        )
+        return start_batch(self, items, **batch_options)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Submit, wait and return the result (raises the remote error, mapped to the cell).
@@ -388,7 +376,9 @@ class UnregisteredFunction:
 def bind_refused(namespace: dict, cell: str, options: FunctionOptions, error: str) -> Optional[UnregisteredFunction]:
     """After a refused cell: bind its entry name (if the cell defined it) to an `UnregisteredFunction`."""
     name = entry_name(cell, options.name)
-    fn = namespace.get(name) if name else None
+    if name is None:
+        return None
+    fn = namespace.get(name)
     if isinstance(fn, (GpuFunction, UnregisteredFunction)):
         fn = fn.__wrapped__
     if not callable(fn):

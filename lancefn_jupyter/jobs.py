@@ -190,7 +190,7 @@ class Job(RecordHandle[JobRecord]):
 
     def logs(self) -> str:
         """The worker's captured stdout/stderr so far."""
-        lines, offset, out = [], 0, []
+        offset, out = 0, []
         while True:
             lines, next_offset = self._client.jobs.logs(self.job_id, offset)
             out.extend(lines)
