@@ -450,6 +450,7 @@ def openapi_document() -> dict:
     from lancefn_jupyter.server import app as app_module
     from lancefn_jupyter.server.core import ControlPlane
     from lancefn_jupyter.server.gpu_classes import simulated_default
+    from lancefn_jupyter.server.routes import batches, functions, jobs
     from lancefn_jupyter.server.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -459,24 +460,24 @@ def openapi_document() -> dict:
         store.close()
     bodies = {
         "/v1/functions/create": FunctionRegistrationRequest,
-        "/v1/functions/describe": app_module._NameVersion,
-        "/v1/functions/list": app_module._ListFunctions,
-        "/v1/functions/drop": app_module._NameVersion,
-        "/v1/functions/artifact": app_module._NameVersion,
-        "/v1/functions/history": app_module._History,
-        "/v1/functions/diff": app_module._Diff,
-        "/v1/functions/run": app_module._Run,
-        "/v1/jobs/describe": app_module._JobId,
-        "/v1/jobs/list": app_module._ListJobs,
-        "/v1/jobs/cancel": app_module._JobId,
-        "/v1/jobs/logs": app_module._Logs,
-        "/v1/jobs/wait": app_module._Wait,
-        "/v1/batches/create": app_module._BatchCreate,
-        "/v1/batches/describe": app_module._BatchDescribe,
-        "/v1/batches/list": app_module._ListBatches,
-        "/v1/batches/cancel": app_module._BatchId,
-        "/v1/batches/retry": app_module._BatchId,
-        "/v1/batches/wait": app_module._BatchWait,
+        "/v1/functions/describe": functions.NameVersion,
+        "/v1/functions/list": functions.ListFunctions,
+        "/v1/functions/drop": functions.NameVersion,
+        "/v1/functions/artifact": functions.NameVersion,
+        "/v1/functions/history": functions.History,
+        "/v1/functions/diff": functions.Diff,
+        "/v1/functions/run": functions.Run,
+        "/v1/jobs/describe": jobs.JobId,
+        "/v1/jobs/list": jobs.ListJobs,
+        "/v1/jobs/cancel": jobs.JobId,
+        "/v1/jobs/logs": jobs.Logs,
+        "/v1/jobs/wait": jobs.Wait,
+        "/v1/batches/create": batches.BatchCreate,
+        "/v1/batches/describe": batches.BatchDescribe,
+        "/v1/batches/list": batches.ListBatches,
+        "/v1/batches/cancel": batches.BatchId,
+        "/v1/batches/retry": batches.BatchId,
+        "/v1/batches/wait": batches.BatchWait,
     }
     posts = {path for path, ops in document["paths"].items() if "post" in ops}
     assert posts == set(bodies), f"describe the body of every POST route here: {sorted(posts ^ set(bodies))}"

@@ -1,0 +1,214 @@
+"""What every route module shares: authentication, body parsing, the caller's namespace, and
+Arrow bodies streamed to a file (docs/ARCHITECTURE.md, "REST details").
+
+Why bodies are parsed by hand rather than as FastAPI body parameters: FastAPI reads and
+validates the body *before* running dependencies, so a request with a bad body and no key
+would get 400 instead of 401.  Parsing inside the route keeps the order auth → validation.
+Core work (JSON parsing, hashing, SQLite) runs in the threadpool via :func:`off_loop` so
+health checks, SSE streams and other clients stay live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from ...dataplane import MEDIA_TYPE as ARROW_STREAM
+from ..core import ApiError, ControlPlane, format_validation_error
+from ..namespaces import Principal
+
+MISSING_KEY_MESSAGE = "missing or unknown API key; send it in the x-api-key header (see server.json for the local key)"
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+MAX_TIMEOUT_S = 30 * 24 * 3600  # a job's timeout_s at most (30 days): timers can't take 1e300
+
+
+class Body(BaseModel):
+    """A request body: strict types, unknown fields ignored (older servers ignore newer fields)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+@dataclass(frozen=True)
+class RouteContext:
+    """What the route modules are built over: the core, the accepted keys and the Arrow body limits."""
+
+    core: ControlPlane
+    api_keys: Mapping[str, Principal]
+    body_timeout_s: float
+    max_arrow_body_bytes: int
+
+    def require(self, privilege: str) -> Any:
+        """A dependency: the ``x-api-key`` must be known and grant ``privilege``; sets ``request.state.principal``."""
+        keys = [(key.encode("utf-8"), granted) for key, granted in self.api_keys.items()]
+
+        async def check(request: Request) -> None:
+            sent = request.headers.get("x-api-key")
+            principal = None
+            if sent:
+                sent_bytes = sent.encode("utf-8", "surrogateescape")
+                for key, granted in keys:  # every key compared: no early exit that times which one matched
+                    if hmac.compare_digest(sent_bytes, key):
+                        principal = granted
+            if principal is None:
+                raise ApiError(401, MISSING_KEY_MESSAGE)
+            if privilege not in principal.privileges:
+                raise ApiError(403, f"this API key lacks the '{privilege}' privilege needed for {request.url.path}")
+            request.state.principal = principal
+
+        return Depends(check)
+
+    def upload(self, rows_file: str) -> Path:
+        """A rows file a local client wrote into ``$HOME/data/uploads/``; a bad name is a 400."""
+        try:
+            return self.core.data.upload(rows_file)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+
+    @contextlib.asynccontextmanager
+    async def arrow_body(self, request: Request) -> AsyncIterator[Path]:
+        """The request's Arrow IPC body streamed into a temp rows file (a 1 GB body never sits in
+        the server's memory); the file is removed when the block ends."""
+        tmp, _ = self.core.data.new_rows_file()
+        try:
+            await self._receive_arrow(request, tmp)
+            yield tmp
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def _receive_arrow(self, request: Request, tmp: Path) -> None:
+        size = 0
+        chunks = request.stream()
+        with open(tmp, "wb") as sink:
+            while True:
+                try:  # a stalled upload must not hold the connection: each chunk within the body timeout
+                    chunk = await asyncio.wait_for(chunks.__anext__(), self.body_timeout_s)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    raise ApiError(
+                        408,
+                        f"the Arrow body stalled for {self.body_timeout_s:g}s; send it at once, or start "
+                        "lancefn-server with a larger --body-timeout-s",
+                        code="request_timeout",
+                    ) from None
+                size += len(chunk)
+                if size > self.max_arrow_body_bytes:
+                    raise ApiError(
+                        413,
+                        f"the Arrow body is larger than the server's limit of {self.max_arrow_body_bytes} "
+                        "bytes (--max-arrow-body-bytes); send fewer rows per job",
+                    )
+                sink.write(chunk)
+
+
+async def off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run core work (parsing, hashing, SQLite) in the threadpool so the event loop stays live."""
+    return await run_in_threadpool(fn, *args, **kwargs)
+
+
+def is_arrow(content_type: str | bytes | None) -> bool:
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
+    return (content_type or "").split(";")[0].strip().lower() == ARROW_STREAM
+
+
+async def json_body(request: Request) -> Any:
+    return await off_loop(load_json, await request.body())
+
+
+def load_json(raw: bytes) -> Any:
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty; send a JSON object")
+    try:
+        # Strict: json.loads(bytes) would let UTF-8-encoded surrogates (ED A0 80) through.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ApiError(
+            400,
+            f"the request body is not valid JSON text: it is not UTF-8 (byte {error.start}: {error.reason}; "
+            "a lone surrogate such as ED A0 80 is not UTF-8); send JSON encoded as UTF-8",
+        ) from None
+    try:
+        # NaN/Infinity are not JSON; refuse them here rather than store them.
+        data = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as error:
+        raise ApiError(400, f"the request body is not valid JSON ({_short(error)})") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        # "\ud800" escapes decode to lone surrogates that no UTF-8 store or reply can hold.
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(
+                400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text"
+            ) from None
+    return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON; use null or a finite number")
+
+
+def _short(error: Exception) -> str:
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+async def parse(request: Request, model: type[Body]) -> Any:
+    """The JSON body as ``model``; any problem is a 400 naming the field."""
+    data = await json_body(request)
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ApiError(400, "invalid request: " + format_validation_error(error)) from None
+
+
+def parse_query(model: type[Body], fields: dict[str, Any], what: str) -> Any:
+    """The query-string fields of an Arrow-bodied request as ``model``; a 400 names ``what`` and the field."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as error:
+        raise ApiError(400, f"invalid request (query string of {what}): " + format_validation_error(error)) from None
+
+
+def by_id(model: type[Body], field: str, method: Callable[[str, str | None], dict]) -> Callable[..., Awaitable[dict]]:
+    """A route doing ``method(<the body's id field>, <the caller's scope>)`` to one job or batch."""
+
+    async def route(request: Request) -> dict:
+        body = await parse(request, model)
+        return await off_loop(method, getattr(body, field), who(request).scope)
+
+    return route
+
+
+def listing(model: type[Body], method: Callable[..., dict]) -> Callable[..., Awaitable[dict]]:
+    """A route listing within the caller's scope: ``method(**<the body's filters>, scope=...)``."""
+
+    async def route(request: Request) -> dict:
+        body = await parse(request, model)
+        return await off_loop(method, **body.model_dump(), scope=who(request).scope)
+
+    return route
+
+
+def who(request: Request) -> Principal:
+    return request.state.principal
+
+
+def pick(request: Request, namespace: str | None) -> dict:
+    """Which namespace's function a name@version means: a key's own namespace; the admin's own
+    unless it names another (``None`` then means: wherever the only such version is)."""
+    caller = who(request)
+    if caller.admin:
+        return {"namespace": namespace, "scope": None, "home": caller.namespace}
+    return {"namespace": namespace or caller.namespace, "scope": caller.namespace, "home": caller.namespace}
