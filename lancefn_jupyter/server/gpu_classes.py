@@ -24,7 +24,9 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from ..models import GpuClass
 
@@ -43,18 +45,8 @@ SIMULATED_GPU_MODEL = "Simulated GPU (numba CUDA simulator)"
 SIMULATED_DEFAULT_COUNT = 2
 ENV_VAR = "LANCEFN_GPU_CLASSES"
 
+_T = TypeVar("_T")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_CLASS_KEYS = {
-    "name",
-    "resource_name",
-    "gpu_model",
-    "gpu_memory_bytes",
-    "max_gpu_count_per_worker",
-    "node_selector",
-    "tolerations",
-    "devices",
-    "simulated",
-}
 _TOP_KEYS = {"gpu_classes", "default_class"}
 
 
@@ -240,124 +232,167 @@ def parse_gpu_classes(text: str, *, source: str = "<gpu classes>", executor: str
     return GpuClassConfig(tuple(specs), default_class, source)
 
 
-def _parse_class(entry: dict[str, Any], where: str, executor: str) -> ClassSpec:
-    name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(
-            f"{where}: field 'name' is {'missing' if name is None else repr(name)}; "
-            "set name = \"...\" using letters, digits, '_', '.', '-' (e.g. name = \"default\")"
+_NAME_FIX = "set name = \"...\" using letters, digits, '_', '.', '-' (e.g. name = \"default\")"
+_DEVICES_FIX = "write devices = [0, 1] (CUDA device indices) or GPU UUID strings"
+
+
+# Each validator's message is what follows "field '<name>' " in the ConfigError: the problem, then the fix.
+def _valid_name(value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise ValueError(f"is {value!r}; {_NAME_FIX}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"is {value!r}; it must be a non-empty string")
+    return value
+
+
+def _whole_number(low: int, fix: str, high: int = 2**63 - 1) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if type(value) is not int or not low <= value <= high:  # type(): true is not 1 here
+            raise ValueError(f"is {value!r}; {fix}")
+        return value
+
+    return check
+
+
+_memory = _whole_number(0, "it must be a whole number of bytes ≥ 0, e.g. 85899345920")
+_limit = _whole_number(1, "it must be a whole number ≥ 1", high=2**32 - 1)
+_simulated = _whole_number(1, "set simulated = N, the number of simulated GPUs (e.g. simulated = 2)")
+
+
+def _node_selector(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError('must map strings to strings; write node_selector = { "label" = "value" }')
+    return value
+
+
+def _tolerations(value: Any) -> tuple[dict, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ValueError(
+            "must be a list of tables; "
+            'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]'
         )
-    where = f"{where} (class {name!r})"
-    unknown = sorted(set(entry) - _CLASS_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; allowed fields: {', '.join(sorted(_CLASS_KEYS))}")
+    return tuple(value)
+
+
+def _devices(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"is {value!r}; {_DEVICES_FIX}")
+    devices: list[str] = []
+    for item in value:
+        if type(item) is int and item >= 0:
+            devices.append(str(item))
+        elif isinstance(item, str) and item.strip() and "," not in item:
+            devices.append(item.strip())
+        else:
+            raise ValueError(f"contains {item!r}; {_DEVICES_FIX}")
+    repeated = sorted({d for d in devices if devices.count(d) > 1})
+    if repeated:
+        raise ValueError(f"lists device {repeated[0]} more than once; list each device once")
+    return tuple(devices)
+
+
+class _ClassEntry(BaseModel):
+    """One ``[[gpu_classes]]`` table as written; what one field's default depends on another's
+    (simulated classes, a limit from the device count) is settled in :func:`_class_spec`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, BeforeValidator(_valid_name)]
+    devices: Annotated[Optional[tuple[str, ...]], BeforeValidator(_devices)] = None
+    simulated: Annotated[Optional[int], BeforeValidator(_simulated)] = None
+    resource_name: Annotated[str, BeforeValidator(_text)] = "nvidia.com/gpu"
+    gpu_model: Annotated[Optional[str], BeforeValidator(_text)] = None
+    gpu_memory_bytes: Annotated[Optional[int], BeforeValidator(_memory)] = None
+    max_gpu_count_per_worker: Annotated[Optional[int], BeforeValidator(_limit)] = None
+    node_selector: Annotated[dict[str, str], BeforeValidator(_node_selector)] = {}
+    tolerations: Annotated[tuple[dict, ...], BeforeValidator(_tolerations)] = ()
+
+
+def _entry_problem(error: ValidationError, name: Any) -> str:
+    """The problem to report, after ``where``: a bad name first (the others are then named by
+    class), then an unknown field, then the first field in table order."""
+    items = error.errors(include_url=False, include_input=False)
+    item = next((i for i in items if i["loc"] == ("name",)), None)
+    item = item or next((i for i in items if i["type"] == "extra_forbidden"), items[0])
+    field = str(item["loc"][0]) if item["loc"] else "?"
+    where = "" if field == "name" else f" (class {name!r})"
+    if item["type"] == "extra_forbidden":
+        allowed = ", ".join(sorted(_ClassEntry.model_fields))
+        return f"{where}: unknown field {field!r}; allowed fields: {allowed}"
+    if item["type"] == "missing":  # only 'name' is required
+        return f"{where}: field {field!r} is missing; {_NAME_FIX}"
+    return f"{where}: field {field!r} {item['msg'].removeprefix('Value error, ')}"
+
+
+def _parse_class(raw: dict[str, Any], where: str, executor: str) -> ClassSpec:
+    try:
+        entry = _ClassEntry.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(where + _entry_problem(error, raw.get("name"))) from None
+    return _class_spec(entry, f"{where} (class {entry.name!r})", executor)
+
+
+def _class_spec(entry: _ClassEntry, where: str, executor: str) -> ClassSpec:
+    """The class with its defaults filled in, checking what spans fields."""
 
     def fail(field: str, problem: str, fix: str) -> ConfigError:
         return ConfigError(f"{where}: field {field!r} {problem}; {fix}")
 
-    devices = _parse_devices(entry, fail)
-    simulated = "simulated" in entry
-    if simulated:
-        count = entry["simulated"]
-        if type(count) is not int or count < 1:
-            raise fail(
-                "simulated", f"is {count!r}", "set simulated = N, the number of simulated GPUs (e.g. simulated = 2)"
-            )
+    simulated = entry.simulated is not None
+    devices = entry.devices
+    if entry.simulated is not None:
         if devices is not None:
             raise fail(
                 "simulated",
                 "is set together with 'devices'",
                 "use either devices = [...] (real GPUs) or simulated = N, not both",
             )
-        devices = _sim_ids(count)
-    if devices is None:
+        devices = _sim_ids(entry.simulated)
+    elif devices is None:
         if executor == "local":
             raise fail(
-                "devices",
-                "is missing",
-                "the local executor needs devices = [0, 1] (CUDA device ids) or simulated = N",
+                "devices", "is missing", "the local executor needs devices = [0, 1] (CUDA device ids) or simulated = N"
             )
         devices = ()  # Ray reports capacity itself
 
-    def text(field: str, default: str | None) -> str:
-        value = entry.get(field, default)
+    def need(field: str, value: _T | None, fix: str) -> _T:
         if value is None:
-            raise fail(field, "is missing", f'add {field} = "..."')
-        if not isinstance(value, str) or not value.strip():
-            raise fail(field, f"is {value!r}", "it must be a non-empty string")
+            raise fail(field, "is missing", fix)
         return value
 
-    resource_name = text("resource_name", "nvidia.com/gpu")
-    gpu_model = text("gpu_model", SIMULATED_GPU_MODEL if simulated else None)
-
-    memory = entry.get("gpu_memory_bytes", 0 if simulated else None)
-    if memory is None:
-        raise fail(
-            "gpu_memory_bytes", "is missing", "add gpu_memory_bytes = <bytes per GPU>, e.g. 85899345920 for 80 GiB"
-        )
-    if type(memory) is not int or memory < 0:
-        raise fail("gpu_memory_bytes", f"is {memory!r}", "it must be a whole number of bytes ≥ 0, e.g. 85899345920")
-
-    limit = entry.get("max_gpu_count_per_worker", len(devices) or None)
-    if limit is None:
-        raise fail(
-            "max_gpu_count_per_worker", "is missing", "add max_gpu_count_per_worker = N (GPUs one worker may request)"
-        )
-    if type(limit) is not int or not 1 <= limit <= 2**32 - 1:
-        raise fail("max_gpu_count_per_worker", f"is {limit!r}", "it must be a whole number ≥ 1")
+    gpu_model = need(
+        "gpu_model", entry.gpu_model or (SIMULATED_GPU_MODEL if simulated else None), 'add gpu_model = "..."'
+    )
+    memory = need(
+        "gpu_memory_bytes",
+        entry.gpu_memory_bytes if entry.gpu_memory_bytes is not None else (0 if simulated else None),
+        "add gpu_memory_bytes = <bytes per GPU>, e.g. 85899345920 for 80 GiB",
+    )
+    limit = need(
+        "max_gpu_count_per_worker",
+        entry.max_gpu_count_per_worker or len(devices) or None,
+        "add max_gpu_count_per_worker = N (GPUs one worker may request)",
+    )
     if devices and limit > len(devices):
         raise fail(
             "max_gpu_count_per_worker",
             f"is {limit} but the class has only {len(devices)} device(s)",
             f"lower it to at most {len(devices)} or add devices",
         )
-
-    node_selector = entry.get("node_selector", {})
-    if not isinstance(node_selector, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in node_selector.items()
-    ):
-        raise fail("node_selector", "must map strings to strings", 'write node_selector = { "label" = "value" }')
-    tolerations = entry.get("tolerations", [])
-    if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
-        raise fail(
-            "tolerations",
-            "must be a list of tables",
-            'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]',
-        )
     try:
         gpu_class = GpuClass(
-            name=name,
-            resource_name=resource_name,
+            **entry.model_dump(include={"name", "resource_name", "node_selector", "tolerations"}),
             gpu_model=gpu_model,
             gpu_memory_bytes=memory,
             max_gpu_count_per_worker=limit,
-            node_selector=node_selector,
-            tolerations=tuple(tolerations),
             simulated=simulated,
         )
-    except ValueError as error:  # pydantic's ValidationError; e.g. nan inside tolerations
-        first = error.errors()[0] if hasattr(error, "errors") else {"loc": (), "msg": str(error)}
-        field = ".".join(str(part) for part in first["loc"]) or "?"
-        raise fail(field, f"is invalid ({first['msg']})", "fix the value") from None
+    except ValidationError as error:  # e.g. nan inside tolerations
+        from .core import format_validation_error  # core imports this module
+
+        raise ConfigError(f"{where}: field {format_validation_error(error)}; fix the value") from None
     return ClassSpec(gpu_class, devices)
-
-
-def _parse_devices(entry: dict[str, Any], fail: Callable[[str, str, str], ConfigError]) -> tuple[str, ...] | None:
-    if "devices" not in entry:
-        return None
-    raw = entry["devices"]
-    fix = "write devices = [0, 1] (CUDA device indices) or GPU UUID strings"
-    if not isinstance(raw, list) or not raw:
-        raise fail("devices", f"is {raw!r}", fix)
-    devices: list[str] = []
-    for item in raw:
-        if type(item) is int and item >= 0:
-            devices.append(str(item))
-        elif isinstance(item, str) and item.strip() and "," not in item:
-            devices.append(item.strip())
-        else:
-            raise fail("devices", f"contains {item!r}", fix)
-    duplicates = sorted({d for d in devices if devices.count(d) > 1})
-    if duplicates:
-        raise fail("devices", f"lists device {duplicates[0]} more than once", "list each device once")
-    return tuple(devices)
