@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
-from .server.worker import WorkerProcess, WorkerStartError, describe_exit
+from .server.worker_process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 
 if TYPE_CHECKING:
     from .models import FunctionSignature
@@ -155,7 +155,7 @@ def run_local(
     Raises :class:`LocalRunError` with the failure's phase, message and user-only traceback.
     """
     with tempfile.TemporaryDirectory(prefix="lancefn-local-") as scratch:
-        data = None
+        data: dict[str, object] = {}
         if signature is not None:  # the Arrow data plane, as on the control plane (docs/ARCHITECTURE.md)
             data = {
                 "input_types": {p.name: p.arrow_type for p in signature.inputs},
@@ -167,20 +167,16 @@ def run_local(
 
                 data["rows_file"] = os.path.join(scratch, "rows.arrow")
                 dataplane.write_ipc_file(data["rows_file"], arrow_rows, durable=False)
-        return _run(artifact, entrypoint, filename, rows, packages, env, mode, timeout_s, on_log, data)
+        task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data)
+        return _run(task, env, mode, timeout_s, on_log)
 
 
 def _run(
-    artifact: bytes,
-    entrypoint: str,
-    filename: str,
-    rows: list[dict],
-    packages: Sequence[str],
+    task: WorkerTask,
     env: Mapping[str, str] | None,
     mode: Mode,
     timeout_s: float | None,
     on_log: Callable[[str, list[str]], None] | None,
-    data: dict | None,
 ) -> LocalRun:
     simulated = _use_simulator(mode)
     worker_env = _worker_env(simulated, env)
@@ -199,7 +195,7 @@ def _run(
         timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
         final = None
         try:
-            worker.start_task("local", artifact, entrypoint, filename, rows, packages, data=data)
+            worker.start_task(task)
             if timer is not None:
                 timer.daemon = True
                 timer.start()

@@ -1,6 +1,6 @@
 """What both executors' task processes and both executors' parents share (docs/ARCHITECTURE.md,
-"Worker protocol"): the JSON-lines protocol writer, flushing user output before an outcome, and the
-relay of a worker event to the control plane's executor callbacks.
+"Worker protocol"): the JSON-lines protocol writer, flushing user output before an outcome, the
+artifact's filename, and the relay of a worker event to the control plane's executor callbacks.
 
 Standard library only at top level: the worker imports this before any task, and a CPU-only task
 must not pay for pydantic, numpy or numba.
@@ -17,6 +17,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:
     from ..models import JobFailure
     from .executors.base import ExecutorCallbacks
+
+FINAL_EVENTS = ("result", "failed")  # a task's last event
+PRELOAD_ENV = "LANCEFN_WORKER_PRELOAD"  # modules a spare worker imports while it waits (worker.py)
+
+
+def artifact_filename(name: str, version: str) -> str:
+    """The filename artifacts are compiled with; tracebacks keep only frames of this file."""
+    return f"<gpu_function {name}@{version}>"
 
 
 class Protocol:

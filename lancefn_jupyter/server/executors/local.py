@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 from ...models import JobFailure
 from ..isolation import WorkerUser
-from ..worker import PRELOAD_ENV, WorkerProcess, WorkerStartError, artifact_filename, describe_exit
-from ..worker_io import relay
+from ..worker_io import PRELOAD_ENV, artifact_filename, relay
+from ..worker_process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 from .base import Executor, ExecutorCallbacks, TaskSpec
 
 if TYPE_CHECKING:
@@ -234,36 +234,61 @@ class LocalExecutor(Executor):
             run.done.set()
 
     def _run(self, run: _Run) -> None:
-        task, callbacks = run.task, self._callbacks
+        worker = self._take_worker(run)
+        if worker is None:
+            return
+        self._send_task(run, worker)
+        final = self._follow(run, worker)
+        if final is None:
+            self._lost(run, worker)
+            return
+        self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
+        relay(self._callbacks, run.task.job_id, final)
+        # A new fresh spare for the next new version here, started only now: on a small machine a
+        # process start racing the job it was taken for would slow that job down.
+        self._prewarm(_fresh(run.key))
+
+    def _take_worker(self, run: _Run) -> WorkerProcess | None:
+        """A worker for the run, once its devices are free; None if it could not start or the run
+        was stopped meanwhile (reported, or left to whoever stopped it)."""
         self._wait_for_devices(run)
         try:
             worker = self._acquire(run.key)
         except WorkerStartError as exc:
             if run.claim("crashed"):
-                callbacks.task_failed(task.job_id, JobFailure(phase="worker", message=str(exc)))
-            return
+                self._callbacks.task_failed(run.task.job_id, JobFailure(phase="worker", message=str(exc)))
+            return None
         with run.lock:
             stopped = run.outcome is not None  # cancelled or shut down while the worker started
             if not stopped:
                 run.worker = worker
         if stopped:
             self._release(run.key, worker)  # it never saw the task, so it is still clean
-            return
+            return None
+        return worker
 
-        callbacks.task_started(task.job_id, devices=task.devices, node=None)
+    def _send_task(self, run: _Run, worker: WorkerProcess) -> None:
+        task = run.task
+        self._callbacks.task_started(task.job_id, devices=task.devices, node=None)
         worker.start_task(
-            task.job_id,
-            task.artifact,
-            task.entrypoint,
-            artifact_filename(task.name, task.version),
-            task.rows,
-            task.packages,
-            {name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
-            data=task.data,
+            WorkerTask(
+                task.job_id,
+                task.artifact,
+                task.entrypoint,
+                artifact_filename(task.name, task.version),
+                task.rows,
+                task.packages,
+                env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
+                data=task.data,
+            )
         )
+
+    def _follow(self, run: _Run, worker: WorkerProcess) -> dict | None:
+        """Relay the task's logs and progress under its timeout; its ``result``/``failed`` event,
+        or None when the worker died or is being stopped."""
         timer = None
-        if task.timeout_s is not None:
-            timer = threading.Timer(task.timeout_s, self._stop, (run, "timeout"))
+        if run.task.timeout_s is not None:
+            timer = threading.Timer(run.task.timeout_s, self._stop, (run, "timeout"))
             timer.daemon = True
             timer.start()
         final = None
@@ -274,25 +299,20 @@ class LocalExecutor(Executor):
                 if event["event"] == "progress":
                     run.rows_done = event["rows_done"]
                 if event["event"] in ("log", "progress"):
-                    relay(callbacks, task.job_id, event)
+                    relay(self._callbacks, run.task.job_id, event)
                 elif event["event"] in ("result", "failed") and run.claim("finished"):
                     final = event
         finally:
             if timer is not None:
                 timer.cancel()
+        return final
 
-        if final is not None:
-            self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
-            relay(callbacks, task.job_id, final)
-            # A new fresh spare for the next new version here, started only now: on a small machine a
-            # process start racing the job it was taken for would slow that job down.
-            self._prewarm(_fresh(run.key))
-            return
-
-        # The worker died or is being stopped: reap it before the core frees its devices.
+    def _lost(self, run: _Run, worker: WorkerProcess) -> None:
+        """The worker died or is being stopped: reap it before the core frees its devices, and say why."""
+        task = run.task
         worker.kill(self._grace_s)
         if run.claim("crashed"):
-            callbacks.task_failed(
+            self._callbacks.task_failed(
                 task.job_id,
                 JobFailure(
                     phase="worker",
@@ -301,7 +321,7 @@ class LocalExecutor(Executor):
                 ),
             )
         elif run.outcome == "timeout":
-            callbacks.task_failed(
+            self._callbacks.task_failed(
                 task.job_id,
                 JobFailure(
                     phase="timeout",

@@ -20,7 +20,7 @@ Three processes take part::
   until the task itself reports ``started`` from the node, with the node id and the GPU ids Ray
   gave it (``CUDA_VISIBLE_DEVICES`` is set by Ray from those ids).
 * Inside the task the artifact runs in the Ray worker process through
-  :func:`lancefn_jupyter.server.worker.run_task_inline` — the same code as the local warm worker,
+  :func:`lancefn_jupyter.server.task_runner.run_task_inline` — the same code as the local warm worker,
   so results, phases and user-only tracebacks are identical.  fds 1/2 are captured for the
   task's duration and streamed as logs.  Events (started, log, progress) go to a small async
   **event hub** actor that the bridge long-polls (flushed every 20 ms; a task that ends sooner

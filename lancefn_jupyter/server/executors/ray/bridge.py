@@ -145,7 +145,7 @@ class _Driver:
                     )
 
     def launch(self, job: dict) -> None:
-        from ...worker import artifact_filename
+        from ...worker_io import artifact_filename
 
         job_id = job["job_id"]
         gpus = int(job.get("num_gpus") or 0)

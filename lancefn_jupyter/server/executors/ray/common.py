@@ -88,7 +88,7 @@ def pip_requirements(packages: Sequence[str], mode: str = "auto") -> list[str]:
         pep508.append(text)
     if mode == "always":
         return pep508
-    from ...worker import missing_packages
+    from ...task_runner import missing_packages
 
     missing = {text for text, _ in missing_packages(pep508)}
     return [text for text in pep508 if text in missing]

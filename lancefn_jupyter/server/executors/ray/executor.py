@@ -434,7 +434,7 @@ class RayExecutor(Executor):
 
 
 def _describe_exit(returncode: int | None) -> str:
-    from ...worker import describe_exit
+    from ...worker_process import describe_exit
 
     return describe_exit(returncode).replace("worker process", "the Ray driver process")  # type: ignore[arg-type]
 

@@ -224,7 +224,7 @@ def _run_job(payload: dict) -> dict:
     """The Ray task: report where it runs, run the artifact like the local worker, return the outcome."""
     import ray
 
-    from ...worker import run_task_inline
+    from ...task_runner import run_task_inline
 
     hub = _hubs.get(payload["hub"])
     if hub is None:
