@@ -3,17 +3,26 @@
 The home holds the admin API key and says which pid is the server, so a home that another
 user can write into, or a file planted there, must not be trusted.  Private files are
 created 0600 from the start with ``O_NOFOLLOW`` (a planted symlink is never followed), and
-temp files with ``O_EXCL`` under an unguessable name.
+temp files with ``O_EXCL`` under an unguessable name.  Files are replaced atomically (temp file,
+rename), which the data plane's result files share.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import secrets
 import stat
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["home_problem", "private_file_problem", "open_private", "write_private"]
+__all__ = [
+    "home_problem",
+    "private_file_problem",
+    "open_private",
+    "write_private",
+    "replace_atomically",
+    "fsync_path",
+]
 
 
 def home_problem(home: Path) -> str | None:
@@ -63,9 +72,10 @@ def open_private(path: Path, flags: int) -> int:
 
 def write_private(path: Path, text: str) -> None:
     """Write ``text`` atomically with mode 0600 (never briefly world-readable, no symlink followed)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.urandom(8).hex()}.tmp")  # unguessable, as secrets.token_hex
     fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
+
+    def write() -> None:
         try:
             data = text.encode("utf-8")
             if os.write(fd, data) != len(data):
@@ -73,10 +83,26 @@ def write_private(path: Path, text: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    replace_atomically(tmp, path, write)
+
+
+def replace_atomically(tmp: str | Path, path: str | Path, write: Callable[[], None]) -> None:
+    """``write()`` fills ``tmp``, which then replaces ``path`` in one rename, so a reader or a
+    restart sees the old file or the whole new one; on any failure ``tmp`` is removed."""
+    try:
+        write()
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory (after a rename in it) by name."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

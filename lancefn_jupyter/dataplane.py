@@ -35,6 +35,8 @@ import sys
 import typing
 from typing import Any, Iterable, Mapping, Sequence
 
+from ._homefs import fsync_path, replace_atomically
+
 __all__ = [
     "MEDIA_TYPE",
     "DataPlaneError",
@@ -500,27 +502,15 @@ def _write_atomic(path: str, write: Any, durable: bool) -> int:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    try:
+
+    def fill() -> None:
         write(tmp)
         if durable:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            fsync_path(tmp)
+
+    replace_atomically(tmp, path, fill)
     if durable:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(directory)
     return os.path.getsize(path)
 
 
