@@ -20,7 +20,7 @@ import hmac
 import logging
 import re
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -109,87 +109,98 @@ class _Guard:
                 MutableHeaders(scope=message)["x-request-id"] = request_id
             await send(message)
 
-        async def reply(status: int, code: str, message: str) -> None:
-            await _envelope(status, code, message, request_id)(scope, receive, send_with_id)  # type: ignore[arg-type]
-
-        async def refuse(status: int, code: str, message: str) -> None:
-            # The unread body is not drained: uvicorn closes the connection after this reply.
+        async def reply(status: int, code: str, message: str, *, close: bool = False) -> None:
             response = _envelope(status, code, message, request_id)
-            response.headers["connection"] = "close"
+            if close:  # the unread body is not drained: uvicorn closes the connection after this reply
+                response.headers["connection"] = "close"
             await response(scope, receive, send_with_id)  # type: ignore[arg-type]
 
-        limit_message = (
-            f"the request body is larger than the server's limit of {self.max_body_bytes} bytes; "
-            "send fewer rows per job, or start lancefn-server with a larger --max-body-bytes"
-        )
-        if scope.get("method") in ("POST", "PUT", "PATCH"):
-            if scope.get("path") not in UNAUTHENTICATED_PATHS and not _known_key(
-                headers.get(b"x-api-key", b""), self.keys
-            ):
-                await refuse(401, "unauthorized", MISSING_KEY_MESSAGE)
-                return
+        writes = scope.get("method") in ("POST", "PUT", "PATCH")
+        if (
+            writes
+            and scope.get("path") not in UNAUTHENTICATED_PATHS
+            and not _known_key(headers.get(b"x-api-key", b""), self.keys)
+        ):
+            await reply(401, "unauthorized", MISSING_KEY_MESSAGE, close=True)
+            return
+        inner_receive = receive
         # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here.
-        if scope.get("method") in ("POST", "PUT", "PATCH") and not is_arrow(headers.get(b"content-type")):
-            length = headers.get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                await refuse(413, "payload_too_large", limit_message)
+        if writes and not is_arrow(headers.get(b"content-type")):
+            body = await self._read_body(headers, receive)
+            if isinstance(body, tuple):
+                await reply(*body, close=True)
+            if not isinstance(body, bytes):
                 return
-            # Buffer the body (bounded in size and time) so the limit also holds for chunked uploads.
-            chunks, size, more = [], 0, True
-            deadline = asyncio.get_running_loop().time() + self.body_timeout_s
-            while more:
-                try:
-                    message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
-                except asyncio.TimeoutError:
-                    await refuse(
-                        408,
-                        "request_timeout",
-                        f"the request body did not arrive within {self.body_timeout_s:g}s; send it at once, "
-                        "or start lancefn-server with a larger --body-timeout-s",
-                    )
-                    return
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > self.max_body_bytes:
-                    await refuse(413, "payload_too_large", limit_message)
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            body, replayed = b"".join(chunks), False
-
-            async def replay() -> dict:
-                nonlocal replayed
-                if not replayed:
-                    replayed = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            inner_receive = replay
-        else:
-            inner_receive = receive
+            inner_receive = _replay(body, receive)
         try:
             await self.app(scope, inner_receive, send_with_id)
         except Exception as error:
-            if is_storage_full(error):
-                # Not a bug and not the client's fault: 507 Insufficient Storage, and no traceback spam.
-                log.error(
-                    "%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error
-                )
-                if not started:
-                    await reply(507, "insufficient_storage", _STORAGE_FULL_MESSAGE)
-                return
-            log.exception(
-                "unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id
-            )
+            failure = _last_resort(scope, request_id, error)
             if not started:
-                await reply(
-                    400,
-                    "request_failed",
-                    f"the server could not process this request (request id {request_id}); "
-                    "check the request against the API reference or see the server log",
+                await reply(*failure)
+
+    async def _read_body(self, headers: dict, receive: Any) -> bytes | tuple[int, str, str] | None:
+        """The whole body, bounded in size and in time (so the limit also holds for chunked
+        uploads); else the refusal to answer with, or None when the client went away."""
+        too_large = (
+            413,
+            "payload_too_large",
+            f"the request body is larger than the server's limit of {self.max_body_bytes} bytes; "
+            "send fewer rows per job, or start lancefn-server with a larger --max-body-bytes",
+        )
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return too_large
+        chunks, size, more = [], 0, True
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_s
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                return (
+                    408,
+                    "request_timeout",
+                    f"the request body did not arrive within {self.body_timeout_s:g}s; send it at once, "
+                    "or start lancefn-server with a larger --body-timeout-s",
                 )
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return too_large
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Callable[[], Awaitable[dict]]:
+    """An ASGI ``receive`` that gives the buffered ``body`` first, then the client's later messages."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _last_resort(scope: dict, request_id: str, error: Exception) -> tuple[int, str, str]:
+    """Log an error no handler turned into a reply (call it in the ``except``); the envelope to send."""
+    if is_storage_full(error):
+        # Not a bug and not the client's fault: 507 Insufficient Storage, and no traceback spam.
+        log.error("%s %s (request %s): disk full: %s", scope.get("method"), scope.get("path"), request_id, error)
+        return 507, "insufficient_storage", _STORAGE_FULL_MESSAGE
+    log.exception("unexpected error handling %s %s (request %s)", scope.get("method"), scope.get("path"), request_id)
+    return (
+        400,
+        "request_failed",
+        f"the server could not process this request (request id {request_id}); "
+        "check the request against the API reference or see the server log",
+    )
 
 
 # --------------------------------------------------------------------------- app
