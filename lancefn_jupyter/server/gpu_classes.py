@@ -29,6 +29,7 @@ from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, TypeVa
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from ..models import GpuClass
+from .common import format_validation_error
 
 __all__ = [
     "ConfigError",
@@ -392,7 +393,5 @@ def _class_spec(entry: _ClassEntry, where: str, executor: str) -> ClassSpec:
             simulated=simulated,
         )
     except ValidationError as error:  # e.g. nan inside tolerations
-        from .core import format_validation_error  # core imports this module
-
         raise ConfigError(f"{where}: field {format_validation_error(error)}; fix the value") from None
     return ClassSpec(gpu_class, devices)

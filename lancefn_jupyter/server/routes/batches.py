@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from ..core import ApiError
+from ..common import ApiError
 from .common import MAX_TIMEOUT_S, Body, RouteContext, by_id, is_arrow, listing, off_loop, parse, parse_query, pick, who
 
 

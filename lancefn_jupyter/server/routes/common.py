@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from ...dataplane import MEDIA_TYPE as ARROW_STREAM
-from ..core import ApiError, ControlPlane, format_validation_error
+from ..common import ApiError, format_validation_error
+from ..core import ControlPlane
 from ..namespaces import Principal
 
 MISSING_KEY_MESSAGE = "missing or unknown API key; send it in the x-api-key header (see server.json for the local key)"

@@ -8,7 +8,7 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from ..core import ApiError
+from ..common import ApiError
 from ..events import event_stream
 from .common import RouteContext, off_loop, who
 
