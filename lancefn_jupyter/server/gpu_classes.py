@@ -21,12 +21,11 @@ pools after hardware (``a100``, ``t4``); we make the first one the default rathe
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
 from ..models import GpuClass
 from .common import format_validation_error
@@ -47,7 +46,6 @@ SIMULATED_DEFAULT_COUNT = 2
 ENV_VAR = "LANCEFN_GPU_CLASSES"
 
 _T = TypeVar("_T")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _TOP_KEYS = {"gpu_classes", "default_class"}
 
 
@@ -233,53 +231,24 @@ def parse_gpu_classes(text: str, *, source: str = "<gpu classes>", executor: str
     return GpuClassConfig(tuple(specs), default_class, source)
 
 
-_NAME_FIX = "set name = \"...\" using letters, digits, '_', '.', '-' (e.g. name = \"default\")"
 _DEVICES_FIX = "write devices = [0, 1] (CUDA device indices) or GPU UUID strings"
-
-
-# Each validator's message is what follows "field '<name>' " in the ConfigError: the problem, then the fix.
-def _valid_name(value: Any) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise ValueError(f"is {value!r}; {_NAME_FIX}")
-    return value
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"is {value!r}; it must be a non-empty string")
-    return value
-
-
-def _whole_number(low: int, fix: str, high: int = 2**63 - 1) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        if type(value) is not int or not low <= value <= high:  # type(): true is not 1 here
-            raise ValueError(f"is {value!r}; {fix}")
-        return value
-
-    return check
-
-
-_memory = _whole_number(0, "it must be a whole number of bytes ≥ 0, e.g. 85899345920")
-_limit = _whole_number(1, "it must be a whole number ≥ 1", high=2**32 - 1)
-_simulated = _whole_number(1, "set simulated = N, the number of simulated GPUs (e.g. simulated = 2)")
-
-
-def _node_selector(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ValueError('must map strings to strings; write node_selector = { "label" = "value" }')
-    return value
-
-
-def _tolerations(value: Any) -> tuple[dict, ...]:
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise ValueError(
-            "must be a list of tables; "
-            'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]'
-        )
-    return tuple(value)
+# What follows "field 'X' is <value>; " in a ConfigError: how to write the field.
+_FIXES = {
+    "name": "set name = \"...\" using letters, digits, '_', '.', '-' (e.g. name = \"default\")",
+    "simulated": "set simulated = N, the number of simulated GPUs (e.g. simulated = 2)",
+    "resource_name": "it must be a non-empty string",
+    "gpu_model": "it must be a non-empty string",
+    "gpu_memory_bytes": "it must be a whole number of bytes ≥ 0, e.g. 85899345920",
+    "max_gpu_count_per_worker": "it must be a whole number ≥ 1",
+    "node_selector": 'it must map strings to strings: write node_selector = { "label" = "value" }',
+    "tolerations": "it must be a list of tables: "
+    'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]',
+}
+_Text = Annotated[str, StringConstraints(pattern=r"\S")]  # not blank
 
 
 def _devices(value: Any) -> tuple[str, ...]:
+    """Device indices or UUIDs as CUDA_VISIBLE_DEVICES entries; the message goes after "field 'devices' "."""
     if not isinstance(value, list) or not value:
         raise ValueError(f"is {value!r}; {_DEVICES_FIX}")
     devices: list[str] = []
@@ -300,40 +269,40 @@ class _ClassEntry(BaseModel):
     """One ``[[gpu_classes]]`` table as written; what one field's default depends on another's
     (simulated classes, a limit from the device count) is settled in :func:`_class_spec`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    name: Annotated[str, BeforeValidator(_valid_name)]
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
     devices: Annotated[Optional[tuple[str, ...]], BeforeValidator(_devices)] = None
-    simulated: Annotated[Optional[int], BeforeValidator(_simulated)] = None
-    resource_name: Annotated[str, BeforeValidator(_text)] = "nvidia.com/gpu"
-    gpu_model: Annotated[Optional[str], BeforeValidator(_text)] = None
-    gpu_memory_bytes: Annotated[Optional[int], BeforeValidator(_memory)] = None
-    max_gpu_count_per_worker: Annotated[Optional[int], BeforeValidator(_limit)] = None
-    node_selector: Annotated[dict[str, str], BeforeValidator(_node_selector)] = {}
-    tolerations: Annotated[tuple[dict, ...], BeforeValidator(_tolerations)] = ()
+    simulated: Optional[Annotated[int, Field(ge=1)]] = None
+    resource_name: _Text = "nvidia.com/gpu"
+    gpu_model: Optional[_Text] = None
+    gpu_memory_bytes: Optional[Annotated[int, Field(ge=0)]] = None
+    max_gpu_count_per_worker: Optional[Annotated[int, Field(ge=1, le=2**32 - 1)]] = None
+    node_selector: dict[str, str] = {}
+    tolerations: Annotated[tuple[dict, ...], Field(strict=False)] = ()
 
 
-def _entry_problem(error: ValidationError, name: Any) -> str:
+def _entry_problem(error: ValidationError, raw: dict[str, Any]) -> str:
     """The problem to report, after ``where``: a bad name first (the others are then named by
     class), then an unknown field, then the first field in table order."""
     items = error.errors(include_url=False, include_input=False)
-    item = next((i for i in items if i["loc"] == ("name",)), None)
+    item = next((i for i in items if i["loc"][:1] == ("name",)), None)
     item = item or next((i for i in items if i["type"] == "extra_forbidden"), items[0])
-    field = str(item["loc"][0]) if item["loc"] else "?"
-    where = "" if field == "name" else f" (class {name!r})"
+    field = str(item["loc"][0])
+    where = "" if field == "name" else f" (class {raw.get('name')!r})"
     if item["type"] == "extra_forbidden":
-        allowed = ", ".join(sorted(_ClassEntry.model_fields))
-        return f"{where}: unknown field {field!r}; allowed fields: {allowed}"
-    if item["type"] == "missing":  # only 'name' is required
-        return f"{where}: field {field!r} is missing; {_NAME_FIX}"
-    return f"{where}: field {field!r} {item['msg'].removeprefix('Value error, ')}"
+        return f"{where}: unknown field {field!r}; allowed fields: {', '.join(sorted(_ClassEntry.model_fields))}"
+    if item["type"] == "value_error":  # devices: its validator says what and how
+        return f"{where}: field {field!r} {item['msg'].removeprefix('Value error, ')}"
+    value = repr(raw[field]) if field in raw else "missing"
+    return f"{where}: field {field!r} is {value}; {_FIXES[field]}"
 
 
 def _parse_class(raw: dict[str, Any], where: str, executor: str) -> ClassSpec:
     try:
         entry = _ClassEntry.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(where + _entry_problem(error, raw.get("name"))) from None
+        raise ConfigError(where + _entry_problem(error, raw)) from None
     return _class_spec(entry, f"{where} (class {entry.name!r})", executor)
 
 
