@@ -28,7 +28,8 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .core import DEFAULT_MAX_ARTIFACT_BYTES, ApiError, ControlPlane
+from .common import ApiError
+from .core import DEFAULT_MAX_ARTIFACT_BYTES, ControlPlane
 from .namespaces import PRIVILEGES, ApiKeyError, Principal, load_api_keys
 from .routes import batches, events, functions, jobs, system
 from .routes.common import MISSING_KEY_MESSAGE, RouteContext, is_arrow

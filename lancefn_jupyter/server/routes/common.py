@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from ...dataplane import MEDIA_TYPE as ARROW_STREAM
+from ..catalog import Where
 from ..common import ApiError, format_validation_error
 from ..core import ControlPlane
 from ..namespaces import Principal
@@ -206,7 +207,7 @@ def who(request: Request) -> Principal:
     return request.state.principal
 
 
-def pick(request: Request, namespace: str | None) -> dict:
+def pick(request: Request, namespace: str | None) -> Where:
     """Which namespace's function a name@version means: a key's own namespace; the admin's own
     unless it names another (``None`` then means: wherever the only such version is)."""
     caller = who(request)
