@@ -189,6 +189,30 @@ def test_json_clients_keep_working_and_arrow_bodies_are_checked(cp):
             headers={"content-type": ARROW},
         )
         assert reply.status_code == 400 and "not an Arrow IPC stream" in reply.json()["error"]["message"]
+        # Query-string numbers are JSON values: a timeout and an inline wait on the Arrow path.
+        body = dataplane.to_ipc_bytes(
+            dataplane.encode_rows([{"x": [1, 2], "k": 3.0}], {"x": "tensor<float32>", "k": "float64"})
+        )
+        reply = client.post(
+            "/v1/functions/run",
+            params={"name": version.name, "version": version.version, "timeout_s": "60", "wait_s": "30"},
+            content=body,
+            headers={"content-type": ARROW},
+        )
+        assert reply.status_code == 202, reply.text
+        inline = reply.json()["job"]
+        assert inline["job_state"] == "DONE" and inline["spec"]["timeout_s"] == 60, inline
+        (value,) = dataplane.decode_results(
+            dataplane.read_ipc(client.get("/v1/jobs/result", params={"job_id": inline["job_id"]}).content)
+        )
+        same(value, np.array([3, 6], np.float32))
+        reply = client.post(
+            "/v1/functions/run",
+            params={"name": version.name, "version": version.version, "timeout_s": "soon"},
+            content=body,
+            headers={"content-type": ARROW},
+        )
+        assert reply.status_code == 400 and "timeout_s='soon' is not a JSON value" in reply.json()["error"]["message"]
         # Plain JSON results still come inline.
         plain = register(client, registration_body(num_gpus=None))
         job_id = client.post(

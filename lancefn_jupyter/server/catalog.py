@@ -35,7 +35,7 @@ DEFAULT_MAX_ARTIFACT_BYTES = 4 * 1024 * 1024  # --max-artifact-bytes
 
 
 class Where(TypedDict, total=False):
-    """Which namespace's version a request means (app.py's ``_pick``): the namespace it names,
+    """Which namespace's version a request means (``routes.common.pick``): the namespace it names,
     the caller's ``scope`` (None: the admin sees every namespace) and its own namespace ``home``."""
 
     namespace: str | None

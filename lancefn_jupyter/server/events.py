@@ -1,7 +1,7 @@
 """Job events: the in-process bus (publish from any thread, fan out on the event loop) and the SSE
 stream `GET /v1/jobs/events` serves from it and the durable event log (docs/ARCHITECTURE.md, "Events").
 
-The core publishes; `app.py` only routes a request here. Framing is `id:` (job events that have a
+The core publishes; `routes/events.py` only routes a request here. Framing is `id:` (job events that have a
 durable sequence number, so clients resume with `Last-Event-ID`), `event:` and one `data:` line.
 """
 

@@ -6,14 +6,12 @@ waiting need ``jobs``, as for single jobs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from ..common import ApiError
 from .common import MAX_TIMEOUT_S, Body, RouteContext, by_id, is_arrow, listing, off_loop, parse, parse_query, pick, who
 
 
@@ -88,15 +86,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         """Chunks as one Arrow IPC stream body, one record batch per chunk; the other fields in the query string."""
         query = request.query_params
         fields: dict[str, Any] = {k: query[k] for k in ("name", "version", "namespace") if k in query}
-        try:
-            fields.update({k: json.loads(query[k]) for k in _QUERY_JSON if k in query})
-        except json.JSONDecodeError as error:
-            raise ApiError(
-                400,
-                f"invalid request (query string of an Arrow batch): {error}; parallel, retries, fresh "
-                "and timeout_s are JSON values (e.g. 4, true)",
-            ) from None
-        params = parse_query(BatchCreate, fields, "an Arrow batch")
+        params = parse_query(BatchCreate, fields, "an Arrow batch", query, _QUERY_JSON)
         async with ctx.arrow_body(request) as rows_file:
             return await create(request, params, None, rows_file)
 

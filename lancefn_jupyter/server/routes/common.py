@@ -175,8 +175,22 @@ async def parse(request: Request, model: type[Body]) -> Any:
         raise ApiError(400, "invalid request: " + format_validation_error(error)) from None
 
 
-def parse_query(model: type[Body], fields: dict[str, Any], what: str) -> Any:
-    """The query-string fields of an Arrow-bodied request as ``model``; a 400 names ``what`` and the field."""
+def parse_query(
+    model: type[Body], fields: dict[str, Any], what: str, query: Any = None, json_keys: tuple[str, ...] = ()
+) -> Any:
+    """The query-string fields of an Arrow-bodied request as ``model``; a 400 names ``what`` and the field.
+    ``json_keys``: fields of ``query`` that hold JSON values (numbers, booleans), decoded into ``fields``."""
+    fields = dict(fields)
+    for key in json_keys:
+        if key in query:
+            try:
+                fields[key] = json.loads(query[key])
+            except json.JSONDecodeError as error:
+                raise ApiError(
+                    400,
+                    f"invalid request (query string of {what}): {key}={query[key]!r} is not a JSON value "
+                    f"({error}); {', '.join(json_keys)} are JSON values (e.g. 4, 2.5, true)",
+                ) from None
     try:
         return model.model_validate(fields)
     except ValidationError as error:

@@ -96,16 +96,13 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         job_id = await off_loop(
             core.run, body.name, body.version, rows, body.timeout_s, arrow_rows=upload, **pick(request, body.namespace)
         )
-        if body.wait_s is None:
-            return {"job_id": job_id}
-        # Inline wait: a quick job's result comes back in this reply (one round trip, no jobs/wait).
-        return {"job_id": job_id, "job": await core.wait_job(job_id, body.wait_s, unless_queued=True)}
+        return await _submitted(job_id, body.wait_s)
 
     async def _run_arrow(request: Request) -> dict:
         """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""
         query = request.query_params
-        fields = {k: query.get(k) for k in ("name", "version", "timeout_s", "namespace")}
-        params = parse_query(Run, {**fields, "rows": None}, "an Arrow run")
+        fields = {k: query.get(k) for k in ("name", "version", "namespace")}
+        params = parse_query(Run, {**fields, "rows": None}, "an Arrow run", query, ("timeout_s", "wait_s"))
         async with ctx.arrow_body(request) as rows_file:
             job_id = await off_loop(
                 core.run,
@@ -116,7 +113,13 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
                 arrow_rows=rows_file,
                 **pick(request, params.namespace),
             )
-        return {"job_id": job_id}
+        return await _submitted(job_id, params.wait_s)
+
+    async def _submitted(job_id: str, wait_s: Optional[float]) -> dict:
+        """The run's reply; with ``wait_s``, a quick job's result comes back in it (one round trip, no jobs/wait)."""
+        if wait_s is None:
+            return {"job_id": job_id}
+        return {"job_id": job_id, "job": await core.wait_job(job_id, wait_s, unless_queued=True)}
 
 
 def _by_name_version(method: Callable[..., dict]) -> Callable[[Request], Awaitable[dict]]:
