@@ -295,50 +295,23 @@ def screenshot(page, name: str) -> Path:
 
 # ------------------------------------------------------------------ deterministic jobs
 
-#: A function whose job runs until the test creates a file: state changes happen when the test
-#: says so, never by timing.
-GATE_SOURCE = (
-    "from __future__ import annotations\n\n"
-    "import os\n"
-    "import time\n\n\n"
-    "def wait_for(path: str) -> str:\n"
-    "    while not os.path.exists(path):\n"
-    "        time.sleep(0.05)\n"
-    "    return path\n"
-)
-
 
 def register_gate_function(http: httpx.Client, *, name: str = "wait_for", num_gpus: int = 1) -> str:
-    """Registers `wait_for(path)` directly on the control plane; returns its version id."""
-    from conftest import register, registration_body
+    """Registers a function whose job runs until the test creates its file (helpers.HOLD_SOURCE):
+    state changes happen when the test says so, never by timing. Returns its version id."""
+    from helpers import hold_version
 
-    body = registration_body(
-        name,
-        source=GATE_SOURCE,
-        entrypoint="wait_for",
-        inputs=(("path", "utf8", False),),
-        output_type="utf8",
-        num_gpus=num_gpus,
-    )
-    return register(http, body)["version"]
+    return hold_version(http, name, num_gpus)
 
 
 def submit_gate_job(http: httpx.Client, name: str, version: str, gate: Path, *, timeout_s: float = 300) -> str:
-    reply = http.post(
-        "/v1/functions/run",
-        json={"name": name, "version": version, "rows": [{"path": str(gate)}], "timeout_s": timeout_s},
-    )
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
+    from helpers import submit
+
+    return submit(http, name, version, [{"path": str(gate)}], timeout_s=timeout_s)
 
 
 def wait_job_state(http: httpx.Client, job_id: str, states: set[str], timeout: float = 30.0) -> dict:
     """Polls `jobs/describe` (bounded) until the job is in one of `states`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = http.post("/v1/jobs/describe", json={"job_id": job_id}).json()
-        if job.get("job_state") in states:
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} not in {states} after {timeout}s: {job}")
-        time.sleep(0.05)
+    from helpers import wait_state
+
+    return wait_state(http, job_id, *states, timeout=timeout)

@@ -68,10 +68,11 @@ class ControlPlaneProcess:
     def info(self) -> dict:
         return json.loads(self.server_json.read_text())
 
-    def http(self, **kwargs) -> httpx.Client:
-        """``httpx.Client`` bound to this server with the admin key (use as a context manager)."""
+    def http(self, key: Optional[str] = None, **kwargs) -> httpx.Client:
+        """``httpx.Client`` bound to this server with ``key`` (default: the admin key); use as a context manager."""
         kwargs.setdefault("timeout", 30.0)
-        return httpx.Client(base_url=self.url, headers=self.client_headers, **kwargs)
+        headers = {"x-api-key": key} if key is not None else self.client_headers
+        return httpx.Client(base_url=self.url, headers=headers, **kwargs)
 
     def log_text(self) -> str:
         try:
@@ -223,6 +224,14 @@ def shared_control_plane(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
 def control_plane(control_plane_factory) -> ControlPlaneProcess:
     """A server with the default (simulated, 2 GPUs) class."""
     return control_plane_factory()
+
+
+@pytest.fixture
+def ip(control_plane):
+    """An IPython shell with the extension loaded, connected to ``control_plane``."""
+    from helpers import kernel_shell  # helpers imports this module: not at the top
+
+    yield from kernel_shell(control_plane)
 
 
 # ------------------------------------------------------------- request bodies by hand

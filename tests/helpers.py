@@ -1,5 +1,6 @@
-"""What many test modules share: polling with a deadline, a file-gated "hold" function, and the
-REST calls the job tests make against a real control plane.
+"""What many test modules share: polling with a deadline, a file-gated "hold" function, the
+REST calls the job tests make against a real control plane, API-key files and an IPython shell
+with the extension loaded.
 
 Waits poll until a condition holds and fail only when it never does (a generous deadline, never
 an assert on elapsed time). A hold function runs until the test creates a file, so job states
@@ -8,11 +9,15 @@ change when the test says so, not by timing.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
+import tempfile
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import httpx
-from conftest import register, registration_body
+from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 from lancefn_jupyter.models import Job
 
@@ -36,6 +41,32 @@ def hold(path: str) -> str:
 
 TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
 
+#: Pieces of ``%%gpu_function`` option lines that property tests join at random: names, punctuation, values.
+OPTION_LINE_TOKENS = (
+    "num_gpus",
+    "gpu_class",
+    "name",
+    "pip",
+    "conda",
+    "conda_channels",
+    "env",
+    "python_version",
+    "image",
+    "profile",
+    "register",
+    "timeout_s",
+    "=",
+    ",",
+    "'",
+    '"',
+    " ",
+    "\\",
+    "1",
+    "0",
+    "-1",
+    "1.5",
+)
+
 
 def wait_until(condition: Callable[[], T], what: str, timeout: float = DEADLINE_S, interval: float = 0.05) -> T:
     """Poll ``condition()`` until it returns something truthy and return that; fail after ``timeout``."""
@@ -46,22 +77,28 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float = DEADLINE_
     return value
 
 
-def hold_version(http: httpx.Client, name: str = "hold", num_gpus: int | None = 1, **options: Any) -> str:
-    """Registers :data:`HOLD_SOURCE` as ``name``; returns its version id."""
-    body = registration_body(
+def text_body(name: str, source: str, *, entrypoint: str | None = None, arg: str = "path", **options: Any) -> dict:
+    """A registration body for ``entrypoint(arg: str) -> str`` (holds, probes); ``entrypoint`` defaults to ``name``."""
+    return registration_body(
         name,
-        source=HOLD_SOURCE,
-        entrypoint="hold",
-        inputs=(("path", "utf8", False),),
+        source=source,
+        entrypoint=entrypoint or name,
+        inputs=((arg, "utf8", False),),
         output_type="utf8",
-        num_gpus=num_gpus,
         **options,
     )
-    return register(http, body)["version"]
 
 
-def submit(http: httpx.Client, name: str, version: str, rows: list[dict], timeout_s: float | None = None) -> str:
-    body = {"name": name, "version": version, "rows": rows, **({"timeout_s": timeout_s} if timeout_s else {})}
+def hold_version(http: httpx.Client, name: str = "hold", num_gpus: int | None = 1, **options: Any) -> str:
+    """Registers :data:`HOLD_SOURCE` as ``name``; returns its version id."""
+    return register(http, text_body(name, HOLD_SOURCE, entrypoint="hold", num_gpus=num_gpus, **options))["version"]
+
+
+def submit(
+    http: httpx.Client, name: str, version: str, rows: list[dict], timeout_s: float | None = None, **extra: Any
+) -> str:
+    """POST /v1/functions/run; returns the job id. ``extra`` goes into the body as is."""
+    body = {"name": name, "version": version, "rows": rows, **({"timeout_s": timeout_s} if timeout_s else {}), **extra}
     reply = http.post("/v1/functions/run", json=body)
     assert reply.status_code == 202, reply.text
     return reply.json()["job_id"]
@@ -74,13 +111,73 @@ def describe(http: httpx.Client, job_id: str) -> dict:
     return reply.json()
 
 
-def wait_state(http: httpx.Client, job_id: str, *states: str) -> dict:
-    return wait_until(lambda: (job := describe(http, job_id))["job_state"] in states and job, f"{job_id} in {states}")
+def wait_state(http: httpx.Client, job_id: str, *states: str, timeout: float = DEADLINE_S) -> dict:
+    """Polls until the job is in one of ``states``; fails at once if it ends in another."""
+
+    def reached() -> dict | None:
+        job = describe(http, job_id)
+        if job["job_state"] in states:
+            return job
+        assert job["job_state"] not in TERMINAL, f"{job_id} ended instead of reaching {states}: {job}"
+        return None
+
+    return wait_until(reached, f"{job_id} in {states}", timeout)
 
 
-def wait_done(http: httpx.Client, job_id: str) -> dict:
-    reply = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": DEADLINE_S})
-    assert reply.status_code == 200, reply.text
-    job = reply.json()
-    assert job["job_state"] in TERMINAL, job
-    return job
+def wait_done(http: httpx.Client, job_id: str, timeout: float = DEADLINE_S) -> dict:
+    """POST /v1/jobs/wait (10 s at a time) until the job has ended; fails after ``timeout``."""
+
+    def ended() -> dict | None:
+        reply = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": min(10.0, timeout)})
+        assert reply.status_code == 200, reply.text
+        return reply.json() if reply.json()["job_state"] in TERMINAL else None
+
+    return wait_until(ended, f"job {job_id} to end", timeout)
+
+
+def api_keys_toml(*keys: dict[str, Any]) -> str:
+    """An ``--api-keys`` file: one ``[[api_keys]]`` table per dict (name, key, privileges, namespace)."""
+    tables = ("".join(f"{field} = {json.dumps(value)}\n" for field, value in key.items()) for key in keys)
+    return "".join(f"[[api_keys]]\n{table}\n" for table in tables)
+
+
+def kernel_shell(cp: Any) -> Iterator[Any]:
+    """An IPython shell with the extension loaded and connected to ``cp`` (a fixture's body)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from lancefn_jupyter import api
+
+    shell = InteractiveShell.instance()
+    shell.reset()
+    shell.run_line_magic("load_ext", "lancefn_jupyter")
+    api._session.registered.clear()
+    api._session.profiles.clear()
+    api.connect(cp.url, cp.api_key)
+    yield shell
+    shell.reset()
+
+
+@contextlib.contextmanager
+def ray_server(tmp_path_factory: Any, classes: str, *args: str, **env: str) -> Iterator[ControlPlaneProcess]:
+    """A started ``lancefn-server --executor ray`` with the ``classes`` TOML (its own local Ray unless
+    ``args`` name ``--ray-address``), no pip installs; stopped and its Ray temp dir removed on exit."""
+    base = tmp_path_factory.mktemp("ray")
+    (base / "classes.toml").write_text(classes)
+    temp_dir = tempfile.mkdtemp(prefix="lfr", dir="/tmp")  # short: Ray's unix sockets must fit in 107 chars
+    server = ControlPlaneProcess(
+        base / "home",
+        args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray", *args],
+        # RAY_AUTH_MODE: no token written to ~/.ray for a throwaway cluster.
+        env=make_env(
+            {"RAY_AUTH_MODE": "disabled", "LANCEFN_RAY_TEMP_DIR": temp_dir, "LANCEFN_RAY_PIP": "never", **env}
+        ),
+        log_dir=base,
+    )
+    try:
+        yield server.start()
+    finally:
+        try:
+            server.stop()
+        except Exception:  # teardown must not leave the server running
+            server.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)

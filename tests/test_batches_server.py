@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import httpx
 from conftest import register, registration_body
-from helpers import DEADLINE_S, wait_until
+from helpers import DEADLINE_S, api_keys_toml, wait_until
 
 from lancefn_jupyter.batch_models import Batch
 
@@ -327,24 +327,15 @@ def test_a_version_dropped_mid_batch_fails_the_chunks_not_yet_started_saying_why
         assert batch["failure"]["phase"] == "validation" and "was dropped" in batch["failure"]["message"]
 
 
-TEAM_KEYS = """
-[[api_keys]]
-name = "alice"
-key = "alice-key-000000001"
-namespace = "team-a"
-privileges = ["functions", "jobs"]
-
-[[api_keys]]
-name = "carol"
-key = "carol-key-000000003"
-privileges = ["functions", "jobs"]
-"""
+TEAM_KEYS = api_keys_toml(
+    {"name": "alice", "key": "alice-key-000000001", "namespace": "team-a", "privileges": ["functions", "jobs"]},
+    {"name": "carol", "key": "carol-key-000000003", "privileges": ["functions", "jobs"]},
+)
 
 
 def test_a_batch_lives_in_its_functions_namespace_and_other_teams_cannot_see_it(control_plane_factory):
     cp = control_plane_factory(api_keys=TEAM_KEYS)
-    alice = httpx.Client(base_url=cp.url, headers={"x-api-key": "alice-key-000000001"}, timeout=60)
-    carol = httpx.Client(base_url=cp.url, headers={"x-api-key": "carol-key-000000003"}, timeout=60)
+    alice, carol = cp.http("alice-key-000000001", timeout=60), cp.http("carol-key-000000003", timeout=60)
     with alice, carol, cp.http() as admin:
         version = register(alice, registration_body("double"))["version"]
         batch_id = create(alice, version, [[{"x": 1}], [{"x": 2}]], name="double")["batch_id"]

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 from lancefn_jupyter import api, local
 from lancefn_jupyter.client import LancefnError
@@ -132,16 +131,11 @@ def test_message_said_once():
 
 
 @pytest.fixture
-def ip(control_plane, monkeypatch):
-    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")  # .local() runs its worker on the simulator
+def ip(ip, monkeypatch):
+    """conftest's shell, with ``.local()`` running its worker on the simulator."""
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
     local.gpu_available.cache_clear()
-    shell = InteractiveShell.instance()
-    shell.reset()
-    shell.run_line_magic("load_ext", "lancefn_jupyter")
-    api._session.registered.clear()
-    api.connect(control_plane.url, control_plane.api_key)
-    yield shell
-    shell.reset()
+    yield ip
     local.gpu_available.cache_clear()
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import register, registration_body
+from helpers import wait_done
 from numpy.typing import NDArray
 
 from lancefn_jupyter import api, dataplane
@@ -233,29 +234,22 @@ def big(n: int):
 """
 
 
-def _wait_terminal(client, job_id: str) -> dict:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        wire = client.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 30}).json()
-        if wire["job_state"] in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT"):
-            return wire
-    raise AssertionError(f"job {job_id} did not end")
+BIG_BODY = registration_body(
+    "big",
+    source=BIG_SOURCE,
+    entrypoint="big",
+    inputs=(("n", "int64", False),),
+    output_type="tensor<float32>",
+    num_gpus=None,
+)
 
 
 def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result(control_plane_factory):
     cp = control_plane_factory()
     n = 25_000_000  # 100 MB of float32
-    body = registration_body(
-        "big",
-        source=BIG_SOURCE,
-        entrypoint="big",
-        inputs=(("n", "int64", False),),
-        output_type="tensor<float32>",
-        num_gpus=None,
-    )
     results = cp.home / "data" / "results"
     with cp.http() as client:
-        version = register(client, body)
+        version = register(client, BIG_BODY)
         job_id = client.post(
             "/v1/functions/run", json={"name": "big", "version": version["version"], "rows": [{"n": n}]}
         ).json()["job_id"]
@@ -267,7 +261,7 @@ def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result
     cp.kill()
     cp.start()
     with cp.http() as client:
-        wire = _wait_terminal(client, job_id)
+        wire = wait_done(client, job_id, DEADLINE_S)
         assert wire["job_state"] == "DONE", wire
         reply = client.get("/v1/jobs/result", params={"job_id": job_id})
         (value,) = dataplane.decode_results(dataplane.read_ipc(reply.content))
@@ -277,20 +271,12 @@ def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result
 
 def test_retention_removes_results_and_the_job_says_so(control_plane_factory):
     cp = control_plane_factory(args=["--result-max-bytes", "1"])
-    body = registration_body(
-        "big",
-        source=BIG_SOURCE,
-        entrypoint="big",
-        inputs=(("n", "int64", False),),
-        output_type="tensor<float32>",
-        num_gpus=None,
-    )
     with cp.http() as client:
-        version = register(client, body)
+        version = register(client, BIG_BODY)
         job_id = client.post(
             "/v1/functions/run", json={"name": "big", "version": version["version"], "rows": [{"n": 10}]}
         ).json()["job_id"]
-        assert _wait_terminal(client, job_id)["job_state"] == "DONE"
+        assert wait_done(client, job_id, DEADLINE_S)["job_state"] == "DONE"
         wire = client.post("/v1/jobs/describe", json={"job_id": job_id}).json()
         assert wire["result_summary"]["expired"] is True and wire["result_summary"]["shape"] == [10]
         reply = client.get("/v1/jobs/result", params={"job_id": job_id})

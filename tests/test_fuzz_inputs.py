@@ -29,6 +29,7 @@ import math
 import httpx
 import pytest
 from conftest import registration_body
+from helpers import OPTION_LINE_TOKENS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
@@ -82,28 +83,7 @@ def run_magic(shell, line: str, cell: str):
 
 _TOKENS = st.sampled_from(
     [
-        "num_gpus",
-        "gpu_class",
-        "name",
-        "pip",
-        "conda",
-        "conda_channels",
-        "env",
-        "python_version",
-        "image",
-        "profile",
-        "register",
-        "timeout_s",
-        "=",
-        ",",
-        "'",
-        '"',
-        " ",
-        "\\",
-        "1",
-        "0",
-        "-1",
-        "1.5",
+        *OPTION_LINE_TOKENS,
         "2",
         "yes",
         "no",

@@ -12,22 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import submit
+from helpers import api_keys_toml, submit
 
 A_KEY, B_KEY = "team-a-key-00000001", "team-b-key-00000002"
-KEYS = f"""
-[[api_keys]]
-name = "ann"
-key = "{A_KEY}"
-namespace = "a"
-privileges = ["functions", "jobs"]
-
-[[api_keys]]
-name = "ben"
-key = "{B_KEY}"
-namespace = "b"
-privileges = ["functions", "jobs"]
-"""
+KEYS = api_keys_toml(
+    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
+    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
+)
 ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
 
 PATCHER = """
@@ -72,7 +63,7 @@ def check(x: int) -> str:
 
 
 def client(cp, key: str) -> httpx.Client:
-    return httpx.Client(base_url=cp.url, headers={"x-api-key": key}, timeout=60.0)
+    return cp.http(key, timeout=60.0)
 
 
 def run(http: httpx.Client, name: str, version: str, rows: list[dict]) -> list:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 from lancefn_jupyter import api
 
@@ -40,17 +39,6 @@ def hold(path: str) -> str:
         time.sleep(0.02)
     return path
 """
-
-
-@pytest.fixture
-def ip(control_plane):
-    shell = InteractiveShell.instance()
-    shell.reset()
-    shell.run_line_magic("load_ext", "lancefn_jupyter")
-    api._session.registered.clear()
-    api.connect(control_plane.url, control_plane.api_key)
-    yield shell
-    shell.reset()
 
 
 def test_kernel_cell_same_results_locally_and_as_a_job(ip):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from helpers import kernel_shell
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from lancefn_jupyter import api
@@ -40,14 +40,7 @@ def cp(control_plane_factory):
 
 @pytest.fixture
 def ip(cp):
-    shell = InteractiveShell.instance()
-    shell.reset()
-    shell.run_line_magic("load_ext", "lancefn_jupyter")
-    api._session.registered.clear()
-    api._session.profiles.clear()
-    api.connect(cp.url, cp.api_key)
-    yield shell
-    shell.reset()
+    yield from kernel_shell(cp)
 
 
 def shown(captured) -> str:

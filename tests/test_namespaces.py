@@ -15,27 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import submit
+from helpers import api_keys_toml, submit
 
 ALICE, BOB, CAROL = "alice-key-000000001", "bob-key-00000000002", "carol-key-000000003"
-KEYS = f"""
-[[api_keys]]
-name = "alice"
-key = "{ALICE}"
-namespace = "team-a"
-privileges = ["functions", "jobs", "system_usage"]
-
-[[api_keys]]
-name = "bob"
-key = "{BOB}"
-namespace = "team-a"
-privileges = ["functions", "jobs", "system_usage"]
-
-[[api_keys]]
-name = "carol"
-key = "{CAROL}"
-privileges = ["functions", "jobs", "system_usage"]
-"""
+ALL = ["functions", "jobs", "system_usage"]
+KEYS = api_keys_toml(
+    {"name": "alice", "key": ALICE, "namespace": "team-a", "privileges": ALL},
+    {"name": "bob", "key": BOB, "namespace": "team-a", "privileges": ALL},
+    {"name": "carol", "key": CAROL, "privileges": ALL},  # no namespace: her own name
+)
 ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
 SLOW = "import time\n\n\ndef slow(x: int) -> int:\n    time.sleep(x / 10)\n    return x\n"
 MISSING_JOB = "0" * 32
@@ -43,7 +31,7 @@ MISSING_VERSION = "0" * 16
 
 
 def client(cp, key: str) -> httpx.Client:
-    return httpx.Client(base_url=cp.url, headers={"x-api-key": key}, timeout=60.0)
+    return cp.http(key, timeout=60.0)
 
 
 def wait(http: httpx.Client, job_id: str) -> dict:

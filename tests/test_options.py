@@ -4,6 +4,7 @@ import dataclasses
 import shlex
 
 import pytest
+from helpers import OPTION_LINE_TOKENS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -368,28 +369,7 @@ def test_every_field_is_an_option():
 
 _tokens = st.sampled_from(
     [
-        "num_gpus",
-        "gpu_class",
-        "name",
-        "pip",
-        "conda",
-        "conda_channels",
-        "env",
-        "python_version",
-        "image",
-        "profile",
-        "register",
-        "timeout_s",
-        "=",
-        ",",
-        "'",
-        '"',
-        " ",
-        "\\",
-        "1",
-        "0",
-        "-1",
-        "1.5",
+        *OPTION_LINE_TOKENS,
         "yes",
         "A=1",
         "numpy",

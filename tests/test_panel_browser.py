@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import pytest
 from browser_util import (
     built_labextension,
@@ -31,6 +30,7 @@ from browser_util import (
     wait_lab_ready,
 )
 from conftest import ControlPlaneProcess, make_env, register, registration_body
+from helpers import api_keys_toml
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 _missing = chromium_missing_reason()
@@ -516,18 +516,15 @@ def test_pending_jobs_show_their_expected_start_behind_busy_gpus(page, lab):
     assert page.lancefn_errors == []
 
 
-TEAM_KEYS = """
-[[api_keys]]
-name = "alice"
-key = "alice-key-000000001"
-namespace = "team-a"
-privileges = ["functions", "jobs", "system_usage"]
-
-[[api_keys]]
-name = "carol"
-key = "carol-key-000000003"
-privileges = ["functions", "jobs", "system_usage"]
-"""
+TEAM_KEYS = api_keys_toml(
+    {
+        "name": "alice",
+        "key": "alice-key-000000001",
+        "namespace": "team-a",
+        "privileges": ["functions", "jobs", "system_usage"],
+    },
+    {"name": "carol", "key": "carol-key-000000003", "privileges": ["functions", "jobs", "system_usage"]},
+)
 
 
 def test_namespace_label_shows_only_when_jobs_of_two_namespaces_are_listed(page, tmp_path, control_plane_factory):
@@ -540,7 +537,7 @@ def test_namespace_label_shows_only_when_jobs_of_two_namespaces_are_listed(page,
         open_panel(page)
         runs = {}
         for who, key in (("alice", "alice-key-000000001"), ("carol", "carol-key-000000003")):
-            with httpx.Client(base_url=cp.url, headers={"x-api-key": key}, timeout=60.0) as http:
+            with cp.http(key, timeout=60.0) as http:
                 version = register_gate_function(http, num_gpus=1)
                 gate = tmp_path / f"gate-{who}"
                 gate.write_text("go")

@@ -4,9 +4,6 @@ class resources, driven over HTTP like every other server test.
 
 Ray is slow to start (~8 s, more on a busy machine), so one server serves the whole module and
 the tests that end it (lost cluster, SIGKILL + restart, stop) come last, in file order.
-
-Size: over 600 lines because that one module-scoped Ray server is what keeps this tier affordable;
-splitting the file would start Ray once more per file.
 """
 
 from __future__ import annotations
@@ -14,15 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import ControlPlaneProcess, make_env, register, registration_body
+from conftest import ControlPlaneProcess, register, registration_body
+from helpers import describe, ray_server, submit, text_body, wait_done, wait_state, wait_until
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -86,33 +82,25 @@ def checked(x: int) -> int:
     return _check(x)
 """
 
-TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
 SLOW = 120.0  # generous: a first task on a busy 2-core CI box waits for a Ray worker to start
 
 
 # ------------------------------------------------------------------------------ helpers
 
 
-def _short_dir(tmp_path_factory) -> str:
-    """Ray's unix sockets must fit in 107 chars: its temp dir stays short."""
-    base = tmp_path_factory.mktemp("r")
-    if len(str(base)) <= 40:
-        return str(base)
-    return tempfile.mkdtemp(prefix="lfr", dir="/tmp")
-
-
 def _bridge(cp: ControlPlaneProcess) -> psutil.Process:
     """The server's Ray driver process (whose session holds every Ray process it started)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def found() -> psutil.Process | None:
         for child in psutil.Process(cp.proc.pid).children():
             try:
                 if "_bridge_main" in " ".join(child.cmdline()):
                     return child
             except psutil.NoSuchProcess:
                 continue
-        time.sleep(0.1)
-    raise AssertionError("the server started no Ray driver process")
+        return None
+
+    return wait_until(found, "the server's Ray driver process", 30)
 
 
 def _alive(pid: int) -> bool:
@@ -147,38 +135,21 @@ def _wait_no_session(sid: int, timeout: float = 30.0) -> None:
     assert not left, f"Ray processes left behind: {left}"
 
 
-def _version(http, name: str, source: str, entrypoint: str, **kwargs) -> str:
-    return register(http, registration_body(name, source=source, entrypoint=entrypoint, **kwargs))["version"]
+def _version(http, body: dict) -> str:
+    return register(http, body)["version"]
 
 
-def _run(http, name: str, version: str, rows: list[dict], **extra) -> str:
-    reply = http.post("/v1/functions/run", json={"name": name, "version": version, "rows": rows, **extra})
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
-
-
-def _job(http, job_id: str) -> dict:
-    return http.post("/v1/jobs/describe", json={"job_id": job_id}).json()
-
-
-def _until(http, job_id: str, states: tuple[str, ...], timeout: float = SLOW) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = _job(http, job_id)
-        if job["job_state"] in states:
-            return job
-        assert job["job_state"] not in TERMINAL, job
-        assert time.monotonic() < deadline, f"job still {job['job_state']} after {timeout}s: {job}"
-        time.sleep(0.05)
+def _waiter(http, gpu_class: str) -> str:
+    """``wait_for(path)`` on ``gpu_class``: runs until the test creates ``path``, returns its devices."""
+    return _version(http, text_body("wait_for", WAIT, gpu_class=gpu_class))
 
 
 def _finished(http, job_id: str, timeout: float = SLOW) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 10}).json()
-        if job["job_state"] in TERMINAL:
-            return job
-        assert time.monotonic() < deadline, f"job not finished after {timeout}s: {job}"
+    return wait_done(http, job_id, timeout)
+
+
+def _running(http, job_id: str) -> dict:
+    return wait_state(http, job_id, "IN_PROGRESS", timeout=SLOW)
 
 
 def _usage(http) -> dict:
@@ -190,43 +161,22 @@ def _usage(http) -> dict:
 
 @pytest.fixture(scope="module")
 def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
-    base = tmp_path_factory.mktemp("raycp")
-    (base / "classes.toml").write_text(CLASSES)
-    temp_dir = _short_dir(tmp_path_factory)
-    env = make_env(
-        {
-            "RAY_AUTH_MODE": "disabled",  # no token written to ~/.ray for a throwaway cluster
-            "LANCEFN_RAY_TEMP_DIR": temp_dir,
-            "LANCEFN_RAY_LOST_AFTER_S": "10",
-            # No package index here: a missing package must fail fast in the task's own check
-            # instead of a pip install through runtime_env (the "auto" rule is tested below).
-            "LANCEFN_RAY_PIP": "never",
-            # Warm actors hold their GPUs while idle; a second server on this cluster (below) cannot
-            # see them, so its job waits until they retire.
-            "LANCEFN_RAY_ACTOR_IDLE_S": "15",
-        }
-    )
-    cp = ControlPlaneProcess(
-        base / "home", args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray"], env=env, log_dir=base
-    )
-    cp.start()
-    sessions: list[int] = []
-    cp.sessions = sessions  # every bridge session seen, swept at teardown
-    sessions.append(_bridge(cp).pid)
+    sessions: list[int] = []  # every bridge session seen, swept at teardown
     try:
-        yield cp
+        # LOST_AFTER_S: a lost cluster is noticed fast. ACTOR_IDLE_S: warm actors hold their GPUs while
+        # idle; a second server on this cluster (below) cannot see them, so its job waits until they retire.
+        # LANCEFN_RAY_PIP=never (ray_server): a missing package fails fast in the task's own check.
+        with ray_server(tmp_path_factory, CLASSES, LANCEFN_RAY_LOST_AFTER_S="10", LANCEFN_RAY_ACTOR_IDLE_S="15") as cp:
+            cp.sessions = sessions
+            sessions.append(_bridge(cp).pid)
+            yield cp
     finally:
-        try:
-            cp.stop()
-        except Exception:
-            cp.kill()
         for sid in sessions:  # never leave Ray behind, even when a test failed half-way
             for proc in _session(sid):
                 try:
                     proc.kill()
                 except psutil.NoSuchProcess:
                     pass
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -308,17 +258,8 @@ def test_ray_output_quoting_a_jobs_env_is_scrubbed_before_it_reaches_the_server_
 def test_job_runs_on_the_gpu_ids_ray_assigns_with_env_and_logs(ray_cp):
     with ray_cp.http() as http:
         assert http.get("/v1/health").json()["executor"] == "ray"
-        version = _version(
-            http,
-            "probe",
-            PROBE,
-            "probe",
-            inputs=(("tag", "utf8", False),),
-            output_type="utf8",
-            gpu_class="small",
-            env={"GREETING": "hi"},
-        )
-        job_id = _run(http, "probe", version, [{"tag": "a"}])
+        version = _version(http, text_body("probe", PROBE, arg="tag", gpu_class="small", env={"GREETING": "hi"}))
+        job_id = submit(http, "probe", version, [{"tag": "a"}])
         job = _finished(http, job_id)
         assert job["job_state"] == "DONE", job
         seen = json.loads(job["result"][0])
@@ -339,10 +280,8 @@ def test_two_classes_are_routed_to_their_class_resources(ray_cp):
     with ray_cp.http() as http:
         jobs = {}
         for gpu_class in ("small", "big"):
-            version = _version(
-                http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8", gpu_class=gpu_class
-            )
-            jobs[gpu_class] = _run(http, "probe", version, [{"tag": gpu_class}])
+            version = _version(http, text_body("probe", PROBE, arg="tag", gpu_class=gpu_class))
+            jobs[gpu_class] = submit(http, "probe", version, [{"tag": gpu_class}])
         for gpu_class, job_id in jobs.items():
             job = _finished(http, job_id)
             assert job["job_state"] == "DONE", job
@@ -356,20 +295,15 @@ def test_two_classes_are_routed_to_their_class_resources(ray_cp):
 
 def test_more_jobs_than_gpus_wait_pending_until_gpus_free(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small"
+        version = _waiter(http, "small")
+        job_ids = [submit(http, "wait_for", version, [{"path": str(flag)}]) for _ in range(3)]
+        wait_until(
+            lambda: [describe(http, job_id)["job_state"] for job_id in job_ids].count("IN_PROGRESS") == 2,
+            "two jobs running",
+            SLOW,
         )
-        job_ids = [_run(http, "wait_for", version, [{"path": str(flag)}]) for _ in range(3)]
-        deadline = time.monotonic() + SLOW
-        while True:
-            jobs = [_job(http, job_id) for job_id in job_ids]
-            running = [job for job in jobs if job["job_state"] == "IN_PROGRESS"]
-            if len(running) == 2:
-                break
-            assert len(running) < 2 and time.monotonic() < deadline, jobs
-            time.sleep(0.1)
         time.sleep(1.5)  # the third stays queued in Ray while both GPUs are held
-        jobs = [_job(http, job_id) for job_id in job_ids]
+        jobs = [describe(http, job_id) for job_id in job_ids]
         pending = [job for job in jobs if job["job_state"] == "PENDING"]
         assert len(pending) == 1, jobs
         assert pending[0]["placement"].get("waiting_on_capacity") is True
@@ -389,35 +323,30 @@ def test_more_jobs_than_gpus_wait_pending_until_gpus_free(ray_cp, flag):
 
 def test_cancel_pending_and_running_jobs_frees_the_gpu(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
-        )
-        first = _run(http, "wait_for", version, [{"path": str(flag)}])
-        _until(http, first, ("IN_PROGRESS",))
-        second = _run(http, "wait_for", version, [{"path": str(flag)}])
+        version = _waiter(http, "big")
+        first = submit(http, "wait_for", version, [{"path": str(flag)}])
+        _running(http, first)
+        second = submit(http, "wait_for", version, [{"path": str(flag)}])
         time.sleep(1.0)
-        assert _job(http, second)["job_state"] == "PENDING"  # big has one GPU
+        assert describe(http, second)["job_state"] == "PENDING"  # big has one GPU
 
         assert http.post("/v1/jobs/cancel", json={"job_id": second}).json()["cancelled"] is True
         assert http.post("/v1/jobs/cancel", json={"job_id": first}).json()["cancelled"] is True
-        assert _job(http, first)["job_state"] == "CANCELLED" and _job(http, second)["job_state"] == "CANCELLED"
+        assert describe(http, first)["job_state"] == "CANCELLED" and describe(http, second)["job_state"] == "CANCELLED"
         # The running task's worker process was killed (ray.cancel force=True) ...
         pids = [int(path.name.rsplit(".", 1)[1]) for path in flag.parent.glob(f"{flag.name}.pid.*")]
         assert len(pids) == 1, pids  # ... and the pending one never started
-        deadline = time.monotonic() + 30
-        while _alive(pids[0]):
-            assert time.monotonic() < deadline, "the cancelled task's worker is still running"
-            time.sleep(0.1)
+        wait_until(lambda: not _alive(pids[0]), "the cancelled task's worker to end", 30)
         # ... and the class's only GPU is free for the next job.
         flag.touch()
-        third = _run(http, "wait_for", version, [{"path": str(flag)}])
+        third = submit(http, "wait_for", version, [{"path": str(flag)}])
         assert _finished(http, third)["job_state"] == "DONE"
 
 
 def test_failure_reports_the_remote_traceback_with_user_frames_only(ray_cp):
     with ray_cp.http() as http:
-        version = _version(http, "checked", FAILING, "checked", gpu_class="small")
-        job = _finished(http, _run(http, "checked", version, [{"x": 1}, {"x": -1}]))
+        version = _version(http, registration_body("checked", source=FAILING, entrypoint="checked", gpu_class="small"))
+        job = _finished(http, submit(http, "checked", version, [{"x": 1}, {"x": -1}]))
         assert job["job_state"] == "FAILED", job
         failure = job["failure"]
         assert failure["phase"] == "run"
@@ -430,10 +359,10 @@ def test_failure_reports_the_remote_traceback_with_user_frames_only(ray_cp):
 
 def test_missing_declared_package_fails_in_phase_environment(ray_cp):
     with ray_cp.http() as http:
-        version = _version(
-            http, "needs_pkg", FAILING, "checked", gpu_class="small", packages=("definitely-not-installed-lancefn-pkg",)
-        )
-        job = _finished(http, _run(http, "needs_pkg", version, [{"x": 1}]))
+        missing = ("definitely-not-installed-lancefn-pkg",)
+        body = registration_body("needs_pkg", source=FAILING, entrypoint="checked", gpu_class="small", packages=missing)
+        version = _version(http, body)
+        job = _finished(http, submit(http, "needs_pkg", version, [{"x": 1}]))
         assert job["job_state"] == "FAILED", job
         failure = job["failure"]
         assert failure["phase"] == "environment"
@@ -442,10 +371,8 @@ def test_missing_declared_package_fails_in_phase_environment(ray_cp):
 
 def test_timeout_cancels_the_task(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
-        )
-        job = _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}], timeout_s=1.5))
+        version = _waiter(http, "big")
+        job = _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}], timeout_s=1.5))
         assert job["job_state"] == "TIMED_OUT", job
         assert job["failure"]["phase"] == "timeout" and "1.5 s" in job["failure"]["message"]
         assert job["finished_ms"] - job["started_ms"] >= 1200  # counted from the start on the node (± relay)
@@ -470,25 +397,17 @@ def test_a_simulated_class_job_never_runs_in_a_process_another_version_used(ray_
     """Simulated-class jobs run in warm actors kept per (class, GPUs, version, namespace)."""
     with ray_cp.http() as http:
         versions = [
-            _version(
-                http,
-                "leaky",
-                LEAKY + comment,
-                "leaky",
-                inputs=(("mode", "utf8", False),),
-                output_type="utf8",
-                gpu_class="big",
-            )
+            _version(http, text_body("leaky", LEAKY + comment, arg="mode", gpu_class="big"))
             for comment in ("", "# version B\n")
         ]
         assert versions[0] != versions[1]
-        patched = _finished(http, _run(http, "leaky", versions[0], [{"mode": "patch"}]))
+        patched = _finished(http, submit(http, "leaky", versions[0], [{"mode": "patch"}]))
         assert patched["job_state"] == "DONE", patched
         pid_a, leak_a, _ = patched["result"][0].split()
         assert leak_a == "A"
-        again = _finished(http, _run(http, "leaky", versions[0], [{"mode": "look"}]))
+        again = _finished(http, submit(http, "leaky", versions[0], [{"mode": "look"}]))
         assert again["result"][0].split()[:2] == [pid_a, "A"]  # the same version reuses its warm actor
-        other = _finished(http, _run(http, "leaky", versions[1], [{"mode": "look"}]))
+        other = _finished(http, submit(http, "leaky", versions[1], [{"mode": "look"}]))
         assert other["job_state"] == "DONE", other
         pid_b, leak_b, real_open = other["result"][0].split()
         assert pid_b != pid_a and leak_b == "None" and real_open == "True"
@@ -509,17 +428,12 @@ def test_a_jobs_env_reaches_the_function_but_no_ray_workers_proc_environ(ray_cp)
         found = []
         for gpu_class in ("small", None):  # a simulated-class job (warm actor) and a CPU task
             kwargs = {"gpu_class": gpu_class} if gpu_class else {"num_gpus": None}
-            version = _version(
-                http,
-                "secret",
-                SECRET_ENV,
-                "secret",
-                inputs=(("x", "int64", False),),
-                output_type="utf8",
-                env={"LANCEFN_TEST_SECRET": secret_value},
-                **kwargs,
+            env = {"LANCEFN_TEST_SECRET": secret_value}
+            body = registration_body(
+                "secret", source=SECRET_ENV, entrypoint="secret", output_type="utf8", env=env, **kwargs
             )
-            job = _finished(http, _run(http, "secret", version, [{"x": 1}]))
+            version = _version(http, body)
+            job = _finished(http, submit(http, "secret", version, [{"x": 1}]))
             assert job["job_state"] == "DONE", job
             assert job["result"] == [secret_value]  # delivered with the task
         for proc in psutil.process_iter():
@@ -557,28 +471,14 @@ def _ray_address(cp: ControlPlaneProcess) -> str:
 def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp, tmp_path_factory, flag):
     """--ray-address (here: the module server's own Ray, so no second Ray start): capacity comes
     from the cluster's labels, a class no node offers waits PENDING, stopping leaves the cluster."""
-    base = tmp_path_factory.mktemp("addr")
-    (base / "classes.toml").write_text(ADDRESS_CLASSES)
     with ray_cp.http() as http:  # the module server's Ray is up once a job has run
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
-        )
+        version = _waiter(http, "big")
         flag.touch()
-        assert _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
-    address = _ray_address(ray_cp)
-    cp = ControlPlaneProcess(
-        base / "home",
-        args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray", "--ray-address", address],
-        env=make_env({"RAY_AUTH_MODE": "disabled", "LANCEFN_RAY_PIP": "never"}),
-        log_dir=base,
-    )
-    try:
-        cp.start()
+        assert _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
+    with ray_server(tmp_path_factory, ADDRESS_CLASSES, "--ray-address", _ray_address(ray_cp)) as cp:
         with cp.http() as http:
-            version = _version(
-                http, "probe", PROBE, "probe", inputs=(("tag", "utf8", False),), output_type="utf8", gpu_class="big"
-            )
-            job = _finished(http, _run(http, "probe", version, [{"tag": "joined"}]))
+            version = _version(http, text_body("probe", PROBE, arg="tag", gpu_class="big"))
+            job = _finished(http, submit(http, "probe", version, [{"tag": "joined"}]))
             assert job["job_state"] == "DONE", job
             seen = json.loads(job["result"][0])
             assert seen["resources"].get("lancefn_gpu_class:big") == 1.0 and seen["cvd"] == ",".join(
@@ -587,40 +487,26 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
             usage = _usage(http)
             assert usage["big"]["gpus_total"] == 1 and usage["t4"]["gpus_total"] == 0  # from the cluster's labels
             # No node offers "t4": Ray holds the task (an autoscaler would add a node for it).
-            t4 = _version(
-                http,
-                "wait_for",
-                WAIT,
-                "wait_for",
-                inputs=(("path", "utf8", False),),
-                output_type="utf8",
-                gpu_class="t4",
-            )
-            waiting = _run(http, "wait_for", t4, [{"path": str(flag)}])
+            t4 = _waiter(http, "t4")
+            waiting = submit(http, "wait_for", t4, [{"path": str(flag)}])
             time.sleep(2.0)
-            job = _job(http, waiting)
+            job = describe(http, waiting)
             assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True, job
             assert _usage(http)["t4"]["jobs_pending"] == 1
             assert http.post("/v1/jobs/cancel", json={"job_id": waiting}).json()["cancelled"] is True
         bridge = _bridge(cp)
         assert cp.stop() == 0
         _wait_no_session(bridge.pid, timeout=10)
-    finally:
-        cp.kill()
     with ray_cp.http() as http:  # the cluster it joined is not its to stop
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
-        )
-        assert _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
+        version = _waiter(http, "big")
+        assert _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
 
 
 def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="big"
-        )
-        job_id = _run(http, "wait_for", version, [{"path": str(flag)}])
-        _until(http, job_id, ("IN_PROGRESS",))
+        version = _waiter(http, "big")
+        job_id = submit(http, "wait_for", version, [{"path": str(flag)}])
+        _running(http, job_id)
         old = _bridge(ray_cp)
         for proc in _session(old.pid):  # the cluster dies under the control plane
             if proc.name() in ("gcs_server", "raylet"):
@@ -633,23 +519,18 @@ def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp
         _wait_no_session(old.pid)  # the dead cluster's leftovers were swept
 
         # The executor starts a fresh local Ray; the same job submitted again runs.
-        deadline = time.monotonic() + 30
-        while (new := _bridge(ray_cp)).pid == old.pid:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        new = wait_until(lambda: (bridge := _bridge(ray_cp)).pid != old.pid and bridge, "a new Ray driver", 30)
         ray_cp.sessions.append(new.pid)
         flag.touch()
-        again = _finished(http, _run(http, "wait_for", version, [{"path": str(flag)}]))
+        again = _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}]))
         assert again["job_state"] == "DONE", again
 
 
 def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp, flag):
     with ray_cp.http() as http:
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small"
-        )
-        job_id = _run(http, "wait_for", version, [{"path": str(flag)}])
-        _until(http, job_id, ("IN_PROGRESS",))
+        version = _waiter(http, "small")
+        job_id = submit(http, "wait_for", version, [{"path": str(flag)}])
+        _running(http, job_id)
     bridge = _bridge(ray_cp)
     ray_cp.kill()  # SIGKILL: no cleanup in the server itself
     _wait_no_session(bridge.pid)  # its Ray driver noticed and took the local Ray down with it
@@ -659,7 +540,7 @@ def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp
     with ray_cp.http() as http:
         logs = http.post("/v1/jobs/logs", json={"job_id": job_id}).json()["lines"]
         assert any("re-queued" in line for line in logs), logs
-        _until(http, job_id, ("IN_PROGRESS",))  # launched again on the new Ray, nothing lost
+        _running(http, job_id)  # launched again on the new Ray, nothing lost
         flag.touch()
         job = _finished(http, job_id)
         assert job["job_state"] == "DONE", job
@@ -668,9 +549,7 @@ def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp
 def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
     """Each chunk is a Ray task of the class's resource, waiting in Ray for the class's GPUs."""
     with ray_cp.http() as http:
-        version = _version(
-            http, "wait_for", WAIT, "wait_for", inputs=(("path", "utf8", False),), output_type="utf8", gpu_class="small"
-        )
+        version = _waiter(http, "small")
         gates = [tmp_path / f"chunk{i}" for i in range(4)]
         for gate in gates[:3]:
             gate.touch()
@@ -680,11 +559,14 @@ def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
         )
         assert reply.status_code == 202, reply.text
         batch_id = reply.json()["batch_id"]
-        deadline = time.monotonic() + SLOW
-        while (batch := http.post("/v1/batches/describe", json={"batch_id": batch_id}).json())["strip"] != "dddr":
-            assert time.monotonic() < deadline, batch
-            time.sleep(0.1)
-        jobs = [_job(http, chunk["job_id"]) for chunk in batch["chunks"]]
+        batch = wait_until(
+            lambda: (
+                (b := http.post("/v1/batches/describe", json={"batch_id": batch_id}).json())["strip"] == "dddr" and b
+            ),
+            "three chunks done and the fourth running",
+            SLOW,
+        )
+        jobs = [describe(http, chunk["job_id"]) for chunk in batch["chunks"]]
         assert all(job["placement"]["gpu_class"] == "small" and job["spec"]["batch_id"] == batch_id for job in jobs)
         gates[3].touch()
         batch = http.post("/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": 60}, timeout=90).json()

@@ -9,14 +9,12 @@ One server (and its local Ray) for the module; every wait is bounded; nothing is
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psutil
 import pytest
-from conftest import ControlPlaneProcess, make_env, register, registration_body
+from conftest import ControlPlaneProcess, register
+from helpers import describe, ray_server, submit, text_body, wait_done, wait_state, wait_until
 
 pytest.importorskip("ray")
 
@@ -50,73 +48,25 @@ def pid_of(path: str) -> str:
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
-    base = tmp_path_factory.mktemp("pool")
-    (base / "classes.toml").write_text(CLASSES)
-    temp_dir = tempfile.mkdtemp(prefix="lfp", dir="/tmp")  # short: Ray's unix sockets live below
-    server = ControlPlaneProcess(
-        base / "home",
-        args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray"],
-        env=make_env(
-            {
-                "RAY_AUTH_MODE": "disabled",
-                "LANCEFN_RAY_TEMP_DIR": temp_dir,
-                "LANCEFN_RAY_PIP": "never",
-                "LANCEFN_RAY_ACTOR_IDLE_S": str(IDLE_S),
-            }
-        ),
-        log_dir=base,
-    )
-    server.start()
-    try:
+    with ray_server(tmp_path_factory, CLASSES, LANCEFN_RAY_ACTOR_IDLE_S=str(IDLE_S)) as server:
         yield server
-    finally:
-        try:
-            server.stop()
-        except Exception:
-            server.kill()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _version(http, *, comment: str = "", num_gpus: int = 1) -> str:
-    body = registration_body(
-        "pid_of",
-        source=PID + comment,
-        entrypoint="pid_of",
-        inputs=(("path", "utf8", False),),
-        output_type="utf8",
-        num_gpus=num_gpus,
-        gpu_class="real",
-    )
-    return register(http, body)["version"]
+    return register(http, text_body("pid_of", PID + comment, num_gpus=num_gpus, gpu_class="real"))["version"]
 
 
 def _run(http, version: str, path: str = "") -> str:
-    reply = http.post("/v1/functions/run", json={"name": "pid_of", "version": version, "rows": [{"path": path}]})
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
+    return submit(http, "pid_of", version, [{"path": path}])
 
 
-def _until(what, condition, timeout: float = SLOW):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def _finished(http, job_id: str) -> dict:
-    return _until(
-        f"job {job_id} to end",
-        lambda: (
-            (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"]
-            in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
-            and job
-        ),
-    )
+def _gone(pid: int) -> Callable[[], bool]:
+    """A condition: the process has exited (or is a zombie)."""
+    return lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def _pid(http, version: str) -> int:
-    job = _finished(http, _run(http, version))
+    job = wait_done(http, _run(http, version), SLOW)
     assert job["job_state"] == "DONE", job
     pid, devices = job["result"][0].split()
     assert devices == ",".join(job["placement"]["devices"]) and len(job["placement"]["devices"]) == 1
@@ -137,12 +87,9 @@ def test_a_crashed_actor_fails_its_job_and_is_replaced(cp):
     with cp.http() as http:
         v1 = _version(http)
         warm = _pid(http, v1)
-        job = _finished(http, _run(http, v1, "crash"))
+        job = wait_done(http, _run(http, v1, "crash"), SLOW)
         assert job["job_state"] == "FAILED" and job["failure"]["phase"] == "worker", job["failure"]
-        assert _until(
-            "the crashed actor to be gone",
-            lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE,
-        )
+        wait_until(_gone(warm), "the crashed actor to be gone", SLOW)
         fresh = _pid(http, v1)
         assert fresh != warm
         assert _pid(http, v1) == fresh
@@ -154,16 +101,13 @@ def test_cancelling_a_job_on_a_warm_actor_kills_it_and_frees_its_gpus(cp, tmp_pa
         v1 = _version(http)
         warm = _pid(http, v1)
         running = _run(http, v1, str(gate))
-        _until("the job to run", lambda: (tmp_path / "gate.pid").exists())
+        wait_until((tmp_path / "gate.pid").exists, "the job to run", SLOW)
         assert int((tmp_path / "gate.pid").read_text()) == warm  # on the warm actor
         assert http.post("/v1/jobs/cancel", json={"job_id": running}).json()["cancelled"] is True
-        _until(
-            "the actor to be killed",
-            lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE,
-        )
+        wait_until(_gone(warm), "the actor to be killed", SLOW)
         # Both GPUs are free again: a 2-GPU job starts and finishes.
         both = _version(http, comment="# two GPUs\n", num_gpus=2)
-        job = _finished(http, _run(http, both))
+        job = wait_done(http, _run(http, both), SLOW)
         assert job["job_state"] == "DONE" and len(job["placement"]["devices"]) == 2, job
         assert _pid(http, v1) != warm
 
@@ -173,33 +117,22 @@ def test_a_job_of_another_version_waiting_for_the_gpus_gets_them_when_the_runnin
     with cp.http() as http:
         both = _version(http, comment="# holds both GPUs\n", num_gpus=2)
         holder = _run(http, both, str(gate))
-        _until("the 2-GPU job to run", lambda: (tmp_path / "gate.pid").exists())
+        wait_until((tmp_path / "gate.pid").exists, "the 2-GPU job to run", SLOW)
         holder_pid = int((tmp_path / "gate.pid").read_text())
         other = _version(http, comment="# waits for a GPU\n")
         waiting = _run(http, other)
-        assert http.post("/v1/jobs/describe", json={"job_id": waiting}).json()["job_state"] == "PENDING"
+        assert describe(http, waiting)["job_state"] == "PENDING"
         gate.touch()
-        assert _finished(http, holder)["job_state"] == "DONE"
+        assert wait_done(http, holder, SLOW)["job_state"] == "DONE"
         # Well before the idle timeout: the holder's actor was not kept idle on both GPUs.
-        job = _until(
-            "the waiting job to finish",
-            lambda: (j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["job_state"] == "DONE" and j,
-            timeout=IDLE_S * 2 / 3,
-        )
+        job = wait_state(http, waiting, "DONE", timeout=IDLE_S * 2 / 3)
         assert int(job["result"][0].split()[0]) != holder_pid
-        _until(
-            "the holder's actor to be gone",
-            lambda: not psutil.pid_exists(holder_pid) or psutil.Process(holder_pid).status() == psutil.STATUS_ZOMBIE,
-        )
+        wait_until(_gone(holder_pid), "the holder's actor to be gone", SLOW)
 
 
 def test_an_idle_actor_retires(cp):
     with cp.http() as http:
         v1 = _version(http, comment="# retire me\n")
         warm = _pid(http, v1)
-        _until(
-            "the idle actor to retire",
-            lambda: not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE,
-            timeout=IDLE_S + 60,
-        )
+        wait_until(_gone(warm), "the idle actor to retire", IDLE_S + 60)
         assert _pid(http, v1) != warm

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from typing import Iterator
 
 import pytest
-from conftest import ControlPlaneProcess, make_env, register, registration_body
+from conftest import ControlPlaneProcess, register
+from helpers import describe, ray_server, submit, text_body, wait_done, wait_until
 
 pytest.importorskip("ray")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway cluster: no token in ~/.ray
@@ -70,47 +70,14 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def cp(cluster, tmp_path_factory) -> Iterator[ControlPlaneProcess]:
-    base = tmp_path_factory.mktemp("scale")
-    (base / "classes.toml").write_text(CLASSES)
-    server = ControlPlaneProcess(
-        base / "home",
-        args=["--gpu-classes", str(base / "classes.toml"), "--executor", "ray", "--ray-address", cluster.address],
-        env=make_env({"RAY_AUTH_MODE": "disabled", "LANCEFN_RAY_PIP": "never", "LANCEFN_RAY_LOST_AFTER_S": "60"}),
-        log_dir=base,
-    )
-    server.start()
-    try:
+    with ray_server(
+        tmp_path_factory, CLASSES, "--ray-address", cluster.address, LANCEFN_RAY_LOST_AFTER_S="60"
+    ) as server:
         yield server
-    finally:
-        try:
-            server.stop()
-        except Exception:
-            server.kill()
 
 
 def _run(http, version: str, tag: str) -> str:
-    reply = http.post("/v1/functions/run", json={"name": "where", "version": version, "rows": [{"tag": tag}]})
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
-
-
-def _until(what, condition, timeout: float = SLOW):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.1)
-    return value
-
-
-def _finished(http, job_id: str) -> dict:
-    return _until(
-        f"job {job_id} to end",
-        lambda: (
-            (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"]
-            in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
-            and job
-        ),
-    )
+    return submit(http, "where", version, [{"tag": tag}])
 
 
 def _hub_node() -> str:
@@ -128,16 +95,9 @@ def test_an_unfittable_job_says_why_and_starts_once_a_big_node_joins_and_node_lo
     cluster.wait_for_nodes()
     head_id = cluster.head_node.node_id
     with cp.http() as http:
-        body = registration_body(
-            "where",
-            source=WHERE,
-            entrypoint="where",
-            inputs=(("tag", "utf8", False),),
-            output_type="utf8",
-            gpu_class="t4",
-        )
+        body = text_body("where", WHERE, arg="tag", gpu_class="t4")
         one = register(http, body)["version"]
-        job = _finished(http, _run(http, one, "first"))
+        job = wait_done(http, _run(http, one, "first"), SLOW)
         assert job["job_state"] == "DONE" and job["result"] == [small.node_id], job
 
         # The event hub sits on the driver's node (the head here), never on a worker node.
@@ -148,18 +108,12 @@ def test_an_unfittable_job_says_why_and_starts_once_a_big_node_joins_and_node_lo
         two = register(http, body)["version"]
         waiting = _run(http, two, "big")
         # The reason follows the bridge's periodic read of the cluster: wait until it has seen the new node.
-        job = _until(
-            "a pending reason naming the small node",
+        job = wait_until(
             lambda: (
-                "(the largest has 1)"
-                in (
-                    (j := http.post("/v1/jobs/describe", json={"job_id": waiting}).json())["placement"].get(
-                        "pending_reason"
-                    )
-                    or ""
-                )
-                and j
+                "(the largest has 1)" in ((j := describe(http, waiting))["placement"].get("pending_reason") or "") and j
             ),
+            "a pending reason naming the small node",
+            SLOW,
         )
         assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True
         reason = job["placement"]["pending_reason"]
@@ -173,10 +127,10 @@ def test_an_unfittable_job_says_why_and_starts_once_a_big_node_joins_and_node_lo
         cluster.remove_node(small, allow_graceful=False)
         big = cluster.add_node(num_cpus=1, num_gpus=2, resources={T4: 2})
         cluster.wait_for_nodes()
-        job = _finished(http, waiting)
+        job = wait_done(http, waiting, SLOW)
         assert job["job_state"] == "DONE" and job["result"] == [big.node_id], job
         assert job["placement"]["node"] == big.node_id and "pending_reason" not in job["placement"]
-        later = _finished(http, _run(http, one, "after"))
+        later = wait_done(http, _run(http, one, "after"), SLOW)
         assert later["job_state"] == "DONE" and later["result"] == [big.node_id]
         assert _hub_node() == head_id
         usage = {row["name"]: row for row in http.get("/v1/gpu/usage").json()["classes"]}

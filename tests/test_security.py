@@ -17,34 +17,19 @@ import stat
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import submit
+from helpers import api_keys_toml, submit
 from test_server_functions import all_routes, assert_error
 
 ANALYST = "analyst-key-0001-aaaa"
 OPERATOR = "operator-key-0001-bbbb"
 JOBS_ONLY = "jobs-only-key-0001-cccc"
 NOBODY = "no-privilege-key-0001-dddd"
-KEYS_TOML = f"""
-[[api_keys]]
-name = "analyst"
-key = "{ANALYST}"
-privileges = ["functions"]
-
-[[api_keys]]
-name = "operator"
-key = "{OPERATOR}"
-privileges = ["system_usage"]
-
-[[api_keys]]
-name = "jobs-only"
-key = "{JOBS_ONLY}"
-privileges = ["jobs"]
-
-[[api_keys]]
-name = "nobody"
-key = "{NOBODY}"
-privileges = []
-"""
+KEYS_TOML = api_keys_toml(
+    {"name": "analyst", "key": ANALYST, "privileges": ["functions"]},
+    {"name": "operator", "key": OPERATOR, "privileges": ["system_usage"]},
+    {"name": "jobs-only", "key": JOBS_ONLY, "privileges": ["jobs"]},
+    {"name": "nobody", "key": NOBODY, "privileges": []},
+)
 GRANTS = {ANALYST: "functions", OPERATOR: "system_usage", JOBS_ONLY: "jobs", NOBODY: None}
 
 

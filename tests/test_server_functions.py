@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 from conftest import register, registration_body
+from helpers import api_keys_toml
 
 from lancefn_jupyter.models import FunctionRegistrationRequest, FunctionVersion, Job, version_id
 
@@ -87,17 +88,10 @@ def test_every_route_but_health_rejects_missing_and_wrong_keys(control_plane):
 
 
 def test_privileges_from_the_api_keys_file(control_plane_factory):
-    keys = """
-[[api_keys]]
-name = "analyst"
-key = "analyst-key-0001"
-privileges = ["functions", "jobs"]
-
-[[api_keys]]
-name = "operator"
-key = "operator-key-0001"
-privileges = ["system_usage"]
-"""
+    keys = api_keys_toml(
+        {"name": "analyst", "key": "analyst-key-0001", "privileges": ["functions", "jobs"]},
+        {"name": "operator", "key": "operator-key-0001", "privileges": ["system_usage"]},
+    )
     cp = control_plane_factory(api_keys=keys)
     analyst = {"x-api-key": "analyst-key-0001"}
     operator = {"x-api-key": "operator-key-0001"}

@@ -13,7 +13,7 @@ import threading
 
 import httpx
 from conftest import register, registration_body
-from helpers import DEADLINE_S, HOLD_SOURCE, describe, hold_version, submit, wait_done, wait_state
+from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_state
 
 from lancefn_jupyter.models import Job
 
@@ -102,15 +102,7 @@ def test_pending_jobs_of_a_removed_class_fail_on_restart(control_plane_factory, 
     two = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n[[gpu_classes]]\nname = 'extra'\nsimulated = 1\n"
     cp = control_plane_factory(two)
     with cp.http() as http:
-        body = registration_body(
-            "hold",
-            source=HOLD_SOURCE,
-            entrypoint="hold",
-            inputs=(("path", "utf8", False),),
-            output_type="utf8",
-            gpu_class="extra",
-        )
-        version = register(http, body)["version"]
+        version = hold_version(http, gpu_class="extra")
         first = submit(http, "hold", version, [{"path": str(tmp_path / "a")}])
         second = submit(http, "hold", version, [{"path": str(tmp_path / "b")}])
         wait_state(http, first, "IN_PROGRESS")

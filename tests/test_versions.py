@@ -9,7 +9,6 @@ import textwrap
 import httpx
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from lancefn_jupyter import api, versions
 from lancefn_jupyter.models import FunctionVersion
@@ -124,17 +123,6 @@ def test_nonfinite_counts():
 
 V1 = "def score(x: float) -> float:\n    return (4 * x) / 2\n"
 V2 = "def score(x: float) -> float:\n    y = x + 1\n    return y\n"
-
-
-@pytest.fixture
-def ip(control_plane):
-    shell = InteractiveShell.instance()
-    shell.reset()
-    shell.run_line_magic("load_ext", "lancefn_jupyter")
-    api._session.registered.clear()
-    api.connect(control_plane.url, control_plane.api_key)
-    yield shell
-    shell.reset()
 
 
 def test_history_diff_and_prefixes_through_magics(ip, control_plane):
