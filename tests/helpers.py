@@ -10,16 +10,19 @@ change when the test says so, not by timing.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shutil
 import tempfile
+import textwrap
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import httpx
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 from lancefn_jupyter.models import Job
+from lancefn_jupyter.packaging import PackagedFunction, package_cell
 
 T = TypeVar("T")
 
@@ -40,6 +43,20 @@ def hold(path: str) -> str:
 """
 
 TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
+
+
+def gated(path: str, value: int) -> int:
+    """A batch row that waits for ``path``; a negative value fails until ``path + ".fixed"`` exists.
+    Self-contained (imports inside), so it can be shipped as a function or as its source text."""
+    import os
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    if value < 0 and not os.path.exists(path + ".fixed"):
+        raise ValueError(f"value {value} is negative")
+    return value * 10
+
 
 #: Pieces of ``%%gpu_function`` option lines that property tests join at random: names, punctuation, values.
 OPTION_LINE_TOKENS = (
@@ -181,3 +198,24 @@ def ray_server(tmp_path_factory: Any, classes: str, *args: str, **env: str) -> I
         except Exception:  # teardown must not leave the server running
             server.kill()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- packaging cells
+
+HEADER = "from __future__ import annotations\n"  # every artifact's first line
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def run_cell(cell: str, namespace: Optional[dict] = None) -> dict:
+    """What the kernel does before packaging: execute the cell in the user namespace."""
+    namespace = {} if namespace is None else namespace
+    exec(compile(cell, "<cell>", "exec", dont_inherit=True), namespace)
+    return namespace
+
+
+def pack(cell: str, namespace: Optional[dict] = None, **kwargs) -> PackagedFunction:
+    cell = textwrap.dedent(cell)
+    return package_cell(cell, run_cell(cell, namespace), **kwargs)

@@ -7,11 +7,10 @@ Functions that must keep running wait for a file the test creates; nothing asser
 
 from __future__ import annotations
 
-import time
-
 import ipywidgets
 import numpy as np
 import pytest
+from helpers import gated, wait_until
 
 import lancefn_jupyter.client.listener as listener_module
 from lancefn_jupyter import api
@@ -19,30 +18,9 @@ from lancefn_jupyter.batch import Batch, BatchChunkError, BatchError
 from lancefn_jupyter.batch_display import batch_card, strip_cells
 from lancefn_jupyter.widgets import set_widgets, stop_listener
 
-DEADLINE_S = 60.0
-
-
-def gated(path: str, value: int) -> int:
-    import os
-    import time
-
-    while not os.path.exists(path):
-        time.sleep(0.01)
-    if value < 0 and not os.path.exists(path + ".fixed"):
-        raise ValueError(f"value {value} is negative")
-    return value * 10
-
 
 def square(x: float) -> float:
     return x * x
-
-
-def wait_until(condition, what: str):
-    deadline = time.monotonic() + DEADLINE_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.02)
-    return value
 
 
 @pytest.fixture

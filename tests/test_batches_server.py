@@ -8,25 +8,15 @@ Functions that must keep running wait for a file the test creates, so nothing de
 
 from __future__ import annotations
 
+import inspect
+
 import httpx
 from conftest import register, registration_body
-from helpers import DEADLINE_S, api_keys_toml, wait_until
+from helpers import DEADLINE_S, api_keys_toml, gated, wait_until
 
 from lancefn_jupyter.batch_models import Batch
 
-GATE = """from __future__ import annotations
-
-import os
-import time
-
-
-def gate(path: str, value: int) -> int:
-    while not os.path.exists(path):
-        time.sleep(0.01)
-    if value < 0 and not os.path.exists(path + ".fixed"):
-        raise ValueError(f"value {value} is negative")
-    return value * 10
-"""
+GATE = inspect.getsource(gated)  # registered as "gate"
 
 FLAKY = """from __future__ import annotations
 
@@ -46,7 +36,7 @@ def flaky(marker: str, value: int) -> int:
 
 def gate_version(http: httpx.Client) -> str:
     body = registration_body(
-        "gate", source=GATE, entrypoint="gate", inputs=(("path", "utf8", False), ("value", "int64", False)), num_gpus=1
+        "gate", source=GATE, entrypoint="gated", inputs=(("path", "utf8", False), ("value", "int64", False)), num_gpus=1
     )
     return register(http, body)["version"]
 

@@ -16,29 +16,19 @@ import time
 import lancedb
 import pyarrow as pa
 import pytest
+from helpers import wait_until
 
 from lancefn_jupyter import api
 from lancefn_jupyter.tables import TableMap
 
-DEADLINE_S = 60.0
-
 
 def text_len(text: str) -> int:
     import os
-    import time
 
     gate = os.environ.get("LANCEFN_TEST_GATE")
     while gate and text.startswith("late") and not os.path.exists(gate):
         time.sleep(0.01)
     return len(text) * 2
-
-
-def wait_until(condition, what: str):
-    deadline = time.monotonic() + DEADLINE_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
-    return value
 
 
 def make_table(path, texts):
