@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Iterator, Optional, Sequence
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # conftest's request builder (see registration)
 SERVER_CMD = [sys.executable, "-m", "lancefn_jupyter.server.cli"]
 _SCRUBBED = ("LANCEFN_HOME", "LANCEFN_API_KEY", "LANCEFN_GPU_CLASSES", "LANCEFN_URL")
 
@@ -65,6 +67,13 @@ def summary(
     """One machine-readable line for run_all.py (and a human-readable echo)."""
     record = {"bench": bench, "metric": metric, "value": value, "unit": unit, "target": target, "met": met, **extra}
     print("SUMMARY " + json.dumps(record, sort_keys=True), flush=True)
+
+
+def summary_median_ms(bench: str, metric: str, samples: Sequence[float], target_ms: float, digits: int = 2) -> None:
+    """:func:`summary` of the median of ``samples`` (seconds) in ms against ``<= target_ms``, with its p95."""
+    d = describe(samples)
+    median_ms, p95_ms = round(d["median"] * 1000, digits), round(d["p95"] * 1000, digits)
+    summary(bench, metric, median_ms, "ms", f"<= {target_ms:g} ms", d["median"] * 1000 <= target_ms, p95_ms=p95_ms)
 
 
 # --------------------------------------------------------------------------- the machine
@@ -121,6 +130,26 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+class RssSampler:
+    """Samples the RSS of ``pid`` every ``interval`` seconds in a thread, from creation until :meth:`stop`."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        self.samples = [rss_mb(pid)]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pid, interval), daemon=True)
+        self._thread.start()
+
+    def _run(self, pid: int, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.samples.append(rss_mb(pid))
+
+    def stop(self) -> float:
+        """Stops sampling; returns the peak seen, in MiB."""
+        self._stop.set()
+        self._thread.join()
+        return max(self.samples)
+
+
 def clean_env(extra: Optional[dict] = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
     env["LANCEFN_DISABLE_NVML"] = "1"  # simulated classes on every machine, like the tests
@@ -148,7 +177,7 @@ class Server:
         self.proc = subprocess.Popen(
             argv, env=clean_env(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a Ray-executor server joins its cluster first
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"lancefn-server exited {self.proc.returncode}:\n{self.log_path.read_text()}")
@@ -163,7 +192,7 @@ class Server:
                 pass
             if time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError("lancefn-server did not start within 60 s")
+                raise RuntimeError(f"lancefn-server did not start within 120 s:\n{self.log_path.read_text()}")
             time.sleep(0.05)
         self.url, self.api_key, self.pid = info["url"], info["api_key"], self.proc.pid
 
@@ -204,32 +233,25 @@ TRIVIAL_SOURCE = "from __future__ import annotations\n\n\ndef inc(x: int) -> int
 
 def trivial_registration(name: str = "inc", num_gpus: Optional[int] = 1) -> dict:
     """A registration request for ``inc(x) = x + 1`` built by hand (no packaging import)."""
-    import base64
-    import hashlib
+    return registration(name, TRIVIAL_SOURCE, "inc", num_gpus=num_gpus)
 
-    data = TRIVIAL_SOURCE.encode()
-    runtime: dict = {
-        "kind": "python_v2" if num_gpus else "python",
-        "python_version": "3.12",
-        "environment": {"kind": "pip"},
-    }
-    if num_gpus:
-        runtime["resources"] = {"num_gpus": num_gpus}
-    return {
-        "name": name,
-        "artifact": {
-            "kind": "python_callable",
-            "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
-            "entrypoint": "inc",
-            "content": {"encoding": "base64", "data": base64.b64encode(data).decode()},
-            "adapter": {"kind": "scalar_to_arrow_batch", "version": 1},
-        },
-        "signature": {
-            "inputs": [{"name": "x", "arrow_type": "int64", "nullable": False}],
-            "output": {"kind": "scalar", "arrow_type": "int64", "nullable": False},
-        },
-        "runtime": runtime,
-    }
+
+def registration(
+    name: str,
+    source: str,
+    entrypoint: str,
+    arrow_type: str = "int64",
+    num_gpus: Optional[int] = 1,
+    arg: tuple[str, Optional[str]] = ("x", None),
+) -> dict:
+    """A registration request for ``entrypoint(x: arrow_type) -> arrow_type`` in ``source``, built by hand
+    as the tests build it; ``arg`` renames the parameter and, if given, sets its own type."""
+    from conftest import registration_body  # tests/: plain JSON, no packaging import
+
+    inputs = ((arg[0], arg[1] or arrow_type, False),)
+    return registration_body(
+        name, source=source, entrypoint=entrypoint, inputs=inputs, output_type=arrow_type, num_gpus=num_gpus
+    )
 
 
 def register(http: httpx.Client, body: dict) -> dict:

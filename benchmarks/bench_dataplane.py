@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from numpy.typing import NDArray
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import print_machine, rss_mb, summary  # noqa: E402
+from _common import RssSampler, print_machine, summary  # noqa: E402
 
 BENCH = "bench_dataplane.py"
 N_OUT = 1_000_000
@@ -98,22 +97,11 @@ def side_ours(args: argparse.Namespace) -> dict:
         out["input_s"] = _time(lambda: fns["total"].remote(x), max(1, args.iterations // 2))
         out["map_s"] = _time(lambda: fns["embed"].map(rows).result(), max(1, args.iterations // 4))
         # Peak RSS of the control plane while results flow: sampled every 5 ms.
-        peak = [rss_mb(info.pid)]
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                peak.append(rss_mb(info.pid))
-                time.sleep(0.005)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
+        rss = RssSampler(info.pid, 0.005)
         for _ in range(args.gb_jobs):
             if fns["big_block"].remote(N_IN).size != N_IN:
                 raise SystemExit("wrong result size")
-        stop.set()
-        sampler.join()
-        out["rss_idle_mb"], out["rss_peak_mb"] = peak[0], max(peak)
+        out["rss_idle_mb"], out["rss_peak_mb"] = rss.samples[0], rss.stop()
         # The same server as a remote client sees it: Arrow IPC bodies and GET /v1/jobs/result.
         key = json.loads(Path(home, "server.json").read_text())["api_key"]
         api.connect(info.url, key)

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import percentile, print_machine, register, server, summary  # noqa: E402
+from _common import percentile, print_machine, register, registration, server, summary  # noqa: E402
 
 BENCH = "expected_wait"
 DURATIONS_S = (0.2, 0.6, 1.2)
@@ -34,33 +34,11 @@ JITTER = 0.3  # each run takes its version's duration × a uniform factor in [0.
 
 
 def _registration(seconds: float) -> dict:
-    import base64
-    import hashlib
-
     source = (
         "from __future__ import annotations\n\nimport time\n\n\n"
         f"def nap(x: float) -> float:\n    time.sleep({seconds} * x)\n    return x\n"
-    ).encode()
-    return {
-        "name": "nap",
-        "artifact": {
-            "kind": "python_callable",
-            "digest": "sha256:" + hashlib.sha256(source).hexdigest(),
-            "entrypoint": "nap",
-            "content": {"encoding": "base64", "data": base64.b64encode(source).decode()},
-            "adapter": {"kind": "scalar_to_arrow_batch", "version": 1},
-        },
-        "signature": {
-            "inputs": [{"name": "x", "arrow_type": "float64", "nullable": False}],
-            "output": {"kind": "scalar", "arrow_type": "float64", "nullable": False},
-        },
-        "runtime": {
-            "kind": "python_v2",
-            "python_version": "3.12",
-            "environment": {"kind": "pip"},
-            "resources": {"num_gpus": 1},
-        },
-    }
+    )
+    return registration("nap", source, "nap", "float64")
 
 
 def _wait_all(http, job_ids: list[str]) -> dict[str, dict]:

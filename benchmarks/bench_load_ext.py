@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import clean_env, describe, line_ms, print_machine, summary  # noqa: E402
+from _common import clean_env, line_ms, print_machine, summary, summary_median_ms  # noqa: E402
 
 BENCH = "load_ext"
 HEAVY = ("httpx", "pydantic", "ipywidgets", "numba", "fastapi", "uvicorn", "numpy", "pyarrow")
@@ -61,16 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         f"heavy modules imported by load_ext: {sorted(loaded) or 'none'}"
         + (f" (already loaded by IPython/site before it: {sorted(preloaded)})" if preloaded else "")
     )
-    d = describe(samples)
-    summary(
-        BENCH,
-        "%load_ext lancefn_jupyter (median)",
-        round(d["median"] * 1000, 2),
-        "ms",
-        "<= 50 ms",
-        d["median"] <= 0.050,
-        p95_ms=round(d["p95"] * 1000, 2),
-    )
+    summary_median_ms(BENCH, "%load_ext lancefn_jupyter (median)", samples, 50)
     bad = sorted(set(MUST_NOT) & (loaded | preloaded))
     summary(
         BENCH,

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import clean_env, describe, line_ms, print_machine, summary  # noqa: E402
+from _common import clean_env, line_ms, print_machine, summary_median_ms  # noqa: E402
 
 BENCH = "magic"
 
@@ -132,16 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(line_ms("  of which the first cell", [r["cell_s"] for r in runs]))
     print(line_ms("  IPython import + shell (a kernel has it already)", [r["ipython_s"] for r in runs]))
     print(line_ms("  whole fresh process (interpreter start to exit)", [r["process_wall_s"] for r in runs]))
-    d = describe(first)
-    summary(
-        BENCH,
-        "first %%gpu_function in a fresh kernel, no server running (median)",
-        round(d["median"] * 1000, 1),
-        "ms",
-        "<= 500 ms",
-        d["median"] <= 0.5,
-        p95_ms=round(d["p95"] * 1000, 1),
-    )
+    summary_median_ms(BENCH, "first %%gpu_function in a fresh kernel, no server running (median)", first, 500, 1)
 
     unchanged, changed = warm(args.warm)
     print(line_ms("warm: unchanged cell (same version, no HTTP)", unchanged))
@@ -150,16 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         ("warm %%gpu_function, unchanged cell", unchanged),
         ("warm %%gpu_function, new version registered", changed),
     ):
-        d = describe(samples)
-        summary(
-            BENCH,
-            label + " (median)",
-            round(d["median"] * 1000, 2),
-            "ms",
-            "<= 10 ms",
-            d["median"] <= 0.010,
-            p95_ms=round(d["p95"] * 1000, 2),
-        )
+        summary_median_ms(BENCH, label + " (median)", samples, 10)
     return 0
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import describe, line_ms, print_machine, register, server, summary, trivial_registration  # noqa: E402
+from _common import describe, line_ms, print_machine, register, server, summary, summary_median_ms, trivial_registration  # noqa: E402
 
 BENCH = "new_version"
 CLASSES = '[[gpu_classes]]\nname = "default"\nsimulated = 1\n'
@@ -72,16 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     first, warm = run(args.iterations, args.settle, args.imports)
     print(line_ms("first job of a new version (fresh spare worker)", first))
     print(line_ms("second job of that version (its warm worker)", warm))
-    median = describe(first)["median"] * 1000
     what = f", importing {args.imports}" if args.imports else ""
-    summary(
-        BENCH,
-        f"first job of a new version{what}, submit→result (settle {args.settle:g} s)",
-        round(median, 2),
-        "ms",
-        "<= 50 ms",
-        median <= 50,
-    )
+    summary_median_ms(BENCH, f"first job of a new version{what}, submit→result (settle {args.settle:g} s)", first, 50)
     summary(BENCH, "warm job of the same version, submit→result", round(describe(warm)["median"] * 1000, 2), "ms")
     return 0
 

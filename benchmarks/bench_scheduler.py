@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import print_machine, register, rss_mb, server, summary, trivial_registration  # noqa: E402
+from _common import RssSampler, print_machine, register, registration, rss_mb, server, summary, trivial_registration  # noqa: E402
 
 BENCH = "scheduler"
 
@@ -91,18 +91,7 @@ def gate(path: str) -> int:
 
 
 def _gate_registration(gpus: int) -> dict:
-    body = trivial_registration("gate", num_gpus=gpus)
-    data = GATE_SOURCE.encode()
-    import base64
-    import hashlib
-
-    body["artifact"].update(
-        entrypoint="gate",
-        digest="sha256:" + hashlib.sha256(data).hexdigest(),
-        content={"encoding": "base64", "data": base64.b64encode(data).decode()},
-    )
-    body["signature"]["inputs"] = [{"name": "path", "arrow_type": "utf8", "nullable": False}]
-    return body
+    return registration("gate", GATE_SOURCE, "gate", num_gpus=gpus, arg=("path", "utf8"))
 
 
 def _team_keys(namespaces: int, work: Path) -> tuple[list[str], list[str]]:
@@ -138,16 +127,7 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
             time.sleep(2.0)
             baseline_rss = rss_mb(srv.pid)
 
-            rss_samples: list[float] = []
-            stop = threading.Event()
-
-            def sample_rss() -> None:
-                while not stop.is_set():
-                    rss_samples.append(rss_mb(srv.pid))
-                    stop.wait(0.1)
-
-            sampler = threading.Thread(target=sample_rss, daemon=True)
-            sampler.start()
+            rss = RssSampler(srv.pid, 0.1)
 
             submitted: list[list[tuple[str, int]]] = [[] for _ in range(threads)]
             errors: list[str] = []
@@ -190,8 +170,7 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
                     break
                 time.sleep(0.05)
             finished = time.perf_counter()
-            stop.set()
-            sampler.join()
+            rss.stop()
             final_rss = rss_mb(srv.pid)
 
             # Account for every job: page through DONE run_function jobs and check each result.
@@ -222,7 +201,7 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
         "submit_per_s": len(expected) / (submit_done - started),
         "max_pending": max_pending,
         "rss_baseline": baseline_rss,
-        "rss_peak": max(rss_samples + [final_rss]),
+        "rss_peak": max(rss.samples + [final_rss]),
         "rss_final": final_rss,
         "gpus_busy_after": usage["gpus_busy"],
         "namespaces": namespaces,

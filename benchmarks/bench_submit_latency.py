@@ -25,7 +25,6 @@ local ≤ 1.0× Ray direct median and ≤ 1.5× at p95; ours Ray ≤ 1.5×).  Ne
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -35,8 +34,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import Server, summary  # noqa: E402
+
+BENCH = "bench_submit_latency.py"
 CLASSES = """
 [[gpu_classes]]
 name = "default"
@@ -57,75 +62,6 @@ REAL_RESOURCE = "lancefn_gpu_class:real"
 
 def double_it(x: int) -> int:
     return 2 * x
-
-
-class Server:
-    """A real ``lancefn-server`` subprocess in a fresh home under ``work`` (``close`` stops it)."""
-
-    def __init__(self, work: Path, name: str, args: Sequence[str] = (), classes: str = CLASSES) -> None:
-        home = work / name
-        home.mkdir()
-        (home / "classes.toml").write_text(classes)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LANCEFN_")}
-        env["LANCEFN_DISABLE_NVML"] = "1"
-        self.log_path = work / f"{name}.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "lancefn_jupyter.server.cli",
-                    "--home",
-                    str(home),
-                    "--port",
-                    "0",
-                    "--gpu-classes",
-                    str(home / "classes.toml"),
-                    *args,
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"lancefn-server exited during startup:\n{self.log_path.read_text()}")
-            try:
-                info = json.loads((home / "server.json").read_text())
-                if info.get("pid") == self.proc.pid:
-                    break
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise SystemExit(f"lancefn-server did not start in 120 s:\n{self.log_path.read_text()}")
-            time.sleep(0.05)
-        self.url, self.api_key = info["url"], info["api_key"]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def summary(metric: str, value: float, unit: str, target: str = "", met: bool | None = None, **extra) -> None:
-    """The machine-readable line ``benchmarks/run_all.py`` collects."""
-    record = {
-        "bench": "bench_submit_latency.py",
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-        "target": target,
-        "met": met,
-        **extra,
-    }
-    print("SUMMARY " + json.dumps(record, sort_keys=True), flush=True)
 
 
 def client_main(url: str, api_key: str, path: str) -> None:
@@ -249,11 +185,10 @@ def main() -> None:
         address = ray.get_runtime_context().gcs_address
         print(f"ray.init: {time.monotonic() - t0:.1f} s ({address})", flush=True)
 
-        servers.append(Server(work, "home-local"))
-        servers.append(Server(work, "home-ray", ["--executor", "ray", "--ray-address", address]))
-        servers.append(
-            Server(work, "home-ray-real", ["--executor", "ray", "--ray-address", address], classes=REAL_CLASSES)
-        )
+        on_ray = ["--executor", "ray", "--ray-address", address]
+        servers.append(Server(gpu_classes=CLASSES))
+        servers.append(Server(gpu_classes=CLASSES, args=on_ray))
+        servers.append(Server(gpu_classes=REAL_CLASSES, args=on_ray))
 
         modes: dict[str, Callable[[], float]] = {}
         for label, server, path in (
@@ -305,7 +240,7 @@ def main() -> None:
         print(f"{'mode':<{width}}  {'n':>4}  {'median ms':>10}  {'p95 ms':>8}  {'mean ms':>8}")
         for label, row in stats.items():
             print(f"{label:<{width}}  {row['n']:>4}  {row['median']:>10.2f}  {row['p95']:>8.2f}  {row['mean']:>8.2f}")
-            summary(label, round(row["median"], 3), "ms median", p95_ms=round(row["p95"], 3))
+            summary(BENCH, label, round(row["median"], 3), "ms median", p95_ms=round(row["p95"], 3))
 
         floor = stats["Ray direct (ray.get(f.remote()))"]
         local = stats["ours, local executor"]
@@ -323,6 +258,7 @@ def main() -> None:
             print(text + (f"   (target ≤ {target} median)" if target else ""))
             name = " ".join(label.split())
             summary(
+                BENCH,
                 f"{name} (median ratio)",
                 round(ratio, 2),
                 "x",
@@ -330,7 +266,7 @@ def main() -> None:
                 met=(ratio <= target) if target else None,
             )
             if target == 1.0:
-                summary(f"{name} (p95 ratio)", round(ratio_p95, 2), "x", target="<= 1.5", met=ratio_p95 <= 1.5)
+                summary(BENCH, f"{name} (p95 ratio)", round(ratio_p95, 2), "x", target="<= 1.5", met=ratio_p95 <= 1.5)
     finally:
         for client in clients:
             client.close()

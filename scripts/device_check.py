@@ -16,17 +16,21 @@ import os
 import sys
 import tempfile
 
-CELL = """\
+# An elementwise doubling kernel; each cell below defines its own, under its own name.
+KERNEL = """\
+@cuda.jit
+def {name}(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = 2 * x[i]
+"""
+
+CELL = f"""\
 import os
 import numpy as np
 from numba import cuda
 
-@cuda.jit
-def _double(x, out):
-    i = cuda.grid(1)
-    if i < x.size:
-        out[i] = 2 * x[i]
-
+{KERNEL.format(name="_double")}
 def probe(values: list[float]) -> list[str]:
     x = np.asarray(values, dtype=np.float32)
     out = np.zeros_like(x)
@@ -38,17 +42,12 @@ def probe(values: list[float]) -> list[str]:
 """
 
 
-ARRAY_CELL = """\
+ARRAY_CELL = f"""\
 import numpy as np
 from numba import cuda
 from numpy.typing import NDArray
 
-@cuda.jit
-def _twice(x, out):
-    i = cuda.grid(1)
-    if i < x.size:
-        out[i] = 2 * x[i]
-
+{KERNEL.format(name="_twice")}
 def twice(x: NDArray[np.float32]) -> NDArray[np.float32]:
     d_x = cuda.to_device(x.ravel())
     d_out = cuda.device_array_like(d_x)

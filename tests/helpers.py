@@ -152,6 +152,13 @@ def wait_done(http: httpx.Client, job_id: str, timeout: float = DEADLINE_S) -> d
     return wait_until(ended, f"job {job_id} to end", timeout)
 
 
+def fuzz(examples: int) -> Any:
+    """Hypothesis settings for input fuzzing: ``examples`` derandomized examples, no deadline."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
 def api_keys_toml(*keys: dict[str, Any]) -> str:
     """An ``--api-keys`` file: one ``[[api_keys]]`` table per dict (name, key, privileges, namespace)."""
     tables = ("".join(f"{field} = {json.dumps(value)}\n" for field, value in key.items()) for key in keys)

@@ -8,29 +8,24 @@
 * wire models: valid registration requests with one part broken, decoded and sent to the server:
   ``ValidationError`` / a 400 whose message names the broken field (test_models.py fuzzes arbitrary
   JSON);
-* GPU-class and API-key config files, random TOML: only ``ConfigError`` / ``ApiKeyError``, naming a field;
 * an OpenAPI-driven generator (schemathesis) against a real control plane: the app's own OpenAPI
   document, completed with the request-body schemas its routes parse by hand; no 5xx, no hang, every
   error the readable envelope.
 
 Example counts are kept modest for a 2-core CI (derandomized, so runs are repeatable).
-
-Size: over 600 lines because it is one generator per input edge, each short; they share the
-strategies at the top.
+The GPU-class and API-key files (random TOML) are fuzzed in test_fuzz_config.py.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
-import json
-import math
 
 import httpx
 import pytest
 from conftest import registration_body
-from helpers import OPTION_LINE_TOKENS
-from hypothesis import HealthCheck, given, settings
+from helpers import OPTION_LINE_TOKENS, fuzz
+from hypothesis import given
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -43,10 +38,6 @@ from lancefn_jupyter.packaging import PackagingError, package_cell
 
 # Cells without a trailing newline make IPython's transformer warn; that is the input under test.
 pytestmark = pytest.mark.filterwarnings("ignore:`make_tokens_by_line`:UserWarning")
-
-
-def fuzz(examples: int) -> settings:
-    return settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 
 def versions(cp) -> set[tuple[str, str]]:
@@ -300,122 +291,6 @@ def test_broken_registration_requests_fail_naming_the_field(shared_control_plane
         assert any(name in error["message"] for name in named), (path, how, value, error["message"])
     else:
         assert decoded, (path, how, value, reply.text)
-
-
-# ------------------------------------------------------------------- config files (TOML)
-
-
-def toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-
-
-def toml_document(top: dict, tables: list[dict], array_name: str) -> str:
-    lines = [f"{json.dumps(k)} = {toml_value(v)}" for k, v in top.items()]
-    for table in tables:
-        lines.append(f"[[{array_name}]]")
-        lines.extend(f"{json.dumps(k)} = {toml_value(v)}" for k, v in table.items())
-    return "\n".join(lines) + "\n"
-
-
-_SCALARS = st.one_of(
-    st.integers(-3, 10),
-    st.integers(-(2**63), 2**63 - 1),
-    st.floats(allow_nan=True),
-    st.booleans(),
-    st.sampled_from(
-        ["default", "big", "a b", "", "nvidia.com/gpu", "NVIDIA H100", "Exists", "NoSchedule", "sim0", "0"]
-    ),
-    st.text(max_size=8),
-)
-_VALUES = st.one_of(
-    _SCALARS,
-    st.lists(_SCALARS, max_size=4),
-    st.dictionaries(st.sampled_from(["key", "operator", "effect", "value", "x"]), _SCALARS, max_size=3),
-    st.lists(
-        st.dictionaries(st.sampled_from(["key", "operator", "effect", "value", "x"]), _SCALARS, max_size=3), max_size=2
-    ),
-)
-CLASS_FIELDS = [
-    "name",
-    "resource_name",
-    "gpu_model",
-    "gpu_memory_bytes",
-    "max_gpu_count_per_worker",
-    "node_selector",
-    "tolerations",
-    "devices",
-    "simulated",
-]
-_CLASS = st.dictionaries(st.sampled_from(CLASS_FIELDS + ["bogus"]), _VALUES, max_size=7)
-# Mostly-valid classes, so the deeper checks (devices, limits, duplicates) are reached too.
-_GOOD_CLASS = st.fixed_dictionaries(
-    {"name": st.sampled_from(["default", "big", "x"]), "simulated": st.integers(-1, 4)},
-    optional={
-        "max_gpu_count_per_worker": st.integers(-1, 6),
-        "devices": st.lists(st.integers(-1, 3), max_size=3),
-        "gpu_model": st.sampled_from(["A", ""]),
-        "gpu_memory_bytes": st.integers(-1, 2**40),
-    },
-)
-
-
-@fuzz(400)
-@given(
-    top=st.dictionaries(st.sampled_from(["default_class", "classes", "junk"]), _SCALARS, max_size=2),
-    tables=st.lists(st.one_of(_CLASS, _GOOD_CLASS), max_size=3),
-    executor=st.sampled_from(["local", "ray"]),
-    raw=st.one_of(st.none(), st.text(max_size=40)),
-)
-def test_random_gpu_class_configs_fail_only_with_a_config_error_naming_a_field(top, tables, executor, raw):
-    from lancefn_jupyter.server.gpu_classes import ConfigError, parse_gpu_classes
-
-    text = raw if raw is not None else toml_document(top, tables, "gpu_classes")
-    try:
-        config = parse_gpu_classes(text, source="fuzz.toml", executor=executor)
-    except ConfigError as error:
-        message = str(error)
-        assert message.startswith("fuzz.toml: "), message
-        words = [f"'{field}'" for field in CLASS_FIELDS + ["default_class", "bogus", "classes", "junk"]]
-        words += ["not valid TOML", "at least one GPU class", "duplicate", "gpu_classes", "unknown"]
-        assert any(word in message for word in words), message
-        return
-    assert config.classes and all(spec.name for spec in config.classes)
-
-
-@fuzz(200)
-@given(
-    top=st.dictionaries(st.sampled_from(["junk"]), _SCALARS, max_size=1),
-    tables=st.lists(
-        st.dictionaries(
-            st.sampled_from(["key", "privileges", "extra"]),
-            st.one_of(_VALUES, st.lists(st.sampled_from(["functions", "jobs", "system_usage", "admin"]), max_size=3)),
-            max_size=3,
-        ),
-        max_size=3,
-    ),
-    raw=st.one_of(st.none(), st.text(max_size=40)),
-)
-def test_random_api_key_files_fail_only_with_an_api_key_error(tmp_path_factory, top, tables, raw):
-    from lancefn_jupyter.server.app import ApiKeyError, load_api_keys
-
-    path = tmp_path_factory.mktemp("keys") / "keys.toml"
-    path.write_text(raw if raw is not None else toml_document(top, tables, "api_keys"), encoding="utf-8")
-    try:
-        keys = load_api_keys(str(path))
-    except ApiKeyError as error:
-        assert str(error).startswith(str(path)), str(error)
-        return
-    assert all(isinstance(k, str) and len(k) >= 8 for k in keys)
 
 
 # ------------------------------------------------------------- OpenAPI-driven (schemathesis)

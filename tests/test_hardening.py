@@ -188,25 +188,26 @@ def test_page_tokens_beyond_64_bits_are_invalid_tokens(control_plane):
 
 
 SURROGATE = b"\xed\xa0\x80"
+# One body per route, ``~`` standing for a raw surrogate (UTF-8-encoded, so not valid UTF-8).
+SURROGATE_BODIES = {
+    "/v1/jobs/describe": '{"job_id": "a~"}',
+    "/v1/jobs/logs": '{"job_id": "a~"}',
+    "/v1/jobs/wait": '{"job_id": "a~", "timeout_s": 0}',
+    "/v1/jobs/cancel": '{"job_id": "a~"}',
+    "/v1/jobs/list": '{"name": "a~"}',
+    "/v1/functions/describe": '{"name": "a~", "version": "1"}',
+    "/v1/functions/list": '{"name": "a~"}',
+    "/v1/functions/drop": '{"name": "a~", "version": "1"}',
+    "/v1/functions/artifact": '{"name": "a~", "version": "1"}',
+    "/v1/functions/history": '{"name": "a~"}',
+    "/v1/functions/diff": '{"name": "a~", "old": "1", "new": "2"}',
+    "/v1/functions/create": '{"name": "a~"}',
+    "/v1/functions/run": '{"name": "double", "version": "1", "rows": [{"x": "~"}]}',
+}
 
 
 @pytest.mark.parametrize(
-    "route, body",
-    [
-        ("/v1/jobs/describe", b'{"job_id": "a' + SURROGATE + b'"}'),
-        ("/v1/jobs/logs", b'{"job_id": "a' + SURROGATE + b'"}'),
-        ("/v1/jobs/wait", b'{"job_id": "a' + SURROGATE + b'", "timeout_s": 0}'),
-        ("/v1/jobs/cancel", b'{"job_id": "a' + SURROGATE + b'"}'),
-        ("/v1/jobs/list", b'{"name": "a' + SURROGATE + b'"}'),
-        ("/v1/functions/describe", b'{"name": "a' + SURROGATE + b'", "version": "1"}'),
-        ("/v1/functions/list", b'{"name": "a' + SURROGATE + b'"}'),
-        ("/v1/functions/drop", b'{"name": "a' + SURROGATE + b'", "version": "1"}'),
-        ("/v1/functions/artifact", b'{"name": "a' + SURROGATE + b'", "version": "1"}'),
-        ("/v1/functions/history", b'{"name": "a' + SURROGATE + b'"}'),
-        ("/v1/functions/diff", b'{"name": "a' + SURROGATE + b'", "old": "1", "new": "2"}'),
-        ("/v1/functions/create", b'{"name": "a' + SURROGATE + b'"}'),
-        ("/v1/functions/run", b'{"name": "double", "version": "1", "rows": [{"x": "' + SURROGATE + b'"}]}'),
-    ],
+    "route, body", [(route, body.encode().replace(b"~", SURROGATE)) for route, body in SURROGATE_BODIES.items()]
 )
 def test_raw_surrogates_in_a_body_are_a_400_naming_utf8(shared_control_plane, route, body):
     with shared_control_plane.http() as http:

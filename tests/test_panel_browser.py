@@ -120,6 +120,15 @@ def open_panel(page) -> None:
     page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
 
 
+def panel_status(page, server, status: str):
+    """Opens Lab and the panel, waits for the panel's connection status ``status``; returns that element."""
+    open_lab(page, server)
+    run_command(page, OPEN_PANEL)
+    element = page.locator(f'{PANEL} .lf-status[data-status="{status}"]')
+    element.wait_for()
+    return element
+
+
 def open_notebook(page, server, name: str, source: str, workspace: str):
     """Writes a one-cell notebook, opens it and waits for its kernel; returns the cell's editor."""
     notebook = {
@@ -330,10 +339,7 @@ def test_unreachable_control_plane_backs_off_then_recovers(page, tmp_path, contr
         page.on("request", lambda r: requests.append((time.monotonic(), r.url)) if "/lancefn/" in r.url else None)
         statuses: list[int] = []
         page.on("response", lambda r: statuses.append(r.status) if "/lancefn/" in r.url else None)
-        open_lab(page, server)
-        run_command(page, OPEN_PANEL)
-        status = page.locator(f'{PANEL} .lf-status[data-status="unreachable"]')
-        status.wait_for()
+        status = panel_status(page, server, "unreachable")
         assert "control plane unreachable" in status.inner_text()
         assert "retrying in" in status.inner_text()
         screenshot(page, "panel-unreachable")
@@ -366,10 +372,7 @@ def test_missing_server_extension_is_explained_not_polled(page, tmp_path):
     try:
         requests: list[str] = []
         page.on("request", lambda r: requests.append(r.url) if "/lancefn/" in r.url else None)
-        open_lab(page, server)
-        run_command(page, OPEN_PANEL)
-        status = page.locator(f'{PANEL} .lf-status[data-status="no-extension"]')
-        status.wait_for()
+        status = panel_status(page, server, "no-extension")
         assert (
             "lancefn server extension is not enabled: run `jupyter server extension enable lancefn_jupyter`"
             in status.inner_text()

@@ -144,6 +144,11 @@ def _waiter(http, gpu_class: str) -> str:
     return _version(http, text_body("wait_for", WAIT, gpu_class=gpu_class))
 
 
+def _wait_job(http, version: str, flag: Path, **extra) -> str:
+    """Starts a ``wait_for`` job that runs until ``flag`` exists; returns its id."""
+    return submit(http, "wait_for", version, [{"path": str(flag)}], **extra)
+
+
 def _finished(http, job_id: str, timeout: float = SLOW) -> dict:
     return wait_done(http, job_id, timeout)
 
@@ -296,7 +301,7 @@ def test_two_classes_are_routed_to_their_class_resources(ray_cp):
 def test_more_jobs_than_gpus_wait_pending_until_gpus_free(ray_cp, flag):
     with ray_cp.http() as http:
         version = _waiter(http, "small")
-        job_ids = [submit(http, "wait_for", version, [{"path": str(flag)}]) for _ in range(3)]
+        job_ids = [_wait_job(http, version, flag) for _ in range(3)]
         wait_until(
             lambda: [describe(http, job_id)["job_state"] for job_id in job_ids].count("IN_PROGRESS") == 2,
             "two jobs running",
@@ -324,9 +329,9 @@ def test_more_jobs_than_gpus_wait_pending_until_gpus_free(ray_cp, flag):
 def test_cancel_pending_and_running_jobs_frees_the_gpu(ray_cp, flag):
     with ray_cp.http() as http:
         version = _waiter(http, "big")
-        first = submit(http, "wait_for", version, [{"path": str(flag)}])
+        first = _wait_job(http, version, flag)
         _running(http, first)
-        second = submit(http, "wait_for", version, [{"path": str(flag)}])
+        second = _wait_job(http, version, flag)
         time.sleep(1.0)
         assert describe(http, second)["job_state"] == "PENDING"  # big has one GPU
 
@@ -339,7 +344,7 @@ def test_cancel_pending_and_running_jobs_frees_the_gpu(ray_cp, flag):
         wait_until(lambda: not _alive(pids[0]), "the cancelled task's worker to end", 30)
         # ... and the class's only GPU is free for the next job.
         flag.touch()
-        third = submit(http, "wait_for", version, [{"path": str(flag)}])
+        third = _wait_job(http, version, flag)
         assert _finished(http, third)["job_state"] == "DONE"
 
 
@@ -372,7 +377,7 @@ def test_missing_declared_package_fails_in_phase_environment(ray_cp):
 def test_timeout_cancels_the_task(ray_cp, flag):
     with ray_cp.http() as http:
         version = _waiter(http, "big")
-        job = _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}], timeout_s=1.5))
+        job = _finished(http, _wait_job(http, version, flag, timeout_s=1.5))
         assert job["job_state"] == "TIMED_OUT", job
         assert job["failure"]["phase"] == "timeout" and "1.5 s" in job["failure"]["message"]
         assert job["finished_ms"] - job["started_ms"] >= 1200  # counted from the start on the node (± relay)
@@ -474,7 +479,7 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
     with ray_cp.http() as http:  # the module server's Ray is up once a job has run
         version = _waiter(http, "big")
         flag.touch()
-        assert _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
+        assert _finished(http, _wait_job(http, version, flag))["job_state"] == "DONE"
     with ray_server(tmp_path_factory, ADDRESS_CLASSES, "--ray-address", _ray_address(ray_cp)) as cp:
         with cp.http() as http:
             version = _version(http, text_body("probe", PROBE, arg="tag", gpu_class="big"))
@@ -488,7 +493,7 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
             assert usage["big"]["gpus_total"] == 1 and usage["t4"]["gpus_total"] == 0  # from the cluster's labels
             # No node offers "t4": Ray holds the task (an autoscaler would add a node for it).
             t4 = _waiter(http, "t4")
-            waiting = submit(http, "wait_for", t4, [{"path": str(flag)}])
+            waiting = _wait_job(http, t4, flag)
             time.sleep(2.0)
             job = describe(http, waiting)
             assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True, job
@@ -499,13 +504,13 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
         _wait_no_session(bridge.pid, timeout=10)
     with ray_cp.http() as http:  # the cluster it joined is not its to stop
         version = _waiter(http, "big")
-        assert _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}]))["job_state"] == "DONE"
+        assert _finished(http, _wait_job(http, version, flag))["job_state"] == "DONE"
 
 
 def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp, flag):
     with ray_cp.http() as http:
         version = _waiter(http, "big")
-        job_id = submit(http, "wait_for", version, [{"path": str(flag)}])
+        job_id = _wait_job(http, version, flag)
         _running(http, job_id)
         old = _bridge(ray_cp)
         for proc in _session(old.pid):  # the cluster dies under the control plane
@@ -522,14 +527,14 @@ def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp
         new = wait_until(lambda: (bridge := _bridge(ray_cp)).pid != old.pid and bridge, "a new Ray driver", 30)
         ray_cp.sessions.append(new.pid)
         flag.touch()
-        again = _finished(http, submit(http, "wait_for", version, [{"path": str(flag)}]))
+        again = _finished(http, _wait_job(http, version, flag))
         assert again["job_state"] == "DONE", again
 
 
 def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp, flag):
     with ray_cp.http() as http:
         version = _waiter(http, "small")
-        job_id = submit(http, "wait_for", version, [{"path": str(flag)}])
+        job_id = _wait_job(http, version, flag)
         _running(http, job_id)
     bridge = _bridge(ray_cp)
     ray_cp.kill()  # SIGKILL: no cleanup in the server itself

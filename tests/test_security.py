@@ -17,7 +17,7 @@ import stat
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, submit
+from helpers import api_keys_toml, submit, text_body
 from test_server_functions import all_routes, assert_error
 
 ANALYST = "analyst-key-0001-aaaa"
@@ -180,14 +180,7 @@ def probe(name: str) -> str:
 def test_function_env_values_never_echoed_but_reach_the_worker(control_plane_factory):
     cp = control_plane_factory(args=["--log-level", "debug"], env={"LANCEFN_API_KEY": "server-admin-key-0123456789"})
     source = PROBE.replace("EXPECTED", repr(ENV_VALUE))
-    body = registration_body(
-        "probe",
-        source=source,
-        entrypoint="probe",
-        inputs=(("name", "utf8", False),),
-        output_type="utf8",
-        env={"SECRET_TOKEN": ENV_VALUE},
-    )
+    body = text_body("probe", source, arg="name", env={"SECRET_TOKEN": ENV_VALUE})
     seen: list[str] = []
 
     def record(reply: httpx.Response) -> dict:

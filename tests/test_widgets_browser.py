@@ -143,20 +143,19 @@ def test_job_widgets_update_live_while_another_cell_runs_and_cancel_works(page, 
     ids = json.loads((work / "ids.json").read_text())
 
     watched, victim = job_widget(page, ids["c"]), job_widget(page, ids["e"])
-    watched.locator(".lancefn-state-pending").wait_for()
-    watched.locator(".lancefn-job-status", has_text="waiting for GPU capacity in class default, position 1").wait_for()
-    victim.locator(".lancefn-job-status", has_text="position 3").wait_for()
-    assert "[*]" in busy_prompt(page).inner_text()
-    victim.scroll_into_view_if_needed()
-    screenshot(page, "widgets-pending")
 
+    def shows(state: str, status: str, victim_position: int) -> None:
+        """The watched job's state and status line, the victim's queue position, the kernel still busy."""
+        watched.locator(f".lancefn-state-{state}").wait_for()
+        watched.locator(".lancefn-job-status", has_text=status).wait_for()
+        victim.locator(".lancefn-job-status", has_text=f"position {victim_position}").wait_for()
+        assert "[*]" in busy_prompt(page).inner_text()
+        victim.scroll_into_view_if_needed()
+        screenshot(page, f"widgets-{state}")
+
+    shows("pending", "waiting for GPU capacity in class default, position 1", 3)
     (work / "gate-a").touch()  # a GPU frees up: the watched job starts, the victim moves up
-    watched.locator(".lancefn-state-running").wait_for()
-    watched.locator(".lancefn-job-status", has_text="running on default [sim").wait_for()
-    victim.locator(".lancefn-job-status", has_text="position 2").wait_for()
-    assert "[*]" in busy_prompt(page).inner_text()
-    victim.scroll_into_view_if_needed()
-    screenshot(page, "widgets-running")
+    shows("running", "running on default [sim", 2)
 
     (work / "gate-c").touch()
     watched.locator(".lancefn-state-finished").wait_for()
