@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import DEADLINE_S, describe, submit, wait_done, wait_until
+from helpers import DEADLINE_S, HOLD_SOURCE, describe, submit, text_body, wait_done, wait_until
 from test_jobs_e2e import logs, process_gone, usage
 
 TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
@@ -374,14 +374,7 @@ def big_registration(name: str) -> dict:
 def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_plane_factory, small_disk, tmp_path):
     gate = tmp_path / "gate"
     cp = control_plane_factory(home=small_disk / "home")
-    gated = registration_body(
-        "gated",
-        source="from __future__ import annotations\n\nimport os\nimport time\n\n\ndef gated(path: str) -> str:\n"
-        "    while not os.path.exists(path):\n        time.sleep(0.01)\n    return path\n",
-        entrypoint="gated",
-        inputs=(("path", "utf8", False),),
-        output_type="utf8",
-    )
+    gated = text_body("gated", HOLD_SOURCE, entrypoint="hold")
     with cp.http() as http:
         kept = register(http, registration_body("kept"))
         gated_version = register(http, gated)["version"]
