@@ -1,6 +1,7 @@
-"""What many test modules share: polling with a deadline, a file-gated "hold" function, the
-REST calls the job tests make against a real control plane, API-key files and an IPython shell
-with the extension loaded.
+"""What many test modules share: polling with a deadline, file-gated "hold" functions, the REST
+calls the job tests make against a real control plane, API-key files, an IPython shell with the
+extension loaded, a Ray-executor server, hypothesis settings for fuzzing, and the packaging tests'
+cell helpers.
 
 Waits poll until a condition holds and fail only when it never does (a generous deadline, never
 an assert on elapsed time). A hold function runs until the test creates a file, so job states
