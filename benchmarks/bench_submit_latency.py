@@ -5,7 +5,7 @@
   job), on a warm local worker; also the older two-round-trip path (``functions.run`` then
   ``jobs.wait``) for reference;
 * **ours, Ray executor** — ``lancefn-server --executor ray --ray-address ADDR`` on the Ray
-  cluster this script starts, same API call; and the same for a *real-GPU* class (a second
+  cluster this script starts, same API call; and the same for a *real-GPU* class (its own
   logical GPU), whose jobs run on a warm GPU actor of the function version (target ≤ 2× Ray
   direct on a warm worker);
 * **Ray direct** — ``ray.get(f.options(num_gpus=1, …).remote(x))`` on the same cluster (a
@@ -172,11 +172,13 @@ def main() -> None:
             flush=True,
         )
         t0 = time.monotonic()
-        os.environ["CUDA_VISIBLE_DEVICES"] = "sim0,0"  # the logical GPUs' ids (as our executor does)
+        os.environ["CUDA_VISIBLE_DEVICES"] = "sim0,sim1,0"  # the logical GPUs' ids (as our executor does)
+        # Two GPUs of the simulated class: our Ray executor's warm actor keeps one while idle (for its
+        # version's next job), Ray direct uses the other; the third is the real-GPU class's.
         ray.init(
             address="local",
-            num_gpus=2,
-            resources={CLASS_RESOURCE: 1, REAL_RESOURCE: 1},
+            num_gpus=3,
+            resources={CLASS_RESOURCE: 2, REAL_RESOURCE: 1},
             _temp_dir=str(work / "ray"),
             include_dashboard=False,
             log_to_driver=False,
