@@ -31,10 +31,10 @@ from .executor import (
     _ray_data_fields,
     _store_result,
 )
+from .pool import CpuActorPool
 from .task import (
     _EventHub,
-    _GpuActor,
-    _run_job,
+    _JobActor,
 )
 
 log = logging.getLogger("lancefn_jupyter.server.executors.ray")  # one logger for the package, as before the split
@@ -52,8 +52,11 @@ class _BridgeJob:
     outcome: dict | None = None  # parked until `seen` reaches its last_seq
     outcome_due: float = 0.0
     finished: bool = False
-    actor: Any = None  # the warm GPU actor running it (real-GPU jobs)
-    pool_key: tuple | None = None
+    actor: Any = None  # the warm actor running it
+    pool_key: tuple | None = None  # (class, GPUs, name, version, namespace): which actors may run it
+    cpu: bool = False  # a CPU job: queued in the bridge's CpuActorPool
+    payload: dict | None = None  # kept until the job starts on an actor
+    options: dict | None = None  # for a new actor of its pool key
     started: bool = False
     result_file: str | None = None  # where an Arrow result goes (the bridge shares the server's disk)
     result_fsync: bool = True
@@ -90,14 +93,16 @@ class _Driver:
             .remote()
         )
         ray.get(self.hub.drain.remote(0.0), timeout=120)  # type: ignore[attr-defined]
-        # CPU tasks reuse Ray's warm workers; GPU jobs (real and simulated) use warm actors (_actor_for).
-        self.reusable = ray.remote(max_calls=0)(_run_job)
-        self.gpu_actor = ray.remote(_GpuActor)
+        # Every job runs in a warm actor of its (class, GPUs, name, version, namespace): GPU jobs'
+        # actors are placed by Ray on their GPUs (_actor_for), CPU jobs' are queued by the bridge
+        # (CpuActorPool).  A Ray worker process never runs two versions or namespaces.
+        self.job_actor = ray.remote(_JobActor)
         self.actor_idle_s = float(os.environ.get("LANCEFN_RAY_ACTOR_IDLE_S") or _ACTOR_IDLE_S)
         self.idle_actors: dict[tuple, list[tuple[Any, float]]] = {}  # pool key → (actor, idle since)
-        self._submitters: dict[str, Any] = {}
         self.daemons = self._local_daemons() if self.local else []
-        self.capacity, self.largest = self._read_capacity()
+        self.capacity, self.largest, cpus = self._read_capacity()
+        self.cpu_slots_fixed = int(os.environ.get("LANCEFN_RAY_CPU_ACTORS") or 0)
+        self.cpu_pool = CpuActorPool(self.cpu_slots_fixed or cpus, self.actor_idle_s)
 
     def _driver_node(self) -> Any:
         """A hard affinity to the node this driver runs on ("DEFAULT" when Ray cannot say, e.g.
@@ -149,20 +154,16 @@ class _Driver:
 
         job_id = job["job_id"]
         gpus = int(job.get("num_gpus") or 0)
-        options: dict[str, Any] = {
-            "num_cpus": 0 if gpus else 1,  # GPU tasks are bounded by GPUs, not by the node's cores
-            "num_gpus": gpus,
-            "max_retries": 0,  # a crash fails the job (phase worker); it is never silently re-run
-            "name": f"lancefn:{job['name']}@{job['version']}",
-        }
-        if gpus and job.get("gpu_class"):
-            options["resources"] = {class_resource(job["gpu_class"]): gpus}
+        options: dict[str, Any] = {"max_restarts": 0, "max_concurrency": 1}  # a crash fails the job, never re-run
+        if gpus:
+            options.update(num_cpus=0, num_gpus=gpus)  # bounded by GPUs, not by the node's cores
+            if job.get("gpu_class"):
+                options["resources"] = {class_resource(job["gpu_class"]): gpus}
+        # A CPU actor keeps Ray's actor default: it needs a CPU to be placed and holds none once
+        # alive (an idle one must not block other work); the bridge bounds how many run.
         runtime_env = self._runtime_env(job)
         if runtime_env:
             options["runtime_env"] = runtime_env
-        # GPU jobs (real and simulated, bounded by class capacity) run in warm actors kept per
-        # (class, GPUs, name, version, namespace): a process never serves another version or namespace.
-        pooled = bool(gpus)
         payload = {
             "job_id": job_id,
             "hub": self.hub_name,
@@ -182,26 +183,67 @@ class _Driver:
         record = _BridgeJob(job_id, None, job.get("timeout_s"), int(data.get("rows_total", len(job["rows"]))))
         record.result_file = data.get("result_file")
         record.result_fsync = bool(data.get("result_fsync", True))
+        record.pool_key = (
+            job.get("gpu_class") if gpus else None,
+            gpus,
+            job["name"],
+            job["version"],
+            job.get("namespace") or "",
+        )
+        record.cpu, record.payload, record.options = not gpus, payload, options
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
+            if record.cpu:
+                self.cpu_pool.submit(job_id, record.pool_key)
+        if record.cpu:
+            self._dispatch()
+        else:
+            self._start(record, None)
+
+    def _dispatch(self) -> None:
+        """Start the queued CPU jobs that have a slot now."""
+        with self.lock:
+            if self.stopping.is_set():
+                return
+            starts, retire = self.cpu_pool.dispatch()
+            records = [(self.jobs.get(job_id), actor) for job_id, actor in starts]
+        for actor in retire:
+            self._kill_actor(actor)
+        for record, actor in records:
+            if record is not None:
+                self._start(record, actor)
+
+    def _start(self, record: _BridgeJob, actor: Any) -> None:
+        """Run the job on ``actor``, or on a warm or new actor of its pool key."""
+        job_id = record.job_id
         try:
-            if pooled:
-                record.pool_key = (job.get("gpu_class"), gpus, job["name"], job["version"], job.get("namespace") or "")
-                record.actor = self._actor_for(record.pool_key, options)
-                ref = record.actor.run.remote(payload)
-            else:
-                ref = self._submitter(options).remote(payload)
+            if actor is None:
+                if record.cpu:
+                    actor = self.job_actor.options(**record.options).remote()  # type: ignore[arg-type]
+                    with self.lock:
+                        bound = self.cpu_pool.bind(job_id, actor)
+                    if not bound:  # cancelled while the actor was being created
+                        self._kill_actor(actor)
+                        return
+                else:
+                    actor = self._actor_for(record.pool_key, record.options)  # type: ignore[arg-type]
+            record.actor = actor
+            ref = actor.run.remote(record.payload)
         except Exception as error:  # e.g. an invalid runtime_env
-            if record.actor is not None:
-                self._kill_actor(record.actor)
+            if actor is not None:
+                self._kill_actor(actor)
             with self.lock:
                 self.jobs.pop(job_id, None)
+                if record.cpu:
+                    self.cpu_pool.release(job_id, 0.0, reuse=False)
+            if record.cpu:
+                self._dispatch()
             self.proto.send(
                 event="failed", job_id=job_id, phase="environment", message=f"Ray refused the task: {error}"
             )
             return
         with self.lock:
-            record.ref = ref
+            record.ref, record.payload = ref, None
             cancelled = record.finished  # cancelled while being submitted
         if cancelled:
             self._stop(record)
@@ -222,28 +264,13 @@ class _Driver:
                 retire += [actor for actor, _ in self.idle_actors.pop(other)]
         for actor in retire:
             self._kill_actor(actor)
-        actor_options = {k: v for k, v in options.items() if k in ("num_gpus", "resources", "runtime_env")}
-        return self.gpu_actor.options(
-            num_cpus=0, max_restarts=0, max_concurrency=1, name=None, **actor_options
-        ).remote()
+        return self.job_actor.options(**options).remote()
 
     def _kill_actor(self, actor: Any) -> None:
         try:
             self.ray.kill(actor, no_restart=True)
         except Exception:  # already dead, or the cluster is going away
             pass
-
-    def _submitter(self, options: dict) -> Any:
-        """``remote.options(**options)``, cached: Ray parses and serializes the runtime_env on
-        every ``.options()`` call, and most jobs share a handful of option sets."""
-        key = json.dumps(options, sort_keys=True)
-        submitter = self._submitters.pop(key, None)
-        if submitter is None:
-            submitter = self.reusable.options(**options)
-        self._submitters[key] = submitter  # most recently used last
-        while len(self._submitters) > 256:
-            self._submitters.pop(next(iter(self._submitters)))
-        return submitter
 
     def _runtime_env(self, job: dict) -> dict:
         # The function's env travels with the task (see _run_job), never here: runtime_env
@@ -266,17 +293,16 @@ class _Driver:
             self._stop(record)
 
     def _stop(self, record: _BridgeJob) -> None:
-        """Stop a job's task; a warm actor is killed (Ray cannot force-cancel an actor's task),
-        which frees its GPUs."""
-        if record.actor is not None:
+        """Stop a job: its actor is killed (Ray cannot force-cancel an actor's task), which frees
+        its GPUs or its CPU slot; a queued CPU job just leaves the queue."""
+        if record.cpu:
+            with self.lock:
+                actor = self.cpu_pool.remove(record.job_id)
+            if actor is not None:
+                self._kill_actor(actor)
+            self._dispatch()
+        elif record.actor is not None:
             self._kill_actor(record.actor)
-            return
-        if record.ref is None:
-            return
-        try:
-            self.ray.cancel(record.ref, force=True)
-        except Exception:  # already finished, or the cluster is going away
-            pass
 
     def shutdown(self) -> None:
         self.stopping.set()
@@ -287,6 +313,7 @@ class _Driver:
             self._stop(record)
         with self.lock:
             idle = [actor for actors in self.idle_actors.values() for actor, _ in actors]
+            idle += self.cpu_pool.clear()
             self.idle_actors.clear()
         for actor in idle:
             self._kill_actor(actor)
@@ -364,11 +391,15 @@ class _Driver:
         except BaseException as error:  # the task did not return: cancelled, crashed, lost, …
             value = {"last_seq": 0, "final": _failure_from_ray_error(error, self.ray)}
             returned = False
+        freed = None
         with self.lock:
             record = self.jobs.get(job_id)
             if record is None or record.finished:
                 return
-            if record.actor is not None:
+            if record.cpu:
+                freed = self.cpu_pool.release(job_id, time.monotonic(), reuse=returned)
+                record.actor = None
+            elif record.actor is not None:
                 # It ran the job and lives: warm for the version's next job, unless another job
                 # of the class waits (its GPUs may be the ones it needs; a job of the same version
                 # waits on its own new actor, which Ray places only once GPUs are free).
@@ -376,6 +407,7 @@ class _Driver:
                 waiting = any(
                     other is not record
                     and other.pool_key is not None
+                    and not other.cpu
                     and other.pool_key[0] == key[0]  # type: ignore[index]
                     and not other.started
                     and not other.finished
@@ -386,10 +418,15 @@ class _Driver:
                 else:
                     self._kill_actor(record.actor)  # crashed or lost: never reused
                 record.actor = None
-            if record.seen < int(value.get("last_seq", 0)):
+            parked = record.seen < int(value.get("last_seq", 0))
+            if parked:
                 record.outcome, record.outcome_due = value, time.monotonic() + _OUTCOME_GRACE_S
-                return
-        self._finish(job_id, value)
+        if record.cpu:  # its slot is free (its actor idle, or killed if it crashed)
+            if freed is not None:
+                self._kill_actor(freed)
+            self._dispatch()
+        if not parked:
+            self._finish(job_id, value)
 
     def _finish(self, job_id: str, value: dict) -> None:
         for seq, event in value.get("tail") or ():  # events the task had not pushed to the hub
@@ -440,6 +477,7 @@ class _Driver:
                     self.idle_actors[key] = keep
                 else:
                     del self.idle_actors[key]
+            retire += self.cpu_pool.expire(now)
         for actor in retire:
             self._kill_actor(actor)
         if now - self.last_ok > self.lost_after_s:
@@ -452,17 +490,22 @@ class _Driver:
             if dead:
                 self._lost(f"the local Ray's {' and '.join(dead)} stopped")
             try:
-                capacity, largest = self._read_capacity()
+                capacity, largest, cpus = self._read_capacity()
             except Exception:
                 continue  # the reporter declares the cluster lost once this stays stale
             self.last_ok = time.monotonic()
+            if not self.cpu_slots_fixed and cpus != self.cpu_pool.slots:
+                with self.lock:
+                    self.cpu_pool.slots = cpus
+                self._dispatch()
             if (capacity, largest) != (self.capacity, self.largest):
                 self.capacity, self.largest = capacity, largest
                 self.proto.send(event="capacity", capacity=capacity, largest=largest)
 
-    def _read_capacity(self) -> tuple[dict[str, int], dict[str, int]]:
+    def _read_capacity(self) -> tuple[dict[str, int], dict[str, int], int]:
         """GPUs per class in the cluster, and on its biggest live node (a task never spans nodes:
-        a job asking more than that waits until an autoscaler or operator adds a bigger node)."""
+        a job asking more than that waits until an autoscaler or operator adds a bigger node);
+        and the cluster's CPUs (how many CPU jobs run at once)."""
         resources = self.ray.cluster_resources()
         capacity = {name: int(resources.get(class_resource(name), 0)) for name in self.classes}
         largest = dict.fromkeys(self.classes, 0)
@@ -472,7 +515,7 @@ class _Driver:
                 for name in self.classes:
                     fit = int(min(have.get(class_resource(name), 0), have.get("GPU", 0)))
                     largest[name] = max(largest[name], fit)
-        return capacity, largest
+        return capacity, largest, int(resources.get("CPU", 0))
 
     def _lost(self, message: str) -> None:
         if self.stopping.is_set():

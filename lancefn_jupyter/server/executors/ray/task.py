@@ -1,4 +1,4 @@
-"""Inside Ray: the task body, the warm GPU actor, the event hub actor and output capture (per Ray worker process)."""
+"""Inside Ray: the task body, the warm job actor, the event hub actor and output capture (per Ray worker process)."""
 
 from __future__ import annotations
 
@@ -196,8 +196,9 @@ def _node_id() -> str:
     return _node[0]
 
 
-class _GpuActor:
-    """A warm real-GPU worker (see the module docstring): holds its GPUs, runs one job at a time."""
+class _JobActor:
+    """A warm worker of one (class, GPUs, function version, namespace): runs its jobs one at a time
+    (a GPU one holds its GPUs for its whole life)."""
 
     def run(self, payload: dict) -> dict:
         return _run_job(payload)
