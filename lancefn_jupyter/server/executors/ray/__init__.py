@@ -1,4 +1,4 @@
-"""Ray executor: each job is one Ray task; a Ray cluster (KubeRay on Kubernetes) is how users
+"""Ray executor: each job is one call on a warm Ray actor of its version; a Ray cluster (KubeRay on Kubernetes) is how users
 outgrow one machine.  Operator guide: ``docs/ray.md``.
 
 Three processes take part::
@@ -12,13 +12,14 @@ Three processes take part::
   fails the jobs that were in flight with a *retryable* ``executor`` failure.  The bridge runs
   in its own session, so whatever local Ray processes it started are swept (by session id)
   when it ends, however it ends.
-* Each job is a Ray **task** asking ``num_gpus`` GPUs plus as many units of the class resource
+* Each GPU job runs on an actor asking ``num_gpus`` GPUs plus as many units of the class resource
   ``lancefn_gpu_class:<class>`` (operators label nodes / KubeRay worker groups with it), with
-  the function's ``env`` (and, by the rule in :func:`pip_requirements`, pip packages) in its
-  ``runtime_env``.  Ray queues it until a node has room (an autoscaler can add one), so the
-  executor *owns queuing* (``owns_queue``): the core launches at once and the job stays PENDING
-  until the task itself reports ``started`` from the node, with the node id and the GPU ids Ray
-  gave it (``CUDA_VISIBLE_DEVICES`` is set by Ray from those ids).
+  pip packages (by the rule in :func:`pip_requirements`) in its ``runtime_env``; the function's
+  ``env`` travels with the task.  Ray queues the actor until a node has room (an autoscaler can
+  add one); CPU jobs wait in the bridge for a CPU slot (:mod:`.pool`).  So the executor *owns
+  queuing* (``owns_queue``): the core launches at once and the job stays PENDING until the task
+  itself reports ``started`` from the node, with the node id and the GPU ids Ray gave it
+  (``CUDA_VISIBLE_DEVICES`` is set by Ray from those ids).
 * Inside the task the artifact runs in the Ray worker process through
   :func:`lancefn_jupyter.server.task_runner.run_task_inline` — the same code as the local warm worker,
   so results, phases and user-only tracebacks are identical.  fds 1/2 are captured for the
@@ -27,23 +28,24 @@ Three processes take part::
   returns its events inline instead); the outcome comes back as the task's return value, with
   the number of events flushed before it, so the bridge reports the outcome only after the
   last log line.
-* Cancel is ``ray.cancel(force=True)``; a timeout (counted from ``started``, like the local
-  executor) is an executor-side deadline that cancels the task and reports ``timeout``.
+* Cancel kills the job's actor (``ray.kill``); a timeout (counted from ``started``, like the local
+  executor) is an executor-side deadline that kills it and reports ``timeout``.
   Tasks are owned by the bridge, so if the control plane dies Ray stops them (fate sharing) and
   the restarted core re-queues them: nothing runs twice concurrently, nothing is lost.
 
-Real-GPU jobs run on **warm GPU actors**: a pool per (class, GPU count, function name and
-version, namespace).  An actor holds its GPUs for its whole life (a CUDA context stays bound to
-the devices a process first saw, so a plain reused Ray worker could not be trusted with other
-GPU ids), runs that version's later jobs one at a time, and is killed when idle for
-``LANCEFN_RAY_ACTOR_IDLE_S`` (default 300 s), when a job of another key of its class needs the
-GPUs it sits on, after a crash, or when its job is cancelled or times out (``ray.kill``: the
-GPUs are freed; the next job starts a new actor).  Actors are never shared across versions or
-namespaces.  CPU and simulated-GPU tasks reuse Ray's warm workers.
+Every job runs on a **warm actor**: a pool per (class, GPU count, function name and version,
+namespace), so a process never runs two versions or namespaces.  A GPU actor holds its GPUs for
+its whole life (a CUDA context stays bound to the devices a process first saw, so a plain reused
+Ray worker could not be trusted with other GPU ids), runs that version's later jobs one at a
+time, and is killed when idle for ``LANCEFN_RAY_ACTOR_IDLE_S`` (default 300 s), when a job of
+another key of its class needs the GPUs it sits on, after a crash, or when its job is cancelled
+or times out (``ray.kill``: the GPUs are freed; the next job starts a new actor).  CPU actors
+hold no CPU while alive; the bridge runs at most the cluster's CPUs' worth of CPU jobs and keeps
+at most that many CPU actors (``LANCEFN_RAY_CPU_ACTORS``).
 
 Modules, one per process: ``executor`` (``RayExecutor``, in the control plane), ``bridge`` (the
-Ray driver ``_Driver``), ``task`` (the task body, GPU actor and event hub, in Ray workers), and
-``common`` (what they share).
+Ray driver ``_Driver``), ``task`` (the task body, job actor and event hub, in Ray workers), ``pool`` (the CPU actor
+queue, in the bridge) and ``common`` (what they share).
 """
 
 from .bridge import _bridge_main
