@@ -64,6 +64,13 @@ def double_it(x: int) -> int:
     return 2 * x
 
 
+class Doubler:
+    """Ray direct on an actor: the floor of our Ray executor's path (every job is an actor call)."""
+
+    def run(self, x: int) -> int:
+        return 2 * x
+
+
 def client_main(url: str, api_key: str, path: str) -> None:
     """A child process (no Ray): time one call of ``path`` per ``go`` line on stdin, answer the seconds."""
     from lancefn_jupyter import api
@@ -218,6 +225,13 @@ def main() -> None:
                 raise SystemExit("ray direct returned a wrong value")
 
         modes["Ray direct + runtime_env env_vars"] = timed(ray_direct_env)
+        actor = ray.remote(Doubler).options(num_cpus=0).remote()  # no GPU: ours and Ray direct use them
+
+        def ray_direct_actor() -> None:
+            if ray.get(actor.run.remote(21)) != 42:
+                raise SystemExit("ray direct returned a wrong value")
+
+        modes["Ray direct, warm actor call (reference)"] = timed(ray_direct_actor)
 
         samples: dict[str, list[float]] = {label: [] for label in modes}
         for _ in range(args.warmup):  # first calls start workers (and the Ray executor's driver)

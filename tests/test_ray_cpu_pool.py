@@ -3,6 +3,8 @@ retirement, cancel and idle expiry."""
 
 from __future__ import annotations
 
+import pytest
+
 from lancefn_jupyter.server.executors.ray.pool import CpuActorPool
 
 A, B, C = ("ns", "a"), ("ns", "b"), ("other", "a")
@@ -77,3 +79,15 @@ def test_idle_actors_expire_and_clear_returns_every_actor():
     assert pool.expire(now=12.0) == ["actor-1"]
     assert sorted(pool.clear()) == ["actor-2", "actor-3"]
     assert pool.idle_count() == 0 and pool.dispatch() == ([], [])
+
+
+def test_a_bad_cpu_actor_count_is_refused_at_start_saying_what_to_use(monkeypatch):
+    pytest.importorskip("ray")
+    from lancefn_jupyter.server.executors.ray import RayExecutor
+
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("LANCEFN_RAY_CPU_ACTORS", bad)
+        with pytest.raises(ValueError, match="LANCEFN_RAY_CPU_ACTORS is .*use a whole number of at least 1"):
+            RayExecutor()
+    monkeypatch.setenv("LANCEFN_RAY_CPU_ACTORS", "3")
+    RayExecutor()  # constructing starts nothing

@@ -102,7 +102,12 @@ class _Driver:
         self.daemons = self._local_daemons() if self.local else []
         self.capacity, self.largest, cpus = self._read_capacity()
         self.cpu_slots_fixed = int(os.environ.get("LANCEFN_RAY_CPU_ACTORS") or 0)
-        self.cpu_pool = CpuActorPool(self.cpu_slots_fixed or cpus, self.actor_idle_s)
+        self.cpu_pool = CpuActorPool(self._cpu_slots(cpus), self.actor_idle_s)
+
+    def _cpu_slots(self, cpus: int) -> int:
+        """CPU jobs at once: ``LANCEFN_RAY_CPU_ACTORS``, else the cluster's CPUs; at least one, so
+        a cluster scaled to zero CPUs still sees a CPU job's demand (an autoscaler adds a node)."""
+        return self.cpu_slots_fixed or max(cpus, 1)
 
     def _driver_node(self) -> Any:
         """A hard affinity to the node this driver runs on ("DEFAULT" when Ray cannot say, e.g.
@@ -494,9 +499,9 @@ class _Driver:
             except Exception:
                 continue  # the reporter declares the cluster lost once this stays stale
             self.last_ok = time.monotonic()
-            if not self.cpu_slots_fixed and cpus != self.cpu_pool.slots:
+            if self._cpu_slots(cpus) != self.cpu_pool.slots:
                 with self.lock:
-                    self.cpu_pool.slots = cpus
+                    self.cpu_pool.slots = self._cpu_slots(cpus)
                 self._dispatch()
             if (capacity, largest) != (self.capacity, self.largest):
                 self.capacity, self.largest = capacity, largest

@@ -188,6 +188,12 @@ class RayExecutor(Executor):
         self._pip_mode = (pip_mode or os.environ.get("LANCEFN_RAY_PIP") or "auto").lower()
         if self._pip_mode not in ("auto", "always", "never"):
             raise ValueError(f"LANCEFN_RAY_PIP is {self._pip_mode!r}; use auto, always or never")
+        cpu_actors = os.environ.get("LANCEFN_RAY_CPU_ACTORS") or ""
+        if cpu_actors and not (cpu_actors.isdigit() and int(cpu_actors) > 0):  # the bridge reads it
+            raise ValueError(
+                f"LANCEFN_RAY_CPU_ACTORS is {cpu_actors!r}; use a whole number of at least 1 (CPU jobs "
+                "running at once), or unset it to use the cluster's CPUs"
+            )
         self._lost_after_s = float(lost_after_s or os.environ.get("LANCEFN_RAY_LOST_AFTER_S") or 30.0)
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = stop_grace_s

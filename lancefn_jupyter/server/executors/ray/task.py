@@ -127,61 +127,48 @@ def _flusher() -> _Flusher:
     return _flushers[0]
 
 
-class _CapturedOutput:
-    """fds 1 and 2 into pipes for the task's duration; their lines become ``log`` events.
+class _ActorOutput:
+    """fds 1 and 2 of this actor process, captured once for its life; their lines become ``log``
+    events of the job running now (an actor runs one job at a time).
 
-    Reader threads hand lines to ``send`` (which only queues them, see :class:`_HubSender`).
-    On exit the fds are restored and the readers drain to EOF, so every line precedes the outcome.
+    The local worker's reader threads (``_Capture``) do the reading; a job ends with their sync
+    marker, so every line it wrote is queued on its sender before the outcome.  Lines written
+    between jobs (Ray's own, a stray thread's) go to the fds Ray gave the process (its log files).
     """
 
-    def __init__(self, send: Callable[..., None]) -> None:
-        self._send = send
-        self._saved: dict[int, int] = {}
-        self._readers: list[threading.Thread] = []
-        self._buffering: list[tuple[Any, bool]] = []
+    def __init__(self) -> None:
+        from ...worker import _Capture
 
-    def __enter__(self) -> "_CapturedOutput":
         flush_stdio()
-        for fd, stream in ((1, "stdout"), (2, "stderr")):
-            read_fd, write_fd = os.pipe()
-            self._saved[fd] = os.dup(fd)
-            os.dup2(write_fd, fd)
-            os.close(write_fd)
-            thread = threading.Thread(target=self._read, args=(read_fd, stream), daemon=True)
-            thread.start()
-            self._readers.append(thread)
+        self.current: Callable[..., None] | None = None
+        self._saved = {"stdout": os.dup(1), "stderr": os.dup(2)}
+        self.captures = [_Capture(self, "stdout", 1), _Capture(self, "stderr", 2)]  # type: ignore[arg-type]
+        for capture in self.captures:
+            capture.start()
         for std in (sys.stdout, sys.stderr):  # line-buffered, so prints show up live
             try:
-                self._buffering.append((std, std.line_buffering))  # type: ignore[arg-type]
-                std.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # AttributeError handled below
-            except (AttributeError, ValueError):
-                pass
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        flush_stdio()
-        for fd, saved in self._saved.items():
-            os.dup2(saved, fd)  # closes the pipe's write end at fd: the reader sees EOF
-            os.close(saved)
-        for thread in self._readers:
-            thread.join(5.0)  # bounded: a process the user started may still hold the pipe
-        for stream, buffering in self._buffering:
-            try:
-                stream.reconfigure(line_buffering=buffering)
+                std.reconfigure(line_buffering=True)  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass
 
-    def _read(self, read_fd: int, stream: str) -> None:
-        pending = b""
+    def send(self, **event: Any) -> None:  # from the reader threads
+        target = self.current
+        if target is not None:
+            target(**event)
+        else:
+            os.write(self._saved[event["stream"]], "".join(line + "\n" for line in event["lines"]).encode())
+
+    @contextlib.contextmanager
+    def to(self, send: Callable[..., None]) -> Iterator[None]:
+        """Output goes to ``send`` until every line written inside the block has been handed over."""
+        from ...worker import _flush_output
+
+        self.current = send
         try:
-            while chunk := os.read(read_fd, 65536):
-                *complete, pending = (pending + chunk).split(b"\n")
-                if complete:
-                    self._send(event="log", stream=stream, lines=[line.decode("utf-8", "replace") for line in complete])
-            if pending:
-                self._send(event="log", stream=stream, lines=[pending.decode("utf-8", "replace")])
+            yield
         finally:
-            os.close(read_fd)
+            _flush_output(self.captures)
+            self.current = None
 
 
 _hubs: dict[str, Any] = {}  # per Ray worker process: hub name → actor handle
@@ -198,10 +185,16 @@ def _node_id() -> str:
 
 class _JobActor:
     """A warm worker of one (class, GPUs, function version, namespace): runs its jobs one at a time
-    (a GPU one holds its GPUs for its whole life)."""
+    (a GPU one holds its GPUs for its whole life, so where it runs is read once)."""
+
+    def __init__(self) -> None:
+        import ray
+
+        self._where = {"devices": [str(gpu) for gpu in ray.get_gpu_ids()], "node": _node_id()}
+        self._output = _ActorOutput()
 
     def run(self, payload: dict) -> dict:
-        return _run_job(payload)
+        return _run_job(payload, self._where, self._output)
 
 
 @contextlib.contextmanager
@@ -221,8 +214,8 @@ def _task_env(env: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _run_job(payload: dict) -> dict:
-    """The Ray task: report where it runs, run the artifact like the local worker, return the outcome."""
+def _run_job(payload: dict, where: dict, output: _ActorOutput) -> dict:
+    """One job on an actor: report where it runs, run the artifact like the local worker, return the outcome."""
     import ray
 
     from ...task_runner import run_task_inline
@@ -231,13 +224,15 @@ def _run_job(payload: dict) -> dict:
     if hub is None:
         hub = _hubs[payload["hub"]] = ray.get_actor(payload["hub"], namespace=_NAMESPACE)
     sender = _HubSender(hub, payload["job_id"])
-    node = _node_id()
-    sender.send(event="started", devices=[str(gpu) for gpu in ray.get_gpu_ids()], node=node)
+    node = where["node"]
+    sender.send(event="started", **where)
     try:
-        with _CapturedOutput(sender.send), _task_env(payload["task"].get("env") or {}):
+        with output.to(sender.send), _task_env(payload["task"].get("env") or {}):
             final = run_task_inline(payload["task"], sender.send)
     finally:
         tail = sender.close()
+    if final.get("event") == "result":  # a result means every row is done: its progress would be one more event
+        tail = [(seq, event) for seq, event in tail if event.get("event") != "progress"]
     if final.get("event") == "failed" and final.get("phase") == "environment":
         final["message"] = f"{final.get('message', '')} [on Ray node {node}]"
     # The bridge relays events 1..last_seq from the hub, then the tail, then the outcome.
