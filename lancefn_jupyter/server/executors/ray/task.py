@@ -88,23 +88,29 @@ class _HubSender:
 
 
 class _Flusher:
-    """One thread per Ray worker process flushing every live task's events to the hub."""
+    """One thread per Ray worker process flushing every live task's events to the hub; it sleeps
+    while no task runs (a warm actor may idle for minutes, and its wake-ups would cost CPU)."""
 
     def __init__(self) -> None:
         self._senders: set[_HubSender] = set()
         self._lock = threading.Lock()
+        self._busy = threading.Event()
         threading.Thread(target=self._run, name="lancefn-hub-flush", daemon=True).start()
 
     def add(self, sender: _HubSender) -> None:
         with self._lock:
             self._senders.add(sender)
+            self._busy.set()
 
     def discard(self, sender: _HubSender) -> None:
         with self._lock:
             self._senders.discard(sender)
+            if not self._senders:
+                self._busy.clear()
 
     def _run(self) -> None:
         while True:
+            self._busy.wait()
             time.sleep(_HUB_FLUSH_S)
             with self._lock:
                 senders = list(self._senders)
