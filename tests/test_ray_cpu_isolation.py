@@ -8,16 +8,14 @@ wait is bounded; nothing is timed."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import time
 from typing import Iterator
 
 import httpx
 import psutil
 import pytest
-from conftest import ControlPlaneProcess, make_env, register, registration_body
-from test_isolation import A_KEY, B_KEY, CHECKER, KEYS, PATCHER
+from conftest import ControlPlaneProcess, register, registration_body
+from helpers import describe, ray_server, submit, text_body, wait_done, wait_until
+from test_isolation import A_KEY, B_KEY, CHECKER, KEYS, PATCHER, client
 
 pytest.importorskip("ray")
 
@@ -25,7 +23,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 SLOW = 120.0
 IDLE_S = 20  # LANCEFN_RAY_ACTOR_IDLE_S for this server
-TERMINAL = ("DONE", "FAILED", "CANCELLED", "TIMED_OUT")
+ANY_CLASS = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"  # the jobs here need no GPU
 GATED = """
 import os
 import time
@@ -43,72 +41,24 @@ def gated(path: str) -> str:
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
-    base = tmp_path_factory.mktemp("cpu")
-    (base / "keys.toml").write_text(KEYS)
-    temp_dir = tempfile.mkdtemp(prefix="lfi", dir="/tmp")  # short: Ray's unix sockets live below
-    server = ControlPlaneProcess(
-        base / "home",
-        args=["--executor", "ray", "--api-keys", str(base / "keys.toml")],
-        env=make_env(
-            {
-                "RAY_AUTH_MODE": "disabled",
-                "LANCEFN_RAY_TEMP_DIR": temp_dir,
-                "LANCEFN_RAY_PIP": "never",
-                "LANCEFN_RAY_ACTOR_IDLE_S": str(IDLE_S),
-                "LANCEFN_RAY_CPU_ACTORS": "1",
-            }
-        ),
-        log_dir=base,
-    )
-    server.start()
-    try:
+    keys = tmp_path_factory.mktemp("keys") / "keys.toml"
+    keys.write_text(KEYS)
+    env = {"LANCEFN_RAY_ACTOR_IDLE_S": str(IDLE_S), "LANCEFN_RAY_CPU_ACTORS": "1"}
+    with ray_server(tmp_path_factory, ANY_CLASS, "--api-keys", str(keys), **env) as server:
         yield server
-    finally:
-        try:
-            server.stop()
-        except Exception:
-            server.kill()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _client(cp: ControlPlaneProcess, key: str) -> httpx.Client:
-    return httpx.Client(base_url=cp.url, headers={"x-api-key": key}, timeout=60.0)
-
-
-def _cpu_version(http: httpx.Client, name: str, source: str, *, input_type: str = "int64") -> str:
-    arg = "path" if input_type == "utf8" else "x"
-    body = registration_body(
-        name, source=source, entrypoint=name, inputs=((arg, input_type, False),), output_type="utf8", num_gpus=None
-    )
+def _cpu_version(http: httpx.Client, name: str, source: str) -> str:
+    body = registration_body(name, source=source, entrypoint=name, output_type="utf8", num_gpus=None)
     return register(http, body)["version"]
 
 
-def _run(http: httpx.Client, name: str, version: str, row: dict) -> str:
-    reply = http.post("/v1/functions/run", json={"name": name, "version": version, "rows": [row]})
-    assert reply.status_code == 202, reply.text
-    return reply.json()["job_id"]
-
-
-def _until(what: str, condition, timeout: float = SLOW):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def _finished(http: httpx.Client, job_id: str) -> dict:
-    return _until(
-        f"job {job_id} to end",
-        lambda: (
-            (job := http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 5}).json())["job_state"] in TERMINAL
-            and job
-        ),
-    )
+def _gated_version(http: httpx.Client, comment: str = "") -> str:
+    return register(http, text_body("gated", GATED + comment, num_gpus=None))["version"]
 
 
 def _result(http: httpx.Client, name: str, version: str, row: dict) -> str:
-    job = _finished(http, _run(http, name, version, row))
+    job = wait_done(http, submit(http, name, version, [row]), SLOW)
     assert job["job_state"] == "DONE", job
     assert job["placement"]["devices"] == [], job["placement"]  # a CPU job
     return job["result"][0]
@@ -122,7 +72,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_state_set_by_one_cpu_version_reaches_no_other_version_or_namespace(cp):
-    with _client(cp, A_KEY) as a, _client(cp, B_KEY) as b:
+    with client(cp, A_KEY) as a, client(cp, B_KEY) as b:
         va = _cpu_version(a, "patch", PATCHER)
         vb = _cpu_version(a, "check", CHECKER)
         vc = _cpu_version(b, "check", CHECKER)
@@ -136,27 +86,27 @@ def test_state_set_by_one_cpu_version_reaches_no_other_version_or_namespace(cp):
 
 def test_cancelling_a_cpu_job_on_a_warm_actor_kills_it_and_frees_the_slot(cp, tmp_path):
     gate = tmp_path / "gate"
-    with _client(cp, A_KEY) as http:
-        version = _cpu_version(http, "gated", GATED, input_type="utf8")
+    with client(cp, A_KEY) as http:
+        version = _gated_version(http)
         warm = int(_result(http, "gated", version, {"path": ""}))
-        running = _run(http, "gated", version, {"path": str(gate)})
-        _until("the job to run", lambda: (tmp_path / "gate.pid").exists())
+        running = submit(http, "gated", version, [{"path": str(gate)}])
+        wait_until(lambda: (tmp_path / "gate.pid").exists(), "the job to run", SLOW)
         assert int((tmp_path / "gate.pid").read_text()) == warm  # on the warm actor
         other = _cpu_version(http, "check", CHECKER + "# waits for the slot\n")
-        queued = _run(http, "check", other, {"x": 1})
+        queued = submit(http, "check", other, [{"x": 1}])
         # One slot, and it is taken: the other job waits in the control plane's Ray driver.
-        assert http.post("/v1/jobs/describe", json={"job_id": queued}).json()["job_state"] == "PENDING"
+        assert describe(http, queued)["job_state"] == "PENDING"
         assert http.post("/v1/jobs/cancel", json={"job_id": running}).json()["cancelled"] is True
-        _until("the warm actor to be killed", lambda: _gone(warm))
-        job = _finished(http, queued)
+        wait_until(lambda: _gone(warm), "the warm actor to be killed", SLOW)
+        job = wait_done(http, queued, SLOW)
         assert job["job_state"] == "DONE" and job["result"][0].split()[1] == "clean", job
-        assert _finished(http, running)["job_state"] == "CANCELLED"
+        assert wait_done(http, running, SLOW)["job_state"] == "CANCELLED"
         assert int(_result(http, "gated", version, {"path": ""})) != warm  # a new actor for the version
 
 
 def test_an_idle_cpu_actor_retires(cp):
-    with _client(cp, A_KEY) as http:
-        version = _cpu_version(http, "gated", GATED + "# retire me\n", input_type="utf8")
+    with client(cp, A_KEY) as http:
+        version = _gated_version(http, "# retire me\n")
         warm = int(_result(http, "gated", version, {"path": ""}))
-        _until("the idle actor to retire", lambda: _gone(warm), timeout=IDLE_S + 60)
+        wait_until(lambda: _gone(warm), "the idle actor to retire", IDLE_S + 60)
         assert int(_result(http, "gated", version, {"path": ""})) != warm

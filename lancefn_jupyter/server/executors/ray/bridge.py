@@ -31,7 +31,7 @@ from .executor import (
     _ray_data_fields,
     _store_result,
 )
-from .pool import CpuActorPool
+from .pool import CpuActorPool, expire_idle
 from .task import (
     _EventHub,
     _JobActor,
@@ -473,16 +473,8 @@ class _Driver:
             )
         for job_id, value in overdue:
             self._finish(job_id, value)
-        retire = []
         with self.lock:
-            for key in list(self.idle_actors):
-                keep = [(actor, since) for actor, since in self.idle_actors[key] if now - since < self.actor_idle_s]
-                retire += [actor for actor, since in self.idle_actors[key] if now - since >= self.actor_idle_s]
-                if keep:
-                    self.idle_actors[key] = keep
-                else:
-                    del self.idle_actors[key]
-            retire += self.cpu_pool.expire(now)
+            retire = expire_idle(self.idle_actors, now, self.actor_idle_s) + self.cpu_pool.expire(now)
         for actor in retire:
             self._kill_actor(actor)
         if now - self.last_ok > self.lost_after_s:

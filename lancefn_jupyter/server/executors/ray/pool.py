@@ -11,7 +11,9 @@ actor of another version to make room.  Jobs start in submission order.
 from __future__ import annotations
 
 import collections
-from typing import Any, Hashable
+from typing import Any, Hashable, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 class CpuActorPool:
@@ -71,15 +73,7 @@ class CpuActorPool:
 
     def expire(self, now: float) -> list[Any]:
         """Idle actors past ``idle_s``, removed."""
-        retire = []
-        for key in list(self._idle):
-            keep = [(actor, since) for actor, since in self._idle[key] if now - since < self.idle_s]
-            retire += [actor for actor, since in self._idle[key] if now - since >= self.idle_s]
-            if keep:
-                self._idle[key] = keep
-            else:
-                del self._idle[key]
-        return retire
+        return expire_idle(self._idle, now, self.idle_s)
 
     def clear(self) -> list[Any]:
         """Every actor (idle and busy), removed; the queue is dropped."""
@@ -99,3 +93,14 @@ class CpuActorPool:
         if not self._idle[key]:
             del self._idle[key]
         return actor
+
+
+def expire_idle(idle: dict[K, list[tuple[Any, float]]], now: float, idle_s: float) -> list[Any]:
+    """The actors in ``idle`` (key → (actor, idle since)) idle for ``idle_s`` or longer, removed."""
+    retire = []
+    for key in list(idle):
+        retire += [actor for actor, since in idle[key] if now - since >= idle_s]
+        idle[key] = [(actor, since) for actor, since in idle[key] if now - since < idle_s]
+        if not idle[key]:
+            del idle[key]
+    return retire
