@@ -7,6 +7,7 @@ import collections
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -51,8 +52,12 @@ class _BridgeProcess:
         self.sid = self.proc.pid
         self._scrub = scrub  # Ray may quote a task's runtime_env (function env values) in its output
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
-        self._write_lock = threading.Lock()
+        # Written by a thread of its own: a write to the pipe wakes the bridge, and on a busy machine
+        # the writer may then wait for a CPU; that must not be the thread that submitted the job
+        # (it holds the core's lock, which the job's first events need).  Queued messages go in one write.
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         threading.Thread(target=self._forward_stderr, name="lancefn-ray-stderr", daemon=True).start()
+        threading.Thread(target=self._write_out, name="lancefn-ray-stdin", daemon=True).start()
         self.send(config)
 
     def _forward_stderr(self) -> None:
@@ -68,10 +73,22 @@ class _BridgeProcess:
                     pass
 
     def send(self, message: dict) -> None:
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-        with self._write_lock:
+        self._outbox.put((json.dumps(message, separators=(",", ":")) + "\n").encode())
+
+    def _write_out(self) -> None:
+        while (data := self._outbox.get()) is not None:
+            chunks = [data]
+            while True:  # whatever else is queued goes in the same write
+                try:
+                    data = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if data is None:
+                    self._outbox.put(None)  # stop after this write
+                    break
+                chunks.append(data)
             try:
-                self.proc.stdin.write(data)  # type: ignore[union-attr]
+                self.proc.stdin.write(b"".join(chunks))  # type: ignore[union-attr]
                 self.proc.stdin.flush()  # type: ignore[union-attr]
             except (BrokenPipeError, OSError, ValueError):  # gone: its EOF is handled by the reader
                 pass
@@ -116,6 +133,7 @@ class _BridgeProcess:
                 except subprocess.TimeoutExpired:
                     continue
         _kill_session(self.sid)
+        self._outbox.put(None)  # the writer thread ends
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()  # type: ignore[union-attr]
