@@ -178,7 +178,7 @@ def _kill_session(sid: int, grace_s: float = 2.0) -> None:
 
 
 class RayExecutor(Executor):
-    """Runs each job as a Ray task (see the module docstring)."""
+    """Runs each job on a warm Ray actor of its version (see the module docstring)."""
 
     name = "ray"
     owns_queue = True  # Ray queues and places jobs; the core launches at once (docs/ray.md)
