@@ -113,16 +113,18 @@ async def event_stream(
     ``scope``: only this namespace's job events (None: all, for the admin)."""
     subscriber = core.bus.subscribe(scope)  # subscribe before reading the backlog so nothing falls between
     try:
-        # The id is the resume point, so a client that sees no job event before a restart can still resume.
-        yield frame("usage", _compact(await off_loop(core.gpu_usage)), last)
-        queue = await off_loop(core.queue_snapshot, scope)
-        if queue is not None:
-            yield frame("queue", _compact(queue))
         backlog = True
         while not subscriber.closed:
             if backlog or subscriber.overflowed:
+                # Catch up (at the start, and after an overflow dropped items): clear first, then read
+                # everything anew, so an item pushed meanwhile is only older than what follows it.
                 subscriber.overflowed = False
                 subscriber.items.clear()
+                # The id is the resume point, so a client that sees no job event before a restart can still resume.
+                yield frame("usage", _compact(await off_loop(core.gpu_usage)), last)
+                queue = await off_loop(core.queue_snapshot, scope)
+                if queue is not None:
+                    yield frame("queue", _compact(queue))
                 while True:
                     rows = await off_loop(core.events_after, last, 500, scope)
                     for seq, data in rows:
