@@ -99,12 +99,21 @@ def _pid_alive(pid: int) -> bool:
 def _healthy(info: ServerInfo, timeout: float = 2.0) -> bool:
     if not _pid_alive(info.pid):
         return False
-    import httpx  # here, not at import: `prestart` runs before the kernel has paid for httpx
+    # The standard library, not httpx: on first use this runs before anything else needs an HTTP client.
+    import http.client
+    from urllib.parse import urlsplit
 
+    url = urlsplit(info.url)
+    if url.scheme != "http" or not url.hostname:
+        return False  # an embedded server is plain HTTP on a local address; anything else is not ours
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
     try:
-        return httpx.get(f"{info.url}/v1/health", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
+        conn.request("GET", "/v1/health")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
         return False
+    finally:
+        conn.close()
 
 
 def prestart(home: Optional[Path] = None) -> None:

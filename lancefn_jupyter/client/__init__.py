@@ -41,7 +41,7 @@ __all__ = [
 
 
 class Client:
-    """A connection to one control plane (embedded or remote). Thread-safe (httpx.Client is)."""
+    """A connection to one control plane (embedded or remote). Thread-safe (a pool of keep-alive connections)."""
 
     def __init__(
         self,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
-
-import httpx
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ._http import Transport
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Event", "iter_events", "parse_sse_lines"]
 
@@ -58,6 +59,8 @@ def open_event_stream(
 ) -> httpx.Response:
     """An open `GET /v1/jobs/events` response, resuming after `last_event_id` (the caller iterates
     `parse_sse_lines(response.iter_lines())` and closes it)."""
+    import httpx  # only a stream needs it (see _http)
+
     headers = {"accept": "text/event-stream"}
     if last_event_id is not None:
         headers["last-event-id"] = str(last_event_id)
