@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from ._http import Transport
+from ._http import EventStream, Transport
 from .batches import BatchesResource
 from .errors import (
     ApiError,
@@ -22,12 +22,10 @@ from .functions import FunctionsResource
 from .gpu import GpuResource
 from .jobs import JobsResource
 
-if TYPE_CHECKING:
-    import httpx
-
 __all__ = [
     "Client",
     "Event",
+    "EventStream",
     "ApiError",
     "Conflict",
     "ControlPlaneUnreachable",
@@ -75,7 +73,7 @@ class Client:
         last_event_id: Optional[int] = None,
         read_timeout: Optional[float] = 60.0,
         connect_timeout: float = 10.0,
-    ) -> httpx.Response:
+    ) -> EventStream:
         """The open SSE response behind `events()`, for a caller that must reach its socket (the kernel's
         listener shuts it down to stop at once); iterate `client.events.parse_sse_lines(r.iter_lines())`, then close it."""
         return open_event_stream(

@@ -2,7 +2,7 @@
 
 Requests go over the standard library's `http.client` on a small pool of keep-alive connections: a call
 costs ~0.4 ms of client time against ~0.7 ms through httpx, and a quick job's whole submit → result is
-one round trip. Only the event stream (a long-lived streaming GET) uses httpx, imported when first opened.
+one round trip. The kernel never imports httpx (whose import pulls in rich and click where they are installed).
 """
 
 from __future__ import annotations
@@ -10,17 +10,15 @@ from __future__ import annotations
 import http.client
 import json
 import select
+import socket
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 from urllib.parse import urlencode, urlsplit
 
 from .errors import ControlPlaneUnreachable, error_for_status
 
-if TYPE_CHECKING:
-    import httpx
-
-__all__ = ["Transport"]
+__all__ = ["EventStream", "Transport"]
 
 _ARROW_STREAM = "application/vnd.apache.arrow.stream"  # = dataplane.MEDIA_TYPE (not imported: keep the client light)
 # Requests that create something new each time they are sent.
@@ -42,9 +40,39 @@ class _Reply:
 
     __slots__ = ("status", "reason", "headers", "content")
 
-    # `headers`: an http.client.HTTPMessage, or httpx.Headers for the event stream (only .get() is used).
-    def __init__(self, status: int, reason: str, headers: Any, content: bytes):
+    def __init__(self, status: int, reason: str, headers: http.client.HTTPMessage, content: bytes):
         self.status, self.reason, self.headers, self.content = status, reason, headers, content
+
+
+class EventStream:
+    """An open streaming reply: ``iter_lines()`` (text, line ends removed), ``close()``, and its ``socket``
+    (shut it down to end a blocked read at once, from another thread)."""
+
+    def __init__(self, conn: _Connection, response: http.client.HTTPResponse):
+        self._conn, self._response = conn, response
+        self.status_code = response.status
+        self.headers = response.headers
+        self.socket: Optional[socket.socket] = conn.sock
+
+    def iter_lines(self) -> Iterator[str]:
+        while True:
+            try:
+                line = self._response.readline()
+            except http.client.HTTPException as error:  # e.g. the server died mid-chunk
+                raise ConnectionResetError(f"the event stream broke off ({type(error).__name__})") from None
+            if not line:
+                return
+            yield line.decode("utf-8", errors="replace").rstrip("\r\n")
+
+    def read_all(self) -> bytes:
+        try:
+            return self._response.read()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._response.close()
+        self._conn.close()
 
 
 class _Pool:
@@ -74,8 +102,11 @@ class _Pool:
             if sock is not None and not select.select([sock], [], [], 0)[0]:
                 return conn
             conn.close()
+        return self._new(self._timeout)
+
+    def _new(self, timeout: float) -> _Connection:
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self._timeout)
+        conn = cls(self._host, self._port, timeout=timeout)
         try:
             conn.connect()  # sets TCP_NODELAY: small requests are not held back waiting for ACKs
         except OSError as error:
@@ -109,6 +140,25 @@ class _Pool:
             self._checkin(conn)
         return reply
 
+    def open_stream(
+        self, path: str, headers: dict[str, str], connect_timeout: float, read_timeout: Optional[float]
+    ) -> EventStream:
+        """A GET on a connection of its own, its reply headers read and its body left to stream."""
+        conn = self._new(connect_timeout)
+        try:
+            assert conn.sock is not None
+            conn.sock.settimeout(read_timeout)
+            conn.request("GET", self.prefix + path, headers=headers)
+            response = conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+        stream = EventStream(conn, response)
+        if response.status >= 400:
+            content = stream.read_all()
+            Transport._decode(_Reply(response.status, response.reason, response.headers, content))
+        return stream
+
     def close(self) -> None:
         with self._lock:
             self.closed = True
@@ -138,7 +188,6 @@ class Transport:
         self.url = url.rstrip("/")
         self._headers = {"x-api-key": api_key} if api_key else {}
         self._pool = _Pool(self.url, self._timeout)
-        self._stream_http: Optional[httpx.Client] = None  # made when an event stream is first opened
 
     def _reconnect(self, failed: _Pool) -> bool:
         """Point at the server `recover` returns; False when there is no way to recover.
@@ -150,12 +199,9 @@ class Transport:
             return False
         with self._reconnect_lock:
             if self._pool is failed:
-                stream_http = self._stream_http
                 url, api_key = self.recover()
                 self._connect(url, api_key)
                 failed.close()
-                if stream_http is not None:
-                    stream_http.close()
         return True
 
     def request(
@@ -216,34 +262,23 @@ class Transport:
     def post(self, path: str, body: Any, **kwargs: Any) -> Any:
         return self.request("POST", path, body, **kwargs)
 
-    def _streaming_client(self) -> httpx.Client:
-        import httpx  # the event stream only: plain requests never pay for importing httpx
-
-        with self._reconnect_lock:
-            if self._stream_http is None:
-                self._stream_http = httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout)
-            return self._stream_http
-
-    def stream(self, path: str, headers: dict[str, str], timeout: httpx.Timeout) -> httpx.Response:
-        """An open streaming GET (the caller iterates and closes it); used by the event stream."""
-        import httpx
-
-        server_gone = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-        pool, http = self._pool, self._streaming_client()
+    def stream(
+        self, path: str, headers: dict[str, str], *, connect_timeout: float, read_timeout: Optional[float]
+    ) -> EventStream:
+        """An open streaming GET on its own connection (the caller iterates and closes it); used by the event stream."""
+        pool = self._pool
         try:
             try:
-                response = http.send(http.build_request("GET", path, headers=headers, timeout=timeout), stream=True)
-            except server_gone:
+                return pool.open_stream(path, {**self._headers, **headers}, connect_timeout, read_timeout)
+            except (_NotSent, OSError, http.client.HTTPException):
+                # Nothing listens any more, or the server died as we asked: a GET is safe to send again.
                 if not self._reconnect(pool):
                     raise
-                http = self._streaming_client()
-                response = http.send(http.build_request("GET", path, headers=headers, timeout=timeout), stream=True)
-        except httpx.TransportError as error:
-            raise ControlPlaneUnreachable(self.url, type(error).__name__) from None
-        if response.status_code >= 400:
-            response.read()
-            self._decode(_Reply(response.status_code, response.reason_phrase, response.headers, response.content))
-        return response
+            return self._pool.open_stream(path, {**self._headers, **headers}, connect_timeout, read_timeout)
+        except _NotSent as error:
+            raise ControlPlaneUnreachable(self.url, _reason(error.error)) from None
+        except (OSError, http.client.HTTPException) as error:
+            raise ControlPlaneUnreachable(self.url, _reason(error)) from None
 
     @staticmethod
     def _decode(reply: _Reply) -> Any:
@@ -263,8 +298,6 @@ class Transport:
 
     def close(self) -> None:
         self._pool.close()
-        if self._stream_http is not None:
-            self._stream_http.close()
 
 
 def _send_and_receive(

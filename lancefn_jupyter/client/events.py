@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from ._http import Transport
-
-if TYPE_CHECKING:
-    import httpx
+from ._http import EventStream, Transport
 
 __all__ = ["Event", "iter_events", "parse_sse_lines"]
 
@@ -56,16 +53,13 @@ def open_event_stream(
     last_event_id: Optional[int] = None,
     read_timeout: Optional[float] = 60.0,
     connect_timeout: float = 10.0,
-) -> httpx.Response:
+) -> EventStream:
     """An open `GET /v1/jobs/events` response, resuming after `last_event_id` (the caller iterates
     `parse_sse_lines(response.iter_lines())` and closes it)."""
-    import httpx  # only a stream needs it (see _http)
-
     headers = {"accept": "text/event-stream"}
     if last_event_id is not None:
         headers["last-event-id"] = str(last_event_id)
-    timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=connect_timeout, pool=connect_timeout)
-    return transport.stream("/v1/jobs/events", headers, timeout)
+    return transport.stream("/v1/jobs/events", headers, connect_timeout=connect_timeout, read_timeout=read_timeout)
 
 
 def iter_events(

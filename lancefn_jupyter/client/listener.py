@@ -41,8 +41,6 @@ import threading
 import weakref
 from typing import Any, Callable, Optional, cast
 
-import httpx
-
 from .errors import LancefnError
 from .events import parse_sse_lines
 
@@ -294,9 +292,7 @@ class EventListener:
         resume = self.last_event_id
         response = client.open_event_stream(last_event_id=resume, read_timeout=_READ_TIMEOUT_S, connect_timeout=5.0)
         try:
-            stream = response.extensions.get("network_stream")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            self._socket = sock if isinstance(sock, socket.socket) else None
+            self._socket = response.socket
             if self._stop.is_set():
                 return False
             established = False
@@ -313,7 +309,7 @@ class EventListener:
                     self._connected.set()
                 self._dispatch(event)
             return established
-        except (httpx.HTTPError, LancefnError, OSError) as error:
+        except (LancefnError, OSError) as error:
             if not self._stop.is_set():
                 self.failures += 1
                 self.last_error = f"{type(error).__name__}: {error}"
