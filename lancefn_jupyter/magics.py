@@ -22,21 +22,31 @@ _LANCEFN_USAGE = """usage:
   %lancefn stop             stop the embedded control plane (versions and jobs persist)"""
 
 
-def _prestart_embedded(line: str) -> None:
+def _prestart_embedded(line: str) -> bool:
     """First use with no control plane chosen: start the embedded one now, so its start-up
-    overlaps this kernel's imports and packaging (`api.connect` adopts it)."""
+    overlaps this kernel's imports and packaging (`api.connect` adopts it). True if it did."""
     import os
     import sys
 
     api = sys.modules.get("lancefn_jupyter.api")
     if (api is not None and api._session.client is not None) or os.environ.get("LANCEFN_URL") or "register=no" in line:
-        return
+        return False
     from .embedded import prestart
 
     try:
         prestart()
     except OSError:
-        pass  # e.g. an unwritable home: the regular start below reports it properly
+        return False  # e.g. an unwritable home: the regular start below reports it properly
+    return True
+
+
+def _import_display() -> None:
+    """What showing the function card takes, imported while a prestarted server is still starting
+    (the kernel would only wait for it), not after the registration."""
+    from .widgets import use_widgets
+
+    if use_widgets():
+        from .widgets import _card  # noqa: F401
 
 
 @magics_class
@@ -49,7 +59,7 @@ class GpuMagics(Magics):
         Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
         python_version, image, profile, timeout_s, register (yes|no), include (PATH, repeatable).
         """
-        _prestart_embedded(line)
+        prestarted = _prestart_embedded(line)
         from . import api
         from .client import LancefnError
         from .options import OptionsError, parse_function_line
@@ -64,6 +74,8 @@ class GpuMagics(Magics):
         if not result.success:
             # The traceback is already shown; a cell that does not run is not registered.
             return None
+        if prestarted:
+            _import_display()
         try:
             # The magic line, plus the leading blank lines transform_cell drops, precede the source.
             offset = 1 + len(cell) - len(cell.lstrip("\n"))

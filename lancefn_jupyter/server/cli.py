@@ -8,9 +8,11 @@
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``.
 
-Startup order matters: lock the home (one server per home), validate config (exit 2 with
-a readable message), bind the socket (so ``--port 0`` resolves to a real port), start
-serving, and only then write ``server.json`` — its existence means "ready".  SIGTERM/SIGINT
+Startup order matters (``main``, one step per function): lock the home (one server per home),
+validate config (exit 2 with a readable message), bind the socket (so ``--port 0`` resolves to a
+real port), then import and build the executor, store and app, start serving, and only then write
+``server.json`` — its existence means "ready".  Spare workers start a moment later
+(``PREWARM_DELAY_S``).  SIGTERM/SIGINT
 stop gracefully: streams and long polls end, the executor shuts down, ``server.json`` is
 removed.  After a SIGKILL a stale ``server.json`` may remain; its pid is dead and the lock
 is free, which is how clients (and the next server) tell.
@@ -55,6 +57,53 @@ def default_home() -> Path:
     return Path(platformdirs.user_data_dir("lancefn-jupyter"))
 
 
+# Numeric tuning flags: (flag, type, default, help). Each is `--flag N` with that default.
+_NUMERIC_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
+    (
+        "--max-body-bytes",
+        int,
+        None,
+        "largest accepted request body (default 8 MiB, or enough for a --max-artifact-bytes artifact if larger)",
+    ),
+    ("--max-artifact-bytes", int, 4 * 1024 * 1024, "largest accepted function artifact (default 4 MiB)"),
+    ("--body-timeout-s", float, 30.0, "a request body must arrive within this many seconds (default 30)"),
+    (
+        "--header-timeout-s",
+        float,
+        10.0,
+        "a request's line and headers must arrive within this many seconds (default 10)",
+    ),
+    ("--limit-concurrency", int, 256, "most connections and requests at once; more get 503 (default 256)"),
+)
+_EXECUTOR_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
+    ("--max-idle-workers", int, 16, "local executor: idle warm workers kept in all (default 16)"),
+    (
+        "--max-idle-per-device-set",
+        int,
+        4,
+        "local executor: idle workers of distinct function versions kept per device set, least recently used retired first (default 4)",
+    ),
+)
+_DATA_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
+    (
+        "--max-arrow-body-bytes",
+        int,
+        4 * 1024**3,
+        "largest accepted Arrow IPC rows body, streamed to disk (default 4 GiB)",
+    ),
+    ("--result-max-age-days", float, 7.0, "Arrow result files older than this are removed (default 7)"),
+    (
+        "--result-max-bytes",
+        int,
+        5 * 1024**3,
+        "Arrow result files beyond this total are removed, oldest first (default 5 GiB)",
+    ),
+)
+# Spare workers (numpy and numba imported ahead of a job) start this long after the server, so a
+# notebook's first registration does not share the CPU with them (docs/ARCHITECTURE.md, "REST details").
+PREWARM_DELAY_S = 1.0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lancefn-server", description="lancefn control plane (REST API for GPU function versions and jobs)"
@@ -75,68 +124,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])"
     )
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        help="largest accepted request body (default 8 MiB, or enough for a --max-artifact-bytes artifact if larger)",
-    )
-    p.add_argument(
-        "--max-artifact-bytes",
-        type=int,
-        default=4 * 1024 * 1024,
-        help="largest accepted function artifact (default 4 MiB)",
-    )
-    p.add_argument(
-        "--body-timeout-s",
-        type=float,
-        default=30.0,
-        help="a request body must arrive within this many seconds (default 30)",
-    )
-    p.add_argument(
-        "--header-timeout-s",
-        type=float,
-        default=10.0,
-        help="a request's line and headers must arrive within this many seconds (default 10)",
-    )
-    p.add_argument(
-        "--limit-concurrency",
-        type=int,
-        default=256,
-        help="most connections and requests at once; more get 503 (default 256)",
-    )
+    for flag, kind, default, text in _NUMERIC_FLAGS:
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--worker-user",
         default=os.environ.get("LANCEFN_WORKER_USER") or None,
         help="OS user local workers run as when the server runs as root (default: nobody; env LANCEFN_WORKER_USER); "
         "a non-root server runs workers as itself",
     )
-    p.add_argument(
-        "--max-idle-workers", type=int, default=16, help="local executor: idle warm workers kept in all (default 16)"
-    )
-    p.add_argument(
-        "--max-idle-per-device-set",
-        type=int,
-        default=4,
-        help="local executor: idle workers of distinct function versions kept per device set, least recently used retired first (default 4)",
-    )
-    p.add_argument(
-        "--max-arrow-body-bytes",
-        type=int,
-        default=4 * 1024**3,
-        help="largest accepted Arrow IPC rows body, streamed to disk (default 4 GiB)",
-    )
-    p.add_argument(
-        "--result-max-age-days",
-        type=float,
-        default=7.0,
-        help="Arrow result files older than this are removed (default 7)",
-    )
-    p.add_argument(
-        "--result-max-bytes",
-        type=int,
-        default=5 * 1024**3,
-        help="Arrow result files beyond this total are removed, oldest first (default 5 GiB)",
-    )
+    for flag, kind, default, text in _EXECUTOR_FLAGS + _DATA_FLAGS:
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--result-fsync",
         action="store_true",
@@ -146,15 +143,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fail(message: str) -> int:
-    print(f"lancefn-server: {message}", file=sys.stderr, flush=True)
-    return EXIT_CONFIG
+class _Refused(Exception):
+    """A start-up step could not go on: the message is printed and the process exits with `code`.
 
+    EXIT_CONFIG (2) is for bad configuration and a home held by another server (clients read 2 as
+    "another server holds this home"); 1 is for an unsafe home or state that cannot be opened."""
 
-def _refuse(message: str) -> int:
-    """An unsafe home: exit 1, not EXIT_CONFIG, which clients read as "another server holds this home"."""
-    print(f"lancefn-server: {message}", file=sys.stderr, flush=True)
-    return 1
+    def __init__(self, message: str, code: int = EXIT_CONFIG):
+        super().__init__(message)
+        self.code = code
 
 
 def _admin_key(home: Path) -> str:
@@ -194,69 +191,70 @@ def _lock_home(home: Path) -> tuple[Any, str | None]:
     return handle, None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
+def _claim_home(args: argparse.Namespace) -> tuple[Path, Any]:
+    """Step 1: the home directory, checked and locked (one server per home)."""
     home = Path(args.home).expanduser() if args.home else default_home()
     try:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as error:
-        return _fail(f"cannot create home directory {home}: {error}")
+        raise _Refused(f"cannot create home directory {home}: {error}") from None
     home = home.resolve()
     problem = home_problem(home)
     if problem:
-        return _refuse(problem)
+        raise _Refused(problem, 1)
     try:
         lock, holder = _lock_home(home)
     except OSError as error:  # e.g. a symlink planted at server.lock (never followed)
-        return _refuse(f"cannot open {home / LOCK_FILE} ({error}); remove it and start again")
+        raise _Refused(f"cannot open {home / LOCK_FILE} ({error}); remove it and start again", 1) from None
     if lock is None:
-        return _fail(
+        raise _Refused(
             f"another lancefn-server (pid {holder}) is already using home {home}; stop it or pick another --home"
         )
+    return home, lock
 
-    # Heavy imports after the cheap checks so a refused start is fast.
-    import uvicorn
 
-    from .app import DEFAULT_MAX_BODY_BYTES, ApiKeyError, create_app, load_api_keys
-    from .core import ControlPlane
-    from .datastore import DataStore
-    from .executors import get_executor
+def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, Any], str]:
+    """Step 2: GPU classes and API keys (the admin key, generated on first start, plus --api-keys)."""
     from .gpu_classes import ConfigError, load_gpu_classes
-    from .namespaces import admin_principal
-    from .store import DB_FILENAME, Store
+    from .namespaces import ApiKeyError, admin_principal, load_api_keys
 
     try:
         classes = load_gpu_classes(args.gpu_classes, executor=args.executor)
     except ConfigError as error:
-        return _fail(f"invalid GPU class config: {error}")
+        raise _Refused(f"invalid GPU class config: {error}") from None
     try:
         extra_keys = load_api_keys(args.api_keys) if args.api_keys else {}
     except ApiKeyError as error:
-        return _fail(str(error))
+        raise _Refused(str(error)) from None
     try:
         admin_key = _admin_key(home)
     except PermissionError as error:
-        return _refuse(str(error))
-    api_keys = {**extra_keys, admin_key: admin_principal()}
+        raise _Refused(str(error), 1) from None
+    return classes, {**extra_keys, admin_key: admin_principal()}, admin_key
 
+
+def _listen(host: str, port: int) -> tuple[socket.socket, str]:
+    """Step 3: bind the socket now, so ``--port 0`` resolves to a real port; returns it and the URL."""
     try:
         # proto must be IPPROTO_TCP (not 0): asyncio only sets TCP_NODELAY on accepted sockets whose
         # proto says TCP, and without it keep-alive responses stall ~40 ms on delayed ACKs.
-        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
+        sock.bind((host, port))
         sock.listen(2048)
     except OSError as error:
-        return _fail(f"cannot listen on {args.host}:{args.port}: {error}")
-    port = sock.getsockname()[1]
-    url_host = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{url_host}:{port}"
+        raise _Refused(f"cannot listen on {host}:{port}: {error}") from None
+    url_host = f"[{host}]" if ":" in host else host
+    return sock, f"http://{url_host}:{sock.getsockname()[1]}"
+
+
+def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
+    """Step 4: the executor (local: checks the worker user first)."""
+    from .executors import get_executor
 
     if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
-        return _fail("--max-idle-workers and --max-idle-per-device-set must be >= 0")
+        raise _Refused("--max-idle-workers and --max-idle-per-device-set must be >= 0")
     worker_user = None
     if args.executor == "local":
         from .executors.local import worker_base_env
@@ -265,12 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             worker_user = resolve_worker_user(args.worker_user)
         except WorkerUserError as error:
-            return _fail(str(error))
+            raise _Refused(str(error)) from None
         problem = check_worker_user(worker_user, worker_base_env(worker_user)) if worker_user else None
         if problem:
-            return _fail(problem)
+            raise _Refused(problem)
     try:
-        executor = get_executor(
+        return get_executor(
             args.executor,
             classes=classes,
             home=home,
@@ -278,30 +276,33 @@ def main(argv: list[str] | None = None) -> int:
             worker_user=worker_user,
             max_idle_workers=args.max_idle_workers,
             max_idle_per_device_set=args.max_idle_per_device_set,
+            prewarm_delay_s=PREWARM_DELAY_S,
         )
     except Exception as error:  # e.g. ray not installed; say so instead of a traceback
-        return _fail(f"cannot create the {args.executor!r} executor: {error}")
+        raise _Refused(f"cannot create the {args.executor!r} executor: {error}") from None
+
+
+def _open_store(home: Path) -> Any:
+    """Step 5: the SQLite state (exit 1, not EXIT_CONFIG: this is not "another server holds this home")."""
+    from .store import DB_FILENAME, Store
 
     try:
-        store = Store(home / DB_FILENAME)
+        return Store(home / DB_FILENAME)
     except (sqlite3.Error, OSError) as error:
         full = shutil.disk_usage(home).free < (1 << 20)
         hint = (
             f"the disk holding {home} is full; free some space" if full else "check that the home directory is writable"
         )
-        print(
-            f"lancefn-server: cannot open the state database {home / DB_FILENAME} ({error}); {hint}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1  # not EXIT_CONFIG: clients read 2 as "another server holds this home"
-    data = DataStore(
-        home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
-    )
-    core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__, data=data)
+        raise _Refused(f"cannot open the state database {home / DB_FILENAME} ({error}); {hint}", 1) from None
+
+
+def _make_app(args: argparse.Namespace, core: Any, api_keys: dict[str, Any]) -> Any:
+    """Step 6: the ASGI app with the request limits."""
+    from .app import DEFAULT_MAX_BODY_BYTES, create_app
+
     # A maximum-size artifact travels base64-encoded (4/3 of its bytes) in a JSON body.
     max_body = args.max_body_bytes or max(DEFAULT_MAX_BODY_BYTES, args.max_artifact_bytes * 4 // 3 + (64 << 10))
-    app = create_app(
+    return create_app(
         core,
         api_keys=api_keys,
         max_body_bytes=max_body,
@@ -309,16 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         body_timeout_s=args.body_timeout_s,
         max_arrow_body_bytes=args.max_arrow_body_bytes,
     )
-    server_json = home / SERVER_JSON
-    info = {
-        "url": url,
-        "api_key": admin_key,
-        "pid": os.getpid(),
-        "home": str(home),
-        "version": __version__,
-        "executor": args.executor,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+
+
+def _serve(args: argparse.Namespace, app: Any, core: Any, sock: socket.socket, server_json: Path, info: dict) -> int:
+    """Step 7: serve until SIGTERM/SIGINT; ``server.json`` is written once serving (it means "ready")."""
+    import uvicorn
+
+    from .connections import header_timeout_protocol
 
     info_text = json.dumps(info, indent=2) + "\n"
     info_bytes = info_text.encode("utf-8")
@@ -339,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     failed_to_publish = self.should_exit = True
                     return
-                print(f"lancefn-server listening on {url}", flush=True)
+                print(f"lancefn-server listening on {info['url']}", flush=True)
 
         async def on_tick(self, counter: int) -> bool:
             # The lock holder is the only rightful writer of server.json: if it was deleted or
@@ -361,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
             core.begin_shutdown()  # end SSE streams and long polls so they don't delay the stop
             await super().shutdown(sockets=sockets)
 
-    from .connections import header_timeout_protocol
-
     config = uvicorn.Config(
         app,
         http=header_timeout_protocol(args.header_timeout_s),
@@ -374,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = _Server(config)
     # uvicorn captures SIGTERM/SIGINT itself and re-raises them once it has stopped; make
-    # that re-raise a no-op so our cleanup below runs and the exit code is 0.
+    # that re-raise a no-op so our cleanup runs and the exit code is 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
@@ -385,9 +381,52 @@ def main(argv: list[str] | None = None) -> int:
                 server_json.unlink()
         except (OSError, ValueError):
             pass
-        store.close()
-        lock.close()
     return 0 if server.started and not failed_to_publish else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        home, lock = _claim_home(args)
+    except _Refused as refused:
+        return _say(refused)
+    store = None
+    try:
+        # Heavy imports (the app, the executor) come after the cheap checks, so a refused start is fast.
+        classes, api_keys, admin_key = _load_config(args, home)
+        sock, url = _listen(args.host, args.port)
+        executor = _make_executor(args, classes, home)
+        store = _open_store(home)
+        from .core import ControlPlane
+        from .datastore import DataStore
+
+        data = DataStore(
+            home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
+        )
+        core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__, data=data)
+        app = _make_app(args, core, api_keys)
+        info = {
+            "url": url,
+            "api_key": admin_key,
+            "pid": os.getpid(),
+            "home": str(home),
+            "version": __version__,
+            "executor": args.executor,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        return _serve(args, app, core, sock, home / SERVER_JSON, info)
+    except _Refused as refused:
+        return _say(refused)
+    finally:
+        if store is not None:
+            store.close()
+        lock.close()
+
+
+def _say(refused: _Refused) -> int:
+    print(f"lancefn-server: {refused}", file=sys.stderr, flush=True)
+    return refused.code
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ def get_executor(name: str, **opts: Any) -> Executor:
     """Build an executor by name.
 
     ``local`` takes ``classes=`` (the loaded GPU class config), ``home=``, ``worker_user=``,
-    ``max_idle_workers=`` and ``max_idle_per_device_set=``;
+    ``max_idle_workers=``, ``max_idle_per_device_set=`` and ``prewarm_delay_s=``;
     ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``)
     and ``home=`` (where that local Ray keeps its temp dir when the path is short enough).
     Options an implementation does not take are dropped, so the CLI can pass everything it knows.
@@ -23,7 +23,11 @@ def get_executor(name: str, **opts: Any) -> Executor:
     if name == "local":
         from .local import LocalExecutor
 
-        tuning = {k: opts[k] for k in ("max_idle_workers", "max_idle_per_device_set") if opts.get(k) is not None}
+        tuning = {
+            k: opts[k]
+            for k in ("max_idle_workers", "max_idle_per_device_set", "prewarm_delay_s")
+            if opts.get(k) is not None
+        }
         return LocalExecutor(
             classes=opts.get("classes"), home=opts.get("home"), worker_user=opts.get("worker_user"), **tuning
         )

@@ -129,8 +129,10 @@ class LocalExecutor(Executor):
         idle_timeout_s: float = 600.0,
         kill_grace_s: float = 2.0,
         worker_user: WorkerUser | None = None,
+        prewarm_delay_s: float = 0.0,
     ) -> None:
         self._classes = classes
+        self._prewarm_delay_s = prewarm_delay_s
         self._max_idle = max_idle_workers
         self._max_idle_per_set = max_idle_per_device_set
         self._user = worker_user
@@ -152,9 +154,23 @@ class LocalExecutor(Executor):
     def start(self, callbacks: ExecutorCallbacks) -> None:
         self._callbacks = callbacks
         threading.Thread(target=self._retire_idle, name="lancefn-idle-workers", daemon=True).start()
-        for spec in self._classes.classes if self._classes else ():
-            for device in spec.devices:
-                self._prewarm(((device,), spec.simulated, None))
+        keys = [
+            ((device,), spec.simulated, None)
+            for spec in (self._classes.classes if self._classes else ())
+            for device in spec.devices
+        ]
+
+        def prewarm_all() -> None:
+            # A spare imports numpy and numba (~0.6 s of CPU): started with the server, spares would
+            # slow its start-up, and a notebook's first registration, down on a small machine.
+            if not self._closed.wait(self._prewarm_delay_s):
+                for key in keys:
+                    self._prewarm(key)
+
+        if self._prewarm_delay_s > 0:
+            threading.Thread(target=prewarm_all, name="lancefn-prewarm", daemon=True).start()
+        else:
+            prewarm_all()
 
     def launch(self, task: TaskSpec) -> None:
         run = _Run(task, _key(task))
