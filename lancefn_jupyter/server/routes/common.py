@@ -124,8 +124,15 @@ def is_arrow(content_type: str | bytes | None) -> bool:
     return (content_type or "").split(";")[0].strip().lower() == ARROW_STREAM
 
 
+# Parsing a body this small takes microseconds on the loop, less than the hop to the threadpool and back.
+INLINE_JSON_BYTES = 16 * 1024
+
+
 async def json_body(request: Request) -> Any:
-    return await off_loop(load_json, await request.body())
+    raw = await request.body()
+    if len(raw) <= INLINE_JSON_BYTES:
+        return load_json(raw)
+    return await off_loop(load_json, raw)
 
 
 def load_json(raw: bytes) -> Any:
