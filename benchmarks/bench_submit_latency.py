@@ -237,12 +237,9 @@ def main() -> None:
         for _ in range(args.warmup):  # first calls start workers (and the Ray executor's driver)
             for call in modes.values():
                 call()
-        print(f"warm-up done ({args.warmup} calls per mode); measuring", flush=True)
-        for i in range(args.iterations):
+        for _ in range(args.iterations):
             for label, call in modes.items():
                 samples[label].append(call())
-            if (i + 1) % 50 == 0:
-                print(f"  {i + 1}/{args.iterations} calls per mode", flush=True)
 
         if args.fresh_iterations > 0:
             fresh = ray.remote(num_gpus=1)(double_it)  # Ray's GPU default: max_calls=1
