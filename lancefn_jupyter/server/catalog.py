@@ -6,6 +6,7 @@ DONE ``create_function`` job through the core's journal."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import uuid
 from collections.abc import Mapping
@@ -60,6 +61,12 @@ def redact_definition(definition: dict) -> dict:
     if not isinstance(runtime, dict) or not runtime.get("env"):
         return definition
     return {**definition, "runtime": {**runtime, "env": {name: REDACTED for name in runtime["env"]}}}
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_version(definition: str) -> FunctionVersion:
+    """A stored definition parsed once (its text never changes): each run of a version reuses it."""
+    return FunctionVersion.from_wire(json.loads(definition))
 
 
 class FunctionCatalog:
@@ -149,7 +156,7 @@ class FunctionCatalog:
     def runnable(self, name: str, version: str, **where: Unpack[Where]) -> tuple[FunctionVersion, str]:
         """The version a run or batch means and the namespace its jobs belong to (whose env they run with)."""
         row = self._live_row(name, version, "register it again to run it", **where)
-        return FunctionVersion.from_wire(json.loads(row.definition)), row.namespace
+        return _parsed_version(row.definition), row.namespace
 
     def history(self, name: str | None, limit: int, **where: Unpack[Where]) -> dict:
         """Each function's newest `limit` versions, newest first, with their one-line change (`versions`)."""
