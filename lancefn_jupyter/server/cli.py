@@ -101,7 +101,7 @@ _DATA_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
 )
 # Spare workers (numpy and numba imported ahead of a job) start this long after the server, so a
 # notebook's first registration does not share the CPU with them (docs/ARCHITECTURE.md, "REST details").
-PREWARM_DELAY_S = 1.0
+PREWARM_DELAY_S = 0.3
 
 
 def _parser() -> argparse.ArgumentParser:
