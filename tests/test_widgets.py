@@ -383,6 +383,8 @@ def test_jobs_dashboard_live_rows_filters_and_cancel(cp, gate_fn, gates):
     waiting = dashboard.rows[later[1].job_id]
     wait_until(lambda: "waiting for default, position 1" in waiting.placement_cell.value, "queue position shown")
     assert ">pending<" in waiting.state_cell.value
+    # The other new job has a GPU, but its worker may still be starting: the filter below counts it as running.
+    wait_until(lambda: dashboard.rows[later[0].job_id].job.job_state == "IN_PROGRESS", "second job running")
     assert len(dashboard.grid.children) == 7 * 4  # header + 3 rows of 7 cells
 
     dashboard.state_filter.value = "PENDING"
