@@ -95,6 +95,55 @@ def _type_hints(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     return hints
 
 
+def _check_parameter(parameter: inspect.Parameter, name: str) -> None:
+    """Refuse what rows cannot fill: *args, **kwargs, positional-only, a non-literal default."""
+    if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+        raise PackagingError(
+            f"parameter '*{parameter.name}' of {name}: a GPU function takes one value "
+            "per named parameter; replace *args with named, annotated parameters "
+            f"(supported types: {_SUPPORTED_TYPES})"
+        )
+    if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+        raise PackagingError(
+            f"parameter '**{parameter.name}' of {name}: a GPU function takes one value "
+            "per named parameter; replace **kwargs with named, annotated parameters "
+            f"(supported types: {_SUPPORTED_TYPES})"
+        )
+    if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+        raise PackagingError(
+            f"parameter {parameter.name!r} of {name} is positional-only; rows are "
+            "passed by parameter name, so remove the `/` from the signature"
+        )
+    if parameter.default is not inspect.Parameter.empty and (_literal_source(parameter.default) is None):
+        raise PackagingError(
+            f"parameter {parameter.name!r} of {name} has a default that is not a literal "
+            f"({_describe(parameter.default)}); a default must be a literal such as None, "
+            "a number, a string or a tuple/list/dict of them: use `= None` and compute "
+            "the value inside the function"
+        )
+
+
+def _unannotated(name: str, missing: list[str], has_return: bool) -> PackagingError:
+    """The refusal for missing annotations, naming each and an example."""
+    parts = []
+    if missing:
+        noun = "parameter" if len(missing) == 1 else "parameters"
+        listed = ", ".join(repr(m) for m in missing)
+        parts.append(f"annotate {noun} {listed} of {name}, e.g. `{missing[0]}: float`")
+    if not has_return:
+        parts.append(
+            ("and its" if parts else "annotate the")
+            + " return type"
+            + ("" if parts else f" of {name}")
+            + " (e.g. `-> float`)"
+        )
+    return PackagingError(
+        "a GPU function needs type annotations to infer its signature: "
+        + ", ".join(parts)
+        + f". Supported types: {_SUPPORTED_TYPES}."
+    )
+
+
 def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
     """The Function signature from `fn`'s annotations (docs/ARCHITECTURE.md, "Function versions")."""
     name = getattr(fn, "__name__", repr(fn))
@@ -103,50 +152,11 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
     except (TypeError, ValueError):
         raise PackagingError(f"cannot read the signature of {name}; define it with `def`") from None
     for parameter in parameters:
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            raise PackagingError(
-                f"parameter '*{parameter.name}' of {name}: a GPU function takes one value "
-                "per named parameter; replace *args with named, annotated parameters "
-                f"(supported types: {_SUPPORTED_TYPES})"
-            )
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            raise PackagingError(
-                f"parameter '**{parameter.name}' of {name}: a GPU function takes one value "
-                "per named parameter; replace **kwargs with named, annotated parameters "
-                f"(supported types: {_SUPPORTED_TYPES})"
-            )
-        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
-            raise PackagingError(
-                f"parameter {parameter.name!r} of {name} is positional-only; rows are "
-                "passed by parameter name, so remove the `/` from the signature"
-            )
-        if parameter.default is not inspect.Parameter.empty and (_literal_source(parameter.default) is None):
-            raise PackagingError(
-                f"parameter {parameter.name!r} of {name} has a default that is not a literal "
-                f"({_describe(parameter.default)}); a default must be a literal such as None, "
-                "a number, a string or a tuple/list/dict of them: use `= None` and compute "
-                "the value inside the function"
-            )
+        _check_parameter(parameter, name)
     hints = _type_hints(fn, name)
     missing = [p.name for p in parameters if p.name not in hints]
     if missing or "return" not in hints:
-        parts = []
-        if missing:
-            noun = "parameter" if len(missing) == 1 else "parameters"
-            listed = ", ".join(repr(m) for m in missing)
-            parts.append(f"annotate {noun} {listed} of {name}, e.g. `{missing[0]}: float`")
-        if "return" not in hints:
-            parts.append(
-                ("and its" if parts else "annotate the")
-                + " return type"
-                + ("" if parts else f" of {name}")
-                + " (e.g. `-> float`)"
-            )
-        raise PackagingError(
-            "a GPU function needs type annotations to infer its signature: "
-            + ", ".join(parts)
-            + f". Supported types: {_SUPPORTED_TYPES}."
-        )
+        raise _unannotated(name, missing, "return" in hints)
     inputs = []
     for parameter in parameters:
         try:
