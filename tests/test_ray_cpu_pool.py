@@ -1,17 +1,17 @@
-"""The Ray executor's CPU actor pool as plain bookkeeping (no Ray): slots, per-version reuse, LRU
-retirement, cancel and idle expiry."""
+"""The Ray executor's actor pool as plain bookkeeping (no Ray): slots, per-version reuse, LRU
+retirement, cancel and idle expiry; for GPU classes, jobs weighted by their GPUs."""
 
 from __future__ import annotations
 
 import pytest
 
-from lancefn_jupyter.server.executors.ray.pool import CpuActorPool
+from lancefn_jupyter.server.executors.ray.pool import ActorPool
 
 A, B, C = ("ns", "a"), ("ns", "b"), ("other", "a")
 
 
 def test_jobs_start_in_order_up_to_the_slots_and_wait_for_a_free_one():
-    pool = CpuActorPool(slots=2, idle_s=60)
+    pool = ActorPool(slots=2, idle_s=60)
     for job_id, key in (("1", A), ("2", A), ("3", B)):
         pool.submit(job_id, key)
     starts, retire = pool.dispatch()
@@ -25,7 +25,7 @@ def test_jobs_start_in_order_up_to_the_slots_and_wait_for_a_free_one():
 
 
 def test_a_version_reuses_its_most_recently_idle_actor():
-    pool = CpuActorPool(slots=3, idle_s=60)
+    pool = ActorPool(slots=3, idle_s=60)
     for job_id in ("1", "2"):
         pool.submit(job_id, A)
     pool.dispatch()
@@ -39,7 +39,7 @@ def test_a_version_reuses_its_most_recently_idle_actor():
 
 
 def test_the_least_recently_used_idle_actor_of_another_key_retires_first():
-    pool = CpuActorPool(slots=2, idle_s=60)
+    pool = ActorPool(slots=2, idle_s=60)
     for job_id, key, actor, now in (("1", A, "actor-a", 5.0), ("2", B, "actor-b", 1.0)):
         pool.submit(job_id, key)
         pool.dispatch()
@@ -51,7 +51,7 @@ def test_the_least_recently_used_idle_actor_of_another_key_retires_first():
 
 
 def test_a_crashed_actor_is_not_kept_and_cancel_removes_queued_or_running_jobs():
-    pool = CpuActorPool(slots=1, idle_s=60)
+    pool = ActorPool(slots=1, idle_s=60)
     pool.submit("1", A)
     pool.submit("2", A)
     pool.submit("3", B)
@@ -68,7 +68,7 @@ def test_a_crashed_actor_is_not_kept_and_cancel_removes_queued_or_running_jobs()
 
 
 def test_idle_actors_expire_and_clear_returns_every_actor():
-    pool = CpuActorPool(slots=3, idle_s=10)
+    pool = ActorPool(slots=3, idle_s=10)
     for job_id, key in (("1", A), ("2", B), ("3", C)):
         pool.submit(job_id, key)
     pool.dispatch()
@@ -79,6 +79,56 @@ def test_idle_actors_expire_and_clear_returns_every_actor():
     assert pool.expire(now=12.0) == ["actor-1"]
     assert sorted(pool.clear()) == ["actor-2", "actor-3"]
     assert pool.idle_count() == 0 and pool.dispatch() == ([], [])
+
+
+def test_a_burst_of_one_version_on_one_gpu_runs_on_one_actor_one_job_at_a_time():
+    pool = ActorPool(slots=1, idle_s=60)
+    for job_id in ("1", "2", "3"):
+        pool.submit(job_id, A, weight=1)
+    assert pool.dispatch() == ([("1", None)], [])
+    pool.bind("1", "warm")
+    assert pool.dispatch() == ([], [])  # the GPU is busy
+    for job_id, later in (("1", "2"), ("2", "3")):
+        pool.release(job_id, now=1.0, reuse=True)
+        assert pool.dispatch() == ([(later, "warm")], [])  # the same actor, no new one
+    pool.submit("4", B, weight=1)
+    pool.release("3", now=2.0, reuse=True)
+    assert pool.dispatch() == ([("4", None)], ["warm"])  # another version: its own actor; the idle one frees the GPU
+
+
+def test_gpu_jobs_weigh_their_gpus_and_start_in_order_behind_a_waiting_head():
+    pool = ActorPool(slots=2, idle_s=60)
+    for job_id, key, weight in (("1", A, 1), ("2", A, 1), ("3", B, 2), ("4", A, 1)):
+        pool.submit(job_id, key, weight)
+    assert pool.dispatch() == ([("1", None), ("2", None)], [])
+    pool.bind("1", "a1")
+    pool.bind("2", "a2")
+    pool.release("1", now=1.0, reuse=True)
+    # The 2-GPU head waits for the busy GPU, and job 4 waits behind it (as the local scheduler
+    # does), though A's idle actor could run it: a stream of 1-GPU jobs never starves the head.
+    assert pool.dispatch() == ([], [])
+    pool.release("2", now=2.0, reuse=True)
+    assert pool.dispatch() == ([("3", None)], ["a1", "a2"])  # both idle actors hold the GPUs it needs
+    pool.bind("3", "b")
+    assert pool.busy_weight() == 2 and pool.idle_weight() == 0
+    assert pool.remove("3") == "b"  # cancelled: its actor is killed, its GPUs freed
+    assert pool.dispatch() == ([("4", None)], [])
+
+
+def test_with_nothing_running_a_job_heavier_than_the_class_starts_so_ray_sees_its_demand():
+    pool = ActorPool(slots=1, idle_s=60)
+    pool.submit("1", A, weight=1)
+    pool.dispatch()
+    pool.bind("1", "small")
+    pool.release("1", now=1.0, reuse=True)
+    pool.submit("2", B, weight=2)  # no node fits it yet: Ray holds its actor until one joins
+    pool.submit("3", A, weight=1)
+    assert pool.dispatch() == ([("2", None)], ["small"])
+    pool.bind("2", "big")
+    assert pool.dispatch() == ([], [])  # job 3 waits for it
+    pool.slots = 2  # a bigger node joined
+    pool.release("2", now=2.0, reuse=True)
+    assert pool.dispatch() == ([("3", None)], ["big"])  # B's idle actor holds both GPUs: it retires
 
 
 def test_a_bad_cpu_actor_count_is_refused_at_start_saying_what_to_use(monkeypatch):

@@ -31,7 +31,7 @@ from .executor import (
     _ray_data_fields,
     _store_result,
 )
-from .pool import CpuActorPool, expire_idle
+from .pool import ActorPool
 from .task import (
     _EventHub,
     _JobActor,
@@ -54,7 +54,7 @@ class _BridgeJob:
     finished: bool = False
     actor: Any = None  # the warm actor running it
     pool_key: tuple | None = None  # (class, GPUs, name, version, namespace): which actors may run it
-    cpu: bool = False  # a CPU job: queued in the bridge's CpuActorPool
+    pool: ActorPool | None = None  # the bridge's queue for it: the CPU pool or its GPU class's
     payload: dict | None = None  # kept until the job starts on an actor
     options: dict | None = None  # for a new actor of its pool key
     started: bool = False
@@ -93,16 +93,16 @@ class _Driver:
             .remote()
         )
         ray.get(self.hub.drain.remote(0.0), timeout=120)  # type: ignore[attr-defined]
-        # Every job runs in a warm actor of its (class, GPUs, name, version, namespace): GPU jobs'
-        # actors are placed by Ray on their GPUs (_actor_for), CPU jobs' are queued by the bridge
-        # (CpuActorPool).  A Ray worker process never runs two versions or namespaces.
+        # Every job runs in a warm actor of its (class, GPUs, name, version, namespace), queued by
+        # the bridge (ActorPool): one pool for CPU jobs, one per GPU class weighted by GPUs.  A Ray
+        # worker process never runs two versions or namespaces.
         self.job_actor = ray.remote(_JobActor)
         self.actor_idle_s = float(os.environ.get("LANCEFN_RAY_ACTOR_IDLE_S") or _ACTOR_IDLE_S)
-        self.idle_actors: dict[tuple, list[tuple[Any, float]]] = {}  # pool key → (actor, idle since)
         self.daemons = self._local_daemons() if self.local else []
         self.capacity, self.largest, cpus = self._read_capacity()
         self.cpu_slots_fixed = int(os.environ.get("LANCEFN_RAY_CPU_ACTORS") or 0)
-        self.cpu_pool = CpuActorPool(self._cpu_slots(cpus), self.actor_idle_s)
+        self.cpu_pool = ActorPool(self._cpu_slots(cpus), self.actor_idle_s)
+        self.gpu_pools: dict[str, ActorPool] = {}  # per class: slots are its GPUs in the cluster
 
     def _cpu_slots(self, cpus: int) -> int:
         """CPU jobs at once: ``LANCEFN_RAY_CPU_ACTORS``, else the cluster's CPUs; at least one, so
@@ -195,22 +195,33 @@ class _Driver:
             job["version"],
             job.get("namespace") or "",
         )
-        record.cpu, record.payload, record.options = not gpus, payload, options
+        record.payload, record.options = payload, options
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
-            if record.cpu:
-                self.cpu_pool.submit(job_id, record.pool_key)
-        if record.cpu:
-            self._dispatch()
-        else:
-            self._start(record, None)
+            if gpus:
+                gpu_class = job.get("gpu_class") or ""
+                if gpu_class not in self.gpu_pools:
+                    self.gpu_pools[gpu_class] = ActorPool(self.capacity.get(gpu_class, 0), self.actor_idle_s)
+                record.pool = self.gpu_pools[gpu_class]
+            else:
+                record.pool = self.cpu_pool
+            record.pool.submit(job_id, record.pool_key, max(gpus, 1))
+        self._dispatch()
+
+    def _pools(self) -> list[ActorPool]:
+        """Every pool (lock held)."""
+        return [self.cpu_pool, *self.gpu_pools.values()]
 
     def _dispatch(self) -> None:
-        """Start the queued CPU jobs that have a slot now."""
+        """Start the queued jobs that have room now."""
+        starts, retire = [], []
         with self.lock:
             if self.stopping.is_set():
                 return
-            starts, retire = self.cpu_pool.dispatch()
+            for pool in self._pools():
+                pool_starts, pool_retire = pool.dispatch()
+                starts += pool_starts
+                retire += pool_retire
             records = [(self.jobs.get(job_id), actor) for job_id, actor in starts]
         for actor in retire:
             self._kill_actor(actor)
@@ -223,15 +234,12 @@ class _Driver:
         job_id = record.job_id
         try:
             if actor is None:
-                if record.cpu:
-                    actor = self.job_actor.options(**record.options).remote()  # type: ignore[arg-type]
-                    with self.lock:
-                        bound = self.cpu_pool.bind(job_id, actor)
-                    if not bound:  # cancelled while the actor was being created
-                        self._kill_actor(actor)
-                        return
-                else:
-                    actor = self._actor_for(record.pool_key, record.options)  # type: ignore[arg-type]
+                actor = self.job_actor.options(**record.options).remote()  # type: ignore[arg-type]
+                with self.lock:
+                    bound = record.pool.bind(job_id, actor)  # type: ignore[union-attr]
+                if not bound:  # cancelled while the actor was being created
+                    self._kill_actor(actor)
+                    return
             record.actor = actor
             ref = actor.run.remote(record.payload)
         except Exception as error:  # e.g. an invalid runtime_env
@@ -239,10 +247,8 @@ class _Driver:
                 self._kill_actor(actor)
             with self.lock:
                 self.jobs.pop(job_id, None)
-                if record.cpu:
-                    self.cpu_pool.release(job_id, 0.0, reuse=False)
-            if record.cpu:
-                self._dispatch()
+                record.pool.release(job_id, 0.0, reuse=False)  # type: ignore[union-attr]
+            self._dispatch()
             self.proto.send(
                 event="failed", job_id=job_id, phase="environment", message=f"Ray refused the task: {error}"
             )
@@ -254,22 +260,6 @@ class _Driver:
             self._stop(record)
             return
         ref.future().add_done_callback(lambda future, job_id=job_id: self.inbox.put(("outcome", job_id, future)))
-
-    def _actor_for(self, key: tuple, options: dict) -> Any:
-        """A warm actor of ``key`` (most recently idle first), else a new one holding the GPUs.
-        Idle actors of the same class but another key are killed first: their GPUs may be the
-        ones this job needs."""
-        retire = []
-        with self.lock:
-            idle = self.idle_actors.get(key)
-            if idle:
-                actor, _ = idle.pop()
-                return actor
-            for other in [k for k in self.idle_actors if k[0] == key[0]]:
-                retire += [actor for actor, _ in self.idle_actors.pop(other)]
-        for actor in retire:
-            self._kill_actor(actor)
-        return self.job_actor.options(**options).remote()
 
     def _kill_actor(self, actor: Any) -> None:
         try:
@@ -299,15 +289,12 @@ class _Driver:
 
     def _stop(self, record: _BridgeJob) -> None:
         """Stop a job: its actor is killed (Ray cannot force-cancel an actor's task), which frees
-        its GPUs or its CPU slot; a queued CPU job just leaves the queue."""
-        if record.cpu:
-            with self.lock:
-                actor = self.cpu_pool.remove(record.job_id)
-            if actor is not None:
-                self._kill_actor(actor)
-            self._dispatch()
-        elif record.actor is not None:
-            self._kill_actor(record.actor)
+        its GPUs or its CPU slot for the next queued job; a queued job just leaves the queue."""
+        with self.lock:
+            actor = record.pool.remove(record.job_id)  # type: ignore[union-attr]
+        if actor is not None:
+            self._kill_actor(actor)
+        self._dispatch()
 
     def shutdown(self) -> None:
         self.stopping.set()
@@ -317,9 +304,7 @@ class _Driver:
         for record in records:
             self._stop(record)
         with self.lock:
-            idle = [actor for actors in self.idle_actors.values() for actor, _ in actors]
-            idle += self.cpu_pool.clear()
-            self.idle_actors.clear()
+            idle = [actor for pool in self._pools() for actor in pool.clear()]
         for actor in idle:
             self._kill_actor(actor)
         try:
@@ -396,40 +381,19 @@ class _Driver:
         except BaseException as error:  # the task did not return: cancelled, crashed, lost, …
             value = {"last_seq": 0, "final": _failure_from_ray_error(error, self.ray)}
             returned = False
-        freed = None
         with self.lock:
             record = self.jobs.get(job_id)
             if record is None or record.finished:
                 return
-            if record.cpu:
-                freed = self.cpu_pool.release(job_id, time.monotonic(), reuse=returned)
-                record.actor = None
-            elif record.actor is not None:
-                # It ran the job and lives: warm for the version's next job, unless another job
-                # of the class waits (its GPUs may be the ones it needs; a job of the same version
-                # waits on its own new actor, which Ray places only once GPUs are free).
-                key = record.pool_key
-                waiting = any(
-                    other is not record
-                    and other.pool_key is not None
-                    and not other.cpu
-                    and other.pool_key[0] == key[0]  # type: ignore[index]
-                    and not other.started
-                    and not other.finished
-                    for other in self.jobs.values()
-                )
-                if returned and not waiting:
-                    self.idle_actors.setdefault(key, []).append((record.actor, time.monotonic()))  # type: ignore[arg-type]
-                else:
-                    self._kill_actor(record.actor)  # crashed or lost: never reused
-                record.actor = None
+            # It ran the job and lives: warm for its key's next job (crashed or lost: never reused).
+            freed = record.pool.release(job_id, time.monotonic(), reuse=returned)  # type: ignore[union-attr]
+            record.actor = None
             parked = record.seen < int(value.get("last_seq", 0))
             if parked:
                 record.outcome, record.outcome_due = value, time.monotonic() + _OUTCOME_GRACE_S
-        if record.cpu:  # its slot is free (its actor idle, or killed if it crashed)
-            if freed is not None:
-                self._kill_actor(freed)
-            self._dispatch()
+        if freed is not None:
+            self._kill_actor(freed)
+        self._dispatch()  # its room is free (its actor idle, or killed if it crashed)
         if not parked:
             self._finish(job_id, value)
 
@@ -474,7 +438,7 @@ class _Driver:
         for job_id, value in overdue:
             self._finish(job_id, value)
         with self.lock:
-            retire = expire_idle(self.idle_actors, now, self.actor_idle_s) + self.cpu_pool.expire(now)
+            retire = [actor for pool in self._pools() for actor in pool.expire(now)]
         for actor in retire:
             self._kill_actor(actor)
         if now - self.last_ok > self.lost_after_s:
@@ -497,6 +461,10 @@ class _Driver:
                 self._dispatch()
             if (capacity, largest) != (self.capacity, self.largest):
                 self.capacity, self.largest = capacity, largest
+                with self.lock:
+                    for gpu_class, pool in self.gpu_pools.items():
+                        pool.slots = capacity.get(gpu_class, 0)
+                self._dispatch()
                 self.proto.send(event="capacity", capacity=capacity, largest=largest)
 
     def _read_capacity(self) -> tuple[dict[str, int], dict[str, int], int]:

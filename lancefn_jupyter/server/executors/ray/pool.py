@@ -1,46 +1,54 @@
-"""Warm CPU actors, as plain bookkeeping (no Ray): which job runs next, on which actor, and which
+"""Warm actors, as plain bookkeeping (no Ray): which job runs next, on which actor, and which
 idle actor retires.  The bridge does the Ray calls this decides.
 
-CPU jobs (runtime ``python``, no GPUs) run in warm actors kept per (function name, version,
-namespace), so a process that ran one version never runs another.  The bridge, not Ray, queues
-them: at most ``slots`` run at once (the cluster's CPUs), and at most ``slots`` actors live at
-once, busy or idle; a job whose version has no idle actor retires the least recently used idle
-actor of another version to make room.  Jobs start in submission order.
+Every job runs in a warm actor kept per key ((class, GPUs,) function name, version, namespace),
+so a process that ran one version never runs another.  The bridge, not Ray, queues them, in one
+pool for CPU jobs and one per GPU class.  A job weighs its GPUs (a CPU job weighs 1); a pool has
+``slots`` (the cluster's CPUs, or the class's GPUs), and the jobs running plus the idle actors
+weigh at most that: an idle GPU actor holds its GPUs.  A job whose version has an idle actor
+reuses it; otherwise the least recently used idle actors of other keys retire to make room.
+
+Jobs start in submission order, as the local scheduler places them (docs/ARCHITECTURE.md,
+"Scheduling"): the head of the queue waits for room and the jobs behind it wait too.  When
+nothing runs, the head starts even if it weighs more than ``slots`` (a class scaled to zero, or
+a node not yet joined): Ray then holds it, and an autoscaler sees its demand.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Any, Hashable, TypeVar
-
-K = TypeVar("K", bound=Hashable)
+from typing import Any, Hashable
 
 
-class CpuActorPool:
+class ActorPool:
     def __init__(self, slots: int, idle_s: float) -> None:
         self.slots = slots
         self.idle_s = idle_s
-        self._queue: collections.deque[tuple[str, Hashable]] = collections.deque()
-        self._busy: dict[str, list] = {}  # job id → [key, actor or None while it is being created]
-        self._idle: dict[Hashable, list[tuple[Any, float]]] = {}  # key → (actor, idle since), oldest first
+        self._queue: collections.deque[tuple[str, Hashable, int]] = collections.deque()
+        self._busy: dict[str, list] = {}  # job id → [key, weight, actor or None while it is being created]
+        self._idle: dict[Hashable, list[tuple[Any, float, int]]] = {}  # key → (actor, idle since, weight), oldest first
 
-    def submit(self, job_id: str, key: Hashable) -> None:
-        self._queue.append((job_id, key))
+    def submit(self, job_id: str, key: Hashable, weight: int = 1) -> None:
+        self._queue.append((job_id, key, weight))
 
     def dispatch(self) -> tuple[list[tuple[str, Any]], list[Any]]:
         """Jobs that start now, each with its warm actor (``None``: create one and :meth:`bind`
         it), and the idle actors to retire to make room for them."""
         starts, retire = [], []
-        while self._queue and len(self._busy) < self.slots:
-            job_id, key = self._queue.popleft()
+        while self._queue:
+            job_id, key, weight = self._queue[0]
+            busy = self.busy_weight()
+            if busy and busy + weight > self.slots:
+                break  # the head waits for room, and the jobs behind it wait too
+            self._queue.popleft()
             idle = self._idle.get(key)
             actor = idle.pop()[0] if idle else None  # the most recently idle: the likeliest still cached
             if idle is not None and not idle:
                 del self._idle[key]
             if actor is None:
-                while self._idle and len(self._busy) + self.idle_count() >= self.slots:
+                while self._idle and busy + self.idle_weight() + weight > self.slots:
                     retire.append(self._pop_least_recent())
-            self._busy[job_id] = [key, actor]
+            self._busy[job_id] = [key, weight, actor]
             starts.append((job_id, actor))
         return starts, retire
 
@@ -49,7 +57,7 @@ class CpuActorPool:
         entry = self._busy.get(job_id)
         if entry is None:
             return False
-        entry[1] = actor
+        entry[2] = actor
         return True
 
     def release(self, job_id: str, now: float, *, reuse: bool) -> Any:
@@ -57,15 +65,15 @@ class CpuActorPool:
         entry = self._busy.pop(job_id, None)
         if entry is None:
             return None
-        key, actor = entry
+        key, weight, actor = entry
         if reuse and actor is not None:
-            self._idle.setdefault(key, []).append((actor, now))
+            self._idle.setdefault(key, []).append((actor, now, weight))
             return None
         return actor
 
     def remove(self, job_id: str) -> Any:
         """Cancelled or timed out: dropped from the queue, or its actor returned to be killed."""
-        for index, (queued, _) in enumerate(self._queue):
+        for index, (queued, _, _) in enumerate(self._queue):
             if queued == job_id:
                 del self._queue[index]
                 return None
@@ -73,12 +81,18 @@ class CpuActorPool:
 
     def expire(self, now: float) -> list[Any]:
         """Idle actors past ``idle_s``, removed."""
-        return expire_idle(self._idle, now, self.idle_s)
+        retire = []
+        for key in list(self._idle):
+            retire += [entry[0] for entry in self._idle[key] if now - entry[1] >= self.idle_s]
+            self._idle[key] = [entry for entry in self._idle[key] if now - entry[1] < self.idle_s]
+            if not self._idle[key]:
+                del self._idle[key]
+        return retire
 
     def clear(self) -> list[Any]:
         """Every actor (idle and busy), removed; the queue is dropped."""
-        actors = [actor for idle in self._idle.values() for actor, _ in idle]
-        actors += [entry[1] for entry in self._busy.values() if entry[1] is not None]
+        actors = [entry[0] for idle in self._idle.values() for entry in idle]
+        actors += [entry[2] for entry in self._busy.values() if entry[2] is not None]
         self._queue.clear()
         self._busy.clear()
         self._idle.clear()
@@ -87,20 +101,15 @@ class CpuActorPool:
     def idle_count(self) -> int:
         return sum(len(idle) for idle in self._idle.values())
 
+    def idle_weight(self) -> int:
+        return sum(entry[2] for idle in self._idle.values() for entry in idle)
+
+    def busy_weight(self) -> int:
+        return sum(entry[1] for entry in self._busy.values())
+
     def _pop_least_recent(self) -> Any:
         key = min(self._idle, key=lambda k: self._idle[k][0][1])
-        actor, _ = self._idle[key].pop(0)
+        actor = self._idle[key].pop(0)[0]
         if not self._idle[key]:
             del self._idle[key]
         return actor
-
-
-def expire_idle(idle: dict[K, list[tuple[Any, float]]], now: float, idle_s: float) -> list[Any]:
-    """The actors in ``idle`` (key → (actor, idle since)) idle for ``idle_s`` or longer, removed."""
-    retire = []
-    for key in list(idle):
-        retire += [actor for actor, since in idle[key] if now - since >= idle_s]
-        idle[key] = [(actor, since) for actor, since in idle[key] if now - since < idle_s]
-        if not idle[key]:
-            del idle[key]
-    return retire

@@ -1,0 +1,68 @@
+"""The Ray executor's queue of GPU jobs, on a local Ray with one simulated GPU: jobs of one
+version queued behind the busy GPU run one after another on the version's ONE warm actor (no
+new Ray worker per job), and a job of another version waiting behind them gets its own actor.
+Queued jobs stay PENDING until their actor runs them.
+
+One server (and its local Ray) for the module; every wait is bounded; nothing is timed."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+from conftest import ControlPlaneProcess, register
+from helpers import describe, ray_server, submit, text_body, wait_done, wait_until
+
+pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+SLOW = 120.0
+CLASSES = """
+[[gpu_classes]]
+name = "one"
+gpu_model = "Simulated GPU"
+simulated = 1
+"""
+PID = """
+import os
+import time
+
+
+def pid_of(gate: str) -> str:
+    if gate:
+        with open(gate + ".pid", "w") as out:
+            out.write(str(os.getpid()))
+        while not os.path.exists(gate):
+            time.sleep(0.02)
+    return str(os.getpid())
+"""
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
+    with ray_server(tmp_path_factory, CLASSES) as server:
+        yield server
+
+
+def _version(http, comment: str = "") -> str:
+    return register(http, text_body("pid_of", PID + comment, arg="gate", gpu_class="one"))["version"]
+
+
+def test_queued_jobs_of_one_version_reuse_its_one_actor_and_another_version_gets_its_own(cp, tmp_path):
+    gate = tmp_path / "gate"
+    with cp.http() as http:
+        v1, v2 = _version(http), _version(http, "# another version\n")
+        first = submit(http, "pid_of", v1, [{"gate": str(gate)}])
+        wait_until((tmp_path / "gate.pid").exists, "the first job to hold the GPU", SLOW)
+        queued = [submit(http, "pid_of", v1, [{"gate": ""}]) for _ in range(3)]
+        other = submit(http, "pid_of", v2, [{"gate": ""}])
+        for job_id in (*queued, other):  # behind the busy GPU, not started
+            assert describe(http, job_id)["job_state"] == "PENDING"
+        gate.touch()
+        jobs = [wait_done(http, job_id, SLOW) for job_id in (first, *queued, other)]
+        assert [job["job_state"] for job in jobs] == ["DONE"] * 5, jobs
+        pids = [job["result"][0] for job in jobs]
+        assert pids[0] == (tmp_path / "gate.pid").read_text()
+        assert pids[:4] == [pids[0]] * 4  # one actor process ran the version's 4 jobs
+        assert pids[4] != pids[0]  # the other version never runs in it
