@@ -12,51 +12,31 @@ from typing import Iterator
 import pytest
 from conftest import ControlPlaneProcess, register
 from helpers import describe, ray_server, submit, text_body, wait_done, wait_until
+from test_ray_cpu_isolation import ANY_CLASS, GATED, SLOW  # a class of one simulated GPU; gated(path) -> its pid
 
 pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
-SLOW = 120.0
-CLASSES = """
-[[gpu_classes]]
-name = "one"
-gpu_model = "Simulated GPU"
-simulated = 1
-"""
-PID = """
-import os
-import time
-
-
-def pid_of(gate: str) -> str:
-    if gate:
-        with open(gate + ".pid", "w") as out:
-            out.write(str(os.getpid()))
-        while not os.path.exists(gate):
-            time.sleep(0.02)
-    return str(os.getpid())
-"""
-
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
-    with ray_server(tmp_path_factory, CLASSES) as server:
+    with ray_server(tmp_path_factory, ANY_CLASS) as server:
         yield server
 
 
 def _version(http, comment: str = "") -> str:
-    return register(http, text_body("pid_of", PID + comment, arg="gate", gpu_class="one"))["version"]
+    return register(http, text_body("gated", GATED + comment, num_gpus=1, gpu_class="default"))["version"]
 
 
 def test_queued_jobs_of_one_version_reuse_its_one_actor_and_another_version_gets_its_own(cp, tmp_path):
     gate = tmp_path / "gate"
     with cp.http() as http:
         v1, v2 = _version(http), _version(http, "# another version\n")
-        first = submit(http, "pid_of", v1, [{"gate": str(gate)}])
+        first = submit(http, "gated", v1, [{"path": str(gate)}])
         wait_until((tmp_path / "gate.pid").exists, "the first job to hold the GPU", SLOW)
-        queued = [submit(http, "pid_of", v1, [{"gate": ""}]) for _ in range(3)]
-        other = submit(http, "pid_of", v2, [{"gate": ""}])
+        queued = [submit(http, "gated", v1, [{"path": ""}]) for _ in range(3)]
+        other = submit(http, "gated", v2, [{"path": ""}])
         for job_id in (*queued, other):  # behind the busy GPU, not started
             assert describe(http, job_id)["job_state"] == "PENDING"
         gate.touch()

@@ -23,6 +23,7 @@ from .common import (
     _CAPACITY_POLL_S,
     _NAMESPACE,
     _OUTCOME_GRACE_S,
+    _UNPLACED_S,
     class_resource,
     pip_requirements,
 )
@@ -58,6 +59,7 @@ class _BridgeJob:
     payload: dict | None = None  # kept until the job starts on an actor
     options: dict | None = None  # for a new actor of its pool key
     started: bool = False
+    unplaced_since: float | None = None  # a new GPU actor of it, not yet running it, since
     result_file: str | None = None  # where an Arrow result goes (the bridge shares the server's disk)
     result_fsync: bool = True
 
@@ -240,6 +242,8 @@ class _Driver:
                 if not bound:  # cancelled while the actor was being created
                     self._kill_actor(actor)
                     return
+                if record.pool is not self.cpu_pool:
+                    record.unplaced_since = time.monotonic()
             record.actor = actor
             ref = actor.run.remote(record.payload)
         except Exception as error:  # e.g. an invalid runtime_env
@@ -362,7 +366,7 @@ class _Driver:
             record.seen = max(record.seen, seq)
             kind = event.get("event")
             if kind == "started":
-                record.started = True
+                record.started, record.unplaced_since = True, None
                 if record.timeout_s is not None:
                     record.deadline = time.monotonic() + float(record.timeout_s)
             if kind == "progress":
@@ -439,6 +443,11 @@ class _Driver:
             self._finish(job_id, value)
         with self.lock:
             retire = [actor for pool in self._pools() for actor in pool.expire(now)]
+            for record in self.jobs.values():
+                if record.unplaced_since is not None and now - record.unplaced_since >= _UNPLACED_S:
+                    record.unplaced_since = now
+                    retire.append(record.pool.retire_least_recent())  # type: ignore[union-attr]
+        retire = [actor for actor in retire if actor is not None]
         for actor in retire:
             self._kill_actor(actor)
         if now - self.last_ok > self.lost_after_s:

@@ -15,6 +15,10 @@ _SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach Ray 
 _MAX_SOCKET_DIR = 40  # Ray's unix sockets live under <temp_dir>/session_…/sockets (107-char limit)
 _OUTCOME_GRACE_S = 5.0  # how long an outcome waits for the task's last events to arrive
 _CAPACITY_POLL_S = 2.0
+# A new GPU actor not running its job after this long may lack GPUs that idle actors hold on its
+# node (the driver counts GPUs cluster-wide, and a dead node counts until Ray notices): one more
+# idle actor of its class retires, least recently used first, each time this passes.
+_UNPLACED_S = 10.0
 _HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
 _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
 _ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)

@@ -11,7 +11,9 @@ reuses it; otherwise the least recently used idle actors of other keys retire to
 Jobs start in submission order, as the local scheduler places them (docs/ARCHITECTURE.md,
 "Scheduling"): the head of the queue waits for room and the jobs behind it wait too.  When
 nothing runs, the head starts even if it weighs more than ``slots`` (a class scaled to zero, or
-a node not yet joined): Ray then holds it, and an autoscaler sees its demand.
+a node not yet joined): Ray then holds it, and an autoscaler sees its demand.  The GPUs are
+counted cluster-wide, so free ones may sit on the wrong node; the bridge then retires idle actors
+itself (:meth:`retire_least_recent`) for a new actor Ray does not place.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class ActorPool:
                 del self._idle[key]
             if actor is None:
                 while self._idle and busy + self.idle_weight() + weight > self.slots:
-                    retire.append(self._pop_least_recent())
+                    retire.append(self.retire_least_recent())
             self._busy[job_id] = [key, weight, actor]
             starts.append((job_id, actor))
         return starts, retire
@@ -107,7 +109,10 @@ class ActorPool:
     def busy_weight(self) -> int:
         return sum(entry[1] for entry in self._busy.values())
 
-    def _pop_least_recent(self) -> Any:
+    def retire_least_recent(self) -> Any:
+        """The least recently used idle actor, removed (``None`` if none is idle)."""
+        if not self._idle:
+            return None
         key = min(self._idle, key=lambda k: self._idle[k][0][1])
         actor = self._idle[key].pop(0)[0]
         if not self._idle[key]:
