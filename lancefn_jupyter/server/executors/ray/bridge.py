@@ -1,4 +1,9 @@
-"""The bridge: the Ray driver process (`ray.init`), talking JSON lines with `RayExecutor` (`_bridge_main`)."""
+"""The bridge: the Ray driver process (`ray.init`), talking JSON lines with `RayExecutor` (`_bridge_main`).
+
+Long (~620 lines) because it is one process's one loop: the messages it takes, the actor queues it keeps
+(the bookkeeping itself is in `pool.py`), placement and capacity polling, and the outcomes it reports all
+act on the same driver state under one lock; split apart they would share that state through every call.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...worker_io import Protocol
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     _ACTOR_IDLE_S,
     _CAPACITY_POLL_S,
