@@ -2,7 +2,7 @@
 and develop them locally on a GPU or numba's CUDA simulator.
 
 `%load_ext lancefn_jupyter` registers the magics and nothing else: the API below (pydantic models,
-httpx, widgets, numba) is imported on first use so loading the extension stays fast.
+the HTTP client, widgets, numba) is imported on first use so loading the extension stays fast.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Lines are NOT variable-expanded (`@no_var_expand`): the line is part of the function version's
 identity, so `env=HOME=$HOME` means the literal text, never whatever `$HOME` is in this kernel.
-Heavy modules (pydantic models, httpx, widgets, numba) load on first use, not at `%load_ext`.
+Heavy modules (pydantic models, the HTTP client, widgets, numba) load on first use, not at `%load_ext`.
 """
 
 from __future__ import annotations
