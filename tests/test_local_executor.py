@@ -145,7 +145,7 @@ def test_worker_sees_exactly_its_devices_and_the_function_env(executor, monkeypa
     assert run(executor, spec) == ("succeeded", "env", [expected])
     calls = executor.recorder.of("env")
     assert calls[0] == ("started", "env", devices)
-    assert ("progress", "env", 1) in calls
+    assert ("progress", "env", 1) not in calls  # the last row's count rides on the result
 
 
 def test_warm_worker_is_reused_for_the_same_device_set(executor):

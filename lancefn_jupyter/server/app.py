@@ -32,7 +32,7 @@ from .common import ApiError
 from .core import DEFAULT_MAX_ARTIFACT_BYTES, ControlPlane
 from .namespaces import PRIVILEGES, ApiKeyError, Principal, load_api_keys
 from .routes import batches, events, functions, jobs, system
-from .routes.common import MISSING_KEY_MESSAGE, RouteContext, is_arrow
+from .routes.common import MISSING_KEY_MESSAGE, DirectRoute, RouteContext, is_arrow
 from .store import is_storage_full
 
 __all__ = [
@@ -87,11 +87,13 @@ class _Guard:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         api_keys: Any = (),
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        routes: RouteContext | None = None,
     ):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.keys = [key.encode("utf-8") for key in api_keys]
         self.body_timeout_s = body_timeout_s
+        self.routes = routes  # its `direct` routes are served here (RouteContext.post_direct)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -132,6 +134,10 @@ class _Guard:
                 await reply(*body, close=True)
             if not isinstance(body, bytes):
                 return
+            direct = self.routes.direct.get(scope["path"]) if self.routes and scope["method"] == "POST" else None
+            if direct is not None:
+                await self._serve_direct(direct, scope, headers, body, reply, send_with_id)
+                return
             inner_receive = _replay(body, receive)
         try:
             await self.app(scope, inner_receive, send_with_id)
@@ -139,6 +145,22 @@ class _Guard:
             failure = _last_resort(scope, request_id, error)
             if not started:
                 await reply(*failure)
+
+    async def _serve_direct(
+        self, route: DirectRoute, scope: dict, headers: dict, body: bytes, reply: Any, send: Any
+    ) -> None:
+        """A direct route's reply, errors as the app's handlers would answer them."""
+        assert self.routes is not None
+        try:
+            caller = self.routes.authorize(headers.get(b"x-api-key"), route.privilege, scope["path"])
+            content = await route.handler(caller, body)
+        except ApiError as error:
+            await reply(error.status, error.code, error.message)
+            return
+        except Exception as error:
+            await reply(*_last_resort(scope, scope["state"]["request_id"], error))
+            return
+        await JSONResponse(content, status_code=route.status_code)(scope, _no_body, send)
 
     async def _read_body(self, headers: dict, receive: Any) -> bytes | tuple[int, str, str] | None:
         """The whole body, bounded in size and in time (so the limit also holds for chunked
@@ -173,6 +195,10 @@ class _Guard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         return b"".join(chunks)
+
+
+async def _no_body() -> dict:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 def _replay(body: bytes, receive: Any) -> Callable[[], Awaitable[dict]]:
@@ -240,9 +266,11 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.core = core
-    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, api_keys=list(api_keys), body_timeout_s=body_timeout_s)
-    _add_error_handlers(app)
     ctx = RouteContext(core, api_keys, body_timeout_s, max_arrow_body_bytes)
+    app.add_middleware(
+        _Guard, max_body_bytes=max_body_bytes, api_keys=list(api_keys), body_timeout_s=body_timeout_s, routes=ctx
+    )
+    _add_error_handlers(app)
     for module in (system, functions, jobs, batches, events):
         module.add_routes(app, ctx)
     return app

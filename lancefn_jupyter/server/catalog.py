@@ -64,6 +64,12 @@ def redact_definition(definition: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=256)
+def stored_definition(definition: str) -> dict:
+    """A stored definition's JSON, decoded once per version for launching its jobs; read it, never change it."""
+    return json.loads(definition)
+
+
+@functools.lru_cache(maxsize=256)
 def _parsed_version(definition: str) -> FunctionVersion:
     """A stored definition parsed once (its text never changes): each run of a version reuses it."""
     return FunctionVersion.from_wire(json.loads(definition))

@@ -1,51 +1,71 @@
-"""uvicorn's HTTP/1.1 protocol with a deadline for a request's line and headers.
+"""uvicorn's HTTP/1.1 protocol on ``httptools`` (a C parser) with a deadline and a size limit for
+a request's line and headers.
 
-uvicorn bounds idle keep-alive connections but not one that trickles its headers (or sends
-nothing at all), so a handful of slow clients could hold the ``--limit-concurrency`` slots
-for ever.  The body has its own deadline (``--body-timeout-s``, in ``app._Guard``).
+Why httptools rather than uvicorn's pure-Python h11 protocol: parsing the request and writing the
+reply took about 40 % of the event loop's time per small request (docs/ARCHITECTURE.md, "REST
+details").  uvicorn bounds idle keep-alive connections but not one that trickles its headers (or
+sends nothing at all), so a handful of slow clients could hold the ``--limit-concurrency`` slots
+for ever; and httptools, unlike h11, does not bound the size of the headers.  Both limits are
+here.  The body has its own deadline (``--body-timeout-s``, in ``app._Guard``).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["header_timeout_protocol"]
+__all__ = ["MAX_HEAD_BYTES", "header_timeout_protocol"]
+
+MAX_HEAD_BYTES = 16 * 1024  # request line + headers, as uvicorn's h11 protocol allowed
 
 
-def header_timeout_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    class _HeaderTimeoutProtocol(H11Protocol):
+def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
+    class _HeaderTimeoutProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _head_bytes = 0  # bytes received since the last request ended, while its head is incomplete
+        _head_done = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm_header_timer()
+            self._next_head()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm_header_timer()  # the next request on this connection gets the same deadline
+            self._next_head()  # the next request on this connection gets the same deadline
 
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self._header_timer is not None and self.conn.their_state is not h11.IDLE:
+        def data_received(self, data: bytes) -> None:
+            if not self._head_done:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            # Counted before parsing, checked after: a body sent with its head in one packet is fine.
+            if not self._head_done and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self.send_400_response(
+                    f"the request line and headers are larger than {MAX_HEAD_BYTES} bytes; send smaller headers"
+                )
+
+        def on_headers_complete(self) -> None:
+            self._head_done = True
+            if self._header_timer is not None:
                 self._header_timer.cancel()  # the request line and headers are in
                 self._header_timer = None
+            super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
             super().connection_lost(exc)
 
-        def _arm_header_timer(self) -> None:
+        def _next_head(self) -> None:
+            self._head_done, self._head_bytes = False, 0
             if self._header_timer is not None:
                 self._header_timer.cancel()
             self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
 
         def _headers_too_slow(self) -> None:
             self._header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            idle = self.cycle is None or self.cycle.response_complete  # no request being answered
+            if idle and not self._head_done and not self.transport.is_closing():
                 self.transport.close()
 
     return _HeaderTimeoutProtocol

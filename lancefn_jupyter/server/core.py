@@ -38,7 +38,6 @@ status and a message saying what is wrong and how to fix it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -49,7 +48,7 @@ from typing import Any, Unpack
 from ..models import JobFailure
 from .batches import BatchManager
 from .callbacks import PROGRESS_EVENT_INTERVAL_S, JobCallbacks
-from .catalog import DEFAULT_MAX_ARTIFACT_BYTES, FunctionCatalog, Placement, Where, redact_definition
+from .catalog import DEFAULT_MAX_ARTIFACT_BYTES, FunctionCatalog, Placement, Where, redact_definition, stored_definition
 from .common import (
     ACTIVE,
     CANCELLED,
@@ -119,6 +118,7 @@ class ControlPlane:
         self._scheduler = SchedulerState(classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1)
         self._active: dict[str, JobRecord] = {}  # PENDING and IN_PROGRESS jobs; the store has the rest
         self._job_env: dict[str, dict[str, str]] = {}  # launched jobs' function env (never logged)
+        self._new_rows: tuple[str, Any] | None = None  # (job id, rows) of the job `run` is queuing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self.reports = Reports(self)
@@ -390,16 +390,20 @@ class ControlPlane:
                 self._scheduler.release(rec.job_id)
                 self.data.remove_rows(rows)
                 raise
-            if self._executor_queues:
-                if self._started:
-                    self._launch(rec)
-                self.reports.publish_usage()
-            else:
-                # Place it before its first event, so a job that starts at once is never shown as
-                # "waiting for GPU capacity": placed, its first event already carries its devices.
-                self._dispatch(changed=where_to.num_gpus > 0)
-                if self._scheduler.is_pending(rec.job_id):
-                    self.journal.persist(rec, new=False)
+            self._new_rows = (rec.job_id, rows)  # launched now, it need not read its rows back
+            try:
+                if self._executor_queues:
+                    if self._started:
+                        self._launch(rec)
+                    self.reports.publish_usage()
+                else:
+                    # Place it before its first event, so a job that starts at once is never shown as
+                    # "waiting for GPU capacity": placed, its first event already carries its devices.
+                    self._dispatch(changed=where_to.num_gpus > 0)
+                    if self._scheduler.is_pending(rec.job_id):
+                        self.journal.persist(rec, new=False)
+            finally:
+                self._new_rows = None
             return rec.job_id
 
     def cancel_job(self, job_id: str, scope: str | None = None) -> dict:
@@ -432,7 +436,7 @@ class ControlPlane:
         self._job_env.pop(rec.job_id, None)
         self.callbacks.forget(rec.job_id)
         self.journal.persist(rec, new=False)
-        self.jobs.wake(rec.job_id)
+        self.jobs.wake(rec.job_id, rec)
         self._dispatch(changed=had_devices or rec.num_gpus > 0)
 
     def _dispatch(self, changed: bool = False) -> bool:
@@ -469,10 +473,11 @@ class ControlPlane:
             row = self.store.get_version(rec.spec["name"], rec.spec["version"], rec.namespace)
             if row is None:
                 raise RuntimeError(f"function version {rec.spec['name']}@{rec.spec['version']} vanished from the store")
-            fv = json.loads(row.definition)
+            fv = stored_definition(row.definition)
             runtime = fv.get("runtime", {})
             spec = self.classes.get(rec.gpu_class) if rec.gpu_class else None
-            rows = self.store.get_rows(rec.job_id)
+            fresh = self._new_rows
+            rows = fresh[1] if fresh is not None and fresh[0] == rec.job_id else self.store.get_rows(rec.job_id)
             task = TaskSpec(
                 job_id=rec.job_id,
                 name=rec.spec["name"],

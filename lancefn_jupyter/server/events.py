@@ -64,6 +64,10 @@ class EventBus:
     def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
 
+    def listened(self) -> bool:
+        """Whether anyone would get a published event now (so building one is worth it)."""
+        return self._loop is not None and bool(self._subscribers)
+
     def publish(
         self, kind: str, seq: int | None, data: str | Callable[[str | None], str], namespace: str | None = None
     ) -> None:

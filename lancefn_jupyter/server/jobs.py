@@ -91,11 +91,13 @@ class JobQueries:
             if rec.state in TERMINAL or timeout_s <= 0 or not core._started or queued:
                 return core.reports.job_wire(rec)
             future = self.waiters.add(job_id, loop)
-        await self.waiters.wait(job_id, future, timeout_s)
-        return self.describe(job_id)
+        finished = await self.waiters.wait(job_id, future, timeout_s)
+        return finished if finished is not None else self.describe(job_id)
 
-    def wake(self, job_id: str) -> None:
-        self.waiters.wake(job_id, self.core._loop)
+    def wake(self, job_id: str, finished: JobRecord | None = None) -> None:
+        """Wake the job's long polls; with its ``finished`` record they answer from it (no store read)."""
+        wire = self.core.reports.job_wire(finished) if finished is not None and self.waiters.waiting(job_id) else None
+        self.waiters.wake(job_id, self.core._loop, wire)
 
     def wake_all(self) -> None:
         """Waiters get their job as it stands now rather than hanging until their timeout (shutdown)."""

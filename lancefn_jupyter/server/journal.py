@@ -4,6 +4,8 @@ commit; log lines are clipped and appended.  Called with the core's lock held.""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING
 
 from .common import dumps
@@ -11,6 +13,8 @@ from .store import JobRecord, is_storage_full
 
 if TYPE_CHECKING:  # pragma: no cover
     from .core import ControlPlane
+
+log = logging.getLogger("lancefn.server")
 
 MAX_LOG_LINES_PER_JOB = 20_000
 MAX_LOG_LINE_CHARS = 8_192
@@ -26,6 +30,8 @@ class JobJournal:
         self.core = core
         self.store = core.store
         self._deferred: dict[str, list[str]] = {}  # job id → events of changes not committed yet
+        self._deferred_at: dict[str, float] = {}  # job id → when its first uncommitted change came
+        self._flush_armed = False  # one timer for every deferred job: no loop wake-up per job
         self._log_pos: dict[str, int] = {}
 
     def persist(self, rec: JobRecord, *, new: bool, rows: list | None = None, event: bool = True) -> None:
@@ -37,6 +43,7 @@ class JobJournal:
         core = self.core
         data = dumps(core.reports.job_wire(rec)) if event else None
         earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
+        since = self._deferred_at.pop(rec.job_id, None)
         try:
             with self.store.batch():
                 if new:
@@ -49,6 +56,7 @@ class JobJournal:
             if new or not is_storage_full(error) or self.store.in_batch():
                 if earlier:
                     self._deferred[rec.job_id] = earlier
+                    self._deferred_at[rec.job_id] = since if since is not None else time.monotonic()
                 raise
             core._unsaved.keep(rec, data)
             return
@@ -67,10 +75,29 @@ class JobJournal:
         if loop is None:
             self.persist(rec, new=False)
             return
-        pending = self._deferred.setdefault(rec.job_id, [])
-        pending.append(dumps(self.core.reports.job_wire(rec)))
-        if len(pending) == 1:
-            loop.call_soon_threadsafe(loop.call_later, DEFER_COMMIT_S, self.flush, rec.job_id)
+        self._deferred.setdefault(rec.job_id, []).append(dumps(self.core.reports.job_wire(rec)))
+        self._deferred_at.setdefault(rec.job_id, time.monotonic())
+        if not self._flush_armed:
+            self._flush_armed = True
+            loop.call_soon_threadsafe(loop.call_later, DEFER_COMMIT_S, self._flush_due)
+
+    def _flush_due(self) -> None:
+        """Commit the deferred changes older than ``DEFER_COMMIT_S`` (event loop); re-arm for the rest."""
+        with self.core._lock:
+            now = time.monotonic()
+            for job_id, since in list(self._deferred_at.items()):
+                if now - since >= DEFER_COMMIT_S:
+                    try:
+                        self.flush(job_id)
+                    except Exception:  # its changes go with its next commit, as when no timer is due
+                        log.exception("committing job %s's deferred changes failed", job_id)
+                        self._deferred_at.pop(job_id, None)
+            loop = self.core._loop
+            if self._deferred_at and loop is not None:
+                wait = max(0.0, min(self._deferred_at.values()) + DEFER_COMMIT_S - now)
+                loop.call_later(wait, self._flush_due)
+            else:
+                self._flush_armed = False
 
     def flush(self, job_id: str) -> None:
         """Commit a job's deferred changes that no later change has committed (event loop, shutdown)."""
@@ -80,6 +107,7 @@ class JobJournal:
             rec = self.core._active.get(job_id)
             if rec is None:  # gone without a commit of its own (cannot happen today); drop quietly
                 self._deferred.pop(job_id)
+                self._deferred_at.pop(job_id, None)
                 return
             self.persist(rec, new=False, event=False)
 

@@ -145,6 +145,8 @@ class Reports:
         return list(rows.values())
 
     def publish_usage(self) -> None:
+        if not self.core.bus.listened():  # a new stream starts from snapshots of both
+            return
         self.core.bus.publish("usage", None, dumps({"classes": self.usage()}))
         if not self.core._executor_queues:
             # When the queue moves, every job behind moves up without an event of its own (one per

@@ -19,6 +19,7 @@ import os
 import re
 import sqlite3
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ def is_storage_full(error: BaseException) -> bool:
 
 DB_FILENAME = "lancefn.sqlite3"
 EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
+VERSION_CACHE_SIZE = 256  # version rows kept in memory (get_version), each at most:
+VERSION_CACHE_ROW_BYTES = 256 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS function_versions(
@@ -124,6 +127,10 @@ class VersionRow:
     namespace: str = DEFAULT_NAMESPACE
 
 
+def _cacheable(row: VersionRow) -> bool:
+    return len(row.artifact) + len(row.definition) <= VERSION_CACHE_ROW_BYTES
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -134,6 +141,7 @@ class Store:
         self._lock = threading.RLock()
         self._depth = 0  # batch nesting; commit when the outermost batch ends
         self._after_commit: list[Callable[[], None]] = []
+        self._versions: OrderedDict[tuple[str, str, str | None], VersionRow] = OrderedDict()  # see get_version
         if not self.path.exists():
             # The DB holds artifacts and function env values: private from the start
             # (SQLite gives the -wal/-shm files the database file's permissions).
@@ -256,7 +264,24 @@ class Store:
     # ---------------------------------------------------------------- versions
 
     def get_version(self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE) -> VersionRow | None:
-        """The version in ``namespace``; ``namespace=None``: in whichever namespace registered it first."""
+        """The version in ``namespace``; ``namespace=None``: in whichever namespace registered it first.
+
+        Rows read outside a transaction are cached (every run reads its version twice): a version
+        never changes once stored except its ``dropped`` flag, which ``set_dropped`` keeps current."""
+        key = (name, version, namespace)
+        with self._lock:
+            cached = self._versions.get(key) if namespace is not None else None
+            if cached is not None:
+                self._versions.move_to_end(key)
+                return cached
+            row = self._read_version(name, version, namespace)
+            if row is not None and namespace is not None and self._depth == 0 and _cacheable(row):
+                self._versions[key] = row
+                if len(self._versions) > VERSION_CACHE_SIZE:
+                    self._versions.popitem(last=False)
+            return row
+
+    def _read_version(self, name: str, version: str, namespace: str | None) -> VersionRow | None:
         sql = "SELECT name, version, definition, artifact, dropped, seq, namespace FROM function_versions WHERE name=? AND version=?"
         args: tuple = (name, version)
         if namespace is not None:
@@ -285,6 +310,7 @@ class Store:
 
     def set_dropped(self, name: str, version: str, dropped: bool, namespace: str = DEFAULT_NAMESPACE) -> None:
         with self.batch():
+            self._versions.pop((name, version, namespace), None)  # read again (after the commit) when next asked
             self._db.execute(
                 "UPDATE function_versions SET dropped=? WHERE name=? AND version=? AND namespace=?",
                 (int(dropped), name, version, namespace),

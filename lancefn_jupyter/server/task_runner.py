@@ -8,6 +8,7 @@ task.  Standard library only at top level: a CPU-only task must not pay for numb
 from __future__ import annotations
 
 import base64
+import functools
 import linecache
 import sys
 import threading
@@ -137,11 +138,18 @@ def _exit(code: object = None) -> None:
 _STAND_INS = {"display": _display, "get_ipython": _get_ipython, "exit": _exit, "quit": _exit}
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled(artifact_b64: str, filename: str) -> tuple[str, types.CodeType]:
+    """The artifact's source and code, compiled once per version (a warm worker runs one version's
+    jobs again and again); each task still executes it in a fresh module."""
+    source = base64.b64decode(artifact_b64).decode("utf-8")
+    # dont_inherit: this file's `from __future__` flags must not leak into the user's code
+    return source, compile(source, filename, "exec", dont_inherit=True)
+
+
 def _load_entry(task: dict) -> object:
-    """Compile and execute the artifact in a fresh module; return its entry function."""
+    """Execute the artifact in a fresh module; return its entry function."""
     filename = task["filename"]
-    source = base64.b64decode(task["artifact_b64"]).decode("utf-8")
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
     module = types.ModuleType(_ARTIFACT_MODULE)
     module.__file__ = filename
     import builtins
@@ -149,8 +157,9 @@ def _load_entry(task: dict) -> object:
     module.__builtins__ = {**_STAND_INS, **vars(builtins)}  # type: ignore[attr-defined]  # real builtins win where they exist
     sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
     try:
-        # dont_inherit: this file's `from __future__` flags must not leak into the user's code
-        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+        source, code = _compiled(task["artifact_b64"], filename)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # lines in tracebacks
+        exec(code, module.__dict__)
     except BaseException as exc:
         message = _exception_line(exc)
         if isinstance(exc, ImportError):
@@ -201,7 +210,8 @@ def _run_rows(task: dict, proto: Protocol) -> list:
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
                 raise TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
             results.append(value)
-            progress.update(index + 1)
+            if index + 1 < len(rows):  # the last row's count rides on the result (one event less per job)
+                progress.update(index + 1)
     finally:
         progress.close()  # before the final event, so no progress of this task can follow it
     return results

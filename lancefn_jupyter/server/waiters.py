@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 
 class Waiters:
@@ -22,12 +23,16 @@ class Waiters:
         self._futures.setdefault(key, []).append(future)
         return future
 
-    async def wait(self, key: str, future: asyncio.Future, timeout_s: float) -> None:
-        """Until ``future`` is woken or ``timeout_s`` passes; then it is no longer waiting."""
+    def waiting(self, key: str) -> bool:
+        return key in self._futures
+
+    async def wait(self, key: str, future: asyncio.Future, timeout_s: float) -> Any:
+        """Until ``future`` is woken (its value: what ``wake`` was given) or ``timeout_s`` passes
+        (None); then it is no longer waiting."""
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except asyncio.TimeoutError:
-            pass
+            return None
         finally:
             with self._lock:
                 futures = self._futures.get(key)
@@ -36,7 +41,7 @@ class Waiters:
                     if not futures:
                         del self._futures[key]
 
-    def wake(self, key: str, loop: asyncio.AbstractEventLoop | None) -> None:
+    def wake(self, key: str, loop: asyncio.AbstractEventLoop | None, value: Any = None) -> None:
         futures = self._futures.pop(key, None)
         if not futures or loop is None:
             return
@@ -44,7 +49,7 @@ class Waiters:
         def wake() -> None:
             for future in futures:
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(value)
 
         try:
             loop.call_soon_threadsafe(wake)

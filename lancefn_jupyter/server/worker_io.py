@@ -8,6 +8,7 @@ must not pay for pydantic, numpy or numba.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -70,11 +71,16 @@ def flush_stdio() -> None:
         except Exception:  # user code may have replaced or closed them
             pass
     try:  # C-level stdio buffers (e.g. CUDA printf) live in libc, not in sys.stdout
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
+        _libc_fflush()(None)
     except Exception:
         pass
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_fflush() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None).fflush
 
 
 def failure_of(event: Mapping[str, Any]) -> JobFailure:

@@ -8,6 +8,7 @@ from typing import Any, Awaitable, Callable, Optional
 from fastapi import FastAPI, Request
 from pydantic import Field
 
+from ..namespaces import Principal
 from .common import (
     MAX_TIMEOUT_S,
     Body,
@@ -18,7 +19,9 @@ from .common import (
     off_loop,
     parse,
     parse_query,
+    parse_raw,
     pick,
+    where,
     who,
 )
 
@@ -87,16 +90,21 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         body = await parse(request, Diff)
         return await off_loop(core.function_diff, body.name, body.old, body.new, **pick(request, body.namespace))
 
-    @app.post("/v1/functions/run", status_code=202, dependencies=auth)
-    async def run_function(request: Request) -> dict:
-        if is_arrow(request.headers.get("content-type")):
-            return await _run_arrow(request)
-        body = await parse(request, Run)
+    async def run_function(caller: Principal, raw: bytes) -> dict:
+        body = await parse_raw(raw, Run)
         rows, upload = (body.rows, None) if body.rows_file is None else (None, ctx.upload(body.rows_file))
         job_id = await off_loop(
-            core.run, body.name, body.version, rows, body.timeout_s, arrow_rows=upload, **pick(request, body.namespace)
+            core.run, body.name, body.version, rows, body.timeout_s, arrow_rows=upload, **where(caller, body.namespace)
         )
         return await _submitted(job_id, body.wait_s)
+
+    async def run_any(request: Request) -> dict:
+        """The route FastAPI serves: Arrow bodies, which the guard does not buffer (it serves JSON ones)."""
+        if not is_arrow(request.headers.get("content-type")):
+            return await run_function(who(request), await request.body())
+        return await _run_arrow(request)
+
+    ctx.post_direct(app, "/v1/functions/run", "functions", run_function, status_code=202, route=run_any)
 
     async def _run_arrow(request: Request) -> dict:
         """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""

@@ -10,7 +10,8 @@ from fastapi.responses import FileResponse
 from pydantic import Field
 
 from ...dataplane import MEDIA_TYPE as ARROW_STREAM
-from .common import Body, RouteContext, by_id, listing, off_loop, parse, who
+from ..namespaces import Principal
+from .common import Body, RouteContext, by_id, listing, off_loop, parse, parse_raw, who
 
 
 class JobId(Body):
@@ -57,7 +58,8 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         body = await parse(request, Logs)
         return await off_loop(core.job_logs, body.job_id, body.offset, body.limit, who(request).scope)
 
-    @app.post("/v1/jobs/wait", dependencies=auth)
-    async def wait_job(request: Request) -> dict:
-        body = await parse(request, Wait)
-        return await core.wait_job(body.job_id, body.timeout_s, who(request).scope)
+    async def wait_job(caller: Principal, raw: bytes) -> dict:
+        body = await parse_raw(raw, Wait)
+        return await core.wait_job(body.job_id, body.timeout_s, caller.scope)
+
+    ctx.post_direct(app, "/v1/jobs/wait", "jobs", wait_job)
