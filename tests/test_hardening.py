@@ -162,6 +162,27 @@ def test_headers_that_trickle_are_cut_off(control_plane_factory):
         assert http.get("/v1/health").status_code == 200
 
 
+def test_oversized_headers_get_400_and_a_closed_connection_but_a_big_body_is_fine(control_plane):
+    from lancefn_jupyter.server.connections import MAX_HEAD_BYTES
+
+    head = f"POST /v1/jobs/list HTTP/1.1\r\nhost: x\r\nx-api-key: {control_plane.api_key}\r\n"
+    with raw_socket(control_plane.url) as sock:
+        sock.sendall(head.encode() + b"x-pad: " + b"a" * MAX_HEAD_BYTES + b"\r\n")  # no end of headers yet
+        reply = read_reply(sock)  # the server closes the connection
+    assert reply.startswith(b"HTTP/1.1 400") and b"larger than 16384 bytes" in reply, reply[:300]
+    # Head and a body far bigger than the head limit in one packet: only the head counts.
+    body = json.dumps({"name": "x" * (4 * MAX_HEAD_BYTES)}).encode()
+    request = head + f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    with raw_socket(control_plane.url) as sock:
+        sock.sendall(request.encode() + body)
+        status = sock.recv(65536).split(b"\r\n", 1)[0]
+    assert status == b"HTTP/1.1 200 OK", status
+    with control_plane.http() as http:  # the hot routes the guard serves itself still refuse other methods
+        for path in ("/v1/functions/run", "/v1/jobs/wait"):
+            reply = http.get(path)
+            assert reply.status_code == 405 and reply.json()["error"]["code"] == "method_not_allowed", reply.text
+
+
 def test_concurrency_is_bounded(control_plane_factory):
     cp = control_plane_factory(args=["--limit-concurrency", "3", "--header-timeout-s", "60"])
     idle = [raw_socket(cp.url) for _ in range(3)]

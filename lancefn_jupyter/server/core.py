@@ -436,6 +436,7 @@ class ControlPlane:
         self._job_env.pop(rec.job_id, None)
         self.callbacks.forget(rec.job_id)
         self.journal.persist(rec, new=False)
+        self.jobs.finished(rec)
         self.jobs.wake(rec.job_id, rec)
         self._dispatch(changed=had_devices or rec.num_gpus > 0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..models import FunctionVersion
@@ -18,10 +19,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from .core import ControlPlane
 
 
+RECENT_JOBS = 64  # finished jobs kept in memory: a quick job's run reply and first reads need no store read
+
+
 class JobQueries:
     def __init__(self, core: ControlPlane):
         self.core = core
         self.waiters = Waiters(core._lock)
+        self._recent: OrderedDict[str, JobRecord] = OrderedDict()  # stored already; the same objects
+
+    def finished(self, rec: JobRecord) -> None:
+        """``rec`` just finished (and was saved): reads find it here for a while (core's lock held)."""
+        self._recent[rec.job_id] = rec
+        if len(self._recent) > RECENT_JOBS:
+            self._recent.popitem(last=False)
 
     def get(self, job_id: str, scope: str | None = None) -> JobRecord:
         """The job as the caller (``scope``) may see it; another team's job is a 404, as if it did not exist."""
@@ -35,7 +46,12 @@ class JobQueries:
         """A job as the core knows it now (memory first), or None."""
         core = self.core
         with core._lock:
-            return core._active.get(job_id) or core._unsaved.get(job_id) or core.store.get_job(job_id)
+            return (
+                core._active.get(job_id)
+                or core._unsaved.get(job_id)
+                or self._recent.get(job_id)
+                or core.store.get_job(job_id)
+            )
 
     def describe(self, job_id: str, scope: str | None = None) -> dict:
         with self.core._lock:

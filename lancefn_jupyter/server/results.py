@@ -62,7 +62,7 @@ class Results:
         """Remove results past the retention rule; their jobs say so (``result_expired``)."""
         core = self.core
         for job_id in core.data.enforce_retention():
-            rec = core._unsaved.get(job_id) or core.store.get_job(job_id)
+            rec = core.jobs.record(job_id)  # the object reads see, if one is kept in memory
             if rec is None or not isinstance(rec.result, dict) or "arrow" not in rec.result:
                 continue
             rec.result = {"arrow": {**rec.result["arrow"], "expired": True}}
