@@ -165,15 +165,16 @@ class _CoreThreads:
             queue.SimpleQueue()
         )
         self._lock = threading.Lock()
-        self._threads = self._idle = 0
+        self._threads = self._unfinished = 0  # a call needs a new thread when every thread has one
         self._limit = limit
 
     def run(self, call: Callable[[], Any]) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
-            spawn = self._idle == 0 and self._threads < self._limit
+            spawn = self._unfinished >= self._threads and self._threads < self._limit
             self._threads += spawn
+            self._unfinished += 1
         if spawn:
             threading.Thread(target=self._serve, name="lancefn-core", daemon=True).start()
         self._work.put((loop, future, call))
@@ -181,15 +182,13 @@ class _CoreThreads:
 
     def _serve(self) -> None:
         while True:
-            with self._lock:
-                self._idle += 1
             loop, future, call = self._work.get()
-            with self._lock:
-                self._idle -= 1
             try:
                 outcome, failed = call(), False
             except BaseException as error:  # handed to the awaiting request, like any result
                 outcome, failed = error, True
+            with self._lock:
+                self._unfinished -= 1
             try:
                 loop.call_soon_threadsafe(_settle, future, outcome, failed)
             except RuntimeError:  # the loop closed meanwhile: nobody awaits it
