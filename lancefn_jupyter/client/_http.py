@@ -25,7 +25,35 @@ _ARROW_STREAM = "application/vnd.apache.arrow.stream"  # = dataplane.MEDIA_TYPE 
 _NOT_REPEATABLE = frozenset({"/v1/functions/run"})
 _MAX_IDLE = 8  # keep-alive connections kept for reuse (one per thread that talks to the server at once)
 
-_Connection = Union[http.client.HTTPConnection, http.client.HTTPSConnection]
+_ONE_SEND_BYTES = 64 * 1024  # a body up to this size goes out in one send with its headers
+
+
+class _OneSend:
+    """``http.client`` sends a request's headers and its body in two ``send`` calls; with TCP_NODELAY
+    that is two packets, and the server parses the head, waits, and wakes again for the body.  A small
+    body goes out in the same send as its headers (what ``http.client`` itself did before Python 3.7)."""
+
+    _buffer: list[bytes]
+
+    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
+        if isinstance(message_body, bytes) and len(message_body) <= _ONE_SEND_BYTES and not encode_chunked:
+            self._buffer.extend((b"", message_body))
+            message = b"\r\n".join(self._buffer)
+            del self._buffer[:]
+            self.send(message)  # type: ignore[attr-defined]
+        else:
+            super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
+
+
+class _HTTPConnection(_OneSend, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_OneSend, http.client.HTTPSConnection):
+    pass
+
+
+_Connection = Union[_HTTPConnection, _HTTPSConnection]
 
 
 class _NotSent(Exception):
@@ -105,7 +133,7 @@ class _Pool:
         return self._new(self._timeout)
 
     def _new(self, timeout: float) -> _Connection:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        cls = _HTTPSConnection if self._https else _HTTPConnection
         conn = cls(self._host, self._port, timeout=timeout)
         try:
             conn.connect()  # sets TCP_NODELAY: small requests are not held back waiting for ACKs
