@@ -20,6 +20,8 @@ import pytest
 from conftest import ControlPlaneProcess, register, registration_body
 from helpers import describe, ray_server, submit, text_body, wait_done, wait_state, wait_until
 
+from lancefn_jupyter.server.journal import DEFER_COMMIT_S
+
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
@@ -536,6 +538,7 @@ def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp
         version = _waiter(http, "small")
         job_id = _wait_job(http, version, flag)
         _running(http, job_id)
+    time.sleep(20 * DEFER_COMMIT_S)  # its start reaches the disk within DEFER_COMMIT_S (before: re-run, not re-queued)
     bridge = _bridge(ray_cp)
     ray_cp.kill()  # SIGKILL: no cleanup in the server itself
     _wait_no_session(bridge.pid)  # its Ray driver noticed and took the local Ray down with it
