@@ -1,5 +1,5 @@
 """uvicorn's HTTP/1.1 protocol on ``httptools`` (a C parser) with a deadline and a size limit for
-a request's line and headers.
+a request's line and headers, and a reply's head and body sent together.
 
 Why httptools rather than uvicorn's pure-Python h11 protocol: parsing the request and writing the
 reply took about 40 % of the event loop's time per small request (docs/ARCHITECTURE.md, "REST
@@ -12,12 +12,40 @@ here.  The body has its own deadline (``--body-timeout-s``, in ``app._Guard``).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["MAX_HEAD_BYTES", "header_timeout_protocol"]
 
 MAX_HEAD_BYTES = 16 * 1024  # request line + headers, as uvicorn's h11 protocol allowed
+
+
+class _OneSendTransport:
+    """The connection's transport, sending what is written within one event-loop step in one
+    ``send``: uvicorn writes a reply's head and its body separately, which made two packets and
+    woke the client twice for a small JSON reply."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        data, self._pending = b"".join(self._pending), []
+        if data and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()  # what was written before close still goes out, as with the transport itself
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the transport's own
+        return getattr(self._transport, name)
 
 
 def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
@@ -28,6 +56,7 @@ def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.transport = _OneSendTransport(transport, self.loop)  # type: ignore[assignment]  # what replies use
             self._next_head()
 
         def on_response_complete(self) -> None:
