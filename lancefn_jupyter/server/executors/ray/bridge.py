@@ -60,6 +60,7 @@ class _BridgeJob:
     pool: ActorPool | None = None  # the bridge's queue for it: the CPU pool or its GPU class's
     payload: dict | None = None  # kept until the job starts on an actor
     options: dict | None = None  # for a new actor of its pool key
+    version: dict | None = None  # a new actor's argument: what its pool key's jobs share
     started: bool = False
     unplaced_since: float | None = None  # a new GPU actor of it, not yet running it, since
     result_file: str | None = None  # where an Arrow result goes (the bridge shares the server's disk)
@@ -86,8 +87,8 @@ class _Driver:
         self.last_ok = time.monotonic()
         self.capacity: dict[str, int] = {}
         self.largest: dict[str, int] = {}
-        # Named, so tasks look it up once per worker process instead of receiving a handle
-        # with every task (a handle argument costs each task a borrower round trip).
+        # Named, so each job actor looks it up once, when it is made, instead of receiving a
+        # handle with every call (a handle argument costs each call a borrower round trip).
         self.hub_name = f"lancefn-hub-{uuid.uuid4().hex[:16]}"
         # Pinned to this driver's node: the hub then shares the driver's fate and no other node's
         # loss can stop every job's events (Ray would not restart it, and its events would be lost).
@@ -173,22 +174,25 @@ class _Driver:
         runtime_env = self._runtime_env(job)
         if runtime_env:
             options["runtime_env"] = runtime_env
-        payload = {
-            "job_id": job_id,
+        data = job.get("data") or {}
+        # What every job of the version shares goes to its actors once, when one is made
+        # (``_JobActor``); each call carries only the job's own fields.
+        version = {
             "hub": self.hub_name,
             "task": {
-                "task_id": job_id,
                 "artifact_b64": job["artifact_b64"],
                 "entrypoint": job["entrypoint"],
                 "filename": artifact_filename(job["name"], job["version"]),
-                "rows": job["rows"],
                 "packages": job.get("packages") or [],
-                # with the task, never in runtime_env: env values stay out of /proc/<pid>/environ
-                "env": {str(k): str(v) for k, v in (job.get("env") or {}).items()},
-                **_ray_data_fields(job.get("data") or {}),
             },
         }
-        data = job.get("data") or {}
+        payload = {
+            "task_id": job_id,
+            "rows": job["rows"],
+            # with the task, never in runtime_env: env values stay out of /proc/<pid>/environ
+            "env": {str(k): str(v) for k, v in (job.get("env") or {}).items()},
+            **_ray_data_fields(data),  # per job: a version's jobs may send JSON or Arrow rows
+        }
         record = _BridgeJob(job_id, None, job.get("timeout_s"), int(data.get("rows_total", len(job["rows"]))))
         record.result_file = data.get("result_file")
         record.result_fsync = bool(data.get("result_fsync", True))
@@ -199,7 +203,7 @@ class _Driver:
             job["version"],
             job.get("namespace") or "",
         )
-        record.payload, record.options = payload, options
+        record.payload, record.options, record.version = payload, options, version
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
             if gpus:
@@ -238,7 +242,7 @@ class _Driver:
         job_id = record.job_id
         try:
             if actor is None:
-                actor = self.job_actor.options(**record.options).remote()  # type: ignore[arg-type]
+                actor = self.job_actor.options(**record.options).remote(record.version)  # type: ignore[arg-type]
                 with self.lock:
                     bound = record.pool.bind(job_id, actor)  # type: ignore[union-attr]
                 if not bound:  # cancelled while the actor was being created
@@ -260,12 +264,12 @@ class _Driver:
             )
             return
         with self.lock:
-            record.ref, record.payload = ref, None
+            record.ref, record.payload, record.version = ref, None, None
             cancelled = record.finished  # cancelled while being submitted
         if cancelled:
             self._stop(record)
             return
-        ref.future().add_done_callback(lambda future, job_id=job_id: self.inbox.put(("outcome", job_id, future)))
+        ref.future().add_done_callback(lambda future, job_id=job_id: self._done(job_id, future))
 
     def _kill_actor(self, actor: Any) -> None:
         try:
@@ -345,8 +349,10 @@ class _Driver:
                     if kind == "events":
                         for job_id, seq, event in first:
                             self._relay(job_id, seq, event)
-                    else:
+                    elif kind == "outcome":
                         self._outcome(first, second)
+                    else:
+                        self._dispatch()
                 self._tick()
             except Exception:
                 log.exception("ray bridge: reporter error")
@@ -380,6 +386,39 @@ class _Driver:
         if parked is not None:
             self._finish(job_id, parked)
 
+    def _done(self, job_id: str, future: Any) -> None:
+        """A job's call ended (on Ray's callback thread, which must not wait on Ray or the disk).
+
+        The usual case, a job that returned with none of its events still on the hub and no Arrow
+        result to store, is reported from here: its actor turns idle and its outcome goes out,
+        one thread hop sooner.  Anything else goes to the reporter thread (:meth:`_outcome`), as
+        does starting the jobs queued behind it (a Ray call)."""
+        if future.exception() is not None:  # the call failed: its actor is killed (a Ray call)
+            self.inbox.put(("outcome", job_id, future))
+            return
+        value = future.result()
+        final = dict(value.get("final") or {})
+        with self.lock:
+            record = self.jobs.get(job_id)
+            quick = (
+                record is not None
+                and not record.finished
+                and record.seen >= int(value.get("last_seq", 0))
+                and "result_ipc" not in final
+            )
+            if quick and record is not None:
+                self.jobs.pop(job_id)
+                record.finished = True
+                record.pool.release(job_id, time.monotonic(), reuse=True)  # type: ignore[union-attr]
+                record.actor = None
+                waiting = any(pool.waiting() for pool in self._pools())
+        if not quick:
+            self.inbox.put(("outcome", job_id, future))
+            return
+        self._report_outcome(job_id, value.get("tail") or (), final)
+        if waiting:
+            self.inbox.put(("dispatch", None, None))
+
     def _outcome(self, job_id: str, future: Any) -> None:
         returned = True
         try:
@@ -404,8 +443,6 @@ class _Driver:
             self._finish(job_id, value)
 
     def _finish(self, job_id: str, value: dict) -> None:
-        for seq, event in value.get("tail") or ():  # events the task had not pushed to the hub
-            self._relay(job_id, seq, event)
         with self.lock:
             record = self.jobs.pop(job_id, None)
             if record is None or record.finished:
@@ -414,11 +451,16 @@ class _Driver:
         final = dict(value.get("final") or {})
         if "result_ipc" in final:  # Arrow IPC bytes Ray carried natively: stored as the job's result file
             final = _store_result(final, record.result_file, record.result_fsync)
+        self._report_outcome(job_id, value.get("tail") or (), final)
+
+    def _report_outcome(self, job_id: str, tail: Any, final: dict) -> None:
+        """The events the task had not pushed to the hub, then its outcome, in one line: the
+        control plane wakes once for them."""
         final.setdefault("event", "failed")
         if final["event"] == "failed":
             final.setdefault("phase", "executor")
             final.setdefault("message", "the Ray task ended without a result")
-        self.proto.send(job_id=job_id, **final)
+        self.proto.send(job_id=job_id, event="events", events=[event for _, event in tail] + [final])
 
     def _tick(self) -> None:
         now = time.monotonic()

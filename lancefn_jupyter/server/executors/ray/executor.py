@@ -443,6 +443,10 @@ class RayExecutor(Executor):
     def _on_event(self, event: dict) -> None:
         kind, callbacks = event.get("event"), self._callbacks
         job_id = event.get("job_id", "")
+        if kind == "events":  # a job's last events and its outcome, sent together
+            for each in event.get("events", ()):
+                self._on_event({**each, "job_id": job_id})
+            return
         if kind == "capacity":
             with self._lock:
                 self._capacity = {str(k): int(v) for k, v in event.get("capacity", {}).items()}

@@ -100,6 +100,10 @@ class ActorPool:
         self._idle.clear()
         return actors
 
+    def waiting(self) -> bool:
+        """Whether jobs are queued (a freed slot may start one)."""
+        return bool(self._queue)
+
     def idle_count(self) -> int:
         return sum(len(idle) for idle in self._idle.values())
 

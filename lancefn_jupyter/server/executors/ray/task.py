@@ -46,12 +46,14 @@ class _EventHub:
 
 
 class _HubSender:
-    """Numbered, ordered events from a task to the hub, flushed every ``_HUB_FLUSH_S``.
+    """Numbered, ordered events from a task to the hub, flushed every ``_HUB_FLUSH_S`` once the
+    task has run that long.
 
     ``send`` only appends (it never waits on Ray), so output readers can call it directly.  A
-    task that ends before the first flush sends nothing through the hub: :meth:`close` hands
-    back the unflushed events, which travel inline with the outcome.  So a short job costs no
-    extra round trip, and a long one shows ``started``, logs and progress live.
+    task that ends within ``_HUB_FLUSH_S`` sends nothing through the hub, whenever the flusher
+    happens to wake: :meth:`close` hands back the unflushed events, which travel inline with the
+    outcome.  So a short job costs no extra round trip, and a long one shows ``started``, logs
+    and progress live.
     """
 
     def __init__(self, hub: Any, job_id: str) -> None:
@@ -61,6 +63,7 @@ class _HubSender:
         self._closed = False
         self.seq = 0  # events numbered so far
         self.flushed = 0  # highest number pushed to the hub
+        self._due = time.monotonic() + _HUB_FLUSH_S  # no flush before: a short job's events go inline
         _flusher().add(self)
 
     def send(self, **event: Any) -> None:
@@ -72,6 +75,8 @@ class _HubSender:
                 self._pending.append((self.seq, event))
 
     def flush(self) -> None:
+        if time.monotonic() < self._due:
+            return
         with self._lock:  # pushed under the lock: submission order is hub order
             if self._pending and not self._closed:
                 batch, self._pending = self._pending, []
@@ -177,7 +182,6 @@ class _ActorOutput:
             self.current = None
 
 
-_hubs: dict[str, Any] = {}  # per Ray worker process: hub name → actor handle
 _node: list[str] = []  # per Ray worker process: its node id
 
 
@@ -191,16 +195,23 @@ def _node_id() -> str:
 
 class _JobActor:
     """A warm worker of one (class, GPUs, function version, namespace): runs its jobs one at a time
-    (a GPU one holds its GPUs for its whole life, so where it runs is read once)."""
+    (a GPU one holds its GPUs for its whole life, so where it runs is read once).
 
-    def __init__(self) -> None:
+    ``version`` is what every job of its version shares (the artifact, its entrypoint, filename
+    and packages, the hub's name): sent once, when the actor is made, so each job's call carries
+    only its own fields (id, rows, env)."""
+
+    def __init__(self, version: dict) -> None:
         import ray
 
+        self._task = version["task"]
+        self._hub = ray.get_actor(version["hub"], namespace=_NAMESPACE)
         self._where = {"devices": [str(gpu) for gpu in ray.get_gpu_ids()], "node": _node_id()}
         self._output = _ActorOutput()
 
-    def run(self, payload: dict) -> dict:
-        return _run_job(payload, self._where, self._output)
+    def run(self, job: dict) -> dict:
+        """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane)."""
+        return _run_job(self._hub, {**self._task, **job}, self._where, self._output)
 
 
 @contextlib.contextmanager
@@ -220,21 +231,16 @@ def _task_env(env: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _run_job(payload: dict, where: dict, output: _ActorOutput) -> dict:
+def _run_job(hub: Any, task: dict, where: dict, output: _ActorOutput) -> dict:
     """One job on an actor: report where it runs, run the artifact like the local worker, return the outcome."""
-    import ray
-
     from ...task_runner import run_task_inline
 
-    hub = _hubs.get(payload["hub"])
-    if hub is None:
-        hub = _hubs[payload["hub"]] = ray.get_actor(payload["hub"], namespace=_NAMESPACE)
-    sender = _HubSender(hub, payload["job_id"])
+    sender = _HubSender(hub, task["task_id"])
     node = where["node"]
     sender.send(event="started", **where)
     try:
-        with output.to(sender.send), _task_env(payload["task"].get("env") or {}):
-            final = run_task_inline(payload["task"], sender.send)
+        with output.to(sender.send), _task_env(task.get("env") or {}):
+            final = run_task_inline(task, sender.send)
     finally:
         tail = sender.close()
     if final.get("event") == "result":  # a result means every row is done: its progress would be one more event
