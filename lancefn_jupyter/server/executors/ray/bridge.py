@@ -389,22 +389,21 @@ class _Driver:
     def _done(self, job_id: str, future: Any) -> None:
         """A job's call ended (on Ray's callback thread, which must not wait on Ray or the disk).
 
-        The usual case, a job that returned with none of its events still on the hub and no Arrow
-        result to store, is reported from here: its actor turns idle and its outcome goes out,
-        one thread hop sooner.  Anything else goes to the reporter thread (:meth:`_outcome`), as
-        does starting the jobs queued behind it (a Ray call)."""
-        if future.exception() is not None:  # the call failed: its actor is killed (a Ray call)
+        The usual case, a job that returned with all its events inline (it pushed none to the
+        hub, so no relay of its events can be under way on the reporter thread) and no Arrow
+        result to store, is reported from here: its actor turns idle and its outcome goes out, one
+        thread hop sooner.  Anything else goes to the reporter thread (:meth:`_outcome`), as does
+        starting the jobs queued behind it (a Ray call)."""
+        try:
+            value = future.result()
+        except BaseException:  # the call failed: its actor is killed (a Ray call)
             self.inbox.put(("outcome", job_id, future))
             return
-        value = future.result()
         final = dict(value.get("final") or {})
         with self.lock:
             record = self.jobs.get(job_id)
             quick = (
-                record is not None
-                and not record.finished
-                and record.seen >= int(value.get("last_seq", 0))
-                and "result_ipc" not in final
+                record is not None and not record.finished and not value.get("last_seq") and "result_ipc" not in final
             )
             if quick and record is not None:
                 self.jobs.pop(job_id)

@@ -7,7 +7,7 @@ import collections
 import json
 import logging
 import os
-import queue
+import select
 import signal
 import subprocess
 import sys
@@ -52,10 +52,16 @@ class _BridgeProcess:
         self.sid = self.proc.pid
         self._scrub = scrub  # Ray may quote a task's runtime_env (function env values) in its output
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
-        # Written by a thread of its own: a write to the pipe wakes the bridge, and on a busy machine
-        # the writer may then wait for a CPU; that must not be the thread that submitted the job
-        # (it holds the core's lock, which the job's first events need).  Queued messages go in one write.
-        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        # Written without blocking: the thread that launches a job holds the core's lock, so it
+        # writes what the pipe takes at once (the usual case, no thread hop before the bridge
+        # wakes) and leaves the rest, and anything sent while a rest is pending, to the writer
+        # thread, which waits for room.
+        self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
+        os.set_blocking(self._fd, False)
+        self._send_lock = threading.Lock()  # never held across a wait
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._wake = threading.Event()
+        self._closed = False
         threading.Thread(target=self._forward_stderr, name="lancefn-ray-stderr", daemon=True).start()
         threading.Thread(target=self._write_out, name="lancefn-ray-stdin", daemon=True).start()
         self.send(config)
@@ -73,25 +79,46 @@ class _BridgeProcess:
                     pass
 
     def send(self, message: dict) -> None:
-        self._outbox.put((json.dumps(message, separators=(",", ":")) + "\n").encode())
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        with self._send_lock:
+            if self._closed:
+                return
+            if not self._backlog:  # nothing ahead of it: straight into the pipe
+                data = data[self._write_some(data) :]
+                if not data:
+                    return
+            self._backlog.append(data)
+            self._wake.set()
+
+    def _write_some(self, data: bytes) -> int:
+        """Bytes of ``data`` the pipe took now (send lock held); all of them once the bridge is
+        gone (its EOF is handled by the reader)."""
+        try:
+            return os.write(self._fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            return len(data)
 
     def _write_out(self) -> None:
-        while (data := self._outbox.get()) is not None:
-            chunks = [data]
-            while True:  # whatever else is queued goes in the same write
-                try:
-                    data = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if data is None:
-                    self._outbox.put(None)  # stop after this write
-                    break
-                chunks.append(data)
-            try:
-                self.proc.stdin.write(b"".join(chunks))  # type: ignore[union-attr]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
-            except (BrokenPipeError, OSError, ValueError):  # gone: its EOF is handled by the reader
-                pass
+        """Write the backlog, in order, as the pipe makes room."""
+        room = select.poll()
+        room.register(self._fd, select.POLLOUT)
+        while True:
+            self._wake.wait()
+            room.poll(1000)  # bounded: the fd may be closed meanwhile (then ``_closed`` is set)
+            with self._send_lock:
+                if self._closed:
+                    return
+                while self._backlog:
+                    data = self._backlog[0]
+                    done = self._write_some(data)
+                    if done < len(data):
+                        self._backlog[0] = data[done:]
+                        break
+                    self._backlog.popleft()
+                else:
+                    self._wake.clear()
 
     def events(self) -> Iterator[dict]:
         for line in self.proc.stdout:  # type: ignore[union-attr]
@@ -133,7 +160,9 @@ class _BridgeProcess:
                 except subprocess.TimeoutExpired:
                     continue
         _kill_session(self.sid)
-        self._outbox.put(None)  # the writer thread ends
+        with self._send_lock:  # the writer thread ends, and nothing writes to the closed fd
+            self._closed = True
+            self._wake.set()
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()  # type: ignore[union-attr]
