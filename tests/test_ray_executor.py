@@ -420,6 +420,34 @@ def test_a_simulated_class_job_never_runs_in_a_process_another_version_used(ray_
         assert pid_b != pid_a and leak_b == "None" and real_open == "True"
 
 
+BLOB = f"""
+import os
+
+BLOB = "{"0123456789" * 20000}"
+
+
+def blob(tag: str) -> str:
+    return f"{{tag}} {{len(BLOB)}} {{os.getpid()}}"
+"""
+
+
+def test_a_version_bigger_than_the_pipe_to_the_driver_runs_its_jobs_in_order_on_warm_actors(ray_cp):
+    """A launch (artifact included) that the pipe to the Ray driver cannot take at once: its rest,
+    and the messages sent after it (a cancel, more launches), follow in order; each warm actor gets
+    the artifact once, when it is made, and runs the version's later jobs without it."""
+    with ray_cp.http() as http:
+        version = _version(http, text_body("blob", BLOB, arg="tag", gpu_class="small"))
+        cancelled = submit(http, "blob", version, [{"tag": "never"}])
+        assert http.post("/v1/jobs/cancel", json={"job_id": cancelled}).json()["cancelled"] is True
+        jobs = [submit(http, "blob", version, [{"tag": f"t{i}"}]) for i in range(6)]
+        done = [_finished(http, job_id) for job_id in jobs]
+        assert [job["job_state"] for job in done] == ["DONE"] * 6, done
+        seen = [job["result"][0].split() for job in done]
+        assert [words[:2] for words in seen] == [[f"t{i}", "200000"] for i in range(6)]
+        assert len({words[2] for words in seen}) <= 2  # warm actors: at most one per GPU of the class
+        assert describe(http, cancelled)["job_state"] == "CANCELLED"
+
+
 SECRET_ENV = """
 import os
 
