@@ -20,6 +20,7 @@ _CAPACITY_POLL_S = 2.0
 # idle actor of its class retires, least recently used first, each time this passes.
 _UNPLACED_S = 10.0
 _HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
+_FLUSHER_PARK_S = 1.0  # an actor's flusher thread stops ticking when no task has run this long
 _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
 _ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
 

@@ -14,6 +14,7 @@ from ...worker_io import flush_stdio
 if TYPE_CHECKING:
     pass
 from .common import (
+    _FLUSHER_PARK_S,
     _HUB_FLUSH_S,
     _NAMESPACE,
 )
@@ -93,37 +94,50 @@ class _HubSender:
 
 
 class _Flusher:
-    """One thread per Ray worker process flushing every live task's events to the hub; it sleeps
-    while no task runs (a warm actor may idle for minutes, and its wake-ups would cost CPU)."""
+    """One thread per Ray worker process flushing every live task's events to the hub.
+
+    It ticks every ``_HUB_FLUSH_S`` while tasks come, and parks once none has run for
+    ``_FLUSHER_PARK_S`` (a warm actor may idle for minutes, and its wake-ups would cost CPU).  A
+    task wakes it only if it is parked: in a stream of short jobs no job pays for a thread wake-up
+    (a thread taking the GIL from the job) when it starts."""
 
     def __init__(self) -> None:
         self._senders: set[_HubSender] = set()
         self._lock = threading.Lock()
         self._busy = threading.Event()
+        self._parked = True
         threading.Thread(target=self._run, name="lancefn-hub-flush", daemon=True).start()
 
     def add(self, sender: _HubSender) -> None:
         with self._lock:
             self._senders.add(sender)
-            self._busy.set()
+            if self._parked:
+                self._parked = False
+                self._busy.set()
 
     def discard(self, sender: _HubSender) -> None:
         with self._lock:
             self._senders.discard(sender)
-            if not self._senders:
-                self._busy.clear()
 
     def _run(self) -> None:
+        idle_ticks = int(_FLUSHER_PARK_S / _HUB_FLUSH_S)
         while True:
             self._busy.wait()
-            time.sleep(_HUB_FLUSH_S)
+            quiet = 0
+            while quiet < idle_ticks:
+                time.sleep(_HUB_FLUSH_S)
+                with self._lock:
+                    senders = list(self._senders)
+                quiet = 0 if senders else quiet + 1
+                for sender in senders:
+                    try:
+                        sender.flush()
+                    except Exception:  # the hub is gone (driver ended): the task is being torn down
+                        pass
             with self._lock:
-                senders = list(self._senders)
-            for sender in senders:
-                try:
-                    sender.flush()
-                except Exception:  # the hub is gone (driver ended): the task is being torn down
-                    pass
+                if not self._senders:  # else a task came since: tick on
+                    self._parked = True
+                    self._busy.clear()
 
 
 _flushers: list[_Flusher] = []
