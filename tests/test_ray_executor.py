@@ -8,6 +8,7 @@ the tests that end it (lost cluster, SIGKILL + restart, stop) come last, in file
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -218,6 +219,41 @@ def test_pip_requirements_only_sends_what_is_missing_here():
     assert pip_requirements(packages, "always") == ["numpy", "definitely-not-installed-lancefn-pkg>=1"]
     assert pip_requirements(packages, "never") == []
     assert pip_requirements([], "auto") == []
+
+
+def test_the_driver_gets_a_versions_artifact_with_its_first_job_and_again_once_told_to_drop_it(monkeypatch):
+    from lancefn_jupyter.server.executors.base import TaskSpec
+    from lancefn_jupyter.server.executors.ray import executor as ray_executor
+
+    monkeypatch.setattr(ray_executor, "_BRIDGE_ARTIFACTS", 2)  # the driver holds two versions' artifacts
+    read_fd, write_fd = os.pipe()
+    outbox = ray_executor._Outbox(write_fd)
+    for job_id, version in [("1", "a"), ("2", "a"), ("3", "b"), ("4", "c"), ("5", "a"), ("6", "c")]:
+        source = f"def f():\n    return {version!r}\n".encode()
+        outbox.launch(
+            TaskSpec(job_id, "f", version, source, "f", [{}], (), True, "small", 1, {}, (), None, namespace="ns")
+        )
+    outbox.send({"op": "cancel", "job_id": "6"})
+    outbox.close()
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        messages = [json.loads(line) for line in pipe]
+    seen = [
+        (m["op"], m["job"]["job_id"], "artifact_b64" in m["job"]) if m["op"] == "launch" else (m["op"], m.get("key"))
+        for m in messages
+    ]
+    assert seen == [
+        ("launch", "1", True),
+        ("launch", "2", False),  # the driver holds version a
+        ("launch", "3", True),
+        ("launch", "4", True),
+        ("forget", ["f", "a", "ns"]),  # the least recently launched version goes
+        ("launch", "5", True),  # so a's next job brings its artifact again
+        ("forget", ["f", "b", "ns"]),
+        ("launch", "6", False),
+        ("cancel", None),
+    ]
+    assert base64.b64decode(messages[0]["job"]["artifact_b64"]) == b"def f():\n    return 'a'\n"
 
 
 def test_local_ray_temp_dir_stays_short(tmp_path, monkeypatch):

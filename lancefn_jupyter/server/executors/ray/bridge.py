@@ -81,6 +81,9 @@ class _Driver:
         self.pip_mode = config.get("pip_mode", "auto")
         self.lost_after_s = float(config.get("lost_after_s", 30.0))
         self.jobs: dict[str, _BridgeJob] = {}
+        # (name, version, namespace) → artifact: sent with a version's first job, dropped when the
+        # executor says (``forget``), which keeps the same list (``_BridgeProcess.launch``)
+        self.artifacts: dict[tuple[str, str, str], str] = {}
         self.lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
@@ -146,6 +149,8 @@ class _Driver:
                     self.launch(command["job"])
                 elif op == "cancel":
                     self.cancel(command["job_id"])
+                elif op == "forget":
+                    self.artifacts.pop(tuple(command["key"]), None)
             except Exception as error:  # one bad job must not take the driver down
                 log.exception("ray bridge: %s failed", op)
                 if op == "launch":
@@ -163,6 +168,9 @@ class _Driver:
         from ...worker_io import artifact_filename
 
         job_id = job["job_id"]
+        key = (job["name"], job["version"], job.get("namespace") or "")
+        if "artifact_b64" in job:  # the first job of its version since the executor's mirror dropped it
+            self.artifacts[key] = job["artifact_b64"]
         gpus = int(job.get("num_gpus") or 0)
         options: dict[str, Any] = {"max_restarts": 0, "max_concurrency": 1}  # a crash fails the job, never re-run
         if gpus:
@@ -180,7 +188,7 @@ class _Driver:
         version = {
             "hub": self.hub_name,
             "task": {
-                "artifact_b64": job["artifact_b64"],
+                "artifact_b64": self.artifacts[key],
                 "entrypoint": job["entrypoint"],
                 "filename": artifact_filename(job["name"], job["version"]),
                 "packages": job.get("packages") or [],

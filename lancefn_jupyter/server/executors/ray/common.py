@@ -22,6 +22,10 @@ _UNPLACED_S = 10.0
 _HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
 _FLUSHER_PARK_S = 1.0  # an actor's flusher thread stops ticking when no task has run this long
 _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
+# The bridge keeps the artifacts of the versions launched last, so a version's later jobs come
+# to it without theirs (the artifact then goes to each new actor of the version from there).
+_BRIDGE_ARTIFACTS = 64
+_BRIDGE_ARTIFACT_BYTES = 64 * 1024 * 1024
 _ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
 
 

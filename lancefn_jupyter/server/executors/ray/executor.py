@@ -22,6 +22,8 @@ from ..base import Executor, ExecutorCallbacks, TaskSpec, redact_env
 if TYPE_CHECKING:
     from ...gpu_classes import GpuClassConfig
 from .common import (
+    _BRIDGE_ARTIFACT_BYTES,
+    _BRIDGE_ARTIFACTS,
     _SECRET_ENV,
     _START_ATTEMPTS,
     class_resource,
@@ -36,59 +38,59 @@ class _BridgeDown(RuntimeError):
     pass
 
 
-class _BridgeProcess:
-    """The control plane's handle on one bridge (Ray driver) process."""
+class _Outbox:
+    """The pipe to a bridge, written without blocking: the thread that launches a job holds the
+    core's lock, so it writes what the pipe takes at once (the usual case, no thread hop before the
+    bridge wakes) and leaves the rest, and anything sent while a rest waits, to a writer thread
+    that waits for room."""
 
-    def __init__(self, config: dict, env: Mapping[str, str], scrub: Callable[[str], str]) -> None:
-        code = "from lancefn_jupyter.server.executors.ray.bridge import _bridge_main; raise SystemExit(_bridge_main())"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            start_new_session=True,  # its session id marks every local Ray process it starts
-        )
-        self.sid = self.proc.pid
-        self._scrub = scrub  # Ray may quote a task's runtime_env (function env values) in its output
-        self.tail: collections.deque[str] = collections.deque(maxlen=30)
-        # Written without blocking: the thread that launches a job holds the core's lock, so it
-        # writes what the pipe takes at once (the usual case, no thread hop before the bridge
-        # wakes) and leaves the rest, and anything sent while a rest is pending, to the writer
-        # thread, which waits for room.
-        self._fd = self.proc.stdin.fileno()  # type: ignore[union-attr]
-        os.set_blocking(self._fd, False)
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        os.set_blocking(fd, False)
         self._send_lock = threading.Lock()  # never held across a wait
         self._backlog: collections.deque[bytes] = collections.deque()
         self._wake = threading.Event()
         self._closed = False
-        threading.Thread(target=self._forward_stderr, name="lancefn-ray-stderr", daemon=True).start()
+        # (name, version, namespace) → its artifact's size: the versions whose artifact the bridge holds
+        self._artifacts: collections.OrderedDict[tuple[str, str, str], int] = collections.OrderedDict()
         threading.Thread(target=self._write_out, name="lancefn-ray-stdin", daemon=True).start()
-        self.send(config)
-
-    def _forward_stderr(self) -> None:
-        """Ray's own messages go to the server's log, and the last ones into failure messages."""
-        for raw in self.proc.stderr:  # type: ignore[union-attr]
-            line = self._scrub(raw.decode("utf-8", "replace").rstrip())
-            if line:
-                self.tail.append(line)
-                try:
-                    sys.stderr.write(f"[ray] {line}\n")
-                    sys.stderr.flush()
-                except (OSError, ValueError):
-                    pass
 
     def send(self, message: dict) -> None:
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        data = _line(message)
         with self._send_lock:
-            if self._closed:
+            self._put(data)
+
+    def launch(self, task: TaskSpec) -> None:
+        """Send a job; its version's artifact only if this bridge does not hold it already.
+
+        The bridge keeps the artifacts of the versions launched last (``_BRIDGE_ARTIFACTS``,
+        ``_BRIDGE_ARTIFACT_BYTES``), and drops one when told to: decided here under the send lock,
+        so the bridge sees launches and ``forget`` messages in the order this mirror changed."""
+        job = _job_payload(task)
+        key = (task.name, task.version, task.namespace or "")
+        with self._send_lock:
+            if key in self._artifacts:
+                self._artifacts.move_to_end(key)
+            else:
+                job["artifact_b64"] = base64.b64encode(task.artifact).decode("ascii")
+                self._artifacts[key] = len(job["artifact_b64"])
+            data = _line({"op": "launch", "job": job})
+            while len(self._artifacts) > 1 and (
+                len(self._artifacts) > _BRIDGE_ARTIFACTS or sum(self._artifacts.values()) > _BRIDGE_ARTIFACT_BYTES
+            ):
+                data += _line({"op": "forget", "key": list(self._artifacts.popitem(last=False)[0])})
+            self._put(data)
+
+    def _put(self, data: bytes) -> None:
+        """Into the pipe now, or after what is waiting (send lock held)."""
+        if self._closed:
+            return
+        if not self._backlog:  # nothing ahead of it: straight into the pipe
+            data = data[self._write_some(data) :]
+            if not data:
                 return
-            if not self._backlog:  # nothing ahead of it: straight into the pipe
-                data = data[self._write_some(data) :]
-                if not data:
-                    return
-            self._backlog.append(data)
-            self._wake.set()
+        self._backlog.append(data)
+        self._wake.set()
 
     def _write_some(self, data: bytes) -> int:
         """Bytes of ``data`` the pipe took now (send lock held); all of them once the bridge is
@@ -120,6 +122,45 @@ class _BridgeProcess:
                 else:
                     self._wake.clear()
 
+    def close(self) -> None:
+        """Nothing is written from now on (the fd is about to be closed); the writer thread ends."""
+        with self._send_lock:
+            self._closed = True
+            self._wake.set()
+
+
+class _BridgeProcess:
+    """The control plane's handle on one bridge (Ray driver) process."""
+
+    def __init__(self, config: dict, env: Mapping[str, str], scrub: Callable[[str], str]) -> None:
+        code = "from lancefn_jupyter.server.executors.ray.bridge import _bridge_main; raise SystemExit(_bridge_main())"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,  # its session id marks every local Ray process it starts
+        )
+        self.sid = self.proc.pid
+        self._scrub = scrub  # Ray may quote a task's runtime_env (function env values) in its output
+        self.tail: collections.deque[str] = collections.deque(maxlen=30)
+        self.outbox = _Outbox(self.proc.stdin.fileno())  # type: ignore[union-attr]
+        threading.Thread(target=self._forward_stderr, name="lancefn-ray-stderr", daemon=True).start()
+        self.outbox.send(config)
+
+    def _forward_stderr(self) -> None:
+        """Ray's own messages go to the server's log, and the last ones into failure messages."""
+        for raw in self.proc.stderr:  # type: ignore[union-attr]
+            line = self._scrub(raw.decode("utf-8", "replace").rstrip())
+            if line:
+                self.tail.append(line)
+                try:
+                    sys.stderr.write(f"[ray] {line}\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+
     def events(self) -> Iterator[dict]:
         for line in self.proc.stdout:  # type: ignore[union-attr]
             if line.strip():
@@ -139,7 +180,7 @@ class _BridgeProcess:
     def stop(self, grace_s: float) -> int:
         """Ask it to shut down (cancel tasks, ``ray.shutdown``), then make sure of it."""
         if self.proc.poll() is None:
-            self.send({"op": "shutdown"})
+            self.outbox.send({"op": "shutdown"})
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
@@ -160,9 +201,7 @@ class _BridgeProcess:
                 except subprocess.TimeoutExpired:
                     continue
         _kill_session(self.sid)
-        with self._send_lock:  # the writer thread ends, and nothing writes to the closed fd
-            self._closed = True
-            self._wake.set()
+        self.outbox.close()
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()  # type: ignore[union-attr]
@@ -291,7 +330,7 @@ class RayExecutor(Executor):
                 return
             self._inflight[task.job_id] = task
             bridge = self._bridge
-        bridge.send({"op": "launch", "job": _job_payload(task)})
+        bridge.outbox.launch(task)
 
     def cancel(self, job_id: str) -> None:
         with self._lock:
@@ -299,7 +338,7 @@ class RayExecutor(Executor):
             task = self._forget(job_id)
             bridge = self._bridge if self._state == "up" else None
         if task is not None and bridge is not None:
-            bridge.send({"op": "cancel", "job_id": job_id})
+            bridge.outbox.send({"op": "cancel", "job_id": job_id})
 
     def capacity(self) -> dict[str, int] | None:
         with self._lock:
@@ -419,7 +458,7 @@ class RayExecutor(Executor):
             for task in buffered:
                 self._inflight[task.job_id] = task
         for task in buffered:
-            bridge.send({"op": "launch", "job": _job_payload(task)})
+            bridge.outbox.launch(task)
         lost = None
         for event in events:
             if event.get("event") == "lost":
@@ -529,12 +568,15 @@ def _store_result(final: dict, path: str | None, durable: bool) -> dict:
     return {"event": "result", "result_file": path, "nbytes": nbytes, "summary": final.get("summary") or {}}
 
 
+def _line(message: dict) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
 def _job_payload(task: TaskSpec) -> dict:
     return {
         "job_id": task.job_id,
         "name": task.name,
         "version": task.version,
-        "artifact_b64": base64.b64encode(task.artifact).decode("ascii"),
         "entrypoint": task.entrypoint,
         "rows": task.rows,
         "gpu_class": task.gpu_class,
