@@ -3,7 +3,7 @@ middleware and error handlers every route shares, composed with the route module
 
 Nothing a client sends may stall the server for others: ``_Guard`` refuses a request
 without a known ``x-api-key`` *before* reading its body, bounds the body's size and the time
-to send it; the routes run core work in the threadpool (``routes.common.off_loop``) so health
+to send it; the routes run core work on core threads (``routes.common.off_loop``) so health
 checks, SSE streams and other clients stay live.
 
 No input may produce a 5xx and no error carries a stack trace: ``_Guard`` (outermost of
@@ -79,7 +79,8 @@ def _known_key(sent: bytes, keys: list[bytes]) -> bool:
 
 class _Guard:
     """Request id, key-before-body, body-size and body-time limits, and last-resort error
-    handling (pure ASGI for speed).  The routes still check the key's privileges."""
+    handling (pure ASGI for speed); it also serves the direct routes (``RouteContext.post_direct``).
+    The routes still check the key's privileges."""
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ Arrow bodies streamed to a file (docs/ARCHITECTURE.md, "REST details").
 Why bodies are parsed by hand rather than as FastAPI body parameters: FastAPI reads and
 validates the body *before* running dependencies, so a request with a bad body and no key
 would get 400 instead of 401.  Parsing inside the route keeps the order auth → validation.
-Core work (JSON parsing, hashing, SQLite) runs in the threadpool via :func:`off_loop` so
+Core work (JSON parsing, hashing, SQLite) runs on core threads via :func:`off_loop` so
 health checks, SSE streams and other clients stay live.
 """
 
@@ -218,7 +218,7 @@ def is_arrow(content_type: str | bytes | None) -> bool:
     return (content_type or "").split(";")[0].strip().lower() == ARROW_STREAM
 
 
-# Parsing a body this small takes microseconds on the loop, less than the hop to the threadpool and back.
+# Parsing a body this small takes microseconds on the loop, less than the hop to a core thread and back.
 INLINE_JSON_BYTES = 16 * 1024
 
 
