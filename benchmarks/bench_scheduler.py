@@ -37,7 +37,7 @@ BENCH = "scheduler"
 
 def pure_decisions(total: int, gpus: int) -> dict:
     """Placements per second of ``SchedulerState``: enqueue, schedule, release, FIFO on one class."""
-    from lancefn_jupyter.server.scheduler import SchedulerState
+    from lancefn_jupyter.server.policy.scheduler import SchedulerState
 
     devices = [f"sim{i}" for i in range(gpus)]
     results = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._version import __version__
+from lancefn_jupyter._version import __version__
 
 __all__ = [
     "__version__",
@@ -37,21 +37,21 @@ _API_NAMES = frozenset(__all__) - {"__version__", "load_ipython_extension", "unl
 
 def __getattr__(name: str) -> Any:
     if name in _API_NAMES:
-        from . import api
+        from lancefn_jupyter import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'lancefn_jupyter' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from .magics import GpuMagics
+    from lancefn_jupyter.magics import GpuMagics
 
     ipython.register_magics(GpuMagics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     # Magics stay registered (IPython has no unregister); background listeners are stopped.
-    from . import widgets
+    from lancefn_jupyter import widgets
 
     stop = getattr(widgets, "stop_listener", None)
     if stop is not None:
@@ -68,6 +68,6 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
-    from .jupyter import load_jupyter_server_extension
+    from lancefn_jupyter.jupyter import load_jupyter_server_extension
 
     load_jupyter_server_extension(server_app)

@@ -20,23 +20,24 @@ the package's lazy `__getattr__`.
 
 from __future__ import annotations
 
+from lancefn_jupyter.client import LancefnError as LancefnError
+
 # `X as X`: reachable as `api.X` though not in `__all__` (the magics, tests and scripts use them).
-from .batch import Batch, BatchChunkError, BatchError
-from .client import LancefnError as LancefnError
-from .functions import (
+from lancefn_jupyter.handles.batch import Batch, BatchChunkError, BatchError
+from lancefn_jupyter.handles.function import (
     GpuFunction,
     NotRegisteredError,
     UnregisteredFunction,
     function_from_cell,
     gpu_function,
 )
-from .functions import bind_refused as bind_refused
-from .jobs import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
-from .listings import list_gpu_classes, list_jobs, list_versions
-from .registry import diff_versions, lookup, version_history
-from .session import ConnectionInfo as ConnectionInfo
-from .session import _session as _session
-from .session import (
+from lancefn_jupyter.handles.function import bind_refused as bind_refused
+from lancefn_jupyter.handles.job import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
+from lancefn_jupyter.handles.lookup import diff_versions, lookup, version_history
+from lancefn_jupyter.listings import list_gpu_classes, list_jobs, list_versions
+from lancefn_jupyter.session import ConnectionInfo as ConnectionInfo
+from lancefn_jupyter.session import _session as _session
+from lancefn_jupyter.session import (
     add_profile,
     connect,
     connection_info,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ._homefs import home_problem, open_private, private_file_problem
+from lancefn_jupyter.wire.homefs import home_problem, open_private, private_file_problem
 
 __all__ = [
     "ServerInfo",

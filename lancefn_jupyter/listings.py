@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
-from . import display
-from .client import Client, LancefnError
-from .models import GpuClass
-from .session import current_client
+from lancefn_jupyter.client import Client, LancefnError
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.session import current_client
+from lancefn_jupyter.wire.models import GpuClass
 
 __all__ = ["list_gpu_classes", "list_jobs", "list_versions"]
 
@@ -29,7 +29,7 @@ class _Rendered(list):
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         if self._make_widget is not None:
-            from .widgets import rich_bundle
+            from lancefn_jupyter.widgets import rich_bundle
 
             def make():
                 if self._widget is None or getattr(self._widget, "comm", None) is None:
@@ -69,7 +69,7 @@ def list_jobs(*, state: Optional[str] = None, name: Optional[str] = None, limit:
     jobs = client.jobs.list(state=state, name=name, job_type="run_function", limit=limit)
     batches = _recent_batches(client, name)
     if batches:  # batch rows above the jobs (their chunk jobs are among the jobs)
-        from .batch_display import batches_table
+        from lancefn_jupyter.display.batch import batches_table
 
         def render() -> tuple[str, str]:
             (bt, bh), (jt, jh) = batches_table(batches), display.jobs_table(jobs)
@@ -101,6 +101,6 @@ def _jobs_with_batches(batches: list, state: Optional[str], name: Optional[str],
 
 
 def _widget(kind: str, *args: Any, **kwargs: Any) -> Any:
-    from . import widgets
+    from lancefn_jupyter import widgets
 
     return getattr(widgets, kind)(*args, **kwargs)

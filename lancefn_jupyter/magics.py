@@ -31,7 +31,7 @@ def _prestart_embedded(line: str) -> bool:
     api = sys.modules.get("lancefn_jupyter.api")
     if (api is not None and api._session.client is not None) or os.environ.get("LANCEFN_URL") or "register=no" in line:
         return False
-    from .embedded import prestart
+    from lancefn_jupyter.embedded import prestart
 
     try:
         prestart()
@@ -43,10 +43,10 @@ def _prestart_embedded(line: str) -> bool:
 def _import_display() -> None:
     """What showing the function card takes, imported while a prestarted server is still starting
     (the kernel would only wait for it), not after the registration."""
-    from .widgets import use_widgets
+    from lancefn_jupyter.widgets import use_widgets
 
     if use_widgets():
-        from .widgets import _card  # noqa: F401
+        from lancefn_jupyter.widgets import _card  # noqa: F401
 
 
 @magics_class
@@ -60,10 +60,10 @@ class GpuMagics(Magics):
         python_version, image, profile, timeout_s, register (yes|no), include (PATH, repeatable).
         """
         prestarted = _prestart_embedded(line)
-        from . import api
-        from .client import LancefnError
-        from .options import OptionsError, parse_function_line
-        from .packaging import PackagingError
+        from lancefn_jupyter import api
+        from lancefn_jupyter.client import LancefnError
+        from lancefn_jupyter.options import OptionsError, parse_function_line
+        from lancefn_jupyter.packaging import PackagingError
 
         try:
             options = parse_function_line(line, api.profiles())
@@ -92,8 +92,8 @@ class GpuMagics(Magics):
     @line_magic
     def gpu_profile(self, line: str):
         """%gpu_profile NAME key=value… defines a reusable compute profile; with no arguments lists them."""
-        from . import api
-        from .options import OptionsError, parse_profile_line
+        from lancefn_jupyter import api
+        from lancefn_jupyter.options import OptionsError, parse_profile_line
 
         if not line.strip():
             defined = api.profiles()
@@ -114,7 +114,7 @@ class GpuMagics(Magics):
     @line_magic
     def lancefn(self, line: str):
         """%lancefn [connect URL [api_key=KEY] | local | stop]"""
-        from . import api
+        from lancefn_jupyter import api
 
         args = shlex.split(line)
         if not args:
@@ -149,7 +149,7 @@ class GpuMagics(Magics):
     @line_magic
     def gpu_classes(self, line: str):
         """Each GPU class's model, memory, max GPUs per worker and live busy/free."""
-        from . import api
+        from lancefn_jupyter import api
 
         if line.strip():
             raise UsageError("%gpu_classes takes no arguments")
@@ -159,8 +159,8 @@ class GpuMagics(Magics):
     def gpu_versions(self, line: str):
         """%gpu_versions: every version; %gpu_versions NAME: its history, newest first, one line of change
         each; %gpu_versions diff NAME [OLD [NEW]]: source and runtime diff (default: the last two)."""
-        from . import api
-        from .versions import VersionLookupError
+        from lancefn_jupyter import api
+        from lancefn_jupyter.wire.versions import VersionLookupError
 
         args = shlex.split(line)
         usage = (
@@ -180,8 +180,8 @@ class GpuMagics(Magics):
     @line_magic
     def gpu_jobs(self, line: str):
         """%gpu_jobs [state=pending|running|…] [name=FUNCTION]: recent jobs."""
-        from . import api
-        from .models import JobState
+        from lancefn_jupyter import api
+        from lancefn_jupyter.wire.models import JobState
 
         filters = {}
         states = {
@@ -217,7 +217,7 @@ class _Status:
     """`%lancefn` output: which control plane, embedded or remote, and its health (never the key)."""
 
     def __init__(self, info):
-        from . import api
+        from lancefn_jupyter import api
 
         self.info = info
         try:

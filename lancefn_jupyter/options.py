@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 # The wire models' patterns, checked here first for option-shaped messages.
-from .models import (
+from lancefn_jupyter.wire.models import (
     _ENV_NAME,
     _NAME,
     _PYTHON_VERSION,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .client import Client, Forbidden
-from .models import FunctionVersion, GpuClass
-from .options import ComputeProfile, build_profile
+from lancefn_jupyter.client import Client, Forbidden
+from lancefn_jupyter.options import ComputeProfile, build_profile
+from lancefn_jupyter.wire.models import FunctionVersion, GpuClass
 
 __all__ = [
     "ConnectionInfo",
@@ -79,7 +79,7 @@ def connect(url: Optional[str] = None, api_key: Optional[str] = None, *, home: O
 
 def use_local(home: Optional[str] = None) -> Client:
     """Use (starting it if needed) the embedded control plane under `home` (default `$LANCEFN_HOME`)."""
-    from .embedded import ensure_server
+    from lancefn_jupyter.embedded import ensure_server
 
     home_path = Path(home) if home else None
     info = ensure_server(home_path)
@@ -97,7 +97,7 @@ def use_local(home: Optional[str] = None) -> Client:
 
 def stop_local(home: Optional[str] = None) -> bool:
     """Stop the embedded control plane (jobs and versions persist in its home)."""
-    from .embedded import stop_server
+    from lancefn_jupyter.embedded import stop_server
 
     with _session.lock:
         if _session.info is not None and _session.info.embedded and _session.client is not None:

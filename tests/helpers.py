@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import httpx
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
-from lancefn_jupyter.models import Job
 from lancefn_jupyter.packaging import PackagedFunction, package_cell
+from lancefn_jupyter.wire.models import Job
 
 T = TypeVar("T")
 

@@ -14,8 +14,8 @@ from helpers import gated, wait_until
 
 import lancefn_jupyter.client.listener as listener_module
 from lancefn_jupyter import api
-from lancefn_jupyter.batch import Batch, BatchChunkError, BatchError
-from lancefn_jupyter.batch_display import batch_card, strip_cells
+from lancefn_jupyter.display.batch import batch_card, strip_cells
+from lancefn_jupyter.handles.batch import Batch, BatchChunkError, BatchError
 from lancefn_jupyter.widgets import set_widgets, stop_listener
 
 

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api, dataplane
-from lancefn_jupyter.batch import Batch, BatchError
+from lancefn_jupyter import api
+from lancefn_jupyter.handles.batch import Batch, BatchError
+from lancefn_jupyter.wire import dataplane
 
 
 def doubled(x: NDArray[np.float32]) -> NDArray[np.float32]:

@@ -14,7 +14,7 @@ import httpx
 from conftest import register, registration_body
 from helpers import DEADLINE_S, api_keys_toml, gated, wait_until
 
-from lancefn_jupyter.batch_models import Batch
+from lancefn_jupyter.wire.batch_models import Batch
 
 GATE = inspect.getsource(gated)  # registered as "gate"
 
@@ -252,7 +252,7 @@ def test_arrow_chunks_survive_sigkill_mid_batch_and_resume_on_restart(control_pl
     SIGKILL the chunks not yet submitted still get their rows, each row's result counted once."""
     import pyarrow as pa
 
-    from lancefn_jupyter import dataplane
+    from lancefn_jupyter.wire import dataplane
 
     cp = control_plane
     rows = [row for chunk in gate_chunks(tmp_path, [[i, i + 1] for i in range(0, 12, 2)], prefix="a") for row in chunk]

@@ -19,7 +19,7 @@ import pytest
 from helpers import wait_until
 
 from lancefn_jupyter import api
-from lancefn_jupyter.tables import TableMap
+from lancefn_jupyter.handles.table_map import TableMap
 
 
 def text_len(text: str) -> int:

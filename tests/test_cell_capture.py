@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from lancefn_jupyter.api import NotRegisteredError, UnregisteredFunction, bind_refused
 from lancefn_jupyter.options import build_options
 from lancefn_jupyter.packaging import PackagingError, infer_signature, package_cell
-from lancefn_jupyter.server.task_runner import run_task_inline
+from lancefn_jupyter.worker.runner import run_task_inline
 
 pytestmark = pytest.mark.unit
 

@@ -39,7 +39,7 @@ def test_a_run_after_the_server_closed_the_idle_connection_is_sent_once_and_answ
 def test_an_oversized_body_gets_the_servers_413_not_a_connection_error(control_plane_factory):
     """The server answers 413 and closes without reading the body; the client reads that answer."""
     from lancefn_jupyter.client import PayloadTooLarge
-    from lancefn_jupyter.models import FunctionRegistrationRequest
+    from lancefn_jupyter.wire.models import FunctionRegistrationRequest
 
     cp = control_plane_factory(args=["--max-body-bytes", "65536"])
     source = "# " + "x" * (4 << 20) + "\n\ndef double(x: int) -> int:\n    return 2 * x\n"

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from lancefn_jupyter.server.common import ApiError
-from lancefn_jupyter.server.routes.common import off_loop
+from lancefn_jupyter.server.http.routes.common import off_loop
 
 pytestmark = pytest.mark.unit
 

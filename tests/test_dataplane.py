@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from numpy.typing import NDArray
 
-from lancefn_jupyter import dataplane as dp
 from lancefn_jupyter.packaging import PackagingError, infer_signature
+from lancefn_jupyter.wire import dataplane as dp
 
 pytestmark = pytest.mark.unit
 
@@ -229,7 +229,7 @@ def test_pyarrow_stays_unloaded_by_load_ext_and_the_api():
         "import sys\n"
         "from IPython.core.interactiveshell import InteractiveShell\n"
         "InteractiveShell.instance().run_line_magic('load_ext', 'lancefn_jupyter')\n"
-        "import lancefn_jupyter.api, lancefn_jupyter.packaging, lancefn_jupyter.dataplane\n"
+        "import lancefn_jupyter.api, lancefn_jupyter.packaging, lancefn_jupyter.wire.dataplane\n"
         "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -247,8 +247,8 @@ def test_a_parameter_only_some_rows_give_is_filled_from_its_default_and_absent_c
 
 
 def test_result_text_summarises_without_the_data():
-    from lancefn_jupyter import display
-    from lancefn_jupyter.models import Job
+    from lancefn_jupyter.display import cards as display
+    from lancefn_jupyter.wire.models import Job
 
     base = dict(job_id="a", job_type="run_function", job_state="DONE", creation_ms=1, placement={}, progress={})
     summary = {"type": "ndarray", "dtype": "float32", "shape": [1000, 768], "nbytes": 3072000}

@@ -14,8 +14,9 @@ from conftest import register, registration_body
 from helpers import wait_done
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api, dataplane
+from lancefn_jupyter import api
 from lancefn_jupyter.api import RemoteFunctionError
+from lancefn_jupyter.wire import dataplane
 
 DEADLINE_S = 120.0
 ARROW = dataplane.MEDIA_TYPE

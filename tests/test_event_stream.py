@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from lancefn_jupyter.server.events import EventBus, event_stream
+from lancefn_jupyter.server.control.events import EventBus, event_stream
 
 pytestmark = pytest.mark.unit
 

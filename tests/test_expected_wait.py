@@ -11,9 +11,9 @@ import pytest
 from conftest import register, registration_body
 from helpers import describe, submit, wait_done, wait_state
 
-from lancefn_jupyter import display
-from lancefn_jupyter.models import Job
-from lancefn_jupyter.server.estimates import Holding, RunTimes, Waiting, expected_starts
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.server.policy.estimates import Holding, RunTimes, Waiting, expected_starts
+from lancefn_jupyter.wire.models import Job
 
 
 def test_replay_strict_fifo_over_predicted_run_times():
@@ -157,7 +157,7 @@ def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
     from collections import OrderedDict
     from types import SimpleNamespace
 
-    from lancefn_jupyter.server.estimates import QueueEstimator
+    from lancefn_jupyter.server.policy.estimates import QueueEstimator
 
     estimator = QueueEstimator(refresh_ms=10**9)
     for ms in (1000, 1000, 1000):

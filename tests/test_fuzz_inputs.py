@@ -33,8 +33,8 @@ from IPython.utils.capture import capture_output
 from pydantic import ValidationError
 
 from lancefn_jupyter import api
-from lancefn_jupyter.models import FunctionRegistrationRequest
 from lancefn_jupyter.packaging import PackagingError, package_cell
+from lancefn_jupyter.wire.models import FunctionRegistrationRequest
 
 # Cells without a trailing newline make IPython's transformer warn; that is the input under test.
 pytestmark = pytest.mark.filterwarnings("ignore:`make_tokens_by_line`:UserWarning")
@@ -302,11 +302,11 @@ def openapi_document() -> dict:
     hand described from the same pydantic models, and the x-api-key scheme."""
     import tempfile
 
-    from lancefn_jupyter.server import app as app_module
-    from lancefn_jupyter.server.core import ControlPlane
-    from lancefn_jupyter.server.gpu_classes import simulated_default
-    from lancefn_jupyter.server.routes import batches, functions, jobs
-    from lancefn_jupyter.server.store import Store
+    from lancefn_jupyter.server.http import app as app_module
+    from lancefn_jupyter.server.http.routes import batches, functions, jobs
+    from lancefn_jupyter.server.plane import ControlPlane
+    from lancefn_jupyter.server.policy.gpu_classes import simulated_default
+    from lancefn_jupyter.server.storage.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"{tmp}/db.sqlite3")

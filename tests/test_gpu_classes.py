@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lancefn_jupyter.server.gpu_classes import (
+from lancefn_jupyter.server.policy.gpu_classes import (
     SIMULATED_GPU_MODEL,
     ConfigError,
     detect_nvml_gpus,

@@ -163,7 +163,7 @@ def test_headers_that_trickle_are_cut_off(control_plane_factory):
 
 
 def test_oversized_headers_get_400_and_a_closed_connection_but_a_big_body_is_fine(control_plane):
-    from lancefn_jupyter.server.connections import MAX_HEAD_BYTES
+    from lancefn_jupyter.server.http.connections import MAX_HEAD_BYTES
 
     head = f"POST /v1/jobs/list HTTP/1.1\r\nhost: x\r\nx-api-key: {control_plane.api_key}\r\n"
     with raw_socket(control_plane.url) as sock:

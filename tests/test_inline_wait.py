@@ -15,7 +15,7 @@ from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_
 
 from lancefn_jupyter import api
 from lancefn_jupyter.client import Client
-from lancefn_jupyter.models import Job, JobState
+from lancefn_jupyter.wire.models import Job, JobState
 
 
 def run_waiting(http: httpx.Client, name: str, version: str, rows: list[dict], wait_s: float) -> dict:

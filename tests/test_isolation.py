@@ -135,7 +135,7 @@ def whoami(x: int) -> str:
 
 def _closed_dirs() -> list[str]:
     import lancefn_jupyter
-    from lancefn_jupyter.server.isolation import _closed_dirs
+    from lancefn_jupyter.server.executors.isolation import _closed_dirs
 
     paths = [Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()]
     return _closed_dirs(paths)
@@ -194,7 +194,7 @@ def test_an_unknown_worker_user_refuses_to_start_and_says_what_to_fix(control_pl
 
 
 def test_the_refusal_names_the_directories_the_worker_user_cannot_traverse(tmp_path):
-    from lancefn_jupyter.server.isolation import _closed_dirs
+    from lancefn_jupyter.server.executors.isolation import _closed_dirs
 
     closed = tmp_path / "closed"
     (closed / "inner").mkdir(parents=True)

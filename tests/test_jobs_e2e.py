@@ -16,7 +16,7 @@ from conftest import register, registration_body
 from helpers import DEADLINE_S, describe, submit, wait_done, wait_state, wait_until
 from test_local_fallback import CELL
 
-from lancefn_jupyter.local import run_local
+from lancefn_jupyter.handles.local_run import run_local
 
 GATE = """from __future__ import annotations
 

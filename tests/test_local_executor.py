@@ -11,7 +11,7 @@ import pytest
 
 from lancefn_jupyter.server.executors.base import TaskSpec
 from lancefn_jupyter.server.executors.local import LocalExecutor
-from lancefn_jupyter.server.gpu_classes import simulated_default
+from lancefn_jupyter.server.policy.gpu_classes import simulated_default
 
 FINAL = ("succeeded", "failed")
 

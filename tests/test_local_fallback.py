@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from lancefn_jupyter.local import LocalRunError, gpu_available, run_local
+from lancefn_jupyter.handles.local_run import LocalRunError, gpu_available, run_local
 
 pytestmark = pytest.mark.unit
 

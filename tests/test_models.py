@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from lancefn_jupyter.models import (
+from lancefn_jupyter.wire.models import (
     TERMINAL_STATES,
     FunctionArtifact,
     FunctionArtifactRequest,

@@ -8,7 +8,6 @@ from helpers import OPTION_LINE_TOKENS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lancefn_jupyter.models import PythonRuntimeSpec
 from lancefn_jupyter.options import (
     ComputeProfile,
     FunctionOptions,
@@ -18,6 +17,7 @@ from lancefn_jupyter.options import (
     parse_function_line,
     parse_profile_line,
 )
+from lancefn_jupyter.wire.models import PythonRuntimeSpec
 
 pytestmark = pytest.mark.unit
 

@@ -17,11 +17,11 @@ from helpers import HEADER, pack, run_cell, sha
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lancefn_jupyter.models import decode_artifact
 from lancefn_jupyter.packaging import (
     package_cell,
     package_function,
 )
+from lancefn_jupyter.wire.models import decode_artifact
 
 
 def normalize_score(value: float) -> float:

@@ -21,7 +21,7 @@ import pytest
 from conftest import ControlPlaneProcess, register, registration_body
 from helpers import describe, ray_server, submit, text_body, wait_done, wait_state, wait_until
 
-from lancefn_jupyter.server.journal import DEFER_COMMIT_S
+from lancefn_jupyter.server.control.journal import DEFER_COMMIT_S
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -198,7 +198,7 @@ def flag(tmp_path) -> Path:
 
 def test_local_cluster_plan_gives_every_device_a_logical_gpu_and_each_class_its_resource():
     from lancefn_jupyter.server.executors.ray import local_cluster_plan
-    from lancefn_jupyter.server.gpu_classes import parse_gpu_classes
+    from lancefn_jupyter.server.policy.gpu_classes import parse_gpu_classes
 
     classes = parse_gpu_classes(
         '[[gpu_classes]]\nname = "a100"\ngpu_model = "A100"\ngpu_memory_bytes = 1\ndevices = [2, 3]\n'

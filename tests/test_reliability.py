@@ -37,7 +37,7 @@ def worker_pids(cp) -> set[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if int(stat[1]) == cp.proc.pid and stat[0] != "Z" and b"lancefn_jupyter.server.worker" in cmdline:
+        if int(stat[1]) == cp.proc.pid and stat[0] != "Z" and b"lancefn_jupyter.worker.main" in cmdline:
             pids.add(int(entry.name))
     return pids
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from lancefn_jupyter.server.scheduler import Placement, SchedulerState, queue_positions, release, schedule
+from lancefn_jupyter.server.policy.scheduler import Placement, SchedulerState, queue_positions, release, schedule
 
 pytestmark = pytest.mark.unit
 

@@ -109,7 +109,7 @@ def test_admin_key_from_the_environment(control_plane_factory):
 
 
 def test_store_runs_after_commit_callbacks_only_once_the_outermost_batch_commits(tmp_path):
-    from lancefn_jupyter.server.store import Store
+    from lancefn_jupyter.server.storage.store import Store
 
     store = Store(tmp_path / "db.sqlite3")
     ran: list[str] = []

@@ -10,7 +10,7 @@ import pytest
 from conftest import register, registration_body
 from helpers import api_keys_toml
 
-from lancefn_jupyter.models import FunctionRegistrationRequest, FunctionVersion, Job, version_id
+from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion, Job, version_id
 
 TWO_CLASSES = """
 [[gpu_classes]]
@@ -43,10 +43,10 @@ def all_routes() -> list[tuple[str, str]]:
     """Every (method, path) the app serves, read from the real FastAPI app."""
     import tempfile
 
-    from lancefn_jupyter.server.app import create_app
-    from lancefn_jupyter.server.core import ControlPlane
-    from lancefn_jupyter.server.gpu_classes import simulated_default
-    from lancefn_jupyter.server.store import Store
+    from lancefn_jupyter.server.http.app import create_app
+    from lancefn_jupyter.server.plane import ControlPlane
+    from lancefn_jupyter.server.policy.gpu_classes import simulated_default
+    from lancefn_jupyter.server.storage.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"{tmp}/db.sqlite3")

@@ -15,7 +15,7 @@ import httpx
 from conftest import register, registration_body
 from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_state
 
-from lancefn_jupyter.models import Job
+from lancefn_jupyter.wire.models import Job
 
 
 def read_events(

@@ -10,8 +10,9 @@ import httpx
 import pytest
 from IPython.core.error import UsageError
 
-from lancefn_jupyter import api, versions
-from lancefn_jupyter.models import FunctionVersion
+from lancefn_jupyter import api
+from lancefn_jupyter.wire import versions
+from lancefn_jupyter.wire.models import FunctionVersion
 
 _DIGEST = "sha256:" + "0" * 64
 
@@ -226,8 +227,8 @@ def test_history_and_diff_routes_for_the_panel(ip, control_plane):
 
 
 def test_job_summary_shows_nonfinite_results():
-    from lancefn_jupyter import display
-    from lancefn_jupyter.models import Job
+    from lancefn_jupyter.display import cards as display
+    from lancefn_jupyter.wire.models import Job
 
     base = {
         "job_id": "j",

@@ -19,7 +19,7 @@ class RawWorker:
 
     def __init__(self, **env: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lancefn_jupyter.server.worker"],
+            [sys.executable, "-m", "lancefn_jupyter.worker.main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env},

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from ._http import EventStream, Transport
-from .batches import BatchesResource
-from .errors import (
+from lancefn_jupyter.client._http import EventStream, Transport
+from lancefn_jupyter.client.batches import BatchesResource
+from lancefn_jupyter.client.errors import (
     ApiError,
     Conflict,
     ControlPlaneUnreachable,
@@ -17,10 +17,10 @@ from .errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from .events import Event, iter_events, open_event_stream
-from .functions import FunctionsResource
-from .gpu import GpuResource
-from .jobs import JobsResource
+from lancefn_jupyter.client.events import Event, iter_events, open_event_stream
+from lancefn_jupyter.client.functions import FunctionsResource
+from lancefn_jupyter.client.gpu import GpuResource
+from lancefn_jupyter.client.jobs import JobsResource
 
 __all__ = [
     "Client",

@@ -16,7 +16,7 @@ import uuid
 from typing import Any, Callable, Iterator, Optional, Union
 from urllib.parse import urlencode, urlsplit
 
-from .errors import ControlPlaneUnreachable, error_for_status
+from lancefn_jupyter.client.errors import ControlPlaneUnreachable, error_for_status
 
 __all__ = ["EventStream", "Transport"]
 

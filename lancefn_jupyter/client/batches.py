@@ -6,9 +6,9 @@ import json
 import time
 from typing import Any, Optional
 
-from ..batch_models import Batch
-from ..models import TERMINAL_STATES
-from ._http import _ARROW_STREAM, Transport
+from lancefn_jupyter.client._http import _ARROW_STREAM, Transport
+from lancefn_jupyter.wire.batch_models import Batch
+from lancefn_jupyter.wire.models import TERMINAL_STATES
 
 __all__ = ["BatchesResource"]
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from ._http import EventStream, Transport
+from lancefn_jupyter.client._http import EventStream, Transport
 
 __all__ = ["Event", "iter_events", "parse_sse_lines"]
 

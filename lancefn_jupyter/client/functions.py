@@ -6,10 +6,10 @@ import base64
 import builtins  # the resources have a list() method that shadows the type in annotations
 from typing import Any, Iterator, Optional
 
-from ..models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
-from ._http import _ARROW_STREAM, Transport
-from .errors import ApiError
-from .jobs import JobsResource
+from lancefn_jupyter.client._http import _ARROW_STREAM, Transport
+from lancefn_jupyter.client.errors import ApiError
+from lancefn_jupyter.client.jobs import JobsResource
+from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
 
 __all__ = ["FunctionsResource", "FunctionListing"]
 

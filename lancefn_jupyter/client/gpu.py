@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..models import GpuClass, GpuUsage
-from ._http import Transport
+from lancefn_jupyter.client._http import Transport
+from lancefn_jupyter.wire.models import GpuClass, GpuUsage
 
 __all__ = ["GpuResource"]
 

@@ -41,8 +41,8 @@ import threading
 import weakref
 from typing import Any, Callable, Optional, cast
 
-from .errors import LancefnError
-from .events import parse_sse_lines
+from lancefn_jupyter.client.errors import LancefnError
+from lancefn_jupyter.client.events import parse_sse_lines
 
 log = logging.getLogger("lancefn_jupyter.widgets")  # the name users already filter on
 
@@ -319,7 +319,7 @@ class EventListener:
 
     def _fresh_sync(self, client: Any) -> None:
         """After a connect without resume point: re-read what subscribers show, over REST."""
-        from ..models import TERMINAL_STATES
+        from lancefn_jupyter.wire.models import TERMINAL_STATES
 
         with self._lock:
             self.queue_positions.clear()
@@ -353,7 +353,7 @@ class EventListener:
             return self._jobs.get(job_id)
 
     def _dispatch(self, event: Any) -> None:
-        from ..models import TERMINAL_STATES, GpuUsage, Job
+        from lancefn_jupyter.wire.models import TERMINAL_STATES, GpuUsage, Job
 
         self.events += 1
         if event.id is not None:  # job events carry the durable sequence number
@@ -429,7 +429,7 @@ class EventListener:
             callbacks = self._batches.get(data.get("batch_id")) + self._batches.get(None)
         if not callbacks:
             return
-        from ..batch_models import Batch
+        from lancefn_jupyter.wire.batch_models import Batch
 
         try:
             batch = Batch.from_wire(data)
@@ -489,7 +489,7 @@ def _call(callback: Callable, *args: Any) -> None:
 
 
 def _session_client() -> Any:
-    from ..session import _session
+    from lancefn_jupyter.session import _session
 
     return _session.client
 
@@ -534,7 +534,7 @@ def running_threads() -> list[threading.Thread]:
 def bind(client: Any, listener: Optional["EventListener"]) -> tuple[Any, "EventListener"]:
     """The client and listener a widget uses: the ones given, else this kernel's current ones."""
     if client is None:
-        from ..session import current_client
+        from lancefn_jupyter.session import current_client
 
         client = current_client()
     return client, listener or get_listener()

@@ -29,7 +29,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
-    from .handlers import setup_handlers
+    from lancefn_jupyter.jupyter.handlers import setup_handlers
 
     patterns = setup_handlers(server_app.web_app)
     server_app.log.info("lancefn_jupyter: GPU Functions proxy registered at %s", ", ".join(patterns))

@@ -30,7 +30,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado.iostream import StreamClosedError
 
-from .discovery import ControlPlaneTarget, DiscoveryError, discover
+from lancefn_jupyter.jupyter.discovery import ControlPlaneTarget, DiscoveryError, discover
 
 __all__ = ["ALLOWED_ROUTES", "ControlPlaneResolver", "setup_handlers"]
 

@@ -77,10 +77,10 @@ Modules: ``capture`` (the artifact value, errors, free-name capture, line map), 
 (``infer_signature``).
 """
 
-from .capture import PackagedFunction, PackagingError
-from .cell import entry_name, package_cell
-from .function import package_function
-from .signature import infer_signature
+from lancefn_jupyter.packaging.capture import PackagedFunction, PackagingError
+from lancefn_jupyter.packaging.cell import entry_name, package_cell
+from lancefn_jupyter.packaging.function import package_function
+from lancefn_jupyter.packaging.signature import infer_signature
 
 __all__ = [
     "PackagedFunction",

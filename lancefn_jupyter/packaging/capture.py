@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .. import dataplane
-from ..local_modules import prelude_line
-from ..models import (
+from lancefn_jupyter.local_modules import prelude_line
+from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.wire.models import (
     FunctionArtifactContent,
     FunctionArtifactRequest,
     FunctionSignature,

@@ -8,7 +8,7 @@ import types
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .capture import (
+from lancefn_jupyter.packaging.capture import (
     _MISSING,
     PackagedFunction,
     PackagingError,
@@ -18,9 +18,7 @@ from .capture import (
     _free_values,
     _kernel_function,
 )
-from .signature import (
-    infer_signature,
-)
+from lancefn_jupyter.packaging.signature import infer_signature
 
 # --------------------------------------------------------------------------
 # package_cell

@@ -9,7 +9,7 @@ import types
 from collections.abc import Callable
 from typing import Any, Optional
 
-from .capture import (
+from lancefn_jupyter.packaging.capture import (
     PackagedFunction,
     PackagingError,
     _capture_line,
@@ -19,9 +19,7 @@ from .capture import (
     _importable_qualname,
     _kernel_function,
 )
-from .signature import (
-    infer_signature,
-)
+from lancefn_jupyter.packaging.signature import infer_signature
 
 # --------------------------------------------------------------------------
 # package_function

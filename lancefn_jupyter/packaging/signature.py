@@ -8,18 +8,9 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from .. import dataplane
-from ..models import (
-    FunctionOutput,
-    FunctionParameter,
-    FunctionSignature,
-)
-from .capture import (
-    _SUPPORTED_TYPES,
-    PackagingError,
-    _describe,
-    _literal_source,
-)
+from lancefn_jupyter.packaging.capture import _SUPPORTED_TYPES, PackagingError, _describe, _literal_source
+from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.wire.models import FunctionOutput, FunctionParameter, FunctionSignature
 
 # --------------------------------------------------------------------------
 # signature inference

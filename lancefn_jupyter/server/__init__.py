@@ -5,6 +5,6 @@ Layout: ``cli`` (process, flags, server.json) → ``app`` (thin FastAPI routes) 
 ``journal``, ``results``, ``reports`` and ``batches``; see docs/ARCHITECTURE.md) → ``store``
 (SQLite WAL), ``scheduler`` (pure FIFO-per-class placement), ``gpu_classes`` (TOML / NVML /
 simulated), ``executors`` (``local`` | ``ray``) → ``worker`` (runs an artifact).
-Nothing is imported here so that ``import lancefn_jupyter.server.scheduler`` stays cheap for the
+Nothing is imported here so that ``import lancefn_jupyter.server.policy.scheduler`` stays cheap for the
 kernel side.
 """

@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._homefs import home_problem, open_private, private_file_problem, write_private
-from .._version import __version__
+from lancefn_jupyter._version import __version__
+from lancefn_jupyter.wire.homefs import home_problem, open_private, private_file_problem, write_private
 
 __all__ = ["main", "default_home", "SERVER_JSON", "LOCK_FILE", "API_KEY_FILE"]
 
@@ -215,8 +215,8 @@ def _claim_home(args: argparse.Namespace) -> tuple[Path, Any]:
 
 def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, Any], str]:
     """Step 2: GPU classes and API keys (the admin key, generated on first start, plus --api-keys)."""
-    from .gpu_classes import ConfigError, load_gpu_classes
-    from .namespaces import ApiKeyError, admin_principal, load_api_keys
+    from lancefn_jupyter.server.policy.gpu_classes import ConfigError, load_gpu_classes
+    from lancefn_jupyter.server.policy.namespaces import ApiKeyError, admin_principal, load_api_keys
 
     try:
         classes = load_gpu_classes(args.gpu_classes, executor=args.executor)
@@ -251,14 +251,14 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str]:
 
 def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
     """Step 4: the executor (local: checks the worker user first)."""
-    from .executors import get_executor
+    from lancefn_jupyter.server.executors import get_executor
 
     if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
         raise _Refused("--max-idle-workers and --max-idle-per-device-set must be >= 0")
     worker_user = None
     if args.executor == "local":
-        from .executors.local import worker_base_env
-        from .isolation import WorkerUserError, check_worker_user, resolve_worker_user
+        from lancefn_jupyter.server.executors.isolation import WorkerUserError, check_worker_user, resolve_worker_user
+        from lancefn_jupyter.server.executors.local import worker_base_env
 
         try:
             worker_user = resolve_worker_user(args.worker_user)
@@ -284,7 +284,7 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
 
 def _open_store(home: Path) -> Any:
     """Step 5: the SQLite state (exit 1, not EXIT_CONFIG: this is not "another server holds this home")."""
-    from .store import DB_FILENAME, Store
+    from lancefn_jupyter.server.storage.store import DB_FILENAME, Store
 
     try:
         return Store(home / DB_FILENAME)
@@ -298,7 +298,7 @@ def _open_store(home: Path) -> Any:
 
 def _make_app(args: argparse.Namespace, core: Any, api_keys: dict[str, Any]) -> Any:
     """Step 6: the ASGI app with the request limits."""
-    from .app import DEFAULT_MAX_BODY_BYTES, create_app
+    from lancefn_jupyter.server.http.app import DEFAULT_MAX_BODY_BYTES, create_app
 
     # A maximum-size artifact travels base64-encoded (4/3 of its bytes) in a JSON body.
     max_body = args.max_body_bytes or max(DEFAULT_MAX_BODY_BYTES, args.max_artifact_bytes * 4 // 3 + (64 << 10))
@@ -316,7 +316,7 @@ def _serve(args: argparse.Namespace, app: Any, core: Any, sock: socket.socket, s
     """Step 7: serve until SIGTERM/SIGINT; ``server.json`` is written once serving (it means "ready")."""
     import uvicorn
 
-    from .connections import header_timeout_protocol
+    from lancefn_jupyter.server.http.connections import header_timeout_protocol
 
     info_text = json.dumps(info, indent=2) + "\n"
     info_bytes = info_text.encode("utf-8")
@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         sock, url = _listen(args.host, args.port)
         executor = _make_executor(args, classes, home)
         store = _open_store(home)
-        from .core import ControlPlane
-        from .datastore import DataStore
+        from lancefn_jupyter.server.plane import ControlPlane
+        from lancefn_jupyter.server.storage.files import DataStore
 
         data = DataStore(
             home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..models import TERMINAL_STATES, JobState
+from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState
 
 __all__ = ["ApiError", "format_validation_error"]
 

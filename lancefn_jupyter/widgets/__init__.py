@@ -12,8 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client.listener import EventListener, get_listener, running_threads, start_listener, stop_listener
-from ._support import WIDGET_VIEW_MIME, in_frontend_kernel, rich_bundle, set_widgets, use_widgets, widgets_available
+from lancefn_jupyter.client.listener import EventListener, get_listener, running_threads, start_listener, stop_listener
+from lancefn_jupyter.widgets._support import (
+    WIDGET_VIEW_MIME,
+    in_frontend_kernel,
+    rich_bundle,
+    set_widgets,
+    use_widgets,
+    widgets_available,
+)
 
 __all__ = [
     "WIDGET_VIEW_MIME",
@@ -60,7 +67,7 @@ def job_widget(job: Any) -> Any:
     """The (one, cached) widget of a `Job` handle."""
     widget = getattr(job, "_widget", None)
     if widget is None or getattr(widget, "comm", None) is None:
-        from ._job import JobWidget
+        from lancefn_jupyter.widgets._job import JobWidget
 
         widget = JobWidget(job.job_id, client=job._client, function=job._function)
         job._widget = widget
@@ -69,19 +76,19 @@ def job_widget(job: Any) -> Any:
 
 def job_bundle(job: Any) -> dict:
     """A `Job`'s display: its live widget where widgets work, else the text/HTML card."""
-    from .. import display
+    from lancefn_jupyter.display import cards as display
 
     return rich_bundle(lambda: job_widget(job), lambda: display.job_card(job.snapshot))
 
 
 def batch_bundle(batch: Any) -> dict:
     """A `Batch`'s display: its live widget where widgets work, else the text/HTML card."""
-    from ..batch_display import batch_card
+    from lancefn_jupyter.display.batch import batch_card
 
     def make() -> Any:
         widget = getattr(batch, "_widget", None)
         if widget is None or getattr(widget, "comm", None) is None:
-            from ._batch import BatchWidget
+            from lancefn_jupyter.widgets._batch import BatchWidget
 
             widget = BatchWidget(batch.batch_id, client=batch._client, function=batch._function)
             batch._widget = widget
@@ -96,7 +103,7 @@ def function_card_bundle(handle: Any) -> dict:
     def make() -> Any:
         widget = getattr(handle, "_widget", None)
         if widget is None or getattr(widget, "comm", None) is None:
-            from ._card import FunctionCardWidget
+            from lancefn_jupyter.widgets._card import FunctionCardWidget
 
             widget = FunctionCardWidget(handle)
             handle._widget = widget

@@ -19,14 +19,14 @@ from typing import Any, Optional
 
 import ipywidgets as w
 
-from .. import display
-from ..batch_display import STRIP_COLOURS, batch_card, batch_summary, strip_cells
-from ..batch_models import STRIP_STATES
-from ..client.errors import LancefnError
-from ..client.listener import EventListener, bind, start_listener
-from ..models import TERMINAL_STATES, display_state
-from ._job import BAR_STYLE
-from ._support import FallbackReprMixin
+from lancefn_jupyter.client.errors import LancefnError
+from lancefn_jupyter.client.listener import EventListener, bind, start_listener
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.display.batch import STRIP_COLOURS, batch_card, batch_summary, strip_cells
+from lancefn_jupyter.widgets._job import BAR_STYLE
+from lancefn_jupyter.widgets._support import FallbackReprMixin
+from lancefn_jupyter.wire.batch_models import STRIP_STATES
+from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
 
 __all__ = ["BatchWidget"]
 

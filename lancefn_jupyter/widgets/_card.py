@@ -13,9 +13,9 @@ from typing import Any, Optional, Sequence
 
 import ipywidgets as w
 
-from .. import display
-from ..client.listener import EventListener, get_listener
-from ._support import FallbackReprMixin, LiveUsageMixin
+from lancefn_jupyter.client.listener import EventListener, get_listener
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.widgets._support import FallbackReprMixin, LiveUsageMixin
 
 __all__ = ["FunctionCardWidget"]
 
@@ -65,7 +65,7 @@ class FunctionCardWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
 
 
 def _read_usage() -> list:
-    from ..session import current_client
+    from lancefn_jupyter.session import current_client
 
     try:
         return current_client().gpu.usage()

@@ -12,9 +12,9 @@ from typing import Any, Optional, Sequence
 
 import ipywidgets as w
 
-from .. import display
-from ..client.listener import EventListener, bind
-from ._support import FallbackReprMixin, LiveUsageMixin
+from lancefn_jupyter.client.listener import EventListener, bind
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.widgets._support import FallbackReprMixin, LiveUsageMixin
 
 __all__ = ["GpuClassesWidget"]
 

@@ -18,13 +18,13 @@ import ipywidgets as w
 from ipywidgets.widgets.widget_int import ProgressStyle
 from ipywidgets.widgets.widget_string import HTMLStyle
 
-from .. import display
-from ..client.errors import LancefnError
-from ..client.listener import EventListener, bind, start_listener
-from ..display import function_ref
-from ..models import TERMINAL_STATES, JobState, display_state
-from ._job import BAR_STYLE
-from ._support import FallbackReprMixin
+from lancefn_jupyter.client.errors import LancefnError
+from lancefn_jupyter.client.listener import EventListener, bind, start_listener
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.display.cards import function_ref
+from lancefn_jupyter.widgets._job import BAR_STYLE
+from lancefn_jupyter.widgets._support import FallbackReprMixin
+from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 
 __all__ = ["JobsDashboard"]
 

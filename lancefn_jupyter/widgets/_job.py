@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 import ipywidgets as w
 
-from .. import display
-from ..client.errors import LancefnError
-from ..client.listener import EventListener, bind, start_listener
-from ..models import TERMINAL_STATES, JobState, display_state
-from ._support import FallbackReprMixin
+from lancefn_jupyter.client.errors import LancefnError
+from lancefn_jupyter.client.listener import EventListener, bind, start_listener
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.widgets._support import FallbackReprMixin
+from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 
 __all__ = ["JobWidget"]
 

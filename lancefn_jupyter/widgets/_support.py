@@ -128,7 +128,7 @@ class LiveUsageMixin:
 
     def _follow_usage(self, own_listener: bool, start: bool, read: Callable[[], Sequence[Any]]) -> None:
         """Subscribe (and start the kernel's listener, or `own_listener` given to the widget), then show."""
-        from ..client.listener import start_listener
+        from lancefn_jupyter.client.listener import start_listener
 
         self._listener.subscribe_usage(self._on_usage)
         if start:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Executor, ExecutorCallbacks, TaskSpec
+from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
 
 __all__ = ["Executor", "ExecutorCallbacks", "TaskSpec", "EXECUTOR_NAMES", "get_executor"]
 
@@ -21,7 +21,7 @@ def get_executor(name: str, **opts: Any) -> Executor:
     Options an implementation does not take are dropped, so the CLI can pass everything it knows.
     """
     if name == "local":
-        from .local import LocalExecutor
+        from lancefn_jupyter.server.executors.local import LocalExecutor
 
         tuning = {
             k: opts[k]
@@ -32,7 +32,7 @@ def get_executor(name: str, **opts: Any) -> Executor:
             classes=opts.get("classes"), home=opts.get("home"), worker_user=opts.get("worker_user"), **tuning
         )
     if name == "ray":
-        from .ray import RayExecutor
+        from lancefn_jupyter.server.executors.ray import RayExecutor
 
         return RayExecutor(address=opts.get("address"), classes=opts.get("classes"), home=opts.get("home"))
     raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTOR_NAMES)}")

@@ -1,6 +1,6 @@
 """Executor interface: the one seam between the control plane and whatever runs workers.
 
-The core (``server/core.py``) decides *where* a job runs (class + devices, via the pure
+The core (``server/plane.py``) decides *where* a job runs (class + devices, via the pure
 scheduler) and hands the executor a fully resolved :class:`TaskSpec`.  The executor only
 runs it and reports back through :class:`ExecutorCallbacks`, from any thread it likes; the
 core is thread-safe and ignores callbacks for jobs that are already terminal (cancel races).
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
-    from ...models import JobFailure
+    from lancefn_jupyter.wire.models import JobFailure
 
 __all__ = ["TaskSpec", "ExecutorCallbacks", "Executor", "REDACTED", "redact_env"]
 

@@ -21,7 +21,7 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
   stopped workers on its devices to be reaped, so a job never shares its GPUs with a leftover
   process of a wider or narrower placement;
 * with a GPU class config, one fresh worker per single device is pre-started at :meth:`start`;
-* when the server runs as root, workers run as ``worker_user`` (see ``server/isolation.py``).
+* when the server runs as root, workers run as ``worker_user`` (see ``server/executors/isolation.py``).
 
 Each running task has a thread that reads the worker's protocol events and calls the callbacks.
 Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...models import JobFailure
-from ..isolation import WorkerUser
-from ..worker_io import PRELOAD_ENV, artifact_filename, relay
-from ..worker_process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
-from .base import Executor, ExecutorCallbacks, TaskSpec
+from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
+from lancefn_jupyter.server.executors.isolation import WorkerUser
+from lancefn_jupyter.wire.models import JobFailure
+from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
+from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename, relay
 
 if TYPE_CHECKING:
-    from ..gpu_classes import GpuClassConfig
+    from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
 __all__ = ["LocalExecutor", "DEFAULT_MAX_IDLE_PER_DEVICE_SET", "worker_base_env"]
 

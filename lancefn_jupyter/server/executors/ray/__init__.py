@@ -21,7 +21,7 @@ Three processes take part::
   itself reports ``started`` from the node, with the node id and the GPU ids Ray gave it
   (``CUDA_VISIBLE_DEVICES`` is set by Ray from those ids).
 * Inside the task the artifact runs in the Ray worker process through
-  :func:`lancefn_jupyter.server.task_runner.run_task_inline` — the same code as the local warm worker,
+  :func:`lancefn_jupyter.worker.runner.run_task_inline` — the same code as the local warm worker,
   so results, phases and user-only tracebacks are identical.  fds 1/2 are captured for the
   task's duration and streamed as logs.  Events (started, log, progress) go to a small async
   **event hub** actor that the bridge long-polls (flushed every 20 ms; a task that ends sooner
@@ -48,9 +48,15 @@ Ray driver ``_Driver``), ``task`` (the task body, job actor and event hub, in Ra
 queue, in the bridge) and ``common`` (what they share).
 """
 
-from .bridge import _bridge_main
-from .common import CLASS_RESOURCE_PREFIX, class_resource, default_temp_dir, local_cluster_plan, pip_requirements
-from .executor import RayExecutor
+from lancefn_jupyter.server.executors.ray.bridge import _bridge_main
+from lancefn_jupyter.server.executors.ray.common import (
+    CLASS_RESOURCE_PREFIX,
+    class_resource,
+    default_temp_dir,
+    local_cluster_plan,
+    pip_requirements,
+)
+from lancefn_jupyter.server.executors.ray.executor import RayExecutor
 
 __all__ = [
     "RayExecutor",

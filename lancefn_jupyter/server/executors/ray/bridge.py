@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...worker_io import Protocol
-from .common import (
+from lancefn_jupyter.server.executors.ray.common import (
     _ACTOR_IDLE_S,
     _CAPACITY_POLL_S,
     _NAMESPACE,
@@ -29,16 +28,10 @@ from .common import (
     class_resource,
     pip_requirements,
 )
-from .executor import (
-    _kill_session,
-    _ray_data_fields,
-    _store_result,
-)
-from .pool import ActorPool
-from .task import (
-    _EventHub,
-    _JobActor,
-)
+from lancefn_jupyter.server.executors.ray.executor import _kill_session, _ray_data_fields, _store_result
+from lancefn_jupyter.server.executors.ray.pool import ActorPool
+from lancefn_jupyter.server.executors.ray.task import _EventHub, _JobActor
+from lancefn_jupyter.worker.protocol import Protocol
 
 log = logging.getLogger("lancefn_jupyter.server.executors.ray")  # one logger for the package, as before the split
 
@@ -165,7 +158,7 @@ class _Driver:
                     )
 
     def launch(self, job: dict) -> None:
-        from ...worker_io import artifact_filename
+        from lancefn_jupyter.worker.protocol import artifact_filename
 
         job_id = job["job_id"]
         key = (job["name"], job["version"], job.get("namespace") or "")

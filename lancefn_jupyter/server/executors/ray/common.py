@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from ...gpu_classes import GpuClassConfig
+    from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
 
 CLASS_RESOURCE_PREFIX = "lancefn_gpu_class:"
@@ -97,7 +97,7 @@ def pip_requirements(packages: Sequence[str], mode: str = "auto") -> list[str]:
         pep508.append(text)
     if mode == "always":
         return pep508
-    from ...task_runner import missing_packages
+    from lancefn_jupyter.worker.runner import missing_packages
 
     missing = {text for text, _ in missing_packages(pep508)}
     return [text for text in pep508 if text in missing]

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from ...worker_io import relay
-from ..base import Executor, ExecutorCallbacks, TaskSpec, redact_env
+from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec, redact_env
+from lancefn_jupyter.worker.protocol import relay
 
 if TYPE_CHECKING:
-    from ...gpu_classes import GpuClassConfig
-from .common import (
+    from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
+from lancefn_jupyter.server.executors.ray.common import (
     _BRIDGE_ARTIFACT_BYTES,
     _BRIDGE_ARTIFACTS,
     _SECRET_ENV,
@@ -496,7 +496,7 @@ class RayExecutor(Executor):
             self._buffer, self._inflight = [], {}
             self._recent_envs.extend(task.env for task in failed if task.env)
         log.warning("ray executor: %s", reason)
-        from ....models import JobFailure
+        from lancefn_jupyter.wire.models import JobFailure
 
         suffix = (
             "the job did not finish; run it again (the control plane reconnects in the background)"
@@ -530,7 +530,7 @@ class RayExecutor(Executor):
 
 
 def _describe_exit(returncode: int | None) -> str:
-    from ...worker_process import describe_exit
+    from lancefn_jupyter.worker.process import describe_exit
 
     return describe_exit(returncode).replace("worker process", "the Ray driver process")  # type: ignore[arg-type]
 
@@ -548,7 +548,7 @@ def _ray_data_fields(data: dict) -> dict:
 
 def _store_result(final: dict, path: str | None, durable: bool) -> dict:
     """Write a task's ``result_ipc`` atomically to the job's result file; the ``result`` event."""
-    from ....dataplane import write_bytes_file
+    from lancefn_jupyter.wire.dataplane import write_bytes_file
 
     if path is None:
         return {

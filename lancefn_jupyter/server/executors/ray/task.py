@@ -9,15 +9,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ...worker_io import flush_stdio
+from lancefn_jupyter.worker.protocol import flush_stdio
 
 if TYPE_CHECKING:
     pass
-from .common import (
-    _FLUSHER_PARK_S,
-    _HUB_FLUSH_S,
-    _NAMESPACE,
-)
+from lancefn_jupyter.server.executors.ray.common import _FLUSHER_PARK_S, _HUB_FLUSH_S, _NAMESPACE
 
 
 class _EventHub:
@@ -162,7 +158,7 @@ class _ActorOutput:
     """
 
     def __init__(self) -> None:
-        from ...worker import _Capture
+        from lancefn_jupyter.worker.main import _Capture
 
         flush_stdio()
         self.current: Callable[..., None] | None = None
@@ -186,7 +182,7 @@ class _ActorOutput:
     @contextlib.contextmanager
     def to(self, send: Callable[..., None]) -> Iterator[None]:
         """Output goes to ``send`` until every line written inside the block has been handed over."""
-        from ...worker import _flush_output
+        from lancefn_jupyter.worker.main import _flush_output
 
         self.current = send
         try:
@@ -247,7 +243,7 @@ def _task_env(env: dict[str, str]) -> Iterator[None]:
 
 def _run_job(hub: Any, task: dict, where: dict, output: _ActorOutput) -> dict:
     """One job on an actor: report where it runs, run the artifact like the local worker, return the outcome."""
-    from ...task_runner import run_task_inline
+    from lancefn_jupyter.worker.runner import run_task_inline
 
     sender = _HubSender(hub, task["task_id"])
     node = where["node"]

@@ -1,0 +1,357 @@
+"""Pure text and HTML renderings of classes, jobs, versions and function cards.
+
+These are the `text/plain` and `text/html` parts of every rich repr and widget fallback, so a
+notebook reads well in nbconvert, GitHub and VS Code too. No I/O, no ipywidgets.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Iterable, Optional, Sequence
+
+from lancefn_jupyter.wire.models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_state
+
+__all__ = [
+    "format_bytes",
+    "gpu_memory",
+    "format_elapsed",
+    "job_summary",
+    "expected_start_text",
+    "job_elapsed_s",
+    "render_table",
+    "gpu_classes_table",
+    "jobs_table",
+    "versions_table",
+    "function_card",
+    "job_card",
+    "usage_line",
+    "progress_text",
+    "result_text",
+    "STATE_COLORS",
+    "state_badge_html",
+]
+
+STATE_COLORS = {
+    "pending": "#b26b00",
+    "running": "#1565c0",
+    "finished": "#2e7d32",
+    "failed": "#c62828",
+    "cancelled": "#616161",
+    "timed out": "#ad1457",
+}
+
+
+def format_bytes(n: int) -> str:
+    """Binary units, as GPU memory is sold: 85899345920 → '80 GiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def gpu_memory(n: int) -> str:
+    """A class's GPU memory for display; 0 means the config (e.g. a simulated class) did not say."""
+    return format_bytes(n) if n > 0 else "memory not reported"
+
+
+def format_elapsed(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def job_elapsed_s(job: Job, now_ms: Optional[float] = None) -> Optional[float]:
+    """Run time so far (running) or in total (ended); None while pending."""
+    if job.started_ms is None:
+        return None
+    end = job.finished_ms if job.finished_ms is not None else (now_ms if now_ms is not None else time.time() * 1000)
+    return (end - job.started_ms) / 1000
+
+
+def expected_start_text(expected_start_ms: Optional[int], now_ms: Optional[float] = None) -> str:
+    """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
+    if expected_start_ms is None:
+        return "start time unknown"
+    wait_s = (expected_start_ms - (now_ms if now_ms is not None else time.time() * 1000)) / 1000
+    if wait_s < 1.5:
+        return "starts any moment"
+    if wait_s < 90:
+        return f"starts in about {wait_s:.0f} s"
+    if wait_s < 90 * 60:
+        return f"starts in about {wait_s / 60:.0f} min"
+    return f"starts in about {wait_s / 3600:.1f} h"
+
+
+def job_summary(job: Job) -> str:
+    """One line saying what the job is doing, in the user's words."""
+    state = display_state(job.job_state)
+    placement = job.placement
+    if job.job_state == JobState.PENDING:
+        where = placement.gpu_class or "default"
+        position = f", position {placement.queue_position}" if placement.queue_position is not None else ""
+        if placement.queue_position is not None and placement.num_gpus:
+            position += f", {expected_start_text(placement.expected_start_ms)}"
+        if placement.waiting_on_capacity:
+            return f"pending: waiting for GPU capacity in class {where}{position}"
+        return f"pending{position}"
+    if job.job_state == JobState.IN_PROGRESS:
+        devices = ",".join(placement.devices) or "no GPU"
+        elapsed = job_elapsed_s(job)
+        return f"running on {placement.gpu_class or 'cpu'} [{devices}]" + (
+            f" for {format_elapsed(elapsed)}" if elapsed is not None else ""
+        )
+    if job.failure is not None:
+        return f"{state} ({job.failure.phase}): {job.failure.message}"
+    elapsed = job_elapsed_s(job)
+    summary = state + (f" in {format_elapsed(elapsed)}" if elapsed is not None else "")
+    if job.job_state == JobState.DONE and job.result is not None:
+        from lancefn_jupyter.wire.versions import nonfinite_text
+
+        nonfinite = nonfinite_text(job.result)  # a function that silently produced NaNs shows at a glance
+        if nonfinite:
+            summary += f"; results hold {nonfinite}"
+    result = result_text(job) if job.result_format == "arrow" else ""  # small JSON values: the result column
+    return f"{summary} → {result}" if result else summary
+
+
+def _describe_summary(summary: dict) -> str:
+    kind = summary.get("type", "?")
+    if kind == "list" and "item" in summary:
+        return f"list of {summary.get('shape', ['?'])[0]} × {_describe_summary(summary['item'])}"
+    parts = [kind]
+    if summary.get("dtype"):
+        dtype = str(summary["dtype"])
+        parts.append(dtype if len(dtype) <= 40 else dtype[:39] + "…")
+    if summary.get("shape") is not None:
+        parts.append(
+            "(" + ", ".join(str(n) for n in summary["shape"]) + ("," if len(summary["shape"]) == 1 else "") + ")"
+        )
+    text = " ".join(parts)
+    if summary.get("nbytes"):
+        text += f", {format_bytes(summary['nbytes'])}"
+    counts = summary.get("nonfinite")
+    if isinstance(counts, dict):  # the same words as versions.nonfinite_text for JSON results
+        found = [
+            f"{counts.get(k)} {label}"
+            for k, label in (("nan", "NaN"), ("inf", "+Inf"), ("-inf", "-Inf"))
+            if counts.get(k)
+        ]
+        text += f"; holds {', '.join(found)} of {counts.get('floats')} floats"
+    return text
+
+
+def result_text(job: Job) -> str:
+    """A finished job's result in a few words (type, dtype, shape, bytes): never the data itself."""
+    if job.job_state != JobState.DONE or job.job_type != "run_function":
+        return ""
+    if job.result_format == "arrow" and isinstance(job.result_summary, dict):
+        text = _describe_summary(job.result_summary)
+        return text + (" (removed by retention)" if job.result_summary.get("expired") else "")
+    results = job.result
+    if not isinstance(results, list):
+        return ""
+    if len(results) == 1:
+        value = results[0]
+        if isinstance(value, (list, dict, str)) and len(value) > 40:  # never repr a big value
+            return f"{type(value).__name__} of {len(value)}"
+        text = repr(value)
+        return (
+            text
+            if len(text) <= 40
+            else f"{type(value).__name__} of {len(value)}"
+            if hasattr(value, "__len__")
+            else text[:39] + "…"
+        )
+    return f"list of {len(results)}"
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title: str = "") -> tuple[str, str]:
+    """(text, html) of a simple table; cells are plain strings (escaped for HTML here)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = [title] if title else []
+    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    if not rows:
+        lines.append("(none)")
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    caption = f"<b>{html.escape(title)}</b>" if title else ""
+    empty = "<i>none</i>" if not rows else ""
+    markup = (
+        f"<div class='lancefn'>{caption}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{empty}</div>"
+    )
+    return "\n".join(lines), markup
+
+
+def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = ()) -> tuple[str, str]:
+    by_name = {u.name: u for u in usage}
+    rows = []
+    for gpu in classes:
+        u = by_name.get(gpu.name)
+        rows.append(
+            [
+                gpu.name,
+                gpu.gpu_model + (" (simulated)" if gpu.simulated else ""),
+                gpu_memory(gpu.gpu_memory_bytes),
+                str(gpu.max_gpu_count_per_worker),
+                gpu.resource_name,
+                ",".join(f"{k}={v}" for k, v in sorted(gpu.node_selector.items())) or "-",
+                str(u.gpus_busy) if u else "?",
+                f"{u.gpus_total - u.gpus_busy}/{u.gpus_total}" if u else "?",
+                f"{u.jobs_running}/{u.jobs_pending}" if u else "?",
+            ]
+        )
+    return render_table(
+        [
+            "class",
+            "GPU model",
+            "memory",
+            "max GPUs/worker",
+            "resource",
+            "node selector",
+            "busy",
+            "free/total",
+            "running/pending",
+        ],
+        rows,
+        title="GPU classes",
+    )
+
+
+def usage_line(gpu_class: str, usage: Optional[GpuUsage]) -> str:
+    """One class's live use in words, e.g. 'class default: 1 busy, 1 free of 2 GPUs; 1 running, 0 pending'."""
+    if usage is None:
+        return f"class {gpu_class}: live usage unknown"
+    free = usage.gpus_total - usage.gpus_busy
+    return (
+        f"class {gpu_class}: {usage.gpus_busy} busy, {free} free of {usage.gpus_total} GPUs; "
+        f"{usage.jobs_running} running, {usage.jobs_pending} pending"
+    )
+
+
+def progress_text(job: Job) -> str:
+    """'2/3 rows (67%)'."""
+    done, total = job.progress.rows_done, job.progress.rows_total
+    pct = 100 * done / total if total else (100 if job.job_state == JobState.DONE else 0)
+    return f"{done}/{total} rows ({pct:.0f}%)"
+
+
+def function_ref(job: Job) -> str:
+    spec = job.spec
+    name, version = spec.get("name", "?"), spec.get("version")
+    return f"{name}@{version}" if version else str(name)
+
+
+def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
+    rows = []
+    for job in jobs:
+        p = job.placement
+        queue = str(p.queue_position) if job.job_state == JobState.PENDING and p.queue_position is not None else ""
+        elapsed = job_elapsed_s(job)
+        rows.append(
+            [
+                job.job_id,
+                function_ref(job),
+                display_state(job.job_state),
+                p.gpu_class or "cpu",
+                str(p.num_gpus),
+                ",".join(p.devices),
+                queue,
+                f"{job.progress.rows_done}/{job.progress.rows_total}",
+                format_elapsed(elapsed) if elapsed is not None else "",
+                f"{job.failure.phase}: {job.failure.message}" if job.failure else "",
+                result_text(job),
+            ]
+        )
+    return render_table(
+        ["job", "function", "state", "class", "GPUs", "devices", "queue", "progress", "elapsed", "error", "result"],
+        rows,
+        title="GPU jobs",
+    )
+
+
+def versions_table(listings: Iterable[tuple[str, str, Optional[FunctionVersion]]]) -> tuple[str, str]:
+    rows = []
+    for name, version, definition in listings:
+        if definition is not None:
+            runtime = definition.runtime
+            resources = runtime.resources
+            gpus = str(resources.num_gpus) if resources else "0"
+            gpu_class = (resources.gpu_class if resources else None) or ("default" if resources else "cpu")
+            rows.append([name, version, definition.artifact.digest[:19], gpus, gpu_class, definition.created_at])
+        else:
+            rows.append([name, version, "", "", "", ""])
+    return render_table(["function", "version", "digest", "GPUs", "class", "created"], rows, title="Function versions")
+
+
+def function_card(
+    *,
+    name: str,
+    version: Optional[str],
+    digest: str,
+    runtime_kind: str,
+    num_gpus: int,
+    gpu_class: Optional[str],
+    environment: str,
+    hardware: Optional[GpuClass],
+    note: str = "",
+) -> tuple[str, str]:
+    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware."""
+    hw = "unknown class"
+    if hardware is not None:
+        hw = f"{hardware.gpu_model}, {gpu_memory(hardware.gpu_memory_bytes)}, up to {hardware.max_gpu_count_per_worker} GPUs/worker"
+        if hardware.simulated:
+            hw += " (simulated)"
+    fields = [
+        ("version", version or "(not registered)"),
+        ("digest", digest[:19]),
+        ("runtime", runtime_kind),
+        ("resources", f"{num_gpus} GPU{'s' if num_gpus != 1 else ''} of class {gpu_class or 'default'}"),
+        ("environment", environment),
+        ("hardware", hw),
+    ]
+    text = "\n".join([f"GPU function {name}"] + [f"  {k:<12}{v}" for k, v in fields] + ([f"  {note}"] if note else []))
+    rows = "".join(
+        f"<tr><td style='padding:1px 8px;color:#666'>{html.escape(k)}</td><td style='padding:1px 8px'><code>{html.escape(v)}</code></td></tr>"
+        for k, v in fields
+    )
+    extra = f"<div style='color:#666'>{html.escape(note)}</div>" if note else ""
+    markup = (
+        "<div class='lancefn lancefn-card' style='border:1px solid #ccc;border-radius:4px;padding:6px;display:inline-block'>"
+        f"<b>GPU function <code>{html.escape(name)}</code></b><table>{rows}</table>{extra}</div>"
+    )
+    return text, markup
+
+
+def state_badge_html(state: str) -> str:
+    color = STATE_COLORS.get(state, "#444")
+    return (
+        f"<span class='lancefn-state lancefn-state-{state.replace(' ', '-')}' "
+        f"style='background:{color};color:white;border-radius:3px;padding:0 6px'>{html.escape(state)}</span>"
+    )
+
+
+def job_card(job: Job) -> tuple[str, str]:
+    state = display_state(job.job_state)
+    progress = job.progress
+    text = f"Job {job.job_id} {function_ref(job)}: {job_summary(job)} — {progress.rows_done}/{progress.rows_total} rows"
+    pct = 100 * progress.rows_done / progress.rows_total if progress.rows_total else 0
+    markup = (
+        f"<div class='lancefn lancefn-job'>{state_badge_html(state)} <code>{html.escape(job.job_id)}</code> "
+        f"{html.escape(function_ref(job))} — {html.escape(job_summary(job))} "
+        f"<progress value='{progress.rows_done}' max='{max(progress.rows_total, 1)}'></progress> "
+        f"{progress.rows_done}/{progress.rows_total} ({pct:.0f}%)</div>"
+    )
+    return text, markup

@@ -1,0 +1,385 @@
+"""The batch handle: `f.map(items, parallel=…)` fanned out as chunk jobs (docs/ARCHITECTURE.md, "Batches").
+
+batch = embed.map(texts, parallel="auto", retries=1)
+batch.result()              # every row's result, in input order (the input's kind: list / numpy / table)
+for i, value in batch.as_completed(): ...   # rows as their chunks finish
+batch.retry_failed(); batch.cancel(); Batch.attach(batch_id)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+from lancefn_jupyter.client import Client, LancefnError
+from lancefn_jupyter.display.batch import batch_card
+from lancefn_jupyter.handles import chunking as batching
+from lancefn_jupyter.handles.base import RecordHandle, waiting
+from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
+from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lancefn_jupyter.handles.function import GpuFunction
+
+__all__ = ["Batch", "BatchError", "BatchChunkError", "start_batch", "check_parallel"]
+
+
+class BatchError(LancefnError):
+    """A batch did not produce every row's result (a chunk failed, or it was cancelled)."""
+
+    def __init__(self, message: str, batch: BatchRecord, *, remote_traceback: str = ""):
+        self.batch = batch
+        self.batch_id = batch.batch_id
+        self.failure = batch.failure
+        self.remote_traceback = remote_traceback
+        super().__init__(message)
+
+
+class BatchChunkError(LancefnError):
+    """Stands in for each row of a chunk that failed, with `result(return_exceptions=True)`."""
+
+    def __init__(
+        self, message: str, *, chunk: int, row_start: int, row_end: int, phase: str = "run", remote_traceback: str = ""
+    ):
+        self.chunk, self.row_start, self.row_end = chunk, row_start, row_end
+        self.phase, self.remote_traceback = phase, remote_traceback
+        super().__init__(message)
+
+
+def check_parallel(parallel: Any) -> Optional[int]:
+    """`"auto"` → None (as many as the class has GPUs); a whole number ≥ 1 → itself."""
+    if parallel == "auto":
+        return None
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be 'auto' or a whole number ≥ 1 (chunks running at once); got {parallel!r}")
+    return parallel
+
+
+def _slots(function: "GpuFunction", client: Client, parallel: Optional[int]) -> int:
+    """How many chunks can run at once: `parallel`, else the class's GPUs per the function's num_gpus."""
+    if parallel is not None:
+        return parallel
+    resources = function.registration_request.runtime.resources
+    if resources is None or not resources.num_gpus:
+        import os
+
+        return os.cpu_count() or 1
+    try:
+        usage = {row.name: row for row in client.gpu.usage()}
+    except LancefnError:
+        return 1
+    row = usage.get(resources.gpu_class or "default") or next(iter(usage.values()), None)
+    return max(1, (row.gpus_total if row else 1) // resources.num_gpus)
+
+
+def _column_rows(function: "GpuFunction", column: Any) -> Any:
+    """An Arrow column of the one parameter's values as the rows table (no per-row Python), or
+    None when the parameter's type needs the per-row path (arrays, tables) or the column does not cast."""
+    import pyarrow as pa
+
+    from lancefn_jupyter.wire import dataplane
+
+    (param,) = function._packaged.signature.inputs
+    if dataplane.is_data_type(param.arrow_type):
+        return None
+    try:
+        array = column.cast(dataplane._scalar_type(param.arrow_type))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError, ValueError):
+        return None
+    return pa.Table.from_arrays([array], schema=pa.schema([dataplane._field(param.name, array, param.arrow_type)]))
+
+
+def _create(
+    function: "GpuFunction", client: Client, parts: batching.Split, row_of: Any, table: Any = None, **options: Any
+) -> dict:
+    """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
+    can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
+    results, NaN/Inf values, a table column), handed over as a file to the embedded server."""
+    from lancefn_jupyter.handles.rows import rows_payload
+    from lancefn_jupyter.session import shared_home
+    from lancefn_jupyter.wire import dataplane
+
+    version = function.version
+    assert version is not None
+    if table is None:
+        items = [item for chunk in parts.chunks for item in chunk]
+        rows = [row_of(item) for item in items] if row_of is not None else [function._item_row(item) for item in items]
+        json_rows, table = rows_payload(rows, function._packaged.signature, function.name, function._defaults())
+        if table is None:
+            chunks = [json_rows[a:b] for a, b in parts.bounds]
+            return client.batches.create(version.name, version.version, chunks, **options)
+    import pyarrow as pa
+
+    whole = table.combine_chunks().to_batches()[0]  # one record batch; sliced per chunk (no copy)
+    chunked = pa.Table.from_batches([whole.slice(a, b - a) for a, b in parts.bounds], schema=table.schema)
+    if (home := shared_home(client)) is not None:
+        import uuid
+
+        name = f"{uuid.uuid4().hex}.arrow"
+        dataplane.write_ipc_file(home / "data" / "uploads" / name, chunked, durable=False)
+        return client.batches.create(version.name, version.version, None, rows_file=name, **options)
+    return client.batches.create(version.name, version.version, None, arrow=dataplane.to_ipc_bytes(chunked), **options)
+
+
+def start_batch(
+    function: "GpuFunction",
+    items: Any,
+    *,
+    parallel: Any = "auto",
+    chunk_size: Optional[int] = None,
+    retries: int = 0,
+    return_exceptions: bool = False,
+    fresh: bool = False,
+    row_of: Any = None,
+    column: Any = None,
+) -> "Batch":
+    """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
+    ``column``: the values of the function's one parameter as an Arrow array (a table's column),
+    sent as Arrow chunks as they are; ``items`` is then ignored."""
+    from lancefn_jupyter.session import current_client
+
+    window = check_parallel(parallel)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
+        raise ValueError(f"retries must be a whole number from 0 to 10 (re-runs of a failed chunk); got {retries!r}")
+    version = function.version
+    if version is None:
+        raise LancefnError(f"{function.name} was defined with register=no; call {function.name}.register() first")
+    client = current_client()
+    slots = _slots(function, client, window) if chunk_size is None else 1
+    table = _column_rows(function, column) if column is not None else None
+    if table is None and column is not None:
+        items = column.to_pylist()
+    if table is not None:
+        parts = batching.Split("list", (), batching.cut(table.num_rows, chunk_size, slots=slots))
+    else:
+        parts = batching.split(items, chunk_size, slots=slots)
+    reply = _create(
+        function,
+        client,
+        parts,
+        row_of,
+        table,
+        parallel=window,
+        retries=retries,
+        fresh=fresh,
+        timeout_s=function.timeout_s,
+    )
+    batch = Batch(
+        reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions
+    )
+    batch.reused_chunks = int(reply.get("reused_chunks", 0))
+    return batch
+
+
+class Batch(RecordHandle[BatchRecord]):
+    """A handle on one batch: progress, results in order or as they finish, retry, cancel."""
+
+    def __init__(
+        self,
+        batch_id: str,
+        *,
+        client: Optional[Client] = None,
+        function: Optional["GpuFunction"] = None,
+        kind: str = "list",
+        return_exceptions: bool = False,
+        snapshot: Optional[BatchRecord] = None,
+    ):
+        from lancefn_jupyter.session import current_client
+
+        self.batch_id = batch_id
+        self._client = client or current_client()
+        self._function = function
+        self._kind = kind
+        self.return_exceptions = return_exceptions
+        self.reused_chunks = 0
+        self._snapshot = snapshot
+        self._results: dict[int, Any] = {}  # chunk index → its rows' results (fetched once)
+        self._widget: Any = None
+
+    @classmethod
+    def attach(cls, batch_id: str, *, client: Optional[Client] = None) -> "Batch":
+        """Re-attach to a batch (e.g. after a kernel restart); results come back as a list."""
+        batch = cls(batch_id, client=client)
+        batch.refresh()
+        return batch
+
+    # -- state
+    def _describe(self) -> BatchRecord:
+        return self._client.batches.describe(self.batch_id)
+
+    def _update(self, snapshot: BatchRecord) -> None:
+        """A newer state from the event listener (never goes backwards)."""
+        if self._snapshot is None or snapshot.revision >= self._snapshot.revision:
+            self._snapshot = snapshot
+
+    @property
+    def state(self) -> str:
+        """pending, running, finished, failed or cancelled."""
+        snapshot = self.snapshot
+        if snapshot.batch_state not in TERMINAL_STATES:
+            snapshot = self.refresh()
+        return display_state(snapshot.batch_state)
+
+    @property
+    def done(self) -> bool:
+        return self.snapshot.batch_state in TERMINAL_STATES
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        """(rows done, rows in all)."""
+        snapshot = self.snapshot
+        return snapshot.rows_done, snapshot.rows_total
+
+    def wait(self, timeout: Optional[float] = None) -> "Batch":
+        """Block until every chunk ended (or `timeout` s). Ctrl-C stops waiting, not the batch."""
+        with waiting(
+            f"Stopped waiting for batch {self.batch_id}; it keeps running. "
+            f"Cancel it with Batch.attach({self.batch_id!r}).cancel() or its Cancel button."
+        ):
+            self._snapshot = self._client.batches.wait(self.batch_id, timeout=timeout)
+        return self
+
+    # -- results
+    def _chunk_value(self, chunk: Any) -> Any:
+        """A finished chunk's results as its job returns them (through the jobs' result transport)."""
+        if chunk.index not in self._results:
+            from lancefn_jupyter.handles.job import (
+                Job,  # batch.py is imported by jobs' users; the handle loads on first result
+            )
+
+            self._results[chunk.index] = Job(chunk.job_id, client=self._client, function=self._function).result()
+        return self._results[chunk.index]
+
+    def _chunk_rows(self, chunk: Any) -> list:
+        """A finished chunk's results, one item per row."""
+        value = self._chunk_value(chunk)
+        if hasattr(value, "to_pylist"):  # an Arrow table / array
+            return value.to_pylist()
+        return list(value)
+
+    def _chunk_error(self, chunk: Any) -> BatchChunkError:
+        failure = chunk.failure or {}
+        tb = self._map_traceback(failure.get("traceback") or "")
+        message = (
+            f"chunk {chunk.index} (rows {chunk.row_start}–{chunk.row_end - 1}) "
+            f"{'was cancelled' if chunk.state == JobState.CANCELLED else 'failed in phase ' + str(failure.get('phase', 'run'))}"
+            f"{': ' + failure['message'] if failure.get('message') and chunk.state != JobState.CANCELLED else ''}"
+        )
+        return BatchChunkError(
+            message,
+            chunk=chunk.index,
+            row_start=chunk.row_start,
+            row_end=chunk.row_end,
+            phase=str(failure.get("phase", "run")),
+            remote_traceback=tb,
+        )
+
+    def _map_traceback(self, text: str) -> str:
+        return self._function._map_traceback(text) if self._function is not None and text else text
+
+    def _raise(self, snapshot: BatchRecord) -> None:
+        ref = f"{snapshot.name}@{snapshot.version}"
+        done = snapshot.chunk_counts.get("DONE", 0)
+        kept = f"{done} of {snapshot.chunks_total} chunks finished and their results are kept; `.retry_failed()` runs the rest"
+        if snapshot.batch_state == JobState.CANCELLED:
+            raise BatchError(f"batch {self.batch_id} ({ref}) was cancelled; {kept}", snapshot)
+        failed = next(
+            (c for c in snapshot.chunks or () if c.state in (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)),
+            None,
+        )
+        error = self._chunk_error(failed) if failed is not None else None
+        text = f"batch {self.batch_id} ({ref}) failed: {error or 'a chunk did not finish'}; {kept}"
+        if error is not None and error.remote_traceback:
+            text += "\n\nRemote traceback (your code only):\n" + error.remote_traceback
+        raise BatchError(text, snapshot, remote_traceback=error.remote_traceback if error else "")
+
+    def result(self, timeout: Optional[float] = None, *, return_exceptions: Optional[bool] = None) -> Any:
+        """Every row's result in input order, as the input's kind (list, numpy array, pyarrow Table).
+
+        A failed or cancelled batch raises :class:`BatchError` naming the chunk and its rows, unless
+        `return_exceptions=True`: then each row of a chunk that did not finish is a BatchChunkError (a list).
+        """
+        snapshot = self.snapshot
+        if snapshot.batch_state not in TERMINAL_STATES or snapshot.chunks is None:
+            snapshot = self.wait(timeout).snapshot
+        if snapshot.batch_state not in TERMINAL_STATES:
+            raise TimeoutError(f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s")
+        keep_errors = self.return_exceptions if return_exceptions is None else return_exceptions
+        if snapshot.batch_state != JobState.DONE and not keep_errors:
+            self._raise(snapshot)
+        parts: list = []
+        for chunk in snapshot.chunks or ():
+            if chunk.state == JobState.DONE:
+                parts.append(self._chunk_value(chunk))
+            else:
+                parts.append([self._chunk_error(chunk)] * (chunk.row_end - chunk.row_start))
+        if snapshot.batch_state != JobState.DONE:
+            return batching.stack("list", parts)
+        return batching.stack(self._kind, parts)
+
+    def as_completed(self, timeout: Optional[float] = None) -> Iterator[tuple[int, Any]]:
+        """`(row index, result)` pairs as their chunks finish (rows of one chunk together, in order).
+
+        A chunk that fails after its retries raises BatchError once reached (or yields
+        BatchChunkError values with `return_exceptions=True`)."""
+        for chunk, values in self.chunks_as_completed(timeout):
+            if isinstance(values, BatchChunkError):
+                if not self.return_exceptions:
+                    self._raise(self.refresh() if self.done else self.snapshot)
+                yield from ((i, values) for i in range(chunk.row_start, chunk.row_end))
+            else:
+                yield from enumerate(values, start=chunk.row_start)
+
+    def chunks_as_completed(self, timeout: Optional[float] = None) -> Iterator[tuple[Any, Any]]:
+        """`(chunk, its rows' results)` as chunks finish, or `(chunk, BatchChunkError)` for one
+        that failed after its retries (a cancelled chunk only once the batch has ended)."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: set[int] = set()
+        revision: Optional[int] = None
+        ended = (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)
+        while True:
+            if revision is None:
+                snapshot = self.refresh()  # what has finished already, without waiting
+            else:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                snapshot = self._client.batches.wait(self.batch_id, timeout=left, revision=revision)
+                self._snapshot = snapshot
+            revision = snapshot.revision
+            terminal = snapshot.batch_state in TERMINAL_STATES
+            for chunk in snapshot.chunks or ():
+                if chunk.index in seen:
+                    continue
+                if chunk.state == JobState.DONE:
+                    seen.add(chunk.index)
+                    yield chunk, self._chunk_rows(chunk)
+                elif chunk.state in ended and (terminal or chunk.state != JobState.CANCELLED):
+                    seen.add(chunk.index)
+                    yield chunk, self._chunk_error(chunk)
+            if terminal:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s"
+                )
+
+    # -- control
+    def retry_failed(self) -> "Batch":
+        """Run again only the chunks that did not finish; finished chunks keep their results."""
+        self._snapshot = self._client.batches.retry(self.batch_id)
+        return self
+
+    def cancel(self) -> bool:
+        """Cancel every chunk still pending or running; True if this call cancelled the batch."""
+        cancelled = self._client.batches.cancel(self.batch_id)
+        self.refresh()
+        return cancelled
+
+    # -- display
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from lancefn_jupyter.widgets import batch_bundle
+
+        return batch_bundle(self)
+
+    def __repr__(self) -> str:
+        return batch_card(self.snapshot)[0]

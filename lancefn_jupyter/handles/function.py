@@ -1,0 +1,455 @@
+"""The function handle: `GpuFunction` (from `%%gpu_function` cells and the `gpu_function` decorator),
+its registration, and the calls that run it (`submit`, `map`, `remote`, `local`).
+
+A refused cell binds its name to an `UnregisteredFunction` instead (README, "When a cell is refused").
+Registered versions looked up from the control plane are built in `registry.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import sys
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
+
+from lancefn_jupyter.client import LancefnError
+from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.handles.job import Job, missing_module_hint
+from lancefn_jupyter.handles.rows import rows_payload
+from lancefn_jupyter.handles.tracebacks import map_traceback
+from lancefn_jupyter.options import FunctionOptions, build_options
+from lancefn_jupyter.packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
+from lancefn_jupyter.session import _session, class_hardware, current_client, shared_home
+from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.wire.versions import VersionDiff
+
+__all__ = [
+    "GpuFunction",
+    "NotRegisteredError",
+    "UnregisteredFunction",
+    "bind_refused",
+    "function_from_cell",
+    "gpu_function",
+    "request_key",
+]
+
+_SHOW_JOB_AFTER_S = 2.0  # ipyparallel's progress_after default: quick calls stay quiet
+# `functions/run` holds its reply up to this long so a quick job comes back finished in that one
+# round trip; short, so a loop of submits of long jobs barely waits (a queued job answers at once).
+_SUBMIT_WAIT_S = 0.02
+
+
+def _is_lance_table(items: Any) -> bool:
+    return type(items).__module__.startswith("lancedb")
+
+
+def _echo_log(stream: str, lines: list[str]) -> None:
+    print("\n".join(lines), file=sys.stderr if stream == "stderr" else sys.stdout)
+
+
+def request_key(request: FunctionRegistrationRequest) -> str:
+    return hashlib.sha256(request.to_canonical_json().encode()).hexdigest()
+
+
+class GpuFunction:
+    """A registered (or registrable) function version that still calls the local function.
+
+    `f(x)` runs in this kernel; `f.submit(x)` / `f.map(xs)` / `f.remote(x)` run as jobs on the control
+    plane; `f.local(x)` runs the packaged artifact in a subprocess on a local GPU or the CUDA simulator.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        packaged: PackagedFunction,
+        options: FunctionOptions,
+        *,
+        cell_source: Optional[str] = None,
+        line_offset: int = 0,
+        root: Optional[str] = None,
+    ):
+        self._fn = fn
+        self._root = root  # the notebook's directory, for the missing-local-module hint
+        self._packaged = packaged
+        self._options = options
+        self._cell_source = cell_source
+        # Notebook line of the packaged text's line 0 (the magic line, plus any blank lines IPython dropped).
+        self._line_offset = line_offset
+        self._version: Optional[FunctionVersion] = None
+        self._line_label = "cell line {}"  # looked-up handles name the artifact's lines instead
+        self._py_signature: Optional[inspect.Signature] = None
+        self.timeout_s: Optional[float] = options.timeout_s
+        self.last_local_device: Optional[str] = None
+        self.name = options.name or packaged.entrypoint
+        self._request = FunctionRegistrationRequest(
+            name=self.name,
+            artifact=packaged.artifact_request(),
+            signature=packaged.signature,
+            runtime=options.runtime(f"{sys.version_info.major}.{sys.version_info.minor}"),
+        )
+        self.__wrapped__ = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", self.name)
+
+    # -- identity
+    @property
+    def registration_request(self) -> FunctionRegistrationRequest:
+        return self._request
+
+    @property
+    def artifact_source(self) -> str:
+        return self._packaged.source.decode("utf-8")
+
+    @property
+    def options(self) -> FunctionOptions:
+        return self._options
+
+    @property
+    def version(self) -> Optional[FunctionVersion]:
+        """The registered version (registering on first access unless `register=no`)."""
+        if self._version is None and self._options.register:
+            self.register()
+        return self._version
+
+    def register(self) -> FunctionVersion:
+        """Register with the current control plane; unchanged requests are not sent again."""
+        client = current_client()
+        key = (client.url, request_key(self._request))
+        version = _session.registered.get(key)
+        if version is None:
+            version = client.functions.register(self._request)
+            _session.registered[key] = version
+        self._version = version
+        return version
+
+    def _map_traceback(self, text: str) -> str:
+        """Remote frames shown at the user's lines: the notebook cell's, or the .py file's (decorator)."""
+        if self._cell_source is not None:
+            return map_traceback(
+                text, self._packaged, self._cell_source, line_offset=self._line_offset, where=self._line_label
+            )
+        filename = getattr(getattr(self._fn, "__code__", None), "co_filename", "<source>")
+        return map_traceback(text, self._packaged, None, where=f'File "{filename}", line {{}}')
+
+    def diff(self, old: Optional[str] = None, new: Optional[str] = None) -> "VersionDiff":
+        """What changed between two versions of this function (default: the last two); prefixes of 6+ chars work."""
+        from lancefn_jupyter.handles.lookup import (
+            diff_versions,  # registry builds GpuFunctions, so it imports this module
+        )
+
+        return diff_versions(self.name, old, new)
+
+    def _map_failure(self, message: str, traceback: str) -> tuple[str, str]:
+        """(message, traceback) at the user's lines, the message said once (compiler errors are long)."""
+        from lancefn_jupyter.handles.tracebacks import say_once
+
+        traceback = self._map_traceback(traceback)
+        return say_once(self._map_traceback(message), traceback), traceback
+
+    # -- calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def _row(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            if self._py_signature is None:  # cached: a map binds one row per item
+                self._py_signature = inspect.signature(self._fn)
+            bound = self._py_signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{self.name}(): {error}") from None
+        # Omitted arguments with defaults stay out of the row: the worker applies the default.
+        return dict(bound.arguments)
+
+    def _single_parameter(self) -> Optional[str]:
+        """The name of the function's only parameter, when it has exactly one plain one."""
+        if self._py_signature is None:
+            self._py_signature = inspect.signature(self._fn)
+        params = list(self._py_signature.parameters.values())
+        if len(params) == 1 and params[0].kind in (params[0].POSITIONAL_OR_KEYWORD, params[0].KEYWORD_ONLY):
+            return params[0].name
+        return None
+
+    def _defaults(self) -> dict[str, Any]:
+        """Parameter defaults, to fill the Arrow column of a parameter only some rows of a map give."""
+        if self._py_signature is None:
+            self._py_signature = inspect.signature(self._fn)
+        return {n: p.default for n, p in self._py_signature.parameters.items() if p.default is not p.empty}
+
+    def _submit_rows(self, rows: list[dict[str, Any]], single: bool) -> Job:
+        version = self.version
+        if version is None:
+            raise LancefnError(f"{self.name} was defined with register=no; call {self.name}.register() first")
+        json_rows, table = rows_payload(rows, self._packaged.signature, self.name, self._defaults())
+        client = current_client()
+        if table is None:
+            snapshot = client.functions.run_job(
+                version.name, version.version, json_rows, timeout_s=self.timeout_s, wait_s=_SUBMIT_WAIT_S
+            )
+            return Job(snapshot.job_id, client=client, function=self, single=single, snapshot=snapshot)
+        if (home := shared_home(client)) is not None:
+            name = f"{uuid.uuid4().hex}.arrow"
+            dataplane.write_ipc_file(home / "data" / "uploads" / name, table, durable=False)
+            job_id = client.functions.run(version.name, version.version, None, timeout_s=self.timeout_s, rows_file=name)
+        else:
+            job_id = client.functions.run(
+                version.name, version.version, None, timeout_s=self.timeout_s, arrow=dataplane.to_ipc_bytes(table)
+            )
+        return Job(job_id, client=client, function=self, single=single)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Job:
+        """Run one call as a job; returns at once with a Job handle."""
+        return self._submit_rows([self._row(args, kwargs)], single=True)
+
+    def _item_row(self, item: Any) -> dict[str, Any]:
+        """A map item as a row: a tuple → positional args, a dict → keyword args, else one arg."""
+        if isinstance(item, tuple):
+            return self._row(item, {})
+        if isinstance(item, Mapping):
+            return self._row((), item)
+        if (single := self._single_parameter()) is not None:
+            return {single: item}  # one parameter: no signature binding per item
+        return self._row((item,), {})
+
+    def map(
+        self,
+        items: Iterable[Any],
+        *,
+        parallel: Any = 1,
+        chunk_size: Optional[int] = None,
+        retries: int = 0,
+        return_exceptions: bool = False,
+        fresh: bool = False,
+        column: Optional[str] = None,
+        into: Optional[str] = None,
+        key: Optional[str] = None,
+    ) -> Any:
+        """Run the function over every item.
+
+        `parallel=1, chunk_size=None` (the default): one job, one row per item (a `Job`).
+        `parallel="auto"` or N, a `chunk_size`, `retries`, or `fresh`: a batch of chunk jobs spread
+        over the class's GPUs (a `Batch`; docs/ARCHITECTURE.md, "Batches"). A LanceDB table with
+        `column=` reads that column; `into=` writes the results back as a new column (rows matched on `key`,
+        default `column`).
+        """
+        batch_options: dict[str, Any] = {
+            "parallel": parallel,
+            "chunk_size": chunk_size,
+            "retries": retries,
+            "return_exceptions": return_exceptions,
+            "fresh": fresh,
+        }
+        if column is not None or into is not None or key is not None or _is_lance_table(items):
+            from lancefn_jupyter.handles.table_map import map_table
+
+            return map_table(self, items, column=column, into=into, key=key, **batch_options)
+        if parallel == 1 and chunk_size is None and not retries and not fresh:
+            rows = [self._item_row(item) for item in items]
+            if not rows:
+                raise ValueError(f"{self.name}.map() needs at least one item")
+            return self._submit_rows(rows, single=False)
+        from lancefn_jupyter.handles.batch import start_batch
+
+        return start_batch(self, items, **batch_options)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Submit, wait and return the result (raises the remote error, mapped to the cell).
+
+        In a notebook, a job still going after ~2 s shows its live widget while this waits.
+        """
+        job = self.submit(*args, **kwargs)
+        from lancefn_jupyter.widgets import use_widgets
+
+        if use_widgets() and not job.wait(timeout=_SHOW_JOB_AFTER_S).done:
+            from IPython.display import display as ipy_display
+
+            ipy_display(job)
+        return job.result()
+
+    def local(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the packaged artifact in a subprocess: local GPU if usable, else numba's CUDA simulator."""
+        from lancefn_jupyter.handles.local_run import LocalRunError, run_local
+
+        json_rows, table = rows_payload([self._row(args, kwargs)], self._packaged.signature, self.name)
+        env = self._options.env_dict
+        version = self._version.version if self._version else "local"
+        try:
+            run = run_local(
+                self._packaged.source,
+                self._packaged.entrypoint,
+                f"<gpu_function {self.name}@{version}>",
+                json_rows or [],
+                signature=self._packaged.signature,
+                arrow_rows=table,
+                packages=self._request.runtime.environment.packages if self._request.runtime.environment else (),
+                env=env,
+                timeout_s=self.timeout_s,
+                on_log=_echo_log,  # the function's prints show up live, as they would in the kernel
+            )
+        except LocalRunError as error:
+            message, tb = self._map_failure(error.message, error.traceback or "")
+            raise LancefnError(
+                f"{self.name}.local() failed in phase {error.phase}: {message}"
+                + missing_module_hint(error.message, self._root)
+                + (f"\n\nTraceback (your code only):\n{tb}" if tb else "")
+            ) from None
+        self.last_local_device = run.device
+        print(f"[lancefn] {self.name}.local() ran on {run.device}")
+        return run.results[0]
+
+    # -- display
+    def _card(self) -> tuple[str, str]:
+        runtime = self._request.runtime
+        resources = runtime.resources
+        env = runtime.environment
+        packages = ", ".join(env.packages) if env and env.packages else "no packages"
+        environment = f"{env.kind}: {packages}" if env else "-"
+        if runtime.env:
+            environment += f"; env: {', '.join(sorted(runtime.env))}"  # names only: values may be secrets
+        if self._packaged.local_modules:
+            environment += f"; local modules: {', '.join(self._packaged.local_modules)}"
+        version = self._version
+        note = "" if version is not None else "not registered (register=no): the request is in .registration_request"
+        return display.function_card(
+            name=self.name,
+            version=version.version if version else None,
+            digest=self._packaged.digest,
+            runtime_kind=runtime.kind,
+            num_gpus=resources.num_gpus if resources else 0,
+            gpu_class=resources.gpu_class if resources else None,
+            environment=environment,
+            hardware=class_hardware(resources.gpu_class if resources else None) if version is not None else None,
+            note=note,
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from lancefn_jupyter.widgets import function_card_bundle
+
+        return function_card_bundle(self)
+
+    def __repr__(self) -> str:
+        return self._card()[0]
+
+
+class NotRegisteredError(LancefnError):
+    """A job method was called on the handle of a `%%gpu_function` cell that was refused."""
+
+
+class UnregisteredFunction:
+    """What a refused `%%gpu_function` cell binds its entry name to (README, "When a cell is refused").
+
+    The cell ran, so calling it runs the plain function in this kernel, as it would without the magic;
+    `submit` / `map` / `remote` / `local` / `register` / `version` raise the registration error again
+    instead of an AttributeError, so a stale name never looks like a GPU function.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str, error: str):
+        self.__wrapped__ = fn
+        self.__name__ = name
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.error = error
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__wrapped__(*args, **kwargs)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotRegisteredError(f"{self.__name__} is not registered: {self.error}\nFix the cell and run it again.")
+
+    submit = map = remote = local = register = _refuse
+
+    @property
+    def version(self) -> Any:
+        return self._refuse()
+
+    def __getattr__(self, attribute: str) -> Any:
+        # Any other public GpuFunction attribute (.name, .artifact_source, …): the same error, not an
+        # AttributeError. Private names stay AttributeErrors, as display and introspection expect.
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return self._refuse()
+
+    def __repr__(self) -> str:
+        return f"{self.__name__}: not registered ({self.error}); fix the cell and run it again"
+
+
+def bind_refused(namespace: dict, cell: str, options: FunctionOptions, error: str) -> Optional[UnregisteredFunction]:
+    """After a refused cell: bind its entry name (if the cell defined it) to an `UnregisteredFunction`."""
+    name = entry_name(cell, options.name)
+    if name is None:
+        return None
+    fn = namespace.get(name)
+    if isinstance(fn, (GpuFunction, UnregisteredFunction)):
+        fn = fn.__wrapped__
+    if not callable(fn):
+        return None
+    handle = UnregisteredFunction(fn, name, error)
+    namespace[name] = handle
+    return handle
+
+
+def function_from_cell(
+    cell: str,
+    namespace: Mapping[str, Any],
+    options: FunctionOptions,
+    *,
+    line_offset: int = 0,
+    root: Optional[str] = None,
+) -> GpuFunction:
+    """Package an already-executed cell and build its handle (the magic's core, usable from Python).
+
+    `line_offset` is how many notebook lines precede `cell`'s first line (remote tracebacks use it).
+    `root` is the notebook's directory (default: the kernel's working directory, which Jupyter sets to
+    it): modules the cell uses from files under it, and `options.include`, ship inside the artifact.
+    """
+    from lancefn_jupyter.local_modules import LocalModuleError, collect
+
+    packaged = package_cell(cell, namespace, entry=options.name)
+    root = root or os.getcwd()
+    try:
+        modules = collect(cell, namespace, packaged.captured, root, options.include)
+    except LocalModuleError as error:
+        raise PackagingError(str(error)) from None
+    if modules:
+        packaged = package_cell(cell, namespace, entry=options.name, modules=modules)
+    fn = namespace[packaged.entrypoint]
+    if isinstance(fn, GpuFunction):  # the cell's def ran, so this is only a stale handle if re-bound
+        fn = fn.__wrapped__
+    handle = GpuFunction(fn, packaged, options, cell_source=cell, line_offset=line_offset, root=root)
+    if options.register:
+        handle.register()
+    return handle
+
+
+def gpu_function(
+    fn: Optional[Callable[..., Any]] = None,
+    *,
+    num_gpus: Optional[int] = None,
+    gpu_class: Optional[str] = None,
+    name: Optional[str] = None,
+    pip: Iterable[str] | str = (),
+    conda: Iterable[str] | str = (),
+    conda_channels: Iterable[str] | str = (),
+    env: Optional[Mapping[str, str]] = None,
+    python_version: Optional[str] = None,
+    image: Optional[str] = None,
+    profile: Optional[str] = None,
+    register: bool = True,
+    timeout_s: Optional[float] = None,
+):
+    """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
+
+    Registration is lazy here (first `.version`, `.submit`, `.map`, `.remote` or `.register()`), so
+    importing a module never starts a server.
+    """
+    # Every keyword above is an option of the same name (the explicit signature is for help() and IDEs).
+    given = {key: value for key, value in locals().items() if key != "fn"}
+    options = build_options(**given, profiles=_session.profiles)
+
+    def wrap(function: Callable[..., Any]) -> GpuFunction:
+        return GpuFunction(function, package_function(function), options)
+
+    return wrap(fn) if fn is not None else wrap

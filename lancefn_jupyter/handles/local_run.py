@@ -1,0 +1,232 @@
+"""``.local()``: run a function version's artifact on this machine with numba CUDA.
+
+The artifact runs in a worker subprocess (``worker/main.py``, the same protocol the local
+executor speaks) because real vs simulated CUDA is chosen by ``NUMBA_ENABLE_CUDASIM`` before
+numba is imported: the notebook kernel itself can't switch. Modes:
+
+* ``"gpu"``: a real GPU (the kernel's ``CUDA_VISIBLE_DEVICES`` applies); an error if none is usable;
+* ``"simulator"``: the numba CUDA simulator (slow: keep grids to about a thousand threads);
+* ``"auto"``: a real GPU when one is usable here, else the simulator.  ``NUMBA_ENABLE_CUDASIM=1``
+  in the kernel's environment (as Binder sets it) means "simulator" on purpose.
+
+One warm worker per mode is kept for speed and killed at interpreter exit.  A worker that
+crashed, timed out or was interrupted (Ctrl-C) is discarded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+
+from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.wire.models import FunctionSignature
+
+__all__ = ["LocalRun", "LocalRunError", "run_local", "gpu_available"]
+
+Mode = Literal["auto", "gpu", "simulator"]
+SIMULATOR = "CUDA simulator"
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    results: list
+    device: str  # the GPU model, or "CUDA simulator"
+    logs: list[str] = field(default_factory=list)  # stdout and stderr lines, in arrival order
+
+
+class LocalRunError(Exception):
+    """The local run failed; ``phase`` is a JobFailure phase (environment, import, run, result, worker, timeout)."""
+
+    def __init__(self, phase: str, message: str, traceback: str | None = None, logs: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.phase, self.message, self.traceback, self.logs = phase, message, traceback, list(logs)
+
+    def __str__(self) -> str:
+        return f"{self.message}\n\n{self.traceback}" if self.traceback else self.message
+
+
+@functools.cache
+def gpu_available() -> bool:
+    """Whether numba can use a real CUDA GPU here; probed once per process, cheaply first."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML library or no driver: no GPU, quietly
+        return False
+    if count == 0:
+        return False
+    # NVML sees a GPU; ask numba in a subprocess (driver, toolkit, CUDA_VISIBLE_DEVICES all apply)
+    # so this kernel never imports numba.cuda itself.
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "from numba import cuda; raise SystemExit(0 if cuda.is_available() else 1)"],
+            capture_output=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0
+
+
+def _use_simulator(mode: Mode) -> bool:
+    if mode == "simulator":
+        return True
+    if mode == "gpu":
+        if not gpu_available():
+            raise LocalRunError(
+                "environment",
+                "no usable CUDA GPU on this machine (NVML/numba found none); "
+                "use mode='simulator' or mode='auto' to run on the numba CUDA simulator",
+            )
+        return False
+    if mode == "auto":
+        return not gpu_available()
+    raise ValueError(f"mode must be 'auto', 'gpu' or 'simulator', not {mode!r}")
+
+
+def _worker_env(simulated: bool, env: Mapping[str, str] | None) -> dict[str, str]:
+    worker_env = {**os.environ, **(env or {})}
+    worker_env.pop("NUMBA_ENABLE_CUDASIM", None)
+    if simulated:
+        worker_env["NUMBA_ENABLE_CUDASIM"] = "1"
+        worker_env["CUDA_VISIBLE_DEVICES"] = ""
+    return worker_env
+
+
+_lock = threading.Lock()  # one local run at a time; they share the warm workers
+_workers: dict[bool, WorkerProcess] = {}  # simulated? → warm worker
+
+
+def _warm_worker(simulated: bool, env: dict[str, str]) -> WorkerProcess:
+    worker = _workers.get(simulated)
+    if worker is not None and worker.alive() and worker.env == env:
+        return worker
+    if worker is not None:
+        worker.stop()
+    worker = _workers[simulated] = WorkerProcess(env)
+    return worker
+
+
+def _discard(simulated: bool) -> None:
+    worker = _workers.pop(simulated, None)
+    if worker is not None:
+        worker.kill()
+
+
+@atexit.register
+def _shutdown() -> None:
+    for simulated in list(_workers):
+        _discard(simulated)
+
+
+def run_local(
+    artifact: bytes,
+    entrypoint: str,
+    filename: str,
+    rows: list[dict],
+    *,
+    packages: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    mode: Mode = "auto",
+    timeout_s: float | None = None,
+    on_log: Callable[[str, list[str]], None] | None = None,
+    signature: "FunctionSignature | None" = None,
+    arrow_rows: Any = None,
+) -> LocalRun:
+    """Call ``entrypoint`` of ``artifact`` once per row in a local worker; see the module docstring.
+
+    ``on_log(stream, lines)`` is called as the function prints, for live output in a notebook.
+    Raises :class:`LocalRunError` with the failure's phase, message and user-only traceback.
+    """
+    with tempfile.TemporaryDirectory(prefix="lancefn-local-") as scratch:
+        data: dict[str, object] = {}
+        if signature is not None:  # the Arrow data plane, as on the control plane (docs/ARCHITECTURE.md)
+            data = {
+                "input_types": {p.name: p.arrow_type for p in signature.inputs},
+                "output_type": signature.output.arrow_type,
+                "result_file": os.path.join(scratch, "result.arrow"),
+            }
+            if arrow_rows is not None:  # a pyarrow Table of the rows (dataplane.encode_rows)
+                from lancefn_jupyter.wire import dataplane
+
+                data["rows_file"] = os.path.join(scratch, "rows.arrow")
+                dataplane.write_ipc_file(data["rows_file"], arrow_rows, durable=False)
+        task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data)
+        return _run(task, env, mode, timeout_s, on_log)
+
+
+def _run(
+    task: WorkerTask,
+    env: Mapping[str, str] | None,
+    mode: Mode,
+    timeout_s: float | None,
+    on_log: Callable[[str, list[str]], None] | None,
+) -> LocalRun:
+    simulated = _use_simulator(mode)
+    worker_env = _worker_env(simulated, env)
+    logs: list[str] = []
+    with _lock:
+        try:
+            worker = _warm_worker(simulated, worker_env)
+        except WorkerStartError as exc:
+            raise LocalRunError("worker", str(exc)) from None
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            worker.kill()
+
+        timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
+        final = None
+        try:
+            worker.start_task(task)
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            for event in worker.events():
+                if event["event"] == "log":
+                    logs.extend(event["lines"])
+                    if on_log is not None:
+                        on_log(event["stream"], event["lines"])
+                elif event["event"] in ("result", "failed"):
+                    final = event
+        except BaseException:  # Ctrl-C (or on_log raising) mid-run: the worker's state is unknown
+            _discard(simulated)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if final is None:  # the worker is gone: killed by the timeout or crashed
+            returncode = worker.wait()
+            _discard(simulated)
+            if expired.is_set():
+                raise LocalRunError(
+                    "timeout", f"the local run took longer than {timeout_s:g} s and was stopped", logs=logs
+                )
+            raise LocalRunError("worker", describe_exit(returncode), logs=logs)
+    if final["event"] == "failed":
+        raise LocalRunError(final["phase"], final["message"], final.get("traceback"), logs)
+    if "result_file" in final:
+        from lancefn_jupyter.wire import dataplane
+
+        with open(final["result_file"], "rb") as source:  # read, not mapped: the scratch dir goes next
+            results = dataplane.decode_results(dataplane.read_ipc(source.read()))
+    else:
+        results = final["results"]
+    return LocalRun(results=results, device=worker.device, logs=logs)

@@ -1,0 +1,416 @@
+"""Batches: one `map` fanned out as chunk jobs over a GPU class (docs/ARCHITECTURE.md, "Batches").
+
+A batch owns its input cut into chunks (rows stored per chunk) and submits each chunk as an
+ordinary ``run_function`` job of the same version through ``ControlPlane.run``, so chunks wait in
+the class's FIFO like any job.  ``parallel`` bounds how many chunk jobs exist (pending or running)
+at once; ``None`` ("auto") submits every chunk and lets the class's GPUs bound it.
+
+State rule (a batch follows its chunks): PENDING until a chunk runs, IN_PROGRESS while any chunk is
+pending or running, then — once no chunk is left to run — CANCELLED if cancel was asked, FAILED if
+a chunk failed after its retries, else DONE.  A failed chunk does not stop the others: every finished
+chunk's result is kept and ``retry`` runs only what did not finish.
+
+Durability: a chunk's job id and attempt count are written in the same transaction as the job, and a
+chunk's outcome is read back from its job on start (``recover``), so a control plane killed at any
+point resumes the batch with no row lost and none counted twice (a job's result is one write).
+
+Everything runs under the core's lock: hooks arrive from ``JobJournal.persist`` (``journal.py``).
+
+A batch's state in memory and its wire form are in ``batch_state.py`` (pure), its tables in
+``batch_store.py``; the kernel side's cutting and stacking live in ``batching.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from lancefn_jupyter.server.batches.state import (
+    MAX_CHUNKS,
+    MAX_RETRIES,
+    Batch,
+    Chunk,
+    batch_wire,
+    check_chunks,
+    check_request,
+    cut,
+    input_digest,
+    split_arrow_chunks,
+)
+from lancefn_jupyter.server.batches.store import BATCH_SCHEMA, BatchStore
+from lancefn_jupyter.server.common import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    IN_PROGRESS,
+    PENDING,
+    TERMINAL,
+    TIMED_OUT,
+    ApiError,
+    dumps,
+    now_ms,
+)
+from lancefn_jupyter.server.control.waiters import Waiters
+from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lancefn_jupyter.server.plane import ControlPlane
+    from lancefn_jupyter.server.storage.store import JobRecord
+
+__all__ = ["BatchManager", "BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES"]
+
+log = logging.getLogger("lancefn.server")
+
+BATCH_EVENT_INTERVAL_S = 0.2  # batch events are coalesced per batch; terminal ones go out at once
+
+
+class BatchManager:
+    def __init__(self, core: ControlPlane):
+        self.core = core
+        self.store = core.store
+        self.saved = BatchStore(core.store)
+        self._batches: dict[str, Batch] = {}  # active batches (terminal ones are read from the store)
+        self._by_job: dict[str, tuple[str, int]] = {}  # live chunk job → (batch, chunk)
+        self._waiters = Waiters(core._lock)
+        self._emitted: dict[str, float] = {}
+        self._held: set[str] = set()
+        self._recovered = False
+        self._fresh_rows: list | None = None  # the chunks of the batch being created (core lock held)
+
+    # ----------------------------------------------------------------- requests
+
+    def create(
+        self,
+        name: str,
+        version: str,
+        chunks: Any,
+        *,
+        parallel: int | None,
+        retries: int,
+        timeout_s: float | None,
+        fresh: bool,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
+        arrow_rows: Any = None,
+    ) -> dict:
+        """Validate everything, then record the batch and submit its first chunks (nothing is
+        created when any check fails).  Same version + same input (+ same cut) and not ``fresh``:
+        the latest such batch is reused — finished chunks kept, the rest run again.
+        ``arrow_rows``: the path of an Arrow IPC stream, one record batch per chunk, instead of
+        JSON ``chunks`` (checked against the signature like a ``functions/run`` body)."""
+        core = self.core
+        # The version the caller means (namespaces, as for functions/run); the batch lives in its namespace.
+        fv, namespace = core.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
+        if arrow_rows is not None:
+            try:
+                core.data.check_rows(arrow_rows, fv.signature.inputs, f"{fv.name}@{fv.version}")
+            except ValueError as error:
+                raise ApiError(400, str(error)) from None
+            chunks = split_arrow_chunks(arrow_rows)
+        check_request(chunks, parallel, retries)
+        encoded = check_chunks(fv, chunks)
+        digest = input_digest(encoded)
+        with core._lock:
+            if not fresh:
+                previous = self.saved.find(namespace, name, version, digest)
+                if previous is not None:
+                    self.retry(previous)
+                    batch = self._get(previous)
+                    batch.reused_chunks = batch.counts[DONE]
+                    return {"batch_id": batch.batch_id, "reused_chunks": batch.reused_chunks}
+            batch = Batch(
+                batch_id=uuid.uuid4().hex,
+                name=name,
+                version=version,
+                digest=digest,
+                state=PENDING,
+                parallel=parallel,
+                retries=retries,
+                timeout_s=timeout_s,
+                creation_ms=now_ms(),
+                chunks=[],
+                namespace=namespace,
+            )
+            for chunk in cut(chunks):
+                batch.add_chunk(chunk)
+            batch.waiting.extend(range(len(chunks)))
+            self._fresh_rows = chunks  # the first submissions use these instead of reading them back
+            with self.store.batch():
+                self.saved.insert(batch, encoded)
+                self._batches[batch.batch_id] = batch
+                try:
+                    self._advance(batch)
+                except BaseException:
+                    self._forget(batch)
+                    raise
+                finally:
+                    self._fresh_rows = None
+            self._changed(batch)
+            return {"batch_id": batch.batch_id, "reused_chunks": 0}
+
+    def describe(self, batch_id: str, *, include_chunks: bool = True, scope: str | None = None) -> dict:
+        with self.core._lock:
+            return batch_wire(self._get(batch_id, scope), include_chunks=include_chunks)
+
+    def list(self, *, state: str | None, name: str | None, limit: int, scope: str | None = None) -> dict:
+        with self.core._lock:
+            ids = self.saved.ids(scope=scope, state=state, name=name, limit=limit)
+            return {"batches": [batch_wire(self._get(i), include_chunks=False) for i in ids]}
+
+    def cancel(self, batch_id: str, scope: str | None = None) -> dict:
+        """Cancel every chunk still pending or running; finished chunks keep their results."""
+        with self.core._lock:
+            batch = self._get(batch_id, scope)
+            if batch.state in TERMINAL:
+                return {"batch_id": batch_id, "cancelled": False}
+            batch.cancel_requested = True
+            with self.store.batch():
+                self.saved.save_batch(batch)
+                while batch.waiting:
+                    self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
+                for idx in sorted(batch.live):
+                    job_id = batch.chunks[idx].job_id
+                    if job_id is not None:
+                        self.core.cancel_job(job_id)  # its hook marks the chunk CANCELLED
+                self._advance(batch)
+            self._changed(batch)
+            return {"batch_id": batch_id, "cancelled": True}
+
+    def retry(self, batch_id: str, scope: str | None = None) -> dict:
+        """Run again every chunk that did not finish (failed or cancelled); finished ones are kept."""
+        with self.core._lock:
+            batch = self._get(batch_id, scope)
+            redo = [c for c in batch.chunks if c.state in (FAILED, CANCELLED, TIMED_OUT)]
+            if not redo:
+                return batch_wire(batch, include_chunks=False)
+            if batch.batch_id not in self._batches:
+                self._activate(batch)
+            with self.store.batch():
+                batch.cancel_requested = False
+                batch.state, batch.finished_ms = (IN_PROGRESS if batch.started_ms else PENDING), None
+                for chunk in redo:
+                    chunk.attempts, chunk.failure = 0, None
+                    self._set_chunk(batch, chunk, PENDING)
+                    batch.waiting.append(chunk.idx)
+                self.saved.save_batch(batch)
+                self._advance(batch)
+            self._changed(batch)
+            return batch_wire(batch, include_chunks=False)
+
+    async def wait(self, batch_id: str, timeout_s: float, revision: int | None, scope: str | None = None) -> dict:
+        """The batch once terminal or (with ``revision``) newer than it, or as it stands when
+        ``timeout_s`` passes (long poll like ``jobs/wait``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            with self.core._lock:
+                batch = self._get(batch_id, scope)
+                newer = revision is not None and batch.revision > revision
+                left = deadline - loop.time()
+                if newer or batch.state in TERMINAL or left <= 0 or not self.core._started:
+                    return batch_wire(batch, include_chunks=True)
+                future = self._waiters.add(batch_id, loop)
+            await self._waiters.wait(batch_id, future, left)
+
+    # ------------------------------------------------------------ core hooks
+
+    def recover(self) -> None:
+        """On start (core lock held, after the core re-queued its jobs): load unfinished batches and
+        read each live chunk's outcome from its job, then submit what is due."""
+        for batch_id in self.saved.unfinished_ids():
+            batch = self.saved.load(batch_id)
+            assert batch is not None  # the query just listed it
+            self._activate(batch)
+            for idx in sorted(batch.live):
+                chunk = batch.chunks[idx]
+                rec = self.core.job_record(chunk.job_id) if chunk.job_id else None
+                if rec is None:  # the job never got saved: run the chunk again
+                    batch.live.discard(idx)
+                    chunk.job_id = None
+                    self._set_chunk(batch, chunk, PENDING)
+                    batch.waiting.appendleft(idx)
+                else:
+                    self._job_changed(batch, chunk, rec)
+            self._advance(batch)
+        self._recovered = True
+
+    def on_job(self, rec: JobRecord) -> None:
+        """A chunk job changed (called by the core after it saved the change)."""
+        if not self._recovered:
+            return  # recover() reads every chunk job's state once the batches are loaded
+        where = self._by_job.get(rec.job_id)
+        if where is None:
+            return
+        batch = self._batches.get(where[0])
+        if batch is None:
+            return
+        try:
+            self._job_changed(batch, batch.chunks[where[1]], rec)
+            self._advance(batch)
+            self._changed(batch)
+        except Exception:  # never into the core's job bookkeeping; the batch re-reads on restart
+            log.exception("batch %s: could not follow job %s", batch.batch_id, rec.job_id)
+
+    # ---------------------------------------------------------------- internals
+
+    def _job_changed(self, batch: Batch, chunk: Chunk, rec: JobRecord) -> None:
+        if chunk.job_id != rec.job_id:
+            return  # an earlier attempt
+        chunk.rows_done = rec.rows_done or 0
+        state = rec.state
+        if state == IN_PROGRESS and batch.started_ms is None:
+            batch.started_ms = rec.started_ms or now_ms()
+            batch.state = IN_PROGRESS
+            self.saved.save_batch(batch)
+        if state not in TERMINAL:
+            if state != chunk.state:
+                self._set_chunk(batch, chunk, state)
+            return
+        batch.live.discard(chunk.idx)
+        self._by_job.pop(rec.job_id, None)
+        if state == DONE:
+            chunk.rows_done = chunk.rows
+            self._set_chunk(batch, chunk, DONE)
+            return
+        failure = dict(rec.failure or {})
+        failure.setdefault("phase", "timeout" if state == TIMED_OUT else "run")
+        failure.setdefault("message", "the chunk's job ended without a failure message")
+        chunk.failure = {**failure, "job_id": rec.job_id}
+        if state == CANCELLED:
+            self._set_chunk(batch, chunk, CANCELLED)
+        elif chunk.attempts <= batch.retries and not batch.cancel_requested:
+            chunk.job_id, chunk.rows_done = None, 0
+            self._set_chunk(batch, chunk, PENDING)
+            batch.waiting.appendleft(chunk.idx)  # first in line among this batch's chunks
+        else:
+            self._set_chunk(batch, chunk, FAILED)
+
+    def _advance(self, batch: Batch) -> None:
+        """Submit chunks while the window has room; finish the batch when nothing is left to run."""
+        if batch.state in TERMINAL:
+            return
+        window = batch.parallel or len(batch.chunks)
+        if batch.waiting and len(batch.live) < window and not batch.cancel_requested:
+            with self.store.batch():
+                while batch.waiting and len(batch.live) < window:
+                    chunk = batch.chunks[batch.waiting.popleft()]
+                    try:
+                        self._submit(batch, chunk)
+                    except ApiError as error:
+                        if self._fresh_rows is not None:
+                            raise  # creating the batch: the request fails and nothing is kept
+                        # E.g. the version was dropped since: the chunk fails, saying why.
+                        chunk.failure = {"phase": "validation", "message": error.message}
+                        self._set_chunk(batch, chunk, FAILED)
+        if batch.live or batch.waiting:
+            return
+        batch.state = batch.outcome()
+        batch.finished_ms = now_ms()
+        self.saved.save_batch(batch)
+        self._forget(batch)
+
+    def _submit(self, batch: Batch, chunk: Chunk) -> None:
+        if self._fresh_rows is not None and chunk.attempts == 0:
+            rows = self._fresh_rows[chunk.idx]
+        else:
+            rows = self.saved.chunk_rows(batch.batch_id, chunk.idx)
+        arrow_rows = None
+        if isinstance(rows, bytes):
+            # Arrow chunk: handed to its job as a rows file, the data plane's path for a functions/run body.
+            from lancefn_jupyter.wire.dataplane import write_bytes_file
+
+            arrow_rows, _ = self.core.data.new_rows_file()
+            write_bytes_file(arrow_rows, rows, durable=False)
+            rows = None
+        chunk.attempts += 1
+        extra = {"batch_id": batch.batch_id, "chunk": chunk.idx, "row_start": chunk.row_start}
+        with self.store.batch():
+            # The job and the chunk's pointer to it commit together (see the module's durability note).
+            try:
+                job_id = self.core.run(
+                    batch.name,
+                    batch.version,
+                    rows,
+                    batch.timeout_s,
+                    namespace=batch.namespace,
+                    home=batch.namespace,  # type: ignore[arg-type]
+                    spec_extra=extra,
+                    rows_checked=True,
+                    arrow_rows=arrow_rows,
+                )
+            finally:
+                if arrow_rows is not None and arrow_rows.exists():  # refused before the run took it
+                    arrow_rows.unlink()
+            chunk.job_id = job_id
+            batch.live.add(chunk.idx)
+            self._by_job[job_id] = (batch.batch_id, chunk.idx)
+            self.saved.save_chunk(batch, chunk)
+        rec = self.core.job_record(job_id)
+        if rec is not None and rec.state != chunk.state:  # placed and started at once (hook ran before the mapping)
+            self._job_changed(batch, chunk, rec)
+
+    def _set_chunk(self, batch: Batch, chunk: Chunk, state: str) -> None:
+        if chunk.state != state:
+            batch.move(chunk, state)
+        self.saved.save_chunk(batch, chunk)
+
+    def _get(self, batch_id: str, scope: str | None = None) -> Batch:
+        """The batch, if the caller (``scope``: its namespace; None: the admin) may see it; else the same 404."""
+        batch = self._batches.get(batch_id) or self.saved.load(batch_id)
+        if batch is None or not visible(scope, batch.namespace):
+            raise ApiError(404, f"batch {batch_id} not found; list batches with POST /v1/batches/list")
+        return batch
+
+    def _activate(self, batch: Batch) -> None:
+        """Track a loaded batch in memory: which chunks have live jobs, which wait to be submitted."""
+        self._batches[batch.batch_id] = batch
+        for chunk in batch.chunks:
+            if chunk.state in (PENDING, IN_PROGRESS):
+                if chunk.job_id is not None:
+                    batch.live.add(chunk.idx)
+                    self._by_job[chunk.job_id] = (batch.batch_id, chunk.idx)
+                else:
+                    batch.waiting.append(chunk.idx)
+
+    def _forget(self, batch: Batch) -> None:
+        self._batches.pop(batch.batch_id, None)
+        for chunk in batch.chunks:
+            if chunk.job_id is not None and self._by_job.get(chunk.job_id, (None,))[0] == batch.batch_id:
+                del self._by_job[chunk.job_id]
+
+    def _changed(self, batch: Batch) -> None:
+        """Wake long polls and publish a (coalesced) `batch` event."""
+        batch.revision += 1
+        loop = self.core._loop
+        self._waiters.wake(batch.batch_id, loop)
+        now = time.monotonic()
+        since = now - self._emitted.get(batch.batch_id, 0.0)
+        if batch.state in TERMINAL or since >= BATCH_EVENT_INTERVAL_S:
+            self._emitted[batch.batch_id] = now
+            self._held.discard(batch.batch_id)
+            self._publish(batch)
+            if batch.state in TERMINAL:
+                self._emitted.pop(batch.batch_id, None)
+        elif batch.batch_id not in self._held and loop is not None:
+            self._held.add(batch.batch_id)
+            try:
+                loop.call_soon_threadsafe(loop.call_later, BATCH_EVENT_INTERVAL_S - since, self._flush, batch.batch_id)
+            except RuntimeError:
+                pass
+
+    def _flush(self, batch_id: str) -> None:
+        with self.core._lock:
+            if batch_id not in self._held:
+                return
+            self._held.discard(batch_id)
+            batch = self._batches.get(batch_id)
+            if batch is not None:
+                self._emitted[batch_id] = time.monotonic()
+                self._publish(batch)
+
+    def _publish(self, batch: Batch) -> None:
+        self.core.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)

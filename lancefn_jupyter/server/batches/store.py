@@ -1,0 +1,163 @@
+"""Batches in SQLite: the ``batches`` and ``batch_chunks`` tables, next to the store's own
+(docs/ARCHITECTURE.md, "Batches").  Writes join the store's open transaction (``Store.batch``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from lancefn_jupyter.server.batches.state import Batch, Chunk
+from lancefn_jupyter.server.common import IN_PROGRESS, PENDING, dumps
+from lancefn_jupyter.server.storage.store import Store
+
+BATCH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS batches(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    batch_id TEXT NOT NULL UNIQUE,
+    namespace TEXT,                    -- the function's namespace: its chunk jobs run there, callers see it by scope
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    input_digest TEXT NOT NULL,
+    state TEXT NOT NULL,
+    spec TEXT NOT NULL,                -- {parallel, retries, timeout_s, rows_total, chunks_total}
+    creation_ms INTEGER NOT NULL,
+    started_ms INTEGER,
+    finished_ms INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS batches_by_input ON batches(name, version, input_digest, seq);
+CREATE INDEX IF NOT EXISTS batches_by_state ON batches(state, seq);
+CREATE TABLE IF NOT EXISTS batch_chunks(
+    batch_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    row_start INTEGER NOT NULL,
+    row_end INTEGER NOT NULL,
+    rows TEXT NOT NULL,
+    state TEXT NOT NULL,
+    job_id TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    failure TEXT,
+    PRIMARY KEY(batch_id, idx)
+) WITHOUT ROWID;
+"""
+
+
+class BatchStore:
+    def __init__(self, store: Store):
+        self.store = store
+        store.executescript(BATCH_SCHEMA)
+
+    def insert(self, batch: Batch, encoded: list) -> None:
+        """A new batch and its chunks' rows (each chunk's JSON text or Arrow IPC bytes)."""
+        self.store.execute(
+            "INSERT INTO batches(batch_id, namespace, name, version, input_digest, state, spec, creation_ms) "
+            "VALUES(?,?,?,?,?,?,?,?)",
+            (
+                batch.batch_id,
+                batch.namespace,
+                batch.name,
+                batch.version,
+                batch.digest,
+                batch.state,
+                dumps(batch.spec()),
+                batch.creation_ms,
+            ),
+        )
+        self.store.executemany(
+            "INSERT INTO batch_chunks(batch_id, idx, row_start, row_end, rows, state) VALUES(?,?,?,?,?,?)",
+            [
+                (batch.batch_id, c.idx, c.row_start, c.row_end, text, c.state)
+                for c, text in zip(batch.chunks, encoded, strict=False)
+            ],
+        )
+
+    def save_batch(self, batch: Batch) -> None:
+        self.store.execute(
+            "UPDATE batches SET state=?, started_ms=?, finished_ms=?, cancel_requested=? WHERE batch_id=?",
+            (batch.state, batch.started_ms, batch.finished_ms, int(batch.cancel_requested), batch.batch_id),
+        )
+
+    def save_chunk(self, batch: Batch, chunk: Chunk) -> None:
+        self.store.execute(
+            "UPDATE batch_chunks SET state=?, job_id=?, attempts=?, failure=? WHERE batch_id=? AND idx=?",
+            (
+                chunk.state,
+                chunk.job_id,
+                chunk.attempts,
+                None if chunk.failure is None else dumps(chunk.failure),
+                batch.batch_id,
+                chunk.idx,
+            ),
+        )
+
+    def chunk_rows(self, batch_id: str, idx: int) -> list | bytes:
+        """A chunk's rows as stored: JSON rows, or Arrow IPC bytes."""
+        rows = self.store.query("SELECT rows FROM batch_chunks WHERE batch_id=? AND idx=?", (batch_id, idx))[0][0]
+        return rows if isinstance(rows, bytes) else json.loads(rows)
+
+    def find(self, namespace: str | None, name: str, version: str, digest: str) -> str | None:
+        """The latest batch of this version over the same input, if any."""
+        rows = self.store.query(
+            "SELECT batch_id FROM batches WHERE name=? AND version=? AND input_digest=? AND namespace IS ? ORDER BY seq DESC LIMIT 1",
+            (name, version, digest, namespace),
+        )
+        return rows[0][0] if rows else None
+
+    def ids(self, *, scope: str | None, state: str | None, name: str | None, limit: int) -> list[str]:
+        """Batch ids, newest first (``scope``: a namespace's key sees its own batches only)."""
+        clauses, args = [], []
+        if scope is not None:
+            clauses.append("namespace=?")
+            args.append(scope)
+        if state:
+            clauses.append("state=?")
+            args.append(state)
+        if name:
+            clauses.append("name=?")
+            args.append(name)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        query = f"SELECT batch_id FROM batches{where} ORDER BY seq DESC LIMIT ?"
+        return [row[0] for row in self.store.query(query, (*args, limit))]
+
+    def unfinished_ids(self) -> list[str]:
+        rows = self.store.query(
+            "SELECT batch_id FROM batches WHERE state IN (?,?) ORDER BY seq", (PENDING, IN_PROGRESS)
+        )
+        return [row[0] for row in rows]
+
+    def load(self, batch_id: str) -> Batch | None:
+        rows = self.store.query(
+            "SELECT namespace, name, version, input_digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested "
+            "FROM batches WHERE batch_id=?",
+            (batch_id,),
+        )
+        if not rows:
+            return None
+        namespace, name, version, digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested = rows[0]
+        spec = json.loads(spec)
+        batch = Batch(
+            batch_id=batch_id,
+            name=name,
+            version=version,
+            digest=digest,
+            state=state,
+            parallel=spec.get("parallel"),
+            retries=spec.get("retries", 0),
+            timeout_s=spec.get("timeout_s"),
+            creation_ms=creation_ms,
+            chunks=[],
+            namespace=namespace,
+            started_ms=started_ms,
+            finished_ms=finished_ms,
+            cancel_requested=bool(cancel_requested),
+            # Revisions only live in memory; starting from the clock keeps a client's last seen
+            # revision older than any after a restart, so its long poll still returns on change.
+            revision=time.time_ns() // 1000,
+        )
+        for idx, row_start, row_end, state, job_id, attempts, failure in self.store.query(
+            "SELECT idx, row_start, row_end, state, job_id, attempts, failure FROM batch_chunks WHERE batch_id=? ORDER BY idx",
+            (batch_id,),
+        ):
+            failure = None if failure is None else json.loads(failure)
+            batch.add_chunk(Chunk(idx, row_start, row_end, state, job_id, attempts, 0, failure))
+        return batch

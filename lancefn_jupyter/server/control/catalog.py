@@ -1,0 +1,320 @@
+"""The function catalog: register, describe, list, history, diff and drop function versions,
+and the one rule for which namespace's version a request means (docs/ARCHITECTURE.md,
+"Namespaces").  Runs under the core's lock where it writes; a registration is recorded as a
+DONE ``create_function`` job through the core's journal."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+
+from pydantic import ValidationError
+
+from lancefn_jupyter.server.common import (
+    DONE,
+    ApiError,
+    clamp_limit,
+    decode_token,
+    encode_token,
+    format_validation_error,
+    now_ms,
+)
+from lancefn_jupyter.server.control.artifact_check import artifact_problem
+from lancefn_jupyter.server.executors.base import REDACTED
+from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
+from lancefn_jupyter.server.storage.store import JobRecord, VersionRow
+from lancefn_jupyter.wire.models import (
+    FunctionRegistrationRequest,
+    FunctionVersion,
+    decode_artifact,
+    derive_version,
+    rfc3339_now,
+    version_id,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lancefn_jupyter.server.plane import ControlPlane
+
+DEFAULT_MAX_ARTIFACT_BYTES = 4 * 1024 * 1024  # --max-artifact-bytes
+
+
+class Where(TypedDict, total=False):
+    """Which namespace's version a request means (``routes.common.pick``): the namespace it names,
+    the caller's ``scope`` (None: the admin sees every namespace) and its own namespace ``home``."""
+
+    namespace: str | None
+    scope: str | None
+    home: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a function version's jobs run."""
+
+    gpu_class: str | None
+    num_gpus: int
+    simulated: bool
+
+
+def redact_definition(definition: dict) -> dict:
+    """A FunctionVersion as replies show it: ``runtime.env`` values (often tokens or passwords)
+    replaced by ``<redacted>``, names kept.  The stored definition keeps the values for the
+    executor, and ``runtime_digest`` still covers them, so changing a value gives a new version."""
+    runtime = definition.get("runtime")
+    if not isinstance(runtime, dict) or not runtime.get("env"):
+        return definition
+    return {**definition, "runtime": {**runtime, "env": {name: REDACTED for name in runtime["env"]}}}
+
+
+@functools.lru_cache(maxsize=256)
+def stored_definition(definition: str) -> dict:
+    """A stored definition's JSON, decoded once per version for launching its jobs; read it, never change it."""
+    return json.loads(definition)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_version(definition: str) -> FunctionVersion:
+    """A stored definition parsed once (its text never changes): each run of a version reuses it."""
+    return FunctionVersion.from_wire(json.loads(definition))
+
+
+class FunctionCatalog:
+    def __init__(self, core: ControlPlane):
+        self.core = core
+        self.store = core.store
+        self.classes = core.classes
+
+    # ----------------------------------------------------------------- requests
+
+    def register(self, body: Any, namespace: str = DEFAULT_NAMESPACE) -> str:
+        """Validate and record a function version in ``namespace``; returns the (already DONE) job's id."""
+        if not isinstance(body, Mapping):
+            raise ApiError(400, "the body must be a JSON object: a function registration request")
+        try:
+            request = FunctionRegistrationRequest.from_wire(body)
+        except ValidationError as error:
+            raise ApiError(400, "invalid registration request: " + format_validation_error(error)) from None
+        runtime = request.runtime
+        if runtime.kind not in ("python", "python_v2"):
+            raise ApiError(
+                400,
+                f"runtime.kind {runtime.kind!r} is not supported by this server; use 'python' (CPU) or 'python_v2' (GPU)",
+            )
+        try:
+            artifact = decode_artifact(request.artifact)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        limit = self.core.max_artifact_bytes
+        if len(artifact) > limit:
+            raise ApiError(
+                413,
+                f"the artifact is {len(artifact)} bytes, over this server's limit of {limit}; "
+                "keep data out of the function's source, or start lancefn-server with a larger --max-artifact-bytes",
+            )
+        problem = artifact_problem(artifact, request.artifact.entrypoint)
+        if problem:
+            raise ApiError(400, problem)
+        if runtime.resources is not None:
+            self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
+        vid = version_id(request)
+        with self.core._lock:
+            row = self.store.get_version(request.name, vid, namespace)
+            with self.store.batch():
+                if row is None:
+                    version = derive_version(request, rfc3339_now())
+                    definition = version.to_canonical_json()
+                    self.store.insert_version(request.name, vid, definition, artifact, version.created_at, namespace)
+                else:
+                    definition = row.definition
+                    if row.dropped:  # registering it again brings a dropped version back
+                        self.store.set_dropped(request.name, vid, False, namespace)
+                now = now_ms()
+                rec = JobRecord(
+                    job_id=uuid.uuid4().hex,
+                    job_type="create_function",
+                    state=DONE,
+                    creation_ms=now,
+                    started_ms=now,
+                    finished_ms=now,
+                    spec={"name": request.name, "version": vid},
+                    name=request.name,
+                    result=redact_definition(json.loads(definition)),
+                    namespace=namespace,
+                )
+                self.core.journal.persist(rec, new=True)
+            return rec.job_id
+
+    def describe(self, name: str, version: str, **where: Unpack[Where]) -> dict:
+        row = self._live_row(name, version, "register it again to restore it", **where)
+        # Exactly the FunctionVersion; lists and jobs name the namespace.
+        return redact_definition(json.loads(row.definition))
+
+    def artifact(self, name: str, version: str, **where: Unpack[Where]) -> dict:
+        """The version's artifact bytes (base64), so any process can run or diff it (`lookup`, `.local()`)."""
+        row = self._live_row(name, version, "register it again to restore it", **where)
+        definition = json.loads(row.definition)["artifact"]
+        return {
+            "name": name,
+            "version": version,
+            "entrypoint": definition["entrypoint"],
+            "digest": definition["digest"],
+            "encoding": "base64",
+            "data": base64.b64encode(row.artifact).decode("ascii"),
+        }
+
+    def runnable(self, name: str, version: str, **where: Unpack[Where]) -> tuple[FunctionVersion, str]:
+        """The version a run or batch means and the namespace its jobs belong to (whose env they run with)."""
+        row = self._live_row(name, version, "register it again to run it", **where)
+        return _parsed_version(row.definition), row.namespace
+
+    def history(self, name: str | None, limit: int, **where: Unpack[Where]) -> dict:
+        """Each function's newest `limit` versions, newest first, with their one-line change (`versions`)."""
+        from lancefn_jupyter.wire.versions import history
+
+        functions = []
+        ns = self._one_namespace(name, **where)
+        for fname, known in sorted(self._live_versions(name, ns).items()):
+            shown = known[-(limit + 1) :]  # one more, so the oldest row shown still has a change line
+            rows = history(fname, shown, [self._source(fname, fv.version, ns) for fv in shown])[:limit]
+            functions.append(
+                {
+                    "name": fname,
+                    "versions": [
+                        {"version": r.version, "created_at": r.created_at, "change": r.change, "snippet": r.snippet}
+                        for r in rows
+                    ],
+                }
+            )
+        if name is not None and not functions:
+            raise ApiError(
+                404, f"no function named {name!r} is registered; list functions with POST /v1/functions/list"
+            )
+        return {"functions": functions}
+
+    def diff(self, name: str, old: str | None, new: str | None, **where: Unpack[Where]) -> dict:
+        """Source diff and runtime differences of two versions (`versions.diff_pair` picks them)."""
+        from lancefn_jupyter.wire.versions import VersionLookupError, diff_pair, diff_versions
+
+        ns = self._one_namespace(name, **where)
+        known = {fv.version: fv for fv in self._live_versions(name, ns).get(name, [])}
+        try:
+            old_id, new_id = diff_pair(name, list(known), old, new)
+        except VersionLookupError as error:
+            raise ApiError(404 if error.unknown else 400, str(error)) from None
+        sources = [self._source(name, v, ns) for v in (old_id, new_id)]
+        return diff_versions(known[old_id], known[new_id], *sources).to_wire()
+
+    def list_functions(
+        self, *, name: str | None, include_definition: bool, page_token: str | None, limit: int, scope: str | None
+    ) -> dict:
+        after = decode_token(page_token) or 0
+        limit = clamp_limit(limit)
+        rows = self.store.list_versions(name=name, after_seq=after, limit=limit + 1, namespace=scope)
+        reply: dict[str, Any] = {"functions": []}
+        for _seq, fname, fversion, definition, owner in rows[:limit]:
+            item: dict[str, Any] = {"name": fname, "version": fversion, "namespace": owner}
+            if include_definition:
+                item["definition"] = redact_definition(json.loads(definition))
+            reply["functions"].append(item)
+        if len(rows) > limit:
+            reply["page_token"] = encode_token(rows[limit - 1][0])
+        return reply
+
+    def drop(self, name: str, version: str, **where: Unpack[Where]) -> dict:
+        with self.core._lock:
+            row = self._row(name, version, **where)
+            if not row.dropped:
+                self.store.set_dropped(name, version, True, row.namespace)
+            return {"dropped": not row.dropped}
+
+    # ---------------------------------------------------------------- placement
+
+    def placement(self, gpu_class: str | None, num_gpus: int) -> Placement:
+        """The class and GPUs a version asks for, checked against this server's config (a 400 otherwise)."""
+        problem = self.capacity_problem(gpu_class, num_gpus)
+        if problem:
+            raise ApiError(400, problem)
+        spec = self.classes.get(gpu_class)
+        assert spec is not None  # capacity_problem found the class
+        return Placement(spec.name, num_gpus, spec.simulated)
+
+    def capacity_problem(self, gpu_class: str | None, num_gpus: int) -> str | None:
+        spec = self.classes.get(gpu_class)
+        if spec is None:
+            available = ", ".join(
+                f"{s.name} (max {s.gpu_class.max_gpu_count_per_worker} GPUs/worker)" for s in self.classes.classes
+            )
+            return f"unknown gpu_class {gpu_class!r}; available GPU classes: {available}"
+        limit = spec.gpu_class.max_gpu_count_per_worker
+        if num_gpus > limit:
+            limits = ", ".join(f"{s.name}: {s.gpu_class.max_gpu_count_per_worker}" for s in self.classes.classes)
+            return (
+                f"num_gpus={num_gpus} exceeds GPU class {spec.name!r} (max_gpu_count_per_worker of {limit}); "
+                f"request at most {limit} GPU{'' if limit == 1 else 's'} or pick another class ({limits})"
+            )
+        return None
+
+    # ------------------------------------------------------- namespace resolution
+
+    def _row(
+        self,
+        name: str,
+        version: str,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
+    ) -> VersionRow:
+        """The version a caller means (see ``namespaces``); 404 if never registered *or not the
+        caller's to see*, with the same message either way so nothing leaks."""
+        row = None
+        if namespace is not None:
+            if visible(scope, namespace):
+                row = self.store.get_version(name, version, namespace)
+        else:  # the admin named no namespace: its own first, else wherever it is
+            row = self.store.get_version(name, version, home) or self.store.get_version(name, version, None)
+        if row is None:
+            raise ApiError(
+                404, f"function version {name}@{version} not found; list versions with POST /v1/functions/list"
+            )
+        return row
+
+    def _live_row(self, name: str, version: str, fix: str, **where: Unpack[Where]) -> VersionRow:
+        """``_row``, and a 404 saying how to ``fix`` it when the version was dropped."""
+        row = self._row(name, version, **where)
+        if row.dropped:
+            raise ApiError(404, f"function version {name}@{version} was dropped; {fix}")
+        return row
+
+    def _one_namespace(
+        self, name: str | None, namespace: str | None = None, scope: str | None = None, home: str = DEFAULT_NAMESPACE
+    ) -> str | None:
+        """The one namespace a history/diff request means: the caller's own, or for the admin the one
+        it names, else its own if that has ``name``, else the first that does.  None when the caller
+        may not see it (its replies are then those of an unknown name)."""
+        if namespace is None and scope is None and name is not None:
+            if not self.store.list_versions(name=name, after_seq=0, limit=1, namespace=home):
+                first = self.store.list_versions(name=name, after_seq=0, limit=1)
+                namespace = first[0][4] if first else None
+        namespace = namespace or home
+        return namespace if visible(scope, namespace) else None
+
+    def _live_versions(self, name: str | None, namespace: str | None) -> dict[str, list[FunctionVersion]]:
+        """Live versions (env values redacted) of one namespace by name, registration order."""
+        grouped: dict[str, list[FunctionVersion]] = {}
+        if namespace is None:
+            return grouped
+        for _, fname, _, definition, _ in self.store.list_versions(
+            name=name, after_seq=0, limit=10**9, namespace=namespace
+        ):
+            grouped.setdefault(fname, []).append(FunctionVersion.from_wire(redact_definition(json.loads(definition))))
+        return grouped
+
+    def _source(self, name: str, version: str, namespace: str | None) -> str:
+        row = self.store.get_version(name, version, namespace)
+        assert row is not None  # callers pass versions they just listed
+        return row.artifact.decode("utf-8", errors="replace")

@@ -1,0 +1,134 @@
+"""The job journal: every job change is written with its event in one transaction and published
+once committed; executor-reported changes are deferred briefly so a quick job's states share one
+commit; log lines are clipped and appended.  Called with the core's lock held."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from lancefn_jupyter.server.common import dumps
+from lancefn_jupyter.server.storage.store import JobRecord, is_storage_full
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lancefn_jupyter.server.plane import ControlPlane
+
+log = logging.getLogger("lancefn.server")
+
+MAX_LOG_LINES_PER_JOB = 20_000
+MAX_LOG_LINE_CHARS = 8_192
+# A placement, start or progress change waits this long for the job's next change before it is
+# committed, so a quick job's states (placed, started, last row, done) share one commit. A job
+# not yet saved as placed or started is re-queued after a crash, like a running one: nothing
+# acknowledged as finished is lost.
+DEFER_COMMIT_S = 0.01
+
+
+class JobJournal:
+    def __init__(self, core: ControlPlane):
+        self.core = core
+        self.store = core.store
+        self._deferred: dict[str, list[str]] = {}  # job id → events of changes not committed yet
+        self._deferred_at: dict[str, float] = {}  # job id → when its first uncommitted change came
+        self._flush_armed = False  # one timer for every deferred job: no loop wake-up per job
+        self._log_pos: dict[str, int] = {}
+
+    def persist(self, rec: JobRecord, *, new: bool, rows: list | None = None, event: bool = True) -> None:
+        """Write the job and its event in one transaction, and publish the event once committed.
+
+        A change to a known job that the full disk refuses is kept in memory and retried (see
+        ``UnsavedJobs.keep``) instead of raising, unless an enclosing batch (whose caller decides)
+        is open.  A new job is never kept that way: its request gets the 507."""
+        core = self.core
+        data = dumps(core.reports.job_wire(rec)) if event else None
+        earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
+        since = self._deferred_at.pop(rec.job_id, None)
+        try:
+            with self.store.batch():
+                if new:
+                    self.store.insert_job(rec, rows)
+                else:
+                    self.store.update_job(rec)
+                for item in earlier + [data] if data is not None else earlier:
+                    self._insert_event(rec.job_id, item, rec.namespace)
+        except Exception as error:
+            if new or not is_storage_full(error) or self.store.in_batch():
+                if earlier:
+                    self._deferred[rec.job_id] = earlier
+                    self._deferred_at[rec.job_id] = since if since is not None else time.monotonic()
+                raise
+            core._unsaved.keep(rec, data)
+            return
+        core._unsaved.saved(rec.job_id)  # its latest state is saved now
+        if "batch_id" in rec.spec:
+            core.batches.on_job(rec)
+
+    def _insert_event(self, job_id: str, data: str, namespace: str) -> None:
+        seq = self.store.insert_event(job_id, data, namespace)
+        self.store.after_commit(lambda: self.core.bus.publish("job", seq, data, namespace))
+
+    def persist_soon(self, rec: JobRecord) -> None:
+        """Record an executor-reported change now and commit it with the job's next change, or
+        after ``DEFER_COMMIT_S`` (batched state commits)."""
+        loop = self.core._loop
+        if loop is None:
+            self.persist(rec, new=False)
+            return
+        self._deferred.setdefault(rec.job_id, []).append(dumps(self.core.reports.job_wire(rec)))
+        self._deferred_at.setdefault(rec.job_id, time.monotonic())
+        if not self._flush_armed:
+            self._flush_armed = True
+            loop.call_soon_threadsafe(loop.call_later, DEFER_COMMIT_S, self._flush_due)
+
+    def _flush_due(self) -> None:
+        """Commit the deferred changes older than ``DEFER_COMMIT_S`` (event loop); re-arm for the rest."""
+        with self.core._lock:
+            now = time.monotonic()
+            for job_id, since in list(self._deferred_at.items()):
+                if now - since >= DEFER_COMMIT_S:
+                    try:
+                        self.flush(job_id)
+                    except Exception:  # its changes go with its next commit, as when no timer is due
+                        log.exception("committing job %s's deferred changes failed", job_id)
+                        self._deferred_at.pop(job_id, None)
+            loop = self.core._loop
+            if self._deferred_at and loop is not None:
+                wait = max(0.0, min(self._deferred_at.values()) + DEFER_COMMIT_S - now)
+                loop.call_later(wait, self._flush_due)
+            else:
+                self._flush_armed = False
+
+    def flush(self, job_id: str) -> None:
+        """Commit a job's deferred changes that no later change has committed (event loop, shutdown)."""
+        with self.core._lock:
+            if job_id not in self._deferred:
+                return
+            rec = self.core._active.get(job_id)
+            if rec is None:  # gone without a commit of its own (cannot happen today); drop quietly
+                self._deferred.pop(job_id)
+                self._deferred_at.pop(job_id, None)
+                return
+            self.persist(rec, new=False, event=False)
+
+    def flush_all(self) -> None:
+        for job_id in list(self._deferred):
+            self.flush(job_id)
+
+    def append_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
+        pos = self._log_pos.get(rec.job_id)
+        if pos is None:
+            pos = self.store.next_log_pos(rec.job_id)
+        if pos >= MAX_LOG_LINES_PER_JOB:
+            return
+        room = MAX_LOG_LINES_PER_JOB - pos
+        clipped = [
+            line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "…" for line in lines[:room]
+        ]
+        if len(lines) > room:
+            clipped[-1] = f"[lancefn] log truncated after {MAX_LOG_LINES_PER_JOB} lines"
+        self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
+
+    def forget(self, job_id: str) -> None:
+        """The job finished: its log position is no longer needed."""
+        self._log_pos.pop(job_id, None)

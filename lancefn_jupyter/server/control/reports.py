@@ -1,0 +1,203 @@
+"""What the control plane reports about jobs and GPUs: a job's wire form, GPU usage, and the
+``usage`` and ``queue`` events with pending jobs' expected starts (docs/ARCHITECTURE.md,
+"REST API (v1)" and "Events").  Reads the core's state with its lock held."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from lancefn_jupyter.server.common import IN_PROGRESS, PENDING, dumps, now_ms
+from lancefn_jupyter.server.policy.estimates import QueueEstimator
+from lancefn_jupyter.server.policy.namespaces import queue_view
+from lancefn_jupyter.server.storage.store import JobRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lancefn_jupyter.server.plane import ControlPlane
+
+QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
+QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at most this often (a trailing one follows)
+
+
+class Reports:
+    def __init__(self, core: ControlPlane):
+        self.core = core
+        self.estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
+        self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
+        self._estimates_timer: threading.Timer | None = None
+
+    def close(self) -> None:
+        if self._estimates_timer is not None:
+            self._estimates_timer.cancel()
+
+    # ------------------------------------------------------------------- jobs
+
+    def job_wire(self, rec: JobRecord) -> dict:
+        """The Job wire form, built without pydantic for speed. Placement and progress carry every
+        field (docs/ARCHITECTURE.md, "REST API (v1)"; the side panel and other tools read them without defaults)."""
+        core = self.core
+        placement: dict[str, Any] = {
+            "gpu_class": rec.gpu_class,
+            "num_gpus": rec.num_gpus or 0,
+            "devices": list(rec.devices or ()),
+            "waiting_on_capacity": False,
+            "queue_position": None,
+            "expected_start_ms": None,
+        }
+        if rec.state == PENDING:
+            # Queued (not yet placed): waiting for its class's GPUs, or a CPU slot.
+            position = core._scheduler.queue_position(rec.job_id)
+            if position is not None:
+                placement["waiting_on_capacity"] = True
+                placement["queue_position"] = position
+                if rec.num_gpus:
+                    placement["expected_start_ms"] = self.expected_start(rec.job_id)
+            elif core._executor_queues and not rec.devices:
+                placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
+                reason = core.executor.pending_reason(rec.gpu_class, rec.num_gpus) if core.executor else None
+                if reason:
+                    placement["pending_reason"] = reason
+        if rec.node is not None:
+            placement["node"] = rec.node
+        progress = {"rows_done": rec.rows_done or 0, "rows_total": rec.rows_total or 0}
+        wire: dict[str, Any] = {
+            "job_id": rec.job_id,
+            "namespace": rec.namespace,
+            "job_type": rec.job_type,
+            "job_state": rec.state,
+            "creation_ms": rec.creation_ms,
+            "placement": placement,
+            "progress": progress,
+        }
+        if rec.started_ms is not None:
+            wire["started_ms"] = rec.started_ms
+        if rec.finished_ms is not None:
+            wire["finished_ms"] = rec.finished_ms
+        if rec.spec:
+            wire["spec"] = rec.spec
+        if isinstance(rec.result, dict) and "arrow" in rec.result:
+            # The result is an Arrow IPC file: GET /v1/jobs/result streams it; the job shows a summary.
+            arrow = rec.result["arrow"]
+            wire["result_format"] = "arrow"
+            wire["result_summary"] = {**arrow.get("summary", {}), **({"expired": True} if arrow.get("expired") else {})}
+        elif rec.result is not None:
+            wire["result"] = rec.result
+        if rec.failure is not None:
+            wire["failure"] = rec.failure
+        return wire
+
+    def note_run_time(self, rec: JobRecord) -> None:
+        if (
+            rec.job_type == "run_function"
+            and rec.gpu_class
+            and rec.started_ms is not None
+            and rec.finished_ms is not None
+        ):
+            self.estimator.run_times.record(
+                rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class, rec.finished_ms - rec.started_ms
+            )
+
+    def expected_start(self, job_id: str) -> int | None:
+        """When a queued GPU job should start (epoch ms), or None when unknown (see `estimates`)."""
+        core = self.core
+        with core._lock:
+            rec = core._active.get(job_id)
+            pool = core._scheduler.pools.get(rec.gpu_class or "") if rec is not None else None
+            if pool is None or job_id not in pool.queue:
+                return None
+            return self.estimator.expected_start(now_ms(), pool, job_id, core._active)
+
+    # ------------------------------------------------------------------ usage
+
+    def usage(self) -> list[dict]:
+        """GpuUsage per class: the scheduler's, or with an executor that queues (Ray) the
+        GPUs it reports per class and the jobs it is running / holding."""
+        core = self.core
+        if not core._executor_queues:
+            return core._scheduler.usage()
+        executor = core.executor
+        assert executor is not None  # only an executor that queues gets here
+        capacity = executor.capacity() or {}
+        rows: dict[str, dict[str, Any]] = {
+            spec.name: {
+                "name": spec.name,
+                "gpus_total": int(capacity.get(spec.name, 0)),
+                "gpus_busy": 0,
+                "jobs_running": 0,
+                "jobs_pending": 0,
+            }
+            for spec in core.classes.classes
+        }
+        for rec in core._active.values():
+            row = rows.get(rec.gpu_class or "") if rec.num_gpus else None
+            if row is None:
+                continue
+            if rec.state == IN_PROGRESS:
+                row["gpus_busy"] += rec.num_gpus
+                row["jobs_running"] += 1
+            else:
+                row["jobs_pending"] += 1
+                if "pending_reason" not in row:
+                    reason = executor.pending_reason(rec.gpu_class, rec.num_gpus)
+                    if reason:
+                        row["pending_reason"] = reason
+        return list(rows.values())
+
+    def publish_usage(self) -> None:
+        if not self.core.bus.listened():  # a new stream starts from snapshots of both
+            return
+        self.core.bus.publish("usage", None, dumps({"classes": self.usage()}))
+        if not self.core._executor_queues:
+            # When the queue moves, every job behind moves up without an event of its own (one per
+            # job would cost O(queue) writes per start): UIs re-number pending jobs (and re-read
+            # their expected start) from this.
+            self._publish_queue(self._queue_payload())
+
+    # ------------------------------------------------------------------ queue
+
+    def queue_snapshot(self, scope: str | None = None) -> dict | None:
+        """The `queue` event payload now as ``scope`` sees it (None when the executor owns queuing, as Ray does)."""
+        if self.core._executor_queues:
+            return None
+        with self.core._lock:
+            payload = self._queue_payload(estimates=True)
+            return queue_view(payload, self._queue_owners(payload), scope)
+
+    def _queue_owners(self, payload: dict) -> dict[str, str]:
+        """Namespace of each job a `queue` payload lists (to render it per subscriber's scope)."""
+        active = self.core._active
+        return {
+            job_id: rec.namespace
+            for ids in payload["classes"].values()
+            for job_id in ids
+            if (rec := active.get(job_id))
+        }
+
+    def _publish_queue(self, payload: dict) -> None:
+        # Each namespace sees the others' queued jobs as null (positions count them; ids don't leak).
+        owners = self._queue_owners(payload)
+        self.core.bus.publish("queue", None, lambda scope: dumps(queue_view(payload, owners, scope)))
+
+    def _queue_payload(self, *, estimates: bool = False) -> dict:
+        """The `queue` event. Expected starts ride along at most every QUEUE_ESTIMATES_INTERVAL_S (a busy
+        queue moves hundreds of times a second); a skipped update is sent by a trailing event."""
+        heads = self.core._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)
+        payload: dict[str, Any] = {"classes": heads}
+        now = time.monotonic()
+        if estimates or now - self._estimates_sent >= QUEUE_ESTIMATES_INTERVAL_S:
+            self._estimates_sent = now
+            payload["expected_start_ms"] = {
+                job_id: self.expected_start(job_id) for ids in heads.values() for job_id in ids
+            }
+        elif self._estimates_timer is None:
+            self._estimates_timer = threading.Timer(QUEUE_ESTIMATES_INTERVAL_S, self._publish_estimates)
+            self._estimates_timer.daemon = True
+            self._estimates_timer.start()
+        return payload
+
+    def _publish_estimates(self) -> None:
+        with self.core._lock:
+            self._estimates_timer = None
+            if self.core._started and not self.core._executor_queues:
+                self._publish_queue(self._queue_payload(estimates=True))

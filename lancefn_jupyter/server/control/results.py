@@ -1,0 +1,98 @@
+"""Job results: a worker's JSON results or Arrow result file taken onto its job, the retention
+rule, and the result a DONE job serves (docs/ARCHITECTURE.md, "Arrow data plane")."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from lancefn_jupyter.server.common import DONE, ApiError, dumps
+from lancefn_jupyter.server.storage.store import JobRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lancefn_jupyter.server.plane import ControlPlane
+
+log = logging.getLogger("lancefn.server")
+
+
+def json_results_problem(results: Any, rows_total: int) -> str | None:
+    """Why a worker's JSON results cannot be the job's result (one per row, JSON), or None."""
+    if not isinstance(results, list) or len(results) != rows_total:
+        return f"the worker returned {len(results) if isinstance(results, list) else 'no list of'} results for {rows_total} rows"
+    try:
+        dumps(results).encode("utf-8")
+    except UnicodeEncodeError:
+        return "a result contains a string with a lone surrogate, which is not valid Unicode; return valid text"
+    except (TypeError, ValueError) as error:
+        return (
+            f"a result is not JSON ({error}); return numbers, strings, lists, dicts or None (NaN/Infinity are not JSON)"
+        )
+    return None
+
+
+class Results:
+    def __init__(self, core: ControlPlane):
+        self.core = core
+        self._arrivals = 0
+
+    def take(self, rec: JobRecord, results: list | Mapping[str, Any]) -> str | None:
+        """Set ``rec.result`` from what the worker reported; a problem (the job fails) or None.
+        An Arrow result is referenced as ``{"arrow": {...}}`` (JSON results are always lists)."""
+        if isinstance(results, Mapping) and "result_file" in results:
+            path = self.core.data.result_path(rec.job_id)
+            if os.fspath(results["result_file"]) != os.fspath(path) or not path.exists():
+                return f"the worker reported a result file that is not there ({results['result_file']})"
+            summary = dict(results.get("summary") or {})
+            rec.result = {"arrow": {"nbytes": int(results.get("nbytes", 0)), "summary": summary}}
+            return None
+        problem = json_results_problem(results, rec.rows_total)
+        if problem is None:
+            rec.result = results
+        return problem
+
+    def arrived(self) -> None:
+        """An Arrow result file was kept: now and then, apply the retention rule."""
+        self._arrivals += 1
+        if self._arrivals % 16 == 1:  # a directory scan: not on every result
+            self.enforce_retention()
+
+    def enforce_retention(self) -> None:
+        """Remove results past the retention rule; their jobs say so (``result_expired``)."""
+        core = self.core
+        for job_id in core.data.enforce_retention():
+            rec = core.jobs.record(job_id)  # the object reads see, if one is kept in memory
+            if rec is None or not isinstance(rec.result, dict) or "arrow" not in rec.result:
+                continue
+            rec.result = {"arrow": {**rec.result["arrow"], "expired": True}}
+            try:
+                core.journal.persist(rec, new=False)
+            except Exception:
+                log.exception("could not mark job %s's result as expired", job_id)
+
+    def result_file(self, job_id: str, scope: str | None = None) -> tuple[str | None, Any]:
+        """(path of the Arrow IPC result, None) or (None, JSON results) of a DONE job
+        (``scope``: the caller's namespace; another team's job is a 404, as everywhere)."""
+        rec = self.core.jobs.get(job_id, scope)
+        if rec.state != DONE:
+            raise ApiError(409, f"job {job_id} is {rec.state}, not DONE; wait for it with POST /v1/jobs/wait")
+        if not (isinstance(rec.result, dict) and "arrow" in rec.result):
+            return None, rec.result
+        path = self.core.data.result_path(job_id)
+        recorded = rec.result["arrow"].get("nbytes")
+        if path.exists() and recorded and path.stat().st_size != recorded:
+            raise ApiError(
+                410,
+                f"the result file of job {job_id} is incomplete (the machine lost power before it reached the "
+                "disk; start the server with --result-fsync to prevent this); run the function again",
+                code="gone",
+            )
+        if rec.result["arrow"].get("expired") or not path.exists():
+            raise ApiError(
+                410,
+                f"the result of job {job_id} was removed by the retention rule (--result-max-age-days / "
+                "--result-max-bytes); run the function again",
+                code="gone",
+            )
+        return str(path), None

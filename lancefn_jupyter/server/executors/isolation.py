@@ -1,0 +1,102 @@
+"""Which OS user local workers run as (``--worker-user``), and the start-time check that it can.
+
+A server running as root runs its workers as an unprivileged user (default ``nobody``), so a job
+cannot open the home's ``api_key``, ``server.json``, ``server.lock`` or database (the home is
+0700, owned by the server's user) nor read the server's memory or environment.  A server that is
+not root runs workers as itself: a same-user server is yours alone (docs/ARCHITECTURE.md,
+"Isolation").
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["WorkerUser", "WorkerUserError", "DEFAULT_WORKER_USER", "resolve_worker_user", "check_worker_user"]
+
+DEFAULT_WORKER_USER = "nobody"
+
+
+class WorkerUserError(Exception):
+    """``--worker-user`` cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class WorkerUser:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def resolve_worker_user(value: str | None) -> WorkerUser | None:
+    """The user workers switch to, or None to run them as the server's own user.
+
+    ``value`` empty/None: ``nobody`` when the server runs as root, else no switch."""
+    euid = os.geteuid()
+    name = value or (DEFAULT_WORKER_USER if euid == 0 else None)
+    if name is None:
+        return None
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, ValueError):
+        raise WorkerUserError(
+            f"--worker-user {name!r}: no such user; create it (e.g. `useradd --system lancefn-worker`) or name another"
+        ) from None
+    if entry.pw_uid == euid:
+        return None  # naming the server's own user opts out (an embedded server is yours alone)
+    if euid != 0:
+        raise WorkerUserError(
+            f"--worker-user {entry.pw_name!r} needs the server to run as root (it runs as uid {euid}); drop the flag to run workers as yourself"
+        )
+    return WorkerUser(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def _closed_dirs(paths: list[Path]) -> list[str]:
+    """Directories above ``paths`` that others cannot traverse (no o+x): what to open up."""
+    closed: dict[str, None] = {}
+    for path in paths:
+        for parent in reversed(path.parents):
+            try:
+                if not os.stat(parent).st_mode & stat.S_IXOTH:
+                    closed[str(parent)] = None
+            except OSError:
+                continue
+    return list(closed)
+
+
+def check_worker_user(user: WorkerUser, env: Mapping[str, str]) -> str | None:
+    """None if ``user`` can start a worker (this interpreter imports the worker module), else a
+    message naming the directories to open (``chmod o+x``) or the flag to change."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import lancefn_jupyter.worker.main"],
+        env=dict(env),
+        user=user.uid,
+        group=user.gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    if probe.returncode == 0:
+        return None
+    import lancefn_jupyter
+
+    closed = _closed_dirs([Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()])
+    detail = (probe.stderr.strip().splitlines() or ["exit code %d" % probe.returncode])[-1]
+    fix = (
+        f"let it traverse {', '.join(closed)} (e.g. `chmod o+x {' '.join(closed)}`)"
+        if closed
+        else "make the interpreter, its site-packages and lancefn_jupyter readable for it"
+    )
+    return (
+        f"workers run as user {user.name!r} because the server runs as root, but that user cannot start Python "
+        f"{sys.executable} ({detail}); {fix}, or pass --worker-user naming a user who can"
+    )

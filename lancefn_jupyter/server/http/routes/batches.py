@@ -1,0 +1,121 @@
+"""``/v1/batches/*``: a map fanned out as chunk jobs (docs/ARCHITECTURE.md, "Batches").
+
+Creating and retrying need the ``functions`` privilege (they run code); looking, cancelling and
+waiting need ``jobs``, as for single jobs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from fastapi import FastAPI, Request
+from pydantic import Field
+
+from lancefn_jupyter.server.http.routes.common import (
+    MAX_TIMEOUT_S,
+    Body,
+    RouteContext,
+    by_id,
+    is_arrow,
+    listing,
+    off_loop,
+    parse,
+    parse_query,
+    pick,
+    who,
+)
+
+
+class BatchCreate(Body):
+    name: str
+    version: str
+    namespace: Optional[str] = None  # which namespace's function (as for functions/run)
+    chunks: Any = None  # a list of chunks, each a list of rows; checked against the signature by the core
+    # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
+    rows_file: Optional[str] = None
+    parallel: Optional[int] = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
+    retries: int = Field(0, ge=0, le=10)
+    fresh: bool = False
+    timeout_s: Optional[float] = Field(None, gt=0, le=MAX_TIMEOUT_S)
+
+
+class BatchId(Body):
+    batch_id: str
+
+
+class BatchDescribe(Body):
+    batch_id: str
+    include_chunks: bool = True
+
+
+class BatchWait(Body):
+    batch_id: str
+    timeout_s: float = Field(30.0, ge=0, le=60)
+    revision: Optional[int] = None  # return as soon as the batch is newer than this
+
+
+class ListBatches(Body):
+    state: Optional[Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED"]] = None
+    name: Optional[str] = None
+    limit: int = Field(100, ge=1, le=1000)
+
+
+_QUERY_JSON = ("parallel", "retries", "fresh", "timeout_s")  # JSON values in an Arrow batch's query string
+
+
+def add_routes(app: FastAPI, ctx: RouteContext) -> None:
+    core = ctx.core
+    functions, jobs = [ctx.require("functions")], [ctx.require("jobs")]
+
+    async def create(request: Request, params: BatchCreate, chunks: Any, arrow_rows: Path | None) -> dict:
+        return await off_loop(
+            core.batches.create,
+            params.name,
+            params.version,
+            chunks,
+            parallel=params.parallel,
+            retries=params.retries,
+            timeout_s=params.timeout_s,
+            fresh=params.fresh,
+            arrow_rows=arrow_rows,
+            **pick(request, params.namespace),
+        )
+
+    @app.post("/v1/batches/create", status_code=202, dependencies=functions)
+    async def create_batch(request: Request) -> dict:
+        if is_arrow(request.headers.get("content-type")):
+            return await _create_batch_arrow(request)
+        body = await parse(request, BatchCreate)
+        arrow_rows = ctx.upload(body.rows_file) if body.rows_file is not None else None
+        try:
+            return await create(request, body, body.chunks, arrow_rows)
+        finally:
+            if arrow_rows is not None:  # its chunks are stored with the batch
+                arrow_rows.unlink(missing_ok=True)
+
+    async def _create_batch_arrow(request: Request) -> dict:
+        """Chunks as one Arrow IPC stream body, one record batch per chunk; the other fields in the query string."""
+        query = request.query_params
+        fields: dict[str, Any] = {k: query[k] for k in ("name", "version", "namespace") if k in query}
+        params = parse_query(BatchCreate, fields, "an Arrow batch", query, _QUERY_JSON)
+        async with ctx.arrow_body(request) as rows_file:
+            return await create(request, params, None, rows_file)
+
+    @app.post("/v1/batches/describe", dependencies=jobs)
+    async def describe_batch(request: Request) -> dict:
+        body = await parse(request, BatchDescribe)
+        return await off_loop(
+            core.batches.describe, body.batch_id, include_chunks=body.include_chunks, scope=who(request).scope
+        )
+
+    app.post("/v1/batches/list", dependencies=jobs, name="list_batches")(listing(ListBatches, core.batches.list))
+
+    cancel, retry = by_id(BatchId, "batch_id", core.batches.cancel), by_id(BatchId, "batch_id", core.batches.retry)
+    app.post("/v1/batches/cancel", dependencies=jobs, name="cancel_batch")(cancel)
+    app.post("/v1/batches/retry", dependencies=functions, name="retry_batch")(retry)
+
+    @app.post("/v1/batches/wait", dependencies=jobs)
+    async def wait_batch(request: Request) -> dict:
+        body = await parse(request, BatchWait)
+        return await core.batches.wait(body.batch_id, body.timeout_s, body.revision, who(request).scope)

@@ -1,0 +1,34 @@
+"""``GET /v1/jobs/events``: the SSE stream of job, queue and usage events (docs/ARCHITECTURE.md,
+"Events"); the bus and the framing live in ``server/control/events.py``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from lancefn_jupyter.server.common import ApiError
+from lancefn_jupyter.server.control.events import event_stream
+from lancefn_jupyter.server.http.routes.common import RouteContext, off_loop, who
+
+KEEPALIVE_S = 15.0
+
+
+def add_routes(app: FastAPI, ctx: RouteContext) -> None:
+    core, auth = ctx.core, [ctx.require("jobs")]
+
+    @app.get("/v1/jobs/events", dependencies=auth)
+    async def job_events(request: Request, last_event_id: Optional[str] = None) -> StreamingResponse:
+        raw = request.headers.get("last-event-id") or last_event_id
+        if raw is None or raw == "":
+            start = await off_loop(core.last_event_seq)  # no resume point: only changes from now on
+        elif raw.isdigit() and len(raw) < 19:
+            start = int(raw)
+        else:
+            raise ApiError(400, "Last-Event-ID / last_event_id must be a non-negative integer event id")
+        return StreamingResponse(
+            event_stream(core, start, who(request).scope, off_loop, KEEPALIVE_S),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )

@@ -1,0 +1,140 @@
+"""``/v1/functions/*``: register, look up, diff, drop and run function versions
+(docs/ARCHITECTURE.md, "REST API (v1)")."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Optional
+
+from fastapi import FastAPI, Request
+from pydantic import Field
+
+from lancefn_jupyter.server.http.routes.common import (
+    MAX_TIMEOUT_S,
+    Body,
+    RouteContext,
+    is_arrow,
+    json_body,
+    listing,
+    off_loop,
+    parse,
+    parse_query,
+    parse_raw,
+    pick,
+    where,
+    who,
+)
+from lancefn_jupyter.server.policy.namespaces import Principal
+
+
+class NameVersion(Body):
+    name: str
+    version: str
+    namespace: Optional[str] = None  # the admin's pick among namespaces; others may only name their own
+
+
+class ListFunctions(Body):
+    include_definition: bool = False
+    name: Optional[str] = None
+    page_token: Optional[str] = None
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class History(Body):
+    name: Optional[str] = None
+    limit: int = Field(20, ge=1, le=1000)
+    namespace: Optional[str] = None  # one namespace's history: the caller's own unless the admin names another
+
+
+class Diff(Body):
+    name: str
+    old: Optional[str] = None
+    new: Optional[str] = None
+    namespace: Optional[str] = None
+
+
+class Run(Body):
+    name: str
+    version: str
+    namespace: Optional[str] = None
+    rows: Any = None  # checked against the signature by the core
+    rows_file: Optional[str] = None  # an Arrow IPC file a local client wrote into $HOME/data/uploads/
+    timeout_s: Optional[float] = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    wait_s: Optional[float] = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
+
+
+def add_routes(app: FastAPI, ctx: RouteContext) -> None:
+    core, auth = ctx.core, [ctx.require("functions")]
+
+    @app.post("/v1/functions/create", status_code=202, dependencies=auth)
+    async def create_function(request: Request) -> dict:
+        return {"job_id": await off_loop(core.register, await json_body(request), who(request).namespace)}
+
+    for path, method in (
+        ("/v1/functions/describe", core.describe_function),
+        ("/v1/functions/artifact", core.function_artifact),
+        ("/v1/functions/drop", core.drop_function),
+    ):
+        app.post(path, dependencies=auth, name=method.__name__)(_by_name_version(method))
+
+    app.post("/v1/functions/list", dependencies=auth, name="list_functions")(
+        listing(ListFunctions, core.list_functions)
+    )
+
+    @app.post("/v1/functions/history", dependencies=auth)
+    async def function_history(request: Request) -> dict:
+        body = await parse(request, History)
+        return await off_loop(core.function_history, body.name, body.limit, **pick(request, body.namespace))
+
+    @app.post("/v1/functions/diff", dependencies=auth)
+    async def function_diff(request: Request) -> dict:
+        body = await parse(request, Diff)
+        return await off_loop(core.function_diff, body.name, body.old, body.new, **pick(request, body.namespace))
+
+    async def run_function(caller: Principal, raw: bytes) -> dict:
+        body = await parse_raw(raw, Run)
+        rows, upload = (body.rows, None) if body.rows_file is None else (None, ctx.upload(body.rows_file))
+        job_id = await off_loop(
+            core.run, body.name, body.version, rows, body.timeout_s, arrow_rows=upload, **where(caller, body.namespace)
+        )
+        return await _submitted(job_id, body.wait_s)
+
+    async def run_any(request: Request) -> dict:
+        """The route FastAPI serves: Arrow bodies, which the guard does not buffer (it serves JSON ones)."""
+        if not is_arrow(request.headers.get("content-type")):
+            return await run_function(who(request), await request.body())
+        return await _run_arrow(request)
+
+    ctx.post_direct(app, "/v1/functions/run", "functions", run_function, status_code=202, route=run_any)
+
+    async def _run_arrow(request: Request) -> dict:
+        """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""
+        query = request.query_params
+        fields = {k: query.get(k) for k in ("name", "version", "namespace")}
+        params = parse_query(Run, {**fields, "rows": None}, "an Arrow run", query, ("timeout_s", "wait_s"))
+        async with ctx.arrow_body(request) as rows_file:
+            job_id = await off_loop(
+                core.run,
+                params.name,
+                params.version,
+                None,
+                params.timeout_s,
+                arrow_rows=rows_file,
+                **pick(request, params.namespace),
+            )
+        return await _submitted(job_id, params.wait_s)
+
+    async def _submitted(job_id: str, wait_s: Optional[float]) -> dict:
+        """The run's reply; with ``wait_s``, a quick job's result comes back in it (one round trip, no jobs/wait)."""
+        if wait_s is None:
+            return {"job_id": job_id}
+        return {"job_id": job_id, "job": await core.wait_job(job_id, wait_s, unless_queued=True)}
+
+
+def _by_name_version(method: Callable[..., dict]) -> Callable[[Request], Awaitable[dict]]:
+    """A route doing ``method`` to the function version a ``NameVersion`` body names."""
+
+    async def route(request: Request) -> dict:
+        body = await parse(request, NameVersion)
+        return await off_loop(method, body.name, body.version, **pick(request, body.namespace))
+
+    return route

@@ -1,0 +1,74 @@
+"""``/v1/jobs/*``: describe, list, cancel, follow and fetch the results of jobs
+(docs/ARCHITECTURE.md, "REST API (v1)"); the event stream is in ``events.py``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse
+from pydantic import Field
+
+from lancefn_jupyter.server.http.routes.common import (
+    Body,
+    RouteContext,
+    by_id,
+    listing,
+    off_loop,
+    parse,
+    parse_raw,
+    who,
+)
+from lancefn_jupyter.server.policy.namespaces import Principal
+from lancefn_jupyter.wire.dataplane import MEDIA_TYPE as ARROW_STREAM
+
+
+class JobId(Body):
+    job_id: str
+
+
+class ListJobs(Body):
+    state: Optional[Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED", "TIMED_OUT"]] = None
+    name: Optional[str] = None
+    job_type: Optional[Literal["create_function", "run_function"]] = None
+    page_token: Optional[str] = None
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class Logs(Body):
+    job_id: str
+    offset: int = Field(0, ge=0, le=2**62)  # SQLite integers are 64-bit
+    limit: int = Field(1000, ge=1, le=10000)
+
+
+class Wait(Body):
+    job_id: str
+    timeout_s: float = Field(30.0, ge=0, le=60)
+
+
+def add_routes(app: FastAPI, ctx: RouteContext) -> None:
+    core, auth = ctx.core, [ctx.require("jobs")]
+
+    @app.get("/v1/jobs/result", dependencies=auth)
+    async def job_result(request: Request, job_id: str) -> Any:
+        """A DONE job's result: its Arrow IPC stream (streamed from the file), or JSON results."""
+        path, results = await off_loop(core.result_file, job_id, who(request).scope)
+        if path is None:
+            return {"job_id": job_id, "result": results}
+        return FileResponse(path, media_type=ARROW_STREAM)
+
+    app.post("/v1/jobs/describe", dependencies=auth, name="describe_job")(by_id(JobId, "job_id", core.describe_job))
+    app.post("/v1/jobs/cancel", dependencies=auth, name="cancel_job")(by_id(JobId, "job_id", core.cancel_job))
+
+    app.post("/v1/jobs/list", dependencies=auth, name="list_jobs")(listing(ListJobs, core.list_jobs))
+
+    @app.post("/v1/jobs/logs", dependencies=auth)
+    async def job_logs(request: Request) -> dict:
+        body = await parse(request, Logs)
+        return await off_loop(core.job_logs, body.job_id, body.offset, body.limit, who(request).scope)
+
+    async def wait_job(caller: Principal, raw: bytes) -> dict:
+        body = await parse_raw(raw, Wait)
+        return await core.wait_job(body.job_id, body.timeout_s, caller.scope)
+
+    ctx.post_direct(app, "/v1/jobs/wait", "jobs", wait_job)

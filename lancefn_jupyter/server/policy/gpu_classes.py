@@ -1,0 +1,366 @@
+"""GPU classes: operator TOML config, NVML detection, or a simulated default.
+
+Resolution order (docs/ARCHITECTURE.md, "GPU class config (TOML)"):
+1. a TOML file (``--gpu-classes FILE`` or ``$LANCEFN_GPU_CLASSES``), validated eagerly —
+   any problem is a :class:`ConfigError` naming the file, the class and the field, and the
+   server refuses to start;
+2. otherwise local GPUs found through NVML (``nvidia-ml-py``) as one ``default`` class;
+3. otherwise a ``default`` class of 2 simulated GPUs (numba CUDA simulator), so pending and
+   running jobs can be seen on any laptop.
+
+NVML being absent or failing in any way means "zero GPUs", quietly.  Setting
+``LANCEFN_DISABLE_NVML=1`` skips NVML on purpose (tests use it to get the simulated default
+deterministically on machines that do have GPUs).
+
+Which class is the default (used by functions that don't pin ``gpu_class``): the config's
+top-level ``default_class`` if given, else the class named ``default``, else the first class
+listed.  Decision: a config without a ``default`` class is legal because operators often name
+pools after hardware (``a100``, ``t4``); we make the first one the default rather than refuse.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
+
+from lancefn_jupyter.server.common import format_validation_error
+from lancefn_jupyter.wire.models import GpuClass
+
+__all__ = [
+    "ConfigError",
+    "ClassSpec",
+    "GpuClassConfig",
+    "SIMULATED_GPU_MODEL",
+    "load_gpu_classes",
+    "parse_gpu_classes",
+    "detect_nvml_gpus",
+    "simulated_default",
+]
+
+SIMULATED_GPU_MODEL = "Simulated GPU (numba CUDA simulator)"
+SIMULATED_DEFAULT_COUNT = 2
+ENV_VAR = "LANCEFN_GPU_CLASSES"
+
+_T = TypeVar("_T")
+_TOP_KEYS = {"gpu_classes", "default_class"}
+
+
+class ConfigError(Exception):
+    """A GPU class configuration problem; the message says where and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    """One class: its public hardware description plus where the local executor finds it."""
+
+    gpu_class: GpuClass
+    devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES ids, or "sim0", "sim1", … when simulated
+
+    @property
+    def name(self) -> str:
+        return self.gpu_class.name
+
+    @property
+    def simulated(self) -> bool:
+        return self.gpu_class.simulated
+
+
+@dataclass(frozen=True)
+class GpuClassConfig:
+    classes: tuple[ClassSpec, ...]
+    default_class: str
+    source: str  # the file path, "nvml" or "simulated" — shown in logs and health output
+
+    def get(self, name: str | None) -> ClassSpec | None:
+        """The class named ``name`` (``None`` means the default class)."""
+        wanted = self.default_class if name is None else name
+        for spec in self.classes:
+            if spec.name == wanted:
+                return spec
+        return None
+
+    @property
+    def names(self) -> list[str]:
+        return [spec.name for spec in self.classes]
+
+    def devices(self) -> dict[str, tuple[str, ...]]:
+        """Scheduler input: class name → device ids."""
+        return {spec.name: spec.devices for spec in self.classes}
+
+
+# ------------------------------------------------------------------------- loading
+
+
+def load_gpu_classes(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    executor: str = "local",
+    environ: Mapping[str, str] | None = None,
+    detect: Callable[[], list[tuple[str, str, int]]] | None = None,
+) -> GpuClassConfig:
+    """Resolve the GPU classes as described in the module docstring."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(ENV_VAR):
+        path = environ[ENV_VAR]
+    if path is not None:
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8")
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{path}: GPU class config file not found; fix the --gpu-classes path or {ENV_VAR}"
+            ) from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{path}: cannot read GPU class config ({error})") from None
+        return parse_gpu_classes(text, source=path, executor=executor)
+    if environ.get("LANCEFN_DISABLE_NVML", "") in ("", "0"):
+        gpus = (detect or detect_nvml_gpus)()
+    else:
+        gpus = []
+    if gpus:
+        return nvml_default(gpus)
+    return simulated_default()
+
+
+def detect_nvml_gpus() -> list[tuple[str, str, int]]:
+    """``[(device index, model name, memory bytes)]`` via NVML; ``[]`` on any problem."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver, no permission: all mean "no GPUs"
+        return []
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            if isinstance(name, bytes):  # older bindings return bytes
+                name = name.decode("utf-8", "replace")
+            memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            gpus.append((str(index), str(name), memory))
+        return gpus
+    except Exception:
+        return []
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def nvml_default(gpus: Sequence[tuple[str, str, int]]) -> GpuClassConfig:
+    models = sorted({model for _, model, _ in gpus})
+    # Mixed hardware in one box still forms one pool; say so rather than pick one name.
+    gpu_model = models[0] if len(models) == 1 else "mixed: " + ", ".join(models)
+    gpu_class = GpuClass(
+        name="default",
+        gpu_model=gpu_model,
+        gpu_memory_bytes=min(memory for _, _, memory in gpus),
+        max_gpu_count_per_worker=len(gpus),
+    )
+    return GpuClassConfig((ClassSpec(gpu_class, tuple(index for index, _, _ in gpus)),), "default", "nvml")
+
+
+def simulated_default(count: int = SIMULATED_DEFAULT_COUNT) -> GpuClassConfig:
+    gpu_class = GpuClass(
+        name="default",
+        gpu_model=SIMULATED_GPU_MODEL,
+        gpu_memory_bytes=0,  # the simulator has no device memory of its own
+        max_gpu_count_per_worker=count,
+        simulated=True,
+    )
+    return GpuClassConfig((ClassSpec(gpu_class, _sim_ids(count)),), "default", "simulated")
+
+
+def _sim_ids(count: int) -> tuple[str, ...]:
+    return tuple(f"sim{i}" for i in range(count))
+
+
+# ------------------------------------------------------------------------- parsing
+
+
+def parse_gpu_classes(text: str, *, source: str = "<gpu classes>", executor: str = "local") -> GpuClassConfig:
+    """Validate TOML text into a config; every error names ``source``, the class and the field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: not valid TOML ({error}); see the example in docs/ARCHITECTURE.md") from None
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))} "
+            "(each class is a [[gpu_classes]] table)"
+        )
+    entries = data.get("gpu_classes")
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError(
+            f"{source}: define at least one GPU class as a [[gpu_classes]] table, e.g.\n"
+            '[[gpu_classes]]\nname = "default"\ngpu_model = "NVIDIA A100"\ngpu_memory_bytes = 85899345920\ndevices = [0]'
+        )
+    specs: list[ClassSpec] = []
+    seen_devices: dict[str, str] = {}
+    for index, entry in enumerate(entries):
+        spec = _parse_class(entry, f"{source}: gpu_classes[{index}]", executor)
+        if any(other.name == spec.name for other in specs):
+            raise ConfigError(
+                f"{source}: gpu_classes[{index}]: duplicate class name {spec.name!r}; give each class its own name"
+            )
+        if not spec.simulated:
+            for device in spec.devices:
+                if device in seen_devices:
+                    raise ConfigError(
+                        f"{source}: class {spec.name!r}: field 'devices': device {device} is already in class "
+                        f"{seen_devices[device]!r}; a GPU can belong to one class only"
+                    )
+                seen_devices[device] = spec.name
+        specs.append(spec)
+    names = [spec.name for spec in specs]
+    default_class = data.get("default_class")
+    if default_class is None:
+        default_class = "default" if "default" in names else names[0]
+    elif not isinstance(default_class, str) or default_class not in names:
+        raise ConfigError(
+            f"{source}: 'default_class' is {default_class!r} but no class has that name; use one of: {', '.join(names)}"
+        )
+    return GpuClassConfig(tuple(specs), default_class, source)
+
+
+_DEVICES_FIX = "write devices = [0, 1] (CUDA device indices) or GPU UUID strings"
+# What follows "field 'X' is <value>; " in a ConfigError: how to write the field.
+_FIXES = {
+    "name": "set name = \"...\" using letters, digits, '_', '.', '-' (e.g. name = \"default\")",
+    "simulated": "set simulated = N, the number of simulated GPUs (e.g. simulated = 2)",
+    "resource_name": "it must be a non-empty string",
+    "gpu_model": "it must be a non-empty string",
+    "gpu_memory_bytes": "it must be a whole number of bytes ≥ 0, e.g. 85899345920",
+    "max_gpu_count_per_worker": "it must be a whole number ≥ 1",
+    "node_selector": 'it must map strings to strings: write node_selector = { "label" = "value" }',
+    "tolerations": "it must be a list of tables: "
+    'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]',
+}
+_Text = Annotated[str, StringConstraints(pattern=r"\S")]  # not blank
+
+
+def _devices(value: Any) -> tuple[str, ...]:
+    """Device indices or UUIDs as CUDA_VISIBLE_DEVICES entries; the message goes after "field 'devices' "."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"is {value!r}; {_DEVICES_FIX}")
+    devices: list[str] = []
+    for item in value:
+        if type(item) is int and item >= 0:
+            devices.append(str(item))
+        elif isinstance(item, str) and item.strip() and "," not in item:
+            devices.append(item.strip())
+        else:
+            raise ValueError(f"contains {item!r}; {_DEVICES_FIX}")
+    repeated = sorted({d for d in devices if devices.count(d) > 1})
+    if repeated:
+        raise ValueError(f"lists device {repeated[0]} more than once; list each device once")
+    return tuple(devices)
+
+
+class _ClassEntry(BaseModel):
+    """One ``[[gpu_classes]]`` table as written; what one field's default depends on another's
+    (simulated classes, a limit from the device count) is settled in :func:`_class_spec`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
+    devices: Annotated[Optional[tuple[str, ...]], BeforeValidator(_devices)] = None
+    simulated: Optional[Annotated[int, Field(ge=1)]] = None
+    resource_name: _Text = "nvidia.com/gpu"
+    gpu_model: Optional[_Text] = None
+    gpu_memory_bytes: Optional[Annotated[int, Field(ge=0)]] = None
+    max_gpu_count_per_worker: Optional[Annotated[int, Field(ge=1, le=2**32 - 1)]] = None
+    node_selector: dict[str, str] = {}
+    tolerations: Annotated[tuple[dict, ...], Field(strict=False)] = ()
+
+
+def _entry_problem(error: ValidationError, raw: dict[str, Any]) -> str:
+    """The problem to report, after ``where``: a bad name first (the others are then named by
+    class), then an unknown field, then the first field in table order."""
+    items = error.errors(include_url=False, include_input=False)
+    item = next((i for i in items if i["loc"][:1] == ("name",)), None)
+    item = item or next((i for i in items if i["type"] == "extra_forbidden"), items[0])
+    field = str(item["loc"][0])
+    where = "" if field == "name" else f" (class {raw.get('name')!r})"
+    if item["type"] == "extra_forbidden":
+        return f"{where}: unknown field {field!r}; allowed fields: {', '.join(sorted(_ClassEntry.model_fields))}"
+    if item["type"] == "value_error":  # devices: its validator says what and how
+        return f"{where}: field {field!r} {item['msg'].removeprefix('Value error, ')}"
+    value = repr(raw[field]) if field in raw else "missing"
+    return f"{where}: field {field!r} is {value}; {_FIXES[field]}"
+
+
+def _parse_class(raw: dict[str, Any], where: str, executor: str) -> ClassSpec:
+    try:
+        entry = _ClassEntry.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(where + _entry_problem(error, raw)) from None
+    return _class_spec(entry, f"{where} (class {entry.name!r})", executor)
+
+
+def _class_spec(entry: _ClassEntry, where: str, executor: str) -> ClassSpec:
+    """The class with its defaults filled in, checking what spans fields."""
+
+    def fail(field: str, problem: str, fix: str) -> ConfigError:
+        return ConfigError(f"{where}: field {field!r} {problem}; {fix}")
+
+    simulated = entry.simulated is not None
+    devices = entry.devices
+    if entry.simulated is not None:
+        if devices is not None:
+            raise fail(
+                "simulated",
+                "is set together with 'devices'",
+                "use either devices = [...] (real GPUs) or simulated = N, not both",
+            )
+        devices = _sim_ids(entry.simulated)
+    elif devices is None:
+        if executor == "local":
+            raise fail(
+                "devices", "is missing", "the local executor needs devices = [0, 1] (CUDA device ids) or simulated = N"
+            )
+        devices = ()  # Ray reports capacity itself
+
+    def need(field: str, value: _T | None, fix: str) -> _T:
+        if value is None:
+            raise fail(field, "is missing", fix)
+        return value
+
+    gpu_model = need(
+        "gpu_model", entry.gpu_model or (SIMULATED_GPU_MODEL if simulated else None), 'add gpu_model = "..."'
+    )
+    memory = need(
+        "gpu_memory_bytes",
+        entry.gpu_memory_bytes if entry.gpu_memory_bytes is not None else (0 if simulated else None),
+        "add gpu_memory_bytes = <bytes per GPU>, e.g. 85899345920 for 80 GiB",
+    )
+    limit = need(
+        "max_gpu_count_per_worker",
+        entry.max_gpu_count_per_worker or len(devices) or None,
+        "add max_gpu_count_per_worker = N (GPUs one worker may request)",
+    )
+    if devices and limit > len(devices):
+        raise fail(
+            "max_gpu_count_per_worker",
+            f"is {limit} but the class has only {len(devices)} device(s)",
+            f"lower it to at most {len(devices)} or add devices",
+        )
+    try:
+        gpu_class = GpuClass(
+            **entry.model_dump(include={"name", "resource_name", "node_selector", "tolerations"}),
+            gpu_model=gpu_model,
+            gpu_memory_bytes=memory,
+            max_gpu_count_per_worker=limit,
+            simulated=simulated,
+        )
+    except ValidationError as error:  # e.g. nan inside tolerations
+        raise ConfigError(f"{where}: field {format_validation_error(error)}; fix the value") from None
+    return ClassSpec(gpu_class, devices)

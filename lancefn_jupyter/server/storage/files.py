@@ -1,0 +1,176 @@
+"""Arrow IPC files of the data plane under the home: rows sent as Arrow, and results.
+
+Layout (docs/ARCHITECTURE.md, "Arrow data plane")::
+
+    $HOME/data/uploads/<32 hex>.arrow   rows a client on this machine wrote for functions/run
+                                        ``rows_file`` (moved to rows/ by the run; refused otherwise)
+    $HOME/data/rows/<uuid>.arrow        rows of a job submitted as Arrow IPC (removed when the job ends)
+    $HOME/data/results/<job_id>.arrow   a job's result as an Arrow IPC stream
+
+Every file is written under a ``.tmp-<pid>`` name and renamed, so a SIGKILL never leaves a half
+file under a final name; leftover temp files are removed at start.  Results are fsynced first only
+with ``fsync=True`` (``--result-fsync``): by default a power cut may lose the latest results, like
+the database's own last commits (SQLite WAL, synchronous=NORMAL); a result file whose size is not
+the one recorded is then reported lost (410), never served truncated.  Results are removed by
+the retention rule (older than ``max_age_s``, then oldest first while the total exceeds
+``max_bytes``).  pyarrow is imported only when a body is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+from lancefn_jupyter.wire import dataplane
+
+__all__ = ["DataStore", "DEFAULT_MAX_AGE_S", "DEFAULT_MAX_BYTES"]
+
+DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
+DEFAULT_MAX_BYTES = 5 * 1024**3  # a laptop's share of disk for kept results
+_SUFFIX = ".arrow"
+_UPLOAD_NAME = re.compile(r"[0-9a-f]{32}\.arrow")
+
+
+class DataStore:
+    def __init__(
+        self,
+        home: str | os.PathLike[str],
+        *,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        fsync: bool = False,
+    ):
+        self.root = Path(home) / "data"
+        self.rows_dir = self.root / "rows"
+        self.results_dir = self.root / "results"
+        self.uploads_dir = self.root / "uploads"
+        self.max_age_s = max_age_s
+        self.max_bytes = max_bytes
+        self.fsync = fsync
+
+    # ----------------------------------------------------------------- paths
+
+    def result_path(self, job_id: str) -> Path:
+        return self.results_dir / f"{job_id}{_SUFFIX}"
+
+    def rows_path(self, ref: dict) -> Path:
+        return self.root / ref["arrow_file"]
+
+    def new_rows_file(self) -> tuple[Path, Path]:
+        """(temp path to stream a request body into, the final path it gets once checked)."""
+        self.rows_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        final = self.rows_dir / f"{uuid.uuid4().hex}{_SUFFIX}"
+        return final.with_name(f"{final.name}.tmp-{os.getpid()}"), final
+
+    def upload(self, name: str) -> Path:
+        """The hand-off file ``uploads/<name>`` a local client wrote (a plain file, no links);
+        ValueError saying what is wrong otherwise."""
+        if not _UPLOAD_NAME.fullmatch(name):
+            raise ValueError(
+                "rows_file must be the name of a file in the home's data/uploads directory "
+                "(32 hex digits + '.arrow'); clients on other machines send the rows as the body"
+            )
+        path = self.uploads_dir / name
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            raise ValueError(f"rows_file {name} is not in {self.uploads_dir}; write it there first") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"rows_file {name} is not a plain file")
+        return path
+
+    # ----------------------------------------------------------------- rows
+
+    def check_rows(self, path: Path, inputs: Iterable[Any], label: str) -> int:
+        """Validate an Arrow rows body against the signature's inputs; the number of rows.
+
+        Raises ValueError with a message naming the column and the fix."""
+        import pyarrow as pa
+
+        inputs = list(inputs)
+        try:
+            reader = pa.ipc.open_stream(pa.memory_map(str(path), "r"))
+            schema = reader.schema
+            rows = sum(batch.num_rows for batch in reader)
+        except (pa.ArrowInvalid, OSError) as error:
+            raise ValueError(
+                f"the body is not an Arrow IPC stream ({error}); send rows encoded with "
+                "lancefn_jupyter.wire.dataplane.encode_rows and to_ipc_bytes, or send JSON"
+            ) from None
+        expected = {p.name: p.arrow_type for p in inputs}
+        optional = {p.name for p in inputs if getattr(p, "default", None) is not None}  # the worker applies it
+        got = {field.name for field in schema if field.name != "_"}
+        missing = [n for n in expected if n not in got and n not in optional]
+        unknown = sorted(got - set(expected))
+        if missing or unknown:
+            problems = ([f"missing column(s) {', '.join(missing)}"] if missing else []) + (
+                [f"unknown column(s) {', '.join(unknown)}"] if unknown else []
+            )
+            raise ValueError(f"{' and '.join(problems)}; {label} takes ({', '.join(expected)})")
+        for field in schema:
+            if field.name == "_":
+                continue
+            declared = (field.metadata or {}).get(dataplane.TYPE_KEY, b"").decode()
+            if declared != expected[field.name]:
+                raise ValueError(
+                    f"column {field.name!r} is typed {declared or 'nothing'!s} in its field metadata "
+                    f"({dataplane.TYPE_KEY.decode()}), but {label} declares {expected[field.name]}"
+                )
+        if rows == 0:
+            raise ValueError("the Arrow body has no rows; send at least one row")
+        return rows
+
+    def remove_rows(self, ref: Any) -> None:
+        if isinstance(ref, dict) and "arrow_file" in ref:
+            _unlink(self.rows_path(ref))
+
+    # ----------------------------------------------------------------- results
+
+    def sweep_temp(self) -> None:
+        """Remove temp files a killed writer left behind (at start, before any job runs)."""
+        for directory in (self.rows_dir, self.results_dir, self.uploads_dir):
+            for entry in _entries(directory):
+                if ".tmp-" in entry.name or directory == self.uploads_dir:
+                    _unlink(Path(entry.path))
+
+    def enforce_retention(self, now: float | None = None) -> list[str]:
+        """Remove results past the age limit, then oldest first over the size limit; their job ids."""
+        now = time.time() if now is None else now
+        files = []
+        for entry in _entries(self.results_dir):
+            if entry.name.endswith(_SUFFIX):
+                try:
+                    stat = entry.stat()
+                except OSError:
+                    continue
+                files.append((stat.st_mtime, stat.st_size, entry.name[: -len(_SUFFIX)], Path(entry.path)))
+        files.sort()
+        total = sum(size for _, size, _, _ in files)
+        removed = []
+        for mtime, size, job_id, path in files:
+            if now - mtime <= self.max_age_s and total <= self.max_bytes:
+                continue
+            _unlink(path)
+            total -= size
+            removed.append(job_id)
+        return removed
+
+
+def _entries(directory: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

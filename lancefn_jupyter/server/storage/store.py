@@ -1,0 +1,504 @@
+"""SQLite persistence of function versions, jobs, job rows, job logs and the event log.
+
+Durability: WAL journal + ``synchronous=NORMAL`` + one commit per logical change.  In WAL
+mode a committed transaction survives the *process* being SIGKILLed (the OS still has the
+WAL pages); only a power loss can drop the last commits, which is acceptable for a local
+control plane and is what makes ~1000 commits/s cheap.  Callers group several changes into
+one commit with ``with store.batch():``.
+
+One connection shared by all threads behind a lock: SQLite serialises writers anyway, and
+every statement here is short.  The store knows nothing about job semantics; it maps
+:class:`JobRecord` (owned by the core) to rows.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import sqlite3
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE
+
+__all__ = ["Store", "JobRecord", "VersionRow", "DB_FILENAME", "is_storage_full"]
+
+
+def is_storage_full(error: BaseException) -> bool:
+    """A full disk (SQLite's SQLITE_FULL or ENOSPC/EDQUOT/EFBIG from a write)."""
+    if isinstance(error, sqlite3.OperationalError):
+        return "full" in str(error)
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+DB_FILENAME = "lancefn.sqlite3"
+EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
+VERSION_CACHE_SIZE = 256  # version rows kept in memory (get_version), each at most:
+VERSION_CACHE_ROW_BYTES = 256 * 1024
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS function_versions(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    definition TEXT NOT NULL,          -- FunctionVersion wire JSON (canonical)
+    artifact BLOB NOT NULL,
+    created_at TEXT NOT NULL,
+    dropped INTEGER NOT NULL DEFAULT 0,
+    UNIQUE(name, version)
+);
+CREATE TABLE IF NOT EXISTS jobs(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL UNIQUE,
+    job_type TEXT NOT NULL,
+    state TEXT NOT NULL,
+    name TEXT,
+    creation_ms INTEGER NOT NULL,
+    started_ms INTEGER,
+    finished_ms INTEGER,
+    spec TEXT NOT NULL,
+    placement TEXT NOT NULL,           -- {gpu_class, num_gpus, devices, node}
+    rows_done INTEGER NOT NULL DEFAULT 0,
+    rows_total INTEGER NOT NULL DEFAULT 0,
+    result TEXT,
+    failure TEXT,
+    requeues INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs(name, seq);
+CREATE TABLE IF NOT EXISTS job_rows(
+    job_id TEXT PRIMARY KEY,
+    rows TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS job_logs(
+    job_id TEXT NOT NULL,
+    pos INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    line TEXT NOT NULL,
+    PRIMARY KEY(job_id, pos)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT,
+    data TEXT NOT NULL
+);
+"""
+
+
+@dataclass
+class JobRecord:
+    """A job as the core tracks it (mutable; the wire form is built by the core)."""
+
+    job_id: str
+    job_type: str
+    state: str
+    creation_ms: int
+    spec: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    gpu_class: str | None = None
+    num_gpus: int = 0
+    devices: tuple[str, ...] = ()
+    node: str | None = None
+    rows_done: int = 0
+    rows_total: int = 0
+    result: Any = None
+    failure: dict[str, Any] | None = None
+    requeues: int = 0
+    seq: int | None = None  # storage order (set once inserted)
+    namespace: str = DEFAULT_NAMESPACE  # the owning team (docs/ARCHITECTURE.md, "Namespaces")
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    name: str
+    version: str
+    definition: str
+    artifact: bytes
+    dropped: bool
+    seq: int
+    namespace: str = DEFAULT_NAMESPACE
+
+
+def _cacheable(row: VersionRow) -> bool:
+    return len(row.artifact) + len(row.definition) <= VERSION_CACHE_ROW_BYTES
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._depth = 0  # batch nesting; commit when the outermost batch ends
+        self._after_commit: list[Callable[[], None]] = []
+        self._versions: OrderedDict[tuple[str, str, str | None], VersionRow] = OrderedDict()  # see get_version
+        if not self.path.exists():
+            # The DB holds artifacts and function env values: private from the start
+            # (SQLite gives the -wal/-shm files the database file's permissions).
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so batches are explicit.
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=OFF")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        self._migrate_namespaces()
+        self._events_since_prune = 0
+        self.prune_events()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group writes into one transaction (re-entrant; commits at the outermost level)."""
+        with self._lock:
+            if self._depth == 0:
+                self._db.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._after_commit.clear()
+                    self._db.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            if self._depth == 0:
+                try:
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._after_commit.clear()
+                    # e.g. SQLITE_FULL: SQLite may leave the transaction open, and a later COMMIT
+                    # would then save changes the caller was told failed.
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                callbacks, self._after_commit = self._after_commit, []
+                for callback in callbacks:
+                    callback()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the current outermost batch has committed (never if it rolls
+        back): events announce only what is saved, and a rolled-back sequence number, which
+        SQLite hands out again, is never seen by a client."""
+        with self._lock:
+            if self._depth == 0:
+                callback()
+            else:
+                self._after_commit.append(callback)
+
+    def in_batch(self) -> bool:
+        """Whether this thread is inside a batch (another thread's batch holds the lock, so
+        this waits for it to end and then answers False)."""
+        with self._lock:
+            return self._depth > 0
+
+    def _migrate_namespaces(self) -> None:
+        """Give versions, jobs and events a ``namespace`` (rows of an older home: the default one)
+        and make function names unique per namespace.  SQLite cannot change a UNIQUE constraint in
+        place, so ``function_versions`` is rebuilt from its own CREATE statement (keeping any column
+        others added) once, in one transaction."""
+
+        def columns(table: str) -> list[str]:
+            return [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
+
+        default = DEFAULT_NAMESPACE.replace("'", "")
+        with self.batch():
+            if "namespace" not in columns("function_versions"):
+                (sql,) = self._db.execute(
+                    "SELECT sql FROM sqlite_master WHERE type='table' AND name='function_versions'"
+                ).fetchone()
+                old = columns("function_versions")
+                sql = sql.replace("function_versions", "function_versions_ns", 1)
+                sql = re.sub(
+                    r"UNIQUE\s*\(\s*name\s*,\s*version\s*\)",
+                    f"namespace TEXT NOT NULL DEFAULT '{default}',\n    UNIQUE(namespace, name, version)",
+                    sql,
+                )
+                self._db.execute(sql)
+                listed = ", ".join(old)
+                self._db.execute(f"INSERT INTO function_versions_ns({listed}) SELECT {listed} FROM function_versions")
+                self._db.execute("DROP TABLE function_versions")
+                self._db.execute("ALTER TABLE function_versions_ns RENAME TO function_versions")
+            if "namespace" not in columns("jobs"):
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN namespace TEXT NOT NULL DEFAULT '{default}'")
+            self._db.execute("CREATE INDEX IF NOT EXISTS jobs_by_namespace ON jobs(namespace, seq)")
+            if "namespace" not in columns("events"):
+                self._db.execute(f"ALTER TABLE events ADD COLUMN namespace TEXT NOT NULL DEFAULT '{default}'")
+            self._db.execute("CREATE INDEX IF NOT EXISTS events_by_namespace ON events(namespace, seq)")
+
+    # Generic access for modules that own their own tables (server/batches/manager.py).
+    def executescript(self, script: str) -> None:
+        with self._lock:
+            self._db.executescript(script)
+
+    def execute(self, sql: str, args: tuple = ()) -> None:
+        with self.batch():
+            self._db.execute(sql, args)
+
+    def executemany(self, sql: str, rows: list[tuple]) -> None:
+        with self.batch():
+            self._db.executemany(sql, rows)
+
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        return self._query(sql, args)
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---------------------------------------------------------------- versions
+
+    def get_version(self, name: str, version: str, namespace: str | None = DEFAULT_NAMESPACE) -> VersionRow | None:
+        """The version in ``namespace``; ``namespace=None``: in whichever namespace registered it first.
+
+        Rows read outside a transaction are cached (every run reads its version twice): a version
+        never changes once stored except its ``dropped`` flag, which ``set_dropped`` keeps current."""
+        key = (name, version, namespace)
+        with self._lock:
+            cached = self._versions.get(key) if namespace is not None else None
+            if cached is not None:
+                self._versions.move_to_end(key)
+                return cached
+            row = self._read_version(name, version, namespace)
+            if row is not None and namespace is not None and self._depth == 0 and _cacheable(row):
+                self._versions[key] = row
+                if len(self._versions) > VERSION_CACHE_SIZE:
+                    self._versions.popitem(last=False)
+            return row
+
+    def _read_version(self, name: str, version: str, namespace: str | None) -> VersionRow | None:
+        sql = "SELECT name, version, definition, artifact, dropped, seq, namespace FROM function_versions WHERE name=? AND version=?"
+        args: tuple = (name, version)
+        if namespace is not None:
+            sql += " AND namespace=?"
+            args += (namespace,)
+        rows = self._query(sql + " ORDER BY seq LIMIT 1", args)
+        if not rows:
+            return None
+        n, v, definition, artifact, dropped, seq, ns = rows[0]
+        return VersionRow(n, v, definition, bytes(artifact), bool(dropped), seq, ns)
+
+    def insert_version(
+        self,
+        name: str,
+        version: str,
+        definition: str,
+        artifact: bytes,
+        created_at: str,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        with self.batch():
+            self._db.execute(
+                "INSERT INTO function_versions(name, version, definition, artifact, created_at, namespace) VALUES(?,?,?,?,?,?)",
+                (name, version, definition, artifact, created_at, namespace),
+            )
+
+    def set_dropped(self, name: str, version: str, dropped: bool, namespace: str = DEFAULT_NAMESPACE) -> None:
+        with self.batch():
+            self._versions.pop((name, version, namespace), None)  # read again (after the commit) when next asked
+            self._db.execute(
+                "UPDATE function_versions SET dropped=? WHERE name=? AND version=? AND namespace=?",
+                (int(dropped), name, version, namespace),
+            )
+
+    def list_versions(
+        self, *, name: str | None, after_seq: int, limit: int, namespace: str | None = None
+    ) -> list[tuple[int, str, str, str, str]]:
+        """``[(seq, name, version, definition, namespace)]`` of live versions, registration order;
+        ``namespace=None``: every namespace's."""
+        sql = "SELECT seq, name, version, definition, namespace FROM function_versions WHERE dropped=0 AND seq>?"
+        args: tuple = (after_seq,)
+        if name is not None:
+            sql += " AND name=?"
+            args += (name,)
+        if namespace is not None:
+            sql += " AND namespace=?"
+            args += (namespace,)
+        return self._query(sql + " ORDER BY seq LIMIT ?", args + (limit,))
+
+    def count_versions(self) -> int:
+        return self._query("SELECT COUNT(*) FROM function_versions")[0][0]
+
+    # -------------------------------------------------------------------- jobs
+
+    _JOB_COLUMNS = (
+        "seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
+        "rows_done, rows_total, result, failure, requeues, namespace"
+    )
+
+    @staticmethod
+    def _job_params(rec: JobRecord) -> tuple:
+        placement = {
+            "gpu_class": rec.gpu_class,
+            "num_gpus": rec.num_gpus,
+            "devices": list(rec.devices),
+            "node": rec.node,
+        }
+        return (
+            rec.job_type,
+            rec.state,
+            rec.name,
+            rec.creation_ms,
+            rec.started_ms,
+            rec.finished_ms,
+            _dumps(rec.spec),
+            _dumps(placement),
+            rec.rows_done,
+            rec.rows_total,
+            None if rec.result is None else _dumps(rec.result),
+            None if rec.failure is None else _dumps(rec.failure),
+            rec.requeues,
+            rec.job_id,
+        )
+
+    @staticmethod
+    def _job_from_row(row: tuple) -> JobRecord:
+        (seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement,
+         rows_done, rows_total, result, failure, requeues, namespace) = row  # fmt: skip
+        where = json.loads(placement)
+        return JobRecord(
+            job_id=job_id,
+            job_type=job_type,
+            state=state,
+            creation_ms=creation_ms,
+            spec=json.loads(spec),
+            name=name,
+            started_ms=started_ms,
+            finished_ms=finished_ms,
+            gpu_class=where.get("gpu_class"),
+            num_gpus=where.get("num_gpus", 0),
+            devices=tuple(where.get("devices", ())),
+            node=where.get("node"),
+            rows_done=rows_done,
+            rows_total=rows_total,
+            result=None if result is None else json.loads(result),
+            failure=None if failure is None else json.loads(failure),
+            requeues=requeues,
+            seq=seq,
+            namespace=namespace,
+        )
+
+    def insert_job(self, rec: JobRecord, rows: list[dict] | None = None) -> None:
+        with self.batch():
+            cur = self._db.execute(
+                "INSERT INTO jobs(job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
+                "rows_done, rows_total, result, failure, requeues, job_id, namespace) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (*self._job_params(rec), rec.namespace),
+            )
+            rec.seq = cur.lastrowid
+            if rows is not None:
+                self._db.execute("INSERT INTO job_rows(job_id, rows) VALUES(?,?)", (rec.job_id, _dumps(rows)))
+
+    def update_job(self, rec: JobRecord) -> None:
+        with self.batch():
+            self._db.execute(
+                "UPDATE jobs SET job_type=?, state=?, name=?, creation_ms=?, started_ms=?, finished_ms=?, spec=?, "
+                "placement=?, rows_done=?, rows_total=?, result=?, failure=?, requeues=? WHERE job_id=?",
+                self._job_params(rec),
+            )
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        rows = self._query(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE job_id=?", (job_id,))
+        return self._job_from_row(rows[0]) if rows else None
+
+    def list_jobs(
+        self,
+        *,
+        states: tuple[str, ...] | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 100,
+        oldest_first: bool = False,
+        namespace: str | None = None,
+    ) -> list[JobRecord]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        if namespace is not None:
+            clauses.append("namespace=?")
+            args.append(namespace)
+        if states:
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        if name is not None:
+            clauses.append("name=?")
+            args.append(name)
+        if job_type is not None:
+            clauses.append("job_type=?")
+            args.append(job_type)
+        if before_seq is not None:
+            clauses.append("seq<?")
+            args.append(before_seq)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "ASC" if oldest_first else "DESC"
+        rows = self._query(f"SELECT {self._JOB_COLUMNS} FROM jobs{where} ORDER BY seq {order} LIMIT ?", (*args, limit))
+        return [self._job_from_row(row) for row in rows]
+
+    def get_rows(self, job_id: str) -> list[dict]:
+        rows = self._query("SELECT rows FROM job_rows WHERE job_id=?", (job_id,))
+        return json.loads(rows[0][0]) if rows else []
+
+    # -------------------------------------------------------------------- logs
+
+    def next_log_pos(self, job_id: str) -> int:
+        return self._query("SELECT COALESCE(MAX(pos) + 1, 0) FROM job_logs WHERE job_id=?", (job_id,))[0][0]
+
+    def append_logs(self, job_id: str, start: int, stream: str, lines: list[str]) -> int:
+        """Append ``lines`` at positions ``start…``; returns the next position."""
+        with self.batch():
+            self._db.executemany(
+                "INSERT INTO job_logs(job_id, pos, stream, line) VALUES(?,?,?,?)",
+                [(job_id, start + i, stream, line) for i, line in enumerate(lines)],
+            )
+        return start + len(lines)
+
+    def read_logs(self, job_id: str, offset: int, limit: int) -> list[tuple[int, str, str]]:
+        return self._query(
+            "SELECT pos, stream, line FROM job_logs WHERE job_id=? AND pos>=? ORDER BY pos LIMIT ?",
+            (job_id, offset, limit),
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def insert_event(self, job_id: str | None, data: str, namespace: str = DEFAULT_NAMESPACE) -> int:
+        with self.batch():
+            seq = self._db.execute(
+                "INSERT INTO events(job_id, data, namespace) VALUES(?,?,?)", (job_id, data, namespace)
+            ).lastrowid
+            assert seq is not None  # an INSERT always sets it
+        self._events_since_prune += 1
+        if self._events_since_prune >= 10_000:
+            self.prune_events()
+        return seq
+
+    def events_after(self, seq: int, limit: int = 1000, namespace: str | None = None) -> list[tuple[int, str]]:
+        if namespace is not None:
+            return self._query(
+                "SELECT seq, data FROM events WHERE namespace=? AND seq>? ORDER BY seq LIMIT ?", (namespace, seq, limit)
+            )
+        return self._query("SELECT seq, data FROM events WHERE seq>? ORDER BY seq LIMIT ?", (seq, limit))
+
+    def last_event_seq(self) -> int:
+        # sqlite_sequence remembers the highest seq even after pruning, so ids never repeat.
+        rows = self._query("SELECT seq FROM sqlite_sequence WHERE name='events'")
+        return rows[0][0] if rows else 0
+
+    def prune_events(self) -> None:
+        with self.batch():
+            self._db.execute("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (EVENTS_KEPT,))
+        self._events_since_prune = 0

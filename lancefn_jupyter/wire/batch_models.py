@@ -1,0 +1,64 @@
+"""Wire models of a batch (`/v1/batches/*`, `event: batch`; docs/ARCHITECTURE.md, "Batches")."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import Field
+
+from lancefn_jupyter.wire.models import JobState, _RemoteValue
+
+__all__ = ["Batch", "BatchChunk", "BatchFailure", "STRIP_STATES"]
+
+# The `strip` letters (one per chunk, in input order) and the state each stands for.
+STRIP_STATES = {"p": "pending", "r": "running", "d": "finished", "f": "failed", "c": "cancelled"}
+
+
+class BatchFailure(_RemoteValue):
+    """The first chunk that failed after its retries: where, and the chunk job's failure."""
+
+    chunk: int
+    row_start: int
+    row_end: int
+    phase: str = "run"
+    message: str = ""
+    traceback: Optional[str] = None
+    job_id: Optional[str] = None
+
+
+class BatchChunk(_RemoteValue):
+    index: int
+    row_start: int
+    row_end: int
+    state: JobState
+    attempts: int = 0
+    rows_done: int = 0
+    job_id: Optional[str] = None
+    failure: Optional[dict[str, Any]] = None
+
+
+class Batch(_RemoteValue):
+    """A batch as the server reports it; `chunks` only in describe/wait replies."""
+
+    batch_id: str
+    batch_state: JobState
+    name: str
+    version: str
+    input_digest: str
+    creation_ms: int
+    started_ms: Optional[int] = None
+    finished_ms: Optional[int] = None
+    parallel: Optional[int] = None
+    retries: int = 0
+    timeout_s: Optional[float] = None
+    rows_total: int = 0
+    rows_done: int = 0
+    chunks_total: int = 0
+    chunk_counts: dict[str, int] = Field(default_factory=dict)
+    strip: str = ""
+    revision: int = 0
+    reused_chunks: int = 0
+    cancel_requested: bool = False
+    namespace: Optional[str] = None
+    failure: Optional[BatchFailure] = None
+    chunks: Optional[tuple[BatchChunk, ...]] = None

@@ -1,0 +1,207 @@
+"""The parent's handle on a warm worker process (``worker.py``), used by the local executor and by
+``lancefn_jupyter.handles.local_run`` (docs/ARCHITECTURE.md, "Worker protocol"): start it, send a task, read
+its events, stop or kill it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence, cast
+
+from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS
+
+__all__ = ["WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
+
+_MODULE = "lancefn_jupyter.worker.main"
+
+
+class WorkerStartError(RuntimeError):
+    """The worker process died before it said ``ready``."""
+
+
+def describe_exit(returncode: int) -> str:
+    """'worker process exited with code N' / 'worker process was killed by signal SIGSEGV (…)'."""
+    if returncode >= 0:
+        return f"worker process exited with code {returncode}"
+    try:
+        sig = signal.Signals(-returncode)
+    except ValueError:
+        return f"worker process was killed by signal {-returncode}"
+    hint = {
+        signal.SIGSEGV: " (segmentation fault: a crash in native code, e.g. an out-of-bounds access)",
+        signal.SIGKILL: " (possibly by the out-of-memory killer)",
+        signal.SIGABRT: " (aborted by native code)",
+    }.get(sig, "")
+    return f"worker process was killed by signal {sig.name}{hint}"
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """One task for a worker: the artifact's entry function, called once per row.
+
+    ``env``: the function's env, set in the worker before the artifact loads.  ``data``: the Arrow
+    data plane's task fields (``input_types``, ``output_type``, ``rows_file`` instead of ``rows``,
+    ``result_file``); see docs/ARCHITECTURE.md, "Worker protocol".
+    """
+
+    task_id: str
+    artifact: bytes
+    entrypoint: str
+    filename: str
+    rows: list[dict]
+    packages: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    data: Mapping[str, object] = field(default_factory=dict)
+
+    def line(self) -> dict:
+        """The task line of the protocol (before the parent moves files onto the pipes)."""
+        task = {
+            "task_id": self.task_id,
+            "artifact_b64": base64.b64encode(self.artifact).decode("ascii"),
+            "entrypoint": self.entrypoint,
+            "filename": self.filename,
+            "rows": self.rows,
+            "packages": list(self.packages),
+            **self.data,
+        }
+        if self.env:
+            task["env"] = dict(self.env)
+        if "rows_file" in task:
+            del task["rows"]
+        return task
+
+
+class WorkerProcess:
+    """Parent's handle on one warm worker; use from one thread at a time, except :meth:`kill`."""
+
+    def __init__(self, env: Mapping[str, str], user: tuple[int, int] | None = None) -> None:
+        """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours."""
+        self.env = dict(env)
+        # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
+        self.frames = user is not None
+        self._result_sink: tuple[str, bool] | None = None  # (result file, fsync) of the current task
+        switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
+        # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
+        # workers, and killpg also stops processes the user's code started.
+        self.process = subprocess.Popen(  # type: ignore[call-overload]
+            [sys.executable, "-m", _MODULE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+            **switch,
+        )
+        self._kill_lock = threading.Lock()
+        ready = self._read_event()
+        if ready is None or ready.get("event") != "ready":
+            detail = self.process.stderr.read().decode("utf-8", "replace").strip()
+            self.kill()
+            raise WorkerStartError(
+                f"{describe_exit(self.process.returncode)} before it was ready"
+                + (f": {detail.splitlines()[-1]}" if detail else "")
+            )
+        self.process.stderr.close()  # the worker has re-pointed fd 2 at its log pipe by now
+        self.device: str = ready["device"]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def start_task(self, work: WorkerTask) -> None:
+        """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
+        task = work.line()
+        rows_file = None
+        self._result_sink = None
+        if self.frames:  # the worker gets the rows after the line and sends the result after its event
+            rows_file = cast("str | None", task.pop("rows_file", None))
+            if rows_file is not None:
+                task["rows_len"] = os.path.getsize(rows_file)
+            if "result_file" in task:
+                self._result_sink = (str(task.pop("result_file")), bool(task.get("result_fsync", True)))
+                task["result_frame"] = True
+        try:
+            self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
+            if rows_file is not None:
+                with open(rows_file, "rb") as rows_source:
+                    shutil.copyfileobj(rows_source, self.process.stdin, 1 << 20)
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: stdin closed by a concurrent kill
+            pass
+
+    def events(self) -> Iterator[dict]:
+        """The current task's events up to its ``result``/``failed``; ends early if the worker exits."""
+        while (event := self._read_event()) is not None:
+            yield event
+            if event["event"] in FINAL_EVENTS:
+                return
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def kill(self, grace_s: float = 2.0) -> None:
+        """SIGTERM the worker's process group, SIGKILL after ``grace_s``, reap it. Idempotent."""
+        with self._kill_lock:
+            if self.process.returncode is None:  # not reaped yet, so the pid/pgid is still ours
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(self.process.pid, sig)
+                    except ProcessLookupError:
+                        pass
+                    try:
+                        self.process.wait(grace_s)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+                self.process.wait()
+            self._close_pipes()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Graceful end for an idle worker: close its stdin so it exits, then :meth:`kill`."""
+        try:
+            self.process.stdin.close()
+            self.process.wait(grace_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill(grace_s)
+
+    def _read_event(self) -> dict | None:
+        try:
+            line = self.process.stdout.readline()
+            if not line:
+                return None
+            event = json.loads(line)
+            if "ipc_len" in event:  # an Arrow result frame: streamed into the job's result file
+                size = event.pop("ipc_len")
+                if self._result_sink is None:
+                    self.process.stdout.read(size)
+                    return {
+                        "event": "failed",
+                        "phase": "worker",
+                        "message": "the worker sent an unexpected result frame",
+                    }
+                path, durable = self._result_sink
+                event["nbytes"] = dataplane.write_stream_file(path, self.process.stdout, size, durable=durable)
+                event["result_file"] = path
+            return event
+        except (ValueError, EOFError, OSError):  # stdout closed by a concurrent kill, or the worker died mid-frame
+            return None
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+            try:
+                pipe.close()
+            except OSError:
+                pass

@@ -1,0 +1,95 @@
+"""A task's result as its ``result`` event: JSON for small plain values, else Arrow IPC
+(docs/ARCHITECTURE.md, "Arrow data plane" and "Worker protocol").
+
+Runs in the task's process (the local warm worker or a Ray task); the data plane module imports
+neither numpy nor pyarrow until a result needs them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lancefn_jupyter.wire import dataplane
+
+__all__ = ["TaskFailure", "result_event"]
+
+# Plain results up to this much JSON travel inline (faster for small scalar jobs); bigger ones,
+# and values JSON cannot carry (NaN, ±Inf), go as Arrow IPC when the task allows it.
+_JSON_RESULT_MAX_CHARS = 256 * 1024
+_JSON_RESULT_MAX_ITEMS = 16 * 1024
+
+
+class TaskFailure(Exception):
+    """Ends a task with a ``failed`` event of this phase, message and (user-only) traceback."""
+
+    def __init__(self, phase: str, message: str, tb: str | None = None) -> None:
+        super().__init__(message)
+        self.phase, self.message, self.traceback = phase, message, tb
+
+
+def _to_json(value: object, where: str) -> object:
+    """Plain JSON values; numpy scalars and arrays become Python values; anything else is refused."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise TaskFailure("result", f"{where} is {value}, which JSON cannot carry; return None or a finite number")
+        return value
+    if type(value).__module__.split(".")[0] == "numpy" and hasattr(value, "tolist"):
+        return _to_json(value.tolist(), where)
+    if isinstance(value, (list, tuple)):
+        return [_to_json(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _to_json(item, f"{where}[{key!r}]") for key, item in value.items()}
+    kind = (
+        "dict with non-str keys"
+        if isinstance(value, dict)
+        else f"type {type(value).__module__}.{type(value).__qualname__}"
+    )
+    raise TaskFailure(
+        "result",
+        f"{where} has {kind}, which cannot be sent back as JSON; return None, bool, int, float, str, "
+        "lists or dicts with str keys (numpy scalars and arrays are converted)",
+    )
+
+
+def _rough_items(values: list) -> int:
+    """About how many scalars ``values`` hold (top level only): big results skip JSON at once."""
+    return sum(len(v) if isinstance(v, (list, tuple, str, bytes)) else getattr(v, "size", 1) for v in values)
+
+
+def result_event(task: dict, values: list) -> dict:
+    """The ``result`` event's fields: ``results`` (JSON) for small plain values, else the Arrow
+    IPC result written to ``result_file`` (``{result_file, nbytes, summary}``), or returned as
+    ``result_ipc`` bytes when the task has no file (Ray moves those bytes natively)."""
+    output_type = task.get("output_type")
+    arrow_ok = output_type is not None and ("result_file" in task or task.get("result_ipc") or task.get("result_frame"))
+    many = len(values) > 1
+
+    def where(index: int) -> str:
+        return f"the result of row {index}" if many else "the result"
+
+    if not dataplane.is_data_type(output_type) and (not arrow_ok or _rough_items(values) <= _JSON_RESULT_MAX_ITEMS):
+        try:
+            results = [_to_json(value, where(index)) for index, value in enumerate(values)]
+            if not arrow_ok or len(json.dumps(results, separators=(",", ":"))) <= _JSON_RESULT_MAX_CHARS:
+                return {"results": results}
+        except TaskFailure:
+            if not arrow_ok:  # no Arrow path (an old caller): the JSON rules apply
+                raise
+    if not arrow_ok:
+        raise TaskFailure("result", f"the result is declared {output_type}, which needs the Arrow data plane")
+    try:
+        table = dataplane.encode_results(values, output_type, many=many)  # type: ignore[arg-type]
+        if "result_file" in task:
+            nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
+            return {
+                "result_file": task["result_file"],
+                "nbytes": nbytes,
+                "summary": dataplane.summarize_results(values, nbytes),
+            }
+        data = dataplane.to_ipc_bytes(table)
+        key = "result_frame" if task.get("result_frame") else "result_ipc"
+        return {key: data, "nbytes": len(data), "summary": dataplane.summarize_results(values, len(data))}
+    except dataplane.DataPlaneError as error:
+        raise TaskFailure("result", str(error)) from None
