@@ -20,9 +20,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import httpx
 
@@ -62,7 +62,7 @@ def line_ms(label: str, samples: Sequence[float]) -> str:
 
 
 def summary(
-    bench: str, metric: str, value: float, unit: str, target: str = "", met: Optional[bool] = None, **extra
+    bench: str, metric: str, value: float, unit: str, target: str = "", met: bool | None = None, **extra
 ) -> None:
     """One machine-readable line for run_all.py (and a human-readable echo)."""
     record = {"bench": bench, "metric": metric, "value": value, "unit": unit, "target": target, "met": met, **extra}
@@ -105,7 +105,7 @@ def machine() -> dict:
         "ram_gib": round(mem_kb / 1024 / 1024, 1),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "loadavg": [round(x, 2) for x in load],
     }
 
@@ -150,7 +150,7 @@ class RssSampler:
         return max(self.samples)
 
 
-def clean_env(extra: Optional[dict] = None) -> dict:
+def clean_env(extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
     env["LANCEFN_DISABLE_NVML"] = "1"  # simulated classes on every machine, like the tests
     env.update(extra or {})
@@ -163,7 +163,7 @@ def clean_env(extra: Optional[dict] = None) -> dict:
 class Server:
     """A real ``lancefn-server`` subprocess in a fresh home (stopped on ``close``)."""
 
-    def __init__(self, *, gpu_classes: Optional[str] = None, args: Sequence[str] = (), home: Optional[Path] = None):
+    def __init__(self, *, gpu_classes: str | None = None, args: Sequence[str] = (), home: Path | None = None):
         self._tmp = tempfile.TemporaryDirectory(prefix="lancefn-bench-")
         base = Path(self._tmp.name)
         self.home = home or base / "home"
@@ -212,7 +212,7 @@ class Server:
         self._log.close()
         self._tmp.cleanup()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -231,7 +231,7 @@ def server(**kwargs) -> Iterator[Server]:
 TRIVIAL_SOURCE = "from __future__ import annotations\n\n\ndef inc(x: int) -> int:\n    return x + 1\n"
 
 
-def trivial_registration(name: str = "inc", num_gpus: Optional[int] = 1) -> dict:
+def trivial_registration(name: str = "inc", num_gpus: int | None = 1) -> dict:
     """A registration request for ``inc(x) = x + 1`` built by hand (no packaging import)."""
     return registration(name, TRIVIAL_SOURCE, "inc", num_gpus=num_gpus)
 
@@ -241,8 +241,8 @@ def registration(
     source: str,
     entrypoint: str,
     arrow_type: str = "int64",
-    num_gpus: Optional[int] = 1,
-    arg: tuple[str, Optional[str]] = ("x", None),
+    num_gpus: int | None = 1,
+    arg: tuple[str, str | None] = ("x", None),
 ) -> dict:
     """A registration request for ``entrypoint(x: arrow_type) -> arrow_type`` in ``source``, built by hand
     as the tests build it; ``arg`` renames the parameter and, if given, sets its own type."""

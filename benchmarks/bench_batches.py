@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_machine, server, summary  # noqa: E402
+from _common import print_machine, server, summary
 
 EIGHT_GPUS = """
 [[gpu_classes]]

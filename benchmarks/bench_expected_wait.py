@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import percentile, print_machine, register, registration, server, summary  # noqa: E402
+from _common import percentile, print_machine, register, registration, server, summary
 
 BENCH = "expected_wait"
 DURATIONS_S = (0.2, 0.6, 1.2)

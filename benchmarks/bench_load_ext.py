@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import clean_env, line_ms, print_machine, summary, summary_median_ms  # noqa: E402
+from _common import clean_env, line_ms, print_machine, summary, summary_median_ms
 
 BENCH = "load_ext"
 HEAVY = ("httpx", "pydantic", "ipywidgets", "numba", "fastapi", "uvicorn", "numpy", "pyarrow")

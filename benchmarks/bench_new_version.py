@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import describe, line_ms, print_machine, register, server, summary, summary_median_ms, trivial_registration  # noqa: E402
+from _common import describe, line_ms, print_machine, register, server, summary, summary_median_ms, trivial_registration
 
 BENCH = "new_version"
 CLASSES = '[[gpu_classes]]\nname = "default"\nsimulated = 1\n'

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import RssSampler, print_machine, register, registration, rss_mb, server, summary, trivial_registration  # noqa: E402
+from _common import RssSampler, print_machine, register, registration, rss_mb, server, summary, trivial_registration
 
 BENCH = "scheduler"
 
@@ -111,81 +111,80 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
     classes = f'[[gpu_classes]]\nname = "default"\nsimulated = {gpus}\nmax_gpu_count_per_worker = {gpus}\n'
     work = Path(tempfile.mkdtemp(prefix="lancefn-bench-keys-"))
     args, team_keys = _team_keys(namespaces, work) if namespaces > 1 else ([], [])
-    with server(gpu_classes=classes, args=args) as srv:
-        with srv.http() as http:
-            version = register(http, trivial_registration())["version"]
-            for key in team_keys:  # the same function in each team's namespace (same version id)
-                with srv.http(headers={"x-api-key": key}) as team:
-                    assert register(team, trivial_registration())["version"] == version
-            gate_version = register(http, _gate_registration(gpus))["version"] if gate else None
-            # Where the gate job can see it: a root server runs workers as an unprivileged user
-            # (--worker-user), who cannot look into the server's private temp dir.
-            gate_dir = Path(tempfile.mkdtemp(prefix="lancefn-bench-gate-"))
-            gate_dir.chmod(0o755)
-            gate_file = gate_dir / "gate-open"
-            # Let the pre-started workers come up so the run measures scheduling, not forks.
-            time.sleep(2.0)
-            baseline_rss = rss_mb(srv.pid)
+    with server(gpu_classes=classes, args=args) as srv, srv.http() as http:
+        version = register(http, trivial_registration())["version"]
+        for key in team_keys:  # the same function in each team's namespace (same version id)
+            with srv.http(headers={"x-api-key": key}) as team:
+                assert register(team, trivial_registration())["version"] == version
+        gate_version = register(http, _gate_registration(gpus))["version"] if gate else None
+        # Where the gate job can see it: a root server runs workers as an unprivileged user
+        # (--worker-user), who cannot look into the server's private temp dir.
+        gate_dir = Path(tempfile.mkdtemp(prefix="lancefn-bench-gate-"))
+        gate_dir.chmod(0o755)
+        gate_file = gate_dir / "gate-open"
+        # Let the pre-started workers come up so the run measures scheduling, not forks.
+        time.sleep(2.0)
+        baseline_rss = rss_mb(srv.pid)
 
-            rss = RssSampler(srv.pid, 0.1)
+        rss = RssSampler(srv.pid, 0.1)
 
-            submitted: list[list[tuple[str, int]]] = [[] for _ in range(threads)]
-            errors: list[str] = []
+        submitted: list[list[tuple[str, int]]] = [[] for _ in range(threads)]
+        errors: list[str] = []
 
-            def submit(index: int) -> None:
-                # Teams submit at once: thread i uses team i % namespaces (the admin for one namespace).
-                headers = {"x-api-key": team_keys[index % namespaces]} if team_keys else {}
-                with srv.http(headers=headers) as client:
-                    for x in range(index, jobs, threads):
-                        reply = client.post(
-                            "/v1/functions/run", json={"name": "inc", "version": version, "rows": [{"x": x}]}
-                        )
-                        if reply.status_code != 202:
-                            errors.append(reply.text)
-                            continue
-                        submitted[index].append((reply.json()["job_id"], x))
+        def submit(index: int) -> None:
+            # Teams submit at once: thread i uses team i % namespaces (the admin for one namespace).
+            headers = {"x-api-key": team_keys[index % namespaces]} if team_keys else {}
+            with srv.http(headers=headers) as client:
+                for x in range(index, jobs, threads):
+                    reply = client.post(
+                        "/v1/functions/run", json={"name": "inc", "version": version, "rows": [{"x": x}]}
+                    )
+                    if reply.status_code != 202:
+                        errors.append(reply.text)
+                        continue
+                    submitted[index].append((reply.json()["job_id"], x))
 
-            started = time.perf_counter()
-            if gate:
-                reply = http.post(
-                    "/v1/functions/run",
-                    json={"name": "gate", "version": gate_version, "rows": [{"path": str(gate_file)}]},
-                )
-                gate_job = reply.json()["job_id"]
-                while http.post("/v1/jobs/describe", json={"job_id": gate_job}).json()["job_state"] != "IN_PROGRESS":
-                    time.sleep(0.01)
-            workers = [threading.Thread(target=submit, args=(i,)) for i in range(threads)]
-            for t in workers:
-                t.start()
-            for t in workers:
-                t.join()
-            submit_done = time.perf_counter()
+        started = time.perf_counter()
+        if gate:
+            reply = http.post(
+                "/v1/functions/run",
+                json={"name": "gate", "version": gate_version, "rows": [{"path": str(gate_file)}]},
+            )
+            gate_job = reply.json()["job_id"]
+            while http.post("/v1/jobs/describe", json={"job_id": gate_job}).json()["job_state"] != "IN_PROGRESS":
+                time.sleep(0.01)
+        workers = [threading.Thread(target=submit, args=(i,)) for i in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        submit_done = time.perf_counter()
+        (usage,) = http.get("/v1/gpu/usage").json()["classes"]
+        max_pending = usage["jobs_pending"]
+        gate_file.touch()
+        while True:
             (usage,) = http.get("/v1/gpu/usage").json()["classes"]
-            max_pending = usage["jobs_pending"]
-            gate_file.touch()
-            while True:
-                (usage,) = http.get("/v1/gpu/usage").json()["classes"]
-                max_pending = max(max_pending, usage["jobs_pending"])
-                if usage["jobs_pending"] == 0 and usage["jobs_running"] == 0:
-                    break
-                time.sleep(0.05)
-            finished = time.perf_counter()
-            rss.stop()
-            final_rss = rss_mb(srv.pid)
+            max_pending = max(max_pending, usage["jobs_pending"])
+            if usage["jobs_pending"] == 0 and usage["jobs_running"] == 0:
+                break
+            time.sleep(0.05)
+        finished = time.perf_counter()
+        rss.stop()
+        final_rss = rss_mb(srv.pid)
 
-            # Account for every job: page through DONE run_function jobs and check each result.
-            expected = {job_id: x + 1 for part in submitted for job_id, x in part}
-            seen: dict[str, int] = {}
-            body = {"state": "DONE", "name": "inc", "job_type": "run_function", "limit": 1000}
-            while True:
-                page = http.post("/v1/jobs/list", json=body).json()
-                for job in page["jobs"]:
-                    seen[job["job_id"]] = job["result"][0]
-                if not page.get("page_token"):
-                    break
-                body["page_token"] = page["page_token"]
-            correct = sum(1 for job_id, value in expected.items() if seen.get(job_id) == value)
-            (usage,) = http.get("/v1/gpu/usage").json()["classes"]
+        # Account for every job: page through DONE run_function jobs and check each result.
+        expected = {job_id: x + 1 for part in submitted for job_id, x in part}
+        seen: dict[str, int] = {}
+        body = {"state": "DONE", "name": "inc", "job_type": "run_function", "limit": 1000}
+        while True:
+            page = http.post("/v1/jobs/list", json=body).json()
+            for job in page["jobs"]:
+                seen[job["job_id"]] = job["result"][0]
+            if not page.get("page_token"):
+                break
+            body["page_token"] = page["page_token"]
+        correct = sum(1 for job_id, value in expected.items() if seen.get(job_id) == value)
+        (usage,) = http.get("/v1/gpu/usage").json()["classes"]
 
     total_s = finished - started
     return {
@@ -201,7 +200,7 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
         "submit_per_s": len(expected) / (submit_done - started),
         "max_pending": max_pending,
         "rss_baseline": baseline_rss,
-        "rss_peak": max(rss.samples + [final_rss]),
+        "rss_peak": max([*rss.samples, final_rss]),
         "rss_final": final_rss,
         "gpus_busy_after": usage["gpus_busy"],
         "namespaces": namespaces,

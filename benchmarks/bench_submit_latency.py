@@ -33,13 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import Server, summary  # noqa: E402
+from _common import Server, summary
 
 BENCH = "bench_submit_latency.py"
 CLASSES = """
@@ -101,7 +101,7 @@ def client_main(url: str, api_key: str, path: str) -> None:
 class ClientProcess:
     """Our client in its own process (see ``client_main``); ``call()`` returns the seconds it timed."""
 
-    def __init__(self, server: "Server", path: str) -> None:
+    def __init__(self, server: Server, path: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--client", server.url, server.api_key, path],
             stdin=subprocess.PIPE,
@@ -143,7 +143,7 @@ def stats_of(samples: list[float]) -> dict:
     return {
         "n": len(ordered),
         "median": statistics.median(ordered) * 1000,
-        "p95": ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))] * 1000,
+        "p95": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))] * 1000,
         "mean": statistics.fmean(ordered) * 1000,
     }
 

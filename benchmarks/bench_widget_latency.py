@@ -74,7 +74,7 @@ def summary(name: str, values_s: list[float]) -> str:
     ms = sorted(v * 1000 for v in values_s)
     if not ms:
         return f"{name:<48} (no samples)"
-    p95 = ms[min(len(ms) - 1, int(round(0.95 * (len(ms) - 1))))]
+    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
     return (
         f"{name:<48} n={len(ms):<4} median {statistics.median(ms):7.2f} ms   p95 {p95:7.2f} ms   max {ms[-1]:7.2f} ms"
     )

@@ -12,24 +12,24 @@ from typing import Any
 from lancefn_jupyter._version import __version__
 
 __all__ = [
+    "Batch",
+    "BatchError",
+    "GpuFunction",
+    "Job",
+    "RemoteFunctionError",
     "__version__",
-    "load_ipython_extension",
-    "unload_ipython_extension",
     "connect",
     "current_client",
+    "diff_versions",
     "gpu_function",
     "gpu_profile",
     "list_gpu_classes",
-    "list_versions",
     "list_jobs",
+    "list_versions",
+    "load_ipython_extension",
     "lookup",
-    "diff_versions",
+    "unload_ipython_extension",
     "version_history",
-    "GpuFunction",
-    "Job",
-    "Batch",
-    "BatchError",
-    "RemoteFunctionError",
 ]
 
 _API_NAMES = frozenset(__all__) - {"__version__", "load_ipython_extension", "unload_ipython_extension"}

@@ -17,18 +17,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from lancefn_jupyter.wire.homefs import home_problem, open_private, private_file_problem
 
 __all__ = [
+    "EmbeddedServerError",
     "ServerInfo",
     "default_home",
-    "read_server_info",
     "ensure_server",
     "prestart",
+    "read_server_info",
     "stop_server",
-    "EmbeddedServerError",
 ]
 
 SERVER_JSON = "server.json"
@@ -63,7 +62,7 @@ def default_home() -> Path:
     return Path(platformdirs.user_data_dir("lancefn-jupyter"))
 
 
-def read_server_info(home: Optional[Path] = None) -> Optional[ServerInfo]:
+def read_server_info(home: Path | None = None) -> ServerInfo | None:
     """The server recorded in `home`, or None if there is none or the file is unreadable/corrupt."""
     path = Path(home or default_home()) / SERVER_JSON
     try:
@@ -116,7 +115,7 @@ def _healthy(info: ServerInfo, timeout: float = 2.0) -> bool:
         conn.close()
 
 
-def prestart(home: Optional[Path] = None) -> None:
+def prestart(home: Path | None = None) -> None:
     """Start the embedded server of `home` now, without waiting, unless one is recorded alive.
 
     The first `%%gpu_function` calls this before its own imports and packaging, so the server's
@@ -131,7 +130,7 @@ def prestart(home: Optional[Path] = None) -> None:
     _starting[home] = _spawn(home, None)
 
 
-def _spawn(home: Path, gpu_classes: Optional[str]) -> subprocess.Popen:
+def _spawn(home: Path, gpu_classes: str | None) -> subprocess.Popen:
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     # A same-user embedded server is yours alone: its workers run as you (even as root).
     command = [
@@ -156,9 +155,7 @@ def _spawn(home: Path, gpu_classes: Optional[str]) -> subprocess.Popen:
         )
 
 
-def ensure_server(
-    home: Optional[Path] = None, *, gpu_classes: Optional[str] = None, timeout: float = 60.0
-) -> ServerInfo:
+def ensure_server(home: Path | None = None, *, gpu_classes: str | None = None, timeout: float = 60.0) -> ServerInfo:
     """A live embedded server for `home`: reuse the recorded one if healthy, else start a new one.
 
     A home others can write into is refused (its server.json could send our code and key anywhere),
@@ -199,7 +196,7 @@ def _log_tail(path: Path, lines: int = 15) -> str:
     return "\n" + "\n".join(tail) if tail else ""
 
 
-def stop_server(home: Optional[Path] = None, *, timeout: float = 10.0) -> bool:
+def stop_server(home: Path | None = None, *, timeout: float = 10.0) -> bool:
     """Stop the embedded server of `home` (SIGTERM, then SIGKILL). True if one was running.
 
     A stale server.json may name a pid that now belongs to an unrelated process: only a pid

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.display import cards as display
@@ -20,7 +21,7 @@ class _Rendered(list):
         self,
         items: Iterable[Any],
         render: Callable[[], tuple[str, str]],
-        widget: Optional[Callable[[], Any]] = None,
+        widget: Callable[[], Any] | None = None,
     ):
         super().__init__(items)
         self._render = render
@@ -56,14 +57,14 @@ def list_gpu_classes() -> list[GpuClass]:
     )
 
 
-def list_versions(name: Optional[str] = None) -> list:
+def list_versions(name: str | None = None) -> list:
     """Registered function versions (with definitions), optionally of one name."""
     listings = list(current_client().functions.list(name, include_definition=True))
     rows = [(item.name, item.version, item.definition) for item in listings]
     return _Rendered(listings, lambda: display.versions_table(rows))
 
 
-def list_jobs(*, state: Optional[str] = None, name: Optional[str] = None, limit: int = 50) -> list:
+def list_jobs(*, state: str | None = None, name: str | None = None, limit: int = 50) -> list:
     """Recent `run_function` jobs, newest first."""
     client = current_client()
     jobs = client.jobs.list(state=state, name=name, job_type="run_function", limit=limit)
@@ -86,14 +87,14 @@ def list_jobs(*, state: Optional[str] = None, name: Optional[str] = None, limit:
 _BATCH_ROWS = 5  # recent batches `%gpu_jobs` shows
 
 
-def _recent_batches(client: Client, name: Optional[str]) -> list:
+def _recent_batches(client: Client, name: str | None) -> list:
     try:
         return client.batches.list(name=name, limit=_BATCH_ROWS)
     except LancefnError:  # a server without batches, or a key without the privilege
         return []
 
 
-def _jobs_with_batches(batches: list, state: Optional[str], name: Optional[str], limit: int, client: Client) -> Any:
+def _jobs_with_batches(batches: list, state: str | None, name: str | None, limit: int, client: Client) -> Any:
     import ipywidgets
 
     rows = [_widget("BatchWidget", batch.batch_id, client=client) for batch in batches]

@@ -24,9 +24,9 @@ import sysconfig
 import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-__all__ = ["LocalModuleError", "collect", "install", "uninstall", "prelude_line"]
+__all__ = ["LocalModuleError", "collect", "install", "prelude_line", "uninstall"]
 
 Modules = dict[str, tuple[str, bytes]]
 
@@ -78,10 +78,10 @@ class _Collector:
     def relative(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
 
-    def local_path(self, name: str) -> Optional[Path]:
+    def local_path(self, name: str) -> Path | None:
         """The file or package directory of top-level module `name` if it is a local one."""
         module = sys.modules.get(name)
-        location: Optional[str] = None
+        location: str | None = None
         if module is not None:
             paths = list(getattr(module, "__path__", None) or ())
             location = getattr(module, "__file__", None) or (paths[0] if paths else None)
@@ -210,7 +210,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
 
 
-_installed: Optional[_Finder] = None
+_installed: _Finder | None = None
 
 
 def install(modules: Mapping[str, tuple[str, bytes]]) -> None:

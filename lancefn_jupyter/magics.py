@@ -209,7 +209,7 @@ class GpuMagics(Magics):
         return api.list_jobs(**filters)
 
 
-def _status(info) -> "_Status":
+def _status(info) -> _Status:
     return _Status(info)
 
 

@@ -24,7 +24,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 # The wire models' patterns, checked here first for option-shaped messages.
 from lancefn_jupyter.wire.models import (
@@ -38,13 +38,13 @@ from lancefn_jupyter.wire.models import (
 )
 
 __all__ = [
-    "OptionsError",
-    "FunctionOptions",
     "ComputeProfile",
-    "parse_function_line",
-    "parse_profile_line",
+    "FunctionOptions",
+    "OptionsError",
     "build_options",
     "build_profile",
+    "parse_function_line",
+    "parse_profile_line",
 ]
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -98,7 +98,7 @@ def _check_num_gpus(value: Any) -> int:
         raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {value!r})") from None
 
 
-def _check_str(key: str, value: Any, pattern: Optional[re.Pattern[str]] = None, what: str = "") -> str:
+def _check_str(key: str, value: Any, pattern: re.Pattern[str] | None = None, what: str = "") -> str:
     if not isinstance(value, str):
         raise _fail(key, f"must be a string (got {value!r})")
     if not value.strip() or value != value.strip():
@@ -232,16 +232,16 @@ class ComputeProfile:
     """A reusable set of resource and environment options (``%gpu_profile``); ``None`` = not set."""
 
     name: str
-    num_gpus: Optional[int] = None
-    gpu_class: Optional[str] = None
-    pip: Optional[tuple[str, ...]] = None
-    conda: Optional[tuple[str, ...]] = None
-    conda_channels: Optional[tuple[str, ...]] = None
+    num_gpus: int | None = None
+    gpu_class: str | None = None
+    pip: tuple[str, ...] | None = None
+    conda: tuple[str, ...] | None = None
+    conda_channels: tuple[str, ...] | None = None
     # repr=False: env values may be secrets and must never be echoed back (repr, %gpu_profile, errors).
-    env: Optional[tuple[tuple[str, str], ...]] = field(default=None, repr=False)
-    python_version: Optional[str] = None
-    image: Optional[str] = None
-    timeout_s: Optional[float] = None
+    env: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
+    python_version: str | None = None
+    image: str | None = None
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -263,17 +263,17 @@ class FunctionOptions:
     """Resolved options of one GPU function (defaults, then profile, then explicit)."""
 
     num_gpus: int = 1
-    gpu_class: Optional[str] = None
-    name: Optional[str] = None
+    gpu_class: str | None = None
+    name: str | None = None
     pip: tuple[str, ...] = ()
     conda: tuple[str, ...] = ()
     conda_channels: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # values may be secrets
-    python_version: Optional[str] = None
-    image: Optional[str] = None
-    profile: Optional[str] = None
+    python_version: str | None = None
+    image: str | None = None
+    profile: str | None = None
     register: bool = True
-    timeout_s: Optional[float] = None
+    timeout_s: float | None = None
     # Files / packages next to the notebook to ship besides the ones the cell imports (local_modules.py).
     include: tuple[str, ...] = ()
 
@@ -306,7 +306,7 @@ class FunctionOptions:
         )
 
 
-def _resolve(given: dict[str, Any], profile: Optional[ComputeProfile]) -> FunctionOptions:
+def _resolve(given: dict[str, Any], profile: ComputeProfile | None) -> FunctionOptions:
     """Apply the ``given`` options over ``profile`` over the defaults."""
     # Checked before merging, so an error names what the user wrote, not a merged value.
     explicit = {key: _CHECKS[key](value) for key, value in given.items()}
@@ -427,7 +427,7 @@ def _given(options: Mapping[str, Any], valid: tuple[str, ...], where: str) -> di
     return {key: value for key, value in options.items() if value is not None and not empty(key, value)}
 
 
-def build_options(*, profiles: Optional[Mapping[str, ComputeProfile]] = None, **options: Any) -> FunctionOptions:
+def build_options(*, profiles: Mapping[str, ComputeProfile] | None = None, **options: Any) -> FunctionOptions:
     """Options from Python kwargs; ``profile`` is a ``ComputeProfile`` or a name in ``profiles``."""
     given = _given(options, _FUNCTION_KEYS, "gpu_function")
     profile = given.pop("profile", None)

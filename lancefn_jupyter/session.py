@@ -12,7 +12,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from lancefn_jupyter.client import Client, Forbidden
 from lancefn_jupyter.options import ComputeProfile, build_profile
@@ -21,10 +21,10 @@ from lancefn_jupyter.wire.models import FunctionVersion, GpuClass
 __all__ = [
     "ConnectionInfo",
     "add_profile",
+    "class_hardware",
     "connect",
     "connection_info",
     "current_client",
-    "class_hardware",
     "gpu_profile",
     "profiles",
     "shared_home",
@@ -39,8 +39,8 @@ class ConnectionInfo:
 
     url: str
     embedded: bool
-    home: Optional[str] = None
-    pid: Optional[int] = None
+    home: str | None = None
+    pid: int | None = None
 
 
 class _Session:
@@ -48,8 +48,8 @@ class _Session:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.client: Optional[Client] = None
-        self.info: Optional[ConnectionInfo] = None
+        self.client: Client | None = None
+        self.info: ConnectionInfo | None = None
         self.classes: dict[str, GpuClass] = {}
         # (url, sha256 of the canonical request) → version: an unchanged cell re-registers with no HTTP.
         self.registered: dict[tuple[str, str], FunctionVersion] = {}
@@ -67,7 +67,7 @@ class _Session:
 _session = _Session()
 
 
-def connect(url: Optional[str] = None, api_key: Optional[str] = None, *, home: Optional[str] = None) -> Client:
+def connect(url: str | None = None, api_key: str | None = None, *, home: str | None = None) -> Client:
     """Connect to a control plane: `url` (with `api_key`, else `LANCEFN_API_KEY`), else `LANCEFN_URL`, else local."""
     url = url or os.environ.get("LANCEFN_URL")
     if not url:
@@ -77,7 +77,7 @@ def connect(url: Optional[str] = None, api_key: Optional[str] = None, *, home: O
     return _session.replace(client, ConnectionInfo(url=client.url, embedded=False))
 
 
-def use_local(home: Optional[str] = None) -> Client:
+def use_local(home: str | None = None) -> Client:
     """Use (starting it if needed) the embedded control plane under `home` (default `$LANCEFN_HOME`)."""
     from lancefn_jupyter.embedded import ensure_server
 
@@ -95,7 +95,7 @@ def use_local(home: Optional[str] = None) -> Client:
     return _session.replace(client, ConnectionInfo(url=info.url, embedded=True, home=info.home, pid=info.pid))
 
 
-def stop_local(home: Optional[str] = None) -> bool:
+def stop_local(home: str | None = None) -> bool:
     """Stop the embedded control plane (jobs and versions persist in its home)."""
     from lancefn_jupyter.embedded import stop_server
 
@@ -115,11 +115,11 @@ def current_client() -> Client:
         return _session.client
 
 
-def connection_info() -> Optional[ConnectionInfo]:
+def connection_info() -> ConnectionInfo | None:
     return _session.info
 
 
-def shared_home(client: Client) -> Optional[Path]:
+def shared_home(client: Client) -> Path | None:
     """The embedded server's home when `client` talks to it: Arrow rows and results are then
     handed over as files in ``$HOME/data`` instead of bytes over HTTP (docs/ARCHITECTURE.md)."""
     info = _session.info
@@ -128,7 +128,7 @@ def shared_home(client: Client) -> Optional[Path]:
     return Path(info.home)
 
 
-def class_hardware(name: Optional[str]) -> Optional[GpuClass]:
+def class_hardware(name: str | None) -> GpuClass | None:
     """Hardware of a class for display; None when unknown or the key may not list classes."""
     name = name or "default"
     with _session.lock:

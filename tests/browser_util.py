@@ -25,9 +25,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
 
 import httpx
 
@@ -53,7 +53,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def built_labextension() -> Optional[Path]:
+def built_labextension() -> Path | None:
     """The built labextension (`lancefn_jupyter/labextension`), or None when it was never built."""
     import lancefn_jupyter
 
@@ -61,7 +61,7 @@ def built_labextension() -> Optional[Path]:
     return path if (path / "package.json").is_file() and (path / "static" / "style.js").is_file() else None
 
 
-def chromium_missing_reason() -> Optional[str]:
+def chromium_missing_reason() -> str | None:
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does it when root)"
     try:
@@ -90,7 +90,7 @@ class JupyterProcess:
     def url(self, path: str = "") -> str:
         return self.base + path.lstrip("/")
 
-    def lab_url(self, path: str = "", workspace: Optional[str] = None) -> str:
+    def lab_url(self, path: str = "", workspace: str | None = None) -> str:
         """`<base>lab[/workspaces/<ws>][/tree/<path>][?token=...]`. A named workspace keeps tests
         that share a server from restoring each other's layout."""
         url = "lab"
@@ -129,7 +129,7 @@ def start_jupyter(
     app: str = "lab",
     base_url: str = "/jl/",
     token: str = "lancefn-test-token",
-    env: Optional[Mapping[str, str]] = None,
+    env: Mapping[str, str] | None = None,
     server_extension: bool = True,
     labextension: bool = True,
     extra_args: tuple[str, ...] = (),
@@ -245,7 +245,7 @@ def launch_chromium(playwright, **kwargs):
 
 
 def open_lab(
-    page, server: JupyterProcess, path: str = "", workspace: Optional[str] = None, timeout_ms: int = 90_000
+    page, server: JupyterProcess, path: str = "", workspace: str | None = None, timeout_ms: int = 90_000
 ) -> None:
     """Opens JupyterLab (optionally a file, in a named workspace) and waits until the shell is up
     and the splash screen is gone."""

@@ -24,8 +24,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import httpx
 import pytest
@@ -44,10 +44,10 @@ class ControlPlaneProcess:
         self.args = list(args)
         self.env = env
         self.log_dir = log_dir
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.url = ""
         self.api_key = ""
-        self.log_path: Optional[Path] = None
+        self.log_path: Path | None = None
         self._starts = 0
 
     # ------------------------------------------------------------------ info
@@ -68,7 +68,7 @@ class ControlPlaneProcess:
     def info(self) -> dict:
         return json.loads(self.server_json.read_text())
 
-    def http(self, key: Optional[str] = None, **kwargs) -> httpx.Client:
+    def http(self, key: str | None = None, **kwargs) -> httpx.Client:
         """``httpx.Client`` bound to this server with ``key`` (default: the admin key); use as a context manager."""
         kwargs.setdefault("timeout", 30.0)
         headers = {"x-api-key": key} if key is not None else self.client_headers
@@ -82,7 +82,7 @@ class ControlPlaneProcess:
 
     # ------------------------------------------------------------- lifecycle
 
-    def start(self) -> "ControlPlaneProcess":
+    def start(self) -> ControlPlaneProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self._starts += 1
         self.log_path = self.log_dir / f"server-{self.home.name}-{self._starts}.log"
@@ -105,7 +105,7 @@ class ControlPlaneProcess:
                 raise RuntimeError(f"lancefn-server did not become ready in {START_TIMEOUT_S}s:\n{self.log_text()}")
             time.sleep(0.05)
 
-    def _ready_info(self) -> Optional[dict]:
+    def _ready_info(self) -> dict | None:
         try:
             info = self.info()
         except (OSError, ValueError):
@@ -119,7 +119,7 @@ class ControlPlaneProcess:
             pass
         return None
 
-    def stop(self) -> Optional[int]:
+    def stop(self) -> int | None:
         """SIGTERM and wait (SIGKILL if it does not stop in time); returns the exit code."""
         if self.proc is None:
             return None
@@ -138,7 +138,7 @@ class ControlPlaneProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def restart(self) -> "ControlPlaneProcess":
+    def restart(self) -> ControlPlaneProcess:
         """Stop (if still running) and start again on the same home; ``url`` may change."""
         self.stop()
         return self.start()
@@ -149,7 +149,7 @@ def http(cp: ControlPlaneProcess, **kwargs) -> httpx.Client:
     return cp.http(**kwargs)
 
 
-def make_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+def make_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
     env["LANCEFN_DISABLE_NVML"] = "1"
     # Workers run as the test's own user; isolation tests pass LANCEFN_WORKER_USER="" to get the
@@ -168,13 +168,13 @@ class _Factory:
 
     def __call__(
         self,
-        gpu_classes: Optional[str] = None,
+        gpu_classes: str | None = None,
         *,
-        env: Optional[dict[str, str]] = None,
-        args: Optional[list[str]] = None,
-        api_keys: Optional[str] = None,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        api_keys: str | None = None,
         executor: str = "local",
-        home: Optional[Path] = None,
+        home: Path | None = None,
         start: bool = True,
     ) -> ControlPlaneProcess:
         base = self._tmp.mktemp("lancefn")
@@ -246,10 +246,10 @@ def registration_body(
     entrypoint: str = "double",
     inputs: tuple[tuple[str, str, bool], ...] = (("x", "int64", False),),
     output_type: str = "int64",
-    num_gpus: Optional[int] = 1,
-    gpu_class: Optional[str] = None,
+    num_gpus: int | None = 1,
+    gpu_class: str | None = None,
     packages: tuple[str, ...] = (),
-    env: Optional[dict[str, str]] = None,
+    env: dict[str, str] | None = None,
 ) -> dict:
     """A FunctionRegistrationRequest as plain JSON data (base64 artifact, sha256 digest),
     built without ``lancefn_jupyter.packaging``.  ``num_gpus=None`` → a CPU (``python``) function."""

@@ -17,7 +17,8 @@ import shutil
 import tempfile
 import textwrap
 import time
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 from conftest import ControlPlaneProcess, make_env, register, registration_body
@@ -217,13 +218,13 @@ def sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def run_cell(cell: str, namespace: Optional[dict] = None) -> dict:
+def run_cell(cell: str, namespace: dict | None = None) -> dict:
     """What the kernel does before packaging: execute the cell in the user namespace."""
     namespace = {} if namespace is None else namespace
     exec(compile(cell, "<cell>", "exec", dont_inherit=True), namespace)
     return namespace
 
 
-def pack(cell: str, namespace: Optional[dict] = None, **kwargs) -> PackagedFunction:
+def pack(cell: str, namespace: dict | None = None, **kwargs) -> PackagedFunction:
     cell = textwrap.dedent(cell)
     return package_cell(cell, run_cell(cell, namespace), **kwargs)

@@ -71,7 +71,7 @@ def test_builtins_and_ipython_stand_ins_resolve_as_builtins(shell, name, tmp_pat
     packaged = package_in_shell(shell, cell)
     assert packaged.captured == ()
     assert packaged.source_text.startswith("from __future__ import annotations\n\ndef f(")  # nothing captured
-    final = run_artifact(packaged, [{list(packaged.signature.inputs)[0].name: argument}])
+    final = run_artifact(packaged, [{next(iter(packaged.signature.inputs)).name: argument}])
     assert final["event"] == "result", final
     assert final["results"] == [expected]
     if name == "display":  # the worker's display writes the repr to the job's log

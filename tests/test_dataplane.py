@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +54,7 @@ def test_annotation_maps_to_signature_type(annotation, expected):
 
 
 def test_signature_of_array_function_and_plain_types_unchanged():
-    def f(x: NDArray[np.float32], k: float, t: Optional[pa.Table]) -> NDArray[np.float32]: ...
+    def f(x: NDArray[np.float32], k: float, t: pa.Table | None) -> NDArray[np.float32]: ...
 
     signature = infer_signature(f)
     assert [(p.name, p.arrow_type, p.nullable) for p in signature.inputs] == [

@@ -87,7 +87,7 @@ def values_of_every_kind() -> list[np.ndarray]:
             (np.float64, [np.nan, -np.inf, -0.0]),
         ]
     ]
-    return values + [np.array(3.5), np.empty((0, 3)), cube, cube[:, ::2], np.asfortranarray(cube)]
+    return [*values, np.array(3.5), np.empty((0, 3)), cube, cube[:, ::2], np.asfortranarray(cube)]
 
 
 def test_arrays_round_trip_through_submit_map_remote_and_local(cp):

@@ -66,7 +66,7 @@ CLASS_FIELDS = [
     "devices",
     "simulated",
 ]
-_CLASS = st.dictionaries(st.sampled_from(CLASS_FIELDS + ["bogus"]), _VALUES, max_size=7)
+_CLASS = st.dictionaries(st.sampled_from([*CLASS_FIELDS, "bogus"]), _VALUES, max_size=7)
 # Mostly-valid classes, so the deeper checks (devices, limits, duplicates) are reached too.
 _GOOD_CLASS = st.fixed_dictionaries(
     {"name": st.sampled_from(["default", "big", "x"]), "simulated": st.integers(-1, 4)},
@@ -95,7 +95,7 @@ def test_random_gpu_class_configs_fail_only_with_a_config_error_naming_a_field(t
     except ConfigError as error:
         message = str(error)
         assert message.startswith("fuzz.toml: "), message
-        words = [f"'{field}'" for field in CLASS_FIELDS + ["default_class", "bogus", "classes", "junk"]]
+        words = [f"'{field}'" for field in [*CLASS_FIELDS, "default_class", "bogus", "classes", "junk"]]
         words += ["not valid TOML", "at least one GPU class", "duplicate", "gpu_classes", "unknown"]
         assert any(word in message for word in words), message
         return

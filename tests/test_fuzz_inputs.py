@@ -65,7 +65,7 @@ def run_magic(shell, line: str, cell: str):
     with capture_output():
         try:
             shell.run_cell_magic("gpu_function", line, cell)
-        except Exception as error:  # noqa: BLE001 - classified by the caller
+        except Exception as error:
             return error
     return None
 
@@ -185,7 +185,7 @@ def test_packaging_random_cells_raises_only_packaging_error(cell):
     namespace: dict = {"NOTEBOOK_FRAME": object(), "LIMIT": 7, "K": 3}
     try:
         exec(compile(cell, "<cell>", "exec"), namespace)  # the magic runs the cell before packaging it
-    except BaseException:  # noqa: BLE001 - a cell that does not run is never packaged
+    except BaseException:
         return
     try:
         packaged = package_cell(cell, namespace)
@@ -204,10 +204,10 @@ def _paths(value, prefix=()):
     yield prefix
     if isinstance(value, dict):
         for key, item in value.items():
-            yield from _paths(item, prefix + (key,))
+            yield from _paths(item, (*prefix, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            yield from _paths(item, prefix + (index,))
+            yield from _paths(item, (*prefix, index))
 
 
 VALID = registration_body("fuzzed", env={"TOKEN": "t"}, packages=("numpy",))
@@ -546,7 +546,7 @@ def test_jupyter_proxy_headers_get_no_5xx(jupyter_proxy):
 
         @fuzz(120)
         @given(
-            url=st.sampled_from(urls + [events]),
+            url=st.sampled_from([*urls, events]),
             header=st.sampled_from(["x-request-id", "last-event-id"]),
             value=HEADER_VALUES,
         )

@@ -17,8 +17,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -289,7 +289,7 @@ def test_event_stream_is_passed_through_and_resumable(proxied):
             url += f"?last_event_id={first}"
         with httpx.stream("GET", url, headers=headers, timeout=30) as stream:
             replay = read_sse(stream, lambda ev: any(e.get("event") == "job" for e in ev))
-        assert int([e for e in replay if e.get("event") == "job"][0]["id"]) == first + 1, how
+        assert int(next(e for e in replay if e.get("event") == "job")["id"]) == first + 1, how
 
 
 def test_non_ascii_request_ids_and_bad_last_event_ids_are_400_not_500(proxied):

@@ -466,7 +466,7 @@ def test_job_states_and_display():
         "timed out",
     ]
     assert display_state("IN_PROGRESS") == "running"
-    assert TERMINAL_STATES == {JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT}
+    assert {JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT} == TERMINAL_STATES
 
 
 def test_gpu_class_and_usage_round_trip():

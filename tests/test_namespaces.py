@@ -190,7 +190,7 @@ def test_live_event_stream_is_filtered_per_namespace(teams):
     with client(cp, CAROL) as carol:
         cvid = register(carol, registration_body("embed"))["version"]
     alice_items: list[dict] = []
-    with client(cp, CAROL) as carol, client(cp, ALICE) as alice:
+    with client(cp, CAROL) as carol, client(cp, ALICE) as alice:  # noqa: SIM117 (the stream opens after both clients)
         # Alice's stream starts "now"; carol's job runs while it is open, then alice's.
         with httpx.stream("GET", cp.url + "/v1/jobs/events", headers={"x-api-key": ALICE}, timeout=60) as stream:
             lines = stream.iter_lines()
@@ -285,7 +285,7 @@ def test_jobs_dashboard_shows_a_namespace_column_only_when_several_are_visible(t
     from lancefn_jupyter.widgets import JobsDashboard
     from lancefn_jupyter.wire.models import Job
 
-    cp, vid, first = teams
+    cp, _vid, first = teams
     with client(cp, CAROL) as carol:
         cvid = register(carol, registration_body("embed"))["version"]
         wait(carol, theirs := submit(carol, "embed", cvid, [{"x": 4}]))

@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 from test_notebook_magics import _outputs_text
 
 try:  # the module-scoped Ray control plane of the Ray executor's tests, for the one Ray case here
-    from test_ray_executor import ray_cp  # noqa: F401
+    from test_ray_executor import ray_cp
 except pytest.skip.Exception:  # Ray not installed: only that case is skipped
 
     @pytest.fixture

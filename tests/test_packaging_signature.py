@@ -3,7 +3,7 @@ missing or unsupported refused with how to fix them."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import pytest
 from helpers import run_cell
@@ -36,11 +36,11 @@ def _annotated(annotation):
         (bool, "bool", False),
         (bytes, "binary", False),
         (list[float], "list<float64>", False),
-        (List[int], "list<int64>", False),
+        (list[int], "list<int64>", False),
         (list[list[int]], "list<list<int64>>", False),
-        (Optional[int], "int64", True),
+        (Optional[int], "int64", True),  # noqa: UP045 (the old spelling is what is tested)
         (int | None, "int64", True),
-        (Optional[list[str]], "list<utf8>", True),
+        (Optional[list[str]], "list<utf8>", True),  # noqa: UP045
         ("Optional[float]", "float64", True),
     ],
 )

@@ -8,7 +8,7 @@ wait is bounded; nothing is timed."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import psutil

@@ -14,8 +14,8 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from conftest import ControlPlaneProcess, register, registration_body

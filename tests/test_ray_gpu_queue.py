@@ -7,7 +7,7 @@ One server (and its local Ray) for the module; every wait is bounded; nothing is
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from conftest import ControlPlaneProcess, register

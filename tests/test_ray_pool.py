@@ -9,7 +9,7 @@ One server (and its local Ray) for the module; every wait is bounded; nothing is
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest

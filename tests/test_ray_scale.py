@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from conftest import ControlPlaneProcess, register
@@ -20,8 +20,8 @@ pytest.importorskip("ray")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway cluster: no token in ~/.ray
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import ray  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+import ray
+from ray.cluster_utils import Cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -335,7 +335,7 @@ def test_progress_held_back_by_coalescing_is_still_published(control_plane, tmp_
         for event in events:
             if event.event == "job" and event.data["job_id"] == job_id:
                 seen.append((event.data["job_state"], event.data["progress"]["rows_done"]))
-                if seen[-1] == ("IN_PROGRESS", 2) or seen[-1][0] != "IN_PROGRESS" and seen[-1][0] != "PENDING":
+                if seen[-1] == ("IN_PROGRESS", 2) or (seen[-1][0] != "IN_PROGRESS" and seen[-1][0] != "PENDING"):
                     break
         gate.touch()
         assert ("IN_PROGRESS", 2) in seen

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from lancefn_jupyter.client._http import EventStream, Transport
 from lancefn_jupyter.client.batches import BatchesResource
@@ -23,12 +24,12 @@ from lancefn_jupyter.client.gpu import GpuResource
 from lancefn_jupyter.client.jobs import JobsResource
 
 __all__ = [
-    "Client",
-    "Event",
-    "EventStream",
     "ApiError",
+    "Client",
     "Conflict",
     "ControlPlaneUnreachable",
+    "Event",
+    "EventStream",
     "Forbidden",
     "InvalidRequest",
     "LancefnError",
@@ -44,10 +45,10 @@ class Client:
     def __init__(
         self,
         url: str,
-        api_key: Optional[str] = None,
+        api_key: str | None = None,
         *,
         timeout: float = 30.0,
-        recover: Optional[Callable[[], tuple[str, str]]] = None,
+        recover: Callable[[], tuple[str, str]] | None = None,
     ):
         """`recover`, if given, returns a (url, api_key) to switch to when the server refuses connections."""
         self._transport = Transport(url, api_key, timeout=timeout, recover=recover)
@@ -64,14 +65,14 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._transport.get("/v1/health")
 
-    def events(self, *, last_event_id: Optional[int] = None, read_timeout: Optional[float] = 60.0) -> Iterator[Event]:
+    def events(self, *, last_event_id: int | None = None, read_timeout: float | None = 60.0) -> Iterator[Event]:
         return iter_events(self._transport, last_event_id=last_event_id, read_timeout=read_timeout)
 
     def open_event_stream(
         self,
         *,
-        last_event_id: Optional[int] = None,
-        read_timeout: Optional[float] = 60.0,
+        last_event_id: int | None = None,
+        read_timeout: float | None = 60.0,
         connect_timeout: float = 10.0,
     ) -> EventStream:
         """The open SSE response behind `events()`, for a caller that must reach its socket (the kernel's

@@ -13,7 +13,8 @@ import select
 import socket
 import threading
 import uuid
-from typing import Any, Callable, Iterator, Optional, Union
+from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from lancefn_jupyter.client.errors import ControlPlaneUnreachable, error_for_status
@@ -53,7 +54,7 @@ class _HTTPSConnection(_OneSend, http.client.HTTPSConnection):
     pass
 
 
-_Connection = Union[_HTTPConnection, _HTTPSConnection]
+_Connection = _HTTPConnection | _HTTPSConnection
 
 
 class _NotSent(Exception):
@@ -66,7 +67,7 @@ class _NotSent(Exception):
 class _Reply:
     """A fully read response (the connection it came on is free again)."""
 
-    __slots__ = ("status", "reason", "headers", "content")
+    __slots__ = ("content", "headers", "reason", "status")
 
     def __init__(self, status: int, reason: str, headers: http.client.HTTPMessage, content: bytes):
         self.status, self.reason, self.headers, self.content = status, reason, headers, content
@@ -80,7 +81,7 @@ class EventStream:
         self._conn, self._response = conn, response
         self.status_code = response.status
         self.headers = response.headers
-        self.socket: Optional[socket.socket] = conn.sock
+        self.socket: socket.socket | None = conn.sock
 
     def iter_lines(self) -> Iterator[str]:
         while True:
@@ -149,9 +150,7 @@ class _Pool:
                 return
         conn.close()
 
-    def exchange(
-        self, method: str, target: str, body: Optional[bytes], headers: dict[str, str], timeout: float
-    ) -> _Reply:
+    def exchange(self, method: str, target: str, body: bytes | None, headers: dict[str, str], timeout: float) -> _Reply:
         """Send one request and read the whole reply (the connection is then free for the next)."""
         conn = self._checkout()
         try:
@@ -169,7 +168,7 @@ class _Pool:
         return reply
 
     def open_stream(
-        self, path: str, headers: dict[str, str], connect_timeout: float, read_timeout: Optional[float]
+        self, path: str, headers: dict[str, str], connect_timeout: float, read_timeout: float | None
     ) -> EventStream:
         """A GET on a connection of its own, its reply headers read and its body left to stream."""
         conn = self._new(connect_timeout)
@@ -201,10 +200,10 @@ class Transport:
     def __init__(
         self,
         url: str,
-        api_key: Optional[str],
+        api_key: str | None,
         *,
         timeout: float = 30.0,
-        recover: Optional[Callable[[], tuple[str, str]]] = None,
+        recover: Callable[[], tuple[str, str]] | None = None,
     ):
         self._timeout = timeout
         self._connect(url, api_key)
@@ -212,7 +211,7 @@ class Transport:
         self.recover = recover
         self._reconnect_lock = threading.Lock()
 
-    def _connect(self, url: str, api_key: Optional[str]) -> None:
+    def _connect(self, url: str, api_key: str | None) -> None:
         self.url = url.rstrip("/")
         self._headers = {"x-api-key": api_key} if api_key else {}
         self._pool = _Pool(self.url, self._timeout)
@@ -238,15 +237,15 @@ class Transport:
         path: str,
         body: Any = None,
         *,
-        timeout: Optional[float] = None,
-        content: Optional[bytes] = None,
-        content_type: Optional[str] = None,
-        params: Optional[dict[str, Any]] = None,
+        timeout: float | None = None,
+        content: bytes | None = None,
+        content_type: str | None = None,
+        params: dict[str, Any] | None = None,
     ) -> Any:
         """JSON in and out; ``content`` + ``content_type`` send a binary body (Arrow IPC rows),
         and an Arrow IPC reply comes back as ``bytes``."""
         headers = {"x-request-id": uuid.uuid4().hex}
-        data: Optional[bytes] = None
+        data: bytes | None = None
         if body is not None:
             data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
             headers["content-type"] = "application/json"
@@ -266,7 +265,7 @@ class Transport:
         return self._decode(reply)
 
     def _send(
-        self, method: str, path: str, target: str, data: Optional[bytes], headers: dict[str, str], wait: float
+        self, method: str, path: str, target: str, data: bytes | None, headers: dict[str, str], wait: float
     ) -> _Reply:
         pool = self._pool
         try:
@@ -291,7 +290,7 @@ class Transport:
         return self.request("POST", path, body, **kwargs)
 
     def stream(
-        self, path: str, headers: dict[str, str], *, connect_timeout: float, read_timeout: Optional[float]
+        self, path: str, headers: dict[str, str], *, connect_timeout: float, read_timeout: float | None
     ) -> EventStream:
         """An open streaming GET on its own connection (the caller iterates and closes it); used by the event stream."""
         pool = self._pool
@@ -329,7 +328,7 @@ class Transport:
 
 
 def _send_and_receive(
-    conn: _Connection, method: str, url: str, body: Optional[bytes], headers: dict[str, str]
+    conn: _Connection, method: str, url: str, body: bytes | None, headers: dict[str, str]
 ) -> http.client.HTTPResponse:
     try:
         conn.request(method, url, body=body, headers=headers)  # headers and a bytes body in one send

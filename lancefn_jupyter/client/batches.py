@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Optional
+from typing import Any
 
 from lancefn_jupyter.client._http import _ARROW_STREAM, Transport
 from lancefn_jupyter.wire.batch_models import Batch
@@ -23,14 +23,14 @@ class BatchesResource:
         self,
         name: str,
         version: str,
-        chunks: Optional[list[list[dict[str, Any]]]],
+        chunks: list[list[dict[str, Any]]] | None,
         *,
-        parallel: Optional[int] = None,
+        parallel: int | None = None,
         retries: int = 0,
         fresh: bool = False,
-        timeout_s: Optional[float] = None,
-        arrow: Optional[bytes] = None,
-        rows_file: Optional[str] = None,
+        timeout_s: float | None = None,
+        arrow: bytes | None = None,
+        rows_file: str | None = None,
     ) -> dict[str, Any]:
         """`{batch_id, reused_chunks}`; `parallel=None` is "auto".
 
@@ -59,9 +59,7 @@ class BatchesResource:
             self._t.post("/v1/batches/describe", {"batch_id": batch_id, "include_chunks": include_chunks})
         )
 
-    def list(
-        self, *, state: Optional[str] = None, name: Optional[str] = None, limit: Optional[int] = None
-    ) -> list[Batch]:
+    def list(self, *, state: str | None = None, name: str | None = None, limit: int | None = None) -> list[Batch]:
         body = {k: v for k, v in (("state", state), ("name", name), ("limit", limit)) if v is not None}
         return [Batch.from_wire(item) for item in self._t.post("/v1/batches/list", body)["batches"]]
 
@@ -71,7 +69,7 @@ class BatchesResource:
     def retry(self, batch_id: str) -> Batch:
         return Batch.from_wire(self._t.post("/v1/batches/retry", {"batch_id": batch_id}))
 
-    def wait(self, batch_id: str, *, timeout: Optional[float] = None, revision: Optional[int] = None) -> Batch:
+    def wait(self, batch_id: str, *, timeout: float | None = None, revision: int | None = None) -> Batch:
         """The batch once terminal (or newer than `revision`), or as it stands after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

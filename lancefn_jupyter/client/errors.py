@@ -6,18 +6,16 @@ message (which says how to fix the input), and the request id to quote when repo
 
 from __future__ import annotations
 
-from typing import Optional
-
 __all__ = [
-    "LancefnError",
     "ApiError",
-    "InvalidRequest",
-    "Unauthorized",
-    "Forbidden",
-    "NotFound",
     "Conflict",
-    "PayloadTooLarge",
     "ControlPlaneUnreachable",
+    "Forbidden",
+    "InvalidRequest",
+    "LancefnError",
+    "NotFound",
+    "PayloadTooLarge",
+    "Unauthorized",
     "error_for_status",
 ]
 
@@ -43,7 +41,7 @@ class ApiError(LancefnError):
 
     status: int = 0
 
-    def __init__(self, status: int, code: str, message: str, request_id: Optional[str]):
+    def __init__(self, status: int, code: str, message: str, request_id: str | None):
         self.status = status
         self.code = code
         self.message = message
@@ -79,5 +77,5 @@ class PayloadTooLarge(ApiError):
 _BY_STATUS = {cls.status: cls for cls in (InvalidRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge)}
 
 
-def error_for_status(status: int, code: str, message: str, request_id: Optional[str]) -> ApiError:
+def error_for_status(status: int, code: str, message: str, request_id: str | None) -> ApiError:
     return _BY_STATUS.get(status, ApiError)(status, code, message, request_id)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from lancefn_jupyter.client._http import EventStream, Transport
 
@@ -17,7 +18,7 @@ class Event:
 
     event: str
     data: Any
-    id: Optional[int] = None
+    id: int | None = None
 
 
 def parse_sse_lines(lines: Iterator[str]) -> Iterator[Event]:
@@ -50,8 +51,8 @@ def parse_sse_lines(lines: Iterator[str]) -> Iterator[Event]:
 def open_event_stream(
     transport: Transport,
     *,
-    last_event_id: Optional[int] = None,
-    read_timeout: Optional[float] = 60.0,
+    last_event_id: int | None = None,
+    read_timeout: float | None = 60.0,
     connect_timeout: float = 10.0,
 ) -> EventStream:
     """An open `GET /v1/jobs/events` response, resuming after `last_event_id` (the caller iterates
@@ -63,7 +64,7 @@ def open_event_stream(
 
 
 def iter_events(
-    transport: Transport, *, last_event_id: Optional[int] = None, read_timeout: Optional[float] = 60.0
+    transport: Transport, *, last_event_id: int | None = None, read_timeout: float | None = 60.0
 ) -> Iterator[Event]:
     """One connection's events, resuming after `last_event_id`. Ends when the server closes it.
 

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import base64
 import builtins  # the resources have a list() method that shadows the type in annotations
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from lancefn_jupyter.client._http import _ARROW_STREAM, Transport
 from lancefn_jupyter.client.errors import ApiError
 from lancefn_jupyter.client.jobs import JobsResource
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
 
-__all__ = ["FunctionsResource", "FunctionListing"]
+__all__ = ["FunctionListing", "FunctionsResource"]
 
 
 class FunctionListing:
     """One row of `functions/list`: name, version and (when asked) the full definition."""
 
-    __slots__ = ("name", "version", "definition")
+    __slots__ = ("definition", "name", "version")
 
-    def __init__(self, name: str, version: str, definition: Optional[FunctionVersion]):
+    def __init__(self, name: str, version: str, definition: FunctionVersion | None):
         self.name, self.version, self.definition = name, version, definition
 
     def __repr__(self) -> str:
@@ -46,7 +47,7 @@ class FunctionsResource:
     def describe(self, name: str, version: str) -> FunctionVersion:
         return FunctionVersion.from_wire(self._t.post("/v1/functions/describe", {"name": name, "version": version}))
 
-    def list(self, name: Optional[str] = None, *, include_definition: bool = False) -> Iterator[FunctionListing]:
+    def list(self, name: str | None = None, *, include_definition: bool = False) -> Iterator[FunctionListing]:
         """All versions (following page tokens), optionally of one function name."""
         body: dict[str, Any] = {"include_definition": include_definition}
         if name is not None:
@@ -68,7 +69,7 @@ class FunctionsResource:
         reply = self._t.post("/v1/functions/artifact", {"name": name, "version": version})
         return base64.b64decode(reply["data"])
 
-    def history(self, name: Optional[str] = None, *, limit: int = 20) -> builtins.list[dict[str, Any]]:
+    def history(self, name: str | None = None, *, limit: int = 20) -> builtins.list[dict[str, Any]]:
         """`POST /v1/functions/history`: per function, its newest versions with their one-line change."""
         body: dict[str, Any] = {"limit": limit, **({"name": name} if name is not None else {})}
         return self._t.post("/v1/functions/history", body)["functions"]
@@ -80,11 +81,11 @@ class FunctionsResource:
         self,
         name: str,
         version: str,
-        rows: Optional[builtins.list[dict[str, Any]]],
+        rows: builtins.list[dict[str, Any]] | None,
         *,
-        timeout_s: Optional[float] = None,
-        arrow: Optional[bytes] = None,
-        rows_file: Optional[str] = None,
+        timeout_s: float | None = None,
+        arrow: bytes | None = None,
+        rows_file: str | None = None,
     ) -> str:
         """Submit a `run_function` job with one row per call; returns the job id (202).
 
@@ -114,7 +115,7 @@ class FunctionsResource:
         version: str,
         rows: builtins.list[dict[str, Any]],
         *,
-        timeout_s: Optional[float] = None,
+        timeout_s: float | None = None,
         wait_s: float = 0.0,
     ) -> Job:
         """Submit a `run_function` job and return it as it stands after up to `wait_s` seconds

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins  # the resources have a list() method that shadows the type in annotations
 import time
-from typing import Any, Optional
+from typing import Any
 
 from lancefn_jupyter.client._http import Transport
 from lancefn_jupyter.wire.models import TERMINAL_STATES, Job
@@ -31,10 +31,10 @@ class JobsResource:
     def list(
         self,
         *,
-        state: Optional[str] = None,
-        name: Optional[str] = None,
-        job_type: Optional[str] = None,
-        limit: Optional[int] = None,
+        state: str | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
+        limit: int | None = None,
     ) -> list[Job]:
         body: dict[str, Any] = {}
         for key, value in (("state", state), ("name", name), ("job_type", job_type), ("limit", limit)):
@@ -49,7 +49,7 @@ class JobsResource:
         reply = self._t.post("/v1/jobs/logs", {"job_id": job_id, "offset": offset})
         return list(reply["lines"]), int(reply["next_offset"])
 
-    def wait(self, job_id: str, *, timeout: Optional[float] = None) -> Job:
+    def wait(self, job_id: str, *, timeout: float | None = None) -> Job:
         """The job once terminal, or as it stands when `timeout` seconds have passed (long poll, no busy loop)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

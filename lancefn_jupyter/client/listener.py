@@ -39,7 +39,8 @@ import random
 import socket
 import threading
 import weakref
-from typing import Any, Callable, Optional, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from lancefn_jupyter.client.errors import LancefnError
 from lancefn_jupyter.client.events import parse_sse_lines
@@ -105,7 +106,7 @@ class EventListener:
     def __init__(
         self,
         *,
-        client_getter: Optional[Callable[[], Any]] = None,
+        client_getter: Callable[[], Any] | None = None,
         backoff_initial_s: float = _BACKOFF_INITIAL_S,
         backoff_max_s: float = _BACKOFF_MAX_S,
         tick_s: float = _TICK_S,
@@ -124,21 +125,21 @@ class EventListener:
         self._terminal: set[str] = set()  # subscribed jobs last seen terminal (no resync needed)
         self._pending: dict[str, Any] = {}  # last Job model of each shown pending job
         self.queue_positions: dict[str, int] = {}  # job_id → 1-based position, from the last `queue` event
-        self.usage: Optional[list] = None
-        self.last_event_id: Optional[int] = None
+        self.usage: list | None = None
+        self.last_event_id: int | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()  # cuts a backoff wait short (stop, or a new connection)
         self._connected = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._ticker: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
+        self._ticker: threading.Thread | None = None
         self._stream_client: Any = None
-        self._socket: Optional[socket.socket] = None
+        self._socket: socket.socket | None = None
         # Counters and the last problem, for `%lancefn`-style diagnostics and tests.
         self.connects = 0
         self.resumes = 0
         self.events = 0
         self.failures = 0
-        self.last_error: Optional[str] = None
+        self.last_error: str | None = None
         self._event_hooks: list[Callable[[Any], None]] = []  # benchmarks: called per dispatched event
 
     # ------------------------------------------------------------------ lifecycle
@@ -159,7 +160,7 @@ class EventListener:
     def wait_connected(self, timeout: float = 10.0) -> bool:
         return self._connected.wait(timeout)
 
-    def start(self) -> "EventListener":
+    def start(self) -> EventListener:
         with self._lock:
             if self.running:
                 return self
@@ -202,9 +203,7 @@ class EventListener:
             self._jobs.add(job_id, callback)
             self._terminal.discard(job_id)
 
-    def subscribe_jobs(
-        self, callback: Callable[[Any], None], *, resync: Optional[Callable[[Any], None]] = None
-    ) -> None:
+    def subscribe_jobs(self, callback: Callable[[Any], None], *, resync: Callable[[Any], None] | None = None) -> None:
         """`callback(job)` on every job change; `resync(client)` after a fresh (non-resumed) connect."""
         with self._lock:
             self._all_jobs.add(None, callback)
@@ -216,7 +215,7 @@ class EventListener:
         with self._lock:
             self._usage.add(None, callback)
 
-    def subscribe_batch(self, batch_id: Optional[str], callback: Callable[[Any], None]) -> None:
+    def subscribe_batch(self, batch_id: str | None, callback: Callable[[Any], None]) -> None:
         """`callback(batch)` on every `batch` event of `batch_id` (None: of every batch)."""
         with self._lock:
             self._batches.add(batch_id, callback)
@@ -225,7 +224,7 @@ class EventListener:
         with self._lock:
             self._ticks.add(None, callback)
 
-    def unsubscribe(self, owner: Any, job_id: Optional[str] = None) -> None:
+    def unsubscribe(self, owner: Any, job_id: str | None = None) -> None:
         """Drop every callback bound to `owner` (or only its subscription to `job_id`)."""
         with self._lock:
             if job_id is not None:
@@ -324,7 +323,7 @@ class EventListener:
         with self._lock:
             self.queue_positions.clear()
             self._pending.clear()
-            job_ids = [k for k in self._jobs.keys() if k not in self._terminal]
+            job_ids = [k for k in self._jobs.keys() if k not in self._terminal]  # noqa: SIM118 (_Subscribers is no mapping)
             resyncs = self._resync.get(None)
         for job_id in job_ids:
             if self._stop.is_set():
@@ -494,7 +493,7 @@ def _session_client() -> Any:
     return _session.client
 
 
-_listener: Optional[EventListener] = None
+_listener: EventListener | None = None
 _listener_lock = threading.Lock()
 _atexit_registered = False
 
@@ -531,7 +530,7 @@ def running_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name in ("lancefn-events", "lancefn-widgets-ticker")]
 
 
-def bind(client: Any, listener: Optional["EventListener"]) -> tuple[Any, "EventListener"]:
+def bind(client: Any, listener: EventListener | None) -> tuple[Any, EventListener]:
     """The client and listener a widget uses: the ones given, else this kernel's current ones."""
     if client is None:
         from lancefn_jupyter.session import current_client

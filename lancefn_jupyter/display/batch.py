@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Optional
 
 from lancefn_jupyter.display.cards import format_elapsed, state_badge_html
 from lancefn_jupyter.wire.batch_models import STRIP_STATES, Batch
 from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
 
-__all__ = ["batch_card", "batch_rate", "batch_summary", "strip_cells", "STRIP_COLOURS", "STRIP_WIDTH"]
+__all__ = ["STRIP_COLOURS", "STRIP_WIDTH", "batch_card", "batch_rate", "batch_summary", "strip_cells"]
 
 STRIP_WIDTH = 64  # cells; longer strips are folded, each cell then standing for several chunks
 STRIP_COLOURS = {"p": "#c8c8c8", "r": "#2f7ed8", "d": "#3c9a3c", "f": "#d9534f", "c": "#8a6d3b"}
@@ -31,7 +30,7 @@ def strip_cells(strip: str, width: int = STRIP_WIDTH) -> str:
     return "".join(cells)
 
 
-def batch_rate(batch: Batch, now_ms: Optional[float] = None) -> tuple[Optional[float], Optional[float]]:
+def batch_rate(batch: Batch, now_ms: float | None = None) -> tuple[float | None, float | None]:
     """(rows per second since the first chunk started, seconds left at that rate) — None when unknown."""
     if batch.started_ms is None or not batch.rows_done:
         return None, None
@@ -42,7 +41,7 @@ def batch_rate(batch: Batch, now_ms: Optional[float] = None) -> tuple[Optional[f
     return rate, left
 
 
-def batch_summary(batch: Batch, now_ms: Optional[float] = None) -> str:
+def batch_summary(batch: Batch, now_ms: float | None = None) -> str:
     """`3 finished, 2 running, 4 pending of 9 chunks · 120 rows/s · 5s left`."""
     counts = batch.chunk_counts
     names = (
@@ -71,7 +70,7 @@ def _failure_text(batch: Batch) -> str:
     return f"chunk {failure.chunk} (rows {failure.row_start}–{failure.row_end - 1}) failed in phase {failure.phase}: {failure.message}"
 
 
-def batch_card(batch: Batch, now_ms: Optional[float] = None) -> tuple[str, str]:
+def batch_card(batch: Batch, now_ms: float | None = None) -> tuple[str, str]:
     state = display_state(batch.batch_state)
     pct = 100 * batch.rows_done / batch.rows_total if batch.rows_total else 0
     cells = strip_cells(batch.strip)
@@ -99,7 +98,7 @@ def batch_card(batch: Batch, now_ms: Optional[float] = None) -> tuple[str, str]:
     return text, markup
 
 
-def batches_table(batches: list[Batch], now_ms: Optional[float] = None) -> tuple[str, str]:
+def batches_table(batches: list[Batch], now_ms: float | None = None) -> tuple[str, str]:
     """The batch rows `%gpu_jobs` shows above its jobs (text and HTML)."""
     from lancefn_jupyter.display.cards import render_table
 

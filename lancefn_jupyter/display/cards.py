@@ -8,28 +8,28 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 from lancefn_jupyter.wire.models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_state
 
 __all__ = [
-    "format_bytes",
-    "gpu_memory",
-    "format_elapsed",
-    "job_summary",
-    "expected_start_text",
-    "job_elapsed_s",
-    "render_table",
-    "gpu_classes_table",
-    "jobs_table",
-    "versions_table",
-    "function_card",
-    "job_card",
-    "usage_line",
-    "progress_text",
-    "result_text",
     "STATE_COLORS",
+    "expected_start_text",
+    "format_bytes",
+    "format_elapsed",
+    "function_card",
+    "gpu_classes_table",
+    "gpu_memory",
+    "job_card",
+    "job_elapsed_s",
+    "job_summary",
+    "jobs_table",
+    "progress_text",
+    "render_table",
+    "result_text",
     "state_badge_html",
+    "usage_line",
+    "versions_table",
 ]
 
 STATE_COLORS = {
@@ -68,7 +68,7 @@ def format_elapsed(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-def job_elapsed_s(job: Job, now_ms: Optional[float] = None) -> Optional[float]:
+def job_elapsed_s(job: Job, now_ms: float | None = None) -> float | None:
     """Run time so far (running) or in total (ended); None while pending."""
     if job.started_ms is None:
         return None
@@ -76,7 +76,7 @@ def job_elapsed_s(job: Job, now_ms: Optional[float] = None) -> Optional[float]:
     return (end - job.started_ms) / 1000
 
 
-def expected_start_text(expected_start_ms: Optional[int], now_ms: Optional[float] = None) -> str:
+def expected_start_text(expected_start_ms: int | None, now_ms: float | None = None) -> str:
     """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
     if expected_start_ms is None:
         return "start time unknown"
@@ -230,7 +230,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
     )
 
 
-def usage_line(gpu_class: str, usage: Optional[GpuUsage]) -> str:
+def usage_line(gpu_class: str, usage: GpuUsage | None) -> str:
     """One class's live use in words, e.g. 'class default: 1 busy, 1 free of 2 GPUs; 1 running, 0 pending'."""
     if usage is None:
         return f"class {gpu_class}: live usage unknown"
@@ -282,7 +282,7 @@ def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
     )
 
 
-def versions_table(listings: Iterable[tuple[str, str, Optional[FunctionVersion]]]) -> tuple[str, str]:
+def versions_table(listings: Iterable[tuple[str, str, FunctionVersion | None]]) -> tuple[str, str]:
     rows = []
     for name, version, definition in listings:
         if definition is not None:
@@ -299,13 +299,13 @@ def versions_table(listings: Iterable[tuple[str, str, Optional[FunctionVersion]]
 def function_card(
     *,
     name: str,
-    version: Optional[str],
+    version: str | None,
     digest: str,
     runtime_kind: str,
     num_gpus: int,
-    gpu_class: Optional[str],
+    gpu_class: str | None,
     environment: str,
-    hardware: Optional[GpuClass],
+    hardware: GpuClass | None,
     note: str = "",
 ) -> tuple[str, str]:
     """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware."""

@@ -4,8 +4,9 @@ on first use and again on `refresh()`, and waits that Ctrl-C stops without stopp
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Generic, Iterator, Optional, TypeVar
+from typing import Generic, TypeVar
 
 __all__ = ["RecordHandle", "waiting"]
 
@@ -15,7 +16,7 @@ R = TypeVar("R")
 class RecordHandle(Generic[R]):
     """A handle on one record of the control plane (a job, a batch); subclasses say how to read it."""
 
-    _snapshot: Optional[R]
+    _snapshot: R | None
 
     def _describe(self) -> R:
         raise NotImplementedError

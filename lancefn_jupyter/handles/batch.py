@@ -8,7 +8,8 @@ batch.retry_failed(); batch.cancel(); Batch.attach(batch_id)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.display.batch import batch_card
@@ -20,7 +21,7 @@ from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 if TYPE_CHECKING:  # pragma: no cover
     from lancefn_jupyter.handles.function import GpuFunction
 
-__all__ = ["Batch", "BatchError", "BatchChunkError", "start_batch", "check_parallel"]
+__all__ = ["Batch", "BatchChunkError", "BatchError", "check_parallel", "start_batch"]
 
 
 class BatchError(LancefnError):
@@ -45,7 +46,7 @@ class BatchChunkError(LancefnError):
         super().__init__(message)
 
 
-def check_parallel(parallel: Any) -> Optional[int]:
+def check_parallel(parallel: Any) -> int | None:
     """`"auto"` → None (as many as the class has GPUs); a whole number ≥ 1 → itself."""
     if parallel == "auto":
         return None
@@ -54,7 +55,7 @@ def check_parallel(parallel: Any) -> Optional[int]:
     return parallel
 
 
-def _slots(function: "GpuFunction", client: Client, parallel: Optional[int]) -> int:
+def _slots(function: GpuFunction, client: Client, parallel: int | None) -> int:
     """How many chunks can run at once: `parallel`, else the class's GPUs per the function's num_gpus."""
     if parallel is not None:
         return parallel
@@ -71,7 +72,7 @@ def _slots(function: "GpuFunction", client: Client, parallel: Optional[int]) -> 
     return max(1, (row.gpus_total if row else 1) // resources.num_gpus)
 
 
-def _column_rows(function: "GpuFunction", column: Any) -> Any:
+def _column_rows(function: GpuFunction, column: Any) -> Any:
     """An Arrow column of the one parameter's values as the rows table (no per-row Python), or
     None when the parameter's type needs the per-row path (arrays, tables) or the column does not cast."""
     import pyarrow as pa
@@ -89,7 +90,7 @@ def _column_rows(function: "GpuFunction", column: Any) -> Any:
 
 
 def _create(
-    function: "GpuFunction", client: Client, parts: batching.Split, row_of: Any, table: Any = None, **options: Any
+    function: GpuFunction, client: Client, parts: batching.Split, row_of: Any, table: Any = None, **options: Any
 ) -> dict:
     """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
     can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
@@ -121,17 +122,17 @@ def _create(
 
 
 def start_batch(
-    function: "GpuFunction",
+    function: GpuFunction,
     items: Any,
     *,
     parallel: Any = "auto",
-    chunk_size: Optional[int] = None,
+    chunk_size: int | None = None,
     retries: int = 0,
     return_exceptions: bool = False,
     fresh: bool = False,
     row_of: Any = None,
     column: Any = None,
-) -> "Batch":
+) -> Batch:
     """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
     ``column``: the values of the function's one parameter as an Arrow array (a table's column),
     sent as Arrow chunks as they are; ``items`` is then ignored."""
@@ -177,11 +178,11 @@ class Batch(RecordHandle[BatchRecord]):
         self,
         batch_id: str,
         *,
-        client: Optional[Client] = None,
-        function: Optional["GpuFunction"] = None,
+        client: Client | None = None,
+        function: GpuFunction | None = None,
         kind: str = "list",
         return_exceptions: bool = False,
-        snapshot: Optional[BatchRecord] = None,
+        snapshot: BatchRecord | None = None,
     ):
         from lancefn_jupyter.session import current_client
 
@@ -196,7 +197,7 @@ class Batch(RecordHandle[BatchRecord]):
         self._widget: Any = None
 
     @classmethod
-    def attach(cls, batch_id: str, *, client: Optional[Client] = None) -> "Batch":
+    def attach(cls, batch_id: str, *, client: Client | None = None) -> Batch:
         """Re-attach to a batch (e.g. after a kernel restart); results come back as a list."""
         batch = cls(batch_id, client=client)
         batch.refresh()
@@ -229,7 +230,7 @@ class Batch(RecordHandle[BatchRecord]):
         snapshot = self.snapshot
         return snapshot.rows_done, snapshot.rows_total
 
-    def wait(self, timeout: Optional[float] = None) -> "Batch":
+    def wait(self, timeout: float | None = None) -> Batch:
         """Block until every chunk ended (or `timeout` s). Ctrl-C stops waiting, not the batch."""
         with waiting(
             f"Stopped waiting for batch {self.batch_id}; it keeps running. "
@@ -292,7 +293,7 @@ class Batch(RecordHandle[BatchRecord]):
             text += "\n\nRemote traceback (your code only):\n" + error.remote_traceback
         raise BatchError(text, snapshot, remote_traceback=error.remote_traceback if error else "")
 
-    def result(self, timeout: Optional[float] = None, *, return_exceptions: Optional[bool] = None) -> Any:
+    def result(self, timeout: float | None = None, *, return_exceptions: bool | None = None) -> Any:
         """Every row's result in input order, as the input's kind (list, numpy array, pyarrow Table).
 
         A failed or cancelled batch raises :class:`BatchError` naming the chunk and its rows, unless
@@ -316,7 +317,7 @@ class Batch(RecordHandle[BatchRecord]):
             return batching.stack("list", parts)
         return batching.stack(self._kind, parts)
 
-    def as_completed(self, timeout: Optional[float] = None) -> Iterator[tuple[int, Any]]:
+    def as_completed(self, timeout: float | None = None) -> Iterator[tuple[int, Any]]:
         """`(row index, result)` pairs as their chunks finish (rows of one chunk together, in order).
 
         A chunk that fails after its retries raises BatchError once reached (or yields
@@ -329,14 +330,14 @@ class Batch(RecordHandle[BatchRecord]):
             else:
                 yield from enumerate(values, start=chunk.row_start)
 
-    def chunks_as_completed(self, timeout: Optional[float] = None) -> Iterator[tuple[Any, Any]]:
+    def chunks_as_completed(self, timeout: float | None = None) -> Iterator[tuple[Any, Any]]:
         """`(chunk, its rows' results)` as chunks finish, or `(chunk, BatchChunkError)` for one
         that failed after its retries (a cancelled chunk only once the batch has ended)."""
         import time
 
         deadline = None if timeout is None else time.monotonic() + timeout
         seen: set[int] = set()
-        revision: Optional[int] = None
+        revision: int | None = None
         ended = (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)
         while True:
             if revision is None:
@@ -364,7 +365,7 @@ class Batch(RecordHandle[BatchRecord]):
                 )
 
     # -- control
-    def retry_failed(self) -> "Batch":
+    def retry_failed(self) -> Batch:
         """Run again only the chunks that did not finish; finished chunks keep their results."""
         self._snapshot = self._client.batches.retry(self.batch_id)
         return self

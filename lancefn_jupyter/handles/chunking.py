@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-__all__ = ["Split", "split", "cut", "stack", "auto_chunk_size", "input_kind"]
+__all__ = ["Split", "auto_chunk_size", "cut", "input_kind", "split", "stack"]
 
 # "auto" cuts the input into this many chunks per parallel slot, so a slow chunk does not leave
 # the other GPUs idle at the end (and a failure re-runs a small share).

@@ -12,7 +12,8 @@ import inspect
 import os
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.client import LancefnError
 from lancefn_jupyter.display import cards as display
@@ -69,9 +70,9 @@ class GpuFunction:
         packaged: PackagedFunction,
         options: FunctionOptions,
         *,
-        cell_source: Optional[str] = None,
+        cell_source: str | None = None,
         line_offset: int = 0,
-        root: Optional[str] = None,
+        root: str | None = None,
     ):
         self._fn = fn
         self._root = root  # the notebook's directory, for the missing-local-module hint
@@ -80,11 +81,11 @@ class GpuFunction:
         self._cell_source = cell_source
         # Notebook line of the packaged text's line 0 (the magic line, plus any blank lines IPython dropped).
         self._line_offset = line_offset
-        self._version: Optional[FunctionVersion] = None
+        self._version: FunctionVersion | None = None
         self._line_label = "cell line {}"  # looked-up handles name the artifact's lines instead
-        self._py_signature: Optional[inspect.Signature] = None
-        self.timeout_s: Optional[float] = options.timeout_s
-        self.last_local_device: Optional[str] = None
+        self._py_signature: inspect.Signature | None = None
+        self.timeout_s: float | None = options.timeout_s
+        self.last_local_device: str | None = None
         self.name = options.name or packaged.entrypoint
         self._request = FunctionRegistrationRequest(
             name=self.name,
@@ -110,7 +111,7 @@ class GpuFunction:
         return self._options
 
     @property
-    def version(self) -> Optional[FunctionVersion]:
+    def version(self) -> FunctionVersion | None:
         """The registered version (registering on first access unless `register=no`)."""
         if self._version is None and self._options.register:
             self.register()
@@ -136,7 +137,7 @@ class GpuFunction:
         filename = getattr(getattr(self._fn, "__code__", None), "co_filename", "<source>")
         return map_traceback(text, self._packaged, None, where=f'File "{filename}", line {{}}')
 
-    def diff(self, old: Optional[str] = None, new: Optional[str] = None) -> "VersionDiff":
+    def diff(self, old: str | None = None, new: str | None = None) -> VersionDiff:
         """What changed between two versions of this function (default: the last two); prefixes of 6+ chars work."""
         from lancefn_jupyter.handles.lookup import (
             diff_versions,  # registry builds GpuFunctions, so it imports this module
@@ -165,7 +166,7 @@ class GpuFunction:
         # Omitted arguments with defaults stay out of the row: the worker applies the default.
         return dict(bound.arguments)
 
-    def _single_parameter(self) -> Optional[str]:
+    def _single_parameter(self) -> str | None:
         """The name of the function's only parameter, when it has exactly one plain one."""
         if self._py_signature is None:
             self._py_signature = inspect.signature(self._fn)
@@ -220,13 +221,13 @@ class GpuFunction:
         items: Iterable[Any],
         *,
         parallel: Any = 1,
-        chunk_size: Optional[int] = None,
+        chunk_size: int | None = None,
         retries: int = 0,
         return_exceptions: bool = False,
         fresh: bool = False,
-        column: Optional[str] = None,
-        into: Optional[str] = None,
-        key: Optional[str] = None,
+        column: str | None = None,
+        into: str | None = None,
+        key: str | None = None,
     ) -> Any:
         """Run the function over every item.
 
@@ -376,7 +377,7 @@ class UnregisteredFunction:
         return f"{self.__name__}: not registered ({self.error}); fix the cell and run it again"
 
 
-def bind_refused(namespace: dict, cell: str, options: FunctionOptions, error: str) -> Optional[UnregisteredFunction]:
+def bind_refused(namespace: dict, cell: str, options: FunctionOptions, error: str) -> UnregisteredFunction | None:
     """After a refused cell: bind its entry name (if the cell defined it) to an `UnregisteredFunction`."""
     name = entry_name(cell, options.name)
     if name is None:
@@ -397,7 +398,7 @@ def function_from_cell(
     options: FunctionOptions,
     *,
     line_offset: int = 0,
-    root: Optional[str] = None,
+    root: str | None = None,
 ) -> GpuFunction:
     """Package an already-executed cell and build its handle (the magic's core, usable from Python).
 
@@ -425,20 +426,20 @@ def function_from_cell(
 
 
 def gpu_function(
-    fn: Optional[Callable[..., Any]] = None,
+    fn: Callable[..., Any] | None = None,
     *,
-    num_gpus: Optional[int] = None,
-    gpu_class: Optional[str] = None,
-    name: Optional[str] = None,
+    num_gpus: int | None = None,
+    gpu_class: str | None = None,
+    name: str | None = None,
     pip: Iterable[str] | str = (),
     conda: Iterable[str] | str = (),
     conda_channels: Iterable[str] | str = (),
-    env: Optional[Mapping[str, str]] = None,
-    python_version: Optional[str] = None,
-    image: Optional[str] = None,
-    profile: Optional[str] = None,
+    env: Mapping[str, str] | None = None,
+    python_version: str | None = None,
+    image: str | None = None,
+    profile: str | None = None,
     register: bool = True,
-    timeout_s: Optional[float] = None,
+    timeout_s: float | None = None,
 ):
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
 

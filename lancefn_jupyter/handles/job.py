@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.display import cards as display
@@ -22,13 +22,13 @@ from lancefn_jupyter.wire.models import Job as JobRecord
 if TYPE_CHECKING:
     from lancefn_jupyter.handles.function import GpuFunction
 
-__all__ = ["Job", "JobError", "RemoteFunctionError", "JobCancelled", "JobTimedOut", "missing_module_hint"]
+__all__ = ["Job", "JobCancelled", "JobError", "JobTimedOut", "RemoteFunctionError", "missing_module_hint"]
 
 
 _NO_MODULE = re.compile(r"No module named '([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def missing_module_hint(message: str, root: Optional[str]) -> str:
+def missing_module_hint(message: str, root: str | None) -> str:
     """For `No module named 'X'`: say whether X is a file next to the notebook that was not shipped."""
     match = _NO_MODULE.search(message)
     if match is None or root is None:
@@ -83,17 +83,17 @@ class Job(RecordHandle[JobRecord]):
         self,
         job_id: str,
         *,
-        client: Optional[Client] = None,
-        function: Optional["GpuFunction"] = None,
+        client: Client | None = None,
+        function: GpuFunction | None = None,
         single: bool = False,
-        snapshot: Optional[JobRecord] = None,
+        snapshot: JobRecord | None = None,
     ):
         self.job_id = job_id
         self._client = client or current_client()
         self._function = function
         self._single = single
         self._snapshot = snapshot
-        self._arrow_results: Optional[list] = None
+        self._arrow_results: list | None = None
         self._widget: Any = None
         # Held weakly; while the widgets' event listener runs, it keeps `state` current without HTTP.
         from lancefn_jupyter.widgets import get_listener
@@ -101,7 +101,7 @@ class Job(RecordHandle[JobRecord]):
         get_listener().subscribe_job(job_id, self._update)
 
     @classmethod
-    def attach(cls, job_id: str, *, client: Optional[Client] = None) -> "Job":
+    def attach(cls, job_id: str, *, client: Client | None = None) -> Job:
         """Re-attach to an existing job (e.g. after a kernel restart). `result()` returns the list of row results."""
         job = cls(job_id, client=client)
         job.refresh()
@@ -127,7 +127,7 @@ class Job(RecordHandle[JobRecord]):
     def done(self) -> bool:
         return self.snapshot.job_state in TERMINAL_STATES
 
-    def wait(self, timeout: Optional[float] = None) -> "Job":
+    def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
         if self._snapshot is not None and self._snapshot.job_state in TERMINAL_STATES:
             return self  # a terminal job never changes: no round trip
@@ -138,7 +138,7 @@ class Job(RecordHandle[JobRecord]):
             self._snapshot = self._client.jobs.wait(self.job_id, timeout=timeout)
         return self
 
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         """The function's return value (`submit`), or the list of values (`map`); raises on failure."""
         snapshot = self.snapshot
         if snapshot.job_state not in TERMINAL_STATES:

@@ -22,15 +22,16 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 
 if TYPE_CHECKING:
     from lancefn_jupyter.wire.models import FunctionSignature
 
-__all__ = ["LocalRun", "LocalRunError", "run_local", "gpu_available"]
+__all__ = ["LocalRun", "LocalRunError", "gpu_available", "run_local"]
 
 Mode = Literal["auto", "gpu", "simulator"]
 SIMULATOR = "CUDA simulator"
@@ -146,7 +147,7 @@ def run_local(
     mode: Mode = "auto",
     timeout_s: float | None = None,
     on_log: Callable[[str, list[str]], None] | None = None,
-    signature: "FunctionSignature | None" = None,
+    signature: FunctionSignature | None = None,
     arrow_rows: Any = None,
 ) -> LocalRun:
     """Call ``entrypoint`` of ``artifact`` once per row in a local worker; see the module docstring.

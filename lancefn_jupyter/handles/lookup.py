@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.handles.function import GpuFunction, request_key
@@ -25,7 +26,7 @@ def _registered_versions(client: Client, name: str) -> list[FunctionVersion]:
     return [item.definition for item in client.functions.list(name, include_definition=True) if item.definition]
 
 
-def _pick_version(name: str, prefix: Optional[str], known: list[FunctionVersion]) -> FunctionVersion:
+def _pick_version(name: str, prefix: str | None, known: list[FunctionVersion]) -> FunctionVersion:
     from lancefn_jupyter.wire.versions import resolve_version
 
     version = resolve_version(name, prefix, [fv.version for fv in known])
@@ -95,7 +96,7 @@ def lookup(ref: str) -> GpuFunction:
     return handle
 
 
-def version_history(name: str, *, limit: int = 50) -> "VersionHistory":
+def version_history(name: str, *, limit: int = 50) -> VersionHistory:
     """`%gpu_versions NAME`: the newest `limit` versions, newest first, each with its one-line change
     and lookup snippet (one request: the control plane reads the artifacts)."""
     from lancefn_jupyter.client import NotFound
@@ -114,7 +115,7 @@ def version_history(name: str, *, limit: int = 50) -> "VersionHistory":
     return VersionHistory(name, rows)
 
 
-def diff_versions(name: str, old: Optional[str] = None, new: Optional[str] = None) -> "VersionDiff":
+def diff_versions(name: str, old: str | None = None, new: str | None = None) -> VersionDiff:
     """Source diff and runtime differences between two versions of `name`.
 
     Default: the newest version against the one before; with only `old`, `old` against the newest.

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from lancefn_jupyter.wire import dataplane
 
@@ -26,8 +27,8 @@ def to_json_value(value: Any, where: str) -> Any:
 
 
 def rows_payload(
-    rows: list[dict[str, Any]], signature: Any, name: str, defaults: Optional[Mapping[str, Any]] = None
-) -> tuple[Optional[list[dict[str, Any]]], Any]:
+    rows: list[dict[str, Any]], signature: Any, name: str, defaults: Mapping[str, Any] | None = None
+) -> tuple[list[dict[str, Any]] | None, Any]:
     """(JSON rows, None) or (None, Arrow table of the rows): Arrow when a parameter or the return
     is an array / Arrow type, or a value JSON cannot carry (NaN, ±Inf); JSON for small plain rows."""
     types = {p.name: p.arrow_type for p in signature.inputs}

@@ -17,7 +17,7 @@ Needs the optional extra: ``pip install 'lancefn-jupyter[lancedb]'`` (imported o
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.handles.batch import Batch, BatchChunkError, start_batch
 from lancefn_jupyter.wire.models import JobState
@@ -25,7 +25,7 @@ from lancefn_jupyter.wire.models import JobState
 if TYPE_CHECKING:  # pragma: no cover
     from lancefn_jupyter.handles.function import GpuFunction
 
-__all__ = ["map_table", "TableMap", "arrow_type_of"]
+__all__ = ["TableMap", "arrow_type_of", "map_table"]
 
 
 def _pyarrow():
@@ -71,14 +71,14 @@ def _fits(result: Any, column: Any) -> bool:
 
 
 def map_table(
-    function: "GpuFunction",
+    function: GpuFunction,
     table: Any,
     *,
-    column: Optional[str],
-    into: Optional[str],
-    key: Optional[str] = None,
+    column: str | None,
+    into: str | None,
+    key: str | None = None,
     parallel: Any = "auto",
-    chunk_size: Optional[int] = None,
+    chunk_size: int | None = None,
     retries: int = 0,
     return_exceptions: bool = False,
     fresh: bool = False,
@@ -156,15 +156,15 @@ def _count_distinct(values: Any) -> int:
 class TableMap:
     """A backfill of `into`: the batch (`.batch`) plus the kernel thread that writes each finished chunk."""
 
-    def __init__(self, table: Any, into: str, key: str, batch: Optional[Batch], keys: Any, *, result_type: Any = None):
+    def __init__(self, table: Any, into: str, key: str, batch: Batch | None, keys: Any, *, result_type: Any = None):
         self.table, self.into, self.key, self.batch = table, into, key, batch
         self.rows_written = 0
         self.rows_to_write = len(keys)
         self._keys = keys  # an Arrow array (or a list), in the batch's row order
         self._unique = batch is not None and _count_distinct(keys) == len(keys)
         self._type = result_type
-        self._error: Optional[BaseException] = None
-        self._thread: Optional[threading.Thread] = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         if batch is not None:
             self._start_writer()
@@ -193,12 +193,12 @@ class TableMap:
         except BaseException as error:  # reported by result(); the thread must not die silently
             self._error = error
 
-    def wait(self, timeout: Optional[float] = None) -> "TableMap":
+    def wait(self, timeout: float | None = None) -> TableMap:
         if self._thread is not None:
             self._thread.join(timeout)
         return self
 
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         """The table once every row's `into` is written; raises BatchError if a chunk failed
         (what finished is written; `retry_failed()` runs the rest)."""
         self.wait(timeout)
@@ -210,7 +210,7 @@ class TableMap:
             self.batch._raise(self.batch.refresh())
         return self.table
 
-    def retry_failed(self) -> "TableMap":
+    def retry_failed(self) -> TableMap:
         if self.batch is not None:
             self.wait()
             self.batch.retry_failed()

@@ -17,7 +17,8 @@ only when that line reads the same as the packaged one (otherwise its columns wo
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from lancefn_jupyter.packaging import PackagedFunction
@@ -31,7 +32,7 @@ _CARET = re.compile(r"^\s*[\^~]+\s*$")
 
 def map_error_text(
     text: str,
-    user_line: Callable[[int], Optional[int]],
+    user_line: Callable[[int], int | None],
     cell_lines: Sequence[str],
     *,
     line_offset: int = 0,
@@ -41,11 +42,11 @@ def map_error_text(
     if not text:
         return text or ""
 
-    def label(artifact_line: str) -> Optional[str]:
+    def label(artifact_line: str) -> str | None:
         line = user_line(int(artifact_line))
         return None if line is None else where.format(line + line_offset)
 
-    def own(artifact_line: str) -> Optional[str]:
+    def own(artifact_line: str) -> str | None:
         line = user_line(int(artifact_line))
         return cell_lines[line - 1] if line is not None and 0 < line <= len(cell_lines) else None
 
@@ -100,7 +101,7 @@ def say_once(message: str, traceback: str) -> str:
     return message
 
 
-def _user_line(packaged: PackagedFunction, artifact_line: int) -> Optional[int]:
+def _user_line(packaged: PackagedFunction, artifact_line: int) -> int | None:
     """The user's line for an artifact line; inside a multi-line statement, the statement's line."""
     line = packaged.user_line(artifact_line)
     if line is None:
@@ -111,8 +112,8 @@ def _user_line(packaged: PackagedFunction, artifact_line: int) -> Optional[int]:
 
 def map_traceback(
     text: str,
-    packaged: Optional[PackagedFunction],
-    cell_source: Optional[str],
+    packaged: PackagedFunction | None,
+    cell_source: str | None,
     *,
     line_offset: int = 0,
     where: str = "cell line {}",

@@ -13,9 +13,9 @@ goes to the browser.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
 
 __all__ = ["ControlPlaneTarget", "DiscoveryError", "discover", "redact_url"]
 
@@ -27,7 +27,7 @@ class DiscoveryError(RuntimeError):
 @dataclass(frozen=True)
 class ControlPlaneTarget:
     url: str
-    api_key: Optional[str]
+    api_key: str | None
     embedded: bool
     source: str  # "env" | "embedded"
 
@@ -64,7 +64,7 @@ def _ensure_embedded(home: Path) -> tuple[str, str]:
 
 
 def discover(
-    env: Optional[Mapping[str, str]] = None,
+    env: Mapping[str, str] | None = None,
     *,
     ensure_embedded: Callable[[Path], tuple[str, str]] = _ensure_embedded,
 ) -> ControlPlaneTarget:

@@ -21,7 +21,7 @@ import asyncio
 import json
 import re
 import uuid
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import httpx
@@ -71,7 +71,7 @@ class ControlPlaneResolver:
 
     def __init__(self, discover_fn=discover) -> None:
         self._discover = discover_fn
-        self._target: Optional[ControlPlaneTarget] = None
+        self._target: ControlPlaneTarget | None = None
         self._lock = asyncio.Lock()
 
     async def get(self) -> ControlPlaneTarget:
@@ -93,7 +93,7 @@ class _State:
         self.client = httpx.AsyncClient(timeout=_TIMEOUT, follow_redirects=False)
 
 
-def _scrub(data: bytes, secret: Optional[str]) -> bytes:
+def _scrub(data: bytes, secret: str | None) -> bytes:
     if secret and secret.encode() in data:
         return data.replace(secret.encode(), b"***")
     return data
@@ -125,14 +125,14 @@ class _LancefnHandler(APIHandler):
         if last and not (last.isascii() and last.isdigit()):
             self._error(400, "invalid_request", "Last-Event-ID must be a non-negative integer event id; fix or omit it")
 
-    def _error(self, status: int, code: str, message: str, request_id: Optional[str] = None) -> None:
+    def _error(self, status: int, code: str, message: str, request_id: str | None = None) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(
             json.dumps({"error": {"code": code, "message": message, "request_id": request_id or self._request_id()}})
         )
 
-    def _unreachable(self, target: Optional[ControlPlaneTarget], exc: BaseException) -> None:
+    def _unreachable(self, target: ControlPlaneTarget | None, exc: BaseException) -> None:
         self._state.resolver.invalidate()
         message = f"control plane unreachable: {_describe(exc, target)}"
         message = _scrub(message.encode(), target.api_key if target else None).decode()
@@ -140,7 +140,7 @@ class _LancefnHandler(APIHandler):
         self._error(502, "control_plane_unreachable", message)
 
 
-def _describe(exc: BaseException, target: Optional[ControlPlaneTarget] = None) -> str:
+def _describe(exc: BaseException, target: ControlPlaneTarget | None = None) -> str:
     """A one-line reason for the browser (no traceback, no key)."""
     if isinstance(exc, DiscoveryError):
         return str(exc)
@@ -154,7 +154,7 @@ def _describe(exc: BaseException, target: Optional[ControlPlaneTarget] = None) -
     return f"{where}: {text}"
 
 
-def _upstream_headers(target: ControlPlaneTarget, request_id: str, extra: Optional[dict] = None) -> dict:
+def _upstream_headers(target: ControlPlaneTarget, request_id: str, extra: dict | None = None) -> dict:
     headers = {"x-request-id": request_id, "accept": "application/json"}
     if target.api_key:
         headers["x-api-key"] = target.api_key
@@ -210,9 +210,9 @@ class StatusHandler(_LancefnHandler):
 class ProxyHandler(_LancefnHandler):
     """`<base>/lancefn/api/v1/<path>` → control plane `/v1/<path>` (allow-listed)."""
 
-    _stream_task: Optional[asyncio.Future] = None
+    _stream_task: asyncio.Future | None = None
 
-    def _route(self, path: str) -> Optional[str]:
+    def _route(self, path: str) -> str | None:
         path = path.strip("/")
         allowed = ALLOWED_ROUTES.get(path)
         if allowed is None:
@@ -241,7 +241,7 @@ class ProxyHandler(_LancefnHandler):
             return
         await self._forward(route)
 
-    async def _target(self) -> Optional[ControlPlaneTarget]:
+    async def _target(self) -> ControlPlaneTarget | None:
         try:
             return await self._state.resolver.get()
         except Exception as exc:

@@ -16,7 +16,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from lancefn_jupyter.local_modules import prelude_line
 from lancefn_jupyter.wire import dataplane
@@ -90,7 +90,7 @@ class PackagedFunction:
     def source_text(self) -> str:
         return self.source.decode("utf-8")
 
-    def user_line(self, artifact_line: int) -> Optional[int]:
+    def user_line(self, artifact_line: int) -> int | None:
         """The user's line for a line of the artifact (e.g. from a traceback)."""
         return self.line_map.get(artifact_line)
 
@@ -146,7 +146,7 @@ def _scope_names(code: str) -> tuple[set[str], set[str]]:
     return loaded, bound
 
 
-def _first_use(nodes: list[ast.AST], name: str) -> Optional[int]:
+def _first_use(nodes: list[ast.AST], name: str) -> int | None:
     for top in nodes:
         for node in ast.walk(top):
             if isinstance(node, ast.Name) and node.id == name:
@@ -156,7 +156,7 @@ def _first_use(nodes: list[ast.AST], name: str) -> Optional[int]:
     return None
 
 
-def _at(line: Optional[int]) -> str:
+def _at(line: int | None) -> str:
     return f" (line {line})" if line is not None else ""
 
 
@@ -176,9 +176,13 @@ def _namespace_imports(nodes: list[ast.AST], code: str) -> list[tuple[str, int]]
                 found.extend(
                     (alias.name, node.lineno) for alias in node.names if alias.name.split(".")[0] in _NAMESPACE_MODULES
                 )
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module.split(".")[0] in _NAMESPACE_MODULES:
-                    found.append((node.module, node.lineno))
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.level == 0
+                and node.module.split(".")[0] in _NAMESPACE_MODULES
+            ):
+                found.append((node.module, node.lineno))
     return found
 
 
@@ -186,7 +190,7 @@ def _refuse_dynamic(
     free: set[str],
     nodes: list[ast.AST],
     code: str,
-    line_of: Callable[[Optional[int]], Optional[int]],
+    line_of: Callable[[int | None], int | None],
 ) -> None:
     dynamic = sorted(free & _DYNAMIC_NAMESPACE_ACCESS)
     if dynamic:
@@ -246,14 +250,14 @@ def _literal_text(value: Any, path: str, depth: int) -> str:
     raise _NotLiteral(path, value)
 
 
-def _literal_source(value: Any) -> Optional[str]:
+def _literal_source(value: Any) -> str | None:
     try:
         return _literal_text(value, "", 0)
     except _NotLiteral:
         return None
 
 
-def _importable_qualname(value: Any) -> Optional[str]:
+def _importable_qualname(value: Any) -> str | None:
     """`from m import q` if `value` can be re-imported as exactly itself."""
     module_name = getattr(value, "__module__", None)
     try:
@@ -274,7 +278,7 @@ def _importable_qualname(value: Any) -> Optional[str]:
     return f"from {module_name} import {qualname}"
 
 
-def _kernel_function(value: Any) -> Optional[types.FunctionType]:
+def _kernel_function(value: Any) -> types.FunctionType | None:
     """The Python function behind a numba (CUDA) dispatcher, if `value` is one."""
     if inspect.isfunction(value):
         return None
@@ -375,7 +379,7 @@ def _resolves_as_builtin(name: str, value: Any) -> bool:
     return isinstance(module, str) and module.split(".")[0] in ("IPython", "ipykernel")
 
 
-def _refuse_shell_syntax(nodes: list[ast.AST], line_of: Callable[[Optional[int]], Optional[int]]) -> None:
+def _refuse_shell_syntax(nodes: list[ast.AST], line_of: Callable[[int | None], int | None]) -> None:
     for top in nodes:
         for node in ast.walk(top):
             if (
@@ -393,7 +397,7 @@ def _refuse_shell_syntax(nodes: list[ast.AST], line_of: Callable[[Optional[int]]
                 )
 
 
-def _undefined(name: str, line: Optional[int], scopes: str) -> PackagingError:
+def _undefined(name: str, line: int | None, scopes: str) -> PackagingError:
     if name in _IPYTHON_INJECTED:
         return PackagingError(
             f"name {name!r}{_at(line)} is provided by IPython and does not exist where the function runs; remove it"
@@ -407,7 +411,7 @@ def _free_values(
     nodes: Sequence[ast.AST],
     code: str,
     namespace: Mapping[str, Any],
-    line_of: Callable[[Optional[int]], Optional[int]],
+    line_of: Callable[[int | None], int | None],
     scopes: str,
     skip: Callable[[str], bool] = lambda name: False,
 ) -> Iterator[tuple[str, Any, Callable[[], str]]]:
@@ -490,8 +494,8 @@ def _finish(
     entrypoint: str,
     signature: FunctionSignature,
     captured: tuple[str, ...],
-    code: Optional[str] = None,
-    modules: Optional[Mapping[str, tuple[str, bytes]]] = None,
+    code: str | None = None,
+    modules: Mapping[str, tuple[str, bytes]] | None = None,
 ) -> PackagedFunction:
     if code is None:
         code = ast.unparse(ast.Module(body=body, type_ignores=[]))

@@ -6,7 +6,7 @@ import ast
 import inspect
 import types
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from lancefn_jupyter.packaging.capture import (
     _MISSING,
@@ -24,7 +24,7 @@ from lancefn_jupyter.packaging.signature import infer_signature
 # package_cell
 
 
-def _choose_entry(defs: list[ast.stmt], entry: Optional[str]) -> ast.stmt:
+def _choose_entry(defs: list[ast.stmt], entry: str | None) -> ast.stmt:
     if not defs:
         raise PackagingError(
             "a %%gpu_function cell must define a function: add a top-level "
@@ -41,7 +41,7 @@ def _choose_entry(defs: list[ast.stmt], entry: Optional[str]) -> ast.stmt:
     return defs[-1]
 
 
-def entry_name(cell: str, entry: Optional[str] = None) -> Optional[str]:
+def entry_name(cell: str, entry: str | None = None) -> str | None:
     """The entry function's name `package_cell` would choose, or None (no ``def``, or a
     syntax error): what a refused cell would have bound."""
     try:
@@ -92,8 +92,8 @@ def package_cell(
     cell: str,
     namespace: Mapping[str, Any],
     *,
-    entry: Optional[str] = None,
-    modules: Optional[Mapping[str, tuple[str, bytes]]] = None,
+    entry: str | None = None,
+    modules: Mapping[str, tuple[str, bytes]] | None = None,
 ) -> PackagedFunction:
     """Package a ``%%gpu_function`` cell.
 

@@ -7,7 +7,7 @@ import inspect
 import textwrap
 import types
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from lancefn_jupyter.packaging.capture import (
     PackagedFunction,
@@ -77,7 +77,7 @@ class _FunctionPackager:
         self.visiting.add(name)
         offset = function.__code__.co_firstlineno - 1
 
-        def file_line(line: Optional[int]) -> Optional[int]:
+        def file_line(line: int | None) -> int | None:
             return None if line is None else line + offset
 
         code = ast.unparse(node)
@@ -103,9 +103,7 @@ class _FunctionPackager:
         self.body.append(node)
         self.offsets.append(offset)
 
-    def _local_helper(
-        self, name: str, value: Any, where: Callable[[], str]
-    ) -> Optional[tuple[types.FunctionType, str]]:
+    def _local_helper(self, name: str, value: Any, where: Callable[[], str]) -> tuple[types.FunctionType, str] | None:
         """A function/kernel of the same non-importable module, to include."""
         kernel = _kernel_function(value)
         if kernel is not None:

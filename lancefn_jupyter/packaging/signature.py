@@ -75,7 +75,7 @@ def _type_hints(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     for key, annotation in getattr(fn, "__annotations__", {}).items():
         if isinstance(annotation, str):
             try:
-                annotation = eval(annotation, dict(module_globals))  # noqa: S307
+                annotation = eval(annotation, dict(module_globals))
             except Exception as error:
                 what = "the return type" if key == "return" else f"parameter {key!r}"
                 raise PackagingError(

@@ -38,7 +38,7 @@ from typing import Any
 from lancefn_jupyter._version import __version__
 from lancefn_jupyter.wire.homefs import home_problem, open_private, private_file_problem, write_private
 
-__all__ = ["main", "default_home", "SERVER_JSON", "LOCK_FILE", "API_KEY_FILE"]
+__all__ = ["API_KEY_FILE", "LOCK_FILE", "SERVER_JSON", "default_home", "main"]
 
 SERVER_JSON = "server.json"
 LOCK_FILE = "server.lock"

@@ -7,7 +7,7 @@ import base64
 import binascii
 import json
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -29,7 +29,7 @@ class ApiError(Exception):
     No input may produce a 5xx: every user-facing problem raises this with a 4xx status and a
     message saying what is wrong and how to fix it."""
 
-    CODES = {
+    CODES: ClassVar[dict[int, str]] = {
         400: "invalid_request",
         401: "unauthorized",
         403: "forbidden",

@@ -83,16 +83,16 @@ from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.wire.models import JobFailure
 
 __all__ = [
+    "DEFAULT_MAX_ARTIFACT_BYTES",
+    "MAX_REQUEUES",
+    "PROGRESS_EVENT_INTERVAL_S",
+    "REDACTED",
     "ApiError",
     "ControlPlane",
-    "DEFAULT_MAX_ARTIFACT_BYTES",
     "EventBus",
-    "PROGRESS_EVENT_INTERVAL_S",
     "Subscriber",
     "format_validation_error",
     "redact_definition",
-    "MAX_REQUEUES",
-    "REDACTED",
 ]
 
 log = logging.getLogger("lancefn.server")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import ipywidgets as w
 
@@ -40,7 +40,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
         *,
         client: Any = None,
         function: Any = None,
-        listener: Optional[EventListener] = None,
+        listener: EventListener | None = None,
         start: bool = True,
     ):
         self.batch_id = batch_id

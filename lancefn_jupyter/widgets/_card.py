@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ipywidgets as w
 
@@ -23,7 +24,7 @@ __all__ = ["FunctionCardWidget"]
 class FunctionCardWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
     """`card` (HTML) is the static card; `usage_label` (HTML) the class's live use."""
 
-    def __init__(self, handle: Any, *, listener: Optional[EventListener] = None, start: bool = True):
+    def __init__(self, handle: Any, *, listener: EventListener | None = None, start: bool = True):
         self._handle = handle
         self._listener = listener or get_listener()
         self._lock = threading.RLock()

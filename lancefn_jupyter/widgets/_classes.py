@@ -8,7 +8,8 @@ REST; usage follows the listener's `usage` events (sent after every placement ch
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ipywidgets as w
 
@@ -24,11 +25,11 @@ class GpuClassesWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
 
     def __init__(
         self,
-        classes: Optional[Sequence[Any]] = None,
-        usage: Optional[Sequence[Any]] = None,
+        classes: Sequence[Any] | None = None,
+        usage: Sequence[Any] | None = None,
         *,
         client: Any = None,
-        listener: Optional[EventListener] = None,
+        listener: EventListener | None = None,
         start: bool = True,
     ):
         self._client, self._listener = bind(client, listener)

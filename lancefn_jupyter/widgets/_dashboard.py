@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ipywidgets as w
 from ipywidgets.widgets.widget_int import ProgressStyle
@@ -74,7 +75,7 @@ def _detail_text(job: Any) -> str:
 class _Row:
     """One job's cells in the grid."""
 
-    def __init__(self, dashboard: "JobsDashboard", job: Any):
+    def __init__(self, dashboard: JobsDashboard, job: Any):
         self.job_id = job.job_id
         self.job = job
         # Rows share their Layout/Style models: a row is 7 models instead of 21 (widget creation is
@@ -145,12 +146,12 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
     def __init__(
         self,
         *,
-        state: Optional[str] = None,
-        name: Optional[str] = None,
+        state: str | None = None,
+        name: str | None = None,
         limit: int = 25,
-        jobs: Optional[Sequence[Any]] = None,
+        jobs: Sequence[Any] | None = None,
         client: Any = None,
-        listener: Optional[EventListener] = None,
+        listener: EventListener | None = None,
         start: bool = True,
     ):
         self._client, self._listener = bind(client, listener)

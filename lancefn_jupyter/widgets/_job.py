@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import ipywidgets as w
 
@@ -46,7 +46,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         client: Any = None,
         snapshot: Any = None,
         function: Any = None,
-        listener: Optional[EventListener] = None,
+        listener: EventListener | None = None,
         start: bool = True,
     ):
         self.job_id = job_id

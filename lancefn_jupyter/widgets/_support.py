@@ -13,24 +13,25 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 log = logging.getLogger("lancefn_jupyter.widgets")
 
 __all__ = [
     "WIDGET_VIEW_MIME",
-    "widgets_available",
-    "in_frontend_kernel",
-    "use_widgets",
-    "set_widgets",
-    "rich_bundle",
     "FallbackReprMixin",
     "LiveUsageMixin",
+    "in_frontend_kernel",
+    "rich_bundle",
+    "set_widgets",
+    "use_widgets",
+    "widgets_available",
 ]
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 
-_forced: Optional[bool] = None
+_forced: bool | None = None
 _advised = False
 
 
@@ -56,7 +57,7 @@ def in_frontend_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def set_widgets(enabled: Optional[bool]) -> None:
+def set_widgets(enabled: bool | None) -> None:
     """Force widgets on (True) or off (False), or back to auto-detection (None)."""
     global _forced
     _forced = enabled

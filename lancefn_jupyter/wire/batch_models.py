@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import Field
 
 from lancefn_jupyter.wire.models import JobState, _RemoteValue
 
-__all__ = ["Batch", "BatchChunk", "BatchFailure", "STRIP_STATES"]
+__all__ = ["STRIP_STATES", "Batch", "BatchChunk", "BatchFailure"]
 
 # The `strip` letters (one per chunk, in input order) and the state each stands for.
 STRIP_STATES = {"p": "pending", "r": "running", "d": "finished", "f": "failed", "c": "cancelled"}
@@ -22,8 +22,8 @@ class BatchFailure(_RemoteValue):
     row_end: int
     phase: str = "run"
     message: str = ""
-    traceback: Optional[str] = None
-    job_id: Optional[str] = None
+    traceback: str | None = None
+    job_id: str | None = None
 
 
 class BatchChunk(_RemoteValue):
@@ -33,8 +33,8 @@ class BatchChunk(_RemoteValue):
     state: JobState
     attempts: int = 0
     rows_done: int = 0
-    job_id: Optional[str] = None
-    failure: Optional[dict[str, Any]] = None
+    job_id: str | None = None
+    failure: dict[str, Any] | None = None
 
 
 class Batch(_RemoteValue):
@@ -46,11 +46,11 @@ class Batch(_RemoteValue):
     version: str
     input_digest: str
     creation_ms: int
-    started_ms: Optional[int] = None
-    finished_ms: Optional[int] = None
-    parallel: Optional[int] = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    parallel: int | None = None
     retries: int = 0
-    timeout_s: Optional[float] = None
+    timeout_s: float | None = None
     rows_total: int = 0
     rows_done: int = 0
     chunks_total: int = 0
@@ -59,6 +59,6 @@ class Batch(_RemoteValue):
     revision: int = 0
     reused_chunks: int = 0
     cancel_requested: bool = False
-    namespace: Optional[str] = None
-    failure: Optional[BatchFailure] = None
-    chunks: Optional[tuple[BatchChunk, ...]] = None
+    namespace: str | None = None
+    failure: BatchFailure | None = None
+    chunks: tuple[BatchChunk, ...] | None = None

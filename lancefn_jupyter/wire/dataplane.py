@@ -33,30 +33,31 @@ from __future__ import annotations
 import os
 import sys
 import typing
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from lancefn_jupyter.wire.homefs import fsync_path, replace_atomically
 
 __all__ = [
     "MEDIA_TYPE",
+    "SUPPORTED_ANNOTATIONS",
     "DataPlaneError",
     "UnsupportedAnnotation",
-    "SUPPORTED_ANNOTATIONS",
     "annotation_type",
-    "is_data_type",
-    "uses_data_plane",
-    "encode_rows",
-    "decode_rows",
-    "rows_from_json",
-    "encode_results",
     "decode_results",
-    "to_ipc_bytes",
+    "decode_rows",
+    "encode_results",
+    "encode_rows",
+    "is_data_type",
     "read_ipc",
-    "write_ipc_file",
-    "write_bytes_file",
-    "write_stream_file",
+    "rows_from_json",
     "summarize",
     "summarize_results",
+    "to_ipc_bytes",
+    "uses_data_plane",
+    "write_bytes_file",
+    "write_ipc_file",
+    "write_stream_file",
 ]
 
 MEDIA_TYPE = "application/vnd.apache.arrow.stream"
@@ -464,9 +465,8 @@ def write_ipc_file(path: str | os.PathLike[str], table: Any, *, durable: bool = 
     import pyarrow as pa
 
     def write(tmp: str) -> None:
-        with pa.OSFile(tmp, "wb") as sink:
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table)
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
 
     return _write_atomic(os.fspath(path), write, durable)
 

@@ -12,16 +12,16 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 __all__ = [
-    "home_problem",
-    "private_file_problem",
-    "open_private",
-    "write_private",
-    "replace_atomically",
     "fsync_path",
+    "home_problem",
+    "open_private",
+    "private_file_problem",
+    "replace_atomically",
+    "write_private",
 ]
 
 

@@ -19,9 +19,9 @@ import json
 import keyword
 import re
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -37,38 +37,38 @@ from pydantic import (
 )
 
 __all__ = [
-    # encoding
-    "canonical_json",
-    "rfc3339_now",
+    "TERMINAL_STATES",
+    "FunctionArtifact",
+    "FunctionArtifactContent",
+    "FunctionArtifactRequest",
+    "FunctionOutput",
+    "FunctionParameter",
+    "FunctionRegistrationRequest",
     # function versions, leaf types first
     "FunctionResourceRequirements",
-    "PythonEnvironmentSpec",
-    "PythonRuntimeSpec",
-    "FunctionArtifactContent",
-    "PythonAdapterSpec",
-    "FunctionArtifactRequest",
-    "FunctionArtifact",
-    "FunctionParameter",
-    "FunctionOutput",
     "FunctionSignature",
-    "FunctionRegistrationRequest",
     "FunctionVersion",
-    # derivation
-    "version_id",
-    "runtime_digest",
-    "environment_digest",
-    "derive_version",
-    "decode_artifact",
-    # jobs and GPU classes
-    "JobState",
-    "TERMINAL_STATES",
-    "display_state",
-    "JobPlacement",
-    "JobProgress",
-    "JobFailure",
-    "Job",
     "GpuClass",
     "GpuUsage",
+    "Job",
+    "JobFailure",
+    "JobPlacement",
+    "JobProgress",
+    # jobs and GPU classes
+    "JobState",
+    "PythonAdapterSpec",
+    "PythonEnvironmentSpec",
+    "PythonRuntimeSpec",
+    # encoding
+    "canonical_json",
+    "decode_artifact",
+    "derive_version",
+    "display_state",
+    "environment_digest",
+    "rfc3339_now",
+    "runtime_digest",
+    # derivation
+    "version_id",
 ]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
@@ -112,7 +112,7 @@ def canonical_json(value: Any) -> str:
 
 def rfc3339_now() -> str:
     """The current UTC time as RFC 3339 with milliseconds, e.g. ``2025-01-31T12:00:00.123Z``."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # --------------------------------------------------------------------- field types
@@ -171,7 +171,7 @@ def _identifier(value: str) -> str:
     return value
 
 
-def _env_mapping(value: Mapping[str, str]) -> Optional[Mapping[str, str]]:
+def _env_mapping(value: Mapping[str, str]) -> Mapping[str, str] | None:
     for key in value:
         if not _ENV_NAME.fullmatch(key):
             raise ValueError(f"environment variable name {key!r} is invalid; use letters, digits and _, e.g. 'MY_VAR'")
@@ -240,7 +240,7 @@ class FunctionResourceRequirements(_RemoteValue):
 
     num_gpus: Annotated[int, BeforeValidator(_num_gpus)]
     # Pins the operator-configured GPU class; omitted means the server's default.
-    gpu_class: Optional[_Name] = None
+    gpu_class: _Name | None = None
 
 
 class PythonEnvironmentSpec(_RemoteValue):
@@ -249,7 +249,7 @@ class PythonEnvironmentSpec(_RemoteValue):
     kind: Literal["pip", "conda"]
     packages: tuple[StrictStr, ...] = ()
     channels: tuple[StrictStr, ...] = ()
-    image: Optional[_Text] = None
+    image: _Text | None = None
 
     @field_validator("packages")
     @classmethod
@@ -285,10 +285,10 @@ class PythonRuntimeSpec(_RemoteValue):
     """
 
     kind: StrictStr
-    python_version: Optional[Annotated[StrictStr, _pattern(_PYTHON_VERSION, "MAJOR.MINOR", "3.12")]] = None
-    environment: Optional[PythonEnvironmentSpec] = None
-    env: Optional[Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_env_mapping)]] = None
-    resources: Optional[FunctionResourceRequirements] = None
+    python_version: Annotated[StrictStr, _pattern(_PYTHON_VERSION, "MAJOR.MINOR", "3.12")] | None = None
+    environment: PythonEnvironmentSpec | None = None
+    env: Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_env_mapping)] | None = None
+    resources: FunctionResourceRequirements | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -363,15 +363,15 @@ class FunctionParameter(_RemoteValue):
     name: _Identifier
     arrow_type: _Text
     nullable: StrictBool
-    default: Optional[StrictStr] = None
+    default: StrictStr | None = None
 
 
 class FunctionOutput(_RemoteValue):
     """The entry function's output; other kinds than ``scalar`` stay decodable."""
 
     kind: _Text
-    arrow_type: Optional[_Text] = None
-    nullable: Optional[StrictBool] = None
+    arrow_type: _Text | None = None
+    nullable: StrictBool | None = None
 
     @model_validator(mode="after")
     def _scalar_needs_type(self):
@@ -512,15 +512,15 @@ def display_state(state: JobState | str) -> str:
 class JobPlacement(_RemoteValue):
     """Where a job runs or waits: its class, GPUs, devices and place in the queue."""
 
-    gpu_class: Optional[_Name] = None
+    gpu_class: _Name | None = None
     num_gpus: _Count = 0
     devices: tuple[StrictStr, ...] = ()
     waiting_on_capacity: StrictBool = False
-    queue_position: Optional[_Count] = None
-    node: Optional[StrictStr] = None
+    queue_position: _Count | None = None
+    node: StrictStr | None = None
     # When a queued job should start (epoch ms), from the queue and recent run times; None: unknown.
-    expected_start_ms: Optional[StrictInt] = None
-    pending_reason: Optional[StrictStr] = None  # why it cannot start now beyond waiting its turn (Ray)
+    expected_start_ms: StrictInt | None = None
+    pending_reason: StrictStr | None = None  # why it cannot start now beyond waiting its turn (Ray)
 
 
 class JobProgress(_RemoteValue):
@@ -544,7 +544,7 @@ class JobFailure(_RemoteValue):
     ]
     message: StrictStr
     retryable: StrictBool = False
-    traceback: Optional[StrictStr] = None
+    traceback: StrictStr | None = None
 
 
 class Job(_RemoteValue):
@@ -554,19 +554,19 @@ class Job(_RemoteValue):
     job_type: Literal["create_function", "run_function"]
     job_state: JobState
     creation_ms: _Count
-    started_ms: Optional[_Count] = None
-    finished_ms: Optional[_Count] = None
+    started_ms: _Count | None = None
+    finished_ms: _Count | None = None
     spec: _FrozenJSONObject = Field(default_factory=dict)
     placement: JobPlacement
     progress: JobProgress
     # The job's output handed to the user as decoded (lists stay lists), so it is
     # checked to be JSON but not frozen.
     result: _JSON = None
-    failure: Optional[JobFailure] = None
-    namespace: Optional[_Text] = None  # the owning team (servers before namespaces: absent)
+    failure: JobFailure | None = None
+    namespace: _Text | None = None  # the owning team (servers before namespaces: absent)
     # "arrow": the result is an Arrow IPC stream at GET /v1/jobs/result (not in `result`), and
     # `result_summary` ({type, dtype?, shape?, nbytes, item?, expired?, nonfinite?}) describes it.
-    result_format: Optional[_Text] = None
+    result_format: _Text | None = None
     result_summary: _JSON = None
 
 
@@ -591,4 +591,4 @@ class GpuUsage(_RemoteValue):
     gpus_busy: _Count
     jobs_running: _Count
     jobs_pending: _Count
-    pending_reason: Optional[StrictStr] = None  # a pending job of the class no node can fit (Ray)
+    pending_reason: StrictStr | None = None  # a pending job of the class no node can fit (Ray)

@@ -10,28 +10,29 @@ from __future__ import annotations
 import difflib
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from lancefn_jupyter.client.errors import LancefnError
 from lancefn_jupyter.wire.models import FunctionVersion
 
 __all__ = [
     "MIN_PREFIX",
-    "VersionLookupError",
-    "resolve_version",
-    "diff_pair",
-    "parse_ref",
-    "runtime_fields",
-    "change_summary",
-    "VersionDiff",
-    "diff_versions",
     "HistoryRow",
+    "VersionDiff",
     "VersionHistory",
+    "VersionLookupError",
+    "change_summary",
+    "diff_pair",
+    "diff_versions",
     "history",
     "lookup_snippet",
     "nonfinite_counts",
     "nonfinite_text",
+    "parse_ref",
+    "resolve_version",
+    "runtime_fields",
 ]
 
 MIN_PREFIX = 6  # long enough to be unique in practice, short enough to type
@@ -46,7 +47,7 @@ class VersionLookupError(LancefnError, LookupError):
         self.unknown = unknown  # nothing matched (a 404), rather than a malformed or ambiguous reference
 
 
-def parse_ref(ref: str) -> tuple[str, Optional[str]]:
+def parse_ref(ref: str) -> tuple[str, str | None]:
     """``"name"`` → (name, None); ``"name@prefix"`` → (name, prefix). Function names never contain '@'."""
     if not isinstance(ref, str) or not ref.strip():
         raise VersionLookupError("give a function name, e.g. lookup('score') or lookup('score@1a2b3c')")
@@ -62,7 +63,7 @@ def _listing(versions: Sequence[str]) -> str:
     return ", ".join(shown) + more
 
 
-def resolve_version(name: str, prefix: Optional[str], versions: Sequence[str]) -> str:
+def resolve_version(name: str, prefix: str | None, versions: Sequence[str]) -> str:
     """The full version id for ``prefix`` among ``versions`` (registration order, oldest first).
 
     ``None`` means the newest. A prefix must have at least ``MIN_PREFIX`` characters unless it is a
@@ -96,7 +97,7 @@ def resolve_version(name: str, prefix: Optional[str], versions: Sequence[str]) -
     return matches[0]
 
 
-def diff_pair(name: str, versions: Sequence[str], old: Optional[str], new: Optional[str]) -> tuple[str, str]:
+def diff_pair(name: str, versions: Sequence[str], old: str | None, new: str | None) -> tuple[str, str]:
     """Which two versions `diff NAME [OLD [NEW]]` compares: NEW defaults to the newest, OLD to the
     version registered just before NEW."""
     new_id = resolve_version(name, new, versions)
@@ -132,7 +133,7 @@ def runtime_fields(fv: FunctionVersion) -> dict[str, str]:
     }
 
 
-def _set_change(label: str, old: Sequence[str], new: Sequence[str]) -> Optional[str]:
+def _set_change(label: str, old: Sequence[str], new: Sequence[str]) -> str | None:
     added = [f"+{x}" for x in new if x not in old]
     removed = [f"-{x}" for x in old if x not in new]
     return f"{label}: {' '.join(added + removed)}" if added or removed else None
@@ -144,7 +145,7 @@ def _changed_lines(old_source: str, new_source: str) -> int:
 
 
 def change_summary(
-    old: Optional[FunctionVersion], new: FunctionVersion, old_source: Optional[str], new_source: Optional[str]
+    old: FunctionVersion | None, new: FunctionVersion, old_source: str | None, new_source: str | None
 ) -> str:
     """One line saying what changed from ``old`` to ``new``, e.g. ``code: 3 lines; pip: +torch; num_gpus 1→2``."""
     if old is None:
@@ -336,7 +337,7 @@ class VersionHistory(list):
         return self.to_html()
 
 
-def history(name: str, definitions: Sequence[FunctionVersion], sources: Sequence[Optional[str]]) -> VersionHistory:
+def history(name: str, definitions: Sequence[FunctionVersion], sources: Sequence[str | None]) -> VersionHistory:
     """Rows newest first; ``definitions`` and ``sources`` are in registration order (oldest first)."""
     rows = []
     for i, fv in enumerate(definitions):
@@ -349,7 +350,7 @@ def history(name: str, definitions: Sequence[FunctionVersion], sources: Sequence
 # ---------------------------------------------------------------------------------- result summaries
 
 
-def nonfinite_counts(value: Any) -> Optional[dict[str, int]]:
+def nonfinite_counts(value: Any) -> dict[str, int] | None:
     """``{"nan": n, "inf": n, "-inf": n, "floats": total}`` over the floats in a (nested) list / array
     result, or None when it holds no floats. Widgets and reprs show it so silent NaNs stand out."""
     if hasattr(value, "tolist") and callable(value.tolist):

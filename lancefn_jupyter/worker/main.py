@@ -24,7 +24,7 @@ import select
 import sys
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from lancefn_jupyter.worker.protocol import PRELOAD_ENV, Protocol, flush_stdio
 from lancefn_jupyter.worker.runner import serve

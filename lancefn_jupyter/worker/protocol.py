@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lancefn_jupyter.server.executors.base import ExecutorCallbacks
@@ -106,6 +107,6 @@ def relay(callbacks: ExecutorCallbacks, job_id: str, event: Mapping[str, Any]) -
     elif kind == "progress":
         callbacks.task_progress(job_id, int(event.get("rows_done", 0)))
     elif kind == "result":
-        callbacks.task_succeeded(job_id, event["results"] if "results" in event else event)
+        callbacks.task_succeeded(job_id, event.get("results", event))
     elif kind == "failed":
         callbacks.task_failed(job_id, failure_of(event))

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 import types
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, Protocol, flush_stdio

@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lancefn_jupyter.server.plane import ControlPlane
     from lancefn_jupyter.server.storage.store import JobRecord
 
-__all__ = ["BatchManager", "BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES"]
+__all__ = ["BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES", "BatchManager"]
 
 log = logging.getLogger("lancefn.server")
 

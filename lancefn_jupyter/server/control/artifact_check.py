@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["artifact_problem", "IN_PROCESS_MAX_BYTES"]
+__all__ = ["IN_PROCESS_MAX_BYTES", "artifact_problem"]
 
 IN_PROCESS_MAX_BYTES = 16 * 1024  # parses in a few ms at worst
 CHILD_TIMEOUT_S = 60.0

@@ -296,10 +296,14 @@ class FunctionCatalog:
         """The one namespace a history/diff request means: the caller's own, or for the admin the one
         it names, else its own if that has ``name``, else the first that does.  None when the caller
         may not see it (its replies are then those of an unknown name)."""
-        if namespace is None and scope is None and name is not None:
-            if not self.store.list_versions(name=name, after_seq=0, limit=1, namespace=home):
-                first = self.store.list_versions(name=name, after_seq=0, limit=1)
-                namespace = first[0][4] if first else None
+        if (
+            namespace is None
+            and scope is None
+            and name is not None
+            and not self.store.list_versions(name=name, after_seq=0, limit=1, namespace=home)
+        ):
+            first = self.store.list_versions(name=name, after_seq=0, limit=1)
+            namespace = first[0][4] if first else None
         namespace = namespace or home
         return namespace if visible(scope, namespace) else None
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.server.policy.namespaces import visible
 
@@ -152,7 +153,7 @@ async def event_stream(
             subscriber.ready.clear()
             try:
                 await asyncio.wait_for(subscriber.ready.wait(), keepalive_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 yield KEEPALIVE_FRAME
     finally:
         core.bus.unsubscribe(subscriber)

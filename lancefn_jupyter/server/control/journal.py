@@ -50,7 +50,7 @@ class JobJournal:
                     self.store.insert_job(rec, rows)
                 else:
                     self.store.update_job(rec)
-                for item in earlier + [data] if data is not None else earlier:
+                for item in [*earlier, data] if data is not None else earlier:
                     self._insert_event(rec.job_id, item, rec.namespace)
         except Exception as error:
             if new or not is_storage_full(error) or self.store.in_batch():

@@ -118,7 +118,7 @@ class JobQueries:
     def wake_all(self) -> None:
         """Waiters get their job as it stands now rather than hanging until their timeout (shutdown)."""
         with self.core._lock:
-            for job_id in self.waiters.keys():
+            for job_id in self.waiters.keys():  # noqa: SIM118 (Waiters is no mapping)
                 self.wake(job_id)
 
 

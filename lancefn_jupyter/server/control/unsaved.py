@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lancefn_jupyter.server.storage.store import JobRecord, Store, is_storage_full
 

@@ -31,7 +31,7 @@ class Waiters:
         (None); then it is no longer waiting."""
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         finally:
             with self._lock:

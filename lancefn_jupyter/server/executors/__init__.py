@@ -6,7 +6,7 @@ from typing import Any
 
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
 
-__all__ = ["Executor", "ExecutorCallbacks", "TaskSpec", "EXECUTOR_NAMES", "get_executor"]
+__all__ = ["EXECUTOR_NAMES", "Executor", "ExecutorCallbacks", "TaskSpec", "get_executor"]
 
 EXECUTOR_NAMES = ("local", "ray")
 

@@ -9,13 +9,14 @@ core is thread-safe and ignores callbacks for jobs that are already terminal (ca
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
     from lancefn_jupyter.wire.models import JobFailure
 
-__all__ = ["TaskSpec", "ExecutorCallbacks", "Executor", "REDACTED", "redact_env"]
+__all__ = ["REDACTED", "Executor", "ExecutorCallbacks", "TaskSpec", "redact_env"]
 
 REDACTED = "<redacted>"
 # Shorter values are flags ("1", "on") rather than secrets, and replacing them would garble text.
@@ -76,7 +77,7 @@ class ExecutorCallbacks(Protocol):
         self, job_id: str, results: list | Mapping[str, Any]
     ) -> None: ...  # JSON results or an Arrow result-file reference
 
-    def task_failed(self, job_id: str, failure: "JobFailure") -> None:  # phase "timeout" → TIMED_OUT
+    def task_failed(self, job_id: str, failure: JobFailure) -> None:  # phase "timeout" → TIMED_OUT
         ...
 
 

@@ -14,11 +14,11 @@ import pwd
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
-__all__ = ["WorkerUser", "WorkerUserError", "DEFAULT_WORKER_USER", "resolve_worker_user", "check_worker_user"]
+__all__ = ["DEFAULT_WORKER_USER", "WorkerUser", "WorkerUserError", "check_worker_user", "resolve_worker_user"]
 
 DEFAULT_WORKER_USER = "nobody"
 
@@ -90,7 +90,7 @@ def check_worker_user(user: WorkerUser, env: Mapping[str, str]) -> str | None:
     import lancefn_jupyter
 
     closed = _closed_dirs([Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()])
-    detail = (probe.stderr.strip().splitlines() or ["exit code %d" % probe.returncode])[-1]
+    detail = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
     fix = (
         f"let it traverse {', '.join(closed)} (e.g. `chmod o+x {' '.join(closed)}`)"
         if closed

@@ -49,7 +49,7 @@ from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename, rela
 if TYPE_CHECKING:
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
-__all__ = ["LocalExecutor", "DEFAULT_MAX_IDLE_PER_DEVICE_SET", "worker_base_env"]
+__all__ = ["DEFAULT_MAX_IDLE_PER_DEVICE_SET", "LocalExecutor", "worker_base_env"]
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ import hmac
 import logging
 import re
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,13 +37,13 @@ from lancefn_jupyter.server.policy.namespaces import PRIVILEGES, ApiKeyError, Pr
 from lancefn_jupyter.server.storage.store import is_storage_full
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
+    "DEFAULT_MAX_ARTIFACT_BYTES",
+    "DEFAULT_MAX_BODY_BYTES",
+    "PRIVILEGES",
+    "ApiKeyError",
     "create_app",
     "load_api_keys",
-    "PRIVILEGES",
-    "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_MAX_ARTIFACT_BYTES",
-    "DEFAULT_BODY_TIMEOUT_S",
-    "ApiKeyError",
 ]
 
 log = logging.getLogger("lancefn.server")
@@ -180,7 +181,7 @@ class _Guard:
         while more:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return (
                     408,
                     "request_timeout",

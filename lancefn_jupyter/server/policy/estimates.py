@@ -18,11 +18,12 @@ from __future__ import annotations
 import heapq
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Optional, Sequence
+from typing import Any
 
-__all__ = ["KEEP", "RunTimes", "Holding", "Waiting", "ClassReplay", "expected_starts", "QueueEstimator"]
+__all__ = ["KEEP", "ClassReplay", "Holding", "QueueEstimator", "RunTimes", "Waiting", "expected_starts"]
 
 KEEP = 20  # recent runs per version (and per class) that the median is taken over
 
@@ -53,7 +54,7 @@ class RunTimes:
         class_runs.append(duration_ms)
         self._class_median[gpu_class] = statistics.median(class_runs)
 
-    def expected_ms(self, name: str, version: str, gpu_class: str) -> Optional[float]:
+    def expected_ms(self, name: str, version: str, gpu_class: str) -> float | None:
         """The version's median run time on the class, else the class median, else None."""
         median = self._version_median.get((name, version, gpu_class))
         return median if median is not None else self._class_median.get(gpu_class)
@@ -65,8 +66,8 @@ class Holding:
 
     job_id: str
     num_gpus: int
-    started_ms: Optional[int]  # None: placed, worker not started yet
-    expected_ms: Optional[float]
+    started_ms: int | None  # None: placed, worker not started yet
+    expected_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Waiting:
 
     job_id: str
     num_gpus: int
-    expected_ms: Optional[float]
+    expected_ms: float | None
 
 
 class ClassReplay:
@@ -92,9 +93,9 @@ class ClassReplay:
                 heapq.heappush(self.releases, (max(now_ms, start + h.expected_ms), h.num_gpus))
         self.clock = float(now_ms)
         self.blocked = False  # only GPUs with an unknown end are left: everyone from here is unknown
-        self.starts: dict[str, Optional[int]] = {}
+        self.starts: dict[str, int | None] = {}
 
-    def extend(self, job_id: str, num_gpus: int, expected_ms: Optional[float]) -> None:
+    def extend(self, job_id: str, num_gpus: int, expected_ms: float | None) -> None:
         """The next queued job (plain arguments: this runs for every queued job the core shows)."""
         while not self.blocked and self.free < num_gpus:
             if not self.releases:
@@ -114,7 +115,7 @@ class ClassReplay:
 
 def expected_starts(
     now_ms: int, total_gpus: int, holding: Sequence[Holding], waiting: Sequence[Waiting]
-) -> dict[str, Optional[int]]:
+) -> dict[str, int | None]:
     """``{job_id: expected start (epoch ms) or None}`` for every waiting job of one class."""
     replay = ClassReplay(now_ms, total_gpus, holding)
     for job in waiting:
@@ -137,11 +138,11 @@ class QueueEstimator:
     def invalidate(self) -> None:
         self._replays.clear()
 
-    def expected_start(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> Optional[int]:
+    def expected_start(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> int | None:
         """When queued ``job_id`` of scheduler ``pool`` (devices, ``held``, FIFO ``queue``) should start,
         never before ``now_ms``; ``jobs`` are the core's active ``JobRecord``s by id."""
 
-        def expected(other: str) -> Optional[float]:
+        def expected(other: str) -> float | None:
             spec = jobs[other].spec if other in jobs else {}
             return self.run_times.expected_ms(spec.get("name", ""), spec.get("version", ""), pool.name)
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -31,13 +32,13 @@ from lancefn_jupyter.server.common import format_validation_error
 from lancefn_jupyter.wire.models import GpuClass
 
 __all__ = [
-    "ConfigError",
-    "ClassSpec",
-    "GpuClassConfig",
     "SIMULATED_GPU_MODEL",
+    "ClassSpec",
+    "ConfigError",
+    "GpuClassConfig",
+    "detect_nvml_gpus",
     "load_gpu_classes",
     "parse_gpu_classes",
-    "detect_nvml_gpus",
     "simulated_default",
 ]
 
@@ -118,10 +119,7 @@ def load_gpu_classes(
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(f"{path}: cannot read GPU class config ({error})") from None
         return parse_gpu_classes(text, source=path, executor=executor)
-    if environ.get("LANCEFN_DISABLE_NVML", "") in ("", "0"):
-        gpus = (detect or detect_nvml_gpus)()
-    else:
-        gpus = []
+    gpus = (detect or detect_nvml_gpus)() if environ.get("LANCEFN_DISABLE_NVML", "") in ("", "0") else []
     if gpus:
         return nvml_default(gpus)
     return simulated_default()
@@ -272,12 +270,12 @@ class _ClassEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
-    devices: Annotated[Optional[tuple[str, ...]], BeforeValidator(_devices)] = None
-    simulated: Optional[Annotated[int, Field(ge=1)]] = None
+    devices: Annotated[tuple[str, ...] | None, BeforeValidator(_devices)] = None
+    simulated: Annotated[int, Field(ge=1)] | None = None
     resource_name: _Text = "nvidia.com/gpu"
-    gpu_model: Optional[_Text] = None
-    gpu_memory_bytes: Optional[Annotated[int, Field(ge=0)]] = None
-    max_gpu_count_per_worker: Optional[Annotated[int, Field(ge=1, le=2**32 - 1)]] = None
+    gpu_model: _Text | None = None
+    gpu_memory_bytes: Annotated[int, Field(ge=0)] | None = None
+    max_gpu_count_per_worker: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
     node_selector: dict[str, str] = {}
     tolerations: Annotated[tuple[dict, ...], Field(strict=False)] = ()
 

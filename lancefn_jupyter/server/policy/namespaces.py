@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
@@ -26,8 +27,8 @@ __all__ = [
     "ApiKeyError",
     "Principal",
     "load_api_keys",
-    "visible",
     "queue_view",
+    "visible",
 ]
 
 PRIVILEGES = ("functions", "jobs", "system_usage")
@@ -115,7 +116,7 @@ class _KeyEntry(BaseModel):
 
     key: Annotated[str, BeforeValidator(_key)]
     name: Annotated[str, BeforeValidator(_name)]
-    namespace: Annotated[Optional[str], BeforeValidator(_name)] = None
+    namespace: Annotated[str | None, BeforeValidator(_name)] = None
     privileges: Annotated[tuple[str, ...], BeforeValidator(_privileges)] = ()
     admin: Annotated[bool, BeforeValidator(_admin)] = False
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["Placement", "ClassPool", "SchedulerState", "schedule", "release", "queue_positions"]
+__all__ = ["ClassPool", "Placement", "SchedulerState", "queue_positions", "release", "schedule"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class _Ranks:
     (cancelled mid-queue) sorted until the head moves past them.
     """
 
-    __slots__ = ("tickets", "next", "popped", "holes")
+    __slots__ = ("holes", "next", "popped", "tickets")
 
     def __init__(self) -> None:
         self.tickets: dict[str, int] = {}
@@ -55,7 +56,7 @@ class _Ranks:
         self.tickets[job_id] = self.next
         self.next += 1
 
-    def remove(self, job_id: str, queue: "OrderedDict[str, Any]") -> None:
+    def remove(self, job_id: str, queue: OrderedDict[str, Any]) -> None:
         """Forget ``job_id`` (already removed from ``queue``)."""
         ticket = self.tickets.pop(job_id, None)
         if ticket is None:
@@ -91,7 +92,7 @@ class ClassPool:
     # (lowest ids first), which makes logs and tests readable.
     free: list[str] = field(default_factory=list)
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job_id -> devices
-    queue: "OrderedDict[str, int]" = field(default_factory=OrderedDict)  # job_id -> num_gpus, FIFO
+    queue: OrderedDict[str, int] = field(default_factory=OrderedDict)  # job_id -> num_gpus, FIFO
     ranks: _Ranks = field(default_factory=_Ranks)  # queue positions of ``queue``
 
     def __post_init__(self) -> None:
@@ -118,7 +119,7 @@ class SchedulerState:
         self.pools: dict[str, ClassPool] = {
             name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
         }
-        self.cpu_queue: "OrderedDict[str, None]" = OrderedDict()
+        self.cpu_queue: OrderedDict[str, None] = OrderedDict()
         self._cpu_ranks = _Ranks()
         self.cpu_running: set[str] = set()
         self._class_of: dict[str, str | None] = {}  # every job we know about -> its class (None = CPU)

@@ -23,12 +23,13 @@ import re
 import stat
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from lancefn_jupyter.wire import dataplane
 
-__all__ = ["DataStore", "DEFAULT_MAX_AGE_S", "DEFAULT_MAX_BYTES"]
+__all__ = ["DEFAULT_MAX_AGE_S", "DEFAULT_MAX_BYTES", "DataStore"]
 
 DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
 DEFAULT_MAX_BYTES = 5 * 1024**3  # a laptop's share of disk for kept results

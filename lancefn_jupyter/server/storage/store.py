@@ -20,14 +20,15 @@ import re
 import sqlite3
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE
 
-__all__ = ["Store", "JobRecord", "VersionRow", "DB_FILENAME", "is_storage_full"]
+__all__ = ["DB_FILENAME", "JobRecord", "Store", "VersionRow", "is_storage_full"]
 
 
 def is_storage_full(error: BaseException) -> bool:
@@ -329,7 +330,7 @@ class Store:
         if namespace is not None:
             sql += " AND namespace=?"
             args += (namespace,)
-        return self._query(sql + " ORDER BY seq LIMIT ?", args + (limit,))
+        return self._query(sql + " ORDER BY seq LIMIT ?", (*args, limit))
 
     def count_versions(self) -> int:
         return self._query("SELECT COUNT(*) FROM function_versions")[0][0]

@@ -59,11 +59,11 @@ from lancefn_jupyter.server.executors.ray.common import (
 from lancefn_jupyter.server.executors.ray.executor import RayExecutor
 
 __all__ = [
-    "RayExecutor",
     "CLASS_RESOURCE_PREFIX",
+    "RayExecutor",
+    "_bridge_main",
     "class_resource",
+    "default_temp_dir",
     "local_cluster_plan",
     "pip_requirements",
-    "default_temp_dir",
-    "_bridge_main",
 ]

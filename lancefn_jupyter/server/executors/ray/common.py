@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -34,7 +35,7 @@ def class_resource(gpu_class: str) -> str:
     return CLASS_RESOURCE_PREFIX + gpu_class
 
 
-def local_cluster_plan(classes: "GpuClassConfig | None") -> dict:
+def local_cluster_plan(classes: GpuClassConfig | None) -> dict:
     """What a local Ray started by the executor gets: ``{"gpu_ids": [...], "resources": {...}}``.
 
     Every configured device becomes one logical Ray GPU (real classes keep their CUDA ids, so

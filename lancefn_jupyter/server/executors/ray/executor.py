@@ -13,8 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec, redact_env
 from lancefn_jupyter.worker.protocol import relay
@@ -254,7 +255,7 @@ class RayExecutor(Executor):
     def __init__(
         self,
         address: str | None = None,
-        classes: "GpuClassConfig | None" = None,
+        classes: GpuClassConfig | None = None,
         home: str | os.PathLike[str] | None = None,
         *,
         temp_dir: str | None = None,

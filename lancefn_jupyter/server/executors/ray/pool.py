@@ -19,7 +19,8 @@ itself (:meth:`retire_least_recent`) for a new actor Ray does not place.
 from __future__ import annotations
 
 import collections
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 
 class ActorPool:

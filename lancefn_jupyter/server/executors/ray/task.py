@@ -7,7 +7,8 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.worker.protocol import flush_stdio
 
@@ -35,7 +36,7 @@ class _EventHub:
         if not self._events and timeout > 0:
             try:
                 await asyncio.wait_for(self._ready.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         self._ready.clear()
         events, self._events = self._events, []

@@ -7,7 +7,7 @@ waiting need ``jobs``, as for single jobs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import Field
@@ -30,14 +30,14 @@ from lancefn_jupyter.server.http.routes.common import (
 class BatchCreate(Body):
     name: str
     version: str
-    namespace: Optional[str] = None  # which namespace's function (as for functions/run)
+    namespace: str | None = None  # which namespace's function (as for functions/run)
     chunks: Any = None  # a list of chunks, each a list of rows; checked against the signature by the core
     # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
-    rows_file: Optional[str] = None
-    parallel: Optional[int] = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
+    rows_file: str | None = None
+    parallel: int | None = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
     retries: int = Field(0, ge=0, le=10)
     fresh: bool = False
-    timeout_s: Optional[float] = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
 
 
 class BatchId(Body):
@@ -52,12 +52,12 @@ class BatchDescribe(Body):
 class BatchWait(Body):
     batch_id: str
     timeout_s: float = Field(30.0, ge=0, le=60)
-    revision: Optional[int] = None  # return as soon as the batch is newer than this
+    revision: int | None = None  # return as soon as the batch is newer than this
 
 
 class ListBatches(Body):
-    state: Optional[Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED"]] = None
-    name: Optional[str] = None
+    state: Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED"] | None = None
+    name: str | None = None
     limit: int = Field(100, ge=1, le=1000)
 
 

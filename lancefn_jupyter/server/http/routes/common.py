@@ -18,9 +18,10 @@ import json
 import queue
 import re
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -138,7 +139,7 @@ class RouteContext:
                     chunk = await asyncio.wait_for(chunks.__anext__(), self.body_timeout_s)
                 except StopAsyncIteration:
                     break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise ApiError(
                         408,
                         f"the Arrow body stalled for {self.body_timeout_s:g}s; send it at once, or start "

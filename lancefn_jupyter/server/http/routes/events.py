@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -19,7 +17,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
     core, auth = ctx.core, [ctx.require("jobs")]
 
     @app.get("/v1/jobs/events", dependencies=auth)
-    async def job_events(request: Request, last_event_id: Optional[str] = None) -> StreamingResponse:
+    async def job_events(request: Request, last_event_id: str | None = None) -> StreamingResponse:
         raw = request.headers.get("last-event-id") or last_event_id
         if raw is None or raw == "":
             start = await off_loop(core.last_event_seq)  # no resume point: only changes from now on

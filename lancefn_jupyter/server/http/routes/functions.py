@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from pydantic import Field
@@ -29,37 +30,37 @@ from lancefn_jupyter.server.policy.namespaces import Principal
 class NameVersion(Body):
     name: str
     version: str
-    namespace: Optional[str] = None  # the admin's pick among namespaces; others may only name their own
+    namespace: str | None = None  # the admin's pick among namespaces; others may only name their own
 
 
 class ListFunctions(Body):
     include_definition: bool = False
-    name: Optional[str] = None
-    page_token: Optional[str] = None
+    name: str | None = None
+    page_token: str | None = None
     limit: int = Field(100, ge=1, le=1000)
 
 
 class History(Body):
-    name: Optional[str] = None
+    name: str | None = None
     limit: int = Field(20, ge=1, le=1000)
-    namespace: Optional[str] = None  # one namespace's history: the caller's own unless the admin names another
+    namespace: str | None = None  # one namespace's history: the caller's own unless the admin names another
 
 
 class Diff(Body):
     name: str
-    old: Optional[str] = None
-    new: Optional[str] = None
-    namespace: Optional[str] = None
+    old: str | None = None
+    new: str | None = None
+    namespace: str | None = None
 
 
 class Run(Body):
     name: str
     version: str
-    namespace: Optional[str] = None
+    namespace: str | None = None
     rows: Any = None  # checked against the signature by the core
-    rows_file: Optional[str] = None  # an Arrow IPC file a local client wrote into $HOME/data/uploads/
-    timeout_s: Optional[float] = Field(None, gt=0, le=MAX_TIMEOUT_S)
-    wait_s: Optional[float] = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
+    rows_file: str | None = None  # an Arrow IPC file a local client wrote into $HOME/data/uploads/
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    wait_s: float | None = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
 
 
 def add_routes(app: FastAPI, ctx: RouteContext) -> None:
@@ -123,7 +124,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
             )
         return await _submitted(job_id, params.wait_s)
 
-    async def _submitted(job_id: str, wait_s: Optional[float]) -> dict:
+    async def _submitted(job_id: str, wait_s: float | None) -> dict:
         """The run's reply; with ``wait_s``, a quick job's result comes back in it (one round trip, no jobs/wait)."""
         if wait_s is None:
             return {"job_id": job_id}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse
@@ -28,10 +28,10 @@ class JobId(Body):
 
 
 class ListJobs(Body):
-    state: Optional[Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED", "TIMED_OUT"]] = None
-    name: Optional[str] = None
-    job_type: Optional[Literal["create_function", "run_function"]] = None
-    page_token: Optional[str] = None
+    state: Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED", "TIMED_OUT"] | None = None
+    name: str | None = None
+    job_type: Literal["create_function", "run_function"] | None = None
+    page_token: str | None = None
     limit: int = Field(100, ge=1, le=1000)
 
 
