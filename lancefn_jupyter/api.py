@@ -12,10 +12,10 @@ Connection rule (docs/ARCHITECTURE.md, "Connection rule"): an explicit `connect(
 use and reused afterwards.
 
 This module holds no state and no logic: it re-exports the public names from the modules that own
-them (docs/ARCHITECTURE.md, "Package layout"): `session.py` (connection, profiles), `functions.py`
-(`GpuFunction`, `gpu_function`), `jobs.py` (`Job` and its errors), `batch.py`, `registry.py` (versions
-from anywhere) and `listings.py`. Nothing in the package imports this module except the magics and
-the package's lazy `__getattr__`.
+them (docs/ARCHITECTURE.md, "Package layout"): `session.py` (connection, profiles), and in `handles/`
+`function.py` (`GpuFunction`, `gpu_function`), `job.py` (`Job` and its errors), `batch.py`,
+`lookup.py` and `history.py` (versions from anywhere), and `listings.py`. Nothing in the package
+imports this module except the magics and the package's lazy `__getattr__`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from lancefn_jupyter.handles.function import (
     gpu_function,
 )
 from lancefn_jupyter.handles.function import bind_refused as bind_refused
+from lancefn_jupyter.handles.history import diff_versions, version_history
 from lancefn_jupyter.handles.job import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
-from lancefn_jupyter.handles.lookup import diff_versions, lookup, version_history
+from lancefn_jupyter.handles.lookup import lookup
 from lancefn_jupyter.listings import list_gpu_classes, list_jobs, list_versions
 from lancefn_jupyter.session import ConnectionInfo as ConnectionInfo
 from lancefn_jupyter.session import _session as _session

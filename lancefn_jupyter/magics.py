@@ -84,7 +84,7 @@ class GpuMagics(Magics):
             message = str(error) if isinstance(error, PackagingError) else f"registration failed: {error}"
             api.bind_refused(self.shell.user_ns, source, options, message)
             raise UsageError(f"%%gpu_function: {message}") from None
-        self.shell.user_ns[handle._packaged.entrypoint] = handle
+        self.shell.user_ns[handle.entrypoint] = handle
         display(handle)
         return None
 

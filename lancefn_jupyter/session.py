@@ -27,6 +27,7 @@ __all__ = [
     "current_client",
     "gpu_profile",
     "profiles",
+    "registration_cache",
     "shared_home",
     "stop_local",
     "use_local",
@@ -153,3 +154,8 @@ def add_profile(profile: ComputeProfile) -> ComputeProfile:
 
 def profiles() -> dict[str, ComputeProfile]:
     return dict(_session.profiles)
+
+
+def registration_cache() -> dict[tuple[str, str], FunctionVersion]:
+    """The versions this process registered or looked up, by (url, request key); the handles own its entries."""
+    return _session.registered

@@ -1,14 +1,60 @@
-"""What the job and batch handles share (`jobs.Job`, `batch.Batch`): the record as last seen, read
-on first use and again on `refresh()`, and waits that Ctrl-C stops without stopping the work."""
+"""What the kernel handles share (runs in the kernel; docs/ARCHITECTURE.md, "Client and API (kernel side)"):
+`FunctionRef`, the part of a function that `Job`, `Batch` and the table map use (so they take any
+function handle, not `GpuFunction`); `RecordHandle`, the record as last seen, read on first use and
+again on `refresh()`; and waits that Ctrl-C stops without stopping the work."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-__all__ = ["RecordHandle", "waiting"]
+if TYPE_CHECKING:
+    from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionSignature, FunctionVersion
+
+__all__ = ["FunctionRef", "RecordHandle", "waiting"]
+
+
+class FunctionRef(Protocol):
+    """What a job, a batch or a table map needs from the function it runs (`GpuFunction` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def timeout_s(self) -> float | None: ...
+
+    @property
+    def root(self) -> str | None:
+        """The notebook's directory (for the missing-local-module hint), if known."""
+        ...
+
+    @property
+    def version(self) -> FunctionVersion | None:
+        """The registered version; None for a `register=no` function not registered yet."""
+        ...
+
+    @property
+    def registration_request(self) -> FunctionRegistrationRequest: ...
+
+    @property
+    def signature(self) -> FunctionSignature: ...
+
+    def item_row(self, item: Any) -> dict[str, Any]:
+        """A map item as a row of the signature."""
+        ...
+
+    def parameter_defaults(self) -> dict[str, Any]: ...
+
+    def map_traceback(self, text: str) -> str:
+        """Remote error text at the user's lines."""
+        ...
+
+    def map_failure(self, message: str, traceback: str) -> tuple[str, str]:
+        """(message, traceback) of a failure at the user's lines."""
+        ...
+
 
 R = TypeVar("R")
 

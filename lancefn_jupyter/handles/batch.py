@@ -4,22 +4,25 @@ batch = embed.map(texts, parallel="auto", retries=1)
 batch.result()              # every row's result, in input order (the input's kind: list / numpy / table)
 for i, value in batch.as_completed(): ...   # rows as their chunks finish
 batch.retry_failed(); batch.cancel(); Batch.attach(batch_id)
+
+Runs in the kernel; it takes the function as a `FunctionRef` (handles/base.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.display.batch import batch_card
-from lancefn_jupyter.handles import chunking as batching
-from lancefn_jupyter.handles.base import RecordHandle, waiting
+from lancefn_jupyter.handles import chunking
+from lancefn_jupyter.handles.base import FunctionRef, RecordHandle, waiting
+from lancefn_jupyter.handles.job import Job
+from lancefn_jupyter.handles.rows import rows_payload
+from lancefn_jupyter.handles.submit import create_batch, registered_version
 from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
+from lancefn_jupyter.wire.batch_models import BatchChunk
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.handles.function import GpuFunction
 
 __all__ = ["Batch", "BatchChunkError", "BatchError", "check_parallel", "start_batch"]
 
@@ -55,7 +58,7 @@ def check_parallel(parallel: Any) -> int | None:
     return parallel
 
 
-def _slots(function: GpuFunction, client: Client, parallel: int | None) -> int:
+def _slots(function: FunctionRef, client: Client, parallel: int | None) -> int:
     """How many chunks can run at once: `parallel`, else the class's GPUs per the function's num_gpus."""
     if parallel is not None:
         return parallel
@@ -72,57 +75,42 @@ def _slots(function: GpuFunction, client: Client, parallel: int | None) -> int:
     return max(1, (row.gpus_total if row else 1) // resources.num_gpus)
 
 
-def _column_rows(function: GpuFunction, column: Any) -> Any:
+def _column_rows(function: FunctionRef, column: Any) -> Any:
     """An Arrow column of the one parameter's values as the rows table (no per-row Python), or
     None when the parameter's type needs the per-row path (arrays, tables) or the column does not cast."""
-    import pyarrow as pa
-
     from lancefn_jupyter.wire import dataplane
 
-    (param,) = function._packaged.signature.inputs
-    if dataplane.is_data_type(param.arrow_type):
-        return None
-    try:
-        array = column.cast(dataplane._scalar_type(param.arrow_type))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError, ValueError):
-        return None
-    return pa.Table.from_arrays([array], schema=pa.schema([dataplane._field(param.name, array, param.arrow_type)]))
+    (param,) = function.signature.inputs
+    return dataplane.column_rows(param.name, param.arrow_type, column)
 
 
 def _create(
-    function: GpuFunction, client: Client, parts: batching.Split, row_of: Any, table: Any = None, **options: Any
-) -> dict:
+    function: FunctionRef,
+    client: Client,
+    parts: chunking.Split,
+    row_of: Callable[[Any], dict[str, Any]] | None,
+    table: Any = None,
+    **options: Any,
+) -> dict[str, Any]:
     """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
     can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
     results, NaN/Inf values, a table column), handed over as a file to the embedded server."""
-    from lancefn_jupyter.handles.rows import rows_payload
-    from lancefn_jupyter.session import shared_home
-    from lancefn_jupyter.wire import dataplane
-
-    version = function.version
-    assert version is not None
+    version = registered_version(function)
     if table is None:
         items = [item for chunk in parts.chunks for item in chunk]
-        rows = [row_of(item) for item in items] if row_of is not None else [function._item_row(item) for item in items]
-        json_rows, table = rows_payload(rows, function._packaged.signature, function.name, function._defaults())
-        if table is None:
-            chunks = [json_rows[a:b] for a, b in parts.bounds]
-            return client.batches.create(version.name, version.version, chunks, **options)
+        rows = [(row_of or function.item_row)(item) for item in items]
+        json_rows, table = rows_payload(rows, function.signature, function.name, function.parameter_defaults())
+        if json_rows is not None:
+            return create_batch(client, version, [json_rows[a:b] for a, b in parts.bounds], None, **options)
     import pyarrow as pa
 
     whole = table.combine_chunks().to_batches()[0]  # one record batch; sliced per chunk (no copy)
     chunked = pa.Table.from_batches([whole.slice(a, b - a) for a, b in parts.bounds], schema=table.schema)
-    if (home := shared_home(client)) is not None:
-        import uuid
-
-        name = f"{uuid.uuid4().hex}.arrow"
-        dataplane.write_ipc_file(home / "data" / "uploads" / name, chunked, durable=False)
-        return client.batches.create(version.name, version.version, None, rows_file=name, **options)
-    return client.batches.create(version.name, version.version, None, arrow=dataplane.to_ipc_bytes(chunked), **options)
+    return create_batch(client, version, None, chunked, **options)
 
 
 def start_batch(
-    function: GpuFunction,
+    function: FunctionRef,
     items: Any,
     *,
     parallel: Any = "auto",
@@ -130,7 +118,7 @@ def start_batch(
     retries: int = 0,
     return_exceptions: bool = False,
     fresh: bool = False,
-    row_of: Any = None,
+    row_of: Callable[[Any], dict[str, Any]] | None = None,
     column: Any = None,
 ) -> Batch:
     """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
@@ -141,18 +129,16 @@ def start_batch(
     window = check_parallel(parallel)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
         raise ValueError(f"retries must be a whole number from 0 to 10 (re-runs of a failed chunk); got {retries!r}")
-    version = function.version
-    if version is None:
-        raise LancefnError(f"{function.name} was defined with register=no; call {function.name}.register() first")
+    registered_version(function)  # a register=no function is refused before anything is read
     client = current_client()
     slots = _slots(function, client, window) if chunk_size is None else 1
     table = _column_rows(function, column) if column is not None else None
     if table is None and column is not None:
         items = column.to_pylist()
     if table is not None:
-        parts = batching.Split("list", (), batching.cut(table.num_rows, chunk_size, slots=slots))
+        parts = chunking.Split("list", (), chunking.cut(table.num_rows, chunk_size, slots=slots))
     else:
-        parts = batching.split(items, chunk_size, slots=slots)
+        parts = chunking.split(items, chunk_size, slots=slots)
     reply = _create(
         function,
         client,
@@ -179,7 +165,7 @@ class Batch(RecordHandle[BatchRecord]):
         batch_id: str,
         *,
         client: Client | None = None,
-        function: GpuFunction | None = None,
+        function: FunctionRef | None = None,
         kind: str = "list",
         return_exceptions: bool = False,
         snapshot: BatchRecord | None = None,
@@ -187,8 +173,8 @@ class Batch(RecordHandle[BatchRecord]):
         from lancefn_jupyter.session import current_client
 
         self.batch_id = batch_id
-        self._client = client or current_client()
-        self._function = function
+        self.client = client or current_client()
+        self.function = function
         self._kind = kind
         self.return_exceptions = return_exceptions
         self.reused_chunks = 0
@@ -205,7 +191,7 @@ class Batch(RecordHandle[BatchRecord]):
 
     # -- state
     def _describe(self) -> BatchRecord:
-        return self._client.batches.describe(self.batch_id)
+        return self.client.batches.describe(self.batch_id)
 
     def _update(self, snapshot: BatchRecord) -> None:
         """A newer state from the event listener (never goes backwards)."""
@@ -236,28 +222,25 @@ class Batch(RecordHandle[BatchRecord]):
             f"Stopped waiting for batch {self.batch_id}; it keeps running. "
             f"Cancel it with Batch.attach({self.batch_id!r}).cancel() or its Cancel button."
         ):
-            self._snapshot = self._client.batches.wait(self.batch_id, timeout=timeout)
+            self._snapshot = self.client.batches.wait(self.batch_id, timeout=timeout)
         return self
 
     # -- results
-    def _chunk_value(self, chunk: Any) -> Any:
+    def _chunk_value(self, chunk: BatchChunk) -> Any:
         """A finished chunk's results as its job returns them (through the jobs' result transport)."""
         if chunk.index not in self._results:
-            from lancefn_jupyter.handles.job import (
-                Job,  # batch.py is imported by jobs' users; the handle loads on first result
-            )
-
-            self._results[chunk.index] = Job(chunk.job_id, client=self._client, function=self._function).result()
+            assert chunk.job_id is not None  # a finished chunk ran as a job
+            self._results[chunk.index] = Job(chunk.job_id, client=self.client, function=self.function).result()
         return self._results[chunk.index]
 
-    def _chunk_rows(self, chunk: Any) -> list:
+    def _chunk_rows(self, chunk: BatchChunk) -> list[Any]:
         """A finished chunk's results, one item per row."""
         value = self._chunk_value(chunk)
         if hasattr(value, "to_pylist"):  # an Arrow table / array
             return value.to_pylist()
         return list(value)
 
-    def _chunk_error(self, chunk: Any) -> BatchChunkError:
+    def _chunk_error(self, chunk: BatchChunk) -> BatchChunkError:
         failure = chunk.failure or {}
         tb = self._map_traceback(failure.get("traceback") or "")
         message = (
@@ -275,9 +258,10 @@ class Batch(RecordHandle[BatchRecord]):
         )
 
     def _map_traceback(self, text: str) -> str:
-        return self._function._map_traceback(text) if self._function is not None and text else text
+        return self.function.map_traceback(text) if self.function is not None and text else text
 
-    def _raise(self, snapshot: BatchRecord) -> None:
+    def raise_failure(self, snapshot: BatchRecord) -> None:
+        """Raise the BatchError of `snapshot`, a batch that ended without every row's result."""
         ref = f"{snapshot.name}@{snapshot.version}"
         done = snapshot.chunk_counts.get("DONE", 0)
         kept = f"{done} of {snapshot.chunks_total} chunks finished and their results are kept; `.retry_failed()` runs the rest"
@@ -306,7 +290,7 @@ class Batch(RecordHandle[BatchRecord]):
             raise TimeoutError(f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s")
         keep_errors = self.return_exceptions if return_exceptions is None else return_exceptions
         if snapshot.batch_state != JobState.DONE and not keep_errors:
-            self._raise(snapshot)
+            self.raise_failure(snapshot)
         parts: list = []
         for chunk in snapshot.chunks or ():
             if chunk.state == JobState.DONE:
@@ -314,8 +298,8 @@ class Batch(RecordHandle[BatchRecord]):
             else:
                 parts.append([self._chunk_error(chunk)] * (chunk.row_end - chunk.row_start))
         if snapshot.batch_state != JobState.DONE:
-            return batching.stack("list", parts)
-        return batching.stack(self._kind, parts)
+            return chunking.stack("list", parts)
+        return chunking.stack(self._kind, parts)
 
     def as_completed(self, timeout: float | None = None) -> Iterator[tuple[int, Any]]:
         """`(row index, result)` pairs as their chunks finish (rows of one chunk together, in order).
@@ -325,12 +309,12 @@ class Batch(RecordHandle[BatchRecord]):
         for chunk, values in self.chunks_as_completed(timeout):
             if isinstance(values, BatchChunkError):
                 if not self.return_exceptions:
-                    self._raise(self.refresh() if self.done else self.snapshot)
+                    self.raise_failure(self.refresh() if self.done else self.snapshot)
                 yield from ((i, values) for i in range(chunk.row_start, chunk.row_end))
             else:
                 yield from enumerate(values, start=chunk.row_start)
 
-    def chunks_as_completed(self, timeout: float | None = None) -> Iterator[tuple[Any, Any]]:
+    def chunks_as_completed(self, timeout: float | None = None) -> Iterator[tuple[BatchChunk, Any]]:
         """`(chunk, its rows' results)` as chunks finish, or `(chunk, BatchChunkError)` for one
         that failed after its retries (a cancelled chunk only once the batch has ended)."""
         import time
@@ -344,7 +328,7 @@ class Batch(RecordHandle[BatchRecord]):
                 snapshot = self.refresh()  # what has finished already, without waiting
             else:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                snapshot = self._client.batches.wait(self.batch_id, timeout=left, revision=revision)
+                snapshot = self.client.batches.wait(self.batch_id, timeout=left, revision=revision)
                 self._snapshot = snapshot
             revision = snapshot.revision
             terminal = snapshot.batch_state in TERMINAL_STATES
@@ -367,17 +351,17 @@ class Batch(RecordHandle[BatchRecord]):
     # -- control
     def retry_failed(self) -> Batch:
         """Run again only the chunks that did not finish; finished chunks keep their results."""
-        self._snapshot = self._client.batches.retry(self.batch_id)
+        self._snapshot = self.client.batches.retry(self.batch_id)
         return self
 
     def cancel(self) -> bool:
         """Cancel every chunk still pending or running; True if this call cancelled the batch."""
-        cancelled = self._client.batches.cancel(self.batch_id)
+        cancelled = self.client.batches.cancel(self.batch_id)
         self.refresh()
         return cancelled
 
     # -- display
-    def _repr_mimebundle_(self, include=None, exclude=None):
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         from lancefn_jupyter.widgets import batch_bundle
 
         return batch_bundle(self)

@@ -2,7 +2,8 @@
 its registration, and the calls that run it (`submit`, `map`, `remote`, `local`).
 
 A refused cell binds its name to an `UnregisteredFunction` instead (README, "When a cell is refused").
-Registered versions looked up from the control plane are built in `registry.py`.
+`GpuFunction.from_version` builds the handle of a version looked up from the control plane (`lookup.py`).
+Runs in the kernel (docs/ARCHITECTURE.md, "Client and API (kernel side)").
 """
 
 from __future__ import annotations
@@ -11,22 +12,24 @@ import hashlib
 import inspect
 import os
 import sys
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.client import LancefnError
 from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.handles.history import diff_versions
 from lancefn_jupyter.handles.job import Job, missing_module_hint
 from lancefn_jupyter.handles.rows import rows_payload
-from lancefn_jupyter.handles.tracebacks import map_traceback
+from lancefn_jupyter.handles.submit import registered_version, run_job
+from lancefn_jupyter.handles.tracebacks import map_traceback, say_once
 from lancefn_jupyter.options import FunctionOptions, build_options
 from lancefn_jupyter.packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
-from lancefn_jupyter.session import _session, class_hardware, current_client, shared_home
-from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion
+from lancefn_jupyter.session import class_hardware, current_client, profiles, registration_cache
+from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionSignature, FunctionVersion
 
 if TYPE_CHECKING:
+    from lancefn_jupyter.handles.batch import Batch
+    from lancefn_jupyter.handles.table_map import TableMap
     from lancefn_jupyter.wire.versions import VersionDiff
 
 __all__ = [
@@ -40,9 +43,6 @@ __all__ = [
 ]
 
 _SHOW_JOB_AFTER_S = 2.0  # ipyparallel's progress_after default: quick calls stay quiet
-# `functions/run` holds its reply up to this long so a quick job comes back finished in that one
-# round trip; short, so a loop of submits of long jobs barely waits (a queued job answers at once).
-_SUBMIT_WAIT_S = 0.02
 
 
 def _is_lance_table(items: Any) -> bool:
@@ -57,11 +57,29 @@ def request_key(request: FunctionRegistrationRequest) -> str:
     return hashlib.sha256(request.to_canonical_json().encode()).hexdigest()
 
 
+def _looked_up_stub(fv: FunctionVersion) -> Callable[..., Any]:
+    """Stands in for the Python function, which lives in another process: it carries the signature
+    (so `submit`/`map` bind arguments as usual) and says what to call instead."""
+
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise LancefnError(
+            f"{fv.name}@{fv.version} was looked up from the control plane, so its Python function is not "
+            f"in this process; call .local(...), .remote(...), .submit(...) or .map(...)"
+        )
+
+    stub.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # read by inspect.signature
+        [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in fv.signature.inputs]
+    )
+    stub.__name__ = stub.__qualname__ = fv.artifact.entrypoint
+    return stub
+
+
 class GpuFunction:
     """A registered (or registrable) function version that still calls the local function.
 
     `f(x)` runs in this kernel; `f.submit(x)` / `f.map(xs)` / `f.remote(x)` run as jobs on the control
     plane; `f.local(x)` runs the packaged artifact in a subprocess on a local GPU or the CUDA simulator.
+    It is the `FunctionRef` its jobs, batches and table maps hold (handles/base.py).
     """
 
     def __init__(
@@ -73,21 +91,25 @@ class GpuFunction:
         cell_source: str | None = None,
         line_offset: int = 0,
         root: str | None = None,
+        where: str = "cell line {}",
+        request: FunctionRegistrationRequest | None = None,
     ):
+        """`where` labels the user's lines in remote tracebacks; `request` replaces the registration
+        request built from `packaged` and `options` (a looked-up version's, env values redacted)."""
         self._fn = fn
-        self._root = root  # the notebook's directory, for the missing-local-module hint
+        self.root = root  # the notebook's directory, for the missing-local-module hint
         self._packaged = packaged
         self._options = options
         self._cell_source = cell_source
         # Notebook line of the packaged text's line 0 (the magic line, plus any blank lines IPython dropped).
         self._line_offset = line_offset
         self._version: FunctionVersion | None = None
-        self._line_label = "cell line {}"  # looked-up handles name the artifact's lines instead
+        self._where = where
         self._py_signature: inspect.Signature | None = None
         self.timeout_s: float | None = options.timeout_s
         self.last_local_device: str | None = None
         self.name = options.name or packaged.entrypoint
-        self._request = FunctionRegistrationRequest(
+        self._request = request or FunctionRegistrationRequest(
             name=self.name,
             artifact=packaged.artifact_request(),
             signature=packaged.signature,
@@ -96,6 +118,48 @@ class GpuFunction:
         self.__wrapped__ = fn
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", self.name)
+
+    @classmethod
+    def from_version(cls, fv: FunctionVersion, source: bytes) -> GpuFunction:
+        """The handle of a registered version whose artifact text is `source` (what `lookup()` returns)."""
+        text = source.decode("utf-8")
+        packaged = PackagedFunction(
+            source=source,
+            digest=fv.artifact.digest,
+            entrypoint=fv.artifact.entrypoint,
+            signature=fv.signature,
+            line_map={i: i for i in range(1, text.count("\n") + 2)},  # the artifact is the user's text here
+        )
+        runtime, resources = fv.runtime, fv.runtime.resources
+        environment = runtime.environment
+        packages = tuple(environment.packages) if environment else ()
+        options = build_options(
+            name=fv.name,
+            num_gpus=resources.num_gpus if resources else None,
+            gpu_class=resources.gpu_class if resources else None,
+            pip=packages if environment is None or environment.kind == "pip" else (),
+            conda=packages if environment is not None and environment.kind == "conda" else (),
+            conda_channels=tuple(environment.channels) if environment else (),
+            image=environment.image if environment else None,
+            python_version=runtime.python_version,
+            env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},
+        )
+        # The registered request (env values redacted), cached as registered: `register()` finds the
+        # version there and sends nothing.
+        request = FunctionRegistrationRequest(
+            name=fv.name, artifact=packaged.artifact_request(), signature=fv.signature, runtime=runtime
+        )
+        registration_cache()[(current_client().url, request_key(request))] = fv
+        handle = cls(
+            _looked_up_stub(fv),
+            packaged,
+            options,
+            cell_source=text,
+            where=f"line {{}} of {fv.name}@{fv.version[:8]}'s source",
+            request=request,
+        )
+        handle.register()
+        return handle
 
     # -- identity
     @property
@@ -111,6 +175,15 @@ class GpuFunction:
         return self._options
 
     @property
+    def signature(self) -> FunctionSignature:
+        return self._packaged.signature
+
+    @property
+    def entrypoint(self) -> str:
+        """The name of the function in its artifact (and in the cell)."""
+        return self._packaged.entrypoint
+
+    @property
     def version(self) -> FunctionVersion | None:
         """The registered version (registering on first access unless `register=no`)."""
         if self._version is None and self._options.register:
@@ -121,42 +194,37 @@ class GpuFunction:
         """Register with the current control plane; unchanged requests are not sent again."""
         client = current_client()
         key = (client.url, request_key(self._request))
-        version = _session.registered.get(key)
+        cache = registration_cache()
+        version = cache.get(key)
         if version is None:
             version = client.functions.register(self._request)
-            _session.registered[key] = version
+            cache[key] = version
         self._version = version
         return version
 
-    def _map_traceback(self, text: str) -> str:
+    def map_traceback(self, text: str) -> str:
         """Remote frames shown at the user's lines: the notebook cell's, or the .py file's (decorator)."""
         if self._cell_source is not None:
             return map_traceback(
-                text, self._packaged, self._cell_source, line_offset=self._line_offset, where=self._line_label
+                text, self._packaged, self._cell_source, line_offset=self._line_offset, where=self._where
             )
         filename = getattr(getattr(self._fn, "__code__", None), "co_filename", "<source>")
         return map_traceback(text, self._packaged, None, where=f'File "{filename}", line {{}}')
 
     def diff(self, old: str | None = None, new: str | None = None) -> VersionDiff:
         """What changed between two versions of this function (default: the last two); prefixes of 6+ chars work."""
-        from lancefn_jupyter.handles.lookup import (
-            diff_versions,  # registry builds GpuFunctions, so it imports this module
-        )
-
         return diff_versions(self.name, old, new)
 
-    def _map_failure(self, message: str, traceback: str) -> tuple[str, str]:
+    def map_failure(self, message: str, traceback: str) -> tuple[str, str]:
         """(message, traceback) at the user's lines, the message said once (compiler errors are long)."""
-        from lancefn_jupyter.handles.tracebacks import say_once
-
-        traceback = self._map_traceback(traceback)
-        return say_once(self._map_traceback(message), traceback), traceback
+        traceback = self.map_traceback(traceback)
+        return say_once(self.map_traceback(message), traceback), traceback
 
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
 
-    def _row(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    def _row(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         try:
             if self._py_signature is None:  # cached: a map binds one row per item
                 self._py_signature = inspect.signature(self._fn)
@@ -175,38 +243,24 @@ class GpuFunction:
             return params[0].name
         return None
 
-    def _defaults(self) -> dict[str, Any]:
+    def parameter_defaults(self) -> dict[str, Any]:
         """Parameter defaults, to fill the Arrow column of a parameter only some rows of a map give."""
         if self._py_signature is None:
             self._py_signature = inspect.signature(self._fn)
         return {n: p.default for n, p in self._py_signature.parameters.items() if p.default is not p.empty}
 
     def _submit_rows(self, rows: list[dict[str, Any]], single: bool) -> Job:
-        version = self.version
-        if version is None:
-            raise LancefnError(f"{self.name} was defined with register=no; call {self.name}.register() first")
-        json_rows, table = rows_payload(rows, self._packaged.signature, self.name, self._defaults())
+        version = registered_version(self)
+        json_rows, table = rows_payload(rows, self._packaged.signature, self.name, self.parameter_defaults())
         client = current_client()
-        if table is None:
-            snapshot = client.functions.run_job(
-                version.name, version.version, json_rows, timeout_s=self.timeout_s, wait_s=_SUBMIT_WAIT_S
-            )
-            return Job(snapshot.job_id, client=client, function=self, single=single, snapshot=snapshot)
-        if (home := shared_home(client)) is not None:
-            name = f"{uuid.uuid4().hex}.arrow"
-            dataplane.write_ipc_file(home / "data" / "uploads" / name, table, durable=False)
-            job_id = client.functions.run(version.name, version.version, None, timeout_s=self.timeout_s, rows_file=name)
-        else:
-            job_id = client.functions.run(
-                version.name, version.version, None, timeout_s=self.timeout_s, arrow=dataplane.to_ipc_bytes(table)
-            )
-        return Job(job_id, client=client, function=self, single=single)
+        job_id, snapshot = run_job(client, version, json_rows, table, timeout_s=self.timeout_s)
+        return Job(job_id, client=client, function=self, single=single, snapshot=snapshot)
 
     def submit(self, *args: Any, **kwargs: Any) -> Job:
         """Run one call as a job; returns at once with a Job handle."""
         return self._submit_rows([self._row(args, kwargs)], single=True)
 
-    def _item_row(self, item: Any) -> dict[str, Any]:
+    def item_row(self, item: Any) -> dict[str, Any]:
         """A map item as a row: a tuple → positional args, a dict → keyword args, else one arg."""
         if isinstance(item, tuple):
             return self._row(item, {})
@@ -228,7 +282,7 @@ class GpuFunction:
         column: str | None = None,
         into: str | None = None,
         key: str | None = None,
-    ) -> Any:
+    ) -> Job | Batch | TableMap:
         """Run the function over every item.
 
         `parallel=1, chunk_size=None` (the default): one job, one row per item (a `Job`).
@@ -249,7 +303,7 @@ class GpuFunction:
 
             return map_table(self, items, column=column, into=into, key=key, **batch_options)
         if parallel == 1 and chunk_size is None and not retries and not fresh:
-            rows = [self._item_row(item) for item in items]
+            rows = [self.item_row(item) for item in items]
             if not rows:
                 raise ValueError(f"{self.name}.map() needs at least one item")
             return self._submit_rows(rows, single=False)
@@ -292,10 +346,10 @@ class GpuFunction:
                 on_log=_echo_log,  # the function's prints show up live, as they would in the kernel
             )
         except LocalRunError as error:
-            message, tb = self._map_failure(error.message, error.traceback or "")
+            message, tb = self.map_failure(error.message, error.traceback or "")
             raise LancefnError(
                 f"{self.name}.local() failed in phase {error.phase}: {message}"
-                + missing_module_hint(error.message, self._root)
+                + missing_module_hint(error.message, self.root)
                 + (f"\n\nTraceback (your code only):\n{tb}" if tb else "")
             ) from None
         self.last_local_device = run.device
@@ -327,7 +381,7 @@ class GpuFunction:
             note=note,
         )
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         from lancefn_jupyter.widgets import function_card_bundle
 
         return function_card_bundle(self)
@@ -440,7 +494,7 @@ def gpu_function(
     profile: str | None = None,
     register: bool = True,
     timeout_s: float | None = None,
-):
+) -> GpuFunction | Callable[[Callable[..., Any]], GpuFunction]:
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
 
     Registration is lazy here (first `.version`, `.submit`, `.map`, `.remote` or `.register()`), so
@@ -448,7 +502,7 @@ def gpu_function(
     """
     # Every keyword above is an option of the same name (the explicit signature is for help() and IDEs).
     given = {key: value for key, value in locals().items() if key != "fn"}
-    options = build_options(**given, profiles=_session.profiles)
+    options = build_options(**given, profiles=profiles())
 
     def wrap(function: Callable[..., Any]) -> GpuFunction:
         return GpuFunction(function, package_function(function), options)

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.handles.base import RecordHandle, waiting
+from lancefn_jupyter.handles.base import FunctionRef, RecordHandle, waiting
 from lancefn_jupyter.session import current_client, shared_home
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 from lancefn_jupyter.wire.models import Job as JobRecord
-
-if TYPE_CHECKING:
-    from lancefn_jupyter.handles.function import GpuFunction
 
 __all__ = ["Job", "JobCancelled", "JobError", "JobTimedOut", "RemoteFunctionError", "missing_module_hint"]
 
@@ -84,13 +81,13 @@ class Job(RecordHandle[JobRecord]):
         job_id: str,
         *,
         client: Client | None = None,
-        function: GpuFunction | None = None,
+        function: FunctionRef | None = None,
         single: bool = False,
         snapshot: JobRecord | None = None,
     ):
         self.job_id = job_id
-        self._client = client or current_client()
-        self._function = function
+        self.client = client or current_client()
+        self.function = function  # maps remote tracebacks to the user's lines; None when attached
         self._single = single
         self._snapshot = snapshot
         self._arrow_results: list | None = None
@@ -108,7 +105,7 @@ class Job(RecordHandle[JobRecord]):
         return job
 
     def _describe(self) -> JobRecord:
-        return self._client.jobs.describe(self.job_id)
+        return self.client.jobs.describe(self.job_id)
 
     def _update(self, snapshot: JobRecord) -> None:
         """Newer state from elsewhere (the event listener); never goes backwards."""
@@ -135,7 +132,7 @@ class Job(RecordHandle[JobRecord]):
             f"Stopped waiting for job {self.job_id}; it keeps running on the control plane. "
             f"Cancel it with Job.attach({self.job_id!r}).cancel() or the Cancel button in %gpu_jobs."
         ):
-            self._snapshot = self._client.jobs.wait(self.job_id, timeout=timeout)
+            self._snapshot = self.client.jobs.wait(self.job_id, timeout=timeout)
         return self
 
     def result(self, timeout: float | None = None) -> Any:
@@ -147,7 +144,7 @@ class Job(RecordHandle[JobRecord]):
             results = snapshot.result
             if snapshot.result_format == "arrow":
                 if self._arrow_results is None:  # fetched once: the file can be large
-                    home = shared_home(self._client)
+                    home = shared_home(self.client)
                     local = home / "data" / "results" / f"{self.job_id}.arrow" if home else None
                     # Mapped, not copied, from the embedded server's file (immutable once renamed).
                     try:
@@ -155,7 +152,7 @@ class Job(RecordHandle[JobRecord]):
                     except (OSError, ValueError):  # gone (retention) or unreadable: the server says why
                         table = None
                     if table is None:
-                        table = dataplane.read_ipc(self._client.jobs.result(self.job_id))
+                        table = dataplane.read_ipc(self.client.jobs.result(self.job_id))
                     self._arrow_results = dataplane.decode_results(table)
                 results = self._arrow_results
             return results[0] if self._single and isinstance(results, list) and len(results) == 1 else results
@@ -174,9 +171,9 @@ class Job(RecordHandle[JobRecord]):
         phase = failure.phase if failure else "unknown"
         message = failure.message if failure else "no failure details"
         remote_tb = (failure.traceback or "") if failure else ""
-        if self._function is not None:
-            hint = missing_module_hint(message, self._function._root)
-            message, remote_tb = self._function._map_failure(message, remote_tb)
+        if self.function is not None:
+            hint = missing_module_hint(message, self.function.root)
+            message, remote_tb = self.function.map_failure(message, remote_tb)
             message += hint
         text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
         if remote_tb:
@@ -185,7 +182,7 @@ class Job(RecordHandle[JobRecord]):
 
     def cancel(self) -> bool:
         """Cancel it (pending or running); True if this call cancelled it."""
-        cancelled = self._client.jobs.cancel(self.job_id)
+        cancelled = self.client.jobs.cancel(self.job_id)
         self.refresh()
         return cancelled
 
@@ -193,13 +190,13 @@ class Job(RecordHandle[JobRecord]):
         """The worker's captured stdout/stderr so far."""
         offset, out = 0, []
         while True:
-            lines, next_offset = self._client.jobs.logs(self.job_id, offset)
+            lines, next_offset = self.client.jobs.logs(self.job_id, offset)
             out.extend(lines)
             if not lines or next_offset == offset:
                 return "\n".join(out)
             offset = next_offset
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         from lancefn_jupyter.widgets import job_bundle
 
         return job_bundle(self)

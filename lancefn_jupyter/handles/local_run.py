@@ -166,8 +166,9 @@ def run_local(
             if arrow_rows is not None:  # a pyarrow Table of the rows (dataplane.encode_rows)
                 from lancefn_jupyter.wire import dataplane
 
-                data["rows_file"] = os.path.join(scratch, "rows.arrow")
-                dataplane.write_ipc_file(data["rows_file"], arrow_rows, durable=False)
+                rows_file = os.path.join(scratch, "rows.arrow")
+                data["rows_file"] = rows_file
+                dataplane.write_ipc_file(rows_file, arrow_rows, durable=False)
         task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data)
         return _run(task, env, mode, timeout_s, on_log)
 

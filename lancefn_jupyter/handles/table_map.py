@@ -12,23 +12,23 @@ that does not fit an existing `into` column is refused before anything starts.  
 it is a plain map over the column's values (a `Batch`).
 
 Needs the optional extra: ``pip install 'lancefn-jupyter[lancedb]'`` (imported only here).
+Runs in the kernel; it takes the function as a `FunctionRef` (handles/base.py).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lancefn_jupyter.handles.base import FunctionRef
 from lancefn_jupyter.handles.batch import Batch, BatchChunkError, start_batch
+from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import JobState
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.handles.function import GpuFunction
-
-__all__ = ["TableMap", "arrow_type_of", "map_table"]
+__all__ = ["TableMap", "map_table"]
 
 
-def _pyarrow():
+def _pyarrow() -> Any:
     try:
         import lancedb  # noqa: F401  (the table API this module drives)
         import pyarrow
@@ -39,21 +39,12 @@ def _pyarrow():
     return pyarrow
 
 
-def arrow_type_of(signature_type: str) -> Any:
-    """The pyarrow type of a signature type (`float64`, `list<float64>`, …)."""
-    pa = _pyarrow()
-    scalars = {
-        "bool": pa.bool_(),
-        "int64": pa.int64(),
-        "float64": pa.float64(),
-        "utf8": pa.string(),
-        "binary": pa.binary(),
-    }
-    if signature_type in scalars:
-        return scalars[signature_type]
-    if signature_type.startswith("list<") and signature_type.endswith(">"):
-        return pa.list_(arrow_type_of(signature_type[5:-1]))
-    raise ValueError(f"results of type {signature_type} cannot be written to a LanceDB column")
+def _column_type(signature_type: str | None) -> Any:
+    """The pyarrow type of a LanceDB column holding results of a signature type (a plain one:
+    `float64`, `list<float64>`, …; arrays and tables have no column type)."""
+    if signature_type is None or dataplane.is_data_type(signature_type):
+        raise ValueError(f"results of type {signature_type} cannot be written to a LanceDB column")
+    return dataplane.arrow_type(signature_type)
 
 
 def _fits(result: Any, column: Any) -> bool:
@@ -71,7 +62,7 @@ def _fits(result: Any, column: Any) -> bool:
 
 
 def map_table(
-    function: GpuFunction,
+    function: FunctionRef,
     table: Any,
     *,
     column: str | None,
@@ -97,7 +88,7 @@ def map_table(
         raise ValueError(f"pass column= the column to read from the table (one of {', '.join(names)})")
     if column not in names:
         raise ValueError(f"the table has no column {column!r}; its columns are {', '.join(names)}")
-    inputs = function.registration_request.signature.inputs
+    inputs = function.signature.inputs
     if len(inputs) != 1:
         raise ValueError(
             f"{function.name} takes {len(inputs)} parameters; mapping a table column needs a function of one parameter (the column's value)"
@@ -125,7 +116,7 @@ def map_table(
         raise ValueError(
             f"the table has no key column {key!r}; pass key= a column that identifies rows (one of {', '.join(names)})"
         )
-    result_type = arrow_type_of(function.registration_request.signature.output.arrow_type)
+    result_type = _column_type(function.signature.output.arrow_type)
     if into in names:
         existing = schema.field(into).type
         if not _fits(result_type, existing):
@@ -167,16 +158,18 @@ class TableMap:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         if batch is not None:
-            self._start_writer()
+            self._start_writer(batch)
 
-    def _start_writer(self) -> None:
-        self._thread = threading.Thread(target=self._write_all, name=f"lancefn-backfill-{self.into}", daemon=True)
+    def _start_writer(self, batch: Batch) -> None:
+        self._thread = threading.Thread(
+            target=self._write_all, args=(batch,), name=f"lancefn-backfill-{self.into}", daemon=True
+        )
         self._thread.start()
 
-    def _write_all(self) -> None:
+    def _write_all(self, batch: Batch) -> None:
         pa = _pyarrow()
         try:
-            for chunk, values in self.batch.chunks_as_completed():
+            for chunk, values in batch.chunks_as_completed():
                 if isinstance(values, BatchChunkError):
                     continue  # written once retried; `.result()` reports it
                 keys = self._keys[chunk.row_start : chunk.row_end]
@@ -207,14 +200,14 @@ class TableMap:
         if self._error is not None:
             raise self._error
         if self.batch is not None and self.batch.snapshot.batch_state != JobState.DONE:
-            self.batch._raise(self.batch.refresh())
+            self.batch.raise_failure(self.batch.refresh())
         return self.table
 
     def retry_failed(self) -> TableMap:
         if self.batch is not None:
             self.wait()
             self.batch.retry_failed()
-            self._start_writer()
+            self._start_writer(self.batch)
         return self
 
     def cancel(self) -> bool:
@@ -224,7 +217,7 @@ class TableMap:
         head = f"Backfill of column {self.into!r}: {self.rows_written}/{self.rows_to_write} rows written"
         return head if self.batch is None else f"{head}\n{self.batch!r}"
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         if self.batch is None:
             return {"text/plain": repr(self)}
         bundle = dict(self.batch._repr_mimebundle_(include, exclude))

@@ -69,7 +69,7 @@ def job_widget(job: Any) -> Any:
     if widget is None or getattr(widget, "comm", None) is None:
         from lancefn_jupyter.widgets._job import JobWidget
 
-        widget = JobWidget(job.job_id, client=job._client, function=job._function)
+        widget = JobWidget(job.job_id, client=job.client, function=job.function)
         job._widget = widget
     return widget
 
@@ -90,7 +90,7 @@ def batch_bundle(batch: Any) -> dict:
         if widget is None or getattr(widget, "comm", None) is None:
             from lancefn_jupyter.widgets._batch import BatchWidget
 
-            widget = BatchWidget(batch.batch_id, client=batch._client, function=batch._function)
+            widget = BatchWidget(batch.batch_id, client=batch.client, function=batch.function)
             batch._widget = widget
         return widget
 

@@ -140,7 +140,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
             if failure is not None:
                 trace = failure.traceback or ""
                 if trace and self._function is not None:
-                    trace = self._function._map_traceback(trace)
+                    trace = self._function.map_traceback(trace)
                 self.error.value = (
                     f"<div class='lancefn-job-error' style='color:#c62828'>chunk {failure.chunk} (rows {failure.row_start}–"
                     f"{failure.row_end - 1}) failed in phase <b>{html.escape(failure.phase)}</b>: {html.escape(failure.message)}</div>"

@@ -185,7 +185,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         trace, message = failure.traceback or "", failure.message
         function = self._function
         if function is not None:
-            message, trace = function._map_failure(message, trace)
+            message, trace = function.map_failure(message, trace)
         retry = " (retryable: submitting again may succeed)" if failure.retryable else ""
         body = (
             f"<div class='lancefn-job-error' style='color:#c62828'><b>{html.escape(failure.phase)}</b>: "

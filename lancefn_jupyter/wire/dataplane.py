@@ -44,6 +44,8 @@ __all__ = [
     "DataPlaneError",
     "UnsupportedAnnotation",
     "annotation_type",
+    "arrow_type",
+    "column_rows",
     "decode_results",
     "decode_rows",
     "encode_results",
@@ -163,11 +165,12 @@ def _expected(sig_type: str) -> str:
 # ---------------------------------------------------------------------------- columns
 
 
-def _scalar_type(sig_type: str) -> Any:
+def arrow_type(sig_type: str) -> Any:
+    """The pyarrow type of a plain signature type (`float64`, `utf8`, `list<float64>`, …)."""
     import pyarrow as pa
 
     if sig_type.startswith("list<") and sig_type.endswith(">"):
-        return pa.list_(_scalar_type(sig_type[5:-1]))
+        return pa.list_(arrow_type(sig_type[5:-1]))
     return {"bool": pa.bool_(), "utf8": pa.utf8(), "binary": pa.binary()}.get(sig_type) or pa.type_for_alias(sig_type)
 
 
@@ -281,17 +284,17 @@ def encode_column(values: Sequence[Any], sig_type: str, *, coerce: bool, where: 
         return _tensor_column(values, sig_type[7:-1], coerce, where)
     if sig_type in ("arrow.array", "arrow.table"):
         return _nested_column(values, sig_type, coerce, where)
-    arrow_type = _scalar_type(sig_type)
+    column_type = arrow_type(sig_type)
     try:
-        return pa.array(values, type=arrow_type)  # plain Python values: no per-item pass first
+        return pa.array(values, type=column_type)  # plain Python values: no per-item pass first
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
         pass
     try:
-        return pa.array([_plain(v) for v in values], type=arrow_type)
+        return pa.array([_plain(v) for v in values], type=column_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
         for i, value in enumerate(values):  # name the offending row
             try:
-                pa.array([_plain(value)], type=arrow_type)
+                pa.array([_plain(value)], type=column_type)
             except Exception:
                 raise DataPlaneError(f"{where(i)}: expected {sig_type}, got {_describe(value)} ({error})") from None
         raise DataPlaneError(f"{where(None)}: expected {sig_type} ({error})") from None
@@ -350,6 +353,20 @@ def _field(name: str, array: Any, sig_type: str) -> Any:
     import pyarrow as pa
 
     return pa.field(name, array.type, metadata={TYPE_KEY: sig_type.encode()})
+
+
+def column_rows(param: str, sig_type: str, column: Any) -> Any:
+    """A one-parameter rows table made from an Arrow column of its values (no per-row Python), or
+    None when the type needs the per-row path (arrays, tables) or the column does not cast to it."""
+    import pyarrow as pa
+
+    if is_data_type(sig_type):
+        return None
+    try:
+        array = column.cast(arrow_type(sig_type))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError, ValueError):
+        return None
+    return pa.Table.from_arrays([array], schema=pa.schema([_field(param, array, sig_type)]))
 
 
 def encode_rows(
