@@ -20,9 +20,10 @@ from lancefn_jupyter.handles.base import FunctionRef, RecordHandle, waiting
 from lancefn_jupyter.handles.job import Job
 from lancefn_jupyter.handles.rows import rows_payload
 from lancefn_jupyter.handles.submit import create_batch, registered_version
+from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
 from lancefn_jupyter.wire.batch_models import BatchChunk
-from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
+from lancefn_jupyter.wire.models import TERMINAL_STATES, FunctionVersion, JobState, display_state
 
 __all__ = ["Batch", "BatchChunkError", "BatchError", "check_parallel", "start_batch"]
 
@@ -75,17 +76,9 @@ def _slots(function: FunctionRef, client: Client, parallel: int | None) -> int:
     return max(1, (row.gpus_total if row else 1) // resources.num_gpus)
 
 
-def _column_rows(function: FunctionRef, column: Any) -> Any:
-    """An Arrow column of the one parameter's values as the rows table (no per-row Python), or
-    None when the parameter's type needs the per-row path (arrays, tables) or the column does not cast."""
-    from lancefn_jupyter.wire import dataplane
-
-    (param,) = function.signature.inputs
-    return dataplane.column_rows(param.name, param.arrow_type, column)
-
-
 def _create(
     function: FunctionRef,
+    version: FunctionVersion,
     client: Client,
     parts: chunking.Split,
     row_of: Callable[[Any], dict[str, Any]] | None,
@@ -95,7 +88,6 @@ def _create(
     """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
     can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
     results, NaN/Inf values, a table column), handed over as a file to the embedded server."""
-    version = registered_version(function)
     if table is None:
         items = [item for chunk in parts.chunks for item in chunk]
         rows = [(row_of or function.item_row)(item) for item in items]
@@ -129,18 +121,23 @@ def start_batch(
     window = check_parallel(parallel)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
         raise ValueError(f"retries must be a whole number from 0 to 10 (re-runs of a failed chunk); got {retries!r}")
-    registered_version(function)  # a register=no function is refused before anything is read
+    version = registered_version(function)
     client = current_client()
     slots = _slots(function, client, window) if chunk_size is None else 1
-    table = _column_rows(function, column) if column is not None else None
-    if table is None and column is not None:
-        items = column.to_pylist()
+    table = None
+    if column is not None:
+        (param,) = function.signature.inputs
+        # Arrow chunks as they are (no per-row Python) when the column casts to the parameter's type.
+        table = dataplane.column_rows(param.name, param.arrow_type, column)
+        if table is None:
+            items = column.to_pylist()
     if table is not None:
         parts = chunking.Split("list", (), chunking.cut(table.num_rows, chunk_size, slots=slots))
     else:
         parts = chunking.split(items, chunk_size, slots=slots)
     reply = _create(
         function,
+        version,
         client,
         parts,
         row_of,

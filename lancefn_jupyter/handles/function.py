@@ -109,12 +109,14 @@ class GpuFunction:
         self.timeout_s: float | None = options.timeout_s
         self.last_local_device: str | None = None
         self.name = options.name or packaged.entrypoint
-        self._request = request or FunctionRegistrationRequest(
-            name=self.name,
-            artifact=packaged.artifact_request(),
-            signature=packaged.signature,
-            runtime=options.runtime(f"{sys.version_info.major}.{sys.version_info.minor}"),
-        )
+        if request is None:
+            request = FunctionRegistrationRequest(
+                name=self.name,
+                artifact=packaged.artifact_request(),
+                signature=packaged.signature,
+                runtime=options.runtime(f"{sys.version_info.major}.{sys.version_info.minor}"),
+            )
+        self._request = request
         self.__wrapped__ = fn
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", self.name)
