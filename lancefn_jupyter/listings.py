@@ -1,5 +1,5 @@
 """Listings that show as tables (text and HTML) or live widgets in notebooks: `list_gpu_classes`,
-`list_versions`, `list_jobs` (what `%gpu_classes`, `%gpu_versions` and `%gpu_jobs` show)."""
+`list_versions`, `list_jobs` (what `%gpu_classes`, `%gpu_versions` and `%gpu_jobs` show). Runs in the kernel."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""IPython magics, thin over `lancefn_jupyter.api` (every option is reachable from Python too).
+"""IPython magics, thin over `lancefn_jupyter.api` (every option is reachable from Python too); runs in the kernel.
 
 Lines are NOT variable-expanded (`@no_var_expand`): the line is part of the function version's
 identity, so `env=HOME=$HOME` means the literal text, never whatever `$HOME` is in this kernel.

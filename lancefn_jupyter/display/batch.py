@@ -1,4 +1,4 @@
-"""Text and HTML of a batch (pure): progress over all rows, rows/s, time left, the chunk strip,
+"""Text and HTML of a batch (pure; runs in the kernel): progress over all rows, rows/s, time left, the chunk strip,
 the failed chunk.  The widget (widgets/_batch.py) and `%gpu_jobs` use the same pieces."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pure text and HTML renderings of classes, jobs, versions and function cards.
+"""Pure text and HTML renderings of classes, jobs, versions and function cards (runs in the kernel).
 
 These are the `text/plain` and `text/html` parts of every rich repr and widget fallback, so a
 notebook reads well in nbconvert, GitHub and VS Code too. No I/O, no ipywidgets.
