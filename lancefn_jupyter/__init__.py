@@ -7,6 +7,7 @@ the HTTP client, widgets, numba) is imported on first use so loading the extensi
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from lancefn_jupyter._version import __version__
@@ -50,12 +51,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    # Magics stay registered (IPython has no unregister); background listeners are stopped.
-    from lancefn_jupyter import widgets
-
-    stop = getattr(widgets, "stop_listener", None)
-    if stop is not None:
-        stop()
+    # Magics stay registered (IPython has no unregister); the event listener is stopped (the
+    # session owns it: a session never imported has none).
+    session = sys.modules.get("lancefn_jupyter.session")
+    if session is not None:
+        session.stop_listener()
 
 
 # Jupyter server and JupyterLab extension points (implemented in lancefn_jupyter.jupyter).

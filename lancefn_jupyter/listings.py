@@ -1,5 +1,5 @@
 """Listings that show as tables (text and HTML) or live widgets in notebooks: `list_gpu_classes`,
-`list_versions`, `list_jobs` (what `%gpu_classes`, `%gpu_versions` and `%gpu_jobs` show)."""
+`list_versions`, `list_jobs` (what `%gpu_classes`, `%gpu_versions` and `%gpu_jobs` show). Runs in the kernel."""
 
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ class _Rendered(list):
         self._make_widget = widget
         self._widget: Any = None
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        if self._make_widget is not None:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        make_widget = self._make_widget
+        if make_widget is not None:
             from lancefn_jupyter.widgets import rich_bundle
 
-            def make():
+            def make() -> Any:
                 if self._widget is None or getattr(self._widget, "comm", None) is None:
-                    self._widget = self._make_widget()
+                    self._widget = make_widget()
                 return self._widget
 
             return rich_bundle(make, self._render)

@@ -1,4 +1,4 @@
-"""IPython magics, thin over `lancefn_jupyter.api` (every option is reachable from Python too).
+"""IPython magics, thin over `lancefn_jupyter.api` (every option is reachable from Python too); runs in the kernel.
 
 Lines are NOT variable-expanded (`@no_var_expand`): the line is part of the function version's
 identity, so `env=HOME=$HOME` means the literal text, never whatever `$HOME` is in this kernel.
@@ -8,10 +8,16 @@ Heavy modules (pydantic models, the HTTP client, widgets, numba) load on first u
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.display import display
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.session import ConnectionInfo
+    from lancefn_jupyter.wire.models import GpuClass
+    from lancefn_jupyter.wire.versions import VersionDiff, VersionHistory
 
 __all__ = ["GpuMagics"]
 
@@ -28,8 +34,9 @@ def _prestart_embedded(line: str) -> bool:
     import os
     import sys
 
-    api = sys.modules.get("lancefn_jupyter.api")
-    if (api is not None and api._session.client is not None) or os.environ.get("LANCEFN_URL") or "register=no" in line:
+    session = sys.modules.get("lancefn_jupyter.session")  # not imported yet: no control plane chosen
+    chosen = session is not None and session.chosen_client() is not None
+    if chosen or os.environ.get("LANCEFN_URL") or "register=no" in line:
         return False
     from lancefn_jupyter.embedded import prestart
 
@@ -46,19 +53,21 @@ def _import_display() -> None:
     from lancefn_jupyter.widgets import use_widgets
 
     if use_widgets():
-        from lancefn_jupyter.widgets import _card  # noqa: F401
+        from lancefn_jupyter.widgets import FunctionCardWidget  # noqa: F401
 
 
 @magics_class
 class GpuMagics(Magics):
     @no_var_expand
     @cell_magic
-    def gpu_function(self, line: str, cell: str):
+    def gpu_function(self, line: str, cell: str) -> None:
         """Run the cell, register it as an immutable GPU function version, bind its name to a handle.
 
         Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
         python_version, image, profile, timeout_s, register (yes|no), include (PATH, repeatable).
         """
+        shell = self.shell
+        assert shell is not None  # a magic runs in the shell it is registered with
         prestarted = _prestart_embedded(line)
         from lancefn_jupyter import api
         from lancefn_jupyter.client import LancefnError
@@ -69,8 +78,8 @@ class GpuMagics(Magics):
             options = parse_function_line(line, api.profiles())
         except OptionsError as error:
             raise UsageError(str(error)) from None
-        source = self.shell.transform_cell(cell)
-        result = self.shell.run_cell(cell, store_history=False)
+        source = shell.transform_cell(cell)
+        result = shell.run_cell(cell, store_history=False)
         if not result.success:
             # The traceback is already shown; a cell that does not run is not registered.
             return None
@@ -79,18 +88,18 @@ class GpuMagics(Magics):
         try:
             # The magic line, plus the leading blank lines transform_cell drops, precede the source.
             offset = 1 + len(cell) - len(cell.lstrip("\n"))
-            handle = api.function_from_cell(source, self.shell.user_ns, options, line_offset=offset)
+            handle = api.function_from_cell(source, shell.user_ns, options, line_offset=offset)
         except (PackagingError, LancefnError) as error:
             message = str(error) if isinstance(error, PackagingError) else f"registration failed: {error}"
-            api.bind_refused(self.shell.user_ns, source, options, message)
+            api.bind_refused(shell.user_ns, source, options, message)
             raise UsageError(f"%%gpu_function: {message}") from None
-        self.shell.user_ns[handle.entrypoint] = handle
+        shell.user_ns[handle.entrypoint] = handle
         display(handle)
         return None
 
     @no_var_expand
     @line_magic
-    def gpu_profile(self, line: str):
+    def gpu_profile(self, line: str) -> None:
         """%gpu_profile NAME key=value… defines a reusable compute profile; with no arguments lists them."""
         from lancefn_jupyter import api
         from lancefn_jupyter.options import OptionsError, parse_profile_line
@@ -112,17 +121,13 @@ class GpuMagics(Magics):
         return None
 
     @line_magic
-    def lancefn(self, line: str):
+    def lancefn(self, line: str) -> _Status | None:
         """%lancefn [connect URL [api_key=KEY] | local | stop]"""
         from lancefn_jupyter import api
 
         args = shlex.split(line)
         if not args:
-            info = api.connection_info()
-            if info is None:
-                api.current_client()
-                info = api.connection_info()
-            return _status(info)
+            return _status()
         command, rest = args[0], args[1:]
         if command == "connect":
             if not rest:
@@ -136,10 +141,10 @@ class GpuMagics(Magics):
                 key = extra.split("=", 1)[1]
             client = api.connect(rest[0], key)
             client.health()
-            return _status(api.connection_info())
+            return _status()
         if command == "local" and not rest:
             api.use_local()
-            return _status(api.connection_info())
+            return _status()
         if command == "stop" and not rest:
             stopped = api.stop_local()
             print("embedded control plane stopped" if stopped else "no embedded control plane was running")
@@ -147,7 +152,7 @@ class GpuMagics(Magics):
         raise UsageError(_LANCEFN_USAGE)
 
     @line_magic
-    def gpu_classes(self, line: str):
+    def gpu_classes(self, line: str) -> list[GpuClass]:
         """Each GPU class's model, memory, max GPUs per worker and live busy/free."""
         from lancefn_jupyter import api
 
@@ -156,7 +161,7 @@ class GpuMagics(Magics):
         return api.list_gpu_classes()
 
     @line_magic
-    def gpu_versions(self, line: str):
+    def gpu_versions(self, line: str) -> VersionDiff | VersionHistory | list[Any]:
         """%gpu_versions: every version; %gpu_versions NAME: its history, newest first, one line of change
         each; %gpu_versions diff NAME [OLD [NEW]]: source and runtime diff (default: the last two)."""
         from lancefn_jupyter import api
@@ -178,26 +183,18 @@ class GpuMagics(Magics):
             raise UsageError(str(error)) from None
 
     @line_magic
-    def gpu_jobs(self, line: str):
+    def gpu_jobs(self, line: str) -> list[Any]:
         """%gpu_jobs [state=pending|running|…] [name=FUNCTION]: recent jobs."""
         from lancefn_jupyter import api
-        from lancefn_jupyter.wire.models import JobState
+        from lancefn_jupyter.wire.models import JobState, display_state
 
-        filters = {}
-        states = {
-            "pending": "PENDING",
-            "running": "IN_PROGRESS",
-            "finished": "DONE",
-            "failed": "FAILED",
-            "cancelled": "CANCELLED",
-            "timed_out": "TIMED_OUT",
-        }
+        filters: dict[str, str] = {}
+        # The words users see, as one token each ("timed out" → timed_out).
+        states = {display_state(state).replace(" ", "_"): state.value for state in JobState}
         for token in shlex.split(line):
             key, sep, value = token.partition("=")
             if not sep or key not in ("state", "name"):
-                raise UsageError(
-                    "usage: %gpu_jobs [state=pending|running|finished|failed|cancelled|timed_out] [name=FUNCTION]"
-                )
+                raise UsageError(f"usage: %gpu_jobs [state={'|'.join(states)}] [name=FUNCTION]")
             if key == "state":
                 if value.upper() in JobState.__members__:
                     value = value.upper()
@@ -206,17 +203,25 @@ class GpuMagics(Magics):
                 else:
                     raise UsageError(f"unknown state {value!r}; use one of {', '.join(states)}")
             filters[key] = value
-        return api.list_jobs(**filters)
+        return api.list_jobs(state=filters.get("state"), name=filters.get("name"))
 
 
-def _status(info) -> _Status:
+def _status() -> _Status:
+    """The status of the control plane in use (chosen by the default rule if none is yet)."""
+    from lancefn_jupyter import api
+
+    info = api.connection_info()
+    if info is None:
+        api.current_client()
+        info = api.connection_info()
+    assert info is not None  # current_client() connected
     return _Status(info)
 
 
 class _Status:
     """`%lancefn` output: which control plane, embedded or remote, and its health (never the key)."""
 
-    def __init__(self, info):
+    def __init__(self, info: ConnectionInfo):
         from lancefn_jupyter import api
 
         self.info = info

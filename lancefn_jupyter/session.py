@@ -1,13 +1,16 @@
-"""The kernel's connection state: which control plane it talks to and the one client for it.
+"""The kernel's connection state: which control plane it talks to, the one client for it, and the
+one event listener that follows it (runs in the kernel; docs/ARCHITECTURE.md, "Client and API (kernel side)").
 
 `connect`, `use_local`, `stop_local`, `current_client`, `connection_info` and the compute profiles
 (`gpu_profile`, `add_profile`, `profiles`) live here (re-exported by `lancefn_jupyter.api`) so that
-widgets, handles and the event listener reach the current client without importing `api`. One lock
-so concurrent threads (widgets, the listener) agree.
+widgets and handles reach the current client without importing `api`. The session owns the kernel's
+`EventListener` (`listener()`), handing it `chosen_client` as the client to follow, so the listener
+never imports the session. One lock so concurrent threads (widgets, the listener) agree.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from dataclasses import dataclass
@@ -15,20 +18,25 @@ from pathlib import Path
 from typing import Any
 
 from lancefn_jupyter.client import Client, Forbidden
+from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.options import ComputeProfile, build_profile
 from lancefn_jupyter.wire.models import FunctionVersion, GpuClass
 
 __all__ = [
     "ConnectionInfo",
     "add_profile",
+    "chosen_client",
     "class_hardware",
     "connect",
     "connection_info",
     "current_client",
     "gpu_profile",
+    "listener",
     "profiles",
     "registration_cache",
     "shared_home",
+    "start_listener",
+    "stop_listener",
     "stop_local",
     "use_local",
 ]
@@ -116,8 +124,44 @@ def current_client() -> Client:
         return _session.client
 
 
+def chosen_client() -> Client | None:
+    """The client in use, or None while no control plane is chosen yet (never connects)."""
+    return _session.client
+
+
 def connection_info() -> ConnectionInfo | None:
     return _session.info
+
+
+_listener: EventListener | None = None
+_listener_lock = threading.Lock()
+_atexit_registered = False
+
+
+def listener() -> EventListener:
+    """The kernel's one event listener (created, not started, on first use); it follows the client
+    in use, so `%lancefn connect …` moves its stream to the new control plane."""
+    global _listener
+    with _listener_lock:
+        if _listener is None:
+            _listener = EventListener(chosen_client)
+        return _listener
+
+
+def start_listener() -> EventListener:
+    """Start the kernel's listener if it is not running (widgets call this)."""
+    global _atexit_registered
+    started = listener().start()
+    if not _atexit_registered:
+        atexit.register(stop_listener)
+        _atexit_registered = True
+    return started
+
+
+def stop_listener(timeout: float = 5.0) -> None:
+    """Stop the kernel's listener threads (subscriptions stay; a new widget starts it again)."""
+    if _listener is not None:
+        _listener.stop(timeout)
 
 
 def shared_home(client: Client) -> Path | None:

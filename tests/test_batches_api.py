@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import gated, wait_until
 
-import lancefn_jupyter.client.listener as listener_module
+import lancefn_jupyter.session as session_module
 from lancefn_jupyter import api
 from lancefn_jupyter.display.batch import batch_card, strip_cells
 from lancefn_jupyter.handles.batch import Batch, BatchChunkError, BatchError
@@ -26,14 +26,14 @@ def square(x: float) -> float:
 @pytest.fixture
 def cp(control_plane_factory):
     stop_listener()
-    listener_module._listener = None
+    session_module._listener = None
     set_widgets(None)
     cp = control_plane_factory()
     api._session.registered.clear()
     api.connect(cp.url, cp.api_key)
     yield cp
     stop_listener()
-    listener_module._listener = None
+    session_module._listener = None
     ipywidgets.Widget.close_all()
 
 

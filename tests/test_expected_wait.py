@@ -125,7 +125,7 @@ def test_listener_refreshes_expected_start_from_queue_events():
         def update(self, job):
             self.seen.append(job.placement.expected_start_ms)
 
-    listener, watcher = EventListener(), Watcher()
+    listener, watcher = EventListener(lambda: None), Watcher()
     listener.subscribe_job("j1", watcher.update)
     pending = {
         "job_id": "j1",

@@ -20,7 +20,8 @@ import ipywidgets
 import pytest
 from helpers import DEADLINE_S, wait_until
 
-import lancefn_jupyter.client.listener as listener_module
+import lancefn_jupyter.session as session_module
+import lancefn_jupyter.widgets as widgets_module
 from lancefn_jupyter import api
 from lancefn_jupyter.client.events import Event
 from lancefn_jupyter.client.listener import EventListener, queue_positions
@@ -32,6 +33,7 @@ from lancefn_jupyter.widgets import (
     JobsDashboard,
     JobWidget,
     get_listener,
+    job_widget,
     running_threads,
     set_widgets,
     stop_listener,
@@ -90,11 +92,11 @@ def status_text(widget: JobWidget) -> str:
 def fresh_listener():
     """Each test gets its own kernel-wide listener; none survives the test."""
     stop_listener()
-    listener_module._listener = None
+    session_module._listener = None
     set_widgets(None)
     yield
     stop_listener()
-    listener_module._listener = None
+    session_module._listener = None
     set_widgets(None)
     ipywidgets.Widget.close_all()
 
@@ -162,7 +164,7 @@ def test_queue_events_move_shown_pending_jobs_and_keep_expected_starts_they_do_n
         job = {"job_id": job_id, "job_type": "run_function", "job_state": "PENDING", "creation_ms": 1}
         return {**job, "placement": placement, "progress": {"rows_done": 0, "rows_total": 1}}
 
-    listener, seen = EventListener(), Seen()  # not started: events are fed to it directly
+    listener, seen = EventListener(lambda: None), Seen()  # not started: events are fed to it directly
     listener.subscribe_job("c", seen.job)
     listener._dispatch(Event(event="job", data=pending("c", 3, start=5000), id=1))
     assert [j.placement.queue_position for j in seen.jobs] == [3]
@@ -317,7 +319,7 @@ def test_without_ipywidgets_everything_shows_as_text_and_html(cp, gate_fn, gates
         assert set(bundle) == {"text/plain", "text/html"}
     assert job.job_id in job._repr_mimebundle_()["text/plain"]
     assert "lancefn-state" in job._repr_mimebundle_()["text/html"]
-    assert job._widget is None and not get_listener().running
+    assert job not in widgets_module._shown and not get_listener().running
     gates.open("plain")
 
 
@@ -457,13 +459,13 @@ def test_attach_and_dashboard_show_existing_jobs_after_kernel_restart(cp, gate_f
     pending = gate_fn.submit(gates["t"]).job_id
     # "Kernel restart": a new process has a new client, no handles and no listener.
     stop_listener()
-    listener_module._listener = None
+    session_module._listener = None
     api.connect(cp.url, cp.api_key)
     job = api.Job.attach(pending)
     assert job.state == "pending"
     set_widgets(True)
     bundle = job._repr_mimebundle_()
-    widget = job._widget
+    widget = job_widget(job)
     assert bundle[WIDGET_VIEW_MIME]["model_id"] == widget.model_id
     assert "position 1" in status_text(widget)
     dashboard = JobsDashboard()

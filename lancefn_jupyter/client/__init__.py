@@ -1,4 +1,6 @@
-"""HTTP client for the lancefn control plane: one module per REST resource (docs/ARCHITECTURE.md, "REST API (v1)")."""
+"""HTTP client for the lancefn control plane: one module per REST resource (docs/ARCHITECTURE.md, "REST API (v1)"),
+plus the kernel's event listener (`listener.py`) and logger (`logs.py`). Runs in the kernel (or any
+Python process that talks to a control plane); it imports only `wire` of the package."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from urllib.parse import urlencode, urlsplit
 
 from lancefn_jupyter.client.errors import ControlPlaneUnreachable, error_for_status
 
-__all__ = ["EventStream", "Transport"]
+__all__ = ["ARROW_STREAM", "EventStream", "Transport"]
 
-_ARROW_STREAM = "application/vnd.apache.arrow.stream"  # = dataplane.MEDIA_TYPE (not imported: keep the client light)
+ARROW_STREAM = "application/vnd.apache.arrow.stream"  # = dataplane.MEDIA_TYPE (not imported: keep the client light)
 # Requests that create something new each time they are sent.
 _NOT_REPEATABLE = frozenset({"/v1/functions/run"})
 _MAX_IDLE = 8  # keep-alive connections kept for reuse (one per thread that talks to the server at once)
@@ -183,7 +183,7 @@ class _Pool:
         stream = EventStream(conn, response)
         if response.status >= 400:
             content = stream.read_all()
-            Transport._decode(_Reply(response.status, response.reason, response.headers, content))
+            _decode(_Reply(response.status, response.reason, response.headers, content))
         return stream
 
     def close(self) -> None:
@@ -262,7 +262,7 @@ class Transport:
             raise ControlPlaneUnreachable(self.url, _reason(error.error)) from None
         except (OSError, http.client.HTTPException) as error:
             raise ControlPlaneUnreachable(self.url, _reason(error)) from None
-        return self._decode(reply)
+        return _decode(reply)
 
     def _send(
         self, method: str, path: str, target: str, data: bytes | None, headers: dict[str, str], wait: float
@@ -307,24 +307,25 @@ class Transport:
         except (OSError, http.client.HTTPException) as error:
             raise ControlPlaneUnreachable(self.url, _reason(error)) from None
 
-    @staticmethod
-    def _decode(reply: _Reply) -> Any:
-        if reply.status < 400:
-            if (reply.headers.get("content-type") or "").startswith(_ARROW_STREAM):
-                return reply.content
-            return json.loads(reply.content) if reply.content else None
-        request_id = reply.headers.get("x-request-id")
-        text = reply.content.decode("utf-8", errors="replace")
-        try:
-            error = json.loads(text)["error"]
-            code, message = error.get("code", "error"), error.get("message", text)
-            request_id = error.get("request_id") or request_id
-        except (ValueError, KeyError, TypeError, AttributeError):
-            code, message = "error", text[:500] or reply.reason
-        raise error_for_status(reply.status, code, message, request_id)
-
     def close(self) -> None:
         self._pool.close()
+
+
+def _decode(reply: _Reply) -> Any:
+    """A reply's body (JSON, or Arrow bytes as they are), or the error its envelope describes."""
+    if reply.status < 400:
+        if (reply.headers.get("content-type") or "").startswith(ARROW_STREAM):
+            return reply.content
+        return json.loads(reply.content) if reply.content else None
+    request_id = reply.headers.get("x-request-id")
+    text = reply.content.decode("utf-8", errors="replace")
+    try:
+        error = json.loads(text)["error"]
+        code, message = error.get("code", "error"), error.get("message", text)
+        request_id = error.get("request_id") or request_id
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code, message = "error", text[:500] or reply.reason
+    raise error_for_status(reply.status, code, message, request_id)
 
 
 def _send_and_receive(

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from lancefn_jupyter.client._http import _ARROW_STREAM, Transport
+from lancefn_jupyter.client._http import ARROW_STREAM, Transport
 from lancefn_jupyter.wire.batch_models import Batch
 from lancefn_jupyter.wire.models import TERMINAL_STATES
 
@@ -46,7 +46,7 @@ class BatchesResource:
         if arrow is not None:
             params = {k: v if k in ("name", "version") else json.dumps(v) for k, v in body.items()}
             return self._t.request(
-                "POST", "/v1/batches/create", content=arrow, content_type=_ARROW_STREAM, params=params
+                "POST", "/v1/batches/create", content=arrow, content_type=ARROW_STREAM, params=params
             )
         if rows_file is not None:
             body["rows_file"] = rows_file

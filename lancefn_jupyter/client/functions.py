@@ -7,7 +7,7 @@ import builtins  # the resources have a list() method that shadows the type in a
 from collections.abc import Iterator
 from typing import Any
 
-from lancefn_jupyter.client._http import _ARROW_STREAM, Transport
+from lancefn_jupyter.client._http import ARROW_STREAM, Transport
 from lancefn_jupyter.client.errors import ApiError
 from lancefn_jupyter.client.jobs import JobsResource
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
@@ -98,7 +98,7 @@ class FunctionsResource:
             if timeout_s is not None:
                 params["timeout_s"] = timeout_s
             return self._t.request(
-                "POST", "/v1/functions/run", content=arrow, content_type=_ARROW_STREAM, params=params
+                "POST", "/v1/functions/run", content=arrow, content_type=ARROW_STREAM, params=params
             )["job_id"]
         body: dict[str, Any] = {"name": name, "version": version}
         if rows_file is not None:

@@ -1,4 +1,7 @@
-"""The one background event listener per kernel: `GET /v1/jobs/events` (SSE) → widgets and Job handles.
+"""The background event listener: `GET /v1/jobs/events` (SSE) → widgets and Job handles (runs in the kernel).
+
+The kernel has one, owned by the session (`session.listener()`), which hands it the client to
+follow; this module never imports the session.
 
 Why one thread and not a poller per widget: every widget of a kernel shows a slice of the same
 stream (a job, all jobs, GPU usage), so one connection feeds them all and a state change reaches a
@@ -26,33 +29,35 @@ Design:
 - A second small thread ("ticker", 1 s) refreshes what changes with the clock (elapsed time of
   running jobs, open log views) and notices a changed connection; it never touches the network for
   state.
-- `stop()` (also `stop_listener()`, `unload_ipython_extension`, atexit) sets a flag, shuts the
+- `stop()` (also `session.stop_listener()`, `unload_ipython_extension`, atexit) sets a flag, shuts the
   stream's socket down so a blocked read returns at once, and joins both threads. Both threads are
   daemons, so a kernel shutdown is never held up.
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
 import random
 import socket
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from lancefn_jupyter.client.errors import LancefnError
 from lancefn_jupyter.client.events import parse_sse_lines
+from lancefn_jupyter.client.logs import log
 
-log = logging.getLogger("lancefn_jupyter.widgets")  # the name users already filter on
+if TYPE_CHECKING:
+    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.wire.models import Job
 
-__all__ = ["EventListener", "get_listener", "start_listener", "stop_listener"]
+__all__ = ["EventListener", "queue_positions", "running_threads"]
 
 _BACKOFF_INITIAL_S = 0.05
 _BACKOFF_MAX_S = 3.0
 _TICK_S = 1.0
 _READ_TIMEOUT_S = 45.0  # the server sends a keepalive every 15 s
+_STREAM_THREAD, _TICKER_THREAD = "lancefn-events", "lancefn-widgets-ticker"
 
 
 class _Subscribers:
@@ -101,17 +106,20 @@ class _Subscribers:
 
 
 class EventListener:
-    """Reads the control plane's event stream on a daemon thread and feeds subscribers."""
+    """Reads the control plane's event stream on a daemon thread and feeds subscribers.
+
+    `client_provider()` is the client to stream from (None: no control plane chosen yet); it is asked
+    again on every connect and tick, so a new connection replaces the stream."""
 
     def __init__(
         self,
+        client_provider: Callable[[], Client | None],
         *,
-        client_getter: Callable[[], Any] | None = None,
         backoff_initial_s: float = _BACKOFF_INITIAL_S,
         backoff_max_s: float = _BACKOFF_MAX_S,
         tick_s: float = _TICK_S,
     ):
-        self._client_getter = client_getter or _session_client
+        self._client_provider = client_provider
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.tick_s = tick_s
@@ -132,7 +140,7 @@ class EventListener:
         self._connected = threading.Event()
         self._thread: threading.Thread | None = None
         self._ticker: threading.Thread | None = None
-        self._stream_client: Any = None
+        self._stream_client: Client | None = None
         self._socket: socket.socket | None = None
         # Counters and the last problem, for `%lancefn`-style diagnostics and tests.
         self.connects = 0
@@ -166,8 +174,8 @@ class EventListener:
                 return self
             self._stop.clear()
             self._wake.clear()
-            self._thread = threading.Thread(target=self._run, name="lancefn-events", daemon=True)
-            self._ticker = threading.Thread(target=self._tick_loop, name="lancefn-widgets-ticker", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=_STREAM_THREAD, daemon=True)
+            self._ticker = threading.Thread(target=self._tick_loop, name=_TICKER_THREAD, daemon=True)
             self._thread.start()
             self._ticker.start()
             return self
@@ -239,7 +247,7 @@ class EventListener:
                 g.count() for g in (self._jobs, self._all_jobs, self._usage, self._resync, self._ticks, self._batches)
             )
 
-    def observe_rest(self, job: Any) -> Any:
+    def observe_rest(self, job: Job) -> Job:
         """A job read over REST by a widget: kept for queue moves; returns the snapshot to show
         (at the position the stream last gave, which a REST read never overrides)."""
         with self._lock:
@@ -262,7 +270,7 @@ class EventListener:
     def _run(self) -> None:
         backoff = self.backoff_initial_s
         while not self._stop.is_set():
-            client = self._client_getter()
+            client = self._client_provider()
             if client is None:
                 self._wake.wait(self.tick_s)
                 self._wake.clear()
@@ -286,7 +294,7 @@ class EventListener:
             self._wake.wait(backoff * (0.75 + 0.5 * random.random()))
             self._wake.clear()
 
-    def _stream_once(self, client: Any) -> bool:
+    def _stream_once(self, client: Client) -> bool:
         """One connection: returns True if it got as far as receiving events."""
         resume = self.last_event_id
         response = client.open_event_stream(last_event_id=resume, read_timeout=_READ_TIMEOUT_S, connect_timeout=5.0)
@@ -316,7 +324,7 @@ class EventListener:
         finally:
             response.close()
 
-    def _fresh_sync(self, client: Any) -> None:
+    def _fresh_sync(self, client: Client) -> None:
         """After a connect without resume point: re-read what subscribers show, over REST."""
         from lancefn_jupyter.wire.models import TERMINAL_STATES
 
@@ -448,7 +456,7 @@ class EventListener:
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_s):
             # A new connection (`%lancefn connect …`) replaces the stream at once.
-            client = self._client_getter()
+            client = self._client_provider()
             if self._stream_client is not None and client is not self._stream_client:
                 self._interrupt_stream()
                 self._wake.set()
@@ -475,7 +483,7 @@ def queue_positions(data: dict) -> dict[str, int]:
     }
 
 
-def _placed(job: Any, **placement: Any) -> Any:
+def _placed(job: Job, **placement: Any) -> Job:
     """`job` with some placement fields replaced (models are frozen)."""
     return job.model_copy(update={"placement": job.placement.model_copy(update=placement)})
 
@@ -487,53 +495,6 @@ def _call(callback: Callable, *args: Any) -> None:
         log.exception("lancefn widget update failed")
 
 
-def _session_client() -> Any:
-    from lancefn_jupyter.session import _session
-
-    return _session.client
-
-
-_listener: EventListener | None = None
-_listener_lock = threading.Lock()
-_atexit_registered = False
-
-
-def get_listener() -> EventListener:
-    """The kernel's listener (created, not started, on first use)."""
-    global _listener
-    with _listener_lock:
-        if _listener is None:
-            _listener = EventListener()
-        return _listener
-
-
-def start_listener() -> EventListener:
-    """Start the kernel's listener if it is not running (widgets call this)."""
-    global _atexit_registered
-    listener = get_listener()
-    listener.start()
-    if not _atexit_registered:
-        atexit.register(stop_listener)
-        _atexit_registered = True
-    return listener
-
-
-def stop_listener(timeout: float = 5.0) -> None:
-    """Stop the kernel's listener threads (subscriptions stay; a new widget starts it again)."""
-    listener = _listener
-    if listener is not None:
-        listener.stop(timeout)
-
-
 def running_threads() -> list[threading.Thread]:
     """Threads the listener owns that are still alive (empty after `stop_listener()`)."""
-    return [t for t in threading.enumerate() if t.name in ("lancefn-events", "lancefn-widgets-ticker")]
-
-
-def bind(client: Any, listener: EventListener | None) -> tuple[Any, EventListener]:
-    """The client and listener a widget uses: the ones given, else this kernel's current ones."""
-    if client is None:
-        from lancefn_jupyter.session import current_client
-
-        client = current_client()
-    return client, listener or get_listener()
+    return [t for t in threading.enumerate() if t.name in (_STREAM_THREAD, _TICKER_THREAD)]

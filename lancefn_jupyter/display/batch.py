@@ -1,4 +1,4 @@
-"""Text and HTML of a batch (pure): progress over all rows, rows/s, time left, the chunk strip,
+"""Text and HTML of a batch (pure; runs in the kernel): progress over all rows, rows/s, time left, the chunk strip,
 the failed chunk.  The widget (widgets/_batch.py) and `%gpu_jobs` use the same pieces."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ STRIP_WIDTH = 64  # cells; longer strips are folded, each cell then standing for
 STRIP_COLOURS = {"p": "#c8c8c8", "r": "#2f7ed8", "d": "#3c9a3c", "f": "#d9534f", "c": "#8a6d3b"}
 # Which state a folded cell shows: the one that most needs attention.
 _PRIORITY = "fcrpd"
+# The order chunk counts are said in: finished first, the failures last (chunks never time out).
+_CHUNK_ORDER = ("DONE", "IN_PROGRESS", "PENDING", "FAILED", "CANCELLED")
 
 
 def strip_cells(strip: str, width: int = STRIP_WIDTH) -> str:
@@ -44,14 +46,7 @@ def batch_rate(batch: Batch, now_ms: float | None = None) -> tuple[float | None,
 def batch_summary(batch: Batch, now_ms: float | None = None) -> str:
     """`3 finished, 2 running, 4 pending of 9 chunks · 120 rows/s · 5s left`."""
     counts = batch.chunk_counts
-    names = (
-        ("DONE", "finished"),
-        ("IN_PROGRESS", "running"),
-        ("PENDING", "pending"),
-        ("FAILED", "failed"),
-        ("CANCELLED", "cancelled"),
-    )
-    parts = [f"{counts[key]} {label}" for key, label in names if counts.get(key)]
+    parts = [f"{counts[state]} {display_state(state)}" for state in _CHUNK_ORDER if counts.get(state)]
     text = f"{', '.join(parts)} of {batch.chunks_total} chunks"
     rate, left = batch_rate(batch, now_ms)
     if rate is not None:

@@ -1,4 +1,4 @@
-"""Pure text and HTML renderings of classes, jobs, versions and function cards.
+"""Pure text and HTML renderings of classes, jobs, versions and function cards (runs in the kernel).
 
 These are the `text/plain` and `text/html` parts of every rich repr and widget fallback, so a
 notebook reads well in nbconvert, GitHub and VS Code too. No I/O, no ipywidgets.
@@ -32,13 +32,16 @@ __all__ = [
     "versions_table",
 ]
 
-STATE_COLORS = {
-    "pending": "#b26b00",
-    "running": "#1565c0",
-    "finished": "#2e7d32",
-    "failed": "#c62828",
-    "cancelled": "#616161",
-    "timed out": "#ad1457",
+STATE_COLORS = {  # by the word shown (`display_state`)
+    display_state(state): colour
+    for state, colour in (
+        (JobState.PENDING, "#b26b00"),
+        (JobState.IN_PROGRESS, "#1565c0"),
+        (JobState.DONE, "#2e7d32"),
+        (JobState.FAILED, "#c62828"),
+        (JobState.CANCELLED, "#616161"),
+        (JobState.TIMED_OUT, "#ad1457"),
+    )
 }
 
 

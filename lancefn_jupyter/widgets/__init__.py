@@ -1,8 +1,10 @@
 """Live notebook widgets: GPU classes, a job, the jobs dashboard, the function card.
 
 All are standard ipywidgets (no custom JavaScript), fed by ONE background event listener per
-kernel (`_listener.EventListener`, the control plane's SSE stream), and each carries `text/plain`
-and `text/html` fallbacks. Importing this package is cheap: ipywidgets loads with the first widget.
+kernel (`client.listener.EventListener`, the control plane's SSE stream, owned by the session), and
+each carries `text/plain` and `text/html` fallbacks. They take records, a client and a listener,
+never a handle's internals. Importing this package is cheap: ipywidgets loads with the first widget.
+Runs in the kernel (docs/ARCHITECTURE.md, "Client and API (kernel side)").
 
     from lancefn_jupyter.widgets import JobWidget, JobsDashboard, GpuClassesWidget, FunctionCardWidget
     from lancefn_jupyter.widgets import get_listener, start_listener, stop_listener
@@ -10,9 +12,13 @@ and `text/html` fallbacks. Importing this package is cheap: ipywidgets loads wit
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
-from lancefn_jupyter.client.listener import EventListener, get_listener, running_threads, start_listener, stop_listener
+from lancefn_jupyter.client.listener import EventListener, running_threads
+from lancefn_jupyter.session import listener as get_listener
+from lancefn_jupyter.session import start_listener, stop_listener
 from lancefn_jupyter.widgets._support import (
     WIDGET_VIEW_MIME,
     in_frontend_kernel,
@@ -63,15 +69,27 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module, __name__), name)
 
 
+# The widget each handle shows, kept while the handle lives (one widget per handle, re-shown on
+# every display); a closed widget (no comm) is replaced.
+_shown: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _cached(handle: Any, make: Callable[[], Any]) -> Any:
+    widget = _shown.get(handle)
+    if widget is None or getattr(widget, "comm", None) is None:
+        widget = _shown[handle] = make()
+    return widget
+
+
 def job_widget(job: Any) -> Any:
     """The (one, cached) widget of a `Job` handle."""
-    widget = getattr(job, "_widget", None)
-    if widget is None or getattr(widget, "comm", None) is None:
+
+    def make() -> Any:
         from lancefn_jupyter.widgets._job import JobWidget
 
-        widget = JobWidget(job.job_id, client=job.client, function=job.function)
-        job._widget = widget
-    return widget
+        return JobWidget(job.job_id, client=job.client, function=job.function)
+
+    return _cached(job, make)
 
 
 def job_bundle(job: Any) -> dict:
@@ -86,27 +104,19 @@ def batch_bundle(batch: Any) -> dict:
     from lancefn_jupyter.display.batch import batch_card
 
     def make() -> Any:
-        widget = getattr(batch, "_widget", None)
-        if widget is None or getattr(widget, "comm", None) is None:
-            from lancefn_jupyter.widgets._batch import BatchWidget
+        from lancefn_jupyter.widgets._batch import BatchWidget
 
-            widget = BatchWidget(batch.batch_id, client=batch.client, function=batch.function)
-            batch._widget = widget
-        return widget
+        return BatchWidget(batch.batch_id, client=batch.client, function=batch.function)
 
-    return rich_bundle(make, lambda: batch_card(batch.snapshot))
+    return rich_bundle(lambda: _cached(batch, make), lambda: batch_card(batch.snapshot))
 
 
 def function_card_bundle(handle: Any) -> dict:
     """A `GpuFunction`'s display: the card widget (with live class usage) or its text/HTML."""
 
     def make() -> Any:
-        widget = getattr(handle, "_widget", None)
-        if widget is None or getattr(widget, "comm", None) is None:
-            from lancefn_jupyter.widgets._card import FunctionCardWidget
+        from lancefn_jupyter.widgets._card import FunctionCardWidget
 
-            widget = FunctionCardWidget(handle)
-            handle._widget = widget
-        return widget
+        return FunctionCardWidget(handle)
 
-    return rich_bundle(make, handle._card)
+    return rich_bundle(lambda: _cached(handle, make), handle._card)

@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
 from lancefn_jupyter.client.errors import LancefnError
-from lancefn_jupyter.client.listener import EventListener, bind, start_listener
+from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
 from lancefn_jupyter.display.batch import STRIP_COLOURS, batch_card, batch_summary, strip_cells
 from lancefn_jupyter.widgets._job import BAR_STYLE
-from lancefn_jupyter.widgets._support import FallbackReprMixin
+from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.batch_models import STRIP_STATES
 from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.wire.batch_models import Batch
 
 __all__ = ["BatchWidget"]
 
@@ -38,7 +42,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
         self,
         batch_id: str,
         *,
-        client: Any = None,
+        client: Client | None = None,
         function: Any = None,
         listener: EventListener | None = None,
         start: bool = True,
@@ -47,7 +51,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
         self._client, self._listener = bind(client, listener)
         self._function = function
         self._lock = threading.RLock()
-        self._snapshot: Any = None
+        self._snapshot: Batch | None = None
         self.badge = w.HTML(layout=w.Layout(width="auto"))
         self.title = w.HTML(layout=w.Layout(width="auto"))
         self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="260px"))
@@ -79,11 +83,11 @@ class BatchWidget(FallbackReprMixin, w.VBox):
         self._listener.subscribe_batch(batch_id, self._on_event)
         self._listener.subscribe_tick(self._on_tick)
         if start:
-            start_listener() if listener is None else self._listener.start()
+            start_listening(self._listener, own=listener is not None)
         self._apply(self._client.batches.describe(batch_id, include_chunks=False))
 
     @property
-    def snapshot(self) -> Any:
+    def snapshot(self) -> Batch | None:
         return self._snapshot
 
     @property

@@ -14,7 +14,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from lancefn_jupyter.client.listener import EventListener, get_listener
+from lancefn_jupyter import session
+from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
 from lancefn_jupyter.widgets._support import FallbackReprMixin, LiveUsageMixin
 
@@ -25,23 +26,21 @@ class FunctionCardWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
     """`card` (HTML) is the static card; `usage_label` (HTML) the class's live use."""
 
     def __init__(self, handle: Any, *, listener: EventListener | None = None, start: bool = True):
-        self._handle = handle
-        self._listener = listener or get_listener()
+        self._listener = listener or session.listener()
         self._lock = threading.RLock()
-        if handle._version is None and handle.options.register:
-            try:
-                _ = handle.version  # registers (lazily, decorator handles); the magic already did
-            except Exception:  # the card still shows the request; the error surfaces on submit
-                pass
+        try:
+            # Registers (lazily, decorator handles; the magic already did) unless register=no.
+            registered = handle.version is not None
+        except Exception:  # the card still shows the request; the error surfaces on submit
+            registered = False
         text, markup = handle._card()
         self._text, self._markup = text, markup
         resources = handle.registration_request.runtime.resources
-        self.gpu_class = (resources.gpu_class or "default") if resources is not None else None
+        self.gpu_class: str | None = (resources.gpu_class or "default") if resources is not None else None
         self.card = w.HTML(markup)
         self.usage_label = w.HTML()
         self.usage: Any = None
         children = [self.card]
-        registered = handle._version is not None
         if self.gpu_class is not None and registered:
             children.append(self.usage_label)
         super().__init__(children=children, layout=w.Layout(width="auto"))
@@ -51,6 +50,7 @@ class FunctionCardWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
         self._follow_usage(listener is not None, start, _read_usage)
 
     def _apply(self, usage: Sequence[Any]) -> None:
+        assert self.gpu_class is not None  # only a card with a class follows usage
         self.usage = next((u for u in usage if u.name == self.gpu_class), None)
         line = display.usage_line(self.gpu_class, self.usage)
         self.usage_label.value = f"<span class='lancefn-card-usage' style='color:#555'>{html.escape(line)}</span>"
@@ -66,9 +66,7 @@ class FunctionCardWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
 
 
 def _read_usage() -> list:
-    from lancefn_jupyter.session import current_client
-
     try:
-        return current_client().gpu.usage()
+        return session.current_client().gpu.usage()
     except Exception:  # usage needs the system-usage privilege; the card stands without it
         return []

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from lancefn_jupyter.client.listener import EventListener, bind
+from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.widgets._support import FallbackReprMixin, LiveUsageMixin
+from lancefn_jupyter.widgets._support import FallbackReprMixin, LiveUsageMixin, bind
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.client import Client
 
 __all__ = ["GpuClassesWidget"]
 
@@ -28,7 +31,7 @@ class GpuClassesWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
         classes: Sequence[Any] | None = None,
         usage: Sequence[Any] | None = None,
         *,
-        client: Any = None,
+        client: Client | None = None,
         listener: EventListener | None = None,
         start: bool = True,
     ):

@@ -12,31 +12,38 @@ from __future__ import annotations
 
 import html
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 from ipywidgets.widgets.widget_int import ProgressStyle
 from ipywidgets.widgets.widget_string import HTMLStyle
 
 from lancefn_jupyter.client.errors import LancefnError
-from lancefn_jupyter.client.listener import EventListener, bind, start_listener
+from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
 from lancefn_jupyter.display.cards import function_ref
 from lancefn_jupyter.widgets._job import BAR_STYLE
-from lancefn_jupyter.widgets._support import FallbackReprMixin
+from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.client import Client
 
 __all__ = ["JobsDashboard"]
 
-STATE_OPTIONS = [
-    ("all states", ""),
-    ("pending", "PENDING"),
-    ("running", "IN_PROGRESS"),
-    ("finished", "DONE"),
-    ("failed", "FAILED"),
-    ("cancelled", "CANCELLED"),
-    ("timed out", "TIMED_OUT"),
+STATE_OPTIONS = [("all states", ""), *((display_state(state), state.value) for state in JobState)]
+# The summary's order: what is live first, then how jobs ended.
+_SUMMARY_ORDER = [
+    display_state(state)
+    for state in (
+        JobState.IN_PROGRESS,
+        JobState.PENDING,
+        JobState.DONE,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.TIMED_OUT,
+    )
 ]
 COLUMNS = ["job", "function", "state", "placement", "progress", "detail", ""]
 # Shown after "function" once jobs of more than one namespace are visible (an admin on a shared server).
@@ -73,14 +80,13 @@ def _detail_text(job: Any) -> str:
 
 
 class _Row:
-    """One job's cells in the grid."""
+    """One job's cells in the grid; `cancel(job_id)` is what its button does."""
 
-    def __init__(self, dashboard: JobsDashboard, job: Any):
+    def __init__(self, job: Any, shared: dict[str, Any], cancel: Callable[[str], Any]):
         self.job_id = job.job_id
         self.job = job
-        # Rows share their Layout/Style models: a row is 7 models instead of 21 (widget creation is
-        # what a new job costs on the listener thread).
-        shared = dashboard._shared
+        # Rows share their Layout/Style models (`shared`, the dashboard's): a row is 7 models instead
+        # of 21 (widget creation is what a new job costs on the listener thread).
         cell = {"layout": shared["cell"], "style": shared["html"]}
         self.id_cell = w.HTML(f"<code title='{html.escape(job.job_id)}'>{html.escape(job.job_id[:12])}</code>", **cell)
         self.function_cell = w.HTML(**cell)
@@ -96,7 +102,7 @@ class _Row:
             layout=shared["button"],
             style=shared["button_style"],
         )
-        self.cancel_button.on_click(lambda _b, job_id=job.job_id: dashboard.cancel(job_id))
+        self.cancel_button.on_click(lambda _b, job_id=job.job_id: cancel(job_id))
         self.cells = [
             self.id_cell,
             self.function_cell,
@@ -150,7 +156,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         name: str | None = None,
         limit: int = 25,
         jobs: Sequence[Any] | None = None,
-        client: Any = None,
+        client: Client | None = None,
         listener: EventListener | None = None,
         start: bool = True,
     ):
@@ -210,7 +216,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self._listener.subscribe_jobs(self._on_event, resync=self._resync)
         self._listener.subscribe_tick(self._on_tick)
         if start:
-            start_listener() if listener is None else self._listener.start()
+            start_listening(self._listener, own=listener is not None)
         if jobs is not None and not start:
             self._merge(jobs)
         else:
@@ -218,7 +224,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
 
     # ---------------------------------------------------------------- data
 
-    def _load(self, client: Any) -> None:
+    def _load(self, client: Client) -> None:
         """Recent jobs (and, with filters, recent matching ones) over REST, merged with live state."""
         with self._lock:
             self._touched.clear()
@@ -241,7 +247,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
                 self._upsert(job)
             self._render()
 
-    def _resync(self, client: Any) -> None:
+    def _resync(self, client: Client) -> None:
         self._load(client)
 
     def _upsert(self, job: Any) -> None:
@@ -298,7 +304,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         ids = [job.job_id for job in visible]
         for job in visible:
             if job.job_id not in self.rows:
-                self.rows[job.job_id] = _Row(self, job)
+                self.rows[job.job_id] = _Row(job, self._shared, self.cancel)
         multi = len({getattr(j, "namespace", None) for j in self.jobs.values()} - {None}) > 1
         if ids != self._shown or multi != self._multi_namespace:
             self._shown, self._multi_namespace = ids, multi
@@ -314,11 +320,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         for job in self.jobs.values():
             label = display_state(job.job_state)
             counts[label] = counts.get(label, 0) + 1
-        parts = ", ".join(
-            f"{counts[s]} {s}"
-            for s in ("running", "pending", "finished", "failed", "cancelled", "timed out")
-            if counts.get(s)
-        )
+        parts = ", ".join(f"{counts[s]} {s}" for s in _SUMMARY_ORDER if counts.get(s))
         self.summary.value = (
             f"<span class='lancefn-jobs-summary' style='margin-left:12px'>{len(ids)} shown"
             f"{' · ' + html.escape(parts) if parts else ''}</span>"

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
 from lancefn_jupyter.client.errors import LancefnError
-from lancefn_jupyter.client.listener import EventListener, bind, start_listener
+from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.widgets._support import FallbackReprMixin
+from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.wire.models import Job
 
 __all__ = ["JobWidget"]
 
@@ -43,8 +47,8 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self,
         job_id: str,
         *,
-        client: Any = None,
-        snapshot: Any = None,
+        client: Client | None = None,
+        snapshot: Job | None = None,
         function: Any = None,
         listener: EventListener | None = None,
         start: bool = True,
@@ -53,7 +57,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self._client, self._listener = bind(client, listener)
         self._function = function  # a GpuFunction, to map remote tracebacks to its cell
         self._lock = threading.RLock()
-        self._snapshot: Any = None
+        self._snapshot: Job | None = None
         self._events_seen = 0
         self._log_lines: list[str] = []
         self._log_offset = 0
@@ -97,7 +101,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self._listener.subscribe_tick(self._on_tick)
         self._subscribed = True
         if start:
-            start_listener() if listener is None else self._listener.start()
+            start_listening(self._listener, own=listener is not None)
         seen = self._events_seen
         job = snapshot if snapshot is not None else self._client.jobs.describe(job_id)
         job = self._listener.observe_rest(job)
@@ -108,7 +112,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
     # ---------------------------------------------------------------- reading
 
     @property
-    def snapshot(self) -> Any:
+    def snapshot(self) -> Job | None:
         return self._snapshot
 
     @property

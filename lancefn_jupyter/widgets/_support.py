@@ -1,4 +1,5 @@
-"""When to show a widget, and the text/HTML fallbacks every widget carries.
+"""When to show a widget, the text/HTML fallbacks every widget carries, and the client and event
+listener a widget follows (runs in the kernel).
 
 A widget is shown only where a frontend can render it: ipywidgets >= 8 importable and a Jupyter
 kernel (ipykernel) behind IPython. Everywhere else (terminal IPython, scripts, ipywidgets missing or
@@ -11,20 +12,26 @@ state (docs/ARCHITECTURE.md, "Client and API (kernel side)"; the Ray pattern).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-log = logging.getLogger("lancefn_jupyter.widgets")
+from lancefn_jupyter import session
+from lancefn_jupyter.client.logs import log
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.client.listener import EventListener
 
 __all__ = [
     "WIDGET_VIEW_MIME",
     "FallbackReprMixin",
     "LiveUsageMixin",
+    "bind",
     "in_frontend_kernel",
     "rich_bundle",
     "set_widgets",
+    "start_listening",
     "use_widgets",
     "widgets_available",
 ]
@@ -83,6 +90,19 @@ def use_widgets() -> bool:
     return available
 
 
+def bind(client: Client | None, listener: EventListener | None) -> tuple[Client, EventListener]:
+    """The client and listener a widget uses: the ones given, else this kernel's current ones."""
+    return (client if client is not None else session.current_client()), listener or session.listener()
+
+
+def start_listening(listener: EventListener, own: bool) -> None:
+    """Start a widget's listener: the one given to it (`own`), else the kernel's (stopped at exit)."""
+    if own:
+        listener.start()
+    else:
+        session.start_listener()
+
+
 def rich_bundle(make_widget: Callable[[], Any], fallback: Callable[[], tuple[str, str]]) -> dict:
     """The widget's bundle (view + text + HTML) where widgets work, else text + HTML only."""
     if use_widgets():
@@ -129,11 +149,9 @@ class LiveUsageMixin:
 
     def _follow_usage(self, own_listener: bool, start: bool, read: Callable[[], Sequence[Any]]) -> None:
         """Subscribe (and start the kernel's listener, or `own_listener` given to the widget), then show."""
-        from lancefn_jupyter.client.listener import start_listener
-
         self._listener.subscribe_usage(self._on_usage)
         if start:
-            self._listener.start() if own_listener else start_listener()
+            start_listening(self._listener, own_listener)
         seen = self._usage_events
         current = self._listener.usage if self._listener.connected else None
         if current is None:

@@ -6,12 +6,19 @@ from typing import Any
 
 from pydantic import Field
 
-from lancefn_jupyter.wire.models import JobState, _RemoteValue
+from lancefn_jupyter.wire.models import JobState, _RemoteValue, display_state
 
 __all__ = ["STRIP_STATES", "Batch", "BatchChunk", "BatchFailure"]
 
 # The `strip` letters (one per chunk, in input order) and the state each stands for.
-STRIP_STATES = {"p": "pending", "r": "running", "d": "finished", "f": "failed", "c": "cancelled"}
+STRIP_STATES = {
+    letter: display_state(state)
+    for letter, state in zip(
+        "prdfc",
+        (JobState.PENDING, JobState.IN_PROGRESS, JobState.DONE, JobState.FAILED, JobState.CANCELLED),
+        strict=True,
+    )
+}
 
 
 class BatchFailure(_RemoteValue):
