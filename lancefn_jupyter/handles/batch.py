@@ -177,7 +177,6 @@ class Batch(RecordHandle[BatchRecord]):
         self.reused_chunks = 0
         self._snapshot = snapshot
         self._results: dict[int, Any] = {}  # chunk index → its rows' results (fetched once)
-        self._widget: Any = None
 
     @classmethod
     def attach(cls, batch_id: str, *, client: Client | None = None) -> Batch:

@@ -359,7 +359,8 @@ class GpuFunction:
         return run.results[0]
 
     # -- display
-    def _card(self) -> tuple[str, str]:
+    def card(self) -> tuple[str, str]:
+        """(text, HTML) of the function card: version, digest, resources, environment, hardware."""
         runtime = self._request.runtime
         resources = runtime.resources
         env = runtime.environment
@@ -389,7 +390,7 @@ class GpuFunction:
         return function_card_bundle(self)
 
     def __repr__(self) -> str:
-        return self._card()[0]
+        return self.card()[0]
 
 
 class NotRegisteredError(LancefnError):

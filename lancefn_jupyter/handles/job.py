@@ -14,7 +14,7 @@ from typing import Any
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.display import cards as display
 from lancefn_jupyter.handles.base import FunctionRef, RecordHandle, waiting
-from lancefn_jupyter.session import current_client, shared_home
+from lancefn_jupyter.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 from lancefn_jupyter.wire.models import Job as JobRecord
@@ -68,9 +68,7 @@ class JobTimedOut(JobError):
 
 
 def _listener_live() -> bool:
-    from lancefn_jupyter.widgets import get_listener
-
-    return get_listener().is_live()
+    return listener().is_live()
 
 
 class Job(RecordHandle[JobRecord]):
@@ -91,11 +89,8 @@ class Job(RecordHandle[JobRecord]):
         self._single = single
         self._snapshot = snapshot
         self._arrow_results: list | None = None
-        self._widget: Any = None
-        # Held weakly; while the widgets' event listener runs, it keeps `state` current without HTTP.
-        from lancefn_jupyter.widgets import get_listener
-
-        get_listener().subscribe_job(job_id, self._update)
+        # Held weakly; while the kernel's event listener runs, it keeps `state` current without HTTP.
+        listener().subscribe_job(job_id, self._update)
 
     @classmethod
     def attach(cls, job_id: str, *, client: Client | None = None) -> Job:

@@ -119,4 +119,4 @@ def function_card_bundle(handle: Any) -> dict:
 
         return FunctionCardWidget(handle)
 
-    return rich_bundle(lambda: _cached(handle, make), handle._card)
+    return rich_bundle(lambda: _cached(handle, make), handle.card)

@@ -33,7 +33,7 @@ class FunctionCardWidget(FallbackReprMixin, LiveUsageMixin, w.VBox):
             registered = handle.version is not None
         except Exception:  # the card still shows the request; the error surfaces on submit
             registered = False
-        text, markup = handle._card()
+        text, markup = handle.card()
         self._text, self._markup = text, markup
         resources = handle.registration_request.runtime.resources
         self.gpu_class: str | None = (resources.gpu_class or "default") if resources is not None else None
