@@ -26,7 +26,7 @@ from lancefn_jupyter.server.http.routes.context import RouteContext
 from lancefn_jupyter.server.plane import ControlPlane
 from lancefn_jupyter.server.policy.namespaces import Principal
 
-__all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_ARTIFACT_BYTES", "DEFAULT_MAX_BODY_BYTES", "create_app"]
+__all__ = ["create_app"]
 
 DEFAULT_MAX_ARROW_BODY_BYTES = 4 * 1024**3  # Arrow rows stream to a file, never into memory
 

@@ -8,7 +8,7 @@ one commit with ``with store.batch():``.
 
 One connection shared by all threads behind a lock: SQLite serialises writers anyway, and
 every statement here is short.  The store knows nothing about job semantics; it maps
-:class:`JobRecord` (owned by the core) to rows.
+:class:`JobRecord` (owned by the job table) to rows.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ CREATE TABLE IF NOT EXISTS events(
 
 @dataclass
 class JobRecord:
-    """A job as the core tracks it (mutable; the wire form is built by the core)."""
+    """A job as the control plane tracks it (mutable; the wire form is built by the reports)."""
 
     job_id: str
     job_type: str
