@@ -1,5 +1,5 @@
 """A batch's state in memory and its wire form: pure (no store, no lock, no events).
-``batches.BatchManager`` drives it; ``batch_store.BatchStore`` saves and loads it
+``manager.BatchManager`` drives it; ``store.BatchStore`` saves and loads it
 (docs/ARCHITECTURE.md, "Batches")."""
 
 from __future__ import annotations

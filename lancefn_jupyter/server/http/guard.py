@@ -87,10 +87,10 @@ class Guard:
                 await reply(*body, close=True)
             if not isinstance(body, bytes):
                 return
-            direct = self.fastpath.route(scope["method"], scope["path"]) if self.fastpath else None
-            if direct is not None:
-                assert self.fastpath is not None
-                await self.fastpath.serve(direct, scope, headers, body, reply, send_with_id)
+            fastpath = self.fastpath
+            direct = fastpath.route(scope["method"], scope["path"]) if fastpath is not None else None
+            if fastpath is not None and direct is not None:
+                await fastpath.serve(direct, scope, headers, body, reply, send_with_id)
                 return
             inner_receive = _replay(body, receive)
         try:
