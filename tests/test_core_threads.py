@@ -1,4 +1,4 @@
-"""``routes.common.off_loop``: core work runs on core threads, several at once, and its outcome
+"""``offload.off_loop``: core work runs on core threads, several at once, and its outcome
 (value or exception) comes back to the awaiting coroutine while the event loop stays free."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from lancefn_jupyter.server.common import ApiError
-from lancefn_jupyter.server.http.routes.common import off_loop
+from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.http.offload import off_loop
 
 pytestmark = pytest.mark.unit
 

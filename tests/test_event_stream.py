@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 
 class _Core:
-    """The four calls ``event_stream`` makes; usage changes while its first snapshot is read."""
+    """The snapshots and the event log ``event_stream`` reads; usage changes while its first snapshot is read."""
 
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
@@ -45,7 +45,7 @@ async def _frames(count: int) -> list[tuple[str, dict]]:
         await asyncio.sleep(0)
         return value
 
-    stream = event_stream(core, 0, None, off_loop, keepalive_s=0.05)  # type: ignore[arg-type]
+    stream = event_stream(bus, core, core.events_after, 0, None, off_loop, keepalive_s=0.05)
     frames = []
     async for text in stream:
         if text.startswith(":"):

@@ -116,7 +116,7 @@ def test_random_gpu_class_configs_fail_only_with_a_config_error_naming_a_field(t
     raw=st.one_of(st.none(), st.text(max_size=40)),
 )
 def test_random_api_key_files_fail_only_with_an_api_key_error(tmp_path_factory, top, tables, raw):
-    from lancefn_jupyter.server.http.app import ApiKeyError, load_api_keys
+    from lancefn_jupyter.server.policy.namespaces import ApiKeyError, load_api_keys
 
     path = tmp_path_factory.mktemp("keys") / "keys.toml"
     path.write_text(raw if raw is not None else toml_document(top, tables, "api_keys"), encoding="utf-8")

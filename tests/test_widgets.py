@@ -25,7 +25,7 @@ import lancefn_jupyter.widgets as widgets_module
 from lancefn_jupyter import api
 from lancefn_jupyter.client.events import Event
 from lancefn_jupyter.client.listener import EventListener, queue_positions
-from lancefn_jupyter.server.plane import PROGRESS_EVENT_INTERVAL_S
+from lancefn_jupyter.server.control.callbacks import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.widgets import (
     WIDGET_VIEW_MIME,
     FunctionCardWidget,

@@ -1,10 +1,16 @@
-"""The lancefn control plane (``lancefn-server``): REST API, SQLite store, scheduler, executors.
+"""The lancefn control plane (``lancefn-server``): its own process, never imported by the kernel
+side.  Arranged by role (docs/ARCHITECTURE.md, "Control plane"); imports point down this list:
 
-Layout: ``cli`` (process, flags, server.json) → ``app`` (thin FastAPI routes) → ``core``
-(``ControlPlane``: the job state machine, composing ``catalog``, ``jobs``, ``callbacks``,
-``journal``, ``results``, ``reports`` and ``batches``; see docs/ARCHITECTURE.md) → ``store``
-(SQLite WAL), ``scheduler`` (pure FIFO-per-class placement), ``gpu_classes`` (TOML / NVML /
-simulated), ``executors`` (``local`` | ``ray``) → ``worker`` (runs an artifact).
-Nothing is imported here so that ``import lancefn_jupyter.server.policy.scheduler`` stays cheap for the
-kernel side.
+- ``cli``: the process (flags, home lock, ``server.json``);
+- ``http/``: the ASGI app, the guard and the fast path, auth, bodies, the routes;
+- ``plane``: ``ControlPlane``, the composition root and lifecycle;
+- ``batches/``: ``map`` fanned out over chunk jobs;
+- ``control/``: the job table, the state machine and the parts around it (catalog, queries,
+  journal, callbacks, results, reports, events);
+- ``executors/``: where tasks run (``local`` | ``ray``);
+- ``storage/``: SQLite (``store``) and the Arrow files next to it (``files``);
+- ``policy/``: pure rules (scheduler, expected starts, namespaces, GPU classes);
+- ``errors``, ``encoding``: what every layer shares (the client-visible error, compact JSON).
+
+Nothing is imported here so that ``import lancefn_jupyter.server.policy.scheduler`` stays cheap.
 """

@@ -296,14 +296,15 @@ def _open_store(home: Path) -> Any:
         raise _Refused(f"cannot open the state database {home / DB_FILENAME} ({error}); {hint}", 1) from None
 
 
-def _make_app(args: argparse.Namespace, core: Any, api_keys: dict[str, Any]) -> Any:
+def _make_app(args: argparse.Namespace, plane: Any, api_keys: dict[str, Any]) -> Any:
     """Step 6: the ASGI app with the request limits."""
-    from lancefn_jupyter.server.http.app import DEFAULT_MAX_BODY_BYTES, create_app
+    from lancefn_jupyter.server.http.app import create_app
+    from lancefn_jupyter.server.http.guard import DEFAULT_MAX_BODY_BYTES
 
     # A maximum-size artifact travels base64-encoded (4/3 of its bytes) in a JSON body.
     max_body = args.max_body_bytes or max(DEFAULT_MAX_BODY_BYTES, args.max_artifact_bytes * 4 // 3 + (64 << 10))
     return create_app(
-        core,
+        plane,
         api_keys=api_keys,
         max_body_bytes=max_body,
         max_artifact_bytes=args.max_artifact_bytes,
@@ -312,7 +313,7 @@ def _make_app(args: argparse.Namespace, core: Any, api_keys: dict[str, Any]) -> 
     )
 
 
-def _serve(args: argparse.Namespace, app: Any, core: Any, sock: socket.socket, server_json: Path, info: dict) -> int:
+def _serve(args: argparse.Namespace, app: Any, plane: Any, sock: socket.socket, server_json: Path, info: dict) -> int:
     """Step 7: serve until SIGTERM/SIGINT; ``server.json`` is written once serving (it means "ready")."""
     import uvicorn
 
@@ -356,7 +357,7 @@ def _serve(args: argparse.Namespace, app: Any, core: Any, sock: socket.socket, s
             return await super().on_tick(counter)
 
         async def shutdown(self, sockets: list | None = None) -> None:
-            core.begin_shutdown()  # end SSE streams and long polls so they don't delay the stop
+            plane.begin_shutdown()  # end SSE streams and long polls so they don't delay the stop
             await super().shutdown(sockets=sockets)
 
     config = uvicorn.Config(
@@ -404,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         data = DataStore(
             home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
         )
-        core = ControlPlane(store=store, classes=classes, executor=executor, version=__version__, data=data)
-        app = _make_app(args, core, api_keys)
+        plane = ControlPlane(store=store, classes=classes, executor=executor, version=__version__, data=data)
+        app = _make_app(args, plane, api_keys)
         info = {
             "url": url,
             "api_key": admin_key,
@@ -415,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             "executor": args.executor,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        return _serve(args, app, core, sock, home / SERVER_JSON, info)
+        return _serve(args, app, plane, sock, home / SERVER_JSON, info)
     except _Refused as refused:
         return _say(refused)
     finally:

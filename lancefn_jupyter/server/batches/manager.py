@@ -1,7 +1,7 @@
 """Batches: one `map` fanned out as chunk jobs over a GPU class (docs/ARCHITECTURE.md, "Batches").
 
 A batch owns its input cut into chunks (rows stored per chunk) and submits each chunk as an
-ordinary ``run_function`` job of the same version through ``ControlPlane.run``, so chunks wait in
+ordinary ``run_function`` job of the same version through ``JobMachine.run``, so chunks wait in
 the class's FIFO like any job.  ``parallel`` bounds how many chunk jobs exist (pending or running)
 at once; ``None`` ("auto") submits every chunk and lets the class's GPUs bound it.
 
@@ -14,10 +14,11 @@ Durability: a chunk's job id and attempt count are written in the same transacti
 chunk's outcome is read back from its job on start (``recover``), so a control plane killed at any
 point resumes the batch with no row lost and none counted twice (a job's result is one write).
 
-Everything runs under the core's lock: hooks arrive from ``JobJournal.persist`` (``journal.py``).
+Runs in the control plane, everything under the job table's lock: job changes arrive as a watcher
+of the journal (``JobJournal.persist``; ``plane.py`` registers ``on_job``).
 
-A batch's state in memory and its wire form are in ``batch_state.py`` (pure), its tables in
-``batch_store.py``; the kernel side's cutting and stacking live in ``batching.py``.
+A batch's state in memory and its wire form are in ``state.py`` (pure), its tables in
+``store.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lancefn_jupyter.server.batches.state import (
     MAX_CHUNKS,
@@ -41,7 +42,12 @@ from lancefn_jupyter.server.batches.state import (
     split_arrow_chunks,
 )
 from lancefn_jupyter.server.batches.store import BATCH_SCHEMA, BatchStore
-from lancefn_jupyter.server.common import (
+from lancefn_jupyter.server.control.catalog import FunctionCatalog
+from lancefn_jupyter.server.control.events import EventBus
+from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.machine import JobMachine
+from lancefn_jupyter.server.control.queries import JobQueries
+from lancefn_jupyter.server.control.states import (
     CANCELLED,
     DONE,
     FAILED,
@@ -49,16 +55,14 @@ from lancefn_jupyter.server.common import (
     PENDING,
     TERMINAL,
     TIMED_OUT,
-    ApiError,
-    dumps,
     now_ms,
 )
 from lancefn_jupyter.server.control.waiters import Waiters
+from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.server.plane import ControlPlane
-    from lancefn_jupyter.server.storage.store import JobRecord
+from lancefn_jupyter.server.storage.files import DataStore
+from lancefn_jupyter.server.storage.store import JobRecord, Store
 
 __all__ = ["BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES", "BatchManager"]
 
@@ -67,18 +71,32 @@ log = logging.getLogger("lancefn.server")
 BATCH_EVENT_INTERVAL_S = 0.2  # batch events are coalesced per batch; terminal ones go out at once
 
 
+# The rows of the batch being created, by chunk: its first submissions use these instead of
+# reading them back (None: the chunks' rows are read from the batch's tables).
+FreshRows = list | None
+
+
 class BatchManager:
-    def __init__(self, core: ControlPlane):
-        self.core = core
-        self.store = core.store
-        self.saved = BatchStore(core.store)
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        store: Store,
+        data: DataStore,
+        bus: EventBus,
+        catalog: FunctionCatalog,
+        jobs: JobQueries,
+        machine: JobMachine,
+    ) -> None:
+        self.table, self.store, self.data, self.bus = table, store, data, bus
+        self.catalog, self.jobs, self.machine = catalog, jobs, machine
+        self.saved = BatchStore(store)
         self._batches: dict[str, Batch] = {}  # active batches (terminal ones are read from the store)
         self._by_job: dict[str, tuple[str, int]] = {}  # live chunk job → (batch, chunk)
-        self._waiters = Waiters(core._lock)
+        self._waiters = Waiters(table.lock)
         self._emitted: dict[str, float] = {}
         self._held: set[str] = set()
         self._recovered = False
-        self._fresh_rows: list | None = None  # the chunks of the batch being created (core lock held)
 
     # ----------------------------------------------------------------- requests
 
@@ -102,19 +120,18 @@ class BatchManager:
         the latest such batch is reused — finished chunks kept, the rest run again.
         ``arrow_rows``: the path of an Arrow IPC stream, one record batch per chunk, instead of
         JSON ``chunks`` (checked against the signature like a ``functions/run`` body)."""
-        core = self.core
         # The version the caller means (namespaces, as for functions/run); the batch lives in its namespace.
-        fv, namespace = core.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
+        fv, namespace = self.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
         if arrow_rows is not None:
             try:
-                core.data.check_rows(arrow_rows, fv.signature.inputs, f"{fv.name}@{fv.version}")
+                self.data.check_rows(arrow_rows, fv.signature.inputs, f"{fv.name}@{fv.version}")
             except ValueError as error:
                 raise ApiError(400, str(error)) from None
             chunks = split_arrow_chunks(arrow_rows)
         check_request(chunks, parallel, retries)
         encoded = check_chunks(fv, chunks)
         digest = input_digest(encoded)
-        with core._lock:
+        with self.table.lock:
             if not fresh:
                 previous = self.saved.find(namespace, name, version, digest)
                 if previous is not None:
@@ -138,32 +155,29 @@ class BatchManager:
             for chunk in cut(chunks):
                 batch.add_chunk(chunk)
             batch.waiting.extend(range(len(chunks)))
-            self._fresh_rows = chunks  # the first submissions use these instead of reading them back
             with self.store.batch():
                 self.saved.insert(batch, encoded)
                 self._batches[batch.batch_id] = batch
                 try:
-                    self._advance(batch)
+                    self._advance(batch, fresh=chunks)
                 except BaseException:
                     self._forget(batch)
                     raise
-                finally:
-                    self._fresh_rows = None
             self._changed(batch)
             return {"batch_id": batch.batch_id, "reused_chunks": 0}
 
     def describe(self, batch_id: str, *, include_chunks: bool = True, scope: str | None = None) -> dict:
-        with self.core._lock:
+        with self.table.lock:
             return batch_wire(self._get(batch_id, scope), include_chunks=include_chunks)
 
     def list(self, *, state: str | None, name: str | None, limit: int, scope: str | None = None) -> dict:
-        with self.core._lock:
+        with self.table.lock:
             ids = self.saved.ids(scope=scope, state=state, name=name, limit=limit)
             return {"batches": [batch_wire(self._get(i), include_chunks=False) for i in ids]}
 
     def cancel(self, batch_id: str, scope: str | None = None) -> dict:
         """Cancel every chunk still pending or running; finished chunks keep their results."""
-        with self.core._lock:
+        with self.table.lock:
             batch = self._get(batch_id, scope)
             if batch.state in TERMINAL:
                 return {"batch_id": batch_id, "cancelled": False}
@@ -175,14 +189,14 @@ class BatchManager:
                 for idx in sorted(batch.live):
                     job_id = batch.chunks[idx].job_id
                     if job_id is not None:
-                        self.core.cancel_job(job_id)  # its hook marks the chunk CANCELLED
+                        self.machine.cancel(job_id)  # its hook marks the chunk CANCELLED
                 self._advance(batch)
             self._changed(batch)
             return {"batch_id": batch_id, "cancelled": True}
 
     def retry(self, batch_id: str, scope: str | None = None) -> dict:
         """Run again every chunk that did not finish (failed or cancelled); finished ones are kept."""
-        with self.core._lock:
+        with self.table.lock:
             batch = self._get(batch_id, scope)
             redo = [c for c in batch.chunks if c.state in (FAILED, CANCELLED, TIMED_OUT)]
             if not redo:
@@ -207,19 +221,19 @@ class BatchManager:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            with self.core._lock:
+            with self.table.lock:
                 batch = self._get(batch_id, scope)
                 newer = revision is not None and batch.revision > revision
                 left = deadline - loop.time()
-                if newer or batch.state in TERMINAL or left <= 0 or not self.core._started:
+                if newer or batch.state in TERMINAL or left <= 0 or not self.table.started:
                     return batch_wire(batch, include_chunks=True)
                 future = self._waiters.add(batch_id, loop)
             await self._waiters.wait(batch_id, future, left)
 
-    # ------------------------------------------------------------ core hooks
+    # ------------------------------------------------------- journal hooks
 
     def recover(self) -> None:
-        """On start (core lock held, after the core re-queued its jobs): load unfinished batches and
+        """On start (lock held, after the machine re-queued its jobs): load unfinished batches and
         read each live chunk's outcome from its job, then submit what is due."""
         for batch_id in self.saved.unfinished_ids():
             batch = self.saved.load(batch_id)
@@ -227,7 +241,7 @@ class BatchManager:
             self._activate(batch)
             for idx in sorted(batch.live):
                 chunk = batch.chunks[idx]
-                rec = self.core.job_record(chunk.job_id) if chunk.job_id else None
+                rec = self.jobs.record(chunk.job_id) if chunk.job_id else None
                 if rec is None:  # the job never got saved: run the chunk again
                     batch.live.discard(idx)
                     chunk.job_id = None
@@ -239,8 +253,8 @@ class BatchManager:
         self._recovered = True
 
     def on_job(self, rec: JobRecord) -> None:
-        """A chunk job changed (called by the core after it saved the change)."""
-        if not self._recovered:
+        """A job changed (a journal watcher, called once the change is saved): follow it if it is a chunk's."""
+        if "batch_id" not in rec.spec or not self._recovered:
             return  # recover() reads every chunk job's state once the batches are loaded
         where = self._by_job.get(rec.job_id)
         if where is None:
@@ -252,7 +266,7 @@ class BatchManager:
             self._job_changed(batch, batch.chunks[where[1]], rec)
             self._advance(batch)
             self._changed(batch)
-        except Exception:  # never into the core's job bookkeeping; the batch re-reads on restart
+        except Exception:  # never into the journal's job bookkeeping; the batch re-reads on restart
             log.exception("batch %s: could not follow job %s", batch.batch_id, rec.job_id)
 
     # ---------------------------------------------------------------- internals
@@ -289,8 +303,9 @@ class BatchManager:
         else:
             self._set_chunk(batch, chunk, FAILED)
 
-    def _advance(self, batch: Batch) -> None:
-        """Submit chunks while the window has room; finish the batch when nothing is left to run."""
+    def _advance(self, batch: Batch, fresh: FreshRows = None) -> None:
+        """Submit chunks while the window has room; finish the batch when nothing is left to run.
+        ``fresh``: the batch is being created, with these rows (a refused chunk then fails the request)."""
         if batch.state in TERMINAL:
             return
         window = batch.parallel or len(batch.chunks)
@@ -299,9 +314,9 @@ class BatchManager:
                 while batch.waiting and len(batch.live) < window:
                     chunk = batch.chunks[batch.waiting.popleft()]
                     try:
-                        self._submit(batch, chunk)
+                        self._submit(batch, chunk, fresh)
                     except ApiError as error:
-                        if self._fresh_rows is not None:
+                        if fresh is not None:
                             raise  # creating the batch: the request fails and nothing is kept
                         # E.g. the version was dropped since: the chunk fails, saying why.
                         chunk.failure = {"phase": "validation", "message": error.message}
@@ -313,9 +328,9 @@ class BatchManager:
         self.saved.save_batch(batch)
         self._forget(batch)
 
-    def _submit(self, batch: Batch, chunk: Chunk) -> None:
-        if self._fresh_rows is not None and chunk.attempts == 0:
-            rows = self._fresh_rows[chunk.idx]
+    def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
+        if fresh is not None and chunk.attempts == 0:
+            rows = fresh[chunk.idx]
         else:
             rows = self.saved.chunk_rows(batch.batch_id, chunk.idx)
         arrow_rows = None
@@ -323,7 +338,7 @@ class BatchManager:
             # Arrow chunk: handed to its job as a rows file, the data plane's path for a functions/run body.
             from lancefn_jupyter.wire.dataplane import write_bytes_file
 
-            arrow_rows, _ = self.core.data.new_rows_file()
+            arrow_rows, _ = self.data.new_rows_file()
             write_bytes_file(arrow_rows, rows, durable=False)
             rows = None
         chunk.attempts += 1
@@ -331,7 +346,7 @@ class BatchManager:
         with self.store.batch():
             # The job and the chunk's pointer to it commit together (see the module's durability note).
             try:
-                job_id = self.core.run(
+                job_id = self.machine.run(
                     batch.name,
                     batch.version,
                     rows,
@@ -349,7 +364,7 @@ class BatchManager:
             batch.live.add(chunk.idx)
             self._by_job[job_id] = (batch.batch_id, chunk.idx)
             self.saved.save_chunk(batch, chunk)
-        rec = self.core.job_record(job_id)
+        rec = self.jobs.record(job_id)
         if rec is not None and rec.state != chunk.state:  # placed and started at once (hook ran before the mapping)
             self._job_changed(batch, chunk, rec)
 
@@ -385,7 +400,7 @@ class BatchManager:
     def _changed(self, batch: Batch) -> None:
         """Wake long polls and publish a (coalesced) `batch` event."""
         batch.revision += 1
-        loop = self.core._loop
+        loop = self.table.loop
         self._waiters.wake(batch.batch_id, loop)
         now = time.monotonic()
         since = now - self._emitted.get(batch.batch_id, 0.0)
@@ -403,7 +418,7 @@ class BatchManager:
                 pass
 
     def _flush(self, batch_id: str) -> None:
-        with self.core._lock:
+        with self.table.lock:
             if batch_id not in self._held:
                 return
             self._held.discard(batch_id)
@@ -413,4 +428,4 @@ class BatchManager:
                 self._publish(batch)
 
     def _publish(self, batch: Batch) -> None:
-        self.core.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
+        self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)

@@ -1,5 +1,5 @@
 """A batch's state in memory and its wire form: pure (no store, no lock, no events).
-``batches.BatchManager`` drives it; ``batch_store.BatchStore`` saves and loads it
+``manager.BatchManager`` drives it; ``store.BatchStore`` saves and loads it
 (docs/ARCHITECTURE.md, "Batches")."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from lancefn_jupyter.server.common import CANCELLED, DONE, FAILED, IN_PROGRESS, PENDING, TIMED_OUT, ApiError, dumps
-from lancefn_jupyter.server.control.queries import check_rows
+from lancefn_jupyter.server.control.rows import check_rows
+from lancefn_jupyter.server.control.states import CANCELLED, DONE, FAILED, IN_PROGRESS, PENDING, TIMED_OUT
+from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.wire.models import FunctionVersion
 
 MAX_CHUNKS = 100_000
@@ -114,7 +116,7 @@ def check_request(chunks: Any, parallel: int | None, retries: int) -> None:
 
 def check_chunks(fv: FunctionVersion, chunks: list) -> list:
     """Every row fits the signature (the message names chunk and row); returns each chunk's JSON.
-    Fast path: the parameter names per row and one JSON encoding per chunk; ``jobs.check_rows``
+    Fast path: the parameter names per row and one JSON encoding per chunk; ``rows.check_rows``
     only to name a problem."""
     if all(isinstance(rows, bytes) for rows in chunks):
         return chunks  # Arrow chunks: checked as one stream against the signature already

@@ -7,7 +7,8 @@ import json
 import time
 
 from lancefn_jupyter.server.batches.state import Batch, Chunk
-from lancefn_jupyter.server.common import IN_PROGRESS, PENDING, dumps
+from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
+from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.storage.store import Store
 
 BATCH_SCHEMA = """

@@ -1,6 +1,7 @@
 """Executor callbacks: what executors report about a launched job (started, progress, log lines,
-success, failure), applied to the core's job state machine.  Executors call these on their own
-threads (``executors.base.ExecutorCallbacks``); each takes the core's lock."""
+success, failure), applied to the job state machine (``machine.py``).  Runs in the control plane:
+executors call these on their own threads (``executors.base.ExecutorCallbacks``); each takes the
+job table's lock."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
+from typing import Any, Concatenate, ParamSpec
 
 from pydantic import ValidationError
 
-from lancefn_jupyter.server.common import DONE, FAILED, IN_PROGRESS, TERMINAL, TIMED_OUT, clean_text, now_ms
+from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.journal import JobJournal
+from lancefn_jupyter.server.control.machine import JobMachine
+from lancefn_jupyter.server.control.queries import JobQueries
+from lancefn_jupyter.server.control.reports import Reports
+from lancefn_jupyter.server.control.results import Results
+from lancefn_jupyter.server.control.states import DONE, FAILED, IN_PROGRESS, TERMINAL, TIMED_OUT, now_ms
+from lancefn_jupyter.server.encoding import clean_text
 from lancefn_jupyter.server.executors.base import redact_env
 from lancefn_jupyter.server.storage.store import JobRecord, is_storage_full
 from lancefn_jupyter.wire.models import JobFailure
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.server.plane import ControlPlane
 
 log = logging.getLogger("lancefn.server")
 
@@ -30,7 +35,7 @@ _P = ParamSpec("_P")
 def _callback(
     method: Callable[Concatenate[JobCallbacks, JobRecord, _P], None],
 ) -> Callable[Concatenate[JobCallbacks, str, _P], None]:
-    """The one guard of every callback: under the core's lock, the method gets the job if it is
+    """The one guard of every callback: under the job table's lock, the method gets the job if it is
     still active (a late report about a finished job, e.g. after a cancel, is ignored).  It never
     raises into executor threads, and a bookkeeping error does not leave the job hanging: the job
     is failed instead.  A full disk is not such an error: state changes are kept in memory and
@@ -40,7 +45,7 @@ def _callback(
     @functools.wraps(method)
     def guarded(self: JobCallbacks, job_id: str, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
         try:
-            with self.core._lock:
+            with self.table.lock:
                 rec = self._live(job_id)
                 if rec is not None:
                     method(self, rec, *args, **kwargs)
@@ -55,37 +60,47 @@ def _callback(
 
 
 class JobCallbacks:
-    """Implements ``executors.base.ExecutorCallbacks`` for the core."""
+    """Implements ``executors.base.ExecutorCallbacks`` for the control plane."""
 
-    def __init__(self, core: ControlPlane):
-        self.core = core
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        journal: JobJournal,
+        reports: Reports,
+        results: Results,
+        jobs: JobQueries,
+        machine: JobMachine,
+    ) -> None:
+        self.table, self.journal, self.reports, self.results = table, journal, reports, results
+        self.jobs, self.machine = jobs, machine
         self._progress_emitted: dict[str, float] = {}
         self._progress_held: set[str] = set()  # jobs whose latest count waits for the interval to end
 
     def _live(self, job_id: str) -> JobRecord | None:
         """The job if it is still active (a late report about a finished job is ignored)."""
-        rec = self.core._active.get(job_id)
+        rec = self.table.active.get(job_id)
         return None if rec is None or rec.state in TERMINAL else rec
 
     def forget(self, job_id: str) -> None:
+        """The job finished (a journal forgetter): its progress coalescing is done with."""
         self._progress_emitted.pop(job_id, None)
         self._progress_held.discard(job_id)
 
     @_callback
     def task_started(self, rec: JobRecord, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
-        core = self.core
         rec.state = IN_PROGRESS
         rec.started_ms = rec.started_ms or now_ms()
-        core.reports.estimator.invalidate()  # its GPUs now free at started_ms + its run time
+        self.reports.estimator.invalidate()  # its GPUs now free at started_ms + its run time
         rec.devices = tuple(devices) or rec.devices
         rec.node = node
-        core.journal.persist_soon(rec)
-        if core._executor_queues and rec.num_gpus:
-            core.reports.publish_usage()
+        self.journal.persist_soon(rec)
+        if self.table.executor_queues and rec.num_gpus:
+            self.reports.publish_usage()
 
     @_callback
     def task_progress(self, rec: JobRecord, rows_done: int) -> None:
-        core, job_id = self.core, rec.job_id
+        job_id, loop = rec.job_id, self.table.loop
         rec.rows_done = max(rec.rows_done, min(int(rows_done), rec.rows_total))
         now = time.monotonic()
         # Coalesce: a 10k-row map must not write 10k events; the last row always gets one, and a
@@ -94,15 +109,15 @@ class JobCallbacks:
         if rec.rows_done == rec.rows_total or since >= PROGRESS_EVENT_INTERVAL_S:
             self._progress_emitted[job_id] = now
             self._progress_held.discard(job_id)
-            core.journal.persist_soon(rec)
-        elif job_id not in self._progress_held and core._loop is not None:
+            self.journal.persist_soon(rec)
+        elif job_id not in self._progress_held and loop is not None:
             self._progress_held.add(job_id)
             delay = PROGRESS_EVENT_INTERVAL_S - since
-            core._loop.call_soon_threadsafe(core._loop.call_later, delay, self._flush_progress, job_id)
+            loop.call_soon_threadsafe(loop.call_later, delay, self._flush_progress, job_id)
 
     def _flush_progress(self, job_id: str) -> None:
         """Publish a progress count the coalescing interval held back (runs on the event loop)."""
-        with self.core._lock:
+        with self.table.lock:
             if job_id not in self._progress_held:
                 return
             self._progress_held.discard(job_id)
@@ -110,28 +125,26 @@ class JobCallbacks:
             if rec is None:
                 return
             self._progress_emitted[job_id] = time.monotonic()
-            self.core.journal.persist(rec, new=False)
+            self.journal.persist(rec, new=False)
 
     @_callback
     def task_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
-        self.core.journal.append_log(rec, clean_text(str(stream)), [clean_text(str(line)) for line in lines])
+        self.journal.append_log(rec, clean_text(str(stream)), [clean_text(str(line)) for line in lines])
 
     @_callback
     def task_succeeded(self, rec: JobRecord, results: list | Mapping[str, Any]) -> None:
-        core = self.core
-        problem = core.results.take(rec, results)
+        problem = self.results.take(rec, results)
         if problem:
             rec.failure = JobFailure(phase="result", message=problem).to_wire()
-            core._finish(rec, FAILED)
+            self.machine.finish(rec, FAILED)
             return
         rec.rows_done = rec.rows_total
-        core._finish(rec, DONE)
+        self.machine.finish(rec, DONE)
         if not isinstance(results, list):
-            core.results.arrived()
+            self.results.arrived()
 
     @_callback
     def task_failed(self, rec: JobRecord, failure: JobFailure | Mapping[str, Any]) -> None:
-        core = self.core
         if isinstance(failure, JobFailure):
             wire = failure.to_wire()
         else:
@@ -139,15 +152,15 @@ class JobCallbacks:
                 wire = JobFailure.from_wire(failure).to_wire()
             except ValidationError:
                 wire = JobFailure(phase="executor", message=f"worker failed: {str(failure)[:2000]}").to_wire()
-        env = [core._job_env.get(rec.job_id, {})]
+        env = [self.table.job_env.get(rec.job_id, {})]
         wire = {k: clean_text(redact_env(v, env)) if isinstance(v, str) else v for k, v in wire.items()}
         rec.failure = wire
-        core._finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
+        self.machine.finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
 
     def _fail_after_error(self, job_id: str) -> None:
-        core = self.core
-        with core._lock:
-            rec = core._active.get(job_id)
+        table = self.table
+        with table.lock:
+            rec = table.active.get(job_id)
             if rec is None:
                 return
             rec.failure = JobFailure(
@@ -156,15 +169,15 @@ class JobCallbacks:
                 retryable=True,
             ).to_wire()
             try:
-                core._finish(rec, FAILED)
+                self.machine.finish(rec, FAILED)
             except Exception:
                 log.exception("could not fail job %s either; dropping it from memory", job_id)
-                core._active.pop(job_id, None)
-                core._job_env.pop(job_id, None)
-                core._scheduler.release(job_id)
-                core.jobs.wake(job_id)
-        if core.executor is not None:
+                table.active.pop(job_id, None)
+                table.job_env.pop(job_id, None)
+                table.scheduler.release(job_id)
+                self.jobs.wake(job_id)
+        if table.executor is not None:
             try:
-                core.executor.cancel(job_id)
+                table.executor.cancel(job_id)
             except Exception:
                 log.exception("executor.cancel(%s) failed", job_id)

@@ -1,33 +1,30 @@
 """The function catalog: register, describe, list, history, diff and drop function versions,
 and the one rule for which namespace's version a request means (docs/ARCHITECTURE.md,
-"Namespaces").  Runs under the core's lock where it writes; a registration is recorded as a
-DONE ``create_function`` job through the core's journal."""
+"Namespaces").  Runs in the control plane, under the job table's lock where it writes; a
+registration is recorded as a DONE ``create_function`` job through the journal."""
 
 from __future__ import annotations
 
 import base64
 import functools
 import json
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 from pydantic import ValidationError
 
-from lancefn_jupyter.server.common import (
-    DONE,
-    ApiError,
-    clamp_limit,
-    decode_token,
-    encode_token,
-    format_validation_error,
-    now_ms,
-)
 from lancefn_jupyter.server.control.artifact_check import artifact_problem
+from lancefn_jupyter.server.control.journal import JobJournal
+from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
+from lancefn_jupyter.server.control.states import DONE, now_ms
+from lancefn_jupyter.server.errors import ApiError, format_validation_error
 from lancefn_jupyter.server.executors.base import REDACTED
+from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
-from lancefn_jupyter.server.storage.store import JobRecord, VersionRow
+from lancefn_jupyter.server.storage.store import JobRecord, Store, VersionRow
 from lancefn_jupyter.wire.models import (
     FunctionRegistrationRequest,
     FunctionVersion,
@@ -37,14 +34,11 @@ from lancefn_jupyter.wire.models import (
     version_id,
 )
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.server.plane import ControlPlane
-
 DEFAULT_MAX_ARTIFACT_BYTES = 4 * 1024 * 1024  # --max-artifact-bytes
 
 
 class Where(TypedDict, total=False):
-    """Which namespace's version a request means (``routes.common.pick``): the namespace it names,
+    """Which namespace's version a request means (``http.auth.pick``): the namespace it names,
     the caller's ``scope`` (None: the admin sees every namespace) and its own namespace ``home``."""
 
     namespace: str | None
@@ -84,10 +78,10 @@ def _parsed_version(definition: str) -> FunctionVersion:
 
 
 class FunctionCatalog:
-    def __init__(self, core: ControlPlane):
-        self.core = core
-        self.store = core.store
-        self.classes = core.classes
+    max_artifact_bytes = DEFAULT_MAX_ARTIFACT_BYTES  # --max-artifact-bytes, set by create_app
+
+    def __init__(self, *, store: Store, classes: GpuClassConfig, lock: threading.RLock, journal: JobJournal):
+        self.store, self.classes, self.lock, self.journal = store, classes, lock, journal
 
     # ----------------------------------------------------------------- requests
 
@@ -109,7 +103,7 @@ class FunctionCatalog:
             artifact = decode_artifact(request.artifact)
         except ValueError as error:
             raise ApiError(400, str(error)) from None
-        limit = self.core.max_artifact_bytes
+        limit = self.max_artifact_bytes
         if len(artifact) > limit:
             raise ApiError(
                 413,
@@ -122,7 +116,7 @@ class FunctionCatalog:
         if runtime.resources is not None:
             self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
         vid = version_id(request)
-        with self.core._lock:
+        with self.lock:
             row = self.store.get_version(request.name, vid, namespace)
             with self.store.batch():
                 if row is None:
@@ -146,7 +140,7 @@ class FunctionCatalog:
                     result=redact_definition(json.loads(definition)),
                     namespace=namespace,
                 )
-                self.core.journal.persist(rec, new=True)
+                self.journal.persist(rec, new=True)
             return rec.job_id
 
     def describe(self, name: str, version: str, **where: Unpack[Where]) -> dict:
@@ -226,7 +220,7 @@ class FunctionCatalog:
         return reply
 
     def drop(self, name: str, version: str, **where: Unpack[Where]) -> dict:
-        with self.core._lock:
+        with self.lock:
             row = self._row(name, version, **where)
             if not row.dropped:
                 self.store.set_dropped(name, version, True, row.namespace)

@@ -1,7 +1,8 @@
 """Job events: the in-process bus (publish from any thread, fan out on the event loop) and the SSE
 stream `GET /v1/jobs/events` serves from it and the durable event log (docs/ARCHITECTURE.md, "Events").
 
-The core publishes; `routes/events.py` only routes a request here. Framing is `id:` (job events that have a
+Runs in the control plane, on the event loop (publish from any thread).  The journal and the reports
+publish; `routes/events.py` only routes a request here. Framing is `id:` (job events that have a
 durable sequence number, so clients resume with `Last-Event-ID`), `event:` and one `data:` line.
 """
 
@@ -11,12 +12,9 @@ import asyncio
 import collections
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lancefn_jupyter.server.policy.namespaces import visible
-
-if TYPE_CHECKING:
-    from lancefn_jupyter.server.plane import ControlPlane
 
 KEEPALIVE_FRAME = ": keepalive\n\n"
 
@@ -111,12 +109,27 @@ class EventBus:
         self._subscribers.discard(subscriber)
 
 
+class Snapshots(Protocol):
+    """The opening ``usage`` and ``queue`` events of a stream (``reports.Reports``)."""
+
+    def gpu_usage(self) -> dict: ...
+
+    def queue_snapshot(self, scope: str | None = None) -> dict | None: ...
+
+
 async def event_stream(
-    core: ControlPlane, last: int, scope: str | None, off_loop: Callable[..., Awaitable[Any]], keepalive_s: float
+    bus: EventBus,
+    snapshots: Snapshots,
+    events_after: Callable[..., list[tuple[int, str]]],
+    last: int,
+    scope: str | None,
+    off_loop: Callable[..., Awaitable[Any]],
+    keepalive_s: float,
 ) -> AsyncIterator[str]:
-    """SSE: durable job events after ``last``, then live ones; usage events interleaved.
+    """SSE: durable job events after ``last`` (``events_after(seq, limit, scope)``: the store's
+    event log), then live ones from ``bus``; usage events interleaved.
     ``scope``: only this namespace's job events (None: all, for the admin)."""
-    subscriber = core.bus.subscribe(scope)  # subscribe before reading the backlog so nothing falls between
+    subscriber = bus.subscribe(scope)  # subscribe before reading the backlog so nothing falls between
     try:
         backlog = True
         while not subscriber.closed:
@@ -126,12 +139,12 @@ async def event_stream(
                 subscriber.overflowed = False
                 subscriber.items.clear()
                 # The id is the resume point, so a client that sees no job event before a restart can still resume.
-                yield frame("usage", _compact(await off_loop(core.gpu_usage)), last)
-                queue = await off_loop(core.queue_snapshot, scope)
+                yield frame("usage", _compact(await off_loop(snapshots.gpu_usage)), last)
+                queue = await off_loop(snapshots.queue_snapshot, scope)
                 if queue is not None:
                     yield frame("queue", _compact(queue))
                 while True:
-                    rows = await off_loop(core.events_after, last, 500, scope)
+                    rows = await off_loop(events_after, last, 500, scope)
                     for seq, data in rows:
                         yield frame("job", data, seq)
                         last = seq
@@ -156,4 +169,4 @@ async def event_stream(
             except TimeoutError:
                 yield KEEPALIVE_FRAME
     finally:
-        core.bus.unsubscribe(subscriber)
+        bus.unsubscribe(subscriber)

@@ -1,18 +1,24 @@
 """The job journal: every job change is written with its event in one transaction and published
 once committed; executor-reported changes are deferred briefly so a quick job's states share one
-commit; log lines are clipped and appended.  Called with the core's lock held."""
+commit; log lines are clipped and appended.  Runs in the control plane, with the job table's lock held.
+
+The journal is where job changes are announced: ``watchers`` hear of every change once it is
+saved (batches follow their chunk jobs), ``forgetters`` of every job that finished (executor
+callbacks drop its progress coalescing).  ``plane.py`` registers them, so no part calls another
+through the composition root."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from lancefn_jupyter.server.common import dumps
-from lancefn_jupyter.server.storage.store import JobRecord, is_storage_full
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.server.plane import ControlPlane
+from lancefn_jupyter.server.control.events import EventBus
+from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.reports import Reports
+from lancefn_jupyter.server.control.unsaved import UnsavedJobs
+from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.storage.store import JobRecord, Store, is_storage_full
 
 log = logging.getLogger("lancefn.server")
 
@@ -26,9 +32,10 @@ DEFER_COMMIT_S = 0.01
 
 
 class JobJournal:
-    def __init__(self, core: ControlPlane):
-        self.core = core
-        self.store = core.store
+    def __init__(self, table: JobTable, *, store: Store, bus: EventBus, reports: Reports, unsaved: UnsavedJobs):
+        self.table, self.store, self.bus, self.reports, self.unsaved = table, store, bus, reports, unsaved
+        self.watchers: list[Callable[[JobRecord], None]] = []  # each saved change, in order
+        self.forgetters: list[Callable[[str], None]] = []  # each job that finished, by id
         self._deferred: dict[str, list[str]] = {}  # job id → events of changes not committed yet
         self._deferred_at: dict[str, float] = {}  # job id → when its first uncommitted change came
         self._flush_armed = False  # one timer for every deferred job: no loop wake-up per job
@@ -40,8 +47,7 @@ class JobJournal:
         A change to a known job that the full disk refuses is kept in memory and retried (see
         ``UnsavedJobs.keep``) instead of raising, unless an enclosing batch (whose caller decides)
         is open.  A new job is never kept that way: its request gets the 507."""
-        core = self.core
-        data = dumps(core.reports.job_wire(rec)) if event else None
+        data = dumps(self.reports.job_wire(rec)) if event else None
         earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
         since = self._deferred_at.pop(rec.job_id, None)
         try:
@@ -58,24 +64,24 @@ class JobJournal:
                     self._deferred[rec.job_id] = earlier
                     self._deferred_at[rec.job_id] = since if since is not None else time.monotonic()
                 raise
-            core._unsaved.keep(rec, data)
+            self.unsaved.keep(rec, data)
             return
-        core._unsaved.saved(rec.job_id)  # its latest state is saved now
-        if "batch_id" in rec.spec:
-            core.batches.on_job(rec)
+        self.unsaved.saved(rec.job_id)  # its latest state is saved now
+        for watcher in self.watchers:
+            watcher(rec)
 
     def _insert_event(self, job_id: str, data: str, namespace: str) -> None:
         seq = self.store.insert_event(job_id, data, namespace)
-        self.store.after_commit(lambda: self.core.bus.publish("job", seq, data, namespace))
+        self.store.after_commit(lambda: self.bus.publish("job", seq, data, namespace))
 
     def persist_soon(self, rec: JobRecord) -> None:
         """Record an executor-reported change now and commit it with the job's next change, or
         after ``DEFER_COMMIT_S`` (batched state commits)."""
-        loop = self.core._loop
+        loop = self.table.loop
         if loop is None:
             self.persist(rec, new=False)
             return
-        self._deferred.setdefault(rec.job_id, []).append(dumps(self.core.reports.job_wire(rec)))
+        self._deferred.setdefault(rec.job_id, []).append(dumps(self.reports.job_wire(rec)))
         self._deferred_at.setdefault(rec.job_id, time.monotonic())
         if not self._flush_armed:
             self._flush_armed = True
@@ -83,7 +89,7 @@ class JobJournal:
 
     def _flush_due(self) -> None:
         """Commit the deferred changes older than ``DEFER_COMMIT_S`` (event loop); re-arm for the rest."""
-        with self.core._lock:
+        with self.table.lock:
             now = time.monotonic()
             for job_id, since in list(self._deferred_at.items()):
                 if now - since >= DEFER_COMMIT_S:
@@ -92,7 +98,7 @@ class JobJournal:
                     except Exception:  # its changes go with its next commit, as when no timer is due
                         log.exception("committing job %s's deferred changes failed", job_id)
                         self._deferred_at.pop(job_id, None)
-            loop = self.core._loop
+            loop = self.table.loop
             if self._deferred_at and loop is not None:
                 wait = max(0.0, min(self._deferred_at.values()) + DEFER_COMMIT_S - now)
                 loop.call_later(wait, self._flush_due)
@@ -101,10 +107,10 @@ class JobJournal:
 
     def flush(self, job_id: str) -> None:
         """Commit a job's deferred changes that no later change has committed (event loop, shutdown)."""
-        with self.core._lock:
+        with self.table.lock:
             if job_id not in self._deferred:
                 return
-            rec = self.core._active.get(job_id)
+            rec = self.table.active.get(job_id)
             if rec is None:  # gone without a commit of its own (cannot happen today); drop quietly
                 self._deferred.pop(job_id)
                 self._deferred_at.pop(job_id, None)
@@ -130,5 +136,7 @@ class JobJournal:
         self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
 
     def forget(self, job_id: str) -> None:
-        """The job finished: its log position is no longer needed."""
+        """The job finished: its log position is no longer needed, nor what the forgetters keep of it."""
         self._log_pos.pop(job_id, None)
+        for forgetter in self.forgetters:
+            forgetter(job_id)

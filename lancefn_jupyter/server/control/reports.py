@@ -1,28 +1,29 @@
 """What the control plane reports about jobs and GPUs: a job's wire form, GPU usage, and the
 ``usage`` and ``queue`` events with pending jobs' expected starts (docs/ARCHITECTURE.md,
-"REST API (v1)" and "Events").  Reads the core's state with its lock held."""
+"REST API (v1)" and "Events").  Runs in the control plane; reads the job table with its lock held."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lancefn_jupyter.server.common import IN_PROGRESS, PENDING, dumps, now_ms
+from lancefn_jupyter.server.control.events import EventBus
+from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING, now_ms
+from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.policy.estimates import QueueEstimator
+from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import queue_view
 from lancefn_jupyter.server.storage.store import JobRecord
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.server.plane import ControlPlane
 
 QUEUE_HEAD_EVENT_LEN = 100  # pending job ids per class in each `queue` event
 QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at most this often (a trailing one follows)
 
 
 class Reports:
-    def __init__(self, core: ControlPlane):
-        self.core = core
+    def __init__(self, table: JobTable, *, classes: GpuClassConfig, bus: EventBus):
+        self.table, self.classes, self.bus = table, classes, bus
         self.estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
         self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
         self._estimates_timer: threading.Timer | None = None
@@ -36,7 +37,7 @@ class Reports:
     def job_wire(self, rec: JobRecord) -> dict:
         """The Job wire form, built without pydantic for speed. Placement and progress carry every
         field (docs/ARCHITECTURE.md, "REST API (v1)"; the side panel and other tools read them without defaults)."""
-        core = self.core
+        table = self.table
         placement: dict[str, Any] = {
             "gpu_class": rec.gpu_class,
             "num_gpus": rec.num_gpus or 0,
@@ -47,15 +48,15 @@ class Reports:
         }
         if rec.state == PENDING:
             # Queued (not yet placed): waiting for its class's GPUs, or a CPU slot.
-            position = core._scheduler.queue_position(rec.job_id)
+            position = table.scheduler.queue_position(rec.job_id)
             if position is not None:
                 placement["waiting_on_capacity"] = True
                 placement["queue_position"] = position
                 if rec.num_gpus:
                     placement["expected_start_ms"] = self.expected_start(rec.job_id)
-            elif core._executor_queues and not rec.devices:
+            elif table.executor_queues and not rec.devices:
                 placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
-                reason = core.executor.pending_reason(rec.gpu_class, rec.num_gpus) if core.executor else None
+                reason = table.executor.pending_reason(rec.gpu_class, rec.num_gpus) if table.executor else None
                 if reason:
                     placement["pending_reason"] = reason
         if rec.node is not None:
@@ -100,23 +101,32 @@ class Reports:
 
     def expected_start(self, job_id: str) -> int | None:
         """When a queued GPU job should start (epoch ms), or None when unknown (see `estimates`)."""
-        core = self.core
-        with core._lock:
-            rec = core._active.get(job_id)
-            pool = core._scheduler.pools.get(rec.gpu_class or "") if rec is not None else None
+        table = self.table
+        with table.lock:
+            rec = table.active.get(job_id)
+            pool = table.scheduler.pools.get(rec.gpu_class or "") if rec is not None else None
             if pool is None or job_id not in pool.queue:
                 return None
-            return self.estimator.expected_start(now_ms(), pool, job_id, core._active)
+            return self.estimator.expected_start(now_ms(), pool, job_id, table.active)
 
     # ------------------------------------------------------------------ usage
+
+    def gpu_classes(self) -> dict:
+        """``GET /v1/gpu/classes``: every field, defaults included (docs/ARCHITECTURE.md, "REST API (v1)")."""
+        return {"classes": [spec.gpu_class.model_dump(mode="json") for spec in self.classes.classes]}
+
+    def gpu_usage(self) -> dict:
+        """``GET /v1/gpu/usage`` and the event stream's opening ``usage`` event."""
+        with self.table.lock:
+            return {"classes": self.usage()}
 
     def usage(self) -> list[dict]:
         """GpuUsage per class: the scheduler's, or with an executor that queues (Ray) the
         GPUs it reports per class and the jobs it is running / holding."""
-        core = self.core
-        if not core._executor_queues:
-            return core._scheduler.usage()
-        executor = core.executor
+        table = self.table
+        if not table.executor_queues:
+            return table.scheduler.usage()
+        executor = table.executor
         assert executor is not None  # only an executor that queues gets here
         capacity = executor.capacity() or {}
         rows: dict[str, dict[str, Any]] = {
@@ -127,9 +137,9 @@ class Reports:
                 "jobs_running": 0,
                 "jobs_pending": 0,
             }
-            for spec in core.classes.classes
+            for spec in self.classes.classes
         }
-        for rec in core._active.values():
+        for rec in table.active.values():
             row = rows.get(rec.gpu_class or "") if rec.num_gpus else None
             if row is None:
                 continue
@@ -145,10 +155,10 @@ class Reports:
         return list(rows.values())
 
     def publish_usage(self) -> None:
-        if not self.core.bus.listened():  # a new stream starts from snapshots of both
+        if not self.bus.listened():  # a new stream starts from snapshots of both
             return
-        self.core.bus.publish("usage", None, dumps({"classes": self.usage()}))
-        if not self.core._executor_queues:
+        self.bus.publish("usage", None, dumps({"classes": self.usage()}))
+        if not self.table.executor_queues:
             # When the queue moves, every job behind moves up without an event of its own (one per
             # job would cost O(queue) writes per start): UIs re-number pending jobs (and re-read
             # their expected start) from this.
@@ -158,15 +168,15 @@ class Reports:
 
     def queue_snapshot(self, scope: str | None = None) -> dict | None:
         """The `queue` event payload now as ``scope`` sees it (None when the executor owns queuing, as Ray does)."""
-        if self.core._executor_queues:
+        if self.table.executor_queues:
             return None
-        with self.core._lock:
+        with self.table.lock:
             payload = self._queue_payload(estimates=True)
             return queue_view(payload, self._queue_owners(payload), scope)
 
     def _queue_owners(self, payload: dict) -> dict[str, str]:
         """Namespace of each job a `queue` payload lists (to render it per subscriber's scope)."""
-        active = self.core._active
+        active = self.table.active
         return {
             job_id: rec.namespace
             for ids in payload["classes"].values()
@@ -177,12 +187,12 @@ class Reports:
     def _publish_queue(self, payload: dict) -> None:
         # Each namespace sees the others' queued jobs as null (positions count them; ids don't leak).
         owners = self._queue_owners(payload)
-        self.core.bus.publish("queue", None, lambda scope: dumps(queue_view(payload, owners, scope)))
+        self.bus.publish("queue", None, lambda scope: dumps(queue_view(payload, owners, scope)))
 
     def _queue_payload(self, *, estimates: bool = False) -> dict:
         """The `queue` event. Expected starts ride along at most every QUEUE_ESTIMATES_INTERVAL_S (a busy
         queue moves hundreds of times a second); a skipped update is sent by a trailing event."""
-        heads = self.core._scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)
+        heads = self.table.scheduler.queue_heads(QUEUE_HEAD_EVENT_LEN)
         payload: dict[str, Any] = {"classes": heads}
         now = time.monotonic()
         if estimates or now - self._estimates_sent >= QUEUE_ESTIMATES_INTERVAL_S:
@@ -197,7 +207,7 @@ class Reports:
         return payload
 
     def _publish_estimates(self) -> None:
-        with self.core._lock:
+        with self.table.lock:
             self._estimates_timer = None
-            if self.core._started and not self.core._executor_queues:
+            if self.table.started and not self.table.executor_queues:
                 self._publish_queue(self._queue_payload(estimates=True))

@@ -1,18 +1,21 @@
 """Job results: a worker's JSON results or Arrow result file taken onto its job, the retention
-rule, and the result a DONE job serves (docs/ARCHITECTURE.md, "Arrow data plane")."""
+rule, and the result a DONE job serves (docs/ARCHITECTURE.md, "Arrow data plane").  Runs in the
+control plane: executor callbacks take results (lock held), routes read them on core threads."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lancefn_jupyter.server.common import DONE, ApiError, dumps
+from lancefn_jupyter.server.control.journal import JobJournal
+from lancefn_jupyter.server.control.queries import JobQueries
+from lancefn_jupyter.server.control.states import DONE
+from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lancefn_jupyter.server.plane import ControlPlane
 
 log = logging.getLogger("lancefn.server")
 
@@ -33,15 +36,15 @@ def json_results_problem(results: Any, rows_total: int) -> str | None:
 
 
 class Results:
-    def __init__(self, core: ControlPlane):
-        self.core = core
+    def __init__(self, *, data: DataStore, jobs: JobQueries, journal: JobJournal):
+        self.data, self.jobs, self.journal = data, jobs, journal
         self._arrivals = 0
 
     def take(self, rec: JobRecord, results: list | Mapping[str, Any]) -> str | None:
         """Set ``rec.result`` from what the worker reported; a problem (the job fails) or None.
         An Arrow result is referenced as ``{"arrow": {...}}`` (JSON results are always lists)."""
         if isinstance(results, Mapping) and "result_file" in results:
-            path = self.core.data.result_path(rec.job_id)
+            path = self.data.result_path(rec.job_id)
             if os.fspath(results["result_file"]) != os.fspath(path) or not path.exists():
                 return f"the worker reported a result file that is not there ({results['result_file']})"
             summary = dict(results.get("summary") or {})
@@ -60,26 +63,25 @@ class Results:
 
     def enforce_retention(self) -> None:
         """Remove results past the retention rule; their jobs say so (``result_expired``)."""
-        core = self.core
-        for job_id in core.data.enforce_retention():
-            rec = core.jobs.record(job_id)  # the object reads see, if one is kept in memory
+        for job_id in self.data.enforce_retention():
+            rec = self.jobs.record(job_id)  # the object reads see, if one is kept in memory
             if rec is None or not isinstance(rec.result, dict) or "arrow" not in rec.result:
                 continue
             rec.result = {"arrow": {**rec.result["arrow"], "expired": True}}
             try:
-                core.journal.persist(rec, new=False)
+                self.journal.persist(rec, new=False)
             except Exception:
                 log.exception("could not mark job %s's result as expired", job_id)
 
     def result_file(self, job_id: str, scope: str | None = None) -> tuple[str | None, Any]:
         """(path of the Arrow IPC result, None) or (None, JSON results) of a DONE job
         (``scope``: the caller's namespace; another team's job is a 404, as everywhere)."""
-        rec = self.core.jobs.get(job_id, scope)
+        rec = self.jobs.get(job_id, scope)
         if rec.state != DONE:
             raise ApiError(409, f"job {job_id} is {rec.state}, not DONE; wait for it with POST /v1/jobs/wait")
         if not (isinstance(rec.result, dict) and "arrow" in rec.result):
             return None, rec.result
-        path = self.core.data.result_path(job_id)
+        path = self.data.result_path(job_id)
         recorded = rec.result["arrow"].get("nbytes")
         if path.exists() and recorded and path.stat().st_size != recorded:
             raise ApiError(

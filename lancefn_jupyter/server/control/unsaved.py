@@ -1,7 +1,7 @@
 """Job changes a full disk refused: kept in memory, served to reads and the event stream, and saved
 once space frees (docs/ARCHITECTURE.md, "REST details": a full disk).
 
-One small class so the core's write path says only "keep this" and "it is saved now"; the retry
+One small class so the journal says only "keep this" and "it is saved now"; the retry
 timer, the oldest-first save and the last try at shutdown live here.
 """
 
@@ -17,13 +17,13 @@ from lancefn_jupyter.server.storage.store import JobRecord, Store, is_storage_fu
 if TYPE_CHECKING:
     from lancefn_jupyter.server.control.events import EventBus
 
-log = logging.getLogger("lancefn.server")  # the core's logger: operators filter on it
+log = logging.getLogger("lancefn.server")  # operators filter on it
 
 UNSAVED_RETRY_S = 1.0  # how often changes a full disk refused are tried again
 
 
 class UnsavedJobs:
-    """Jobs whose latest state is only in memory. Every method runs with the core's lock held
+    """Jobs whose latest state is only in memory. Every method runs with the job table's lock held
     (``lock`` is that re-entrant lock; the retry timer takes it)."""
 
     def __init__(

@@ -6,7 +6,7 @@ reply took about 40 % of the event loop's time per small request (docs/ARCHITECT
 details").  uvicorn bounds idle keep-alive connections but not one that trickles its headers (or
 sends nothing at all), so a handful of slow clients could hold the ``--limit-concurrency`` slots
 for ever; and httptools, unlike h11, does not bound the size of the headers.  Both limits are
-here.  The body has its own deadline (``--body-timeout-s``, in ``app._Guard``).
+here.  The body has its own deadline (``--body-timeout-s``, in ``guard.Guard``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Expected start time of pending jobs (pure; the core feeds it its queues and recent run times).
+"""Expected start time of pending jobs (pure; the reports feed it its queues and recent run times).
 
 The estimate replays the scheduler's own rule, strict FIFO per GPU class, over predicted run times:
 
@@ -96,7 +96,7 @@ class ClassReplay:
         self.starts: dict[str, int | None] = {}
 
     def extend(self, job_id: str, num_gpus: int, expected_ms: float | None) -> None:
-        """The next queued job (plain arguments: this runs for every queued job the core shows)."""
+        """The next queued job (plain arguments: this runs for every queued job the reports show)."""
         while not self.blocked and self.free < num_gpus:
             if not self.releases:
                 self.blocked = True
@@ -124,9 +124,9 @@ def expected_starts(
 
 
 class QueueEstimator:
-    """The core's expected starts: one replay per class, kept while only jobs join the queue's tail.
+    """The control plane's expected starts: one replay per class, kept while only jobs join the queue's tail.
 
-    ``invalidate()`` is due whenever jobs start, finish, are cancelled or placed (the core calls it);
+    ``invalidate()`` is due whenever jobs start, finish, are cancelled or placed (the machine calls it);
     a replay older than ``refresh_ms`` is rebuilt anyway, as running jobs overrun their expected time.
     """
 
@@ -140,7 +140,7 @@ class QueueEstimator:
 
     def expected_start(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> int | None:
         """When queued ``job_id`` of scheduler ``pool`` (devices, ``held``, FIFO ``queue``) should start,
-        never before ``now_ms``; ``jobs`` are the core's active ``JobRecord``s by id."""
+        never before ``now_ms``; ``jobs`` are the job table's active ``JobRecord``s by id."""
 
         def expected(other: str) -> float | None:
             spec = jobs[other].spec if other in jobs else {}

@@ -28,7 +28,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
-from lancefn_jupyter.server.common import format_validation_error
+from lancefn_jupyter.server.errors import format_validation_error
 from lancefn_jupyter.wire.models import GpuClass
 
 __all__ = [

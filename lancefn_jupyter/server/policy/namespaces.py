@@ -7,7 +7,7 @@ namespace: anything outside it answers 404 exactly as an id that does not exist 
 key's scope is ``None`` (everything); its own work goes to :data:`DEFAULT_NAMESPACE`, which is also
 where rows of a home created before namespaces existed belong.
 
-Pure: parsing the ``--api-keys`` TOML and the visibility rules; the core applies them.
+Pure: parsing the ``--api-keys`` TOML and the visibility rules; the control plane applies them.
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ Rules (docs/ARCHITECTURE.md, "Scheduling"):
   than are free, later (smaller) jobs wait behind it.  This costs some utilisation but means
   a multi-GPU job can never be starved by a stream of 1-GPU jobs.
 - A job never fails for lack of capacity; it simply stays queued.  (Requests that could
-  *never* fit — more GPUs than the class has — are rejected by the core before enqueueing.)
+  *never* fit — more GPUs than the class has — are rejected by the catalog before enqueueing.)
 - CPU jobs (``num_gpus == 0``, no class) need no devices and never wait for a GPU; they are
   placed at the next ``schedule`` call, FIFO, up to ``cpu_slots`` at once (default unlimited;
   the server passes the CPU count so a burst of CPU jobs can't fork hundreds of workers).
 
-No I/O, no clocks, no threads: the core calls these under its own lock.  Every decision is
-O(1), and ``queue_position`` is O(log cancellations) (the core asks it for every PENDING job
+No I/O, no clocks, no threads: the control plane calls these under its lock.  Every decision is
+O(1), and ``queue_position`` is O(log cancellations) (the reports ask it for every PENDING job
 event, so it must not walk a 10,000-job queue); only ``queue_positions`` is O(queue).
 """
 
@@ -139,7 +139,7 @@ class SchedulerState:
         if pool is None:
             raise KeyError(f"unknown GPU class {gpu_class!r}")
         if num_gpus > len(pool.devices):
-            # Would wait forever; the core validates first, this guards the invariant.
+            # Would wait forever; the catalog validates first, this guards the invariant.
             raise ValueError(f"job {job_id} needs {num_gpus} GPUs but class {gpu_class!r} has {len(pool.devices)}")
         pool.queue[job_id] = num_gpus
         pool.ranks.add(job_id)

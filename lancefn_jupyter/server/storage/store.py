@@ -8,7 +8,7 @@ one commit with ``with store.batch():``.
 
 One connection shared by all threads behind a lock: SQLite serialises writers anyway, and
 every statement here is short.  The store knows nothing about job semantics; it maps
-:class:`JobRecord` (owned by the core) to rows.
+:class:`JobRecord` (owned by the job table) to rows.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE
 
 __all__ = ["DB_FILENAME", "JobRecord", "Store", "VersionRow", "is_storage_full"]
@@ -94,7 +95,7 @@ CREATE TABLE IF NOT EXISTS events(
 
 @dataclass
 class JobRecord:
-    """A job as the core tracks it (mutable; the wire form is built by the core)."""
+    """A job as the control plane tracks it (mutable; the wire form is built by the reports)."""
 
     job_id: str
     job_type: str
@@ -130,10 +131,6 @@ class VersionRow:
 
 def _cacheable(row: VersionRow) -> bool:
     return len(row.artifact) + len(row.definition) <= VERSION_CACHE_ROW_BYTES
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class Store:
@@ -357,12 +354,12 @@ class Store:
             rec.creation_ms,
             rec.started_ms,
             rec.finished_ms,
-            _dumps(rec.spec),
-            _dumps(placement),
+            dumps(rec.spec),
+            dumps(placement),
             rec.rows_done,
             rec.rows_total,
-            None if rec.result is None else _dumps(rec.result),
-            None if rec.failure is None else _dumps(rec.failure),
+            None if rec.result is None else dumps(rec.result),
+            None if rec.failure is None else dumps(rec.failure),
             rec.requeues,
             rec.job_id,
         )
@@ -403,7 +400,7 @@ class Store:
             )
             rec.seq = cur.lastrowid
             if rows is not None:
-                self._db.execute("INSERT INTO job_rows(job_id, rows) VALUES(?,?)", (rec.job_id, _dumps(rows)))
+                self._db.execute("INSERT INTO job_rows(job_id, rows) VALUES(?,?)", (rec.job_id, dumps(rows)))
 
     def update_job(self, rec: JobRecord) -> None:
         with self.batch():

@@ -12,26 +12,17 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from lancefn_jupyter.server.http.routes.common import (
-    MAX_TIMEOUT_S,
-    Body,
-    RouteContext,
-    by_id,
-    is_arrow,
-    listing,
-    off_loop,
-    parse,
-    parse_query,
-    pick,
-    who,
-)
+from lancefn_jupyter.server.http.auth import pick, who
+from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, parse, parse_query
+from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.routes.context import RouteContext, by_id, listing
 
 
 class BatchCreate(Body):
     name: str
     version: str
     namespace: str | None = None  # which namespace's function (as for functions/run)
-    chunks: Any = None  # a list of chunks, each a list of rows; checked against the signature by the core
+    chunks: Any = None  # a list of chunks, each a list of rows; checked against the signature by the control plane
     # Arrow chunks a local client wrote into $HOME/data/uploads/ (one record batch per chunk)
     rows_file: str | None = None
     parallel: int | None = Field(None, ge=1)  # None: as many as the class has GPUs ("auto")
@@ -65,12 +56,12 @@ _QUERY_JSON = ("parallel", "retries", "fresh", "timeout_s")  # JSON values in an
 
 
 def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    core = ctx.core
+    manager = ctx.plane.batches
     functions, jobs = [ctx.require("functions")], [ctx.require("jobs")]
 
     async def create(request: Request, params: BatchCreate, chunks: Any, arrow_rows: Path | None) -> dict:
         return await off_loop(
-            core.batches.create,
+            manager.create,
             params.name,
             params.version,
             chunks,
@@ -87,7 +78,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         if is_arrow(request.headers.get("content-type")):
             return await _create_batch_arrow(request)
         body = await parse(request, BatchCreate)
-        arrow_rows = ctx.upload(body.rows_file) if body.rows_file is not None else None
+        arrow_rows = ctx.bodies.upload(body.rows_file) if body.rows_file is not None else None
         try:
             return await create(request, body, body.chunks, arrow_rows)
         finally:
@@ -99,23 +90,23 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         query = request.query_params
         fields: dict[str, Any] = {k: query[k] for k in ("name", "version", "namespace") if k in query}
         params = parse_query(BatchCreate, fields, "an Arrow batch", query, _QUERY_JSON)
-        async with ctx.arrow_body(request) as rows_file:
+        async with ctx.bodies.arrow_body(request) as rows_file:
             return await create(request, params, None, rows_file)
 
     @app.post("/v1/batches/describe", dependencies=jobs)
     async def describe_batch(request: Request) -> dict:
         body = await parse(request, BatchDescribe)
         return await off_loop(
-            core.batches.describe, body.batch_id, include_chunks=body.include_chunks, scope=who(request).scope
+            manager.describe, body.batch_id, include_chunks=body.include_chunks, scope=who(request).scope
         )
 
-    app.post("/v1/batches/list", dependencies=jobs, name="list_batches")(listing(ListBatches, core.batches.list))
+    app.post("/v1/batches/list", dependencies=jobs, name="list_batches")(listing(ListBatches, manager.list))
 
-    cancel, retry = by_id(BatchId, "batch_id", core.batches.cancel), by_id(BatchId, "batch_id", core.batches.retry)
+    cancel, retry = by_id(BatchId, "batch_id", manager.cancel), by_id(BatchId, "batch_id", manager.retry)
     app.post("/v1/batches/cancel", dependencies=jobs, name="cancel_batch")(cancel)
     app.post("/v1/batches/retry", dependencies=functions, name="retry_batch")(retry)
 
     @app.post("/v1/batches/wait", dependencies=jobs)
     async def wait_batch(request: Request) -> dict:
         body = await parse(request, BatchWait)
-        return await core.batches.wait(body.batch_id, body.timeout_s, body.revision, who(request).scope)
+        return await manager.wait(body.batch_id, body.timeout_s, body.revision, who(request).scope)

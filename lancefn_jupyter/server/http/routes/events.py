@@ -6,27 +6,31 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from lancefn_jupyter.server.common import ApiError
 from lancefn_jupyter.server.control.events import event_stream
-from lancefn_jupyter.server.http.routes.common import RouteContext, off_loop, who
+from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.http.auth import who
+from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.routes.context import RouteContext
 
 KEEPALIVE_S = 15.0
 
 
 def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    core, auth = ctx.core, [ctx.require("jobs")]
+    plane, auth = ctx.plane, [ctx.require("jobs")]
 
     @app.get("/v1/jobs/events", dependencies=auth)
     async def job_events(request: Request, last_event_id: str | None = None) -> StreamingResponse:
         raw = request.headers.get("last-event-id") or last_event_id
         if raw is None or raw == "":
-            start = await off_loop(core.last_event_seq)  # no resume point: only changes from now on
+            start = await off_loop(plane.store.last_event_seq)  # no resume point: only changes from now on
         elif raw.isdigit() and len(raw) < 19:
             start = int(raw)
         else:
             raise ApiError(400, "Last-Event-ID / last_event_id must be a non-negative integer event id")
         return StreamingResponse(
-            event_stream(core, start, who(request).scope, off_loop, KEEPALIVE_S),
+            event_stream(
+                plane.bus, plane.reports, plane.store.events_after, start, who(request).scope, off_loop, KEEPALIVE_S
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

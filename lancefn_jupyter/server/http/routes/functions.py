@@ -9,21 +9,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from lancefn_jupyter.server.http.routes.common import (
-    MAX_TIMEOUT_S,
-    Body,
-    RouteContext,
-    is_arrow,
-    json_body,
-    listing,
-    off_loop,
-    parse,
-    parse_query,
-    parse_raw,
-    pick,
-    where,
-    who,
-)
+from lancefn_jupyter.server.http.auth import pick, where, who
+from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, json_body, parse, parse_query, parse_raw
+from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.routes.context import RouteContext, listing
 from lancefn_jupyter.server.policy.namespaces import Principal
 
 
@@ -57,45 +46,51 @@ class Run(Body):
     name: str
     version: str
     namespace: str | None = None
-    rows: Any = None  # checked against the signature by the core
+    rows: Any = None  # checked against the signature by the control plane
     rows_file: str | None = None  # an Arrow IPC file a local client wrote into $HOME/data/uploads/
     timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     wait_s: float | None = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
 
 
 def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    core, auth = ctx.core, [ctx.require("functions")]
+    catalog, machine, auth = ctx.plane.catalog, ctx.plane.machine, [ctx.require("functions")]
 
     @app.post("/v1/functions/create", status_code=202, dependencies=auth)
     async def create_function(request: Request) -> dict:
-        return {"job_id": await off_loop(core.register, await json_body(request), who(request).namespace)}
+        return {"job_id": await off_loop(catalog.register, await json_body(request), who(request).namespace)}
 
-    for path, method in (
-        ("/v1/functions/describe", core.describe_function),
-        ("/v1/functions/artifact", core.function_artifact),
-        ("/v1/functions/drop", core.drop_function),
+    for path, method, name in (
+        ("/v1/functions/describe", catalog.describe, "describe_function"),
+        ("/v1/functions/artifact", catalog.artifact, "function_artifact"),
+        ("/v1/functions/drop", catalog.drop, "drop_function"),
     ):
-        app.post(path, dependencies=auth, name=method.__name__)(_by_name_version(method))
+        app.post(path, dependencies=auth, name=name)(_by_name_version(method))
 
     app.post("/v1/functions/list", dependencies=auth, name="list_functions")(
-        listing(ListFunctions, core.list_functions)
+        listing(ListFunctions, catalog.list_functions)
     )
 
     @app.post("/v1/functions/history", dependencies=auth)
     async def function_history(request: Request) -> dict:
         body = await parse(request, History)
-        return await off_loop(core.function_history, body.name, body.limit, **pick(request, body.namespace))
+        return await off_loop(catalog.history, body.name, body.limit, **pick(request, body.namespace))
 
     @app.post("/v1/functions/diff", dependencies=auth)
     async def function_diff(request: Request) -> dict:
         body = await parse(request, Diff)
-        return await off_loop(core.function_diff, body.name, body.old, body.new, **pick(request, body.namespace))
+        return await off_loop(catalog.diff, body.name, body.old, body.new, **pick(request, body.namespace))
 
     async def run_function(caller: Principal, raw: bytes) -> dict:
         body = await parse_raw(raw, Run)
-        rows, upload = (body.rows, None) if body.rows_file is None else (None, ctx.upload(body.rows_file))
+        rows, upload = (body.rows, None) if body.rows_file is None else (None, ctx.bodies.upload(body.rows_file))
         job_id = await off_loop(
-            core.run, body.name, body.version, rows, body.timeout_s, arrow_rows=upload, **where(caller, body.namespace)
+            machine.run,
+            body.name,
+            body.version,
+            rows,
+            body.timeout_s,
+            arrow_rows=upload,
+            **where(caller, body.namespace),
         )
         return await _submitted(job_id, body.wait_s)
 
@@ -105,16 +100,16 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
             return await run_function(who(request), await request.body())
         return await _run_arrow(request)
 
-    ctx.post_direct(app, "/v1/functions/run", "functions", run_function, status_code=202, route=run_any)
+    ctx.fastpath.post(app, "/v1/functions/run", "functions", run_function, status_code=202, route=run_any)
 
     async def _run_arrow(request: Request) -> dict:
         """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""
         query = request.query_params
         fields = {k: query.get(k) for k in ("name", "version", "namespace")}
         params = parse_query(Run, {**fields, "rows": None}, "an Arrow run", query, ("timeout_s", "wait_s"))
-        async with ctx.arrow_body(request) as rows_file:
+        async with ctx.bodies.arrow_body(request) as rows_file:
             job_id = await off_loop(
-                core.run,
+                machine.run,
                 params.name,
                 params.version,
                 None,
@@ -128,7 +123,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         """The run's reply; with ``wait_s``, a quick job's result comes back in it (one round trip, no jobs/wait)."""
         if wait_s is None:
             return {"job_id": job_id}
-        return {"job_id": job_id, "job": await core.wait_job(job_id, wait_s, unless_queued=True)}
+        return {"job_id": job_id, "job": await ctx.plane.jobs.wait(job_id, wait_s, None, unless_queued=True)}
 
 
 def _by_name_version(method: Callable[..., dict]) -> Callable[[Request], Awaitable[dict]]:

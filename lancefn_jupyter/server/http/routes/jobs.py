@@ -9,16 +9,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse
 from pydantic import Field
 
-from lancefn_jupyter.server.http.routes.common import (
-    Body,
-    RouteContext,
-    by_id,
-    listing,
-    off_loop,
-    parse,
-    parse_raw,
-    who,
-)
+from lancefn_jupyter.server.http.auth import who
+from lancefn_jupyter.server.http.bodies import Body, parse, parse_raw
+from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.routes.context import RouteContext, by_id, listing
 from lancefn_jupyter.server.policy.namespaces import Principal
 from lancefn_jupyter.wire.dataplane import MEDIA_TYPE as ARROW_STREAM
 
@@ -47,28 +41,28 @@ class Wait(Body):
 
 
 def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    core, auth = ctx.core, [ctx.require("jobs")]
+    plane, queries, auth = ctx.plane, ctx.plane.jobs, [ctx.require("jobs")]
 
     @app.get("/v1/jobs/result", dependencies=auth)
     async def job_result(request: Request, job_id: str) -> Any:
         """A DONE job's result: its Arrow IPC stream (streamed from the file), or JSON results."""
-        path, results = await off_loop(core.result_file, job_id, who(request).scope)
+        path, results = await off_loop(plane.results.result_file, job_id, who(request).scope)
         if path is None:
             return {"job_id": job_id, "result": results}
         return FileResponse(path, media_type=ARROW_STREAM)
 
-    app.post("/v1/jobs/describe", dependencies=auth, name="describe_job")(by_id(JobId, "job_id", core.describe_job))
-    app.post("/v1/jobs/cancel", dependencies=auth, name="cancel_job")(by_id(JobId, "job_id", core.cancel_job))
+    app.post("/v1/jobs/describe", dependencies=auth, name="describe_job")(by_id(JobId, "job_id", queries.describe))
+    app.post("/v1/jobs/cancel", dependencies=auth, name="cancel_job")(by_id(JobId, "job_id", plane.machine.cancel))
 
-    app.post("/v1/jobs/list", dependencies=auth, name="list_jobs")(listing(ListJobs, core.list_jobs))
+    app.post("/v1/jobs/list", dependencies=auth, name="list_jobs")(listing(ListJobs, queries.list))
 
     @app.post("/v1/jobs/logs", dependencies=auth)
     async def job_logs(request: Request) -> dict:
         body = await parse(request, Logs)
-        return await off_loop(core.job_logs, body.job_id, body.offset, body.limit, who(request).scope)
+        return await off_loop(queries.logs, body.job_id, body.offset, body.limit, who(request).scope)
 
     async def wait_job(caller: Principal, raw: bytes) -> dict:
         body = await parse_raw(raw, Wait)
-        return await core.wait_job(body.job_id, body.timeout_s, caller.scope)
+        return await queries.wait(body.job_id, body.timeout_s, caller.scope, unless_queued=False)
 
-    ctx.post_direct(app, "/v1/jobs/wait", "jobs", wait_job)
+    ctx.fastpath.post(app, "/v1/jobs/wait", "jobs", wait_job)

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from lancefn_jupyter.server.http.routes.common import RouteContext, off_loop
+from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.routes.context import RouteContext
 
 
 def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    core = ctx.core
+    plane = ctx.plane
     usage = [ctx.require("system_usage")]
 
     @app.get("/v1/health")
     async def health() -> dict:
-        return {"status": "ok", "version": core.version, "executor": core.executor_name}
+        return {"status": "ok", "version": plane.version, "executor": plane.table.executor_name}
 
     @app.get("/v1/gpu/classes", dependencies=usage)
     async def gpu_classes() -> dict:
-        return core.gpu_classes()
+        return plane.reports.gpu_classes()
 
     @app.get("/v1/gpu/usage", dependencies=usage)
     async def gpu_usage() -> dict:
-        return await off_loop(core.gpu_usage)
+        return await off_loop(plane.reports.gpu_usage)

@@ -1,0 +1,43 @@
+"""The job table: the state every control-plane part shares (docs/ARCHITECTURE.md, "Control
+plane"): the one re-entrant lock, the active jobs, the scheduler's queues and holdings, the
+event loop, the launched jobs' env, whether the plane has started, and the executor.  Runs in
+the control plane.
+
+Why one plain object: the parts (journal, queries, reports, machine, callbacks, batches) read
+and change this state together under ``lock``; handing each part the table, rather than the
+composition root, says exactly what they share and nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+from lancefn_jupyter.server.executors.base import Executor
+from lancefn_jupyter.server.policy.scheduler import SchedulerState
+from lancefn_jupyter.server.storage.store import JobRecord
+
+
+@dataclass(eq=False)
+class JobTable:
+    """Every field is read and changed with ``lock`` held (executor callbacks take it on their own
+    threads; requests on core threads)."""
+
+    scheduler: SchedulerState
+    executor: Executor | None
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    active: dict[str, JobRecord] = field(default_factory=dict)  # PENDING and IN_PROGRESS jobs; the store has the rest
+    job_env: dict[str, dict[str, str]] = field(default_factory=dict)  # launched jobs' function env (never logged)
+    loop: asyncio.AbstractEventLoop | None = None  # the server's event loop, once serving
+    started: bool = False  # recovered and placing jobs; False again once stopping
+
+    @property
+    def executor_queues(self) -> bool:
+        """The executor queues and places jobs itself (Ray): the plane launches them at once,
+        bypassing the scheduler, and they stay PENDING until the executor reports them started."""
+        return bool(getattr(self.executor, "owns_queue", False))
+
+    @property
+    def executor_name(self) -> str:
+        return self.executor.name if self.executor is not None else "none"

@@ -1,0 +1,328 @@
+"""The job state machine (docs/ARCHITECTURE.md, "Control plane"): queue a run, place and launch
+what fits, finish and cancel jobs, and re-queue what a restart interrupted.  Runs in the control
+plane, with the job table's lock held; executor callbacks (``callbacks.py``) and batches call in.
+
+Job lifecycle::
+
+    run → PENDING (queued; waiting_on_capacity, queue_position)
+        → PENDING with devices (placed; the executor is starting the worker)
+        → IN_PROGRESS (task_started) → DONE | FAILED | TIMED_OUT
+    cancel at any non-terminal point → CANCELLED (devices freed at once)
+
+Durability on start (decision): jobs that were IN_PROGRESS — or already placed on devices —
+when the server died are **re-queued as PENDING** at their original place in their class's
+FIFO, because the user asked for the work and a worker that died with the server produced
+nothing.  Their progress is reset and a log line records the restart.  A job re-queued more
+than ``MAX_REQUEUES`` (3) times is FAILED with a retryable ``server_restart`` failure so a
+job that crashes the server cannot loop forever.  PENDING jobs stay queued in their original
+order; after a restart no device is busy.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from typing import Any, Unpack
+
+from lancefn_jupyter.server.control.catalog import FunctionCatalog, Placement, Where, stored_definition
+from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.journal import JobJournal
+from lancefn_jupyter.server.control.queries import JobQueries
+from lancefn_jupyter.server.control.reports import Reports
+from lancefn_jupyter.server.control.rows import check_rows, take_arrow_rows
+from lancefn_jupyter.server.control.states import (
+    ACTIVE,
+    CANCELLED,
+    DONE,
+    FAILED,
+    IN_PROGRESS,
+    PENDING,
+    TERMINAL,
+    now_ms,
+)
+from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.executors.base import TaskSpec, redact_env
+from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
+from lancefn_jupyter.server.storage.files import DataStore
+from lancefn_jupyter.server.storage.store import JobRecord, Store
+from lancefn_jupyter.wire.models import JobFailure
+
+log = logging.getLogger("lancefn.server")
+
+MAX_REQUEUES = 3
+
+# (job id, rows) of the job being queued: launched at once, it need not read its rows back.
+NewRows = tuple[str, Any] | None
+
+
+class JobMachine:
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        store: Store,
+        data: DataStore,
+        classes: GpuClassConfig,
+        catalog: FunctionCatalog,
+        journal: JobJournal,
+        reports: Reports,
+        jobs: JobQueries,
+    ) -> None:
+        self.table, self.store, self.data, self.classes = table, store, data, classes
+        self.catalog, self.journal, self.reports, self.jobs = catalog, journal, reports, jobs
+
+    # ----------------------------------------------------------------- requests
+
+    def run(
+        self,
+        name: str,
+        version: str,
+        rows: Any,
+        timeout_s: float | None = None,
+        *,
+        arrow_rows: Any = None,
+        spec_extra: dict | None = None,
+        rows_checked: bool = False,
+        **where: Unpack[Where],
+    ) -> str:
+        """Queue a job; it belongs to the function's namespace (whose env it runs with).
+        ``arrow_rows``: the path of an Arrow IPC rows file (instead of JSON ``rows``): a body the
+        route streamed to a temp file, or a client's upload; it is checked, then kept as the job's rows.
+        A batch's chunk jobs pass ``spec_extra`` (batch_id, chunk, row_start: kept in the job's spec)
+        and ``rows_checked`` (their rows were checked when the batch was created)."""
+        fv, owner = self.catalog.runnable(name, version, **where)
+        if arrow_rows is not None:
+            rows = take_arrow_rows(self.data, fv, arrow_rows)
+        elif not rows_checked:
+            check_rows(fv, rows)
+        if timeout_s is not None and not (
+            isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
+        ):
+            raise ApiError(400, "timeout_s must be a number of seconds > 0, or omitted for no timeout")
+        resources = fv.runtime.resources
+        where_to = (
+            Placement(None, 0, False)
+            if resources is None
+            else self.catalog.placement(resources.gpu_class, resources.num_gpus)  # the config may have changed
+        )
+        rows_total = rows["rows_total"] if isinstance(rows, dict) else len(rows)
+        job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": rows_total}
+        if timeout_s is not None:
+            job_spec["timeout_s"] = timeout_s
+        if isinstance(rows, dict):
+            job_spec["rows_format"] = "arrow"
+        if spec_extra:
+            job_spec.update(spec_extra)
+        with self.table.lock:
+            rec = JobRecord(
+                job_id=uuid.uuid4().hex,
+                job_type="run_function",
+                state=PENDING,
+                creation_ms=now_ms(),
+                spec=job_spec,
+                name=name,
+                gpu_class=where_to.gpu_class,
+                num_gpus=where_to.num_gpus,
+                rows_total=rows_total,
+                namespace=owner,
+            )
+            self._queue(rec, rows)
+            self._place_new(rec, rows, where_to.num_gpus)
+            return rec.job_id
+
+    def _queue(self, rec: JobRecord, rows: Any) -> None:
+        """Add a new job to the table and the store; nothing of it is kept if the store refuses it."""
+        table = self.table
+        table.active[rec.job_id] = rec
+        if not table.executor_queues:
+            table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+        try:
+            with self.store.batch():
+                if table.executor_queues:
+                    self.journal.persist(rec, new=True, rows=rows)
+                else:
+                    self.store.insert_job(rec, rows)  # its first event follows placement (_place_new)
+        except BaseException:  # not stored: it must not linger in memory either
+            table.active.pop(rec.job_id, None)
+            table.scheduler.release(rec.job_id)
+            self.data.remove_rows(rows)
+            raise
+
+    def _place_new(self, rec: JobRecord, rows: Any, num_gpus: int) -> None:
+        new_rows = (rec.job_id, rows)
+        if self.table.executor_queues:
+            if self.table.started:
+                self.launch(rec, new_rows)
+            self.reports.publish_usage()
+            return
+        # Place it before its first event, so a job that starts at once is never shown as
+        # "waiting for GPU capacity": placed, its first event already carries its devices.
+        self.dispatch(changed=num_gpus > 0, new_rows=new_rows)
+        if self.table.scheduler.is_pending(rec.job_id):
+            self.journal.persist(rec, new=False)
+
+    def cancel(self, job_id: str, scope: str | None = None) -> dict:
+        table = self.table
+        with table.lock:
+            rec = self.jobs.get(job_id, scope)
+            if rec.state in TERMINAL:
+                return {"job_id": job_id, "cancelled": False}
+            was_placed = rec.state == IN_PROGRESS or not table.scheduler.is_pending(job_id)
+            self.finish(rec, CANCELLED)
+            if was_placed and table.executor is not None:
+                try:
+                    table.executor.cancel(job_id)
+                except Exception:
+                    log.exception("executor.cancel(%s) failed", job_id)
+            return {"job_id": job_id, "cancelled": True}
+
+    # ------------------------------------------------------------ transitions
+
+    def finish(self, rec: JobRecord, state: str) -> None:
+        """Move an active job to a terminal state, free its devices and start what can run."""
+        table = self.table
+        rec.state = state
+        rec.finished_ms = now_ms()
+        self.reports.estimator.invalidate()
+        if state == DONE:
+            rec.failure = None
+            self.reports.note_run_time(rec)
+        had_devices = bool(table.scheduler.release(rec.job_id)) or bool(rec.devices)
+        if rec.spec.get("rows_format") == "arrow":  # the rows file is done with; JSON rows stay in SQLite
+            self.data.remove_rows(self.store.get_rows(rec.job_id))
+        table.active.pop(rec.job_id, None)
+        table.job_env.pop(rec.job_id, None)
+        self.journal.forget(rec.job_id)
+        self.journal.persist(rec, new=False)
+        self.jobs.finished(rec)
+        self.jobs.wake(rec.job_id, rec)
+        self.dispatch(changed=had_devices or rec.num_gpus > 0)
+
+    def dispatch(self, changed: bool = False, new_rows: NewRows = None) -> bool:
+        """Place and launch every job that fits now; returns whether anything was placed.
+
+        ``changed``: the caller altered GPU queues/holdings, so a ``usage`` event is due even
+        when nothing new is placed.  ``new_rows``: the rows of the job ``run`` is queuing.
+        """
+        table = self.table
+        if not table.started:
+            return False
+        placements = table.scheduler.schedule()
+        if not placements:
+            if changed:
+                self.reports.publish_usage()
+            return False
+        self.reports.estimator.invalidate()
+        launches = []
+        for placement in placements:
+            rec = table.active[placement.job_id]
+            rec.devices = placement.devices
+            launches.append(rec)
+            # Committed with the job's next change (a quick job: with its outcome); a placement
+            # lost in a crash re-queues the job, like any job that had started.
+            self.journal.persist_soon(rec)
+        self.reports.publish_usage()
+        for rec in launches:
+            self.launch(rec, new_rows)
+        return True
+
+    def launch(self, rec: JobRecord, new_rows: NewRows = None) -> None:
+        """Hand a placed job to the executor; a job that cannot start fails (the server keeps serving)."""
+        table = self.table
+        try:
+            if table.executor is None:
+                raise RuntimeError("no executor is configured")
+            rows = new_rows[1] if new_rows is not None and new_rows[0] == rec.job_id else None
+            task = self._task(rec, rows)
+            table.job_env[rec.job_id] = task.env  # to redact from its failure messages
+            table.executor.launch(task)
+        except Exception as error:
+            log.exception("launching job %s failed", rec.job_id)
+            if rec.job_id in table.active:
+                message = redact_env(f"could not start a worker: {error}", [table.job_env.get(rec.job_id, {})])
+                rec.failure = JobFailure(phase="executor", message=message, retryable=True).to_wire()
+                self.finish(rec, FAILED)
+
+    def _task(self, rec: JobRecord, rows: Any) -> TaskSpec:
+        """The executor's task for ``rec``; ``rows`` None: read back from the store."""
+        row = self.store.get_version(rec.spec["name"], rec.spec["version"], rec.namespace)
+        if row is None:
+            raise RuntimeError(f"function version {rec.spec['name']}@{rec.spec['version']} vanished from the store")
+        fv = stored_definition(row.definition)
+        runtime = fv.get("runtime", {})
+        spec = self.classes.get(rec.gpu_class) if rec.gpu_class else None
+        if rows is None:
+            rows = self.store.get_rows(rec.job_id)
+        return TaskSpec(
+            job_id=rec.job_id,
+            name=rec.spec["name"],
+            version=rec.spec["version"],
+            artifact=row.artifact,
+            entrypoint=fv["artifact"]["entrypoint"],
+            rows=[] if isinstance(rows, dict) else rows,
+            devices=rec.devices,
+            simulated=bool(spec and spec.simulated),
+            gpu_class=rec.gpu_class,
+            num_gpus=rec.num_gpus,
+            env=dict(runtime.get("env") or {}),
+            packages=tuple((runtime.get("environment") or {}).get("packages", ())),
+            timeout_s=rec.spec.get("timeout_s"),
+            namespace=rec.namespace,
+            data=self._task_data(rec, fv, rows),
+        )
+
+    def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:
+        """The worker protocol's data-plane fields of a task (docs/ARCHITECTURE.md)."""
+        signature = fv.get("signature") or {}
+        data: dict[str, Any] = {
+            "input_types": {p["name"]: p["arrow_type"] for p in signature.get("inputs", ())},
+            "output_type": (signature.get("output") or {}).get("arrow_type"),
+            "result_file": str(self.data.result_path(rec.job_id)),
+            "result_fsync": self.data.fsync,
+            "rows_total": rec.rows_total,
+        }
+        if isinstance(rows, dict):
+            data["rows_file"] = str(self.data.rows_path(rows))
+        return data
+
+    # ---------------------------------------------------------------- recovery
+
+    def recover(self) -> None:
+        """On start (lock held): re-queue the jobs a stop interrupted, fail those over their limit."""
+        unfinished = self.store.list_jobs(states=ACTIVE, limit=10**9, oldest_first=True)
+        with self.store.batch():
+            for rec in unfinished:
+                if (rec.state == IN_PROGRESS or rec.devices) and not self._requeue(rec):
+                    continue
+                problem = self.catalog.capacity_problem(rec.gpu_class, rec.num_gpus) if rec.num_gpus else None
+                if problem:
+                    rec.state, rec.finished_ms = FAILED, now_ms()
+                    rec.failure = JobFailure(phase="validation", message=problem).to_wire()
+                    self.journal.persist(rec, new=False)
+                    continue
+                self.table.active[rec.job_id] = rec
+                if not self.table.executor_queues:
+                    self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+
+    def _requeue(self, rec: JobRecord) -> bool:
+        """A job that was running when the plane stopped: PENDING again (True), or FAILED once it
+        was re-queued ``MAX_REQUEUES`` times (False)."""
+        rec.requeues += 1
+        if rec.requeues > MAX_REQUEUES:
+            rec.state, rec.finished_ms = FAILED, now_ms()
+            rec.failure = JobFailure(
+                phase="server_restart",
+                message=f"the control plane restarted {rec.requeues} times while this job ran; "
+                "it was not re-queued again. Submit it again to retry.",
+                retryable=True,
+            ).to_wire()
+            rec.devices, rec.node = (), None
+            self.journal.persist(rec, new=False)
+            return False
+        rec.state, rec.started_ms, rec.devices, rec.node, rec.rows_done = PENDING, None, (), None, 0
+        self.journal.append_log(
+            rec, "system", [f"[lancefn] control plane restarted; job re-queued (restart {rec.requeues})"]
+        )
+        self.journal.persist(rec, new=False)
+        return True

@@ -1,0 +1,64 @@
+"""The checks a run's input rows pass before a job is queued: JSON rows against the function's
+signature, or an Arrow IPC rows file checked and kept under its final name (docs/ARCHITECTURE.md,
+"Arrow data plane").  Runs in the control plane, on core threads."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.storage.files import DataStore
+from lancefn_jupyter.wire.models import FunctionVersion
+
+
+def check_rows(fv: FunctionVersion, rows: Any) -> None:
+    """JSON ``rows`` fit ``fv``'s signature: a 400 naming the row and the parameters otherwise."""
+    if not isinstance(rows, list) or not rows:
+        raise ApiError(400, "rows must be a non-empty list of objects, one {param: value} object per call")
+    expected = [p.name for p in fv.signature.inputs]
+    wanted = set(expected)
+    optional = {p.name for p in fv.signature.inputs if p.default is not None}  # the worker applies the default
+    takes = [p.name if p.default is None else f"{p.name}={p.default}" for p in fv.signature.inputs]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ApiError(
+                400,
+                f"rows[{i}] must be an object mapping parameter names to values, e.g. {{{', '.join(repr(n) + ': ...' for n in expected)}}}",
+            )
+        keys = set(row)
+        missing = [n for n in expected if n not in keys and n not in optional]
+        unknown = sorted(keys - wanted)
+        if missing or unknown:
+            problems = []
+            if missing:
+                problems.append(f"missing parameter(s) {', '.join(missing)}")
+            if unknown:
+                problems.append(f"unknown parameter(s) {', '.join(unknown)}")
+            raise ApiError(
+                400,
+                f"rows[{i}]: {' and '.join(problems)}; {fv.name}@{fv.version} takes ({', '.join(takes)})",
+            )
+        try:
+            dumps(row).encode("utf-8")
+        except ValueError:
+            raise ApiError(
+                400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number"
+            ) from None
+
+
+def take_arrow_rows(data: DataStore, fv: FunctionVersion, tmp: Any) -> dict:
+    """Check an Arrow rows body (a temp file) and keep it under its final name; the rows ref
+    stored in place of JSON rows: ``{"arrow_file": "rows/<uuid>.arrow", "rows_total": n}``."""
+    tmp = os.fspath(tmp)
+    _, final = data.new_rows_file()
+    try:
+        count = data.check_rows(tmp, fv.signature.inputs, f"{fv.name}@{fv.version}")
+        os.replace(tmp, final)
+    except ValueError as error:
+        raise ApiError(400, str(error)) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return {"arrow_file": os.path.relpath(final, data.root), "rows_total": count}

@@ -1,0 +1,43 @@
+"""The client-visible error of the control plane (docs/ARCHITECTURE.md, "REST details"): every
+user-facing problem is an :class:`ApiError` with a 4xx status and a message saying what is wrong
+and how to fix it.  Runs in the control plane; pure (no other server module is imported here)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import ValidationError
+
+__all__ = ["ApiError", "format_validation_error"]
+
+
+class ApiError(Exception):
+    """A client-visible error: HTTP status, stable code, readable message.
+
+    No input may produce a 5xx: every user-facing problem raises this with a 4xx status and a
+    message saying what is wrong and how to fix it."""
+
+    CODES: ClassVar[dict[int, str]] = {
+        400: "invalid_request",
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not_found",
+        409: "conflict",
+        413: "payload_too_large",
+    }
+
+    def __init__(self, status: int, message: str, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code or self.CODES.get(status, "error")
+        self.message = message
+
+
+def format_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """Readable pydantic errors naming each field; never echoes input values (they may be secrets)."""
+    parts = []
+    for item in error.errors(include_url=False, include_input=False):
+        loc = ".".join(str(part) for part in (prefix, *item["loc"]) if part != "")
+        message = item["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc or 'body'}: {message}" if loc else message)
+    return "; ".join(parts[:10]) + (f"; and {len(parts) - 10} more" if len(parts) > 10 else "")

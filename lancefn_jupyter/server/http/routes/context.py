@@ -1,0 +1,56 @@
+"""What the route modules are built over (``RouteContext``) and the two route shapes several of
+them share (``by_id``, ``listing``).  Runs in the control plane's server process.
+
+Routes call the control plane's parts, read as plain attributes of the plane (``plane.machine``,
+``plane.jobs``, ``plane.catalog`` ...): the plane is the one composition root, so the context
+carries it rather than a second list of the same parts, and the plane itself has no request
+methods a route could call instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from lancefn_jupyter.server.http.auth import KeyRing, who
+from lancefn_jupyter.server.http.bodies import ArrowBodies, Body, parse
+from lancefn_jupyter.server.http.fastpath import FastPath
+from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.plane import ControlPlane
+
+
+@dataclass(frozen=True)
+class RouteContext:
+    """The plane, the accepted keys, where Arrow bodies go, and the direct routes."""
+
+    plane: ControlPlane
+    keys: KeyRing
+    bodies: ArrowBodies
+    fastpath: FastPath
+
+    def require(self, privilege: str) -> Any:
+        """A dependency: the ``x-api-key`` must be known and grant ``privilege``."""
+        return self.keys.require(privilege)
+
+
+def by_id(model: type[Body], field: str, method: Callable[[str, str | None], dict]) -> Callable[..., Awaitable[dict]]:
+    """A route doing ``method(<the body's id field>, <the caller's scope>)`` to one job or batch."""
+
+    async def route(request: Request) -> dict:
+        body = await parse(request, model)
+        return await off_loop(method, getattr(body, field), who(request).scope)
+
+    return route
+
+
+def listing(model: type[Body], method: Callable[..., dict]) -> Callable[..., Awaitable[dict]]:
+    """A route listing within the caller's scope: ``method(**<the body's filters>, scope=...)``."""
+
+    async def route(request: Request) -> dict:
+        body = await parse(request, model)
+        return await off_loop(method, **body.model_dump(), scope=who(request).scope)
+
+    return route
