@@ -24,7 +24,7 @@ from conftest import SERVER_CMD, make_env, register, registration_body
 
 from lancefn_jupyter.embedded import ensure_server, read_server_info, stop_server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def assert_4xx(reply: httpx.Response, status: int, *words: str) -> dict:
