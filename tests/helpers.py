@@ -238,7 +238,7 @@ def ray_driver(cp: ControlPlaneProcess) -> psutil.Process:
     def found() -> psutil.Process | None:
         for child in psutil.Process(cp.proc.pid).children():
             try:
-                if "_bridge_main" in " ".join(child.cmdline()):
+                if "bridge_main" in " ".join(child.cmdline()):  # its entry point, in the -c argv
                     return child
             except psutil.NoSuchProcess:
                 continue
