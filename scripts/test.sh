@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need into .venv (Python deps, the prebuilt labextension, Debian
-# Chromium for the browser tests), run the linters and the type checker, then the whole suite.
+# Chromium for the browser tests), run the linters, the type checker and the import-layer contracts,
+# then the whole suite.
 # This is the README's test command and what .ci/run calls, so CI enforces the linters too.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k magics, scripts/test.sh -m unit for the fast
 # tier); with arguments, collecting no tests is a failure (exit 5). LANCEFN_SKIP_LINT=1 skips the
@@ -24,10 +25,11 @@ echo "== installing lancefn-jupyter[test] (builds the JupyterLab extension)"
 .venv/bin/python -m pip install -q -e ".[test]"
 
 if [ "${LANCEFN_SKIP_LINT:-0}" != 1 ]; then
-  echo "== lint: ruff check, ruff format --check, mypy"
+  echo "== lint: ruff check, ruff format --check, mypy, lint-imports"
   .venv/bin/python -m ruff check lancefn_jupyter tests benchmarks scripts
   .venv/bin/python -m ruff format --check lancefn_jupyter tests benchmarks scripts
   .venv/bin/python -m mypy
+  .venv/bin/lint-imports  # the layer contracts in pyproject.toml's [tool.importlinter]
   if [ -d labextension/node_modules ]; then  # installed by the build above
     echo "== lint: eslint, prettier --check (labextension/src)"
     (cd labextension && npm run --silent lint)

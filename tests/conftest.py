@@ -220,6 +220,17 @@ def shared_control_plane(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
     factory.close()
 
 
+@pytest.fixture(scope="module")
+def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
+    """One ``lancefn-server --executor ray`` for a whole test module, on its own local Ray with
+    ``helpers.RAY_CLASSES`` (``small``: 2 simulated GPUs, ``big``: 1); skips where Ray is missing."""
+    pytest.importorskip("ray")
+    from helpers import module_ray_server  # helpers imports this module, so not at the top
+
+    with module_ray_server(tmp_path_factory) as cp:
+        yield cp
+
+
 @pytest.fixture
 def control_plane(control_plane_factory) -> ControlPlaneProcess:
     """A server with the default (simulated, 2 GPUs) class."""

@@ -1,7 +1,10 @@
 """What many test modules share: polling with a deadline, file-gated "hold" functions, the REST
 calls the job tests make against a real control plane, API-key files, an IPython shell with the
-extension loaded, a Ray-executor server, hypothesis settings for fuzzing, and the packaging tests'
-cell helpers.
+extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture),
+hypothesis settings for fuzzing, and the packaging tests' cell helpers (and one numba CUDA cell).
+
+Test modules in different folders share through here, never by importing each other (a test
+folder is on ``sys.path`` only while pytest collects it).
 
 Waits poll until a condition holds and fail only when it never does (a generous deadline, never
 an assert on elapsed time). A hold function runs until the test creates a file, so job states
@@ -13,20 +16,26 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import psutil
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 from lancefn_jupyter.packaging import PackagedFunction, package_cell
 from lancefn_jupyter.wire.models import Job
 
 T = TypeVar("T")
+
+#: tests/, which a subprocess puts on ``sys.path`` to import these helpers.
+TESTS = Path(__file__).resolve().parent
 
 DEADLINE_S = 60.0
 
@@ -209,9 +218,97 @@ def ray_server(tmp_path_factory: Any, classes: str, *args: str, **env: str) -> I
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+#: The Ray executor tests' classes: ``small`` (two simulated GPUs) and ``big`` (one).
+RAY_CLASSES = """
+[[gpu_classes]]
+name = "small"
+gpu_model = "Simulated small GPU"
+simulated = 2
+
+[[gpu_classes]]
+name = "big"
+gpu_model = "Simulated big GPU"
+simulated = 1
+"""
+
+
+def ray_driver(cp: ControlPlaneProcess) -> psutil.Process:
+    """The server's Ray driver process (whose session holds every Ray process it started)."""
+
+    def found() -> psutil.Process | None:
+        for child in psutil.Process(cp.proc.pid).children():
+            try:
+                if "bridge_main" in " ".join(child.cmdline()):  # its entry point, in the -c argv
+                    return child
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+    return wait_until(found, "the server's Ray driver process", 30)
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid:
+                found.append(proc)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return found
+
+
+@contextlib.contextmanager
+def module_ray_server(tmp_path_factory: Any) -> Iterator[ControlPlaneProcess]:
+    """The body of conftest's ``ray_cp`` fixture: a Ray-backed server on :data:`RAY_CLASSES` whose
+    ``sessions`` lists its Ray drivers' sessions; every process in them is killed at the end."""
+    sessions: list[int] = []  # every bridge session seen, swept at teardown
+    try:
+        # LOST_AFTER_S: a lost cluster is noticed fast. ACTOR_IDLE_S: warm actors hold their GPUs while idle; a
+        # second server on this cluster (test_ray_executor.py's --ray-address test) cannot see them, so its job
+        # waits until they retire. LANCEFN_RAY_PIP=never (ray_server): a missing package fails fast in the task.
+        with ray_server(
+            tmp_path_factory, RAY_CLASSES, LANCEFN_RAY_LOST_AFTER_S="10", LANCEFN_RAY_ACTOR_IDLE_S="15"
+        ) as cp:
+            cp.sessions = sessions
+            sessions.append(ray_driver(cp).pid)
+            yield cp
+    finally:
+        for sid in sessions:  # never leave Ray behind, even when a test failed half-way
+            for proc in session_processes(sid):
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+
+
 # ---------------------------------------------------------------- packaging cells
 
 HEADER = "from __future__ import annotations\n"  # every artifact's first line
+
+#: A numba CUDA cell as packaging lays it out (header, then the cell's definitions): ``double_all``
+#: doubles a list of floats in a kernel; runs on the simulator where there is no GPU.
+CUDA_CELL = b"""from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+@cuda.jit
+def _double(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = 2 * x[i]
+
+def _as_array(values):
+    return np.asarray(values, dtype=np.float32)
+
+def double_all(values: list[float]) -> list[float]:
+    x = _as_array(values)
+    out = np.zeros_like(x)
+    _double.forall(x.size)(x, out)
+    print("doubled", x.size, "values")
+    return out
+"""
 
 
 def sha(data: bytes) -> str:

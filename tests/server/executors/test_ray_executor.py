@@ -14,12 +14,21 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ControlPlaneProcess, register, registration_body
-from helpers import describe, ray_server, submit, text_body, wait_done, wait_state, wait_until
+from helpers import (
+    describe,
+    ray_driver,
+    ray_server,
+    session_processes,
+    submit,
+    text_body,
+    wait_done,
+    wait_state,
+    wait_until,
+)
 
 from lancefn_jupyter.server.control.journal import DEFER_COMMIT_S
 
@@ -27,18 +36,6 @@ pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
-
-CLASSES = """
-[[gpu_classes]]
-name = "small"
-gpu_model = "Simulated small GPU"
-simulated = 2
-
-[[gpu_classes]]
-name = "big"
-gpu_model = "Simulated big GPU"
-simulated = 1
-"""
 
 PROBE = """
 import json
@@ -91,21 +88,6 @@ SLOW = 120.0  # generous: a first task on a busy 2-core CI box waits for a Ray w
 # ------------------------------------------------------------------------------ helpers
 
 
-def _bridge(cp: ControlPlaneProcess) -> psutil.Process:
-    """The server's Ray driver process (whose session holds every Ray process it started)."""
-
-    def found() -> psutil.Process | None:
-        for child in psutil.Process(cp.proc.pid).children():
-            try:
-                if "_bridge_main" in " ".join(child.cmdline()):
-                    return child
-            except psutil.NoSuchProcess:
-                continue
-        return None
-
-    return wait_until(found, "the server's Ray driver process", 30)
-
-
 def _alive(pid: int) -> bool:
     """Running (not gone, not a zombie); a process may vanish between any two checks."""
     try:
@@ -114,23 +96,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _session(sid: int) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getsid(proc.pid) == sid:
-                found.append(proc)
-        except (ProcessLookupError, PermissionError, OSError):
-            continue
-    return found
-
-
 def _wait_no_session(sid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while _session(sid) and time.monotonic() < deadline:
+    while session_processes(sid) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = []
-    for proc in _session(sid):
+    for proc in session_processes(sid):
         try:
             left.append((proc.pid, proc.name()))
         except psutil.NoSuchProcess:  # ended between the listing and the name
@@ -165,26 +136,6 @@ def _usage(http) -> dict:
 
 
 # ------------------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(scope="module")
-def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
-    sessions: list[int] = []  # every bridge session seen, swept at teardown
-    try:
-        # LOST_AFTER_S: a lost cluster is noticed fast. ACTOR_IDLE_S: warm actors hold their GPUs while
-        # idle; a second server on this cluster (below) cannot see them, so its job waits until they retire.
-        # LANCEFN_RAY_PIP=never (ray_server): a missing package fails fast in the task's own check.
-        with ray_server(tmp_path_factory, CLASSES, LANCEFN_RAY_LOST_AFTER_S="10", LANCEFN_RAY_ACTOR_IDLE_S="15") as cp:
-            cp.sessions = sessions
-            sessions.append(_bridge(cp).pid)
-            yield cp
-    finally:
-        for sid in sessions:  # never leave Ray behind, even when a test failed half-way
-            for proc in _session(sid):
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
 
 
 @pytest.fixture
@@ -565,7 +516,7 @@ def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp
             assert job["job_state"] == "PENDING" and job["placement"]["waiting_on_capacity"] is True, job
             assert _usage(http)["t4"]["jobs_pending"] == 1
             assert http.post("/v1/jobs/cancel", json={"job_id": waiting}).json()["cancelled"] is True
-        bridge = _bridge(cp)
+        bridge = ray_driver(cp)
         assert cp.stop() == 0
         _wait_no_session(bridge.pid, timeout=10)
     with ray_cp.http() as http:  # the cluster it joined is not its to stop
@@ -578,8 +529,8 @@ def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp
         version = _waiter(http, "big")
         job_id = _wait_job(http, version, flag)
         _running(http, job_id)
-        old = _bridge(ray_cp)
-        for proc in _session(old.pid):  # the cluster dies under the control plane
+        old = ray_driver(ray_cp)
+        for proc in session_processes(old.pid):  # the cluster dies under the control plane
             if proc.name() in ("gcs_server", "raylet"):
                 proc.send_signal(signal.SIGKILL)
         job = _finished(http, job_id, timeout=60)
@@ -590,7 +541,7 @@ def test_lost_ray_cluster_fails_running_jobs_as_retryable_then_reconnects(ray_cp
         _wait_no_session(old.pid)  # the dead cluster's leftovers were swept
 
         # The executor starts a fresh local Ray; the same job submitted again runs.
-        new = wait_until(lambda: (bridge := _bridge(ray_cp)).pid != old.pid and bridge, "a new Ray driver", 30)
+        new = wait_until(lambda: (bridge := ray_driver(ray_cp)).pid != old.pid and bridge, "a new Ray driver", 30)
         ray_cp.sessions.append(new.pid)
         flag.touch()
         again = _finished(http, _wait_job(http, version, flag))
@@ -603,12 +554,12 @@ def test_control_plane_sigkill_stops_its_ray_and_restart_requeues_the_job(ray_cp
         job_id = _wait_job(http, version, flag)
         _running(http, job_id)
     time.sleep(20 * DEFER_COMMIT_S)  # its start reaches the disk within DEFER_COMMIT_S (before: re-run, not re-queued)
-    bridge = _bridge(ray_cp)
+    bridge = ray_driver(ray_cp)
     ray_cp.kill()  # SIGKILL: no cleanup in the server itself
     _wait_no_session(bridge.pid)  # its Ray driver noticed and took the local Ray down with it
 
     ray_cp.start()
-    ray_cp.sessions.append(_bridge(ray_cp).pid)
+    ray_cp.sessions.append(ray_driver(ray_cp).pid)
     with ray_cp.http() as http:
         logs = http.post("/v1/jobs/logs", json={"job_id": job_id}).json()["lines"]
         assert any("re-queued" in line for line in logs), logs
@@ -653,7 +604,7 @@ def test_a_batch_fans_out_as_ray_tasks_of_the_class(ray_cp, tmp_path):
 
 def test_server_stop_leaves_no_ray_processes(ray_cp):
     # Last in this module: it stops the module's Ray-backed server.
-    bridge = _bridge(ray_cp)
-    assert len(_session(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
+    bridge = ray_driver(ray_cp)
+    assert len(session_processes(bridge.pid)) > 2  # raylet, GCS, workers … all in the driver's session
     assert ray_cp.stop() == 0
     _wait_no_session(bridge.pid, timeout=10)

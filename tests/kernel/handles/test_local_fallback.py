@@ -5,39 +5,18 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers import CUDA_CELL
 
 from lancefn_jupyter.handles.local_run import LocalRunError, gpu_available, run_local
 
 pytestmark = pytest.mark.unit
 
-# The layout packaging produces for a %%gpu_function cell: header, then the cell's definitions.
-CELL = b"""from __future__ import annotations
-
-import numpy as np
-from numba import cuda
-
-@cuda.jit
-def _double(x, out):
-    i = cuda.grid(1)
-    if i < x.size:
-        out[i] = 2 * x[i]
-
-def _as_array(values):
-    return np.asarray(values, dtype=np.float32)
-
-def double_all(values: list[float]) -> list[float]:
-    x = _as_array(values)
-    out = np.zeros_like(x)
-    _double.forall(x.size)(x, out)
-    print("doubled", x.size, "values")
-    return out
-"""
 FILENAME = "<gpu_function double_all@v1>"
 
 
 def test_cuda_cell_runs_on_the_simulator_when_there_is_no_gpu():
     values = [float(i) / 4 for i in range(200)]  # 200 simulated threads: correct and quick
-    run = run_local(CELL, "double_all", FILENAME, [{"values": [1.0, 2.5]}, {"values": values}], mode="auto")
+    run = run_local(CUDA_CELL, "double_all", FILENAME, [{"values": [1.0, 2.5]}, {"values": values}], mode="auto")
     assert run.results == [[2.0, 5.0], [2 * v for v in values]]
     assert run.device == ("CUDA simulator" if not gpu_available() else run.device)
     assert run.device != "cpu"
@@ -55,7 +34,7 @@ def test_warm_worker_is_reused_and_env_reaches_the_function():
 
 
 def test_kernel_error_raises_with_the_users_frames_only():
-    bad = CELL.replace(
+    bad = CUDA_CELL.replace(
         b"out[i] = 2 * x[i]", b"out[i] = 2 * x[i]\n        if x[i] < 0:\n            raise ValueError('negative')"
     )
     with pytest.raises(LocalRunError) as info:
@@ -80,5 +59,5 @@ def test_timeout_and_crash_raise_and_the_next_run_still_works():
 @pytest.mark.skipif(gpu_available(), reason="checks the message given when there is no GPU")
 def test_gpu_mode_without_a_gpu_says_how_to_fix_it():
     with pytest.raises(LocalRunError) as info:
-        run_local(CELL, "double_all", FILENAME, [{"values": [1.0]}], mode="gpu")
+        run_local(CUDA_CELL, "double_all", FILENAME, [{"values": [1.0]}], mode="gpu")
     assert info.value.phase == "environment" and "mode='simulator'" in info.value.message

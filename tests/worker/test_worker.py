@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from lancefn_jupyter.packaging import package_cell
+
 FILENAME = "<gpu_function f@v1>"
 
 
@@ -250,3 +252,21 @@ def test_hard_exit_ends_the_worker_and_the_parent_sees_it():
     assert all(e["event"] != "result" and e["event"] != "failed" for e in events)
     assert w.read() is None  # EOF on the protocol
     assert w.close() == 1
+
+
+@pytest.mark.unit  # a worker subprocess only, as in the packaging tests it came from
+def test_a_warm_worker_never_serves_one_versions_modules_to_the_next_task():
+    def artifact(modules) -> str:
+        cell = "def f(x: int) -> int:\n    import mylib\n    return mylib.V\n"
+        namespace: dict = {}
+        exec(cell, namespace)
+        return package_cell(cell, namespace, modules=modules).source_text
+
+    worker = RawWorker()
+    try:
+        assert worker.run(artifact({"mylib": ("mylib.py", b"V = 1\n")}), [{"x": 0}])[-1]["results"] == [1]
+        assert worker.run(artifact({"mylib": ("mylib.py", b"V = 2\n")}), [{"x": 0}])[-1]["results"] == [2]
+        failed = worker.run(artifact(None), [{"x": 0}])[-1]
+        assert failed["event"] == "failed" and "No module named 'mylib'" in failed["message"]
+    finally:
+        worker.close()

@@ -16,7 +16,7 @@ import time
 import lancedb
 import pyarrow as pa
 import pytest
-from helpers import wait_until
+from helpers import TESTS, wait_until
 
 from lancefn_jupyter import api
 from lancefn_jupyter.handles.table_map import TableMap
@@ -94,7 +94,7 @@ def written(db) -> int:
 WRITER = """
 import sys, lancedb
 from lancefn_jupyter import api
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]  # this module, and the helpers it imports
 from test_batches_tables import text_len
 api.connect({url!r}, {key!r})
 table = lancedb.connect({db!r}).open_table("docs")
@@ -106,7 +106,9 @@ fn.map(table, column="text", into="n", parallel="auto", chunk_size=5).result()
 def test_backfill_resumes_after_the_writer_is_killed(cp, tmp_path):
     texts = [f"early {i}" for i in range(10)] + [f"late {i}" for i in range(10)]
     table = make_table(tmp_path / "db", texts)
-    script = WRITER.format(tests=os.path.dirname(__file__), url=cp.url, key=cp.api_key, db=str(tmp_path / "db"))
+    script = WRITER.format(
+        here=os.path.dirname(__file__), tests=str(TESTS), url=cp.url, key=cp.api_key, db=str(tmp_path / "db")
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANCEFN_")}
     writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env)
     try:

@@ -24,7 +24,7 @@ from conftest import SERVER_CMD, make_env, register, registration_body
 
 from lancefn_jupyter.embedded import ensure_server, read_server_info, stop_server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def assert_4xx(reply: httpx.Response, status: int, *words: str) -> dict:
@@ -348,7 +348,8 @@ def test_stop_still_stops_the_real_server(tmp_path):
 
 
 def fake_tree(tmp_path: Path, script: str, python_body: str) -> Path:
-    """A copy of ``scripts/<script>`` in a tree whose ``.venv/bin/python`` is ``python_body`` (bash)."""
+    """A copy of ``scripts/<script>`` in a tree whose ``.venv/bin/python`` is ``python_body`` (bash)
+    and whose ``.venv/bin/lint-imports`` passes."""
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / script, root / "scripts" / script)
@@ -356,6 +357,8 @@ def fake_tree(tmp_path: Path, script: str, python_body: str) -> Path:
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text("#!/usr/bin/env bash\n" + python_body)
     (bin_dir / "python").chmod(0o755)
+    (bin_dir / "lint-imports").write_text("#!/bin/sh\n")  # test.sh's import contracts: pass
+    (bin_dir / "lint-imports").chmod(0o755)
     (root / "fakebin").mkdir()
     (root / "fakebin" / "chromium").write_text("#!/bin/sh\n")  # test.sh installs it otherwise
     (root / "fakebin" / "chromium").chmod(0o755)

@@ -15,14 +15,6 @@ import pytest
 from nbclient import NotebookClient
 from test_notebook_magics import _outputs_text
 
-try:  # the module-scoped Ray control plane of the Ray executor's tests, for the one Ray case here
-    from test_ray_executor import ray_cp
-except pytest.skip.Exception:  # Ray not installed: only that case is skipped
-
-    @pytest.fixture
-    def ray_cp():
-        pytest.skip("ray is not installed")
-
 
 MAGIC = "%%gpu_function num_gpus=1\n"
 

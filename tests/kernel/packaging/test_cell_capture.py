@@ -308,22 +308,3 @@ def test_cells_without_local_modules_package_to_the_same_bytes(tmp_path):
     shipped = package_cell(cell, namespace, modules={"m": ("m.py", b"A = 1\n")})
     assert shipped.local_modules == ("m",) and shipped.digest != plain.digest
     assert shipped.source_text.endswith(plain.source_text.split("\n\n", 1)[1])
-
-
-def test_a_warm_worker_never_serves_one_versions_modules_to_the_next_task():
-    from test_worker import RawWorker
-
-    def artifact(modules) -> str:
-        cell = "def f(x: int) -> int:\n    import mylib\n    return mylib.V\n"
-        namespace: dict = {}
-        exec(cell, namespace)
-        return package_cell(cell, namespace, modules=modules).source_text
-
-    worker = RawWorker()
-    try:
-        assert worker.run(artifact({"mylib": ("mylib.py", b"V = 1\n")}), [{"x": 0}])[-1]["results"] == [1]
-        assert worker.run(artifact({"mylib": ("mylib.py", b"V = 2\n")}), [{"x": 0}])[-1]["results"] == [2]
-        failed = worker.run(artifact(None), [{"x": 0}])[-1]
-        assert failed["event"] == "failed" and "No module named 'mylib'" in failed["message"]
-    finally:
-        worker.close()

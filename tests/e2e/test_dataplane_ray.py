@@ -7,7 +7,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from test_dataplane_e2e import echo, keep_table, same, scale, special, wrong_dtype
-from test_ray_executor import ray_cp  # noqa: F401  (the module-scoped Ray-backed server)
 
 from lancefn_jupyter import api
 from lancefn_jupyter.api import RemoteFunctionError
@@ -17,7 +16,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def cp(ray_cp):  # noqa: F811
+def cp(ray_cp):
     api._session.registered.clear()
     for fn in (echo, scale, keep_table, special, wrong_dtype):
         fn._version = None  # registered on the other module's server, if that ran first

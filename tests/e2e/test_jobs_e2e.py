@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 from conftest import register, registration_body
-from helpers import DEADLINE_S, describe, submit, wait_done, wait_state, wait_until
-from test_local_fallback import CELL
+from helpers import CUDA_CELL, DEADLINE_S, describe, submit, wait_done, wait_state, wait_until
 
 from lancefn_jupyter.handles.local_run import run_local
 
@@ -290,7 +289,7 @@ def test_cuda_cell_gives_the_same_results_locally_and_as_a_job(control_plane):
     with control_plane.http() as http:
         body = registration_body(
             "double_all",
-            source=CELL.decode(),
+            source=CUDA_CELL.decode(),
             entrypoint="double_all",
             inputs=(("values", "list<float64>", False),),
             output_type="list<float64>",
@@ -299,5 +298,5 @@ def test_cuda_cell_gives_the_same_results_locally_and_as_a_job(control_plane):
         job = wait_done(http, submit(http, "double_all", version, rows))
         assert job["job_state"] == "DONE", job.get("failure")
         assert logs(http, job["job_id"]) == ["doubled 2 values", "doubled 100 values"]
-    local = run_local(CELL, "double_all", f"<gpu_function double_all@{version}>", rows, mode="auto")
+    local = run_local(CUDA_CELL, "double_all", f"<gpu_function double_all@{version}>", rows, mode="auto")
     assert job["result"] == local.results == [[2.0, 5.0], [i / 2 for i in range(100)]]

@@ -21,7 +21,7 @@ import nbformat
 from nbclient import NotebookClient
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
 
 WAIT_STATES = """\
 import time
