@@ -37,7 +37,6 @@ from lancefn_jupyter.handles.job import Job, JobCancelled, JobError, JobTimedOut
 from lancefn_jupyter.handles.lookup import lookup
 from lancefn_jupyter.listings import list_gpu_classes, list_jobs, list_versions
 from lancefn_jupyter.session import ConnectionInfo as ConnectionInfo
-from lancefn_jupyter.session import _session as _session
 from lancefn_jupyter.session import (
     add_profile,
     connect,

@@ -30,6 +30,7 @@ import psutil
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 from lancefn_jupyter.packaging import PackagedFunction, package_cell
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire.models import Job
 
 T = TypeVar("T")
@@ -185,8 +186,8 @@ def kernel_shell(cp: Any) -> Iterator[Any]:
     shell = InteractiveShell.instance()
     shell.reset()
     shell.run_line_magic("load_ext", "lancefn_jupyter")
-    api._session.registered.clear()
-    api._session.profiles.clear()
+    kernel_session.registered.clear()
+    kernel_session.profiles.clear()
     api.connect(cp.url, cp.api_key)
     yield shell
     shell.reset()

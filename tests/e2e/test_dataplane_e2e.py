@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from lancefn_jupyter import api
 from lancefn_jupyter.api import RemoteFunctionError
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire import dataplane
 
 DEADLINE_S = 120.0
@@ -65,7 +66,7 @@ def same(got: Any, want: np.ndarray) -> None:
 
 @pytest.fixture(scope="module")
 def cp(shared_control_plane):
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(shared_control_plane.url, shared_control_plane.api_key)
     return shared_control_plane
 
@@ -286,7 +287,7 @@ def test_retention_removes_results_and_the_job_says_so(control_plane_factory):
 
 def test_embedded_server_hands_rows_and_results_over_as_files(cp, tmp_path, monkeypatch):
     monkeypatch.setenv("LANCEFN_DISABLE_NVML", "1")
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     home = tmp_path / "home"
     api.use_local(home=str(home))
     try:

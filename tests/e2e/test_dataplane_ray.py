@@ -10,6 +10,7 @@ from test_dataplane_e2e import echo, keep_table, same, scale, special, wrong_dty
 
 from lancefn_jupyter import api
 from lancefn_jupyter.api import RemoteFunctionError
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def cp(ray_cp):
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     for fn in (echo, scale, keep_table, special, wrong_dtype):
         fn._version = None  # registered on the other module's server, if that ran first
     api.connect(ray_cp.url, ray_cp.api_key)

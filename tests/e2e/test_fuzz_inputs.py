@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from lancefn_jupyter import api
 from lancefn_jupyter.packaging import PackagingError, package_cell
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest
 
 # Cells without a trailing newline make IPython's transformer warn; that is the input under test.
@@ -51,12 +52,12 @@ def shell(shared_control_plane):
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "lancefn_jupyter")
     api.connect(shared_control_plane.url, shared_control_plane.api_key)
-    api._session.profiles.clear()
+    kernel_session.profiles.clear()
     api.gpu_profile("p", num_gpus=2, pip=["numpy"])
     ip.user_ns["NOTEBOOK_FRAME"] = object()  # a notebook value that cannot be packaged
     ip.user_ns["LIMIT"] = 7  # one that can (a literal)
     yield ip
-    api._session.profiles.clear()
+    kernel_session.profiles.clear()
     ip.reset()
 
 

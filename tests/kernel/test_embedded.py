@@ -12,6 +12,7 @@ import pytest
 
 from lancefn_jupyter import api
 from lancefn_jupyter.embedded import ensure_server, read_server_info, stop_server
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 
 
 def _wait_gone(pid: int) -> None:
@@ -69,7 +70,7 @@ def test_versions_survive_an_embedded_restart(home, monkeypatch):
     pid = api.connection_info().pid
     os.kill(pid, signal.SIGKILL)
     _wait_gone(pid)
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.use_local(str(home))
     assert api.connection_info().pid != pid
     assert api.current_client().functions.describe(version.name, version.version) == version

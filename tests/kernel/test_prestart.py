@@ -10,6 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from lancefn_jupyter import api, embedded
 from lancefn_jupyter.embedded import ensure_server, prestart, read_server_info, stop_server
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 
 
 @pytest.fixture
@@ -47,9 +48,9 @@ def test_a_prestarted_server_that_failed_is_replaced_by_a_working_one(home):
 def test_the_first_gpu_function_cell_prestarts_and_registers_on_that_server(home, monkeypatch):
     shell = InteractiveShell.instance()
     shell.reset()
-    monkeypatch.setattr(api._session, "client", None)
-    monkeypatch.setattr(api._session, "info", None)
-    api._session.registered.clear()
+    monkeypatch.setattr(kernel_session, "client", None)
+    monkeypatch.setattr(kernel_session, "info", None)
+    kernel_session.registered.clear()
     spawned: list = []
     real_spawn = embedded._spawn
     monkeypatch.setattr(embedded, "_spawn", lambda *a: spawned.append(real_spawn(*a)) or spawned[-1])

@@ -16,6 +16,7 @@ import lancefn_jupyter.session as session_module
 from lancefn_jupyter import api
 from lancefn_jupyter.display.batch import batch_card, strip_cells
 from lancefn_jupyter.handles.batch import Batch, BatchChunkError, BatchError
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.widgets import set_widgets, stop_listener
 
 
@@ -29,7 +30,7 @@ def cp(control_plane_factory):
     session_module._listener = None
     set_widgets(None)
     cp = control_plane_factory()
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(cp.url, cp.api_key)
     yield cp
     stop_listener()

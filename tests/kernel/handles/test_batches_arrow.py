@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from lancefn_jupyter import api
 from lancefn_jupyter.handles.batch import Batch, BatchError
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire import dataplane
 
 
@@ -43,7 +44,7 @@ def exact(got, want) -> None:
 
 @pytest.fixture(scope="module")
 def cp(shared_control_plane):
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(shared_control_plane.url, shared_control_plane.api_key)
     return shared_control_plane
 

@@ -20,6 +20,7 @@ from helpers import TESTS, wait_until
 
 from lancefn_jupyter import api
 from lancefn_jupyter.handles.table_map import TableMap
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 
 
 def text_len(text: str) -> int:
@@ -40,7 +41,7 @@ def make_table(path, texts):
 def cp(control_plane_factory, tmp_path):
     gate = tmp_path / "gate"
     cp = control_plane_factory(env={"LANCEFN_TEST_GATE": str(gate)})
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(cp.url, cp.api_key)
     cp.gate = gate
     return cp

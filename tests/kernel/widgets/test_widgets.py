@@ -26,6 +26,7 @@ from lancefn_jupyter import api
 from lancefn_jupyter.client.events import Event
 from lancefn_jupyter.client.listener import EventListener, queue_positions
 from lancefn_jupyter.server.control.callbacks import PROGRESS_EVENT_INTERVAL_S
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.widgets import (
     WIDGET_VIEW_MIME,
     FunctionCardWidget,
@@ -104,7 +105,7 @@ def fresh_listener():
 @pytest.fixture
 def cp(control_plane_factory, fresh_listener):
     cp = control_plane_factory(gpu_classes=TWO_CLASSES)
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(cp.url, cp.api_key)
     return cp
 
@@ -486,7 +487,7 @@ def _free_port() -> int:
 
 def test_listener_resumes_after_server_sigkill_and_restart(control_plane_factory, fresh_listener, gates):
     cp = control_plane_factory(gpu_classes=TWO_CLASSES, args=["--port", str(_free_port())])
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(cp.url, cp.api_key)
     fn = api.gpu_function(num_gpus=1)(wait_for_file)
     classes = GpuClassesWidget()  # starts the listener before the job exists, so it sees its events
@@ -516,7 +517,7 @@ def test_listener_resumes_after_server_sigkill_and_restart(control_plane_factory
 
 def test_listener_follows_a_new_connection(control_plane_factory, fresh_listener, gates):
     cp = control_plane_factory(gpu_classes=TWO_CLASSES)
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(cp.url, cp.api_key)
     fn = api.gpu_function(num_gpus=1)(wait_for_file)
     job = fn.submit(gates["n"])
@@ -527,7 +528,7 @@ def test_listener_follows_a_new_connection(control_plane_factory, fresh_listener
     cp.start()  # a new port this time: `%lancefn connect NEW_URL`
     api.connect(cp.url, cp.api_key)
     wait_until(
-        lambda: listener.connected and listener._stream_client is api._session.client, "stream on the new client"
+        lambda: listener.connected and listener._stream_client is kernel_session.client, "stream on the new client"
     )
     gates.open("n")
     wait_until(lambda: widget.state == "finished", "finished, seen through the new connection")

@@ -15,6 +15,7 @@ from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_
 
 from lancefn_jupyter import api
 from lancefn_jupyter.client import Client
+from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire.models import Job, JobState
 
 
@@ -107,7 +108,7 @@ def test_the_client_run_job_returns_the_finished_job(control_plane):
 
 
 def test_submit_and_result_through_the_notebook_api(control_plane):
-    api._session.registered.clear()
+    kernel_session.registered.clear()
     api.connect(control_plane.url, control_plane.api_key)
 
     def triple(x: int) -> int:
