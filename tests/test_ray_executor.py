@@ -97,7 +97,7 @@ def _bridge(cp: ControlPlaneProcess) -> psutil.Process:
     def found() -> psutil.Process | None:
         for child in psutil.Process(cp.proc.pid).children():
             try:
-                if "_bridge_main" in " ".join(child.cmdline()):
+                if "bridge_main" in " ".join(child.cmdline()):
                     return child
             except psutil.NoSuchProcess:
                 continue

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lancefn_jupyter.client.errors import LancefnError
+from lancefn_jupyter.wire.errors import LancefnError
 from lancefn_jupyter.wire.models import FunctionVersion
 
 __all__ = [
