@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from lancefn_jupyter.wire.models import JobState, _RemoteValue
+from lancefn_jupyter.wire.models import JobState, WireModel
 
 __all__ = ["STRIP_STATES", "Batch", "BatchChunk", "BatchFailure"]
 
@@ -14,7 +14,7 @@ __all__ = ["STRIP_STATES", "Batch", "BatchChunk", "BatchFailure"]
 STRIP_STATES = {"p": "pending", "r": "running", "d": "finished", "f": "failed", "c": "cancelled"}
 
 
-class BatchFailure(_RemoteValue):
+class BatchFailure(WireModel):
     """The first chunk that failed after its retries: where, and the chunk job's failure."""
 
     chunk: int
@@ -26,7 +26,7 @@ class BatchFailure(_RemoteValue):
     job_id: str | None = None
 
 
-class BatchChunk(_RemoteValue):
+class BatchChunk(WireModel):
     index: int
     row_start: int
     row_end: int
@@ -37,7 +37,7 @@ class BatchChunk(_RemoteValue):
     failure: dict[str, Any] | None = None
 
 
-class Batch(_RemoteValue):
+class Batch(WireModel):
     """A batch as the server reports it; `chunks` only in describe/wait replies."""
 
     batch_id: str
