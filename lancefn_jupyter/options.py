@@ -309,7 +309,7 @@ class FunctionOptions:
 def _resolve(given: dict[str, Any], profile: ComputeProfile | None) -> FunctionOptions:
     """Apply the ``given`` options over ``profile`` over the defaults."""
     # Checked before merging, so an error names what the user wrote, not a merged value.
-    explicit = {key: _CHECKS[key](value) for key, value in given.items()}
+    explicit: dict[str, Any] = {key: _CHECKS[key](value) for key, value in given.items()}
     merged = profile.options() if profile is not None else {}
     if "pip" in explicit or "conda" in explicit:
         for key in _PACKAGE_KEYS:
