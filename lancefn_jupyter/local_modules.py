@@ -10,6 +10,10 @@ Worker side (:func:`install`): the artifact's first header line calls ``install`
 puts a finder first on ``sys.meta_path`` serving those modules from memory, so the cell's own imports find
 them. The worker calls :func:`uninstall` after each task, so a warm worker never serves one version's
 modules to another. Standard library only: it runs in every worker.
+
+This module must stay importable at exactly ``lancefn_jupyter.local_modules``, and ``install`` keep its
+name: registered versions' artifacts contain ``__import__('lancefn_jupyter.local_modules', ...)``
+(:func:`prelude_line`), so moving it would change new versions' digests and break stored ones.
 """
 
 from __future__ import annotations

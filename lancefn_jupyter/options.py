@@ -28,13 +28,13 @@ from typing import Any
 
 # The wire models' patterns, checked here first for option-shaped messages.
 from lancefn_jupyter.wire.models import (
-    _ENV_NAME,
-    _NAME,
-    _PYTHON_VERSION,
+    ENV_NAME_PATTERN,
+    NAME_PATTERN,
+    PYTHON_VERSION_PATTERN,
     FunctionResourceRequirements,
     PythonEnvironmentSpec,
     PythonRuntimeSpec,
-    _num_gpus,
+    valid_num_gpus,
 )
 
 __all__ = [
@@ -93,7 +93,7 @@ def _fail(key: str, problem: str, fix: str = "") -> OptionsError:
 
 def _check_num_gpus(value: Any) -> int:
     try:
-        return _num_gpus(value)  # the wire model's rule, with an option-shaped message
+        return valid_num_gpus(value)  # the wire model's rule, with an option-shaped message
     except ValueError:
         raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {value!r})") from None
 
@@ -109,7 +109,7 @@ def _check_str(key: str, value: Any, pattern: re.Pattern[str] | None = None, wha
 
 
 def _check_name(key: str, value: Any) -> str:
-    return _check_str(key, value, _NAME, "letters, digits, '_', '.', '-', starting with a letter or '_'")
+    return _check_str(key, value, NAME_PATTERN, "letters, digits, '_', '.', '-', starting with a letter or '_'")
 
 
 def _split_specs(text: str) -> list[str]:
@@ -161,7 +161,7 @@ def _check_env(value: Any) -> tuple[tuple[str, str], ...]:
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(part, str) for part in pair)):
             raise _fail("env", f"must map names to strings (got {pair!r})")
         name, text = pair
-        if not _ENV_NAME.fullmatch(name):
+        if not ENV_NAME_PATTERN.fullmatch(name):
             raise _fail("env", f"variable name {name!r} is invalid: use letters, digits and '_', no leading digit")
         if name in _RESERVED_ENV:
             raise _fail("env", f"must not set {name}", _RESERVED_ENV[name])
@@ -199,7 +199,7 @@ _CHECKS = {
     "conda": lambda value: _check_list("conda", value),
     "conda_channels": lambda value: _check_list("conda_channels", value),
     "env": _check_env,
-    "python_version": lambda value: _check_str("python_version", value, _PYTHON_VERSION, "MAJOR.MINOR"),
+    "python_version": lambda value: _check_str("python_version", value, PYTHON_VERSION_PATTERN, "MAJOR.MINOR"),
     "image": lambda value: _check_str("image", value, _NO_SPACES, "an image reference without spaces"),
     "profile": lambda value: _check_name("profile", value),
     "register": _check_register,
@@ -309,7 +309,7 @@ class FunctionOptions:
 def _resolve(given: dict[str, Any], profile: ComputeProfile | None) -> FunctionOptions:
     """Apply the ``given`` options over ``profile`` over the defaults."""
     # Checked before merging, so an error names what the user wrote, not a merged value.
-    explicit = {key: _CHECKS[key](value) for key, value in given.items()}
+    explicit: dict[str, Any] = {key: _CHECKS[key](value) for key, value in given.items()}
     merged = profile.options() if profile is not None else {}
     if "pip" in explicit or "conda" in explicit:
         for key in _PACKAGE_KEYS:

@@ -6,6 +6,8 @@ message (which says how to fix the input), and the request id to quote when repo
 
 from __future__ import annotations
 
+from lancefn_jupyter.wire.errors import LancefnError
+
 __all__ = [
     "ApiError",
     "Conflict",
@@ -18,10 +20,6 @@ __all__ = [
     "Unauthorized",
     "error_for_status",
 ]
-
-
-class LancefnError(Exception):
-    """Base class of every error this package raises about the control plane."""
 
 
 class ControlPlaneUnreachable(LancefnError):

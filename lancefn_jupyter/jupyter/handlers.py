@@ -21,6 +21,7 @@ import asyncio
 import json
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -69,7 +70,7 @@ class ControlPlaneResolver:
     """Caches the discovered target; rediscovers after a connection failure (the embedded server
     may have been restarted on another port). Discovery runs in a thread: it may start a server."""
 
-    def __init__(self, discover_fn=discover) -> None:
+    def __init__(self, discover_fn: Callable[[], ControlPlaneTarget] = discover) -> None:
         self._discover = discover_fn
         self._target: ControlPlaneTarget | None = None
         self._lock = asyncio.Lock()
@@ -78,10 +79,12 @@ class ControlPlaneResolver:
         if self._target is not None:
             return self._target
         async with self._lock:
-            if self._target is None:
+            target = self._target
+            if target is None:
                 loop = asyncio.get_running_loop()
-                self._target = await loop.run_in_executor(None, self._discover)
-            return self._target
+                target = await loop.run_in_executor(None, self._discover)
+                self._target = target
+            return target
 
     def invalidate(self) -> None:
         self._target = None

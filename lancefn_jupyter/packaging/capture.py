@@ -61,13 +61,13 @@ _MODULE_DUNDERS = frozenset(
         "__dict__",
     }
 )
-_SUPPORTED_TYPES = (
+SUPPORTED_TYPES = (
     "int, float, str, bool, bytes, list[T] (nested lists allowed), "
     + dataplane.SUPPORTED_ANNOTATIONS
     + ", and Optional[T] / T | None for nullable parameters"
 )
 _DEFINE_IT = "define it in the cell (or import it from an installed module)"
-_MISSING = object()
+MISSING = object()  # "not in the namespace" (None is a value a name can have)
 
 
 class PackagingError(ValueError):
@@ -250,14 +250,14 @@ def _literal_text(value: Any, path: str, depth: int) -> str:
     raise _NotLiteral(path, value)
 
 
-def _literal_source(value: Any) -> str | None:
+def literal_source(value: Any) -> str | None:
     try:
         return _literal_text(value, "", 0)
     except _NotLiteral:
         return None
 
 
-def _importable_qualname(value: Any) -> str | None:
+def importable_qualname(value: Any) -> str | None:
     """`from m import q` if `value` can be re-imported as exactly itself."""
     module_name = getattr(value, "__module__", None)
     try:
@@ -273,12 +273,12 @@ def _importable_qualname(value: Any) -> str | None:
     ):
         return None
     module = sys.modules.get(module_name)
-    if module is None or getattr(module, qualname, _MISSING) is not value:
+    if module is None or getattr(module, qualname, MISSING) is not value:
         return None
     return f"from {module_name} import {qualname}"
 
 
-def _kernel_function(value: Any) -> types.FunctionType | None:
+def kernel_function(value: Any) -> types.FunctionType | None:
     """The Python function behind a numba (CUDA) dispatcher, if `value` is one."""
     if inspect.isfunction(value):
         return None
@@ -289,7 +289,8 @@ def _kernel_function(value: Any) -> types.FunctionType | None:
     return py_func if inspect.isfunction(py_func) else None
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """What `value` is, for a refusal message ("a lambda", "a pandas.core.frame.DataFrame")."""
     if inspect.isfunction(value):
         if value.__name__ == "<lambda>":
             return "a lambda"
@@ -298,7 +299,7 @@ def _describe(value: Any) -> str:
         if value.__module__ == "__main__":
             return "a function defined in another cell"
         return f"a function of module {value.__module__!r} that cannot be re-imported"
-    if _kernel_function(value) is not None:
+    if kernel_function(value) is not None:
         return "a numba CUDA kernel defined outside the cell"
     if isinstance(value, type):
         if value.__module__ == "__main__":
@@ -314,7 +315,7 @@ def _describe(value: Any) -> str:
     return f"{article} {name}"
 
 
-def _capture_line(name: str, value: Any, where: Callable[[], str]) -> str:
+def capture_line(name: str, value: Any, where: Callable[[], str]) -> str:
     """One header line that rebinds `name` to `value` in the artifact."""
     if isinstance(value, types.ModuleType):
         if value.__name__.split(".")[0] in _NAMESPACE_MODULES:
@@ -326,7 +327,7 @@ def _capture_line(name: str, value: Any, where: Callable[[], str]) -> str:
         if sys.modules.get(value.__name__) is value:
             return f"import {value.__name__} as {name}"
     else:
-        imported = _importable_qualname(value)
+        imported = importable_qualname(value)
         if imported is not None:
             return f"{imported} as {name}"
         try:
@@ -336,7 +337,7 @@ def _capture_line(name: str, value: Any, where: Callable[[], str]) -> str:
                 what = f"'{name}{error.path}'"
                 raise PackagingError(
                     f"the function uses {name!r}{where()} from the notebook, but {what} is "
-                    f"{error.why or _describe(error.value)}, which cannot be packaged into a "
+                    f"{error.why or describe(error.value)}, which cannot be packaged into a "
                     f"function version; {_DEFINE_IT}. {_CAPTURED_KINDS}"
                 ) from None
         else:
@@ -352,7 +353,7 @@ def _capture_line(name: str, value: Any, where: Callable[[], str]) -> str:
             return line
     raise PackagingError(
         f"the function uses {name!r}{where()} from the notebook, but {name!r} is "
-        f"{_describe(value)}, which cannot be packaged into a function version; "
+        f"{describe(value)}, which cannot be packaged into a function version; "
         f"{_DEFINE_IT}. {_CAPTURED_KINDS}"
     )
 
@@ -364,15 +365,15 @@ _CAPTURED_KINDS = (
 
 
 def _resolves_as_builtin(name: str, value: Any) -> bool:
-    """Whether free `name` (bound to `value` in the namespace, or `_MISSING`) is the
+    """Whether free `name` (bound to `value` in the namespace, or `MISSING`) is the
     builtin of that name, or IPython's stand-in for it, rather than a notebook value."""
     if name not in _BUILTIN_NAMES:
         return False
-    if value is _MISSING or value is getattr(builtins, name, _MISSING):
+    if value is MISSING or value is getattr(builtins, name, MISSING):
         return True
     if name not in _IPYTHON_STAND_INS:
         return False
-    if getattr(value, "__wrapped__", None) is getattr(builtins, name, _MISSING):
+    if getattr(value, "__wrapped__", None) is getattr(builtins, name, MISSING):
         return True  # IPython's `open` wraps io.open
     owner = getattr(value, "__self__", value)  # get_ipython is a bound method of the shell
     module = getattr(owner, "__module__", None) or type(owner).__module__
@@ -407,7 +408,7 @@ def _undefined(name: str, line: int | None, scopes: str) -> PackagingError:
     )
 
 
-def _free_values(
+def free_values(
     nodes: Sequence[ast.AST],
     code: str,
     namespace: Mapping[str, Any],
@@ -429,14 +430,14 @@ def _free_values(
     for name in sorted(free):
         if name in _MODULE_DUNDERS or skip(name):
             continue
-        value = namespace.get(name, _MISSING)
+        value = namespace.get(name, MISSING)
         if _resolves_as_builtin(name, value):
             continue
 
         def where(name: str = name) -> str:
             return _at(line_of(_first_use(list(nodes), name)))
 
-        if value is _MISSING or name in _IPYTHON_INJECTED:
+        if value is MISSING or name in _IPYTHON_INJECTED:
             raise _undefined(name, line_of(_first_use(list(nodes), name)), scopes)
         yield name, value, where
 
@@ -487,7 +488,7 @@ def _line_map(
     return result
 
 
-def _finish(
+def build_artifact(
     header: dict[str, str],
     body: list[ast.stmt],
     offsets: list[int],
@@ -497,6 +498,8 @@ def _finish(
     code: str | None = None,
     modules: Mapping[str, tuple[str, bytes]] | None = None,
 ) -> PackagedFunction:
+    """The artifact both packagers return: the sorted ``header`` lines (after the prelude of shipped
+    ``modules``, if any) over ``code`` (``body`` re-emitted unless given), its digest and line map."""
     if code is None:
         code = ast.unparse(ast.Module(body=body, type_ignores=[]))
     header_lines = [header[name] for name in sorted(header)]

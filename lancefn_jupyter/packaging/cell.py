@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from lancefn_jupyter.packaging.capture import (
-    _MISSING,
+    MISSING,
     PackagedFunction,
     PackagingError,
-    _capture_line,
-    _describe,
-    _finish,
-    _free_values,
-    _kernel_function,
+    build_artifact,
+    capture_line,
+    describe,
+    free_values,
+    kernel_function,
 )
 from lancefn_jupyter.packaging.signature import infer_signature
 
@@ -54,13 +54,13 @@ def entry_name(cell: str, entry: str | None = None) -> str | None:
 
 def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> types.FunctionType:
     name = node.name  # type: ignore[attr-defined]
-    value = namespace.get(name, _MISSING)
-    if value is _MISSING:
+    value = namespace.get(name, MISSING)
+    if value is MISSING:
         raise PackagingError(
             f"the entry function {name!r} (line {node.lineno}) is not defined in the "
             "notebook yet; run the cell first, then package it"
         )
-    if _kernel_function(value) is not None:
+    if kernel_function(value) is not None:
         raise PackagingError(
             f"the entry function {name!r} (line {node.lineno}) is a numba CUDA kernel; "
             "add a plain Python function that takes annotated row values, launches the "
@@ -73,7 +73,7 @@ def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> types.Functio
             function = unwrapped
         else:
             raise PackagingError(
-                f"the entry {name!r} (line {node.lineno}) is bound to {_describe(value)} "
+                f"the entry {name!r} (line {node.lineno}) is bound to {describe(value)} "
                 "in the notebook, not to the function the cell defines; run the cell again"
             )
     arguments = node.args  # type: ignore[attr-defined]
@@ -125,12 +125,12 @@ def package_cell(
         )
 
     code = ast.unparse(ast.Module(body=kept, type_ignores=[]))
-    found = _free_values(kept, code, namespace, lambda line: line, "the cell, the notebook")
-    header = {name: _capture_line(name, value, where) for name, value, where in found}
+    found = free_values(kept, code, namespace, lambda line: line, "the cell, the notebook")
+    header = {name: capture_line(name, value, where) for name, value, where in found}
 
     function = _entry_object(namespace, entry_node)
     signature = infer_signature(function)
-    return _finish(
+    return build_artifact(
         header,
         kept,
         [0] * len(kept),

@@ -12,12 +12,12 @@ from typing import Any
 from lancefn_jupyter.packaging.capture import (
     PackagedFunction,
     PackagingError,
-    _capture_line,
-    _describe,
-    _finish,
-    _free_values,
-    _importable_qualname,
-    _kernel_function,
+    build_artifact,
+    capture_line,
+    describe,
+    free_values,
+    importable_qualname,
+    kernel_function,
 )
 from lancefn_jupyter.packaging.signature import infer_signature
 
@@ -86,7 +86,7 @@ class _FunctionPackager:
         def skip(ref: str) -> bool:  # asked per name: both grow as helpers are added
             return ref in self.header or ref in self.visiting
 
-        for ref, value, where in _free_values([node], code, self.module_globals, file_line, scopes, skip):
+        for ref, value, where in free_values([node], code, self.module_globals, file_line, scopes, skip):
             helper = self._local_helper(ref, value, where)
             if helper is not None:
                 helper_function, helper_label = helper
@@ -99,20 +99,20 @@ class _FunctionPackager:
                 self.add(helper_function, helper_node, helper_label)
                 self.helpers.append(ref)
             else:
-                self.header[ref] = _capture_line(ref, value, where)
+                self.header[ref] = capture_line(ref, value, where)
         self.body.append(node)
         self.offsets.append(offset)
 
     def _local_helper(self, name: str, value: Any, where: Callable[[], str]) -> tuple[types.FunctionType, str] | None:
         """A function/kernel of the same non-importable module, to include."""
-        kernel = _kernel_function(value)
+        kernel = kernel_function(value)
         if kernel is not None:
             function, label = kernel, "kernel"
         elif inspect.isfunction(value):
             function, label = inspect.unwrap(value), "helper function"
         else:
             return None
-        if _importable_qualname(value) is not None:
+        if importable_qualname(value) is not None:
             return None
         if not inspect.isfunction(function) or function.__name__ == "<lambda>":
             return None
@@ -141,12 +141,12 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     included as definitions before it, recursively, in dependency order.
     """
     if not inspect.isfunction(fn):
-        if _kernel_function(fn) is not None:
+        if kernel_function(fn) is not None:
             raise PackagingError(
                 f"{getattr(fn, '__name__', fn)!r} is a numba CUDA kernel; decorate a "
                 "plain Python function that launches it instead"
             )
-        raise PackagingError(f"gpu_function needs a plain Python function defined with `def`, got {_describe(fn)}")
+        raise PackagingError(f"gpu_function needs a plain Python function defined with `def`, got {describe(fn)}")
     name = fn.__name__
     if name == "<lambda>":
         raise PackagingError(
@@ -177,7 +177,7 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     node.decorator_list = []  # type: ignore[attr-defined]
     packager = _FunctionPackager(fn)
     packager.add(fn, node, "function")
-    return _finish(
+    return build_artifact(
         packager.header,
         packager.body,
         packager.offsets,

@@ -8,7 +8,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from lancefn_jupyter.packaging.capture import _SUPPORTED_TYPES, PackagingError, _describe, _literal_source
+from lancefn_jupyter.packaging.capture import SUPPORTED_TYPES, PackagingError, describe, literal_source
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import FunctionOutput, FunctionParameter, FunctionSignature
 
@@ -80,7 +80,7 @@ def _type_hints(fn: Callable[..., Any], name: str) -> dict[str, Any]:
                 what = "the return type" if key == "return" else f"parameter {key!r}"
                 raise PackagingError(
                     f"the annotation {annotation!r} of {what} of {name} cannot be "
-                    f"resolved ({error}); use one of the supported types: {_SUPPORTED_TYPES}"
+                    f"resolved ({error}); use one of the supported types: {SUPPORTED_TYPES}"
                 ) from None
         hints[key] = annotation
     return hints
@@ -92,23 +92,23 @@ def _check_parameter(parameter: inspect.Parameter, name: str) -> None:
         raise PackagingError(
             f"parameter '*{parameter.name}' of {name}: a GPU function takes one value "
             "per named parameter; replace *args with named, annotated parameters "
-            f"(supported types: {_SUPPORTED_TYPES})"
+            f"(supported types: {SUPPORTED_TYPES})"
         )
     if parameter.kind is inspect.Parameter.VAR_KEYWORD:
         raise PackagingError(
             f"parameter '**{parameter.name}' of {name}: a GPU function takes one value "
             "per named parameter; replace **kwargs with named, annotated parameters "
-            f"(supported types: {_SUPPORTED_TYPES})"
+            f"(supported types: {SUPPORTED_TYPES})"
         )
     if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
         raise PackagingError(
             f"parameter {parameter.name!r} of {name} is positional-only; rows are "
             "passed by parameter name, so remove the `/` from the signature"
         )
-    if parameter.default is not inspect.Parameter.empty and (_literal_source(parameter.default) is None):
+    if parameter.default is not inspect.Parameter.empty and (literal_source(parameter.default) is None):
         raise PackagingError(
             f"parameter {parameter.name!r} of {name} has a default that is not a literal "
-            f"({_describe(parameter.default)}); a default must be a literal such as None, "
+            f"({describe(parameter.default)}); a default must be a literal such as None, "
             "a number, a string or a tuple/list/dict of them: use `= None` and compute "
             "the value inside the function"
         )
@@ -131,7 +131,7 @@ def _unannotated(name: str, missing: list[str], has_return: bool) -> PackagingEr
     return PackagingError(
         "a GPU function needs type annotations to infer its signature: "
         + ", ".join(parts)
-        + f". Supported types: {_SUPPORTED_TYPES}."
+        + f". Supported types: {SUPPORTED_TYPES}."
     )
 
 
@@ -155,18 +155,18 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
         except _Unsupported as error:
             raise PackagingError(
                 f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); "
-                f"supported types: {_SUPPORTED_TYPES}"
+                f"supported types: {SUPPORTED_TYPES}"
             ) from None
         default = None
         if parameter.default is not inspect.Parameter.empty:
-            default = _literal_source(parameter.default)  # an optional input (models.py)
+            default = literal_source(parameter.default)  # an optional input (models.py)
         inputs.append(FunctionParameter(name=parameter.name, arrow_type=arrow_type, nullable=nullable, default=default))
     try:
         output_type, output_nullable = _arrow_type(hints["return"])
     except _Unsupported as error:
         raise PackagingError(
             f"the return type of {name} is unsupported ({error}); supported types: "
-            f"{_SUPPORTED_TYPES} (the return value cannot be None)"
+            f"{SUPPORTED_TYPES} (the return value cannot be None)"
         ) from None
     if output_nullable:
         raise PackagingError(

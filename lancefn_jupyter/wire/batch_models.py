@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from lancefn_jupyter.wire.models import JobState, _RemoteValue, display_state
+from lancefn_jupyter.wire.models import JobState, WireModel, display_state
 
 __all__ = ["STRIP_STATES", "Batch", "BatchChunk", "BatchFailure"]
 
@@ -21,7 +21,7 @@ STRIP_STATES = {
 }
 
 
-class BatchFailure(_RemoteValue):
+class BatchFailure(WireModel):
     """The first chunk that failed after its retries: where, and the chunk job's failure."""
 
     chunk: int
@@ -33,7 +33,7 @@ class BatchFailure(_RemoteValue):
     job_id: str | None = None
 
 
-class BatchChunk(_RemoteValue):
+class BatchChunk(WireModel):
     index: int
     row_start: int
     row_end: int
@@ -44,7 +44,7 @@ class BatchChunk(_RemoteValue):
     failure: dict[str, Any] | None = None
 
 
-class Batch(_RemoteValue):
+class Batch(WireModel):
     """A batch as the server reports it; `chunks` only in describe/wait replies."""
 
     batch_id: str

@@ -132,7 +132,7 @@ def annotation_type(annotation: Any) -> str | None:
 
 
 def is_data_type(sig_type: str | None) -> bool:
-    return bool(sig_type) and (sig_type.startswith("tensor<") or sig_type.startswith("arrow."))
+    return sig_type is not None and (sig_type.startswith("tensor<") or sig_type.startswith("arrow."))
 
 
 def uses_data_plane(input_types: Iterable[str], output_type: str | None) -> bool:
@@ -197,7 +197,7 @@ def _as_ndarray(value: Any, dtype: str, coerce: bool, where: Any, index: int) ->
     return value
 
 
-def _tensor_column(values: Sequence[Any], dtype: str, coerce: bool, where: str) -> Any:
+def _tensor_column(values: Sequence[Any], dtype: str, coerce: bool, where: Any) -> Any:
     import numpy as np
     import pyarrow as pa
 
@@ -233,7 +233,8 @@ def _nested_column(values: Sequence[Any], kind: str, coerce: bool, where: Any) -
     import numpy as np
     import pyarrow as pa
 
-    parts, lengths = [], []
+    parts: list[Any] = []
+    lengths: list[int] = []
     for i, value in enumerate(values):
         if value is None:
             lengths.append(0)
@@ -325,7 +326,7 @@ def decode_column(column: Any, sig_type: str, *, writable: bool = False) -> list
         if writable and not flat.flags.writeable:
             flat = flat.copy()
         valid = column.is_valid().to_pylist() if column.null_count else None
-        out = []
+        out: list[Any] = []
         for i, shape in enumerate(shapes.to_pylist()):
             if valid is not None and not valid[i]:
                 out.append(None)
@@ -419,12 +420,12 @@ def decode_rows(table: Any, *, writable: bool = False) -> list[dict]:
     return [{name: values[i] for name, values in columns.items()} for i in range(table.num_rows)]
 
 
-def rows_from_json(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) -> list[dict]:
+def rows_from_json(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) -> list[Mapping[str, Any]]:
     """JSON rows (today's API) for parameters of data-plane types: lists become ndarrays / Arrow."""
     data = {param: t for param, t in types.items() if is_data_type(t)}
     if not data:
         return list(rows)
-    out = []
+    out: list[Mapping[str, Any]] = []
     for row in rows:
         row = dict(row)
         for param, sig_type in data.items():

@@ -37,6 +37,9 @@ from pydantic import (
 )
 
 __all__ = [
+    "ENV_NAME_PATTERN",
+    "NAME_PATTERN",
+    "PYTHON_VERSION_PATTERN",
     "TERMINAL_STATES",
     "FunctionArtifact",
     "FunctionArtifactContent",
@@ -59,6 +62,7 @@ __all__ = [
     "PythonAdapterSpec",
     "PythonEnvironmentSpec",
     "PythonRuntimeSpec",
+    "WireModel",
     # encoding
     "canonical_json",
     "decode_artifact",
@@ -67,14 +71,16 @@ __all__ = [
     "environment_digest",
     "rfc3339_now",
     "runtime_digest",
+    "valid_num_gpus",
     # derivation
     "version_id",
 ]
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# NAME_, ENV_NAME_ and PYTHON_VERSION_PATTERN and valid_num_gpus are public: options.py checks them first.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_PYTHON_VERSION = re.compile(r"[0-9]+\.[0-9]+")
+PYTHON_VERSION_PATTERN = re.compile(r"[0-9]+\.[0-9]+")
 _RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})")
 _UINT32_MAX = 2**32 - 1
 
@@ -84,7 +90,7 @@ _UINT32_MAX = 2**32 - 1
 
 def _wire_value(value: Any) -> Any:
     """Plain JSON-shaped data from models, enums, mappings and sequences."""
-    if isinstance(value, _RemoteValue):
+    if isinstance(value, WireModel):
         return value.to_wire()
     if isinstance(value, Enum):
         return value.value
@@ -173,13 +179,14 @@ def _identifier(value: str) -> str:
 
 def _env_mapping(value: Mapping[str, str]) -> Mapping[str, str] | None:
     for key in value:
-        if not _ENV_NAME.fullmatch(key):
+        if not ENV_NAME_PATTERN.fullmatch(key):
             raise ValueError(f"environment variable name {key!r} is invalid; use letters, digits and _, e.g. 'MY_VAR'")
     # An empty mapping means the same as no mapping; normalizing keeps the identity single.
     return _freeze(value) if value else None
 
 
-def _num_gpus(value: Any) -> int:
+def valid_num_gpus(value: Any) -> int:
+    """``value`` if it is a GPU count the wire accepts, else a ``ValueError`` saying how to write one."""
     # bool is an int subclass and JSON floats like 1.0 are not whole GPU counts on the wire.
     if type(value) is not int or not 1 <= value <= _UINT32_MAX:
         raise ValueError(
@@ -189,7 +196,7 @@ def _num_gpus(value: Any) -> int:
 
 
 _Name = Annotated[
-    StrictStr, _pattern(_NAME, "letters, digits, '_', '.', '-', starting with a letter or '_'", "my_function")
+    StrictStr, _pattern(NAME_PATTERN, "letters, digits, '_', '.', '-', starting with a letter or '_'", "my_function")
 ]
 _Digest = Annotated[StrictStr, _pattern(_DIGEST, "'sha256:' followed by 64 lowercase hex digits", "sha256:" + "0" * 64)]
 _Text = Annotated[StrictStr, AfterValidator(_non_empty)]
@@ -199,7 +206,7 @@ _JSON = Annotated[Any, AfterValidator(_json_value)]
 _FrozenJSONObject = Annotated[Mapping[StrictStr, Any], AfterValidator(_json_value), AfterValidator(_freeze)]
 
 
-class _RemoteValue(BaseModel):
+class WireModel(BaseModel):
     """Base of every wire model: frozen, unknown fields ignored, canonical encoding."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -235,15 +242,15 @@ class _RemoteValue(BaseModel):
 # ------------------------------------------------------------------ function versions
 
 
-class FunctionResourceRequirements(_RemoteValue):
+class FunctionResourceRequirements(WireModel):
     """Resources required every time a function version executes (part of its identity)."""
 
-    num_gpus: Annotated[int, BeforeValidator(_num_gpus)]
+    num_gpus: Annotated[int, BeforeValidator(valid_num_gpus)]
     # Pins the operator-configured GPU class; omitted means the server's default.
     gpu_class: _Name | None = None
 
 
-class PythonEnvironmentSpec(_RemoteValue):
+class PythonEnvironmentSpec(WireModel):
     """One Python environment: pip or conda packages, conda channels, optional base image."""
 
     kind: Literal["pip", "conda"]
@@ -276,7 +283,7 @@ class PythonEnvironmentSpec(_RemoteValue):
         return self
 
 
-class PythonRuntimeSpec(_RemoteValue):
+class PythonRuntimeSpec(WireModel):
     """Runtime of a function version.
 
     ``python`` is a CPU runtime and must not carry resources; ``python_v2`` is the
@@ -285,7 +292,7 @@ class PythonRuntimeSpec(_RemoteValue):
     """
 
     kind: StrictStr
-    python_version: Annotated[StrictStr, _pattern(_PYTHON_VERSION, "MAJOR.MINOR", "3.12")] | None = None
+    python_version: Annotated[StrictStr, _pattern(PYTHON_VERSION_PATTERN, "MAJOR.MINOR", "3.12")] | None = None
     environment: PythonEnvironmentSpec | None = None
     env: Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_env_mapping)] | None = None
     resources: FunctionResourceRequirements | None = None
@@ -319,14 +326,14 @@ class PythonRuntimeSpec(_RemoteValue):
         return self
 
 
-class FunctionArtifactContent(_RemoteValue):
+class FunctionArtifactContent(WireModel):
     """The artifact bytes, base64-encoded, carried in a registration request."""
 
     encoding: Literal["base64"]
     data: StrictStr
 
 
-class PythonAdapterSpec(_RemoteValue):
+class PythonAdapterSpec(WireModel):
     """How the server turns the scalar entry function into a batch function."""
 
     kind: Literal["scalar_to_arrow_batch"]
@@ -334,7 +341,7 @@ class PythonAdapterSpec(_RemoteValue):
     version: Annotated[int, Field(strict=True, ge=1, le=1)]
 
 
-class FunctionArtifactRequest(_RemoteValue):
+class FunctionArtifactRequest(WireModel):
     """The artifact as uploaded: identity plus content and adapter."""
 
     kind: Literal["python_callable"]
@@ -344,7 +351,7 @@ class FunctionArtifactRequest(_RemoteValue):
     adapter: PythonAdapterSpec
 
 
-class FunctionArtifact(_RemoteValue):
+class FunctionArtifact(WireModel):
     """The artifact's identity as returned in a version (no bytes)."""
 
     kind: Literal["python_callable"]
@@ -352,7 +359,7 @@ class FunctionArtifact(_RemoteValue):
     entrypoint: _Identifier
 
 
-class FunctionParameter(_RemoteValue):
+class FunctionParameter(WireModel):
     """One input of the entry function.
 
     ``default`` is the Python literal source of the parameter's default value (e.g. ``"2"``,
@@ -366,7 +373,7 @@ class FunctionParameter(_RemoteValue):
     default: StrictStr | None = None
 
 
-class FunctionOutput(_RemoteValue):
+class FunctionOutput(WireModel):
     """The entry function's output; other kinds than ``scalar`` stay decodable."""
 
     kind: _Text
@@ -383,7 +390,7 @@ class FunctionOutput(_RemoteValue):
         return self
 
 
-class FunctionSignature(_RemoteValue):
+class FunctionSignature(WireModel):
     """Inputs in call order and the output."""
 
     inputs: tuple[FunctionParameter, ...]
@@ -399,7 +406,7 @@ class FunctionSignature(_RemoteValue):
         return inputs
 
 
-class FunctionRegistrationRequest(_RemoteValue):
+class FunctionRegistrationRequest(WireModel):
     """What the kernel sends to register a function version."""
 
     name: _Name
@@ -408,7 +415,7 @@ class FunctionRegistrationRequest(_RemoteValue):
     runtime: PythonRuntimeSpec
 
 
-class FunctionVersion(_RemoteValue):
+class FunctionVersion(WireModel):
     """An immutable registered version; resources are part of its identity."""
 
     name: _Name
@@ -509,7 +516,7 @@ def display_state(state: JobState | str) -> str:
     return _DISPLAY[JobState(state)]
 
 
-class JobPlacement(_RemoteValue):
+class JobPlacement(WireModel):
     """Where a job runs or waits: its class, GPUs, devices and place in the queue."""
 
     gpu_class: _Name | None = None
@@ -523,7 +530,7 @@ class JobPlacement(_RemoteValue):
     pending_reason: StrictStr | None = None  # why it cannot start now beyond waiting its turn (Ray)
 
 
-class JobProgress(_RemoteValue):
+class JobProgress(WireModel):
     """Rows finished out of rows submitted."""
 
     rows_done: _Count = 0
@@ -536,7 +543,7 @@ class JobProgress(_RemoteValue):
         return self
 
 
-class JobFailure(_RemoteValue):
+class JobFailure(WireModel):
     """Why a job failed, and whether running it again may succeed."""
 
     phase: Literal[
@@ -547,7 +554,7 @@ class JobFailure(_RemoteValue):
     traceback: StrictStr | None = None
 
 
-class Job(_RemoteValue):
+class Job(WireModel):
     """A job as the server reports it."""
 
     job_id: _Text
@@ -570,7 +577,7 @@ class Job(_RemoteValue):
     result_summary: _JSON = None
 
 
-class GpuClass(_RemoteValue):
+class GpuClass(WireModel):
     """An operator-configured GPU class: hardware only, never live availability."""
 
     name: _Name
@@ -583,7 +590,7 @@ class GpuClass(_RemoteValue):
     simulated: StrictBool = False
 
 
-class GpuUsage(_RemoteValue):
+class GpuUsage(WireModel):
     """Live use of one GPU class."""
 
     name: _Name

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lancefn_jupyter.client.errors import LancefnError
+from lancefn_jupyter.wire.errors import LancefnError
 from lancefn_jupyter.wire.models import FunctionVersion
 
 __all__ = [
@@ -157,7 +157,8 @@ def change_summary(
     elif old.artifact.digest != new.artifact.digest and (old_source is None or new_source is None):
         parts.append("code")
     o_env, n_env = old.runtime.environment, new.runtime.environment
-    kind = (n_env or o_env).kind if (n_env or o_env) else "pip"
+    either = n_env or o_env
+    kind = either.kind if either else "pip"
     packages = _set_change(kind, o_env.packages if o_env else (), n_env.packages if n_env else ())
     if o_env and n_env and o_env.kind != n_env.kind:
         parts.append(f"environment {o_env.kind}→{n_env.kind}")

@@ -1,6 +1,6 @@
 """The warm worker process (``python -m lancefn_jupyter.worker.main``) that runs a function
-version's tasks; the parent's handle on it is ``worker_process.WorkerProcess``, the task body is
-``task_runner.py`` (docs/ARCHITECTURE.md, "Worker protocol").
+version's tasks; the parent's handle on it is ``process.WorkerProcess``, the task body is
+``runner.py``, the capture of fds 1/2 is ``capture.py`` (docs/ARCHITECTURE.md, "Worker protocol").
 
 The protocol goes out on a private dup of the original stdout; fds 1 and 2 are re-pointed at
 pipes whose lines become ``log`` events, so neither ``print`` nor C-level ``printf`` can corrupt
@@ -16,100 +16,19 @@ numba (imported only when the artifact imports it) and ``ready`` must come fast.
 
 from __future__ import annotations
 
-import array
 import base64
 import json
 import os
-import select
 import sys
 import threading
 import time
 from collections.abc import Sequence
 
-from lancefn_jupyter.worker.protocol import PRELOAD_ENV, Protocol, flush_stdio
+from lancefn_jupyter.worker.capture import Capture, flush_output
+from lancefn_jupyter.worker.protocol import PRELOAD_ENV, Protocol
 from lancefn_jupyter.worker.runner import serve
 
 __all__ = ["main"]
-
-_SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
-
-
-class _Capture(threading.Thread):
-    """Points ``fd`` (1 or 2) at a pipe and forwards what is written there as ``log`` events.
-
-    The thread reads and forwards a chunk while holding ``lock``, so whoever holds the lock and
-    finds the pipe empty and no partial line kept knows that everything written so far is out."""
-
-    def __init__(self, proto: Protocol, stream: str, fd: int) -> None:
-        super().__init__(name=f"lancefn-{stream}", daemon=True)
-        self._proto, self._stream, self.fd = proto, stream, fd
-        self.synced = threading.Event()
-        self.lock = threading.Lock()
-        self._pending = b""  # a partial line, sent once its newline (or a sync marker) comes
-        self._read_fd, write_fd = os.pipe()
-        os.dup2(write_fd, fd)
-        os.close(write_fd)
-
-    def run(self) -> None:
-        poller = select.poll()
-        poller.register(self._read_fd, select.POLLIN)
-        while True:
-            poller.poll()  # readable, or the write end closed: read it under the lock
-            with self.lock:
-                chunk = os.read(self._read_fd, 65536)
-                if not chunk:
-                    return
-                self._forward(chunk)
-
-    def _forward(self, chunk: bytes) -> None:
-        *complete, self._pending = (self._pending + chunk).split(b"\n")
-        if len(self._pending) > 65536:  # e.g. "\r" progress bars: never buffer a whole task's output
-            complete.append(self._pending)
-            self._pending = b""
-        lines, synced = [], False
-        for line in complete:
-            if line.endswith(_SYNC):  # a partial line before the marker still counts as a line
-                line, synced = line[: -len(_SYNC)], True
-                if not line:
-                    continue
-            lines.append(line.decode("utf-8", "replace"))
-        if lines:
-            self._proto.send(event="log", stream=self._stream, lines=lines)
-        if synced:
-            self.synced.set()
-
-    def drained(self) -> bool:
-        """Everything written to the pipe so far has gone out (checked without waking the thread)."""
-        with self.lock:
-            return not self._pending and _unread_bytes(self._read_fd) == 0
-
-
-def _unread_bytes(fd: int) -> int:
-    """Bytes waiting in a pipe (FIONREAD); -1 where that cannot be asked."""
-    try:
-        import fcntl
-        import termios
-
-        count = array.array("i", [0])
-        fcntl.ioctl(fd, termios.FIONREAD, count, True)
-        return count[0]
-    except (ImportError, OSError):
-        return -1
-
-
-def _flush_output(captures: Sequence[_Capture]) -> None:
-    """Return once everything user code wrote so far has gone out as ``log`` events.
-
-    Called before ``result``/``failed`` so a task's logs always precede its outcome.  A task that
-    printed nothing (most small jobs) costs no round trip through the capture threads.
-    """
-    flush_stdio()
-    waiting = [capture for capture in captures if not capture.drained()]
-    for capture in waiting:
-        capture.synced.clear()
-        os.write(capture.fd, _SYNC + b"\n")
-    for capture in waiting:
-        capture.synced.wait(2.0)  # bounded: user code may have re-pointed fd 1/2 elsewhere
 
 
 def _nvml_device_names(visible: str | None) -> list[str]:
@@ -207,7 +126,7 @@ def _preload(names: str) -> None:
 _WARM_UP_SOURCE = b"def warm_up(x):\n    return x\n"
 
 
-def _warm_up(captures: Sequence[_Capture]) -> None:
+def _warm_up(captures: Sequence[Capture]) -> None:
     """Run a trivial task through the whole task path (compile, progress, output flush) before
     ``ready``, so a fresh worker's first real task does not pay for first-use costs (~10 ms)."""
 
@@ -224,7 +143,7 @@ def _warm_up(captures: Sequence[_Capture]) -> None:
         "rows": [{"x": 1}],
         "packages": [],
     }
-    serve(task, _Discard, lambda: _flush_output(captures))  # type: ignore[arg-type]  # duck-typed Protocol
+    serve(task, _Discard, lambda: flush_output(captures))  # type: ignore[arg-type]  # duck-typed Protocol
 
 
 def main() -> None:
@@ -234,7 +153,7 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    captures = [_Capture(proto, "stdout", 1), _Capture(proto, "stderr", 2)]
+    captures = [Capture(proto, "stdout", 1), Capture(proto, "stderr", 2)]
     for capture in captures:
         capture.start()
     for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up in the logs live
@@ -249,7 +168,7 @@ def main() -> None:
             if "rows_len" in task:  # Arrow rows follow the line raw (a worker that cannot open the server's files)
                 task["rows_ipc"] = tasks.read(task.pop("rows_len"))
             _apply_env(task)
-            serve(task, proto, lambda: _flush_output(captures))
+            serve(task, proto, lambda: flush_output(captures))
 
 
 if __name__ == "__main__":

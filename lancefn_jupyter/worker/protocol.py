@@ -1,6 +1,7 @@
-"""What both executors' task processes and both executors' parents share (docs/ARCHITECTURE.md,
-"Worker protocol"): the JSON-lines protocol writer, flushing user output before an outcome, the
-artifact's filename, and the relay of a worker event to the control plane's executor callbacks.
+"""What both executors' task processes and their parents share (docs/ARCHITECTURE.md, "Worker
+protocol"): the JSON-lines protocol writer, flushing user output before an outcome, and the
+artifact's filename. The parent-side relay of events to executor callbacks is
+``server/executors/relay.py``: this package never names the server.
 
 Standard library only at top level: the worker imports this before any task, and a CPU-only task
 must not pay for pydantic, numpy or numba.
@@ -13,12 +14,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from lancefn_jupyter.server.executors.base import ExecutorCallbacks
-    from lancefn_jupyter.wire.models import JobFailure
+from typing import Any
 
 FINAL_EVENTS = ("result", "failed")  # a task's last event
 PRELOAD_ENV = "LANCEFN_WORKER_PRELOAD"  # modules a spare worker imports while it waits (worker.py)
@@ -82,31 +78,3 @@ def _libc_fflush() -> Any:
     import ctypes
 
     return ctypes.CDLL(None).fflush
-
-
-def failure_of(event: Mapping[str, Any]) -> JobFailure:
-    """The ``JobFailure`` a ``failed`` event describes."""
-    from lancefn_jupyter.wire.models import JobFailure
-
-    return JobFailure(
-        phase=event.get("phase", "executor"),
-        message=str(event.get("message", "")),
-        retryable=bool(event.get("retryable", False)),
-        traceback=event.get("traceback"),
-    )
-
-
-def relay(callbacks: ExecutorCallbacks, job_id: str, event: Mapping[str, Any]) -> None:
-    """One worker event (``started``, ``log``, ``progress``, ``result``, ``failed``) as the executor
-    callback it means. A ``result`` carries JSON ``results`` or names an Arrow result file."""
-    kind = event.get("event")
-    if kind == "started":
-        callbacks.task_started(job_id, devices=tuple(event.get("devices", ())), node=event.get("node"))
-    elif kind == "log":
-        callbacks.task_log(job_id, event.get("stream", "stdout"), list(event.get("lines", ())))
-    elif kind == "progress":
-        callbacks.task_progress(job_id, int(event.get("rows_done", 0)))
-    elif kind == "result":
-        callbacks.task_succeeded(job_id, event.get("results", event))
-    elif kind == "failed":
-        callbacks.task_failed(job_id, failure_of(event))

@@ -42,16 +42,17 @@ from typing import TYPE_CHECKING
 
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkerUser
+from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
-from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename, relay
+from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename
 
 if TYPE_CHECKING:
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
 __all__ = ["DEFAULT_MAX_IDLE_PER_DEVICE_SET", "LocalExecutor", "worker_base_env"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lancefn.server")
 
 # Idle workers kept per device set, besides its fresh one: a notebook alternating a few versions
 # stays warm, while each idle worker that used CUDA holds a context's memory on those GPUs.

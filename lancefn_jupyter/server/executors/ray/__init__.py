@@ -45,11 +45,11 @@ at most that many CPU actors (``LANCEFN_RAY_CPU_ACTORS``).
 
 Modules, one per process: ``executor`` (``RayExecutor``, in the control plane), ``bridge`` (the
 Ray driver ``_Driver``), ``task`` (the task body, job actor and event hub, in Ray workers), ``pool`` (the CPU actor
-queue, in the bridge) and ``common`` (what they share).
+queue, in the bridge) and ``cluster`` (what they share about the cluster: class resources, the local cluster
+plan and its temp dir, the sweep of a bridge's processes, pip rules).
 """
 
-from lancefn_jupyter.server.executors.ray.bridge import _bridge_main
-from lancefn_jupyter.server.executors.ray.common import (
+from lancefn_jupyter.server.executors.ray.cluster import (
     CLASS_RESOURCE_PREFIX,
     class_resource,
     default_temp_dir,
@@ -61,7 +61,6 @@ from lancefn_jupyter.server.executors.ray.executor import RayExecutor
 __all__ = [
     "CLASS_RESOURCE_PREFIX",
     "RayExecutor",
-    "_bridge_main",
     "class_resource",
     "default_temp_dir",
     "local_cluster_plan",

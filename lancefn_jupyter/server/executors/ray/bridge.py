@@ -1,4 +1,4 @@
-"""The bridge: the Ray driver process (`ray.init`), talking JSON lines with `RayExecutor` (`_bridge_main`).
+"""The bridge: the Ray driver process (`ray.init`), talking JSON lines with `RayExecutor` (`bridge_main`).
 
 Long (~620 lines) because it is one process's one loop: the messages it takes, the actor queues it keeps
 (the bookkeeping itself is in `pool.py`), placement and capacity polling, and the outcomes it reports all
@@ -19,21 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lancefn_jupyter.server.executors.ray.common import (
-    _ACTOR_IDLE_S,
-    _CAPACITY_POLL_S,
-    _NAMESPACE,
-    _OUTCOME_GRACE_S,
-    _UNPLACED_S,
-    class_resource,
-    pip_requirements,
-)
-from lancefn_jupyter.server.executors.ray.executor import _kill_session, _ray_data_fields, _store_result
+from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session, pip_requirements
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
-from lancefn_jupyter.server.executors.ray.task import _EventHub, _JobActor
+from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
 from lancefn_jupyter.worker.protocol import Protocol
 
-log = logging.getLogger("lancefn_jupyter.server.executors.ray")  # one logger for the package, as before the split
+log = logging.getLogger("lancefn.server")
+
+_OUTCOME_GRACE_S = 5.0  # how long an outcome waits for the task's last events to arrive
+_CAPACITY_POLL_S = 2.0
+# A new GPU actor not running its job after this long may lack GPUs that idle actors hold on its
+# node (the driver counts GPUs cluster-wide, and a dead node counts until Ray notices): one more
+# idle actor of its class retires, least recently used first, each time this passes.
+_UNPLACED_S = 10.0
+_ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
 
 
 @dataclass(eq=False)
@@ -89,15 +88,15 @@ class _Driver:
         # Pinned to this driver's node: the hub then shares the driver's fate and no other node's
         # loss can stop every job's events (Ray would not restart it, and its events would be lost).
         self.hub = (
-            ray.remote(num_cpus=0)(_EventHub)
-            .options(name=self.hub_name, namespace=_NAMESPACE, scheduling_strategy=self._driver_node())
+            ray.remote(num_cpus=0)(EventHub)
+            .options(name=self.hub_name, namespace=NAMESPACE, scheduling_strategy=self._driver_node())
             .remote()
         )
         ray.get(self.hub.drain.remote(0.0), timeout=120)  # type: ignore[attr-defined]
         # Every job runs in a warm actor of its (class, GPUs, name, version, namespace), queued by
         # the bridge (ActorPool): one pool for CPU jobs, one per GPU class weighted by GPUs.  A Ray
         # worker process never runs two versions or namespaces.
-        self.job_actor = ray.remote(_JobActor)
+        self.job_actor = ray.remote(JobActor)
         self.actor_idle_s = float(os.environ.get("LANCEFN_RAY_ACTOR_IDLE_S") or _ACTOR_IDLE_S)
         self.daemons = self._local_daemons() if self.local else []
         self.capacity, self.largest, cpus = self._read_capacity()
@@ -555,6 +554,39 @@ class _Driver:
             return []
 
 
+def _ray_data_fields(data: dict) -> dict:
+    """The data plane's task fields for a Ray task: Arrow rows go as IPC bytes (the task may run
+    on another node) and the result comes back as IPC bytes (``result_ipc``), never as JSON."""
+    if not data:
+        return {}
+    fields = {"input_types": data.get("input_types") or {}, "output_type": data.get("output_type"), "result_ipc": True}
+    if "rows_file" in data:
+        fields["rows_ipc"] = Path(data["rows_file"]).read_bytes()
+    return fields
+
+
+def _store_result(final: dict, path: str | None, durable: bool) -> dict:
+    """Write a task's ``result_ipc`` atomically to the job's result file; the ``result`` event."""
+    from lancefn_jupyter.wire.dataplane import write_bytes_file
+
+    if path is None:
+        return {
+            "event": "failed",
+            "phase": "executor",
+            "message": "an Arrow result arrived for a job without a result file",
+        }
+    try:
+        nbytes = write_bytes_file(path, final["result_ipc"], durable=durable)
+    except OSError as error:
+        return {
+            "event": "failed",
+            "phase": "executor",
+            "message": f"could not store the result ({error})",
+            "retryable": True,
+        }
+    return {"event": "result", "result_file": path, "nbytes": nbytes, "summary": final.get("summary") or {}}
+
+
 def _alive(proc: Any) -> bool:
     try:
         import psutil
@@ -606,7 +638,7 @@ def _failure_from_ray_error(error: BaseException, ray: Any) -> dict:
     }
 
 
-def _bridge_main() -> int:
+def bridge_main() -> int:
     """Entry point of the bridge process (started by :class:`RayExecutor`)."""
     proto = Protocol(os.dup(1), strict=False)
     os.dup2(2, 1)  # anything Ray or a library prints goes to stderr, never into the protocol
@@ -619,12 +651,12 @@ def _bridge_main() -> int:
         """Cancel tasks, stop Ray, sweep what is left in our session, exit.  Runs once."""
         if not once.acquire(blocking=False):
             return
-        watchdog = threading.Timer(20.0, lambda: (_kill_session(os.getpid()), os._exit(code or 1)))  # type: ignore[func-returns-value]
+        watchdog = threading.Timer(20.0, lambda: (kill_session(os.getpid()), os._exit(code or 1)))  # type: ignore[func-returns-value]
         watchdog.daemon = True
         watchdog.start()
         if driver is not None:
             driver.shutdown()
-        _kill_session(os.getpid())  # we lead our session: anything in it is a Ray process we started
+        kill_session(os.getpid())  # we lead our session: anything in it is a Ray process we started
         os._exit(code)
 
     parent = os.getppid()

@@ -12,27 +12,29 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec, redact_env
-from lancefn_jupyter.worker.protocol import relay
+from lancefn_jupyter.server.executors.ray.cluster import (
+    class_resource,
+    default_temp_dir,
+    kill_session,
+    local_cluster_plan,
+)
+from lancefn_jupyter.server.executors.relay import relay
 
 if TYPE_CHECKING:
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
-from lancefn_jupyter.server.executors.ray.common import (
-    _BRIDGE_ARTIFACT_BYTES,
-    _BRIDGE_ARTIFACTS,
-    _SECRET_ENV,
-    _START_ATTEMPTS,
-    class_resource,
-    default_temp_dir,
-    local_cluster_plan,
-)
 
-log = logging.getLogger("lancefn_jupyter.server.executors.ray")  # one logger for the package, as before the split
+log = logging.getLogger("lancefn.server")
+
+_SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach Ray or user code
+_START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
+# The bridge keeps the artifacts of the versions launched last, so a version's later jobs come
+# to it without theirs (the artifact then goes to each new actor of the version from there).
+_BRIDGE_ARTIFACTS = 64
+_BRIDGE_ARTIFACT_BYTES = 64 * 1024 * 1024
 
 
 class _BridgeDown(RuntimeError):
@@ -134,7 +136,7 @@ class _BridgeProcess:
     """The control plane's handle on one bridge (Ray driver) process."""
 
     def __init__(self, config: dict, env: Mapping[str, str], scrub: Callable[[str], str]) -> None:
-        code = "from lancefn_jupyter.server.executors.ray.bridge import _bridge_main; raise SystemExit(_bridge_main())"
+        code = "from lancefn_jupyter.server.executors.ray.bridge import bridge_main; raise SystemExit(bridge_main())"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
@@ -201,7 +203,7 @@ class _BridgeProcess:
                     break
                 except subprocess.TimeoutExpired:
                     continue
-        _kill_session(self.sid)
+        kill_session(self.sid)
         self.outbox.close()
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
@@ -209,41 +211,6 @@ class _BridgeProcess:
             except OSError:
                 pass
         return self.proc.wait()
-
-
-def _session_pids(sid: int) -> list[int]:
-    import psutil  # a dependency; portable where /proc is not
-
-    found = []
-    for pid in psutil.pids():
-        if pid == os.getpid():
-            continue
-        try:
-            if os.getsid(pid) == sid:
-                found.append(pid)
-        except (ProcessLookupError, PermissionError, OSError):
-            continue
-    return found
-
-
-def _kill_session(sid: int, grace_s: float = 2.0) -> None:
-    """Stop the processes a bridge left behind (Ray's raylet, GCS, agents, workers)."""
-    pids = _session_pids(sid)
-    if not pids:
-        return
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _session_pids(sid):
-        time.sleep(0.1)
-    for pid in _session_pids(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class RayExecutor(Executor):
@@ -534,39 +501,6 @@ def _describe_exit(returncode: int | None) -> str:
     from lancefn_jupyter.worker.process import describe_exit
 
     return describe_exit(returncode).replace("worker process", "the Ray driver process")  # type: ignore[arg-type]
-
-
-def _ray_data_fields(data: dict) -> dict:
-    """The data plane's task fields for a Ray task: Arrow rows go as IPC bytes (the task may run
-    on another node) and the result comes back as IPC bytes (``result_ipc``), never as JSON."""
-    if not data:
-        return {}
-    fields = {"input_types": data.get("input_types") or {}, "output_type": data.get("output_type"), "result_ipc": True}
-    if "rows_file" in data:
-        fields["rows_ipc"] = Path(data["rows_file"]).read_bytes()
-    return fields
-
-
-def _store_result(final: dict, path: str | None, durable: bool) -> dict:
-    """Write a task's ``result_ipc`` atomically to the job's result file; the ``result`` event."""
-    from lancefn_jupyter.wire.dataplane import write_bytes_file
-
-    if path is None:
-        return {
-            "event": "failed",
-            "phase": "executor",
-            "message": "an Arrow result arrived for a job without a result file",
-        }
-    try:
-        nbytes = write_bytes_file(path, final["result_ipc"], durable=durable)
-    except OSError as error:
-        return {
-            "event": "failed",
-            "phase": "executor",
-            "message": f"could not store the result ({error})",
-            "retryable": True,
-        }
-    return {"event": "result", "result_file": path, "nbytes": nbytes, "summary": final.get("summary") or {}}
 
 
 def _line(message: dict) -> bytes:

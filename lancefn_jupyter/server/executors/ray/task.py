@@ -8,16 +8,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE
+from lancefn_jupyter.worker.capture import Capture, flush_output
 from lancefn_jupyter.worker.protocol import flush_stdio
 
-if TYPE_CHECKING:
-    pass
-from lancefn_jupyter.server.executors.ray.common import _FLUSHER_PARK_S, _HUB_FLUSH_S, _NAMESPACE
+_HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
+_FLUSHER_PARK_S = 1.0  # an actor's flusher thread stops ticking when no task has run this long
 
 
-class _EventHub:
+class EventHub:
     """Async actor (0 CPUs) collecting task events until the bridge drains them (long poll)."""
 
     def __init__(self) -> None:
@@ -153,18 +154,16 @@ class _ActorOutput:
     """fds 1 and 2 of this actor process, captured once for its life; their lines become ``log``
     events of the job running now (an actor runs one job at a time).
 
-    The local worker's reader threads (``_Capture``) do the reading; a job ends with their sync
+    The local worker's reader threads (``worker.capture.Capture``) do the reading; a job ends with their sync
     marker, so every line it wrote is queued on its sender before the outcome.  Lines written
     between jobs (Ray's own, a stray thread's) go to the fds Ray gave the process (its log files).
     """
 
     def __init__(self) -> None:
-        from lancefn_jupyter.worker.main import _Capture
-
         flush_stdio()
         self.current: Callable[..., None] | None = None
         self._saved = {"stdout": os.dup(1), "stderr": os.dup(2)}
-        self.captures = [_Capture(self, "stdout", 1), _Capture(self, "stderr", 2)]  # type: ignore[arg-type]
+        self.captures = [Capture(self, "stdout", 1), Capture(self, "stderr", 2)]
         for capture in self.captures:
             capture.start()
         for std in (sys.stdout, sys.stderr):  # line-buffered, so prints show up live
@@ -183,13 +182,11 @@ class _ActorOutput:
     @contextlib.contextmanager
     def to(self, send: Callable[..., None]) -> Iterator[None]:
         """Output goes to ``send`` until every line written inside the block has been handed over."""
-        from lancefn_jupyter.worker.main import _flush_output
-
         self.current = send
         try:
             yield
         finally:
-            _flush_output(self.captures)
+            flush_output(self.captures)
             self.current = None
 
 
@@ -204,7 +201,7 @@ def _node_id() -> str:
     return _node[0]
 
 
-class _JobActor:
+class JobActor:
     """A warm worker of one (class, GPUs, function version, namespace): runs its jobs one at a time
     (a GPU one holds its GPUs for its whole life, so where it runs is read once).
 
@@ -216,7 +213,7 @@ class _JobActor:
         import ray
 
         self._task = version["task"]
-        self._hub = ray.get_actor(version["hub"], namespace=_NAMESPACE)
+        self._hub = ray.get_actor(version["hub"], namespace=NAMESPACE)
         self._where = {"devices": [str(gpu) for gpu in ray.get_gpu_ids()], "node": _node_id()}
         self._output = _ActorOutput()
 

@@ -1,8 +1,12 @@
-"""Names all three Ray processes share: the class resource, the local cluster plan, temp dirs, pip rules."""
+"""The cluster as the Ray processes see it (the control plane, the bridge, the tasks): class resources, the
+local cluster plan, its temp dir, the sweep of a bridge's local Ray processes, and which pip packages a task
+installs."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -11,23 +15,8 @@ if TYPE_CHECKING:
 
 
 CLASS_RESOURCE_PREFIX = "lancefn_gpu_class:"
-_NAMESPACE = "lancefn"  # Ray namespace of the event hub actors
-_SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach Ray or user code
+NAMESPACE = "lancefn"  # Ray namespace of the event hub actors (the bridge makes them, tasks look them up)
 _MAX_SOCKET_DIR = 40  # Ray's unix sockets live under <temp_dir>/session_…/sockets (107-char limit)
-_OUTCOME_GRACE_S = 5.0  # how long an outcome waits for the task's last events to arrive
-_CAPACITY_POLL_S = 2.0
-# A new GPU actor not running its job after this long may lack GPUs that idle actors hold on its
-# node (the driver counts GPUs cluster-wide, and a dead node counts until Ray notices): one more
-# idle actor of its class retires, least recently used first, each time this passes.
-_UNPLACED_S = 10.0
-_HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
-_FLUSHER_PARK_S = 1.0  # an actor's flusher thread stops ticking when no task has run this long
-_START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fail (retryable)
-# The bridge keeps the artifacts of the versions launched last, so a version's later jobs come
-# to it without theirs (the artifact then goes to each new actor of the version from there).
-_BRIDGE_ARTIFACTS = 64
-_BRIDGE_ARTIFACT_BYTES = 64 * 1024 * 1024
-_ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
 
 
 def class_resource(gpu_class: str) -> str:
@@ -102,3 +91,38 @@ def pip_requirements(packages: Sequence[str], mode: str = "auto") -> list[str]:
 
     missing = {text for text, _ in missing_packages(pep508)}
     return [text for text in pep508 if text in missing]
+
+
+def _session_pids(sid: int) -> list[int]:
+    import psutil  # a dependency; portable where /proc is not
+
+    found = []
+    for pid in psutil.pids():
+        if pid == os.getpid():
+            continue
+        try:
+            if os.getsid(pid) == sid:
+                found.append(pid)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return found
+
+
+def kill_session(sid: int, grace_s: float = 2.0) -> None:
+    """Stop the processes a bridge left behind (Ray's raylet, GCS, agents, workers)."""
+    pids = _session_pids(sid)
+    if not pids:
+        return
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _session_pids(sid):
+        time.sleep(0.1)
+    for pid in _session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,105 @@
+"""Capture of a worker process's fds 1 and 2 (docs/ARCHITECTURE.md, "Worker protocol"): each is
+re-pointed at a pipe whose lines become ``log`` events, and :func:`flush_output` waits until every
+line written so far has gone out. Used by the local worker (``main.py``) and by the Ray job actor
+(``server/executors/ray/task.py``), in the process that runs user code; standard library only.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import select
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from lancefn_jupyter.worker.protocol import flush_stdio
+
+__all__ = ["Capture", "EventSink", "flush_output"]
+
+
+class EventSink(Protocol):
+    """Where captured lines go: the worker's ``Protocol``, or the Ray actor's output router."""
+
+    def send(self, **event: Any) -> None: ...
+
+
+_SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
+
+
+class Capture(threading.Thread):
+    """Points ``fd`` (1 or 2) at a pipe and forwards what is written there as ``log`` events.
+
+    The thread reads and forwards a chunk while holding ``lock``, so whoever holds the lock and
+    finds the pipe empty and no partial line kept knows that everything written so far is out."""
+
+    def __init__(self, proto: EventSink, stream: str, fd: int) -> None:
+        super().__init__(name=f"lancefn-{stream}", daemon=True)
+        self._proto, self._stream, self.fd = proto, stream, fd
+        self.synced = threading.Event()
+        self.lock = threading.Lock()
+        self._pending = b""  # a partial line, sent once its newline (or a sync marker) comes
+        self._read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, fd)
+        os.close(write_fd)
+
+    def run(self) -> None:
+        poller = select.poll()
+        poller.register(self._read_fd, select.POLLIN)
+        while True:
+            poller.poll()  # readable, or the write end closed: read it under the lock
+            with self.lock:
+                chunk = os.read(self._read_fd, 65536)
+                if not chunk:
+                    return
+                self._forward(chunk)
+
+    def _forward(self, chunk: bytes) -> None:
+        *complete, self._pending = (self._pending + chunk).split(b"\n")
+        if len(self._pending) > 65536:  # e.g. "\r" progress bars: never buffer a whole task's output
+            complete.append(self._pending)
+            self._pending = b""
+        lines, synced = [], False
+        for line in complete:
+            if line.endswith(_SYNC):  # a partial line before the marker still counts as a line
+                line, synced = line[: -len(_SYNC)], True
+                if not line:
+                    continue
+            lines.append(line.decode("utf-8", "replace"))
+        if lines:
+            self._proto.send(event="log", stream=self._stream, lines=lines)
+        if synced:
+            self.synced.set()
+
+    def drained(self) -> bool:
+        """Everything written to the pipe so far has gone out (checked without waking the thread)."""
+        with self.lock:
+            return not self._pending and _unread_bytes(self._read_fd) == 0
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD); -1 where that cannot be asked."""
+    try:
+        import fcntl
+        import termios
+
+        count = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+        return count[0]
+    except (ImportError, OSError):
+        return -1
+
+
+def flush_output(captures: Sequence[Capture]) -> None:
+    """Return once everything user code wrote so far has gone out as ``log`` events.
+
+    Called before ``result``/``failed`` so a task's logs always precede its outcome.  A task that
+    printed nothing (most small jobs) costs no round trip through the capture threads.
+    """
+    flush_stdio()
+    waiting = [capture for capture in captures if not capture.drained()]
+    for capture in waiting:
+        capture.synced.clear()
+        os.write(capture.fd, _SYNC + b"\n")
+    for capture in waiting:
+        capture.synced.wait(2.0)  # bounded: user code may have re-pointed fd 1/2 elsewhere
