@@ -9,6 +9,7 @@ not root runs workers as itself: a same-user server is yours alone (docs/ARCHITE
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import stat
@@ -87,9 +88,10 @@ def check_worker_user(user: WorkerUser, env: Mapping[str, str]) -> str | None:
     )
     if probe.returncode == 0:
         return None
-    import lancefn_jupyter
-
-    closed = _closed_dirs([Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()])
+    # The package's own directory, found without importing the package (the server never imports its kernel side).
+    spec = importlib.util.find_spec("lancefn_jupyter")
+    package = Path(spec.origin if spec and spec.origin else __file__).resolve()
+    closed = _closed_dirs([Path(sys.executable).resolve(), Path(sys.prefix), package])
     detail = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
     fix = (
         f"let it traverse {', '.join(closed)} (e.g. `chmod o+x {' '.join(closed)}`)"
