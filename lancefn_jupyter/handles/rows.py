@@ -1,5 +1,5 @@
 """Call arguments as the rows a job carries: JSON for small plain rows, else an Arrow table
-(docs/ARCHITECTURE.md, "Data plane"). Used by `GpuFunction` (submit, map, local) and batches."""
+(docs/ARCHITECTURE.md, "Arrow data plane"). Used by `GpuFunction` (submit, map, local) and batches."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """How a function's rows reach the control plane, for a job and for a batch (runs in the kernel;
-docs/ARCHITECTURE.md, "Data plane"): the `register=no` guard, then one of three transports: JSON rows
+docs/ARCHITECTURE.md, "Arrow data plane"): the `register=no` guard, then one of three transports: JSON rows
 in the request, an Arrow table written into the embedded server's shared home (only its file name
 travels), or the Arrow IPC bytes as the request body."""
 

@@ -1,5 +1,5 @@
 """The lancefn control plane (``lancefn-server``): its own process, never imported by the kernel
-side.  Arranged by role (docs/ARCHITECTURE.md, "Control plane"); imports point down this list:
+side.  Arranged by role (docs/ARCHITECTURE.md, "Package layout"); imports point down this list:
 
 - ``cli``: the process (flags, home lock, ``server.json``);
 - ``http/``: the ASGI app, the guard and the fast path, auth, bodies, the routes;

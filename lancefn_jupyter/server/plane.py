@@ -2,7 +2,7 @@
 observers and runs their lifecycle (start, graceful stop).  Runs in the control plane process.
 
 The parts, each handed the job table (``control/jobtable.py``: the shared lock and state) and
-the named peers it needs, never the plane (docs/ARCHITECTURE.md, "Control plane"):
+the named peers it needs, never the plane (docs/ARCHITECTURE.md, "Package layout"):
 
 - ``catalog``: function versions (register, describe, list, history, diff, drop);
 - ``jobs``: job reads, logs and long polls (``control/queries.py``);

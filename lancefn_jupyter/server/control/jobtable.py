@@ -1,5 +1,5 @@
-"""The job table: the state every control-plane part shares (docs/ARCHITECTURE.md, "Control
-plane"): the one re-entrant lock, the active jobs, the scheduler's queues and holdings, the
+"""The job table: the state every control-plane part shares (docs/ARCHITECTURE.md, "Package
+layout"): the one re-entrant lock, the active jobs, the scheduler's queues and holdings, the
 event loop, the launched jobs' env, whether the plane has started, and the executor.  Runs in
 the control plane.
 

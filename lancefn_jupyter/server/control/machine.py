@@ -1,4 +1,4 @@
-"""The job state machine (docs/ARCHITECTURE.md, "Control plane"): queue a run, place and launch
+"""The job state machine (docs/ARCHITECTURE.md, "Package layout"): queue a run, place and launch
 what fits, finish and cancel jobs, and re-queue what a restart interrupted.  Runs in the control
 plane, with the job table's lock held; executor callbacks (``callbacks.py``) and batches call in.
 
