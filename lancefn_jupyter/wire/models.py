@@ -59,6 +59,7 @@ __all__ = [
     "JobProgress",
     # jobs and GPU classes
     "JobState",
+    "JobTimings",
     "PythonAdapterSpec",
     "PythonEnvironmentSpec",
     "PythonRuntimeSpec",
@@ -296,6 +297,19 @@ class PythonRuntimeSpec(WireModel):
     environment: PythonEnvironmentSpec | None = None
     env: Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_env_mapping)] | None = None
     resources: FunctionResourceRequirements | None = None
+    # How long the module's state lives (docs/ARCHITECTURE.md, "Warm state"): absent = "per_worker"
+    # (executed once per worker, so version ids of earlier registrations are unchanged);
+    # "per_job" executes it afresh for every job.
+    state: Literal["per_job"] | None = None
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _default_state(cls, state: Any) -> Any:
+        if state == "per_worker":
+            return None  # the default is never encoded: it must not change a version id
+        if state is not None and state != "per_job":
+            raise ValueError(f"state must be 'per_worker' (the default) or 'per_job', not {state!r}")
+        return state
 
     @model_validator(mode="before")
     @classmethod
@@ -547,11 +561,40 @@ class JobFailure(WireModel):
     """Why a job failed, and whether running it again may succeed."""
 
     phase: Literal[
-        "validation", "environment", "import", "run", "result", "worker", "timeout", "server_restart", "executor"
+        "validation",
+        "environment",
+        "import",  # servers before issue 24; module execution now fails in "setup"
+        "setup",
+        "run",
+        "result",
+        "worker",
+        "timeout",
+        "server_restart",
+        "executor",
     ]
     message: StrictStr
     retryable: StrictBool = False
     traceback: StrictStr | None = None
+
+
+_Millis = Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)]
+
+
+class JobTimings(WireModel):
+    """Where a job's time went (docs/ARCHITECTURE.md, "Warm state"), in milliseconds.
+
+    ``queued_ms``: created → a worker took it; ``start_ms``: starting a worker process or actor
+    (0 when one was warm); ``environment_ms``: building its environment (0 for now);
+    ``setup_ms``: executing the version's module and the class entry's ``setup()`` (0 when warm);
+    ``run_ms``: calling the entry on the rows.  ``cold``: the job paid a start or a setup.
+    """
+
+    queued_ms: _Millis = 0.0
+    start_ms: _Millis = 0.0
+    environment_ms: _Millis = 0.0
+    setup_ms: _Millis = 0.0
+    run_ms: _Millis = 0.0
+    cold: StrictBool = False
 
 
 class Job(WireModel):
@@ -575,6 +618,7 @@ class Job(WireModel):
     # `result_summary` ({type, dtype?, shape?, nbytes, item?, expired?, nonfinite?}) describes it.
     result_format: _Text | None = None
     result_summary: _JSON = None
+    timings: JobTimings | None = None  # once the job ended on a worker (servers before issue 24: absent)
 
 
 class GpuClass(WireModel):

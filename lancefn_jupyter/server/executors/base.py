@@ -58,6 +58,9 @@ class TaskSpec:
     # rows_file when the rows are an Arrow file and ``rows`` is empty, rows_total); see
     # docs/ARCHITECTURE.md "Worker protocol".  Empty: plain JSON rows and results, as before.
     data: Mapping[str, object] = field(default_factory=dict)
+    # How long the module's state lives on a worker: "per_worker" (executed once, kept for the
+    # worker's life) or "per_job" (docs/ARCHITECTURE.md, "Warm state").
+    state: str = "per_worker"
 
     @property
     def rows_total(self) -> int:
@@ -73,11 +76,15 @@ class ExecutorCallbacks(Protocol):
 
     def task_log(self, job_id: str, stream: str, lines: list[str]) -> None: ...
 
+    # ``timings``: the job's ``start_ms``/``setup_ms``/``run_ms`` (and ``cold``) as the executor and
+    # worker measured them (docs/ARCHITECTURE.md, "Warm state"); None when no worker ran it.
     def task_succeeded(
-        self, job_id: str, results: list | Mapping[str, Any]
+        self, job_id: str, results: list | Mapping[str, Any], *, timings: Mapping[str, Any] | None = None
     ) -> None: ...  # JSON results or an Arrow result-file reference
 
-    def task_failed(self, job_id: str, failure: JobFailure) -> None:  # phase "timeout" → TIMED_OUT
+    def task_failed(
+        self, job_id: str, failure: JobFailure, *, timings: Mapping[str, Any] | None = None
+    ) -> None:  # phase "timeout" → TIMED_OUT
         ...
 
 
@@ -110,6 +117,11 @@ class Executor(ABC):
         """Why a job of this shape cannot start now although its class allows it (Ray: no node
         is big enough); None when it simply waits its turn."""
         return None
+
+    def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
+        """Device sets whose idle worker already holds this version (its module executed), so the
+        scheduler can prefer them (docs/ARCHITECTURE.md, "Warm state"); [] when unknown."""
+        return []
 
     @abstractmethod
     def shutdown(self) -> None:
