@@ -16,6 +16,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from lancefn_jupyter.local_modules import prelude_line
@@ -85,10 +86,37 @@ class PackagedFunction:
     line_map: Mapping[int, int] = field(compare=False, repr=False)
     captured: tuple[str, ...] = ()
     local_modules: tuple[str, ...] = ()  # module names shipped inside the artifact (local_modules.py)
+    # The cell's statements not in the artifact, as (user line, source text): its trailing expression and
+    # trial calls of the entry (package_cell); they do not change the artifact, so not its identity either.
+    left_out: tuple[tuple[int, str], ...] = field(default=(), compare=False)
 
     @property
     def source_text(self) -> str:
         return self.source.decode("utf-8")
+
+    @cached_property
+    def _entry_node(self) -> ast.stmt | None:
+        # Read from the artifact, so a version looked up from the control plane knows its entry's form too.
+        tree = ast.parse(self.source_text)
+        named = [
+            node
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == self.entrypoint
+        ]
+        return named[-1] if named else None
+
+    @property
+    def entry_is_class(self) -> bool:
+        """The entry is a class (docs/ARCHITECTURE.md, "Warm state": instantiated, ``setup()``, ``__call__``)."""
+        return isinstance(self._entry_node, ast.ClassDef)
+
+    @property
+    def entry_has_setup(self) -> bool:
+        """A class entry that defines ``setup`` in its body."""
+        node = self._entry_node
+        return isinstance(node, ast.ClassDef) and any(
+            isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "setup" for item in node.body
+        )
 
     def user_line(self, artifact_line: int) -> int | None:
         """The user's line for a line of the artifact (e.g. from a traceback)."""
@@ -497,6 +525,7 @@ def build_artifact(
     captured: tuple[str, ...],
     code: str | None = None,
     modules: Mapping[str, tuple[str, bytes]] | None = None,
+    left_out: tuple[tuple[int, str], ...] = (),
 ) -> PackagedFunction:
     """The artifact both packagers return: the sorted ``header`` lines (after the prelude of shipped
     ``modules``, if any) over ``code`` (``body`` re-emitted unless given), its digest and line map."""
@@ -515,4 +544,5 @@ def build_artifact(
         line_map=types.MappingProxyType(_line_map(code, body, offsets, first_code_line)),
         captured=captured,
         local_modules=tuple(sorted(modules or ())),
+        left_out=left_out,
     )

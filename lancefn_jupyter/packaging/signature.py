@@ -135,11 +135,63 @@ def _unannotated(name: str, missing: list[str], has_return: bool) -> PackagingEr
     )
 
 
+def defines_call(cls: type) -> bool:
+    """The class (or a base other than ``object``) defines ``__call__``: it can be a class entry."""
+    return any("__call__" in vars(klass) for klass in cls.__mro__[:-1])
+
+
+def _parameters_besides_self(method: Callable[..., Any]) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(method).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return []  # a C-level method (from a compiled base): nothing to check
+
+
+def check_class_entry(cls: type, where: str = "") -> None:
+    """Refuse a class entry the worker cannot drive (docs/ARCHITECTURE.md, "Warm state": instantiated with no
+    arguments, ``setup(self)`` once, ``__call__(self, …)`` per row, ``teardown(self)``)."""
+    label = f"the class entry {cls.__name__!r}{where}"
+    if inspect.iscoroutinefunction(cls.__call__):  # type: ignore[operator]
+        raise PackagingError(f"{label} has `async def __call__`; a GPU function entry must be a plain synchronous `def`")
+    try:
+        init = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        init = []
+    required = [p.name for p in init if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if required:
+        raise PackagingError(
+            f"{label} is instantiated with no arguments: give every __init__ parameter a default, or load "
+            f"in setup() (__init__ needs {', '.join(repr(name) for name in required)})"
+        )
+    for hook in ("setup", "teardown"):
+        method = getattr(cls, hook, None)
+        if method is None:
+            continue
+        if not callable(method):
+            raise PackagingError(f"{label}: {hook} must be a method `def {hook}(self):`, got {describe(method)}")
+        if inspect.iscoroutinefunction(method):
+            raise PackagingError(f"{label} has `async def {hook}`; make it a plain `def {hook}(self):`")
+        extra = _parameters_besides_self(method)
+        if extra:
+            raise PackagingError(
+                f"{label}: {hook}() is called with no arguments besides self, but it takes "
+                f"{', '.join(repr(p.name) for p in extra)}; write `def {hook}(self):`"
+            )
+
+
 def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
-    """The Function signature from `fn`'s annotations (docs/ARCHITECTURE.md, "Function versions")."""
+    """The Function signature from `fn`'s annotations (docs/ARCHITECTURE.md, "Function versions").
+
+    For a class entry (`fn` a class with ``__call__``) it is ``__call__``'s, without ``self``.
+    """
     name = getattr(fn, "__name__", repr(fn))
     try:
-        parameters = list(inspect.signature(fn).parameters.values())
+        if inspect.isclass(fn):
+            name = f"{name}.__call__"
+            fn = fn.__call__  # type: ignore[operator]  # the class's own, not type.__call__
+            parameters = list(inspect.signature(fn).parameters.values())[1:]
+        else:
+            parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         raise PackagingError(f"cannot read the signature of {name}; define it with `def`") from None
     for parameter in parameters:

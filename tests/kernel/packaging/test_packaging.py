@@ -133,20 +133,73 @@ def test_captured_value_change_gives_a_new_digest():
     assert pack(cell, {"FACTOR": 2}).source_text.splitlines()[2] == "FACTOR = 2"
 
 
-def test_bare_expression_statements_are_dropped_and_statements_kept():
+def test_every_statement_is_kept_but_the_trailing_expression_and_trial_calls_of_the_entry():
     cell = """\
 \"\"\"module docstring\"\"\"
 import math
+_STATE = {}
+_STATE.update(mode="eval")
 def double(x: float) -> float:
     return x * 2
 double(3.0)
-print("trial run")
+print("loading")
+double.local(1.0)
 _ = math.floor(1.5)
+double.submit(2.0).result()
+math.sqrt(4.0)
 """
-    packaged = pack(cell, {"print": lambda *a: None})
+    # Not run here: `double.local` needs the handle the magic binds.
+    packaged = package_cell(cell, run_cell("def double(x: float) -> float:\n    return x * 2\n"))
     assert packaged.source_text == (
-        HEADER + "\n" + "import math\n\ndef double(x: float) -> float:\n    return x * 2\n_ = math.floor(1.5)\n"
+        HEADER
+        + '\n"""module docstring"""\n'
+        + "import math\n_STATE = {}\n_STATE.update(mode='eval')\n\n"
+        "def double(x: float) -> float:\n    return x * 2\nprint('loading')\n_ = math.floor(1.5)\n"
     )
+    assert packaged.left_out == (
+        (7, "double(3.0)"),
+        (9, "double.local(1.0)"),
+        (11, "double.submit(2.0).result()"),
+        (12, "math.sqrt(4.0)"),
+    )
+
+
+# A cell with a mid-cell side effect (kept) and both kinds of left-out statement; its bytes and digest are
+# golden: the rule that keeps the call must not drift.
+SIDE_EFFECT_CELL = """\
+import numpy as np
+np.random.seed(0)
+def noisy(x: float) -> float:
+    return x + float(np.random.rand())
+noisy(1.0)
+noisy
+"""
+SIDE_EFFECT_ARTIFACT = (
+    b"from __future__ import annotations\n\nimport numpy as np\nnp.random.seed(0)\n\n"
+    b"def noisy(x: float) -> float:\n    return x + float(np.random.rand())\n"
+)
+
+
+def test_golden_a_mid_cell_call_is_kept_and_the_trial_call_and_trailing_expression_left_out():
+    packaged = pack(SIDE_EFFECT_CELL)
+    assert packaged.source == SIDE_EFFECT_ARTIFACT
+    assert packaged.digest == sha(SIDE_EFFECT_ARTIFACT)
+    assert packaged.digest == "sha256:5a93484c80d772851b416ffa53998aceac770b8f56f3017121ace9f08a6e0c7a"
+    assert packaged.left_out == ((5, "noisy(1.0)"), (6, "noisy"))
+    assert packaged.user_line(4) == 2  # the kept call maps back to its cell line
+
+
+def test_a_cell_without_left_out_statements_keeps_its_bytes():
+    cell = "def normalize_score(value: float) -> float: return value / 100.0\nnormalize_score(3.0)\n"
+    packaged = pack(cell)
+    assert packaged.source == LANCEDB_SNAPSHOT and packaged.left_out == ((2, "normalize_score(3.0)"),)
+
+
+def test_the_kept_statements_run_when_the_artifact_module_executes():
+    cell = "_STATE = {}\n_STATE.update(mode='eval')\ndef f(x: int) -> int:\n    return x + len(_STATE)\nf(1)\n"
+    module: dict = {}
+    exec(pack(cell).source_text, module)
+    assert module["_STATE"] == {"mode": "eval"} and module["f"](1) == 2
 
 
 def test_future_imports_of_the_cell_are_dropped():
