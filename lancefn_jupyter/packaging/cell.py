@@ -130,7 +130,9 @@ def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> Any:
 def _entry_class(value: Any, node: ast.ClassDef) -> type:
     """The notebook's class for a class entry, checked against the cell and the worker's contract."""
     call = next(
-        item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__call__"
+        item
+        for item in node.body
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__call__"
     )
     if isinstance(call, ast.AsyncFunctionDef):
         raise PackagingError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 import textwrap
 import types
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from lancefn_jupyter.packaging.capture import (
     importable_qualname,
     kernel_function,
 )
-from lancefn_jupyter.packaging.signature import infer_signature
+from lancefn_jupyter.packaging.signature import check_class_entry, defines_call, infer_signature
 
 # --------------------------------------------------------------------------
 # package_function
@@ -63,19 +64,17 @@ def _definition(function: types.FunctionType, label: str) -> ast.stmt:
 
 
 class _FunctionPackager:
-    def __init__(self, entry: types.FunctionType):
-        self.entry = entry
-        self.module_globals = entry.__globals__
+    def __init__(self, module_globals: dict[str, Any]):
+        self.module_globals = module_globals
         self.header: dict[str, str] = {}
         self.body: list[ast.stmt] = []
         self.offsets: list[int] = []
         self.helpers: list[str] = []
         self.visiting: set[str] = set()
 
-    def add(self, function: types.FunctionType, node: ast.stmt, label: str) -> None:
-        name = function.__name__
+    def add(self, name: str, node: ast.stmt, offset: int, label: str) -> None:
+        """Add the definition `node` of `name` (its first line is line ``offset + 1`` of its file)."""
         self.visiting.add(name)
-        offset = function.__code__.co_firstlineno - 1
 
         def file_line(line: int | None) -> int | None:
             return None if line is None else line + offset
@@ -96,7 +95,7 @@ class _FunctionPackager:
                         f"{helper_label} {ref!r}{where()} is `async def`, which cannot run "
                         "in a GPU function; make it a plain `def`"
                     )
-                self.add(helper_function, helper_node, helper_label)
+                self.add(ref, helper_node, helper_function.__code__.co_firstlineno - 1, helper_label)
                 self.helpers.append(ref)
             else:
                 self.header[ref] = capture_line(ref, value, where)
@@ -132,6 +131,60 @@ class _FunctionPackager:
         return function, label
 
 
+def _strip_decorators(node: ast.stmt, name: str, first_line: int) -> None:
+    """Drop the entry's own ``@gpu_function``; refuse any other decorator (it would wrap the entry)."""
+    for decorator in node.decorator_list:  # type: ignore[attr-defined]
+        if not _is_gpu_function_decorator(decorator):
+            raise PackagingError(
+                f"the decorator @{ast.unparse(decorator)} on {name!r} "
+                f"(line {first_line + decorator.lineno - 1}) cannot be "
+                "packaged; remove it (only @gpu_function is allowed on the entry "
+                "function) and apply it inside the function body instead"
+            )
+    node.decorator_list = []  # type: ignore[attr-defined]
+
+
+def _package_class(cls: type) -> PackagedFunction:
+    """A class entry (docs/ARCHITECTURE.md, "Warm state") from its source file: the class definition, with
+    same-module helper functions and kernels its methods use, as for a function."""
+    name = cls.__name__
+    if cls.__qualname__ != name:
+        raise PackagingError(f"the class {cls.__qualname__!r} is nested; define the class entry at the top level")
+    if not defines_call(cls):
+        raise PackagingError(
+            f"gpu_function needs a function, or a class with `def __call__(self, …)`; {name!r} has no __call__"
+        )
+    check_class_entry(cls)
+    signature = infer_signature(cls)
+    try:
+        lines, first_line = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        raise PackagingError(
+            f"the source of class {name!r} is not available (a class defined in a notebook cell has none "
+            "here): make the cell a %%gpu_function cell, or define the class in a .py file"
+        ) from None
+    matches = [
+        node
+        for node in ast.parse(textwrap.dedent("".join(lines))).body
+        if isinstance(node, ast.ClassDef) and node.name == name
+    ]
+    if len(matches) != 1:
+        raise PackagingError(f"the source of class {name!r} must contain exactly one `class {name}`")
+    node = matches[0]
+    _strip_decorators(node, name, first_line)
+    module = sys.modules.get(cls.__module__)
+    packager = _FunctionPackager(vars(module) if module is not None else {})
+    packager.add(name, node, first_line - 1, "class")
+    return build_artifact(
+        packager.header,
+        packager.body,
+        packager.offsets,
+        name,
+        signature,
+        tuple(sorted({*packager.header, *packager.helpers})),
+    )
+
+
 def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     """Snapshot one function (the ``gpu_function`` decorator's packaging).
 
@@ -139,7 +192,11 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     ``udf`` artifact. Functions and numba CUDA kernels it references that are
     defined in the same non-importable module (a notebook's ``__main__``) are
     included as definitions before it, recursively, in dependency order.
+    A class with ``__call__`` is a class entry, packaged from its source file
+    (``inspect.getsourcelines``), so in .py files only.
     """
+    if inspect.isclass(fn):
+        return _package_class(fn)
     if not inspect.isfunction(fn):
         if kernel_function(fn) is not None:
             raise PackagingError(
@@ -166,17 +223,9 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     node = _definition(fn, "function")
     if isinstance(node, ast.AsyncFunctionDef):  # pragma: no cover - caught above
         raise PackagingError(f"{name!r} is `async def`; use a plain `def`")
-    for decorator in node.decorator_list:  # type: ignore[attr-defined]
-        if not _is_gpu_function_decorator(decorator):
-            raise PackagingError(
-                f"the decorator @{ast.unparse(decorator)} on {name!r} "
-                f"(line {fn.__code__.co_firstlineno + decorator.lineno - 1}) cannot be "
-                "packaged; remove it (only @gpu_function is allowed on the entry "
-                "function) and apply it inside the function body instead"
-            )
-    node.decorator_list = []  # type: ignore[attr-defined]
-    packager = _FunctionPackager(fn)
-    packager.add(fn, node, "function")
+    _strip_decorators(node, name, fn.__code__.co_firstlineno)
+    packager = _FunctionPackager(fn.__globals__)
+    packager.add(name, node, fn.__code__.co_firstlineno - 1, "function")
     return build_artifact(
         packager.header,
         packager.body,

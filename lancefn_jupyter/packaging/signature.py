@@ -152,7 +152,9 @@ def check_class_entry(cls: type, where: str = "") -> None:
     arguments, ``setup(self)`` once, ``__call__(self, …)`` per row, ``teardown(self)``)."""
     label = f"the class entry {cls.__name__!r}{where}"
     if inspect.iscoroutinefunction(cls.__call__):  # type: ignore[operator]
-        raise PackagingError(f"{label} has `async def __call__`; a GPU function entry must be a plain synchronous `def`")
+        raise PackagingError(
+            f"{label} has `async def __call__`; a GPU function entry must be a plain synchronous `def`"
+        )
     try:
         init = list(inspect.signature(cls).parameters.values())
     except (TypeError, ValueError):
