@@ -13,8 +13,8 @@ profile's value, with two refinements a notebook user expects: ``env`` merges pe
 profile's whole package set (``pip``, ``conda`` and its ``conda_channels``), because pip
 and conda environments are exclusive and mixing them would be an error the user never wrote.
 
-``image`` and ``timeout_s`` (default job timeout in seconds) are accepted beside the options
-the section lists: they are part of a compute profile.
+``image``, ``timeout_s`` (default job timeout in seconds) and ``state`` (``per_worker`` or
+``per_job``: how long the module's state lives, "Warm state") are part of a compute profile too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 # The wire models' patterns, checked here first for option-shaped messages.
 from lancefn_jupyter.wire.models import (
@@ -47,6 +47,7 @@ __all__ = [
     "parse_profile_line",
 ]
 
+State = Literal["per_worker", "per_job"]
 _DIGITS = re.compile(r"[0-9]+")
 _NO_SPACES = re.compile(r"\S+")
 _MAX_TIMEOUT_S = 1e9
@@ -70,6 +71,7 @@ _EXAMPLES = {
     "profile": "profile=NAME",
     "register": "register=no",
     "timeout_s": "timeout_s=600",
+    "state": "state=per_job",
     "include": "include=mylib.py",
 }
 _FUNCTION_KEYS = tuple(_EXAMPLES)
@@ -185,6 +187,12 @@ def _check_timeout(value: Any) -> float:
     return float(value)
 
 
+def _check_state(value: Any) -> State:
+    if value not in get_args(State):
+        raise _fail("state", f"must be per_worker (the default) or per_job (got {value!r})")
+    return value
+
+
 def _check_register(value: Any) -> bool:
     if not isinstance(value, bool):
         raise _fail("register", f"must be True or False (got {value!r})", "write register=False to skip registering")
@@ -204,6 +212,7 @@ _CHECKS = {
     "profile": lambda value: _check_name("profile", value),
     "register": _check_register,
     "timeout_s": _check_timeout,
+    "state": _check_state,
     "include": _check_include,
 }
 
@@ -242,6 +251,7 @@ class ComputeProfile:
     python_version: str | None = None
     image: str | None = None
     timeout_s: float | None = None
+    state: State | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -274,6 +284,8 @@ class FunctionOptions:
     profile: str | None = None
     register: bool = True
     timeout_s: float | None = None
+    # How long the module's state lives in a worker (docs/ARCHITECTURE.md, "Warm state").
+    state: State = "per_worker"
     # Files / packages next to the notebook to ship besides the ones the cell imports (local_modules.py).
     include: tuple[str, ...] = ()
 
@@ -303,6 +315,8 @@ class FunctionOptions:
             environment=self.environment(),
             env=self.env_dict,
             resources=self.resources(),
+            # per_worker is the default and never encoded, so the version ids of earlier cells stay the same.
+            state="per_job" if self.state == "per_job" else None,
         )
 
 

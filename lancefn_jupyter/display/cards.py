@@ -24,6 +24,7 @@ __all__ = [
     "job_elapsed_s",
     "job_summary",
     "jobs_table",
+    "one_line",
     "progress_text",
     "render_table",
     "result_text",
@@ -299,6 +300,15 @@ def versions_table(listings: Iterable[tuple[str, str, FunctionVersion | None]]) 
     return render_table(["function", "version", "digest", "GPUs", "class", "created"], rows, title="Function versions")
 
 
+def one_line(text: str, limit: int = 60) -> str:
+    """`text`'s first line, at most `limit` characters (… marks a cut)."""
+    stripped = text.strip()
+    first = stripped.splitlines()[0] if stripped else ""
+    if first == stripped and len(first) <= limit:
+        return first
+    return first[: limit - 1].rstrip() + "…"
+
+
 def function_card(
     *,
     name: str,
@@ -310,8 +320,14 @@ def function_card(
     environment: str,
     hardware: GpuClass | None,
     note: str = "",
+    entry: str = "",
+    left_out: str = "",
 ) -> tuple[str, str]:
-    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware."""
+    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware.
+
+    `entry` describes a class entry (``class Scaler: setup once per worker``); `left_out` names the cell's
+    statements the artifact leaves out (docs/ARCHITECTURE.md, "Function versions"), so none is lost unseen.
+    """
     hw = "unknown class"
     if hardware is not None:
         hw = f"{hardware.gpu_model}, {gpu_memory(hardware.gpu_memory_bytes)}, up to {hardware.max_gpu_count_per_worker} GPUs/worker"
@@ -325,12 +341,17 @@ def function_card(
         ("environment", environment),
         ("hardware", hw),
     ]
-    text = "\n".join([f"GPU function {name}"] + [f"  {k:<12}{v}" for k, v in fields] + ([f"  {note}"] if note else []))
+    if entry:
+        fields.insert(0, ("entry", entry))
+    remarks = [f"left out: {left_out}"] if left_out else []
+    if note:
+        remarks.append(note)
+    text = "\n".join([f"GPU function {name}"] + [f"  {k:<12}{v}" for k, v in fields] + [f"  {r}" for r in remarks])
     rows = "".join(
         f"<tr><td style='padding:1px 8px;color:#666'>{html.escape(k)}</td><td style='padding:1px 8px'><code>{html.escape(v)}</code></td></tr>"
         for k, v in fields
     )
-    extra = f"<div style='color:#666'>{html.escape(note)}</div>" if note else ""
+    extra = "".join(f"<div style='color:#666'>{html.escape(remark)}</div>" for remark in remarks)
     markup = (
         "<div class='lancefn lancefn-card' style='border:1px solid #ccc;border-radius:4px;padding:6px;display:inline-block'>"
         f"<b>GPU function <code>{html.escape(name)}</code></b><table>{rows}</table>{extra}</div>"

@@ -80,6 +80,10 @@ class GpuFunction:
     `f(x)` runs in this kernel; `f.submit(x)` / `f.map(xs)` / `f.remote(x)` run as jobs on the control
     plane; `f.local(x)` runs the packaged artifact in a subprocess on a local GPU or the CUDA simulator.
     It is the `FunctionRef` its jobs, batches and table maps hold (handles/base.py).
+
+    A class entry (docs/ARCHITECTURE.md, "Warm state") binds its class name to the handle, and the handle
+    takes `__call__`'s arguments: `scale(3)` runs one instance made on the first call in this kernel
+    (``setup()`` once, as a worker does) and calls it; the jobs send rows as for a function.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class GpuFunction:
         self._version: FunctionVersion | None = None
         self._where = where
         self._py_signature: inspect.Signature | None = None
+        self._instance: Any = None  # a class entry's kernel-side instance, made on the first call
         self.timeout_s: float | None = options.timeout_s
         self.last_local_device: str | None = None
         self.name = options.name or packaged.entrypoint
@@ -145,6 +150,7 @@ class GpuFunction:
             image=environment.image if environment else None,
             python_version=runtime.python_version,
             env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},
+            state=runtime.state,
         )
         # The registered request (env values redacted), cached as registered: `register()` finds the
         # version there and sends nothing.
@@ -224,13 +230,28 @@ class GpuFunction:
 
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._fn(*args, **kwargs)
+        if not inspect.isclass(self._fn):
+            return self._fn(*args, **kwargs)
+        if self._instance is None:
+            instance: Any = self._fn()
+            if callable(getattr(instance, "setup", None)):
+                instance.setup()
+            self._instance = instance  # only once setup() succeeded: a failed one runs again next call
+        return self._instance(*args, **kwargs)
+
+    def _call_signature(self) -> inspect.Signature:
+        """The Python signature rows bind to: the function's, or a class entry's `__call__` without self."""
+        if self._py_signature is None:  # cached: a map binds one row per item
+            if inspect.isclass(self._fn):
+                call = inspect.signature(self._fn.__call__)
+                self._py_signature = call.replace(parameters=list(call.parameters.values())[1:])
+            else:
+                self._py_signature = inspect.signature(self._fn)
+        return self._py_signature
 
     def _row(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            if self._py_signature is None:  # cached: a map binds one row per item
-                self._py_signature = inspect.signature(self._fn)
-            bound = self._py_signature.bind(*args, **kwargs)
+            bound = self._call_signature().bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{self.name}(): {error}") from None
         # Omitted arguments with defaults stay out of the row: the worker applies the default.
@@ -238,18 +259,14 @@ class GpuFunction:
 
     def _single_parameter(self) -> str | None:
         """The name of the function's only parameter, when it has exactly one plain one."""
-        if self._py_signature is None:
-            self._py_signature = inspect.signature(self._fn)
-        params = list(self._py_signature.parameters.values())
+        params = list(self._call_signature().parameters.values())
         if len(params) == 1 and params[0].kind in (params[0].POSITIONAL_OR_KEYWORD, params[0].KEYWORD_ONLY):
             return params[0].name
         return None
 
     def parameter_defaults(self) -> dict[str, Any]:
         """Parameter defaults, to fill the Arrow column of a parameter only some rows of a map give."""
-        if self._py_signature is None:
-            self._py_signature = inspect.signature(self._fn)
-        return {n: p.default for n, p in self._py_signature.parameters.items() if p.default is not p.empty}
+        return {n: p.default for n, p in self._call_signature().parameters.items() if p.default is not p.empty}
 
     def _submit_rows(self, rows: list[dict[str, Any]], single: bool) -> Job:
         version = registered_version(self)
@@ -372,6 +389,11 @@ class GpuFunction:
             environment += f"; local modules: {', '.join(self._packaged.local_modules)}"
         version = self._version
         note = "" if version is not None else "not registered (register=no): the request is in .registration_request"
+        entry = ""
+        if self._packaged.entry_is_class:
+            entry = f"class {self.entrypoint}"
+            if self._packaged.entry_has_setup:
+                entry += f": setup once per {'job' if runtime.state == 'per_job' else 'worker'}"
         return display.function_card(
             name=self.name,
             version=version.version if version else None,
@@ -382,6 +404,14 @@ class GpuFunction:
             environment=environment,
             hardware=class_hardware(resources.gpu_class if resources else None) if version is not None else None,
             note=note,
+            entry=entry,
+            left_out=self._left_out_text(),
+        )
+
+    def _left_out_text(self) -> str:
+        """The cell's statements not in the artifact, at notebook lines (as tracebacks number them)."""
+        return "; ".join(
+            f"line {line + self._line_offset}, {display.one_line(text)}" for line, text in self._packaged.left_out
         )
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -497,8 +527,12 @@ def gpu_function(
     profile: str | None = None,
     register: bool = True,
     timeout_s: float | None = None,
+    state: str | None = None,
 ) -> GpuFunction | Callable[[Callable[..., Any]], GpuFunction]:
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
+
+    It decorates a function, or a class entry (a class with `__call__`, docs/ARCHITECTURE.md, "Warm state")
+    packaged from its source file.
 
     Registration is lazy here (first `.version`, `.submit`, `.map`, `.remote` or `.register()`), so
     importing a module never starts a server.

@@ -151,7 +151,7 @@ def check_class_entry(cls: type, where: str = "") -> None:
     """Refuse a class entry the worker cannot drive (docs/ARCHITECTURE.md, "Warm state": instantiated with no
     arguments, ``setup(self)`` once, ``__call__(self, …)`` per row, ``teardown(self)``)."""
     label = f"the class entry {cls.__name__!r}{where}"
-    if inspect.iscoroutinefunction(cls.__call__):  # type: ignore[operator]
+    if inspect.iscoroutinefunction(cls.__call__):
         raise PackagingError(
             f"{label} has `async def __call__`; a GPU function entry must be a plain synchronous `def`"
         )
@@ -190,7 +190,7 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
     try:
         if inspect.isclass(fn):
             name = f"{name}.__call__"
-            fn = fn.__call__  # type: ignore[operator]  # the class's own, not type.__call__
+            fn = fn.__call__  # the class's own, not type.__call__
             parameters = list(inspect.signature(fn).parameters.values())[1:]
         else:
             parameters = list(inspect.signature(fn).parameters.values())

@@ -151,6 +151,10 @@ def test_resources_without_gpu_class_keep_seed_bytes():
         ("timeout_s=nan", "timeout_s", "write timeout_s=600"),
         ("timeout_s=inf", "timeout_s", "write timeout_s=600"),
         ("timeout_s=soon", "timeout_s", "write timeout_s=600"),
+        ("state=per_call", "state must be per_worker (the default) or per_job (got 'per_call')", "write state=per_job"),
+        ("state=", "state", "write state=per_job"),
+        ("state=per_job state=per_worker", "state", "keep one of them"),
+        ("stat=per_job", "stat", "did you mean state?"),
         ("profile=nope", "profile 'nope'", "define it with %gpu_profile nope"),
         ("profile=a profile=b", "profile", "keep one of them"),
         ("'unclosed", "cannot split", "close the quote"),
@@ -163,6 +167,30 @@ def test_errors_name_the_option_and_the_fix(line, option, fix):
     assert option in message
     assert fix in message
     assert isinstance(info.value, ValueError)
+
+
+def test_state_is_encoded_only_when_per_job():
+    # per_worker is the default: never encoded, so a cell's runtime (and version id) is the same with or without it.
+    assert parse("state=per_worker") == parse("") and parse("").state == "per_worker"
+    assert parse("state=per_worker").runtime("3.12").to_canonical_json() == SEED_CANONICAL
+    per_job = parse("state=per_job")
+    assert per_job.state == "per_job" and per_job.runtime("3.12").state == "per_job"
+    assert per_job.runtime("3.12").to_canonical_json() == SEED_CANONICAL[:-1] + ',"state":"per_job"}'
+    assert build_options(state="per_job") == per_job and build_options(state=None) == parse("")
+
+
+def test_state_in_a_profile_and_explicit_over_it():
+    profile = parse_profile_line("warm state=per_job num_gpus=2")
+    assert profile.state == "per_job"
+    assert parse("profile=warm", warm=profile).state == "per_job"
+    assert parse("profile=warm state=per_worker", warm=profile).state == "per_worker"
+    assert build_profile("w", state="per_job").options() == {"state": "per_job"}
+    with pytest.raises(
+        OptionsError, match=r"^state must be per_worker \(the default\) or per_job \(got 'job'\); write state=per_job$"
+    ):
+        build_options(state="job")
+    with pytest.raises(OptionsError, match="state must be per_worker"):
+        build_profile("w", state=1)
 
 
 def test_num_gpus_message_shows_what_was_written():
@@ -352,6 +380,7 @@ def test_every_field_is_an_option():
         "profile": "p",
         "register": "no",
         "timeout_s": "1",
+        "state": "per_job",
         "include": "mylib.py",
     }
     assert {field.name for field in dataclasses.fields(FunctionOptions)} == set(values)
@@ -416,6 +445,7 @@ _options = st.fixed_dictionaries(
         "image": _words,
         "register": st.booleans(),
         "timeout_s": st.floats(min_value=0.001, max_value=1e6),
+        "state": st.sampled_from(["per_worker", "per_job"]),
     },
 )
 

@@ -151,9 +151,7 @@ math.sqrt(4.0)
     # Not run here: `double.local` needs the handle the magic binds.
     packaged = package_cell(cell, run_cell("def double(x: float) -> float:\n    return x * 2\n"))
     assert packaged.source_text == (
-        HEADER
-        + '\n"""module docstring"""\n'
-        + "import math\n_STATE = {}\n_STATE.update(mode='eval')\n\n"
+        HEADER + '\n"""module docstring"""\n' + "import math\n_STATE = {}\n_STATE.update(mode='eval')\n\n"
         "def double(x: float) -> float:\n    return x * 2\nprint('loading')\n_ = math.floor(1.5)\n"
     )
     assert packaged.left_out == (
