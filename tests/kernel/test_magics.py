@@ -197,3 +197,111 @@ def test_decorator_for_py_code(cp):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError):
             api.gpu_function(num_gpus=bad)(_module_level)
+
+
+# ---------------------------------------------------------------- warm state: the state option, class entries
+
+SCALER_CELL = """\
+import math
+class Scaler:
+    setups = 0
+    def setup(self):
+        type(self).setups += 1
+        self.factor = math.sqrt(4.0)
+    def __call__(self, x: float, bias: float = 0.0) -> float:
+        return x * self.factor + bias
+Scaler
+"""
+
+
+def test_state_option_changes_the_version_only_when_per_job(ip, cp):
+    ip.run_cell_magic("gpu_function", "", CELL)
+    default = ip.user_ns["normalize_score"].version
+    ip.run_cell_magic("gpu_function", "state=per_worker", CELL)
+    assert ip.user_ns["normalize_score"].version.version == default.version  # the default is never encoded
+    assert default.runtime.state is None
+    ip.run_cell_magic("gpu_function", "state=per_job", CELL)
+    per_job = ip.user_ns["normalize_score"].version
+    assert per_job.version != default.version and per_job.runtime.state == "per_job"
+    assert len(versions(cp)) == 2
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", "state=per_call", CELL)
+    assert (
+        str(raised.value) == "state must be per_worker (the default) or per_job (got 'per_call'); write state=per_job"
+    )
+    ip.run_line_magic("gpu_profile", "fresh state=per_job")
+    ip.run_cell_magic("gpu_function", "profile=fresh", CELL)
+    assert ip.user_ns["normalize_score"].version.version == per_job.version
+
+
+def test_a_class_entry_binds_its_name_and_runs_setup_once_in_the_kernel(ip, cp):
+    with capture_output() as out:
+        ip.run_cell_magic("gpu_function", "", SCALER_CELL)
+    scale = ip.user_ns["Scaler"]
+    assert isinstance(scale, api.GpuFunction) and scale.entrypoint == "Scaler"
+    assert ip.user_ns["Scaler"].__wrapped__.setups == 0  # the cell only displayed the class
+    assert scale(3.0) == 6.0 and scale(1.0, bias=0.5) == 2.5
+    assert scale.__wrapped__.setups == 1  # one kernel-side instance, set up once
+    # Rows bind to __call__ without self, defaults left to the worker.
+    assert scale.item_row(3.0) == {"x": 3.0} and scale.item_row({"x": 1.0, "bias": 2.0}) == {"x": 1.0, "bias": 2.0}
+    assert scale.parameter_defaults() == {"bias": 0.0}
+    assert [p.name for p in scale.version.signature.inputs] == ["x", "bias"]
+    card = shown(out)
+    assert "entry       class Scaler: setup once per worker" in card
+    assert "left out: line 10, Scaler" in card  # the trailing expression (notebook line: after the magic line)
+    with pytest.raises(TypeError, match="Scaler\\(\\): missing a required argument: 'x'"):
+        scale.submit()
+    # Looked up from the control plane (as from another kernel): the artifact says it is a class.
+    looked_up = api.lookup("Scaler")
+    assert looked_up.version.version == scale.version.version
+    assert "entry       class Scaler: setup once per worker" in repr(looked_up)
+    assert "left out" not in repr(looked_up)
+    ip.run_cell_magic("gpu_function", "state=per_job", SCALER_CELL)
+    assert "class Scaler: setup once per job" in repr(ip.user_ns["Scaler"])
+    assert "class Scaler: setup once per job" in repr(api.lookup(f"Scaler@{ip.user_ns['Scaler'].version.version}"))
+
+
+def test_a_class_entry_that_needs_init_arguments_is_refused(ip, cp):
+    cell = "class Model:\n    def __init__(self, path):\n        self.path = path\n    def __call__(self, x: int) -> int:\n        return x\n"
+    with pytest.raises(UsageError) as raised:
+        ip.run_cell_magic("gpu_function", "", cell)
+    assert "instantiated with no arguments: give every __init__ parameter a default, or load in setup()" in str(
+        raised.value
+    )
+    assert versions(cp) == []
+
+
+def test_a_mid_cell_call_runs_in_the_worker_and_trial_calls_are_left_out(ip, cp):
+    cell = (
+        "_STATE = {}\n"
+        "_STATE.update(mode='eval')\n"
+        "def mode(x: int) -> str:\n"
+        "    return _STATE['mode'] + str(x)\n"
+        "mode(1)\n"
+        "print('tried')\n"
+    )
+    with capture_output() as out:
+        ip.run_cell_magic("gpu_function", "", cell)
+    handle = ip.user_ns["mode"]
+    assert "_STATE.update(mode='eval')" in handle.artifact_source and "mode(1)" not in handle.artifact_source
+    assert "left out: line 6, mode(1); line 7, print('tried')" in shown(out)
+    assert handle.remote(2) == "eval2"  # the kept call ran when the worker executed the module
+
+
+class _Doubler:
+    def setup(self) -> None:
+        self.offset = 1.0
+
+    def __call__(self, x: float) -> float:
+        return 2 * x + self.offset
+
+
+def test_decorator_on_a_class(cp):
+    api.connect(cp.url, cp.api_key)
+    decorated = api.gpu_function(state="per_job")(_Doubler)
+    assert decorated(2.0) == 5.0
+    assert decorated.registration_request.runtime.state == "per_job"
+    assert decorated.artifact_source.startswith("from __future__ import annotations\n\nclass _Doubler:\n")
+    assert "class _Doubler: setup once per job" in repr(decorated)
+    with pytest.raises(ValueError, match="state must be per_worker"):
+        api.gpu_function(state="sometimes")(_Doubler)
