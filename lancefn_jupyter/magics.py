@@ -64,7 +64,8 @@ class GpuMagics(Magics):
         """Run the cell, register it as an immutable GPU function version, bind its name to a handle.
 
         Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
-        python_version, image, profile, timeout_s, register (yes|no), include (PATH, repeatable).
+        python_version, image, profile, timeout_s, state (per_worker|per_job), register (yes|no),
+        include (PATH, repeatable).
         """
         shell = self.shell
         assert shell is not None  # a magic runs in the shell it is registered with

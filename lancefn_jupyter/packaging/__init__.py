@@ -23,13 +23,17 @@ Decisions worth knowing
 -----------------------
 * **The cell is the module.** ``package_cell`` keeps every top-level statement
   of the cell in order (imports, assignments, ``@cuda.jit`` kernels, helpers,
-  the entry function, classes, ``if``/``for`` blocks …) **except bare
-  expression statements** such as ``double_all([1.0])`` or a trailing
-  ``df.head()``: those are interactive display / trial calls and must not run
-  when the worker imports the artifact. Module docstrings are expression
-  statements too and are dropped. To keep a side-effecting call at import,
-  bind it: ``_ = np.random.seed(0)``. ``from __future__`` imports of the cell
-  are dropped (the header already enables postponed annotations).
+  the entry, classes, ``if``/``for`` blocks, calls such as
+  ``np.random.seed(0)`` or ``print("loading")`` …) **except two kinds of
+  expression statement**, which run in the kernel but not when the worker
+  executes the module: the cell's trailing expression (the last top-level
+  statement, if it is an expression: its display value, e.g. ``df.head()``)
+  and trial calls of the entry (a call whose callee is rooted at the entry's
+  name: ``double_all([1.0])``, ``double_all.local([1.0])``, ``Scaler()(3)``).
+  ``PackagedFunction.left_out`` lists them as (cell line, source text) and the
+  function card names them, so no statement is dropped unseen. ``from
+  __future__`` imports of the cell are dropped (the header already enables
+  postponed annotations).
 * Statements are re-emitted with ``ast.unparse``, so comments, blank lines
   and formatting never change the digest; any code change does.
 * Free names are found with :mod:`symtable` on the emitted text (Python's own
@@ -56,16 +60,24 @@ Decisions worth knowing
   ``exec``, ``compile``, ``__import__``) and the namespace modules ``sys``,
   ``builtins``, ``importlib``, ``inspect``, ``gc``, ``ctypes``, ``types`` are
   refused: the artifact's namespace holds only what was packaged.
-* Entry function (``package_cell``): ``entry`` if it names a top-level
-  ``def`` of the cell (otherwise ``entry`` is ignored, because a Function
-  name such as ``scores.v2`` need not be a Python identifier), else the only
-  public top-level ``def``, else the last top-level ``def``.
+* Entry (``package_cell``): the candidates are top-level ``def``s and
+  top-level classes whose body defines ``__call__`` (a class entry,
+  ARCHITECTURE.md "Warm state"); ``entry`` if it names a candidate
+  (otherwise ``entry`` is ignored, because a Function name such as
+  ``scores.v2`` need not be a Python identifier), else the only public
+  candidate, else the last. A class entry's signature is ``__call__``'s
+  without ``self``; it is refused if ``__init__`` needs arguments, if
+  ``__call__`` is ``async def``, or if ``setup``/``teardown`` take
+  parameters besides ``self``.
 * ``package_function`` snapshots one function the way LanceDB does, but
   functions and numba CUDA kernels it references that live in the same
   non-importable module (``__main__`` of a notebook) are included as
   definitions before the entry, in dependency order, decorators kept (so
   ``@cuda.jit`` is re-applied); the entry's own ``@gpu_function`` decorator
-  is stripped and any other decorator on the entry is refused.
+  is stripped and any other decorator on the entry is refused. A decorated
+  class entry is packaged the same way from its source
+  (``inspect.getsourcelines``), so only from a file: a class typed in a
+  notebook cell has no source there and is refused (use ``%%gpu_function``).
 * ``line_map`` maps each artifact line that begins an AST node to the line of
   that node in the user's text: for ``package_cell`` lines of ``cell`` (1 =
   first line of the string passed in), for ``package_function`` lines of the
