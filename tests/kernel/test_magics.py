@@ -269,6 +269,10 @@ def test_a_class_entry_that_needs_init_arguments_is_refused(ip, cp):
         raised.value
     )
     assert versions(cp) == []
+    # The refused cell's class name says so on job methods (README, "When a cell is refused").
+    assert isinstance(ip.user_ns["Model"], api.UnregisteredFunction)
+    with pytest.raises(LancefnError, match="Model is not registered: the class entry 'Model'"):
+        ip.user_ns["Model"].submit(1)
 
 
 def test_a_mid_cell_call_runs_in_the_worker_and_trial_calls_are_left_out(ip, cp):

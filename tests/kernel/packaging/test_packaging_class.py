@@ -57,6 +57,15 @@ def test_entry_choice_over_functions_and_classes():
     assert entry_name(private) == "Model"
 
 
+def test_trial_calls_are_those_of_the_chosen_entry():
+    cell = "def helper(x: int) -> int:\n    return x\ndef score(x: int) -> int:\n    return helper(x)\nhelper(1)\nscore(2)\nx = 1\n"
+    # name= picks `helper`: its calls are trial runs, `score(2)` is an ordinary statement (kept).
+    packaged = pack(cell, entry="helper")
+    assert packaged.left_out == ((5, "helper(1)"),)
+    assert packaged.source_text.endswith("score(2)\nx = 1\n")
+    assert pack(cell).left_out == ((6, "score(2)"),)  # two public defs: the last is the entry
+
+
 def test_the_packaged_class_runs_setup_then_call():
     module: dict = {}
     exec(pack(SCALER_CELL).source_text, module)
