@@ -293,10 +293,12 @@ export class GpuFunctionsPanel extends Widget {
     const line2 = el('div', 'lf-job-line lf-job-meta');
     const placement = el('span', 'lf-job-placement');
     const queue = el('span', 'lf-job-queue');
-    // Cold or warm ("cold start 1.2 s, setup 1.0 s", "warm") once the job ended on a worker.
-    const timings = el('span', 'lf-job-timings');
-    line2.append(placement, queue, timings, elapsed);
+    line2.append(placement, queue, elapsed);
     const { progress, bar: progressBar, text: progressText } = progressMeter();
+    // Cold or warm ("cold start 1.2 s, setup 1.0 s", "warm") once the job ended on a worker, after
+    // its rows; the tooltip has every phase.
+    const timings = el('span', 'lf-job-timings');
+    progress.appendChild(timings);
     const failure = el('div', 'lf-job-failure');
     const error = el('div', 'lf-error lf-job-error');
     const cancel = cancelButton();
