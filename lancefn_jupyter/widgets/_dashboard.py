@@ -1,7 +1,8 @@
 """The jobs dashboard (`%gpu_jobs`): a live table of recent jobs with filters and per-row Cancel.
 
 Columns: job, function, state, placement (class, GPUs, devices, or queue position), progress,
-detail (rows, elapsed time, result, cold or warm — "cold start 1.2 s, setup 1.0 s" / "warm" —, error), Cancel. Filters: state (dropdown) and function (combobox; a
+detail (rows, elapsed time, result, cold or warm: "cold start 1.2 s, setup 1.0 s" or "warm", with every
+phase in its tooltip; or the error), Cancel. Filters: state (dropdown) and function (combobox; a
 substring of the name). Recent jobs come from REST when the dashboard is built (and again when a
 filter changes or the listener reconnects afresh, e.g. after a kernel restart); every change after
 that comes from the kernel's event listener. Standard ipywidgets only: a `GridBox` of small widgets,
