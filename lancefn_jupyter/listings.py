@@ -8,6 +8,7 @@ from typing import Any
 
 from lancefn_jupyter.client import Client, LancefnError
 from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.display.jobs import jobs_table
 from lancefn_jupyter.session import current_client
 from lancefn_jupyter.wire.models import GpuClass
 
@@ -66,7 +67,7 @@ def list_versions(name: str | None = None) -> list:
 
 
 def list_jobs(*, state: str | None = None, name: str | None = None, limit: int = 50) -> list:
-    """Recent `run_function` jobs, newest first."""
+    """Recent `run_function` jobs, newest first; the table's "start" column says cold or warm."""
     client = current_client()
     jobs = client.jobs.list(state=state, name=name, job_type="run_function", limit=limit)
     batches = _recent_batches(client, name)
@@ -74,13 +75,13 @@ def list_jobs(*, state: str | None = None, name: str | None = None, limit: int =
         from lancefn_jupyter.display.batch import batches_table
 
         def render() -> tuple[str, str]:
-            (bt, bh), (jt, jh) = batches_table(batches), display.jobs_table(jobs)
+            (bt, bh), (jt, jh) = batches_table(batches), jobs_table(jobs)
             return f"{bt}\n\n{jt}", bh + jh
 
         return _Rendered(jobs, render, widget=lambda: _jobs_with_batches(batches, state, name, limit, client))
     return _Rendered(
         jobs,
-        lambda: display.jobs_table(jobs),
+        lambda: jobs_table(jobs),
         widget=lambda: _widget("JobsDashboard", state=state, name=name, limit=limit, client=client),
     )
 

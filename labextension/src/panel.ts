@@ -1,6 +1,6 @@
 /**
  * The "GPU Functions" side panel: a Lumino widget rendered with plain DOM (no React, no extra
- * bundle weight). All wording and numbers come from the pure helpers in ./format and ./reducers;
+ * bundle weight). All wording and numbers come from the pure helpers in ./format, ./timings and ./reducers;
  * this file only places them (with ./dom). Job rows are keyed by job id and updated in place, so a Cancel button under the
  * pointer is never replaced while the list ticks.
  */
@@ -39,6 +39,7 @@ import {
   stateBadge
 } from './format';
 import { classRows, groupFunctions } from './reducers';
+import { jobTimingsText, timingsBreakdown } from './timings';
 import { IJob, isTerminal } from './wire';
 
 const GPU_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
@@ -81,6 +82,7 @@ interface IJobRow extends ICancellableRow {
   elapsed: HTMLElement;
   placement: HTMLElement;
   queue: HTMLElement;
+  timings: HTMLElement;
   progress: HTMLElement;
   progressBar: HTMLElement;
   progressText: HTMLElement;
@@ -293,6 +295,10 @@ export class GpuFunctionsPanel extends Widget {
     const queue = el('span', 'lf-job-queue');
     line2.append(placement, queue, elapsed);
     const { progress, bar: progressBar, text: progressText } = progressMeter();
+    // Cold or warm ("cold start 1.2 s, setup 1.0 s", "warm") once the job ended on a worker, after
+    // its rows; the tooltip has every phase.
+    const timings = el('span', 'lf-job-timings');
+    progress.appendChild(timings);
     const failure = el('div', 'lf-job-failure');
     const error = el('div', 'lf-error lf-job-error');
     const cancel = cancelButton();
@@ -307,6 +313,7 @@ export class GpuFunctionsPanel extends Widget {
       elapsed,
       placement,
       queue,
+      timings,
       progress,
       progressBar,
       progressText,
@@ -338,6 +345,8 @@ export class GpuFunctionsPanel extends Widget {
     setText(row.elapsed, formatElapsed(jobElapsedMs(job, now)));
     setText(row.placement, jobPlacementText(job));
     setText(row.queue, [queueText(job), expectedStartText(job, now)].filter(Boolean).join(' · '));
+    setText(row.timings, jobTimingsText(job));
+    row.timings.title = timingsBreakdown(job.timings);
     const progress = progressOf(job);
     row.progress.style.display = progress.fraction === null ? 'none' : '';
     row.progressBar.style.width = `${Math.round(100 * (progress.fraction ?? 0))}%`;

@@ -47,6 +47,21 @@ export interface IJob {
   /** "arrow": the result is an Arrow IPC file (GET /v1/jobs/result); `result_summary` describes it. */
   result_format?: string | null;
   result_summary?: IResultSummary | null;
+  /** Where the job's time went, once it ended on a worker (absent before that, and from older servers). */
+  timings?: IJobTimings | null;
+}
+
+/**
+ * `Job.timings` (docs/ARCHITECTURE.md, "Warm state"), in milliseconds; zeros and `cold: false` are
+ * omitted on the wire. `cold`: the job paid a worker start or a setup.
+ */
+export interface IJobTimings {
+  queued_ms?: number;
+  start_ms?: number;
+  environment_ms?: number;
+  setup_ms?: number;
+  run_ms?: number;
+  cold?: boolean;
 }
 
 /** A result's description (never its data): type, dtype, shape, bytes; `item` for a map's rows. */

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from lancefn_jupyter.client import Client, LancefnError
-from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.display.jobs import job_card
 from lancefn_jupyter.handles.base import FunctionRef, RecordHandle, waiting
 from lancefn_jupyter.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
+from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, JobTimings, display_state
 from lancefn_jupyter.wire.models import Job as JobRecord
 
 __all__ = ["Job", "JobCancelled", "JobError", "JobTimedOut", "RemoteFunctionError", "missing_module_hint"]
@@ -119,6 +119,22 @@ class Job(RecordHandle[JobRecord]):
     def done(self) -> bool:
         return self.snapshot.job_state in TERMINAL_STATES
 
+    @property
+    def timings(self) -> JobTimings | None:
+        """Where the job's time went (docs/ARCHITECTURE.md, "Warm state"), once it ended on a worker.
+
+        A `JobTimings` in milliseconds: `queued_ms`, `start_ms` (starting a worker; 0 when one was
+        warm), `environment_ms`, `setup_ms` (executing the version's module and a class entry's
+        `setup()`; 0 when warm), `run_ms`, and `cold` (a start or a setup was paid). None while the
+        job is pending or running, for a job cancelled before a worker took it, and from servers
+        before issue 24. `lancefn_jupyter.display.timings.timings_text` says it in words
+        ("cold start 1.2 s, setup 1.0 s", "warm").
+        """
+        snapshot = self.snapshot
+        if snapshot.job_state not in TERMINAL_STATES and not _listener_live():
+            snapshot = self.refresh()
+        return snapshot.timings
+
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
         if self._snapshot is not None and self._snapshot.job_state in TERMINAL_STATES:
@@ -197,4 +213,4 @@ class Job(RecordHandle[JobRecord]):
         return job_bundle(self)
 
     def __repr__(self) -> str:
-        return display.job_card(self.snapshot)[0]
+        return job_card(self.snapshot)[0]

@@ -94,9 +94,9 @@ def job_widget(job: Any) -> Any:
 
 def job_bundle(job: Any) -> dict:
     """A `Job`'s display: its live widget where widgets work, else the text/HTML card."""
-    from lancefn_jupyter.display import cards as display
+    from lancefn_jupyter.display.jobs import job_card
 
-    return rich_bundle(lambda: job_widget(job), lambda: display.job_card(job.snapshot))
+    return rich_bundle(lambda: job_widget(job), lambda: job_card(job.snapshot))
 
 
 def batch_bundle(batch: Any) -> dict:

@@ -1,7 +1,8 @@
 """The jobs dashboard (`%gpu_jobs`): a live table of recent jobs with filters and per-row Cancel.
 
 Columns: job, function, state, placement (class, GPUs, devices, or queue position), progress,
-detail (rows, elapsed time, error), Cancel. Filters: state (dropdown) and function (combobox; a
+detail (rows, elapsed time, result, cold or warm: "cold start 1.2 s, setup 1.0 s" or "warm", with every
+phase in its tooltip; or the error), Cancel. Filters: state (dropdown) and function (combobox; a
 substring of the name). Recent jobs come from REST when the dashboard is built (and again when a
 filter changes or the listener reconnects afresh, e.g. after a kernel restart); every change after
 that comes from the kernel's event listener. Standard ipywidgets only: a `GridBox` of small widgets,
@@ -23,6 +24,8 @@ from lancefn_jupyter.client.errors import LancefnError
 from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
 from lancefn_jupyter.display.cards import function_ref
+from lancefn_jupyter.display.jobs import jobs_table
+from lancefn_jupyter.display.timings import job_timings_text, timings_breakdown
 from lancefn_jupyter.widgets._job import BAR_STYLE
 from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
@@ -72,10 +75,12 @@ def _detail_text(job: Any) -> str:
     elapsed = display.job_elapsed_s(job)
     rows = display.progress_text(job)
     result = display.result_text(job)
+    timings = job_timings_text(job)
     return (
         rows
         + (f" · {display.format_elapsed(elapsed)}" if elapsed is not None else "")
         + (f" · {result}" if result else "")
+        + (f" · {timings}" if timings else "")
     )
 
 
@@ -137,8 +142,10 @@ class _Row:
 
     def tick(self) -> None:
         color = "#c62828" if self.job.failure is not None else "inherit"
+        tip = html.escape(timings_breakdown(getattr(self.job, "timings", None)), quote=True)
+        title = f" title='{tip}'" if tip else ""
         self.detail_cell.value = (
-            f"<span class='lancefn-detail' style='color:{color}'>{html.escape(_detail_text(self.job))}</span>"
+            f"<span class='lancefn-detail' style='color:{color}'{title}>{html.escape(_detail_text(self.job))}</span>"
         )
 
     def close(self) -> None:
@@ -327,7 +334,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         )
 
     def _fallback(self) -> tuple[str, str]:
-        return display.jobs_table(self.visible_jobs())
+        return jobs_table(self.visible_jobs())
 
     # ---------------------------------------------------------------- actions
 

@@ -3,9 +3,10 @@
     [pending] job 3f2a…  double_all@5c1e…
     pending: waiting for GPU capacity in class default, position 1
     [██████░░░░] 2/3 rows (67%)
+    cold start 1.2 s, setup 1.0 s, ran 12 ms      (once it ended on a worker: cold or warm)
     [Cancel] [Logs]
 
-Child widgets are public attributes (`badge`, `status`, `progress`, `progress_label`,
+Child widgets are public attributes (`badge`, `status`, `progress`, `progress_label`, `timings`,
 `cancel_button`, `logs_button`, `logs_view`, `error`) so tests and users can read them. State comes
 from REST once, then from the kernel's event listener (never polled per widget).
 """
@@ -21,6 +22,8 @@ import ipywidgets as w
 from lancefn_jupyter.client.errors import LancefnError
 from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.display.jobs import job_card
+from lancefn_jupyter.display.timings import job_timings_text, timings_breakdown
 from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 
@@ -70,6 +73,8 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self.status = w.HTML()
         self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="260px"))
         self.progress_label = w.Label()
+        # Where the time went, once the job ended on a worker (docs/ARCHITECTURE.md, "Warm state").
+        self.timings = w.HTML(layout=w.Layout(display="none"))
         self.cancel_button = w.Button(
             description="Cancel", icon="stop", tooltip=f"Cancel job {job_id}", layout=w.Layout(width="auto")
         )
@@ -89,6 +94,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
                 w.HBox([self.badge, self.title]),
                 self.status,
                 w.HBox([self.progress, self.progress_label]),
+                self.timings,
                 self.error,
                 w.HBox([self.cancel_button, self.logs_button]),
                 self.logs_view,
@@ -127,7 +133,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
     def _fallback(self) -> tuple[str, str]:
         if self._snapshot is None:
             return f"Job {self.job_id}", f"<code>{html.escape(self.job_id)}</code>"
-        return display.job_card(self._snapshot)
+        return job_card(self._snapshot)
 
     # ---------------------------------------------------------------- updates
 
@@ -171,12 +177,25 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self.progress.value = min(done, self.progress.max) if total else (1 if job.job_state == JobState.DONE else 0)
         self.progress.bar_style = BAR_STYLE.get(job.job_state, "")
         self.progress_label.value = display.progress_text(job)
+        self._apply_timings(job)
         failure = job.failure
         if failure is not None:
             self.error.value = self._error_html(job)
             self.error.layout.display = None
         if terminal and self.logs_button.value:
             self._log_stale = True  # the ticker reads the last lines (not this thread: it serves events)
+
+    def _apply_timings(self, job: Any) -> None:
+        text = job_timings_text(job, run=True)
+        if not text:
+            self.timings.layout.display = "none"
+            self.timings.value = ""
+            return
+        tip = html.escape(timings_breakdown(job.timings), quote=True)
+        self.timings.value = (
+            f"<span class='lancefn-job-timings' title='{tip}' style='color:#616161'>{html.escape(text)}</span>"
+        )
+        self.timings.layout.display = None
 
     def _status_html(self, job: Any) -> str:
         summary = display.job_summary(job)
@@ -262,6 +281,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
             self.status,
             self.progress,
             self.progress_label,
+            self.timings,
             self.cancel_button,
             self.logs_button,
             self.logs_view,

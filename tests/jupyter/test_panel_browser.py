@@ -559,3 +559,70 @@ def test_namespace_label_shows_only_when_jobs_of_two_namespaces_are_listed(page,
         assert page.lancefn_errors == []
     finally:
         server.stop()
+
+
+def finished_jobs(lab, name: str, count: int) -> list[str]:
+    """`count` jobs of a fresh gate function `name`, one after the other, each finished (gates open)."""
+    with lab.cp.http() as http:
+        version = register_gate_function(http, name=name, num_gpus=1)
+        ids = []
+        for i in range(count):
+            gate = lab.tmp / f"gate-{name}-{i}"
+            gate.write_text("go")
+            ids.append(submit_gate_job(http, name, version, gate))
+            assert wait_job_state(http, ids[-1], {"DONE"})["job_state"] == "DONE"
+    return ids
+
+
+def timings_of(page, job_id: str):
+    row = job_row(page, job_id, "finished")
+    row.wait_for()
+    return row.locator(".lf-job-timings")
+
+
+def test_job_rows_say_cold_or_warm_from_the_jobs_timings(page, lab):
+    """A finished job's row says how it started ("cold start 1.2 s, setup 1.0 s", "warm"), its tooltip
+    every phase; a job without `timings` shows nothing. The timings are the wire's (set here on the
+    jobs/list reply, so the row's wording is checked whatever the control plane measured)."""
+    cold, warm, legacy = finished_jobs(lab, "timings_wire", 3)
+    given = {
+        cold: {"queued_ms": 15.0, "start_ms": 1234.0, "setup_ms": 1000.0, "run_ms": 12.3, "cold": True},
+        warm: {"queued_ms": 2.0, "run_ms": 12.3},  # zeros and `cold: false` are omitted on the wire
+        legacy: None,  # a server before issue 24
+    }
+
+    def with_timings(route) -> None:
+        response = route.fetch()
+        body = response.json()
+        for job in body.get("jobs", []):
+            if job.get("job_id") in given:
+                job.pop("timings", None)
+                if given[job["job_id"]] is not None:
+                    job["timings"] = given[job["job_id"]]
+        route.fulfill(response=response, json=body)
+
+    page.route("**/lancefn/api/v1/jobs/list*", with_timings)
+    open_lab(page, lab.server, workspace="timings-wire")
+    open_panel(page)
+    cold_text = timings_of(page, cold)
+    assert cold_text.inner_text() == "cold start 1.2 s, setup 1.0 s"
+    assert cold_text.get_attribute("title") == "queued 15 ms · start 1.2 s · environment 0 ms · setup 1.0 s · run 12 ms"
+    assert timings_of(page, warm).inner_text() == "warm"
+    assert timings_of(page, legacy).inner_text() == "" and timings_of(page, legacy).is_hidden()
+    screenshot(page, "panel-cold-and-warm")
+    assert page.lancefn_errors == []
+
+
+def test_real_jobs_say_cold_then_warm(page, lab):
+    """End to end with the control plane's own timings (issue 24): a new version's first job paid a
+    start or a setup, the next one on the same GPU found the worker warm."""
+    first, second = finished_jobs(lab, "timings_real", 2)
+    open_lab(page, lab.server, workspace="timings-real")
+    open_panel(page)
+    first_text = timings_of(page, first)
+    assert re.fullmatch(
+        r"(cold start|environment|setup) [0-9.<]+ (ms|s|min)(, (environment|setup) .+)?", first_text.inner_text()
+    )
+    assert first_text.get_attribute("title").startswith("queued ")
+    assert timings_of(page, second).inner_text() == "warm"
+    assert page.lancefn_errors == []

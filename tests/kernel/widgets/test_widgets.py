@@ -25,6 +25,7 @@ import lancefn_jupyter.widgets as widgets_module
 from lancefn_jupyter import api
 from lancefn_jupyter.client.events import Event
 from lancefn_jupyter.client.listener import EventListener, queue_positions
+from lancefn_jupyter.display.timings import format_ms
 from lancefn_jupyter.server.control.callbacks import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.widgets import (
@@ -208,6 +209,28 @@ def test_job_widget_follows_pending_running_finished_with_queue_positions(cp, ga
     assert history == ["pending", "running", "finished"]
     assert all(w.progress.value == w.progress.max and w.progress.bar_style == "success" for w in widgets)
     assert [job.result() for job in jobs] == [gates[i] for i in range(4)]
+
+
+def test_finished_jobs_say_cold_then_warm(cp, gate_fn, gates):
+    """Issue 24 end to end: the control plane's `Job.timings` (once a job ended on a worker) shows in the
+    widget, the handle, `%gpu_jobs` and the dashboard. A new version's first job paid a start or a setup;
+    the next one found its worker idle on the same GPU: warm."""
+    gates.open("first")
+    gates.open("second")
+    first = gate_fn.submit(gates["first"])
+    widget = JobWidget(first.job_id)
+    wait_until(lambda: widget.state == "finished", "first job finished")
+    wait_until(lambda: widget.timings.layout.display is None, "the first job's timings shown")
+    assert re.search(r">(cold start|environment|setup) [^<]*, ran [^<]+<", widget.timings.value), widget.timings.value
+    assert first.wait().timings is not None and first.timings.cold
+    second = gate_fn.submit(gates["second"])
+    assert second.wait().timings is not None and not second.timings.cold
+    assert ">warm, ran " in JobWidget(second.job_id).timings.value
+    assert repr(second).endswith(f" · warm, ran {format_ms(second.timings.run_ms)}")
+    rows = {line.split()[0]: line for line in repr(api.list_jobs()).splitlines()[2:]}
+    assert re.search(r"  warm$|  warm  ", rows[second.job_id]) and "cold" not in rows[second.job_id]
+    dashboard = JobsDashboard()
+    assert dashboard.rows[second.job_id].detail_cell.value.endswith("· warm</span>")
 
 
 def test_map_job_progress_bar_follows_rows(cp, gate_fn, gates):
