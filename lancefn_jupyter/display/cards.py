@@ -23,7 +23,6 @@ __all__ = [
     "job_card",
     "job_elapsed_s",
     "job_summary",
-    "jobs_table",
     "one_line",
     "progress_text",
     "render_table",
@@ -256,34 +255,6 @@ def function_ref(job: Job) -> str:
     spec = job.spec
     name, version = spec.get("name", "?"), spec.get("version")
     return f"{name}@{version}" if version else str(name)
-
-
-def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
-    rows = []
-    for job in jobs:
-        p = job.placement
-        queue = str(p.queue_position) if job.job_state == JobState.PENDING and p.queue_position is not None else ""
-        elapsed = job_elapsed_s(job)
-        rows.append(
-            [
-                job.job_id,
-                function_ref(job),
-                display_state(job.job_state),
-                p.gpu_class or "cpu",
-                str(p.num_gpus),
-                ",".join(p.devices),
-                queue,
-                f"{job.progress.rows_done}/{job.progress.rows_total}",
-                format_elapsed(elapsed) if elapsed is not None else "",
-                f"{job.failure.phase}: {job.failure.message}" if job.failure else "",
-                result_text(job),
-            ]
-        )
-    return render_table(
-        ["job", "function", "state", "class", "GPUs", "devices", "queue", "progress", "elapsed", "error", "result"],
-        rows,
-        title="GPU jobs",
-    )
 
 
 def versions_table(listings: Iterable[tuple[str, str, FunctionVersion | None]]) -> tuple[str, str]:

@@ -257,7 +257,9 @@ def test_result_text_summarises_without_the_data():
     assert display.job_summary(arrow).endswith("→ ndarray float32 (1000, 768), 2.9 MiB")
     assert display.result_text(Job.from_wire({**base, "result": [[1.0] * 100_000]})) == "list of 100000"
     assert display.result_text(Job.from_wire({**base, "result": [3.5]})) == "3.5"
-    assert "ndarray float32" in display.jobs_table([arrow])[0]
+    from lancefn_jupyter.display.jobs import jobs_table
+
+    assert "ndarray float32" in jobs_table([arrow])[0]
     nan = dp.summarize_results([np.array([np.nan, 1.0, -np.inf])], 24)
     assert nan["nonfinite"] == {"nan": 1, "inf": 0, "-inf": 1, "floats": 3}
     nan_job = Job.from_wire({**base, "result_format": "arrow", "result_summary": nan})
