@@ -270,6 +270,7 @@ class JobMachine:
             timeout_s=rec.spec.get("timeout_s"),
             namespace=rec.namespace,
             data=self._task_data(rec, fv, rows),
+            state=runtime.get("state") or "per_worker",  # absent: the default ("Warm state")
         )
 
     def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:

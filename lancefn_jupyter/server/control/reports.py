@@ -86,6 +86,8 @@ class Reports:
             wire["result"] = rec.result
         if rec.failure is not None:
             wire["failure"] = rec.failure
+        if rec.timings is not None:
+            wire["timings"] = rec.timings
         return wire
 
     def note_run_time(self, rec: JobRecord) -> None:
