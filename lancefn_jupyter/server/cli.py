@@ -263,7 +263,9 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
 
     if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
         raise _Refused("--max-idle-workers and --max-idle-per-device-set must be >= 0")
-    if args.worker_max_rss_mb is not None and not (math.isfinite(args.worker_max_rss_mb) and args.worker_max_rss_mb > 0):
+    if args.worker_max_rss_mb is not None and not (
+        math.isfinite(args.worker_max_rss_mb) and args.worker_max_rss_mb > 0
+    ):
         raise _Refused(
             f"--worker-max-rss-mb must be a number of MiB > 0 (got {args.worker_max_rss_mb:g}); leave it out for no limit"
         )
