@@ -56,6 +56,14 @@ MAX_REQUEUES = 3
 NewRows = tuple[str, Any] | None
 
 
+def owner(rec: JobRecord) -> tuple[str, str, str] | None:
+    """What a worker serves, ``(namespace, name, version)``: the scheduler asks which idle workers
+    hold it when the job is placed (docs/ARCHITECTURE.md, "Warm state")."""
+    if rec.job_type != "run_function":
+        return None
+    return (rec.namespace, rec.spec.get("name", ""), rec.spec.get("version", ""))
+
+
 class JobMachine:
     def __init__(
         self,
@@ -136,7 +144,7 @@ class JobMachine:
         table = self.table
         table.active[rec.job_id] = rec
         if not table.executor_queues:
-            table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+            table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
         try:
             with self.store.batch():
                 if table.executor_queues:
@@ -304,7 +312,7 @@ class JobMachine:
                     continue
                 self.table.active[rec.job_id] = rec
                 if not self.table.executor_queues:
-                    self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+                    self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
 
     def _requeue(self, rec: JobRecord) -> bool:
         """A job that was running when the plane stopped: PENDING again (True), or FAILED once it
