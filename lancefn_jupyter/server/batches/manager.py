@@ -187,10 +187,7 @@ class BatchManager:
                 self.saved.save_batch(batch)
                 while batch.waiting:
                     self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
-                for idx in sorted(batch.live):
-                    job_id = batch.chunks[idx].job_id
-                    if job_id is not None:
-                        self.machine.cancel(job_id)  # its hook marks the chunk CANCELLED
+                self.machine.cancel_all(batch.live_jobs())  # their hook marks each chunk CANCELLED
                 self._advance(batch)
             self._changed(batch)
             return {"batch_id": batch_id, "cancelled": True}
@@ -326,17 +323,12 @@ class BatchManager:
         the hook cannot reach, during recovery, is marked here)."""
         while batch.waiting:
             self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
-        for idx in sorted(batch.live):
-            job_id = batch.chunks[idx].job_id
-            if job_id is None:
-                continue
-            try:
-                self.machine.cancel(job_id)
-            except ApiError:  # gone from the store: nothing left to stop
-                pass
-            rec = self.jobs.record(job_id)
-            if idx in batch.live and rec is not None and rec.state in TERMINAL:
-                self._job_changed(batch, batch.chunks[idx], rec)
+        live = batch.live_jobs()
+        self.machine.cancel_all(live)
+        for job_id in live:
+            where, rec = self._by_job.get(job_id), self.jobs.record(job_id)
+            if where is not None and rec is not None and rec.state in TERMINAL:
+                self._job_changed(batch, batch.chunks[where[1]], rec)
 
     def _advance(self, batch: Batch, fresh: FreshRows = None) -> None:
         """Submit chunks while the window has room; finish the batch when nothing is left to run.

@@ -84,6 +84,10 @@ class Batch:
             self.rows_finished -= chunk.rows
         chunk.state = state
 
+    def live_jobs(self) -> list[str]:
+        """The job ids of the chunks with a pending or running job, in chunk order."""
+        return [job_id for idx in sorted(self.live) if (job_id := self.chunks[idx].job_id) is not None]
+
     def setup_failed(self) -> bool:
         """Whether a chunk of this batch has failed its setup (the batch's chunk failures are durable,
         so this holds across restarts; a retry of the batch clears them)."""

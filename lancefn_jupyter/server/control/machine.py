@@ -79,6 +79,7 @@ class JobMachine:
     ) -> None:
         self.table, self.store, self.data, self.classes = table, store, data, classes
         self.catalog, self.journal, self.reports, self.jobs = catalog, journal, reports, jobs
+        self._dispatch_held = 0  # > 0 while cancel_all runs: placement waits until it is done
 
     # ----------------------------------------------------------------- requests
 
@@ -185,6 +186,22 @@ class JobMachine:
                     log.exception("executor.cancel(%s) failed", job_id)
             return {"job_id": job_id, "cancelled": True}
 
+    def cancel_all(self, job_ids: list[str]) -> None:
+        """Cancel several jobs as one change (a batch's chunk jobs): the devices they free are
+        placed once all are cancelled, so none goes to the next of them only to be cancelled in
+        turn.  A job already gone is skipped."""
+        with self.table.lock:
+            self._dispatch_held += 1
+            try:
+                for job_id in job_ids:
+                    try:
+                        self.cancel(job_id)
+                    except ApiError:  # not in the store: nothing to stop
+                        pass
+            finally:
+                self._dispatch_held -= 1
+            self.dispatch(changed=True)
+
     # ------------------------------------------------------------ transitions
 
     def finish(self, rec: JobRecord, state: str) -> None:
@@ -214,7 +231,7 @@ class JobMachine:
         when nothing new is placed.  ``new_rows``: the rows of the job ``run`` is queuing.
         """
         table = self.table
-        if not table.started:
+        if not table.started or self._dispatch_held:
             return False
         placements = table.scheduler.schedule()
         if not placements:
