@@ -1,13 +1,15 @@
 """Job timings (docs/ARCHITECTURE.md, "Warm state"): every job that ran carries ``timings`` in its
-replies (describe, wait, list), they survive a restart, a job that never started has none,
+replies (describe, wait, list, events), they survive a restart, a job that never started has none,
 and a home from before timings opens with its jobs intact."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
+import httpx
 from conftest import register, registration_body
-from helpers import describe, hold_version, submit, wait_done, wait_state
+from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_state
 
 from lancefn_jupyter.server.control.callbacks import job_timings
 from lancefn_jupyter.server.storage.store import JobRecord, Store
@@ -53,6 +55,21 @@ def test_a_job_that_never_started_has_no_timings():
     assert job_timings(_record(), {"run_ms": 5}) is None
 
 
+def done_event(cp, job_id: str) -> dict:
+    """The job's DONE event, read from the event stream from its start."""
+    headers = {**cp.client_headers, "Last-Event-ID": "0"}
+    with httpx.stream("GET", cp.url + "/v1/jobs/events", headers=headers, timeout=DEADLINE_S) as reply:
+        kind = None
+        for line in reply.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind == "job":
+                data = json.loads(line[6:])
+                if data["job_id"] == job_id and data["job_state"] == "DONE":
+                    return data
+    raise AssertionError("event stream ended early")
+
+
 def test_finished_jobs_report_timings_everywhere_and_keep_them_across_a_restart(control_plane, tmp_path):
     cp = control_plane
     with cp.http() as http:
@@ -70,6 +87,7 @@ def test_finished_jobs_report_timings_everywhere_and_keep_them_across_a_restart(
         assert describe(http, job_id)["timings"] == timings
         listed = http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"]
         assert [j["timings"] for j in listed if j["job_id"] == job_id] == [timings]
+        assert done_event(cp, job_id)["timings"] == timings
     cp.restart()
     with cp.http() as http:
         assert describe(http, job_id)["timings"] == timings
