@@ -102,11 +102,9 @@ def test_a_job_keeps_the_timings_its_executor_reported_across_a_restart(plane, t
     executor.callbacks.task_started(second, devices=executor.tasks[1].devices, node=None)
     executor.callbacks.task_failed(second, JobFailure(phase="run", message="bad row"), timings={"run_ms": 1})
     assert wire(plane, second)["timings"]["cold"] is False and wire(plane, second)["timings"]["run_ms"] == 1
-    plane.store.close()
-    reopened = Store(tmp_path / "db.sqlite3")
+    reopened = Store(tmp_path / "db.sqlite3")  # what a restarted plane reads
     assert reopened.get_job(job_id).timings == timings
     reopened.close()
-    plane.store = Store(tmp_path / "db.sqlite3")  # for the fixture's shutdown
 
 
 def test_a_job_is_placed_on_the_free_devices_whose_idle_worker_holds_its_version(plane):
