@@ -41,11 +41,20 @@ def pure_decisions(total: int, gpus: int) -> dict:
 
     devices = [f"sim{i}" for i in range(gpus)]
     results = {}
-    for label, depth in (("queue depth ~gpus", gpus), ("queue depth 10,000", 10_000)):
-        state = SchedulerState({"default": devices})
+    # With a warm lookup (docs/ARCHITECTURE.md, "Warm state"): every head asks it; each of 4 versions
+    # has an idle worker on 2 of the devices, so a placement takes a warm set when one is free.
+    owners = [("default", f"f{i}", "v1") for i in range(4)]
+    warm_sets = {owner: [(devices[i % gpus],), (devices[(i + 4) % gpus],)] for i, owner in enumerate(owners)}
+    for label, depth, warm in (
+        ("queue depth ~gpus", gpus, None),
+        ("queue depth 10,000", 10_000, None),
+        ("queue depth ~gpus, warm lookup", gpus, warm_sets.__getitem__),
+        ("queue depth 10,000, warm lookup", 10_000, warm_sets.__getitem__),
+    ):
+        state = SchedulerState({"default": devices}, warm=warm)
         next_id = 0
         for _ in range(depth):  # pre-fill the queue
-            state.enqueue(f"j{next_id}", "default", 1)
+            state.enqueue(f"j{next_id}", "default", 1, owners[next_id % 4] if warm else None)
             next_id += 1
         placed = 0
         running: list[str] = []
@@ -56,7 +65,7 @@ def pure_decisions(total: int, gpus: int) -> dict:
                 placed += 1
             for job_id in running:  # every running job finishes; as many new ones arrive
                 state.release(job_id)
-                state.enqueue(f"j{next_id}", "default", 1)
+                state.enqueue(f"j{next_id}", "default", 1, owners[next_id % 4] if warm else None)
                 next_id += 1
             running.clear()
         elapsed = time.perf_counter() - started

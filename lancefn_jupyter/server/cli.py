@@ -5,6 +5,7 @@
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
                    [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
                    [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
+                   [--worker-max-rss-mb MB]
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``.
 
@@ -24,6 +25,7 @@ import argparse
 import fcntl
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -82,6 +84,12 @@ _EXECUTOR_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
         int,
         4,
         "local executor: idle workers of distinct function versions kept per device set, least recently used retired first (default 4)",
+    ),
+    (
+        "--worker-max-rss-mb",
+        float,
+        None,
+        "a worker whose resident memory after a job exceeds this many MiB is retired, not reused (default: no limit)",
     ),
 )
 _DATA_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
@@ -255,6 +263,12 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
 
     if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
         raise _Refused("--max-idle-workers and --max-idle-per-device-set must be >= 0")
+    if args.worker_max_rss_mb is not None and not (
+        math.isfinite(args.worker_max_rss_mb) and args.worker_max_rss_mb > 0
+    ):
+        raise _Refused(
+            f"--worker-max-rss-mb must be a number of MiB > 0 (got {args.worker_max_rss_mb:g}); leave it out for no limit"
+        )
     worker_user = None
     if args.executor == "local":
         from lancefn_jupyter.server.executors.isolation import WorkerUserError, check_worker_user, resolve_worker_user
@@ -276,6 +290,7 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
             worker_user=worker_user,
             max_idle_workers=args.max_idle_workers,
             max_idle_per_device_set=args.max_idle_per_device_set,
+            worker_max_rss_mb=args.worker_max_rss_mb,
             prewarm_delay_s=PREWARM_DELAY_S,
         )
     except Exception as error:  # e.g. ray not installed; say so instead of a traceback

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Any
 
 from lancefn_jupyter.server.batches.manager import BatchManager
 from lancefn_jupyter.server.control.callbacks import JobCallbacks
@@ -74,7 +75,9 @@ class ControlPlane:
         self.version = version
         self.bus = EventBus()
         # CPU functions run at most one per core at a time (each is a worker process).
-        scheduler = SchedulerState(classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1)
+        scheduler = SchedulerState(
+            classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1, warm=self._warm_devices
+        )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
         self.reports = Reports(table, classes=classes, bus=self.bus)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
@@ -166,6 +169,20 @@ class ControlPlane:
             self.reports.close()
             self.unsaved.save(retry=False)
         self.jobs.wake_all()  # waiters get the job as it stands now rather than hanging until their timeout
+
+    def _warm_devices(self, owner: Any) -> list[tuple[str, ...]]:
+        """The scheduler's warm lookup (docs/ARCHITECTURE.md, "Warm state"): the device sets whose
+        idle worker holds ``owner``'s ``(namespace, name, version)``; none when the executor fails
+        to say (the job then takes the lowest free devices)."""
+        executor = self.table.executor
+        if executor is None:
+            return []
+        try:
+            namespace, name, version = owner  # as ``machine.owner`` makes it
+            return list(executor.warm_devices(namespace, name, version))
+        except Exception:
+            log.exception("executor.warm_devices(%r) failed; placing on the lowest free devices", owner)
+            return []
 
     def _apply_executor_capacity(self) -> None:
         executor = self.table.executor

@@ -128,3 +128,20 @@ def test_store_runs_after_commit_callbacks_only_once_the_outermost_batch_commits
     store.after_commit(lambda: ran.append("no batch"))  # outside a batch: at once
     assert ran == ["inner", "no batch"]
     store.close()
+
+
+def test_worker_max_rss_mb_must_be_positive_and_a_valid_limit_serves(control_plane_factory):
+    for bad in ("0", "-5", "nan"):
+        cp = control_plane_factory(args=["--worker-max-rss-mb", bad], start=False)
+        result = subprocess.run(cp.command, env=cp.env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert "--worker-max-rss-mb must be a number of MiB > 0" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not cp.server_json.exists()
+    cp = control_plane_factory(args=["--worker-max-rss-mb", "4096"])
+    with cp.http() as http:
+        version = register(http, registration_body())["version"]
+        reply = http.post("/v1/functions/run", json={"name": "double", "version": version, "rows": [{"x": 4}]})
+        job_id = reply.json()["job_id"]
+        job = http.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 30}, timeout=40).json()
+        assert job["job_state"] == "DONE" and job["result"] == [8]

@@ -32,6 +32,7 @@ from typing import Any
 from lancefn_jupyter.server.batches.state import (
     MAX_CHUNKS,
     MAX_RETRIES,
+    SETUP_PHASES,
     Batch,
     Chunk,
     batch_wire,
@@ -186,10 +187,7 @@ class BatchManager:
                 self.saved.save_batch(batch)
                 while batch.waiting:
                     self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
-                for idx in sorted(batch.live):
-                    job_id = batch.chunks[idx].job_id
-                    if job_id is not None:
-                        self.machine.cancel(job_id)  # its hook marks the chunk CANCELLED
+                self.machine.cancel_all(batch.live_jobs())  # their hook marks each chunk CANCELLED
                 self._advance(batch)
             self._changed(batch)
             return {"batch_id": batch_id, "cancelled": True}
@@ -210,6 +208,10 @@ class BatchManager:
                     chunk.attempts, chunk.failure = 0, None
                     self._set_chunk(batch, chunk, PENDING)
                     batch.waiting.append(chunk.idx)
+                for chunk in batch.chunks:  # a retry starts the setup-failure rule afresh
+                    if chunk.failure is not None and chunk.state == DONE:
+                        chunk.failure = None
+                        self.saved.save_chunk(batch, chunk)
                 self.saved.save_batch(batch)
                 self._advance(batch)
             self._changed(batch)
@@ -293,15 +295,40 @@ class BatchManager:
         failure = dict(rec.failure or {})
         failure.setdefault("phase", "timeout" if state == TIMED_OUT else "run")
         failure.setdefault("message", "the chunk's job ended without a failure message")
+        setup = state != CANCELLED and failure["phase"] in SETUP_PHASES
+        setup_failed_before = setup and batch.setup_failed()  # read before this failure is kept
         chunk.failure = {**failure, "job_id": rec.job_id}
         if state == CANCELLED:
             self._set_chunk(batch, chunk, CANCELLED)
+        elif setup and setup_failed_before:
+            self._set_chunk(batch, chunk, FAILED)
+            self._stop_after_setup(batch)
+        elif setup and not batch.cancel_requested:
+            # One more try whatever `retries` says: the executor retired the worker, so it lands on a
+            # fresh one; a second failed setup stops the batch (docs/ARCHITECTURE.md, "Warm state").
+            chunk.job_id, chunk.rows_done = None, 0
+            self._set_chunk(batch, chunk, PENDING)
+            batch.waiting.appendleft(chunk.idx)
         elif chunk.attempts <= batch.retries and not batch.cancel_requested:
             chunk.job_id, chunk.rows_done = None, 0
             self._set_chunk(batch, chunk, PENDING)
             batch.waiting.appendleft(chunk.idx)  # first in line among this batch's chunks
         else:
             self._set_chunk(batch, chunk, FAILED)
+
+    def _stop_after_setup(self, batch: Batch) -> None:
+        """A second chunk setup failed: the version's setup is broken, so the batch fails now (it is
+        FAILED, not CANCELLED: nobody asked to cancel) and its failure is that setup's.  Waiting
+        chunks are cancelled, and so are the live chunks' jobs (their hook marks each chunk; one
+        the hook cannot reach, during recovery, is marked here)."""
+        while batch.waiting:
+            self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
+        live = batch.live_jobs()
+        self.machine.cancel_all(live)
+        for job_id in live:
+            where, rec = self._by_job.get(job_id), self.jobs.record(job_id)
+            if where is not None and rec is not None and rec.state in TERMINAL:
+                self._job_changed(batch, batch.chunks[where[1]], rec)
 
     def _advance(self, batch: Batch, fresh: FreshRows = None) -> None:
         """Submit chunks while the window has room; finish the batch when nothing is left to run.

@@ -17,6 +17,9 @@ from lancefn_jupyter.wire.models import FunctionVersion
 
 MAX_CHUNKS = 100_000
 MAX_RETRIES = 10
+# Phases in which a chunk's worker failed before running a row: executing the module or setup()
+# (docs/ARCHITECTURE.md, "Warm state"); "import" is that phase's name on workers before warm state.
+SETUP_PHASES = ("setup", "import")
 # One letter per chunk in the wire's `strip` (compact enough for 100k chunks in one event).
 STRIP_LETTER = {PENDING: "p", IN_PROGRESS: "r", DONE: "d", FAILED: "f", CANCELLED: "c", TIMED_OUT: "f"}
 
@@ -80,6 +83,15 @@ class Batch:
         elif chunk.state == DONE:
             self.rows_finished -= chunk.rows
         chunk.state = state
+
+    def live_jobs(self) -> list[str]:
+        """The job ids of the chunks with a pending or running job, in chunk order."""
+        return [job_id for idx in sorted(self.live) if (job_id := self.chunks[idx].job_id) is not None]
+
+    def setup_failed(self) -> bool:
+        """Whether a chunk of this batch has failed its setup (the batch's chunk failures are durable,
+        so this holds across restarts; a retry of the batch clears them)."""
+        return any(c.failure is not None and c.failure.get("phase") in SETUP_PHASES for c in self.chunks)
 
     def outcome(self) -> str:
         """The state of a batch with no chunk left to run."""
@@ -214,7 +226,12 @@ def batch_wire(batch: Batch, *, include_chunks: bool) -> dict:
         wire["reused_chunks"] = batch.reused_chunks
     if batch.cancel_requested:
         wire["cancel_requested"] = True
-    failed = next((c for c in batch.chunks if c.state in (FAILED, TIMED_OUT)), None)
+    failed_chunks = [c for c in batch.chunks if c.state in (FAILED, TIMED_OUT)]
+    # A failed setup is the batch's failure when there is one: it is why the batch stopped.
+    failed = next(
+        (c for c in failed_chunks if c.failure and c.failure.get("phase") in SETUP_PHASES),
+        failed_chunks[0] if failed_chunks else None,
+    )
     if failed is not None and failed.failure:
         wire["failure"] = {
             "chunk": failed.idx,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, ParamSpec
@@ -57,6 +58,33 @@ def _callback(
             self._fail_after_error(job_id)
 
     return guarded
+
+
+def _millis(value: Any) -> float:
+    """A reported duration as the wire's milliseconds: missing, negative or not a finite number → 0."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) and number > 0 else 0.0
+
+
+def job_timings(rec: JobRecord, reported: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``JobTimings`` wire form of a job that ended on a worker (docs/ARCHITECTURE.md, "Warm
+    state"): the executor's start/setup/run times (a time it did not report counts 0), and the
+    queue time the plane saw less the worker's start.  None when no worker took the job."""
+    if rec.started_ms is None:
+        return None
+    reported = reported or {}
+    start_ms, setup_ms = _millis(reported.get("start_ms")), _millis(reported.get("setup_ms"))
+    return {
+        "queued_ms": max(0.0, rec.started_ms - rec.creation_ms - start_ms),
+        "start_ms": start_ms,
+        "environment_ms": 0.0,
+        "setup_ms": setup_ms,
+        "run_ms": _millis(reported.get("run_ms")),
+        "cold": bool(start_ms > 0 or setup_ms > 0 or reported.get("cold") is True),
+    }
 
 
 class JobCallbacks:
@@ -132,7 +160,10 @@ class JobCallbacks:
         self.journal.append_log(rec, clean_text(str(stream)), [clean_text(str(line)) for line in lines])
 
     @_callback
-    def task_succeeded(self, rec: JobRecord, results: list | Mapping[str, Any]) -> None:
+    def task_succeeded(
+        self, rec: JobRecord, results: list | Mapping[str, Any], *, timings: Mapping[str, Any] | None = None
+    ) -> None:
+        rec.timings = job_timings(rec, timings)
         problem = self.results.take(rec, results)
         if problem:
             rec.failure = JobFailure(phase="result", message=problem).to_wire()
@@ -144,7 +175,10 @@ class JobCallbacks:
             self.results.arrived()
 
     @_callback
-    def task_failed(self, rec: JobRecord, failure: JobFailure | Mapping[str, Any]) -> None:
+    def task_failed(
+        self, rec: JobRecord, failure: JobFailure | Mapping[str, Any], *, timings: Mapping[str, Any] | None = None
+    ) -> None:
+        rec.timings = job_timings(rec, timings)
         if isinstance(failure, JobFailure):
             wire = failure.to_wire()
         else:

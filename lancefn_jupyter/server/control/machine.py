@@ -56,6 +56,14 @@ MAX_REQUEUES = 3
 NewRows = tuple[str, Any] | None
 
 
+def owner(rec: JobRecord) -> tuple[str, str, str] | None:
+    """What a worker serves, ``(namespace, name, version)``: the scheduler asks which idle workers
+    hold it when the job is placed (docs/ARCHITECTURE.md, "Warm state")."""
+    if rec.job_type != "run_function":
+        return None
+    return (rec.namespace, rec.spec.get("name", ""), rec.spec.get("version", ""))
+
+
 class JobMachine:
     def __init__(
         self,
@@ -71,6 +79,7 @@ class JobMachine:
     ) -> None:
         self.table, self.store, self.data, self.classes = table, store, data, classes
         self.catalog, self.journal, self.reports, self.jobs = catalog, journal, reports, jobs
+        self._dispatch_held = 0  # > 0 while cancel_all runs: placement waits until it is done
 
     # ----------------------------------------------------------------- requests
 
@@ -136,7 +145,7 @@ class JobMachine:
         table = self.table
         table.active[rec.job_id] = rec
         if not table.executor_queues:
-            table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+            table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
         try:
             with self.store.batch():
                 if table.executor_queues:
@@ -177,6 +186,22 @@ class JobMachine:
                     log.exception("executor.cancel(%s) failed", job_id)
             return {"job_id": job_id, "cancelled": True}
 
+    def cancel_all(self, job_ids: list[str]) -> None:
+        """Cancel several jobs as one change (a batch's chunk jobs): the devices they free are
+        placed once all are cancelled, so none goes to the next of them only to be cancelled in
+        turn.  A job already gone is skipped."""
+        with self.table.lock:
+            self._dispatch_held += 1
+            try:
+                for job_id in job_ids:
+                    try:
+                        self.cancel(job_id)
+                    except ApiError:  # not in the store: nothing to stop
+                        pass
+            finally:
+                self._dispatch_held -= 1
+            self.dispatch(changed=True)
+
     # ------------------------------------------------------------ transitions
 
     def finish(self, rec: JobRecord, state: str) -> None:
@@ -206,7 +231,7 @@ class JobMachine:
         when nothing new is placed.  ``new_rows``: the rows of the job ``run`` is queuing.
         """
         table = self.table
-        if not table.started:
+        if not table.started or self._dispatch_held:
             return False
         placements = table.scheduler.schedule()
         if not placements:
@@ -270,6 +295,7 @@ class JobMachine:
             timeout_s=rec.spec.get("timeout_s"),
             namespace=rec.namespace,
             data=self._task_data(rec, fv, rows),
+            state=runtime.get("state") or "per_worker",  # absent: the default ("Warm state")
         )
 
     def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:
@@ -303,7 +329,7 @@ class JobMachine:
                     continue
                 self.table.active[rec.job_id] = rec
                 if not self.table.executor_queues:
-                    self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus)
+                    self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
 
     def _requeue(self, rec: JobRecord) -> bool:
         """A job that was running when the plane stopped: PENDING again (True), or FAILED once it

@@ -12,7 +12,7 @@ from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING, now_ms
 from lancefn_jupyter.server.encoding import dumps
-from lancefn_jupyter.server.policy.estimates import QueueEstimator
+from lancefn_jupyter.server.policy.estimates import QueueEstimator, warm_run_ms
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import queue_view
 from lancefn_jupyter.server.storage.store import JobRecord
@@ -86,6 +86,8 @@ class Reports:
             wire["result"] = rec.result
         if rec.failure is not None:
             wire["failure"] = rec.failure
+        if rec.timings is not None:
+            wire["timings"] = rec.timings
         return wire
 
     def note_run_time(self, rec: JobRecord) -> None:
@@ -96,7 +98,10 @@ class Reports:
             and rec.finished_ms is not None
         ):
             self.estimator.run_times.record(
-                rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class, rec.finished_ms - rec.started_ms
+                rec.spec.get("name", ""),
+                rec.spec.get("version", ""),
+                rec.gpu_class,
+                warm_run_ms(rec.started_ms, rec.finished_ms, rec.timings),
             )
 
     def expected_start(self, job_id: str) -> int | None:

@@ -7,7 +7,9 @@ The estimate replays the scheduler's own rule, strict FIFO per GPU class, over p
 * each pending job, in queue order, starts once the GPUs it needs are free and every job ahead of it
   has started;
 * a run time is the median of the last ``KEEP`` successful runs of that function version on that class,
-  else the median of the class's last ``KEEP`` runs (a new version), else unknown.
+  else the median of the class's last ``KEEP`` runs (a new version), else unknown;
+* a run is recorded warm (``warm_run_ms``): its duration less the worker start and setup it paid, so one
+  cold job does not push back the expected start of the warm jobs behind it (docs/ARCHITECTURE.md, "Warm state").
 
 When a run time the replay needs is unknown, the job's estimate (and every one behind it) is ``None``:
 the placement says "unknown" rather than guess. Benchmarked in ``benchmarks/bench_expected_wait.py``.
@@ -18,14 +20,32 @@ from __future__ import annotations
 import heapq
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-__all__ = ["KEEP", "ClassReplay", "Holding", "QueueEstimator", "RunTimes", "Waiting", "expected_starts"]
+__all__ = [
+    "KEEP",
+    "ClassReplay",
+    "Holding",
+    "QueueEstimator",
+    "RunTimes",
+    "Waiting",
+    "expected_starts",
+    "warm_run_ms",
+]
 
 KEEP = 20  # recent runs per version (and per class) that the median is taken over
+
+
+def warm_run_ms(started_ms: int, finished_ms: int, timings: Mapping[str, Any] | None) -> float:
+    """A finished job's run time as a warm worker would take it: started → finished less the
+    ``start_ms`` and ``setup_ms`` of its ``timings`` (a job without timings: its whole duration)."""
+    paid = 0.0
+    if timings:
+        paid = float(timings.get("start_ms") or 0.0) + float(timings.get("setup_ms") or 0.0)
+    return max(0.0, finished_ms - started_ms - paid)
 
 
 class RunTimes:

@@ -10,9 +10,12 @@ Rules (docs/ARCHITECTURE.md, "Scheduling"):
 - CPU jobs (``num_gpus == 0``, no class) need no devices and never wait for a GPU; they are
   placed at the next ``schedule`` call, FIFO, up to ``cpu_slots`` at once (default unlimited;
   the server passes the CPU count so a burst of CPU jobs can't fork hundreds of workers).
+- Warm devices first (docs/ARCHITECTURE.md, "Warm state"): a head that fits gets a free device set
+  whose idle worker already holds its function version (``warm(owner)``, asked only then), else the
+  lowest free devices.  Which job starts next never changes, only where.
 
 No I/O, no clocks, no threads: the control plane calls these under its lock.  Every decision is
-O(1), and ``queue_position`` is O(log cancellations) (the reports ask it for every PENDING job
+O(1) (a warm lookup: O(the class's GPUs + the sets it names)), and ``queue_position`` is O(log cancellations) (the reports ask it for every PENDING job
 event, so it must not walk a 10,000-job queue); only ``queue_positions`` is O(queue).
 """
 
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-__all__ = ["ClassPool", "Placement", "SchedulerState", "queue_positions", "release", "schedule"]
+__all__ = ["ClassPool", "Placement", "SchedulerState", "WarmLookup", "queue_positions", "release", "schedule"]
+
+# A job's owner (the plane's ``(namespace, name, version)``) → the device sets whose idle worker holds it.
+WarmLookup = Callable[[Hashable], Iterable[Sequence[str]]]
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class ClassPool:
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job_id -> devices
     queue: OrderedDict[str, int] = field(default_factory=OrderedDict)  # job_id -> num_gpus, FIFO
     ranks: _Ranks = field(default_factory=_Ranks)  # queue positions of ``queue``
+    owners: dict[str, Hashable] = field(default_factory=dict)  # queued job_id -> owner, when given
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -103,6 +110,12 @@ class ClassPool:
         taken = tuple(self.free[:n])
         del self.free[:n]
         return taken
+
+    def take_these(self, devices: Sequence[str]) -> tuple[str, ...]:
+        """Take exactly ``devices`` (all free) out of the free list."""
+        for device in devices:
+            self.free.remove(device)
+        return tuple(devices)
 
     def give_back(self, devices: Iterable[str]) -> None:
         order = {device: i for i, device in enumerate(self.devices)}
@@ -114,8 +127,11 @@ class ClassPool:
 class SchedulerState:
     """Mutable scheduler state; all methods are pure bookkeeping."""
 
-    def __init__(self, classes: Mapping[str, Sequence[str]], cpu_slots: int | None = None):
+    def __init__(
+        self, classes: Mapping[str, Sequence[str]], cpu_slots: int | None = None, warm: WarmLookup | None = None
+    ):
         self.cpu_slots = cpu_slots
+        self.warm = warm  # None: placements ignore warm workers (lowest free devices)
         self.pools: dict[str, ClassPool] = {
             name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
         }
@@ -126,8 +142,9 @@ class SchedulerState:
 
     # ----------------------------------------------------------------- mutation
 
-    def enqueue(self, job_id: str, gpu_class: str | None, num_gpus: int) -> None:
-        """Append a job to its class's queue (or the CPU queue when ``num_gpus == 0``)."""
+    def enqueue(self, job_id: str, gpu_class: str | None, num_gpus: int, owner: Hashable | None = None) -> None:
+        """Append a job to its class's queue (or the CPU queue when ``num_gpus == 0``); ``owner``:
+        what ``warm`` is asked about when the job is placed (None: lowest free devices)."""
         if job_id in self._class_of:
             raise ValueError(f"job {job_id} is already scheduled")
         if num_gpus <= 0:
@@ -143,6 +160,8 @@ class SchedulerState:
             raise ValueError(f"job {job_id} needs {num_gpus} GPUs but class {gpu_class!r} has {len(pool.devices)}")
         pool.queue[job_id] = num_gpus
         pool.ranks.add(job_id)
+        if owner is not None:
+            pool.owners[job_id] = owner
         self._class_of[job_id] = gpu_class
 
     def release(self, job_id: str) -> tuple[str, ...]:
@@ -158,6 +177,7 @@ class SchedulerState:
         pool = self.pools[gpu_class]
         if pool.queue.pop(job_id, None) is not None:
             pool.ranks.remove(job_id, pool.queue)
+            pool.owners.pop(job_id, None)
         devices = pool.held.pop(job_id, ())
         pool.give_back(devices)
         return devices
@@ -188,10 +208,22 @@ class SchedulerState:
                     break  # strict FIFO: the head blocks everyone behind it
                 queue.popitem(last=False)
                 pool.ranks.remove(job_id, queue)
-                devices = pool.take(num_gpus)
+                devices = self._warm_set(pool, job_id, num_gpus) or pool.take(num_gpus)
                 pool.held[job_id] = devices
                 placements.append(Placement(job_id, pool.name, devices))
         return placements
+
+    def _warm_set(self, pool: ClassPool, job_id: str, num_gpus: int) -> tuple[str, ...] | None:
+        """The first device set ``warm`` names for the job's owner that is exactly its size and
+        all free, taken; None when there is none (or no owner, or no lookup)."""
+        owner = pool.owners.pop(job_id, None)
+        if owner is None or self.warm is None:
+            return None
+        free = set(pool.free)
+        for devices in self.warm(owner):
+            if len(devices) == num_gpus and len(set(devices)) == num_gpus and free.issuperset(devices):
+                return pool.take_these(devices)
+        return None
 
     # ------------------------------------------------------------------ queries
 

@@ -116,6 +116,7 @@ class JobRecord:
     requeues: int = 0
     seq: int | None = None  # storage order (set once inserted)
     namespace: str = DEFAULT_NAMESPACE  # the owning team (docs/ARCHITECTURE.md, "Namespaces")
+    timings: dict[str, Any] | None = None  # JobTimings wire form, once it ended on a worker ("Warm state")
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class Store:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
         self._migrate_namespaces()
+        self._migrate_timings()
         self._events_since_prune = 0
         self.prune_events()
 
@@ -238,6 +240,12 @@ class Store:
             if "namespace" not in columns("events"):
                 self._db.execute(f"ALTER TABLE events ADD COLUMN namespace TEXT NOT NULL DEFAULT '{default}'")
             self._db.execute("CREATE INDEX IF NOT EXISTS events_by_namespace ON events(namespace, seq)")
+
+    def _migrate_timings(self) -> None:
+        """Give ``jobs`` a ``timings`` column (JSON; NULL for the jobs of an older home)."""
+        with self.batch():
+            if "timings" not in [row[1] for row in self._db.execute("PRAGMA table_info(jobs)")]:
+                self._db.execute("ALTER TABLE jobs ADD COLUMN timings TEXT")
 
     # Generic access for modules that own their own tables (server/batches/manager.py).
     def executescript(self, script: str) -> None:
@@ -336,7 +344,7 @@ class Store:
 
     _JOB_COLUMNS = (
         "seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
-        "rows_done, rows_total, result, failure, requeues, namespace"
+        "rows_done, rows_total, result, failure, requeues, namespace, timings"
     )
 
     @staticmethod
@@ -361,13 +369,14 @@ class Store:
             None if rec.result is None else dumps(rec.result),
             None if rec.failure is None else dumps(rec.failure),
             rec.requeues,
+            None if rec.timings is None else dumps(rec.timings),
             rec.job_id,
         )
 
     @staticmethod
     def _job_from_row(row: tuple) -> JobRecord:
         (seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement,
-         rows_done, rows_total, result, failure, requeues, namespace) = row  # fmt: skip
+         rows_done, rows_total, result, failure, requeues, namespace, timings) = row  # fmt: skip
         where = json.loads(placement)
         return JobRecord(
             job_id=job_id,
@@ -389,13 +398,14 @@ class Store:
             requeues=requeues,
             seq=seq,
             namespace=namespace,
+            timings=None if timings is None else json.loads(timings),
         )
 
     def insert_job(self, rec: JobRecord, rows: list[dict] | None = None) -> None:
         with self.batch():
             cur = self._db.execute(
                 "INSERT INTO jobs(job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
-                "rows_done, rows_total, result, failure, requeues, job_id, namespace) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "rows_done, rows_total, result, failure, requeues, timings, job_id, namespace) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (*self._job_params(rec), rec.namespace),
             )
             rec.seq = cur.lastrowid
@@ -406,7 +416,7 @@ class Store:
         with self.batch():
             self._db.execute(
                 "UPDATE jobs SET job_type=?, state=?, name=?, creation_ms=?, started_ms=?, finished_ms=?, spec=?, "
-                "placement=?, rows_done=?, rows_total=?, result=?, failure=?, requeues=? WHERE job_id=?",
+                "placement=?, rows_done=?, rows_total=?, result=?, failure=?, requeues=?, timings=? WHERE job_id=?",
                 self._job_params(rec),
             )
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import registration_body
 
 ADMIN_KEY, JOBS_KEY, FUNCTIONS_KEY = "admin-key-parity", "jobs-only-parity", "functions-only-parity"
-_VOLATILE = {"job_id", "creation_ms", "started_ms", "finished_ms", "expected_start_ms", "devices", "node"}
+_VOLATILE = {"job_id", "creation_ms", "started_ms", "finished_ms", "expected_start_ms", "devices", "node", "timings"}
 
 
 def _socket() -> socket.socket:

@@ -12,7 +12,12 @@ from conftest import register, registration_body
 from helpers import describe, submit, wait_done, wait_state
 
 from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.server.policy.estimates import Holding, RunTimes, Waiting, expected_starts
+from lancefn_jupyter.server.control.events import EventBus
+from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.reports import Reports
+from lancefn_jupyter.server.policy.estimates import Holding, RunTimes, Waiting, expected_starts, warm_run_ms
+from lancefn_jupyter.server.policy.scheduler import SchedulerState
+from lancefn_jupyter.server.storage.store import JobRecord
 from lancefn_jupyter.wire.models import Job
 
 
@@ -185,3 +190,44 @@ def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
     estimator.invalidate()  # c started: rebuilt with c holding a GPU from 1000 to 2000
     assert estimator.expected_start(1000, pool, "d", jobs) == 2000
     assert estimator.expected_start(5000, pool, "f", jobs) is None  # not queued
+
+
+def test_run_times_are_recorded_warm_so_one_cold_job_does_not_delay_the_warm_ones_behind_it():
+    assert warm_run_ms(1_000, 11_000, {"start_ms": 1_500, "setup_ms": 7_500, "run_ms": 900}) == 1_000
+    assert warm_run_ms(1_000, 2_000, None) == 1_000  # a job from before timings: its whole duration
+    assert warm_run_ms(1_000, 2_000, {"start_ms": 5_000}) == 0  # never negative
+    reports = Reports(
+        JobTable(scheduler=SchedulerState({"default": ("0", "1")}), executor=None), classes=None, bus=EventBus()
+    )  # type: ignore[arg-type]
+
+    def finished(job_id: str, duration_ms: int, timings: dict) -> JobRecord:
+        return JobRecord(
+            job_id=job_id,
+            job_type="run_function",
+            state="DONE",
+            creation_ms=0,
+            spec={"name": "f", "version": "v1"},
+            gpu_class="default",
+            num_gpus=1,
+            started_ms=1_000,
+            finished_ms=1_000 + duration_ms,
+            timings=timings,
+        )
+
+    # One cold job (8 s start + setup, 1 s run) and two warm ones (1 s): the expected run time is 1 s.
+    reports.note_run_time(finished("cold", 9_000, {"start_ms": 2_000, "setup_ms": 6_000, "run_ms": 1_000}))
+    reports.note_run_time(finished("w1", 1_000, {"start_ms": 0, "setup_ms": 0, "run_ms": 1_000}))
+    reports.note_run_time(finished("w2", 1_000, {"start_ms": 0, "setup_ms": 0, "run_ms": 1_000}))
+    assert reports.estimator.run_times.expected_ms("f", "v1", "default") == 1_000
+    # Two warm jobs hold both GPUs since t=1 s; four 1-GPU jobs wait: pairs start at 2 s and 3 s
+    # (a cold-inflated median of 9 s would have said 10 s and 19 s).
+    scheduler = reports.table.scheduler
+    jobs = {}
+    for job_id in "abcdef":
+        scheduler.enqueue(job_id, "default", 1)
+        jobs[job_id] = finished(job_id, 0, {})
+        jobs[job_id].started_ms = 1_000 if job_id in "ab" else None
+    assert [p.job_id for p in scheduler.schedule()] == ["a", "b"]
+    pool = scheduler.pools["default"]
+    got = {j: reports.estimator.expected_start(1_500, pool, j, jobs) for j in "cdef"}
+    assert got == {"c": 2_000, "d": 2_000, "e": 3_000, "f": 3_000}

@@ -184,3 +184,97 @@ def test_queue_position_matches_the_queue_order_under_random_operations():
                         assert state.queue_position(job_id) == walked.get(job_id), (job_id, operations)
 
     check()
+
+
+# ------------------------------------------------------------ warm device sets
+
+
+class Warm:
+    """A warm lookup: owner → device sets whose idle worker holds it; records who was asked."""
+
+    def __init__(self, sets: dict) -> None:
+        self.sets, self.asked = sets, []
+
+    def __call__(self, owner):
+        self.asked.append(owner)
+        return self.sets.get(owner, [])
+
+
+F, G = ("team", "f", "v1"), ("team", "g", "v1")
+
+
+def test_the_head_gets_the_free_device_set_whose_idle_worker_holds_its_version():
+    warm = Warm({F: [("sim2",)], G: [("sim1", "sim3")]})
+    state = SchedulerState({"default": ("sim0", "sim1", "sim2", "sim3")}, warm=warm)
+    state.enqueue("f1", "default", 1, F)
+    state.enqueue("g1", "default", 2, G)
+    assert state.schedule() == [Placement("f1", "default", ("sim2",)), Placement("g1", "default", ("sim1", "sim3"))]
+    assert warm.asked == [F, G]
+    assert release(state, "f1") == ("sim2",) and state.pools["default"].free == ["sim0", "sim2"]
+
+
+def test_a_busy_or_wrongly_sized_warm_set_falls_back_to_the_lowest_free_devices():
+    warm = Warm({F: [("sim1",)], G: [("sim2",), ("sim3", "sim3"), ("sim2", "sim3", "sim0")]})
+    state = SchedulerState({"default": ("sim0", "sim1", "sim2", "sim3")}, warm=warm)
+    state.enqueue("busy", "default", 1)  # no owner: lowest free, nobody asked
+    state.enqueue("hold1", "default", 1)
+    assert [p.devices for p in state.schedule()] == [("sim0",), ("sim1",)]
+    assert warm.asked == []
+    state.enqueue("f1", "default", 1, F)  # its warm sim1 is busy
+    state.enqueue("g1", "default", 2, G)  # a 1-GPU set, a set naming one device twice, a 3-GPU set
+    assert state.schedule() == [Placement("f1", "default", ("sim2",))]
+    assert warm.asked == [F]  # g1 needs 2 GPUs, 1 is free: not about to be placed, not asked
+    release(state, "busy")
+    assert state.schedule() == [Placement("g1", "default", ("sim0", "sim3"))]
+    assert warm.asked == [F, G]
+
+
+def test_warm_sets_never_change_the_fifo_order():
+    # g1's warm device is free, but f1 (2 GPUs) is the head and does not fit: g1 waits behind it.
+    warm = Warm({G: [("sim1",)]})
+    state = SchedulerState({"default": ("sim0", "sim1")}, warm=warm)
+    state.enqueue("a", "default", 1)
+    state.schedule()
+    state.enqueue("f1", "default", 2, F)
+    state.enqueue("g1", "default", 1, G)
+    assert state.schedule() == [] and warm.asked == []
+    assert state.queue_positions("default") == {"f1": 1, "g1": 2}
+    release(state, "a")
+    assert state.schedule() == [Placement("f1", "default", ("sim0", "sim1"))]
+    assert warm.asked == [F]
+
+
+def test_a_cancelled_queued_job_leaves_no_owner_behind():
+    state = SchedulerState({"default": ("sim0",)}, warm=Warm({}))
+    state.enqueue("a", "default", 1, F)
+    state.enqueue("b", "default", 1, G)
+    state.schedule()
+    release(state, "b")
+    release(state, "a")
+    assert state.pools["default"].owners == {}
+
+
+def test_random_warm_placements_keep_fifo_and_never_double_book_devices():
+    rng = random.Random(7)
+    devices = tuple(f"sim{i}" for i in range(6))
+    owners = [("team", name, "v1") for name in "abcd"]
+    warm_sets = {owner: [tuple(rng.sample(devices, rng.randint(1, 3))) for _ in range(2)] for owner in owners}
+    state = SchedulerState({"default": devices}, warm=lambda owner: warm_sets[owner])
+    plain = SchedulerState({"default": devices})
+    running: list[str] = []
+    for step in range(500):
+        job = f"j{step}"
+        num = rng.randint(1, 3)
+        owner = rng.choice(owners)
+        state.enqueue(job, "default", num, owner)
+        plain.enqueue(job, "default", num)
+        placed, placed_plain = state.schedule(), plain.schedule()
+        assert [p.job_id for p in placed] == [p.job_id for p in placed_plain]  # same jobs, same order
+        running.extend(p.job_id for p in placed)
+        held = [d for ds in state.pools["default"].held.values() for d in ds]
+        assert len(held) == len(set(held)) and set(held).isdisjoint(state.pools["default"].free)
+        assert sorted(held + state.pools["default"].free) == sorted(devices)
+        if running and rng.random() < 0.6:
+            done = running.pop(rng.randrange(len(running)))
+            release(state, done)
+            release(plain, done)
