@@ -175,7 +175,10 @@ def test_teardown_errors_are_printed_never_raised(tmp_path):
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ("import os\n\nraise ValueError('no model')\ndef f():\n    pass\n", "ValueError: no model (at <gpu_function f@v1>:3)"),
+        (
+            "import os\n\nraise ValueError('no model')\ndef f():\n    pass\n",
+            "ValueError: no model (at <gpu_function f@v1>:3)",
+        ),
         (
             "class f:\n    def setup(self):\n        self.model = load()\n    def __call__(self):\n        pass\n",
             "NameError: name 'load' is not defined (at <gpu_function f@v1>:3)",
@@ -196,7 +199,9 @@ def test_failures_while_loading_are_phase_setup_with_the_artifact_line(worker, s
 
 def test_a_failed_setup_is_tried_again_by_the_next_task(worker, tmp_path):
     flag = tmp_path / "ready"
-    source = f"import os\nif not os.path.exists({str(flag)!r}):\n    raise RuntimeError('not yet')\ndef f():\n    return 1\n"
+    source = (
+        f"import os\nif not os.path.exists({str(flag)!r}):\n    raise RuntimeError('not yet')\ndef f():\n    return 1\n"
+    )
     assert _run(worker, _task(source, [{}]))["phase"] == "setup"
     flag.touch()
     assert _run(worker, _task(source, [{}]))["results"] == [1]
