@@ -435,6 +435,39 @@ def test_a_version_bigger_than_the_pipe_to_the_driver_runs_its_jobs_in_order_on_
         assert describe(http, cancelled)["job_state"] == "CANCELLED"
 
 
+SLOW_MODULE = """
+import os
+import time
+
+with open(os.environ["LANCEFN_TEST_LOG"], "a") as out:
+    out.write(f"{os.getpid()}\\n")
+time.sleep(1.0)  # a model load
+
+
+def loaded(tag: str) -> str:
+    return f"{tag} {os.getpid()}"
+"""
+
+
+def test_a_versions_module_runs_once_per_actor_over_sequential_jobs(ray_cp, tmp_path):
+    """Warm state on Ray (ARCHITECTURE.md, "Warm state"): a warm actor keeps its version's module, so
+    sequential jobs pay its load once, not per job."""
+    log = tmp_path / "executions"
+    with ray_cp.http() as http:
+        body = text_body("loaded", SLOW_MODULE, arg="tag", gpu_class="small", env={"LANCEFN_TEST_LOG": str(log)})
+        version = _version(http, body)
+        first = _finished(http, submit(http, "loaded", version, [{"tag": "t0"}]))
+        assert first["job_state"] == "DONE", first
+        started = time.monotonic()
+        later = [_finished(http, submit(http, "loaded", version, [{"tag": f"t{i}"}])) for i in range(1, 6)]
+        elapsed = time.monotonic() - started
+    assert [job["job_state"] for job in later] == ["DONE"] * 5, later
+    pids = {job["result"][0].split()[1] for job in [first, *later]}
+    assert len(pids) == 1  # one warm actor ran them all
+    assert log.read_text().split() == list(pids)  # … and executed the module once
+    assert elapsed < 5.0, elapsed  # five jobs that re-ran the module would take 5 s at least
+
+
 SECRET_ENV = """
 import os
 
