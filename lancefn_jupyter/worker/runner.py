@@ -200,7 +200,7 @@ def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
         setup = getattr(instance, "setup", None)
         if callable(setup):
             setup()
-        return _Loaded(key, module, instance, instance)  # type: ignore[arg-type]  # the class defines __call__
+        return _Loaded(key, module, instance, instance)
     except TaskFailure:
         _forget(filename)
         raise
