@@ -465,7 +465,37 @@ def test_a_versions_module_runs_once_per_actor_over_sequential_jobs(ray_cp, tmp_
     pids = {job["result"][0].split()[1] for job in [first, *later]}
     assert len(pids) == 1  # one warm actor ran them all
     assert log.read_text().split() == list(pids)  # … and executed the module once
+    print(f"five warm jobs took {elapsed:.2f} s")
     assert elapsed < 5.0, elapsed  # five jobs that re-ran the module would take 5 s at least
+
+
+FLAKY_SETUP = """
+import os
+
+with open(os.environ["LANCEFN_TEST_LOG"], "a") as out:
+    out.write(f"{os.getpid()}\\n")
+if not os.path.exists(os.environ["LANCEFN_TEST_LOG"] + ".ready"):
+    raise RuntimeError("weights not there yet")
+
+
+def flaky(tag: str) -> str:
+    return str(os.getpid())
+"""
+
+
+def test_an_actor_whose_setup_failed_is_not_reused(ray_cp, tmp_path):
+    log = tmp_path / "executions"
+    with ray_cp.http() as http:
+        body = text_body("flaky", FLAKY_SETUP, arg="tag", gpu_class="small", env={"LANCEFN_TEST_LOG": str(log)})
+        version = _version(http, body)
+        failed = _finished(http, submit(http, "flaky", version, [{"tag": "a"}]))
+        assert failed["job_state"] == "FAILED" and failed["failure"]["phase"] == "setup", failed
+        assert failed["failure"]["message"].startswith("RuntimeError: weights not there yet (at ")
+        Path(f"{log}.ready").touch()
+        done = _finished(http, submit(http, "flaky", version, [{"tag": "b"}]))
+    assert done["job_state"] == "DONE", done
+    failed_pid, new_pid = log.read_text().split()
+    assert done["result"] == [new_pid] and new_pid != failed_pid
 
 
 SECRET_ENV = """
