@@ -498,6 +498,43 @@ def test_an_actor_whose_setup_failed_is_not_reused(ray_cp, tmp_path):
     assert done["result"] == [new_pid] and new_pid != failed_pid
 
 
+def test_start_ms_counts_a_new_actors_start_and_nothing_on_a_warm_one():
+    from lancefn_jupyter.server.executors.ray.bridge import _add_start, _BridgeJob
+
+    fresh, warm = _BridgeJob("a", None, None, 1), _BridgeJob("b", None, None, 1)
+    fresh.created_at = 100.0
+    outcomes = [{"event": "result", "timings": {"setup_ms": 5.0, "run_ms": 1.0}} for _ in range(2)]
+    _add_start(outcomes[0], fresh, {"ready_at": 102.5})
+    _add_start(outcomes[1], warm, {"ready_at": 50.0})
+    assert outcomes[0]["timings"] == {"setup_ms": 5.0, "run_ms": 1.0, "start_ms": 2500.0}
+    assert outcomes[1]["timings"]["start_ms"] == 0.0
+
+
+TORN_DOWN = """
+import os
+
+
+class torn:
+    def __call__(self, tag: str) -> str:
+        return str(os.getpid())
+
+    def teardown(self):
+        with open(os.environ["LANCEFN_TEST_LOG"], "w") as out:
+            out.write(f"torn down {os.getpid()}")
+"""
+
+
+def test_an_idle_actor_that_retires_runs_the_class_entry_teardown(ray_cp, tmp_path):
+    log = tmp_path / "teardown"
+    with ray_cp.http() as http:
+        body = text_body("torn", TORN_DOWN, arg="tag", gpu_class="small", env={"LANCEFN_TEST_LOG": str(log)})
+        done = _finished(http, submit(http, "torn", _version(http, body), [{"tag": "a"}]))
+    assert done["job_state"] == "DONE", done
+    # The module server retires idle actors after 15 s (LANCEFN_RAY_ACTOR_IDLE_S).
+    wait_until(log.exists, "the idle actor's teardown", 60)
+    assert log.read_text() == f"torn down {done['result'][0]}"
+
+
 SECRET_ENV = """
 import os
 

@@ -218,16 +218,19 @@ class JobActor:
         self._where = {"devices": [str(gpu) for gpu in ray.get_gpu_ids()], "node": _node_id()}
         self._output = _ActorOutput()
         self._ready_at = time.time()  # wall clock: the bridge, which asked for this actor, counts its start
+        self._env: dict[str, str] = {}  # the last job's function env, which the teardown sees too
 
     def run(self, job: dict) -> dict:
         """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane)."""
+        self._env = job.get("env") or {}
         return {**_run_job(self._hub, {**self._task, **job}, self._where, self._output), "ready_at": self._ready_at}
 
     def teardown(self) -> None:
         """The actor retires: tear down the version it holds (bounded in the runner); then it is killed."""
         from lancefn_jupyter.worker.runner import release
 
-        release()
+        with _task_env(self._env):
+            release()
 
 
 @contextlib.contextmanager
