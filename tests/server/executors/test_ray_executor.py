@@ -510,6 +510,20 @@ def test_start_ms_counts_a_new_actors_start_and_nothing_on_a_warm_one():
     assert outcomes[1]["timings"]["start_ms"] == 0.0
 
 
+def test_an_actor_is_not_reused_after_a_setup_failure_or_over_the_memory_limit():
+    from types import SimpleNamespace
+
+    from lancefn_jupyter.server.executors.ray.bridge import _Driver
+
+    limited, unlimited = SimpleNamespace(max_rss_mb=100), SimpleNamespace(max_rss_mb=None)
+    ok = {"event": "result", "rss_mb": 80.0}
+    big = {"event": "result", "rss_mb": 130.0}
+    setup = {"event": "failed", "phase": "setup", "rss_mb": 20.0}
+    run = {"event": "failed", "phase": "run", "rss_mb": 20.0}
+    assert [_Driver._reusable(limited, final) for final in (ok, big, setup, run)] == [True, False, False, True]  # type: ignore[arg-type]
+    assert _Driver._reusable(unlimited, big) is True  # type: ignore[arg-type]
+
+
 TORN_DOWN = """
 import os
 
