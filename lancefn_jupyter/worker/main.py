@@ -183,6 +183,9 @@ def main() -> None:
             serve(task, proto, lambda: flush_output(captures))
     release()  # stdin closed: the worker retires (idle, replaced, server stop)
     flush_output(captures)
+    # Now, not once the interpreter has joined non-daemon threads user code may have left running:
+    # the parent's stop would otherwise wait its whole teardown allowance for them.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -205,3 +205,12 @@ def test_a_failed_setup_is_tried_again_by_the_next_task(worker, tmp_path):
     assert _run(worker, _task(source, [{}]))["phase"] == "setup"
     flag.touch()
     assert _run(worker, _task(source, [{}]))["results"] == [1]
+
+
+def test_a_worker_exits_at_once_on_stop_despite_a_thread_user_code_left_running():
+    source = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\ndef f():\n    return 1\n"
+    worker = WorkerProcess(_env())
+    assert _run(worker, _task(source, [{}]))["results"] == [1]
+    started = time.monotonic()
+    worker.stop()
+    assert worker.process.returncode == 0 and time.monotonic() - started < 2.0
