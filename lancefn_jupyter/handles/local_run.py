@@ -9,14 +9,19 @@ numba is imported: the notebook kernel itself can't switch. Modes:
 * ``"auto"``: a real GPU when one is usable here, else the simulator.  ``NUMBA_ENABLE_CUDASIM=1``
   in the kernel's environment (as Binder sets it) means "simulator" on purpose.
 
-One warm worker per mode is kept for speed and killed at interpreter exit.  A worker that
-crashed, timed out or was interrupted (Ctrl-C) is discarded.
+A warm worker is kept per (mode, function env, version): it keeps the version's module loaded,
+so repeated calls of an unchanged version do not execute it again (docs/ARCHITECTURE.md, "Warm
+state").  At most ``MAX_WORKERS`` are kept, the least recently used stopped (its teardown runs);
+all are killed at interpreter exit.  A worker that crashed, timed out or was interrupted (Ctrl-C)
+is discarded.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
+import hashlib
 import os
 import subprocess
 import sys
@@ -31,7 +36,7 @@ from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, Work
 if TYPE_CHECKING:
     from lancefn_jupyter.wire.models import FunctionSignature
 
-__all__ = ["LocalRun", "LocalRunError", "gpu_available", "run_local"]
+__all__ = ["MAX_WORKERS", "LocalRun", "LocalRunError", "gpu_available", "run_local"]
 
 Mode = Literal["auto", "gpu", "simulator"]
 SIMULATOR = "CUDA simulator"
@@ -45,7 +50,7 @@ class LocalRun:
 
 
 class LocalRunError(Exception):
-    """The local run failed; ``phase`` is a JobFailure phase (environment, import, run, result, worker, timeout)."""
+    """The local run failed; ``phase`` is a JobFailure phase (environment, setup, run, result, worker, timeout)."""
 
     def __init__(self, phase: str, message: str, traceback: str | None = None, logs: Sequence[str] = ()) -> None:
         super().__init__(message)
@@ -110,30 +115,37 @@ def _worker_env(simulated: bool, env: Mapping[str, str] | None) -> dict[str, str
     return worker_env
 
 
+MAX_WORKERS = 2  # warm workers kept (each may hold a model, and on a GPU a CUDA context)
+
+# (simulated?, artifact filename, artifact digest): a worker holds one loaded version
+_Key = tuple[bool, str, str]
 _lock = threading.Lock()  # one local run at a time; they share the warm workers
-_workers: dict[bool, WorkerProcess] = {}  # simulated? → warm worker
+_workers: collections.OrderedDict[_Key, WorkerProcess] = collections.OrderedDict()  # least recently used first
 
 
-def _warm_worker(simulated: bool, env: dict[str, str]) -> WorkerProcess:
-    worker = _workers.get(simulated)
-    if worker is not None and worker.alive() and worker.env == env:
-        return worker
-    if worker is not None:
+def _warm_worker(key: _Key, env: dict[str, str]) -> WorkerProcess:
+    worker = _workers.pop(key, None)
+    if worker is not None and (not worker.alive() or worker.env != env):
         worker.stop()
-    worker = _workers[simulated] = WorkerProcess(env)
+        worker = None
+    if worker is None:
+        while len(_workers) >= MAX_WORKERS:
+            _workers.popitem(last=False)[1].stop()
+        worker = WorkerProcess(env)
+    _workers[key] = worker
     return worker
 
 
-def _discard(simulated: bool) -> None:
-    worker = _workers.pop(simulated, None)
+def _discard(key: _Key) -> None:
+    worker = _workers.pop(key, None)
     if worker is not None:
         worker.kill()
 
 
 @atexit.register
 def _shutdown() -> None:
-    for simulated in list(_workers):
-        _discard(simulated)
+    for key in list(_workers):
+        _discard(key)
 
 
 def run_local(
@@ -149,10 +161,12 @@ def run_local(
     on_log: Callable[[str, list[str]], None] | None = None,
     signature: FunctionSignature | None = None,
     arrow_rows: Any = None,
+    state: str = "per_worker",
 ) -> LocalRun:
     """Call ``entrypoint`` of ``artifact`` once per row in a local worker; see the module docstring.
 
     ``on_log(stream, lines)`` is called as the function prints, for live output in a notebook.
+    ``state``: the version's ``runtime.state`` (``per_job`` executes the module for every call).
     Raises :class:`LocalRunError` with the failure's phase, message and user-only traceback.
     """
     with tempfile.TemporaryDirectory(prefix="lancefn-local-") as scratch:
@@ -169,7 +183,7 @@ def run_local(
                 rows_file = os.path.join(scratch, "rows.arrow")
                 data["rows_file"] = rows_file
                 dataplane.write_ipc_file(rows_file, arrow_rows, durable=False)
-        task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data)
+        task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data, state=state)
         return _run(task, env, mode, timeout_s, on_log)
 
 
@@ -182,10 +196,11 @@ def _run(
 ) -> LocalRun:
     simulated = _use_simulator(mode)
     worker_env = _worker_env(simulated, env)
+    key = (simulated, task.filename, hashlib.sha256(task.artifact).hexdigest())
     logs: list[str] = []
     with _lock:
         try:
-            worker = _warm_worker(simulated, worker_env)
+            worker = _warm_worker(key, worker_env)
         except WorkerStartError as exc:
             raise LocalRunError("worker", str(exc)) from None
         expired = threading.Event()
@@ -209,19 +224,21 @@ def _run(
                 elif event["event"] in ("result", "failed"):
                     final = event
         except BaseException:  # Ctrl-C (or on_log raising) mid-run: the worker's state is unknown
-            _discard(simulated)
+            _discard(key)
             raise
         finally:
             if timer is not None:
                 timer.cancel()
         if final is None:  # the worker is gone: killed by the timeout or crashed
             returncode = worker.wait()
-            _discard(simulated)
+            _discard(key)
             if expired.is_set():
                 raise LocalRunError(
                     "timeout", f"the local run took longer than {timeout_s:g} s and was stopped", logs=logs
                 )
             raise LocalRunError("worker", describe_exit(returncode), logs=logs)
+        if final["event"] == "failed" and final["phase"] == "setup":  # never reused ("Warm state")
+            _workers.pop(key).stop()
     if final["event"] == "failed":
         raise LocalRunError(final["phase"], final["message"], final.get("traceback"), logs)
     if "result_file" in final:

@@ -5,7 +5,8 @@ version's tasks; the parent's handle on it is ``process.WorkerProcess``, the tas
 The protocol goes out on a private dup of the original stdout; fds 1 and 2 are re-pointed at
 pipes whose lines become ``log`` events, so neither ``print`` nor C-level ``printf`` can corrupt
 the protocol; stdin is replaced by /dev/null so user code cannot eat the task stream.  Tasks are
-JSON lines on the original stdin; the worker loops until stdin closes.
+JSON lines on the original stdin; the worker loops until stdin closes, then tears down the
+version it holds (as on SIGTERM: docs/ARCHITECTURE.md, "Warm state").
 Known limit: output written in the instant before a *hard* death (``os._exit``, a segfault,
 SIGKILL) can be lost, because the thread that forwards it dies with the process; everything
 written before a task ends normally (result or any Python exception) is always delivered.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 
 from lancefn_jupyter.worker.capture import Capture, flush_output
 from lancefn_jupyter.worker.protocol import PRELOAD_ENV, Protocol
-from lancefn_jupyter.worker.runner import serve
+from lancefn_jupyter.worker.runner import release, serve
 
 __all__ = ["main"]
 
@@ -128,7 +130,8 @@ _WARM_UP_SOURCE = b"def warm_up(x):\n    return x\n"
 
 def _warm_up(captures: Sequence[Capture]) -> None:
     """Run a trivial task through the whole task path (compile, progress, output flush) before
-    ``ready``, so a fresh worker's first real task does not pay for first-use costs (~10 ms)."""
+    ``ready``, so a fresh worker's first real task does not pay for first-use costs (~10 ms).
+    ``per_job``: it leaves no loaded version behind."""
 
     class _Discard:
         @staticmethod
@@ -142,12 +145,21 @@ def _warm_up(captures: Sequence[Capture]) -> None:
         "filename": "<lancefn warm-up>",
         "rows": [{"x": 1}],
         "packages": [],
+        "state": "per_job",
     }
     serve(task, _Discard, lambda: flush_output(captures))  # type: ignore[arg-type]  # duck-typed Protocol
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    """Cancel, kill or a stop that found the worker busy: tear the held version down (bounded),
+    then end at once, wherever the task was."""
+    release()
+    os._exit(128 + signum)
+
+
 def main() -> None:
     _not_dumpable()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     proto = Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
     tasks = os.fdopen(os.dup(0), "rb")
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -169,6 +181,11 @@ def main() -> None:
                 task["rows_ipc"] = tasks.read(task.pop("rows_len"))
             _apply_env(task)
             serve(task, proto, lambda: flush_output(captures))
+    release()  # stdin closed: the worker retires (idle, replaced, server stop)
+    flush_output(captures)
+    # Now, not once the interpreter has joined non-daemon threads user code may have left running:
+    # the parent's stop would otherwise wait its whole teardown allowance for them.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S
 
 __all__ = ["WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
 
@@ -51,7 +51,8 @@ class WorkerTask:
 
     ``env``: the function's env, set in the worker before the artifact loads.  ``data``: the Arrow
     data plane's task fields (``input_types``, ``output_type``, ``rows_file`` instead of ``rows``,
-    ``result_file``); see docs/ARCHITECTURE.md, "Worker protocol".
+    ``result_file``); see docs/ARCHITECTURE.md, "Worker protocol".  ``state``: ``per_worker`` (the
+    module stays loaded for the next task) or ``per_job`` (docs/ARCHITECTURE.md, "Warm state").
     """
 
     task_id: str
@@ -62,6 +63,7 @@ class WorkerTask:
     packages: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     data: Mapping[str, object] = field(default_factory=dict)
+    state: str = "per_worker"
 
     def line(self) -> dict:
         """The task line of the protocol (before the parent moves files onto the pipes)."""
@@ -72,6 +74,7 @@ class WorkerTask:
             "filename": self.filename,
             "rows": self.rows,
             "packages": list(self.packages),
+            "state": self.state,
             **self.data,
         }
         if self.env:
@@ -170,10 +173,11 @@ class WorkerProcess:
             self._close_pipes()
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """Graceful end for an idle worker: close its stdin so it exits, then :meth:`kill`."""
+        """Graceful end for an idle worker: close its stdin so it exits, after the teardown of the
+        version it holds (bounded by ``TEARDOWN_S`` in the worker), then :meth:`kill`."""
         try:
             self.process.stdin.close()
-            self.process.wait(grace_s)
+            self.process.wait(max(grace_s, TEARDOWN_S + 2.0))
         except (OSError, subprocess.TimeoutExpired):
             pass
         self.kill(grace_s)

@@ -18,6 +18,9 @@ from typing import Any
 
 FINAL_EVENTS = ("result", "failed")  # a task's last event
 PRELOAD_ENV = "LANCEFN_WORKER_PRELOAD"  # modules a spare worker imports while it waits (worker.py)
+# How long a class entry's teardown() may run when its worker retires; the parent waits a little
+# longer before it kills the process (docs/ARCHITECTURE.md, "Warm state").
+TEARDOWN_S = 10.0
 
 
 def artifact_filename(name: str, version: str) -> str:

@@ -1,5 +1,6 @@
-"""Running one task in this process: check its packages, load the artifact, call the entry
-function per row with progress, and send the outcome (docs/ARCHITECTURE.md, "Worker protocol").
+"""Running one task in this process: check its packages, load the artifact (once per worker, see
+docs/ARCHITECTURE.md "Warm state"), call the entry per row with progress, and send the outcome with
+its timings (docs/ARCHITECTURE.md, "Worker protocol").
 
 Used by the local warm worker (``worker.py``) and, through :func:`run_task_inline`, inside a Ray
 task.  Standard library only at top level: a CPU-only task must not pay for numba.
@@ -10,20 +11,22 @@ from __future__ import annotations
 import base64
 import functools
 import linecache
+import os
 import sys
 import threading
 import time
 import traceback
 import types
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, Protocol, flush_stdio
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
 
-__all__ = ["missing_packages", "run_task_inline", "serve"]
+__all__ = ["missing_packages", "release", "run_task_inline", "serve"]
 
-_ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the artifact while a task runs
+_ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the loaded artifact
 _PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
 
 
@@ -140,15 +143,43 @@ _STAND_INS = {"display": _display, "get_ipython": _get_ipython, "exit": _exit, "
 
 @functools.lru_cache(maxsize=8)
 def _compiled(artifact_b64: str, filename: str) -> tuple[str, types.CodeType]:
-    """The artifact's source and code, compiled once per version (a warm worker runs one version's
-    jobs again and again); each task still executes it in a fresh module."""
+    """The artifact's source and code, compiled once per version (a ``per_job`` version executes
+    it afresh for every task)."""
     source = base64.b64decode(artifact_b64).decode("utf-8")
     # dont_inherit: this file's `from __future__` flags must not leak into the user's code
     return source, compile(source, filename, "exec", dont_inherit=True)
 
 
-def _load_entry(task: dict) -> object:
-    """Execute the artifact in a fresh module; return its entry function."""
+@dataclass(eq=False)
+class _Loaded:
+    """The one version this process holds: its module, and what each row calls."""
+
+    key: tuple[str, str, str]  # (filename, artifact, entrypoint)
+    module: types.ModuleType
+    call: Callable[..., object]
+    instance: object | None  # a class entry's instance (its teardown runs when the version goes)
+
+
+_loaded: _Loaded | None = None
+
+
+def _setup_failure(exc: BaseException, filename: str) -> TaskFailure:
+    """Phase ``setup``: the exception line and where in the artifact it happened (the kernel maps
+    ``<gpu_function …>:N`` to the cell's line)."""
+    message = _exception_line(exc)
+    if isinstance(exc, ImportError):
+        message += "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == filename]
+    if isinstance(exc, SyntaxError) and exc.filename == filename and exc.lineno:
+        lines.append(exc.lineno)
+    if lines:
+        message += f" (at {filename}:{lines[-1]})"
+    return TaskFailure("setup", message, _user_traceback(exc, filename))
+
+
+def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
+    """Execute the artifact in a fresh module and make its entry ready to call (a class entry is
+    instantiated and set up); failures are phase ``setup``."""
     filename = task["filename"]
     module = types.ModuleType(_ARTIFACT_MODULE)
     module.__file__ = filename
@@ -160,15 +191,79 @@ def _load_entry(task: dict) -> object:
         source, code = _compiled(task["artifact_b64"], filename)
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # lines in tracebacks
         exec(code, module.__dict__)
+        entry = getattr(module, task["entrypoint"], None)
+        if not callable(entry):
+            raise TaskFailure("setup", f"the artifact defines no function named {task['entrypoint']!r}")
+        if not isinstance(entry, type):
+            return _Loaded(key, module, entry, None)
+        instance = entry()
+        setup = getattr(instance, "setup", None)
+        if callable(setup):
+            setup()
+        return _Loaded(key, module, instance, instance)
+    except TaskFailure:
+        _forget(filename)
+        raise
     except BaseException as exc:
-        message = _exception_line(exc)
-        if isinstance(exc, ImportError):
-            message += "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
-        raise TaskFailure("import", message, _user_traceback(exc, filename)) from None
-    entry = getattr(module, task["entrypoint"], None)
-    if not callable(entry):
-        raise TaskFailure("import", f"the artifact defines no function named {task['entrypoint']!r}")
-    return entry
+        _forget(filename)
+        raise _setup_failure(exc, filename) from None
+
+
+def _forget(filename: str) -> None:
+    """Drop the artifact's module and the notebook modules it shipped."""
+    sys.modules.pop(_ARTIFACT_MODULE, None)
+    linecache.cache.pop(filename, None)
+    shipped = sys.modules.get("lancefn_jupyter.local_modules")
+    if shipped is not None:  # the notebook's modules of this version must not serve another
+        shipped.uninstall()
+
+
+def _teardown(instance: object) -> None:
+    """A class entry's ``teardown()``, bounded by ``TEARDOWN_S``; its errors go to stderr, never up."""
+    teardown = getattr(instance, "teardown", None)
+    if not callable(teardown):
+        return
+
+    def run() -> None:
+        try:
+            teardown()
+        except BaseException:
+            traceback.print_exc()
+
+    thread = threading.Thread(target=run, name="lancefn-teardown", daemon=True)
+    thread.start()
+    thread.join(TEARDOWN_S)
+    if thread.is_alive():
+        print(f"teardown() did not return within {TEARDOWN_S:g} s; the worker goes on without it", file=sys.stderr)
+    flush_stdio()
+
+
+def release() -> None:
+    """Drop the loaded version, tearing it down first (a new version, or the worker ends)."""
+    global _loaded
+    loaded, _loaded = _loaded, None
+    if loaded is None:
+        return
+    if loaded.instance is not None:
+        _teardown(loaded.instance)
+    _forget(loaded.key[0])
+
+
+def _entry(task: dict, timings: dict[str, float]) -> Callable[..., object]:
+    """What each row calls: the held version's when the task is of it, else loaded now
+    (``timings["setup_ms"]``)."""
+    global _loaded
+    key = (task["filename"], task["artifact_b64"], task["entrypoint"])
+    per_job = task.get("state") == "per_job"
+    if _loaded is not None and not per_job and _loaded.key == key:
+        return _loaded.call
+    release()
+    started = time.perf_counter()
+    try:
+        _loaded = _load(task, key)
+    finally:
+        timings["setup_ms"] = (time.perf_counter() - started) * 1000.0
+    return _loaded.call
 
 
 def _task_rows(task: dict) -> list:
@@ -186,7 +281,7 @@ def _task_rows(task: dict) -> list:
         raise TaskFailure("validation", f"the job's rows cannot be decoded: {error}") from None
 
 
-def _run_rows(task: dict, proto: Protocol) -> list:
+def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> list:
     missing = missing_packages(task.get("packages") or ())
     if missing:
         import shlex
@@ -199,13 +294,14 @@ def _run_rows(task: dict, proto: Protocol) -> list:
             + shlex.join([sys.executable, "-m", "pip", "install", *(text for text, _ in missing)])
             + "`) and run the job again",
         )
-    entry = _load_entry(task)
+    entry = _entry(task, timings)
     rows = _task_rows(task)
     results, progress = [], _Progress(proto)
+    started = time.perf_counter()
     try:
         for index, row in enumerate(rows):
             try:
-                value = entry(**row)  # type: ignore[operator]
+                value = entry(**row)
             except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
                 raise TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
@@ -213,31 +309,54 @@ def _run_rows(task: dict, proto: Protocol) -> list:
             if index + 1 < len(rows):  # the last row's count rides on the result (one event less per job)
                 progress.update(index + 1)
     finally:
+        timings["run_ms"] = (time.perf_counter() - started) * 1000.0
         progress.close()  # before the final event, so no progress of this task can follow it
     return results
 
 
-def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None:
-    """Run ``task`` and send its outcome on ``proto``; ``flush_output`` returns once what user code
-    wrote so far has gone out, so a task's logs always precede its outcome."""
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 0.0
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now (``/proc/self/statm``; the peak from getrusage elsewhere)."""
     try:
-        event = result_event(task, _run_rows(task, proto))
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_MB
+    except (OSError, IndexError, ValueError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
+
+
+def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None:
+    """Run ``task`` and send its outcome, with its timings and the worker's memory, on ``proto``;
+    ``flush_output`` returns once what user code wrote so far has gone out, so a task's logs always
+    precede its outcome.  The version stays loaded for the next task unless it is ``per_job``."""
+    timings = {"setup_ms": 0.0, "run_ms": 0.0}
+    try:
+        try:
+            event = result_event(task, _run_rows(task, proto, timings))
+        finally:
+            if task.get("state") == "per_job":  # torn down before the outcome: part of its job
+                release()
     except TaskFailure as failure:
         flush_output()
-        proto.send(event="failed", phase=failure.phase, message=failure.message, traceback=failure.traceback)
+        proto.send(
+            event="failed",
+            phase=failure.phase,
+            message=failure.message,
+            traceback=failure.traceback,
+            timings=timings,
+            rss_mb=_rss_mb(),
+        )
     else:
         flush_output()
         frame = event.pop("result_frame", b"")
         if frame:
-            proto.send_frame(frame, event="result", **event)
+            proto.send_frame(frame, event="result", **event, timings=timings, rss_mb=_rss_mb())
         else:
-            proto.send(event="result", **event)
-    finally:
-        sys.modules.pop(_ARTIFACT_MODULE, None)
-        linecache.cache.pop(task.get("filename"), None)  # type: ignore[arg-type]
-        shipped = sys.modules.get("lancefn_jupyter.local_modules")
-        if shipped is not None:  # the notebook's modules of this version must not serve the next task
-            shipped.uninstall()
+            proto.send(event="result", **event, timings=timings, rss_mb=_rss_mb())
 
 
 def run_task_inline(task: dict, send: Callable[..., None]) -> dict:

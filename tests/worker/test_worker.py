@@ -45,11 +45,14 @@ class RawWorker:
         self.proc.stdin.flush()
 
     def events(self) -> list[dict]:
-        """Events of one task, up to and including its result/failed event."""
+        """Events of one task, up to and including its result/failed event (whose timings and
+        memory, which every final event carries, are kept as ``timings`` and ``rss_mb``)."""
         events = []
         while (event := self.read()) is not None:
             events.append(event)
             if event["event"] in ("result", "failed"):
+                self.timings, self.rss_mb = event.pop("timings"), event.pop("rss_mb")
+                assert self.timings.keys() == {"setup_ms", "run_ms"} and self.rss_mb > 0
                 break
         return events
 
@@ -218,9 +221,9 @@ def test_missing_and_too_old_packages_fail_in_environment(worker):
         ("def g():\n    return 1\n", "the artifact defines no function named 'f'"),
     ],
 )
-def test_artifact_that_cannot_load_fails_in_import(worker, source, expected):
+def test_artifact_that_cannot_load_fails_in_setup(worker, source, expected):
     failed = worker.run(source, [{}])[-1]
-    assert failed["phase"] == "import"
+    assert failed["phase"] == "setup"
     assert expected in failed["message"]
 
 

@@ -18,6 +18,7 @@ def get_executor(name: str, **opts: Any) -> Executor:
     ``max_idle_workers=``, ``max_idle_per_device_set=`` and ``prewarm_delay_s=``;
     ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``)
     and ``home=`` (where that local Ray keeps its temp dir when the path is short enough).
+    Both take ``worker_max_rss_mb=`` (a worker or actor over it after a job is retired, "Warm state").
     Options an implementation does not take are dropped, so the CLI can pass everything it knows.
     """
     if name == "local":
@@ -25,7 +26,7 @@ def get_executor(name: str, **opts: Any) -> Executor:
 
         tuning = {
             k: opts[k]
-            for k in ("max_idle_workers", "max_idle_per_device_set", "prewarm_delay_s")
+            for k in ("max_idle_workers", "max_idle_per_device_set", "prewarm_delay_s", "worker_max_rss_mb")
             if opts.get(k) is not None
         }
         return LocalExecutor(
@@ -34,5 +35,10 @@ def get_executor(name: str, **opts: Any) -> Executor:
     if name == "ray":
         from lancefn_jupyter.server.executors.ray import RayExecutor
 
-        return RayExecutor(address=opts.get("address"), classes=opts.get("classes"), home=opts.get("home"))
+        return RayExecutor(
+            address=opts.get("address"),
+            classes=opts.get("classes"),
+            home=opts.get("home"),
+            worker_max_rss_mb=opts.get("worker_max_rss_mb"),
+        )
     raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTOR_NAMES)}")

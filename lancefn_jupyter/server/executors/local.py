@@ -14,6 +14,9 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
 * the function's env travels with the task (never at exec), so it is in no ``/proc/*/environ``;
 * a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
   a fresh one for its devices is started in the background;
+* a worker keeps its version's module loaded between jobs (docs/ARCHITECTURE.md, "Warm state"); one
+  whose job failed in phase ``setup``, or whose memory after a job exceeds ``worker_max_rss_mb``, is
+  stopped (its teardown runs) after the outcome is reported, never reused;
 * idle workers that ran something: at most ``max_idle_per_device_set`` per device set and
   ``max_idle_workers`` in all, least recently used retired first; idle workers retire after
   ``idle_timeout_s``;
@@ -106,6 +109,7 @@ class _Run:
     # or a stop: "timeout", "cancelled", "shutdown".
     outcome: str | None = None
     rows_done: int = 0
+    start_ms: float | None = None  # starting a worker process for this run; 0 when one was idle
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)  # set once its worker is reaped or pooled
 
@@ -131,8 +135,10 @@ class LocalExecutor(Executor):
         kill_grace_s: float = 2.0,
         worker_user: WorkerUser | None = None,
         prewarm_delay_s: float = 0.0,
+        worker_max_rss_mb: float | None = None,
     ) -> None:
         self._classes = classes
+        self._max_rss_mb = worker_max_rss_mb
         self._prewarm_delay_s = prewarm_delay_s
         self._max_idle = max_idle_workers
         self._max_idle_per_set = max_idle_per_device_set
@@ -214,6 +220,11 @@ class LocalExecutor(Executor):
         if run is not None:  # killing may take the grace period; don't hold up the caller
             threading.Thread(target=self._stop, args=(run, "cancelled"), daemon=True).start()
 
+    def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
+        owner = (namespace, name, version)
+        with self._lock:  # held only for dict work anywhere, never across a process call
+            return [key[0] for key in self._idle if key[2] == owner]
+
     def shutdown(self) -> None:
         self._closed.set()
         with self._lock:
@@ -225,8 +236,12 @@ class LocalExecutor(Executor):
                 self._tasks.put(None)  # each task thread ends once its current task does
         for run in runs:
             self._stop(run, "shutdown")
-        for worker in idle:
-            worker.stop(self._grace_s)
+        # In parallel: each idle worker may spend up to TEARDOWN_S in its version's teardown.
+        stoppers = [threading.Thread(target=worker.stop, args=(self._grace_s,), daemon=True) for worker in idle]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
         for thread in spawners:
             thread.join()
         for run in runs:
@@ -243,7 +258,9 @@ class LocalExecutor(Executor):
                 run.worker.kill(self._grace_s)
             if run.claim("failed"):
                 self._callbacks.task_failed(
-                    run.task.job_id, JobFailure(phase="executor", message=f"local executor error: {exc}")
+                    run.task.job_id,
+                    JobFailure(phase="executor", message=f"local executor error: {exc}"),
+                    timings=self._start_timings(run),
                 )
         finally:
             with self._lock:
@@ -259,18 +276,46 @@ class LocalExecutor(Executor):
         if final is None:
             self._lost(run, worker)
             return
-        self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
+        final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0}
+        retire = self._retire_reason(final)
+        if retire is None:
+            self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
         relay(self._callbacks, run.task.job_id, final)
+        if retire is not None:
+            # Stopped after the outcome (its teardown may take a while), yet before the run is
+            # done: the next job on these devices waits for this process to be gone.
+            log.info(
+                "retiring the worker of %s@%s after job %s: %s",
+                run.task.name,
+                run.task.version,
+                run.task.job_id,
+                retire,
+            )
+            worker.stop(self._grace_s)
         # A new fresh spare for the next new version here, started only now: on a small machine a
         # process start racing the job it was taken for would slow that job down.
         self._prewarm(_fresh(run.key))
+
+    def _retire_reason(self, final: dict) -> str | None:
+        """Why the worker that sent ``final`` must not serve another job, if it must not."""
+        if final.get("event") == "failed" and final.get("phase") == "setup":
+            return "its setup failed"
+        rss = final.get("rss_mb")
+        if self._max_rss_mb is not None and isinstance(rss, (int, float)) and rss > self._max_rss_mb:
+            return f"its memory ({rss:.0f} MB) exceeds the worker limit of {self._max_rss_mb:g} MB"
+        return None
+
+    @staticmethod
+    def _start_timings(run: _Run) -> dict[str, float] | None:
+        """Timings of a job no worker finished: the start it paid, when it got that far."""
+        return None if run.start_ms is None else {"start_ms": run.start_ms}
 
     def _take_worker(self, run: _Run) -> WorkerProcess | None:
         """A worker for the run, once its devices are free; None if it could not start or the run
         was stopped meanwhile (reported, or left to whoever stopped it)."""
         self._wait_for_devices(run)
         try:
-            worker = self._acquire(run.key)
+            worker, run.start_ms = self._acquire(run.key)
         except WorkerStartError as exc:
             if run.claim("crashed"):
                 self._callbacks.task_failed(run.task.job_id, JobFailure(phase="worker", message=str(exc)))
@@ -297,6 +342,7 @@ class LocalExecutor(Executor):
                 task.packages,
                 env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
                 data=task.data,
+                state=task.state,
             )
         )
 
@@ -336,6 +382,7 @@ class LocalExecutor(Executor):
                     message=f"{describe_exit(worker.process.returncode)} while running {task.name}; "
                     "its output so far is in the job's logs",
                 ),
+                timings=self._start_timings(run),
             )
         elif run.outcome == "timeout":
             self._callbacks.task_failed(
@@ -345,6 +392,7 @@ class LocalExecutor(Executor):
                     message=f"the job ran longer than its timeout of {task.timeout_s:g} s and was stopped "
                     f"({run.rows_done} of {task.rows_total} rows done)",
                 ),
+                timings=self._start_timings(run),
             )
         if run.outcome != "shutdown":
             self._prewarm(_fresh(run.key))
@@ -367,8 +415,9 @@ class LocalExecutor(Executor):
 
     # ----------------------------------------------------------------- the pool
 
-    def _acquire(self, key: _Key) -> WorkerProcess:
-        """Its own (namespace, version)'s idle worker, else a fresh one, else a new process."""
+    def _acquire(self, key: _Key) -> tuple[WorkerProcess, float]:
+        """Its own (namespace, version)'s idle worker, else a fresh one, else a new process; and
+        the milliseconds spent starting that process (0 for an idle one)."""
         with self._lock:
             own = self._idle.pop(key, None)
             fresh = self._idle.pop(_fresh(key), None) if own is None else None
@@ -383,9 +432,11 @@ class LocalExecutor(Executor):
             if entry is None:
                 continue
             if entry[0].alive():
-                return entry[0]
+                return entry[0], 0.0
             entry[0].kill(self._grace_s)
-        return WorkerProcess(_worker_env(key, self._user), self._user_ids())
+        started = time.perf_counter()
+        worker = WorkerProcess(_worker_env(key, self._user), self._user_ids())
+        return worker, (time.perf_counter() - started) * 1000.0
 
     def _user_ids(self) -> tuple[int, int] | None:
         return (self._user.uid, self._user.gid) if self._user is not None else None

@@ -27,7 +27,8 @@ def failure_of(event: Mapping[str, Any]) -> JobFailure:
 
 def relay(callbacks: ExecutorCallbacks, job_id: str, event: Mapping[str, Any]) -> None:
     """One worker event (``started``, ``log``, ``progress``, ``result``, ``failed``) as the executor
-    callback it means. A ``result`` carries JSON ``results`` or names an Arrow result file."""
+    callback it means. A ``result`` carries JSON ``results`` or names an Arrow result file; a final
+    event's ``timings`` (the worker's, plus the executor's ``start_ms``) go with it ("Warm state")."""
     kind = event.get("event")
     if kind == "started":
         callbacks.task_started(job_id, devices=tuple(event.get("devices", ())), node=event.get("node"))
@@ -36,6 +37,6 @@ def relay(callbacks: ExecutorCallbacks, job_id: str, event: Mapping[str, Any]) -
     elif kind == "progress":
         callbacks.task_progress(job_id, int(event.get("rows_done", 0)))
     elif kind == "result":
-        callbacks.task_succeeded(job_id, event.get("results", event))
+        callbacks.task_succeeded(job_id, event.get("results", event), timings=event.get("timings"))
     elif kind == "failed":
-        callbacks.task_failed(job_id, failure_of(event))
+        callbacks.task_failed(job_id, failure_of(event), timings=event.get("timings"))

@@ -61,3 +61,38 @@ def test_gpu_mode_without_a_gpu_says_how_to_fix_it():
     with pytest.raises(LocalRunError) as info:
         run_local(CUDA_CELL, "double_all", FILENAME, [{"values": [1.0]}], mode="gpu")
     assert info.value.phase == "environment" and "mode='simulator'" in info.value.message
+
+
+def _counting(log, tag: str = "") -> bytes:
+    """A version whose module appends a line to ``log`` each time it is executed."""
+    return (
+        f"import os\n# {tag}\nwith open({str(log)!r}, 'a') as out:\n    out.write('x\\n')\n"
+        "def f():\n    return os.getpid()\n"
+    ).encode()
+
+
+def test_repeated_local_runs_of_an_unchanged_version_execute_its_module_once(tmp_path):
+    log = tmp_path / "log"
+    pids = {run_local(_counting(log), "f", FILENAME, [{}], mode="simulator").results[0] for _ in range(3)}
+    assert len(pids) == 1 and log.read_text().count("x") == 1
+    for _ in range(2):
+        run_local(_counting(log, "per job"), "f", FILENAME, [{}], mode="simulator", state="per_job")
+    assert log.read_text().count("x") == 3
+
+
+def test_the_least_recently_used_local_worker_is_stopped_and_torn_down(tmp_path):
+    from lancefn_jupyter.handles.local_run import MAX_WORKERS
+
+    marks = tmp_path / "marks"
+    holder = f"class f:\n    def __call__(self):\n        return 1\n    def teardown(self):\n        open({str(marks)!r}, 'a').write('down\\n')\n"
+    assert run_local(holder.encode(), "f", FILENAME, [{}], mode="simulator").results == [1]
+    for index in range(MAX_WORKERS):  # other versions: the holder becomes the least recently used
+        run_local(f"def f():\n    return {index}\n".encode(), "f", f"<gpu_function g@v{index}>", [{}], mode="simulator")
+    assert marks.read_text() == "down\n"
+
+
+def test_a_setup_failure_raises_in_phase_setup_with_the_cell_line():
+    with pytest.raises(LocalRunError) as info:
+        run_local(b"x = 1\nraise KeyError('weights')\ndef f():\n    pass\n", "f", FILENAME, [{}], mode="simulator")
+    assert info.value.phase == "setup"
+    assert info.value.message == f"KeyError: 'weights' (at {FILENAME}:2)"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import textwrap
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.timings: dict[str, dict | None] = {}  # job id → the timings its outcome came with
         self._cond = threading.Condition()
 
     def _add(self, *call) -> None:
@@ -37,10 +40,12 @@ class Recorder:
     def task_log(self, job_id, stream, lines):
         self._add("log", job_id, stream, lines)
 
-    def task_succeeded(self, job_id, results):
+    def task_succeeded(self, job_id, results, *, timings=None):
+        self.timings[job_id] = timings
         self._add("succeeded", job_id, results)
 
-    def task_failed(self, job_id, failure):
+    def task_failed(self, job_id, failure, *, timings=None):
+        self.timings[job_id] = timings
         self._add("failed", job_id, failure)
 
     def wait_for(self, predicate, timeout: float = 60.0) -> tuple:
@@ -242,3 +247,91 @@ def test_shutdown_stops_busy_idle_and_prewarmed_workers():
     ex.shutdown()
     assert worker_children().keys() <= before.keys()
     assert [c[0] for c in recorder.of("busy")] == ["started", "log"]  # a shutdown is not a job failure
+
+
+# ----------------------------------------------------------------- warm state (ARCHITECTURE.md, "Warm state")
+
+
+def counting(log: Path) -> str:
+    """A version whose module appends a line to ``log`` each time it is executed."""
+    return f"import os\nwith open({str(log)!r}, 'a') as out:\n    out.write('x\\n')\ndef f():\n    return os.getpid()\n"
+
+
+def test_a_warm_worker_keeps_its_module_and_reports_timings(executor, tmp_path):
+    log = tmp_path / "log"
+    pids = [run(executor, task(f"j{i}", counting(log)))[2][0] for i in range(4)]
+    assert len(set(pids)) == 1
+    assert log.read_text().count("x") == 1  # executed by the first job only
+    first, *later = (executor.recorder.timings[f"j{i}"] for i in range(4))
+    assert first["start_ms"] > 0 and first["setup_ms"] > 0 and first["run_ms"] >= 0
+    assert all(t["start_ms"] == 0 and t["setup_ms"] == 0 and t["run_ms"] >= 0 for t in later)
+
+
+def test_per_job_state_executes_the_module_for_every_job(executor, tmp_path):
+    log = tmp_path / "log"
+    for i in range(3):
+        executor.launch(replace(task(f"j{i}", counting(log)), state="per_job"))
+        assert executor.recorder.final(f"j{i}")[0] == "succeeded"
+    assert log.read_text().count("x") == 3
+
+
+def test_a_worker_whose_setup_failed_is_not_reused(executor):
+    pid = run(executor, task("a", PID))[2][0]
+    source = "import os\nwith open('/proc/self/stat') as stat:\n    print(stat.read().split()[0], flush=True)\nraise RuntimeError('no weights')\ndef f():\n    pass\n"
+    kind, _, failure = run(executor, task("b", source))
+    assert kind == "failed" and failure.phase == "setup"
+    assert failure.message == "RuntimeError: no weights (at <gpu_function f@v1>:4)"
+    assert int(executor.recorder.logs("b")[0]) == pid  # it ran on the warm worker …
+    assert run(executor, task("c", PID))[2][0] != pid
+    assert not alive(pid)  # stopped before the next job on its devices started
+
+
+LEAK = "import os\nHELD = []\ndef f():\n    HELD.append(b'x' * (50 << 20))\n    return os.getpid()\n"
+
+
+def test_a_worker_over_the_memory_limit_is_retired(caplog):
+    caplog.set_level(logging.INFO, logger="lancefn.server")
+    recorder = Recorder()
+    ex = LocalExecutor(kill_grace_s=0.5, worker_max_rss_mb=100)
+    ex.start(recorder)
+    try:
+        pids = []
+        for i in range(3):
+            ex.launch(task(f"j{i}", LEAK, devices=()))
+            pids.append(recorder.final(f"j{i}")[2][0])
+        assert pids[0] == pids[1] != pids[2]  # ~80 MB after the first job, ~130 MB after the second
+        assert not alive(pids[1])
+        assert any("exceeds the worker limit of 100 MB" in record.getMessage() for record in caplog.records)
+    finally:
+        ex.shutdown()
+
+
+def test_warm_devices_lists_the_idle_workers_holding_a_version(executor):
+    assert executor.warm_devices("default", "f", "v1") == []
+    run(executor, task("a", PID, devices=("sim1",), simulated=True))
+    assert executor.warm_devices("default", "f", "v1") == [("sim1",)]
+    assert executor.warm_devices("default", "f", "v2") == [] == executor.warm_devices("team", "f", "v1")
+
+
+def test_shutdown_runs_the_class_entry_teardown(tmp_path):
+    marks = tmp_path / "marks"
+    source = f"""
+    class f:
+        def setup(self):
+            self.n = 0
+        def __call__(self):
+            self.n += 1
+            return self.n
+        def teardown(self):
+            open({str(marks)!r}, "w").write(f"torn down after {{self.n}}")
+    """
+    recorder = Recorder()
+    ex = LocalExecutor(kill_grace_s=0.5)
+    ex.start(recorder)
+    try:
+        for i in range(2):
+            ex.launch(task(f"j{i}", source))
+            assert recorder.final(f"j{i}")[2] == [i + 1]
+    finally:
+        ex.shutdown()
+    assert marks.read_text() == "torn down after 2"

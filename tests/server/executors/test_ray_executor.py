@@ -435,6 +435,120 @@ def test_a_version_bigger_than_the_pipe_to_the_driver_runs_its_jobs_in_order_on_
         assert describe(http, cancelled)["job_state"] == "CANCELLED"
 
 
+SLOW_MODULE = """
+import os
+import time
+
+with open(os.environ["LANCEFN_TEST_LOG"], "a") as out:
+    out.write(f"{os.getpid()}\\n")
+time.sleep(1.0)  # a model load
+
+
+def loaded(tag: str) -> str:
+    return f"{tag} {os.getpid()}"
+"""
+
+
+def test_a_versions_module_runs_once_per_actor_over_sequential_jobs(ray_cp, tmp_path):
+    """Warm state on Ray (ARCHITECTURE.md, "Warm state"): a warm actor keeps its version's module, so
+    sequential jobs pay its load once, not per job."""
+    log = tmp_path / "executions"
+    with ray_cp.http() as http:
+        body = text_body("loaded", SLOW_MODULE, arg="tag", gpu_class="small", env={"LANCEFN_TEST_LOG": str(log)})
+        version = _version(http, body)
+        first = _finished(http, submit(http, "loaded", version, [{"tag": "t0"}]))
+        assert first["job_state"] == "DONE", first
+        started = time.monotonic()
+        later = [_finished(http, submit(http, "loaded", version, [{"tag": f"t{i}"}])) for i in range(1, 6)]
+        elapsed = time.monotonic() - started
+    assert [job["job_state"] for job in later] == ["DONE"] * 5, later
+    pids = {job["result"][0].split()[1] for job in [first, *later]}
+    assert len(pids) == 1  # one warm actor ran them all
+    assert log.read_text().split() == list(pids)  # … and executed the module once
+    print(f"five warm jobs took {elapsed:.2f} s")
+    assert elapsed < 5.0, elapsed  # five jobs that re-ran the module would take 5 s at least
+
+
+FLAKY_SETUP = """
+import os
+
+with open(os.environ["LANCEFN_TEST_LOG"], "a") as out:
+    out.write(f"{os.getpid()}\\n")
+if not os.path.exists(os.environ["LANCEFN_TEST_LOG"] + ".ready"):
+    raise RuntimeError("weights not there yet")
+
+
+def flaky(tag: str) -> str:
+    return str(os.getpid())
+"""
+
+
+def test_an_actor_whose_setup_failed_is_not_reused(ray_cp, tmp_path):
+    log = tmp_path / "executions"
+    with ray_cp.http() as http:
+        body = text_body("flaky", FLAKY_SETUP, arg="tag", gpu_class="small", env={"LANCEFN_TEST_LOG": str(log)})
+        version = _version(http, body)
+        failed = _finished(http, submit(http, "flaky", version, [{"tag": "a"}]))
+        assert failed["job_state"] == "FAILED" and failed["failure"]["phase"] == "setup", failed
+        assert failed["failure"]["message"].startswith("RuntimeError: weights not there yet (at ")
+        Path(f"{log}.ready").touch()
+        done = _finished(http, submit(http, "flaky", version, [{"tag": "b"}]))
+    assert done["job_state"] == "DONE", done
+    failed_pid, new_pid = log.read_text().split()
+    assert done["result"] == [new_pid] and new_pid != failed_pid
+
+
+def test_start_ms_counts_a_new_actors_start_and_nothing_on_a_warm_one():
+    from lancefn_jupyter.server.executors.ray.bridge import _add_start, _BridgeJob
+
+    fresh, warm = _BridgeJob("a", None, None, 1), _BridgeJob("b", None, None, 1)
+    fresh.created_at = 100.0
+    outcomes = [{"event": "result", "timings": {"setup_ms": 5.0, "run_ms": 1.0}} for _ in range(2)]
+    _add_start(outcomes[0], fresh, {"ready_at": 102.5})
+    _add_start(outcomes[1], warm, {"ready_at": 50.0})
+    assert outcomes[0]["timings"] == {"setup_ms": 5.0, "run_ms": 1.0, "start_ms": 2500.0}
+    assert outcomes[1]["timings"]["start_ms"] == 0.0
+
+
+def test_an_actor_is_not_reused_after_a_setup_failure_or_over_the_memory_limit():
+    from types import SimpleNamespace
+
+    from lancefn_jupyter.server.executors.ray.bridge import _Driver
+
+    limited, unlimited = SimpleNamespace(max_rss_mb=100), SimpleNamespace(max_rss_mb=None)
+    ok = {"event": "result", "rss_mb": 80.0}
+    big = {"event": "result", "rss_mb": 130.0}
+    setup = {"event": "failed", "phase": "setup", "rss_mb": 20.0}
+    run = {"event": "failed", "phase": "run", "rss_mb": 20.0}
+    assert [_Driver._reusable(limited, final) for final in (ok, big, setup, run)] == [True, False, False, True]  # type: ignore[arg-type]
+    assert _Driver._reusable(unlimited, big) is True  # type: ignore[arg-type]
+
+
+TORN_DOWN = """
+import os
+
+
+class torn:
+    def __call__(self, tag: str) -> str:
+        return str(os.getpid())
+
+    def teardown(self):
+        with open(os.environ["LANCEFN_TEST_LOG"], "w") as out:
+            out.write(f"torn down {os.getpid()}")
+"""
+
+
+def test_an_idle_actor_that_retires_runs_the_class_entry_teardown(ray_cp, tmp_path):
+    log = tmp_path / "teardown"
+    with ray_cp.http() as http:
+        body = text_body("torn", TORN_DOWN, arg="tag", gpu_class="small", env={"LANCEFN_TEST_LOG": str(log)})
+        done = _finished(http, submit(http, "torn", _version(http, body), [{"tag": "a"}]))
+    assert done["job_state"] == "DONE", done
+    # The module server retires idle actors after 15 s (LANCEFN_RAY_ACTOR_IDLE_S).
+    wait_until(log.exists, "the idle actor's teardown", 60)
+    assert log.read_text() == f"torn down {done['result'][0]}"
+
+
 SECRET_ENV = """
 import os
 

@@ -22,7 +22,7 @@ from typing import Any
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session, pip_requirements
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
-from lancefn_jupyter.worker.protocol import Protocol
+from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol
 
 log = logging.getLogger("lancefn.server")
 
@@ -57,6 +57,7 @@ class _BridgeJob:
     unplaced_since: float | None = None  # a new GPU actor of it, not yet running it, since
     result_file: str | None = None  # where an Arrow result goes (the bridge shares the server's disk)
     result_fsync: bool = True
+    created_at: float | None = None  # wall clock when a new actor was asked for this job (None: a warm one)
 
 
 class _Driver:
@@ -72,6 +73,7 @@ class _Driver:
         self.classes: list[str] = list(config.get("classes") or ())
         self.pip_mode = config.get("pip_mode", "auto")
         self.lost_after_s = float(config.get("lost_after_s", 30.0))
+        self.max_rss_mb = config.get("worker_max_rss_mb")
         self.jobs: dict[str, _BridgeJob] = {}
         # (name, version, namespace) → artifact: sent with a version's first job, dropped when the
         # executor says (``forget``), which keeps the same list (``_BridgeProcess.launch``)
@@ -184,6 +186,7 @@ class _Driver:
                 "entrypoint": job["entrypoint"],
                 "filename": artifact_filename(job["name"], job["version"]),
                 "packages": job.get("packages") or [],
+                "state": job.get("state") or "per_worker",
             },
         }
         payload = {
@@ -231,8 +234,7 @@ class _Driver:
                 starts += pool_starts
                 retire += pool_retire
             records = [(self.jobs.get(job_id), actor) for job_id, actor in starts]
-        for actor in retire:
-            self._kill_actor(actor)
+        self._retire(retire)
         for record, actor in records:
             if record is not None:
                 self._start(record, actor)
@@ -242,6 +244,7 @@ class _Driver:
         job_id = record.job_id
         try:
             if actor is None:
+                record.created_at = time.time()
                 actor = self.job_actor.options(**record.options).remote(record.version)  # type: ignore[arg-type]
                 with self.lock:
                     bound = record.pool.bind(job_id, actor)  # type: ignore[union-attr]
@@ -276,6 +279,40 @@ class _Driver:
             self.ray.kill(actor, no_restart=True)
         except Exception:  # already dead, or the cluster is going away
             pass
+
+    def _teardown_and_kill(self, actors: list[Any]) -> None:
+        """Retire idle actors: each tears its version down (the runner bounds it by ``TEARDOWN_S``),
+        then is killed, however that went."""
+        refs = []
+        for actor in actors:
+            try:
+                refs.append(actor.teardown.remote())
+            except Exception:  # already dead
+                pass
+        if refs:
+            try:
+                self.ray.wait(refs, num_returns=len(refs), timeout=TEARDOWN_S + 2.0)
+            except Exception:
+                pass
+        for actor in actors:
+            self._kill_actor(actor)
+
+    def _retire(self, actors: list[Any]) -> None:
+        """:meth:`_teardown_and_kill` in the background: no caller waits for a teardown."""
+        if actors:
+            threading.Thread(
+                target=self._teardown_and_kill, args=(actors,), name="lancefn-ray-retire", daemon=True
+            ).start()
+
+    def _reusable(self, final: dict) -> bool:
+        """Whether the actor that sent ``final`` may run its key's next job ("Warm state")."""
+        if final.get("event") == "failed" and final.get("phase") == "setup":
+            return False
+        rss = final.get("rss_mb")
+        if self.max_rss_mb is not None and isinstance(rss, (int, float)) and rss > float(self.max_rss_mb):
+            log.info("ray bridge: retiring an actor at %.0f MB (worker limit %s MB)", rss, self.max_rss_mb)
+            return False
+        return True
 
     def _runtime_env(self, job: dict) -> dict:
         # The function's env travels with the task (see _run_job), never here: runtime_env
@@ -315,8 +352,7 @@ class _Driver:
             self._stop(record)
         with self.lock:
             idle = [actor for pool in self._pools() for actor in pool.clear()]
-        for actor in idle:
-            self._kill_actor(actor)
+        self._teardown_and_kill(idle)  # busy ones were killed above with their jobs
         try:
             self.ray.shutdown()
         except Exception:
@@ -403,7 +439,11 @@ class _Driver:
         with self.lock:
             record = self.jobs.get(job_id)
             quick = (
-                record is not None and not record.finished and not value.get("last_seq") and "result_ipc" not in final
+                record is not None
+                and not record.finished
+                and not value.get("last_seq")
+                and "result_ipc" not in final
+                and self._reusable(final)  # else its actor retires: Ray calls
             )
             if quick and record is not None:
                 self.jobs.pop(job_id)
@@ -411,6 +451,7 @@ class _Driver:
                 record.pool.release(job_id, time.monotonic(), reuse=True)  # type: ignore[union-attr]
                 record.actor = None
                 waiting = any(pool.waiting() for pool in self._pools())
+                _add_start(final, record, value)
         if not quick:
             self.inbox.put(("outcome", job_id, future))
             return
@@ -429,14 +470,22 @@ class _Driver:
             record = self.jobs.get(job_id)
             if record is None or record.finished:
                 return
-            # It ran the job and lives: warm for its key's next job (crashed or lost: never reused).
-            freed = record.pool.release(job_id, time.monotonic(), reuse=returned)  # type: ignore[union-attr]
+            final = value.get("final") or {}
+            reuse = returned and self._reusable(final)
+            # It ran the job and lives: warm for its key's next job (crashed or lost: never reused;
+            # failed its setup or over the memory limit: retired).
+            freed = record.pool.release(job_id, time.monotonic(), reuse=reuse)  # type: ignore[union-attr]
             record.actor = None
+            if returned:
+                _add_start(final, record, value)
             parked = record.seen < int(value.get("last_seq", 0))
             if parked:
                 record.outcome, record.outcome_due = value, time.monotonic() + _OUTCOME_GRACE_S
         if freed is not None:
-            self._kill_actor(freed)
+            if returned:
+                self._retire([freed])
+            else:
+                self._kill_actor(freed)
         self._dispatch()  # its room is free (its actor idle, or killed if it crashed)
         if not parked:
             self._finish(job_id, value)
@@ -490,9 +539,7 @@ class _Driver:
                 if record.unplaced_since is not None and now - record.unplaced_since >= _UNPLACED_S:
                     record.unplaced_since = now
                     retire.append(record.pool.retire_least_recent())  # type: ignore[union-attr]
-        retire = [actor for actor in retire if actor is not None]
-        for actor in retire:
-            self._kill_actor(actor)
+        self._retire([actor for actor in retire if actor is not None])
         if now - self.last_ok > self.lost_after_s:
             self._lost(f"the Ray cluster has not answered for {self.lost_after_s:g} s")
 
@@ -552,6 +599,18 @@ class _Driver:
             ]
         except Exception:
             return []
+
+
+def _add_start(final: dict, record: _BridgeJob, value: dict) -> None:
+    """``start_ms`` into the outcome's timings: asking for this job's new actor → its ``__init__``
+    done (scheduling and the process start included); 0 on a warm actor."""
+    if "timings" not in final:
+        return
+    ready_at = value.get("ready_at")
+    start_ms = 0.0
+    if record.created_at is not None and isinstance(ready_at, (int, float)):
+        start_ms = max(0.0, (ready_at - record.created_at) * 1000.0)
+    final["timings"] = {**final["timings"], "start_ms": start_ms}
 
 
 def _ray_data_fields(data: dict) -> dict:

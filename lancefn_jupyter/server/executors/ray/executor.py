@@ -23,6 +23,7 @@ from lancefn_jupyter.server.executors.ray.cluster import (
     local_cluster_plan,
 )
 from lancefn_jupyter.server.executors.relay import relay
+from lancefn_jupyter.worker.protocol import TEARDOWN_S
 
 if TYPE_CHECKING:
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -229,7 +230,8 @@ class RayExecutor(Executor):
         pip_mode: str | None = None,
         lost_after_s: float | None = None,
         start_timeout_s: float = 180.0,
-        stop_grace_s: float = 10.0,
+        stop_grace_s: float = TEARDOWN_S + 5.0,  # idle actors' teardown runs during the driver's shutdown
+        worker_max_rss_mb: float | None = None,
     ) -> None:
         import importlib.util
 
@@ -251,6 +253,7 @@ class RayExecutor(Executor):
         self._lost_after_s = float(lost_after_s or os.environ.get("LANCEFN_RAY_LOST_AFTER_S") or 30.0)
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = stop_grace_s
+        self._worker_max_rss_mb = worker_max_rss_mb
         self._callbacks: ExecutorCallbacks = None  # type: ignore[assignment]  # set by start(), before any launch
         self._lock = threading.Lock()
         self._state = "stopped"  # starting | up | stopped
@@ -362,6 +365,7 @@ class RayExecutor(Executor):
             "classes": [spec.name for spec in self._classes.classes] if self._classes else [],
             "pip_mode": self._pip_mode,
             "lost_after_s": self._lost_after_s,
+            "worker_max_rss_mb": self._worker_max_rss_mb,
         }
         if self._address is None:
             plan = local_cluster_plan(self._classes)
@@ -522,4 +526,5 @@ def _job_payload(task: TaskSpec) -> dict:
         "timeout_s": task.timeout_s,
         "namespace": task.namespace,
         "data": dict(task.data),
+        "state": task.state,
     }

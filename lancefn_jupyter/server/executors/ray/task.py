@@ -205,9 +205,10 @@ class JobActor:
     """A warm worker of one (class, GPUs, function version, namespace): runs its jobs one at a time
     (a GPU one holds its GPUs for its whole life, so where it runs is read once).
 
-    ``version`` is what every job of its version shares (the artifact, its entrypoint, filename
-    and packages, the hub's name): sent once, when the actor is made, so each job's call carries
-    only its own fields (id, rows, env)."""
+    ``version`` is what every job of its version shares (the artifact, its entrypoint, filename,
+    packages and state, the hub's name): sent once, when the actor is made, so each job's call
+    carries only its own fields (id, rows, env).  The runner keeps the version's module loaded in
+    this process between jobs (docs/ARCHITECTURE.md, "Warm state")."""
 
     def __init__(self, version: dict) -> None:
         import ray
@@ -216,10 +217,20 @@ class JobActor:
         self._hub = ray.get_actor(version["hub"], namespace=NAMESPACE)
         self._where = {"devices": [str(gpu) for gpu in ray.get_gpu_ids()], "node": _node_id()}
         self._output = _ActorOutput()
+        self._ready_at = time.time()  # wall clock: the bridge, which asked for this actor, counts its start
+        self._env: dict[str, str] = {}  # the last job's function env, which the teardown sees too
 
     def run(self, job: dict) -> dict:
         """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane)."""
-        return _run_job(self._hub, {**self._task, **job}, self._where, self._output)
+        self._env = job.get("env") or {}
+        return {**_run_job(self._hub, {**self._task, **job}, self._where, self._output), "ready_at": self._ready_at}
+
+    def teardown(self) -> None:
+        """The actor retires: tear down the version it holds (bounded in the runner); then it is killed."""
+        from lancefn_jupyter.worker.runner import release
+
+        with _task_env(self._env):
+            release()
 
 
 @contextlib.contextmanager
