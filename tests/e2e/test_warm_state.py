@@ -184,8 +184,8 @@ class Broken:
             "print('OUT batch', json.dumps([b.state, sum(1 for c in b._describe().chunks if c.state == 'DONE')]))",
         ],
     )
-    name, phase, message = out["job"]
-    assert phase == "setup", out["_texts"]
+    kind, phase, message = out["job"]
+    assert (kind, phase) == ("RemoteFunctionError", "setup"), out["_texts"]
     assert "weights missing" in message and "cell line" in message
     state, done = out["batch"]
     assert state == "failed" and done == 0
