@@ -1,0 +1,241 @@
+"""Warm state (issue 24): a version whose setup takes 1 s, next to Ray actors doing the same.
+
+    .venv/bin/python benchmarks/bench_warm_state.py [--skip-ray] [--jobs 20] [--warm 200]
+
+1. **Sequential jobs.** A cell that sleeps 1 s at module level (loading a model) and 20 sequential
+   `submit(x).result()` from registration on, next to a Ray actor whose `__init__` sleeps 1 s and 20
+   `ray.get(actor.f.remote(x))` from actor creation on, in its own process in the same run.
+   Target: ours ≤ 1.1× Ray. Then the warm overhead: median job latency of the warm stateful version minus
+   that of a stateless function, both warm (target ≤ 0.5 ms).
+2. **Batch.** 64 chunks of one row × 0.05 s with the 1 s setup on 8 simulated GPUs: module executions
+   (target ≤ 8) and wall time from `map` to every result, next to Ray's `ActorPool` of 8 actors (1 s
+   `__init__`) over the same chunks, actor creation included. Target: ours ≤ 1.2× Ray.
+
+Each side starts its processes first (our spare workers, Ray's `ray.init`), untimed. No timed asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import print_machine, server, summary
+
+SETUP_S = 1.0
+CHUNK_S = 0.05
+CHUNKS = 64
+ONE_GPU = """
+[[gpu_classes]]
+name = "default"
+gpu_model = "Simulated GPU"
+gpu_memory_bytes = 1073741824
+max_gpu_count_per_worker = 1
+simulated = 1
+"""
+EIGHT_GPUS = ONE_GPU.replace("simulated = 1", "simulated = 8")
+
+# The cell a user writes: the model is loaded when the module executes (once per worker, with warm state).
+CELL = """import os, time
+with open(COUNT_FILE, "a") as _log:
+    _log.write(f"{{os.getpid()}}\\n")
+time.sleep({setup})
+_MODEL = {{"w": 3}}
+
+def {name}(x: int) -> int:
+    if {nap}:
+        time.sleep({nap})
+    return x * _MODEL["w"]
+"""
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def register_cell(name: str, count_file: str, *, setup: float, nap: float = 0.0):
+    """Package and register a cell the way the magic does (the cell runs here once, as in a kernel)."""
+    from lancefn_jupyter.handles.function import function_from_cell
+    from lancefn_jupyter.options import build_options
+
+    cell = CELL.format(name=name, setup=setup, nap=nap)
+    namespace: dict = {"COUNT_FILE": count_file}
+    exec(compile(cell, "<cell>", "exec"), namespace)
+    return function_from_cell(cell, namespace, build_options(num_gpus=1))
+
+
+def executions(count_file: str) -> int:
+    """Module executions in worker processes (this process ran each cell once, as a kernel would)."""
+    try:
+        pids = Path(count_file).read_text().split()
+    except FileNotFoundError:
+        return 0
+    return sum(1 for pid in pids if int(pid) != os.getpid())
+
+
+def ray_side(jobs: int) -> None:
+    """In its own process: an actor with a 1 s `__init__` and `jobs` sequential calls; then an ActorPool of 8."""
+    import ray
+    from ray.util import ActorPool
+
+    with tempfile.TemporaryDirectory(prefix="lancefn-bench-ray-") as tmp:
+        ray.init(address="local", num_cpus=8, num_gpus=8, include_dashboard=False, log_to_driver=False, _temp_dir=tmp)
+
+        @ray.remote(num_gpus=1)
+        class Model:
+            def __init__(self) -> None:
+                time.sleep(SETUP_S)
+                self.w = 3
+
+            def f(self, x: int, nap: float = 0.0) -> int:
+                if nap:
+                    time.sleep(nap)
+                return x * self.w
+
+        ray.get(Model.remote().f.remote(0))  # untimed: Ray's first actor process and imports
+
+        def sequential() -> None:
+            actor = Model.remote()
+            for x in range(jobs):
+                ray.get(actor.f.remote(x))
+            ray.kill(actor)
+
+        seq = timed(sequential)
+
+        def pooled() -> None:
+            pool = ActorPool([Model.remote() for _ in range(8)])
+            list(pool.map(lambda a, x: a.f.remote(x, CHUNK_S), range(CHUNKS)))
+            for actor in pool._idle_actors:
+                ray.kill(actor)
+
+        time.sleep(1.0)  # the actors of the first runs go away
+        batch = timed(pooled)
+        ray.shutdown()
+    print("RAY " + json.dumps({"sequential": seq, "batch": batch}), flush=True)
+
+
+def run_ray(jobs: int) -> dict | None:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--ray-side", "--jobs", str(jobs)], capture_output=True, text=True, timeout=600
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RAY ")), None)
+    if line is None:
+        print(f"Ray side failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        return None
+    return json.loads(line[4:])
+
+
+def sequential_jobs(jobs: int, warm: int) -> tuple[float, float]:
+    from lancefn_jupyter import api
+
+    with server(gpu_classes=ONE_GPU) as srv, tempfile.TemporaryDirectory() as tmp:
+        api.connect(srv.url, srv.api_key)
+        count = os.path.join(tmp, "count")
+        stateless = api.gpu_function(num_gpus=1)(triple)
+        stateless.submit(1).result()  # untimed: the first worker started and used
+        time.sleep(2.0)  # its spare (for the next new version) is ready
+        fn = register_cell("model", count, setup=SETUP_S)
+
+        def run() -> None:
+            for x in range(jobs):
+                assert fn.submit(x).result() == 3 * x
+
+        total = timed(run)
+        runs = executions(count)
+        print(f"{jobs} sequential jobs, setup {SETUP_S:g} s: {total:.2f} s, module executed {runs}×")
+        summary("bench_warm_state.py", f"{jobs} sequential jobs with a {SETUP_S:g} s setup", round(total, 3), "s")
+        summary("bench_warm_state.py", "module executions over those jobs", runs, "", "== 1", runs == 1)
+        stateful_s = [timed(lambda: fn.submit(1).result()) for _ in range(warm)]
+        plain_s = [timed(lambda: stateless.submit(1).result()) for _ in range(warm)]
+        overhead_ms = (statistics.median(stateful_s) - statistics.median(plain_s)) * 1000
+        print(
+            f"warm job latency: stateful {statistics.median(stateful_s) * 1000:.2f} ms, "
+            f"stateless {statistics.median(plain_s) * 1000:.2f} ms, overhead {overhead_ms:+.3f} ms"
+        )
+        summary(
+            "bench_warm_state.py",
+            "warm job overhead of a stateful version over a stateless one (median)",
+            round(overhead_ms, 3),
+            "ms",
+            "<= 0.5 ms",
+            overhead_ms <= 0.5,
+        )
+    return total, overhead_ms
+
+
+def triple(x: int) -> int:
+    return 3 * x
+
+
+def batch(setups_target: int = 8) -> float:
+    from lancefn_jupyter import api
+
+    with server(gpu_classes=EIGHT_GPUS) as srv, tempfile.TemporaryDirectory() as tmp:
+        api.connect(srv.url, srv.api_key)
+        warm_up = api.gpu_function(num_gpus=1)(triple)
+        warm_up.map(range(16), chunk_size=1, parallel="auto").result()  # untimed: 8 workers started
+        time.sleep(5.0)  # their spares (one per GPU, for the next new version) are ready
+        count = os.path.join(tmp, "count")
+        fn = register_cell("chunked", count, setup=SETUP_S, nap=CHUNK_S)
+        fn.version  # noqa: B018  (registered before the clock starts, as Ray's class is defined before)
+        wall = timed(lambda: fn.map(range(CHUNKS), chunk_size=1, parallel="auto").result())
+        runs = executions(count)
+    print(f"batch of {CHUNKS} chunks × {CHUNK_S:g} s, setup {SETUP_S:g} s, 8 GPUs: {wall:.2f} s, {runs} setups")
+    summary(
+        "bench_warm_state.py",
+        f"batch {CHUNKS} chunks x {CHUNK_S:g} s, {SETUP_S:g} s setup, 8 GPUs",
+        round(wall, 3),
+        "s",
+    )
+    summary("bench_warm_state.py", "module executions in that batch", runs, "", "<= 8", runs <= setups_target)
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--warm", type=int, default=200)
+    parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--ray-side", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ray_side:
+        ray_side(args.jobs)
+        return
+    os.environ.setdefault("LANCEFN_DISABLE_NVML", "1")
+    print_machine()
+    sequential, _ = sequential_jobs(args.jobs, args.warm)
+    wall = batch()
+    if args.skip_ray:
+        return
+    ray = run_ray(args.jobs)
+    if ray is None:
+        return
+    seq_ratio, batch_ratio = sequential / ray["sequential"], wall / ray["batch"]
+    print(
+        f"Ray: actor + {args.jobs} calls {ray['sequential']:.2f} s (ours / Ray {seq_ratio:.2f}×); "
+        f"ActorPool of 8 over {CHUNKS} chunks {ray['batch']:.2f} s (ours / Ray {batch_ratio:.2f}×)"
+    )
+    summary(
+        "bench_warm_state.py", f"Ray actor, 1 s __init__ + {args.jobs} ray.get calls", round(ray["sequential"], 3), "s"
+    )
+    summary(
+        "bench_warm_state.py", "sequential jobs ours / Ray actor", round(seq_ratio, 2), "x", "<= 1.1", seq_ratio <= 1.1
+    )
+    summary("bench_warm_state.py", f"Ray ActorPool of 8 over {CHUNKS} chunks", round(ray["batch"], 3), "s")
+    summary(
+        "bench_warm_state.py", "batch ours / Ray ActorPool", round(batch_ratio, 2), "x", "<= 1.2", batch_ratio <= 1.2
+    )
+
+
+if __name__ == "__main__":
+    main()

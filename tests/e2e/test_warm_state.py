@@ -1,0 +1,274 @@
+"""Warm state (docs/ARCHITECTURE.md, "Warm state") as a notebook user meets it: cells registered with the real
+``%%gpu_function`` magic in notebooks executed by nbclient against a real control plane, local and Ray.
+
+Every version under test appends its process id to a file each time its module (or a class entry's
+``setup()``) executes, so the tests count executions per process: the kernel's own execution of the cell is
+told apart by the kernel's pid, which the notebook prints first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+COUNTED = """%%gpu_function num_gpus=1{options}
+import os
+with open({path!r}, "a") as _log:
+    _log.write(f"{{os.getpid()}}\\n")
+_MODEL = {{"w": 3}}
+
+def {name}(x: int) -> int:
+    return x * _MODEL["w"]
+"""
+
+SCALER = """%%gpu_function num_gpus=1{options}
+import os, time
+
+class Scaler:
+    def setup(self):
+        with open({setups!r}, "a") as log:
+            log.write(f"{{os.getpid()}}\\n")
+        self.w = 10
+
+    def __call__(self, x: int) -> int:
+        if x < 0:
+            time.sleep(60)  # held until cancelled
+        return x * self.w
+
+    def teardown(self):
+        with open({teardowns!r}, "a") as log:
+            log.write(f"{{os.getpid()}}\\n")
+"""
+
+
+def _text(cell) -> str:
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            parts.append(output["text"])
+        elif "data" in output:
+            parts.append(output["data"].get("text/plain", ""))
+        elif output.get("output_type") == "error":
+            parts.append(output["ename"] + ": " + output["evalue"])
+    return "\n".join(parts)
+
+
+def run_notebook(cp, tmp_path: Path, cells: list[str], *, timeout: int = 240) -> dict[str, object]:
+    """Execute ``cells`` after connecting to ``cp``; every line ``OUT <tag> <json>`` becomes ``{tag: value}``."""
+    head = [
+        "%load_ext lancefn_jupyter",
+        f"%lancefn connect {cp.url}",
+        "import os, json\nprint('OUT kernel', os.getpid())",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in head + cells])
+    env = dict(os.environ, LANCEFN_API_KEY=cp.api_key, LANCEFN_HOME=str(tmp_path / "unused-home"))
+    env.pop("LANCEFN_URL", None)
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute(env=env)
+    texts = [_text(cell) for cell in nb.cells]
+    out: dict[str, object] = {}
+    for text in texts:
+        for row in text.splitlines():
+            if row.startswith("OUT "):
+                _, tag, value = row.split(" ", 2)
+                out[tag] = json.loads(value)
+    out["_texts"] = texts
+    return out
+
+
+def executions(path: Path, kernel_pid: object) -> list[int]:
+    """Worker pids that executed the module, in order (the kernel's own execution left out)."""
+    if not path.exists():
+        return []
+    return [int(pid) for pid in path.read_text().split() if int(pid) != kernel_pid]
+
+
+def report(tag: str, expr: str) -> str:
+    return f"print('OUT {tag}', json.dumps({expr}))"
+
+
+def test_module_runs_once_per_worker_for_jobs_batches_and_local(control_plane, tmp_path):
+    jobs, batch, local, per_job = (tmp_path / f"{name}.log" for name in ("jobs", "batch", "local", "per_job"))
+    out = run_notebook(
+        control_plane,
+        tmp_path,
+        [
+            COUNTED.format(options="", path=str(jobs), name="infer"),
+            report("jobs", "[infer.submit(i).result() for i in range(6)]"),
+            COUNTED.format(options="", path=str(batch), name="chunked"),
+            "b = chunked.map(range(32), chunk_size=2, parallel='auto')\n" + report("batch", "b.result(timeout=180)"),
+            COUNTED.format(options="", path=str(local), name="near"),
+            report("local", "[near.local(i) for i in range(3)]"),
+            COUNTED.format(options=" state=per_job", path=str(per_job), name="fresh"),
+            report("per_job", "[fresh.submit(i).result() for i in range(4)]"),
+            report("versions", "[infer.version.version, fresh.version.version]"),
+        ],
+    )
+    kernel = out["kernel"]
+    assert out["jobs"] == [3 * i for i in range(6)], out["_texts"]
+    assert len(executions(jobs, kernel)) == 1  # six jobs, one module execution
+    assert out["batch"] == [3 * i for i in range(32)]
+    chunk_runs = executions(batch, kernel)
+    assert 1 <= len(chunk_runs) <= 2 and len(set(chunk_runs)) == len(chunk_runs)  # 16 chunks, ≤ one per GPU worker
+    assert out["local"] == [0, 3, 6] and len(executions(local, kernel)) == 1
+    assert out["per_job"] == [0, 3, 6, 9] and len(executions(per_job, kernel)) == 4
+    first, second = out["versions"]
+    assert first != second
+
+
+def test_class_entry_setup_once_teardown_on_stop_and_lookup_from_another_kernel(control_plane_factory, tmp_path):
+    cp = control_plane_factory()
+    setups, teardowns = tmp_path / "setups.log", tmp_path / "teardowns.log"
+    out = run_notebook(
+        cp,
+        tmp_path,
+        [
+            SCALER.format(options="", setups=str(setups), teardowns=str(teardowns)),
+            report("results", "[Scaler.submit(i).result() for i in range(4)]"),
+            report("kernel_call", "Scaler(2)"),
+            report("card", "Scaler.card()[0]"),
+        ],
+    )
+    kernel = out["kernel"]
+    assert out["results"] == [0, 10, 20, 30], out["_texts"]
+    assert out["kernel_call"] == 20  # the handle calls a kernel-side instance, set up once in the kernel
+    assert "class Scaler" in out["card"] and "setup once per worker" in out["card"]
+    workers = executions(setups, kernel)
+    assert len(workers) == 1
+
+    other = run_notebook(
+        cp,
+        tmp_path / "other",
+        [
+            "from lancefn_jupyter import lookup\nS = lookup('Scaler')\n" + report("looked", "[S.submit(5).result()]"),
+            report("looked_card", "S.card()[0]"),
+        ],
+    )
+    assert other["looked"] == [50], other["_texts"]
+    assert "class Scaler" in other["looked_card"]
+    assert executions(setups, kernel) == workers  # the same warm worker served the other kernel's job
+
+    cp.stop()  # the server retires its workers: each one that set up tears down
+    assert set(workers) <= set(executions(teardowns, kernel))
+
+
+def test_failing_setup_fails_in_phase_setup_and_a_batch_fails_fast(control_plane, tmp_path):
+    attempts = tmp_path / "attempts.log"
+    broken = f"""%%gpu_function num_gpus=1
+import os
+
+class Broken:
+    def setup(self):
+        with open({str(attempts)!r}, "a") as log:
+            log.write(f"{{os.getpid()}}\\n")
+        raise RuntimeError("weights missing")
+
+    def __call__(self, x: int) -> int:
+        return x
+"""
+    out = run_notebook(
+        control_plane,
+        tmp_path,
+        [
+            broken,
+            "try:\n    Broken.submit(1).result()\nexcept Exception as e:\n"
+            "    print('OUT job', json.dumps([type(e).__name__, getattr(e, 'phase', None), str(e)]))",
+            "b = Broken.map(range(20), chunk_size=1, parallel='auto')\nb.wait(timeout=120)\n"
+            "print('OUT batch', json.dumps([b.state, sum(1 for c in b._describe().chunks if c.state == 'DONE')]))",
+        ],
+    )
+    kind, phase, message = out["job"]
+    assert (kind, phase) == ("RemoteFunctionError", "setup"), out["_texts"]
+    assert "weights missing" in message and "cell line" in message
+    state, done = out["batch"]
+    assert state == "failed" and done == 0
+    # one for the job, then for the batch at most one more try after the first failure on each of 2 GPUs
+    assert 2 <= len(executions(attempts, out["kernel"])) <= 4
+
+
+def test_timings_cold_then_warm_and_cancel_replaces_the_worker(control_plane, tmp_path):
+    setups, teardowns = tmp_path / "setups.log", tmp_path / "teardowns.log"
+    out = run_notebook(
+        control_plane,
+        tmp_path,
+        [
+            SCALER.format(options="", setups=str(setups), teardowns=str(teardowns)),
+            "j1 = Scaler.submit(1); j1.result(); j2 = Scaler.submit(2); j2.result()\n"
+            + report("timings", "[j1.timings.to_wire(), j2.timings.to_wire()]"),
+            "import time\nheld = Scaler.submit(-1)\n"
+            "while held.state != 'running': time.sleep(0.05)\n"
+            "held.cancel()\nj3 = Scaler.submit(3)\n" + report("after_cancel", "[j3.result(), j3.timings.cold]"),
+        ],
+    )
+    cold, warm = out["timings"]
+    assert cold["cold"] is True and cold.get("setup_ms", 0) > 0, out["_texts"]
+    assert warm.get("cold", False) is False and warm.get("setup_ms", 0) == 0 and warm.get("start_ms", 0) == 0
+    assert warm.get("run_ms", 0) >= 0
+    assert out["after_cancel"] == [30, True]
+    assert len(executions(setups, out["kernel"])) == 2  # the cancelled worker was replaced: setup again
+
+
+def test_bare_calls_run_in_the_worker_and_trial_calls_are_left_out(control_plane, tmp_path):
+    cell = """%%gpu_function num_gpus=1
+_STATE = {"mode": "train"}
+_STATE.update(mode="eval")
+
+def mode(x: int) -> str:
+    return _STATE["mode"] + str(x)
+
+mode(1)
+"""
+    out = run_notebook(control_plane, tmp_path, [cell, report("mode", "[mode.submit(2).result(), mode.card()[0]]")])
+    result, card = out["mode"]
+    assert result == "eval2", out["_texts"]
+    assert "left out: line 7, mode(1)" in card
+
+
+def test_a_leaking_function_is_retired_past_the_memory_limit(control_plane_factory, tmp_path):
+    cp = control_plane_factory(args=["--worker-max-rss-mb", "250"])
+    cell = """%%gpu_function num_gpus=1
+import os
+_HOLD = []
+
+def leak(x: int) -> int:
+    _HOLD.append(b"\\x01" * (100 << 20))  # 100 MiB each call, kept on purpose
+    return os.getpid()
+"""
+    out = run_notebook(cp, tmp_path, [cell, report("pids", "[leak.submit(i).result() for i in range(5)]")])
+    pids = out["pids"]
+    assert len(pids) == 5, out["_texts"]
+    assert len(set(pids)) >= 2  # a worker over 250 MB was replaced
+    assert max(pids.count(pid) for pid in set(pids)) <= 2  # none served past the limit
+
+
+@pytest.mark.ray
+def test_ray_actor_keeps_module_state_for_jobs_batches_and_classes(ray_cp, tmp_path):
+    jobs, batch = tmp_path / "jobs.log", tmp_path / "batch.log"
+    setups, teardowns = tmp_path / "setups.log", tmp_path / "teardowns.log"
+    out = run_notebook(
+        ray_cp,
+        tmp_path,
+        [
+            COUNTED.format(options=" gpu_class=small", path=str(jobs), name="infer_ray"),
+            report("jobs", "[infer_ray.submit(i).result() for i in range(6)]"),
+            COUNTED.format(options=" gpu_class=small", path=str(batch), name="chunked_ray"),
+            "b = chunked_ray.map(range(16), chunk_size=2, parallel='auto')\n"
+            + report("batch", "b.result(timeout=240)"),
+            SCALER.format(options=" gpu_class=small", setups=str(setups), teardowns=str(teardowns)),
+            report("scaler", "[Scaler.submit(i).result() for i in range(3)]"),
+        ],
+        timeout=400,
+    )
+    kernel = out["kernel"]
+    assert out["jobs"] == [3 * i for i in range(6)], out["_texts"]
+    assert len(executions(jobs, kernel)) == 1
+    assert out["batch"] == [3 * i for i in range(16)]
+    assert 1 <= len(executions(batch, kernel)) <= 2
+    assert out["scaler"] == [0, 10, 20] and len(executions(setups, kernel)) == 1
