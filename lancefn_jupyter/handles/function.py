@@ -363,6 +363,7 @@ class GpuFunction:
                 env=env,
                 timeout_s=self.timeout_s,
                 on_log=_echo_log,  # the function's prints show up live, as they would in the kernel
+                state=self._request.runtime.state or "per_worker",
             )
         except LocalRunError as error:
             message, tb = self.map_failure(error.message, error.traceback or "")

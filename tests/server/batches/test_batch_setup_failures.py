@@ -13,8 +13,6 @@ from helpers import DEADLINE_S, wait_until
 
 from lancefn_jupyter.wire.batch_models import Batch
 
-SETUP_PHASES = ("setup", "import")  # "import": workers before warm state
-
 BROKEN = """from __future__ import annotations
 
 raise RuntimeError("cannot load the model")
@@ -80,7 +78,7 @@ def test_a_chunk_whose_setup_fails_twice_fails_the_batch_at_once_whatever_its_re
         assert [c["attempts"] for c in batch["chunks"]] == [2, 0, 0, 0, 0, 0]
         assert [("job_id" in c) for c in batch["chunks"]] == [True] + [False] * 5
         failure = batch["failure"]
-        assert failure["chunk"] == 0 and failure["phase"] in SETUP_PHASES
+        assert failure["chunk"] == 0 and failure["phase"] == "setup"
         assert "cannot load the model" in failure["message"]
         job = http.post("/v1/jobs/describe", json={"job_id": failure["job_id"]}).json()
         assert job["job_state"] == "FAILED" and job["failure"]["phase"] == failure["phase"]
@@ -98,7 +96,7 @@ def test_parallel_chunks_that_fail_setup_cancel_the_rest_of_the_batch(control_pl
         assert batch["batch_state"] == "FAILED"
         assert batch["chunk_counts"] == {"FAILED": 1, "CANCELLED": 7}
         assert sum(c["attempts"] for c in batch["chunks"]) <= 1 + 8  # no chunk ran a third time
-        assert batch["failure"]["phase"] in SETUP_PHASES and "cannot load the model" in batch["failure"]["message"]
+        assert batch["failure"]["phase"] == "setup" and "cannot load the model" in batch["failure"]["message"]
         # Nothing of the batch is left queued or running.
         usage = http.get("/v1/gpu/usage").json()["classes"][0]
         assert usage["jobs_pending"] == 0 and usage["jobs_running"] == 0
@@ -131,7 +129,7 @@ def test_one_setup_failure_is_retried_and_a_second_after_a_restart_still_fails_t
         assert batch["batch_state"] == "FAILED" and batch["strip"] == "dfc"
         assert [c["attempts"] for c in batch["chunks"]] == [2, 1, 0]  # the second failure is not retried
         assert batch["failure"]["chunk"] == 1 and "the model file is missing" in batch["failure"]["message"]
-        assert batch["failure"]["phase"] in SETUP_PHASES
+        assert batch["failure"]["phase"] == "setup"
         # A retry of the batch starts the rule afresh: chunk 1 may fail setup once more.
         flag.touch()
         (tmp_path / "g1").touch()

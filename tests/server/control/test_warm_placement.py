@@ -3,16 +3,8 @@ a job goes to the devices whose idle worker already holds its version, not the l
 
 from __future__ import annotations
 
-import pytest
 from conftest import register, registration_body
 from helpers import hold_version, submit, wait_done, wait_state
-
-from lancefn_jupyter.server.executors.base import Executor
-from lancefn_jupyter.server.executors.local import LocalExecutor
-
-pytestmark = pytest.mark.skipif(
-    LocalExecutor.warm_devices is Executor.warm_devices, reason="the local executor does not report warm workers yet"
-)
 
 
 def test_a_job_runs_on_the_devices_whose_idle_worker_holds_its_version(control_plane, tmp_path):
