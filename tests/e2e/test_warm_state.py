@@ -143,6 +143,7 @@ def test_class_entry_setup_once_teardown_on_stop_and_lookup_from_another_kernel(
     workers = executions(setups, kernel)
     assert len(workers) == 1
 
+    (tmp_path / "other").mkdir()
     other = run_notebook(
         cp,
         tmp_path / "other",
@@ -228,7 +229,7 @@ mode(1)
     out = run_notebook(control_plane, tmp_path, [cell, report("mode", "[mode.submit(2).result(), mode.card()[0]]")])
     result, card = out["mode"]
     assert result == "eval2", out["_texts"]
-    assert "left out: line 7, mode(1)" in card
+    assert "left out: line 8, mode(1)" in card  # notebook lines, the magic line being 1
 
 
 def test_a_leaking_function_is_retired_past_the_memory_limit(control_plane_factory, tmp_path):
@@ -245,7 +246,8 @@ def leak(x: int) -> int:
     pids = out["pids"]
     assert len(pids) == 5, out["_texts"]
     assert len(set(pids)) >= 2  # a worker over 250 MB was replaced
-    assert max(pids.count(pid) for pid in set(pids)) <= 2  # none served past the limit
+    # 100 MiB a call over a worker of well under 100 MiB: past 250 MB by its third call at the latest
+    assert max(pids.count(pid) for pid in set(pids)) <= 3
 
 
 @pytest.mark.ray
