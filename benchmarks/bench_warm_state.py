@@ -8,8 +8,10 @@
    Target: ours ≤ 1.1× Ray. Then the warm overhead: median job latency of the warm stateful version minus
    that of a stateless function, both warm (target ≤ 0.5 ms).
 2. **Batch.** 64 chunks of one row × 0.05 s with the 1 s setup on 8 simulated GPUs: module executions
-   (target ≤ 8) and wall time from `map` to every result, next to Ray's `ActorPool` of 8 actors (1 s
-   `__init__`) over the same chunks, actor creation included. Target: ours ≤ 1.2× Ray.
+   (target ≤ 8) and wall time from `map` to every result, next to Ray's `ActorPool` of 8 actors over the
+   same chunks whose processes are already up (as our spares are) and which pay the 1 s setup in the timed
+   window. Target: ours ≤ 1.2× Ray. Also printed: the same pool with its actors created in the window
+   (Ray starts a new process per GPU actor, which our spare workers have done before the clock).
 
 Each side starts its processes first (our spare workers, Ray's `ray.init`), untimed. No timed asserts.
 """
@@ -74,6 +76,15 @@ def register_cell(name: str, count_file: str, *, setup: float, nap: float = 0.0)
     return function_from_cell(cell, namespace, build_options(num_gpus=1))
 
 
+def count_file_in(tmp: str) -> str:
+    """A file every worker may append to (a root server runs its workers as another user)."""
+    os.chmod(tmp, 0o777)
+    path = os.path.join(tmp, "count")
+    Path(path).touch(mode=0o666)
+    os.chmod(path, 0o666)
+    return path
+
+
 def executions(count_file: str) -> int:
     """Module executions in worker processes (this process ran each cell once, as a kernel would)."""
     try:
@@ -102,7 +113,18 @@ def ray_side(jobs: int) -> None:
                     time.sleep(nap)
                 return x * self.w
 
+        @ray.remote(num_cpus=1)
+        def idle_worker() -> None:
+            time.sleep(0.3)
+
+        def prestart() -> None:
+            """Eight idle Ray workers in its pool (an actor takes one instead of starting a process), as our
+            side has a spare worker per GPU before its clock starts."""
+            ray.get([idle_worker.remote() for _ in range(8)])
+            time.sleep(1.0)
+
         ray.get(Model.remote().f.remote(0))  # untimed: Ray's first actor process and imports
+        prestart()
 
         def sequential() -> None:
             actor = Model.remote()
@@ -118,10 +140,32 @@ def ray_side(jobs: int) -> None:
             for actor in pool._idle_actors:
                 ray.kill(actor)
 
-        time.sleep(1.0)  # the actors of the first runs go away
-        batch = timed(pooled)
+        prestart()  # the killed actors took their processes with them
+        cold_pool = timed(pooled)
+
+        @ray.remote(num_gpus=1)
+        class Late:
+            """The same model with its 1 s load in a method: the actor processes can be started untimed."""
+
+            def setup(self) -> None:
+                time.sleep(SETUP_S)
+                self.w = 3
+
+            def f(self, x: int, nap: float = 0.0) -> int:
+                if nap:
+                    time.sleep(nap)
+                return x * self.w
+
+        actors = [Late.remote() for _ in range(8)]
+        ray.get([actor.__ray_ready__.remote() for actor in actors])  # untimed: 8 actor processes up
+
+        def warm_pooled() -> None:
+            ray.get([actor.setup.remote() for actor in actors])
+            list(ActorPool(actors).map(lambda a, x: a.f.remote(x, CHUNK_S), range(CHUNKS)))
+
+        batch = timed(warm_pooled)
         ray.shutdown()
-    print("RAY " + json.dumps({"sequential": seq, "batch": batch}), flush=True)
+    print("RAY " + json.dumps({"sequential": seq, "batch": batch, "cold_pool": cold_pool}), flush=True)
 
 
 def run_ray(jobs: int) -> dict | None:
@@ -140,7 +184,7 @@ def sequential_jobs(jobs: int, warm: int) -> tuple[float, float]:
 
     with server(gpu_classes=ONE_GPU) as srv, tempfile.TemporaryDirectory() as tmp:
         api.connect(srv.url, srv.api_key)
-        count = os.path.join(tmp, "count")
+        count = count_file_in(tmp)
         stateless = api.gpu_function(num_gpus=1)(triple)
         stateless.submit(1).result()  # untimed: the first worker started and used
         time.sleep(2.0)  # its spare (for the next new version) is ready
@@ -185,12 +229,21 @@ def batch(setups_target: int = 8) -> float:
         warm_up = api.gpu_function(num_gpus=1)(triple)
         warm_up.map(range(16), chunk_size=1, parallel="auto").result()  # untimed: 8 workers started
         time.sleep(5.0)  # their spares (one per GPU, for the next new version) are ready
-        count = os.path.join(tmp, "count")
+        count = count_file_in(tmp)
         fn = register_cell("chunked", count, setup=SETUP_S, nap=CHUNK_S)
         fn.version  # noqa: B018  (registered before the clock starts, as Ray's class is defined before)
-        wall = timed(lambda: fn.map(range(CHUNKS), chunk_size=1, parallel="auto").result())
+        start = time.perf_counter()
+        mapped = fn.map(range(CHUNKS), chunk_size=1, parallel="auto")
+        mapped.wait()
+        done = time.perf_counter() - start
+        assert mapped.result() == [3 * x for x in range(CHUNKS)]
+        wall = time.perf_counter() - start
         runs = executions(count)
-    print(f"batch of {CHUNKS} chunks × {CHUNK_S:g} s, setup {SETUP_S:g} s, 8 GPUs: {wall:.2f} s, {runs} setups")
+    print(
+        f"batch of {CHUNKS} chunks × {CHUNK_S:g} s, setup {SETUP_S:g} s, 8 GPUs: every chunk done {done:.2f} s, "
+        f"results in hand {wall:.2f} s, {runs} setups"
+    )
+    summary("bench_warm_state.py", "that batch, map to every chunk done", round(done, 3), "s")
     summary(
         "bench_warm_state.py",
         f"batch {CHUNKS} chunks x {CHUNK_S:g} s, {SETUP_S:g} s setup, 8 GPUs",
@@ -231,7 +284,19 @@ def main() -> None:
     summary(
         "bench_warm_state.py", "sequential jobs ours / Ray actor", round(seq_ratio, 2), "x", "<= 1.1", seq_ratio <= 1.1
     )
-    summary("bench_warm_state.py", f"Ray ActorPool of 8 over {CHUNKS} chunks", round(ray["batch"], 3), "s")
+    print(f"Ray ActorPool of 8 with its actors created in the timed window (8 new processes): {ray['cold_pool']:.2f} s")
+    summary(
+        "bench_warm_state.py",
+        f"Ray ActorPool of 8, actor processes up, setup + {CHUNKS} chunks",
+        round(ray["batch"], 3),
+        "s",
+    )
+    summary(
+        "bench_warm_state.py",
+        f"Ray ActorPool of 8 created in the window + {CHUNKS} chunks",
+        round(ray["cold_pool"], 3),
+        "s",
+    )
     summary(
         "bench_warm_state.py", "batch ours / Ray ActorPool", round(batch_ratio, 2), "x", "<= 1.2", batch_ratio <= 1.2
     )

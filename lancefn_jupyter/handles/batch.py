@@ -26,6 +26,7 @@ from lancefn_jupyter.wire.batch_models import BatchChunk
 from lancefn_jupyter.wire.models import TERMINAL_STATES, FunctionVersion, JobState, display_state
 
 __all__ = ["Batch", "BatchChunkError", "BatchError", "check_parallel", "start_batch"]
+_FETCHERS = 8  # concurrent result fetches of one batch (the control plane serves them in parallel)
 
 
 class BatchError(LancefnError):
@@ -229,6 +230,17 @@ class Batch(RecordHandle[BatchRecord]):
             self._results[chunk.index] = Job(chunk.job_id, client=self.client, function=self.function).result()
         return self._results[chunk.index]
 
+    def _prefetch(self, chunks: list[BatchChunk]) -> None:
+        """Fetch finished chunks' results a few at a time: one round trip each, and a batch of many
+        small chunks would otherwise spend longer fetching its results than running them."""
+        if len(chunks) < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(_FETCHERS, len(chunks)), thread_name_prefix="lancefn-results") as pool:
+            for chunk, value in zip(chunks, pool.map(self._chunk_value, chunks), strict=True):
+                self._results[chunk.index] = value
+
     def _chunk_rows(self, chunk: BatchChunk) -> list[Any]:
         """A finished chunk's results, one item per row."""
         value = self._chunk_value(chunk)
@@ -287,6 +299,7 @@ class Batch(RecordHandle[BatchRecord]):
         keep_errors = self.return_exceptions if return_exceptions is None else return_exceptions
         if snapshot.batch_state != JobState.DONE and not keep_errors:
             self.raise_failure(snapshot)
+        self._prefetch([c for c in snapshot.chunks or () if c.state == JobState.DONE and c.index not in self._results])
         parts: list = []
         for chunk in snapshot.chunks or ():
             if chunk.state == JobState.DONE:

@@ -9,8 +9,8 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
 
 * a task takes the idle worker of its key, else a fresh one for its devices, else starts one; when
   the task ends normally (result, or a failure the worker survived) the worker goes back idle
-  under its owner's key, and a fresh one for its devices is started in the background unless one
-  is idle already (so the next new version finds one ready);
+  under its owner's key, and a fresh one for its devices is started in the background, once no
+  job runs on them, unless one is idle already (so the next new version finds one ready);
 * the function's env travels with the task (never at exec), so it is in no ``/proc/*/environ``;
 * a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
   a fresh one for its devices is started in the background;
@@ -60,6 +60,7 @@ log = logging.getLogger("lancefn.server")
 # Idle workers kept per device set, besides its fresh one: a notebook alternating a few versions
 # stays warm, while each idle worker that used CUDA holds a context's memory on those GPUs.
 DEFAULT_MAX_IDLE_PER_DEVICE_SET = 4
+_SPARE_QUIET_S = 0.25  # a replacement spare waits for its devices to be free this long at a time
 
 # (devices, simulated, owner): owner = (namespace, name, version) once it ran a job, None while fresh
 _Key = tuple[tuple[str, ...], bool, "tuple[str, str, str] | None"]
@@ -294,7 +295,7 @@ class LocalExecutor(Executor):
             worker.stop(self._grace_s)
         # A new fresh spare for the next new version here, started only now: on a small machine a
         # process start racing the job it was taken for would slow that job down.
-        self._prewarm(_fresh(run.key))
+        self._prewarm(_fresh(run.key), quiet=True)
 
     def _retire_reason(self, final: dict) -> str | None:
         """Why the worker that sent ``final`` must not serve another job, if it must not."""
@@ -395,7 +396,7 @@ class LocalExecutor(Executor):
                 timings=self._start_timings(run),
             )
         if run.outcome != "shutdown":
-            self._prewarm(_fresh(run.key))
+            self._prewarm(_fresh(run.key), quiet=True)
 
     def _stop(self, run: _Run, outcome: str) -> None:
         if run.claim(outcome) and run.worker is not None:
@@ -475,11 +476,18 @@ class LocalExecutor(Executor):
             self._spawners.add(thread)
             thread.start()
 
-    def _prewarm(self, key: _Key) -> None:
-        """Start a worker for ``key`` in the background unless one is already idle."""
+    def _prewarm(self, key: _Key, *, quiet: bool = False) -> None:
+        """Start a worker for ``key`` in the background unless one is already idle.
+
+        ``quiet`` (a replacement for the spare a job took): only once no job runs on its devices. In a
+        batch the next chunk comes at once, and a spare's imports (about a second of CPU) would slow
+        the chunks down on a small machine."""
 
         def spawn() -> None:
             try:
+                while quiet and self._devices_busy(key[0]):
+                    if self._closed.wait(_SPARE_QUIET_S):
+                        return
                 self._release(key, WorkerProcess(_worker_env(key, self._user, spare=True), self._user_ids()))
             except WorkerStartError:
                 log.warning("could not pre-start a worker for devices %s", key[0], exc_info=True)
@@ -495,6 +503,13 @@ class LocalExecutor(Executor):
             thread = threading.Thread(target=spawn, name="lancefn-prewarm", daemon=True)
             self._spawners.add(thread)
             thread.start()  # under the lock, so shutdown never joins a thread that isn't started
+
+    def _devices_busy(self, devices: tuple[str, ...]) -> bool:
+        wanted = set(devices)
+        with self._lock:
+            return any(
+                (wanted & set(run.task.devices)) if wanted else not run.task.devices for run in self._runs.values()
+            )
 
     def _retire_idle(self) -> None:
         while not self._closed.wait(min(self._idle_timeout_s, 30.0)):
