@@ -104,7 +104,11 @@ def ray_side(jobs: int) -> None:
 
         @ray.remote(num_gpus=1)
         class Model:
-            def __init__(self) -> None:
+            def __init__(self, load: bool = True) -> None:
+                if load:  # else `setup` later: its process can then be started outside the timed window
+                    self.setup()
+
+            def setup(self) -> None:
                 time.sleep(SETUP_S)
                 self.w = 3
 
@@ -143,20 +147,7 @@ def ray_side(jobs: int) -> None:
         prestart()  # the killed actors took their processes with them
         cold_pool = timed(pooled)
 
-        @ray.remote(num_gpus=1)
-        class Late:
-            """The same model with its 1 s load in a method: the actor processes can be started untimed."""
-
-            def setup(self) -> None:
-                time.sleep(SETUP_S)
-                self.w = 3
-
-            def f(self, x: int, nap: float = 0.0) -> int:
-                if nap:
-                    time.sleep(nap)
-                return x * self.w
-
-        actors = [Late.remote() for _ in range(8)]
+        actors = [Model.remote(False) for _ in range(8)]
         ray.get([actor.__ray_ready__.remote() for actor in actors])  # untimed: 8 actor processes up
 
         def warm_pooled() -> None:

@@ -326,3 +326,16 @@ def run_cell(cell: str, namespace: dict | None = None) -> dict:
 def pack(cell: str, namespace: dict | None = None, **kwargs) -> PackagedFunction:
     cell = textwrap.dedent(cell)
     return package_cell(cell, run_cell(cell, namespace), **kwargs)
+
+
+def outputs_text(cell) -> str:
+    """An executed notebook cell's outputs as text: streams, plain-text data, and errors as `Name: value`."""
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            parts.append(output["text"])
+        elif "data" in output:
+            parts.append(output["data"].get("text/plain", ""))
+        elif output.get("output_type") == "error":
+            parts.append(output["ename"] + ": " + output["evalue"])
+    return "\n".join(parts)

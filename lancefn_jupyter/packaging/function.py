@@ -8,7 +8,7 @@ import sys
 import textwrap
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.packaging.capture import (
     PackagedFunction,
@@ -21,6 +21,9 @@ from lancefn_jupyter.packaging.capture import (
     kernel_function,
 )
 from lancefn_jupyter.packaging.signature import check_class_entry, defines_call, infer_signature
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.wire.models import FunctionSignature
 
 # --------------------------------------------------------------------------
 # package_function
@@ -71,6 +74,12 @@ class _FunctionPackager:
         self.offsets: list[int] = []
         self.helpers: list[str] = []
         self.visiting: set[str] = set()
+
+    def artifact(self, name: str, signature: FunctionSignature) -> PackagedFunction:
+        """The artifact of what was added, ``name`` its entry."""
+        return build_artifact(
+            self.header, self.body, self.offsets, name, signature, tuple(sorted({*self.header, *self.helpers}))
+        )
 
     def add(self, name: str, node: ast.stmt, offset: int, label: str) -> None:
         """Add the definition `node` of `name` (its first line is line ``offset + 1`` of its file)."""
@@ -175,14 +184,7 @@ def _package_class(cls: type) -> PackagedFunction:
     module = sys.modules.get(cls.__module__)
     packager = _FunctionPackager(vars(module) if module is not None else {})
     packager.add(name, node, first_line - 1, "class")
-    return build_artifact(
-        packager.header,
-        packager.body,
-        packager.offsets,
-        name,
-        signature,
-        tuple(sorted({*packager.header, *packager.helpers})),
-    )
+    return packager.artifact(name, signature)
 
 
 def package_function(fn: Callable[..., Any]) -> PackagedFunction:
@@ -226,11 +228,4 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     _strip_decorators(node, name, fn.__code__.co_firstlineno)
     packager = _FunctionPackager(fn.__globals__)
     packager.add(name, node, fn.__code__.co_firstlineno - 1, "function")
-    return build_artifact(
-        packager.header,
-        packager.body,
-        packager.offsets,
-        name,
-        signature,
-        tuple(sorted({*packager.header, *packager.helpers})),
-    )
+    return packager.artifact(name, signature)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import outputs_text
 from nbclient import NotebookClient
 
 COUNTED = """%%gpu_function num_gpus=1{options}
@@ -46,18 +47,6 @@ class Scaler:
 """
 
 
-def _text(cell) -> str:
-    parts = []
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "stream":
-            parts.append(output["text"])
-        elif "data" in output:
-            parts.append(output["data"].get("text/plain", ""))
-        elif output.get("output_type") == "error":
-            parts.append(output["ename"] + ": " + output["evalue"])
-    return "\n".join(parts)
-
-
 def run_notebook(cp, tmp_path: Path, cells: list[str], *, timeout: int = 240) -> dict[str, object]:
     """Execute ``cells`` after connecting to ``cp``; every line ``OUT <tag> <json>`` becomes ``{tag: value}``."""
     head = [
@@ -72,7 +61,7 @@ def run_notebook(cp, tmp_path: Path, cells: list[str], *, timeout: int = 240) ->
         nb, timeout=timeout, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}
     )
     client.execute(env=env)
-    texts = [_text(cell) for cell in nb.cells]
+    texts = [outputs_text(cell) for cell in nb.cells]
     out: dict[str, object] = {}
     for text in texts:
         for row in text.splitlines():

@@ -12,9 +12,8 @@ import os
 
 import nbformat
 import pytest
+from helpers import outputs_text
 from nbclient import NotebookClient
-from test_notebook_magics import _outputs_text
-
 
 MAGIC = "%%gpu_function num_gpus=1\n"
 
@@ -35,7 +34,7 @@ def run_notebook(cp, tmp_path, cells: list[str]) -> list[str]:
         nb, timeout=180, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}
     )
     client.execute(env=env)
-    return [_outputs_text(cell) for cell in nb.cells]
+    return [outputs_text(cell) for cell in nb.cells]
 
 
 def line(texts: list[str], tag: str) -> list[str]:

@@ -5,19 +5,8 @@ from __future__ import annotations
 import os
 
 import nbformat
+from helpers import outputs_text
 from nbclient import NotebookClient
-
-
-def _outputs_text(cell) -> str:
-    parts = []
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "stream":
-            parts.append(output["text"])
-        elif "data" in output:
-            parts.append(output["data"].get("text/plain", ""))
-        elif output.get("output_type") == "error":
-            parts.append(output["ename"] + ": " + output["evalue"])
-    return "\n".join(parts)
 
 
 def test_magics_notebook_runs_top_to_bottom(control_plane, tmp_path):
@@ -36,7 +25,7 @@ def test_magics_notebook_runs_top_to_bottom(control_plane, tmp_path):
     client = NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute(env=env)
 
-    texts = [_outputs_text(cell) for cell in nb.cells]
+    texts = [outputs_text(cell) for cell in nb.cells]
     assert "remote" in texts[1] and cp.url in texts[1]
     assert "default" in texts[2] and "(simulated)" in texts[2]
     assert "GPU function normalize_score" in texts[3] and "python_v2" in texts[3]
