@@ -229,7 +229,7 @@ def install(modules: Mapping[str, tuple[str, bytes]]) -> None:
 
 
 def uninstall() -> None:
-    """Forget the installed modules (the worker calls this after every task)."""
+    """Forget the installed modules (the worker calls this when it drops the version that shipped them)."""
     global _installed
     finder, _installed = _installed, None
     if finder is None:

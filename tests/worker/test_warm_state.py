@@ -214,3 +214,14 @@ def test_a_worker_exits_at_once_on_stop_despite_a_thread_user_code_left_running(
     started = time.monotonic()
     worker.stop()
     assert worker.process.returncode == 0 and time.monotonic() - started < 2.0
+
+
+def test_shipped_local_modules_stay_importable_for_the_workers_life(worker):
+    """A notebook module the entry imports lazily (at call time) is still served on later tasks, and goes
+    with the version: another version cannot import it."""
+    ship = "__import__('lancefn_jupyter.local_modules', fromlist=['install']).install({'nb_helper_24': ('nb_helper_24.py', b'VALUE = 7\\n')})\n"
+    source = ship + "def f(x):\n    import nb_helper_24\n    return x * nb_helper_24.VALUE\n"
+    assert [_run(worker, _task(source, [{"x": i}]))["results"] for i in (1, 2, 3)] == [[7], [14], [21]]
+    other = "def f(x):\n    import nb_helper_24\n    return 0\n"
+    failed = _run(worker, WorkerTask("t", other.encode(), "f", "<gpu_function g@v2>", [{"x": 1}]))
+    assert failed["event"] == "failed" and "nb_helper_24" in failed["message"]
