@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
+    from lancefn_jupyter.environments.cache import Environment
+    from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.wire.models import JobFailure
 
 __all__ = ["REDACTED", "Executor", "ExecutorCallbacks", "TaskSpec", "redact_env"]
@@ -61,6 +63,11 @@ class TaskSpec:
     # How long the module's state lives on a worker: "per_worker" (executed once, kept for the
     # worker's life) or "per_job" (docs/ARCHITECTURE.md, "Warm state").
     state: str = "per_worker"
+    # What the version asks of its Python (docs/ARCHITECTURE.md, "Environments"); None: no environment named.
+    environment: EnvironmentRequest | None = None
+    # The environment the plane built for it (``builds_environments`` executors): its workers start
+    # ``venv.python``; None: the control plane's own interpreter.
+    venv: Environment | None = None
 
     @property
     def rows_total(self) -> int:
@@ -96,6 +103,9 @@ class Executor(ABC):
     # The core then launches every job at once without picking devices, keeps it PENDING until
     # ``task_started``, and reports ``capacity()`` as the GPUs per class in ``/v1/gpu/usage``.
     owns_queue: bool = False
+    # True (local): the plane builds a version's environment in its cache before placing its jobs, and hands it
+    # as ``TaskSpec.venv``. False (Ray): the executor's cluster builds it (docs/ARCHITECTURE.md, "Environments").
+    builds_environments: bool = False
 
     @abstractmethod
     def start(self, callbacks: ExecutorCallbacks) -> None:
@@ -116,6 +126,11 @@ class Executor(ABC):
     def pending_reason(self, gpu_class: str | None, num_gpus: int) -> str | None:
         """Why a job of this shape cannot start now although its class allows it (Ray: no node
         is big enough); None when it simply waits its turn."""
+        return None
+
+    def environment_problem(self, request: EnvironmentRequest) -> str | None:
+        """Why this executor cannot honour ``request`` (a registration warning; its jobs fail in phase
+        ``environment`` with it), or None. Must be quick: it is asked on registration."""
         return None
 
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
