@@ -36,6 +36,40 @@ STOP_TIMEOUT_S = 15.0
 _SCRUBBED_ENV = ("LANCEFN_HOME", "LANCEFN_API_KEY", "LANCEFN_GPU_CLASSES", "LANCEFN_URL")
 
 
+def _session_env_cache() -> Path:
+    """One environment cache for the whole run (docs/ARCHITECTURE.md, "Environments"), never the developer's: every
+    server and kernel the tests start inherits ``LANCEFN_ENV_CACHE``. World-traversable (0755, under /tmp) so a
+    root server's ``nobody`` workers can read it; removed at the end of the run."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="lancefn-envs-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    path.chmod(0o755)
+    os.environ["LANCEFN_ENV_CACHE"] = str(path)
+    return path
+
+
+ENV_CACHE = _session_env_cache()
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -rf`` of a tree whose directories may be read-only (built environments are)."""
+    import shutil
+
+    if not path.exists():
+        return
+    for parent, dirs, _files in os.walk(path):
+        for name in dirs:
+            try:
+                os.chmod(os.path.join(parent, name), 0o755)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    remove_tree(ENV_CACHE)
+
+
 class ControlPlaneProcess:
     """A running ``lancefn-server`` child process and how to reach it."""
 
