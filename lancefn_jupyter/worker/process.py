@@ -87,9 +87,19 @@ class WorkerTask:
 class WorkerProcess:
     """Parent's handle on one warm worker; use from one thread at a time, except :meth:`kill`."""
 
-    def __init__(self, env: Mapping[str, str], user: tuple[int, int] | None = None) -> None:
-        """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours."""
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        user: tuple[int, int] | None = None,
+        *,
+        python: str | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> None:
+        """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours. ``python``: the
+        interpreter (a version's built environment, docs/ARCHITECTURE.md "Environments"), else this one's.
+        ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life)."""
         self.env = dict(env)
+        self.python = python or sys.executable
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
         self.frames = user is not None
         self._result_sink: tuple[str, bool] | None = None  # (result file, fsync) of the current task
@@ -97,12 +107,13 @@ class WorkerProcess:
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
         # workers, and killpg also stops processes the user's code started.
         self.process = subprocess.Popen(  # type: ignore[call-overload]
-            [sys.executable, "-m", _MODULE],
+            [self.python, "-m", _MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self.env,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
             **switch,
         )
         self._kill_lock = threading.Lock()
