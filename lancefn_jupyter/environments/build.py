@@ -40,11 +40,12 @@ Log = Callable[[list[str]], None]
 
 
 class BuildFailure(Exception):
-    """A step failed: ``str(self)`` says which, ``lines`` are uv's error lines (or the check's)."""
+    """A step failed: ``str(self)`` says which; ``lines`` are uv's error lines (``by_uv``) or the check's."""
 
-    def __init__(self, message: str, lines: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, lines: Sequence[str] = (), *, by_uv: bool = False) -> None:
         super().__init__(message)
         self.lines = tuple(lines)
+        self.by_uv = by_uv
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def run_uv(args: Sequence[str], plan: Plan, log: Log | None) -> list[str]:
         if log is not None:
             log([line])
     if process.wait() != 0:
-        raise BuildFailure(f"uv {args[0]} {args[1]} failed", _error_lines(lines))
+        command = " ".join(args[:2] if args[0] == "pip" else args[:1])
+        raise BuildFailure(f"uv {command} failed", _error_lines(lines), by_uv=True)
     return lines
 
 
@@ -173,12 +175,11 @@ def _check(python: str, requirements: Sequence[str], env: Mapping[str, str]) -> 
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(env),
-        cwd=os.path.dirname(os.path.dirname(python)),
+        env=dict(env),  # and this process's directory: as a worker started from here sees them
         stdin=subprocess.DEVNULL,
     )
     if done.returncode != 0:
-        lines = done.stderr.strip().splitlines()[-_ERROR_LINES:]
+        lines = done.stderr.strip().splitlines()[-1:]  # the exception line says what is missing
         raise BuildFailure("its Python cannot start a lancefn worker", lines)
     missing = json.loads(done.stdout.strip().splitlines()[-1])
     if missing:

@@ -437,9 +437,11 @@ def _default_uv() -> str:
 
 
 def _failure(request: EnvironmentRequest, exc: build.BuildFailure) -> EnvironmentFailure:
-    detail = "\n".join(exc.lines) or str(exc)
-    if not str(exc).startswith("uv "):  # our own check, after uv succeeded: say which
-        detail = f"{exc}: {detail}" if exc.lines else str(exc)
+    """The job's message: uv's own error lines, or which check failed after uv succeeded and why."""
+    if exc.by_uv and exc.lines:
+        detail = "\n".join(exc.lines)
+    else:
+        detail = f"{exc}: " + "\n".join(exc.lines) if exc.lines else str(exc)
     return EnvironmentFailure(f"uv could not build the environment ({request.describe()}): {detail}", lines=exc.lines)
 
 

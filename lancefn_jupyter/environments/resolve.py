@@ -115,7 +115,11 @@ def unsatisfied(requirements: Sequence[str], python: str, env: Mapping[str, str]
         from lancefn_jupyter.worker.runner import missing_packages
 
         return [text for text, _ in missing_packages(requirements)]
-    return [text for text, _ in json.loads(_run_in(python, _UNSATISFIED, json.dumps(list(requirements)), env=env))]
+    try:
+        answer = _run_in(python, _UNSATISFIED, json.dumps(list(requirements)), env=env)
+    except (RuntimeError, OSError, subprocess.SubprocessError):
+        return list(requirements)  # a base that cannot run the check cannot run a worker: the build's check says why
+    return [text for text, _ in json.loads(answer)]
 
 
 def requirements_in(packages: Sequence[str], *, layered: bool, gpu: bool = False) -> list[str]:

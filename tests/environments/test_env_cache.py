@@ -336,3 +336,11 @@ def test_another_python_gets_its_own_environment(root):
     done = _run(env.python, code)
     assert done.stdout.strip() == other, done.stderr
     assert not list(env.path.glob("lib/python*/site-packages/_lancefn_base.pth"))
+    # that environment as a base (asked through a subprocess, not this process): one package layered over it
+    (name,) = _need(1)
+    layered = EnvironmentCache(root, base_python=env.python)
+    assert not layered.needs_build(_pip("numpy")) and layered.needs_build(_pip(name))
+    over = layered.ensure(_pip(name))
+    assert over is not None and [pin.split("==")[0] for pin in over.installed] == [name]
+    done = _run(over.python, f"import sys, {name}, numpy, lancefn_jupyter.worker.main; print(sys.version_info[1])")
+    assert done.stdout.strip() == other.split(".")[1], done.stderr
