@@ -146,8 +146,9 @@ class EnvironmentCache:
             missing = resolve.unsatisfied(request.conda, self.base_python, self._env)
             if missing:
                 return (
-                    f"conda packages not importable in the control plane's environment: {', '.join(missing)} (the "
-                    "local executor does not run conda). Install them into that environment, or declare them as pip="
+                    f"conda packages not importable in the control plane's environment ({self.base_python}): "
+                    f"{', '.join(missing)} (the local executor does not run conda). Install them into that "
+                    "environment, or declare them as pip="
                 )
         if request.python_version:
             wanted = _minor(request.python_version)
@@ -403,8 +404,7 @@ class EnvironmentCache:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # leased: a worker is using it
-                build.make_writable(path)
-                shutil.rmtree(path, ignore_errors=True)
+                build.remove(path)
             finally:
                 os.close(fd)  # the lock file stays: a lease waiting on it must see the directory gone, not a new file
             total -= size
@@ -494,8 +494,7 @@ def _sweep_builds(root: Path) -> None:
                 continue
         except OSError:
             continue
-        build.make_writable(path)
-        shutil.rmtree(path, ignore_errors=True)
+        build.remove(path)
 
 
 def _alive(pid: int) -> bool:
