@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import remove_tree
+from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
 from lancefn_jupyter.environments import interpreters
@@ -248,6 +249,36 @@ def test_eviction_removes_the_least_recently_used_but_never_a_leased_one(root):
     # after a build the cache fits again, sparing the environment just built
     fresh = cache.ensure(_pip(names[1]))
     assert fresh is not None and fresh.path.exists()
+
+
+def test_a_lease_handed_to_a_worker_keeps_the_environment_until_the_worker_exits(root):
+    (name,) = _need(1)
+    cache = EnvironmentCache(root, max_bytes=0)
+    env = cache.ensure(_pip(name))
+    assert env is not None
+    lease = cache.lease(env)
+    assert lease is not None
+    worker = subprocess.Popen(
+        [env.python, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, pass_fds=[lease]
+    )
+    os.close(lease)  # the worker's inherited descriptor holds the lock now
+    try:
+        assert cache.evict() == [] and env.path.exists()
+    finally:
+        worker.communicate(timeout=30)
+    assert cache.evict() == [env.key] and not env.path.exists()
+
+
+def test_a_base_that_cannot_run_a_worker_fails_the_check(root, tmp_path):
+    (name,) = _need(1)
+    bare = tmp_path / "bare"  # a Python with nothing installed: no packaging, which every worker needs
+    subprocess.run([find_uv_bin(), "venv", "--python", sys.executable, str(bare)], check=True, capture_output=True)
+    cache = EnvironmentCache(root, base_python=str(bare / "bin" / "python"))
+    with pytest.raises(EnvironmentFailure) as caught:
+        cache.ensure(_pip(name))
+    assert str(caught.value).startswith("uv could not build the environment (1 package): its Python cannot start")
+    assert "ModuleNotFoundError" in str(caught.value) and not caught.value.refused
+    assert [p.name for p in root.iterdir()] == [".locks"]
 
 
 def test_stale_half_built_directories_are_swept(root):
