@@ -130,7 +130,7 @@ def build(root: Path, key: str, request: EnvironmentRequest, plan: Plan, log: Lo
             "size_bytes": tree_size(tmp),
             "built_at": time.time(),
         }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        _write(tmp / "meta.json", json.dumps(meta, indent=1))
         _make_read_only(tmp)
         if final.exists() and not (final / "meta.json").exists():  # what an interrupted eviction left: unusable
             remove(final)
@@ -162,10 +162,17 @@ def _link(env: Path, plan: Plan) -> None:
     site_packages = _site_packages(env)
     if plan.base is not None:
         lines = [f"import site; site.addsitedir({directory!r})\n" for directory in plan.base.site_dirs]
-        (site_packages / BASE_PTH).write_text("".join(lines))
+        _write(site_packages / BASE_PTH, "".join(lines))
     else:
         package = Path(__file__).resolve().parents[1]  # lancefn_jupyter, as this process imports it
         (site_packages / "lancefn_jupyter").symlink_to(package, target_is_directory=True)
+
+
+def _write(path: Path, text: str) -> None:
+    """A file of ours in the environment, readable by everyone whatever this process's umask (a shared cache's
+    workers are another user: without the ``.pth`` they would not see the base)."""
+    path.write_text(text)
+    path.chmod(0o644)
 
 
 def _check(python: str, requirements: Sequence[str], env: Mapping[str, str]) -> None:

@@ -333,11 +333,13 @@ class EnvironmentCache:
         )
 
     def _root_dir(self) -> Path:
-        """The root and its ``.locks``, created on first use (0755 when shared: others traverse it; else 0700)."""
+        """The root and its ``.locks``, created on first use: 0755 when shared (the missing parents too: the
+        workers, another user, must reach it), else 0700."""
         mode = 0o755 if self.shared else 0o700
-        for path in (self.root, self.root / _LOCKS):
-            if not path.is_dir():
-                path.mkdir(parents=True, exist_ok=True, mode=mode)
+        missing = [path for path in (self.root / _LOCKS, *(self.root / _LOCKS).parents) if not path.exists()]
+        for path in reversed(missing):
+            path.mkdir(exist_ok=True)
+            if self.shared or path in (self.root, self.root / _LOCKS):
                 path.chmod(mode)  # whatever the umask
         return self.root
 

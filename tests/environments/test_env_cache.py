@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import os
+import pwd
 import subprocess
 import sys
 import tempfile
@@ -296,12 +297,16 @@ def test_stale_half_built_directories_are_swept(root):
     assert not stale.exists() and young.exists()
 
 
-def test_a_built_environment_is_read_only():
+def test_a_built_environment_is_read_only_and_usable_by_another_user():
     (name,) = _need(1)
     root = Path(tempfile.mkdtemp(prefix="lancefn-ro-", dir="/tmp")) / "envs"  # traversable by nobody
     root.parent.chmod(0o755)
+    umask = os.umask(0o077)  # a strict umask must not make a shared cache unreadable
     try:
         env = EnvironmentCache(root, shared=True).ensure(_pip(name))
+    finally:
+        os.umask(umask)
+    try:
         assert env is not None
         assert root.stat().st_mode & 0o777 == 0o755
         for parent, dirs, _files in os.walk(env.path):
@@ -309,17 +314,19 @@ def test_a_built_environment_is_read_only():
                 if not os.path.islink(entry):
                     assert os.stat(entry).st_mode & 0o777 == 0o555, entry
         site = next(env.path.glob("lib/python*/site-packages"))
+        assert (site / "_lancefn_base.pth").stat().st_mode & 0o777 == 0o644
         attempt = (
-            "import os, sys; os.listdir(sys.argv[1])\n"  # it can read the environment ...
+            f"import os, sys, {name}, numpy, lancefn_jupyter.worker.main\n"  # it can use the environment ...
             "try:\n    open(os.path.join(sys.argv[1], 'evil.pth'), 'w')\nexcept PermissionError:\n    print('refused')\n"
         )
-        as_user = {"user": "nobody", "group": "nogroup"} if os.geteuid() == 0 else {}
-        if as_user:  # root bypasses modes: try as the unprivileged user a root server's workers run as
-            # nobody cannot run this venv's interpreter if it lives under /root: use the system's
-            python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-        else:
-            python = sys.executable
-        done = subprocess.run([python, "-c", attempt, str(site)], capture_output=True, text=True, timeout=30, **as_user)
+        # root bypasses modes: try as the unprivileged user a root server's workers run as
+        as_user = {}
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+        done = subprocess.run(
+            [env.python, "-c", attempt, str(site)], capture_output=True, text=True, timeout=60, cwd="/", **as_user
+        )
         assert done.stdout.strip() == "refused", done.stderr  # ... and cannot add to it
         assert not (site / "evil.pth").exists()
     finally:
