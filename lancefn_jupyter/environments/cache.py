@@ -142,14 +142,6 @@ class EnvironmentCache:
                 f"image={request.image!r}: the local executor runs no containers. Use the Ray executor "
                 '(`lancefn-server --executor ray`, where image becomes runtime_env["image_uri"]) or drop image='
             )
-        if request.conda:
-            missing = resolve.unsatisfied(request.conda, self.base_python, self._env)
-            if missing:
-                return (
-                    f"conda packages not importable in the control plane's environment ({self.base_python}): "
-                    f"{', '.join(missing)} (the local executor does not run conda). Install them into that "
-                    "environment, or declare them as pip="
-                )
         if request.python_version:
             wanted = _minor(request.python_version)
             if wanted is None:
@@ -160,6 +152,20 @@ class EnvironmentCache:
                 found = interpreters.available(base=self.base_python, env=self._env)
                 have = ", ".join(f"{version} ({path})" for version, path in found.items()) or "none"
                 return f"wants Python {wanted}; this machine has {have}"
+        if request.conda and not self._layered(request):
+            return (
+                f"conda packages are honoured only from the control plane's own environment (Python "
+                f"{self._base_info().version}), not with python_version={request.python_version!r}: use pip= "
+                "packages or drop python_version="
+            )
+        if request.conda:
+            missing = resolve.unsatisfied(request.conda, self.base_python, self._env)
+            if missing:
+                return (
+                    f"conda packages not importable in the control plane's environment ({self.base_python}): "
+                    f"{', '.join(missing)} (the local executor does not run conda). Install them into that "
+                    "environment, or declare them as pip="
+                )
         return None
 
     def needs_build(self, request: EnvironmentRequest) -> bool:

@@ -343,6 +343,10 @@ def test_refusals_name_the_reason(root):
     assert image is not None and "runs no containers" in image and "--executor ray" in image and "image_uri" in image
     conda = cache.problem(EnvironmentRequest(kind="conda", packages=("numpy", "conda-forge::lancefn-nope=1")))
     assert conda is not None and "lancefn-nope" in conda and "numpy" not in conda and "pip=" in conda
+    usable = [v for v in interpreters.available(base=sys.executable) if v != BASE_PYTHON and int(v.split(".")[1]) >= 11]
+    if other := next(iter(usable), None):
+        conda_other = EnvironmentRequest(kind="conda", packages=("numpy",), python_version=other)
+        assert "conda packages are honoured only" in (cache.problem(conda_other) or "")
     for request in (EnvironmentRequest(python_version="3.99"), EnvironmentRequest(image="x", packages=("six",))):
         with pytest.raises(EnvironmentFailure) as caught:
             cache.ensure(request)
