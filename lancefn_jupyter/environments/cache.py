@@ -81,17 +81,14 @@ class _Flight:
             self._logs.append(log)
             earlier = list(self._lines)
         if earlier:
-            log(earlier)
+            _tell(log, earlier)
 
     def emit(self, lines: list[str]) -> None:
         with self._lock:
             self._lines += lines
             logs = list(self._logs)
         for log in logs:
-            try:
-                log(lines)
-            except Exception:  # one waiter's broken log must not fail the build the others wait on
-                pass
+            _tell(log, lines)
 
     def finish(self, env: Environment | None, error: EnvironmentFailure | None) -> None:
         self._env, self._error = env, error
@@ -256,9 +253,12 @@ class EnvironmentCache:
         flight.join(log)
         if owner:
             env: Environment | None = None
-            error: EnvironmentFailure | None = None
+            # what the waiters get if this thread is interrupted (KeyboardInterrupt, SystemExit) mid-build
+            error: EnvironmentFailure | None = EnvironmentFailure(
+                f"the environment build was interrupted ({request.describe()})"
+            )
             try:
-                env = self._build(key, request, gpu, flight.emit)
+                env, error = self._build(key, request, gpu, flight.emit), None
             except EnvironmentFailure as exc:
                 error = exc
             except Exception as exc:  # an I/O error of ours: still the job's phase-environment failure
@@ -266,7 +266,7 @@ class EnvironmentCache:
             finally:
                 with self._lock:
                     del self._flights[key]  # no failure is cached: the next ensure builds again
-            flight.finish(env, error)
+                flight.finish(env, error)
         return flight.result()
 
     def lease(self, env: Environment) -> int | None:
@@ -424,6 +424,13 @@ _META = "meta.json"
 _LOCKS = ".locks"
 _OLDEST_WORKER_PYTHON = (3, 11)
 _STALE_BUILD_S = 3600.0
+
+
+def _tell(log: Callable[[list[str]], None], lines: list[str]) -> None:
+    try:
+        log(lines)
+    except Exception:  # one waiter's broken log must not fail (or strand) the build the others wait on
+        pass
 
 
 def _minor(version: str) -> str | None:
