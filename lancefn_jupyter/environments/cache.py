@@ -77,18 +77,16 @@ class _Flight:
     def join(self, log: Callable[[list[str]], None] | None) -> None:
         if log is None:
             return
-        with self._lock:
+        with self._lock:  # held while telling, so a late waiter's lines stay in order
             self._logs.append(log)
-            earlier = list(self._lines)
-        if earlier:
-            _tell(log, earlier)
+            if self._lines:
+                _tell(log, list(self._lines))
 
     def emit(self, lines: list[str]) -> None:
         with self._lock:
             self._lines += lines
-            logs = list(self._logs)
-        for log in logs:
-            _tell(log, lines)
+            for log in self._logs:
+                _tell(log, lines)
 
     def finish(self, env: Environment | None, error: EnvironmentFailure | None) -> None:
         self._env, self._error = env, error
@@ -96,8 +94,9 @@ class _Flight:
 
     def result(self) -> Environment:
         self._done.wait()
-        if self._error is not None:
-            raise self._error
+        if self._error is not None:  # a copy per waiter: each raise gets its own traceback
+            error = self._error
+            raise EnvironmentFailure(str(error), refused=error.refused, lines=error.lines)
         assert self._env is not None
         return self._env
 

@@ -180,13 +180,28 @@ def test_a_package_that_does_not_exist_fails_naming_it_and_is_tried_again(root, 
     monkeypatch.setattr(build_module, "build", lambda *a, **k: builds.append(1) or real_build(*a, **k))
     cache = EnvironmentCache(root)
     request = _pip("lancefn-nonexistent-xyz")
-    for attempt in (1, 2):
-        with pytest.raises(EnvironmentFailure) as caught:
-            cache.ensure(request)
-        assert str(caught.value).startswith("uv could not build the environment (1 package): ")
-        assert "lancefn-nonexistent-xyz" in str(caught.value)
-        assert not caught.value.refused and caught.value.lines
-        assert len(builds) == attempt
+    for attempt, callers in ((1, 3), (2, 1)):  # three at once share one failed build; the next builds again
+        barrier = threading.Barrier(callers)
+        failures: list[EnvironmentFailure] = []
+
+        def caller(barrier, failures):
+            barrier.wait()
+            try:
+                cache.ensure(request)
+            except EnvironmentFailure as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=caller, args=(barrier, failures)) for _ in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(builds) == attempt and len(failures) == callers
+        assert len({str(failure) for failure in failures}) == 1
+        failure = failures[0]
+        assert str(failure).startswith("uv could not build the environment (1 package): ")
+        assert "lancefn-nonexistent-xyz" in str(failure)
+        assert not failure.refused and failure.lines
     assert [p.name for p in root.iterdir()] == [".locks"]  # no half-built directory left
     assert cache.lookup(request) is None
 
