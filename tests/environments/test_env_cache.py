@@ -213,7 +213,7 @@ def _tiny_wheel(directory: Path, name: str, version: str) -> Path:
     files = {
         f"{module}.py": b"VALUE = 42\n",
         f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: lancefn-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
     for path, data in files.items():
@@ -332,7 +332,8 @@ def test_a_built_environment_is_read_only_and_usable_by_another_user():
         assert (site / "_lancefn_base.pth").stat().st_mode & 0o777 == 0o644
         attempt = (
             f"import os, sys, {name}, numpy, lancefn_jupyter.worker.main\n"  # it can use the environment ...
-            "try:\n    open(os.path.join(sys.argv[1], 'evil.pth'), 'w')\nexcept PermissionError:\n    print('refused')\n"
+            "try:\n    open(os.path.join(sys.argv[1], 'evil.pth'), 'w')\n"
+            "except PermissionError:\n    print('refused')\n"
         )
         # root bypasses modes: try as the unprivileged user a root server's workers run as
         as_user = {}
