@@ -174,6 +174,35 @@ def test_two_processes_build_once(root):
     assert sorted(built for _, built in outs) == [False, True]  # the second waited on the lock and used it
 
 
+def test_a_build_waits_for_another_process_building_the_same_key(root):
+    (name,) = _need(1)
+    cache = EnvironmentCache(root)
+    request = _pip(name)
+    (root / ".locks").mkdir(parents=True)
+    holder = subprocess.Popen(  # another process "building" it: holds the key's build lock until told
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print(1, flush=True); input()",
+            str(root / ".locks" / f"{cache.key(request)}.build"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(cache.ensure(request)))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not list(root.glob(".build-*"))  # waiting, not building
+    finally:
+        holder.communicate("\n", timeout=10)
+    waiter.join(60)
+    assert results and results[0] is not None
+
+
 def test_a_package_that_does_not_exist_fails_naming_it_and_is_tried_again(root, monkeypatch):
     builds = []
     real_build = build_module.build
