@@ -56,6 +56,7 @@ class _Plan:
     request: EnvironmentRequest | None
     problem: str | None = None
     key: str | None = None
+    gpu: bool = False  # a GPU function: an environment of another Python gets the GPU stack (numba-cuda)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Admission:
 class _Build:
     key: str
     request: EnvironmentRequest
+    gpu: bool
     started: float = field(default_factory=time.monotonic)
     waiters: dict[str, tuple[JobRecord, float]] = field(default_factory=dict)  # job id → (job, joined at), FIFO
     lines: list[str] = field(default_factory=list)  # its output so far, for jobs that join late
@@ -147,10 +149,11 @@ class EnvironmentStage:
         executor, cache = self.table.executor, self.cache
         if cache is None or executor is None or not executor.builds_environments:
             return _Plan(request)
+        gpu = bool((runtime.get("resources") or {}).get("num_gpus"))
         try:
             if not cache.needs_build(request):
                 return _Plan(request)
-            return _Plan(request, key=cache.key(request))
+            return _Plan(request, key=cache.key(request, gpu=gpu), gpu=gpu)
         except Exception as error:
             log.exception("deciding the environment of %s@%s failed", name, version)
             return _Plan(request, problem=f"the control plane could not prepare this version's environment: {error}")
@@ -163,7 +166,7 @@ class EnvironmentStage:
             return Admission(plan, ready=plan.problem is None)
         assert self.cache is not None and plan.request is not None  # a key comes from the cache
         try:
-            env = self.cache.lookup(plan.request)
+            env = self.cache.lookup(plan.request, gpu=plan.gpu)
             lease = self.cache.lease(env) if env is not None else None
         except Exception:
             log.exception("looking up environment %s failed; building it", plan.key)
@@ -216,7 +219,7 @@ class EnvironmentStage:
         build = self._builds.get(plan.key)
         start = build is None
         if build is None:
-            build = self._builds[plan.key] = _Build(plan.key, plan.request)
+            build = self._builds[plan.key] = _Build(plan.key, plan.request, plan.gpu)
         build.waiters[rec.job_id] = (rec, time.monotonic())
         self._waiting[rec.job_id] = build
         self.table.environment_waits[rec.job_id] = build.reason
@@ -235,7 +238,7 @@ class EnvironmentStage:
         env: Environment | None = None
         failure: str | None = None
         try:
-            env = self.cache.ensure(build.request, log=lambda lines: self._output(build, lines))
+            env = self.cache.ensure(build.request, log=lambda lines: self._output(build, lines), gpu=build.gpu)
         except Exception as error:  # EnvironmentFailure: uv's lines in its message; anything else: say what
             from lancefn_jupyter.environments.cache import EnvironmentFailure
 

@@ -66,16 +66,16 @@ class FakeCache:
     def needs_build(self, request: EnvironmentRequest) -> bool:
         return bool(request.packages)
 
-    def key(self, request: EnvironmentRequest) -> str:
+    def key(self, request: EnvironmentRequest, *, gpu: bool = False) -> str:
         return "k-" + "-".join(request.packages)
 
-    def lookup(self, request: EnvironmentRequest) -> Environment | None:
+    def lookup(self, request: EnvironmentRequest, *, gpu: bool = False) -> Environment | None:
         return self.built.get(self.key(request))
 
     def gate(self, key: str) -> threading.Event:
         return self.gates.setdefault(key, threading.Event())
 
-    def ensure(self, request: EnvironmentRequest, log=None) -> Environment | None:
+    def ensure(self, request: EnvironmentRequest, log=None, *, gpu: bool = False) -> Environment | None:
         key = self.key(request)
         self.builds.append(key)
         if log is not None:
