@@ -170,7 +170,7 @@ def test_a_packaged_version_builds_once_runs_in_its_environment_and_shares_it(se
             assert usage["gpus_busy"] == 0
         job = wait_done(http, job_id)
         assert job["job_state"] == "DONE", job
-        tab_version, tab_file, numpy_version, prefix = job["result"][0].split("|")
+        _tab_version, tab_file, numpy_version, prefix = job["result"][0].split("|")
         assert tab_file.startswith(str(env_cache / key)) and prefix == str(env_cache / key)
         assert numpy_version == importlib.metadata.version("numpy")  # the base's numpy, layered under it
         lines = logs(http, job_id)
