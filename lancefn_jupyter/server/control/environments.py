@@ -70,6 +70,7 @@ class Admission:
     ready: bool
     venv: Environment | None = None
     lease: int | None = None
+    since: float = field(default_factory=time.monotonic)  # when it was asked: a waiting job's wait starts then
 
     @property
     def problem(self) -> str | None:
@@ -100,6 +101,9 @@ class EnvironmentStage:
         self._builds: dict[str, _Build] = {}  # key → the build under way
         self._waiting: dict[str, _Build] = {}  # job id → the build it waits for
         self._held: dict[str, tuple[Environment, int]] = {}  # job id → (its environment, its lease fd)
+        # key → the environment last found or built: a job of it takes a lease (which fails once it was evicted)
+        # without asking the cache to look it up (that re-derives the key: milliseconds per job).
+        self._known: dict[str, Environment] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ decisions
@@ -161,18 +165,26 @@ class EnvironmentStage:
     def admission(self, rec: JobRecord) -> Admission:
         """What to do with a job of ``rec``'s version now (call without the table's lock: it may read the cache).
         A ready job's lease is the caller's to :meth:`hold` or :meth:`close`."""
-        plan = self._plan(rec)
+        since = time.monotonic()
+        plan = self._plan(rec)  # the first job of a version decides it (the cache reads the base's packages)
         if plan.problem is not None or plan.key is None:
             return Admission(plan, ready=plan.problem is None)
         assert self.cache is not None and plan.request is not None  # a key comes from the cache
         try:
-            env = self.cache.lookup(plan.request, gpu=plan.gpu)
+            env = self._known.get(plan.key)
             lease = self.cache.lease(env) if env is not None else None
+            if lease is None:  # not known here, or evicted since
+                env = self.cache.lookup(plan.request, gpu=plan.gpu)
+                lease = self.cache.lease(env) if env is not None else None
+            if env is not None and lease is not None:
+                self._known[plan.key] = env
+            else:
+                self._known.pop(plan.key, None)
         except Exception:
             log.exception("looking up environment %s failed; building it", plan.key)
-            return Admission(plan, ready=False)
+            return Admission(plan, ready=False, since=since)
         if env is None or lease is None:
-            return Admission(plan, ready=False)
+            return Admission(plan, ready=False, since=since)
         return Admission(plan, ready=True, venv=env, lease=lease)
 
     # ------------------------------------------------------------ held environments
@@ -220,7 +232,7 @@ class EnvironmentStage:
         start = build is None
         if build is None:
             build = self._builds[plan.key] = _Build(plan.key, plan.request, plan.gpu)
-        build.waiters[rec.job_id] = (rec, time.monotonic())
+        build.waiters[rec.job_id] = (rec, min(admission.since, time.monotonic()))
         self._waiting[rec.job_id] = build
         self.table.environment_waits[rec.job_id] = build.reason
         packages = ", ".join(plan.request.packages) or "no packages"
@@ -272,6 +284,8 @@ class EnvironmentStage:
                 self.fail(rec, JobFailure(phase="environment", message=failure))
             return
         now = time.monotonic()
+        if env is not None:
+            self._known[build.key] = env
         ready: list[JobRecord] = []
         for rec, joined in live:
             lease = None
