@@ -350,3 +350,20 @@ def test_env_cache_flags_refuse_bad_values_and_an_unreachable_cache(control_plan
         assert result.returncode == 2, result.stderr
         assert message in result.stderr and "Traceback" not in result.stderr
         assert not cp.server_json.exists()
+
+
+def test_an_inline_wait_answers_at_once_while_the_environment_builds(server, env_cache):
+    packages = ("humanize", "tabulate")  # an environment of its own
+    key = key_of(env_cache, packages)
+    with server.http() as http:
+        version = register(http, body("fig", packages))["version"]
+        with build_held(env_cache, key):
+            started = time.monotonic()
+            reply = http.post(
+                "/v1/functions/run",
+                json={"name": "fig", "version": version, "rows": [{"module": "humanize"}], "wait_s": 30},
+            ).json()
+            assert time.monotonic() - started < 10
+            assert reply["job"]["job_state"] == "PENDING"
+            assert reply["job"]["placement"]["pending_reason"].startswith("building environment (2 packages, ")
+        assert wait_done(http, reply["job_id"])["job_state"] == "DONE"
