@@ -44,6 +44,7 @@ log = logging.getLogger("lancefn.server")
 
 LOG_PREFIX = "[env] "
 _PLANS_KEPT = 1024  # versions whose decision is kept (a version's definition never changes)
+REFRESH_S = 10.0  # while a build runs, its waiting jobs' events say how long so far this often
 
 # (namespace, name, version)
 _Owner = tuple[str, str, str]
@@ -249,6 +250,8 @@ class EnvironmentStage:
         assert self.cache is not None  # only a plan with a key gets here
         env: Environment | None = None
         failure: str | None = None
+        done = threading.Event()
+        threading.Thread(target=self._refresh, args=(build, done), name="lancefn-env-refresh", daemon=True).start()
         try:
             env = self.cache.ensure(build.request, log=lambda lines: self._output(build, lines), gpu=build.gpu)
         except Exception as error:  # EnvironmentFailure: uv's lines in its message; anything else: say what
@@ -259,6 +262,8 @@ class EnvironmentStage:
             )
             if not isinstance(error, EnvironmentFailure):
                 log.exception("building environment %s failed", build.key)
+        finally:
+            done.set()
         with self.table.lock:
             self._builds.pop(build.key, None)
             waiters = list(build.waiters.values())
@@ -302,6 +307,20 @@ class EnvironmentStage:
             ready.append(rec)
         if ready:
             self.enqueue(ready)
+
+    def _refresh(self, build: _Build, done: threading.Event) -> None:
+        """Every ``REFRESH_S`` while ``build`` runs: a job event for each job waiting on it, whose pending reason
+        says how long the build has taken so far (UIs that follow events show it)."""
+        while not done.wait(REFRESH_S):
+            with self.table.lock:
+                if done.is_set() or self._closed:
+                    return
+                for rec, _ in list(build.waiters.values()):
+                    if rec.job_id in self.table.active:
+                        try:
+                            self.journal.persist(rec, new=False)
+                        except Exception:  # a full disk: the next refresh or the outcome says it
+                            log.debug("could not refresh job %s's pending reason", rec.job_id, exc_info=True)
 
     def _output(self, build: _Build, lines: list[str]) -> None:
         """A build's output lines (its thread): into the logs of every job waiting for it."""

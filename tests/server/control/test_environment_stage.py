@@ -292,3 +292,27 @@ def test_a_restart_stages_pending_jobs_again(tmp_path):
         assert task.job_id == job_id and task.venv is not None
     finally:
         again.shutdown()
+
+
+def test_a_long_build_refreshes_its_jobs_pending_reason_in_events(setup, monkeypatch):
+    import json
+
+    from lancefn_jupyter.server.control import environments
+
+    monkeypatch.setattr(environments, "REFRESH_S", 0.05)
+    plane, executor, cache = setup
+    version = version_with(plane, packages=("tabulate",))
+    job_id = plane.machine.run("double", version, [{"x": 1}])
+
+    def reasons() -> list[str]:
+        found = []
+        for _, data in plane.store.events_after(0, limit=10_000):
+            job = json.loads(data)
+            if job.get("job_id") == job_id and job["placement"].get("pending_reason"):
+                found.append(job["placement"]["pending_reason"])
+        return found
+
+    wait_for(lambda: len(reasons()) >= 3, "refreshed job events while building")
+    cache.release("k-tabulate")
+    wait_for(lambda: executor.tasks, "launched")
+    assert all(reason.startswith("building environment (1 package, ") for reason in reasons())
