@@ -32,6 +32,7 @@ from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.server.control.catalog import stored_definition
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
+from lancefn_jupyter.server.control.states import PENDING
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.wire.models import JobFailure
 
@@ -274,8 +275,27 @@ class EnvironmentStage:
                 return  # stopping: the jobs stay PENDING in the store and are staged again on the next start
             try:
                 self._built(build, waiters, env, failure)
-            except Exception:
+            except Exception:  # never leave a job waiting for nothing: fail what is still waiting and queued nowhere
                 log.exception("finishing environment %s's build failed", build.key)
+                for rec, _ in waiters:
+                    self._unstick(rec)
+
+    def _unstick(self, rec: JobRecord) -> None:
+        table = self.table
+        if rec.job_id not in table.active or table.scheduler.is_pending(rec.job_id) or rec.devices:
+            return
+        if rec.job_id in self._waiting or rec.state != PENDING:
+            return
+        try:
+            failure = JobFailure(
+                phase="environment",
+                message="the control plane could not queue this job once its environment was ready; see the "
+                "server log, and run it again",
+                retryable=True,
+            )
+            self.fail(rec, failure)
+        except Exception:
+            log.exception("could not fail job %s either", rec.job_id)
 
     def _built(
         self, build: _Build, waiters: list[tuple[JobRecord, float]], env: Environment | None, failure: str | None
