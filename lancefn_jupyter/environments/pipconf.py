@@ -18,7 +18,7 @@ from pathlib import Path
 __all__ = ["UvSettings", "config_files", "pip_settings", "read_pip_settings", "uv_settings"]
 
 _TRUE = frozenset({"1", "true", "yes", "on", "y"})
-_ALIASES = {"default-timeout": "timeout", "index": "index-url", "extra-index": "extra-index-url"}
+_ALIASES = {"default-timeout": "timeout"}  # one pip option, two long names
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,8 @@ def read_pip_settings(env: Mapping[str, str] | None = None, *, prefix: str = sys
 
 
 def _key(name: str) -> str:
-    name = name.lower()
+    """A setting's name as pip looks it up: its long option name, lower case, dashes."""
+    name = name.lower().replace("_", "-")
     return _ALIASES.get(name, name)
 
 
