@@ -5,11 +5,13 @@ the builds, which run on a thread each (one per cache key) and take the lock to 
 For executors that build environments (``Executor.builds_environments``: local), a job is *admitted*:
 
 - refused (``executor.environment_problem``) → the machine fails it in phase ``environment`` at once;
-- ready (no environment needed, or the cache has it) → queued as before, holding a lease on its
-  environment until it ends (closed by :meth:`EnvironmentStage.forget`, a journal forgetter);
+- ready (no environment needed, or the cache has it) → queued as before, its environment leased until it ends
+  (one lease per environment for all of the plane's active jobs of it, closed when the last one ends:
+  :meth:`EnvironmentStage.forget`, a journal forgetter; a lease per job would cost a file descriptor per queued
+  job);
 - else it waits here, PENDING and in no device queue (no GPU is held), while one build per key runs
   (``EnvironmentCache.ensure``), whose output lines go to every waiting job's logs (stream ``system``,
-  ``[env] ``); built → the machine queues the jobs (FIFO among themselves), each with a lease; failed →
+  ``[env] ``); built → the machine queues the jobs (FIFO among themselves), leased; failed →
   each fails in phase ``environment`` with the build's message.  No failure is kept: the next job builds again.
 
 Executors that do not build (Ray) only get the refusal check.  The decision for a version (its request, the
@@ -102,7 +104,8 @@ class EnvironmentStage:
         self._plans_lock = threading.Lock()
         self._builds: dict[str, _Build] = {}  # key → the build under way
         self._waiting: dict[str, _Build] = {}  # job id → the build it waits for
-        self._held: dict[str, tuple[Environment, int]] = {}  # job id → (its environment, its lease fd)
+        self._held: dict[str, Environment] = {}  # job id → the environment it runs in (leased)
+        self._leases: dict[str, list[int]] = {}  # key → [the plane's lease fd, active jobs of it]
         # key → the environment last found or built: a job of it takes a lease (which fails once it was evicted)
         # without asking the cache to look it up (that re-derives the key: milliseconds per job).
         self._known: dict[str, Environment] = {}
@@ -172,8 +175,10 @@ class EnvironmentStage:
         if plan.problem is not None or plan.key is None:
             return Admission(plan, ready=plan.problem is None)
         assert self.cache is not None and plan.request is not None  # a key comes from the cache
+        env = self._known.get(plan.key)
+        if env is not None and plan.key in self._leases:  # leased for other jobs now: it cannot be evicted
+            return Admission(plan, ready=True, venv=env)
         try:
-            env = self._known.get(plan.key)
             lease = self.cache.lease(env) if env is not None else None
             if lease is None:  # not known here, or evicted since
                 env = self.cache.lookup(plan.request, gpu=plan.gpu)
@@ -192,11 +197,32 @@ class EnvironmentStage:
     # ------------------------------------------------------------ held environments
 
     def hold(self, rec: JobRecord, admission: Admission) -> bool:
-        """A ready job is queued: keep its environment (``venv``) and lease until it ends (lock held). True
-        when the job took the admission's lease (it is closed with the job)."""
-        if admission.venv is None or admission.lease is None:
+        """A ready job is queued: its environment (``venv``) stays leased until it ends (lock held). True when
+        the admission's lease was taken over (kept for the environment's jobs, or closed as a spare)."""
+        if admission.venv is None:
             return False
-        self._held[rec.job_id] = (admission.venv, admission.lease)
+        if not self._lease_for(rec, admission.venv, admission.lease):
+            self._held[rec.job_id] = admission.venv  # its worker's own lease says it is gone: run it again
+        return True
+
+    def _lease_for(self, rec: JobRecord, env: Environment, lease: int | None) -> bool:
+        """Count ``rec`` among ``env``'s leased jobs (``lease``: a descriptor the caller took, or None). False when
+        no lease could be had (evicted meanwhile)."""
+        entry = self._leases.get(env.key)
+        if entry is not None:
+            entry[1] += 1
+            if lease is not None:
+                _close(lease)  # one is held already
+        else:
+            if lease is None:
+                assert self.cache is not None
+                # The jobs that held it ended since the admission (a rare race): lease it again. Evicted in between
+                # (rarer still): the worker's own lease then fails and the job says to run it again.
+                lease = self.cache.lease(env)
+                if lease is None:
+                    return False
+            self._leases[env.key] = [lease, 1]
+        self._held[rec.job_id] = env
         return True
 
     @staticmethod
@@ -206,8 +232,7 @@ class EnvironmentStage:
             _close(admission.lease)
 
     def venv(self, job_id: str) -> Environment | None:
-        held = self._held.get(job_id)
-        return held[0] if held is not None else None
+        return self._held.get(job_id)
 
     def waiting(self, job_id: str) -> bool:
         """The job waits for its environment here (it holds no place in a device queue)."""
@@ -219,9 +244,13 @@ class EnvironmentStage:
         if build is not None:
             build.waiters.pop(job_id, None)
         self.table.environment_waits.pop(job_id, None)
-        held = self._held.pop(job_id, None)
-        if held is not None:
-            _close(held[1])
+        env = self._held.pop(job_id, None)
+        entry = self._leases.get(env.key) if env is not None else None
+        if env is not None and entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._leases[env.key]
+                _close(entry[0])
 
     # ------------------------------------------------------------------ builds
 
@@ -313,14 +342,10 @@ class EnvironmentStage:
             self._known[build.key] = env
         ready: list[JobRecord] = []
         for rec, joined in live:
-            lease = None
-            if env is not None:
-                assert self.cache is not None
-                lease = self.cache.lease(env)
-                if lease is None:  # evicted between its build and now (a tiny cache): build it again
-                    self.stage(rec, Admission(self._plan(rec), ready=False))
-                    continue
-                self._held[rec.job_id] = (env, lease)
+            if env is not None and not self._lease_for(rec, env, None):
+                # Evicted between its build and now (a tiny cache): build it again.
+                self.stage(rec, Admission(self._plan(rec), ready=False))
+                continue
             rec.environment_ms = (now - joined) * 1000.0
             where = f": {env.path}" if env is not None else ""
             self.journal.append_log(rec, "system", [f"{LOG_PREFIX}environment ready in {elapsed:.1f} s{where}"])

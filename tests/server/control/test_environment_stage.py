@@ -105,7 +105,7 @@ class FakeCache:
 
 def open_fds(cache: FakeCache) -> list[int]:
     alive = []
-    for fd in cache.leases:
+    for fd in sorted(set(cache.leases)):  # a closed descriptor's number is handed out again
         try:
             os.fstat(fd)
             alive.append(fd)
@@ -207,6 +207,19 @@ def test_one_build_per_key_for_every_job_and_version_that_needs_it(setup):
     assert cache.builds == ["k-tabulate"]
     assert [t.job_id for t in executor.tasks] == jobs[:2]  # FIFO among themselves
     assert [wire(plane, j)["placement"]["queue_position"] for j in jobs[2:]] == [1, 2]
+    assert len(open_fds(cache)) == 1  # one lease for all of the plane's jobs of that environment
+    for task in executor.tasks[:2]:
+        executor.callbacks.task_started(task.job_id, devices=task.devices, node=None)
+        executor.callbacks.task_succeeded(task.job_id, [0])
+    wait_for(lambda: len(executor.tasks) == 4, "the other two placed")
+    for task in executor.tasks[2:]:
+        assert open_fds(cache)
+        executor.callbacks.task_started(task.job_id, devices=task.devices, node=None)
+        executor.callbacks.task_succeeded(task.job_id, [0])
+    assert open_fds(cache) == []  # closed with the last of them
+    # A job of it now (cached): leased again, queued at once.
+    later = plane.machine.run("two", two, [{"x": 1}])
+    assert executor.tasks[-1].job_id == later and len(open_fds(cache)) == 1
     for job_id in jobs[1:]:  # a job that joined the build later still gets its output
         assert "[env] Installed tabulate==0.9.0" in logs(plane, job_id)
 
