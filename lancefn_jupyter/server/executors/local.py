@@ -27,8 +27,10 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
 * when the server runs as root, workers run as ``worker_user`` (see ``server/executors/isolation.py``);
 * a task with a ``venv`` (its version's environment, built by the plane: docs/ARCHITECTURE.md,
   "Environments") runs on a worker started from ``venv.python``, which inherits a lease on the environment
-  (``EnvironmentCache.lease``, its own per process) for its whole life; fresh spares run the base Python and
-  never serve such a task (pooling by owner keeps each version on its own workers).
+  (``EnvironmentCache.lease``, its own per process) for its whole life. Fresh spares of the base Python never
+  serve such a task; after a task of an environment, a fresh spare *of that environment* is started like any
+  replacement spare (at most ``_ENV_SPARES_PER_DEVICE_SET`` per device set, the most recently used), so the next
+  new version sharing it starts warm.
 
 Each running task has a thread that reads the worker's protocol events and calls the callbacks.
 Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
@@ -67,20 +69,25 @@ log = logging.getLogger("lancefn.server")
 # stays warm, while each idle worker that used CUDA holds a context's memory on those GPUs.
 DEFAULT_MAX_IDLE_PER_DEVICE_SET = 4
 _SPARE_QUIET_S = 0.25  # a replacement spare waits for its devices to be free this long at a time
+# Fresh spares of built environments kept per device set (besides the base Python's): each holds a process and a
+# lease that keeps its environment from eviction.
+_ENV_SPARES_PER_DEVICE_SET = 1
 
-# (devices, simulated, owner): owner = (namespace, name, version) once it ran a job, None while fresh
-_Key = tuple[tuple[str, ...], bool, "tuple[str, str, str] | None"]
+# (devices, simulated, owner, environment): owner = (namespace, name, version) once it ran a job, None while
+# fresh; environment = the key of the built environment whose Python it runs, None for the base Python.
+_Key = tuple[tuple[str, ...], bool, "tuple[str, str, str] | None", "str | None"]
 _SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach user code
 # The function env arrives with the task; these would change the worker's devices after start.
 _DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")
 
 
 def _key(task: TaskSpec) -> _Key:
-    return (tuple(task.devices), task.simulated, (task.namespace, task.name, task.version))
+    venv = task.venv.key if task.venv is not None else None
+    return (tuple(task.devices), task.simulated, (task.namespace, task.name, task.version), venv)
 
 
 def _fresh(key: _Key) -> _Key:
-    return (key[0], key[1], None)
+    return (key[0], key[1], None, key[3])
 
 
 def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
@@ -93,7 +100,7 @@ def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
 
 
 def _worker_env(key: _Key, user: WorkerUser | None = None, *, spare: bool = False) -> dict[str, str]:
-    devices, simulated, _ = key
+    devices, simulated = key[0], key[1]
     env = worker_base_env(user)
     if spare:
         # A spare does the heavy imports a GPU function needs while it waits (CPU: numpy only, so a
@@ -163,6 +170,7 @@ class LocalExecutor(Executor):
         self._idle: dict[_Key, tuple[WorkerProcess, float]] = {}  # key → (worker, idle since)
         self._spawners: set[threading.Thread] = set()
         self._spawning: set[_Key] = set()  # keys a background start is under way for
+        self._venvs: dict[str, Environment] = {}  # environments tasks ran in, by key (to start their spares)
         self._closed = threading.Event()
         self._tasks: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._runner_threads = 0  # alive task threads
@@ -174,7 +182,7 @@ class LocalExecutor(Executor):
         self._callbacks = callbacks
         threading.Thread(target=self._retire_idle, name="lancefn-idle-workers", daemon=True).start()
         keys = [
-            ((device,), spec.simulated, None)
+            ((device,), spec.simulated, None, None)
             for spec in (self._classes.classes if self._classes else ())
             for device in spec.devices
         ]
@@ -438,11 +446,13 @@ class LocalExecutor(Executor):
     # ----------------------------------------------------------------- the pool
 
     def _acquire(self, key: _Key, venv: Environment | None = None) -> tuple[WorkerProcess, float]:
-        """Its own (namespace, version)'s idle worker, else a fresh one (not for a ``venv``: spares run the
-        base Python), else a new process; and the milliseconds spent starting that process (0 for an idle one)."""
+        """Its own (namespace, version)'s idle worker, else a fresh one of the same Python (the base's, or
+        ``venv``'s), else a new process; and the milliseconds spent starting that process (0 for an idle one)."""
         with self._lock:
+            if venv is not None:
+                self._venvs[venv.key] = venv  # to start spares of it
             own = self._idle.pop(key, None)
-            fresh = self._idle.pop(_fresh(key), None) if own is None and venv is None else None
+            fresh = self._idle.pop(_fresh(key), None) if own is None else None
             sharing = [
                 self._idle.pop(other)[0]
                 for other in list(self._idle)
@@ -457,22 +467,25 @@ class LocalExecutor(Executor):
                 return entry[0], 0.0
             entry[0].kill(self._grace_s)
         started = time.perf_counter()
-        if venv is None:
-            worker = WorkerProcess(_worker_env(key, self._user), self._user_ids())
-        else:
-            worker = self._start_in(venv, key)
+        worker = self._start(key, venv)
         return worker, (time.perf_counter() - started) * 1000.0
 
-    def _start_in(self, venv: Environment, key: _Key) -> WorkerProcess:
-        """A worker of ``venv``'s Python that inherits its own lease on it (held until the process exits)."""
+    def _start(self, key: _Key, venv: Environment | None, *, spare: bool = False) -> WorkerProcess:
+        """A worker process for ``key``: of the base Python, or of ``venv``'s, inheriting its own lease on it
+        (held until the process exits)."""
+        env = _worker_env(key, self._user, spare=spare)
+        if venv is None:
+            return WorkerProcess(env, self._user_ids())
         lease = self._environments.lease(venv) if self._environments is not None else None
         if lease is None:
+            with self._lock:
+                self._venvs.pop(venv.key, None)  # evicted: no more spares of it
             raise WorkerStartError(
                 f"the environment {venv.path} is gone (evicted from the cache, or no cache configured); "
                 "run the job again to rebuild it"
             )
         try:
-            return WorkerProcess(_worker_env(key, self._user), self._user_ids(), python=venv.python, pass_fds=(lease,))
+            return WorkerProcess(env, self._user_ids(), python=venv.python, pass_fds=(lease,))
         finally:
             os.close(lease)  # the worker holds its inherited copy
 
@@ -485,10 +498,15 @@ class LocalExecutor(Executor):
             if not self._closed.is_set() and key not in self._idle:
                 self._idle[key] = (worker, time.monotonic())
                 retire = []
-                used = [k for k in self._idle if k[0] == key[0] and k[1] == key[1] and k[2] is not None]
+                same_set = [k for k in self._idle if k[0] == key[0] and k[1] == key[1]]
+                used = [k for k in same_set if k[2] is not None]
                 if len(used) > self._max_idle_per_set:  # this device set's least recently used
                     used.sort(key=lambda k: self._idle[k][1])
                     retire += [self._idle.pop(k)[0] for k in used[: len(used) - self._max_idle_per_set]]
+                env_spares = [k for k in same_set if k[2] is None and k[3] is not None]
+                if len(env_spares) > _ENV_SPARES_PER_DEVICE_SET:  # the most recently used environments' stay
+                    env_spares.sort(key=lambda k: self._idle[k][1])
+                    retire += [self._idle.pop(k)[0] for k in env_spares[: len(env_spares) - _ENV_SPARES_PER_DEVICE_SET]]
                 if len(self._idle) > self._max_idle:
                     oldest = min(self._idle, key=lambda k: self._idle[k][1])
                     retire.append(self._idle.pop(oldest)[0])
@@ -525,7 +543,11 @@ class LocalExecutor(Executor):
                 while quiet and self._devices_busy(key[0]):
                     if self._closed.wait(_SPARE_QUIET_S):
                         return
-                self._release(key, WorkerProcess(_worker_env(key, self._user, spare=True), self._user_ids()))
+                with self._lock:
+                    venv = self._venvs.get(key[3]) if key[3] is not None else None
+                if key[3] is not None and venv is None:
+                    return
+                self._release(key, self._start(key, venv, spare=True))
             except WorkerStartError:
                 log.warning("could not pre-start a worker for devices %s", key[0], exc_info=True)
             finally:

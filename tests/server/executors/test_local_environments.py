@@ -193,6 +193,20 @@ def test_a_packaged_version_builds_once_runs_in_its_environment_and_shares_it(se
         assert shared["timings"]["environment_ms"] == 0
         assert environments(env_cache) == {key}
 
+        # Each job of it leaves a spare worker of this environment behind (once its devices are free), so a new
+        # version of the same packages soon starts on a worker that is already up.
+        for attempt in range(20):
+            name = f"tab{attempt + 3}"
+            source = PROBE.replace("version =", "version" + " " * (attempt + 3) + "=")
+            new = register(http, body(name, ("tabulate",), source=source))["version"]
+            started = wait_done(http, submit(http, name, new, [{"module": "tabulate"}]))
+            assert started["job_state"] == "DONE" and started["result"][0].split("|")[3] == str(env_cache / key)
+            if started["timings"]["start_ms"] == 0:
+                break
+            time.sleep(1.0)  # its spare is still starting
+        else:
+            raise AssertionError("no new version of the environment found a spare of it waiting")
+
 
 def test_four_first_jobs_share_one_build_and_a_pin_beats_the_bases_version(server, env_cache):
     packages = ("six==1.16.0",)
