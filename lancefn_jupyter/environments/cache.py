@@ -1,17 +1,27 @@
 """The environment cache: one virtual environment per (environment, Python, platform, base), built once with uv,
 shared read-only, evicted least recently used (docs/ARCHITECTURE.md, "Environments").
 
-CONTRACT STUB (issue 25): signatures and behaviour are fixed here; the implementation lands with the environments
-branch.
+Layout under the root: ``<key>/`` (a built environment, read-only, with ``meta.json``), ``.build-<key>-<pid>-<n>/``
+(one being built), ``.locks/<key>`` (leases: shared flocks; its mtime is the last use) and ``.locks/<key>.build``
+(held while building that key, across processes).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import shutil
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lancefn_jupyter.environments import build, interpreters, pipconf, resolve
 from lancefn_jupyter.environments.request import EnvironmentRequest
 
 __all__ = ["DEFAULT_MAX_BYTES", "Environment", "EnvironmentCache", "EnvironmentFailure", "default_cache_dir"]
@@ -47,7 +57,52 @@ class Environment:
 def default_cache_dir(shared: bool) -> Path:
     """``$LANCEFN_ENV_CACHE``, else ``/var/cache/lancefn/envs`` when ``shared`` (workers run as another user, who
     must read it: a root server), else the user's cache (``~/.cache/lancefn/envs``)."""
-    raise NotImplementedError
+    if configured := os.environ.get("LANCEFN_ENV_CACHE"):
+        return Path(configured)
+    return Path("/var/cache/lancefn/envs") if shared else Path.home() / ".cache" / "lancefn" / "envs"
+
+
+class _Flight:
+    """One build in progress in this process: its output lines go to every caller waiting on it (replayed to
+    late ones), and all of them get its environment or its failure."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._lines: list[str] = []
+        self._logs: list[Callable[[list[str]], None]] = []
+        self._env: Environment | None = None
+        self._error: EnvironmentFailure | None = None
+
+    def join(self, log: Callable[[list[str]], None] | None) -> None:
+        if log is None:
+            return
+        with self._lock:
+            self._logs.append(log)
+            earlier = list(self._lines)
+        if earlier:
+            log(earlier)
+
+    def emit(self, lines: list[str]) -> None:
+        with self._lock:
+            self._lines += lines
+            logs = list(self._logs)
+        for log in logs:
+            try:
+                log(lines)
+            except Exception:  # one waiter's broken log must not fail the build the others wait on
+                pass
+
+    def finish(self, env: Environment | None, error: EnvironmentFailure | None) -> None:
+        self._env, self._error = env, error
+        self._done.set()
+
+    def result(self) -> Environment:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._env is not None
+        return self._env
 
 
 class EnvironmentCache:
@@ -65,49 +120,389 @@ class EnvironmentCache:
         whose packages an environment layers over (the control plane's or the kernel's own). ``uv``: the uv
         binary (default: PyPI uv's). ``env``: the environment whose ``PIP_*`` variables and pip.conf files apply
         to builds (default ``os.environ``)."""
-        raise NotImplementedError
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.base_python = base_python
+        self.shared = shared
+        self._uv = uv
+        self._env = dict(os.environ if env is None else env)
+        self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}
+        self._plans: dict[str, tuple[str, ...]] = {}
+        self._base: resolve.Base | None = None
+        self._settings: pipconf.UvSettings | None = None
+
+    # -- what the request needs (no build) -------------------------------------------------------------------
 
     def problem(self, request: EnvironmentRequest) -> str | None:
         """Why this machine cannot honour ``request`` (``image``; conda packages not importable; ``python_version``
         not found, naming the versions it has), or None. No build, no network; interpreter discovery cached."""
-        raise NotImplementedError
+        if request.image:
+            return (
+                f"image={request.image!r}: the local executor runs no containers. Use the Ray executor "
+                '(`lancefn-server --executor ray`, where image becomes runtime_env["image_uri"]) or drop image='
+            )
+        if request.conda:
+            missing = resolve.unsatisfied(request.conda, self.base_python, self._env)
+            if missing:
+                return (
+                    f"conda packages not importable in the control plane's environment: {', '.join(missing)} (the "
+                    "local executor does not run conda). Install them into that environment, or declare them as pip="
+                )
+        if request.python_version:
+            wanted = _minor(request.python_version)
+            if wanted is None:
+                return f"python_version={request.python_version!r} is not a Python version such as '3.12'"
+            if tuple(int(part) for part in wanted.split(".")) < _OLDEST_WORKER_PYTHON:
+                return f"wants Python {wanted}: lancefn workers need Python 3.11 or newer"
+            if self._python_for(request) is None:
+                found = interpreters.available(base=self.base_python, env=self._env)
+                have = ", ".join(f"{version} ({path})" for version, path in found.items()) or "none"
+                return f"wants Python {wanted}; this machine has {have}"
+        return None
 
     def needs_build(self, request: EnvironmentRequest) -> bool:
         """True when workers need an environment of their own: declared pip packages the base does not satisfy, or
         a Python other than the base's. False: workers run on the base interpreter as they are."""
-        raise NotImplementedError
+        if request.kind != "pip" or request.image:
+            return False
+        if not self._layered(request):
+            return True
+        return bool(resolve.unsatisfied(request.pip, self.base_python, self._env))
 
-    def key(self, request: EnvironmentRequest) -> str:
+    def key(self, request: EnvironmentRequest, *, gpu: bool = False) -> str:
         """The cache key: sha256 hex of the packages, the Python (version, path), the platform, the base's
-        packages and the pip settings that choose where packages come from."""
-        raise NotImplementedError
+        packages and the pip settings that choose where packages come from. ``gpu``: the function runs on a GPU
+        (an environment for another Python then gets numba-cuda)."""
+        python = self._python_for(request)
+        if python is None:
+            raise EnvironmentFailure(self.problem(request) or "no such Python", refused=True)
+        base = self._base_info()
+        layered = self._layered(request)
+        args = self.uv_args()
+        identity = {
+            "format": 1,
+            "packages": resolve.normalized(request.pip),
+            "python": [interpreters.version_of(python), python],
+            "platform": resolve.interpreter_tag(),
+            "base": sorted(base.distributions.items()),
+            "pip": args,
+            "constraints": _constraint_digests(args),
+            "gpu": gpu and not layered,  # only another Python's environment installs the GPU stack itself
+        }
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
-    def lookup(self, request: EnvironmentRequest) -> Environment | None:
+    def plan(self, request: EnvironmentRequest, *, gpu: bool = False) -> tuple[str, ...]:
+        """The pinned requirements to install over the base (``uv pip compile`` preferring the base's versions;
+        only what the base lacks or has at another version). For executors that build elsewhere (Ray's ``uv``).
+        Resolved once per environment key in this process."""
+        if not self.needs_build(request):
+            return ()
+        key = self.key(request, gpu=gpu)
+        with self._lock:
+            if key in self._plans:
+                return self._plans[key]
+        try:
+            pins = build.compile_plan(self._build_plan(request, gpu), None)
+        except build.BuildFailure as exc:
+            raise _failure(request, exc) from None
+        with self._lock:
+            self._plans[key] = pins
+        return pins
+
+    def uv_args(self) -> list[str]:
+        """The uv flags the pip configuration maps to (index URLs, find-links, constraints, …)."""
+        return list(self._pip().args)
+
+    # -- the cache -------------------------------------------------------------------------------------------
+
+    def lookup(self, request: EnvironmentRequest, *, gpu: bool = False) -> Environment | None:
         """The built environment if the cache has it (its last use refreshed), else None. No build."""
-        raise NotImplementedError
+        if self.problem(request) is not None or not self.needs_build(request):
+            return None
+        return self._load(self.key(request, gpu=gpu))
 
-    def ensure(self, request: EnvironmentRequest, log: Callable[[list[str]], None] | None = None) -> Environment | None:
+    def ensure(
+        self,
+        request: EnvironmentRequest,
+        log: Callable[[list[str]], None] | None = None,
+        *,
+        gpu: bool = False,
+    ) -> Environment | None:
         """The environment, built now if needed (blocking; once across threads and processes: the others wait and
         share it); None when ``needs_build`` is False. ``log`` gets uv's output lines as they come. Raises
         :class:`EnvironmentFailure` (refused, or the build failed). Evicts beyond ``max_bytes`` after a build."""
-        raise NotImplementedError
-
-    def plan(self, request: EnvironmentRequest) -> tuple[str, ...]:
-        """The pinned requirements to install over the base (``uv pip compile`` preferring the base's versions;
-        only what the base lacks or has at another version). For executors that build elsewhere (Ray's ``uv``)."""
-        raise NotImplementedError
+        problem = self.problem(request)
+        if problem is not None:
+            raise EnvironmentFailure(problem, refused=True)
+        if not self.needs_build(request):
+            return None
+        key = self.key(request, gpu=gpu)
+        found = self._load(key)
+        if found is not None:
+            return found
+        with self._lock:
+            flight = self._flights.get(key)
+            owner = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+        flight.join(log)
+        if owner:
+            env: Environment | None = None
+            error: EnvironmentFailure | None = None
+            try:
+                env = self._build(key, request, gpu, flight.emit)
+            except EnvironmentFailure as exc:
+                error = exc
+            except Exception as exc:  # an I/O error of ours: still the job's phase-environment failure
+                error = EnvironmentFailure(f"the environment could not be built ({request.describe()}): {exc}")
+            finally:
+                with self._lock:
+                    del self._flights[key]  # no failure is cached: the next ensure builds again
+            flight.finish(env, error)
+        return flight.result()
 
     def lease(self, env: Environment) -> int | None:
         """An open file descriptor holding a shared lock on ``env`` (eviction skips it while any is open, in any
         process: hand it to the worker with ``pass_fds`` and close yours); None when ``env`` was evicted meanwhile
         (build it again)."""
-        raise NotImplementedError
+        fd = os.open(env.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while an eviction of it is under way
+            if not (env.path / _META).exists():
+                os.close(fd)
+                return None
+            os.utime(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def evict(self) -> list[str]:
         """Remove least-recently-used environments nobody holds a lease on until the cache fits ``max_bytes``;
         the keys removed."""
-        raise NotImplementedError
+        return self._evict(keep=())
 
-    def uv_args(self) -> list[str]:
-        """The uv flags the pip configuration maps to (index URLs, find-links, constraints, …)."""
-        raise NotImplementedError
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _base_info(self) -> resolve.Base:
+        with self._lock:
+            if self._base is not None:
+                return self._base
+        base = resolve.describe_base(self.base_python, self._env)
+        with self._lock:
+            self._base = base
+        return base
+
+    def _pip(self) -> pipconf.UvSettings:
+        with self._lock:
+            if self._settings is not None:
+                return self._settings
+        settings = pipconf.read_pip_settings(self._env, prefix=self._base_info().prefix)
+        with self._lock:
+            self._settings = settings
+        return settings
+
+    def _layered(self, request: EnvironmentRequest) -> bool:
+        """Whether the environment layers over the base: it runs the base's Python."""
+        wanted = _minor(request.python_version) if request.python_version else None
+        return wanted is None or wanted == self._base_info().version
+
+    def _python_for(self, request: EnvironmentRequest) -> str | None:
+        if self._layered(request):
+            return self.base_python
+        wanted = _minor(request.python_version or "")
+        return interpreters.find(wanted, base=self.base_python, env=self._env) if wanted else None
+
+    def _build_plan(self, request: EnvironmentRequest, gpu: bool) -> build.Plan:
+        python = self._python_for(request)
+        if python is None:
+            raise EnvironmentFailure(self.problem(request) or "no such Python", refused=True)
+        base = self._base_info()
+        layered = self._layered(request)
+        settings = self._pip()
+        return build.Plan(
+            python=python,
+            requirements=tuple(resolve.requirements_in(request.pip, layered=layered, gpu=gpu)),
+            base=base if layered else None,
+            preferred=base.distributions,
+            uv=self._uv or _default_uv(),
+            uv_args=settings.args,
+            env={**self._env, **dict(settings.env)},
+        )
+
+    def _root_dir(self) -> Path:
+        """The root and its ``.locks``, created on first use (0755 when shared: others traverse it; else 0700)."""
+        mode = 0o755 if self.shared else 0o700
+        for path in (self.root, self.root / _LOCKS):
+            if not path.is_dir():
+                path.mkdir(parents=True, exist_ok=True, mode=mode)
+                path.chmod(mode)  # whatever the umask
+        return self.root
+
+    def _environment(self, key: str, meta: dict[str, object]) -> Environment:
+        path = self.root / key
+        installed = meta.get("installed")
+        size = meta.get("size_bytes")
+        return Environment(
+            key=key,
+            path=path,
+            python=str(path / "bin" / "python"),
+            lock_path=self.root / _LOCKS / key,
+            installed=tuple(str(pin) for pin in installed) if isinstance(installed, list) else (),
+            size_bytes=size if isinstance(size, int) else 0,
+        )
+
+    def _load(self, key: str) -> Environment | None:
+        """The built environment ``key`` (its last use refreshed), or None."""
+        meta = _read_meta(self.root / key)
+        if meta is None:
+            return None
+        env = self._environment(key, meta)
+        _touch(env.lock_path)
+        return env
+
+    def _build(self, key: str, request: EnvironmentRequest, gpu: bool, log: Callable[[list[str]], None]) -> Environment:
+        root = self._root_dir()
+        with open(root / _LOCKS / f"{key}.build", "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # another process building it: wait, then use what it built
+            found = self._load(key)
+            if found is not None:
+                return found
+            try:
+                meta = build.build(root, key, request, self._build_plan(request, gpu), log)
+            except build.BuildFailure as exc:
+                raise _failure(request, exc) from None
+        env = self._environment(key, meta)
+        _touch(env.lock_path)
+        self._evict(keep=(key,))  # not the one just built: its caller is about to use it
+        return env
+
+    def _evict(self, keep: Sequence[str]) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        _sweep_builds(self.root)
+        entries = []
+        for path in self.root.iterdir():
+            meta = _read_meta(path) if not path.name.startswith(".") else None
+            if meta is not None:
+                size = meta.get("size_bytes")
+                entries.append(
+                    (_last_use(self.root / _LOCKS / path.name, path), path, size if isinstance(size, int) else 0)
+                )
+        total = sum(size for _, _, size in entries)
+        removed: list[str] = []
+        for _, path, size in sorted(entries, key=lambda entry: entry[0]):
+            if total <= self.max_bytes:
+                break
+            if path.name in keep:
+                continue
+            fd = os.open(self.root / _LOCKS / path.name, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # leased: a worker is using it
+                build.make_writable(path)
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)  # the lock file stays: a lease waiting on it must see the directory gone, not a new file
+            total -= size
+            removed.append(path.name)
+        return removed
+
+
+_META = "meta.json"
+_LOCKS = ".locks"
+_OLDEST_WORKER_PYTHON = (3, 11)
+_STALE_BUILD_S = 3600.0
+
+
+def _minor(version: str) -> str | None:
+    """ "3.12" from "3.12" or "3.12.1"; None when it is not a version."""
+    parts = version.strip().split(".")
+    if len(parts) < 2 or not all(part.isdigit() for part in parts[:2]):
+        return None
+    return f"{int(parts[0])}.{int(parts[1])}"
+
+
+def _default_uv() -> str:
+    """PyPI uv's binary (a dependency), else uv on PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv") or "uv"
+
+
+def _failure(request: EnvironmentRequest, exc: build.BuildFailure) -> EnvironmentFailure:
+    """The job's message: uv's own error lines, or which check failed after uv succeeded and why."""
+    if exc.by_uv and exc.lines:
+        detail = "\n".join(exc.lines)
+    else:
+        detail = f"{exc}: " + "\n".join(exc.lines) if exc.lines else str(exc)
+    return EnvironmentFailure(f"uv could not build the environment ({request.describe()}): {detail}", lines=exc.lines)
+
+
+def _constraint_digests(args: Sequence[str]) -> list[str]:
+    """sha256 of each ``--constraint`` file (its contents choose versions, not only its path)."""
+    digests = []
+    for flag, value in itertools.pairwise(args):
+        if flag == "--constraint":
+            try:
+                digests.append(hashlib.sha256(Path(value).read_bytes()).hexdigest())
+            except OSError:
+                digests.append("")
+    return digests
+
+
+def _read_meta(path: Path) -> dict[str, object] | None:
+    try:
+        meta = json.loads((path / _META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _touch(lock_path: Path) -> None:
+    """Record a use (the lock file's mtime); a cache this process cannot write still serves."""
+    try:
+        lock_path.touch(mode=0o644)
+    except OSError:
+        pass
+
+
+def _last_use(lock_path: Path, env_path: Path) -> float:
+    for path in (lock_path, env_path):
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            continue
+    return 0.0
+
+
+def _sweep_builds(root: Path) -> None:
+    """Remove ``.build-<key>-<pid>-<n>`` directories over an hour old whose builder is gone (a crash mid-build)."""
+    now = time.time()
+    for path in root.glob(".build-*"):
+        parts = path.name.split("-")
+        if len(parts) != 4 or not parts[2].isdigit():
+            continue
+        try:
+            if now - path.stat().st_mtime < _STALE_BUILD_S or _alive(int(parts[2])):
+                continue
+        except OSError:
+            continue
+        build.make_writable(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
