@@ -383,6 +383,7 @@ class GpuFunction:
                 on_log=_echo_log,  # the function's prints show up live, as they would in the kernel
                 state=self._request.runtime.state or "per_worker",
                 environment=EnvironmentRequest.from_runtime(self._request.runtime.to_wire()),
+                gpu=bool(self._request.runtime.resources and self._request.runtime.resources.num_gpus),
             )
         except LocalRunError as error:
             message, tb = self.map_failure(error.message, error.traceback or "")

@@ -127,9 +127,9 @@ def _worker_env(simulated: bool, env: Mapping[str, str] | None) -> dict[str, str
 
 MAX_WORKERS = 2  # warm workers kept (each may hold a model, and on a GPU a CUDA context)
 
-# (simulated?, artifact filename, artifact digest, environment request): a worker holds one loaded version, on
-# the environment built for that request (it holds a lease, so the environment stays what it was)
-_Key = tuple[bool, str, str, "EnvironmentRequest | None"]
+# (simulated?, artifact filename, artifact digest, (environment request, GPU function?) or None): a worker holds one
+# loaded version, on the environment built for that request (it holds a lease, so the environment stays as built)
+_Key = tuple[bool, str, str, "tuple[EnvironmentRequest, bool] | None"]
 _lock = threading.Lock()  # one local run at a time; they share the warm workers
 _workers: collections.OrderedDict[_Key, WorkerProcess] = collections.OrderedDict()  # least recently used first
 _cache: EnvironmentCache | None = None  # made on the first run that names an environment
@@ -146,7 +146,7 @@ def _environment_cache() -> EnvironmentCache:
     return _cache
 
 
-def _environment(request: EnvironmentRequest | None) -> Environment | None:
+def _environment(request: EnvironmentRequest | None, gpu: bool = False) -> Environment | None:
     """The built environment the worker must start (built now if needed), or None: the kernel's own Python."""
     if request is None:
         return None
@@ -158,14 +158,14 @@ def _environment(request: EnvironmentRequest | None) -> Environment | None:
         raise LocalRunError("environment", problem)
     if not cache.needs_build(request):
         return None
-    environment = cache.lookup(request)
+    environment = cache.lookup(request, gpu=gpu)
     if environment is not None:
         return environment
     started = time.monotonic()
     # A first build takes seconds (uv resolves, downloads and installs): say so, then say when it is ready.
     print(f"[lancefn] building the environment for .local(): {_describe(request)} …", file=sys.stderr)
     try:
-        environment = cache.ensure(request, log=lambda lines: log.info("[env] %s", "\n".join(lines)))
+        environment = cache.ensure(request, log=lambda lines: log.info("[env] %s", "\n".join(lines)), gpu=gpu)
     except EnvironmentFailure as failure:
         raise LocalRunError("environment", str(failure), logs=failure.lines) from None
     if environment is not None:
@@ -178,11 +178,11 @@ def _describe(request: EnvironmentRequest) -> str:
     return what + (f", Python {request.python_version}" if request.python_version else "")
 
 
-def _leased(request: EnvironmentRequest | None) -> tuple[Environment | None, int | None]:
+def _leased(request: EnvironmentRequest | None, gpu: bool) -> tuple[Environment | None, int | None]:
     """The environment and a lease on it (a descriptor for the worker to inherit), built again if it was evicted
     between the build and the lease."""
     for _ in range(3):
-        environment = _environment(request)
+        environment = _environment(request, gpu)
         if environment is None:
             return None, None
         fd = _environment_cache().lease(environment)
@@ -191,7 +191,7 @@ def _leased(request: EnvironmentRequest | None) -> tuple[Environment | None, int
     raise LocalRunError("environment", "the environment was evicted from the cache as soon as it was built; try again")
 
 
-def _warm_worker(key: _Key, env: dict[str, str], request: EnvironmentRequest | None = None) -> WorkerProcess:
+def _warm_worker(key: _Key, env: dict[str, str]) -> WorkerProcess:
     worker = _workers.pop(key, None)
     if worker is not None and (not worker.alive() or worker.env != env):
         worker.stop()
@@ -199,7 +199,8 @@ def _warm_worker(key: _Key, env: dict[str, str], request: EnvironmentRequest | N
     if worker is None:
         while len(_workers) >= MAX_WORKERS:
             _workers.popitem(last=False)[1].stop()
-        environment, lease = _leased(request)
+        request, gpu = key[3] or (None, False)
+        environment, lease = _leased(request, gpu)
         try:
             if environment is None:
                 worker = WorkerProcess(env)
@@ -248,12 +249,14 @@ def run_local(
     arrow_rows: Any = None,
     state: str = "per_worker",
     environment: EnvironmentRequest | None = None,
+    gpu: bool = False,
 ) -> LocalRun:
     """Call ``entrypoint`` of ``artifact`` once per row in a local worker; see the module docstring.
 
     ``on_log(stream, lines)`` is called as the function prints, for live output in a notebook.
     ``state``: the version's ``runtime.state`` (``per_job`` executes the module for every call).
-    ``environment``: the version's environment request (built and used here; None: the kernel's Python).
+    ``environment``: the version's environment request (built and used here; None: the kernel's Python); ``gpu``:
+    the version asks for GPUs (another Python's environment then gets the CUDA stack too).
     Raises :class:`LocalRunError` with the failure's phase, message and user-only traceback.
     """
     with tempfile.TemporaryDirectory(prefix="lancefn-local-") as scratch:
@@ -271,7 +274,8 @@ def run_local(
                 data["rows_file"] = rows_file
                 dataplane.write_ipc_file(rows_file, arrow_rows, durable=False)
         task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data, state=state)
-        return _run(task, env, mode, timeout_s, on_log, environment)
+        wanted = (environment, gpu) if environment is not None and _has_environment(environment) else None
+        return _run(task, env, mode, timeout_s, on_log, wanted)
 
 
 def _run(
@@ -280,16 +284,15 @@ def _run(
     mode: Mode,
     timeout_s: float | None,
     on_log: Callable[[str, list[str]], None] | None,
-    environment: EnvironmentRequest | None = None,
+    environment: tuple[EnvironmentRequest, bool] | None = None,
 ) -> LocalRun:
     simulated = _use_simulator(mode)
     worker_env = _worker_env(simulated, env)
-    request = environment if _has_environment(environment) else None
-    key = (simulated, task.filename, hashlib.sha256(task.artifact).hexdigest(), request)
+    key = (simulated, task.filename, hashlib.sha256(task.artifact).hexdigest(), environment)
     logs: list[str] = []
     with _lock:
         try:
-            worker = _warm_worker(key, worker_env, request)
+            worker = _warm_worker(key, worker_env)
         except WorkerStartError as exc:
             raise LocalRunError("worker", str(exc)) from None
         expired = threading.Event()
