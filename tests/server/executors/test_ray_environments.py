@@ -293,3 +293,27 @@ def test_a_package_that_does_not_exist_fails_promptly_in_phase_environment_namin
     assert job["failure"]["phase"] == "environment", job
     assert ABSENT in job["failure"]["message"], job
     assert took < 60, took
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_an_image_goes_to_ray_as_image_uri_and_without_podman_fails_promptly_in_phase_environment(ray_uv_cp):
+    import shutil
+
+    from helpers import submit, wait_done
+
+    if shutil.which("podman"):
+        pytest.skip("podman is installed: Ray would pull and run the image")
+    body = registration_body("in_image", source=USES_PACKAGE, entrypoint="uses", inputs=(("name", "utf8", False),),
+                             output_type="utf8", num_gpus=None)  # fmt: skip
+    body["runtime"]["environment"]["image"] = "registry.invalid/lancefn/py:3"
+    with ray_uv_cp.http() as http:
+        version = register(http, body)["version"]
+        started = time.monotonic()
+        job = wait_done(http, submit(http, "in_image", version, [{"name": "sys"}]), timeout=120)
+        took = time.monotonic() - started
+    assert job["job_state"] == "FAILED", job
+    failure = job["failure"]
+    assert failure["phase"] == "environment", (failure, took)
+    assert "podman" in failure["message"] or "image" in failure["message"], failure
+    assert took < 60, took
