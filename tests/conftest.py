@@ -304,7 +304,7 @@ def registration_body(
     data = source.encode("utf-8")
     runtime: dict = {
         "kind": "python_v2" if num_gpus is not None else "python",
-        "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",  # the servers' own (Environments)
+        "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",  # the base: no environment to build
         "environment": {"kind": "pip", "packages": list(packages)},
     }
     if num_gpus is not None:

@@ -5,9 +5,10 @@
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
                    [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
                    [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
-                   [--worker-max-rss-mb MB]
+                   [--worker-max-rss-mb MB] [--env-cache DIR] [--env-cache-max-bytes N]
 
-Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``.
+Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``, ``LANCEFN_ENV_CACHE``,
+``LANCEFN_ENV_CACHE_MAX_BYTES``.
 
 Startup order matters (``main``, one step per function): lock the home (one server per home),
 validate config (exit 2 with a readable message), bind the socket (so ``--port 0`` resolves to a
@@ -143,6 +144,16 @@ def _parser() -> argparse.ArgumentParser:
     for flag, kind, default, text in _EXECUTOR_FLAGS + _DATA_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
+        "--env-cache",
+        help="where versions' Python environments are built and kept (default $LANCEFN_ENV_CACHE, else "
+        "/var/cache/lancefn/envs for a root server whose workers run as another user, else ~/.cache/lancefn/envs)",
+    )
+    p.add_argument(
+        "--env-cache-max-bytes",
+        help="environments nobody uses are removed, least recently used first, beyond this many bytes "
+        "(default $LANCEFN_ENV_CACHE_MAX_BYTES, else 20 GiB)",
+    )
+    p.add_argument(
         "--result-fsync",
         action="store_true",
         help="fsync each Arrow result file before the job is DONE (survives power loss; slower)",
@@ -257,8 +268,48 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str]:
     return sock, f"http://{url_host}:{sock.getsockname()[1]}"
 
 
-def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
-    """Step 4: the executor (local: checks the worker user first)."""
+def _env_cache_max_bytes(args: argparse.Namespace) -> int:
+    """``--env-cache-max-bytes`` / ``LANCEFN_ENV_CACHE_MAX_BYTES``: a whole number of bytes > 0."""
+    from lancefn_jupyter.environments.cache import DEFAULT_MAX_BYTES
+
+    flag = args.env_cache_max_bytes
+    text = flag if flag is not None else os.environ.get("LANCEFN_ENV_CACHE_MAX_BYTES")
+    if text is None or not str(text).strip():
+        return DEFAULT_MAX_BYTES
+    where = "--env-cache-max-bytes" if flag is not None else "LANCEFN_ENV_CACHE_MAX_BYTES"
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise _Refused(f"{where} must be a whole number of bytes > 0 (got {text!r}); e.g. {DEFAULT_MAX_BYTES}")
+    return value
+
+
+def _make_environments(args: argparse.Namespace, worker_user: Any) -> Any:
+    """The environment cache versions' environments are built in (docs/ARCHITECTURE.md, "Environments"):
+    shared (readable by the worker user) when workers run as another user."""
+    from lancefn_jupyter.environments.cache import EnvironmentCache, default_cache_dir
+
+    max_bytes = _env_cache_max_bytes(args)
+    shared = worker_user is not None
+    chosen = args.env_cache or os.environ.get("LANCEFN_ENV_CACHE")
+    root = Path(chosen).expanduser() if chosen else default_cache_dir(shared)
+    try:
+        cache = EnvironmentCache(root.resolve(), max_bytes=max_bytes, shared=shared)
+    except (OSError, ValueError) as error:
+        raise _Refused(f"cannot use the environment cache {root} ({error}); fix it or pass --env-cache DIR") from None
+    if shared:
+        from lancefn_jupyter.server.executors.isolation import check_env_cache
+
+        problem = check_env_cache(worker_user, root.resolve())
+        if problem:
+            raise _Refused(problem)
+    return cache
+
+
+def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[Any, Any]:
+    """Step 4: the executor (local: checks the worker user first) and the environment cache."""
     from lancefn_jupyter.server.executors import get_executor
 
     if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
@@ -281,8 +332,9 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
         problem = check_worker_user(worker_user, worker_base_env(worker_user)) if worker_user else None
         if problem:
             raise _Refused(problem)
+    environments = _make_environments(args, worker_user)
     try:
-        return get_executor(
+        executor = get_executor(
             args.executor,
             classes=classes,
             home=home,
@@ -292,9 +344,11 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> Any:
             max_idle_per_device_set=args.max_idle_per_device_set,
             worker_max_rss_mb=args.worker_max_rss_mb,
             prewarm_delay_s=PREWARM_DELAY_S,
+            environments=environments,
         )
     except Exception as error:  # e.g. ray not installed; say so instead of a traceback
         raise _Refused(f"cannot create the {args.executor!r} executor: {error}") from None
+    return executor, environments
 
 
 def _open_store(home: Path) -> Any:
@@ -412,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         # Heavy imports (the app, the executor) come after the cheap checks, so a refused start is fast.
         classes, api_keys, admin_key = _load_config(args, home)
         sock, url = _listen(args.host, args.port)
-        executor = _make_executor(args, classes, home)
+        executor, environments = _make_executor(args, classes, home)
         store = _open_store(home)
         from lancefn_jupyter.server.plane import ControlPlane
         from lancefn_jupyter.server.storage.files import DataStore
@@ -420,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
         data = DataStore(
             home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
         )
-        plane = ControlPlane(store=store, classes=classes, executor=executor, version=__version__, data=data)
+        plane = ControlPlane(
+            store=store, classes=classes, executor=executor, version=__version__, data=data, environments=environments
+        )
         app = _make_app(args, plane, api_keys)
         info = {
             "url": url,

@@ -7,6 +7,8 @@ the named peers it needs, never the plane (docs/ARCHITECTURE.md, "Package layout
 - ``catalog``: function versions (register, describe, list, history, diff, drop);
 - ``jobs``: job reads, logs and long polls (``control/queries.py``);
 - ``machine``: the job state machine: run, cancel, finish, dispatch, launch, recover;
+- ``environments``: a version's environment made ready before its jobs queue (``control/environments.py``),
+  handed the machine's ``enqueue_built`` / ``fail_environment``; a journal forgetter (leases);
 - ``callbacks``: what executors report (the object handed to ``executor.start``);
 - ``journal``: a job change and its event committed together, deferred commits, logs; it
   announces changes to its watchers (``batches.on_job``) and finished jobs to its forgetters
@@ -31,11 +33,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.server.batches.manager import BatchManager
 from lancefn_jupyter.server.control.callbacks import JobCallbacks
 from lancefn_jupyter.server.control.catalog import FunctionCatalog
+from lancefn_jupyter.server.control.environments import EnvironmentStage
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
@@ -52,6 +55,9 @@ from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import Store
 
+if TYPE_CHECKING:
+    from lancefn_jupyter.environments.cache import EnvironmentCache
+
 __all__ = ["ControlPlane"]
 
 log = logging.getLogger("lancefn.server")
@@ -67,7 +73,10 @@ class ControlPlane:
         version: str = "0",
         cpu_slots: int | None = None,
         data: DataStore | None = None,
+        environments: EnvironmentCache | None = None,
     ):
+        """``environments``: the cache the plane builds versions' environments in, for an executor that
+        ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python."""
         self.store = store
         # Arrow rows and results live as files next to the database (docs/ARCHITECTURE.md).
         self.data = data or DataStore(store.path.parent)
@@ -86,7 +95,14 @@ class ControlPlane:
             store, self.bus, table.lock, lambda rec: dumps(self.reports.job_wire(rec)), lambda: table.started
         )
         self.journal = JobJournal(table, store=store, bus=self.bus, reports=self.reports, unsaved=self.unsaved)
-        self.catalog = FunctionCatalog(store=store, classes=classes, lock=table.lock, journal=self.journal)
+        self.environments = EnvironmentStage(table, store=store, journal=self.journal, cache=environments)
+        self.catalog = FunctionCatalog(
+            store=store,
+            classes=classes,
+            lock=table.lock,
+            journal=self.journal,
+            environment_check=self.environments.problem,
+        )
         self.jobs = JobQueries(table, store=store, unsaved=self.unsaved, reports=self.reports)
         self.results = Results(data=self.data, jobs=self.jobs, journal=self.journal)
         self.machine = JobMachine(
@@ -98,7 +114,10 @@ class ControlPlane:
             journal=self.journal,
             reports=self.reports,
             jobs=self.jobs,
+            environments=self.environments,
         )
+        self.environments.enqueue = self.machine.enqueue_built
+        self.environments.fail = self.machine.fail_environment
         self.callbacks = JobCallbacks(
             table,
             journal=self.journal,
@@ -119,6 +138,7 @@ class ControlPlane:
         )
         self.journal.watchers.append(self.batches.on_job)
         self.journal.forgetters.append(self.callbacks.forget)
+        self.journal.forgetters.append(self.environments.forget)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -155,6 +175,7 @@ class ControlPlane:
 
     def shutdown(self) -> None:
         table = self.table
+        self.environments.shutdown()
         with table.lock:
             table.started = False
             executor, table.executor = table.executor, None

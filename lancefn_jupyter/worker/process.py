@@ -53,6 +53,8 @@ class WorkerTask:
     data plane's task fields (``input_types``, ``output_type``, ``rows_file`` instead of ``rows``,
     ``result_file``); see docs/ARCHITECTURE.md, "Worker protocol".  ``state``: ``per_worker`` (the
     module stays loaded for the next task) or ``per_job`` (docs/ARCHITECTURE.md, "Warm state").
+    ``python_version``: the ``MAJOR.MINOR`` the version asks for; the worker fails the task in phase
+    ``environment`` when its interpreter is another (docs/ARCHITECTURE.md, "Environments").
     """
 
     task_id: str
@@ -64,6 +66,7 @@ class WorkerTask:
     env: Mapping[str, str] = field(default_factory=dict)
     data: Mapping[str, object] = field(default_factory=dict)
     state: str = "per_worker"
+    python_version: str | None = None
 
     def line(self) -> dict:
         """The task line of the protocol (before the parent moves files onto the pipes)."""
@@ -79,6 +82,8 @@ class WorkerTask:
         }
         if self.env:
             task["env"] = dict(self.env)
+        if self.python_version:
+            task["python_version"] = self.python_version
         if "rows_file" in task:
             del task["rows"]
         return task

@@ -24,7 +24,7 @@ from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow 
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
 
-__all__ = ["missing_packages", "release", "run_task_inline", "serve"]
+__all__ = ["missing_packages", "python_mismatch", "release", "run_task_inline", "serve"]
 
 _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the loaded artifact
 _PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
@@ -168,7 +168,9 @@ def _setup_failure(exc: BaseException, filename: str) -> TaskFailure:
     ``<gpu_function …>:N`` to the cell's line)."""
     message = _exception_line(exc)
     if isinstance(exc, ImportError):
-        message += "; declare the package (pip=/conda=) and install it in the control plane's Python environment"
+        name = getattr(exc, "name", None) or "NAME"
+        # The module's top-level name; its distribution's name may differ (cv2: opencv-python).
+        message += f"; declare the package: pip={name.split('.')[0]} (the version's environment then has it)"
     lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == filename]
     if isinstance(exc, SyntaxError) and exc.filename == filename and exc.lineno:
         lines.append(exc.lineno)
@@ -281,19 +283,37 @@ def _task_rows(task: dict) -> list:
         raise TaskFailure("validation", f"the job's rows cannot be decoded: {error}") from None
 
 
-def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> list:
+def python_mismatch(wanted: str | None) -> str | None:
+    """Why this interpreter cannot run a version that asks for Python ``wanted`` (``MAJOR.MINOR``), or None."""
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not wanted or wanted == running:
+        return None
+    return (
+        f"this version needs Python {wanted}; the worker runs Python {running} ({sys.executable}). "
+        f"Run it where Python {wanted} is available (the local executor builds an environment of it when the "
+        f"machine has that interpreter), or register it with python_version={running}"
+    )
+
+
+def _environment_check(task: dict) -> None:
+    """Phase ``environment``: the worker's interpreter and packages are what the version declared."""
+    mismatch = python_mismatch(task.get("python_version"))
+    if mismatch:
+        raise TaskFailure("environment", mismatch)
     missing = missing_packages(task.get("packages") or ())
     if missing:
-        import shlex
-
         raise TaskFailure(
             "environment",
-            f"declared packages are not available in the executor's Python environment ({sys.executable}): "
+            f"declared packages are not available in the worker's Python environment ({sys.executable}): "
             + ", ".join(f"{text} ({reason})" for text, reason in missing)
-            + ". Install them into the control plane's environment (e.g. `"
-            + shlex.join([sys.executable, "-m", "pip", "install", *(text for text, _ in missing)])
-            + "`) and run the job again",
+            + ". Declared pip packages are built into the version's own environment where the executor builds"
+            " environments (local: in its cache; Ray: runtime_env); conda packages are never installed for you:"
+            " install them into the base environment the workers run on",
         )
+
+
+def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> list:
+    _environment_check(task)
     entry = _entry(task, timings)
     rows = _task_rows(task)
     results, progress = [], _Progress(proto)

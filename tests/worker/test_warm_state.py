@@ -186,7 +186,8 @@ def test_teardown_errors_are_printed_never_raised(tmp_path):
         ("x = 1\ndef f(:\n    pass\n", "line 2) (at <gpu_function f@v1>:2)"),
         (
             "import lancefn_no_such_module\n",
-            "install it in the control plane's Python environment (at <gpu_function f@v1>:1)",
+            "declare the package: pip=lancefn_no_such_module (the version's environment then has it)"
+            " (at <gpu_function f@v1>:1)",
         ),
     ],
 )

@@ -32,7 +32,15 @@ class RawWorker:
         line = self.proc.stdout.readline()
         return json.loads(line) if line else None  # every protocol line must be JSON
 
-    def send(self, source: str, rows: list[dict], *, entrypoint: str = "f", packages: list[str] = ()) -> None:
+    def send(
+        self,
+        source: str,
+        rows: list[dict],
+        *,
+        entrypoint: str = "f",
+        packages: list[str] = (),
+        python_version: str | None = None,
+    ) -> None:
         task = {
             "task_id": "t",
             "artifact_b64": base64.b64encode(textwrap.dedent(source).encode()).decode(),
@@ -40,6 +48,7 @@ class RawWorker:
             "filename": FILENAME,
             "rows": rows,
             "packages": list(packages),
+            **({"python_version": python_version} if python_version else {}),
         }
         self.proc.stdin.write(json.dumps(task).encode() + b"\n")
         self.proc.stdin.flush()
@@ -209,8 +218,19 @@ def test_missing_and_too_old_packages_fail_in_environment(worker):
     assert "lancefn-no-such-package (not installed)" in failed["message"]
     assert "numpy>=999 (installed: " in failed["message"]
     assert "numpy>=1.0" not in failed["message"]  # satisfied, so not blamed
-    assert "pip install" in failed["message"]
+    assert "Declared pip packages are built into the version's own environment" in failed["message"]
+    assert "conda packages are never installed for you" in failed["message"]
     assert worker.run("def f():\n    return 1\n", [{}], packages=["numpy>=1.0", "pytest"])[-1]["results"] == [1]
+
+
+def test_a_task_for_another_python_fails_in_environment_naming_both(worker):
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    failed = worker.run("def f():\n    return 1\n", [{}], python_version="3.99")[-1]
+    assert failed["event"] == "failed" and failed["phase"] == "environment"
+    assert failed["message"].startswith(
+        f"this version needs Python 3.99; the worker runs Python {running} ({sys.executable})"
+    )
+    assert worker.run("def f():\n    return 1\n", [{}], python_version=running)[-1]["results"] == [1]
 
 
 @pytest.mark.parametrize(

@@ -71,19 +71,20 @@ def _millis(value: Any) -> float:
 
 def job_timings(rec: JobRecord, reported: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The ``JobTimings`` wire form of a job that ended on a worker (docs/ARCHITECTURE.md, "Warm
-    state"): the executor's start/setup/run times (a time it did not report counts 0), and the
-    queue time the plane saw less the worker's start.  None when no worker took the job."""
+    state"): the executor's start/setup/run times (a time it did not report counts 0), the time it waited
+    for its environment ("Environments"), and the queue time the plane saw less the worker's start and that wait.  None when no worker took the job."""
     if rec.started_ms is None:
         return None
     reported = reported or {}
     start_ms, setup_ms = _millis(reported.get("start_ms")), _millis(reported.get("setup_ms"))
+    environment_ms = _millis(rec.environment_ms)  # the plane's environment stage ("Environments")
     return {
-        "queued_ms": max(0.0, rec.started_ms - rec.creation_ms - start_ms),
+        "queued_ms": max(0.0, rec.started_ms - rec.creation_ms - start_ms - environment_ms),
         "start_ms": start_ms,
-        "environment_ms": 0.0,
+        "environment_ms": environment_ms,
         "setup_ms": setup_ms,
         "run_ms": _millis(reported.get("run_ms")),
-        "cold": bool(start_ms > 0 or setup_ms > 0 or reported.get("cold") is True),
+        "cold": bool(start_ms > 0 or setup_ms > 0 or environment_ms > 0 or reported.get("cold") is True),
     }
 
 

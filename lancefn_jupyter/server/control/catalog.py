@@ -10,12 +10,13 @@ import functools
 import json
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from pydantic import ValidationError
 
+from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.server.control.artifact_check import artifact_problem
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
@@ -30,6 +31,7 @@ from lancefn_jupyter.wire.models import (
     FunctionVersion,
     decode_artifact,
     derive_version,
+    environment_digest,
     rfc3339_now,
     version_id,
 )
@@ -44,6 +46,14 @@ class Where(TypedDict, total=False):
     namespace: str | None
     scope: str | None
     home: str
+
+
+class Registration(NamedTuple):
+    """A registration's reply: the (already DONE) ``create_function`` job, and warnings about the version
+    (``POST /v1/functions/create``'s ``warnings``: why this server cannot honour its environment)."""
+
+    job_id: str
+    warnings: list[str]
 
 
 @dataclass(frozen=True)
@@ -80,13 +90,24 @@ def _parsed_version(definition: str) -> FunctionVersion:
 class FunctionCatalog:
     max_artifact_bytes = DEFAULT_MAX_ARTIFACT_BYTES  # --max-artifact-bytes, set by create_app
 
-    def __init__(self, *, store: Store, classes: GpuClassConfig, lock: threading.RLock, journal: JobJournal):
+    def __init__(
+        self,
+        *,
+        store: Store,
+        classes: GpuClassConfig,
+        lock: threading.RLock,
+        journal: JobJournal,
+        environment_check: Callable[[EnvironmentRequest], str | None] | None = None,
+    ):
         self.store, self.classes, self.lock, self.journal = store, classes, lock, journal
+        # The executor's refusal of a version's environment (docs/ARCHITECTURE.md, "Environments"), or None.
+        self.environment_check = environment_check
 
     # ----------------------------------------------------------------- requests
 
-    def register(self, body: Any, namespace: str = DEFAULT_NAMESPACE) -> str:
-        """Validate and record a function version in ``namespace``; returns the (already DONE) job's id."""
+    def register(self, body: Any, namespace: str = DEFAULT_NAMESPACE) -> Registration:
+        """Validate and record a function version in ``namespace``; returns the (already DONE) job's id and
+        the warnings about it (the executor cannot honour its environment: its jobs will fail)."""
         if not isinstance(body, Mapping):
             raise ApiError(400, "the body must be a JSON object: a function registration request")
         try:
@@ -116,6 +137,7 @@ class FunctionCatalog:
         if runtime.resources is not None:
             self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
         vid = version_id(request)
+        warnings = self._environment_warnings(request)
         with self.lock:
             row = self.store.get_version(request.name, vid, namespace)
             with self.store.batch():
@@ -141,7 +163,16 @@ class FunctionCatalog:
                     namespace=namespace,
                 )
                 self.journal.persist(rec, new=True)
-            return rec.job_id
+            return Registration(rec.job_id, warnings)
+
+    def _environment_warnings(self, request: FunctionRegistrationRequest) -> list[str]:
+        if self.environment_check is None:
+            return []
+        runtime = request.runtime
+        digest = environment_digest(runtime.environment) if runtime.environment is not None else ""
+        wanted = EnvironmentRequest.from_runtime(runtime.to_wire(), digest)
+        problem = self.environment_check(wanted)
+        return [problem] if problem else []
 
     def describe(self, name: str, version: str, **where: Unpack[Where]) -> dict:
         row = self._live_row(name, version, "register it again to restore it", **where)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lancefn_jupyter.server.executors.base import Executor
@@ -29,6 +30,9 @@ class JobTable:
     lock: threading.RLock = field(default_factory=threading.RLock)
     active: dict[str, JobRecord] = field(default_factory=dict)  # PENDING and IN_PROGRESS jobs; the store has the rest
     job_env: dict[str, dict[str, str]] = field(default_factory=dict)  # launched jobs' function env (never logged)
+    # PENDING jobs waiting for their version's environment to build (``environments.py``): the pending reason
+    # their wire form shows ("building environment (2 packages, 12 s so far)"); they hold no place in a queue.
+    environment_waits: dict[str, Callable[[], str]] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None  # the server's event loop, once serving
     started: bool = False  # recovered and placing jobs; False again once stopping
 

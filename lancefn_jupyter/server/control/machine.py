@@ -26,6 +26,7 @@ import uuid
 from typing import Any, Unpack
 
 from lancefn_jupyter.server.control.catalog import FunctionCatalog, Placement, Where, stored_definition
+from lancefn_jupyter.server.control.environments import EnvironmentStage
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.queries import JobQueries
@@ -76,9 +77,11 @@ class JobMachine:
         journal: JobJournal,
         reports: Reports,
         jobs: JobQueries,
+        environments: EnvironmentStage,
     ) -> None:
         self.table, self.store, self.data, self.classes = table, store, data, classes
         self.catalog, self.journal, self.reports, self.jobs = catalog, journal, reports, jobs
+        self.environments = environments  # a version's environment, ready before its jobs queue ("Environments")
         self._dispatch_held = 0  # > 0 while cancel_all runs: placement waits until it is done
 
     # ----------------------------------------------------------------- requests
@@ -123,28 +126,42 @@ class JobMachine:
             job_spec["rows_format"] = "arrow"
         if spec_extra:
             job_spec.update(spec_extra)
-        with self.table.lock:
-            rec = JobRecord(
-                job_id=uuid.uuid4().hex,
-                job_type="run_function",
-                state=PENDING,
-                creation_ms=now_ms(),
-                spec=job_spec,
-                name=name,
-                gpu_class=where_to.gpu_class,
-                num_gpus=where_to.num_gpus,
-                rows_total=rows_total,
-                namespace=owner,
-            )
-            self._queue(rec, rows)
-            self._place_new(rec, rows, where_to.num_gpus)
-            return rec.job_id
+        rec = JobRecord(
+            job_id=uuid.uuid4().hex,
+            job_type="run_function",
+            state=PENDING,
+            creation_ms=now_ms(),
+            spec=job_spec,
+            name=name,
+            gpu_class=where_to.gpu_class,
+            num_gpus=where_to.num_gpus,
+            rows_total=rows_total,
+            namespace=owner,
+        )
+        admission = self.environments.admission(rec)  # before the lock: it may read the environment cache
+        held = False
+        try:
+            with self.table.lock:
+                self._queue(rec, rows, schedule=admission.ready)
+                if admission.problem is not None:  # refused: it fails at once, in phase "environment"
+                    self.fail_environment(rec, JobFailure(phase="environment", message=admission.problem))
+                elif admission.ready:
+                    held = self.environments.hold(rec, admission)
+                    self._place_new(rec, rows, where_to.num_gpus)
+                else:  # waits, PENDING, for its environment's build: in no device queue meanwhile
+                    self.environments.stage(rec, admission)
+                    self.journal.persist(rec, new=False)
+                return rec.job_id
+        finally:
+            if not held:
+                self.environments.close(admission)  # a lease not handed to a queued job
 
-    def _queue(self, rec: JobRecord, rows: Any) -> None:
-        """Add a new job to the table and the store; nothing of it is kept if the store refuses it."""
+    def _queue(self, rec: JobRecord, rows: Any, *, schedule: bool = True) -> None:
+        """Add a new job to the table and the store; nothing of it is kept if the store refuses it.
+        ``schedule`` False: not into a device queue (its environment is not ready, or it is refused)."""
         table = self.table
         table.active[rec.job_id] = rec
-        if not table.executor_queues:
+        if schedule and not table.executor_queues:
             table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
         try:
             with self.store.batch():
@@ -157,6 +174,31 @@ class JobMachine:
             table.scheduler.release(rec.job_id)
             self.data.remove_rows(rows)
             raise
+
+    def enqueue_built(self, recs: list[JobRecord]) -> None:
+        """Jobs whose environment is ready now (the stage's build thread, lock held): queued for devices in
+        the order they came, then placed; those still waiting for devices announce their queue place."""
+        table = self.table
+        for rec in recs:
+            if not table.executor_queues:
+                table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
+        if table.executor_queues:
+            for rec in recs:
+                if table.started:
+                    self.launch(rec)
+            return
+        self.dispatch(changed=True)
+        for rec in recs:
+            if rec.job_id in table.active and table.scheduler.is_pending(rec.job_id):
+                self.journal.persist(rec, new=False)
+
+    def fail_environment(self, rec: JobRecord, failure: JobFailure) -> None:
+        """The job's environment is refused or could not be built (lock held): FAILED, phase ``environment``."""
+        if rec.job_id not in self.table.active:
+            return
+        env = [self.table.job_env.get(rec.job_id, {})]
+        rec.failure = {k: redact_env(v, env) if isinstance(v, str) else v for k, v in failure.to_wire().items()}
+        self.finish(rec, FAILED)
 
     def _place_new(self, rec: JobRecord, rows: Any, num_gpus: int) -> None:
         new_rows = (rec.job_id, rows)
@@ -177,7 +219,9 @@ class JobMachine:
             rec = self.jobs.get(job_id, scope)
             if rec.state in TERMINAL:
                 return {"job_id": job_id, "cancelled": False}
-            was_placed = rec.state == IN_PROGRESS or not table.scheduler.is_pending(job_id)
+            was_placed = rec.state == IN_PROGRESS or not (
+                table.scheduler.is_pending(job_id) or self.environments.waiting(job_id)
+            )
             self.finish(rec, CANCELLED)
             if was_placed and table.executor is not None:
                 try:
@@ -296,6 +340,8 @@ class JobMachine:
             namespace=rec.namespace,
             data=self._task_data(rec, fv, rows),
             state=runtime.get("state") or "per_worker",  # absent: the default ("Warm state")
+            environment=self.environments.request(rec),
+            venv=self.environments.venv(rec.job_id),
         )
 
     def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:
@@ -328,8 +374,26 @@ class JobMachine:
                     self.journal.persist(rec, new=False)
                     continue
                 self.table.active[rec.job_id] = rec
+                self._admit_recovered(rec)
+
+    def _admit_recovered(self, rec: JobRecord) -> None:
+        """A PENDING job after a restart goes through the environment stage again, like a new one: queued
+        when its environment is ready, refused, or waiting (a build the stop interrupted starts over)."""
+        admission = self.environments.admission(rec)
+        held = False
+        try:
+            if admission.problem is not None:
+                self.fail_environment(rec, JobFailure(phase="environment", message=admission.problem))
+            elif admission.ready:
+                held = self.environments.hold(rec, admission)
                 if not self.table.executor_queues:
                     self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
+            else:
+                self.environments.stage(rec, admission)
+                self.journal.persist(rec, new=False)
+        finally:
+            if not held:
+                self.environments.close(admission)
 
     def _requeue(self, rec: JobRecord) -> bool:
         """A job that was running when the plane stopped: PENDING again (True), or FAILED once it

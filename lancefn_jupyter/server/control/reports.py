@@ -54,6 +54,8 @@ class Reports:
                 placement["queue_position"] = position
                 if rec.num_gpus:
                     placement["expected_start_ms"] = self.expected_start(rec.job_id)
+            elif (waiting := table.environment_waits.get(rec.job_id)) is not None:
+                placement["pending_reason"] = waiting()  # its environment is building: no queue place yet
             elif table.executor_queues and not rec.devices:
                 placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
                 reason = table.executor.pending_reason(rec.gpu_class, rec.num_gpus) if table.executor else None

@@ -15,7 +15,8 @@ def get_executor(name: str, **opts: Any) -> Executor:
     """Build an executor by name.
 
     ``local`` takes ``classes=`` (the loaded GPU class config), ``home=``, ``worker_user=``,
-    ``max_idle_workers=``, ``max_idle_per_device_set=`` and ``prewarm_delay_s=``;
+    ``max_idle_workers=``, ``max_idle_per_device_set=``, ``prewarm_delay_s=`` and ``environments=`` (the
+    plane's ``EnvironmentCache``, "Environments");
     ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``)
     and ``home=`` (where that local Ray keeps its temp dir when the path is short enough).
     Both take ``worker_max_rss_mb=`` (a worker or actor over it after a job is retired, "Warm state").
@@ -30,7 +31,11 @@ def get_executor(name: str, **opts: Any) -> Executor:
             if opts.get(k) is not None
         }
         return LocalExecutor(
-            classes=opts.get("classes"), home=opts.get("home"), worker_user=opts.get("worker_user"), **tuning
+            classes=opts.get("classes"),
+            home=opts.get("home"),
+            worker_user=opts.get("worker_user"),
+            environments=opts.get("environments"),
+            **tuning,
         )
     if name == "ray":
         from lancefn_jupyter.server.executors.ray import RayExecutor

@@ -19,7 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_WORKER_USER", "WorkerUser", "WorkerUserError", "check_worker_user", "resolve_worker_user"]
+__all__ = [
+    "DEFAULT_WORKER_USER",
+    "WorkerUser",
+    "WorkerUserError",
+    "check_env_cache",
+    "check_worker_user",
+    "resolve_worker_user",
+]
 
 DEFAULT_WORKER_USER = "nobody"
 
@@ -101,4 +108,16 @@ def check_worker_user(user: WorkerUser, env: Mapping[str, str]) -> str | None:
     return (
         f"workers run as user {user.name!r} because the server runs as root, but that user cannot start Python "
         f"{sys.executable} ({detail}); {fix}, or pass --worker-user naming a user who can"
+    )
+
+
+def check_env_cache(user: WorkerUser, root: Path) -> str | None:
+    """None if ``user`` can reach the environment cache ``root`` (workers start its environments' Python),
+    else a message naming the directories to open (docs/ARCHITECTURE.md, "Environments")."""
+    closed = _closed_dirs([root / "env"])
+    if not closed:
+        return None
+    return (
+        f"workers run as user {user.name!r}, who cannot reach the environment cache {root}: let it traverse "
+        f"{', '.join(closed)} (e.g. `chmod o+x {' '.join(closed)}`), or pass --env-cache naming a directory it can reach"
     )

@@ -24,7 +24,11 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
   stopped workers on its devices to be reaped, so a job never shares its GPUs with a leftover
   process of a wider or narrower placement;
 * with a GPU class config, one fresh worker per single device is pre-started at :meth:`start`;
-* when the server runs as root, workers run as ``worker_user`` (see ``server/executors/isolation.py``).
+* when the server runs as root, workers run as ``worker_user`` (see ``server/executors/isolation.py``);
+* a task with a ``venv`` (its version's environment, built by the plane: docs/ARCHITECTURE.md,
+  "Environments") runs on a worker started from ``venv.python``, which inherits a lease on the environment
+  (``EnvironmentCache.lease``, its own per process) for its whole life; fresh spares run the base Python and
+  never serve such a task (pooling by owner keeps each version on its own workers).
 
 Each running task has a thread that reads the worker's protocol events and calls the callbacks.
 Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
@@ -51,6 +55,8 @@ from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, Work
 from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename
 
 if TYPE_CHECKING:
+    from lancefn_jupyter.environments.cache import Environment, EnvironmentCache
+    from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
 __all__ = ["DEFAULT_MAX_IDLE_PER_DEVICE_SET", "LocalExecutor", "worker_base_env"]
@@ -124,6 +130,7 @@ class _Run:
 
 class LocalExecutor(Executor):
     name = "local"
+    builds_environments = True  # the plane builds a version's environment in ``environments`` before placing it
 
     def __init__(
         self,
@@ -137,8 +144,12 @@ class LocalExecutor(Executor):
         worker_user: WorkerUser | None = None,
         prewarm_delay_s: float = 0.0,
         worker_max_rss_mb: float | None = None,
+        environments: EnvironmentCache | None = None,
     ) -> None:
+        """``environments``: the cache whose environments tasks' ``venv`` name (the plane's); None: every worker
+        runs the base Python, and a version's environment is refused only for ``image``."""
         self._classes = classes
+        self._environments = environments
         self._max_rss_mb = worker_max_rss_mb
         self._prewarm_delay_s = prewarm_delay_s
         self._max_idle = max_idle_workers
@@ -220,6 +231,15 @@ class LocalExecutor(Executor):
             run = self._runs.get(job_id)
         if run is not None:  # killing may take the grace period; don't hold up the caller
             threading.Thread(target=self._stop, args=(run, "cancelled"), daemon=True).start()
+
+    def environment_problem(self, request: EnvironmentRequest) -> str | None:
+        if self._environments is not None:
+            return self._environments.problem(request)
+        if request.image:
+            return (
+                f"image={request.image!r}: the local executor runs no containers; use the Ray executor, or drop image="
+            )
+        return None
 
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
         owner = (namespace, name, version)
@@ -316,7 +336,7 @@ class LocalExecutor(Executor):
         was stopped meanwhile (reported, or left to whoever stopped it)."""
         self._wait_for_devices(run)
         try:
-            worker, run.start_ms = self._acquire(run.key)
+            worker, run.start_ms = self._acquire(run.key, run.task.venv)
         except WorkerStartError as exc:
             if run.claim("crashed"):
                 self._callbacks.task_failed(run.task.job_id, JobFailure(phase="worker", message=str(exc)))
@@ -344,6 +364,7 @@ class LocalExecutor(Executor):
                 env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
                 data=task.data,
                 state=task.state,
+                python_version=task.environment.python_version if task.environment is not None else None,
             )
         )
 
@@ -416,12 +437,12 @@ class LocalExecutor(Executor):
 
     # ----------------------------------------------------------------- the pool
 
-    def _acquire(self, key: _Key) -> tuple[WorkerProcess, float]:
-        """Its own (namespace, version)'s idle worker, else a fresh one, else a new process; and
-        the milliseconds spent starting that process (0 for an idle one)."""
+    def _acquire(self, key: _Key, venv: Environment | None = None) -> tuple[WorkerProcess, float]:
+        """Its own (namespace, version)'s idle worker, else a fresh one (not for a ``venv``: spares run the
+        base Python), else a new process; and the milliseconds spent starting that process (0 for an idle one)."""
         with self._lock:
             own = self._idle.pop(key, None)
-            fresh = self._idle.pop(_fresh(key), None) if own is None else None
+            fresh = self._idle.pop(_fresh(key), None) if own is None and venv is None else None
             sharing = [
                 self._idle.pop(other)[0]
                 for other in list(self._idle)
@@ -436,8 +457,24 @@ class LocalExecutor(Executor):
                 return entry[0], 0.0
             entry[0].kill(self._grace_s)
         started = time.perf_counter()
-        worker = WorkerProcess(_worker_env(key, self._user), self._user_ids())
+        if venv is None:
+            worker = WorkerProcess(_worker_env(key, self._user), self._user_ids())
+        else:
+            worker = self._start_in(venv, key)
         return worker, (time.perf_counter() - started) * 1000.0
+
+    def _start_in(self, venv: Environment, key: _Key) -> WorkerProcess:
+        """A worker of ``venv``'s Python that inherits its own lease on it (held until the process exits)."""
+        lease = self._environments.lease(venv) if self._environments is not None else None
+        if lease is None:
+            raise WorkerStartError(
+                f"the environment {venv.path} is gone (evicted from the cache, or no cache configured); "
+                "run the job again to rebuild it"
+            )
+        try:
+            return WorkerProcess(_worker_env(key, self._user), self._user_ids(), python=venv.python, pass_fds=(lease,))
+        finally:
+            os.close(lease)  # the worker holds its inherited copy
 
     def _user_ids(self) -> tuple[int, int] | None:
         return (self._user.uid, self._user.gid) if self._user is not None else None

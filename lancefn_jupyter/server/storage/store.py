@@ -117,6 +117,8 @@ class JobRecord:
     seq: int | None = None  # storage order (set once inserted)
     namespace: str = DEFAULT_NAMESPACE  # the owning team (docs/ARCHITECTURE.md, "Namespaces")
     timings: dict[str, Any] | None = None  # JobTimings wire form, once it ended on a worker ("Warm state")
+    # Memory only: how long the job waited for its version's environment to build ("Environments"); ends up in timings.
+    environment_ms: float = 0.0
 
 
 @dataclass(frozen=True)

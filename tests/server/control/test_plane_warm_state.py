@@ -55,7 +55,7 @@ def plane(tmp_path):
 
 
 def register(plane: ControlPlane, body: dict) -> str:
-    job = plane.jobs.record(plane.catalog.register(body))
+    job = plane.jobs.record(plane.catalog.register(body).job_id)
     assert job is not None and job.state == "DONE", job
     return job.result["version"]
 

@@ -57,7 +57,9 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
 
     @app.post("/v1/functions/create", status_code=202, dependencies=auth)
     async def create_function(request: Request) -> dict:
-        return {"job_id": await off_loop(catalog.register, await json_body(request), who(request).namespace)}
+        job_id, warnings = await off_loop(catalog.register, await json_body(request), who(request).namespace)
+        # ``warnings``: the version's environment cannot be honoured here ("Environments"); omitted when none.
+        return {"job_id": job_id, "warnings": warnings} if warnings else {"job_id": job_id}
 
     for path, method, name in (
         ("/v1/functions/describe", catalog.describe, "describe_function"),
