@@ -148,3 +148,10 @@ def test_gpu_function_local_uses_the_declared_package(ip):
         assert ip.user_ns["uses_it"].local(3) == f"{package}3"
     assert ".local() ran on" in out.stdout
     assert api.GpuFunction  # the public API still imports
+
+
+def test_a_python_the_server_lacks_warns_under_the_cell_from_the_real_control_plane(ip):
+    with capture_output() as out:
+        ip.run_cell_magic("gpu_function", "num_gpus=1 python_version=3.99", CELL)
+    assert "[lancefn] warning: shout: " in out.stderr and "3.99" in out.stderr, out.stderr
+    assert "3.99" in ip.user_ns["shout"].card()[0]
