@@ -66,7 +66,7 @@ def default_temp_dir(home: str | os.PathLike[str] | None) -> str:
 
 
 def pip_requirements(packages: Sequence[str], mode: str = "auto") -> list[str]:
-    """Which declared packages go into a task's ``runtime_env["pip"]``.
+    """Which declared packages go to Ray (into ``runtime_env["uv"]``, resolved: :func:`environment_runtime_env`).
 
     ``auto`` (default): only PEP 508 requirements that are *not* satisfied in the control
     plane's own environment — the same check the worker makes.  A local Ray shares that
