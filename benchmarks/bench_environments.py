@@ -116,7 +116,14 @@ def ray_child() -> int:
     import ray
 
     temp_dir = tempfile.mkdtemp(prefix="lfb", dir="/tmp")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+    for attempt in range(3):  # Ray's own 30 s startup wait can expire once on a busy machine
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
 
     @ray.remote
     def uses(package: str, version: str) -> int:

@@ -189,6 +189,26 @@ def test_a_failed_resolution_fails_the_waiting_jobs_at_once_in_phase_environment
 
 
 @pytest.mark.unit
+def test_the_driver_gets_the_environments_runtime_env_fields_and_python_version_with_the_job():
+    import json
+    import os
+
+    from lancefn_jupyter.server.executors.ray import executor as ray_executor
+
+    read_fd, write_fd = os.pipe()
+    outbox = ray_executor._Outbox(write_fd)
+    fields = {"uv": {"packages": [f"{ABSENT}==1.0"], "uv_pip_install_options": ["--no-deps"]}}
+    outbox.launch(_task("a", packages=(ABSENT,), python_version=HERE), fields)
+    outbox.launch(_task("b"))
+    outbox.close()
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        jobs = [json.loads(line)["job"] for line in pipe]
+    assert jobs[0]["runtime_env"] == fields and jobs[0]["python_version"] == HERE
+    assert "runtime_env" not in jobs[1] and jobs[1]["python_version"] is None
+
+
+@pytest.mark.unit
 def test_ray_refuses_another_python_without_an_image_and_conda_packages_it_lacks():
     executor, _ = _executor(_Cache())
     problem = executor.environment_problem(EnvironmentRequest(python_version="3.99"))
@@ -317,3 +337,15 @@ def test_an_image_goes_to_ray_as_image_uri_and_without_podman_fails_promptly_in_
     assert failure["phase"] == "environment", (failure, took)
     assert "podman" in failure["message"] or "image" in failure["message"], failure
     assert took < 60, took
+
+
+@pytest.mark.unit
+def test_the_driver_adds_the_environment_to_the_simulator_switch():
+    pytest.importorskip("ray")
+    from lancefn_jupyter.server.executors.ray.bridge import _Driver
+
+    image = {"simulated": True, "runtime_env": {"image_uri": "img:1"}}
+    assert _Driver._runtime_env(None, image) == {"env_vars": {"NUMBA_ENABLE_CUDASIM": "1"}, "image_uri": "img:1"}  # type: ignore[arg-type]
+    uv = {"simulated": False, "packages": [ABSENT], "runtime_env": {"uv": {"packages": [ABSENT]}}}
+    assert _Driver._runtime_env(None, uv) == {"uv": {"packages": [ABSENT]}}  # type: ignore[arg-type]
+    assert _Driver._runtime_env(None, {"packages": [ABSENT]}) == {}  # type: ignore[arg-type]  # never pip
