@@ -22,7 +22,7 @@ from pathlib import Path
 from lancefn_jupyter.environments import resolve
 from lancefn_jupyter.environments.request import EnvironmentRequest
 
-__all__ = ["BASE_PTH", "BuildFailure", "Plan", "build", "compile_plan", "make_writable", "tree_size"]
+__all__ = ["BASE_PTH", "BuildFailure", "Plan", "build", "compile_plan", "remove", "tree_size"]
 
 BASE_PTH = "_lancefn_base.pth"
 _ERROR_LINES = 12  # of uv's error output in a failure message: enough to name the package, short enough to read
@@ -130,21 +130,21 @@ def build(root: Path, key: str, request: EnvironmentRequest, plan: Plan, log: Lo
             "size_bytes": tree_size(tmp),
             "built_at": time.time(),
         }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        _write(tmp / "meta.json", json.dumps(meta, indent=1))
         _make_read_only(tmp)
+        if final.exists() and not (final / "meta.json").exists():  # what an interrupted eviction left: unusable
+            remove(final)
         try:
             os.rename(tmp, final)
         except OSError:  # built meanwhile by a process that ignored the lock: keep the one in place
             if not (final / "meta.json").exists():
                 raise
-            make_writable(tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove(tmp)
             return dict(json.loads((final / "meta.json").read_text()))
         _fsync_dir(root)
         return meta
     except BaseException:
-        make_writable(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove(tmp)
         raise
 
 
@@ -162,10 +162,17 @@ def _link(env: Path, plan: Plan) -> None:
     site_packages = _site_packages(env)
     if plan.base is not None:
         lines = [f"import site; site.addsitedir({directory!r})\n" for directory in plan.base.site_dirs]
-        (site_packages / BASE_PTH).write_text("".join(lines))
+        _write(site_packages / BASE_PTH, "".join(lines))
     else:
         package = Path(__file__).resolve().parents[1]  # lancefn_jupyter, as this process imports it
         (site_packages / "lancefn_jupyter").symlink_to(package, target_is_directory=True)
+
+
+def _write(path: Path, text: str) -> None:
+    """A file of ours in the environment, readable by everyone whatever this process's umask (a shared cache's
+    workers are another user: without the ``.pth`` they would not see the base)."""
+    path.write_text(text)
+    path.chmod(0o644)
 
 
 def _check(python: str, requirements: Sequence[str], env: Mapping[str, str]) -> None:
@@ -210,16 +217,19 @@ def _make_read_only(path: Path) -> None:
     os.chmod(path, 0o555)
 
 
-def make_writable(path: Path) -> None:
-    """Directories back to 0755 (before removing a tree)."""
+def remove(path: Path) -> None:
+    """Remove an environment (built or half-built): its ``meta.json`` first, so that what a failure leaves is
+    never taken for a usable environment; directories made writable again for ``rmtree``."""
     if not path.exists():
         return
-    os.chmod(path, 0o755)
     for parent, dirs, _files in os.walk(path):
+        os.chmod(parent, 0o755)
         for name in dirs:
             full = os.path.join(parent, name)
             if not os.path.islink(full):
                 os.chmod(full, 0o755)
+    (path / "meta.json").unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -77,21 +77,16 @@ class _Flight:
     def join(self, log: Callable[[list[str]], None] | None) -> None:
         if log is None:
             return
-        with self._lock:
+        with self._lock:  # held while telling, so a late waiter's lines stay in order
             self._logs.append(log)
-            earlier = list(self._lines)
-        if earlier:
-            log(earlier)
+            if self._lines:
+                _tell(log, list(self._lines))
 
     def emit(self, lines: list[str]) -> None:
         with self._lock:
             self._lines += lines
-            logs = list(self._logs)
-        for log in logs:
-            try:
-                log(lines)
-            except Exception:  # one waiter's broken log must not fail the build the others wait on
-                pass
+            for log in self._logs:
+                _tell(log, lines)
 
     def finish(self, env: Environment | None, error: EnvironmentFailure | None) -> None:
         self._env, self._error = env, error
@@ -99,8 +94,9 @@ class _Flight:
 
     def result(self) -> Environment:
         self._done.wait()
-        if self._error is not None:
-            raise self._error
+        if self._error is not None:  # a copy per waiter: each raise gets its own traceback
+            error = self._error
+            raise EnvironmentFailure(str(error), refused=error.refused, lines=error.lines)
         assert self._env is not None
         return self._env
 
@@ -142,13 +138,6 @@ class EnvironmentCache:
                 f"image={request.image!r}: the local executor runs no containers. Use the Ray executor "
                 '(`lancefn-server --executor ray`, where image becomes runtime_env["image_uri"]) or drop image='
             )
-        if request.conda:
-            missing = resolve.unsatisfied(request.conda, self.base_python, self._env)
-            if missing:
-                return (
-                    f"conda packages not importable in the control plane's environment: {', '.join(missing)} (the "
-                    "local executor does not run conda). Install them into that environment, or declare them as pip="
-                )
         if request.python_version:
             wanted = _minor(request.python_version)
             if wanted is None:
@@ -159,6 +148,20 @@ class EnvironmentCache:
                 found = interpreters.available(base=self.base_python, env=self._env)
                 have = ", ".join(f"{version} ({path})" for version, path in found.items()) or "none"
                 return f"wants Python {wanted}; this machine has {have}"
+        if request.conda and not self._layered(request):
+            return (
+                f"conda packages are honoured only from the control plane's own environment (Python "
+                f"{self._base_info().version}), not with python_version={request.python_version!r}: use pip= "
+                "packages or drop python_version="
+            )
+        if request.conda:
+            missing = resolve.unsatisfied(request.conda, self.base_python, self._env)
+            if missing:
+                return (
+                    f"conda packages not importable in the control plane's environment ({self.base_python}): "
+                    f"{', '.join(missing)} (the local executor does not run conda). Install them into that "
+                    "environment, or declare them as pip="
+                )
         return None
 
     def needs_build(self, request: EnvironmentRequest) -> bool:
@@ -249,9 +252,12 @@ class EnvironmentCache:
         flight.join(log)
         if owner:
             env: Environment | None = None
-            error: EnvironmentFailure | None = None
+            # what the waiters get if this thread is interrupted (KeyboardInterrupt, SystemExit) mid-build
+            error: EnvironmentFailure | None = EnvironmentFailure(
+                f"the environment build was interrupted ({request.describe()})"
+            )
             try:
-                env = self._build(key, request, gpu, flight.emit)
+                env, error = self._build(key, request, gpu, flight.emit), None
             except EnvironmentFailure as exc:
                 error = exc
             except Exception as exc:  # an I/O error of ours: still the job's phase-environment failure
@@ -259,7 +265,7 @@ class EnvironmentCache:
             finally:
                 with self._lock:
                     del self._flights[key]  # no failure is cached: the next ensure builds again
-            flight.finish(env, error)
+                flight.finish(env, error)
         return flight.result()
 
     def lease(self, env: Environment) -> int | None:
@@ -332,11 +338,13 @@ class EnvironmentCache:
         )
 
     def _root_dir(self) -> Path:
-        """The root and its ``.locks``, created on first use (0755 when shared: others traverse it; else 0700)."""
+        """The root and its ``.locks``, created on first use: 0755 when shared (the missing parents too: the
+        workers, another user, must reach it), else 0700."""
         mode = 0o755 if self.shared else 0o700
-        for path in (self.root, self.root / _LOCKS):
-            if not path.is_dir():
-                path.mkdir(parents=True, exist_ok=True, mode=mode)
+        missing = [path for path in (self.root / _LOCKS, *(self.root / _LOCKS).parents) if not path.exists()]
+        for path in reversed(missing):
+            path.mkdir(exist_ok=True)
+            if self.shared or path in (self.root, self.root / _LOCKS):
                 path.chmod(mode)  # whatever the umask
         return self.root
 
@@ -403,8 +411,7 @@ class EnvironmentCache:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # leased: a worker is using it
-                build.make_writable(path)
-                shutil.rmtree(path, ignore_errors=True)
+                build.remove(path)
             finally:
                 os.close(fd)  # the lock file stays: a lease waiting on it must see the directory gone, not a new file
             total -= size
@@ -416,6 +423,13 @@ _META = "meta.json"
 _LOCKS = ".locks"
 _OLDEST_WORKER_PYTHON = (3, 11)
 _STALE_BUILD_S = 3600.0
+
+
+def _tell(log: Callable[[list[str]], None], lines: list[str]) -> None:
+    try:
+        log(lines)
+    except Exception:  # one waiter's broken log must not fail (or strand) the build the others wait on
+        pass
 
 
 def _minor(version: str) -> str | None:
@@ -494,8 +508,7 @@ def _sweep_builds(root: Path) -> None:
                 continue
         except OSError:
             continue
-        build.make_writable(path)
-        shutil.rmtree(path, ignore_errors=True)
+        build.remove(path)
 
 
 def _alive(pid: int) -> bool:

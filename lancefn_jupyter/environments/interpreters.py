@@ -1,8 +1,8 @@
 """The Python interpreters this machine has, found without downloading any (docs/ARCHITECTURE.md, "Environments").
 
 Candidates: the base, ``python3.Y`` on ``PATH``, pyenv's version directories (not its shims: a shim fails for a
-version that is not active), and the Pythons uv has installed (its directory). Each is run once to learn its real version; the
-answers are kept for the life of the process.
+version that is not active), and the Pythons uv has installed (its directory). Each is run once to learn its real
+version; the answers are kept for the life of the process.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["available", "find", "version_of"]
 _PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
 _PROBE_TIMEOUT_S = 5.0
 _lock = threading.Lock()
-_NAME = re.compile(r"python3\.\d+")
+_NAME = re.compile(r"python3\.\d+")  # not python3.11-config, nor python3.13t (free-threaded: another ABI)
 _versions: dict[str, str | None] = {}  # interpreter path -> "3.12" (None: it does not run)
 
 
@@ -59,13 +59,13 @@ def _candidates(base: str, env: Mapping[str, str]) -> list[str]:
 
 
 def _survey(base: str, env: Mapping[str, str]) -> dict[str, str]:
-    """ "X.Y" -> the first interpreter found for it."""
+    """Each version found, with the first interpreter found for it."""
     seen: set[str] = set()
     by_version: dict[str, str] = {}
     for candidate in _candidates(base, env):
         real = os.path.realpath(candidate)
         if real in seen and candidate != base:
-            continue  # python3.12 and python3.12.1 links to one binary, probed once
+            continue  # one binary reached through several links (PATH, pyenv): probed once
         seen.add(real)
         version = version_of(candidate)
         if version and version not in by_version:

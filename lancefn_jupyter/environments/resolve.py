@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 __all__ = [
+    "GPU_WORKER_REQUIREMENTS",
     "WORKER_REQUIREMENTS",
     "Base",
     "describe_base",
@@ -135,8 +136,9 @@ def requirements_in(packages: Sequence[str], *, layered: bool, gpu: bool = False
 
 def preferences(distributions: Mapping[str, str]) -> str:
     """An output file seeded with the base's pins: ``uv pip compile -o`` keeps existing pins where compatible, so
-    the resolution prefers what the base has (installing less, and matching what the base was tested with)."""
-    return "".join(f"{name}=={version}\n" for name, version in sorted(distributions.items()))
+    the resolution prefers what the base has (installing less, and matching what the base was tested with). A
+    version that is not PEP 440 is left out: uv would refuse the whole file."""
+    return "".join(f"{name}=={version}\n" for name, version in sorted(distributions.items()) if _valid(version))
 
 
 def resolved_pins(text: str) -> list[str]:
@@ -167,6 +169,14 @@ def install_set(pins: Sequence[str], distributions: Mapping[str, str] | None) ->
         if have is None or requirement.url or not versions or not _same_version(have, versions[0]):
             chosen.append(pin)
     return tuple(chosen)
+
+
+def _valid(version: str) -> bool:
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _same_version(a: str, b: str) -> bool:

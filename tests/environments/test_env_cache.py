@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import os
+import pwd
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import remove_tree
+from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
 from lancefn_jupyter.environments import interpreters
@@ -172,19 +174,63 @@ def test_two_processes_build_once(root):
     assert sorted(built for _, built in outs) == [False, True]  # the second waited on the lock and used it
 
 
+def test_a_build_waits_for_another_process_building_the_same_key(root):
+    (name,) = _need(1)
+    cache = EnvironmentCache(root)
+    request = _pip(name)
+    (root / ".locks").mkdir(parents=True)
+    holder = subprocess.Popen(  # another process "building" it: holds the key's build lock until told
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print(1, flush=True); input()",
+            str(root / ".locks" / f"{cache.key(request)}.build"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(cache.ensure(request)))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not list(root.glob(".build-*"))  # waiting, not building
+    finally:
+        holder.communicate("\n", timeout=10)
+    waiter.join(60)
+    assert results and results[0] is not None
+
+
 def test_a_package_that_does_not_exist_fails_naming_it_and_is_tried_again(root, monkeypatch):
     builds = []
     real_build = build_module.build
     monkeypatch.setattr(build_module, "build", lambda *a, **k: builds.append(1) or real_build(*a, **k))
     cache = EnvironmentCache(root)
     request = _pip("lancefn-nonexistent-xyz")
-    for attempt in (1, 2):
-        with pytest.raises(EnvironmentFailure) as caught:
-            cache.ensure(request)
-        assert str(caught.value).startswith("uv could not build the environment (1 package): ")
-        assert "lancefn-nonexistent-xyz" in str(caught.value)
-        assert not caught.value.refused and caught.value.lines
-        assert len(builds) == attempt
+    for attempt, callers in ((1, 3), (2, 1)):  # three at once share one failed build; the next builds again
+        barrier = threading.Barrier(callers)
+        failures: list[EnvironmentFailure] = []
+
+        def caller(barrier, failures):
+            barrier.wait()
+            try:
+                cache.ensure(request)
+            except EnvironmentFailure as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=caller, args=(barrier, failures)) for _ in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(builds) == attempt and len(failures) == callers
+        assert len({str(failure) for failure in failures}) == 1
+        failure = failures[0]
+        assert str(failure).startswith("uv could not build the environment (1 package): ")
+        assert "lancefn-nonexistent-xyz" in str(failure)
+        assert not failure.refused and failure.lines
     assert [p.name for p in root.iterdir()] == [".locks"]  # no half-built directory left
     assert cache.lookup(request) is None
 
@@ -196,7 +242,7 @@ def _tiny_wheel(directory: Path, name: str, version: str) -> Path:
     files = {
         f"{module}.py": b"VALUE = 42\n",
         f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: lancefn-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
     for path, data in files.items():
@@ -250,6 +296,36 @@ def test_eviction_removes_the_least_recently_used_but_never_a_leased_one(root):
     assert fresh is not None and fresh.path.exists()
 
 
+def test_a_lease_handed_to_a_worker_keeps_the_environment_until_the_worker_exits(root):
+    (name,) = _need(1)
+    cache = EnvironmentCache(root, max_bytes=0)
+    env = cache.ensure(_pip(name))
+    assert env is not None
+    lease = cache.lease(env)
+    assert lease is not None
+    worker = subprocess.Popen(
+        [env.python, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, pass_fds=[lease]
+    )
+    os.close(lease)  # the worker's inherited descriptor holds the lock now
+    try:
+        assert cache.evict() == [] and env.path.exists()
+    finally:
+        worker.communicate(timeout=30)
+    assert cache.evict() == [env.key] and not env.path.exists()
+
+
+def test_a_base_that_cannot_run_a_worker_fails_the_check(root, tmp_path):
+    (name,) = _need(1)
+    bare = tmp_path / "bare"  # a Python with nothing installed: no packaging, which every worker needs
+    subprocess.run([find_uv_bin(), "venv", "--python", sys.executable, str(bare)], check=True, capture_output=True)
+    cache = EnvironmentCache(root, base_python=str(bare / "bin" / "python"))
+    with pytest.raises(EnvironmentFailure) as caught:
+        cache.ensure(_pip(name))
+    assert str(caught.value).startswith("uv could not build the environment (1 package): its Python cannot start")
+    assert "ModuleNotFoundError" in str(caught.value) and not caught.value.refused
+    assert [p.name for p in root.iterdir()] == [".locks"]
+
+
 def test_stale_half_built_directories_are_swept(root):
     (name,) = _need(1)
     cache = EnvironmentCache(root)
@@ -265,12 +341,16 @@ def test_stale_half_built_directories_are_swept(root):
     assert not stale.exists() and young.exists()
 
 
-def test_a_built_environment_is_read_only():
+def test_a_built_environment_is_read_only_and_usable_by_another_user():
     (name,) = _need(1)
     root = Path(tempfile.mkdtemp(prefix="lancefn-ro-", dir="/tmp")) / "envs"  # traversable by nobody
     root.parent.chmod(0o755)
+    umask = os.umask(0o077)  # a strict umask must not make a shared cache unreadable
     try:
         env = EnvironmentCache(root, shared=True).ensure(_pip(name))
+    finally:
+        os.umask(umask)
+    try:
         assert env is not None
         assert root.stat().st_mode & 0o777 == 0o755
         for parent, dirs, _files in os.walk(env.path):
@@ -278,17 +358,23 @@ def test_a_built_environment_is_read_only():
                 if not os.path.islink(entry):
                     assert os.stat(entry).st_mode & 0o777 == 0o555, entry
         site = next(env.path.glob("lib/python*/site-packages"))
+        assert (site / "_lancefn_base.pth").stat().st_mode & 0o777 == 0o644
         attempt = (
-            "import os, sys; os.listdir(sys.argv[1])\n"  # it can read the environment ...
-            "try:\n    open(os.path.join(sys.argv[1], 'evil.pth'), 'w')\nexcept PermissionError:\n    print('refused')\n"
+            f"import os, sys, {name}, numpy, lancefn_jupyter.worker.main\n"  # it can use the environment ...
+            "try:\n    open(os.path.join(sys.argv[1], 'evil.pth'), 'w')\n"
+            "except PermissionError:\n    print('refused')\n"
         )
-        as_user = {"user": "nobody", "group": "nogroup"} if os.geteuid() == 0 else {}
-        if as_user:  # root bypasses modes: try as the unprivileged user a root server's workers run as
-            # nobody cannot run this venv's interpreter if it lives under /root: use the system's
-            python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-        else:
-            python = sys.executable
-        done = subprocess.run([python, "-c", attempt, str(site)], capture_output=True, text=True, timeout=30, **as_user)
+        # root bypasses modes: try as the unprivileged user a root server's workers run as
+        as_user = {}
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+            base = _run(sys.executable, "import numpy, lancefn_jupyter.worker.main", cwd="/", **as_user)
+            if base.returncode != 0:
+                pytest.skip(f"nobody cannot use this Python or checkout at all: {base.stderr.strip()[-200:]}")
+        done = subprocess.run(
+            [env.python, "-c", attempt, str(site)], capture_output=True, text=True, timeout=60, cwd="/", **as_user
+        )
         assert done.stdout.strip() == "refused", done.stderr  # ... and cannot add to it
         assert not (site / "evil.pth").exists()
     finally:
@@ -305,6 +391,10 @@ def test_refusals_name_the_reason(root):
     assert image is not None and "runs no containers" in image and "--executor ray" in image and "image_uri" in image
     conda = cache.problem(EnvironmentRequest(kind="conda", packages=("numpy", "conda-forge::lancefn-nope=1")))
     assert conda is not None and "lancefn-nope" in conda and "numpy" not in conda and "pip=" in conda
+    usable = [v for v in interpreters.available(base=sys.executable) if v != BASE_PYTHON and int(v.split(".")[1]) >= 11]
+    if other := next(iter(usable), None):
+        conda_other = EnvironmentRequest(kind="conda", packages=("numpy",), python_version=other)
+        assert "conda packages are honoured only" in (cache.problem(conda_other) or "")
     for request in (EnvironmentRequest(python_version="3.99"), EnvironmentRequest(image="x", packages=("six",))):
         with pytest.raises(EnvironmentFailure) as caught:
             cache.ensure(request)

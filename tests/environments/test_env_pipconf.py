@@ -123,5 +123,7 @@ def test_another_python_gets_the_workers_requirements():
 
 
 def test_preferences_and_normalized_spelling():
-    assert resolve.preferences({"six": "1.17.0", "ecdsa": "0.19"}) == "ecdsa==0.19\nsix==1.17.0\n"
+    assert (
+        resolve.preferences({"six": "1.17.0", "ecdsa": "0.19", "old": "0.1-dev-r9 x"}) == "ecdsa==0.19\nsix==1.17.0\n"
+    )
     assert resolve.normalized(["six ==1.16.0", "ecdsa"]) == resolve.normalized(["ecdsa", "six==1.16.0"])
