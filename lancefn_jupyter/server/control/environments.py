@@ -5,11 +5,13 @@ the builds, which run on a thread each (one per cache key) and take the lock to 
 For executors that build environments (``Executor.builds_environments``: local), a job is *admitted*:
 
 - refused (``executor.environment_problem``) → the machine fails it in phase ``environment`` at once;
-- ready (no environment needed, or the cache has it) → queued as before, holding a lease on its
-  environment until it ends (closed by :meth:`EnvironmentStage.forget`, a journal forgetter);
+- ready (no environment needed, or the cache has it) → queued as before, its environment leased until it ends
+  (one lease per environment for all of the plane's active jobs of it, closed when the last one ends:
+  :meth:`EnvironmentStage.forget`, a journal forgetter; a lease per job would cost a file descriptor per queued
+  job);
 - else it waits here, PENDING and in no device queue (no GPU is held), while one build per key runs
   (``EnvironmentCache.ensure``), whose output lines go to every waiting job's logs (stream ``system``,
-  ``[env] ``); built → the machine queues the jobs (FIFO among themselves), each with a lease; failed →
+  ``[env] ``); built → the machine queues the jobs (FIFO among themselves), leased; failed →
   each fails in phase ``environment`` with the build's message.  No failure is kept: the next job builds again.
 
 Executors that do not build (Ray) only get the refusal check.  The decision for a version (its request, the
@@ -32,6 +34,7 @@ from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.server.control.catalog import stored_definition
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
+from lancefn_jupyter.server.control.states import PENDING
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.wire.models import JobFailure
 
@@ -44,6 +47,7 @@ log = logging.getLogger("lancefn.server")
 
 LOG_PREFIX = "[env] "
 _PLANS_KEPT = 1024  # versions whose decision is kept (a version's definition never changes)
+REFRESH_S = 10.0  # while a build runs, its waiting jobs' events say how long so far this often
 
 # (namespace, name, version)
 _Owner = tuple[str, str, str]
@@ -70,6 +74,7 @@ class Admission:
     ready: bool
     venv: Environment | None = None
     lease: int | None = None
+    since: float = field(default_factory=time.monotonic)  # when it was asked: a waiting job's wait starts then
 
     @property
     def problem(self) -> str | None:
@@ -99,7 +104,11 @@ class EnvironmentStage:
         self._plans_lock = threading.Lock()
         self._builds: dict[str, _Build] = {}  # key → the build under way
         self._waiting: dict[str, _Build] = {}  # job id → the build it waits for
-        self._held: dict[str, tuple[Environment, int]] = {}  # job id → (its environment, its lease fd)
+        self._held: dict[str, Environment] = {}  # job id → the environment it runs in (leased)
+        self._leases: dict[str, list[int]] = {}  # key → [the plane's lease fd, active jobs of it]
+        # key → the environment last found or built: a job of it takes a lease (which fails once it was evicted)
+        # without asking the cache to look it up (that re-derives the key: milliseconds per job).
+        self._known: dict[str, Environment] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ decisions
@@ -161,28 +170,59 @@ class EnvironmentStage:
     def admission(self, rec: JobRecord) -> Admission:
         """What to do with a job of ``rec``'s version now (call without the table's lock: it may read the cache).
         A ready job's lease is the caller's to :meth:`hold` or :meth:`close`."""
-        plan = self._plan(rec)
+        since = time.monotonic()
+        plan = self._plan(rec)  # the first job of a version decides it (the cache reads the base's packages)
         if plan.problem is not None or plan.key is None:
             return Admission(plan, ready=plan.problem is None)
         assert self.cache is not None and plan.request is not None  # a key comes from the cache
+        env = self._known.get(plan.key)
+        if env is not None and plan.key in self._leases:  # leased for other jobs now: it cannot be evicted
+            return Admission(plan, ready=True, venv=env)
         try:
-            env = self.cache.lookup(plan.request, gpu=plan.gpu)
             lease = self.cache.lease(env) if env is not None else None
+            if lease is None:  # not known here, or evicted since
+                env = self.cache.lookup(plan.request, gpu=plan.gpu)
+                lease = self.cache.lease(env) if env is not None else None
+            if env is not None and lease is not None:
+                self._known[plan.key] = env
+            else:
+                self._known.pop(plan.key, None)
         except Exception:
             log.exception("looking up environment %s failed; building it", plan.key)
-            return Admission(plan, ready=False)
+            return Admission(plan, ready=False, since=since)
         if env is None or lease is None:
-            return Admission(plan, ready=False)
+            return Admission(plan, ready=False, since=since)
         return Admission(plan, ready=True, venv=env, lease=lease)
 
     # ------------------------------------------------------------ held environments
 
     def hold(self, rec: JobRecord, admission: Admission) -> bool:
-        """A ready job is queued: keep its environment (``venv``) and lease until it ends (lock held). True
-        when the job took the admission's lease (it is closed with the job)."""
-        if admission.venv is None or admission.lease is None:
+        """A ready job is queued: its environment (``venv``) stays leased until it ends (lock held). True when
+        the admission's lease was taken over (kept for the environment's jobs, or closed as a spare)."""
+        if admission.venv is None:
             return False
-        self._held[rec.job_id] = (admission.venv, admission.lease)
+        if not self._lease_for(rec, admission.venv, admission.lease):
+            self._held[rec.job_id] = admission.venv  # its worker's own lease says it is gone: run it again
+        return True
+
+    def _lease_for(self, rec: JobRecord, env: Environment, lease: int | None) -> bool:
+        """Count ``rec`` among ``env``'s leased jobs (``lease``: a descriptor the caller took, or None). False when
+        no lease could be had (evicted meanwhile)."""
+        entry = self._leases.get(env.key)
+        if entry is not None:
+            entry[1] += 1
+            if lease is not None:
+                _close(lease)  # one is held already
+        else:
+            if lease is None:
+                assert self.cache is not None
+                # The jobs that held it ended since the admission (a rare race): lease it again. Evicted in between
+                # (rarer still): the worker's own lease then fails and the job says to run it again.
+                lease = self.cache.lease(env)
+                if lease is None:
+                    return False
+            self._leases[env.key] = [lease, 1]
+        self._held[rec.job_id] = env
         return True
 
     @staticmethod
@@ -192,8 +232,7 @@ class EnvironmentStage:
             _close(admission.lease)
 
     def venv(self, job_id: str) -> Environment | None:
-        held = self._held.get(job_id)
-        return held[0] if held is not None else None
+        return self._held.get(job_id)
 
     def waiting(self, job_id: str) -> bool:
         """The job waits for its environment here (it holds no place in a device queue)."""
@@ -205,9 +244,13 @@ class EnvironmentStage:
         if build is not None:
             build.waiters.pop(job_id, None)
         self.table.environment_waits.pop(job_id, None)
-        held = self._held.pop(job_id, None)
-        if held is not None:
-            _close(held[1])
+        env = self._held.pop(job_id, None)
+        entry = self._leases.get(env.key) if env is not None else None
+        if env is not None and entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._leases[env.key]
+                _close(entry[0])
 
     # ------------------------------------------------------------------ builds
 
@@ -220,7 +263,7 @@ class EnvironmentStage:
         start = build is None
         if build is None:
             build = self._builds[plan.key] = _Build(plan.key, plan.request, plan.gpu)
-        build.waiters[rec.job_id] = (rec, time.monotonic())
+        build.waiters[rec.job_id] = (rec, min(admission.since, time.monotonic()))
         self._waiting[rec.job_id] = build
         self.table.environment_waits[rec.job_id] = build.reason
         packages = ", ".join(plan.request.packages) or "no packages"
@@ -237,6 +280,8 @@ class EnvironmentStage:
         assert self.cache is not None  # only a plan with a key gets here
         env: Environment | None = None
         failure: str | None = None
+        done = threading.Event()
+        threading.Thread(target=self._refresh, args=(build, done), name="lancefn-env-refresh", daemon=True).start()
         try:
             env = self.cache.ensure(build.request, log=lambda lines: self._output(build, lines), gpu=build.gpu)
         except Exception as error:  # EnvironmentFailure: uv's lines in its message; anything else: say what
@@ -247,6 +292,8 @@ class EnvironmentStage:
             )
             if not isinstance(error, EnvironmentFailure):
                 log.exception("building environment %s failed", build.key)
+        finally:
+            done.set()
         with self.table.lock:
             self._builds.pop(build.key, None)
             waiters = list(build.waiters.values())
@@ -257,8 +304,27 @@ class EnvironmentStage:
                 return  # stopping: the jobs stay PENDING in the store and are staged again on the next start
             try:
                 self._built(build, waiters, env, failure)
-            except Exception:
+            except Exception:  # never leave a job waiting for nothing: fail what is still waiting and queued nowhere
                 log.exception("finishing environment %s's build failed", build.key)
+                for rec, _ in waiters:
+                    self._unstick(rec)
+
+    def _unstick(self, rec: JobRecord) -> None:
+        table = self.table
+        if rec.job_id not in table.active or table.scheduler.is_pending(rec.job_id) or rec.devices:
+            return
+        if rec.job_id in self._waiting or rec.state != PENDING:
+            return
+        try:
+            failure = JobFailure(
+                phase="environment",
+                message="the control plane could not queue this job once its environment was ready; see the "
+                "server log, and run it again",
+                retryable=True,
+            )
+            self.fail(rec, failure)
+        except Exception:
+            log.exception("could not fail job %s either", rec.job_id)
 
     def _built(
         self, build: _Build, waiters: list[tuple[JobRecord, float]], env: Environment | None, failure: str | None
@@ -272,22 +338,34 @@ class EnvironmentStage:
                 self.fail(rec, JobFailure(phase="environment", message=failure))
             return
         now = time.monotonic()
+        if env is not None:
+            self._known[build.key] = env
         ready: list[JobRecord] = []
         for rec, joined in live:
-            lease = None
-            if env is not None:
-                assert self.cache is not None
-                lease = self.cache.lease(env)
-                if lease is None:  # evicted between its build and now (a tiny cache): build it again
-                    self.stage(rec, Admission(self._plan(rec), ready=False))
-                    continue
-                self._held[rec.job_id] = (env, lease)
+            if env is not None and not self._lease_for(rec, env, None):
+                # Evicted between its build and now (a tiny cache): build it again.
+                self.stage(rec, Admission(self._plan(rec), ready=False))
+                continue
             rec.environment_ms = (now - joined) * 1000.0
             where = f": {env.path}" if env is not None else ""
             self.journal.append_log(rec, "system", [f"{LOG_PREFIX}environment ready in {elapsed:.1f} s{where}"])
             ready.append(rec)
         if ready:
             self.enqueue(ready)
+
+    def _refresh(self, build: _Build, done: threading.Event) -> None:
+        """Every ``REFRESH_S`` while ``build`` runs: a job event for each job waiting on it, whose pending reason
+        says how long the build has taken so far (UIs that follow events show it)."""
+        while not done.wait(REFRESH_S):
+            with self.table.lock:
+                if done.is_set() or self._closed:
+                    return
+                for rec, _ in list(build.waiters.values()):
+                    if rec.job_id in self.table.active:
+                        try:
+                            self.journal.persist(rec, new=False)
+                        except Exception:  # a full disk: the next refresh or the outcome says it
+                            log.debug("could not refresh job %s's pending reason", rec.job_id, exc_info=True)
 
     def _output(self, build: _Build, lines: list[str]) -> None:
         """A build's output lines (its thread): into the logs of every job waiting for it."""

@@ -95,13 +95,17 @@ class JobQueries:
 
     async def wait(self, job_id: str, timeout_s: float, scope: str | None, *, unless_queued: bool) -> dict:
         """The job once terminal, or as it stands after ``timeout_s`` (long poll).
-        ``unless_queued``: answer at once if it waits for capacity (``functions/run``'s inline
-        wait: a submit must not stall behind a full queue)."""
+        ``unless_queued``: answer at once if it waits for capacity or for its environment's build
+        (``functions/run``'s inline wait: a submit must not stall behind a full queue or a build)."""
         table = self.table
         loop = asyncio.get_running_loop()
         with table.lock:
             rec = self.get(job_id, scope)
-            queued = unless_queued and rec.state == PENDING and table.scheduler.is_pending(job_id)
+            queued = (
+                unless_queued
+                and rec.state == PENDING
+                and (table.scheduler.is_pending(job_id) or job_id in table.environment_waits)
+            )
             if rec.state in TERMINAL or timeout_s <= 0 or not table.started or queued:
                 return self.reports.job_wire(rec)
             future = self.waiters.add(job_id, loop)

@@ -105,7 +105,7 @@ class FakeCache:
 
 def open_fds(cache: FakeCache) -> list[int]:
     alive = []
-    for fd in cache.leases:
+    for fd in sorted(set(cache.leases)):  # a closed descriptor's number is handed out again
         try:
             os.fstat(fd)
             alive.append(fd)
@@ -207,6 +207,19 @@ def test_one_build_per_key_for_every_job_and_version_that_needs_it(setup):
     assert cache.builds == ["k-tabulate"]
     assert [t.job_id for t in executor.tasks] == jobs[:2]  # FIFO among themselves
     assert [wire(plane, j)["placement"]["queue_position"] for j in jobs[2:]] == [1, 2]
+    assert len(open_fds(cache)) == 1  # one lease for all of the plane's jobs of that environment
+    for task in executor.tasks[:2]:
+        executor.callbacks.task_started(task.job_id, devices=task.devices, node=None)
+        executor.callbacks.task_succeeded(task.job_id, [0])
+    wait_for(lambda: len(executor.tasks) == 4, "the other two placed")
+    for task in executor.tasks[2:]:
+        assert open_fds(cache)
+        executor.callbacks.task_started(task.job_id, devices=task.devices, node=None)
+        executor.callbacks.task_succeeded(task.job_id, [0])
+    assert open_fds(cache) == []  # closed with the last of them
+    # A job of it now (cached): leased again, queued at once.
+    later = plane.machine.run("two", two, [{"x": 1}])
+    assert executor.tasks[-1].job_id == later and len(open_fds(cache)) == 1
     for job_id in jobs[1:]:  # a job that joined the build later still gets its output
         assert "[env] Installed tabulate==0.9.0" in logs(plane, job_id)
 
@@ -292,3 +305,27 @@ def test_a_restart_stages_pending_jobs_again(tmp_path):
         assert task.job_id == job_id and task.venv is not None
     finally:
         again.shutdown()
+
+
+def test_a_long_build_refreshes_its_jobs_pending_reason_in_events(setup, monkeypatch):
+    import json
+
+    from lancefn_jupyter.server.control import environments
+
+    monkeypatch.setattr(environments, "REFRESH_S", 0.05)
+    plane, executor, cache = setup
+    version = version_with(plane, packages=("tabulate",))
+    job_id = plane.machine.run("double", version, [{"x": 1}])
+
+    def reasons() -> list[str]:
+        found = []
+        for _, data in plane.store.events_after(0, limit=10_000):
+            job = json.loads(data)
+            if job.get("job_id") == job_id and job["placement"].get("pending_reason"):
+                found.append(job["placement"]["pending_reason"])
+        return found
+
+    wait_for(lambda: len(reasons()) >= 3, "refreshed job events while building")
+    cache.release("k-tabulate")
+    wait_for(lambda: executor.tasks, "launched")
+    assert all(reason.startswith("building environment (1 package, ") for reason in reasons())

@@ -307,3 +307,63 @@ def test_a_sigkill_during_a_build_then_a_restart_runs_the_job(server, env_cache)
             job = wait_done(again, job_id)
             assert job["job_state"] == "DONE", job
             assert job["result"][0].split("|")[3] == str(env_cache / key)
+
+
+def test_cancelling_a_job_while_its_environment_builds(server, env_cache):
+    key = key_of(env_cache, ("termcolor",))
+    with server.http() as http:
+        version = register(http, body("tc", ("termcolor",)))["version"]
+        with build_held(env_cache, key):
+            job_id = submit(http, "tc", version, [{"module": "termcolor"}])
+            building(http, job_id)
+            reply = http.post("/v1/jobs/cancel", json={"job_id": job_id}).json()
+            assert reply == {"job_id": job_id, "cancelled": True}
+            job = describe(http, job_id)
+            assert job["job_state"] == "CANCELLED" and "pending_reason" not in job["placement"]
+        # The build goes on for the next job, which finds it (or joins it).
+        job = wait_done(http, submit(http, "tc", version, [{"module": "termcolor"}]))
+        assert job["job_state"] == "DONE", job
+        assert describe(http, job_id)["job_state"] == "CANCELLED"
+
+
+def test_env_cache_flags_refuse_bad_values_and_an_unreachable_cache(control_plane_factory, tmp_path):
+    import subprocess
+
+    cases = [
+        ({"args": ["--env-cache-max-bytes", "lots"]}, "--env-cache-max-bytes must be a whole number of bytes > 0"),
+        ({"args": ["--env-cache-max-bytes", "0"]}, "--env-cache-max-bytes must be a whole number of bytes > 0"),
+        ({"env": {"LANCEFN_ENV_CACHE_MAX_BYTES": "-1"}}, "LANCEFN_ENV_CACHE_MAX_BYTES must be a whole number"),
+    ]
+    if os.geteuid() == 0:  # workers run as nobody, who cannot traverse pytest's 0700 tmp dirs
+        closed = tmp_path / "closed"
+        closed.mkdir(mode=0o700)
+        closed.chmod(0o700)
+        cases.append(
+            (
+                {"env": {"LANCEFN_WORKER_USER": "", "LANCEFN_ENV_CACHE": str(closed / "envs")}},
+                "cannot reach the environment cache",
+            )
+        )
+    for options, message in cases:
+        cp = control_plane_factory(start=False, **options)
+        result = subprocess.run(cp.command, env=cp.env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr
+        assert not cp.server_json.exists()
+
+
+def test_an_inline_wait_answers_at_once_while_the_environment_builds(server, env_cache):
+    packages = ("humanize", "tabulate")  # an environment of its own
+    key = key_of(env_cache, packages)
+    with server.http() as http:
+        version = register(http, body("fig", packages))["version"]
+        with build_held(env_cache, key):
+            started = time.monotonic()
+            reply = http.post(
+                "/v1/functions/run",
+                json={"name": "fig", "version": version, "rows": [{"module": "humanize"}], "wait_s": 30},
+            ).json()
+            assert time.monotonic() - started < 10
+            assert reply["job"]["job_state"] == "PENDING"
+            assert reply["job"]["placement"]["pending_reason"].startswith("building environment (2 packages, ")
+        assert wait_done(http, reply["job_id"])["job_state"] == "DONE"

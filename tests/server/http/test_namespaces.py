@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, submit
+from helpers import api_keys_toml, submit, wait_done
 
 ALICE, BOB, CAROL = "alice-key-000000001", "bob-key-00000000002", "carol-key-000000003"
 ALL = ["functions", "jobs", "system_usage"]
@@ -244,6 +244,12 @@ def test_queue_positions_and_usage_count_every_namespace(control_plane_factory):
 FIXTURE_HOME = Path(__file__).parent / "data" / "home-before-namespaces"
 
 
+def _python_312(body: dict) -> dict:
+    """The fixture's version was registered from a Python 3.12 kernel."""
+    body["runtime"]["python_version"] = "3.12"
+    return body
+
+
 def test_upgrade_of_a_home_from_the_release_before_namespaces(control_plane_factory, tmp_path):
     """The fixture home was made by the release before namespaces (one function, one finished run);
     a new server keeps everything, in the admin's default namespace, and adds teams beside it."""
@@ -258,14 +264,20 @@ def test_upgrade_of_a_home_from_the_release_before_namespaces(control_plane_fact
         job = admin.post("/v1/jobs/describe", json={"job_id": meta["job_id"]}).json()
         assert job["job_state"] == "DONE" and job["result"] == meta["result"] and job["namespace"] == "default"
         assert admin.post("/v1/jobs/logs", json={"job_id": meta["job_id"]}).json()["lines"] == meta["logs"]
-        # It still runs, and other teams do not see it.
-        again = submit(admin, meta["name"], meta["version"], meta["rows"])
-        assert wait(admin, again)["result"] == meta["result"]
+        # It still runs, and other teams do not see it. It asks for Python 3.12 (docs/ARCHITECTURE.md, "Environments"):
+        # it runs in an environment of it where the machine has that Python, else fails saying so.
+        again = wait_done(admin, submit(admin, meta["name"], meta["version"], meta["rows"]), timeout=300)
+        if again["job_state"] == "FAILED":
+            assert again["failure"]["phase"] == "environment" and "3.12" in again["failure"]["message"], again
+        else:
+            assert again["result"] == meta["result"], again
         assert alice.post("/v1/jobs/describe", json={"job_id": meta["job_id"]}).status_code == 404
         assert alice.post("/v1/functions/list", json={}).json()["functions"] == []
         # A team may now register the same name beside it.
         assert (
-            register(alice, registration_body(meta["name"], source=meta["source"], entrypoint=meta["name"]))["version"]
+            register(
+                alice, _python_312(registration_body(meta["name"], source=meta["source"], entrypoint=meta["name"]))
+            )["version"]
             == meta["version"]
         )
         events = []
