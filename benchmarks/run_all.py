@@ -41,6 +41,7 @@ QUICK_ARGS = {
     "bench_dataplane.py": ["--quick"],
     "bench_batches.py": ["--runs", "1", "--backfill-rows", "20000", "--backfill-chunk", "2000"],
     "bench_warm_state.py": ["--warm", "100"],
+    "bench_environments.py": ["--rounds", "1", "--hits", "3"],
 }
 # Targets for timing lines of modules that print "label ... median X ms ... p95 Y ms":
 # (module, substring of the label) -> (statistic compared, limit in ms, target text).

@@ -17,6 +17,7 @@ __all__ = [
     "BatchError",
     "GpuFunction",
     "Job",
+    "LancefnEnvironmentWarning",
     "RemoteFunctionError",
     "__version__",
     "connect",

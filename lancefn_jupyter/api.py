@@ -20,6 +20,7 @@ imports this module except the magics and the package's lazy `__getattr__`.
 
 from __future__ import annotations
 
+from lancefn_jupyter.client import LancefnEnvironmentWarning
 from lancefn_jupyter.client import LancefnError as LancefnError
 
 # `X as X`: reachable as `api.X` though not in `__all__` (the magics, tests and scripts use them).
@@ -57,6 +58,7 @@ __all__ = [
     "JobCancelled",
     "JobError",
     "JobTimedOut",
+    "LancefnEnvironmentWarning",
     "NotRegisteredError",
     "RemoteFunctionError",
     "UnregisteredFunction",

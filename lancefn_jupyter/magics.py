@@ -8,6 +8,8 @@ Heavy modules (pydantic models, the HTTP client, widgets, numba) load on first u
 from __future__ import annotations
 
 import shlex
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -89,13 +91,20 @@ class GpuMagics(Magics):
         try:
             # The magic line, plus the leading blank lines transform_cell drops, precede the source.
             offset = 1 + len(cell) - len(cell.lstrip("\n"))
-            handle = api.function_from_cell(source, shell.user_ns, options, line_offset=offset)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", api.LancefnEnvironmentWarning)
+                handle = api.function_from_cell(source, shell.user_ns, options, line_offset=offset)
         except (PackagingError, LancefnError) as error:
             message = str(error) if isinstance(error, PackagingError) else f"registration failed: {error}"
             api.bind_refused(shell.user_ns, source, options, message)
             raise UsageError(f"%%gpu_function: {message}") from None
         shell.user_ns[handle.entrypoint] = handle
         display(handle)
+        for warning in caught:  # under the card, in words (not a warnings-module line with a file and line number)
+            if issubclass(warning.category, api.LancefnEnvironmentWarning):
+                print(f"[lancefn] warning: {warning.message}", file=sys.stderr)
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         return None
 
     @no_var_expand

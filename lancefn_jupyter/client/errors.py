@@ -14,6 +14,7 @@ __all__ = [
     "ControlPlaneUnreachable",
     "Forbidden",
     "InvalidRequest",
+    "LancefnEnvironmentWarning",
     "LancefnError",
     "NotFound",
     "PayloadTooLarge",
@@ -32,6 +33,11 @@ class ControlPlaneUnreachable(LancefnError):
             f"control plane at {url} is unreachable ({reason}); check `%lancefn` for the server in use, "
             "or `%lancefn local` to start the embedded one"
         )
+
+
+class LancefnEnvironmentWarning(UserWarning):
+    """The control plane cannot honour a version's environment as declared (docs/ARCHITECTURE.md, "Environments"):
+    its jobs will fail in phase ``environment`` with the same message. Raised (as a warning) at registration."""
 
 
 class ApiError(LancefnError):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import builtins  # the resources have a list() method that shadows the type in annotations
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from lancefn_jupyter.client._http import ARROW_STREAM, Transport
-from lancefn_jupyter.client.errors import ApiError
+from lancefn_jupyter.client.errors import ApiError, LancefnEnvironmentWarning
 from lancefn_jupyter.client.jobs import JobsResource
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
 
@@ -33,11 +34,16 @@ class FunctionsResource:
         self._jobs = jobs
 
     def create(self, request: FunctionRegistrationRequest) -> str:
-        """Submit a registration; returns the `create_function` job id (202)."""
-        return self._t.post("/v1/functions/create", request.to_wire())["job_id"]
+        """Submit a registration; returns the `create_function` job id (202). The reply's ``warnings`` (why the
+        control plane cannot honour the version's environment) are raised as :class:`LancefnEnvironmentWarning`."""
+        reply = self._t.post("/v1/functions/create", request.to_wire())
+        for text in reply.get("warnings") or ():
+            warnings.warn(LancefnEnvironmentWarning(f"{request.name}: {text}"), stacklevel=3)
+        return reply["job_id"]
 
     def register(self, request: FunctionRegistrationRequest, *, timeout: float = 60.0) -> FunctionVersion:
-        """Create and wait for the registration job; returns the immutable version."""
+        """Create and wait for the registration job; returns the immutable version. Environment warnings: as in
+        :meth:`create`."""
         job = self._jobs.wait(self.create(request), timeout=timeout)
         if job.job_state != JobState.DONE:
             message = job.failure.message if job.failure else f"registration ended {job.job_state.value}"

@@ -12,10 +12,11 @@ import hashlib
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from lancefn_jupyter.client import LancefnError
+from lancefn_jupyter.client import LancefnEnvironmentWarning, LancefnError
 from lancefn_jupyter.display import cards as display
 from lancefn_jupyter.handles.history import diff_versions
 from lancefn_jupyter.handles.job import Job, missing_module_hint
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 _SHOW_JOB_AFTER_S = 2.0  # ipyparallel's progress_after default: quick calls stay quiet
+# (server URL, request key) → the environment warnings its registration got, so a cached registration (a re-run
+# cell) warns again (docs/ARCHITECTURE.md, "Environments")
+_environment_warnings: dict[tuple[str, str], tuple[str, ...]] = {}
 
 
 def _is_lance_table(items: Any) -> bool:
@@ -113,6 +117,8 @@ class GpuFunction:
         self._instance: Any = None  # a class entry's kernel-side instance, made on the first call
         self.timeout_s: float | None = options.timeout_s
         self.last_local_device: str | None = None
+        # Why the control plane cannot honour the version's environment (its jobs fail with it), from registration
+        self.environment_warnings: tuple[str, ...] = ()
         self.name = options.name or packaged.entrypoint
         if request is None:
             request = FunctionRegistrationRequest(
@@ -205,9 +211,20 @@ class GpuFunction:
         cache = registration_cache()
         version = cache.get(key)
         if version is None:
-            version = client.functions.register(self._request)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", LancefnEnvironmentWarning)
+                version = client.functions.register(self._request)
+            for other in caught:  # anything else goes on as it came
+                if not issubclass(other.category, LancefnEnvironmentWarning):
+                    warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
             cache[key] = version
+            _environment_warnings[key] = tuple(
+                str(w.message) for w in caught if issubclass(w.category, LancefnEnvironmentWarning)
+            )
         self._version = version
+        self.environment_warnings = _environment_warnings.get(key, ())
+        for text in self.environment_warnings:
+            warnings.warn(LancefnEnvironmentWarning(text), stacklevel=2)
         return version
 
     def map_traceback(self, text: str) -> str:
@@ -346,6 +363,7 @@ class GpuFunction:
 
     def local(self, *args: Any, **kwargs: Any) -> Any:
         """Run the packaged artifact in a subprocess: local GPU if usable, else numba's CUDA simulator."""
+        from lancefn_jupyter.environments.request import EnvironmentRequest
         from lancefn_jupyter.handles.local_run import LocalRunError, run_local
 
         json_rows, table = rows_payload([self._row(args, kwargs)], self._packaged.signature, self.name)
@@ -364,6 +382,8 @@ class GpuFunction:
                 timeout_s=self.timeout_s,
                 on_log=_echo_log,  # the function's prints show up live, as they would in the kernel
                 state=self._request.runtime.state or "per_worker",
+                environment=EnvironmentRequest.from_runtime(self._request.runtime.to_wire()),
+                gpu=bool(self._request.runtime.resources and self._request.runtime.resources.num_gpus),
             )
         except LocalRunError as error:
             message, tb = self.map_failure(error.message, error.traceback or "")
@@ -390,6 +410,8 @@ class GpuFunction:
             environment += f"; local modules: {', '.join(self._packaged.local_modules)}"
         version = self._version
         note = "" if version is not None else "not registered (register=no): the request is in .registration_request"
+        if version is not None and self.environment_warnings:
+            note = "; ".join(f"warning: {text}" for text in self.environment_warnings)
         entry = ""
         if self._packaged.entry_is_class:
             entry = f"class {self.entrypoint}"

@@ -9,7 +9,13 @@ numba is imported: the notebook kernel itself can't switch. Modes:
 * ``"auto"``: a real GPU when one is usable here, else the simulator.  ``NUMBA_ENABLE_CUDASIM=1``
   in the kernel's environment (as Binder sets it) means "simulator" on purpose.
 
-A warm worker is kept per (mode, function env, version): it keeps the version's module loaded,
+The version's environment (pip packages, ``python_version``; docs/ARCHITECTURE.md, "Environments") is built and
+used on the kernel's side, with the kernel's interpreter as the base, in the same cache as the embedded control
+plane's (``LANCEFN_ENV_CACHE``, else ``default_cache_dir``): the worker then starts that environment's Python and
+holds a lease on it. A refusal (an image, a Python this machine lacks) or a failed build raises
+:class:`LocalRunError` in phase ``environment``.
+
+A warm worker is kept per (mode, function env, version, environment): it keeps the version's module loaded,
 so repeated calls of an unchanged version do not execute it again (docs/ARCHITECTURE.md, "Warm
 state").  At most ``MAX_WORKERS`` are kept, the least recently used stopped (its teardown runs);
 all are killed at interpreter exit.  A worker that crashed, timed out or was interrupted (Ctrl-C)
@@ -27,13 +33,17 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from lancefn_jupyter.client.logs import log
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 
 if TYPE_CHECKING:
+    from lancefn_jupyter.environments.cache import Environment, EnvironmentCache
+    from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.wire.models import FunctionSignature
 
 __all__ = ["MAX_WORKERS", "LocalRun", "LocalRunError", "gpu_available", "run_local"]
@@ -117,10 +127,68 @@ def _worker_env(simulated: bool, env: Mapping[str, str] | None) -> dict[str, str
 
 MAX_WORKERS = 2  # warm workers kept (each may hold a model, and on a GPU a CUDA context)
 
-# (simulated?, artifact filename, artifact digest): a worker holds one loaded version
-_Key = tuple[bool, str, str]
+# (simulated?, artifact filename, artifact digest, (environment request, GPU function?) or None): a worker holds one
+# loaded version, on the environment built for that request (it holds a lease, so the environment stays as built)
+_Key = tuple[bool, str, str, "tuple[EnvironmentRequest, bool] | None"]
 _lock = threading.Lock()  # one local run at a time; they share the warm workers
 _workers: collections.OrderedDict[_Key, WorkerProcess] = collections.OrderedDict()  # least recently used first
+_cache: EnvironmentCache | None = None  # made on the first run that names an environment
+
+
+def _environment_cache() -> EnvironmentCache:
+    """The kernel's environment cache: the embedded control plane's directory rule, the kernel's Python as base."""
+    global _cache
+    if _cache is None:
+        from lancefn_jupyter.environments.cache import EnvironmentCache, default_cache_dir
+
+        shared = hasattr(os, "geteuid") and os.geteuid() == 0
+        _cache = EnvironmentCache(default_cache_dir(shared), base_python=sys.executable, shared=shared)
+    return _cache
+
+
+def _environment(request: EnvironmentRequest | None, gpu: bool = False) -> Environment | None:
+    """The built environment the worker must start (built now if needed), or None: the kernel's own Python."""
+    if request is None:
+        return None
+    from lancefn_jupyter.environments.cache import EnvironmentFailure
+
+    cache = _environment_cache()
+    problem = cache.problem(request)
+    if problem is not None:
+        raise LocalRunError("environment", problem)
+    if not cache.needs_build(request):
+        return None
+    environment = cache.lookup(request, gpu=gpu)
+    if environment is not None:
+        return environment
+    started = time.monotonic()
+    # A first build takes seconds (uv resolves, downloads and installs): say so, then say when it is ready.
+    print(f"[lancefn] building the environment for .local(): {_describe(request)} …", file=sys.stderr)
+    try:
+        environment = cache.ensure(request, log=lambda lines: log.info("[env] %s", "\n".join(lines)), gpu=gpu)
+    except EnvironmentFailure as failure:
+        raise LocalRunError("environment", str(failure), logs=failure.lines) from None
+    if environment is not None:
+        print(f"[lancefn] environment ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return environment
+
+
+def _describe(request: EnvironmentRequest) -> str:
+    what = ", ".join(request.packages) if request.packages else "no packages"
+    return what + (f", Python {request.python_version}" if request.python_version else "")
+
+
+def _leased(request: EnvironmentRequest | None, gpu: bool) -> tuple[Environment | None, int | None]:
+    """The environment and a lease on it (a descriptor for the worker to inherit), built again if it was evicted
+    between the build and the lease."""
+    for _ in range(3):
+        environment = _environment(request, gpu)
+        if environment is None:
+            return None, None
+        fd = _environment_cache().lease(environment)
+        if fd is not None:
+            return environment, fd
+    raise LocalRunError("environment", "the environment was evicted from the cache as soon as it was built; try again")
 
 
 def _warm_worker(key: _Key, env: dict[str, str]) -> WorkerProcess:
@@ -131,9 +199,27 @@ def _warm_worker(key: _Key, env: dict[str, str]) -> WorkerProcess:
     if worker is None:
         while len(_workers) >= MAX_WORKERS:
             _workers.popitem(last=False)[1].stop()
-        worker = WorkerProcess(env)
+        request, gpu = key[3] or (None, False)
+        environment, lease = _leased(request, gpu)
+        try:
+            if environment is None:
+                worker = WorkerProcess(env)
+            else:
+                worker = WorkerProcess(env, python=environment.python, pass_fds=(lease,) if lease is not None else ())
+        finally:
+            if lease is not None:
+                os.close(lease)  # the worker holds its own copy for its life
     _workers[key] = worker
     return worker
+
+
+def _has_environment(request: EnvironmentRequest | None) -> bool:
+    """Whether ``request`` asks anything of the Python (packages, another Python than the kernel's, an image); else
+    the run needs no environment cache at all."""
+    if request is None:
+        return False
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return bool(request.packages or request.image or request.python_version not in (None, here))
 
 
 def _discard(key: _Key) -> None:
@@ -162,11 +248,15 @@ def run_local(
     signature: FunctionSignature | None = None,
     arrow_rows: Any = None,
     state: str = "per_worker",
+    environment: EnvironmentRequest | None = None,
+    gpu: bool = False,
 ) -> LocalRun:
     """Call ``entrypoint`` of ``artifact`` once per row in a local worker; see the module docstring.
 
     ``on_log(stream, lines)`` is called as the function prints, for live output in a notebook.
     ``state``: the version's ``runtime.state`` (``per_job`` executes the module for every call).
+    ``environment``: the version's environment request (built and used here; None: the kernel's Python); ``gpu``:
+    the version asks for GPUs (another Python's environment then gets the CUDA stack too).
     Raises :class:`LocalRunError` with the failure's phase, message and user-only traceback.
     """
     with tempfile.TemporaryDirectory(prefix="lancefn-local-") as scratch:
@@ -184,7 +274,8 @@ def run_local(
                 data["rows_file"] = rows_file
                 dataplane.write_ipc_file(rows_file, arrow_rows, durable=False)
         task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data, state=state)
-        return _run(task, env, mode, timeout_s, on_log)
+        wanted = (environment, gpu) if environment is not None and _has_environment(environment) else None
+        return _run(task, env, mode, timeout_s, on_log, wanted)
 
 
 def _run(
@@ -193,10 +284,11 @@ def _run(
     mode: Mode,
     timeout_s: float | None,
     on_log: Callable[[str, list[str]], None] | None,
+    environment: tuple[EnvironmentRequest, bool] | None = None,
 ) -> LocalRun:
     simulated = _use_simulator(mode)
     worker_env = _worker_env(simulated, env)
-    key = (simulated, task.filename, hashlib.sha256(task.artifact).hexdigest())
+    key = (simulated, task.filename, hashlib.sha256(task.artifact).hexdigest(), environment)
     logs: list[str] = []
     with _lock:
         try:

@@ -17,8 +17,9 @@ def get_executor(name: str, **opts: Any) -> Executor:
     ``local`` takes ``classes=`` (the loaded GPU class config), ``home=``, ``worker_user=``,
     ``max_idle_workers=``, ``max_idle_per_device_set=``, ``prewarm_delay_s=`` and ``environments=`` (the
     plane's ``EnvironmentCache``, "Environments");
-    ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``)
-    and ``home=`` (where that local Ray keeps its temp dir when the path is short enough).
+    ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``), ``home=`` (where
+    that local Ray keeps its temp dir when the path is short enough) and ``environments=`` (whose ``plan``
+    resolves a version's packages for Ray's ``uv``).
     Both take ``worker_max_rss_mb=`` (a worker or actor over it after a job is retired, "Warm state").
     Options an implementation does not take are dropped, so the CLI can pass everything it knows.
     """
@@ -45,5 +46,6 @@ def get_executor(name: str, **opts: Any) -> Executor:
             classes=opts.get("classes"),
             home=opts.get("home"),
             worker_max_rss_mb=opts.get("worker_max_rss_mb"),
+            environments=opts.get("environments"),
         )
     raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTOR_NAMES)}")

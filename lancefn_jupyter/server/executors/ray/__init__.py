@@ -13,9 +13,10 @@ Three processes take part::
   in its own session, so whatever local Ray processes it started are swept (by session id)
   when it ends, however it ends.
 * Each GPU job runs on an actor asking ``num_gpus`` GPUs plus as many units of the class resource
-  ``lancefn_gpu_class:<class>`` (operators label nodes / KubeRay worker groups with it), with
-  pip packages (by the rule in :func:`pip_requirements`) in its ``runtime_env``; the function's
-  ``env`` travels with the task.  Ray queues the actor until a node has room (an autoscaler can
+  ``lancefn_gpu_class:<class>`` (operators label nodes / KubeRay worker groups with it), with its
+  version's environment in its ``runtime_env`` (pip packages by the rule in :func:`pip_requirements`, resolved
+  over the control plane's packages, in ``uv``; an ``image`` in ``image_uri``: ``environment_runtime_env``); the
+  function's ``env`` travels with the task.  Ray queues the actor until a node has room (an autoscaler can
   add one); CPU jobs wait in the bridge for a CPU slot (:mod:`.pool`).  So the executor *owns
   queuing* (``owns_queue``): the core launches at once and the job stays PENDING until the task
   itself reports ``started`` from the node, with the node id and the GPU ids Ray gave it
@@ -46,13 +47,14 @@ at most that many CPU actors (``LANCEFN_RAY_CPU_ACTORS``).
 Modules, one per process: ``executor`` (``RayExecutor``, in the control plane), ``bridge`` (the
 Ray driver ``_Driver``), ``task`` (the task body, job actor and event hub, in Ray workers), ``pool`` (the CPU actor
 queue, in the bridge) and ``cluster`` (what they share about the cluster: class resources, the local cluster
-plan and its temp dir, the sweep of a bridge's processes, pip rules).
+plan and its temp dir, the sweep of a bridge's processes, pip rules and a version's runtime_env fields).
 """
 
 from lancefn_jupyter.server.executors.ray.cluster import (
     CLASS_RESOURCE_PREFIX,
     class_resource,
     default_temp_dir,
+    environment_runtime_env,
     local_cluster_plan,
     pip_requirements,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "RayExecutor",
     "class_resource",
     "default_temp_dir",
+    "environment_runtime_env",
     "local_cluster_plan",
     "pip_requirements",
 ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session, pip_requirements
+from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
 from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol
@@ -71,7 +71,6 @@ class _Driver:
         self.proto = proto
         self.local = config.get("local") is not None
         self.classes: list[str] = list(config.get("classes") or ())
-        self.pip_mode = config.get("pip_mode", "auto")
         self.lost_after_s = float(config.get("lost_after_s", 30.0))
         self.max_rss_mb = config.get("worker_max_rss_mb")
         self.jobs: dict[str, _BridgeJob] = {}
@@ -187,6 +186,7 @@ class _Driver:
                 "filename": artifact_filename(job["name"], job["version"]),
                 "packages": job.get("packages") or [],
                 "state": job.get("state") or "per_worker",
+                **({"python_version": job["python_version"]} if job.get("python_version") else {}),
             },
         }
         payload = {
@@ -321,9 +321,9 @@ class _Driver:
         runtime_env: dict[str, Any] = {}
         if job.get("simulated"):
             runtime_env["env_vars"] = {"NUMBA_ENABLE_CUDASIM": "1"}
-        pip = pip_requirements(job.get("packages") or (), self.pip_mode)
-        if pip:
-            runtime_env["pip"] = pip
+        # The version's environment: Ray's uv with the packages the control plane resolved, or an image
+        # (``environment_runtime_env``, decided in the control plane once per environment).
+        runtime_env.update(job.get("runtime_env") or {})
         return runtime_env
 
     def cancel(self, job_id: str) -> None:
@@ -666,7 +666,7 @@ def _failure_from_ray_error(error: BaseException, ray: Any) -> dict:
         return {
             "event": "failed",
             "phase": "environment",
-            "message": f"Ray could not set up the job's runtime_env (pip packages / env): {text[-1500:]}",
+            "message": f"Ray could not set up the job's runtime_env (uv packages / image / env): {text[-1500:]}",
         }
     if isinstance(error, exceptions.OutOfMemoryError):
         return {"event": "failed", "phase": "worker", "message": f"Ray killed the worker for lack of memory: {short}"}

@@ -1,16 +1,17 @@
 """The cluster as the Ray processes see it (the control plane, the bridge, the tasks): class resources, the
-local cluster plan, its temp dir, the sweep of a bridge's local Ray processes, and which pip packages a task
-installs."""
+local cluster plan, its temp dir, the sweep of a bridge's local Ray processes, which pip packages a task
+installs, and the ``runtime_env`` fields of a version's environment (docs/ARCHITECTURE.md, "Environments")."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
 
@@ -65,7 +66,7 @@ def default_temp_dir(home: str | os.PathLike[str] | None) -> str:
 
 
 def pip_requirements(packages: Sequence[str], mode: str = "auto") -> list[str]:
-    """Which declared packages go into a task's ``runtime_env["pip"]``.
+    """Which declared packages go to Ray (into ``runtime_env["uv"]``, resolved: :func:`environment_runtime_env`).
 
     ``auto`` (default): only PEP 508 requirements that are *not* satisfied in the control
     plane's own environment — the same check the worker makes.  A local Ray shares that
@@ -91,6 +92,56 @@ def pip_requirements(packages: Sequence[str], mode: str = "auto") -> list[str]:
 
     missing = {text for text, _ in missing_packages(pep508)}
     return [text for text in pep508 if text in missing]
+
+
+def needs_resolution(request: EnvironmentRequest | None, packages: Sequence[str], mode: str = "auto") -> bool:
+    """Whether :func:`environment_runtime_env` would call its ``plan``: pip packages go to Ray's ``uv`` and the
+    versions must be resolved over the control plane's packages first (``auto`` mode, no ``image``)."""
+    if request is not None and request.image:
+        return False
+    return mode == "auto" and bool(pip_requirements(_pip_packages(request, packages), mode))
+
+
+def environment_runtime_env(
+    request: EnvironmentRequest | None,
+    packages: Sequence[str],
+    mode: str = "auto",
+    *,
+    plan: Callable[[EnvironmentRequest], Sequence[str]],
+    uv_args: Callable[[], Sequence[str]] = list,
+) -> dict[str, Any]:
+    """The ``runtime_env`` fields of a version's environment on Ray (docs/ray.md, "Packages and environment").
+
+    * ``image`` → ``{"image_uri": image}`` alone: Ray refuses ``image_uri`` beside ``pip``/``uv``, so the image
+      must hold the declared packages (the worker's check in the task names missing ones).
+    * pip packages the control plane lacks (``LANCEFN_RAY_PIP`` ``auto``) → ``{"uv": {"packages": plan,
+      "uv_pip_install_options": ["--no-deps", *uv_args]}}``: ``plan`` is the layering rule's pinned set over the
+      control plane's packages (``EnvironmentCache.plan``), and ``--no-deps`` makes Ray's uv install exactly it.
+      ``always``: every declared requirement, resolved by Ray's uv on the node (its image, not ours, is the base).
+      ``never``: nothing.
+    * conda specs: nothing (never installed per task).
+
+    ``plan`` may raise (a resolution error): the caller fails the job in phase ``environment`` with it."""
+    if request is not None and request.image:
+        return {"image_uri": request.image}
+    pip = pip_requirements(_pip_packages(request, packages), mode)
+    if not pip:
+        return {}
+    if mode == "always":
+        return {"uv": {"packages": list(pip), "uv_pip_install_options": list(uv_args())}}
+    from lancefn_jupyter.environments.request import EnvironmentRequest
+
+    if request is None:
+        request = EnvironmentRequest(packages=tuple(packages))
+    pinned = list(plan(request))
+    if not pinned:  # the resolution kept the control plane's versions after all
+        return {}
+    return {"uv": {"packages": pinned, "uv_pip_install_options": ["--no-deps", *uv_args()]}}
+
+
+def _pip_packages(request: EnvironmentRequest | None, packages: Sequence[str]) -> Sequence[str]:
+    """The declared pip requirements: the request's (none for a conda environment), else ``packages``."""
+    return request.pip if request is not None else packages
 
 
 def _session_pids(sid: int) -> list[int]:

@@ -19,13 +19,17 @@ from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, T
 from lancefn_jupyter.server.executors.ray.cluster import (
     class_resource,
     default_temp_dir,
+    environment_runtime_env,
     kill_session,
     local_cluster_plan,
+    needs_resolution,
 )
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.worker.protocol import TEARDOWN_S
 
 if TYPE_CHECKING:
+    from lancefn_jupyter.environments.cache import EnvironmentCache
+    from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
 log = logging.getLogger("lancefn.server")
@@ -64,13 +68,16 @@ class _Outbox:
         with self._send_lock:
             self._put(data)
 
-    def launch(self, task: TaskSpec) -> None:
-        """Send a job; its version's artifact only if this bridge does not hold it already.
+    def launch(self, task: TaskSpec, runtime_env: Mapping[str, Any] | None = None) -> None:
+        """Send a job (with its environment's ``runtime_env`` fields); its version's artifact only if this bridge
+        does not hold it already.
 
         The bridge keeps the artifacts of the versions launched last (``_BRIDGE_ARTIFACTS``,
         ``_BRIDGE_ARTIFACT_BYTES``), and drops one when told to: decided here under the send lock,
         so the bridge sees launches and ``forget`` messages in the order this mirror changed."""
         job = _job_payload(task)
+        if runtime_env:
+            job["runtime_env"] = dict(runtime_env)
         key = (task.name, task.version, task.namespace or "")
         with self._send_lock:
             if key in self._artifacts:
@@ -232,7 +239,11 @@ class RayExecutor(Executor):
         start_timeout_s: float = 180.0,
         stop_grace_s: float = TEARDOWN_S + 5.0,  # idle actors' teardown runs during the driver's shutdown
         worker_max_rss_mb: float | None = None,
+        environments: EnvironmentCache | None = None,
     ) -> None:
+        """``environments``: the control plane's environment cache, whose ``plan`` resolves a version's packages
+        over the control plane's own for Ray's ``uv`` (default: one on ``default_cache_dir``, made when first
+        needed)."""
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:  # say so at startup, not at the first job
@@ -269,6 +280,11 @@ class RayExecutor(Executor):
             self._capacity = {spec.name: int(plan.get(class_resource(spec.name), 0)) for spec in classes.classes}
         self._closed = threading.Event()
         self._supervisor: threading.Thread | None = None
+        self._environments = environments
+        # A version environment's runtime_env fields (docs/ARCHITECTURE.md, "Environments"), by what decides them;
+        # resolved once (``uv pip compile`` on a thread), never evicted (a few small dicts per environment).
+        self._env_fields: dict[tuple, dict[str, Any]] = {}
+        self._resolving: dict[tuple, list[TaskSpec]] = {}  # jobs waiting for their environment's resolution
 
     @property
     def where(self) -> str:
@@ -293,19 +309,115 @@ class RayExecutor(Executor):
         self._supervisor.start()
 
     def launch(self, task: TaskSpec) -> None:
+        key = _environment_key(task)
         with self._lock:
             if self._closed.is_set():
                 raise _BridgeDown("the Ray executor is shutting down")
+            if key is not None and key not in self._env_fields:
+                if not needs_resolution(task.environment, task.packages, self._pip_mode):
+                    self._env_fields[key] = self._runtime_fields(task)  # no resolution: quick, no I/O
+                else:  # first job of this environment: resolve its packages off the core's lock
+                    waiting = self._resolving.setdefault(key, [])
+                    waiting.append(task)
+                    if len(waiting) == 1:
+                        threading.Thread(
+                            target=self._resolve, args=(key, task), name="lancefn-ray-env", daemon=True
+                        ).start()
+                    return
+        self._send(task)
+
+    def _send(self, task: TaskSpec) -> None:
+        """To the bridge, or into the buffer while it starts (its environment's fields are known by now)."""
+        with self._lock:
             if self._state != "up" or self._bridge is None:
                 self._buffer.append(task)
                 return
             self._inflight[task.job_id] = task
             bridge = self._bridge
-        bridge.outbox.launch(task)
+        bridge.outbox.launch(task, self._fields_of(task))
+
+    def _fields_of(self, task: TaskSpec) -> dict[str, Any]:
+        key = _environment_key(task)
+        return self._env_fields.get(key, {}) if key is not None else {}
+
+    def _runtime_fields(self, task: TaskSpec) -> dict[str, Any]:
+        """The job's environment as ``runtime_env`` fields; may run ``uv pip compile`` (raises its failure)."""
+        return environment_runtime_env(
+            task.environment,
+            task.packages,
+            self._pip_mode,
+            plan=lambda request: self._cache().plan(request),
+            uv_args=lambda: self._cache().uv_args(),
+        )
+
+    def _cache(self) -> EnvironmentCache:
+        if self._environments is None:
+            from lancefn_jupyter.environments.cache import EnvironmentCache, default_cache_dir
+
+            shared = hasattr(os, "geteuid") and os.geteuid() == 0
+            self._environments = EnvironmentCache(default_cache_dir(shared), shared=shared)
+        return self._environments
+
+    def _resolve(self, key: tuple, first: TaskSpec) -> None:
+        """Resolve an environment's packages for Ray's ``uv``, then launch the jobs that waited for it; a failure
+        fails them in phase ``environment`` with uv's message (the next job of the environment tries again)."""
+        from lancefn_jupyter.wire.models import JobFailure
+
+        request = first.environment
+        described = request.describe() if request is not None else f"{len(first.packages)} packages"
+        try:
+            fields: dict[str, Any] | None = self._runtime_fields(first)
+            failure = None
+        except Exception as error:
+            fields, failure = None, _resolution_failure(error)
+        with self._lock:
+            waiting = self._resolving.pop(key, [])
+            if fields is not None:
+                self._env_fields[key] = fields
+        uv = (fields or {}).get("uv")
+        for task in waiting:
+            if failure is not None:
+                self._callbacks.task_log(task.job_id, "system", [f"[env] {line}" for line in failure.splitlines()])
+                self._callbacks.task_failed(task.job_id, JobFailure(phase="environment", message=failure))
+                continue
+            if uv:
+                line = f"[env] Ray's uv installs {', '.join(uv['packages'])} over the control plane's packages"
+            else:
+                line = f"[env] {described}: the control plane's packages satisfy them; nothing to install"
+            self._callbacks.task_log(task.job_id, "system", [line])
+            try:
+                self._send(task)
+            except Exception:  # e.g. shutting down: the core fails what it holds
+                log.exception("ray executor: could not launch job %s", task.job_id)
+
+    def environment_problem(self, request: EnvironmentRequest) -> str | None:
+        """Ray workers run the cluster's Python, and Ray installs no conda packages: without an ``image`` a
+        ``python_version`` other than the control plane's, or conda packages it lacks, cannot be honoured."""
+        if request.image:
+            return None  # the image decides; the worker checks python_version and packages in it
+        here = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if request.python_version and request.python_version != here:
+            return (
+                f"python_version={request.python_version} cannot be honoured on Ray without an image: Ray workers run "
+                f"the cluster's Python ({here}, the control plane's); give image= with Python "
+                f"{request.python_version}, or drop python_version"
+            )
+        if request.conda:
+            from lancefn_jupyter.worker.runner import missing_packages
+
+            missing = [text for text, _ in missing_packages(request.conda)]
+            if missing:
+                return (
+                    f"conda packages {', '.join(missing)} are not installed here, and Ray installs no conda packages: "
+                    "install them in the control plane's environment and the cluster's image, or use pip="
+                )
+        return None
 
     def cancel(self, job_id: str) -> None:
         with self._lock:
             self._buffer = [task for task in self._buffer if task.job_id != job_id]
+            for waiting in self._resolving.values():
+                waiting[:] = [task for task in waiting if task.job_id != job_id]
             task = self._forget(job_id)
             bridge = self._bridge if self._state == "up" else None
         if task is not None and bridge is not None:
@@ -336,7 +448,8 @@ class RayExecutor(Executor):
     def _scrub(self, text: str) -> str:
         """``text`` without the env values of any job Ray holds, is about to get or just ended."""
         with self._lock:
-            envs = [task.env for task in (*self._buffer, *self._inflight.values()) if task.env]
+            resolving = [task for waiting in self._resolving.values() for task in waiting]
+            envs = [task.env for task in (*self._buffer, *self._inflight.values(), *resolving) if task.env]
             envs += self._recent_envs
         return redact_env(text, envs) if envs else text
 
@@ -430,7 +543,7 @@ class RayExecutor(Executor):
             for task in buffered:
                 self._inflight[task.job_id] = task
         for task in buffered:
-            bridge.outbox.launch(task)
+            bridge.outbox.launch(task, self._fields_of(task))
         lost = None
         for event in events:
             if event.get("event") == "lost":
@@ -511,6 +624,22 @@ def _line(message: dict) -> bytes:
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
 
 
+def _environment_key(task: TaskSpec) -> tuple | None:
+    """What decides a job's ``runtime_env`` environment fields; None: nothing (no packages, no image)."""
+    request = task.environment
+    if request is None:
+        return ("packages", task.packages) if task.packages else None
+    if not (request.packages or request.image):
+        return None
+    return (request.kind, request.packages, request.image)
+
+
+def _resolution_failure(error: BaseException) -> str:
+    """The phase-``environment`` message of a failed resolution (uv's own lines are in the error's text)."""
+    text = str(error).strip() or type(error).__name__
+    return f"could not resolve the environment's packages for Ray's uv: {text}"[:4000]
+
+
 def _job_payload(task: TaskSpec) -> dict:
     return {
         "job_id": task.job_id,
@@ -527,4 +656,5 @@ def _job_payload(task: TaskSpec) -> dict:
         "namespace": task.namespace,
         "data": dict(task.data),
         "state": task.state,
+        "python_version": task.environment.python_version if task.environment is not None else None,
     }
