@@ -61,6 +61,7 @@ class _Plan:
     problem: str | None = None
     key: str | None = None
     gpu: bool = False  # a GPU function: an environment of another Python gets the GPU stack (numba-cuda)
+    transient: bool = False  # the decision failed on an error of ours: ask again for the next version
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class EnvironmentStage:
         self.fail: Callable[[JobRecord, JobFailure], None] = lambda rec, failure: None
         self._plans: OrderedDict[_Owner, _Plan] = OrderedDict()
         self._plans_lock = threading.Lock()
+        self._by_request: dict[tuple[EnvironmentRequest, bool], _Plan] = {}  # oldest first
         self._builds: dict[str, _Build] = {}  # key → the build under way
         self._waiting: dict[str, _Build] = {}  # job id → the build it waits for
         self._held: dict[str, Environment] = {}  # job id → the environment it runs in (leased)
@@ -143,6 +145,8 @@ class EnvironmentStage:
         return plan
 
     def _decide(self, owner: _Owner) -> _Plan:
+        """A version's plan: from its definition, and decided once per (request, gpu): versions of the same
+        environment (a notebook's edits) share the decision, so a new one costs no cache work."""
         namespace, name, version = owner
         row = self.store.get_version(name, version, namespace)
         if row is None:  # the launch says so; nothing to prepare
@@ -152,20 +156,38 @@ class EnvironmentStage:
         if not runtime.get("environment") and not runtime.get("python_version"):
             return _Plan(None)
         request = EnvironmentRequest.from_runtime(runtime, definition.get("environment_digest") or "")
+        gpu = bool((runtime.get("resources") or {}).get("num_gpus"))
+        with self._plans_lock:
+            known = self._by_request.get((request, gpu))
+        if known is not None:
+            return known
+        plan = self._decide_request(request, gpu, f"{name}@{version}")
+        if plan.transient:
+            return plan
+        with self._plans_lock:
+            self._by_request[(request, gpu)] = plan
+            while len(self._by_request) > _PLANS_KEPT:
+                self._by_request.pop(next(iter(self._by_request)))
+        return plan
+
+    def _decide_request(self, request: EnvironmentRequest, gpu: bool, what: str) -> _Plan:
         problem = self.problem(request)
         if problem:
             return _Plan(request, problem=problem)
         executor, cache = self.table.executor, self.cache
         if cache is None or executor is None or not executor.builds_environments:
             return _Plan(request)
-        gpu = bool((runtime.get("resources") or {}).get("num_gpus"))
         try:
             if not cache.needs_build(request):
                 return _Plan(request)
             return _Plan(request, key=cache.key(request, gpu=gpu), gpu=gpu)
         except Exception as error:
-            log.exception("deciding the environment of %s@%s failed", name, version)
-            return _Plan(request, problem=f"the control plane could not prepare this version's environment: {error}")
+            log.exception("deciding the environment of %s failed", what)
+            return _Plan(
+                request,
+                problem=f"the control plane could not prepare this version's environment: {error}",
+                transient=True,
+            )
 
     def admission(self, rec: JobRecord) -> Admission:
         """What to do with a job of ``rec``'s version now (call without the table's lock: it may read the cache).

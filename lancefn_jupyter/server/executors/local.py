@@ -105,7 +105,9 @@ def _worker_env(key: _Key, user: WorkerUser | None = None, *, spare: bool = Fals
     if spare:
         # A spare does the heavy imports a GPU function needs while it waits (CPU: numpy only, so a
         # CPU function never pays for numba). A worker started for a task imports what it uses.
-        env[PRELOAD_ENV] = "numpy,numba" if devices else "numpy"
+        # The packages check of a version that declares some (worker/runner.py) imports these (~70 ms).
+        checks = "packaging.requirements,importlib.metadata"
+        env[PRELOAD_ENV] = f"numpy,numba,{checks}" if devices else f"numpy,{checks}"
     if simulated:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -368,7 +370,8 @@ class LocalExecutor(Executor):
                 task.entrypoint,
                 artifact_filename(task.name, task.version),
                 task.rows,
-                task.packages,
+                # A built environment's build checked them in its interpreter (environments/build.py).
+                task.packages if task.venv is None else (),
                 env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
                 data=task.data,
                 state=task.state,
