@@ -1,7 +1,8 @@
 """What many test modules share: polling with a deadline, file-gated "hold" functions, the REST
 calls the job tests make against a real control plane, API-key files, an IPython shell with the
 extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture),
-hypothesis settings for fuzzing, and the packaging tests' cell helpers (and one numba CUDA cell).
+hypothesis settings for fuzzing, the packaging tests' cell helpers (and one numba CUDA cell), and which small
+packages this Python lacks (the environment tests install them).
 
 Test modules in different folders share through here, never by importing each other (a test
 folder is on ``sys.path`` only while pytest collects it).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -27,6 +29,7 @@ from typing import Any, TypeVar
 
 import httpx
 import psutil
+import pytest
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 from lancefn_jupyter.packaging import PackagedFunction, package_cell
@@ -104,6 +107,26 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float = DEADLINE_
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(interval)
     return value
+
+
+#: Small pure-Python packages whose module is named as the distribution: the environment tests declare the ones
+#: this Python lacks (checked at run time, never assumed).
+SMALL_PACKAGES = ("humanize", "tabulate", "toolz", "termcolor", "inflection", "pyfiglet")
+
+
+def absent_packages(count: int = 1) -> list[str]:
+    """``count`` of ``SMALL_PACKAGES`` this Python does not have (the test is skipped when it has too many)."""
+    found = []
+    for name in SMALL_PACKAGES:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found.append(name)
+    if len(found) < count:
+        pytest.skip(
+            f"needs {count} of {SMALL_PACKAGES} absent from this Python; absent: {found}", allow_module_level=True
+        )
+    return found[:count]
 
 
 def text_body(name: str, source: str, *, entrypoint: str | None = None, arg: str = "path", **options: Any) -> dict:

@@ -4,27 +4,14 @@ pip=<a package the kernel lacks>`` cells executed by nbclient against a real con
 
 from __future__ import annotations
 
-import importlib.metadata
-
-import pytest
+from helpers import absent_packages
 from test_warm_state_notebooks import report, run_notebook
-
-CANDIDATES = ("termcolor", "inflection", "pyfiglet", "humanize", "tabulate", "toolz")
-
-
-def _absent() -> str:
-    for name in CANDIDATES:
-        try:
-            importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return name
-    pytest.skip(f"the kernel has all of {CANDIDATES}")
 
 
 def test_a_declared_package_is_there_for_jobs_and_local_and_another_python_warns_under_the_cell(
     control_plane, tmp_path
 ):
-    package = _absent()
+    (package,) = absent_packages(1)
     out = run_notebook(
         control_plane,
         tmp_path,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import remove_tree
+from helpers import absent_packages
 from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
@@ -29,20 +30,6 @@ from lancefn_jupyter.environments.cache import EnvironmentCache, EnvironmentFail
 from lancefn_jupyter.environments.request import EnvironmentRequest
 
 BASE_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
-CANDIDATES = ("tabulate", "humanize", "toolz", "termcolor", "pyfiglet")
-
-
-def _absent(names):
-    found = []
-    for name in names:
-        try:
-            metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found.append(name)
-    return found
-
-
-ABSENT = _absent(CANDIDATES)
 
 
 def _base_version(name):
@@ -53,9 +40,7 @@ def _base_version(name):
 
 
 def _need(count):
-    if len(ABSENT) < count:
-        pytest.skip(f"needs {count} of {CANDIDATES} absent from the base; absent: {ABSENT}")
-    return ABSENT[:count]
+    return absent_packages(count)
 
 
 @pytest.fixture

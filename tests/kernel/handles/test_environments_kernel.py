@@ -5,12 +5,11 @@ honour with ``LocalRunError`` phase ``environment``."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 import warnings
 
 import pytest
-from helpers import kernel_shell
+from helpers import absent_packages, kernel_shell
 from IPython.utils.capture import capture_output
 
 from lancefn_jupyter import LancefnEnvironmentWarning, api
@@ -25,18 +24,6 @@ CELL = """\
 def shout(text: str) -> str:
     return text.upper()
 """
-#: Small pure-Python packages the kernel lacks (checked at run time): ``.local()`` of a version declaring one needs
-#: an environment of its own.
-CANDIDATES = ("humanize", "tabulate", "toolz", "termcolor", "inflection", "pyfiglet")
-
-
-def _absent() -> str:
-    for name in CANDIDATES:
-        try:
-            importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return name
-    pytest.skip(f"the kernel has all of {CANDIDATES}")
 
 
 @pytest.fixture
@@ -113,7 +100,7 @@ def uses(name: str) -> str:
 
 
 def test_local_builds_the_versions_environment_and_the_worker_imports_the_package_the_kernel_lacks():
-    package = _absent()
+    package = absent_packages(1)[0]
     request = EnvironmentRequest(packages=(package,), python_version=HERE)
     run = run_local(USES, "uses", FILENAME, [{"name": package}], mode="simulator", environment=request)
     version, path, python = run.results[0].split(" ")
@@ -140,7 +127,7 @@ def test_local_of_a_package_that_does_not_exist_fails_in_phase_environment_namin
 
 
 def test_gpu_function_local_uses_the_declared_package(ip):
-    package = _absent()
+    package = absent_packages(1)[0]
     cell = f"def uses_it(x: int) -> str:\n    import {package}\n    return {package}.__name__ + str(x)\n"
     with capture_output():
         ip.run_cell_magic("gpu_function", f"num_gpus=1 pip={package}", cell)

@@ -8,13 +8,13 @@ The unit tests build runtime_env fields and drive an unstarted executor; the ``r
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 import threading
 import time
 
 import pytest
 from conftest import register, registration_body
+from helpers import absent_packages
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.server.executors.base import TaskSpec
@@ -223,20 +223,6 @@ def test_ray_refuses_another_python_without_an_image_and_conda_packages_it_lacks
 
 # ------------------------------------------------------------------------------ on a real local Ray
 
-#: Small pure-Python packages the test environment lacks (checked below): one per test, so each is a new env.
-CANDIDATES = ("humanize", "tabulate", "toolz", "termcolor", "inflection", "pyfiglet")
-
-
-def _absent_packages() -> list[str]:
-    found = []
-    for name in CANDIDATES:
-        try:
-            importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found.append(name)
-    return found
-
-
 USES_PACKAGE = """
 import importlib
 import importlib.metadata
@@ -290,10 +276,7 @@ def _run(http, name: str, packages: tuple[str, ...], arg: str, timeout: float = 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_a_package_the_control_plane_lacks_is_installed_by_rays_uv_and_the_job_imports_it(ray_uv_cp):
-    absent = _absent_packages()
-    if not absent:
-        pytest.skip(f"the test environment has all of {CANDIDATES}")
-    package = absent[0]
+    (package,) = absent_packages(1)
     with ray_uv_cp.http() as http:
         job, lines = _run(http, "uses_pkg", (package,), package)
     assert job["job_state"] == "DONE", job
