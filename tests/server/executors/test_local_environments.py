@@ -66,7 +66,14 @@ def write(where: str) -> str:
 PKG_A, PKG_B, PKG_C, PKG_D = absent_packages(4)  # the module is skipped if this Python has too many of them
 
 
-SIX = "1.16.0" if importlib.metadata.version("six") != "1.16.0" else "1.15.0"  # not the base's six
+def _base_six() -> str | None:
+    try:
+        return importlib.metadata.version("six")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+SIX = "1.15.0" if _base_six() == "1.16.0" else "1.16.0"  # never the base's six
 
 
 def body(
