@@ -237,9 +237,13 @@ def test_04_profiles_and_remote(run_tutorial):
     assert "hello, notebook! (API_TOKEN is set)" in nb.text("check-env-job")
     assert "tutorial-not-a-secret" not in nb.all_outputs()
 
+    # pip= packages are built for the version (uv, layered over the control plane's packages).
+    built = nb.text("check-built")
+    assert "x²" in built and "waited for the environment:" in built, built
+    assert [line.split() for line in built.splitlines()[2:5]] == [["1", "1"], ["2", "4"], ["3", "9"]], built
     environment = nb.text("check-environment")
     assert "failed in phase: environment" in environment
-    assert "cudf-cu12 (not installed)" in environment
+    assert "lancefn-tutorial-no-such-package" in environment and "uv could not build" in environment, environment
 
     runtime = json.loads(nb.text("check-conda").strip())
     assert runtime["environment"] == {

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import importlib.metadata
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,9 +29,6 @@ from pathlib import Path
 import pytest
 from conftest import register, registration_body, remove_tree
 from helpers import absent_packages, describe, submit, wait_done, wait_until
-
-from lancefn_jupyter.environments.cache import EnvironmentCache
-from lancefn_jupyter.environments.request import EnvironmentRequest
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"  # the base's: environments layer over it
 
@@ -123,10 +121,18 @@ def environments(cache: Path) -> set[str]:
 
 
 def key_of(cache: Path, packages: tuple[str, ...], gpu: bool = True) -> str:
-    """The key the server computes: same base Python, same pip settings."""
-    return EnvironmentCache(cache, shared=True).key(
-        EnvironmentRequest(packages=packages, python_version=PYTHON), gpu=gpu
+    """The key the server computes: same base Python, same pip settings — computed in a fresh process as the
+    server's is (this one's ``sys.path`` holds what earlier tests added, which may change the base's packages)."""
+    code = (
+        "import sys\n"
+        "from lancefn_jupyter.environments.cache import EnvironmentCache\n"
+        "from lancefn_jupyter.environments.request import EnvironmentRequest\n"
+        f"request = EnvironmentRequest(packages={packages!r}, python_version={PYTHON!r})\n"
+        f"print(EnvironmentCache({str(cache)!r}, shared=True).key(request, gpu={gpu!r}))\n"
     )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 @contextlib.contextmanager
