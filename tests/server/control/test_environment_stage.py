@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import registration_body
+from test_plane_warm_state import wire
 
 from lancefn_jupyter.environments.cache import Environment, EnvironmentFailure
 from lancefn_jupyter.environments.request import EnvironmentRequest
@@ -20,7 +21,6 @@ from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.server.plane import ControlPlane
 from lancefn_jupyter.server.policy.gpu_classes import simulated_default
 from lancefn_jupyter.server.storage.store import Store
-from lancefn_jupyter.wire.models import Job
 
 
 class Recording(Executor):
@@ -136,14 +136,6 @@ def version_with(plane: ControlPlane, name: str = "double", packages: tuple[str,
     assert rec is not None and rec.state == "DONE"
     plane.last_warnings = warnings  # type: ignore[attr-defined]
     return rec.result["version"]
-
-
-def wire(plane: ControlPlane, job_id: str) -> dict:
-    rec = plane.jobs.record(job_id)
-    assert rec is not None
-    data = plane.reports.job_wire(rec)
-    Job.from_wire(data)
-    return data
 
 
 def logs(plane: ControlPlane, job_id: str) -> list[str]:
