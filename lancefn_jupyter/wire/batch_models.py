@@ -8,7 +8,7 @@ from pydantic import Field
 
 from lancefn_jupyter.wire.models import JobState, WireModel, display_state
 
-__all__ = ["STRIP_STATES", "Batch", "BatchChunk", "BatchFailure"]
+__all__ = ["STRIP_STATES", "BackfillError", "Batch", "BatchBackfill", "BatchChunk", "BatchFailure"]
 
 # The `strip` letters (one per chunk, in input order) and the state each stands for.
 STRIP_STATES = {
@@ -44,6 +44,37 @@ class BatchChunk(WireModel):
     failure: dict[str, Any] | None = None
 
 
+class BatchBackfill(WireModel):
+    """What a backfill batch writes and how far it got (docs/ARCHITECTURE.md, "Backfills")."""
+
+    table_uri: str
+    table_version: int  # the table version the rows were chosen from
+    into: str
+    version_column: str  # the sidecar column holding each row's producing function version
+    columns: dict[str, str] = Field(default_factory=dict)  # parameter → table column
+    where: str | None = None
+    recompute: str = "missing"  # "missing" | "stale" | "all"
+    on_error: str = "fail"  # "fail" | "skip"
+    max_skip_fraction: float = 0.01
+    rows_skipped: int = 0
+    rows_written: int = 0  # rows committed to the table
+    fragments_total: int = 0
+    fragments_committed: int = 0
+    commit_failure: str | None = None  # why a commit failed for good (the batch is then FAILED)
+
+
+class BackfillError(WireModel):
+    """One row a backfill skipped (``on_error="skip"``): its row id, why, and which version ran it."""
+
+    row_id: int  # the row's address: fragment << 32 | offset
+    fragment: int
+    offset: int
+    message: str
+    traceback: str | None = None
+    version: str
+    chunk: int
+
+
 class Batch(WireModel):
     """A batch as the server reports it; `chunks` only in describe/wait replies."""
 
@@ -69,3 +100,4 @@ class Batch(WireModel):
     namespace: str | None = None
     failure: BatchFailure | None = None
     chunks: tuple[BatchChunk, ...] | None = None
+    backfill: BatchBackfill | None = None  # set when the batch is a backfill of a table column

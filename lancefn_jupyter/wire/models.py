@@ -385,6 +385,9 @@ class FunctionParameter(WireModel):
     arrow_type: _Text
     nullable: StrictBool
     default: StrictStr | None = None
+    # A batched function's parameter: how the chunk's values arrive ("list", "ndarray", "arrow",
+    # "record_batch"; docs/ARCHITECTURE.md, "Batched functions"). Absent for per-row functions (ids unchanged).
+    form: StrictStr | None = None
 
 
 class FunctionOutput(WireModel):
@@ -393,6 +396,8 @@ class FunctionOutput(WireModel):
     kind: _Text
     arrow_type: _Text | None = None
     nullable: StrictBool | None = None
+    # A batched function's return: "list", "ndarray" (axis 0 the rows) or "arrow" ("Batched functions").
+    form: StrictStr | None = None
 
     @model_validator(mode="after")
     def _scalar_needs_type(self):
@@ -409,6 +414,9 @@ class FunctionSignature(WireModel):
 
     inputs: tuple[FunctionParameter, ...]
     output: FunctionOutput
+    # True: the entry is called once per chunk with every row's values (docs/ARCHITECTURE.md, "Batched
+    # functions"); arrow_type stays the type of one row's value. False (omitted): once per row.
+    batched: StrictBool = False
 
     @field_validator("inputs")
     @classmethod

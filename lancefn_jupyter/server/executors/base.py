@@ -68,6 +68,10 @@ class TaskSpec:
     # The environment the plane built for it (``builds_environments`` executors): its workers start
     # ``venv.python``; None: the control plane's own interpreter.
     venv: Environment | None = None
+    # A backfill chunk's rows are a slice of a Lance table instead of ``rows`` / ``rows_file``
+    # (docs/ARCHITECTURE.md, "Backfills": uri, table_version, fragment, ranges, columns); the local
+    # executor reads it into a rows file off the job table's lock, a Ray task reads it in the Ray worker.
+    table_slice: Mapping[str, object] | None = None
 
     @property
     def rows_total(self) -> int:
