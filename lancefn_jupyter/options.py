@@ -13,8 +13,9 @@ profile's value, with two refinements a notebook user expects: ``env`` merges pe
 profile's whole package set (``pip``, ``conda`` and its ``conda_channels``), because pip
 and conda environments are exclusive and mixing them would be an error the user never wrote.
 
-``image``, ``timeout_s`` (default job timeout in seconds) and ``state`` (``per_worker`` or
-``per_job``: how long the module's state lives, "Warm state") are part of a compute profile too.
+``image``, ``timeout_s`` (default job timeout in seconds), ``state`` (``per_worker`` or
+``per_job``: how long the module's state lives, "Warm state") and ``batched`` (the entry takes a chunk's
+rows in one call, "Batched functions") are part of a compute profile too.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ _EXAMPLES = {
     "timeout_s": "timeout_s=600",
     "state": "state=per_job",
     "include": "include=mylib.py",
+    "batched": "batched=yes",
 }
 _FUNCTION_KEYS = tuple(_EXAMPLES)
 _PER_FUNCTION_KEYS = ("name", "profile", "register", "include")
@@ -199,6 +201,12 @@ def _check_register(value: Any) -> bool:
     return value
 
 
+def _check_batched(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail("batched", f"must be True or False (got {value!r})", "write batched=True (batched=yes in a magic)")
+    return value
+
+
 _CHECKS = {
     "num_gpus": _check_num_gpus,
     "gpu_class": lambda value: _check_name("gpu_class", value),
@@ -214,6 +222,7 @@ _CHECKS = {
     "timeout_s": _check_timeout,
     "state": _check_state,
     "include": _check_include,
+    "batched": _check_batched,
 }
 
 
@@ -252,6 +261,7 @@ class ComputeProfile:
     image: str | None = None
     timeout_s: float | None = None
     state: State | None = None
+    batched: bool | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -288,6 +298,8 @@ class FunctionOptions:
     state: State = "per_worker"
     # Files / packages next to the notebook to ship besides the ones the cell imports (local_modules.py).
     include: tuple[str, ...] = ()
+    # The entry takes every row of a chunk in one call (docs/ARCHITECTURE.md, "Batched functions").
+    batched: bool = False
 
     def __post_init__(self) -> None:
         _normalize(self, _FUNCTION_KEYS)
@@ -375,9 +387,9 @@ def _from_text(key: str, values: list[str]) -> Any:
         if not _DIGITS.fullmatch(text) or len(text) > 10:  # more digits than any uint32
             raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {text!r})")
         return int(text)
-    if key == "register":
+    if key in ("register", "batched"):
         if text.lower() not in _BOOLEANS:
-            raise _fail("register", f"must be yes or no (got {text!r})")
+            raise _fail(key, f"must be yes or no (got {text!r})")
         return _BOOLEANS[text.lower()]
     if key == "timeout_s":
         try:

@@ -293,11 +293,13 @@ def function_card(
     note: str = "",
     entry: str = "",
     left_out: str = "",
+    batched: bool = False,
 ) -> tuple[str, str]:
     """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware.
 
     `entry` describes a class entry (``class Scaler: setup once per worker``); `left_out` names the cell's
     statements the artifact leaves out (docs/ARCHITECTURE.md, "Function versions"), so none is lost unseen.
+    `batched`: the entry takes a chunk's rows in one call (docs/ARCHITECTURE.md, "Batched functions").
     """
     hw = "unknown class"
     if hardware is not None:
@@ -312,6 +314,8 @@ def function_card(
         ("environment", environment),
         ("hardware", hw),
     ]
+    if batched:
+        fields.insert(0, ("calls", "batched: one call per chunk of rows"))
     if entry:
         fields.insert(0, ("entry", entry))
     remarks = [f"left out: {left_out}"] if left_out else []

@@ -125,6 +125,7 @@ def start_batch(
     version = registered_version(function)
     client = current_client()
     slots = _slots(function, client, window) if chunk_size is None else 1
+    batched = function.signature.batched  # one call per chunk: chunks of at most BATCHED_CHUNK_ROWS
     table = None
     if column is not None:
         (param,) = function.signature.inputs
@@ -133,9 +134,9 @@ def start_batch(
         if table is None:
             items = column.to_pylist()
     if table is not None:
-        parts = chunking.Split("list", (), chunking.cut(table.num_rows, chunk_size, slots=slots))
+        parts = chunking.Split("list", (), chunking.cut(table.num_rows, chunk_size, slots=slots, batched=batched))
     else:
-        parts = chunking.split(items, chunk_size, slots=slots)
+        parts = chunking.split(items, chunk_size, slots=slots, batched=batched)
     reply = _create(
         function,
         version,

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Split", "auto_chunk_size", "cut", "input_kind", "split", "stack"]
+__all__ = ["BATCHED_CHUNK_ROWS", "Split", "auto_chunk_size", "cut", "input_kind", "split", "stack"]
 
 # "auto" cuts the input into this many chunks per parallel slot, so a slow chunk does not leave
 # the other GPUs idle at the end (and a failure re-runs a small share).
@@ -51,12 +51,19 @@ def input_kind(items: Any) -> str:
     return "list"
 
 
-def auto_chunk_size(rows: int, slots: int) -> int:
-    return max(1, math.ceil(rows / max(1, slots * CHUNKS_PER_SLOT)))
+# A batched function's default chunk: this many rows per call (docs/ARCHITECTURE.md, "Batched functions").
+BATCHED_CHUNK_ROWS = 1024
 
 
-def split(items: Any, chunk_size: int | None, *, slots: int = 1) -> Split:
-    """Cut ``items`` into chunks of ``chunk_size`` rows (``None``: about CHUNKS_PER_SLOT per slot)."""
+def auto_chunk_size(rows: int, slots: int, *, batched: bool = False) -> int:
+    """About CHUNKS_PER_SLOT chunks per slot; a batched function's chunks at most BATCHED_CHUNK_ROWS."""
+    size = max(1, math.ceil(rows / max(1, slots * CHUNKS_PER_SLOT)))
+    return min(size, BATCHED_CHUNK_ROWS) if batched else size
+
+
+def split(items: Any, chunk_size: int | None, *, slots: int = 1, batched: bool = False) -> Split:
+    """Cut ``items`` into chunks of ``chunk_size`` rows (``None``: about CHUNKS_PER_SLOT per slot, at
+    most BATCHED_CHUNK_ROWS for a ``batched`` function)."""
     kind = input_kind(items)
     if kind == "numpy":
         if items.ndim == 0:
@@ -70,16 +77,16 @@ def split(items: Any, chunk_size: int | None, *, slots: int = 1) -> Split:
         )
     else:
         rows = items if isinstance(items, Sequence) else list(items)
-    bounds = cut(len(rows), chunk_size, slots=slots)
+    bounds = cut(len(rows), chunk_size, slots=slots, batched=batched)
     return Split(kind, tuple(list(rows[a:b]) for a, b in bounds), bounds)
 
 
-def cut(n: int, chunk_size: int | None, *, slots: int = 1) -> tuple[tuple[int, int], ...]:
+def cut(n: int, chunk_size: int | None, *, slots: int = 1, batched: bool = False) -> tuple[tuple[int, int], ...]:
     """The ``[row_start, row_end)`` of each chunk of ``n`` rows (the rule of :func:`split`)."""
     if n == 0:
         raise ValueError("map() needs at least one item; the input is empty")
     if chunk_size is None:
-        chunk_size = auto_chunk_size(n, slots)
+        chunk_size = auto_chunk_size(n, slots, batched=batched)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a whole number of rows ≥ 1, or None to choose one; got {chunk_size!r}")
     if chunk_size > n:
@@ -103,6 +110,6 @@ def stack(kind: str, chunk_results: Sequence[Any]) -> Any:
     for part in chunk_results:
         if hasattr(part, "to_pylist"):
             out.extend(part.to_pylist())
-        else:
-            out.extend(part.tolist() if hasattr(part, "tolist") else list(part))
+        else:  # an ndarray part (a batched function's) gives its rows, as a per-row function's list would
+            out.extend(list(part))
     return out

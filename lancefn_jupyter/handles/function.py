@@ -157,6 +157,7 @@ class GpuFunction:
             python_version=runtime.python_version,
             env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},
             state=runtime.state,
+            batched=fv.signature.batched or None,
         )
         # The registered request (env values redacted), cached as registered: `register()` finds the
         # version there and sends nothing.
@@ -285,21 +286,46 @@ class GpuFunction:
         """Parameter defaults, to fill the Arrow column of a parameter only some rows of a map give."""
         return {n: p.default for n, p in self._call_signature().parameters.items() if p.default is not p.empty}
 
-    def _submit_rows(self, rows: list[dict[str, Any]], single: bool) -> Job:
+    def _submit_rows(self, rows: list[dict[str, Any]], single: bool, table: Any = None) -> Job:
         version = registered_version(self)
-        json_rows, table = rows_payload(rows, self._packaged.signature, self.name, self.parameter_defaults())
+        json_rows = None
+        if table is None:
+            json_rows, table = rows_payload(rows, self._packaged.signature, self.name, self.parameter_defaults())
         client = current_client()
         job_id, snapshot = run_job(client, version, json_rows, table, timeout_s=self.timeout_s)
         return Job(job_id, client=client, function=self, single=single, snapshot=snapshot)
 
+    def _batch_table(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """A batched call's arguments (one batch per parameter) as the rows table of its rows
+        (docs/ARCHITECTURE.md, "Batched functions")."""
+        from lancefn_jupyter.wire import dataplane
+
+        signature = self._packaged.signature
+        try:
+            return dataplane.batch_rows(
+                self._row(args, kwargs),
+                {p.name: p.arrow_type for p in signature.inputs},
+                {p.name: p.form or "list" for p in signature.inputs},
+                name=self.name,
+            )
+        except dataplane.DataPlaneError as error:
+            raise TypeError(f"{self.name}(): {error}") from None
+
     def submit(self, *args: Any, **kwargs: Any) -> Job:
-        """Run one call as a job; returns at once with a Job handle."""
+        """Run one call as a job; returns at once with a Job handle. A batched function's arguments are
+        batches (one call over their rows) and the job's result is the batch result."""
+        if self._packaged.signature.batched:
+            return self._submit_rows([], single=False, table=self._batch_table(args, kwargs))
         return self._submit_rows([self._row(args, kwargs)], single=True)
 
     def item_row(self, item: Any) -> dict[str, Any]:
         """A map item as a row: a tuple → positional args, a dict → keyword args, else one arg."""
         if isinstance(item, tuple):
             return self._row(item, {})
+        if [p.form for p in self._packaged.signature.inputs] == ["record_batch"]:
+            if not isinstance(item, Mapping):  # a row of the RecordBatch: its columns' values
+                raise TypeError(f"{self.name}.map() over a RecordBatch function takes dict rows, got {item!r}")
+            return dict(item)
         if isinstance(item, Mapping):
             return self._row((), item)
         if (single := self._single_parameter()) is not None:
@@ -366,7 +392,10 @@ class GpuFunction:
         from lancefn_jupyter.environments.request import EnvironmentRequest
         from lancefn_jupyter.handles.local_run import LocalRunError, run_local
 
-        json_rows, table = rows_payload([self._row(args, kwargs)], self._packaged.signature, self.name)
+        if self._packaged.signature.batched:
+            json_rows, table = None, self._batch_table(args, kwargs)
+        else:
+            json_rows, table = rows_payload([self._row(args, kwargs)], self._packaged.signature, self.name)
         env = self._options.env_dict
         version = self._version.version if self._version else "local"
         try:
@@ -429,6 +458,7 @@ class GpuFunction:
             note=note,
             entry=entry,
             left_out=self._left_out_text(),
+            batched=self._packaged.signature.batched,
         )
 
     def _left_out_text(self) -> str:
@@ -518,14 +548,14 @@ def function_from_cell(
     """
     from lancefn_jupyter.local_modules import LocalModuleError, collect
 
-    packaged = package_cell(cell, namespace, entry=options.name)
+    packaged = package_cell(cell, namespace, entry=options.name, batched=options.batched)
     root = root or os.getcwd()
     try:
         modules = collect(cell, namespace, packaged.captured, root, options.include)
     except LocalModuleError as error:
         raise PackagingError(str(error)) from None
     if modules:
-        packaged = package_cell(cell, namespace, entry=options.name, modules=modules)
+        packaged = package_cell(cell, namespace, entry=options.name, modules=modules, batched=options.batched)
     fn = namespace[packaged.entrypoint]
     if isinstance(fn, GpuFunction):  # the cell's def ran, so this is only a stale handle if re-bound
         fn = fn.__wrapped__
@@ -551,6 +581,7 @@ def gpu_function(
     register: bool = True,
     timeout_s: float | None = None,
     state: str | None = None,
+    batched: bool | None = None,
 ) -> GpuFunction | Callable[[Callable[..., Any]], GpuFunction]:
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
 
@@ -565,6 +596,6 @@ def gpu_function(
     options = build_options(**given, profiles=profiles())
 
     def wrap(function: Callable[..., Any]) -> GpuFunction:
-        return GpuFunction(function, package_function(function), options)
+        return GpuFunction(function, package_function(function, batched=options.batched), options)
 
     return wrap(fn) if fn is not None else wrap

@@ -88,7 +88,7 @@ class Job(RecordHandle[JobRecord]):
         self.function = function  # maps remote tracebacks to the user's lines; None when attached
         self._single = single
         self._snapshot = snapshot
-        self._arrow_results: list | None = None
+        self._arrow_results: Any = None
         # Held weakly; while the kernel's event listener runs, it keeps `state` current without HTTP.
         listener().subscribe_job(job_id, self._update)
 
@@ -146,8 +146,15 @@ class Job(RecordHandle[JobRecord]):
             self._snapshot = self.client.jobs.wait(self.job_id, timeout=timeout)
         return self
 
+    def _batched_form(self) -> str | None:
+        """A batched version's output form: its job's result is then the batch in that form (docs/
+        ARCHITECTURE.md, "Batched functions"); None for a per-row one, or a job attached without its function."""
+        signature = self.function.signature if self.function is not None else None
+        return signature.output.form if signature is not None and signature.batched else None
+
     def result(self, timeout: float | None = None) -> Any:
-        """The function's return value (`submit`), or the list of values (`map`); raises on failure."""
+        """The function's return value (`submit`), or the list of values (`map`); a batched function's
+        job: the batch result in its declared form (a list, an `(n, …)` ndarray, a `pyarrow.Array`). Raises on failure."""
         snapshot = self.snapshot
         if snapshot.job_state not in TERMINAL_STATES:
             snapshot = self.wait(timeout).snapshot
@@ -164,7 +171,7 @@ class Job(RecordHandle[JobRecord]):
                         table = None
                     if table is None:
                         table = dataplane.read_ipc(self.client.jobs.result(self.job_id))
-                    self._arrow_results = dataplane.decode_results(table)
+                    self._arrow_results = dataplane.decode_results(table, self._batched_form())
                 results = self._arrow_results
             return results[0] if self._single and isinstance(results, list) and len(results) == 1 else results
         if snapshot.job_state not in TERMINAL_STATES:

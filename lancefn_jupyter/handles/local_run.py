@@ -262,20 +262,18 @@ def run_local(
     with tempfile.TemporaryDirectory(prefix="lancefn-local-") as scratch:
         data: dict[str, object] = {}
         if signature is not None:  # the Arrow data plane, as on the control plane (docs/ARCHITECTURE.md)
-            data = {
-                "input_types": {p.name: p.arrow_type for p in signature.inputs},
-                "output_type": signature.output.arrow_type,
-                "result_file": os.path.join(scratch, "result.arrow"),
-            }
-            if arrow_rows is not None:  # a pyarrow Table of the rows (dataplane.encode_rows)
-                from lancefn_jupyter.wire import dataplane
+            from lancefn_jupyter.wire import dataplane
 
+            # Input/output types, and a batched version's forms ("Batched functions").
+            data = {**dataplane.task_fields(signature.to_wire()), "result_file": os.path.join(scratch, "result.arrow")}
+            if arrow_rows is not None:  # a pyarrow Table of the rows (dataplane.encode_rows)
                 rows_file = os.path.join(scratch, "rows.arrow")
                 data["rows_file"] = rows_file
                 dataplane.write_ipc_file(rows_file, arrow_rows, durable=False)
         task = WorkerTask("local", artifact, entrypoint, filename, rows, packages, data=data, state=state)
         wanted = (environment, gpu) if environment is not None and _has_environment(environment) else None
-        return _run(task, env, mode, timeout_s, on_log, wanted)
+        batched = signature.output.form if signature is not None and signature.batched else None
+        return _run(task, env, mode, timeout_s, on_log, wanted, batched)
 
 
 def _run(
@@ -285,7 +283,9 @@ def _run(
     timeout_s: float | None,
     on_log: Callable[[str, list[str]], None] | None,
     environment: tuple[EnvironmentRequest, bool] | None = None,
+    batched: str | None = None,
 ) -> LocalRun:
+    """``batched``: a batched version's output form; its one result is then the batch in that form."""
     simulated = _use_simulator(mode)
     worker_env = _worker_env(simulated, env)
     key = (simulated, task.filename, hashlib.sha256(task.artifact).hexdigest(), environment)
@@ -337,7 +337,9 @@ def _run(
         from lancefn_jupyter.wire import dataplane
 
         with open(final["result_file"], "rb") as source:  # read, not mapped: the scratch dir goes next
-            results = dataplane.decode_results(dataplane.read_ipc(source.read()))
+            table = dataplane.read_ipc(source.read())
+        # A batched version's result is the batch in its declared form ("Batched functions").
+        results = [dataplane.decode_results(table, batched)] if batched else dataplane.decode_results(table)
     else:
-        results = final["results"]
+        results = [final["results"]] if batched else final["results"]
     return LocalRun(results=results, device=worker.device, logs=logs)

@@ -32,6 +32,16 @@ def rows_payload(
     """(JSON rows, None) or (None, Arrow table of the rows): Arrow when a parameter or the return
     is an array / Arrow type, or a value JSON cannot carry (NaN, ±Inf); JSON for small plain rows."""
     types = {p.name: p.arrow_type for p in signature.inputs}
+    if [p.form for p in signature.inputs] == ["record_batch"]:  # the rows are the columns ("Batched functions")
+        import pyarrow as pa
+
+        (param,) = types
+        try:
+            return None, dataplane.batch_rows(
+                {param: pa.Table.from_pylist(rows)}, types, {param: "record_batch"}, name=name
+            )
+        except (dataplane.DataPlaneError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            raise TypeError(f"{name}(): {error}") from None
     if not dataplane.uses_data_plane(types.values(), signature.output.arrow_type):
         try:
             return [{k: to_json_value(v, f"{k!r} of {name}") for k, v in row.items()} for row in rows], None

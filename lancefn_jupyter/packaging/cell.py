@@ -155,6 +155,7 @@ def package_cell(
     *,
     entry: str | None = None,
     modules: Mapping[str, tuple[str, bytes]] | None = None,
+    batched: bool = False,
 ) -> PackagedFunction:
     """Package a ``%%gpu_function`` cell.
 
@@ -164,7 +165,8 @@ def package_cell(
     signature). `entry` selects the entry if it names a top-level ``def``
     (or class with ``__call__``) of the cell. `modules` (from
     ``local_modules.collect``) are the notebook's own modules to ship inside
-    the artifact.
+    the artifact. `batched`: the entry takes a chunk's rows in one call
+    (docs/ARCHITECTURE.md, "Batched functions").
     """
     try:
         tree = ast.parse(cell)
@@ -191,7 +193,7 @@ def package_cell(
     found = free_values(kept, code, namespace, lambda line: line, "the cell, the notebook")
     header = {name: capture_line(name, value, where) for name, value, where in found}
 
-    signature = infer_signature(_entry_object(namespace, entry_node))
+    signature = infer_signature(_entry_object(namespace, entry_node), batched=batched)
     return build_artifact(
         header,
         kept,

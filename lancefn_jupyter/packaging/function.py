@@ -153,7 +153,7 @@ def _strip_decorators(node: ast.stmt, name: str, first_line: int) -> None:
     node.decorator_list = []  # type: ignore[attr-defined]
 
 
-def _package_class(cls: type) -> PackagedFunction:
+def _package_class(cls: type, batched: bool) -> PackagedFunction:
     """A class entry (docs/ARCHITECTURE.md, "Warm state") from its source file: the class definition, with
     same-module helper functions and kernels its methods use, as for a function."""
     name = cls.__name__
@@ -164,7 +164,7 @@ def _package_class(cls: type) -> PackagedFunction:
             f"gpu_function needs a function, or a class with `def __call__(self, …)`; {name!r} has no __call__"
         )
     check_class_entry(cls)
-    signature = infer_signature(cls)
+    signature = infer_signature(cls, batched=batched)
     try:
         lines, first_line = inspect.getsourcelines(cls)
     except (OSError, TypeError):
@@ -187,7 +187,7 @@ def _package_class(cls: type) -> PackagedFunction:
     return packager.artifact(name, signature)
 
 
-def package_function(fn: Callable[..., Any]) -> PackagedFunction:
+def package_function(fn: Callable[..., Any], *, batched: bool = False) -> PackagedFunction:
     """Snapshot one function (the ``gpu_function`` decorator's packaging).
 
     A plain module-level function without helpers gives exactly LanceDB's
@@ -195,10 +195,11 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
     defined in the same non-importable module (a notebook's ``__main__``) are
     included as definitions before it, recursively, in dependency order.
     A class with ``__call__`` is a class entry, packaged from its source file
-    (``inspect.getsourcelines``), so in .py files only.
+    (``inspect.getsourcelines``), so in .py files only. ``batched``: the entry takes a chunk's
+    rows in one call (docs/ARCHITECTURE.md, "Batched functions").
     """
     if inspect.isclass(fn):
-        return _package_class(fn)
+        return _package_class(fn, batched)
     if not inspect.isfunction(fn):
         if kernel_function(fn) is not None:
             raise PackagingError(
@@ -221,7 +222,7 @@ def package_function(fn: Callable[..., Any]) -> PackagedFunction:
             "function); define it at the top level of the cell or module, and define "
             f"{captured} there too"
         )
-    signature = infer_signature(fn)
+    signature = infer_signature(fn, batched=batched)
     node = _definition(fn, "function")
     if isinstance(node, ast.AsyncFunctionDef):  # pragma: no cover - caught above
         raise PackagingError(f"{name!r} is `async def`; use a plain `def`")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -181,10 +182,74 @@ def check_class_entry(cls: type, where: str = "") -> None:
             )
 
 
-def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
+# The batched forms (docs/ARCHITECTURE.md, "Batched functions"), listed in every refusal.
+BATCHED_FORMS = (
+    "list[T] (T any per-row type: a list of the rows' values), NDArray[dtype] (the rows stacked on axis 0), "
+    "pyarrow.Array (the rows' values as one Arrow array), or pyarrow.RecordBatch as the only parameter "
+    "(the rows' columns); the return: list[T], NDArray[dtype] or pyarrow.Array, one value per row"
+)
+
+
+def _batched_type(annotation: Any, *, is_return: bool) -> tuple[str, bool, str]:
+    """(per-row arrow_type, nullable, form) of a batched parameter or return annotation."""
+    np = sys.modules.get("numpy")
+    pa = sys.modules.get("pyarrow")
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        arguments = typing.get_args(annotation)
+        if len(arguments) == 1:
+            item_type, nullable = _arrow_type(arguments[0])  # any per-row type, arrays included
+            return item_type, nullable, "list"
+    if np is not None and (annotation is np.ndarray or origin is np.ndarray):
+        data_type = dataplane.annotation_type(annotation)
+        assert data_type is not None
+        return data_type, False, "ndarray"
+    if pa is not None and isinstance(annotation, type):
+        if issubclass(annotation, (pa.Array, pa.ChunkedArray)):
+            return dataplane.VALUE_TYPE, True, "arrow"
+        if issubclass(annotation, pa.RecordBatch) and not is_return:
+            return dataplane.RECORD_BATCH_TYPE, False, "record_batch"
+    raise _Unsupported(_type_text(annotation))
+
+
+def _batched_signature(
+    name: str, parameters: list[inspect.Parameter], hints: dict[str, Any]
+) -> tuple[list[FunctionParameter], FunctionOutput]:
+    inputs = []
+    for parameter in parameters:
+        try:
+            arrow_type, nullable, form = _batched_type(hints[parameter.name], is_return=False)
+        except _Unsupported as error:
+            raise PackagingError(
+                f"parameter {parameter.name!r} of batched {name} has an unsupported type ({error}); "
+                f"a batched parameter is {BATCHED_FORMS}"
+            ) from None
+        if form == "record_batch" and len(parameters) != 1:
+            raise PackagingError(
+                f"parameter {parameter.name!r} of batched {name} is a pyarrow.RecordBatch beside other "
+                f"parameters; a RecordBatch must be the only parameter. A batched parameter is {BATCHED_FORMS}"
+            )
+        default = None
+        if parameter.default is not inspect.Parameter.empty:
+            default = literal_source(parameter.default)
+        inputs.append(
+            FunctionParameter(name=parameter.name, arrow_type=arrow_type, nullable=nullable, default=default, form=form)
+        )
+    try:
+        output_type, _, output_form = _batched_type(hints["return"], is_return=True)
+    except _Unsupported as error:
+        raise PackagingError(
+            f"the return type of batched {name} is unsupported ({error}); a batched parameter is {BATCHED_FORMS}"
+        ) from None
+    return inputs, FunctionOutput(kind="scalar", arrow_type=output_type, nullable=False, form=output_form)
+
+
+def infer_signature(fn: Callable[..., Any], *, batched: bool = False) -> FunctionSignature:
     """The Function signature from `fn`'s annotations (docs/ARCHITECTURE.md, "Function versions").
 
     For a class entry (`fn` a class with ``__call__``) it is ``__call__``'s, without ``self``.
+    ``batched``: the entry takes a chunk's rows in one call; each parameter's type is then one row's,
+    with its ``form`` (docs/ARCHITECTURE.md, "Batched functions").
     """
     name = getattr(fn, "__name__", repr(fn))
     try:
@@ -202,6 +267,11 @@ def infer_signature(fn: Callable[..., Any]) -> FunctionSignature:
     missing = [p.name for p in parameters if p.name not in hints]
     if missing or "return" not in hints:
         raise _unannotated(name, missing, "return" in hints)
+    if batched:
+        if not parameters:
+            raise PackagingError(f"batched {name} takes no parameters; a batched parameter is {BATCHED_FORMS}")
+        batched_inputs, output = _batched_signature(name, parameters, hints)
+        return FunctionSignature(inputs=tuple(batched_inputs), output=output, batched=True)
     inputs = []
     for parameter in parameters:
         try:

@@ -22,7 +22,15 @@ annotation                             signature type           Arrow column (on
                                                                  one job share T)
 ``pyarrow.Table``                      ``arrow.table``          ``large_list<struct<columns…>>`` (rows of one
                                                                  job share the schema)
+batched ``pyarrow.Array``              ``arrow.value``          the values' own Arrow type (one value per row)
+batched ``pyarrow.RecordBatch``        ``arrow.record_batch``   the rows table holds the columns themselves,
+                                                                 each ``arrow.value``
 =====================================  =======================  ===============================================
+
+A batched function's chunk moves as one value per parameter (docs/ARCHITECTURE.md, "Batched
+functions"): :func:`batch_column` encodes a batch (a list, an ``(n, …)`` ndarray, a ``pyarrow.Array``)
+as its per-row column and :func:`batch_value` decodes a column back into its form; an ndarray batch
+goes to and from a tensor column without per-row Python.
 
 Each IPC stream is one record batch whose fields carry their signature type in the field
 metadata (``lancefn.type``), so a reader needs nothing else to decode it.
@@ -45,6 +53,9 @@ __all__ = [
     "UnsupportedAnnotation",
     "annotation_type",
     "arrow_type",
+    "batch_column",
+    "batch_rows",
+    "batch_value",
     "column_rows",
     "decode_results",
     "decode_rows",
@@ -55,6 +66,7 @@ __all__ = [
     "rows_from_json",
     "summarize",
     "summarize_results",
+    "task_fields",
     "to_ipc_bytes",
     "uses_data_plane",
     "write_bytes_file",
@@ -65,6 +77,9 @@ __all__ = [
 MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 TYPE_KEY = b"lancefn.type"
 RESULT_COLUMN = "result"
+ERROR_COLUMN = "error"  # skipped rows' {"message", "traceback"} JSON (on_error="skip", "Batched functions")
+VALUE_TYPE = "arrow.value"  # a batched pyarrow.Array parameter's per-row type: the values' own Arrow type
+RECORD_BATCH_TYPE = "arrow.record_batch"  # a batched pyarrow.RecordBatch parameter: the rows' columns
 _SUPPORTED: frozenset = frozenset()  # numpy dtypes of DTYPES, filled on first use (numpy is lazy)
 DTYPES = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -285,6 +300,8 @@ def encode_column(values: Sequence[Any], sig_type: str, *, coerce: bool, where: 
         return _tensor_column(values, sig_type[7:-1], coerce, where)
     if sig_type in ("arrow.array", "arrow.table"):
         return _nested_column(values, sig_type, coerce, where)
+    if sig_type == VALUE_TYPE:
+        return _value_column(values, where)
     column_type = arrow_type(sig_type)
     try:
         return pa.array(values, type=column_type)  # plain Python values: no per-item pass first
@@ -299,6 +316,20 @@ def encode_column(values: Sequence[Any], sig_type: str, *, coerce: bool, where: 
             except Exception:
                 raise DataPlaneError(f"{where(i)}: expected {sig_type}, got {_describe(value)} ({error})") from None
         raise DataPlaneError(f"{where(None)}: expected {sig_type} ({error})") from None
+
+
+def _value_column(values: Any, where: Any) -> Any:
+    """``arrow.value``: the values as one Arrow array of their own type (Arrow scalars unwrapped)."""
+    import pyarrow as pa
+
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values
+    try:
+        return pa.array([v.as_py() if isinstance(v, pa.Scalar) else _plain(v) for v in values])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
+        raise DataPlaneError(f"{where(None)}: the values do not make one Arrow array ({error})") from None
 
 
 def _plain(value: Any) -> Any:
@@ -345,6 +376,181 @@ def decode_column(column: Any, sig_type: str, *, writable: bool = False) -> list
             out.append(pa.Table.from_struct_array(part) if sig_type == "arrow.table" else part)
         return out
     return column.to_pylist()
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+def _stacked_tensor_column(array: Any) -> Any:
+    """An ``(n, …)`` ndarray as the tensor column of its n rows, without per-row Python."""
+    import numpy as np
+    import pyarrow as pa
+
+    array = np.ascontiguousarray(array)
+    n, row_shape = array.shape[0], array.shape[1:]
+    size = int(np.prod(row_shape, dtype=np.int64))
+    data = pa.LargeListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int64) * size), pa.array(array.reshape(-1)))
+    shapes = pa.ListArray.from_arrays(
+        pa.array(np.arange(n + 1, dtype=np.int32) * len(row_shape)),
+        pa.array(np.tile(np.asarray(row_shape, dtype=np.int64), n), type=pa.int64()),
+    )
+    return pa.StructArray.from_arrays([data, shapes], names=["data", "shape"])
+
+
+def batch_column(value: Any, sig_type: str, form: str, *, coerce: bool, where: Any) -> Any:
+    """A batch in its ``form`` (``list``: a sequence of the rows' values; ``ndarray``: the rows stacked
+    on axis 0; ``arrow``: a ``pyarrow.Array``) as the Arrow column of its rows, one per value.
+
+    ``coerce``: inputs accept array-likes and same-kind casts; results must be what was declared."""
+    import numpy as np
+    import pyarrow as pa
+
+    if form == "ndarray":
+        dtype = sig_type[7:-1]
+        global _SUPPORTED
+        if not _SUPPORTED:
+            _SUPPORTED = _supported_dtypes(np)
+        array = _as_ndarray(value, dtype, coerce, lambda _i: where(None), 0)
+        if array.ndim == 0:
+            raise DataPlaneError(f"{where(None)}: expected an ndarray with the rows on axis 0, got a 0-d array")
+        return _stacked_tensor_column(array)
+    if form == "arrow":
+        if isinstance(value, pa.ChunkedArray):
+            return value.combine_chunks()
+        if isinstance(value, pa.Array):
+            return value
+        if not coerce:
+            raise DataPlaneError(f"{where(None)}: expected a pyarrow.Array, got {_describe(value)}")
+        return _value_column(value, where)
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise DataPlaneError(f"{where(None)}: expected a list with one value per row, got {_describe(value)}")
+    if not coerce and not isinstance(value, (list, tuple)):
+        raise DataPlaneError(f"{where(None)}: expected a list with one value per row, got {_describe(value)}")
+    values = list(value)
+    return encode_column(values, sig_type, coerce=coerce, where=lambda i: where(i))
+
+
+def batch_length(value: Any, form: str, where: str) -> int:
+    """How many rows a batch in ``form`` holds; a value that is no batch of that form is refused."""
+    np = sys.modules.get("numpy")
+    pa = sys.modules.get("pyarrow")
+    if form == "ndarray":
+        if np is None or not isinstance(value, np.ndarray) or value.ndim == 0:
+            raise DataPlaneError(
+                f"{where}: expected an ndarray with one row per input on axis 0, got {_describe(value)}"
+            )
+        return int(value.shape[0])
+    if form == "arrow":
+        if pa is None or not isinstance(value, (pa.Array, pa.ChunkedArray)):
+            raise DataPlaneError(f"{where}: expected a pyarrow.Array with one value per row, got {_describe(value)}")
+        return len(value)
+    if not isinstance(value, (list, tuple)):
+        raise DataPlaneError(f"{where}: expected a list with one value per row, got {_describe(value)}")
+    return len(value)
+
+
+def batch_value(column: Any, sig_type: str, form: str, *, writable: bool = False) -> Any:
+    """A column of rows as one batch in ``form`` (the inverse of :func:`batch_column`); an ``ndarray``
+    batch is the tensor column's buffer reshaped to ``(n, *row_shape)`` when every row has that shape."""
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if form == "arrow":
+        return column
+    if sig_type.startswith("tensor<") and pa.types.is_fixed_size_list(column.type):
+        # A table's vector column (a backfill's rows): its buffer is already (n, d).
+        array = _fixed_size_batch(column, sig_type[7:-1], writable)
+        return array if form == "ndarray" else list(array)
+    if form != "ndarray":
+        return decode_column(column, sig_type, writable=writable)
+    import numpy as np
+
+    n = len(column)
+    if column.null_count:
+        raise DataPlaneError("a batched NDArray parameter cannot take missing (null) rows; fill or drop them first")
+    data, shapes = column.flatten()
+    shape_offsets = shapes.offsets.to_numpy()
+    ndims = np.diff(shape_offsets)
+    if n == 0:
+        return np.empty((0,), dtype=np.float64 if sig_type == "tensor<any>" else sig_type[7:-1])
+    ndim = int(ndims[0])
+    dims = shapes.values.to_numpy()[shape_offsets[0] : shape_offsets[-1]]
+    if (ndims != ndim).any() or not (dims.reshape(n, ndim) == dims[:ndim]).all():
+        raise DataPlaneError(
+            "the rows' arrays have different shapes, so they cannot be stacked on axis 0; pass rows of one "
+            "shape, or declare the parameter list[NDArray[...]] to get a list of arrays"
+        )
+    row_shape = tuple(int(d) for d in dims[:ndim])
+    offsets = data.offsets.to_numpy()
+    flat = data.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    array = flat.reshape((n, *row_shape))
+    return array.copy() if writable and not array.flags.writeable else array
+
+
+def _fixed_size_batch(column: Any, dtype: str, writable: bool) -> Any:
+    """A ``fixed_size_list<T>[d]`` column as an ``(n, d)`` ndarray of ``dtype`` (same-kind casts)."""
+    import numpy as np
+
+    if column.null_count:
+        raise DataPlaneError("a batched NDArray parameter cannot take missing (null) rows; fill or drop them first")
+    size = column.type.list_size
+    flat = column.flatten().to_numpy(zero_copy_only=False)  # flatten() honours the column's offset
+    array = flat.reshape((len(column), size))
+    if dtype != "any" and array.dtype != np.dtype(dtype):
+        if not np.can_cast(array.dtype, dtype, "same_kind"):
+            raise DataPlaneError(f"a column of {column.type} does not cast to NDArray[{dtype}]")
+        return array.astype(dtype)
+    return array.copy() if writable and not array.flags.writeable else array
+
+
+def batch_rows(args: Mapping[str, Any], types: Mapping[str, str], forms: Mapping[str, str], *, name: str) -> Any:
+    """A batched call's arguments (one batch per parameter) as the rows table of its n rows.
+
+    A ``record_batch`` parameter's ``RecordBatch`` / ``Table`` gives the columns themselves (each
+    ``arrow.value``); the batches of one call must have one length."""
+    import pyarrow as pa
+
+    arrays, fields = [], []
+    for param, value in args.items():
+        sig_type, form = types[param], forms[param]
+
+        def where(i: int | None, param: str = param) -> str:
+            return f"parameter {param!r} of {name}" + ("" if i is None else f" (row {i})")
+
+        if form == "record_batch":
+            if not isinstance(value, (pa.RecordBatch, pa.Table)):
+                raise DataPlaneError(f"{where(None)}: expected a pyarrow.RecordBatch or Table, got {_describe(value)}")
+            for field, column in zip(value.schema, value.columns, strict=True):
+                arrays.append(_value_column(column, where))
+                fields.append(pa.field(field.name, arrays[-1].type, metadata={TYPE_KEY: VALUE_TYPE.encode()}))
+            continue
+        array = batch_column(value, sig_type, form, coerce=True, where=where)
+        arrays.append(array)
+        fields.append(_field(param, array, sig_type))
+    lengths = {len(array) for array in arrays}
+    if len(lengths) > 1:
+        raise DataPlaneError(
+            f"the batches given to {name} differ in length ({', '.join(str(n) for n in sorted(lengths))}); "
+            "pass one value per row in every batch"
+        )
+    if not arrays or not lengths.pop():
+        raise DataPlaneError(f"{name}() needs a batch of at least one row")
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def task_fields(signature: Mapping[str, Any]) -> dict[str, Any]:
+    """The worker protocol's signature fields of a task from a signature's wire form: ``input_types``,
+    ``output_type`` and, for a batched function, ``batched: {inputs: {param: form}, output: form}``."""
+    inputs = signature.get("inputs") or ()
+    output = signature.get("output") or {}
+    fields: dict[str, Any] = {
+        "input_types": {p["name"]: p["arrow_type"] for p in inputs},
+        "output_type": output.get("arrow_type"),
+    }
+    if signature.get("batched"):
+        fields["batched"] = {"inputs": {p["name"]: p.get("form") for p in inputs}, "output": output.get("form")}
+    return fields
 
 
 # ---------------------------------------------------------------------------- rows and results
@@ -438,20 +644,39 @@ def rows_from_json(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) 
     return out
 
 
-def encode_results(values: Sequence[Any], sig_type: str, *, many: bool) -> Any:
-    """Results (one per row) → a one-column Arrow table; raises :class:`DataPlaneError` naming
-    the row, expected and actual type when a value does not match ``sig_type``."""
+def encode_results(
+    values: Sequence[Any] | None,
+    sig_type: str,
+    *,
+    many: bool,
+    column: Any = None,
+    errors: Sequence[str | None] | None = None,
+) -> Any:
+    """Results (one per row) → an Arrow table with the ``result`` column; raises :class:`DataPlaneError`
+    naming the row, expected and actual type when a value does not match ``sig_type``.
+
+    ``column``: the result column already built (a batched call's); ``errors``: skipped rows'
+    ``{"message", "traceback"}`` JSON (None for good rows), a second column ``error``."""
     import pyarrow as pa
 
     def where(i: int | None) -> str:
         return "the result" + ("" if i is None or not many else f" of row {i}")
 
-    array = encode_column(values, sig_type, coerce=False, where=where)
-    return pa.Table.from_arrays([array], schema=pa.schema([_field(RESULT_COLUMN, array, sig_type)]))
+    array = column if column is not None else encode_column(values or [], sig_type, coerce=False, where=where)
+    arrays, fields = [array], [_field(RESULT_COLUMN, array, sig_type)]
+    if errors is not None:
+        arrays.append(pa.array(errors, type=pa.utf8()))
+        fields.append(_field(ERROR_COLUMN, arrays[-1], "utf8"))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def decode_results(table: Any) -> list:
-    return decode_column(table.column(0), _sig_type(table.schema.field(0)))
+def decode_results(table: Any, form: str | None = None) -> Any:
+    """The results of a result table: one value per row, or (``form``: a batched version's output form)
+    the batch in that form. A batch with null rows (skipped ones) cannot be one ndarray: a list then."""
+    sig_type = _sig_type(table.schema.field(0))
+    if form is None or (form == "ndarray" and table.column(0).null_count):
+        return decode_column(table.column(0), sig_type)
+    return batch_value(table.column(0), sig_type, form)
 
 
 # ---------------------------------------------------------------------------- IPC

@@ -58,38 +58,59 @@ def _rough_items(values: list) -> int:
     return sum(len(v) if isinstance(v, (list, tuple, str, bytes)) else getattr(v, "size", 1) for v in values)
 
 
-def result_event(task: dict, values: list) -> dict:
+def result_event(
+    task: dict,
+    values: list | None,
+    *,
+    column: object = None,
+    batch: object = None,
+    errors: list | None = None,
+) -> dict:
     """The ``result`` event's fields: ``results`` (JSON) for small plain values, else the Arrow
     IPC result written to ``result_file`` (``{result_file, nbytes, summary}``), or returned as
-    ``result_ipc`` bytes when the task has no file (Ray moves those bytes natively)."""
+    ``result_ipc`` bytes when the task has no file (Ray moves those bytes natively).
+
+    A batched call's result may come as its Arrow ``column`` already built (``batch``: the value
+    it came from, for the summary); ``errors`` (one per row, None for good rows) carries skipped rows
+    (``on_error="skip"``), and such a result always goes as Arrow (docs/ARCHITECTURE.md, "Batched functions")."""
     output_type = task.get("output_type")
     arrow_ok = output_type is not None and ("result_file" in task or task.get("result_ipc") or task.get("result_frame"))
-    many = len(values) > 1
+    rows = len(values) if values is not None else len(column)  # type: ignore[arg-type]
+    many = rows > 1
 
     def where(index: int) -> str:
         return f"the result of row {index}" if many else "the result"
 
-    if not dataplane.is_data_type(output_type) and (not arrow_ok or _rough_items(values) <= _JSON_RESULT_MAX_ITEMS):
+    plain = column is None and errors is None and not dataplane.is_data_type(output_type)
+    if plain and (not arrow_ok or _rough_items(values) <= _JSON_RESULT_MAX_ITEMS):  # type: ignore[arg-type]
         try:
-            results = [_to_json(value, where(index)) for index, value in enumerate(values)]
+            results = [_to_json(value, where(index)) for index, value in enumerate(values)]  # type: ignore[arg-type]
             if not arrow_ok or len(json.dumps(results, separators=(",", ":"))) <= _JSON_RESULT_MAX_CHARS:
                 return {"results": results}
         except TaskFailure:
             if not arrow_ok:  # no Arrow path (an old caller): the JSON rules apply
                 raise
     if not arrow_ok:
-        raise TaskFailure("result", f"the result is declared {output_type}, which needs the Arrow data plane")
+        needs = "skipped rows need" if errors is not None else f"the result is declared {output_type}, which needs"
+        raise TaskFailure("result", f"{needs} the Arrow data plane")
     try:
-        table = dataplane.encode_results(values, output_type, many=many)  # type: ignore[arg-type]
-        if "result_file" in task:
-            nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
-            return {
-                "result_file": task["result_file"],
-                "nbytes": nbytes,
-                "summary": dataplane.summarize_results(values, nbytes),
-            }
-        data = dataplane.to_ipc_bytes(table)
-        key = "result_frame" if task.get("result_frame") else "result_ipc"
-        return {key: data, "nbytes": len(data), "summary": dataplane.summarize_results(values, len(data))}
+        table = dataplane.encode_results(values, output_type, many=many, column=column, errors=errors)  # type: ignore[arg-type]
     except dataplane.DataPlaneError as error:
         raise TaskFailure("result", str(error)) from None
+
+    def summary(nbytes: int) -> dict:
+        if values is not None:
+            found = dataplane.summarize_results(values, nbytes)
+        else:
+            found = {**(dataplane.summarize(batch) if batch is not None else {"type": "list", "shape": [rows]})}
+            found["nbytes"] = int(nbytes)
+        if errors is not None:
+            found["rows_skipped"] = sum(error is not None for error in errors)
+        return found
+
+    if "result_file" in task:
+        nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
+        return {"result_file": task["result_file"], "nbytes": nbytes, "summary": summary(nbytes)}
+    data = dataplane.to_ipc_bytes(table)
+    key = "result_frame" if task.get("result_frame") else "result_ipc"
+    return {key: data, "nbytes": len(data), "summary": summary(len(data))}

@@ -312,26 +312,180 @@ def _environment_check(task: dict) -> None:
         )
 
 
-def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> list:
+def _skipped(exc: BaseException, filename: str) -> str:
+    """A skipped row's ``error`` cell: the JSON ``{"message", "traceback"}`` ("Batched functions")."""
+    import json
+
+    return json.dumps({"message": _exception_line(exc), "traceback": _user_traceback(exc, filename)})
+
+
+def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
+    """Call the entry (per row, or once per task for a batched version); ``result_event``'s arguments."""
     _environment_check(task)
     entry = _entry(task, timings)
+    if task.get("batched"):
+        return _run_batched(task, entry, proto, timings)
     rows = _task_rows(task)
-    results, progress = [], _Progress(proto)
+    skip = task.get("on_error") == "skip"
+    results: list = []
+    errors: list[str | None] = []
+    progress = _Progress(proto)
     started = time.perf_counter()
     try:
         for index, row in enumerate(rows):
             try:
                 value = entry(**row)
             except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
+                if skip and isinstance(exc, Exception):  # on_error="skip": the row's result is null
+                    results.append(None)
+                    errors.append(_skipped(exc, task["filename"]))
+                    continue
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
                 raise TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
             results.append(value)
+            errors.append(None)
             if index + 1 < len(rows):  # the last row's count rides on the result (one event less per job)
                 progress.update(index + 1)
     finally:
         timings["run_ms"] = (time.perf_counter() - started) * 1000.0
         progress.close()  # before the final event, so no progress of this task can follow it
-    return results
+    return {"values": results, "errors": errors if any(e is not None for e in errors) else None}
+
+
+def _batch_arguments(task: dict) -> tuple[dict, int]:
+    """A batched task's arguments, one batch per parameter in its form, and the row count: built from
+    the rows column by column (no per-row Python for ``ndarray`` / ``arrow`` forms)."""
+    types = task.get("input_types") or {}
+    forms = task["batched"]["inputs"]
+    arrow = task.get("rows_file") or task.get("rows_ipc")
+    try:
+        if arrow is None:
+            rows = task["rows"]
+            if all(form == "list" and not dataplane.is_data_type(types[p]) for p, form in forms.items()):
+                given = [p for p in forms if any(p in row for row in rows)]  # the absent ones take their default
+                return {p: [row[p] for row in rows] for p in given}, len(rows)
+            import pyarrow as pa
+
+            if "record_batch" in forms.values():
+                table = pa.Table.from_pylist(rows)
+            else:
+                table = dataplane.encode_rows(rows, types)
+        else:
+            import pyarrow as pa
+
+            table = dataplane.read_ipc(arrow)
+        if "record_batch" in forms.values():
+            (param,) = forms
+            schema = pa.schema([field.remove_metadata() for field in table.schema if field.name != "_"])
+            columns = [table.column(field.name).combine_chunks() for field in schema]
+            return {param: pa.RecordBatch.from_arrays(columns, schema=schema)}, table.num_rows
+        args = {
+            field.name: dataplane.batch_value(
+                table.column(field.name), types[field.name], forms[field.name], writable=True
+            )
+            for field in table.schema
+            if field.name != "_"
+        }
+        return args, table.num_rows
+    except (dataplane.DataPlaneError, OSError, KeyError) as error:
+        raise TaskFailure("validation", f"the job's rows cannot be made into a batch: {error}") from None
+
+
+def _slice(value: object, start: int, end: int) -> object:
+    """Rows ``[start, end)`` of a batch in any form (list, ndarray, pyarrow Array / RecordBatch)."""
+    if hasattr(value, "slice") and not isinstance(value, list):  # pyarrow: zero-copy
+        return value.slice(start, end - start)
+    return value[start:end]  # type: ignore[index]
+
+
+def _run_batched(task: dict, entry: Callable[..., object], proto: Protocol, timings: dict[str, float]) -> dict:
+    """One call over every row of the task (docs/ARCHITECTURE.md, "Batched functions"); with
+    ``on_error="skip"`` a failing call is bisected until the failing single rows are known, and those
+    rows' results are null. A result of the wrong length fails the task in phase ``result``."""
+    args, rows = _batch_arguments(task)
+    output_type, form = task.get("output_type") or "", task["batched"]["output"]
+    skip = task.get("on_error") == "skip"
+    parts: list[tuple[int, int, object]] = []  # (start, end, result) of each call that succeeded
+    errors: list = [None] * rows
+    progress = _Progress(proto)
+
+    def call(start: int, end: int) -> None:
+        part = args if (start, end) == (0, rows) else {p: _slice(v, start, end) for p, v in args.items()}
+        try:
+            value = entry(**part)
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
+            if not skip or not isinstance(exc, Exception):
+                raise TaskFailure("run", _exception_line(exc), _user_traceback(exc, task["filename"])) from None
+            if end - start == 1:
+                errors[start] = _skipped(exc, task["filename"])
+                return
+            middle = (start + end) // 2
+            call(start, middle)
+            call(middle, end)
+            return
+        try:
+            got = dataplane.batch_length(value, form, "the result")
+        except dataplane.DataPlaneError as error:
+            raise TaskFailure("result", str(error)) from None
+        if got != end - start:
+            raise TaskFailure("result", f"the result: expected {end - start} values (one per row), got {got}")
+        parts.append((start, end, value))
+        if end < rows:
+            progress.update(end)
+
+    started = time.perf_counter()
+    try:
+        call(0, rows)
+    finally:
+        timings["run_ms"] = (time.perf_counter() - started) * 1000.0
+        progress.close()
+    skipped = any(e is not None for e in errors)
+    if form == "list":
+        values: list = [None] * rows
+        for start, end, value in parts:
+            values[start:end] = list(value)  # type: ignore[call-overload]
+        return {"values": values, "errors": errors if skipped else None}
+    if not skipped:
+        (_, _, value) = parts[0]
+        try:
+            column = dataplane.batch_column(value, output_type, form, coerce=False, where=lambda _i: "the result")
+        except dataplane.DataPlaneError as error:
+            raise TaskFailure("result", str(error)) from None
+        return {"values": None, "column": column, "batch": value}
+    return {"values": None, "column": _merged_column(parts, rows, output_type, form), "batch": None, "errors": errors}
+
+
+def _merged_column(parts: list, rows: int, output_type: str, form: str) -> object:
+    """The result column of a bisected call: each part's rows, null for the rows between them."""
+    import pyarrow as pa
+
+    try:
+        columns = [
+            (start, end, dataplane.batch_column(v, output_type, form, coerce=False, where=lambda _i: "the result"))
+            for start, end, v in sorted(parts, key=lambda part: part[0])
+        ]
+    except dataplane.DataPlaneError as error:
+        raise TaskFailure("result", str(error)) from None
+    if columns:
+        kind = columns[0][2].type
+    else:  # every row skipped
+        kind = (
+            dataplane.encode_column([None], output_type, coerce=False, where=str).type
+            if form == "ndarray"
+            else pa.null()
+        )
+    pieces, at = [], 0
+    for start, end, column in columns:
+        if start > at:
+            pieces.append(pa.nulls(start - at, kind))
+        pieces.append(column)
+        at = end
+    if at < rows:
+        pieces.append(pa.nulls(rows - at, kind))
+    try:
+        return pa.concat_arrays(pieces)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        raise TaskFailure("result", f"the result: the calls' results differ in type ({error})") from None
 
 
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 0.0
@@ -356,7 +510,7 @@ def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None
     timings = {"setup_ms": 0.0, "run_ms": 0.0}
     try:
         try:
-            event = result_event(task, _run_rows(task, proto, timings))
+            event = result_event(task, **_run_rows(task, proto, timings))
         finally:
             if task.get("state") == "per_job":  # torn down before the outcome: part of its job
                 release()

@@ -122,7 +122,7 @@ def test_resources_without_gpu_class_keep_seed_bytes():
         ("num_gpus=1 num_gpus=2", "num_gpus", "keep one of them"),
         ("num_gpu=2", "num_gpu", "did you mean num_gpus?"),
         ("gpuclass=a", "gpuclass", "did you mean gpu_class?"),
-        ("zzz=1", "zzz", "valid options: conda, conda_channels, env, gpu_class"),
+        ("zzz=1", "zzz", "valid options: batched, conda, conda_channels, env, gpu_class"),
         ("gpu", "gpu", "write options like num_gpus=1"),
         ("gpu_class='a b'", "gpu_class", "write gpu_class=default"),
         ("gpu_class=", "gpu_class", "write gpu_class=default"),
@@ -382,6 +382,7 @@ def test_every_field_is_an_option():
         "timeout_s": "1",
         "state": "per_job",
         "include": "mylib.py",
+        "batched": "yes",
     }
     assert {field.name for field in dataclasses.fields(FunctionOptions)} == set(values)
     profile_fields = {field.name for field in dataclasses.fields(ComputeProfile)} - {"name"}
@@ -389,7 +390,7 @@ def test_every_field_is_an_option():
     line = " ".join(f"{key}={value}" for key, value in values.items() if value)
     options = parse(line, p=ComputeProfile(name="p"))
     assert options.num_gpus == 2 and options.image == "i" and options.timeout_s == 1.0
-    assert options.include == ("mylib.py",)
+    assert options.include == ("mylib.py",) and options.batched is True
     assert parse("include=a.py include=pkg").include == ("a.py", "pkg")  # repeatable
     assert build_options(include=["a.py"]).include == ("a.py",)
 

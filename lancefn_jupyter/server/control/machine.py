@@ -47,6 +47,7 @@ from lancefn_jupyter.server.executors.base import TaskSpec, redact_env
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
+from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import JobFailure
 
 log = logging.getLogger("lancefn.server")
@@ -348,14 +349,15 @@ class JobMachine:
         """The worker protocol's data-plane fields of a task (docs/ARCHITECTURE.md)."""
         signature = fv.get("signature") or {}
         data: dict[str, Any] = {
-            "input_types": {p["name"]: p["arrow_type"] for p in signature.get("inputs", ())},
-            "output_type": (signature.get("output") or {}).get("arrow_type"),
+            **dataplane.task_fields(signature),  # input/output types, and a batched version's forms
             "result_file": str(self.data.result_path(rec.job_id)),
             "result_fsync": self.data.fsync,
             "rows_total": rec.rows_total,
         }
         if isinstance(rows, dict):
             data["rows_file"] = str(self.data.rows_path(rows))
+        if rec.spec.get("on_error") == "skip":  # a backfill's chunk job (spec_extra; "Batched functions")
+            data["on_error"] = "skip"
         return data
 
     # ---------------------------------------------------------------- recovery

@@ -10,6 +10,7 @@ from typing import Any
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.storage.files import DataStore
+from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import FunctionVersion
 
 
@@ -18,6 +19,9 @@ def check_rows(fv: FunctionVersion, rows: Any) -> None:
     if not isinstance(rows, list) or not rows:
         raise ApiError(400, "rows must be a non-empty list of objects, one {param: value} object per call")
     expected = [p.name for p in fv.signature.inputs]
+    if [p.arrow_type for p in fv.signature.inputs] == [dataplane.RECORD_BATCH_TYPE]:
+        # A RecordBatch function's rows are its columns, any names ("Batched functions").
+        expected = sorted({key for row in rows if isinstance(row, dict) for key in row})
     wanted = set(expected)
     optional = {p.name for p in fv.signature.inputs if p.default is not None}  # the worker applies the default
     takes = [p.name if p.default is None else f"{p.name}={p.default}" for p in fv.signature.inputs]

@@ -104,6 +104,9 @@ class DataStore:
                 "lancefn_jupyter.wire.dataplane.encode_rows and to_ipc_bytes, or send JSON"
             ) from None
         expected = {p.name: p.arrow_type for p in inputs}
+        if list(expected.values()) == [dataplane.RECORD_BATCH_TYPE]:
+            # A RecordBatch function's rows are its columns, any names, each arrow.value ("Batched functions").
+            expected = {field.name: dataplane.VALUE_TYPE for field in schema if field.name != "_"}
         optional = {p.name for p in inputs if getattr(p, "default", None) is not None}  # the worker applies it
         got = {field.name for field in schema if field.name != "_"}
         missing = [n for n in expected if n not in got and n not in optional]
