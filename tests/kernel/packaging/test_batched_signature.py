@@ -3,7 +3,6 @@ and `form`, every refusal listing the supported forms, and per-row signatures le
 
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +63,7 @@ def test_a_record_batch_parameter_and_mixed_forms():
     "params, returns, where",
     [
         ((float,), list[float], "parameter 'p0'"),  # a scalar parameter
-        ((Optional[list[float]],), list[float], "parameter 'p0'"),  # a nullable batch
+        ((list[float] | None,), list[float], "parameter 'p0'"),  # a nullable batch
         ((list,), list[float], "parameter 'p0'"),  # a list without its element type
         ((pa.Table,), list[float], "parameter 'p0'"),  # a Table: RecordBatch is the form
         ((list[float],), float, "the return type"),  # a scalar return
