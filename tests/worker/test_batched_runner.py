@@ -70,7 +70,11 @@ def test_list_form_one_call_over_every_row():
             CALLS.append(len(x))
             return [f"{s}={v * 2}" for v, s in zip(x, label)]
     """
-    table = rows_of({"x": [1.0, 2.5, 3.0], "label": ["a", "b", "c"]}, {"x": "float64", "label": "utf8"}, {"x": "list", "label": "list"})
+    table = rows_of(
+        {"x": [1.0, 2.5, 3.0], "label": ["a", "b", "c"]},
+        {"x": "float64", "label": "utf8"},
+        {"x": "list", "label": "list"},
+    )
     final = run(cell, table)
     assert final["event"] == "result" and calls() == [3]
     assert final["results"] == ["a=2.0", "b=5.0", "c=6.0"]  # small plain values: JSON, as for per-row
@@ -118,7 +122,9 @@ def test_a_fixed_size_list_column_is_an_ndarray_batch():
             return x.sum(axis=1).tolist()
     """
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.float32)), 3)
-    table = pa.table([vectors], schema=pa.schema([pa.field("x", vectors.type, metadata={b"lancefn.type": b"tensor<float32>"})]))
+    table = pa.table(
+        [vectors], schema=pa.schema([pa.field("x", vectors.type, metadata={b"lancefn.type": b"tensor<float32>"})])
+    )
     final = run(cell, table)
     assert final["results"] == [3.0, 12.0, 21.0, 30.0]
 
@@ -147,7 +153,11 @@ def test_record_batch_form_gets_the_columns_by_their_names():
             CALLS.append(batch.schema.names)
             return [a * b for a, b in zip(batch.column("a").to_pylist(), batch.column("b").to_pylist())]
     """
-    table = rows_of({"batch": pa.table({"a": [1.0, 2.0], "b": [3.0, 4.0]})}, {"batch": "arrow.record_batch"}, {"batch": "record_batch"})
+    table = rows_of(
+        {"batch": pa.table({"a": [1.0, 2.0], "b": [3.0, 4.0]})},
+        {"batch": "arrow.record_batch"},
+        {"batch": "record_batch"},
+    )
     final = run(cell, table)
     assert final["results"] == [3.0, 8.0] and calls() == [["a", "b"]]
 
@@ -185,7 +195,9 @@ def test_skip_per_row_nulls_exactly_the_failing_row():
     final = run(cell, rows=rows, batched=False, on_error="skip")
     assert final["event"] == "result" and final["summary"]["rows_skipped"] == 1
     values = dataplane.decode_results(final["table"])
-    assert values[417] is None and [v for i, v in enumerate(values) if i != 417] == [i + 0.5 for i in range(1000) if i != 417]
+    assert values[417] is None and [v for i, v in enumerate(values) if i != 417] == [
+        i + 0.5 for i in range(1000) if i != 417
+    ]
     (error,) = _errors(final["table"]).items()
     assert error[0] == 417 and error[1]["message"] == "ValueError: no 417.0"
     assert "raise ValueError" in error[1]["traceback"]
@@ -206,14 +218,21 @@ def test_skip_batched_bisects_to_the_failing_row(form):
             return np.asarray(x) * 2.0 if {form == "ndarray"} else [v * 2.0 for v in x]
     """
     data = np.arange(1000, dtype=np.float64)
-    table = rows_of({"x": data if form == "ndarray" else data.tolist()}, {"x": "float64" if form == "list" else "tensor<float64>"}, {"x": form})
+    table = rows_of(
+        {"x": data if form == "ndarray" else data.tolist()},
+        {"x": "float64" if form == "list" else "tensor<float64>"},
+        {"x": form},
+    )
     final = run(cell, table, on_error="skip")
     assert final["event"] == "result" and final["summary"]["rows_skipped"] == 1
     values = dataplane.decode_results(final["table"])
     assert values[613] is None
     good = [float(np.asarray(v).reshape(())) if form == "ndarray" else v for i, v in enumerate(values) if i != 613]
     assert good == [i * 2.0 for i in range(1000) if i != 613]
-    assert list(_errors(final["table"])) == [613] and _errors(final["table"])[613]["message"] == "RuntimeError: bad row 613"
+    assert (
+        list(_errors(final["table"])) == [613]
+        and _errors(final["table"])[613]["message"] == "RuntimeError: bad row 613"
+    )
     # The whole call, then each half down to the row: 1 + 2 per level of a 1000-row bisection (10 levels).
     recorded = calls()
     assert recorded[0] == 1000 and recorded.count(1) == 2 and len(recorded) == 1 + 2 * 10 and sum(recorded[1:3]) == 1000

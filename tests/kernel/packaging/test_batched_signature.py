@@ -3,7 +3,6 @@ and `form`, every refusal listing the supported forms, and per-row signatures le
 
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow as pa
 import pytest
