@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from helpers import kernel_shell
+from IPython.utils.capture import capture_output
 from numpy.typing import NDArray
 
 from lancefn_jupyter import api
@@ -112,3 +114,29 @@ def test_local_runs_the_batch_in_one_call():
     data = np.ones((4, 3), np.float32)
     out = batched(scaled).local(data, [1.0, 2.0, 3.0, 4.0])
     assert isinstance(out, np.ndarray) and out[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+MAGIC_CELL = """\
+import numpy as np
+from numpy.typing import NDArray
+
+def embed(x: NDArray[np.float32]) -> NDArray[np.float32]:
+    return x[:, :2] + np.float32(1)
+"""
+
+
+def test_the_magic_and_a_profile_make_a_batched_version(cp):
+    for shell in kernel_shell(cp):
+        with capture_output() as out:
+            shell.run_line_magic("gpu_profile", "emb num_gpus=1 batched=yes")
+            shell.run_cell_magic("gpu_function", "profile=emb", MAGIC_CELL)
+        handle = shell.user_ns["embed"]
+        assert handle.signature.batched and handle.version.signature.batched
+        assert "batched: one call per chunk of rows" in out.stdout + "".join(
+            o.data.get("text/plain", "") for o in out.outputs
+        )
+        got = handle.submit(np.zeros((4, 3), np.float32)).result()
+        assert got.shape == (4, 2) and got.tolist() == [[1.0, 1.0]] * 4
+        shell.run_cell_magic("gpu_function", "num_gpus=1 batched=no", MAGIC_CELL)  # per-row: another version
+        assert not shell.user_ns["embed"].signature.batched
+        assert shell.user_ns["embed"].version.version != handle.version.version
