@@ -145,7 +145,9 @@ def _commit_once(
     )
     fragments = [replaced if f.fragment_id == fragment else f.metadata for f in ds.get_fragments()]
     try:
-        done = lance.LanceDataset.commit(uri, lance.LanceOperation.Merge(fragments, ds.schema), read_version=ds.version)
+        done = lance.LanceDataset.commit(
+            uri, lance.LanceOperation.Merge(fragments, ds.lance_schema), read_version=ds.version
+        )
     except Exception as error:  # Lance reports a conflict as OSError / RuntimeError / its own kinds
         raise _Lost() from error
     return int(done.version)

@@ -1,0 +1,61 @@
+"""The tables layer on a real LanceDB table, no server (docs/ARCHITECTURE.md, "Backfills"): the plan's
+chunks stay inside fragments as offset ranges (deleted rows left out), a slice of a vector column
+arrives as the data plane's tensor column, and a fragment commit writes only its rows (skipped rows
+null, sidecar null), keeps row ids, survives an append that got in first, and is redone unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+pytestmark = pytest.mark.unit
+
+lancedb = pytest.importorskip("lancedb")
+
+
+def test_plan_slice_and_commit(tmp_path):
+    from lancefn_jupyter.tables.commit import commit_fragment
+    from lancefn_jupyter.tables.plan import open_table, plan_rows
+    from lancefn_jupyter.tables.slices import read_slice, slice_offsets
+    from lancefn_jupyter.wire import dataplane
+
+    db = lancedb.connect(str(tmp_path))
+    vectors = pa.array([[float(i), 1.0] for i in range(20)], pa.list_(pa.float32(), 2))
+    table = db.create_table("t", pa.table({"id": list(range(20)), "vec": vectors}))
+    table.add(pa.table({"id": [20, 21], "vec": pa.array([[20.0, 1.0], [21.0, 1.0]], pa.list_(pa.float32(), 2))}))
+    table.delete("id = 3")
+
+    plan = plan_rows(
+        open_table(table.uri), into="norm", version="v1", recompute="missing", where="id != 7", chunk_size=8
+    )
+    assert plan.fragments == {0: 18, 1: 2}
+    assert [c["ranges"] for c in plan.chunks] == [[[0, 3], [4, 7], [8, 10]], [[10, 18]], [[18, 20]], [[0, 2]]]
+
+    first = {"uri": table.uri, "table_version": plan.table_version, **plan.chunks[0], "columns": {"v": "vec"}}
+    rows = read_slice(first, {"v": "tensor<float32>"})
+    values = dataplane.decode_rows(rows)
+    assert [row["v"].tolist() for row in values] == [[float(i), 1.0] for i in (0, 1, 2, 4, 5, 6, 8, 9)]
+
+    # Fragment 0's results: the norm of each vector, with row offset 5 skipped (a null result, its error kept apart).
+    offsets = np.concatenate([slice_offsets(c["ranges"]) for c in plan.chunks if c["fragment"] == 0])
+    results = [None if o == 5 else float(o) for o in offsets]
+    versions = pa.array([None if o == 5 else "v1" for o in offsets], pa.utf8())
+    column = dataplane.encode_results(results, "float64", many=True).column(0)
+    table.add(
+        pa.table({"id": [22], "vec": pa.array([[22.0, 1.0]], pa.list_(pa.float32(), 2))})
+    )  # a writer got in first
+    args = {"into": "norm", "output_type": "float64", "offsets": offsets, "results": column, "versions": versions}
+    commit_fragment(table.uri, 0, **args)
+    commit_fragment(table.uri, 0, **args)  # redone after a restart: the same table
+
+    table = db.open_table("t")
+    data = table.to_arrow().sort_by("id").to_pydict()
+    expected = {i: (None if i in (5, 7) else float(i)) for i in range(20) if i != 3}
+    assert dict(zip(data["id"][:19], data["norm"][:19], strict=True)) == expected
+    assert data["norm"][19:] == [None, None, None]  # fragment 1 and the appended row: not committed
+    assert data["norm__lancefn_version"][:4] == ["v1", "v1", "v1", "v1"] and data["norm__lancefn_version"][4] is None
+    assert table.count_rows() == 22
+    assert table.search().where("norm IS NULL").limit(None).to_arrow().num_rows == 5
+    again = plan_rows(open_table(table.uri), into="norm", version="v1", recompute="missing", where=None, chunk_size=8)
+    assert again.rows_total == 5  # the skipped row, the filtered one, fragment 1's two and the appended one
