@@ -18,7 +18,10 @@ Runs in the control plane, everything under the job table's lock: job changes ar
 of the journal (``JobJournal.persist``; ``plane.py`` registers ``on_job``).
 
 A batch's state in memory and its wire form are in ``state.py`` (pure), its tables in
-``store.py``.
+``store.py``; a backfill's checks, state, tables and committer thread in ``backfill.py``.
+
+Over ~600 lines: one concern (following a batch's chunk jobs under the lock), of which a backfill's
+chunk bookkeeping and its fragment commits are a part, since they share the same state and lock.
 """
 
 from __future__ import annotations
@@ -734,6 +737,7 @@ def _fragment_values(parts: list, output_type: str, fid: int, version: str) -> t
     rows skipped); ``parts``: (chunk, result source, ranges) per chunk."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from lancefn_jupyter.tables.slices import slice_offsets
 
@@ -746,7 +750,7 @@ def _fragment_values(parts: list, output_type: str, fid: int, version: str) -> t
         offsets.append(mine)
         results.append(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
         bad = np.zeros(len(mine), dtype=bool) if error is None else error.is_valid().to_numpy(zero_copy_only=False)
-        versions.append(pa.array([None if b else version for b in bad.tolist()], type=pa.utf8()))
+        versions.append(pc.if_else(pa.array(bad), pa.scalar(None, pa.utf8()), pa.scalar(version, pa.utf8())))
         if error is not None and bad.any():
             skipped += int(bad.sum())
             errors += commit_errors(error, mine, fid, np.full(len(mine), idx), version)
