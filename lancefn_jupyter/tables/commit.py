@@ -12,15 +12,18 @@ control plane killed around a commit simply redoes it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lancefn_jupyter.tables.plan import open_table, sidecar_column
 from lancefn_jupyter.tables.types import into_column, into_type
 
-__all__ = ["CommitFailed", "commit_fragment"]
+__all__ = ["ChunkPart", "CommitFailed", "commit_fragment"]
 
 _TOMBSTONE = -2  # a DataFile field id Lance skips (the field lives in a newer file of the fragment)
 COMMIT_ATTEMPTS = 20
+WINDOW_ROWS = 8192  # physical rows per written batch: the commit's memory is about this many rows' values
 
 
 class CommitFailed(Exception):
@@ -49,51 +52,148 @@ def _ensure_columns(ds: Any, into: str, target: Any) -> Any:
     return ds
 
 
+@dataclass(frozen=True)
+class ChunkPart:
+    """One chunk's share of a fragment commit: its rows' physical offsets (ascending) and how to load
+    its results (the result column, the ``error`` column or None), loaded only when the commit
+    reaches them and dropped once past, so a commit holds about one chunk's results at a time."""
+
+    offsets: Any
+    load: Callable[[], tuple[Any, Any]]
+
+
+class _Results:
+    """The parts' results and versions by position, in windows, loading each part once in order."""
+
+    def __init__(self, parts: Sequence[ChunkPart], output_type: str, version: str) -> None:
+        import numpy as np
+
+        self.parts, self.output_type, self.version = list(parts), output_type, version
+        self.bounds = np.cumsum([0] + [len(p.offsets) for p in self.parts])
+        self._loaded: dict[int, tuple[Any, Any]] = {}
+        self.target: Any = None
+
+    def _part(self, index: int) -> tuple[Any, Any]:
+        import pyarrow as pa
+
+        if index not in self._loaded:
+            for old in [i for i in self._loaded if i < index]:  # windows only move forward
+                del self._loaded[old]
+            results, errors = self.parts[index].load()
+            if isinstance(results, pa.ChunkedArray):
+                results = results.combine_chunks()
+            if len(results) != len(self.parts[index].offsets):
+                raise CommitFailed(f"a chunk has {len(results)} results for {len(self.parts[index].offsets)} rows")
+            self._loaded[index] = (results, errors)
+        return self._loaded[index]
+
+    def first(self) -> Any:
+        return self._part(0)[0]
+
+    def window(self, start: int, end: int) -> tuple[Any, Any]:
+        """Values (of ``target``) and versions (utf8; null for a skipped row) of positions [start, end)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        values, versions = [], []
+        index = int(np.searchsorted(self.bounds, start, side="right")) - 1
+        while start < end:
+            results, errors = self._part(index)
+            lo, hi = start - self.bounds[index], min(end, self.bounds[index + 1]) - self.bounds[index]
+            try:
+                values.append(into_column(results.slice(lo, hi - lo), self.output_type, self.target))
+            except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise CommitFailed(f"the results do not fit the into column ({self.target}): {error}") from None
+            mine = pa.scalar(self.version, pa.utf8())
+            if errors is None:
+                versions.append(pa.repeat(mine, hi - lo))
+            else:
+                versions.append(pc.if_else(errors.slice(lo, hi - lo).is_valid(), pa.scalar(None, pa.utf8()), mine))
+            start += hi - lo
+            index += 1
+        return pa.concat_arrays(values), pa.concat_arrays(versions)
+
+
 def commit_fragment(
     uri: str,
     fragment: int,
     *,
     into: str,
     output_type: str,
-    offsets: Any,
-    results: Any,
-    versions: Any,
+    parts: Sequence[ChunkPart],
+    version: str,
+    window: int = WINDOW_ROWS,
 ) -> int:
-    """Write ``results`` (a result column, one value per offset) and ``versions`` (utf8, null for a
-    skipped row) at ``offsets`` of ``fragment``; returns the table version committed.
+    """Write the parts' results (and ``version`` in the sidecar, null for a skipped row) at their
+    offsets of ``fragment``; returns the table version committed.
 
     CommitFailed when it cannot succeed; a commit another writer's got in before is redone first."""
-    import pyarrow as pa
-
-    if isinstance(results, pa.ChunkedArray):
-        results = results.combine_chunks() if results.num_chunks else pa.array([], results.type)
     last: BaseException | None = None
     for attempt in range(COMMIT_ATTEMPTS):
         try:
-            return _commit_once(uri, fragment, into, output_type, offsets, results, versions)
+            return _commit_once(uri, fragment, into, _Results(parts, output_type, version), window)
         except _Lost as error:
             last = error.__cause__
             time.sleep(min(0.05 * 2**attempt, 1.0))
     raise CommitFailed(f"fragment {fragment}: {COMMIT_ATTEMPTS} commits failed, the last with: {last}")
 
 
-def _commit_once(
-    uri: str, fragment: int, into: str, output_type: str, offsets: Any, results: Any, versions: Any
-) -> int:
-    import lance
+def _windows(ds: Any, frag: Any, into: str, results: _Results, offsets: Any, keep_current: bool, window: int) -> Any:
+    """The fragment's new ``into`` + sidecar columns as record batches of ``window`` physical rows:
+    ours at our offsets, the table's current values elsewhere (none to read when the column is new)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
+
+    sidecar = sidecar_column(into)
+    rows = frag.metadata.physical_rows
+    present = None
+    if keep_current and frag.metadata.deletion_file is not None:
+        addresses = frag.scanner(columns=[], with_row_address=True).to_table().column("_rowaddr").to_numpy()
+        present = (addresses & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    for start in range(0, rows, window):
+        end = min(start + window, rows)
+        i0, i1 = (int(i) for i in np.searchsorted(offsets, [start, end]))
+        ours = offsets[i0:i1] - start
+        source = np.full(end - start, -1, dtype=np.int64)
+        current_into = pa.array([], results.target)
+        current_side = pa.array([], pa.utf8())
+        if keep_current:
+            others = np.ones(end - start, dtype=bool)
+            others[ours] = False
+            wanted = np.flatnonzero(others) + start
+            if present is not None:
+                wanted = wanted[np.isin(wanted, present)]
+                logical = np.searchsorted(present, wanted)
+            else:
+                logical = wanted
+            if len(wanted):
+                current = frag.take(logical, columns=[into, sidecar])
+                current_into = current.column(into).combine_chunks().cast(results.target)
+                current_side = current.column(sidecar).combine_chunks().cast(pa.utf8())
+                source[wanted - start] = np.arange(len(wanted))
+        values, versions = (
+            results.window(i0, i1) if i1 > i0 else (pa.array([], results.target), pa.array([], pa.utf8()))
+        )
+        source[ours] = len(current_into) + np.arange(len(ours))
+        take = pa.array(source, mask=source < 0)
+        new_into = pc.take(pa.concat_arrays([current_into, values]), take)
+        new_side = pc.take(pa.concat_arrays([current_side, versions]), take)
+        yield pa.record_batch([new_into, new_side], names=[into, sidecar])
+
+
+def _commit_once(uri: str, fragment: int, into: str, results: _Results, window: int) -> int:
+    import lance
+    import numpy as np
+    import pyarrow as pa
     from lance.fragment import DataFile, FragmentMetadata, write_fragments
 
     ds = open_table(uri)
     sidecar = sidecar_column(into)
-    target = ds.schema.field(into).type if into in ds.schema.names else into_type(output_type, results)
-    try:
-        values = into_column(results, output_type, target)
-    except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-        raise CommitFailed(f"the results do not fit the into column {into!r} ({target}): {error}") from None
-    ds = _ensure_columns(ds, into, target)
+    keep_current = into in ds.schema.names
+    results.target = ds.schema.field(into).type if keep_current else into_type(results.output_type, results.first())
+    ds = _ensure_columns(ds, into, results.target)
     frag = ds.get_fragment(fragment)
     if frag is None:
         raise CommitFailed(
@@ -102,17 +202,12 @@ def _commit_once(
         )
     meta = frag.metadata
     rows = meta.physical_rows
-    current = ds.scanner(columns=[into, sidecar], with_row_address=True, fragments=[frag]).to_table()
-    current_offsets = (current.column("_rowaddr").to_numpy() & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    # Where each physical row's value comes from: ours, else the table's current one, else null (deleted rows).
-    source = np.full(rows, -1, dtype=np.int64)
-    source[current_offsets] = np.arange(len(current_offsets))
-    source[np.asarray(offsets, dtype=np.int64)] = len(current_offsets) + np.arange(len(offsets))
-    take = pa.array(source, mask=source < 0)
-    new_into = pc.take(pa.chunked_array([current.column(into).combine_chunks().cast(target), values]), take)
-    new_versions = pc.take(pa.chunked_array([current.column(sidecar).combine_chunks(), versions]), take)
-    table = pa.table({into: new_into.combine_chunks(), sidecar: new_versions.combine_chunks()})
-    written = write_fragments(table, ds, mode="append", max_rows_per_file=max(rows, 1) + 1)
+    offsets = np.concatenate([np.asarray(p.offsets, dtype=np.int64) for p in results.parts])
+    if np.any(np.diff(offsets) <= 0):
+        raise CommitFailed(f"fragment {fragment}: the chunks' offsets are not ascending")
+    schema = pa.schema([pa.field(into, results.target), pa.field(sidecar, pa.utf8())])
+    reader = pa.RecordBatchReader.from_batches(schema, _windows(ds, frag, into, results, offsets, keep_current, window))
+    written = write_fragments(reader, ds, schema=schema, mode="append", max_rows_per_file=max(rows, 1) + 1)
     if len(written) != 1 or len(written[0].files) != 1:
         raise CommitFailed(f"fragment {fragment}: writing the column gave {len(written)} fragments, not one file")
     new_file = written[0].files[0]

@@ -5,7 +5,6 @@ null, sidecar null), keeps row ids, survives an append that got in first, and is
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -15,7 +14,7 @@ lancedb = pytest.importorskip("lancedb")
 
 
 def test_plan_slice_and_commit(tmp_path):
-    from lancefn_jupyter.tables.commit import commit_fragment
+    from lancefn_jupyter.tables.commit import ChunkPart, commit_fragment
     from lancefn_jupyter.tables.plan import open_table, plan_rows
     from lancefn_jupyter.tables.slices import read_slice, slice_offsets
     from lancefn_jupyter.wire import dataplane
@@ -38,14 +37,15 @@ def test_plan_slice_and_commit(tmp_path):
     assert [row["v"].tolist() for row in values] == [[float(i), 1.0] for i in (0, 1, 2, 4, 5, 6, 8, 9)]
 
     # Fragment 0's results: the norm of each vector, with row offset 5 skipped (a null result, its error kept apart).
-    offsets = np.concatenate([slice_offsets(c["ranges"]) for c in plan.chunks if c["fragment"] == 0])
-    results = [None if o == 5 else float(o) for o in offsets]
-    versions = pa.array([None if o == 5 else "v1" for o in offsets], pa.utf8())
-    column = dataplane.encode_results(results, "float64", many=True).column(0)
-    table.add(
-        pa.table({"id": [22], "vec": pa.array([[22.0, 1.0]], pa.list_(pa.float32(), 2))})
-    )  # a writer got in first
-    args = {"into": "norm", "output_type": "float64", "offsets": offsets, "results": column, "versions": versions}
+    parts = []
+    for chunk in plan.chunks[:3]:  # fragment 0's chunks; windows of 4 rows cut across them
+        offsets = slice_offsets(chunk["ranges"])
+        column = dataplane.encode_results([None if o == 5 else float(o) for o in offsets], "float64", many=True)
+        errors = pa.array(['{"message": "bad row"}' if o == 5 else None for o in offsets], pa.utf8())
+        parts.append(ChunkPart(offsets, lambda column=column, errors=errors: (column.column(0), errors)))
+    appended = pa.table({"id": [22], "vec": pa.array([[22.0, 1.0]], pa.list_(pa.float32(), 2))})
+    table.add(appended)  # a writer got in first
+    args = {"into": "norm", "output_type": "float64", "parts": parts, "version": "v1", "window": 4}
     commit_fragment(table.uri, 0, **args)
     commit_fragment(table.uri, 0, **args)  # redone after a restart: the same table
 

@@ -27,6 +27,7 @@ chunk bookkeeping and its fragment commits are a part, since they share the same
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -636,16 +637,15 @@ class BatchManager:
             spec, version = run.spec, batch.version
         problem, errors, skipped, rows = None, [], 0, 0
         try:
-            offsets, results, versions, errors, skipped = _fragment_values(parts, spec["output_type"], fid, version)
-            rows = len(offsets)
+            chunk_parts, errors, skipped = _fragment_parts(parts, spec["output_type"], fid, version)
+            rows = sum(len(part.offsets) for part in chunk_parts)
             commit_fragment(
                 spec["table_uri"],
                 fid,
                 into=spec["into"],
                 output_type=spec["output_type"],
-                offsets=offsets,
-                results=results,
-                versions=versions,
+                parts=chunk_parts,
+                version=version,
             )
         except CommitFailed as error:
             problem = str(error)
@@ -732,28 +732,20 @@ class BatchManager:
         self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
 
 
-def _fragment_values(parts: list, output_type: str, fid: int, version: str) -> tuple:
-    """A fragment's chunk results as one commit's inputs: (offsets, results, versions, error rows,
-    rows skipped); ``parts``: (chunk, result source, ranges) per chunk."""
+def _fragment_parts(parts: list, output_type: str, fid: int, version: str) -> tuple:
+    """A fragment's chunks as the commit's parts (results loaded when the commit reaches them), its
+    ``backfill_errors`` rows and how many rows were skipped; ``parts``: (chunk, result source, ranges)."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
+    from lancefn_jupyter.tables.commit import ChunkPart
     from lancefn_jupyter.tables.slices import slice_offsets
 
-    offsets, results, versions, errors, skipped = [], [], [], [], 0
+    chunk_parts, errors, skipped = [], [], 0
     for idx, source, ranges in parts:
-        values, error = chunk_results(source, output_type)
-        mine = slice_offsets(ranges)
-        if len(values) != len(mine):
-            raise ValueError(f"chunk {idx} has {len(values)} results for {len(mine)} rows")
-        offsets.append(mine)
-        results.append(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
-        bad = np.zeros(len(mine), dtype=bool) if error is None else error.is_valid().to_numpy(zero_copy_only=False)
-        versions.append(pc.if_else(pa.array(bad), pa.scalar(None, pa.utf8()), pa.scalar(version, pa.utf8())))
-        if error is not None and bad.any():
-            skipped += int(bad.sum())
-            errors += commit_errors(error, mine, fid, np.full(len(mine), idx), version)
-    first = results[0].type
-    column = pa.concat_arrays([r if r.type == first else r.cast(first) for r in results])
-    return np.concatenate(offsets), column, pa.concat_arrays(versions), errors, skipped
+        offsets = slice_offsets(ranges)
+        _, error = chunk_results(source, output_type)
+        if error is not None and error.null_count < len(error):
+            skipped += len(error) - error.null_count
+            errors += commit_errors(error, offsets, fid, np.full(len(offsets), idx), version)
+        chunk_parts.append(ChunkPart(offsets, functools.partial(chunk_results, source, output_type)))
+    return chunk_parts, errors, skipped
