@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import EMBED, column, make_table, table_dir, wait_until
+from helpers import EMBED, api_keys_toml, column, make_table, table_dir, wait_until
 from helpers import wait_backfill as wait
 
 SCORE = """from __future__ import annotations
@@ -315,3 +315,37 @@ def test_sigkill_mid_backfill_then_restart_finishes_it(control_plane_factory):
     table = lancedb.connect(str(db_dir)).open_table("docs")
     assert column(table, "out") == [2 * i for i in range(500)]
     assert set(column(table, "out__lancefn_version")) == {version}
+
+
+TEAM_KEYS = api_keys_toml(
+    {"name": "alice", "key": "alice-key-000000001", "namespace": "team-a", "privileges": ["functions", "jobs"]},
+    {"name": "carol", "key": "carol-key-000000003", "privileges": ["functions", "jobs"]},
+    {"name": "viewer", "key": "viewer-key-00000004", "namespace": "team-a", "privileges": ["jobs"]},
+)
+
+
+def test_a_backfill_lives_in_its_functions_namespace(control_plane_factory):
+    cp = control_plane_factory(api_keys=TEAM_KEYS)
+    db_dir = table_dir()
+    _, table = make_table(db_dir)
+    alice, carol = cp.http("alice-key-000000001"), cp.http("carol-key-000000003")
+    viewer = cp.http("viewer-key-00000004")
+    with alice, carol, viewer:
+        body = registration_body(
+            "score",
+            source=SCORE,
+            entrypoint="score",
+            inputs=(("x", "float64", False), ("y", "int64", False)),
+            output_type="float64",
+            num_gpus=None,
+        )
+        version = register(alice, body)["version"]
+        request = {"name": "score", "version": version, "table_uri": table.uri, "columns": ["a", "b"], "into": "s"}
+        assert viewer.post("/v1/backfills/create", json=request).status_code == 403  # creating runs code
+        assert carol.post("/v1/backfills/create", json=request).status_code == 404  # not her function
+        batch_id = create(alice, **request)["batch_id"]
+        batch = wait(alice, batch_id)
+        assert batch["batch_state"] == "DONE" and batch["namespace"] == "team-a"
+        assert viewer.post("/v1/backfills/errors", json={"batch_id": batch_id}).json()["total"] == 0
+        reply = carol.post("/v1/backfills/errors", json={"batch_id": batch_id})
+        assert reply.status_code == 404 and batch_id in reply.json()["error"]["message"]
