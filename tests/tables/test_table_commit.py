@@ -5,6 +5,7 @@ null, sidecar null), keeps row ids, survives an append that got in first, and is
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -59,3 +60,30 @@ def test_plan_slice_and_commit(tmp_path):
     assert table.search().where("norm IS NULL").limit(None).to_arrow().num_rows == 5
     again = plan_rows(open_table(table.uri), into="norm", version="v1", recompute="missing", where=None, chunk_size=8)
     assert again.rows_total == 5  # the skipped row, the filtered one, fragment 1's two and the appended one
+
+
+@pytest.mark.parametrize(
+    ("output_type", "values", "arrow_type"),
+    [
+        ("list<float64>", lambda i: [float(i)] * (i % 3), "list<item: double>"),
+        ("utf8", lambda i: f"row {i}", "string"),
+        ("tensor<float32>", lambda i: np.full(3, i, dtype=np.float32), "fixed_size_list<item: float>[3]"),
+    ],
+)
+def test_a_column_of_each_kind_committed_twice(tmp_path, output_type, values, arrow_type):
+    from lancefn_jupyter.tables.commit import ChunkPart, commit_fragment
+    from lancefn_jupyter.wire import dataplane
+
+    db = lancedb.connect(str(tmp_path))
+    table = db.create_table("t", pa.table({"id": list(range(6))}))
+    for scale in (1, 10):  # the second commit replaces the first one's data file
+        offsets = np.arange(6)
+        column = dataplane.encode_results([values(i * scale) for i in range(6)], output_type, many=True).column(0)
+        part = ChunkPart(offsets, lambda column=column: (column, None))
+        commit_fragment(table.uri, 0, into="out", output_type=output_type, parts=[part], version=f"v{scale}")
+    table = db.open_table("t")
+    assert str(table.schema.field("out").type) == arrow_type
+    got = table.to_arrow().sort_by("id").column("out").to_pylist()
+    expected = [values(i * 10) for i in range(6)]
+    assert got == [e.tolist() if isinstance(e, np.ndarray) else e for e in expected]
+    assert table.to_arrow().column("out__lancefn_version").to_pylist() == ["v10"] * 6
