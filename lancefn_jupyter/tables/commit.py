@@ -23,6 +23,7 @@ __all__ = ["ChunkPart", "CommitFailed", "commit_fragment"]
 
 _TOMBSTONE = -2  # a DataFile field id Lance skips (the field lives in a newer file of the fragment)
 COMMIT_ATTEMPTS = 20
+PAGE_BYTES = 8 << 20  # the writer's page buffer per column: bounds what it holds before writing
 WINDOW_ROWS = 8192  # physical rows per written batch: the commit's memory is about this many rows' values
 
 
@@ -90,29 +91,31 @@ class _Results:
     def first(self) -> Any:
         return self._part(0)[0]
 
-    def window(self, start: int, end: int) -> tuple[Any, Any]:
-        """Values (of ``target``) and versions (utf8; null for a skipped row) of positions [start, end)."""
+    def window(self, start: int, end: int) -> list[tuple[Any, Any]]:
+        """Values (of ``target``) and versions (utf8; null for a skipped row) of positions [start, end),
+        one piece per chunk part (zero-copy slices of its results when they need no conversion)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        values, versions = [], []
+        pieces = []
         index = int(np.searchsorted(self.bounds, start, side="right")) - 1
         while start < end:
             results, errors = self._part(index)
             lo, hi = start - self.bounds[index], min(end, self.bounds[index + 1]) - self.bounds[index]
             try:
-                values.append(into_column(results.slice(lo, hi - lo), self.output_type, self.target))
+                values = into_column(results.slice(lo, hi - lo), self.output_type, self.target)
             except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
                 raise CommitFailed(f"the results do not fit the into column ({self.target}): {error}") from None
             mine = pa.scalar(self.version, pa.utf8())
             if errors is None:
-                versions.append(pa.repeat(mine, hi - lo))
+                versions = pa.repeat(mine, hi - lo)
             else:
-                versions.append(pc.if_else(errors.slice(lo, hi - lo).is_valid(), pa.scalar(None, pa.utf8()), mine))
+                versions = pc.if_else(errors.slice(lo, hi - lo).is_valid(), pa.scalar(None, pa.utf8()), mine)
+            pieces.append((values, versions))
             start += hi - lo
             index += 1
-        return pa.concat_arrays(values), pa.concat_arrays(versions)
+        return pieces
 
 
 def commit_fragment(
@@ -173,14 +176,18 @@ def _windows(ds: Any, frag: Any, into: str, results: _Results, offsets: Any, kee
                 current_into = current.column(into).combine_chunks().cast(results.target)
                 current_side = current.column(sidecar).combine_chunks().cast(pa.utf8())
                 source[wanted - start] = np.arange(len(wanted))
-        values, versions = (
-            results.window(i0, i1) if i1 > i0 else (pa.array([], results.target), pa.array([], pa.utf8()))
-        )
+        pieces = results.window(i0, i1)
+        if len(current_into) == 0 and len(ours) == end - start:
+            for values, versions in pieces:  # all ours, in offset order: no copy (the common case)
+                yield pa.record_batch([values, versions], names=[into, sidecar])
+            continue
+        values = pa.concat_arrays([p[0] for p in pieces]) if pieces else pa.array([], results.target)
+        versions = pa.concat_arrays([p[1] for p in pieces]) if pieces else pa.array([], pa.utf8())
         source[ours] = len(current_into) + np.arange(len(ours))
         take = pa.array(source, mask=source < 0)
-        new_into = pc.take(pa.concat_arrays([current_into, values]), take)
-        new_side = pc.take(pa.concat_arrays([current_side, versions]), take)
-        yield pa.record_batch([new_into, new_side], names=[into, sidecar])
+        if len(current_into):
+            values, versions = pa.concat_arrays([current_into, values]), pa.concat_arrays([current_side, versions])
+        yield pa.record_batch([pc.take(values, take), pc.take(versions, take)], names=[into, sidecar])
 
 
 def _commit_once(uri: str, fragment: int, into: str, results: _Results, window: int) -> int:
@@ -207,7 +214,9 @@ def _commit_once(uri: str, fragment: int, into: str, results: _Results, window: 
         raise CommitFailed(f"fragment {fragment}: the chunks' offsets are not ascending")
     schema = pa.schema([pa.field(into, results.target), pa.field(sidecar, pa.utf8())])
     reader = pa.RecordBatchReader.from_batches(schema, _windows(ds, frag, into, results, offsets, keep_current, window))
-    written = write_fragments(reader, ds, schema=schema, mode="append", max_rows_per_file=max(rows, 1) + 1)
+    written = write_fragments(
+        reader, ds, schema=schema, mode="append", max_rows_per_file=max(rows, 1) + 1, max_page_bytes=PAGE_BYTES
+    )
     if len(written) != 1 or len(written[0].files) != 1:
         raise CommitFailed(f"fragment {fragment}: writing the column gave {len(written)} fragments, not one file")
     new_file = written[0].files[0]

@@ -361,8 +361,13 @@ def chunk_results(source: Path | list, output_type: str) -> tuple[Any, Any]:
     if isinstance(source, list):
         return dataplane.encode_results(source, output_type, many=True).column(0), None
     table = dataplane.read_ipc(source)
-    errors = table.column("error").combine_chunks() if "error" in table.column_names else None
-    return table.column(0).combine_chunks(), errors
+    errors = _one_array(table.column("error")) if "error" in table.column_names else None
+    return _one_array(table.column(0)), errors
+
+
+def _one_array(column: Any) -> Any:
+    """A column as one array: the memory-mapped chunk itself when there is one (no copy)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def skipped_rows(source: Path | list) -> int:
