@@ -349,3 +349,52 @@ def test_a_backfill_lives_in_its_functions_namespace(control_plane_factory):
         assert viewer.post("/v1/backfills/errors", json={"batch_id": batch_id}).json()["total"] == 0
         reply = carol.post("/v1/backfills/errors", json={"batch_id": batch_id})
         assert reply.status_code == 404 and batch_id in reply.json()["error"]["message"]
+
+
+PICKY = """from __future__ import annotations
+
+import os
+
+
+def picky(n: int) -> int:
+    if n == 42 and not os.path.exists(FIXED):
+        raise ValueError("row 42 is not ready")
+    return -n
+"""
+
+
+def test_a_failed_chunk_fails_the_backfill_and_retry_finishes_it(cp):
+    import lancedb
+
+    db_dir = table_dir()
+    _, table = make_table(db_dir)
+    fixed = db_dir / "fixed"
+    with cp.http() as http:
+        body = registration_body(
+            "picky",
+            source=PICKY.replace("FIXED", repr(str(fixed))),
+            entrypoint="picky",
+            inputs=(("n", "int64", False),),
+            num_gpus=None,
+        )
+        version = register(http, body)["version"]
+        created = create(
+            http, name="picky", version=version, table_uri=table.uri, columns=["b"], into="neg", chunk_size=100
+        )
+        failed = wait(http, created["batch_id"])
+        assert failed["batch_state"] == "FAILED" and failed["failure"]["chunk"] == 0, failed
+        assert "row 42 is not ready" in failed["failure"]["message"]
+        # The other fragment's rows are committed; the failed chunk's fragment waits for it.
+        assert failed["backfill"]["fragments_committed"] == 1 and failed["backfill"]["rows_written"] == 200
+        neg = column(lancedb.connect(str(db_dir)).open_table("docs"), "neg")
+        assert neg == [None] * 300 + [-i for i in range(300, 500)]
+        fixed.touch()
+        assert http.post("/v1/batches/retry", json={"batch_id": created["batch_id"]}).status_code == 200
+        done = wait(http, created["batch_id"])
+        assert done["batch_state"] == "DONE" and done["backfill"]["rows_written"] == 500, done
+        # Only the failed chunk ran again.
+        assert [c["job_id"] == f["job_id"] for c, f in zip(done["chunks"], failed["chunks"], strict=True)] == [
+            False
+        ] + [True] * 4
+    neg = column(lancedb.connect(str(db_dir)).open_table("docs"), "neg")
+    assert neg == [-i for i in range(500)]
