@@ -30,7 +30,7 @@ def open_table(uri: str, version: int | None = None) -> Any:
 
     try:
         return lance.dataset(uri, version=version)
-    except (ValueError, OSError, RuntimeError) as error:
+    except Exception as error:  # Lance raises several kinds (ValueError, OSError, its own) for a bad URI
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise TableError(
             f"table_uri {uri!r} is not a Lance dataset ({first[:300]}); pass the table's directory, "
