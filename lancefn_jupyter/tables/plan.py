@@ -12,8 +12,6 @@ from typing import Any
 
 __all__ = ["Plan", "TableError", "open_table", "plan_rows", "sidecar_column", "slice_rows"]
 
-RECOMPUTE = ("missing", "stale", "all")
-
 
 class TableError(ValueError):
     """The table, a column or the filter is not what a backfill needs; the message says what to change."""

@@ -36,6 +36,8 @@ __all__ = [
     "Prepared",
     "chunk_results",
     "prepare",
+    "skipped_rows",
+    "table_key",
 ]
 
 log = logging.getLogger("lancefn.server")
