@@ -362,3 +362,58 @@ def outputs_text(cell) -> str:
         elif output.get("output_type") == "error":
             parts.append(output["ename"] + ": " + output["evalue"])
     return "\n".join(parts)
+
+
+# ------------------------------------------------------------- backfills (LanceDB tables)
+
+# A per-row embedding of a text (SCALE replaced by a number: a new version per value).
+EMBED = """from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+def embed(text: str) -> NDArray[np.float32]:
+    return np.array([len(text), float(text[1:]) % 7, SCALE, 1.0], dtype=np.float32)
+"""
+
+
+def table_dir() -> Path:
+    # Workers may run as another user: the table's directory must be readable by them.
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="lancefn-backfill-"))
+    path.chmod(0o755)
+    return path
+
+
+def make_table(db_dir: Path, name: str = "docs"):
+    """Two fragments (tbl.add twice): ids 0–299 then 300–499; texts repeat (t0…t49), so equal
+    inputs sit in distinct rows."""
+    import lancedb
+    import pyarrow as pa
+
+    db = lancedb.connect(str(db_dir))
+
+    def part(ids):
+        return pa.table({"id": ids, "text": [f"t{i % 50}" for i in ids], "a": [i / 4 for i in ids], "b": ids})
+
+    table = db.create_table(name, part(list(range(300))))
+    table.add(part(list(range(300, 500))))
+    return db, table
+
+
+def wait_backfill(http: httpx.Client, batch_id: str) -> dict:
+    """The batch once terminal (long polls of 60 s each, up to DEADLINE_S)."""
+    batch = http.post("/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": 60}, timeout=DEADLINE_S + 10).json()
+    for _ in range(int(DEADLINE_S / 60) + 1):
+        if batch["batch_state"] in ("DONE", "FAILED", "CANCELLED"):
+            break
+        batch = http.post("/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": 60}, timeout=70).json()
+    from lancefn_jupyter.wire.batch_models import Batch
+
+    Batch.from_wire(batch)
+    return batch
+
+
+def column(table, name: str, order: str = "id") -> list:
+    data = table.to_arrow().sort_by(order)
+    return data.column(name).to_pylist()

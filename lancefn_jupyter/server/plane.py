@@ -176,6 +176,7 @@ class ControlPlane:
     def shutdown(self) -> None:
         table = self.table
         self.environments.shutdown()
+        self.batches.close()  # the commit under way finishes; queued ones are redone on the next start
         with table.lock:
             table.started = False
             executor, table.executor = table.executor, None

@@ -18,17 +18,35 @@ Runs in the control plane, everything under the job table's lock: job changes ar
 of the journal (``JobJournal.persist``; ``plane.py`` registers ``on_job``).
 
 A batch's state in memory and its wire form are in ``state.py`` (pure), its tables in
-``store.py``.
+``store.py``; a backfill's checks, state, tables and committer thread in ``backfill.py``.
+
+Over ~600 lines: one concern (following a batch's chunk jobs under the lock), of which a backfill's
+chunk bookkeeping and its fragment commits are a part, since they share the same state and lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
+import shutil
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+from lancefn_jupyter.server.batches.backfill import (
+    BackfillRun,
+    BackfillStore,
+    Committer,
+    Fragment,
+    chunk_results,
+    commit_errors,
+    prepare,
+    skipped_rows,
+    table_key,
+)
 from lancefn_jupyter.server.batches.state import (
     MAX_CHUNKS,
     MAX_RETRIES,
@@ -37,6 +55,7 @@ from lancefn_jupyter.server.batches.state import (
     Chunk,
     batch_wire,
     check_chunks,
+    check_options,
     check_request,
     cut,
     input_digest,
@@ -64,6 +83,7 @@ from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
+from lancefn_jupyter.tables.plan import slice_rows
 
 __all__ = ["BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES", "BatchManager"]
 
@@ -92,6 +112,9 @@ class BatchManager:
         self.table, self.store, self.data, self.bus = table, store, data, bus
         self.catalog, self.jobs, self.machine = catalog, jobs, machine
         self.saved = BatchStore(store)
+        self.backfills = BackfillStore(store)
+        self.committer = Committer(self._commit_fragment)
+        self.kept_dir = Path(data.root) / "backfills"  # chunk results kept until their fragment commits
         self._batches: dict[str, Batch] = {}  # active batches (terminal ones are read from the store)
         self._by_job: dict[str, tuple[str, int]] = {}  # live chunk job → (batch, chunk)
         self._waiters = Waiters(table.lock)
@@ -167,6 +190,87 @@ class BatchManager:
             self._changed(batch)
             return {"batch_id": batch.batch_id, "reused_chunks": 0}
 
+    def create_backfill(
+        self,
+        name: str,
+        version: str,
+        request: dict,
+        *,
+        parallel: int | None,
+        retries: int,
+        timeout_s: float | None,
+        namespace: str | None = DEFAULT_NAMESPACE,
+        scope: str | None = None,
+        home: str = DEFAULT_NAMESPACE,
+    ) -> dict:
+        """A backfill (docs/ARCHITECTURE.md, "Backfills"): check the request against the function
+        and the table, plan the rows (outside the lock: it scans the table), then record the batch
+        and submit its first chunks. One unfinished backfill per (table, into): else a 409."""
+        fv, namespace = self.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
+        check_options(parallel, retries)
+        uri = table_key(str(request["table_uri"]))
+        self._refuse_second(uri, request["into"])
+        prepared = prepare(fv, {**request, "table_uri": uri})
+        run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})
+        with self.table.lock:
+            self._refuse_second(uri, request["into"])
+            batch = Batch(
+                batch_id=uuid.uuid4().hex,
+                name=name,
+                version=version,
+                digest=prepared.digest,
+                state=PENDING,
+                parallel=parallel,
+                retries=retries,
+                timeout_s=timeout_s,
+                creation_ms=now_ms(),
+                chunks=[],
+                namespace=namespace,
+                backfill=run,
+            )
+            start = 0
+            for idx, piece in enumerate(prepared.slices):
+                count = slice_rows(piece["ranges"])
+                batch.add_chunk(Chunk(idx, start, start + count))
+                start += count
+            batch.waiting.extend(range(len(prepared.slices)))
+            with self.store.batch():
+                self.saved.insert(batch, [dumps(piece) for piece in prepared.slices])
+                self.backfills.insert(batch.batch_id, run)
+                self._batches[batch.batch_id] = batch
+                try:
+                    self._advance(batch, fresh=prepared.slices)
+                except BaseException:
+                    self._forget(batch)
+                    raise
+            self._changed(batch)
+            return {
+                "batch_id": batch.batch_id,
+                "rows_total": batch.rows_total,
+                "chunks_total": len(batch.chunks),
+                "table_version": run.spec["table_version"],
+            }
+
+    def _refuse_second(self, uri: str, into: Any) -> None:
+        running = self.backfills.unfinished(uri, str(into))
+        if running is not None:
+            raise ApiError(
+                409,
+                f"backfill {running} of column {into!r} in {uri} is still running; wait for it, attach to it "
+                f"(Backfill.attach({running!r})) or cancel it (POST /v1/batches/cancel) before starting another",
+            )
+
+    def backfill_errors(self, batch_id: str, offset: int, limit: int, scope: str | None = None) -> dict:
+        """The rows a backfill skipped (``on_error="skip"``), in row id order."""
+        with self.table.lock:
+            batch = self._get(batch_id, scope)
+            if batch.backfill is None:
+                raise ApiError(
+                    400, f"batch {batch_id} is not a backfill; its failures are in POST /v1/batches/describe"
+                )
+            errors, total = self.backfills.errors(batch_id, offset, limit)
+            return {"errors": errors, "total": total}
+
     def describe(self, batch_id: str, *, include_chunks: bool = True, scope: str | None = None) -> dict:
         with self.table.lock:
             return batch_wire(self._get(batch_id, scope), include_chunks=include_chunks)
@@ -197,7 +301,9 @@ class BatchManager:
         with self.table.lock:
             batch = self._get(batch_id, scope)
             redo = [c for c in batch.chunks if c.state in (FAILED, CANCELLED, TIMED_OUT)]
-            if not redo:
+            run = batch.backfill
+            uncommitted = run is not None and any(not f.committed for f in run.fragments.values())
+            if not redo and not (uncommitted and batch.state in TERMINAL):
                 return batch_wire(batch, include_chunks=False)
             if batch.batch_id not in self._batches:
                 self._activate(batch)
@@ -212,6 +318,10 @@ class BatchManager:
                     if chunk.failure is not None and chunk.state == DONE:
                         chunk.failure = None
                         self.saved.save_chunk(batch, chunk)
+                if run is not None:  # the skip limit and a failed commit start afresh too
+                    run.failure, run.commit_failure = None, None
+                    self.backfills.save(batch.batch_id, run)
+                    self._queue_commits(batch)
                 self.saved.save_batch(batch)
                 self._advance(batch)
             self._changed(batch)
@@ -238,9 +348,11 @@ class BatchManager:
         """On start (lock held, after the machine re-queued its jobs): load unfinished batches and
         read each live chunk's outcome from its job, then submit what is due."""
         for batch_id in self.saved.unfinished_ids():
-            batch = self.saved.load(batch_id)
+            batch = self._load(batch_id)
             assert batch is not None  # the query just listed it
             self._activate(batch)
+            if batch.backfill is not None:  # chunks DONE before the stop: their fragments commit (again)
+                self._queue_commits(batch)
             for idx in sorted(batch.live):
                 chunk = batch.chunks[idx]
                 rec = self.jobs.record(chunk.job_id) if chunk.job_id else None
@@ -253,6 +365,11 @@ class BatchManager:
                     self._job_changed(batch, chunk, rec)
             self._advance(batch)
         self._recovered = True
+        self.committer.start()
+
+    def close(self) -> None:
+        """Stop the committer thread (after the commit under way, if any)."""
+        self.committer.stop()
 
     def on_job(self, rec: JobRecord) -> None:
         """A job changed (a journal watcher, called once the change is saved): follow it if it is a chunk's."""
@@ -291,6 +408,8 @@ class BatchManager:
         if state == DONE:
             chunk.rows_done = chunk.rows
             self._set_chunk(batch, chunk, DONE)
+            if batch.backfill is not None:
+                self._backfill_chunk_done(batch, chunk, rec)
             return
         failure = dict(rec.failure or {})
         failure.setdefault("phase", "timeout" if state == TIMED_OUT else "run")
@@ -321,6 +440,10 @@ class BatchManager:
         FAILED, not CANCELLED: nobody asked to cancel) and its failure is that setup's.  Waiting
         chunks are cancelled, and so are the live chunks' jobs (their hook marks each chunk; one
         the hook cannot reach, during recovery, is marked here)."""
+        self._stop_chunks(batch)
+
+    def _stop_chunks(self, batch: Batch) -> None:
+        """Cancel the batch's waiting chunks and its live chunks' jobs (it fails, nobody asked to cancel)."""
         while batch.waiting:
             self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
         live = batch.live_jobs()
@@ -350,6 +473,8 @@ class BatchManager:
                         self._set_chunk(batch, chunk, FAILED)
         if batch.live or batch.waiting:
             return
+        if batch.backfill is not None and batch.backfill.committing:
+            return  # DONE only once every fragment is committed ("Backfills", "State")
         batch.state = batch.outcome()
         batch.finished_ms = now_ms()
         self.saved.save_batch(batch)
@@ -360,8 +485,13 @@ class BatchManager:
             rows = fresh[chunk.idx]
         else:
             rows = self.saved.chunk_rows(batch.batch_id, chunk.idx)
-        arrow_rows = None
-        if isinstance(rows, bytes):
+        arrow_rows = table_slice = None
+        extra: dict[str, Any] = {"batch_id": batch.batch_id, "chunk": chunk.idx, "row_start": chunk.row_start}
+        if batch.backfill is not None:  # a slice of the table: read where the chunk runs ("Running a chunk")
+            table_slice, rows = rows, None
+            if batch.backfill.spec["on_error"] != "fail":
+                extra["on_error"] = batch.backfill.spec["on_error"]
+        elif isinstance(rows, bytes):
             # Arrow chunk: handed to its job as a rows file, the data plane's path for a functions/run body.
             from lancefn_jupyter.wire.dataplane import write_bytes_file
 
@@ -369,7 +499,6 @@ class BatchManager:
             write_bytes_file(arrow_rows, rows, durable=False)
             rows = None
         chunk.attempts += 1
-        extra = {"batch_id": batch.batch_id, "chunk": chunk.idx, "row_start": chunk.row_start}
         with self.store.batch():
             # The job and the chunk's pointer to it commit together (see the module's durability note).
             try:
@@ -383,6 +512,7 @@ class BatchManager:
                     spec_extra=extra,
                     rows_checked=True,
                     arrow_rows=arrow_rows,
+                    table_slice=table_slice,
                 )
             finally:
                 if arrow_rows is not None and arrow_rows.exists():  # refused before the run took it
@@ -402,9 +532,151 @@ class BatchManager:
 
     def _get(self, batch_id: str, scope: str | None = None) -> Batch:
         """The batch, if the caller (``scope``: its namespace; None: the admin) may see it; else the same 404."""
-        batch = self._batches.get(batch_id) or self.saved.load(batch_id)
+        batch = self._batches.get(batch_id) or self._load(batch_id)
         if batch is None or not visible(scope, batch.namespace):
             raise ApiError(404, f"batch {batch_id} not found; list batches with POST /v1/batches/list")
+        return batch
+
+    # ------------------------------------------------------------- backfills
+
+    def _backfill_chunk_done(self, batch: Batch, chunk: Chunk, rec: JobRecord) -> None:
+        """A backfill's chunk is DONE: keep its result, count its skipped rows (the skip limit), and
+        queue its fragment's commit once every chunk of the fragment is DONE."""
+        run = batch.backfill
+        source = self._keep_result(batch, chunk, rec)
+        if source is None:
+            self._rerun(batch, chunk)
+            return
+        run.skipped[chunk.idx] = skipped_rows(source)
+        limit = run.spec["max_skip_fraction"] * batch.rows_total
+        if run.failure is None and run.rows_skipped > limit:
+            run.failure = {
+                "phase": "skip_limit",
+                "message": f"{run.rows_skipped} of {batch.rows_total} rows were skipped, more than "
+                f"max_skip_fraction={run.spec['max_skip_fraction']:g} allows; see POST /v1/backfills/errors, fix "
+                "the function (or raise max_skip_fraction) and run the backfill again",
+                "chunk": chunk.idx,
+            }
+            self.backfills.save(batch.batch_id, run)
+            self._stop_chunks(batch)
+        self._queue_commits(batch)
+
+    def _rerun(self, batch: Batch, chunk: Chunk) -> None:
+        """A DONE chunk whose result is gone (removed by retention before it was kept): run it again."""
+        log.warning("backfill %s: chunk %s's result is gone; running it again", batch.batch_id, chunk.idx)
+        if chunk.job_id is not None:
+            self._by_job.pop(chunk.job_id, None)
+        chunk.job_id, chunk.rows_done, chunk.attempts = None, 0, 0
+        self._set_chunk(batch, chunk, PENDING)
+        batch.waiting.appendleft(chunk.idx)
+
+    def _kept(self, batch: Batch, chunk: Chunk) -> Path:
+        return self.kept_dir / batch.batch_id / f"{chunk.idx}-{chunk.job_id}.arrow"
+
+    def _keep_result(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> Path | Any:
+        """The chunk's result, safe from retention until its fragment commits: a hard link to its
+        Arrow result file, or its JSON results (in the store already); None when it is gone."""
+        if rec is None or rec.state != DONE:
+            return None
+        if isinstance(rec.result, list):
+            return rec.result
+        kept = self._kept(batch, chunk)
+        if kept.exists():
+            return kept
+        if not (isinstance(rec.result, dict) and "arrow" in rec.result):
+            return None
+        kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            os.link(self.data.result_path(rec.job_id), kept)
+        except FileNotFoundError:
+            return None
+        except OSError:  # no hard links here (another file system): a copy
+            shutil.copyfile(self.data.result_path(rec.job_id), kept)
+        return kept
+
+    def _queue_commits(self, batch: Batch) -> None:
+        """Queue the commit of every fragment whose chunks are all DONE and that is not committed yet."""
+        run = batch.backfill
+        for fid, frag in run.fragments.items():
+            if frag.committed or fid in run.committing:
+                continue
+            if all(batch.chunks[idx].state == DONE for idx in frag.chunks):
+                for idx in frag.chunks:  # after a restart: the skips of chunks DONE before it
+                    if idx not in run.skipped:
+                        chunk = batch.chunks[idx]
+                        source = self._keep_result(
+                            batch, chunk, self.jobs.record(chunk.job_id) if chunk.job_id else None
+                        )
+                        run.skipped[idx] = 0 if source is None else skipped_rows(source)
+                run.committing.add(fid)
+                self.committer.submit(batch.batch_id, fid)
+
+    def _commit_fragment(self, batch_id: str, fid: int) -> None:
+        """The committer thread: write a fragment's results into the table (without the lock), then
+        record it; the batch finishes once no commit is left."""
+        from lancefn_jupyter.tables.commit import CommitFailed, commit_fragment
+
+        with self.table.lock:
+            batch = self._batches.get(batch_id)
+            if batch is None or batch.backfill is None:
+                return
+            run = batch.backfill
+            frag = run.fragments[fid]
+            parts = []
+            for idx in frag.chunks:
+                chunk = batch.chunks[idx]
+                source = self._keep_result(batch, chunk, self.jobs.record(chunk.job_id) if chunk.job_id else None)
+                if source is None:
+                    run.committing.discard(fid)
+                    self._rerun(batch, chunk)
+                    self._advance(batch)
+                    self._changed(batch)
+                    return
+                table_slice: Any = self.saved.chunk_rows(batch_id, idx)  # a backfill chunk's rows: its slice
+                parts.append((idx, source, table_slice["ranges"]))
+            spec, version = run.spec, batch.version
+        problem, errors, skipped, rows = None, [], 0, 0
+        try:
+            chunk_parts, errors, skipped = _fragment_parts(parts, spec["output_type"], fid, version)
+            rows = sum(len(part.offsets) for part in chunk_parts)
+            commit_fragment(
+                spec["table_uri"],
+                fid,
+                into=spec["into"],
+                output_type=spec["output_type"],
+                parts=chunk_parts,
+                version=version,
+            )
+        except CommitFailed as error:
+            problem = str(error)
+        except Exception as error:  # an unreadable result, a table gone: the batch says why
+            log.exception("backfill %s: committing fragment %s failed", batch_id, fid)
+            problem = f"fragment {fid}: {type(error).__name__}: {error}"
+        with self.table.lock:
+            run.committing.discard(fid)
+            with self.store.batch():
+                if problem is None:
+                    frag.committed, frag.rows_written, frag.rows_skipped = True, rows - skipped, skipped
+                    for idx in frag.chunks:
+                        run.skipped.pop(idx, None)
+                    self.backfills.save_fragment(batch_id, fid, frag, errors)
+                else:
+                    run.commit_failure = problem
+                    if run.failure is None:
+                        run.failure = {"phase": "commit", "message": problem, "chunk": frag.chunks[0]}
+                    self.backfills.save(batch_id, run)
+                    self._stop_chunks(batch)
+                self._advance(batch)
+            if problem is None:
+                for _, source, _ in parts:
+                    if isinstance(source, Path):
+                        source.unlink(missing_ok=True)
+            self._changed(batch)
+
+    def _load(self, batch_id: str) -> Batch | None:
+        batch = self.saved.load(batch_id)
+        if batch is not None:
+            batch.backfill = self.backfills.load(batch_id)
         return batch
 
     def _activate(self, batch: Batch) -> None:
@@ -420,6 +692,8 @@ class BatchManager:
 
     def _forget(self, batch: Batch) -> None:
         self._batches.pop(batch.batch_id, None)
+        if batch.backfill is not None:
+            shutil.rmtree(self.kept_dir / batch.batch_id, ignore_errors=True)
         for chunk in batch.chunks:
             if chunk.job_id is not None and self._by_job.get(chunk.job_id, (None,))[0] == batch.batch_id:
                 del self._by_job[chunk.job_id]
@@ -456,3 +730,22 @@ class BatchManager:
 
     def _publish(self, batch: Batch) -> None:
         self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
+
+
+def _fragment_parts(parts: list, output_type: str, fid: int, version: str) -> tuple:
+    """A fragment's chunks as the commit's parts (results loaded when the commit reaches them), its
+    ``backfill_errors`` rows and how many rows were skipped; ``parts``: (chunk, result source, ranges)."""
+    import numpy as np
+
+    from lancefn_jupyter.tables.commit import ChunkPart
+    from lancefn_jupyter.tables.slices import slice_offsets
+
+    chunk_parts, errors, skipped = [], [], 0
+    for idx, source, ranges in parts:
+        offsets = slice_offsets(ranges)
+        _, error = chunk_results(source, output_type)
+        if error is not None and error.null_count < len(error):
+            skipped += len(error) - error.null_count
+            errors += commit_errors(error, offsets, fid, np.full(len(offsets), idx), version)
+        chunk_parts.append(ChunkPart(offsets, functools.partial(chunk_results, source, output_type)))
+    return chunk_parts, errors, skipped

@@ -62,6 +62,7 @@ class Batch:
     live: set = field(default_factory=set)  # chunk idx with a pending/running job
     counts: collections.Counter = field(default_factory=collections.Counter)  # chunk state → count
     rows_finished: int = 0  # rows of DONE chunks
+    backfill: Any = None  # a backfill's BackfillRun (server/batches/backfill.py); None for a plain batch
 
     @property
     def rows_total(self) -> int:
@@ -97,6 +98,8 @@ class Batch:
         """The state of a batch with no chunk left to run."""
         if self.cancel_requested:
             return CANCELLED
+        if self.backfill is not None and self.backfill.failure is not None:
+            return FAILED  # the skip limit or a commit that failed for good
         return FAILED if self.counts[FAILED] or self.counts[CANCELLED] else DONE
 
     def spec(self) -> dict:
@@ -120,6 +123,10 @@ def check_request(chunks: Any, parallel: int | None, retries: int) -> None:
         raise ApiError(400, "chunks must be a non-empty list of chunks, each a non-empty list of rows")
     if len(chunks) > MAX_CHUNKS:
         raise ApiError(400, f"{len(chunks)} chunks is more than the limit of {MAX_CHUNKS}; pass a larger chunk_size")
+    check_options(parallel, retries)
+
+
+def check_options(parallel: int | None, retries: int) -> None:
     if parallel is not None and parallel < 1:
         raise ApiError(400, "parallel must be ≥ 1, or null for as many as the class has GPUs ('auto')")
     if not 0 <= retries <= MAX_RETRIES:
@@ -232,13 +239,19 @@ def batch_wire(batch: Batch, *, include_chunks: bool) -> dict:
         (c for c in failed_chunks if c.failure and c.failure.get("phase") in SETUP_PHASES),
         failed_chunks[0] if failed_chunks else None,
     )
-    if failed is not None and failed.failure:
+    own = batch.backfill.failure if batch.backfill is not None else None
+    if own is not None:  # the backfill's own reason comes first: it is why the batch stopped
+        chunk = batch.chunks[own["chunk"]]
+        wire["failure"] = {"row_start": chunk.row_start, "row_end": chunk.row_end, **own}
+    elif failed is not None and failed.failure:
         wire["failure"] = {
             "chunk": failed.idx,
             "row_start": failed.row_start,
             "row_end": failed.row_end,
             **failed.failure,
         }
+    if batch.backfill is not None:
+        wire["backfill"] = batch.backfill.wire()
     if include_chunks:
         wire["chunks"] = [
             {

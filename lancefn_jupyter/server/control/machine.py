@@ -47,6 +47,7 @@ from lancefn_jupyter.server.executors.base import TaskSpec, redact_env
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
+from lancefn_jupyter.tables.plan import slice_rows
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import JobFailure
 
@@ -56,6 +57,11 @@ MAX_REQUEUES = 3
 
 # (job id, rows) of the job being queued: launched at once, it need not read its rows back.
 NewRows = tuple[str, Any] | None
+
+
+def _slice_rows_ref(job_id: str) -> dict:
+    """The rows file a backfill chunk's slice is read into (one per job, removed when it ends)."""
+    return {"arrow_file": f"rows/slice-{job_id}.arrow"}
 
 
 def owner(rec: JobRecord) -> tuple[str, str, str] | None:
@@ -97,15 +103,19 @@ class JobMachine:
         arrow_rows: Any = None,
         spec_extra: dict | None = None,
         rows_checked: bool = False,
+        table_slice: dict | None = None,
         **where: Unpack[Where],
     ) -> str:
         """Queue a job; it belongs to the function's namespace (whose env it runs with).
         ``arrow_rows``: the path of an Arrow IPC rows file (instead of JSON ``rows``): a body the
         route streamed to a temp file, or a client's upload; it is checked, then kept as the job's rows.
         A batch's chunk jobs pass ``spec_extra`` (batch_id, chunk, row_start: kept in the job's spec)
-        and ``rows_checked`` (their rows were checked when the batch was created)."""
+        and ``rows_checked`` (their rows were checked when the batch was created); a backfill's chunk
+        jobs pass ``table_slice`` instead of rows (kept in the spec; docs/ARCHITECTURE.md, "Backfills")."""
         fv, owner = self.catalog.runnable(name, version, **where)
-        if arrow_rows is not None:
+        if table_slice is not None:
+            rows = []
+        elif arrow_rows is not None:
             rows = take_arrow_rows(self.data, fv, arrow_rows)
         elif not rows_checked:
             check_rows(fv, rows)
@@ -119,8 +129,13 @@ class JobMachine:
             if resources is None
             else self.catalog.placement(resources.gpu_class, resources.num_gpus)  # the config may have changed
         )
-        rows_total = rows["rows_total"] if isinstance(rows, dict) else len(rows)
+        if table_slice is not None:
+            rows_total = slice_rows(table_slice["ranges"])
+        else:
+            rows_total = rows["rows_total"] if isinstance(rows, dict) else len(rows)
         job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": rows_total}
+        if table_slice is not None:
+            job_spec["table_slice"] = table_slice
         if timeout_s is not None:
             job_spec["timeout_s"] = timeout_s
         if isinstance(rows, dict):
@@ -261,6 +276,8 @@ class JobMachine:
         had_devices = bool(table.scheduler.release(rec.job_id)) or bool(rec.devices)
         if rec.spec.get("rows_format") == "arrow":  # the rows file is done with; JSON rows stay in SQLite
             self.data.remove_rows(self.store.get_rows(rec.job_id))
+        elif "table_slice" in rec.spec:  # the rows file the executor read the slice into
+            self.data.remove_rows(_slice_rows_ref(rec.job_id))
         table.active.pop(rec.job_id, None)
         table.job_env.pop(rec.job_id, None)
         self.journal.forget(rec.job_id)
@@ -343,6 +360,7 @@ class JobMachine:
             state=runtime.get("state") or "per_worker",  # absent: the default ("Warm state")
             environment=self.environments.request(rec),
             venv=self.environments.venv(rec.job_id),
+            table_slice=rec.spec.get("table_slice"),
         )
 
     def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:
@@ -356,8 +374,14 @@ class JobMachine:
         }
         if isinstance(rows, dict):
             data["rows_file"] = str(self.data.rows_path(rows))
-        if rec.spec.get("on_error") == "skip":  # a backfill's chunk job (spec_extra; "Batched functions")
-            data["on_error"] = "skip"
+        elif (
+            "table_slice" in rec.spec
+        ):  # where the local executor reads the slice to (docs/ARCHITECTURE.md, "Backfills")
+            data["rows_file"] = str(self.data.rows_path(_slice_rows_ref(rec.job_id)))
+        if (
+            "on_error" in rec.spec
+        ):  # "skip": a failing row gets a null result (docs/ARCHITECTURE.md, "Batched functions")
+            data["on_error"] = rec.spec["on_error"]
         return data
 
     # ---------------------------------------------------------------- recovery

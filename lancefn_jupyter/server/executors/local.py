@@ -299,6 +299,8 @@ class LocalExecutor(Executor):
             run.done.set()
 
     def _run(self, run: _Run) -> None:
+        if run.task.table_slice is not None and not self._read_slice(run):
+            return
         worker = self._take_worker(run)
         if worker is None:
             return
@@ -326,6 +328,26 @@ class LocalExecutor(Executor):
         # A new fresh spare for the next new version here, started only now: on a small machine a
         # process start racing the job it was taken for would slow that job down.
         self._prewarm(_fresh(run.key), quiet=True)
+
+    def _read_slice(self, run: _Run) -> bool:
+        """A backfill chunk: its slice of the table into the job's rows file, here in the task's
+        thread (never under the job table's lock), so the worker reads rows as for any Arrow job
+        (docs/ARCHITECTURE.md, "Backfills"). False (the job failed) when the slice cannot be read."""
+        from lancefn_jupyter.tables.slices import read_slice
+        from lancefn_jupyter.wire.dataplane import write_ipc_file
+
+        task = run.task
+        try:
+            rows = read_slice(task.table_slice, task.data.get("input_types") or {})  # type: ignore[arg-type]
+            write_ipc_file(str(task.data["rows_file"]), rows, durable=False)
+        except Exception as error:  # the table moved or changed under the backfill: the chunk fails, saying why
+            if run.claim("failed"):
+                self._callbacks.task_failed(
+                    task.job_id,
+                    JobFailure(phase="validation", message=f"could not read the chunk's rows from the table: {error}"),
+                )
+            return False
+        return True
 
     def _retire_reason(self, final: dict) -> str | None:
         """Why the worker that sent ``final`` must not serve another job, if it must not."""

@@ -21,7 +21,7 @@ from lancefn_jupyter.server.http.bodies import ArrowBodies
 from lancefn_jupyter.server.http.errors import add_error_handlers
 from lancefn_jupyter.server.http.fastpath import FastPath
 from lancefn_jupyter.server.http.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, Guard
-from lancefn_jupyter.server.http.routes import batches, events, functions, jobs, system
+from lancefn_jupyter.server.http.routes import backfills, batches, events, functions, jobs, system
 from lancefn_jupyter.server.http.routes.context import RouteContext
 from lancefn_jupyter.server.plane import ControlPlane
 from lancefn_jupyter.server.policy.namespaces import Principal
@@ -71,6 +71,6 @@ def create_app(
         Guard, max_body_bytes=max_body_bytes, keys=keys, body_timeout_s=body_timeout_s, fastpath=ctx.fastpath
     )
     add_error_handlers(app)
-    for module in (system, functions, jobs, batches, events):
+    for module in (system, functions, jobs, batches, backfills, events):
         module.add_routes(app, ctx)
     return app

@@ -194,7 +194,7 @@ class _Driver:
             "rows": job["rows"],
             # with the task, never in runtime_env: env values stay out of /proc/<pid>/environ
             "env": {str(k): str(v) for k, v in (job.get("env") or {}).items()},
-            **_ray_data_fields(data),  # per job: a version's jobs may send JSON or Arrow rows
+            **_ray_data_fields(data, job.get("table_slice")),  # per job: a version's jobs may send JSON or Arrow rows
         }
         record = _BridgeJob(job_id, None, job.get("timeout_s"), int(data.get("rows_total", len(job["rows"]))))
         record.result_file = data.get("result_file")
@@ -613,14 +613,20 @@ def _add_start(final: dict, record: _BridgeJob, value: dict) -> None:
     final["timings"] = {**final["timings"], "start_ms": start_ms}
 
 
-def _ray_data_fields(data: dict) -> dict:
+def _ray_data_fields(data: dict, table_slice: dict | None = None) -> dict:
     """The data plane's task fields for a Ray task: Arrow rows go as IPC bytes (the task may run
-    on another node) and the result comes back as IPC bytes (``result_ipc``), never as JSON."""
+    on another node) and the result comes back as IPC bytes (``result_ipc``), never as JSON.
+    A backfill chunk's ``table_slice`` goes as it is: the task reads its rows from the table."""
     if not data:
         return {}
     fields = {"input_types": data.get("input_types") or {}, "output_type": data.get("output_type"), "result_ipc": True}
-    if "rows_file" in data:
+    if table_slice is not None:
+        fields["table_slice"] = table_slice
+    elif "rows_file" in data:
         fields["rows_ipc"] = Path(data["rows_file"]).read_bytes()
+    for key in ("on_error", "batched"):  # the worker's call mode ("Batched functions")
+        if key in data:
+            fields[key] = data[key]
     return fields
 
 

@@ -655,6 +655,8 @@ def _job_payload(task: TaskSpec) -> dict:
         "timeout_s": task.timeout_s,
         "namespace": task.namespace,
         "data": dict(task.data),
+        # A backfill chunk: the Ray task reads its rows from the table itself (docs/ARCHITECTURE.md, "Backfills").
+        **({"table_slice": dict(task.table_slice)} if task.table_slice is not None else {}),
         "state": task.state,
         "python_version": task.environment.python_version if task.environment is not None else None,
     }

@@ -250,6 +250,25 @@ def _task_env(env: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _slice_failure(task: dict) -> dict | None:
+    """A backfill chunk: read its rows from the table here, in the Ray worker, as the task's
+    ``rows_ipc`` (docs/ARCHITECTURE.md, "Backfills"); the ``failed`` event when they cannot be read."""
+    table_slice = task.pop("table_slice", None)
+    if table_slice is None:
+        return None
+    from lancefn_jupyter.tables.slices import slice_ipc
+
+    try:
+        task["rows_ipc"] = slice_ipc(table_slice, task.get("input_types") or {})
+    except Exception as error:  # the table moved or changed under the backfill: the chunk fails, saying why
+        return {
+            "event": "failed",
+            "phase": "validation",
+            "message": f"could not read the chunk's rows from the table: {error}",
+        }
+    return None
+
+
 def _run_job(hub: Any, task: dict, where: dict, output: _ActorOutput) -> dict:
     """One job on an actor: report where it runs, run the artifact like the local worker, return the outcome."""
     from lancefn_jupyter.worker.runner import run_task_inline
@@ -259,7 +278,7 @@ def _run_job(hub: Any, task: dict, where: dict, output: _ActorOutput) -> dict:
     sender.send(event="started", **where)
     try:
         with output.to(sender.send), _task_env(task.get("env") or {}):
-            final = run_task_inline(task, sender.send)
+            final = _slice_failure(task) or run_task_inline(task, sender.send)
     finally:
         tail = sender.close()
     if final.get("event") == "result":  # a result means every row is done: its progress would be one more event

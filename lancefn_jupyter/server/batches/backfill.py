@@ -1,0 +1,438 @@
+"""Backfills: a batch whose chunks are slices of a Lance table and whose results the control plane
+commits back into it, one fragment at a time (docs/ARCHITECTURE.md, "Backfills").
+
+This module holds what a backfill adds to a batch: the request checks and the plan
+(:func:`prepare`), its state in memory (:class:`BackfillRun`, ``Batch.backfill``), its tables
+(:class:`BackfillStore`: ``backfills``, ``backfill_fragments``, ``backfill_errors``), reading a
+chunk's results (:func:`chunk_results`) and the committer thread (:class:`Committer`).
+``manager.BatchManager`` drives it under the job table's lock; the Lance commit itself runs on the
+committer thread without the lock. pylance and pyarrow are imported only by a backfill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
+from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.storage.store import Store
+from lancefn_jupyter.wire.models import FunctionVersion
+
+__all__ = [
+    "BACKFILL_SCHEMA",
+    "BackfillRun",
+    "BackfillStore",
+    "Committer",
+    "Prepared",
+    "chunk_results",
+    "prepare",
+    "skipped_rows",
+    "table_key",
+]
+
+log = logging.getLogger("lancefn.server")
+
+RECOMPUTE = ("missing", "stale", "all")
+ON_ERROR = ("fail", "skip")
+# Default chunk sizes (docs/ARCHITECTURE.md, "Backfills", "Which rows").
+CHUNK_ROWS = {True: 1024, False: 256}
+MAX_CHUNK_ROWS = 1 << 20
+
+BACKFILL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS backfills(
+    batch_id TEXT PRIMARY KEY,
+    table_uri TEXT NOT NULL,
+    into_column TEXT NOT NULL,
+    spec TEXT NOT NULL,                -- BatchBackfill's fixed fields + input/output types
+    failure TEXT,                      -- the batch's own failure (skip_limit, commit), JSON
+    commit_failure TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS backfills_by_target ON backfills(table_uri, into_column);
+CREATE TABLE IF NOT EXISTS backfill_fragments(
+    batch_id TEXT NOT NULL,
+    fragment INTEGER NOT NULL,
+    chunks TEXT NOT NULL,              -- JSON list of the chunk indexes cut from this fragment
+    committed INTEGER NOT NULL DEFAULT 0,
+    rows_written INTEGER NOT NULL DEFAULT 0,
+    rows_skipped INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY(batch_id, fragment)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS backfill_errors(
+    batch_id TEXT NOT NULL,
+    row_id INTEGER NOT NULL,
+    fragment INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    message TEXT NOT NULL,
+    traceback TEXT,
+    version TEXT NOT NULL,
+    chunk INTEGER NOT NULL,
+    PRIMARY KEY(batch_id, row_id)
+) WITHOUT ROWID;
+"""
+
+
+# ------------------------------------------------------------------------- state
+
+
+@dataclass
+class Fragment:
+    chunks: list[int]
+    committed: bool = False
+    rows_written: int = 0
+    rows_skipped: int = 0
+
+
+@dataclass
+class BackfillRun:
+    """A backfill's state in memory (``Batch.backfill``)."""
+
+    spec: dict  # table_uri, table_version, into, version_column, columns, where, recompute, on_error, max_skip_fraction, input_types, output_type
+    fragments: dict[int, Fragment]
+    failure: dict | None = (
+        None  # {phase: skip_limit | commit, message, chunk}: the batch failed for the backfill's sake
+    )
+    commit_failure: str | None = None
+    skipped: dict[int, int] = field(default_factory=dict)  # DONE chunk → rows it skipped (until its fragment commits)
+    committing: set[int] = field(default_factory=set)  # fragments queued for (or in) a commit
+
+    def chunk_fragment(self) -> dict[int, int]:
+        return {idx: fid for fid, frag in self.fragments.items() for idx in frag.chunks}
+
+    @property
+    def rows_written(self) -> int:
+        return sum(f.rows_written for f in self.fragments.values())
+
+    @property
+    def rows_skipped(self) -> int:
+        return sum(f.rows_skipped for f in self.fragments.values()) + sum(self.skipped.values())
+
+    def wire(self) -> dict:
+        """The ``BatchBackfill`` wire form."""
+        spec = self.spec
+        wire: dict[str, Any] = {
+            "table_uri": spec["table_uri"],
+            "table_version": spec["table_version"],
+            "into": spec["into"],
+            "version_column": spec["version_column"],
+            "columns": spec["columns"] if isinstance(spec["columns"], dict) else {c: c for c in spec["columns"]},
+            "recompute": spec["recompute"],
+            "on_error": spec["on_error"],
+            "max_skip_fraction": spec["max_skip_fraction"],
+            "rows_skipped": self.rows_skipped,
+            "rows_written": self.rows_written,
+            "fragments_total": len(self.fragments),
+            "fragments_committed": sum(f.committed for f in self.fragments.values()),
+        }
+        if spec.get("where"):
+            wire["where"] = spec["where"]
+        if self.commit_failure:
+            wire["commit_failure"] = self.commit_failure
+        return wire
+
+
+# ------------------------------------------------------------------------- store
+
+
+class BackfillStore:
+    """The backfill tables, next to the batches'; writes join the store's open transaction."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        store.executescript(BACKFILL_SCHEMA)
+
+    def insert(self, batch_id: str, run: BackfillRun) -> None:
+        spec = run.spec
+        self.store.execute(
+            "INSERT INTO backfills(batch_id, table_uri, into_column, spec) VALUES(?,?,?,?)",
+            (batch_id, spec["table_uri"], spec["into"], dumps(spec)),
+        )
+        self.store.executemany(
+            "INSERT INTO backfill_fragments(batch_id, fragment, chunks) VALUES(?,?,?)",
+            [(batch_id, fid, dumps(frag.chunks)) for fid, frag in run.fragments.items()],
+        )
+
+    def save(self, batch_id: str, run: BackfillRun) -> None:
+        self.store.execute(
+            "UPDATE backfills SET failure=?, commit_failure=? WHERE batch_id=?",
+            (None if run.failure is None else dumps(run.failure), run.commit_failure, batch_id),
+        )
+
+    def save_fragment(self, batch_id: str, fid: int, frag: Fragment, errors: list[tuple]) -> None:
+        self.store.execute(
+            "UPDATE backfill_fragments SET committed=?, rows_written=?, rows_skipped=? WHERE batch_id=? AND fragment=?",
+            (int(frag.committed), frag.rows_written, frag.rows_skipped, batch_id, fid),
+        )
+        self.store.executemany(
+            "INSERT OR REPLACE INTO backfill_errors(batch_id, row_id, fragment, offset, message, traceback, version, chunk) "
+            "VALUES(?,?,?,?,?,?,?,?)",
+            [(batch_id, *error) for error in errors],
+        )
+
+    def load(self, batch_id: str) -> BackfillRun | None:
+        rows = self.store.query("SELECT spec, failure, commit_failure FROM backfills WHERE batch_id=?", (batch_id,))
+        if not rows:
+            return None
+        spec, failure, commit_failure = rows[0]
+        fragments = {
+            fid: Fragment(json.loads(chunks), bool(committed), written, skipped)
+            for fid, chunks, committed, written, skipped in self.store.query(
+                "SELECT fragment, chunks, committed, rows_written, rows_skipped FROM backfill_fragments "
+                "WHERE batch_id=? ORDER BY fragment",
+                (batch_id,),
+            )
+        }
+        return BackfillRun(
+            json.loads(spec), fragments, None if failure is None else json.loads(failure), commit_failure
+        )
+
+    def unfinished(self, table_uri: str, into: str) -> str | None:
+        """The unfinished backfill of ``into`` in ``table_uri``, if any (one at a time per column)."""
+        rows = self.store.query(
+            "SELECT f.batch_id FROM backfills f JOIN batches b ON b.batch_id = f.batch_id "
+            "WHERE f.table_uri=? AND f.into_column=? AND b.state IN (?,?) LIMIT 1",
+            (table_uri, into, PENDING, IN_PROGRESS),
+        )
+        return rows[0][0] if rows else None
+
+    def errors(self, batch_id: str, offset: int, limit: int) -> tuple[list[dict], int]:
+        total = self.store.query("SELECT COUNT(*) FROM backfill_errors WHERE batch_id=?", (batch_id,))[0][0]
+        rows = self.store.query(
+            "SELECT row_id, fragment, offset, message, traceback, version, chunk FROM backfill_errors "
+            "WHERE batch_id=? ORDER BY row_id LIMIT ? OFFSET ?",
+            (batch_id, limit, offset),
+        )
+        keys = ("row_id", "fragment", "offset", "message", "traceback", "version", "chunk")
+        return [{k: v for k, v in zip(keys, row, strict=True) if v is not None} for row in rows], total
+
+
+# ------------------------------------------------------------------------- the request
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked backfill request and its plan: the run's spec and each chunk's slice."""
+
+    spec: dict
+    fragments: dict[int, list[int]]  # fragment → chunk indexes
+    slices: list[dict]
+    digest: str
+
+
+def table_key(uri: str) -> str:
+    """One spelling per table, so the one-backfill-per-column rule sees through ``./`` and links."""
+    return uri if "://" in uri else os.path.realpath(uri)
+
+
+def _param_columns(fv: FunctionVersion, columns: Any, table_columns: list[str]) -> dict[str, str] | list[str]:
+    """``columns`` (a mapping, a list by position, or None) → {param: column}, or the column list
+    of a ``record_batch`` function; 400s say what to pass."""
+    params = fv.signature.inputs
+    names = [p.name for p in params]
+    if len(params) == 1 and params[0].arrow_type == "arrow.record_batch":
+        if columns is None:
+            return list(table_columns)
+        if isinstance(columns, str):
+            columns = [columns]
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns) or not columns:
+            raise ApiError(400, "columns must list the table columns the RecordBatch parameter receives")
+        return list(columns)
+    if columns is None:
+        chosen = {n: n for n in names if n in table_columns}
+    elif isinstance(columns, str):
+        columns = [columns]
+    if isinstance(columns, list):
+        if not all(isinstance(c, str) for c in columns) or not 1 <= len(columns) <= len(names):
+            raise ApiError(
+                400,
+                f"columns must be a list of 1 to {len(names)} column names, matched to ({', '.join(names)}) by position",
+            )
+        chosen = dict(zip(names, columns, strict=False))
+    elif isinstance(columns, dict):
+        unknown = sorted(set(columns) - set(names))
+        if unknown or not all(isinstance(c, str) for c in columns.values()):
+            raise ApiError(
+                400,
+                f"columns maps parameters to column names; {fv.name} has no parameter(s) {', '.join(unknown)} "
+                f"(it takes {', '.join(names)})",
+            )
+        chosen = dict(columns)
+    elif columns is not None:
+        raise ApiError(400, "columns must be {param: column}, a list of columns by position, or omitted")
+    missing = [p.name for p in params if p.name not in chosen and p.default is None]
+    if missing:
+        raise ApiError(
+            400,
+            f"no column for parameter(s) {', '.join(missing)} of {fv.name}; pass columns= "
+            f"(the table has {', '.join(table_columns)})",
+        )
+    return chosen
+
+
+def prepare(fv: FunctionVersion, request: dict) -> Prepared:
+    """Check a ``backfills/create`` request against the function and the table and plan its rows.
+    Every problem is an ApiError 400 saying what to change; nothing is created."""
+    from lancefn_jupyter.tables.plan import TableError, open_table, plan_rows, sidecar_column
+    from lancefn_jupyter.tables.types import input_problem, into_problem
+
+    into, recompute, on_error = request["into"], request["recompute"], request["on_error"]
+    if recompute not in RECOMPUTE:
+        raise ApiError(400, f"recompute={recompute!r}: use one of {', '.join(RECOMPUTE)}")
+    if on_error not in ON_ERROR:
+        raise ApiError(400, f"on_error={on_error!r}: use 'fail' (a failing chunk fails) or 'skip' (its row stays null)")
+    fraction = request["max_skip_fraction"]
+    if not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ApiError(400, f"max_skip_fraction={fraction!r}: give a fraction between 0 and 1")
+    output = fv.signature.output
+    if output.kind != "scalar" or not output.arrow_type:
+        raise ApiError(400, f"{fv.name} returns nothing a column can hold; give it a return annotation")
+    chunk_size = request.get("chunk_size") or CHUNK_ROWS[bool(fv.signature.batched)]
+    if not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK_ROWS:
+        raise ApiError(400, f"chunk_size must be a whole number of rows between 1 and {MAX_CHUNK_ROWS}")
+    if not isinstance(into, str) or not into:
+        raise ApiError(400, "into must name the column the results go to")
+    uri = table_key(request["table_uri"])
+    try:
+        ds = open_table(uri)
+        schema = ds.schema
+        columns = _param_columns(fv, request.get("columns"), schema.names)
+        used = columns if isinstance(columns, list) else list(columns.values())
+        sidecar = sidecar_column(into)
+        unknown = [c for c in used if c not in schema.names]
+        if unknown:
+            raise ApiError(
+                400, f"no column {', '.join(map(repr, unknown))} in the table; it has {', '.join(schema.names)}"
+            )
+        if into in used or sidecar in used:
+            raise ApiError(400, f"into={into!r} is also an input column; write the results to another column")
+        types = {p.name: p.arrow_type for p in fv.signature.inputs}
+        if isinstance(columns, dict):
+            for param, column in columns.items():
+                problem = input_problem(param, types[param], column, schema.field(column).type)
+                if problem:
+                    raise ApiError(400, problem)
+        if into in schema.names:
+            problem = into_problem(into, schema.field(into).type, output.arrow_type)
+            if problem:
+                raise ApiError(400, problem)
+        if sidecar in schema.names and str(schema.field(sidecar).type) not in ("string", "large_string"):
+            raise ApiError(400, f"column {sidecar!r} is not utf8; it is the backfill's version column: drop it")
+        plan = plan_rows(
+            ds, into=into, version=fv.version, recompute=recompute, where=request.get("where"), chunk_size=chunk_size
+        )
+    except TableError as error:
+        raise ApiError(400, str(error)) from None
+    spec = {
+        "table_uri": uri,
+        "table_version": plan.table_version,
+        "into": into,
+        "version_column": sidecar,
+        "columns": columns,
+        "where": request.get("where"),
+        "recompute": recompute,
+        "on_error": on_error,
+        "max_skip_fraction": float(fraction),
+        "input_types": types,
+        "output_type": output.arrow_type,
+    }
+    slices = [{"uri": uri, "table_version": plan.table_version, **chunk, "columns": columns} for chunk in plan.chunks]
+    fragments: dict[int, list[int]] = {}
+    for idx, chunk in enumerate(plan.chunks):
+        fragments.setdefault(chunk["fragment"], []).append(idx)
+    digest = hashlib.sha256(dumps({"spec": spec, "slices": slices}).encode()).hexdigest()
+    return Prepared(spec, fragments, slices, "sha256:" + digest)
+
+
+# ------------------------------------------------------------------------- results and commits
+
+
+def chunk_results(source: Path | list, output_type: str) -> tuple[Any, Any]:
+    """A DONE chunk's results: (the result column, the ``error`` column or None). ``source``: the
+    kept Arrow result file, or the job's JSON results (small plain results travel as JSON)."""
+    from lancefn_jupyter.wire import dataplane
+
+    if isinstance(source, list):
+        return dataplane.encode_results(source, output_type, many=True).column(0), None
+    table = dataplane.read_ipc(source)
+    errors = _one_array(table.column("error")) if "error" in table.column_names else None
+    return _one_array(table.column(0)), errors
+
+
+def _one_array(column: Any) -> Any:
+    """A column as one array: the memory-mapped chunk itself when there is one (no copy)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def skipped_rows(source: Path | list) -> int:
+    """How many rows a chunk's worker skipped (``on_error="skip"``: a non-null ``error``)."""
+    if isinstance(source, list):
+        return 0
+    from lancefn_jupyter.wire import dataplane
+
+    table = dataplane.read_ipc(source)
+    if "error" not in table.column_names:
+        return 0
+    column = table.column("error")
+    return len(column) - column.null_count
+
+
+def commit_errors(errors: Any, offsets: Any, fragment: int, chunk_of: Any, version: str) -> list[tuple]:
+    """``backfill_errors`` rows for the skipped rows (error values are JSON {message, traceback})."""
+    out = []
+    for i, text in enumerate(errors.to_pylist()):
+        if text is None:
+            continue
+        try:
+            detail = json.loads(text)
+        except ValueError:
+            detail = {"message": text}
+        offset = int(offsets[i])
+        out.append(
+            (
+                (fragment << 32) | offset,
+                fragment,
+                offset,
+                str(detail.get("message") or "the row failed"),
+                detail.get("traceback"),
+                version,
+                int(chunk_of[i]),
+            )
+        )
+    return out
+
+
+class Committer:
+    """The control plane's committer thread: one fragment commit at a time (so one per table)."""
+
+    def __init__(self, commit: Callable[[str, int], None]) -> None:
+        self._commit = commit
+        self._queue: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lancefn-backfill-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, batch_id: str, fragment: int) -> None:
+        self._queue.put((batch_id, fragment))
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self._commit(*item)
+            except Exception:  # never the thread: the fragment stays uncommitted and is redone on restart
+                log.exception("backfill %s: committing fragment %s failed", *item)
