@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/bench_backfill.py [--rows 100000] [--memory-rows 1000000] [--skip-ray]
 
-1. **Batched vs per row.** 100,000 rows of a float32 column `x` → a 768-float32 vector per row (`x · arange(768)`)
-   into a new `fixed_size_list<float32>[768]` column: `f.map(table, column="x", into="vec", parallel="auto")` with
+1. **Batched vs per row.** 100,000 rows of a float32 column `x` → a 768-float32 vector per row (a toy model:
+   `tanh(x · basis) @ W`, W a fixed (768, 768) float32 layer built in `setup`, once per worker) into a new
+   `fixed_size_list<float32>[768]` column: `f.map(table, column="x", into="vec", parallel="auto")` with
    the function declared `batched=True` (one call per 1024-row chunk) and the same function per row. Rows/s;
    target: batched ≥ 10× per row.
 2. **A plain pylance loop.** The same table, one process, no control plane: pylance reads it 1024 rows at a time,
@@ -27,6 +28,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,21 +56,43 @@ simulated = {GPUS}
 """
 
 
-# ----------------------------------------------------------------------------- the function, both ways
+# ----------------------------------------------------------------------------- the model, both ways
 
 
-def embed_rows(x: list[float]) -> NDArray[np.float32]:
-    """Batched: the chunk's values in, one (n, 768) float32 array out."""
+def dense_layer():
+    """The model: x spread over a fixed basis, tanh, then a fixed (768, 768) float32 layer (seeded)."""
     import numpy as np
 
-    return np.asarray(x, dtype=np.float32)[:, None] * np.arange(768, dtype=np.float32)
+    rng = np.random.default_rng(26)
+    basis = np.linspace(-1.0, 1.0, 768, dtype=np.float32)
+    return basis, (rng.standard_normal((768, 768)) / 28).astype(np.float32)
 
 
-def embed_row(x: float) -> NDArray[np.float32]:
-    """The same per row."""
+def project(x, basis, weights):
+    """(n,) float32 → (n, 768) float32: one matrix product for the whole chunk."""
     import numpy as np
 
-    return np.float32(x) * np.arange(768, dtype=np.float32)
+    return np.tanh(np.outer(np.asarray(x, dtype=np.float32), basis)) @ weights
+
+
+class EmbedRows:
+    """Batched: the chunk's values in, one (n, 768) float32 array out; the layer built once per worker."""
+
+    def setup(self):
+        self.basis, self.weights = dense_layer()
+
+    def __call__(self, x: list[float]) -> NDArray[np.float32]:
+        return project(x, self.basis, self.weights)
+
+
+class EmbedRow:
+    """The same model, one row per call."""
+
+    def setup(self):
+        self.basis, self.weights = dense_layer()
+
+    def __call__(self, x: float) -> NDArray[np.float32]:
+        return project([x], self.basis, self.weights)[0]
 
 
 # ----------------------------------------------------------------------------- tables
@@ -98,8 +122,9 @@ def check_vectors(table, rows: int) -> None:
     assert table.count_rows("vec IS NULL") == 0, "rows left unwritten"
     picks = [0, rows // 2, rows - 1]
     got = table.search().where(f"id IN ({', '.join(map(str, picks))})").select(["id", "x", "vec"]).limit(None)
+    layer = dense_layer()
     for row in got.to_list():
-        np.testing.assert_allclose(row["vec"], embed_rows([row["x"]])[0], rtol=1e-6)
+        np.testing.assert_allclose(row["vec"], project([row["x"]], *layer)[0], rtol=1e-4, atol=1e-5)
 
 
 def side_result(name: str, **figures) -> None:
@@ -115,8 +140,8 @@ def ours_side(rows: int, fragment_rows: int, tmp: str) -> None:
 
     with server(gpu_classes=CLASSES) as srv:
         api.connect(srv.url, srv.api_key)
-        batched = api.gpu_function(num_gpus=1, batched=True)(embed_rows)
-        per_row = api.gpu_function(num_gpus=1)(embed_row)
+        batched = api.gpu_function(num_gpus=1, batched=True)(EmbedRows)
+        per_row = api.gpu_function(num_gpus=1)(EmbedRow)
         for fn in (batched, per_row):  # warm: workers started, versions registered, the table path's imports
             fn.map(make_table(tmp, "warm", 4 * CHUNK, 2 * CHUNK), column="x", into="vec", parallel="auto").result()
         figures = {}
@@ -137,10 +162,11 @@ def loop_side(rows: int, fragment_rows: int, tmp: str) -> None:
     table = make_table(tmp, "loop", rows, fragment_rows)
     dataset = lance.dataset(table.uri)
     schema = pa.schema([pa.field("vec", pa.list_(pa.float32(), DIM))])
+    layer = dense_layer()
 
     @lance.batch_udf(output_schema=schema)
     def vectors(batch: pa.RecordBatch) -> pa.RecordBatch:
-        values = embed_rows(batch.column("x").to_numpy())
+        values = project(batch.column("x").to_numpy(), *layer)
         return pa.RecordBatch.from_arrays([pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), DIM)], ["vec"])
 
     start = time.perf_counter()
@@ -176,17 +202,20 @@ def ray_side(rows: int, fragment_rows: int, tmp: str) -> None:
     import ray
 
     table = make_table(tmp, "ray", rows, fragment_rows)
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     ray.init(
         num_cpus=GPUS,
         include_dashboard=False,
         log_to_driver=False,
-        _temp_dir=tempfile.mkdtemp(dir=tmp),
+        _temp_dir=ray_tmp,
         runtime_env={"worker_process_setup_hook": _lance_for_ray},
     )
     _lance_for_ray()  # the driver commits the fragments
 
+    layer = dense_layer()
+
     def vectors(batch: pa.Table) -> pa.Table:
-        values = embed_rows(batch.column("x").to_numpy())
+        values = project(batch.column("x").to_numpy(), *layer)
         flat = pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), DIM)
         return pa.table({"id": batch.column("id"), "vec": flat})
 
@@ -199,6 +228,7 @@ def ray_side(rows: int, fragment_rows: int, tmp: str) -> None:
     run(str(Path(tmp) / "ray-warm.lance"))  # warm: Ray's workers and Data's operators started
     elapsed = run(str(Path(tmp) / "ray-out.lance"))
     ray.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     side_result("ray", seconds=elapsed)
 
 
@@ -211,7 +241,7 @@ def kernel_side(url: str, key: str, db_dir: str, rows: int) -> None:
 
     api.connect(url, key)
     table = lancedb.connect(db_dir).open_table("big")
-    fn = api.gpu_function(num_gpus=1, batched=True)(embed_rows)
+    fn = api.gpu_function(num_gpus=1, batched=True)(EmbedRows)
     fn.map(lancedb.connect(db_dir).open_table("warm"), column="x", into="vec", parallel="auto").result()
     gc.collect()
     idle = rss_mb(os.getpid())
@@ -284,8 +314,16 @@ def memory(rows: int, fragment_rows: int) -> None:
         make_table(tmp, "warm", 4 * CHUNK, 2 * CHUNK)
         make_table(tmp, "big", rows, fragment_rows)
         gc.collect()
+        before = rss_mb(srv.pid)
+        sampler = RssSampler(srv.pid, 0.05)  # how it moves: a steady level, or spikes (at commits)
         kernel = run_side("kernel", "--url", srv.url, "--key", srv.api_key, "--tmp", tmp, "--memory-rows", str(rows))
+        sampler.stop()
         server_peak = vm_hwm_mb(srv.pid)
+    samples = sorted(sampler.samples)
+    print(
+        f"control plane RSS: {before:.0f} MB before the backfill; during it median {samples[len(samples) // 2]:.0f} MB, "
+        f"p95 {samples[int(len(samples) * 0.95)]:.0f} MB, peak sampled {samples[-1]:.0f} MB"
+    )
     if kernel is not None:
         above = kernel["peak_mb"] - kernel["idle_mb"]
         print(
@@ -311,6 +349,8 @@ def main() -> None:
     parser.add_argument("--key", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("LANCEFN_DISABLE_NVML", "1")
+    # Workers run as this user, as in the tests (a root server's default `nobody` may not reach this interpreter).
+    os.environ.setdefault("LANCEFN_WORKER_USER", str(os.geteuid()))
     if args.side == "kernel":
         kernel_side(args.url, args.key, args.tmp, args.memory_rows)
         return
