@@ -30,7 +30,7 @@ from lancefn_jupyter.client import InvalidRequest
 from lancefn_jupyter.handles.batch import Batch
 from lancefn_jupyter.handles.table_map import Backfill
 from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
-from lancefn_jupyter.widgets import set_widgets
+from lancefn_jupyter.widgets import BatchWidget, set_widgets
 
 
 def text_len(text: str) -> int:
@@ -142,6 +142,9 @@ def test_on_error_skip_leaves_the_bad_row_null_and_lists_it(cp, tmp_path):
     card = repr(backfill)
     assert "4/5 rows written · 1 row skipped" in card and "skipped row 2 (fragment 0, offset 2)" in card
     assert "empty text" in card
+    widget = BatchWidget(backfill.batch_id, start=False)  # what the notebook (and `%gpu_jobs`) shows
+    assert "4/5 rows written · 1 row skipped" in widget.backfill.value and "empty text" in widget.backfill.value
+    widget.close()
     # The bound: more skipped rows than max_skip_fraction allows fail the backfill, saying why.
     strict = make_table(tmp_path / "db2", ["", "", "x", "y"])
     failing = fn.map(strict, column="text", into="n", on_error="skip", max_skip_fraction=0.1, parallel="auto")
