@@ -166,12 +166,12 @@ def backfill(rows: int, chunk: int) -> None:
         fn.map(texts[:64], parallel="auto", chunk_size=8).result()  # warm: workers started
         warm = db.create_table("warm", pa.table({"id": list(range(1000)), "text": texts[:1000]}), mode="overwrite")
         fn.map(
-            warm, column="text", into="n", key="id", parallel="auto", chunk_size=100
+            warm, column="text", into="n", parallel="auto", chunk_size=100
         ).result()  # warm: the table path's imports
 
         def ours() -> None:
             table = db.create_table("ours", pa.table({"id": list(range(rows)), "text": texts}), mode="overwrite")
-            backfilled = fn.map(table, column="text", into="n", key="id", parallel="auto", chunk_size=chunk, fresh=True)
+            backfilled = fn.map(table, column="text", into="n", parallel="auto", chunk_size=chunk, fresh=True)
             backfilled.result()
             assert table.count_rows("n IS NULL") == 0
 

@@ -40,6 +40,7 @@ QUICK_ARGS = {
     "bench_hardening.py": ["--artifacts", "1", "--row-posts", "2", "--floods", "1"],
     "bench_dataplane.py": ["--quick"],
     "bench_batches.py": ["--runs", "1", "--backfill-rows", "20000", "--backfill-chunk", "2000"],
+    "bench_backfill.py": ["--rows", "20000", "--memory-rows", "200000"],
     "bench_warm_state.py": ["--warm", "100"],
     "bench_environments.py": ["--rounds", "1", "--hits", "3"],
 }

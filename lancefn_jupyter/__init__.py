@@ -13,6 +13,7 @@ from typing import Any
 from lancefn_jupyter._version import __version__
 
 __all__ = [
+    "Backfill",
     "Batch",
     "BatchError",
     "GpuFunction",

@@ -13,7 +13,7 @@ use and reused afterwards.
 
 This module holds no state and no logic: it re-exports the public names from the modules that own
 them (docs/ARCHITECTURE.md, "Package layout"): `session.py` (connection, profiles), and in `handles/`
-`function.py` (`GpuFunction`, `gpu_function`), `job.py` (`Job` and its errors), `batch.py`,
+`function.py` (`GpuFunction`, `gpu_function`), `job.py` (`Job` and its errors), `batch.py`, `table_map.py` (`Backfill`),
 `lookup.py` and `history.py` (versions from anywhere), and `listings.py`. Nothing in the package
 imports this module except the magics and the package's lazy `__getattr__`.
 """
@@ -36,6 +36,7 @@ from lancefn_jupyter.handles.function import bind_refused as bind_refused
 from lancefn_jupyter.handles.history import diff_versions, version_history
 from lancefn_jupyter.handles.job import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
 from lancefn_jupyter.handles.lookup import lookup
+from lancefn_jupyter.handles.table_map import Backfill
 from lancefn_jupyter.listings import list_gpu_classes, list_jobs, list_versions
 from lancefn_jupyter.session import ConnectionInfo as ConnectionInfo
 from lancefn_jupyter.session import (
@@ -50,6 +51,7 @@ from lancefn_jupyter.session import (
 )
 
 __all__ = [
+    "Backfill",
     "Batch",
     "BatchChunkError",
     "BatchError",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lancefn_jupyter.client._http import EventStream, Transport
+from lancefn_jupyter.client.backfills import BackfillsResource
 from lancefn_jupyter.client.batches import BatchesResource
 from lancefn_jupyter.client.errors import (
     ApiError,
@@ -60,6 +61,7 @@ class Client:
         self.functions = FunctionsResource(self._transport, self.jobs)
         self.gpu = GpuResource(self._transport)
         self.batches = BatchesResource(self._transport)
+        self.backfills = BackfillsResource(self._transport)
 
     @property
     def url(self) -> str:

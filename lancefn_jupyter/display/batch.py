@@ -1,16 +1,28 @@
 """Text and HTML of a batch (pure; runs in the kernel): progress over all rows, rows/s, time left, the chunk strip,
-the failed chunk.  The widget (widgets/_batch.py) and `%gpu_jobs` use the same pieces."""
+the failed chunk, and for a backfill the rows written and skipped with the first skipped rows' messages
+(docs/ARCHITECTURE.md, "Backfills").  The widget (widgets/_batch.py) and `%gpu_jobs` use the same pieces."""
 
 from __future__ import annotations
 
 import html
 import time
+from collections.abc import Sequence
 
 from lancefn_jupyter.display.cards import format_elapsed, state_badge_html
-from lancefn_jupyter.wire.batch_models import STRIP_STATES, Batch
+from lancefn_jupyter.wire.batch_models import STRIP_STATES, BackfillError, Batch
 from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
 
-__all__ = ["STRIP_COLOURS", "STRIP_WIDTH", "batch_card", "batch_rate", "batch_summary", "strip_cells"]
+__all__ = [
+    "SKIPPED_SHOWN",
+    "STRIP_COLOURS",
+    "STRIP_WIDTH",
+    "backfill_line",
+    "batch_card",
+    "batch_rate",
+    "batch_summary",
+    "skipped_lines",
+    "strip_cells",
+]
 
 STRIP_WIDTH = 64  # cells; longer strips are folded, each cell then standing for several chunks
 STRIP_COLOURS = {"p": "#c8c8c8", "r": "#2f7ed8", "d": "#3c9a3c", "f": "#d9534f", "c": "#8a6d3b"}
@@ -18,6 +30,7 @@ STRIP_COLOURS = {"p": "#c8c8c8", "r": "#2f7ed8", "d": "#3c9a3c", "f": "#d9534f",
 _PRIORITY = "fcrpd"
 # The order chunk counts are said in: finished first, the failures last (chunks never time out).
 _CHUNK_ORDER = ("DONE", "IN_PROGRESS", "PENDING", "FAILED", "CANCELLED")
+SKIPPED_SHOWN = 3  # skipped rows a card lists (all of them: `backfill.errors()`)
 
 
 def strip_cells(strip: str, width: int = STRIP_WIDTH) -> str:
@@ -65,7 +78,38 @@ def _failure_text(batch: Batch) -> str:
     return f"chunk {failure.chunk} (rows {failure.row_start}–{failure.row_end - 1}) failed in phase {failure.phase}: {failure.message}"
 
 
-def batch_card(batch: Batch, now_ms: float | None = None) -> tuple[str, str]:
+def _rows(n: int) -> str:
+    return f"{n:,} row{'' if n == 1 else 's'}"
+
+
+def backfill_line(batch: Batch) -> str:
+    """`backfill of 'embedding': 998/1,000 rows written · 2 rows skipped` ("" for a batch that is no backfill)."""
+    backfill = batch.backfill
+    if backfill is None:
+        return ""
+    text = f"backfill of {backfill.into!r}: {backfill.rows_written:,}/{batch.rows_total:,} rows written"
+    if backfill.on_error == "skip" or backfill.rows_skipped:
+        text += f" · {_rows(backfill.rows_skipped)} skipped"
+    if backfill.commit_failure:
+        text += f" · commit failed: {backfill.commit_failure}"
+    return text
+
+
+def skipped_lines(batch: Batch, skipped: Sequence[BackfillError]) -> list[str]:
+    """The first skipped rows, one line each (`row 17 (fragment 0, offset 17): ValueError: empty text`),
+    and how to read the rest."""
+    lines = [
+        f"skipped row {e.row_id} (fragment {e.fragment}, offset {e.offset}): {e.message}"
+        for e in skipped[:SKIPPED_SHOWN]
+    ]
+    total = batch.backfill.rows_skipped if batch.backfill is not None else len(skipped)
+    if lines and total > len(lines):
+        lines.append(f"… {_rows(total - len(lines))} more: backfill.errors() lists every one")
+    return lines
+
+
+def batch_card(batch: Batch, now_ms: float | None = None, skipped: Sequence[BackfillError] = ()) -> tuple[str, str]:
+    """Text and HTML of a batch; ``skipped``: a backfill's first skipped rows, to list under it."""
     state = display_state(batch.batch_state)
     pct = 100 * batch.rows_done / batch.rows_total if batch.rows_total else 0
     cells = strip_cells(batch.strip)
@@ -75,6 +119,9 @@ def batch_card(batch: Batch, now_ms: float | None = None) -> tuple[str, str]:
         f"  {batch_summary(batch, now_ms)}\n"
         f"  chunks [{cells}]  ({', '.join(f'{k}={v}' for k, v in STRIP_STATES.items())})"
     )
+    extra = [line for line in (backfill_line(batch), *skipped_lines(batch, skipped)) if line]
+    for line in extra:
+        text += f"\n  {line}"
     failure = _failure_text(batch)
     if failure:
         text += f"\n  {failure}"
@@ -87,6 +134,7 @@ def batch_card(batch: Batch, now_ms: float | None = None) -> tuple[str, str]:
         f"{html.escape(ref)} <progress value='{batch.rows_done}' max='{max(batch.rows_total, 1)}'></progress> "
         f"{batch.rows_done}/{batch.rows_total} rows ({pct:.0f}%)<br>{html.escape(batch_summary(batch, now_ms))}"
         f"<div class='lancefn-batch-strip'>{strip_html}</div>"
+        + "".join(f"<div class='lancefn-backfill'>{html.escape(line)}</div>" for line in extra)
         + (f"<div class='lancefn-error' style='color:#a94442'>{html.escape(failure)}</div>" if failure else "")
         + "</div>"
     )
@@ -106,7 +154,12 @@ def batches_table(batches: list[Batch], now_ms: float | None = None) -> tuple[st
                 batch.batch_id,
                 f"{batch.name}@{batch.version}",
                 display_state(batch.batch_state),
-                f"{batch.rows_done}/{batch.rows_total}",
+                f"{batch.rows_done}/{batch.rows_total}"
+                + (
+                    f" · {batch.backfill.rows_skipped} skipped"
+                    if batch.backfill and batch.backfill.rows_skipped
+                    else ""
+                ),
                 f"[{strip_cells(batch.strip, 32)}]",
                 f"{rate:,.1f}" if rate is not None else "",
                 format_elapsed(left) if left is not None else "",

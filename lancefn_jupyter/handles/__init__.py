@@ -1,5 +1,5 @@
 """The kernel's handles on control-plane objects (runs in the notebook kernel; docs/ARCHITECTURE.md,
-"Client and API (kernel side)"): functions, jobs, batches, table maps and versions.
+"Client and API (kernel side)"): functions, jobs, batches, backfills (table maps) and versions.
 
 Imports point down this list: `lookup` → `function` → `table_map` → `batch` → `job` → the leaves
 (`base` with the `FunctionRef` protocol, `submit`, `history`, `rows`, `chunking`, `tracebacks`,

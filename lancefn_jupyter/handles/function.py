@@ -30,7 +30,7 @@ from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionSig
 
 if TYPE_CHECKING:
     from lancefn_jupyter.handles.batch import Batch
-    from lancefn_jupyter.handles.table_map import TableMap
+    from lancefn_jupyter.handles.table_map import Backfill
     from lancefn_jupyter.wire.versions import VersionDiff
 
 __all__ = [
@@ -341,17 +341,21 @@ class GpuFunction:
         retries: int = 0,
         return_exceptions: bool = False,
         fresh: bool = False,
-        column: str | None = None,
+        column: str | list[str] | None = None,
         into: str | None = None,
         key: str | None = None,
-    ) -> Job | Batch | TableMap:
+        where: str | None = None,
+        recompute: str = "missing",
+        on_error: str = "fail",
+        max_skip_fraction: float = 0.01,
+    ) -> Job | Batch | Backfill:
         """Run the function over every item.
 
         `parallel=1, chunk_size=None` (the default): one job, one row per item (a `Job`).
         `parallel="auto"` or N, a `chunk_size`, `retries`, or `fresh`: a batch of chunk jobs spread
         over the class's GPUs (a `Batch`; docs/ARCHITECTURE.md, "Batches"). A LanceDB table with
-        `column=` reads that column; `into=` writes the results back as a new column (rows matched on `key`,
-        default `column`).
+        `into=` is a backfill the control plane runs (a `Backfill` with `where`, `recompute`, `on_error`,
+        `max_skip_fraction`; docs/ARCHITECTURE.md, "Backfills"); without `into`, a map over `column`.
         """
         batch_options: dict[str, Any] = {
             "parallel": parallel,
@@ -363,7 +367,18 @@ class GpuFunction:
         if column is not None or into is not None or key is not None or _is_lance_table(items):
             from lancefn_jupyter.handles.table_map import map_table
 
-            return map_table(self, items, column=column, into=into, key=key, **batch_options)
+            return map_table(
+                self,
+                items,
+                column=column,
+                into=into,
+                key=key,
+                where=where,
+                recompute=recompute,
+                on_error=on_error,
+                max_skip_fraction=max_skip_fraction,
+                **batch_options,
+            )
         if parallel == 1 and chunk_size is None and not retries and not fresh:
             rows = [self.item_row(item) for item in items]
             if not rows:

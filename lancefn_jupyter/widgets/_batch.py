@@ -3,11 +3,14 @@
     [running] batch 3f2a…  embed@5c1e…
     [██████░░░░] 640/1000 rows (64%) · 12 finished, 2 running, 6 pending of 20 chunks · 210 rows/s · 2s left
     ▮▮▮▮▮▮▮▮▮▮▮▮▮▮▯▯▯▯▯▯   (one cell per chunk, coloured by state)
+    backfill of 'embedding': 998/1,000 rows written · 2 rows skipped      (a backfill only)
+    skipped row 17 (fragment 0, offset 17): ValueError: empty text
     chunk 7 (rows 350–399) failed in phase run: ValueError …
     [Cancel] [Retry failed]
 
 Child widgets are public attributes (`badge`, `title`, `progress`, `progress_label`, `strip`,
-`error`, `cancel_button`, `retry_button`). State comes from REST once, then from the kernel's event
+`backfill`, `error`, `cancel_button`, `retry_button`). A backfill's first skipped rows are read from
+`/v1/backfills/errors` when its skipped count grows (docs/ARCHITECTURE.md, "Backfills"). State comes from REST once, then from the kernel's event
 listener (`batch` events); the ticker re-reads it while the stream is down.
 """
 
@@ -22,7 +25,15 @@ import ipywidgets as w
 from lancefn_jupyter.client.errors import LancefnError
 from lancefn_jupyter.client.listener import EventListener
 from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.display.batch import STRIP_COLOURS, batch_card, batch_summary, strip_cells
+from lancefn_jupyter.display.batch import (
+    SKIPPED_SHOWN,
+    STRIP_COLOURS,
+    backfill_line,
+    batch_card,
+    batch_summary,
+    skipped_lines,
+    strip_cells,
+)
 from lancefn_jupyter.widgets._job import BAR_STYLE
 from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.batch_models import STRIP_STATES
@@ -30,7 +41,7 @@ from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
 
 if TYPE_CHECKING:
     from lancefn_jupyter.client import Client
-    from lancefn_jupyter.wire.batch_models import Batch
+    from lancefn_jupyter.wire.batch_models import BackfillError, Batch
 
 __all__ = ["BatchWidget"]
 
@@ -52,11 +63,14 @@ class BatchWidget(FallbackReprMixin, w.VBox):
         self._function = function
         self._lock = threading.RLock()
         self._snapshot: Batch | None = None
+        self._skipped: list[BackfillError] = []  # a backfill's first skipped rows, as last read
+        self._skipped_read = 0  # the skipped count they were read at
         self.badge = w.HTML(layout=w.Layout(width="auto"))
         self.title = w.HTML(layout=w.Layout(width="auto"))
         self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="260px"))
         self.progress_label = w.Label()
         self.strip = w.HTML()
+        self.backfill = w.HTML(layout=w.Layout(display="none"))
         self.error = w.HTML(layout=w.Layout(display="none"))
         self.cancel_button = w.Button(
             description="Cancel", icon="stop", tooltip=f"Cancel batch {batch_id}", layout=w.Layout(width="auto")
@@ -74,6 +88,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
                 w.HBox([self.badge, self.title]),
                 w.HBox([self.progress, self.progress_label]),
                 self.strip,
+                self.backfill,
                 self.error,
                 w.HBox([self.cancel_button, self.retry_button]),
             ],
@@ -97,7 +112,18 @@ class BatchWidget(FallbackReprMixin, w.VBox):
     def _fallback(self) -> tuple[str, str]:
         if self._snapshot is None:
             return f"Batch {self.batch_id}", f"<code>{html.escape(self.batch_id)}</code>"
-        return batch_card(self._snapshot)
+        return batch_card(self._snapshot, skipped=self._skipped)
+
+    def _read_skipped(self, batch: Batch) -> None:
+        """Re-read the first skipped rows when the skipped count grew (not on every progress event)."""
+        skipped = batch.backfill.rows_skipped if batch.backfill is not None else 0
+        if skipped == self._skipped_read or len(self._skipped) >= SKIPPED_SHOWN:
+            return
+        try:
+            self._skipped = self._client.backfills.errors(self.batch_id, limit=SKIPPED_SHOWN)[0]
+        except LancefnError:
+            return  # shown on the next change
+        self._skipped_read = skipped
 
     def _on_event(self, batch: Any) -> None:
         self._apply(batch)
@@ -140,6 +166,13 @@ class BatchWidget(FallbackReprMixin, w.VBox):
                 f"style='display:inline-block;width:8px;height:12px;margin-right:1px;background:{STRIP_COLOURS[c]}'></span>"
                 for c in strip_cells(batch.strip)
             )
+            if batch.backfill is not None:
+                self._read_skipped(batch)
+                lines = [backfill_line(batch), *skipped_lines(batch, self._skipped)]
+                self.backfill.value = "".join(
+                    f"<div class='lancefn-backfill'>{html.escape(line)}</div>" for line in lines
+                )
+                self.backfill.layout.display = None
             failure = batch.failure
             if failure is not None:
                 trace = failure.traceback or ""

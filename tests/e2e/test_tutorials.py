@@ -33,6 +33,7 @@ TUTORIALS = (
     "03-numba-cuda-locally.ipynb",
     "04-profiles-and-remote.ipynb",
     "05-batches-and-tables.ipynb",
+    "06-embeddings-into-lancedb.ipynb",
 )
 CELL_TIMEOUT_S = 240
 
@@ -279,6 +280,25 @@ def test_05_batches_and_tables(run_tutorial):
     assert "rows: 300 | still empty: 0 | same as a plain loop: True" in backfill
     assert "0/0 rows written" in nb.text("check-backfill-again")
     assert not list(nb.tmp.glob("lancefn-tutorial-05-*"))
+
+
+def test_06_embeddings_into_lancedb(run_tutorial):
+    nb = run_tutorial("06-embeddings-into-lancedb.ipynb")
+
+    assert "Embed" in nb.text("check-register") and "batched" in nb.text("check-register")
+    assert "Batch " in nb.text("check-backfill-widget")
+    backfill = nb.text("check-backfill")
+    assert "backfill of 'embedding': 200/200 rows written" in backfill
+    assert "embedding column: fixed_size_list<item: float>[16]" in backfill
+    assert "rows still empty: 0" in backfill and "attached by id: 200 rows written" in backfill
+    hits = nb.text("check-search").splitlines()
+    assert len(hits) == 3 and all(hit.startswith("gpus | ") for hit in hits), hits
+    assert "baking rows done: 2 | still empty: 3" in nb.text("check-where")
+    skip = nb.text("check-skip")
+    assert "2/3 rows written · 1 row skipped" in skip
+    assert "skipped id 203 (fragment 1, offset 3): " in skip and "empty text: nothing to embed" in skip
+    assert "still empty: [203]" in skip
+    assert not list(nb.tmp.glob("lancefn-tutorial-06-*"))
 
 
 def test_headless_quickstart_prints_a_version_and_a_finished_job(tmp_path):
