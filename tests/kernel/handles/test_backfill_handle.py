@@ -153,6 +153,37 @@ def test_on_error_skip_leaves_the_bad_row_null_and_lists_it(cp, tmp_path):
     assert failing.batch.snapshot.failure.phase == "skip_limit"
 
 
+def embed_strict(text: list[str]) -> NDArray[np.float32]:
+    """`embed`, refusing an empty text anywhere in its chunk (so the worker must bisect to the bad row)."""
+    import zlib
+
+    import numpy as np
+
+    if any(not t for t in text):
+        raise ValueError("empty text in the chunk")
+    codes = np.array([zlib.crc32(t.encode()) for t in text], dtype=np.uint32)
+    return np.stack([(codes >> shift) & 0xFF for shift in (0, 8, 16, 24)], axis=1).astype(np.float32)
+
+
+def test_one_bad_row_in_ten_thousand_is_skipped_by_a_batched_function(cp, tmp_path):
+    texts = [f"text number {i}" for i in range(10_000)]
+    texts[6_543] = ""
+    table = make_table(tmp_path / "db", texts)
+    fn = api.gpu_function(num_gpus=1, batched=True)(embed_strict)
+    backfill = fn.map(table, column="text", into="vec", on_error="skip", parallel="auto")
+    backfill.result()
+    assert (backfill.rows_total, backfill.rows_written, backfill.rows_skipped) == (10_000, 9_999, 1)
+    (error,) = backfill.errors()
+    assert (error.fragment, error.offset, error.row_id) == (0, 6_543, 6_543)
+    assert "empty text in the chunk" in error.message and error.version == fn.version.version
+    data = table.to_arrow().sort_by("id")
+    vectors = data["vec"].to_pylist()
+    assert vectors[6_543] is None and sum(v is None for v in vectors) == 1
+    good = [i for i in range(10_000) if i != 6_543]
+    got = np.array([vectors[i] for i in good], dtype=np.float32)
+    np.testing.assert_array_equal(got, embed([texts[i] for i in good]))
+
+
 STARTER = """
 import sys, lancedb
 from lancefn_jupyter import api
