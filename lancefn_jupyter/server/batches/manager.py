@@ -97,6 +97,25 @@ BATCH_EVENT_INTERVAL_S = 0.2  # batch events are coalesced per batch; terminal o
 FreshRows = list | None
 
 
+def new_batch(
+    name: str, version: str, digest: str, parallel: int | None, retries: int, timeout_s: float | None, namespace: str
+) -> Batch:
+    """A new, empty batch (its chunks are added next)."""
+    return Batch(
+        batch_id=uuid.uuid4().hex,
+        name=name,
+        version=version,
+        digest=digest,
+        state=PENDING,
+        parallel=parallel,
+        retries=retries,
+        timeout_s=timeout_s,
+        creation_ms=now_ms(),
+        chunks=[],
+        namespace=namespace,
+    )
+
+
 class BatchManager:
     def __init__(
         self,
@@ -163,31 +182,10 @@ class BatchManager:
                     batch = self._get(previous)
                     batch.reused_chunks = batch.counts[DONE]
                     return {"batch_id": batch.batch_id, "reused_chunks": batch.reused_chunks}
-            batch = Batch(
-                batch_id=uuid.uuid4().hex,
-                name=name,
-                version=version,
-                digest=digest,
-                state=PENDING,
-                parallel=parallel,
-                retries=retries,
-                timeout_s=timeout_s,
-                creation_ms=now_ms(),
-                chunks=[],
-                namespace=namespace,
-            )
+            batch = new_batch(name, version, digest, parallel, retries, timeout_s, namespace)
             for chunk in cut(chunks):
                 batch.add_chunk(chunk)
-            batch.waiting.extend(range(len(chunks)))
-            with self.store.batch():
-                self.saved.insert(batch, encoded)
-                self._batches[batch.batch_id] = batch
-                try:
-                    self._advance(batch, fresh=chunks)
-                except BaseException:
-                    self._forget(batch)
-                    raise
-            self._changed(batch)
+            self._start(batch, encoded, chunks)
             return {"batch_id": batch.batch_id, "reused_chunks": 0}
 
     def create_backfill(
@@ -214,42 +212,36 @@ class BatchManager:
         run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})
         with self.table.lock:
             self._refuse_second(uri, request["into"])
-            batch = Batch(
-                batch_id=uuid.uuid4().hex,
-                name=name,
-                version=version,
-                digest=prepared.digest,
-                state=PENDING,
-                parallel=parallel,
-                retries=retries,
-                timeout_s=timeout_s,
-                creation_ms=now_ms(),
-                chunks=[],
-                namespace=namespace,
-                backfill=run,
-            )
+            batch = new_batch(name, version, prepared.digest, parallel, retries, timeout_s, namespace)
+            batch.backfill = run
             start = 0
             for idx, piece in enumerate(prepared.slices):
                 count = slice_rows(piece["ranges"])
                 batch.add_chunk(Chunk(idx, start, start + count))
                 start += count
-            batch.waiting.extend(range(len(prepared.slices)))
-            with self.store.batch():
-                self.saved.insert(batch, [dumps(piece) for piece in prepared.slices])
-                self.backfills.insert(batch.batch_id, run)
-                self._batches[batch.batch_id] = batch
-                try:
-                    self._advance(batch, fresh=prepared.slices)
-                except BaseException:
-                    self._forget(batch)
-                    raise
-            self._changed(batch)
+            self._start(batch, [dumps(piece) for piece in prepared.slices], prepared.slices, run)
             return {
                 "batch_id": batch.batch_id,
                 "rows_total": batch.rows_total,
                 "chunks_total": len(batch.chunks),
                 "table_version": run.spec["table_version"],
             }
+
+    def _start(self, batch: Batch, encoded: list, chunks: list, run: BackfillRun | None = None) -> None:
+        """Record a new batch (and its backfill) and submit its first chunks, as one change: a chunk
+        refused on submission fails the request and nothing of the batch is kept (lock held)."""
+        batch.waiting.extend(range(len(chunks)))
+        with self.store.batch():
+            self.saved.insert(batch, encoded)
+            if run is not None:
+                self.backfills.insert(batch.batch_id, run)
+            self._batches[batch.batch_id] = batch
+            try:
+                self._advance(batch, fresh=chunks)
+            except BaseException:
+                self._forget(batch)
+                raise
+        self._changed(batch)
 
     def _refuse_second(self, uri: str, into: Any) -> None:
         running = self.backfills.unfinished(uri, str(into))
