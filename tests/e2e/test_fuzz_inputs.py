@@ -304,7 +304,7 @@ def openapi_document() -> dict:
     import tempfile
 
     from lancefn_jupyter.server.http import app as app_module
-    from lancefn_jupyter.server.http.routes import batches, functions, jobs
+    from lancefn_jupyter.server.http.routes import backfills, batches, functions, jobs
     from lancefn_jupyter.server.plane import ControlPlane
     from lancefn_jupyter.server.policy.gpu_classes import simulated_default
     from lancefn_jupyter.server.storage.store import Store
@@ -334,6 +334,8 @@ def openapi_document() -> dict:
         "/v1/batches/cancel": batches.BatchId,
         "/v1/batches/retry": batches.BatchId,
         "/v1/batches/wait": batches.BatchWait,
+        "/v1/backfills/create": backfills.BackfillCreate,
+        "/v1/backfills/errors": backfills.BackfillErrors,
     }
     posts = {path for path, ops in document["paths"].items() if "post" in ops}
     assert posts == set(bodies), f"describe the body of every POST route here: {sorted(posts ^ set(bodies))}"

@@ -82,24 +82,28 @@ def _closed_dirs(paths: list[Path]) -> list[str]:
 def check_worker_user(user: WorkerUser, env: Mapping[str, str]) -> str | None:
     """None if ``user`` can start a worker (this interpreter imports the worker module), else a
     message naming the directories to open (``chmod o+x``) or the flag to change."""
-    probe = subprocess.run(
-        [sys.executable, "-c", "import lancefn_jupyter.worker.main"],
-        env=dict(env),
-        user=user.uid,
-        group=user.gid,
-        extra_groups=[],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-    )
-    if probe.returncode == 0:
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import lancefn_jupyter.worker.main"],
+            env=dict(env),
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        returncode, stderr = probe.returncode, probe.stderr
+    except OSError as error:  # the exec itself refused (an interpreter path that user cannot traverse)
+        returncode, stderr = -1, f"{type(error).__name__}: {error.strerror or error}"
+    if returncode == 0:
         return None
     # The package's own directory, found without importing the package (the server never imports its kernel side).
     spec = importlib.util.find_spec("lancefn_jupyter")
     package = Path(spec.origin if spec and spec.origin else __file__).resolve()
     closed = _closed_dirs([Path(sys.executable).resolve(), Path(sys.prefix), package])
-    detail = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
+    detail = (stderr.strip().splitlines() or [f"exit code {returncode}"])[-1]
     fix = (
         f"let it traverse {', '.join(closed)} (e.g. `chmod o+x {' '.join(closed)}`)"
         if closed
