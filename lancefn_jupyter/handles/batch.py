@@ -276,9 +276,10 @@ class Batch(RecordHandle[BatchRecord]):
         kept = f"{done} of {snapshot.chunks_total} chunks finished and their results are kept; `.retry_failed()` runs the rest"
         if snapshot.batch_state == JobState.CANCELLED:
             raise BatchError(f"batch {self.batch_id} ({ref}) was cancelled; {kept}", snapshot)
-        failed = next(
-            (c for c in snapshot.chunks or () if c.state in (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)),
-            None,
+        # The chunk that failed, not one the batch's failure then cancelled (a lower index may be either).
+        chunks = snapshot.chunks or ()
+        failed = next((c for c in chunks if c.state in (JobState.FAILED, JobState.TIMED_OUT)), None) or next(
+            (c for c in chunks if c.state == JobState.CANCELLED), None
         )
         error = self._chunk_error(failed) if failed is not None else None
         text = f"batch {self.batch_id} ({ref}) failed: {error or 'a chunk did not finish'}; {kept}"

@@ -255,3 +255,82 @@ def test_bad_input_is_refused_before_anything_starts(cp, tmp_path):
         fn.map(table, column="text", into="label")
     assert len(client.batches.list()) == before
     assert table.schema.names == ["id", "text", "label"]
+
+
+def text_and_label(batch: pa.RecordBatch) -> pa.Array:
+    """The record-batch form: the chunk's named columns in, one utf8 value per row out."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise(batch.column("text"), batch.column("label"), pa.scalar("/"))
+
+
+def shout(text: pa.Array) -> pa.Array:
+    """The Arrow form: the column as a `pyarrow.Array`, out as one."""
+    import pyarrow.compute as pc
+
+    return pc.utf8_upper(text)
+
+
+def test_record_batch_and_arrow_forms_backfill_a_column(cp, tmp_path):
+    texts = [f"t{i}" for i in range(40)]
+    table = make_table(tmp_path / "db", texts, label=[f"l{i % 3}" for i in range(40)])
+    joined = api.gpu_function(num_gpus=1, batched=True)(text_and_label)
+    joined.map(table, column=["text", "label"], into="joined", parallel="auto", chunk_size=16).result()
+    assert by_id(table, "joined") == {i: f"t{i}/l{i % 3}" for i in range(40)}
+    upper = api.gpu_function(num_gpus=1, batched=True)(shout)
+    upper.map(table, column="text", into="upper", parallel="auto", chunk_size=16).result()
+    assert table.schema.field("upper").type == pa.string()
+    assert by_id(table, "upper") == {i: f"T{i}" for i in range(40)}
+
+
+class BrokenModel:
+    """A model whose weights never load: `setup` fails on every worker."""
+
+    def setup(self):
+        raise RuntimeError("the weights file is missing")
+
+    def __call__(self, text: str) -> int:
+        return len(text)
+
+
+def test_a_failing_setup_fails_the_backfill_with_the_setup_error(cp, tmp_path):
+    table = make_table(tmp_path / "db", [f"t{i}" for i in range(12)])
+    fn = api.gpu_function(num_gpus=1)(BrokenModel)
+    backfill = fn.map(table, column="text", into="n", parallel="auto", chunk_size=3)
+    with pytest.raises(api.BatchError) as raised:
+        backfill.result(timeout=120)
+    message = str(raised.value)
+    assert "the weights file is missing" in message and "phase setup" in message, message
+    assert "was cancelled" not in message.split(";")[0]
+    assert "n" not in table.schema.names or table.count_rows("n IS NOT NULL") == 0
+
+
+def test_the_failure_named_is_the_failed_chunk_not_one_cancelled_after_it(cp):
+    """Chunk 0 was cancelled because chunk 1 failed: the message names chunk 1's error (a race otherwise decides)."""
+    from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
+    from lancefn_jupyter.wire.batch_models import BatchChunk
+    from lancefn_jupyter.wire.models import JobState
+
+    chunks = (
+        BatchChunk(index=0, row_start=0, row_end=3, state=JobState.CANCELLED),
+        BatchChunk(
+            index=1,
+            row_start=3,
+            row_end=6,
+            state=JobState.FAILED,
+            failure={"phase": "setup", "message": "RuntimeError: the weights file is missing"},
+        ),
+    )
+    snapshot = BatchRecord(
+        batch_id="b1",
+        batch_state=JobState.FAILED,
+        name="model",
+        version="v1",
+        input_digest="d",
+        creation_ms=0,
+        chunks_total=2,
+        chunks=chunks,
+    )
+    with pytest.raises(api.BatchError, match=r"chunk 1 \(rows 3–5\) failed in phase setup: RuntimeError: the weights"):
+        Batch("b1", client=api.current_client(), snapshot=snapshot).raise_failure(snapshot)
