@@ -150,6 +150,33 @@ class RssSampler:
         return max(self.samples)
 
 
+def settle(pid: int, quiet_cpu_s: float = 0.05, interval: float = 0.5, timeout: float = 60.0) -> None:
+    """Wait until ``pid`` and its children use under ``quiet_cpu_s`` of CPU per ``interval`` (e.g. the spare
+    workers a warm-up started have done their imports), so a timed run does not pay for the warm-up."""
+    import psutil
+
+    def cpu() -> float:
+        total = 0.0
+        try:
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                try:
+                    total += sum(proc.cpu_times()[:2])
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            pass
+        return total
+
+    deadline, before = time.monotonic() + timeout, cpu()
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        now = cpu()
+        if now - before < quiet_cpu_s:
+            return
+        before = now
+
+
 def clean_env(extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
     env["LANCEFN_DISABLE_NVML"] = "1"  # simulated classes on every machine, like the tests

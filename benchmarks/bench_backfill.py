@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RssSampler, print_machine, rss_mb, server, summary
+from _common import RssSampler, print_machine, rss_mb, server, settle, summary
 
 BENCH = "bench_backfill.py"
 DIM = 768
@@ -147,6 +147,7 @@ def ours_side(rows: int, fragment_rows: int, tmp: str) -> None:
         figures = {}
         for label, fn in (("batched", batched), ("per_row", per_row)):
             table = make_table(tmp, label, rows, fragment_rows)
+            settle(srv.pid)  # the spares the warm-up started have done their imports
             start = time.perf_counter()
             fn.map(table, column="x", into="vec", parallel="auto").result()
             figures[label] = time.perf_counter() - start

@@ -217,8 +217,8 @@ def _commit_once(uri: str, fragment: int, into: str, results: _Results, window: 
     written = write_fragments(
         reader, ds, schema=schema, mode="append", max_rows_per_file=max(rows, 1) + 1, max_page_bytes=PAGE_BYTES
     )
-    if len(written) != 1 or len(written[0].files) != 1:
-        raise CommitFailed(f"fragment {fragment}: writing the column gave {len(written)} fragments, not one file")
+    if len(written) != 1 or len(written[0].files) != 1 or written[0].physical_rows != rows:
+        raise CommitFailed(f"fragment {fragment}: writing the column gave {written} for its {rows} rows, not one file")
     new_file = written[0].files[0]
     fields = {f.name(): f for f in ds.lance_schema.fields()}
     ours = set(_field_ids(fields[into])) | set(_field_ids(fields[sidecar]))

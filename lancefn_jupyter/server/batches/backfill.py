@@ -4,9 +4,9 @@ commits back into it, one fragment at a time (docs/ARCHITECTURE.md, "Backfills")
 This module holds what a backfill adds to a batch: the request checks and the plan
 (:func:`prepare`), its state in memory (:class:`BackfillRun`, ``Batch.backfill``), its tables
 (:class:`BackfillStore`: ``backfills``, ``backfill_fragments``, ``backfill_errors``), reading a
-chunk's results (:func:`chunk_results`) and the committer thread (:class:`Committer`).
+chunk's results (:func:`chunk_results`) and the committer threads (:class:`Committer`).
 ``manager.BatchManager`` drives it under the job table's lock; the Lance commit itself runs on the
-committer thread without the lock. pylance and pyarrow are imported only by a backfill.
+committer threads without the lock. pylance and pyarrow are imported only by a backfill.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -411,28 +410,56 @@ def commit_errors(errors: Any, offsets: Any, fragment: int, chunk_of: Any, versi
 
 
 class Committer:
-    """The control plane's committer thread: one fragment commit at a time (so one per table)."""
+    """The control plane's committer: one thread per backfill with fragments to commit, each writing
+    its batch's fragments one at a time, in the order they were queued (so a slow backfill never
+    holds up another's commits). A commit starts when a fragment's first chunk is done and takes its
+    chunks' results as they finish (docs/ARCHITECTURE.md, "Backfills", "Commits")."""
 
     def __init__(self, commit: Callable[[str, int], None]) -> None:
         self._commit = commit
-        self._queue: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._queues: dict[str, list[int]] = {}  # batch id → fragments queued; present while its thread runs
+        self._threads: set[threading.Thread] = set()
+        self.stopping = threading.Event()  # commits waiting for chunks give up (the server stops)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="lancefn-backfill-commit", daemon=True)
-        self._thread.start()
+        self.stopping.clear()
 
     def submit(self, batch_id: str, fragment: int) -> None:
-        self._queue.put((batch_id, fragment))
+        with self._lock:
+            if self.stopping.is_set():
+                return  # a restart queues it again
+            queued = self._queues.get(batch_id)
+            if queued is not None:
+                queued.append(fragment)
+                return
+            self._queues[batch_id] = [fragment]
+            thread = threading.Thread(
+                target=self._run, args=(batch_id,), name=f"lancefn-backfill-commit-{batch_id}", daemon=True
+            )
+            self._threads.add(thread)
+        thread.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(30)
+        self.stopping.set()
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(30)
 
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                self._commit(*item)
-            except Exception:  # never the thread: the fragment stays uncommitted and is redone on restart
-                log.exception("backfill %s: committing fragment %s failed", *item)
+    def _run(self, batch_id: str) -> None:
+        try:
+            while True:
+                with self._lock:
+                    queued = self._queues[batch_id]
+                    if not queued or self.stopping.is_set():
+                        del self._queues[batch_id]
+                        return
+                    fragment = queued.pop(0)
+                try:
+                    self._commit(batch_id, fragment)
+                except Exception:  # never the thread: the fragment stays uncommitted and is redone on restart
+                    log.exception("backfill %s: committing fragment %s failed", batch_id, fragment)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())

@@ -18,7 +18,7 @@ Runs in the control plane, everything under the job table's lock: job changes ar
 of the journal (``JobJournal.persist``; ``plane.py`` registers ``on_job``).
 
 A batch's state in memory and its wire form are in ``state.py`` (pure), its tables in
-``store.py``; a backfill's checks, state, tables and committer thread in ``backfill.py``.
+``store.py``; a backfill's checks, state, tables and committer in ``backfill.py``.
 
 Over ~600 lines: one concern (following a batch's chunk jobs under the lock), of which a backfill's
 chunk bookkeeping and its fragment commits are a part, since they share the same state and lock.
@@ -360,7 +360,7 @@ class BatchManager:
         self.committer.start()
 
     def close(self) -> None:
-        """Stop the committer thread (after the commit under way, if any)."""
+        """Stop the committer (commits waiting for chunks give up; one writing finishes)."""
         self.committer.stop()
 
     def on_job(self, rec: JobRecord) -> None:
@@ -535,7 +535,7 @@ class BatchManager:
         """A backfill's chunk is DONE: keep its result, count its skipped rows (the skip limit), and
         queue its fragment's commit once every chunk of the fragment is DONE."""
         run = batch.backfill
-        source = self._keep_result(batch, chunk, rec)
+        source = self.keep_result(batch, chunk, rec)
         if source is None:
             self._rerun(batch, chunk)
             return
@@ -565,7 +565,7 @@ class BatchManager:
     def _kept(self, batch: Batch, chunk: Chunk) -> Path:
         return self.kept_dir / batch.batch_id / f"{chunk.idx}-{chunk.job_id}.arrow"
 
-    def _keep_result(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> Path | Any:
+    def keep_result(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> Path | Any:
         """The chunk's result, safe from retention until its fragment commits: a hard link to its
         Arrow result file, or its JSON results (in the store already); None when it is gone."""
         if rec is None or rec.state != DONE:
@@ -587,26 +587,28 @@ class BatchManager:
         return kept
 
     def _queue_commits(self, batch: Batch) -> None:
-        """Queue the commit of every fragment whose chunks are all DONE and that is not committed yet."""
+        """Queue the commit of every fragment that is not committed yet once its first chunk is DONE: the
+        commit writes the fragment's chunks as they finish ("Backfills", "Commits")."""
         run = batch.backfill
         for fid, frag in run.fragments.items():
             if frag.committed or fid in run.committing:
                 continue
-            if all(batch.chunks[idx].state == DONE for idx in frag.chunks):
-                for idx in frag.chunks:  # after a restart: the skips of chunks DONE before it
-                    if idx not in run.skipped:
-                        chunk = batch.chunks[idx]
-                        source = self._keep_result(
-                            batch, chunk, self.jobs.record(chunk.job_id) if chunk.job_id else None
-                        )
-                        run.skipped[idx] = 0 if source is None else skipped_rows(source)
+            for idx in frag.chunks:  # after a restart: the skips of chunks DONE before it (the skip limit)
+                chunk = batch.chunks[idx]
+                if chunk.state == DONE and idx not in run.skipped:
+                    rec = self.jobs.record(chunk.job_id) if chunk.job_id else None
+                    source = self.keep_result(batch, chunk, rec)
+                    run.skipped[idx] = 0 if source is None else skipped_rows(source)
+            states = [batch.chunks[idx].state for idx in frag.chunks]
+            if states[0] == DONE and not any(state in _GIVEN_UP for state in states):
                 run.committing.add(fid)
                 self.committer.submit(batch.batch_id, fid)
 
     def _commit_fragment(self, batch_id: str, fid: int) -> None:
-        """The committer thread: write a fragment's results into the table (without the lock), then
-        record it; the batch finishes once no commit is left."""
-        from lancefn_jupyter.tables.commit import CommitFailed, commit_fragment
+        """A committer thread: write a fragment's results into the table as its chunks finish (without
+        the lock), then record it; the batch finishes once no commit is left."""
+        from lancefn_jupyter.tables.commit import ChunkPart, CommitFailed, commit_fragment
+        from lancefn_jupyter.tables.slices import slice_offsets
 
         with self.table.lock:
             batch = self._batches.get(batch_id)
@@ -614,43 +616,38 @@ class BatchManager:
                 return
             run = batch.backfill
             frag = run.fragments[fid]
-            parts = []
-            for idx in frag.chunks:
-                chunk = batch.chunks[idx]
-                source = self._keep_result(batch, chunk, self.jobs.record(chunk.job_id) if chunk.job_id else None)
-                if source is None:
-                    run.committing.discard(fid)
-                    self._rerun(batch, chunk)
-                    self._advance(batch)
-                    self._changed(batch)
-                    return
-                table_slice: Any = self.saved.chunk_rows(batch_id, idx)  # a backfill chunk's rows: its slice
-                parts.append((idx, source, table_slice["ranges"]))
+            # A backfill chunk's rows are its slice of the table.
+            slices: list[tuple[int, Any]] = [(idx, self.saved.chunk_rows(batch_id, idx)) for idx in frag.chunks]
             spec, version = run.spec, batch.version
-        problem, errors, skipped, rows = None, [], 0, 0
+        results = _ChunkResults(self, batch, fid, spec["output_type"], version)
+        parts = [
+            ChunkPart(offsets, functools.partial(results.load, idx, offsets))
+            for idx, offsets in ((idx, slice_offsets(table_slice["ranges"])) for idx, table_slice in slices)
+        ]
+        problem = None
         try:
-            chunk_parts, errors, skipped = _fragment_parts(parts, spec["output_type"], fid, version)
-            rows = sum(len(part.offsets) for part in chunk_parts)
             commit_fragment(
-                spec["table_uri"],
-                fid,
-                into=spec["into"],
-                output_type=spec["output_type"],
-                parts=chunk_parts,
-                version=version,
+                spec["table_uri"], fid, into=spec["into"], output_type=spec["output_type"], parts=parts, version=version
             )
         except CommitFailed as error:
             problem = str(error)
         except Exception as error:  # an unreadable result, a table gone: the batch says why
-            log.exception("backfill %s: committing fragment %s failed", batch_id, fid)
-            problem = f"fragment {fid}: {type(error).__name__}: {error}"
+            if results.stopped is None:
+                log.exception("backfill %s: committing fragment %s failed", batch_id, fid)
+                problem = f"fragment {fid}: {type(error).__name__}: {error}"
         with self.table.lock:
             run.committing.discard(fid)
             with self.store.batch():
-                if problem is None:
+                if results.stopped is not None:  # a chunk did not finish: the fragment waits for a retry
+                    if results.stopped.state == DONE:  # its result is gone: run it again
+                        self._rerun(batch, results.stopped)
+                elif problem is None:
+                    rows = sum(len(part.offsets) for part in parts)
+                    skipped = sum(results.skipped.values())
                     frag.committed, frag.rows_written, frag.rows_skipped = True, rows - skipped, skipped
                     for idx in frag.chunks:
                         run.skipped.pop(idx, None)
+                    errors = [row for idx in frag.chunks for row in results.errors.get(idx, ())]
                     self.backfills.save_fragment(batch_id, fid, frag, errors)
                 else:
                     run.commit_failure = problem
@@ -659,8 +656,8 @@ class BatchManager:
                     self.backfills.save(batch_id, run)
                     self._stop_chunks(batch)
                 self._advance(batch)
-            if problem is None:
-                for _, source, _ in parts:
+            if results.stopped is None and problem is None:
+                for source in results.sources.values():
                     if isinstance(source, Path):
                         source.unlink(missing_ok=True)
             self._changed(batch)
@@ -724,20 +721,49 @@ class BatchManager:
         self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
 
 
-def _fragment_parts(parts: list, output_type: str, fid: int, version: str) -> tuple:
-    """A fragment's chunks as the commit's parts (results loaded when the commit reaches them), its
-    ``backfill_errors`` rows and how many rows were skipped; ``parts``: (chunk, result source, ranges)."""
-    import numpy as np
+_GIVEN_UP = (FAILED, CANCELLED, TIMED_OUT)  # a chunk in one of these does not finish in this run of the batch
+_CHUNK_POLL_S = 0.02  # how often a commit waiting for a chunk looks again
 
-    from lancefn_jupyter.tables.commit import ChunkPart
-    from lancefn_jupyter.tables.slices import slice_offsets
 
-    chunk_parts, errors, skipped = [], [], 0
-    for idx, source, ranges in parts:
-        offsets = slice_offsets(ranges)
-        _, error = chunk_results(source, output_type)
-        if error is not None and error.null_count < len(error):
-            skipped += len(error) - error.null_count
-            errors += commit_errors(error, offsets, fid, np.full(len(offsets), idx), version)
-        chunk_parts.append(ChunkPart(offsets, functools.partial(chunk_results, source, output_type)))
-    return chunk_parts, errors, skipped
+class _ChunkStopped(Exception):
+    """A chunk a commit waits for will not finish (failed, cancelled, its result gone, the server stops)."""
+
+
+class _ChunkResults:
+    """A fragment commit's chunk results, each loaded when the commit reaches it: it waits (without the
+    lock) until the chunk is DONE, keeps its result file from retention, and counts its skipped rows."""
+
+    def __init__(self, manager: BatchManager, batch: Batch, fid: int, output_type: str, version: str) -> None:
+        self.manager, self.batch, self.fid = manager, batch, fid
+        self.output_type, self.version = output_type, version
+        self.errors: dict[int, list] = {}  # chunk → its backfill_errors rows
+        self.skipped: dict[int, int] = {}  # chunk → rows it skipped
+        self.sources: dict[int, Any] = {}  # chunk → its kept result
+        self.stopped: Chunk | None = None  # the chunk that will not finish, if one stopped the commit
+
+    def load(self, idx: int, offsets: Any) -> tuple[Any, Any]:
+        import numpy as np
+
+        manager, batch = self.manager, self.batch
+        while True:
+            with manager.table.lock:
+                chunk, run = batch.chunks[idx], batch.backfill
+                if chunk.state == DONE:
+                    rec = manager.jobs.record(chunk.job_id) if chunk.job_id else None
+                    source = manager.keep_result(batch, chunk, rec)
+                    if source is None:
+                        self.stopped = chunk
+                        raise _ChunkStopped(f"chunk {idx}'s result is gone")
+                    break
+                if chunk.state in _GIVEN_UP or batch.cancel_requested or (run is not None and run.failure):
+                    self.stopped = chunk
+                    raise _ChunkStopped(f"chunk {idx} did not finish")
+            if manager.committer.stopping.wait(_CHUNK_POLL_S):
+                self.stopped = chunk
+                raise _ChunkStopped("the server is stopping")
+        results, error = chunk_results(source, self.output_type)
+        self.sources[idx] = source
+        self.skipped[idx] = 0 if error is None else len(error) - error.null_count
+        if self.skipped[idx]:
+            self.errors[idx] = commit_errors(error, offsets, self.fid, np.full(len(offsets), idx), self.version)
+        return results, error

@@ -99,9 +99,18 @@ def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
     return env
 
 
-def _worker_env(key: _Key, user: WorkerUser | None = None, *, spare: bool = False) -> dict[str, str]:
+def threads_per_worker(classes: GpuClassConfig | None, cpus: int | None = None) -> int:
+    """The CPU threads one worker's math libraries get: the machine's CPUs shared by the workers that can run
+    at once (one per device of the classes). Each BLAS / OpenMP pool otherwise starts one thread per CPU, and
+    N busy workers then run N× the threads the machine has (docs/ARCHITECTURE.md, "Workers")."""
+    devices = sum(len(spec.devices) for spec in (classes.classes if classes else ()))
+    return max(1, (cpus or os.cpu_count() or 1) // max(1, devices))
+
+
+def _worker_env(key: _Key, user: WorkerUser | None, *, threads: int, spare: bool = False) -> dict[str, str]:
     devices, simulated = key[0], key[1]
     env = worker_base_env(user)
+    env.setdefault("OMP_NUM_THREADS", str(threads))  # read by OpenBLAS, MKL, OpenMP and torch; the server's wins
     if spare:
         # A spare does the heavy imports a GPU function needs while it waits (CPU: numpy only, so a
         # CPU function never pays for numba). A worker started for a task imports what it uses.
@@ -158,6 +167,7 @@ class LocalExecutor(Executor):
         """``environments``: the cache whose environments tasks' ``venv`` name (the plane's); None: every worker
         runs the base Python, and a version's environment is refused only for ``image``."""
         self._classes = classes
+        self._threads = threads_per_worker(classes)
         self._environments = environments
         self._max_rss_mb = worker_max_rss_mb
         self._prewarm_delay_s = prewarm_delay_s
@@ -498,7 +508,7 @@ class LocalExecutor(Executor):
     def _start(self, key: _Key, venv: Environment | None, *, spare: bool = False) -> WorkerProcess:
         """A worker process for ``key``: of the base Python, or of ``venv``'s, inheriting its own lease on it
         (held until the process exits)."""
-        env = _worker_env(key, self._user, spare=spare)
+        env = _worker_env(key, self._user, spare=spare, threads=self._threads)
         if venv is None:
             return WorkerProcess(env, self._user_ids())
         lease = self._environments.lease(venv) if self._environments is not None else None

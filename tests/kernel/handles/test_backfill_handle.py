@@ -334,3 +334,32 @@ def test_the_failure_named_is_the_failed_chunk_not_one_cancelled_after_it(cp):
     )
     with pytest.raises(api.BatchError, match=r"chunk 1 \(rows 3–5\) failed in phase setup: RuntimeError: the weights"):
         Batch("b1", client=api.current_client(), snapshot=snapshot).raise_failure(snapshot)
+
+
+def test_a_commit_waiting_for_its_fragments_chunks_lets_a_cancel_through(cp, tmp_path, shared_dir):
+    """The commit of a fragment starts with its first chunk and takes the others as they finish; cancelled
+    while it waits for a gated chunk, the backfill ends CANCELLED with nothing half-written, and a later map
+    of the same column does every row."""
+    gate = str(shared_dir / "gate")
+    texts = [f"text {i}" for i in range(20)]
+    table = make_table(tmp_path / "db", texts, gate=[""] * 10 + [gate] * 10)  # one fragment
+    fn = api.gpu_function(num_gpus=1)(gated_len)
+    backfill = fn.map(table, column=["text", "gate"], into="n", parallel="auto", chunk_size=5)
+    client = api.current_client()
+
+    def first_chunks_done() -> bool:
+        chunks = client.batches.describe(backfill.batch_id).chunks or ()
+        return sum(c.state.value == "DONE" for c in chunks) >= 2
+
+    from helpers import wait_until
+
+    wait_until(first_chunks_done, "the ungated chunks to finish")
+    backfill.cancel()
+    with pytest.raises(api.BatchError, match="cancelled"):
+        backfill.result(timeout=60)
+    assert backfill.rows_written == 0
+    table.checkout_latest()
+    assert "n" not in table.schema.names or table.count_rows("n IS NOT NULL") == 0
+    Path(gate).touch()
+    again = fn.map(table, column=["text", "gate"], into="n", parallel="auto", chunk_size=5).result(timeout=120)
+    assert by_id(again, "n") == {i: len(t) * 2 for i, t in enumerate(texts)}
