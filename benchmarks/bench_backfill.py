@@ -6,7 +6,8 @@
    `tanh(x · basis) @ W`, W a fixed (768, 768) float32 layer built in `setup`, once per worker) into a new
    `fixed_size_list<float32>[768]` column: `f.map(table, column="x", into="vec", parallel="auto")` with
    the function declared `batched=True` (one call per 1024-row chunk) and the same function per row. Rows/s;
-   target: batched ≥ 10× per row.
+   target: batched ≥ 10× per row. Beside it, the model alone in one thread (no lancefn), batched and per row:
+   their ratio is the most batching can gain for this model on a CPU (a GPU's per-call cost is far higher).
 2. **A plain pylance loop.** The same table, one process, no control plane: pylance reads it 1024 rows at a time,
    applies the batched function's body, and writes the column (`LanceDataset.add_columns` with a batch UDF, one
    data file per fragment). Target: ours (batched) ≥ 0.8× its rows/s.
@@ -177,6 +178,22 @@ def loop_side(rows: int, fragment_rows: int, tmp: str) -> None:
     side_result("loop", seconds=elapsed)
 
 
+def model_side(rows: int, fragment_rows: int, tmp: str) -> None:
+    """The model alone, one thread (as each worker runs it): rows/s as one call per 1024 rows and one call per
+    row. Their ratio is the most batching can gain for this model on a CPU, whatever runs it."""
+    layer = dense_layer()
+    x = np.arange(CHUNK, dtype=np.float32) / CHUNK
+    project(x, *layer)
+    start = time.perf_counter()
+    for _ in range(20):
+        project(x, *layer)
+    batched = 20 * CHUNK / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for value in x:
+        project([value], *layer)[0]
+    side_result("model", batched=batched, per_row=CHUNK / (time.perf_counter() - start))
+
+
 def _lance_for_ray() -> None:
     """Ray 2.60's `write_lance` passes `storage_options_provider`, which pylance 14's `write_fragments` and
     `LanceDataset.commit` no longer take (a TypeError): drop it when unset (in each Ray worker and the driver)."""
@@ -267,10 +284,14 @@ def vm_hwm_mb(pid: int) -> float:
 # ----------------------------------------------------------------------------- the run
 
 
-def run_side(name: str, *args: str, timeout: float = 3600) -> dict | None:
+def run_side(name: str, *args: str, timeout: float = 3600, env: dict | None = None) -> dict | None:
     """Run one side in its own process; its figures, or None (printed why) if it failed."""
     proc = subprocess.run(
-        [sys.executable, __file__, "--side", name, *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, __file__, "--side", name, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(f"SIDE {name} ")), None)
     if line is None:
@@ -283,6 +304,7 @@ def speed(rows: int, fragment_rows: int, skip_ray: bool) -> None:
     common = ["--rows", str(rows), "--fragment-rows", str(fragment_rows)]
     with tempfile.TemporaryDirectory(prefix="lancefn-bench-backfill-") as tmp:
         ours = run_side("ours", *common, "--tmp", tmp)
+        model = run_side("model", *common, "--tmp", tmp, env={"OMP_NUM_THREADS": "1"})
         loop = run_side("loop", *common, "--tmp", tmp)
         ray = None if skip_ray else run_side("ray", *common, "--tmp", tmp)
     what = f"{rows:,} rows x {DIM} float32"
@@ -292,6 +314,13 @@ def speed(rows: int, fragment_rows: int, skip_ray: bool) -> None:
         summary(BENCH, f"backfill {what}, batched", round(b), "rows/s")
         summary(BENCH, f"backfill {what}, per row", round(p), "rows/s")
         summary(BENCH, "batched / per row (rows/s)", round(b / p, 2), "x", ">= 10", b / p >= 10)
+    if model is not None:
+        ceiling = model["batched"] / model["per_row"]
+        print(
+            f"the model alone, one thread: {model['batched']:,.0f} rows/s batched, {model['per_row']:,.0f} rows/s "
+            f"per row: batching can gain at most {ceiling:.1f}× for it on a CPU"
+        )
+        summary(BENCH, "the model alone: batched / per row (one thread)", round(ceiling, 2), "x")
     if loop is not None:
         lr = rows / loop["seconds"]
         print(f"plain pylance loop (one process, add_columns UDF): {lr:,.0f} rows/s ({loop['seconds']:.2f} s)")
@@ -344,7 +373,7 @@ def main() -> None:
     parser.add_argument("--fragment-rows", type=int, default=25_000)
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--only", choices=("speed", "memory"))
-    parser.add_argument("--side", choices=("ours", "loop", "ray", "kernel"), help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=("ours", "model", "loop", "ray", "kernel"), help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -356,7 +385,8 @@ def main() -> None:
         kernel_side(args.url, args.key, args.tmp, args.memory_rows)
         return
     if args.side is not None:
-        {"ours": ours_side, "loop": loop_side, "ray": ray_side}[args.side](args.rows, args.fragment_rows, args.tmp)
+        sides = {"ours": ours_side, "model": model_side, "loop": loop_side, "ray": ray_side}
+        sides[args.side](args.rows, args.fragment_rows, args.tmp)
         return
     print_machine()
     print(f"{GPUS} simulated GPUs (workers on CPU); tables in fragments of {args.fragment_rows:,} rows")
