@@ -158,6 +158,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fsync each Arrow result file before the job is DONE (survives power loss; slower)",
     )
+    p.add_argument(
+        "--table-roots",
+        default=os.environ.get("LANCEFN_TABLE_ROOTS") or None,
+        help="directories (or object-store prefixes), comma-separated, under which backfills may open tables; "
+        "{namespace} stands for the caller's, e.g. '/data/{namespace}' (env LANCEFN_TABLE_ROOTS; default: any table "
+        "for a server whose keys are all in one namespace, none for a shared one)",
+    )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -250,6 +257,17 @@ def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, A
     except PermissionError as error:
         raise _Refused(str(error), 1) from None
     return classes, {**extra_keys, admin_key: admin_principal()}, admin_key
+
+
+def _table_roots(args: argparse.Namespace, api_keys: dict[str, Any]) -> Any:
+    """Where backfills may open tables: ``--table-roots``, and whether keys span several namespaces."""
+    from lancefn_jupyter.server.policy.table_roots import TableRoots, parse_table_roots
+
+    try:
+        roots = parse_table_roots(args.table_roots)
+    except ValueError as error:
+        raise _Refused(str(error)) from None
+    return TableRoots(roots, shared=len({p.namespace for p in api_keys.values()}) > 1)
 
 
 def _listen(host: str, port: int) -> tuple[socket.socket, str]:
@@ -475,7 +493,13 @@ def main(argv: list[str] | None = None) -> int:
             home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
         )
         plane = ControlPlane(
-            store=store, classes=classes, executor=executor, version=__version__, data=data, environments=environments
+            store=store,
+            classes=classes,
+            executor=executor,
+            version=__version__,
+            data=data,
+            environments=environments,
+            table_roots=_table_roots(args, api_keys),
         )
         app = _make_app(args, plane, api_keys)
         info = {

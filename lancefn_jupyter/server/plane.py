@@ -52,6 +52,7 @@ from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
+from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import Store
 
@@ -74,6 +75,7 @@ class ControlPlane:
         cpu_slots: int | None = None,
         data: DataStore | None = None,
         environments: EnvironmentCache | None = None,
+        table_roots: TableRoots | None = None,
     ):
         """``environments``: the cache the plane builds versions' environments in, for an executor that
         ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python."""
@@ -135,6 +137,7 @@ class ControlPlane:
             catalog=self.catalog,
             jobs=self.jobs,
             machine=self.machine,
+            table_roots=table_roots,
         )
         self.journal.watchers.append(self.batches.on_job)
         self.journal.forgetters.append(self.callbacks.forget)

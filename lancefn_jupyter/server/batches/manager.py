@@ -81,6 +81,7 @@ from lancefn_jupyter.server.control.waiters import Waiters
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
+from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.tables.plan import slice_rows
@@ -127,9 +128,12 @@ class BatchManager:
         catalog: FunctionCatalog,
         jobs: JobQueries,
         machine: JobMachine,
+        table_roots: TableRoots | None = None,
     ) -> None:
+        """``table_roots``: where each namespace's backfills may open tables (default: anywhere)."""
         self.table, self.store, self.data, self.bus = table, store, data, bus
         self.catalog, self.jobs, self.machine = catalog, jobs, machine
+        self.table_roots = table_roots or TableRoots()
         self.saved = BatchStore(store)
         self.backfills = BackfillStore(store)
         self.committer = Committer(self._commit_fragment)
@@ -207,6 +211,9 @@ class BatchManager:
         fv, namespace = self.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
         check_options(parallel, retries)
         uri = table_key(str(request["table_uri"]))
+        refused = self.table_roots.problem(uri, scope, admin=scope is None)
+        if refused:  # before the table is opened: its existence is none of this caller's business
+            raise ApiError(403, refused)
         self._refuse_second(uri, request["into"])
         prepared = prepare(fv, {**request, "table_uri": uri})
         run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})

@@ -325,9 +325,10 @@ TEAM_KEYS = api_keys_toml(
 
 
 def test_a_backfill_lives_in_its_functions_namespace(control_plane_factory):
-    cp = control_plane_factory(api_keys=TEAM_KEYS)
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    root = table_dir()
+    cp = control_plane_factory(api_keys=TEAM_KEYS, args=["--table-roots", f"{root}/{{namespace}}"])
+    (root / "team-a").mkdir(mode=0o755)
+    _, table = make_table(root / "team-a")
     alice, carol = cp.http("alice-key-000000001"), cp.http("carol-key-000000003")
     viewer = cp.http("viewer-key-00000004")
     with alice, carol, viewer:
@@ -398,3 +399,48 @@ def test_a_failed_chunk_fails_the_backfill_and_retry_finishes_it(cp):
         ] + [True] * 4
     neg = column(lancedb.connect(str(db_dir)).open_table("docs"), "neg")
     assert neg == [-i for i in range(500)]
+
+
+def test_a_shared_server_backfills_only_tables_under_the_callers_root(control_plane_factory):
+    """The control plane opens a backfill's table itself: one team's key must not point it at another's."""
+    root = table_dir()
+    for team in ("team-a", "default"):
+        (root / team).mkdir(mode=0o755)
+    _, ours = make_table(root / "team-a")
+    _, theirs = make_table(root / "default")
+    (root / "team-a" / "link.lance").symlink_to(Path(theirs.uri))
+    cp = control_plane_factory(api_keys=TEAM_KEYS, args=["--table-roots", f"{root}/{{namespace}}"])
+    body = registration_body(
+        "score",
+        source=SCORE,
+        entrypoint="score",
+        inputs=(("x", "float64", False), ("y", "int64", False)),
+        output_type="float64",
+        num_gpus=None,
+    )
+    with cp.http("alice-key-000000001") as alice, cp.http() as admin:
+        version = register(alice, body)["version"]
+        request = {"name": "score", "version": version, "columns": ["a", "b"], "into": "s"}
+        for uri in (theirs.uri, str(root / "team-a" / "link.lance"), str(root / "missing.lance")):
+            reply = alice.post("/v1/backfills/create", json={**request, "table_uri": uri})
+            assert reply.status_code == 403, reply.text
+            message = reply.json()["error"]["message"]
+            assert f"{root}/team-a" in message and "not a Lance dataset" not in message
+        assert "s" not in theirs.to_arrow().column_names
+        assert wait(alice, create(alice, **request, table_uri=ours.uri)["batch_id"])["batch_state"] == "DONE"
+        # The operator's key backfills wherever the server's user can.
+        admin_version = register(admin, body)["version"]
+        done = wait(admin, create(admin, **{**request, "version": admin_version}, table_uri=theirs.uri)["batch_id"])
+        assert done["batch_state"] == "DONE"
+    no_roots = control_plane_factory(api_keys=TEAM_KEYS)
+    with no_roots.http("alice-key-000000001") as alice:
+        version = register(alice, body)["version"]
+        reply = alice.post("/v1/backfills/create", json={**request, "version": version, "table_uri": ours.uri})
+        assert reply.status_code == 403 and "names no --table-roots" in reply.json()["error"]["message"]
+
+
+def test_a_relative_table_root_refuses_to_start_saying_why(control_plane_factory):
+    cp = control_plane_factory(args=["--table-roots", "data/{namespace}"], start=False)
+    result = subprocess.run(cp.command, env=cp.env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "--table-roots 'data/{namespace}' is not an absolute path" in result.stderr
