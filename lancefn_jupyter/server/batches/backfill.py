@@ -104,8 +104,10 @@ class BackfillRun:
     skipped: dict[int, int] = field(default_factory=dict)  # DONE chunk → rows it skipped (until its fragment commits)
     committing: set[int] = field(default_factory=set)  # fragments queued for (or in) a commit
 
-    def chunk_fragment(self) -> dict[int, int]:
-        return {idx: fid for fid, frag in self.fragments.items() for idx in frag.chunks}
+    fragment_of: dict[int, int] = field(init=False)  # chunk → its fragment
+
+    def __post_init__(self) -> None:
+        self.fragment_of = {idx: fid for fid, frag in self.fragments.items() for idx in frag.chunks}
 
     @property
     def rows_written(self) -> int:

@@ -548,7 +548,7 @@ class BatchManager:
             return
         run.skipped[chunk.idx] = skipped_rows(source)
         limit = run.spec["max_skip_fraction"] * batch.rows_total
-        if run.failure is None and run.rows_skipped > limit:
+        if run.failure is None and run.skipped[chunk.idx] and run.rows_skipped > limit:  # summed only on a skip
             run.failure = {
                 "phase": "skip_limit",
                 "message": f"{run.rows_skipped} of {batch.rows_total} rows were skipped, more than "
@@ -558,7 +558,7 @@ class BatchManager:
             }
             self.backfills.save(batch.batch_id, run)
             self._stop_chunks(batch)
-        self._queue_commits(batch)
+        self._queue_commits(batch, [run.fragment_of[chunk.idx]])  # O(its fragment), not O(every chunk)
 
     def _rerun(self, batch: Batch, chunk: Chunk) -> None:
         """A DONE chunk whose result is gone (removed by retention before it was kept): run it again."""
@@ -593,11 +593,12 @@ class BatchManager:
             shutil.copyfile(self.data.result_path(rec.job_id), kept)
         return kept
 
-    def _queue_commits(self, batch: Batch) -> None:
-        """Queue the commit of every fragment that is not committed yet once its first chunk is DONE: the
-        commit writes the fragment's chunks as they finish ("Backfills", "Commits")."""
+    def _queue_commits(self, batch: Batch, fids: Any = None) -> None:
+        """Queue the commit of each fragment of ``fids`` (default: all) that is not committed yet once its first
+        chunk is DONE: the commit writes the fragment's chunks as they finish ("Backfills", "Commits")."""
         run = batch.backfill
-        for fid, frag in run.fragments.items():
+        for fid in run.fragments if fids is None else fids:
+            frag = run.fragments[fid]
             if frag.committed or fid in run.committing:
                 continue
             for idx in frag.chunks:  # after a restart: the skips of chunks DONE before it (the skip limit)
