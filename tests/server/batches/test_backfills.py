@@ -27,6 +27,15 @@ def score(x: float, y: int) -> float:
     return x * 10 + y
 """
 
+SCORE_BODY = registration_body(
+    "score",
+    source=SCORE,
+    entrypoint="score",
+    inputs=(("x", "float64", False), ("y", "int64", False)),
+    output_type="float64",
+    num_gpus=None,
+)
+
 GATED = """from __future__ import annotations
 
 import os
@@ -141,14 +150,7 @@ def test_several_columns_by_name_with_where(cp):
     db_dir = table_dir()
     _, table = make_table(db_dir)
     with cp.http() as http:
-        body = registration_body(
-            "score",
-            source=SCORE,
-            entrypoint="score",
-            inputs=(("x", "float64", False), ("y", "int64", False)),
-            output_type="float64",
-            num_gpus=None,
-        )
+        body = SCORE_BODY
         version = register(http, body)["version"]
         created = create(
             http,
@@ -332,14 +334,7 @@ def test_a_backfill_lives_in_its_functions_namespace(control_plane_factory):
     alice, carol = cp.http("alice-key-000000001"), cp.http("carol-key-000000003")
     viewer = cp.http("viewer-key-00000004")
     with alice, carol, viewer:
-        body = registration_body(
-            "score",
-            source=SCORE,
-            entrypoint="score",
-            inputs=(("x", "float64", False), ("y", "int64", False)),
-            output_type="float64",
-            num_gpus=None,
-        )
+        body = SCORE_BODY
         version = register(alice, body)["version"]
         request = {"name": "score", "version": version, "table_uri": table.uri, "columns": ["a", "b"], "into": "s"}
         assert viewer.post("/v1/backfills/create", json=request).status_code == 403  # creating runs code
@@ -410,14 +405,7 @@ def test_a_shared_server_backfills_only_tables_under_the_callers_root(control_pl
     _, theirs = make_table(root / "default")
     (root / "team-a" / "link.lance").symlink_to(Path(theirs.uri))
     cp = control_plane_factory(api_keys=TEAM_KEYS, args=["--table-roots", f"{root}/{{namespace}}"])
-    body = registration_body(
-        "score",
-        source=SCORE,
-        entrypoint="score",
-        inputs=(("x", "float64", False), ("y", "int64", False)),
-        output_type="float64",
-        num_gpus=None,
-    )
+    body = SCORE_BODY
     with cp.http("alice-key-000000001") as alice, cp.http() as admin:
         version = register(alice, body)["version"]
         request = {"name": "score", "version": version, "columns": ["a", "b"], "into": "s"}
