@@ -212,10 +212,10 @@ class Reports:
         now = time.monotonic()
         if estimates or now - self._estimates_sent >= QUEUE_ESTIMATES_INTERVAL_S:
             self._estimates_sent = now
-            estimates = {job_id: self.start_estimate(job_id) for ids in heads.values() for job_id in ids}
-            payload["expected_start_ms"] = {job_id: at for job_id, (at, _) in estimates.items()}
+            starts = {job_id: self.start_estimate(job_id) for ids in heads.values() for job_id in ids}
+            payload["expected_start_ms"] = {job_id: at for job_id, (at, _) in starts.items()}
             # Keyed by job id like `expected_start_ms`, so each namespace sees only its own (queue_view).
-            payload["expected_start_uncertain"] = {job_id: True for job_id, (_, vague) in estimates.items() if vague}
+            payload["expected_start_uncertain"] = {job_id: True for job_id, (_, vague) in starts.items() if vague}
         elif self._estimates_timer is None:
             self._estimates_timer = threading.Timer(QUEUE_ESTIMATES_INTERVAL_S, self._publish_estimates)
             self._estimates_timer.daemon = True
