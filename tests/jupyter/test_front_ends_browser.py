@@ -32,6 +32,7 @@ from browser_util import (
     screenshot,
     start_jupyter,
     submit_gate_job,
+    wait_job_state,
 )
 from conftest import ControlPlaneProcess, make_env
 
@@ -160,16 +161,16 @@ def test_voila_renders_the_widgets_and_a_pending_job_finishes_live_without_exten
             f"gates = {json.dumps(gates)}\n"
             "blockers = [wait_for_file.submit(gates['a']), wait_for_file.submit(gates['b'])]  # both GPUs busy\n"
             "watched = wait_for_file.submit(gates['c'])  # pending, position 1\n"
-            f"json.dump({{'watched': watched.job_id}}, open({str(work / 'ids.json')!r}, 'w'))\n"
+            "ids = {'watched': watched.job_id, 'blockers': [job.job_id for job in blockers]}\n"
+            f"json.dump(ids, open({str(work / 'ids.json')!r}, 'w'))\n"
             "watched"
         ),
         "%gpu_jobs",
     ]
     (servers.server.root_dir / "voila.ipynb").write_text(json.dumps(_notebook(cells)))
     page.goto(servers.server.url(f"voila/render/voila.ipynb?token={servers.server.token}"), timeout=180_000)
-    watched_id = json.loads(_wait_for(lambda: (work / "ids.json").exists() and (work / "ids.json").read_text(), "ids"))[
-        "watched"
-    ]
+    ids = json.loads(_wait_for(lambda: (work / "ids.json").exists() and (work / "ids.json").read_text(), "ids"))
+    watched_id = ids["watched"]
     watched = page.locator(".lancefn-job-widget").filter(has=page.locator(f'code[title="{watched_id}"]'))
     watched.locator(".lancefn-state-pending").wait_for(timeout=180_000)
     page.locator(".lancefn-gpu-classes-widget td", has_text="Simulated GPU").first.wait_for()
@@ -182,6 +183,9 @@ def test_voila_renders_the_widgets_and_a_pending_job_finishes_live_without_exten
     page.locator(".lancefn-jobs-dashboard .lancefn-jobs-summary", has_text="2 finished").wait_for()
     screenshot(page, "voila-finished")
     Path(gates["b"]).touch()
+    with servers.cp.http() as http:  # nothing of this test still runs when the next one starts
+        for job_id in ids["blockers"]:
+            wait_job_state(http, job_id, {"DONE"})
     assert _ours(page.console_messages) == [], page.console_messages
 
 
@@ -254,6 +258,8 @@ def _dashboard_command(servers: Servers, workdir: Path) -> Iterator[str]:
 
 
 def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page, servers):
+    from playwright.sync_api import expect
+
     work = servers.tmp / "dashboard"
     work.mkdir()
     with servers.cp.http() as http, _dashboard_command(servers, work) as url:
@@ -269,6 +275,6 @@ def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page
         screenshot(page, "dashboard-running")
         gate.touch()
         jobs.locator(".lancefn-jobs-summary", has_text="finished").wait_for()
-        assert jobs.locator(".lancefn-jobs-summary", has_text="running").count() == 0
+        expect(jobs.locator(".lancefn-jobs-summary", has_text="running")).to_have_count(0)
         screenshot(page, "dashboard-finished")
     assert _ours(page.console_messages) == [], page.console_messages
