@@ -35,9 +35,8 @@ GRANTS = {ANALYST: "functions", OPERATOR: "system_usage", JOBS_ONLY: "jobs", NOB
 
 def privilege_of(path: str) -> str:
     """The privilege rule (docs/ARCHITECTURE.md, REST details) by path."""
-    if path.startswith(
-        ("/v1/batches/", "/v1/backfills/")
-    ):  # starting work (like functions/run) needs `functions`; reading it, `jobs`
+    # Starting work (like functions/run) needs `functions`; reading it, `jobs`.
+    if path.startswith(("/v1/batches/", "/v1/backfills/")):
         return "functions" if path in ("/v1/batches/create", "/v1/batches/retry", "/v1/backfills/create") else "jobs"
     for prefix, privilege in (("/v1/functions/", "functions"), ("/v1/jobs/", "jobs"), ("/v1/gpu/", "system_usage")):
         if path.startswith(prefix):
