@@ -4,9 +4,9 @@
   127.0.0.1 with a free port, a token, a non-root `base_url` (default `/jl/`), and its own config,
   data, runtime, settings and workspaces directories, so nothing leaks between tests or from the
   user's setup. The lancefn server extension is enabled through that config (or disabled, to test
-  the panel's "not enabled" message). The freshly built labextension
-  (`lancefn_jupyter/labextension`) is put first on `JUPYTER_PATH`, so the browser runs the current
-  build even when an older copy is installed.
+  the panel's "not enabled" message). A copy of the freshly built labextension
+  (`lancefn_jupyter/labextension`) is put first on `JUPYTER_PATH` (`install_labextension`), so the browser
+  runs the current build even when an older copy is installed.
 - `launch_chromium(playwright)`: Debian's `/usr/bin/chromium` driven by the PyPI `playwright`
   package (never `playwright install`).
 - `open_lab(page, server)`, `screenshot(page, name)` (→ `test-artifacts/<name>.png`).
@@ -59,6 +59,14 @@ def built_labextension() -> Path | None:
 
     path = Path(lancefn_jupyter.__file__).resolve().parent / "labextension"
     return path if (path / "package.json").is_file() and (path / "static" / "style.js").is_file() else None
+
+
+def install_labextension(built: Path, labextensions: Path) -> None:
+    """Puts the built labextension into a `labextensions` directory on `JUPYTER_PATH`: a copy, as an install
+    makes (Voilà's file handler refuses a symlink that leads out of its directories; JupyterLab's follows it)."""
+    target = labextensions / LABEXTENSION_NAME
+    if not target.exists():
+        shutil.copytree(built, target)
 
 
 def chromium_missing_reason() -> str | None:
@@ -159,9 +167,7 @@ def start_jupyter(
     )
     built = built_labextension()
     if labextension and built is not None:
-        link = jpath / "labextensions" / LABEXTENSION_NAME
-        if not link.exists():
-            link.symlink_to(built, target_is_directory=True)
+        install_labextension(built, jpath / "labextensions")
 
     port = free_port()
     log_path = workdir / f"jupyter-{app}-{port}.log"

@@ -141,7 +141,8 @@ export function queueText(job: IJob): string {
 
 /**
  * "starts in about 40 s" for a queued GPU job with an estimate, "start time unknown" when the control
- * plane has no run history to estimate from (null), "" when it offers none (absent, CPU jobs, Ray).
+ * plane has no run history to estimate from (null), "start time uncertain (best guess 40 s)" when it
+ * flags the estimate `expected_start_uncertain`, "" when it offers none (absent, CPU jobs, Ray).
  */
 export function expectedStartText(job: IJob, nowMs: number): string {
   const p = job.placement;
@@ -161,16 +162,18 @@ export function expectedStartText(job: IJob, nowMs: number): string {
     return 'start time unknown';
   }
   const waitS = (at - nowMs) / 1000;
-  if (waitS < 1.5) {
-    return 'starts any moment';
-  }
+  let after: string;
   if (waitS < 90) {
-    return `starts in about ${Math.round(waitS)} s`;
+    after = `${Math.max(0, Math.round(waitS))} s`;
+  } else if (waitS < 90 * 60) {
+    after = `${Math.round(waitS / 60)} min`;
+  } else {
+    after = `${(waitS / 3600).toFixed(1)} h`;
   }
-  if (waitS < 90 * 60) {
-    return `starts in about ${Math.round(waitS / 60)} min`;
+  if (p.expected_start_uncertain) {
+    return `start time uncertain (best guess ${after})`;
   }
-  return `starts in about ${(waitS / 3600).toFixed(1)} h`;
+  return waitS < 1.5 ? 'starts any moment' : `starts in about ${after}`;
 }
 
 /** Progress as "3/10 rows" with a 0..1 fraction (fraction is null when the total is unknown). */

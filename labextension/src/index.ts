@@ -4,6 +4,11 @@
  * The panel talks only to the lancefn server extension (`<base_url>/lancefn/`), which proxies to
  * the control plane and adds its API key server-side: the key never reaches the browser, and the
  * panel keeps working while a kernel is busy.
+ *
+ * It runs in every front end that loads JupyterLab extensions (docs/ARCHITECTURE.md, "Front ends"): it
+ * requires nothing, so it activates in JupyterLab, Notebook 7 (View → Left Sidebar → Show GPU Functions)
+ * and Voilà alike; the palette, restorer, settings and notebook tracker are used where the front end has
+ * them. A shell without a left area (Voilà's) gets no panel and opens no connection.
  */
 
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
@@ -54,19 +59,30 @@ function makeConnection(jobsLimit: number): LiveConnection {
   );
 }
 
+/**
+ * Whether the shell has a left side area: JupyterLab's and Notebook 7's shells can collapse it, Voilà's
+ * has none (its `add(..., 'left')` only warns "Area left is not implemented yet!").
+ */
+export function hasLeftArea(shell: JupyterFrontEnd.IShell): boolean {
+  return typeof (shell as { collapseLeft?: unknown }).collapseLeft === 'function';
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'GPU Functions side panel: GPU classes, live jobs with Cancel, function versions.',
   autoStart: true,
-  requires: [ICommandPalette],
-  optional: [ILayoutRestorer, ISettingRegistry, INotebookTracker],
+  requires: [],
+  optional: [ICommandPalette, ILayoutRestorer, ISettingRegistry, INotebookTracker],
   activate: (
     app: JupyterFrontEnd,
-    palette: ICommandPalette,
+    palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
     settingRegistry: ISettingRegistry | null,
     notebooks: INotebookTracker | null
   ) => {
+    if (!hasLeftArea(app.shell)) {
+      return;
+    }
     const connection = makeConnection(50);
     const panel = new GpuFunctionsPanel(
       connection,
@@ -82,7 +98,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         app.shell.activateById(panel.id);
       }
     });
-    palette.addItem({ command: CommandIDs.open, category: 'GPU Functions' });
+    if (palette) {
+      palette.addItem({ command: CommandIDs.open, category: 'GPU Functions' });
+    }
 
     if (restorer) {
       restorer.add(panel, 'lancefn-gpu-functions');

@@ -50,6 +50,15 @@ const GPU_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" 
   </g>
 </svg>`;
 
+/**
+ * The jobs section's empty text. It also says where the panel lives in each front end, for a user who
+ * closed it: JupyterLab's left sidebar (chip icon) or Notebook 7's View → Left Sidebar menu.
+ */
+export const NO_JOBS_TEXT =
+  'No jobs yet. Submit one with f.submit(x) in a notebook. ' +
+  'This panel: the chip icon in the left sidebar (JupyterLab), ' +
+  'View → Left Sidebar → Show GPU Functions (Notebook 7), or the palette: Open GPU Functions Panel.';
+
 export const gpuIcon = new LabIcon({ name: 'lancefn-jupyter:gpu', svgstr: GPU_SVG });
 
 /**
@@ -265,7 +274,7 @@ export class GpuFunctionsPanel extends Widget {
     const body = this._jobsBody;
     const active = state.jobs.filter(j => !isTerminal(j.job_state)).length;
     setText(this._jobsCount, state.jobs.length ? ` (${active} active)` : '');
-    if (placeholder(body, state, state.jobsError, state.jobs.length, 'No jobs yet.')) {
+    if (placeholder(body, state, state.jobsError, state.jobs.length, NO_JOBS_TEXT)) {
       this._jobRows.clear();
       return;
     }

@@ -55,6 +55,10 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
     const value = expected && typeof expected === 'object' ? expected[id] : undefined;
     return typeof value === 'number' || value === null ? value : undefined;
   };
+  const uncertain = (payload as { expected_start_uncertain?: Record<string, unknown> })
+    .expected_start_uncertain;
+  const vagueOf = (id: string): boolean =>
+    !!uncertain && typeof uncertain === 'object' && uncertain[id] === true;
   let changed = false;
   const next = jobs.map(job => {
     const position = positions.get(job.job_id);
@@ -63,7 +67,11 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
     }
     const start = startOf(job.job_id);
     const placement = job.placement ?? {};
-    const startChanged = start !== undefined && placement.expected_start_ms !== start;
+    const vague = vagueOf(job.job_id);
+    const startChanged =
+      start !== undefined &&
+      (placement.expected_start_ms !== start ||
+        (placement.expected_start_uncertain ?? false) !== vague);
     if (placement.queue_position === position && !startChanged) {
       return job;
     }
@@ -75,6 +83,7 @@ export function applyQueueEvent(jobs: readonly IJob[], payload: unknown): readon
     };
     if (start !== undefined) {
       update.expected_start_ms = start;
+      update.expected_start_uncertain = vague;
     }
     return { ...job, placement: update };
   });

@@ -18,6 +18,8 @@ export interface IJobPlacement {
   node?: string | null;
   /** When a queued GPU job should start (epoch ms); null: unknown; absent: no estimate offered. */
   expected_start_ms?: number | null;
+  /** The estimate rests on run times that say little (a version without history): "uncertain". */
+  expected_start_uncertain?: boolean;
 }
 
 export interface IJobProgress {

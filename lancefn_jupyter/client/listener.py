@@ -412,6 +412,8 @@ class EventListener:
         positions = queue_positions(data)
         expected = data.get("expected_start_ms")
         expected = expected if isinstance(expected, dict) else {}
+        uncertain = data.get("expected_start_uncertain")
+        uncertain = uncertain if isinstance(uncertain, dict) else {}
         with self._lock:
             self.queue_positions = positions
             everyone = self._all_jobs.get(None)
@@ -424,6 +426,11 @@ class EventListener:
                 at = expected.get(job_id, previous.placement.expected_start_ms)
                 if (at is None or isinstance(at, int)) and at != previous.placement.expected_start_ms:
                     update["expected_start_ms"] = at
+                vague = (
+                    uncertain.get(job_id) is True if job_id in expected else previous.placement.expected_start_uncertain
+                )
+                if vague != previous.placement.expected_start_uncertain:
+                    update["expected_start_uncertain"] = vague
                 if update:
                     updated = self._pending[job_id] = _placed(previous, **update)
                     changed.append((updated, self._jobs.get(job_id)))

@@ -79,18 +79,21 @@ def job_elapsed_s(job: Job, now_ms: float | None = None) -> float | None:
     return (end - job.started_ms) / 1000
 
 
-def expected_start_text(expected_start_ms: int | None, now_ms: float | None = None) -> str:
-    """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None)."""
+def expected_start_text(expected_start_ms: int | None, now_ms: float | None = None, uncertain: bool = False) -> str:
+    """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None;
+    "start time uncertain (best guess 40 s)" when `expected_start_uncertain`)."""
     if expected_start_ms is None:
         return "start time unknown"
     wait_s = (expected_start_ms - (now_ms if now_ms is not None else time.time() * 1000)) / 1000
-    if wait_s < 1.5:
-        return "starts any moment"
     if wait_s < 90:
-        return f"starts in about {wait_s:.0f} s"
-    if wait_s < 90 * 60:
-        return f"starts in about {wait_s / 60:.0f} min"
-    return f"starts in about {wait_s / 3600:.1f} h"
+        after = f"{max(wait_s, 0):.0f} s"
+    elif wait_s < 90 * 60:
+        after = f"{wait_s / 60:.0f} min"
+    else:
+        after = f"{wait_s / 3600:.1f} h"
+    if uncertain:
+        return f"start time uncertain (best guess {after})"
+    return "starts any moment" if wait_s < 1.5 else f"starts in about {after}"
 
 
 def job_summary(job: Job) -> str:
@@ -101,7 +104,9 @@ def job_summary(job: Job) -> str:
         where = placement.gpu_class or "default"
         position = f", position {placement.queue_position}" if placement.queue_position is not None else ""
         if placement.queue_position is not None and placement.num_gpus:
-            position += f", {expected_start_text(placement.expected_start_ms)}"
+            position += (
+                f", {expected_start_text(placement.expected_start_ms, uncertain=placement.expected_start_uncertain)}"
+            )
         if placement.waiting_on_capacity:
             return f"pending: waiting for GPU capacity in class {where}{position}"
         return f"pending{position}"

@@ -61,7 +61,9 @@ def _placement_text(job: Any) -> str:
         if p.waiting_on_capacity or p.queue_position is not None:
             position = f", position {p.queue_position}" if p.queue_position is not None else ""
             if p.queue_position is not None and p.num_gpus:
-                position += f", {display.expected_start_text(p.expected_start_ms)}"
+                position += (
+                    f", {display.expected_start_text(p.expected_start_ms, uncertain=p.expected_start_uncertain)}"
+                )
             return f"waiting for {where}{position}"
         return f"queued ({where})"
     gpus = f"{p.num_gpus} GPU{'s' if p.num_gpus != 1 else ''}" if p.num_gpus else "no GPU"

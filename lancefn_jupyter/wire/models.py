@@ -549,6 +549,9 @@ class JobPlacement(WireModel):
     node: StrictStr | None = None
     # When a queued job should start (epoch ms), from the queue and recent run times; None: unknown.
     expected_start_ms: StrictInt | None = None
+    # The expected start rests on run times that say little (a version without history, widely spread or
+    # outlived class run times): UIs say "start time uncertain".
+    expected_start_uncertain: StrictBool = False
     pending_reason: StrictStr | None = None  # why it cannot start now beyond waiting its turn (Ray)
 
 

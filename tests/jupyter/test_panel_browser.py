@@ -475,7 +475,8 @@ NAP_SOURCE = "from __future__ import annotations\n\nimport time\n\n\ndef nap(s: 
 
 def test_pending_jobs_show_their_expected_start_behind_busy_gpus(page, lab):
     """A queued job shows "starts in about N s" once the control plane has run times to estimate from
-    (the module's first test checks "start time unknown" before any)."""
+    (the module's first test checks "start time unknown" before any), or "start time uncertain (best guess N s)"
+    while it waits behind a running function without history that outlived the class's runs."""
     open_lab(page, lab.server, workspace="expected-start")
     open_panel(page)
     with lab.cp.http() as http:
@@ -509,7 +510,9 @@ def test_pending_jobs_show_their_expected_start_behind_busy_gpus(page, lab):
             last.wait_for()
             page.wait_for_selector(f'{PANEL} .lf-usage-text:text("2 busy / 0 free of 2 · 8 pending")')
             text = last.locator(".lf-job-queue").inner_text()
-            assert re.fullmatch(r"queue #8 · starts in about \d+ s", text), text
+            # The holder's function has no history: its end rests on the class's runs, and once it outlived
+            # them (how soon depends on the machine) the estimate says so (issue 29).
+            assert re.fullmatch(r"queue #8 · (starts in about|start time uncertain \(best guess) \d+ s\)?", text), text
             screenshot(page, "panel-expected-start")
         finally:
             for job_id in queued:

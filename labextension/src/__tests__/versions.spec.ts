@@ -25,6 +25,12 @@ describe('expectedStartText', () => {
     expect(expectedStartText(pending('a', 1, null), 1_000)).toBe('start time unknown');
   });
 
+  it('says an estimate resting on run times that say little is uncertain, with its best guess', () => {
+    const job = pending('a', 1, 25_000);
+    job.placement!.expected_start_uncertain = true;
+    expect(expectedStartText(job, 1_000)).toBe('start time uncertain (best guess 24 s)');
+  });
+
   it('says nothing when no estimate is offered', () => {
     expect(expectedStartText(pending('a', 1), 0)).toBe(''); // an older server, or Ray
     expect(expectedStartText(pending('a', 1, 5_000, 0), 0)).toBe(''); // CPU job
@@ -46,6 +52,20 @@ describe('applyQueueEvent with expected starts', () => {
         expected_start_ms: { b: 12_000, c: 20_000 }
       })
     ).toBe(next);
+  });
+
+  it('takes the uncertainty the queue event carries with the estimate', () => {
+    const next = applyQueueEvent([pending('b', 1, 10_000)], {
+      classes: { default: ['b'] },
+      expected_start_ms: { b: 10_000 },
+      expected_start_uncertain: { b: true }
+    });
+    expect(next[0].placement?.expected_start_uncertain).toBe(true);
+    const settled = applyQueueEvent(next, {
+      classes: { default: ['b'] },
+      expected_start_ms: { b: 10_000 }
+    });
+    expect(settled[0].placement?.expected_start_uncertain).toBe(false);
   });
 
   it('ignores malformed estimates and keeps the old value when none is sent', () => {

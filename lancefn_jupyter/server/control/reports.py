@@ -45,6 +45,7 @@ class Reports:
             "waiting_on_capacity": False,
             "queue_position": None,
             "expected_start_ms": None,
+            "expected_start_uncertain": False,
         }
         if rec.state == PENDING:
             # Queued (not yet placed): waiting for its class's GPUs, or a CPU slot.
@@ -53,7 +54,8 @@ class Reports:
                 placement["waiting_on_capacity"] = True
                 placement["queue_position"] = position
                 if rec.num_gpus:
-                    placement["expected_start_ms"] = self.expected_start(rec.job_id)
+                    at, uncertain = self.start_estimate(rec.job_id)
+                    placement["expected_start_ms"], placement["expected_start_uncertain"] = at, uncertain
             elif (waiting := table.environment_waits.get(rec.job_id)) is not None:
                 placement["pending_reason"] = waiting()  # its environment is building: no queue place yet
             elif table.executor_queues and not rec.devices:
@@ -108,13 +110,19 @@ class Reports:
 
     def expected_start(self, job_id: str) -> int | None:
         """When a queued GPU job should start (epoch ms), or None when unknown (see `estimates`)."""
+        return self.start_estimate(job_id)[0]
+
+    def start_estimate(self, job_id: str) -> tuple[int | None, bool]:
+        """``(expected start or None, whether it is uncertain)`` of a queued GPU job (see `estimates`)."""
         table = self.table
         with table.lock:
             rec = table.active.get(job_id)
             pool = table.scheduler.pools.get(rec.gpu_class or "") if rec is not None else None
             if pool is None or job_id not in pool.queue:
-                return None
-            return self.estimator.expected_start(now_ms(), pool, job_id, table.active)
+                return None, False
+            now = now_ms()
+            at = self.estimator.expected_start(now, pool, job_id, table.active)
+            return at, at is not None and self.estimator.is_uncertain(now, pool, job_id, table.active)
 
     # ------------------------------------------------------------------ usage
 
@@ -204,9 +212,10 @@ class Reports:
         now = time.monotonic()
         if estimates or now - self._estimates_sent >= QUEUE_ESTIMATES_INTERVAL_S:
             self._estimates_sent = now
-            payload["expected_start_ms"] = {
-                job_id: self.expected_start(job_id) for ids in heads.values() for job_id in ids
-            }
+            starts = {job_id: self.start_estimate(job_id) for ids in heads.values() for job_id in ids}
+            payload["expected_start_ms"] = {job_id: at for job_id, (at, _) in starts.items()}
+            # Keyed by job id like `expected_start_ms`, so each namespace sees only its own (queue_view).
+            payload["expected_start_uncertain"] = {job_id: True for job_id, (_, vague) in starts.items() if vague}
         elif self._estimates_timer is None:
             self._estimates_timer = threading.Timer(QUEUE_ESTIMATES_INTERVAL_S, self._publish_estimates)
             self._estimates_timer.daemon = True

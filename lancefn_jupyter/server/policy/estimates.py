@@ -8,11 +8,17 @@ The estimate replays the scheduler's own rule, strict FIFO per GPU class, over p
   has started;
 * a run time is the median of the last ``KEEP`` successful runs of that function version on that class,
   else the median of the class's last ``KEEP`` runs (a new version), else unknown;
+* a running job of a version with no history is expected to run as long as the median of the class's runs
+  that lasted longer than it already has, and when it has outlived them all, as long again as it has run so
+  far (``unseen_run_ms``): never less than what it has already shown;
 * a run is recorded warm (``warm_run_ms``): its duration less the worker start and setup it paid, so one
   cold job does not push back the expected start of the warm jobs behind it (docs/ARCHITECTURE.md, "Warm state").
 
 When a run time the replay needs is unknown, the job's estimate (and every one behind it) is ``None``:
-the placement says "unknown" rather than guess. Benchmarked in ``benchmarks/bench_expected_wait.py``.
+the placement says "unknown" rather than guess. An estimate that rests on a version without history is
+*uncertain* (and so is every one behind it) when the class's run times it uses spread wide (90th percentile
+over ``WIDE_SPREAD`` × the 10th) or when a running job has outlived them all: the placement says "start time
+uncertain". Benchmarked in ``benchmarks/bench_expected_wait.py``.
 """
 
 from __future__ import annotations
@@ -27,16 +33,40 @@ from typing import Any
 
 __all__ = [
     "KEEP",
+    "WIDE_SPREAD",
     "ClassReplay",
     "Holding",
     "QueueEstimator",
     "RunTimes",
     "Waiting",
     "expected_starts",
+    "replay_class",
+    "spread_is_wide",
+    "unseen_run_ms",
     "warm_run_ms",
 ]
 
 KEEP = 20  # recent runs per version (and per class) that the median is taken over
+WIDE_SPREAD = 3.0  # run times whose 90th percentile is over this × their 10th say little about a new version
+
+
+def spread_is_wide(runs: Sequence[float]) -> bool:
+    """Whether run times spread too wide for one of them to stand for a version never seen."""
+    if len(runs) < 2:
+        return False
+    ordered = sorted(runs)
+    low, high = ordered[(len(ordered) - 1) // 10], ordered[len(ordered) - 1 - (len(ordered) - 1) // 10]
+    return high > WIDE_SPREAD * max(low, 1.0)
+
+
+def unseen_run_ms(elapsed_ms: float, class_runs: Sequence[float]) -> tuple[float, bool]:
+    """``(expected total run time, uncertain)`` of a running job whose version has no history, that has run
+    ``elapsed_ms`` so far, from its class's recent ``class_runs``: the median of those runs that lasted longer
+    than it already has; once it outlived them all, twice its run so far (as long again), uncertain."""
+    longer = [ms for ms in class_runs if ms > elapsed_ms]
+    if not longer:
+        return 2.0 * max(elapsed_ms, 1.0), True
+    return statistics.median(longer), spread_is_wide(longer)
 
 
 def warm_run_ms(started_ms: int, finished_ms: int, timings: Mapping[str, Any] | None) -> float:
@@ -79,6 +109,18 @@ class RunTimes:
         median = self._version_median.get((name, version, gpu_class))
         return median if median is not None else self._class_median.get(gpu_class)
 
+    def class_ms(self, gpu_class: str) -> float | None:
+        """The median of the class's recent run times (None: none yet)."""
+        return self._class_median.get(gpu_class)
+
+    def version_ms(self, name: str, version: str, gpu_class: str) -> float | None:
+        """The version's own median run time on the class (None: no history)."""
+        return self._version_median.get((name, version, gpu_class))
+
+    def class_runs(self, gpu_class: str) -> Sequence[float]:
+        """The class's last ``keep`` run times, oldest first."""
+        return self._by_class.get(gpu_class, ())
+
 
 @dataclass(frozen=True)
 class Holding:
@@ -88,6 +130,7 @@ class Holding:
     num_gpus: int
     started_ms: int | None  # None: placed, worker not started yet
     expected_ms: float | None
+    uncertain: bool = False  # its run time rests on a version without history and says little
 
 
 @dataclass(frozen=True)
@@ -97,6 +140,7 @@ class Waiting:
     job_id: str
     num_gpus: int
     expected_ms: float | None
+    uncertain: bool = False
 
 
 class ClassReplay:
@@ -106,41 +150,52 @@ class ClassReplay:
     def __init__(self, now_ms: int, total_gpus: int, holding: Sequence[Holding]):
         self.created_ms = now_ms
         self.free = total_gpus - sum(h.num_gpus for h in holding)
-        self.releases: list[tuple[float, int]] = []  # (time GPUs come free, how many)
+        # (time GPUs come free, how many, whether that time is uncertain)
+        self.releases: list[tuple[float, int, bool]] = []
         for h in holding:  # a job with an unknown end never frees its GPUs in the replay
             if h.expected_ms is not None:
                 start = now_ms if h.started_ms is None else h.started_ms
-                heapq.heappush(self.releases, (max(now_ms, start + h.expected_ms), h.num_gpus))
+                heapq.heappush(self.releases, (max(now_ms, start + h.expected_ms), h.num_gpus, h.uncertain))
         self.clock = float(now_ms)
         self.blocked = False  # only GPUs with an unknown end are left: everyone from here is unknown
+        self.uncertain = False  # an uncertain release was waited for: everyone from here is uncertain
         self.starts: dict[str, int | None] = {}
+        self.uncertain_starts: set[str] = set()
 
-    def extend(self, job_id: str, num_gpus: int, expected_ms: float | None) -> None:
+    def extend(self, job_id: str, num_gpus: int, expected_ms: float | None, uncertain: bool = False) -> None:
         """The next queued job (plain arguments: this runs for every queued job the reports show)."""
         while not self.blocked and self.free < num_gpus:
             if not self.releases:
                 self.blocked = True
                 break
-            at, gpus = heapq.heappop(self.releases)
+            at, gpus, vague = heapq.heappop(self.releases)
             self.clock = max(self.clock, at)
             self.free += gpus
+            self.uncertain = self.uncertain or vague
         if self.blocked:
             self.starts[job_id] = None
             return
         self.starts[job_id] = round(self.clock)
+        if self.uncertain:
+            self.uncertain_starts.add(job_id)
         self.free -= num_gpus
         if expected_ms is not None:
-            heapq.heappush(self.releases, (self.clock + expected_ms, num_gpus))
+            heapq.heappush(self.releases, (self.clock + expected_ms, num_gpus, uncertain))
 
 
 def expected_starts(
     now_ms: int, total_gpus: int, holding: Sequence[Holding], waiting: Sequence[Waiting]
 ) -> dict[str, int | None]:
     """``{job_id: expected start (epoch ms) or None}`` for every waiting job of one class."""
+    return replay_class(now_ms, total_gpus, holding, waiting).starts
+
+
+def replay_class(now_ms: int, total_gpus: int, holding: Sequence[Holding], waiting: Sequence[Waiting]) -> ClassReplay:
+    """The whole replay of one class (its ``starts`` and ``uncertain_starts``)."""
     replay = ClassReplay(now_ms, total_gpus, holding)
     for job in waiting:
-        replay.extend(job.job_id, job.num_gpus, job.expected_ms)
-    return replay.starts
+        replay.extend(job.job_id, job.num_gpus, job.expected_ms, job.uncertain)
+    return replay
 
 
 class QueueEstimator:
@@ -161,22 +216,46 @@ class QueueEstimator:
     def expected_start(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> int | None:
         """When queued ``job_id`` of scheduler ``pool`` (devices, ``held``, FIFO ``queue``) should start,
         never before ``now_ms``; ``jobs`` are the job table's active ``JobRecord``s by id."""
+        replay = self._replay(now_ms, pool, job_id, jobs)
+        value = replay.starts.get(job_id)
+        return None if value is None else max(value, now_ms)
 
-        def expected(other: str) -> float | None:
+    def is_uncertain(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> bool:
+        """Whether ``expected_start`` of the same job rests on run times that say little (see above)."""
+        return job_id in self._replay(now_ms, pool, job_id, jobs).uncertain_starts
+
+    def _replay(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> ClassReplay:
+        run_times = self.run_times
+        class_ms, wide = run_times.class_ms(pool.name), spread_is_wide(run_times.class_runs(pool.name))
+
+        def version_ms(other: str) -> float | None:
             spec = jobs[other].spec if other in jobs else {}
-            return self.run_times.expected_ms(spec.get("name", ""), spec.get("version", ""), pool.name)
+            return run_times.version_ms(spec.get("name", ""), spec.get("version", ""), pool.name)
+
+        def holding(other: str, num_gpus: int) -> Holding:
+            started_ms = getattr(jobs.get(other), "started_ms", None)
+            known = version_ms(other)
+            if known is not None:
+                return Holding(other, num_gpus, started_ms, known)
+            if started_ms is None:  # placed, not started: like a queued job of a new version
+                return Holding(other, num_gpus, started_ms, class_ms, wide)
+            runs = run_times.class_runs(pool.name)
+            if not runs:
+                return Holding(other, num_gpus, started_ms, None)
+            total, uncertain = unseen_run_ms(now_ms - started_ms, runs)
+            return Holding(other, num_gpus, started_ms, total, uncertain)
 
         replay = self._replays.get(pool.name)
         if replay is None or now_ms - replay.created_ms >= self._refresh_ms:
-            holding = [
-                Holding(other, len(devices), getattr(jobs.get(other), "started_ms", None), expected(other))
-                for other, devices in pool.held.items()
-            ]
-            replay = self._replays[pool.name] = ClassReplay(now_ms, len(pool.devices), holding)
+            held = [holding(other, len(devices)) for other, devices in pool.held.items()]
+            replay = self._replays[pool.name] = ClassReplay(now_ms, len(pool.devices), held)
         if job_id not in replay.starts:
             for other, num_gpus in islice(pool.queue.items(), len(replay.starts), None):
-                replay.extend(other, num_gpus, expected(other))
+                known = version_ms(other)
+                if known is not None:
+                    replay.extend(other, num_gpus, known)
+                else:
+                    replay.extend(other, num_gpus, class_ms, wide)
                 if other == job_id:
                     break
-        value = replay.starts.get(job_id)
-        return None if value is None else max(value, now_ms)
+        return replay

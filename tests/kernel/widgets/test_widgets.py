@@ -11,6 +11,7 @@ import gc
 import html
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -598,3 +599,60 @@ def test_closed_widgets_and_dropped_jobs_are_unsubscribed(cp, gate_fn, gates):
     gc.collect()
     assert listener.subscriber_count() == base - 1
     gates.open("gc")
+
+
+# ------------------------------------------------------------------------------ the team dashboard
+
+
+def test_team_dashboard_shows_classes_batches_jobs_and_failures_live(cp, gate_fn, gates):
+    from lancefn_jupyter.dashboards import team_dashboard
+
+    dashboard = team_dashboard(batches_limit=2)
+    assert "control plane " + cp.url in dashboard.heading.value
+    assert isinstance(dashboard.classes, GpuClassesWidget) and "Simulated H100" in dashboard.classes.table.value
+    assert dashboard.batch_rows == {} and dashboard.failures.state_filter.value == "FAILED"
+    running = gate_fn.submit(gates["a"])
+    wait_until(lambda: running.job_id in dashboard.jobs.rows, "a new job appears live")
+    failing = api.gpu_function(num_gpus=1)(explode).submit(3)  # on the other GPU
+    wait_until(lambda: failing.job_id in dashboard.failures.rows, "a failure is listed")
+    assert [j.job_id for j in dashboard.failures.visible_jobs()] == [failing.job_id]
+    # Three batches (distinct inputs: a repeated map is the same batch) started after the dashboard was built.
+    batches = [gate_fn.map([gates[f"b{i}"]] * 2, parallel=2) for i in range(3)]
+    wait_until(lambda: set(dashboard.batch_rows) == {b.batch_id for b in batches[1:]}, "the 2 newest batches shown")
+    assert [row.batch_id for row in dashboard.batches.children] == [batches[2].batch_id, batches[1].batch_id]
+    assert running.job_id not in dashboard.failures.rows and running.job_id in dashboard.jobs.rows
+    for name in ("a", "b0", "b1", "b2"):
+        gates.open(name)
+    wait_until(lambda: ">finished<" in dashboard.jobs.rows[running.job_id].state_cell.value, "the job finishes")
+    dashboard.close()
+
+
+def test_dashboard_command_serves_the_shipped_notebook_on_localhost(monkeypatch):
+    import importlib.util
+    import json
+
+    from lancefn_jupyter.dashboards import cli
+
+    notebook = json.loads(cli.NOTEBOOK.read_text())
+    assert [cell["cell_type"] for cell in notebook["cells"]] == ["code"]  # thin: the logic is in dashboards/team.py
+    assert "team_dashboard()" in "".join(notebook["cells"][0]["source"])
+    assert cli.voila_argv(9000, python="py") == [
+        "py",
+        "-m",
+        "voila",
+        str(cli.NOTEBOOK),
+        "--port=9000",
+        "--Voila.ip=127.0.0.1",
+        "--no-browser",
+    ]
+    assert "--no-browser" not in cli.voila_argv(9000, open_browser=True)
+    with pytest.raises(SystemExit) as bad_port:
+        cli.main(["--port", "70000"])
+    assert bad_port.value.code == 2
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as missing:
+        cli.main([])
+    assert missing.value.code == cli.MISSING_VOILA  # says: pip install 'lancefn-jupyter[dashboard]'
+    # Only the command runs Voilà: importing the dashboards (as the kernel does) loads neither it nor widgets.
+    probe = "import sys, lancefn_jupyter.dashboards.cli; print(sorted({'voila', 'ipywidgets'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"

@@ -250,6 +250,7 @@ def test_cpu_jobs_run_without_gpus_even_when_all_gpus_are_busy(control_plane, tm
             "waiting_on_capacity": False,
             "queue_position": None,
             "expected_start_ms": None,
+            "expected_start_uncertain": False,
         }
         assert job["progress"] == {"rows_done": 3, "rows_total": 3}
         assert job["spec"] == {"name": "cpu_double", "version": cpu, "rows_total": 3}

@@ -155,6 +155,14 @@ def test_listener_refreshes_expected_start_from_queue_events():
     )
     assert listener.last_error is None
     assert watcher.seen == [None, 5000]  # an unchanged estimate is not re-shown
+    vague = {
+        "classes": {"default": ["j1"]},
+        "expected_start_ms": {"j1": 5000},
+        "expected_start_uncertain": {"j1": True},
+    }
+    listener._dispatch(Event(event="queue", data=vague, id=None))
+    assert watcher.seen == [None, 5000, 5000]  # re-shown: the same estimate, now uncertain
+    assert listener._pending["j1"].placement.expected_start_uncertain
 
 
 def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
@@ -231,3 +239,86 @@ def test_run_times_are_recorded_warm_so_one_cold_job_does_not_delay_the_warm_one
     pool = scheduler.pools["default"]
     got = {j: reports.estimator.expected_start(1_500, pool, j, jobs) for j in "cdef"}
     assert got == {"c": 2_000, "d": 2_000, "e": 3_000, "f": 3_000}
+
+
+def _issue_29_estimator(elapsed_ms: int):
+    """Two GPUs held by two jobs of a new function (no history) that started at 0 and will run 30 s;
+    the class's history is a few 4 s runs of another function; one job of that other function waits."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from lancefn_jupyter.server.policy.estimates import QueueEstimator
+
+    estimator = QueueEstimator()
+    for ms in (3_800, 4_000, 4_200):
+        estimator.run_times.record("quick", "q1", "default", ms)
+    jobs = {
+        "a": SimpleNamespace(spec={"name": "slow", "version": "s1"}, started_ms=0),
+        "b": SimpleNamespace(spec={"name": "slow", "version": "s1"}, started_ms=0),
+        "c": SimpleNamespace(spec={"name": "quick", "version": "q1"}, started_ms=None),
+    }
+    pool = SimpleNamespace(
+        name="default", devices=("sim0", "sim1"), held={"a": ("sim0",), "b": ("sim1",)}, queue=OrderedDict(c=1)
+    )
+    start = estimator.expected_start(elapsed_ms, pool, "c", jobs)
+    return start, estimator.is_uncertain(elapsed_ms, pool, "c", jobs)
+
+
+def test_running_jobs_without_history_are_not_taken_to_end_at_the_class_median():
+    """Issue 29: the queued job said "starts in about 4 s" while the running jobs had ~24 s left. Now a running
+    job of a version without history that outlived the class's runs is expected to run as long again as it has
+    (never less than it has shown), and the estimate says it is uncertain."""
+    start, uncertain = _issue_29_estimator(6_000)  # the running jobs are 6 s in, 24 s left
+    assert start == 12_000  # 6 s from now: they ran 6 s, as long again; the old rule said "now" (4 s < 6 s)
+    assert uncertain
+    text = display.expected_start_text(start, now_ms=6_000, uncertain=uncertain)
+    assert text == "start time uncertain (best guess 6 s)"
+    assert "about 4 s" not in text and "any moment" not in text
+    queued = Job.from_wire(
+        {
+            "job_id": "c",
+            "job_type": "run_function",
+            "job_state": "PENDING",
+            "creation_ms": 0,
+            "placement": {
+                "gpu_class": "default",
+                "num_gpus": 1,
+                "waiting_on_capacity": True,
+                "queue_position": 1,
+                "expected_start_ms": int(time.time() * 1000) + 6_000,
+                "expected_start_uncertain": True,
+            },
+            "progress": {},
+        }
+    )
+    assert "start time uncertain" in display.job_summary(queued)
+
+
+def test_a_young_running_job_without_history_takes_the_class_runs_longer_than_it_has_run():
+    # 1 s in: the class's runs (3.8, 4.0, 4.2 s) all lasted longer; their median, and they agree: not uncertain.
+    assert _issue_29_estimator(1_000) == (4_000, False)
+
+
+def test_unseen_run_time_and_spread():
+    from lancefn_jupyter.server.policy.estimates import spread_is_wide, unseen_run_ms
+
+    runs = [1_000.0, 6_000.0, 8_000.0, 9_000.0]
+    assert unseen_run_ms(0, runs) == (7_000.0, True)  # median of all; 1 s .. 9 s spreads wide
+    assert unseen_run_ms(1_500, runs) == (8_000.0, False)  # only the runs longer than 1.5 s: 6, 8, 9 s
+    assert unseen_run_ms(8_500, runs) == (9_000.0, False)  # never less than what it has shown
+    assert unseen_run_ms(20_000, runs) == (40_000.0, True)  # outlived them all: as long again, uncertain
+    assert not spread_is_wide([4_000.0]) and not spread_is_wide([3_000.0, 5_000.0])
+    assert spread_is_wide([1_000.0, 4_000.0])
+
+
+def test_uncertainty_carries_to_everyone_behind_and_queued_new_versions_with_spread_history():
+    from lancefn_jupyter.server.policy.estimates import replay_class
+
+    replay = replay_class(
+        0,
+        1,
+        [Holding("a", 1, 0, 1_000.0)],
+        [Waiting("b", 1, 5_000.0, uncertain=True), Waiting("c", 1, 1_000.0), Waiting("d", 1, 1_000.0)],
+    )
+    assert replay.starts == {"b": 1_000, "c": 6_000, "d": 7_000}
+    assert replay.uncertain_starts == {"c", "d"}  # b waits on a's known end; c and d on b's vague one

@@ -1,0 +1,280 @@
+"""The other front ends, in headless Debian Chromium (Playwright, never `playwright install`): Voilà (the
+notebook widgets, and this project's labextension activating without an error), Notebook 7 (the side panel
+through View → Left Sidebar) and the team dashboard `lancefn-dashboard` serves.
+
+One control plane and one `jupyter notebook` (Notebook 7, which also serves Voilà's `voila/render/`) are
+shared by the module. Jobs change state when the test creates their gate files, never by timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from browser_util import (
+    built_labextension,
+    chromium_missing_reason,
+    free_port,
+    install_labextension,
+    launch_chromium,
+    register_gate_function,
+    screenshot,
+    start_jupyter,
+    submit_gate_job,
+    wait_job_state,
+)
+from conftest import ControlPlaneProcess, make_env
+
+_missing = chromium_missing_reason()
+if _missing is None and not (importlib.util.find_spec("notebook") and importlib.util.find_spec("voila")):
+    _missing = "Notebook 7 and Voilà are test extras (pip install -e '.[test]')"
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(_missing is not None, reason=_missing or "")]
+
+TIMEOUT_MS = 90_000
+PANEL = "#lancefn-gpu-functions"
+
+
+class Servers:
+    def __init__(self, cp: ControlPlaneProcess, server, tmp: Path, gate_version: str) -> None:
+        self.cp, self.server, self.tmp, self.gate_version = cp, server, tmp, gate_version
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory) -> Iterator[Servers]:
+    base = tmp_path_factory.mktemp("front-ends")
+    cp = ControlPlaneProcess(base / "home", args=[], env=make_env(), log_dir=base).start()
+    server = None
+    try:
+        with cp.http() as http:
+            version = register_gate_function(http, name="wait_for")
+        server = start_jupyter(
+            base / "jupyter", app="notebook", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key}
+        )
+        yield Servers(cp, server, base, version)
+    finally:
+        if server is not None:
+            server.stop()
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    messages: list[str] = []
+    page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda exc: messages.append(f"pageerror: {exc}"))
+    page.console_messages = messages  # type: ignore[attr-defined]
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def _notebook(cells: list[str]) -> dict:
+    return {
+        "cells": [
+            {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [], "source": s}
+            for i, s in enumerate(cells)
+        ],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+# What this project's extension requires of each shared package (labextension/package.json).
+_REQUIRED = {
+    name: spec["requiredVersion"]
+    for name, spec in json.loads((Path(__file__).resolve().parents[2] / "labextension" / "package.json").read_text())[
+        "jupyterlab"
+    ]["sharedPackages"].items()
+}
+_UNSATISFIED = re.compile(r"Unsatisfied version \S+ .* shared singleton module (\S+) \(required (\S+)\)")
+
+
+def _ours(messages: list[str]) -> list[str]:
+    """Console errors and warnings from this project's extension: naming it, a plugin it cannot activate, or
+    a shared package's version it requires that the page lacks (other extensions' warnings are theirs)."""
+    found = []
+    for m in messages:
+        if not m.startswith(("error", "warning", "pageerror")):
+            continue
+        unsatisfied = _UNSATISFIED.search(m)
+        ours = bool(unsatisfied) and _REQUIRED.get(unsatisfied.group(1)) == unsatisfied.group(2)
+        if ours or "lancefn" in m.lower() or "No provider for" in m:
+            found.append(m)
+    return found
+
+
+def _wait_for(predicate, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def test_voila_renders_the_widgets_and_a_pending_job_finishes_live_without_extension_errors(page, servers):
+    work = servers.tmp / "voila"
+    work.mkdir()
+    gates = {name: str(work / f"gate-{name}") for name in "abc"}
+    cells = [
+        "%load_ext lancefn_jupyter",
+        "%gpu_classes",
+        (
+            "%%gpu_function num_gpus=1\n"
+            "def wait_for_file(path: str) -> str:\n"
+            "    import os, time\n"
+            "    while not os.path.exists(path):\n"
+            "        time.sleep(0.02)\n"
+            "    return path\n"
+        ),
+        (
+            "import json\n"
+            f"gates = {json.dumps(gates)}\n"
+            "blockers = [wait_for_file.submit(gates['a']), wait_for_file.submit(gates['b'])]  # both GPUs busy\n"
+            "watched = wait_for_file.submit(gates['c'])  # pending, position 1\n"
+            "ids = {'watched': watched.job_id, 'blockers': [job.job_id for job in blockers]}\n"
+            f"json.dump(ids, open({str(work / 'ids.json')!r}, 'w'))\n"
+            "watched"
+        ),
+        "%gpu_jobs",
+    ]
+    (servers.server.root_dir / "voila.ipynb").write_text(json.dumps(_notebook(cells)))
+    page.goto(servers.server.url(f"voila/render/voila.ipynb?token={servers.server.token}"), timeout=180_000)
+    ids = json.loads(_wait_for(lambda: (work / "ids.json").exists() and (work / "ids.json").read_text(), "ids"))
+    watched_id = ids["watched"]
+    watched = page.locator(".lancefn-job-widget").filter(has=page.locator(f'code[title="{watched_id}"]'))
+    watched.locator(".lancefn-state-pending").wait_for(timeout=180_000)
+    page.locator(".lancefn-gpu-classes-widget td", has_text="Simulated GPU").first.wait_for()
+    page.locator(".lancefn-jobs-dashboard").wait_for()
+    page.locator(".lancefn-function-card").first.wait_for()
+    screenshot(page, "voila-pending")
+    for name in "ac":  # a GPU frees, the watched job runs and finishes, while the page stays open
+        Path(gates[name]).touch()
+    watched.locator(".lancefn-state-finished").wait_for()
+    page.locator(".lancefn-jobs-dashboard .lancefn-jobs-summary", has_text="2 finished").wait_for()
+    screenshot(page, "voila-finished")
+    Path(gates["b"]).touch()
+    with servers.cp.http() as http:  # nothing of this test still runs when the next one starts
+        for job_id in ids["blockers"]:
+            wait_job_state(http, job_id, {"DONE"})
+    assert _ours(page.console_messages) == [], page.console_messages
+
+
+def test_the_panel_opens_in_notebook_7_from_the_view_menu(page, servers):
+    (servers.server.root_dir / "nb7.ipynb").write_text(json.dumps(_notebook(["1 + 1"])))
+    page.goto(servers.server.url(f"notebooks/nb7.ipynb?token={servers.server.token}"), timeout=120_000)
+    page.locator(".jp-NotebookPanel").first.wait_for()
+    page.locator(".lm-MenuBar-itemLabel", has_text="View").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Left Sidebar").first.hover()
+    page.locator(".lm-Menu-itemLabel", has_text="Show GPU Functions").first.click()
+    page.wait_for_selector(f"{PANEL}:visible")
+    page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
+    page.locator(PANEL, has_text="Simulated GPU").first.wait_for()  # the classes, live from the control plane
+    screenshot(page, "notebook7-panel")
+    assert _ours(page.console_messages) == [], page.console_messages
+
+
+@contextlib.contextmanager
+def _dashboard_command(servers: Servers, workdir: Path) -> Iterator[str]:
+    """`lancefn-dashboard --port P` (as `python -m lancefn_jupyter.dashboards.cli`, the console script's
+    target) against the module's control plane, in its own Jupyter dirs; yields its URL."""
+    built = built_labextension()
+    if built is not None:
+        install_labextension(built, workdir / "jupyter_path" / "labextensions")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_TOKEN",)}
+    env.update(
+        {
+            "LANCEFN_URL": servers.cp.url,
+            "LANCEFN_API_KEY": servers.cp.api_key,
+            "JUPYTER_CONFIG_DIR": str(workdir / "config"),
+            "JUPYTER_DATA_DIR": str(workdir / "data"),
+            "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
+            "JUPYTER_PATH": str(workdir / "jupyter_path"),
+            "IPYTHONDIR": str(workdir / "ipython"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    log_path = workdir / "dashboard.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lancefn_jupyter.dashboards.cli", f"--port={port}"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(workdir),
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+
+        def answers() -> bool:
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(url + "api/kernels", timeout=2.0).status_code < 500
+            return False
+
+        _wait_for(answers, "lancefn-dashboard answers", timeout=90)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page, servers):
+    from playwright.sync_api import expect
+
+    work = servers.tmp / "dashboard"
+    work.mkdir()
+    with servers.cp.http() as http, _dashboard_command(servers, work) as url:
+        page.goto(url, timeout=180_000)
+        dashboard = page.locator(".lancefn-team-dashboard")
+        dashboard.wait_for(timeout=180_000)
+        dashboard.locator(".lancefn-gpu-classes-widget td", has_text="Simulated GPU").first.wait_for()
+        gate = work / "gate"
+        job_id = submit_gate_job(http, "wait_for", servers.gate_version, gate)
+        jobs = dashboard.locator(".lancefn-jobs-dashboard").first
+        jobs.locator(f'code[title="{job_id}"]').wait_for()  # a new row, from the event stream
+        jobs.locator(".lancefn-jobs-summary", has_text="1 running").wait_for()
+        screenshot(page, "dashboard-running")
+        gate.touch()
+        jobs.locator(".lancefn-jobs-summary", has_text="finished").wait_for()
+        expect(jobs.locator(".lancefn-jobs-summary", has_text="running")).to_have_count(0)
+        screenshot(page, "dashboard-finished")
+    assert _ours(page.console_messages) == [], page.console_messages
