@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S
 
 __all__ = ["WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
@@ -140,6 +141,10 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def usable(self) -> bool:
+        """Alive and not stopped (SIGSTOP) or traced: a worker fit to be handed a task."""
+        return self.alive() and reap.proc_state(self.pid) not in (None, "T", "t", "Z")
+
     def start_task(self, work: WorkerTask) -> None:
         """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
         task = work.line()
@@ -172,12 +177,19 @@ class WorkerProcess:
         return self.process.wait()
 
     def kill(self, grace_s: float = 2.0) -> None:
-        """SIGTERM the worker's process group, SIGKILL after ``grace_s``, reap it. Idempotent."""
+        """SIGTERM the worker's process group (and SIGCONT, so a stopped worker handles it: its handler ends
+        what its job started), after ``grace_s`` stop it and SIGKILL its descendants (found under it, the
+        subreaper, wherever they moved: docs/ARCHITECTURE.md, "Job processes"), then it; reap it. Idempotent."""
         with self._kill_lock:
             if self.process.returncode is None:  # not reaped yet, so the pid/pgid is still ours
                 for sig in (signal.SIGTERM, signal.SIGKILL):
                     try:
+                        if sig == signal.SIGKILL:
+                            os.kill(self.process.pid, signal.SIGSTOP)  # it starts nothing more meanwhile
+                            reap.kill_descendants(self.process.pid)
                         os.killpg(self.process.pid, sig)
+                        if sig == signal.SIGTERM:
+                            os.killpg(self.process.pid, signal.SIGCONT)
                     except ProcessLookupError:
                         pass
                     try:
