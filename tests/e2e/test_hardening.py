@@ -241,10 +241,10 @@ def test_raw_surrogates_in_a_body_are_a_400_naming_utf8(shared_control_plane, ro
 # --------------------------------------------------------------- home and processes
 
 
-def start_server(home: Path, timeout: float = 20.0) -> subprocess.CompletedProcess:
+def start_server(home: Path, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess:
     """Run lancefn-server on ``home`` expecting it to refuse; a server that starts is stopped and fails the test."""
     proc = subprocess.Popen(
-        [*SERVER_CMD, "--home", str(home), "--port", "0"],
+        [*SERVER_CMD, "--home", str(home), "--port", "0", *args],
         env=make_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -286,6 +286,35 @@ def test_a_planted_api_key_is_not_trusted(tmp_path):
     done = start_server(home)
     assert done.returncode == 1
     assert "api_key" in done.stderr and "chmod 600" in done.stderr, done.stderr
+
+
+KEYS_FILE = '[[api_keys]]\nname = "ann"\nkey = "ann-key-00000001"\nprivileges = ["jobs"]\n'
+
+
+def test_an_api_key_file_others_can_read_is_refused(tmp_path, control_plane_factory):
+    home, keys = tmp_path / "home", tmp_path / "keys.toml"
+    home.mkdir(mode=0o700)
+    keys.write_text(KEYS_FILE)
+    for mode in (0o644, 0o660, 0o606):
+        keys.chmod(mode)
+        done = start_server(home, "--api-keys", str(keys))
+        assert done.returncode == 2, done.stderr
+        assert f"chmod 600 {keys}" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    keys.chmod(0o600)
+    cp = control_plane_factory(args=["--api-keys", str(keys)])
+    with httpx.Client(base_url=cp.url, headers={"x-api-key": "ann-key-00000001"}) as http:
+        assert http.post("/v1/jobs/list", json={}).status_code == 200
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the file to another user")
+def test_an_api_key_file_owned_by_someone_else_is_refused(tmp_path):
+    home, keys = tmp_path / "home", tmp_path / "keys.toml"
+    home.mkdir(mode=0o700)
+    keys.write_text(KEYS_FILE)
+    keys.chmod(0o600)
+    os.chown(keys, 65534, 65534)
+    done = start_server(home, "--api-keys", str(keys))
+    assert done.returncode == 2 and "owned by uid 65534" in done.stderr and f"chmod 600 {keys}" in done.stderr
 
 
 def test_a_symlink_planted_at_the_lock_is_not_followed(tmp_path):
