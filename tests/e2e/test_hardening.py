@@ -120,6 +120,16 @@ def test_large_artifacts_are_still_checked(control_plane):
         register(http, registration_body(source=filler + "def double(x: int) -> int:\n    return 2 * x\n"))
 
 
+def test_deeply_nested_unary_operators_are_a_400_not_a_parser_crash(control_plane):
+    with control_plane.http() as http:
+        for depth in (3_000, 10_000, 100_000):  # RecursionError, MemoryError in-process; the child parses the last
+            source = f"X = {'-' * depth}1\n\n\ndef double(x: int) -> int:\n    return 2 * x\n"
+            error = assert_4xx(http.post("/v1/functions/create", json=registration_body(source=source)), 400, "nested")
+            assert error["code"] == "invalid_request", error
+    log = control_plane.log_text()
+    assert "MemoryError" not in log and "RecursionError" not in log and "Traceback" not in log, log[-2000:]
+
+
 def test_the_key_is_checked_before_the_body_is_read(control_plane):
     sock = raw_socket(control_plane.url)
     with sock:
