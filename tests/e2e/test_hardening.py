@@ -193,6 +193,20 @@ def test_oversized_headers_get_400_and_a_closed_connection_but_a_big_body_is_fin
             assert reply.status_code == 405 and reply.json()["error"]["code"] == "method_not_allowed", reply.text
 
 
+def test_an_oversized_head_sent_in_one_write_is_refused_too(control_plane):
+    from lancefn_jupyter.server.http.connections import MAX_HEAD_BYTES
+
+    for size in (MAX_HEAD_BYTES + 1024, 40_000, 60_000):
+        head = f"GET /v1/health HTTP/1.1\r\nhost: x\r\nx-pad: {'a' * size}\r\n\r\n".encode()
+        with raw_socket(control_plane.url) as sock:
+            sock.sendall(head)  # the whole head at once, end of headers included
+            reply = read_reply(sock)  # the server closes the connection
+        assert reply.startswith(b"HTTP/1.1 400") and b"larger than 16384 bytes" in reply, (size, reply[:300])
+    with httpx.Client(base_url=control_plane.url) as http:
+        assert http.get("/v1/health", headers={"x-pad": "a" * (MAX_HEAD_BYTES - 1024)}).status_code == 200
+    assert "Traceback" not in control_plane.log_text()
+
+
 def test_concurrency_is_bounded(control_plane_factory):
     cp = control_plane_factory(args=["--limit-concurrency", "3", "--header-timeout-s", "60"])
     idle = [raw_socket(cp.url) for _ in range(3)]
