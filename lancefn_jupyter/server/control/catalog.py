@@ -176,8 +176,8 @@ class FunctionCatalog:
 
     def describe(self, name: str, version: str, **where: Unpack[Where]) -> dict:
         row = self._live_row(name, version, "register it again to restore it", **where)
-        # Exactly the FunctionVersion; lists and jobs name the namespace.
-        return redact_definition(json.loads(row.definition))
+        # The FunctionVersion and, as lists and jobs do, its namespace (the admin's key sees every one).
+        return {**redact_definition(json.loads(row.definition)), "namespace": row.namespace}
 
     def artifact(self, name: str, version: str, **where: Unpack[Where]) -> dict:
         """The version's artifact bytes (base64), so any process can run or diff it (`lookup`, `.local()`)."""
