@@ -203,3 +203,18 @@ def test_the_refusal_names_the_directories_the_worker_user_cannot_traverse(tmp_p
     assert str(closed) in _closed_dirs([closed / "inner" / "python"])
     os.chmod(closed, 0o711)
     assert str(closed) not in _closed_dirs([closed / "inner" / "python"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to probe as another user")
+def test_an_interpreter_the_worker_user_cannot_reach_gets_the_designed_message(tmp_path, monkeypatch):
+    from lancefn_jupyter.server.executors.isolation import check_worker_user, resolve_worker_user
+
+    closed = tmp_path / "closed"  # like a Python under root's 0700 home
+    closed.mkdir(mode=0o700)
+    (closed / "python").symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(closed / "python"))  # the interpreter the probe starts
+    user = resolve_worker_user("nobody")
+    assert user is not None
+    message = check_worker_user(user, {"PATH": "/usr/bin:/bin"})
+    assert message is not None and "cannot start Python" in message and "--worker-user" in message, message
+    assert "chmod o+x" in message and f" {closed}`" in message, message
