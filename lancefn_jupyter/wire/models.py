@@ -489,7 +489,9 @@ def environment_digest(environment: PythonEnvironmentSpec) -> str:
     return _sha256(environment.to_canonical_json())
 
 
-def derive_version(request: FunctionRegistrationRequest, created_at: str, env_key: bytes | None = None) -> FunctionVersion:
+def derive_version(
+    request: FunctionRegistrationRequest, created_at: str, env_key: bytes | None = None
+) -> FunctionVersion:
     """The version a server records for ``request``; identical requests give identical ids (on one server:
     ``env_key`` is its digest key, see :func:`_keyed_runtime`)."""
     environment = request.runtime.environment

@@ -387,7 +387,9 @@ def test_env_values_are_keyed_in_version_ids_and_runtime_digests():
     with_pin = plain.model_copy(update={"runtime": plain.runtime.model_copy(update={"env": {"PIN": "123456"}})})
     key, other_key = b"server-one-secret", b"server-two-secret"
     # No env: the key changes nothing (ids and digests as before).
-    assert version_id(plain, key) == version_id(plain) and runtime_digest(plain.runtime, key) == runtime_digest(plain.runtime)
+    assert version_id(plain, key) == version_id(plain) and runtime_digest(plain.runtime, key) == runtime_digest(
+        plain.runtime
+    )
     # Same request, same key: same id; another server's key: another id.
     assert version_id(with_pin, key) == version_id(with_pin, key) != version_id(with_pin, other_key)
     keyed = derive_version(with_pin, rfc3339_now(), key)

@@ -632,7 +632,9 @@ class LocalExecutor(Executor):
         while not self._closed.wait(min(self._idle_timeout_s, 30.0)):
             deadline = time.monotonic() - self._idle_timeout_s
             with self._lock:
-                expired = [key for key, (worker, since) in self._idle.items() if since < deadline or not worker.usable()]
+                expired = [
+                    key for key, (worker, since) in self._idle.items() if since < deadline or not worker.usable()
+                ]
                 retired = [self._idle.pop(key)[0] for key in expired]
             for worker in retired:
                 worker.stop(self._grace_s)
