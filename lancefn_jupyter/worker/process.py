@@ -142,8 +142,9 @@ class WorkerProcess:
         return self.process.poll() is None
 
     def usable(self) -> bool:
-        """Alive and not stopped (SIGSTOP) or traced: a worker fit to be handed a task."""
-        return self.alive() and reap.proc_state(self.pid) not in (None, "T", "t", "Z")
+        """Alive and not stopped (SIGSTOP): a worker fit to be handed a task. (Only root may trace a worker, which
+        is not dumpable; a debugger's tracing stop, ``t``, is left alone.)"""
+        return self.alive() and reap.proc_state(self.pid) not in (None, "T", "Z")
 
     def start_task(self, work: WorkerTask) -> None:
         """Send one task; a worker that already died shows up as an early end of :meth:`events`."""

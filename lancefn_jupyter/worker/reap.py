@@ -1,4 +1,4 @@
-"""Nothing a job starts outlives it (docs/ARCHITECTURE.md, "Isolation", "Job processes").
+"""Nothing a job starts outlives it (docs/ARCHITECTURE.md, "Job processes").
 
 A task process (the local worker, a Ray job actor) makes itself a *child subreaper*
 (``PR_SET_CHILD_SUBREAPER``): a process its job starts that detaches (``setsid`` and a double fork) is

@@ -450,8 +450,8 @@ class LocalExecutor(Executor):
                 task.job_id,
                 JobFailure(
                     phase="worker",
-                    message=f"the worker process running {task.name} was stopped (SIGSTOP or a tracer) by another "
-                    f"process and was killed ({run.rows_done} of {task.rows_total} rows done); run the job again",
+                    message=f"the worker process running {task.name} was stopped (SIGSTOP) by another process "
+                    f"and was killed ({run.rows_done} of {task.rows_total} rows done); run the job again",
                     retryable=True,
                 ),
                 timings=self._start_timings(run),
