@@ -12,6 +12,8 @@ import pytest
 from conftest import register
 from helpers import submit, text_body, wait_done, wait_until
 
+from lancefn_jupyter.worker.reap import proc_state
+
 pytestmark = pytest.mark.timeout(180)
 
 #: Starts ``sleep 600`` detached (its own session, its parent gone: a double fork) and returns its pid.
@@ -110,6 +112,9 @@ def test_a_stopped_idle_worker_is_replaced_and_the_next_job_runs(control_plane):
         (first,) = run_one(http, "pid", version)["result"]
         os.kill(int(first), signal.SIGSTOP)  # as another process of the workers' user could
         try:
+            wait_until(
+                lambda: proc_state(int(first)) == "T", f"worker {first} to stop"
+            )  # the signal lands asynchronously
             (second,) = run_one(http, "pid", version)["result"]
             assert second != first
             wait_until(lambda: gone(int(first)), f"the stopped worker {first} to be killed")
