@@ -100,10 +100,12 @@ class WorkerProcess:
         *,
         python: str | None = None,
         pass_fds: Sequence[int] = (),
+        contain: bool = False,
     ) -> None:
         """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours. ``python``: the
         interpreter (a version's built environment, docs/ARCHITECTURE.md "Environments"), else this one's.
-        ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life)."""
+        ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life). ``contain``: in a
+        cgroup of its own where one can be made (the control plane's workers: "Job processes")."""
         self.env = dict(env)
         self.python = python or sys.executable
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
@@ -123,6 +125,7 @@ class WorkerProcess:
             **switch,
         )
         self._kill_lock = threading.Lock()
+        self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
         ready = self._read_event()
         if ready is None or ready.get("event") != "ready":
             detail = self.process.stderr.read().decode("utf-8", "replace").strip()
@@ -199,6 +202,8 @@ class WorkerProcess:
                     except subprocess.TimeoutExpired:
                         continue
                 self.process.wait()
+            reap.end_cgroup(self._cgroup)  # what it left (a crashed worker's detached processes) ends with it
+            self._cgroup = None
             self._close_pipes()
 
     def stop(self, grace_s: float = 2.0) -> None:

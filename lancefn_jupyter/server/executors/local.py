@@ -57,6 +57,7 @@ from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, T
 from lancefn_jupyter.server.executors.isolation import WorkerUser
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.wire.models import JobFailure
+from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename
 
@@ -283,6 +284,7 @@ class LocalExecutor(Executor):
             thread.join()
         for run in runs:
             run.done.wait(2 * self._grace_s + 5)
+        reap.remove_cgroups()
 
     # ----------------------------------------------------------------- one task
 
@@ -518,7 +520,7 @@ class LocalExecutor(Executor):
         (held until the process exits)."""
         env = _worker_env(key, self._user, spare=spare)
         if venv is None:
-            return WorkerProcess(env, self._user_ids())
+            return WorkerProcess(env, self._user_ids(), contain=True)
         lease = self._environments.lease(venv) if self._environments is not None else None
         if lease is None:
             with self._lock:
@@ -528,7 +530,7 @@ class LocalExecutor(Executor):
                 "run the job again to rebuild it"
             )
         try:
-            return WorkerProcess(env, self._user_ids(), python=venv.python, pass_fds=(lease,))
+            return WorkerProcess(env, self._user_ids(), python=venv.python, pass_fds=(lease,), contain=True)
         finally:
             os.close(lease)  # the worker holds its inherited copy
 

@@ -62,6 +62,40 @@ def pid(path: str) -> str:
 """
 
 
+#: Detaches a ``sleep 600`` (its pid to ``path``), then the worker dies by itself, before any sweep.
+CRASH = """
+import os
+import subprocess
+
+
+def crash(path: str) -> str:
+    started = subprocess.run(
+        ["setsid", "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    with open(path, "w") as out:
+        out.write(started.stdout.strip())
+    os._exit(3)
+"""
+
+
+def may_create_cgroups() -> bool:
+    """Whether this process (so a server started by it) may create a cgroup v2 under its own."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    mount = next((line.split()[1] for line in mounts if line.split()[2:3] == ["cgroup2"]), None)
+    own = next(
+        (line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::")), None
+    )
+    if mount is None or own is None:
+        return False
+    probe = Path(mount) / own.lstrip("/") / f"lancefn-test-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return False
+    probe.rmdir()
+    return True
+
+
 def gone(pid: int) -> bool:
     """No such process (a zombie still counts as there: nobody reaped it)."""
     return not os.path.exists(f"/proc/{pid}")
@@ -155,3 +189,19 @@ def test_a_graceful_server_stop_leaves_no_process_of_a_running_job(control_plane
         assert gone(sleeper), f"the running job's detached sleep {sleeper} outlived the server"
     finally:
         kill_quietly([worker, sleeper])
+
+
+def test_a_crashed_workers_detached_process_ends_with_its_cgroup(control_plane, tmp_path: Path):
+    """Where the server may make cgroups (v2), a worker that dies by itself leaves nothing behind either."""
+    if not may_create_cgroups():
+        pytest.skip("no cgroup v2 this user may create cgroups in here: the subreaper's sweep alone")
+    path = str(tmp_path / "sleeper")
+    with control_plane.http() as http:
+        version = register(http, text_body("crash", CRASH, num_gpus=None))["version"]
+        job = wait_done(http, submit(http, "crash", version, [{"path": path}]))
+    assert job["job_state"] == "FAILED" and job["failure"]["phase"] == "worker", job
+    sleeper = int(Path(path).read_text())
+    try:
+        wait_until(lambda: proc_state(sleeper) in (None, "Z"), f"the crashed job's detached sleep {sleeper} to end")
+    finally:
+        kill_quietly([sleeper])
