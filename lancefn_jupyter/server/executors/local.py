@@ -15,7 +15,8 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
 * a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
   a fresh one for its devices is started in the background;
 * nothing a job starts outlives it: the worker, a subreaper, ends its job's processes after each task
-  (``worker/reap.py``); an idle worker found stopped (SIGSTOP) or gone is replaced, never handed a task, and a
+  (``worker/reap.py``), and where the server may create cgroups (v2) each worker has one of its own, whose
+  processes are killed once the worker is gone (a crash included); an idle worker found stopped (SIGSTOP) or gone is replaced, never handed a task, and a
   running job's worker found stopped twice ``STOPPED_CHECK_S`` apart is killed, failing its job
   (docs/ARCHITECTURE.md, "Job processes");
 * a worker keeps its version's module loaded between jobs (docs/ARCHITECTURE.md, "Warm state"); one
