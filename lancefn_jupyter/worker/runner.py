@@ -545,7 +545,6 @@ def run_task_inline(task: dict, send: Callable[..., None]) -> dict:
     the caller's business; Python and C stdio buffers are flushed before this returns.
     """
     final: dict = {}
-    reap.become_subreaper()  # so what the job detaches (setsid, double fork) is still found by the sweep
 
     class _Inline:
         @staticmethod
