@@ -113,6 +113,7 @@ def _team_keys(namespaces: int, work: Path) -> tuple[list[str], list[str]]:
             for i, key in enumerate(keys)
         )
     )
+    path.chmod(0o600)  # the server refuses a key file others can read
     return ["--api-keys", str(path)], keys
 
 

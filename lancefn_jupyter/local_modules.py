@@ -111,7 +111,15 @@ class _Collector:
 
     def add_path(self, name: str, path: Path, what: str) -> None:
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            entries = sorted(p for p in path.rglob("*") if "__pycache__" not in p.parts)
+            for entry in entries:
+                if entry.is_symlink() and not _under(entry.resolve(), self.root):
+                    raise LocalModuleError(
+                        f"{what} includes {self.relative(entry)}, a symlink to {entry.resolve()}, outside the "
+                        f"notebook's directory {self.root}; only files next to the notebook are shipped: copy the "
+                        "file into the package, or remove the link"
+                    )
+            files = [p for p in entries if p.is_file()]
             for file in files:
                 if _compiled(file):
                     self.refuse_compiled(file, what)

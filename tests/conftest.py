@@ -221,6 +221,7 @@ class _Factory:
         if api_keys is not None:
             path = base / "api_keys.toml"
             path.write_text(api_keys)
+            path.chmod(0o600)  # the server refuses a key file others can read
             argv += ["--api-keys", str(path)]
         if executor != "local":
             argv += ["--executor", executor]

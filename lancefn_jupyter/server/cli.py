@@ -46,6 +46,9 @@ __all__ = ["API_KEY_FILE", "LOCK_FILE", "SERVER_JSON", "default_home", "main"]
 SERVER_JSON = "server.json"
 LOCK_FILE = "server.lock"
 API_KEY_FILE = "api_key"  # the generated admin key, reused across restarts so clients keep working
+# The secret env values are keyed with in version ids and runtime digests (docs/ARCHITECTURE.md, "Function
+# versions"): kept, so a version's id stays the same across restarts; never sent anywhere.
+DIGEST_KEY_FILE = "digest_key"
 EXIT_CONFIG = 2
 
 log = logging.getLogger("lancefn.server")
@@ -184,20 +187,25 @@ def _admin_key(home: Path) -> str:
     """The admin key; raises ``PermissionError`` (message says the fix) for an untrustworthy file."""
     if os.environ.get("LANCEFN_API_KEY"):
         return os.environ["LANCEFN_API_KEY"]
-    path = home / API_KEY_FILE
+    return _home_secret(home / API_KEY_FILE, "admin key")
+
+
+def _home_secret(path: Path, what: str) -> str:
+    """The secret kept in the home's private file ``path``, generated on first start and reused; raises
+    ``PermissionError`` (message says the fix) for an untrustworthy file."""
     problem = private_file_problem(path)
     if problem:
-        raise PermissionError(f"refusing the admin key file: {problem}")
+        raise PermissionError(f"refusing the {what} file: {problem}")
     try:
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), encoding="utf-8") as f:
-            key = f.read().strip()
-        if key:
-            return key
+            secret = f.read().strip()
+        if secret:
+            return secret
     except FileNotFoundError:
         pass
-    key = secrets.token_urlsafe(32)
-    write_private(path, key + "\n")
-    return key
+    secret = secrets.token_urlsafe(32)
+    write_private(path, secret + "\n")
+    return secret
 
 
 def _lock_home(home: Path) -> tuple[Any, str | None]:
@@ -239,8 +247,9 @@ def _claim_home(args: argparse.Namespace) -> tuple[Path, Any]:
     return home, lock
 
 
-def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, Any], str]:
-    """Step 2: GPU classes and API keys (the admin key, generated on first start, plus --api-keys)."""
+def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, Any], str, bytes]:
+    """Step 2: GPU classes and API keys (the admin key, generated on first start, plus --api-keys), and the
+    home's digest key."""
     from lancefn_jupyter.server.policy.gpu_classes import ConfigError, load_gpu_classes
     from lancefn_jupyter.server.policy.namespaces import ApiKeyError, admin_principal, load_api_keys
 
@@ -254,9 +263,10 @@ def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, A
         raise _Refused(str(error)) from None
     try:
         admin_key = _admin_key(home)
+        digest_key = _home_secret(home / DIGEST_KEY_FILE, "digest key").encode("ascii")
     except PermissionError as error:
         raise _Refused(str(error), 1) from None
-    return classes, {**extra_keys, admin_key: admin_principal()}, admin_key
+    return classes, {**extra_keys, admin_key: admin_principal()}, admin_key, digest_key
 
 
 def _table_roots(args: argparse.Namespace, api_keys: dict[str, Any]) -> Any:
@@ -482,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     store = None
     try:
         # Heavy imports (the app, the executor) come after the cheap checks, so a refused start is fast.
-        classes, api_keys, admin_key = _load_config(args, home)
+        classes, api_keys, admin_key, digest_key = _load_config(args, home)
         sock, url = _listen(args.host, args.port)
         executor, environments = _make_executor(args, classes, home)
         store = _open_store(home)
@@ -500,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             data=data,
             environments=environments,
             table_roots=_table_roots(args, api_keys),
+            digest_key=digest_key,
         )
         app = _make_app(args, plane, api_keys)
         info = {

@@ -76,9 +76,11 @@ class ControlPlane:
         data: DataStore | None = None,
         environments: EnvironmentCache | None = None,
         table_roots: TableRoots | None = None,
+        digest_key: bytes | None = None,
     ):
         """``environments``: the cache the plane builds versions' environments in, for an executor that
-        ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python."""
+        ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python.
+        ``digest_key``: the home's secret env values are keyed with in version ids and digests ("Function versions")."""
         self.store = store
         # Arrow rows and results live as files next to the database (docs/ARCHITECTURE.md).
         self.data = data or DataStore(store.path.parent)
@@ -104,6 +106,7 @@ class ControlPlane:
             lock=table.lock,
             journal=self.journal,
             environment_check=self.environments.problem,
+            digest_key=digest_key,
         )
         self.jobs = JobQueries(table, store=store, unsaved=self.unsaved, reports=self.reports)
         self.results = Results(data=self.data, jobs=self.jobs, journal=self.journal)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import json
 import keyword
 import re
@@ -457,14 +458,30 @@ def _sha256(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def version_id(request: FunctionRegistrationRequest) -> str:
-    """The version id: first 16 hex digits of sha256 of the canonical request."""
+def _keyed_runtime(runtime: PythonRuntimeSpec, env_key: bytes | None) -> PythonRuntimeSpec:
+    """``runtime`` with each ``env`` value replaced by ``hmac-sha256:<hex>`` of it under the server's ``env_key``
+    (what the digests hash, so a short env value cannot be found offline by hashing guesses; same value, same
+    server → same digest). Unchanged without an env or a key."""
+    if not env_key or not runtime.env:
+        return runtime
+    keyed = {
+        name: "hmac-sha256:" + hmac.new(env_key, value.encode("utf-8"), hashlib.sha256).hexdigest()
+        for name, value in runtime.env.items()
+    }
+    return runtime.model_copy(update={"env": keyed})
+
+
+def version_id(request: FunctionRegistrationRequest, env_key: bytes | None = None) -> str:
+    """The version id: first 16 hex digits of sha256 of the canonical request, its env values keyed
+    (:func:`_keyed_runtime`)."""
+    if env_key and request.runtime.env:
+        request = request.model_copy(update={"runtime": _keyed_runtime(request.runtime, env_key)})
     return hashlib.sha256(request.to_canonical_json().encode("utf-8")).hexdigest()[:16]
 
 
-def runtime_digest(runtime: PythonRuntimeSpec) -> str:
-    """``sha256:<hex>`` of the runtime's canonical JSON."""
-    return _sha256(runtime.to_canonical_json())
+def runtime_digest(runtime: PythonRuntimeSpec, env_key: bytes | None = None) -> str:
+    """``sha256:<hex>`` of the runtime's canonical JSON, its env values keyed (:func:`_keyed_runtime`)."""
+    return _sha256(_keyed_runtime(runtime, env_key).to_canonical_json())
 
 
 def environment_digest(environment: PythonEnvironmentSpec) -> str:
@@ -472,19 +489,22 @@ def environment_digest(environment: PythonEnvironmentSpec) -> str:
     return _sha256(environment.to_canonical_json())
 
 
-def derive_version(request: FunctionRegistrationRequest, created_at: str) -> FunctionVersion:
-    """The version a server records for ``request``; identical requests give identical ids."""
+def derive_version(
+    request: FunctionRegistrationRequest, created_at: str, env_key: bytes | None = None
+) -> FunctionVersion:
+    """The version a server records for ``request``; identical requests give identical ids (on one server:
+    ``env_key`` is its digest key, see :func:`_keyed_runtime`)."""
     environment = request.runtime.environment
     if environment is None:
         raise ValueError(f"runtime.kind {request.runtime.kind!r} is not supported here; use 'python' or 'python_v2'")
     artifact = request.artifact
     return FunctionVersion(
         name=request.name,
-        version=version_id(request),
+        version=version_id(request, env_key),
         artifact=FunctionArtifact(kind=artifact.kind, digest=artifact.digest, entrypoint=artifact.entrypoint),
         signature=request.signature,
         runtime=request.runtime,
-        runtime_digest=runtime_digest(request.runtime),
+        runtime_digest=runtime_digest(request.runtime, env_key),
         environment_digest=environment_digest(environment),
         created_at=created_at,
     )

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.capture import Capture, flush_output
 from lancefn_jupyter.worker.protocol import PRELOAD_ENV, Protocol
 from lancefn_jupyter.worker.runner import release, serve
@@ -154,11 +155,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
     """Cancel, kill or a stop that found the worker busy: tear the held version down (bounded),
     then end at once, wherever the task was."""
     release()
+    reap.sweep()  # what its job started ends with it ("Job processes")
     os._exit(128 + signum)
 
 
 def main() -> None:
     _not_dumpable()
+    reap.become_subreaper()  # a job's detached processes (setsid, double fork) stay ours to end
     signal.signal(signal.SIGTERM, _on_sigterm)
     proto = Protocol(os.dup(1))  # os.dup fds are not inherited by processes user code starts
     tasks = os.fdopen(os.dup(0), "rb")
@@ -182,6 +185,7 @@ def main() -> None:
             _apply_env(task)
             serve(task, proto, lambda: flush_output(captures))
     release()  # stdin closed: the worker retires (idle, replaced, server stop)
+    reap.sweep()  # what the teardown started
     flush_output(captures)
     # Now, not once the interpreter has joined non-daemon threads user code may have left running:
     # the parent's stop would otherwise wait its whole teardown allowance for them.

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S
 
 __all__ = ["WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
@@ -99,10 +100,12 @@ class WorkerProcess:
         *,
         python: str | None = None,
         pass_fds: Sequence[int] = (),
+        contain: bool = False,
     ) -> None:
         """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours. ``python``: the
         interpreter (a version's built environment, docs/ARCHITECTURE.md "Environments"), else this one's.
-        ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life)."""
+        ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life). ``contain``: in a
+        cgroup of its own where one can be made (the control plane's workers: "Job processes")."""
         self.env = dict(env)
         self.python = python or sys.executable
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
@@ -122,6 +125,7 @@ class WorkerProcess:
             **switch,
         )
         self._kill_lock = threading.Lock()
+        self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
         ready = self._read_event()
         if ready is None or ready.get("event") != "ready":
             detail = self.process.stderr.read().decode("utf-8", "replace").strip()
@@ -139,6 +143,11 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def usable(self) -> bool:
+        """Alive and not stopped (SIGSTOP): a worker fit to be handed a task. (Only root may trace a worker, which
+        is not dumpable; a debugger's tracing stop, ``t``, is left alone.)"""
+        return self.alive() and reap.proc_state(self.pid) not in (None, "T", "Z")
 
     def start_task(self, work: WorkerTask) -> None:
         """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
@@ -172,12 +181,19 @@ class WorkerProcess:
         return self.process.wait()
 
     def kill(self, grace_s: float = 2.0) -> None:
-        """SIGTERM the worker's process group, SIGKILL after ``grace_s``, reap it. Idempotent."""
+        """SIGTERM the worker's process group (and SIGCONT, so a stopped worker handles it: its handler ends
+        what its job started), after ``grace_s`` stop it and SIGKILL its descendants (found under it, the
+        subreaper, wherever they moved: docs/ARCHITECTURE.md, "Job processes"), then it; reap it. Idempotent."""
         with self._kill_lock:
             if self.process.returncode is None:  # not reaped yet, so the pid/pgid is still ours
                 for sig in (signal.SIGTERM, signal.SIGKILL):
                     try:
+                        if sig == signal.SIGKILL:
+                            os.kill(self.process.pid, signal.SIGSTOP)  # it starts nothing more meanwhile
+                            reap.kill_descendants(self.process.pid)
                         os.killpg(self.process.pid, sig)
+                        if sig == signal.SIGTERM:
+                            os.killpg(self.process.pid, signal.SIGCONT)
                     except ProcessLookupError:
                         pass
                     try:
@@ -186,6 +202,8 @@ class WorkerProcess:
                     except subprocess.TimeoutExpired:
                         continue
                 self.process.wait()
+            reap.end_cgroup(self._cgroup)  # what it left (a crashed worker's detached processes) ends with it
+            self._cgroup = None
             self._close_pipes()
 
     def stop(self, grace_s: float = 2.0) -> None:

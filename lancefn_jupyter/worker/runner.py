@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
 
@@ -508,12 +509,14 @@ def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None
     ``flush_output`` returns once what user code wrote so far has gone out, so a task's logs always
     precede its outcome.  The version stays loaded for the next task unless it is ``per_job``."""
     timings = {"setup_ms": 0.0, "run_ms": 0.0}
+    keep = reap.children() if reap.has_children() else ()  # a Ray worker's own children are not the job's
     try:
         try:
             event = result_event(task, **_run_rows(task, proto, timings))
         finally:
             if task.get("state") == "per_job":  # torn down before the outcome: part of its job
                 release()
+            reap.sweep(keep)  # nothing the job started outlives it ("Job processes")
     except TaskFailure as failure:
         flush_output()
         proto.send(

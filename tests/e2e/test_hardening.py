@@ -120,6 +120,16 @@ def test_large_artifacts_are_still_checked(control_plane):
         register(http, registration_body(source=filler + "def double(x: int) -> int:\n    return 2 * x\n"))
 
 
+def test_deeply_nested_unary_operators_are_a_400_not_a_parser_crash(control_plane):
+    with control_plane.http() as http:
+        for depth in (3_000, 10_000, 100_000):  # RecursionError, MemoryError in-process; the child parses the last
+            source = f"X = {'-' * depth}1\n\n\ndef double(x: int) -> int:\n    return 2 * x\n"
+            error = assert_4xx(http.post("/v1/functions/create", json=registration_body(source=source)), 400, "nested")
+            assert error["code"] == "invalid_request", error
+    log = control_plane.log_text()
+    assert "MemoryError" not in log and "RecursionError" not in log and "Traceback" not in log, log[-2000:]
+
+
 def test_the_key_is_checked_before_the_body_is_read(control_plane):
     sock = raw_socket(control_plane.url)
     with sock:
@@ -183,6 +193,20 @@ def test_oversized_headers_get_400_and_a_closed_connection_but_a_big_body_is_fin
             assert reply.status_code == 405 and reply.json()["error"]["code"] == "method_not_allowed", reply.text
 
 
+def test_an_oversized_head_sent_in_one_write_is_refused_too(control_plane):
+    from lancefn_jupyter.server.http.connections import MAX_HEAD_BYTES
+
+    for size in (MAX_HEAD_BYTES + 1024, 40_000, 60_000):
+        head = f"GET /v1/health HTTP/1.1\r\nhost: x\r\nx-pad: {'a' * size}\r\n\r\n".encode()
+        with raw_socket(control_plane.url) as sock:
+            sock.sendall(head)  # the whole head at once, end of headers included
+            reply = read_reply(sock)  # the server closes the connection
+        assert reply.startswith(b"HTTP/1.1 400") and b"larger than 16384 bytes" in reply, (size, reply[:300])
+    with httpx.Client(base_url=control_plane.url) as http:
+        assert http.get("/v1/health", headers={"x-pad": "a" * (MAX_HEAD_BYTES - 1024)}).status_code == 200
+    assert "Traceback" not in control_plane.log_text()
+
+
 def test_concurrency_is_bounded(control_plane_factory):
     cp = control_plane_factory(args=["--limit-concurrency", "3", "--header-timeout-s", "60"])
     idle = [raw_socket(cp.url) for _ in range(3)]
@@ -241,10 +265,10 @@ def test_raw_surrogates_in_a_body_are_a_400_naming_utf8(shared_control_plane, ro
 # --------------------------------------------------------------- home and processes
 
 
-def start_server(home: Path, timeout: float = 20.0) -> subprocess.CompletedProcess:
+def start_server(home: Path, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess:
     """Run lancefn-server on ``home`` expecting it to refuse; a server that starts is stopped and fails the test."""
     proc = subprocess.Popen(
-        [*SERVER_CMD, "--home", str(home), "--port", "0"],
+        [*SERVER_CMD, "--home", str(home), "--port", "0", *args],
         env=make_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -286,6 +310,35 @@ def test_a_planted_api_key_is_not_trusted(tmp_path):
     done = start_server(home)
     assert done.returncode == 1
     assert "api_key" in done.stderr and "chmod 600" in done.stderr, done.stderr
+
+
+KEYS_FILE = '[[api_keys]]\nname = "ann"\nkey = "ann-key-00000001"\nprivileges = ["jobs"]\n'
+
+
+def test_an_api_key_file_others_can_read_is_refused(tmp_path, control_plane_factory):
+    home, keys = tmp_path / "home", tmp_path / "keys.toml"
+    home.mkdir(mode=0o700)
+    keys.write_text(KEYS_FILE)
+    for mode in (0o644, 0o660, 0o606):
+        keys.chmod(mode)
+        done = start_server(home, "--api-keys", str(keys))
+        assert done.returncode == 2, done.stderr
+        assert f"chmod 600 {keys}" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    keys.chmod(0o600)
+    cp = control_plane_factory(args=["--api-keys", str(keys)])
+    with httpx.Client(base_url=cp.url, headers={"x-api-key": "ann-key-00000001"}) as http:
+        assert http.post("/v1/jobs/list", json={}).status_code == 200
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the file to another user")
+def test_an_api_key_file_owned_by_someone_else_is_refused(tmp_path):
+    home, keys = tmp_path / "home", tmp_path / "keys.toml"
+    home.mkdir(mode=0o700)
+    keys.write_text(KEYS_FILE)
+    keys.chmod(0o600)
+    os.chown(keys, 65534, 65534)
+    done = start_server(home, "--api-keys", str(keys))
+    assert done.returncode == 2 and "owned by uid 65534" in done.stderr and f"chmod 600 {keys}" in done.stderr
 
 
 def test_a_symlink_planted_at_the_lock_is_not_followed(tmp_path):

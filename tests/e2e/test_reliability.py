@@ -42,6 +42,11 @@ def worker_pids(cp) -> set[int]:
     return pids
 
 
+def described(http: httpx.Client, version: dict) -> dict:
+    """``functions/describe`` of a registered version (a FunctionVersion, plus its namespace)."""
+    return http.post("/v1/functions/describe", json={"name": version["name"], "version": version["version"]}).json()
+
+
 def states(http: httpx.Client, job_ids: list[str]) -> list[str]:
     return [describe(http, job_id)["job_state"] for job_id in job_ids]
 
@@ -120,7 +125,7 @@ def test_sigkill_twice_during_100_jobs_loses_no_job_version_or_gpu(control_plane
             assert by_id[job_id]["job_state"] == "DONE", by_id[job_id]
             assert by_id[job_id]["result"] == [i * 10]
         for v in versions:
-            assert http.post("/v1/functions/describe", json={"name": v["name"], "version": v["version"]}).json() == v
+            assert described(http, v) == {**v, "namespace": "default"}
         assert len(http.post("/v1/functions/list", json={}).json()["functions"]) == 6
         assert usage(http) == IDLE_USAGE  # no GPU held by a job that died with a server
     for pid in orphans:  # workers orphaned by the kills exit on their own
@@ -397,7 +402,7 @@ def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_pla
             assert error["code"] == "insufficient_storage" and "disk is full" in error["message"]
             assert error["request_id"] == reply.headers["x-request-id"] and "Traceback" not in reply.text
         # Reads still work and show the state from before.
-        assert http.post("/v1/functions/describe", json={"name": "kept", "version": kept["version"]}).json() == kept
+        assert described(http, kept) == {**kept, "namespace": "default"}
         assert describe(http, done["job_id"]) == done
         assert http.get("/v1/health").status_code == 200
         stream_lines: list[str] = []
@@ -432,8 +437,8 @@ def test_full_disk_gives_a_clear_error_corrupts_nothing_and_recovers(control_pla
     with cp.http() as http:
         # Nothing lost: versions intact; the job that finished on a full disk is DONE as it
         # ended then (not re-queued and run again by the restart).
-        assert http.post("/v1/functions/describe", json={"name": "kept", "version": kept["version"]}).json() == kept
-        assert http.post("/v1/functions/describe", json={"name": "big", "version": big["version"]}).json() == big
+        assert described(http, kept) == {**kept, "namespace": "default"}
+        assert described(http, big) == {**big, "namespace": "default"}
         assert describe(http, running) == ended
         assert usage(http) == IDLE_USAGE
 

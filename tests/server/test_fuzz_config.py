@@ -120,6 +120,7 @@ def test_random_api_key_files_fail_only_with_an_api_key_error(tmp_path_factory, 
 
     path = tmp_path_factory.mktemp("keys") / "keys.toml"
     path.write_text(raw if raw is not None else toml_document(top, tables, "api_keys"), encoding="utf-8")
+    path.chmod(0o600)  # else every file is refused for its mode before it is parsed
     try:
         keys = load_api_keys(str(path))
     except ApiKeyError as error:

@@ -30,7 +30,7 @@ def test_sigkill_and_restart_keeps_versions_jobs_and_the_key(control_plane):
             described = http.post(
                 "/v1/functions/describe", json={"name": version["name"], "version": version["version"]}
             )
-            assert described.json() == version
+            assert described.json() == {**version, "namespace": "default"}
         assert http.post("/v1/jobs/list", json={}).json()["jobs"] == jobs
         # Idempotency holds across restarts too.
         assert register(http, registration_body("fn0")) == versions[0]

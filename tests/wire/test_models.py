@@ -382,6 +382,25 @@ def test_version_id_is_deterministic_and_sensitive_to_every_part():
     assert version_id(request(pip=("scipy", "numpy", "numpy"))) == version_id(request(pip=("numpy", "scipy")))
 
 
+def test_env_values_are_keyed_in_version_ids_and_runtime_digests():
+    plain = request()
+    with_pin = plain.model_copy(update={"runtime": plain.runtime.model_copy(update={"env": {"PIN": "123456"}})})
+    key, other_key = b"server-one-secret", b"server-two-secret"
+    # No env: the key changes nothing (ids and digests as before).
+    assert version_id(plain, key) == version_id(plain) and runtime_digest(plain.runtime, key) == runtime_digest(
+        plain.runtime
+    )
+    # Same request, same key: same id; another server's key: another id.
+    assert version_id(with_pin, key) == version_id(with_pin, key) != version_id(with_pin, other_key)
+    keyed = derive_version(with_pin, rfc3339_now(), key)
+    assert keyed.version == version_id(with_pin, key) and keyed.runtime_digest == runtime_digest(with_pin.runtime, key)
+    # Hashing a guess of the value (what anyone reading the digest could do offline) finds nothing.
+    guess = "sha256:" + hashlib.sha256(with_pin.runtime.to_canonical_json().encode()).hexdigest()
+    assert keyed.runtime_digest != guess and keyed.version != version_id(with_pin)
+    changed = with_pin.model_copy(update={"runtime": with_pin.runtime.model_copy(update={"env": {"PIN": "123457"}})})
+    assert version_id(changed, key) != keyed.version  # a new value is still a new version
+
+
 def test_derive_version():
     req = request()
     created = rfc3339_now()

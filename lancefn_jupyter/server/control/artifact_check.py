@@ -54,6 +54,11 @@ def _problem(artifact: bytes, entrypoint: str) -> str | None:
         return "artifact content is not UTF-8 Python source; package the function with lancefn_jupyter.packaging"
     except (SyntaxError, ValueError) as error:
         return f"artifact content is not valid Python ({error}); package the function with lancefn_jupyter.packaging"
+    except (MemoryError, RecursionError):  # the parser's own stack (e.g. 100 000 nested unary minus signs)
+        return (
+            "artifact content is nested too deeply for the Python parser; simplify the expression or keep data "
+            "out of the source, and package the function with lancefn_jupyter.packaging"
+        )
     defined = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

@@ -98,8 +98,12 @@ class FunctionCatalog:
         lock: threading.RLock,
         journal: JobJournal,
         environment_check: Callable[[EnvironmentRequest], str | None] | None = None,
+        digest_key: bytes | None = None,
     ):
         self.store, self.classes, self.lock, self.journal = store, classes, lock, journal
+        # The server's secret that env values are keyed with in version ids and runtime digests (docs/ARCHITECTURE.md,
+        # "Function versions"); None: unkeyed.
+        self.digest_key = digest_key
         # The executor's refusal of a version's environment (docs/ARCHITECTURE.md, "Environments"), or None.
         self.environment_check = environment_check
 
@@ -136,13 +140,13 @@ class FunctionCatalog:
             raise ApiError(400, problem)
         if runtime.resources is not None:
             self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
-        vid = version_id(request)
+        vid = version_id(request, self.digest_key)
         warnings = self._environment_warnings(request)
         with self.lock:
             row = self.store.get_version(request.name, vid, namespace)
             with self.store.batch():
                 if row is None:
-                    version = derive_version(request, rfc3339_now())
+                    version = derive_version(request, rfc3339_now(), self.digest_key)
                     definition = version.to_canonical_json()
                     self.store.insert_version(request.name, vid, definition, artifact, version.created_at, namespace)
                 else:
@@ -176,8 +180,8 @@ class FunctionCatalog:
 
     def describe(self, name: str, version: str, **where: Unpack[Where]) -> dict:
         row = self._live_row(name, version, "register it again to restore it", **where)
-        # Exactly the FunctionVersion; lists and jobs name the namespace.
-        return redact_definition(json.loads(row.definition))
+        # The FunctionVersion and, as lists and jobs do, its namespace (the admin's key sees every one).
+        return {**redact_definition(json.loads(row.definition)), "namespace": row.namespace}
 
     def artifact(self, name: str, version: str, **where: Unpack[Where]) -> dict:
         """The version's artifact bytes (base64), so any process can run or diff it (`lookup`, `.local()`)."""

@@ -102,7 +102,8 @@ def check_worker_user(user: WorkerUser, env: Mapping[str, str]) -> str | None:
     # The package's own directory, found without importing the package (the server never imports its kernel side).
     spec = importlib.util.find_spec("lancefn_jupyter")
     package = Path(spec.origin if spec and spec.origin else __file__).resolve()
-    closed = _closed_dirs([Path(sys.executable).resolve(), Path(sys.prefix), package])
+    # The path as started (a symlink's directory may be the closed one) and where it leads.
+    closed = _closed_dirs([Path(sys.executable), Path(sys.executable).resolve(), Path(sys.prefix), package])
     detail = (stderr.strip().splitlines() or [f"exit code {returncode}"])[-1]
     fix = (
         f"let it traverse {', '.join(closed)} (e.g. `chmod o+x {' '.join(closed)}`)"

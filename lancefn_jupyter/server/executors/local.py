@@ -14,6 +14,11 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
 * the function's env travels with the task (never at exec), so it is in no ``/proc/*/environ``;
 * a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
   a fresh one for its devices is started in the background;
+* nothing a job starts outlives it: the worker, a subreaper, ends its job's processes after each task
+  (``worker/reap.py``), and where the server may create cgroups (v2) each worker has one of its own, whose
+  processes are killed once the worker is gone (a crash included); an idle worker found stopped (SIGSTOP) or gone is replaced, never handed a task, and a
+  running job's worker found stopped twice ``STOPPED_CHECK_S`` apart is killed, failing its job
+  (docs/ARCHITECTURE.md, "Job processes");
 * a worker keeps its version's module loaded between jobs (docs/ARCHITECTURE.md, "Warm state"); one
   whose job failed in phase ``setup``, or whose memory after a job exceeds ``worker_max_rss_mb``, is
   stopped (its teardown runs) after the outcome is reported, never reused;
@@ -53,6 +58,7 @@ from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, T
 from lancefn_jupyter.server.executors.isolation import WorkerUser
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.wire.models import JobFailure
+from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename
 
@@ -68,6 +74,7 @@ log = logging.getLogger("lancefn.server")
 # Idle workers kept per device set, besides its fresh one: a notebook alternating a few versions
 # stays warm, while each idle worker that used CUDA holds a context's memory on those GPUs.
 DEFAULT_MAX_IDLE_PER_DEVICE_SET = 4
+STOPPED_CHECK_S = 1.0  # how often running jobs' workers are checked for being stopped (two looks: 1-2 s)
 _SPARE_QUIET_S = 0.25  # a replacement spare waits for its devices to be free this long at a time
 # Fresh spares of built environments kept per device set (besides the base Python's): each holds a process and a
 # lease that keeps its environment from eviction.
@@ -131,7 +138,7 @@ class _Run:
     key: _Key
     worker: WorkerProcess | None = None
     # Decided once, first come first served: "finished", "crashed", "failed" (executor error),
-    # or a stop: "timeout", "cancelled", "shutdown".
+    # or a stop: "timeout", "cancelled", "shutdown", "stopped" (its worker was found stopped).
     outcome: str | None = None
     rows_done: int = 0
     start_ms: float | None = None  # starting a worker process for this run; 0 when one was idle
@@ -193,6 +200,7 @@ class LocalExecutor(Executor):
     def start(self, callbacks: ExecutorCallbacks) -> None:
         self._callbacks = callbacks
         threading.Thread(target=self._retire_idle, name="lancefn-idle-workers", daemon=True).start()
+        threading.Thread(target=self._watch_stopped, name="lancefn-worker-watch", daemon=True).start()
         keys = [
             ((device,), spec.simulated, None, None)
             for spec in (self._classes.classes if self._classes else ())
@@ -287,6 +295,7 @@ class LocalExecutor(Executor):
             thread.join()
         for run in runs:
             run.done.wait(2 * self._grace_s + 5)
+        reap.remove_cgroups()
 
     # ----------------------------------------------------------------- one task
 
@@ -449,6 +458,17 @@ class LocalExecutor(Executor):
                 ),
                 timings=self._start_timings(run),
             )
+        elif run.outcome == "stopped":
+            self._callbacks.task_failed(
+                task.job_id,
+                JobFailure(
+                    phase="worker",
+                    message=f"the worker process running {task.name} was stopped (SIGSTOP) by another process "
+                    f"and was killed ({run.rows_done} of {task.rows_total} rows done); run the job again",
+                    retryable=True,
+                ),
+                timings=self._start_timings(run),
+            )
         elif run.outcome == "timeout":
             self._callbacks.task_failed(
                 task.job_id,
@@ -498,8 +518,9 @@ class LocalExecutor(Executor):
         for entry in (own, fresh):
             if entry is None:
                 continue
-            if entry[0].alive():
+            if entry[0].usable():
                 return entry[0], 0.0
+            log.warning("replacing idle worker %d: %s", entry[0].pid, "stopped" if entry[0].alive() else "gone")
             entry[0].kill(self._grace_s)
         started = time.perf_counter()
         worker = self._start(key, venv)
@@ -510,7 +531,7 @@ class LocalExecutor(Executor):
         (held until the process exits)."""
         env = _worker_env(key, self._user, spare=spare, threads=self._threads)
         if venv is None:
-            return WorkerProcess(env, self._user_ids())
+            return WorkerProcess(env, self._user_ids(), contain=True)
         lease = self._environments.lease(venv) if self._environments is not None else None
         if lease is None:
             with self._lock:
@@ -520,7 +541,7 @@ class LocalExecutor(Executor):
                 "run the job again to rebuild it"
             )
         try:
-            return WorkerProcess(env, self._user_ids(), python=venv.python, pass_fds=(lease,))
+            return WorkerProcess(env, self._user_ids(), python=venv.python, pass_fds=(lease,), contain=True)
         finally:
             os.close(lease)  # the worker holds its inherited copy
 
@@ -605,11 +626,28 @@ class LocalExecutor(Executor):
                 (wanted & set(run.task.devices)) if wanted else not run.task.devices for run in self._runs.values()
             )
 
+    def _watch_stopped(self) -> None:
+        """A running job's worker stopped from outside (SIGSTOP by another process of its user) would hold the
+        job IN_PROGRESS for ever: one found stopped on two looks in a row is killed and its job fails, saying
+        so ("Job processes")."""
+        suspects: set[int] = set()
+        while not self._closed.wait(STOPPED_CHECK_S):
+            with self._lock:
+                runs = [run for run in self._runs.values() if run.worker is not None and run.outcome is None]
+            stopped = {id(run): run for run in runs if run.worker is not None and not run.worker.usable()}
+            for key, run in stopped.items():
+                if key in suspects and run.worker is not None and run.worker.alive():
+                    log.warning("job %s: its worker %d is stopped; killing it", run.task.job_id, run.worker.pid)
+                    self._stop(run, "stopped")
+            suspects = set(stopped)
+
     def _retire_idle(self) -> None:
         while not self._closed.wait(min(self._idle_timeout_s, 30.0)):
             deadline = time.monotonic() - self._idle_timeout_s
             with self._lock:
-                expired = [key for key, (worker, since) in self._idle.items() if since < deadline or not worker.alive()]
+                expired = [
+                    key for key, (worker, since) in self._idle.items() if since < deadline or not worker.usable()
+                ]
                 retired = [self._idle.pop(key)[0] for key in expired]
             for worker in retired:
                 worker.stop(self._grace_s)

@@ -19,6 +19,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 __all__ = ["MAX_HEAD_BYTES", "header_timeout_protocol"]
 
 MAX_HEAD_BYTES = 16 * 1024  # request line + headers, as uvicorn's h11 protocol allowed
+_TOO_LARGE = f"the request line and headers are larger than {MAX_HEAD_BYTES} bytes; send smaller headers"
+
+
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback: httptools reports it as a parse error, which uvicorn answers with a 400."""
 
 
 class _OneSendTransport:
@@ -53,6 +58,7 @@ def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
         _header_timer: asyncio.TimerHandle | None = None
         _head_bytes = 0  # bytes received since the last request ended, while its head is incomplete
         _head_done = False
+        _head_too_large = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -69,16 +75,21 @@ def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
             super().data_received(data)
             # Counted before parsing, checked after: a body sent with its head in one packet is fine.
             if not self._head_done and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                self.send_400_response(
-                    f"the request line and headers are larger than {MAX_HEAD_BYTES} bytes; send smaller headers"
-                )
+                self.send_400_response(_TOO_LARGE)
 
         def on_headers_complete(self) -> None:
             self._head_done = True
             if self._header_timer is not None:
                 self._header_timer.cancel()  # the request line and headers are in
                 self._header_timer = None
+            # A head that arrived whole in one read (with its body, or other requests) is measured here.
+            if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > MAX_HEAD_BYTES:
+                self._head_too_large = True
+                raise _HeadTooLarge
             super().on_headers_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            super().send_400_response(_TOO_LARGE if self._head_too_large else msg)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._header_timer is not None:

@@ -12,7 +12,9 @@ Pure: parsing the ``--api-keys`` TOML and the visibility rules; the control plan
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -134,6 +136,22 @@ def _entry_problem(error: ValidationError) -> str:
     return f"field {field!r} {item['msg'].removeprefix('Value error, ')}"
 
 
+def _key_file_problem(path: str, st: os.stat_result) -> str | None:
+    """Why the key file cannot be trusted (another user could read or change its keys), with the fix; or None.
+    The file itself is checked (a symlink's target, as a mounted secret is)."""
+    if st.st_uid != os.geteuid():
+        return (
+            f"{path}: the API key file is owned by uid {st.st_uid}, not by the server's user (uid {os.geteuid()}), "
+            f"who could change its keys; fix it with: chown {os.geteuid()} {path} && chmod 600 {path}"
+        )
+    if st.st_mode & 0o077:
+        return (
+            f"{path}: the API key file is readable or writable by group or others (mode {stat.S_IMODE(st.st_mode):o}), "
+            f"so other users, a job's worker among them, could read every key; fix it with: chmod 600 {path}"
+        )
+    return None
+
+
 def load_api_keys(path: str) -> dict[str, Principal]:
     """``[[api_keys]] key, name, privileges, namespace?, admin?`` → ``{key: Principal}``.
 
@@ -142,6 +160,9 @@ def load_api_keys(path: str) -> dict[str, Principal]:
     """
     try:
         with open(path, "rb") as f:
+            problem = _key_file_problem(path, os.fstat(f.fileno()))
+            if problem:
+                raise ApiKeyError(problem)
             data = tomllib.load(f)
     except FileNotFoundError:
         raise ApiKeyError(f"{path}: API key file not found; fix the --api-keys path") from None

@@ -299,6 +299,25 @@ def test_include_refusals_name_the_path(tmp_path):
         assert needle in str(info.value)
 
 
+def test_include_refuses_a_package_with_a_symlink_leaving_the_notebooks_directory(tmp_path):
+    from lancefn_jupyter.local_modules import LocalModuleError, collect
+
+    notebook, outside = tmp_path / "nb", tmp_path / "outside"
+    (notebook / "pkg").mkdir(parents=True)
+    (outside / "keys").mkdir(parents=True)
+    (outside / "secret.py").write_text("TOKEN = 'do not ship'\n")
+    (notebook / "pkg" / "__init__.py").write_text("")
+    (notebook / "helper.py").write_text("VALUE = 1\n")
+    (notebook / "pkg" / "alias.py").symlink_to(notebook / "helper.py")  # inside the directory: shipped
+    assert set(collect("", {}, (), notebook, ["pkg"])) == {"pkg", "pkg.alias"}
+    for link, target in (("leak.py", outside / "secret.py"), ("keys", outside / "keys")):
+        (notebook / "pkg" / link).symlink_to(target)
+        with pytest.raises(LocalModuleError) as info:
+            collect("", {}, (), notebook, ["pkg"])
+        assert f"pkg/{link}, a symlink to {target}" in str(info.value) and "outside the notebook" in str(info.value)
+        (notebook / "pkg" / link).unlink()
+
+
 def test_cells_without_local_modules_package_to_the_same_bytes(tmp_path):
     cell = "def f(x: int) -> int:\n    return x\n"
     plain = pack_with(None, cell, "unused")

@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, submit
+from helpers import api_keys_toml, submit, wait_until
+
+from lancefn_jupyter.worker.reap import proc_state
 
 A_KEY, B_KEY = "team-a-key-00000001", "team-b-key-00000002"
 KEYS = api_keys_toml(
@@ -184,6 +186,53 @@ def test_a_job_cannot_read_the_control_planes_files_nor_another_namespaces_env(r
     assert found == "", found
 
 
+DETACH_AND_SIGNAL = """
+import os
+import signal
+import subprocess
+
+
+def act(target: str) -> str:
+    if target:  # another namespace's worker: stop it, if this user may
+        try:
+            os.kill(int(target), signal.SIGSTOP)
+        except PermissionError:
+            return "denied"
+        return "stopped"
+    started = subprocess.run(
+        ["setsid", "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    return f"{os.getpid()} {started.stdout.strip()}"
+"""
+
+
+def test_a_root_servers_jobs_leave_no_process_and_a_stopped_worker_is_replaced(root_server):
+    """docs/ARCHITECTURE.md, "Job processes", with workers as another user and two namespaces."""
+    cp = root_server
+    body = registration_body(
+        "act", source=DETACH_AND_SIGNAL, entrypoint="act", inputs=(("target", "utf8", False),), output_type="utf8"
+    )
+    with client(cp, A_KEY) as a, client(cp, B_KEY) as b:
+        va, vb = register(a, body)["version"], register(b, body)["version"]
+        (first,) = run(a, "act", va, [{"target": ""}])
+        worker, sleeper = (int(pid) for pid in first.split())
+        try:
+            assert not os.path.exists(f"/proc/{sleeper}"), "a's detached sleep outlived its job"
+            (verdict,) = run(b, "act", vb, [{"target": str(worker)}])  # b's job signals a's idle worker
+            assert verdict in ("stopped", "denied")
+            if verdict == "stopped":  # the signal lands asynchronously
+                wait_until(lambda: proc_state(worker) == "T", f"worker {worker} to stop")
+            (second,) = run(a, "act", va, [{"target": ""}])  # a's next job runs all the same
+            if verdict == "stopped":
+                assert int(second.split()[0]) != worker
+        finally:
+            for pid in (worker, sleeper):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+
+
 def test_an_unknown_worker_user_refuses_to_start_and_says_what_to_fix(control_plane_factory):
     import subprocess
 
@@ -203,3 +252,18 @@ def test_the_refusal_names_the_directories_the_worker_user_cannot_traverse(tmp_p
     assert str(closed) in _closed_dirs([closed / "inner" / "python"])
     os.chmod(closed, 0o711)
     assert str(closed) not in _closed_dirs([closed / "inner" / "python"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to probe as another user")
+def test_an_interpreter_the_worker_user_cannot_reach_gets_the_designed_message(tmp_path, monkeypatch):
+    from lancefn_jupyter.server.executors.isolation import check_worker_user, resolve_worker_user
+
+    closed = tmp_path / "closed"  # like a Python under root's 0700 home
+    closed.mkdir(mode=0o700)
+    (closed / "python").symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(closed / "python"))  # the interpreter the probe starts
+    user = resolve_worker_user("nobody")
+    assert user is not None
+    message = check_worker_user(user, {"PATH": "/usr/bin:/bin"})
+    assert message is not None and "cannot start Python" in message and "--worker-user" in message, message
+    assert "chmod o+x" in message and f" {closed}`" in message, message

@@ -43,6 +43,7 @@ def gated(path: str) -> str:
 def cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
     keys = tmp_path_factory.mktemp("keys") / "keys.toml"
     keys.write_text(KEYS)
+    keys.chmod(0o600)  # the server refuses a key file others can read
     env = {"LANCEFN_RAY_ACTOR_IDLE_S": str(IDLE_S), "LANCEFN_RAY_CPU_ACTORS": "1"}
     with ray_server(tmp_path_factory, ANY_CLASS, "--api-keys", str(keys), **env) as server:
         yield server

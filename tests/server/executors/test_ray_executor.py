@@ -604,6 +604,34 @@ def _ray_address(cp: ControlPlaneProcess) -> str:
     return match.group(1)
 
 
+DETACH = """
+import subprocess
+
+
+def detach(path: str) -> str:
+    started = subprocess.run(
+        ["setsid", "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    return started.stdout.strip()
+"""
+
+
+def test_a_jobs_detached_process_ends_with_the_job_on_a_ray_actor(ray_cp):
+    """docs/ARCHITECTURE.md, "Job processes": the actor is the subreaper of what its job starts and sweeps it."""
+    with ray_cp.http() as http:
+        version = _version(http, text_body("detach", DETACH, gpu_class="small"))
+        job = _finished(http, submit(http, "detach", version, [{"path": ""}]))
+    assert job["job_state"] == "DONE", job
+    (sleeper,) = job["result"]
+    try:
+        assert not os.path.exists(f"/proc/{sleeper}"), f"the job's detached sleep {sleeper} outlived it"
+    finally:
+        try:
+            os.kill(int(sleeper), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp, tmp_path_factory, flag):
     """--ray-address (here: the module server's own Ray, so no second Ray start): capacity comes
     from the cluster's labels, a class no node offers waits PENDING, stopping leaves the cluster."""

@@ -111,6 +111,15 @@ def test_every_route_for_own_same_team_other_team_and_admin(teams):
         assert bob.post("/v1/functions/describe", json=fn).status_code == 404
 
 
+def test_functions_describe_names_the_versions_namespace_for_the_admin_too(teams):
+    cp, vid, _ = teams
+    fn = {"name": "embed", "version": vid}
+    with client(cp, ALICE) as alice, cp.http() as admin:
+        assert alice.post("/v1/functions/describe", json=fn).json()["namespace"] == "team-a"
+        assert admin.post("/v1/functions/describe", json={**fn, "namespace": "team-a"}).json()["namespace"] == "team-a"
+        assert admin.post("/v1/functions/describe", json=fn).json()["namespace"] == "team-a"  # found in any namespace
+
+
 def test_function_names_are_per_namespace_and_the_admin_picks_one(teams):
     cp, vid, _ = teams
     with client(cp, CAROL) as carol, client(cp, ALICE) as alice, cp.http() as admin:

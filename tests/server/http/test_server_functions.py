@@ -3,7 +3,9 @@ dropping, and bad input that must give a readable 4xx (never 5xx, never a traceb
 
 from __future__ import annotations
 
+import hashlib
 import json
+import stat
 
 import httpx
 import pytest
@@ -122,6 +124,29 @@ def test_gpu_classes_and_usage(control_plane_factory):
 # ---------------------------------------------------------------- registration
 
 
+def test_env_values_cannot_be_guessed_from_digests_and_ids_stay_stable_on_one_server(control_plane_factory):
+    body = registration_body(env={"PIN": "123456"})
+    runtime = FunctionRegistrationRequest.from_wire(body).runtime
+    unkeyed = "sha256:" + hashlib.sha256(runtime.to_canonical_json().encode()).hexdigest()
+    cp = control_plane_factory()
+    with cp.http() as http:
+        first = register(http, body)
+        assert register(http, body)["version"] == first["version"]
+    assert first["runtime_digest"] != unkeyed  # hashing guessed PINs offline finds nothing
+    assert first["version"] != version_id(FunctionRegistrationRequest.from_wire(body))
+    assert stat.S_IMODE((cp.home / "digest_key").stat().st_mode) == 0o600
+    cp.restart()
+    with cp.http() as http:
+        again = register(http, body)
+    assert (again["version"], again["runtime_digest"]) == (first["version"], first["runtime_digest"])
+    with control_plane_factory().http() as http:  # another server (home) keys with its own secret
+        elsewhere = register(http, body)
+    assert elsewhere["runtime_digest"] != first["runtime_digest"] and elsewhere["version"] != first["version"]
+    plain = registration_body()  # no env: the id any server derives, as before
+    with cp.http() as http:
+        assert register(http, plain)["version"] == version_id(FunctionRegistrationRequest.from_wire(plain))
+
+
 def test_create_returns_a_done_job_whose_result_is_the_function_version(control_plane):
     body = registration_body()
     with control_plane.http() as http:
@@ -138,7 +163,7 @@ def test_create_returns_a_done_job_whose_result_is_the_function_version(control_
         assert version.runtime.resources.num_gpus == 1
         assert version.runtime_digest.startswith("sha256:") and version.environment_digest.startswith("sha256:")
         described = http.post("/v1/functions/describe", json={"name": "double", "version": version.version}).json()
-        assert described == job.result
+        assert described == {**job.result, "namespace": "default"}  # describe also names the namespace
         # The FunctionVersion never carries the artifact bytes.
         assert "content" not in json.dumps(described)
 

@@ -213,6 +213,9 @@ class JobActor:
     def __init__(self, version: dict) -> None:
         import ray
 
+        from lancefn_jupyter.worker import reap
+
+        reap.become_subreaper()  # what its jobs detach (setsid, double fork) stays findable by the sweep ("Job processes")
         self._task = version["task"]
         self._hub = ray.get_actor(version["hub"], namespace=NAMESPACE)
         self._where = {"devices": [str(gpu) for gpu in ray.get_gpu_ids()], "node": _node_id()}
