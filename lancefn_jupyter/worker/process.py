@@ -99,10 +99,13 @@ class WorkerProcess:
         *,
         python: str | None = None,
         pass_fds: Sequence[int] = (),
+        workdir: str | None = None,
     ) -> None:
         """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours. ``python``: the
         interpreter (a version's built environment, docs/ARCHITECTURE.md "Environments"), else this one's.
-        ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life)."""
+        ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life). ``workdir``: its
+        private working directory (docs/ARCHITECTURE.md, "Isolation"), removed once the process is reaped; None:
+        the parent's cwd."""
         self.env = dict(env)
         self.python = python or sys.executable
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
@@ -119,8 +122,10 @@ class WorkerProcess:
             env=self.env,
             start_new_session=True,
             pass_fds=tuple(pass_fds),
+            cwd=workdir,
             **switch,
         )
+        self._workdir = workdir
         self._kill_lock = threading.Lock()
         ready = self._read_event()
         if ready is None or ready.get("event") != "ready":
@@ -187,6 +192,8 @@ class WorkerProcess:
                         continue
                 self.process.wait()
             self._close_pipes()
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Graceful end for an idle worker: close its stdin so it exits, after the teardown of the
