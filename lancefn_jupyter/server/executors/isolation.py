@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import pwd
-import stat
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -39,7 +39,9 @@ DEFAULT_WORKER_USER = "nobody"
 
 # What a worker run as another user gets of the server's environment (docs/ARCHITECTURE.md, "Isolation"): what
 # Python, the GPU and math libraries and the locale need; nothing else (no tokens, no other teams' settings).
-PASSED_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"})
+PASSED_ENV = frozenset(
+    {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"}
+)
 PASSED_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NUMBA_", "OMP_", "MKL_", "OPENBLAS_")
 
 

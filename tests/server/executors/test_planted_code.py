@@ -16,9 +16,10 @@ from conftest import register, registration_body
 from helpers import wait_done
 
 from lancefn_jupyter.client import Client
+from lancefn_jupyter.server.executors.isolation import worker_environment
 from lancefn_jupyter.wire import dataplane
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root server (workers as another user)")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root server (workers as another user)")
 
 ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
 PLANTED = ("base64", "ast", "pyarrow")
@@ -51,12 +52,17 @@ def planted() -> Iterator[tuple[Path, Path]]:
     shared.rmdir()
 
 
+@as_root
 def test_modules_planted_in_the_servers_cwd_run_nowhere(control_plane_factory, planted):
     shared, markers = planted
     cp = control_plane_factory(ONE_GPU, env={"LANCEFN_WORKER_USER": "", "PLANTED_SECRET": "s3cret"}, cwd=shared)
     with cp.http() as http:
         double = register(http, registration_body("double"))  # a job in a worker (base64 decodes its artifact)
-        big = registration_body("big", source="PAD = " + repr("x" * 20_000) + "\n\ndef big(x: int) -> int:\n    return x\n", entrypoint="big")
+        big = registration_body(
+            "big",
+            source="PAD = " + repr("x" * 20_000) + "\n\ndef big(x: int) -> int:\n    return x\n",
+            entrypoint="big",
+        )
         assert len(big["artifact"]["content"]["data"]) > 16 * 1024
         register(http, big)  # over 16 KiB: checked by the artifact_check child (ast)
         client = Client(cp.url, cp.api_key)
@@ -68,12 +74,15 @@ def test_modules_planted_in_the_servers_cwd_run_nowhere(control_plane_factory, p
     assert sorted(os.listdir(markers)) == []  # no planted module ran, as root or as the worker user
 
 
+@as_root
 def test_a_worker_runs_in_a_private_directory_with_a_reduced_environment(control_plane_factory, planted):
     shared, _markers = planted
     cp = control_plane_factory(ONE_GPU, env={"LANCEFN_WORKER_USER": "", "PLANTED_SECRET": "s3cret"}, cwd=shared)
     with cp.http() as http:
         version = register(http, registration_body("where", source=WHERE, entrypoint="where", output_type="string"))
-        reply = http.post("/v1/functions/run", json={"name": "where", "version": version["version"], "rows": [{"x": 1}]})
+        reply = http.post(
+            "/v1/functions/run", json={"name": "where", "version": version["version"], "rows": [{"x": 1}]}
+        )
         job = wait_done(http, reply.json()["job_id"])
     assert job["job_state"] == "DONE", job
     cwd, owner, mode, home, secret = job["result"][0].split("|")
@@ -81,3 +90,14 @@ def test_a_worker_runs_in_a_private_directory_with_a_reduced_environment(control
     assert int(owner) == pwd.getpwnam("nobody").pw_uid and mode == "0o700"  # owned by nobody, private
     assert home == cwd
     assert secret == "-"  # the server's other variables stay with the server
+
+
+def test_a_switched_worker_gets_only_the_variables_it_needs():
+    server = {"PATH": "/bin", "LC_ALL": "C", "CUDA_HOME": "/cuda", "AWS_SECRET_ACCESS_KEY": "x", "HF_TOKEN": "y"}
+    assert worker_environment(server, switched=True) == {
+        "PATH": "/bin",
+        "LC_ALL": "C",
+        "CUDA_HOME": "/cuda",
+        "PYTHONSAFEPATH": "1",
+    }
+    assert worker_environment(server, switched=False) == {**server, "PYTHONSAFEPATH": "1"}  # a same-user server
