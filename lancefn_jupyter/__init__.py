@@ -8,9 +8,12 @@ the HTTP client, widgets, numba) is imported on first use so loading the extensi
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lancefn_jupyter._version import __version__
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "Backfill",

@@ -73,10 +73,11 @@ def pytest_sessionfinish(session, exitstatus):
 class ControlPlaneProcess:
     """A running ``lancefn-server`` child process and how to reach it."""
 
-    def __init__(self, home: Path, *, args: list[str], env: dict[str, str], log_dir: Path):
+    def __init__(self, home: Path, *, args: list[str], env: dict[str, str], log_dir: Path, cwd: Path | None = None):
         self.home = home
         self.args = list(args)
         self.env = env
+        self.cwd = cwd  # the server's working directory (None: the test's)
         self.log_dir = log_dir
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -122,7 +123,12 @@ class ControlPlaneProcess:
         self.log_path = self.log_dir / f"server-{self.home.name}-{self._starts}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                self.command,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.cwd,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -210,6 +216,7 @@ class _Factory:
         executor: str = "local",
         home: Path | None = None,
         start: bool = True,
+        cwd: Path | None = None,
     ) -> ControlPlaneProcess:
         base = self._tmp.mktemp("lancefn")
         home = Path(home) if home is not None else base / "home"
@@ -225,7 +232,7 @@ class _Factory:
             argv += ["--api-keys", str(path)]
         if executor != "local":
             argv += ["--executor", executor]
-        cp = ControlPlaneProcess(home, args=argv, env=make_env(env), log_dir=base)
+        cp = ControlPlaneProcess(home, args=argv, env=make_env(env), log_dir=base, cwd=cwd)
         self.started.append(cp)
         return cp.start() if start else cp
 
@@ -240,7 +247,7 @@ class _Factory:
 @pytest.fixture
 def control_plane_factory(tmp_path_factory) -> Iterator[Callable[..., ControlPlaneProcess]]:
     """``factory(gpu_classes=None, *, env=None, args=None, api_keys=None, executor="local",
-    home=None, start=True) -> ControlPlaneProcess``; all stopped at teardown."""
+    home=None, start=True, cwd=None) -> ControlPlaneProcess``; all stopped at teardown."""
     factory = _Factory(tmp_path_factory)
     yield factory
     factory.close()

@@ -30,7 +30,12 @@ def version_of(python: str) -> str | None:
             return _versions[python]
     try:
         done = subprocess.run(
-            [python, "-c", _PROBE], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL
+            [python, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            cwd="/",  # a Python before 3.11 ignores PYTHONSAFEPATH: nothing planted in our cwd runs (ARCHITECTURE "Isolation")
         )
         version = done.stdout.strip() if done.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):

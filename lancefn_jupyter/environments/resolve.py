@@ -88,6 +88,7 @@ def _run_in(python: str, script: str, *args: str, env: Mapping[str, str] | None 
         timeout=60,
         env=None if env is None else dict(env),
         stdin=subprocess.DEVNULL,
+        cwd="/",  # a Python before 3.11 ignores PYTHONSAFEPATH: nothing planted in our cwd runs (ARCHITECTURE "Isolation")
     )
     if done.returncode != 0:
         raise RuntimeError(f"{python} failed: {done.stderr.strip()[-500:]}")

@@ -482,8 +482,19 @@ def _serve(args: argparse.Namespace, app: Any, plane: Any, sock: socket.socket, 
     return 0 if server.started and not failed_to_publish else 1
 
 
+def _safe_children() -> None:
+    """Every child the server runs (workers, the artifact checker, environment builds, the Ray bridge) starts with
+    no cwd or script directory on ``sys.path`` (docs/ARCHITECTURE.md, "Isolation"); a package found only through
+    the cwd (a source checkout started with ``python -m``) is passed on ``PYTHONPATH`` instead."""
+    os.environ["PYTHONSAFEPATH"] = "1"
+    root = str(Path(__file__).resolve().parents[2])
+    if root == os.getcwd() and root not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _safe_children()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         home, lock = _claim_home(args)

@@ -101,11 +101,14 @@ class WorkerProcess:
         python: str | None = None,
         pass_fds: Sequence[int] = (),
         contain: bool = False,
+        workdir: str | None = None,
     ) -> None:
         """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours. ``python``: the
         interpreter (a version's built environment, docs/ARCHITECTURE.md "Environments"), else this one's.
         ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life). ``contain``: in a
-        cgroup of its own where one can be made (the control plane's workers: "Job processes")."""
+        cgroup of its own where one can be made (the control plane's workers: "Job processes"). ``workdir``: its
+        private working directory (docs/ARCHITECTURE.md, "Isolation"), removed once the process is reaped; None:
+        the parent's cwd."""
         self.env = dict(env)
         self.python = python or sys.executable
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
@@ -122,8 +125,10 @@ class WorkerProcess:
             env=self.env,
             start_new_session=True,
             pass_fds=tuple(pass_fds),
+            cwd=workdir,
             **switch,
         )
+        self._workdir = workdir
         self._kill_lock = threading.Lock()
         self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
         ready = self._read_event()
@@ -205,6 +210,8 @@ class WorkerProcess:
             reap.end_cgroup(self._cgroup)  # what it left (a crashed worker's detached processes) ends with it
             self._cgroup = None
             self._close_pipes()
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Graceful end for an idle worker: close its stdin so it exits, after the teardown of the

@@ -30,8 +30,10 @@ def artifact_problem(artifact: bytes, entrypoint: str) -> str | None:
     try:
         with _CHILDREN:
             done = subprocess.run(
-                [sys.executable, "-m", __name__, entrypoint],
+                # -P, cwd /: it runs as the server's user (root), so never from a directory another user can write
+                [sys.executable, "-P", "-m", __name__, entrypoint],
                 input=artifact,
+                cwd="/",
                 capture_output=True,
                 timeout=CHILD_TIMEOUT_S,
             )

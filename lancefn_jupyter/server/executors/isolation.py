@@ -12,23 +12,68 @@ from __future__ import annotations
 import importlib.util
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "DEFAULT_WORKER_USER",
+    "PASSED_ENV",
+    "PASSED_ENV_PREFIXES",
+    "WorkDirs",
     "WorkerUser",
     "WorkerUserError",
     "check_env_cache",
     "check_worker_user",
     "resolve_worker_user",
+    "worker_environment",
 ]
 
 DEFAULT_WORKER_USER = "nobody"
+
+
+# What a worker run as another user gets of the server's environment (docs/ARCHITECTURE.md, "Isolation"): what
+# Python, the GPU and math libraries and the locale need; nothing else (no tokens, no other teams' settings).
+PASSED_ENV = frozenset(
+    {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"}
+)
+PASSED_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NUMBA_", "OMP_", "MKL_", "OPENBLAS_")
+
+
+def worker_environment(server_env: Mapping[str, str], *, switched: bool) -> dict[str, str]:
+    """The environment a worker starts with: ``PYTHONSAFEPATH=1`` always (no cwd or script directory on its
+    ``sys.path``), and, for a worker run as another user (``switched``), only ``PASSED_ENV`` and
+    ``PASSED_ENV_PREFIXES`` of ``server_env``; a same-user worker keeps the rest (the server is yours alone)."""
+    env = {
+        name: value
+        for name, value in server_env.items()
+        if not switched or name in PASSED_ENV or name.startswith(PASSED_ENV_PREFIXES)
+    }
+    env["PYTHONSAFEPATH"] = "1"
+    return env
+
+
+class WorkDirs:
+    """Private working directories of workers: ``<root>/<random>``, owned by the worker's uid, mode 0700, under a
+    root only the server's user can list (0711) — never the server's cwd, which another user may write."""
+
+    def __init__(self) -> None:
+        self.root = tempfile.mkdtemp(prefix="lancefn-workers-")
+        os.chmod(self.root, 0o711)
+
+    def new(self, user: WorkerUser | None) -> str:
+        path = tempfile.mkdtemp(dir=self.root)  # 0700
+        if user is not None:
+            os.chown(path, user.uid, user.gid)
+        return path
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class WorkerUserError(Exception):

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
-from lancefn_jupyter.server.executors.isolation import WorkerUser
+from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.worker import reap
@@ -98,10 +98,10 @@ def _fresh(key: _Key) -> _Key:
 
 
 def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
-    """The server's environment as workers get it, before devices are set."""
-    env = {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}
-    if user is not None:
-        env["HOME"] = user.home  # not the server user's home directory, which it cannot (and must not) use
+    """The server's environment as workers get it, before devices are set (``isolation.worker_environment``)."""
+    env = worker_environment(
+        {name: value for name, value in os.environ.items() if name not in _SECRET_ENV}, switched=user is not None
+    )
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     return env
 
@@ -160,7 +160,7 @@ class LocalExecutor(Executor):
     def __init__(
         self,
         classes: GpuClassConfig | None = None,
-        home: str | Path | None = None,  # unused: workers keep the server's cwd, like the notebook's
+        home: str | Path | None = None,  # unused: each worker runs in a private directory (``isolation.WorkDirs``)
         *,
         max_idle_workers: int = 16,
         max_idle_per_device_set: int = DEFAULT_MAX_IDLE_PER_DEVICE_SET,
@@ -181,6 +181,7 @@ class LocalExecutor(Executor):
         self._max_idle = max_idle_workers
         self._max_idle_per_set = max_idle_per_device_set
         self._user = worker_user
+        self._workdirs = WorkDirs()
         self._idle_timeout_s = idle_timeout_s
         self._grace_s = kill_grace_s
         self._callbacks: ExecutorCallbacks = None  # type: ignore[assignment]  # set by start(), before any launch
@@ -296,6 +297,7 @@ class LocalExecutor(Executor):
         for run in runs:
             run.done.wait(2 * self._grace_s + 5)
         reap.remove_cgroups()
+        self._workdirs.close()
 
     # ----------------------------------------------------------------- one task
 
@@ -530,8 +532,11 @@ class LocalExecutor(Executor):
         """A worker process for ``key``: of the base Python, or of ``venv``'s, inheriting its own lease on it
         (held until the process exits)."""
         env = _worker_env(key, self._user, spare=spare, threads=self._threads)
+        workdir = self._workdirs.new(self._user)
+        if self._user is not None:
+            env["HOME"] = workdir  # not the server user's home directory, which it cannot (and must not) use
         if venv is None:
-            return WorkerProcess(env, self._user_ids(), contain=True)
+            return WorkerProcess(env, self._user_ids(), contain=True, workdir=workdir)
         lease = self._environments.lease(venv) if self._environments is not None else None
         if lease is None:
             with self._lock:
@@ -541,7 +546,9 @@ class LocalExecutor(Executor):
                 "run the job again to rebuild it"
             )
         try:
-            return WorkerProcess(env, self._user_ids(), python=venv.python, pass_fds=(lease,), contain=True)
+            return WorkerProcess(
+                env, self._user_ids(), python=venv.python, pass_fds=(lease,), contain=True, workdir=workdir
+            )
         finally:
             os.close(lease)  # the worker holds its inherited copy
 

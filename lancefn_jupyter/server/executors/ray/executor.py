@@ -146,11 +146,12 @@ class _BridgeProcess:
     def __init__(self, config: dict, env: Mapping[str, str], scrub: Callable[[str], str]) -> None:
         code = "from lancefn_jupyter.server.executors.ray.bridge import bridge_main; raise SystemExit(bridge_main())"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+            [sys.executable, "-P", "-c", code],  # no cwd on its sys.path (docs/ARCHITECTURE.md, "Isolation")
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=dict(env),
+            env={**env, "PYTHONSAFEPATH": "1"},  # and none on the Ray processes it starts
+            cwd="/",
             start_new_session=True,  # its session id marks every local Ray process it starts
         )
         self.sid = self.proc.pid
