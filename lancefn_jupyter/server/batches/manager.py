@@ -299,9 +299,11 @@ class BatchManager:
             with self.table.lock, self.store.batch():
                 for _ in range(min(CANCEL_SLICE, len(batch.waiting))):
                     self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
+            time.sleep(CANCEL_PAUSE_S)  # a thread waiting for the lock (the event loop's too) takes it now
         for start in range(0, len(live), CANCEL_SLICE):
             with self.table.lock, self.store.batch():
                 self.machine.cancel_all(live[start : start + CANCEL_SLICE])  # their hook marks each chunk
+            time.sleep(CANCEL_PAUSE_S)
         with self.table.lock:
             with self.store.batch():
                 self._advance(batch)
@@ -742,7 +744,8 @@ class BatchManager:
         self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
 
 
-CANCEL_SLICE = 256  # chunks cancelled per hold of the lock (batches/cancel)
+CANCEL_SLICE = 128  # chunks cancelled per hold of the lock (batches/cancel)
+CANCEL_PAUSE_S = 0.001  # between two slices: the lock is free long enough for its waiters
 _GIVEN_UP = (FAILED, CANCELLED, TIMED_OUT)  # a chunk in one of these does not finish in this run of the batch
 _CHUNK_POLL_S = 0.02  # how often a commit waiting for a chunk looks again
 
