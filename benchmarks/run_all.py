@@ -38,6 +38,7 @@ QUICK_ARGS = {
     "bench_load_ext.py": ["--runs", "7"],
     "bench_widget_latency.py": ["--n", "50"],
     "bench_hardening.py": ["--artifacts", "1", "--row-posts", "2", "--floods", "1"],
+    "bench_cancel_stall.py": ["--chunks", "5000"],
     "bench_dataplane.py": ["--quick"],
     "bench_batches.py": ["--runs", "1", "--backfill-rows", "20000", "--backfill-chunk", "2000"],
     "bench_backfill.py": ["--rows", "20000", "--memory-rows", "200000"],
@@ -84,6 +85,7 @@ ORDER = [
     "bench_widget_latency.py",
     "bench_submit_latency.py",
     "bench_hardening.py",
+    "bench_cancel_stall.py",
     "bench_dataplane.py",
     "bench_scheduler.py",
 ]

@@ -20,3 +20,17 @@ def clean_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode("utf-8")
+
+
+#: The most of a failure's message or traceback kept (characters); the rest is noted as cut
+#: (docs/ARCHITECTURE.md, "Limits").
+FAILURE_TEXT_LIMIT = 64 * 1024
+
+
+def cap_text(text: str, limit: int = FAILURE_TEXT_LIMIT) -> str:
+    """``text`` up to ``limit`` characters, the rest replaced by a note of how much was cut."""
+    if len(text) <= limit:
+        return text
+    cut = len(text[limit:].encode("utf-8", "replace"))
+    size = f"{cut / 1e6:.1f} MB" if cut >= 100_000 else f"{cut / 1e3:.1f} kB"
+    return f"{text[:limit]} … [cut {size}]"

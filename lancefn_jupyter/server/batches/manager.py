@@ -285,12 +285,27 @@ class BatchManager:
             batch = self._get(batch_id, scope)
             if batch.state in TERMINAL:
                 return {"batch_id": batch_id, "cancelled": False}
-            batch.cancel_requested = True
-            with self.store.batch():
-                self.saved.save_batch(batch)
-                while batch.waiting:
+            batch.cancel_requested = True  # from here no chunk is submitted or re-queued
+            self.saved.save_batch(batch)
+            # Queued jobs first, placed ones last: their devices are freed only once nothing of the
+            # batch is left to take them.
+            live = batch.live_jobs()
+            pending = self.table.scheduler.is_pending
+            live = [j for j in live if pending(j)] + [j for j in live if not pending(j)]
+        # In slices of CANCEL_SLICE chunks, the lock released between them, so that the event loop
+        # and other teams' jobs are never held up for more than one slice (docs/ARCHITECTURE.md,
+        # "Batches": cancel).  O(N) over the batch in all.
+        while batch.waiting:
+            with self.table.lock, self.store.batch():
+                for _ in range(min(CANCEL_SLICE, len(batch.waiting))):
                     self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
-                self.machine.cancel_all(batch.live_jobs())  # their hook marks each chunk CANCELLED
+            time.sleep(CANCEL_PAUSE_S)  # a thread waiting for the lock (the event loop's too) takes it now
+        for start in range(0, len(live), CANCEL_SLICE):
+            with self.table.lock, self.store.batch():
+                self.machine.cancel_all(live[start : start + CANCEL_SLICE])  # their hook marks each chunk
+            time.sleep(CANCEL_PAUSE_S)
+        with self.table.lock:
+            with self.store.batch():
                 self._advance(batch)
             self._changed(batch)
             return {"batch_id": batch_id, "cancelled": True}
@@ -729,6 +744,8 @@ class BatchManager:
         self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
 
 
+CANCEL_SLICE = 128  # chunks cancelled per hold of the lock (batches/cancel)
+CANCEL_PAUSE_S = 0.001  # between two slices: the lock is free long enough for its waiters
 _GIVEN_UP = (FAILED, CANCELLED, TIMED_OUT)  # a chunk in one of these does not finish in this run of the batch
 _CHUNK_POLL_S = 0.02  # how often a commit waiting for a chunk looks again
 

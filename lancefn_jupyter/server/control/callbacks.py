@@ -21,7 +21,7 @@ from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.results import Results
 from lancefn_jupyter.server.control.states import DONE, FAILED, IN_PROGRESS, TERMINAL, TIMED_OUT, now_ms
-from lancefn_jupyter.server.encoding import clean_text
+from lancefn_jupyter.server.encoding import cap_text, clean_text
 from lancefn_jupyter.server.executors.base import redact_env
 from lancefn_jupyter.server.storage.store import JobRecord, is_storage_full
 from lancefn_jupyter.wire.models import JobFailure
@@ -186,9 +186,9 @@ class JobCallbacks:
             try:
                 wire = JobFailure.from_wire(failure).to_wire()
             except ValidationError:
-                wire = JobFailure(phase="executor", message=f"worker failed: {str(failure)[:2000]}").to_wire()
+                wire = JobFailure(phase="executor", message=f"worker failed: {cap_text(str(failure), 2000)}").to_wire()
         env = [self.table.job_env.get(rec.job_id, {})]
-        wire = {k: clean_text(redact_env(v, env)) if isinstance(v, str) else v for k, v in wire.items()}
+        wire = {k: clean_text(cap_text(redact_env(v, env))) if isinstance(v, str) else v for k, v in wire.items()}
         rec.failure = wire
         self.machine.finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
 

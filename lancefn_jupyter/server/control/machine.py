@@ -42,6 +42,7 @@ from lancefn_jupyter.server.control.states import (
     TERMINAL,
     now_ms,
 )
+from lancefn_jupyter.server.encoding import cap_text
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.executors.base import TaskSpec, redact_env
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -213,7 +214,9 @@ class JobMachine:
         if rec.job_id not in self.table.active:
             return
         env = [self.table.job_env.get(rec.job_id, {})]
-        rec.failure = {k: redact_env(v, env) if isinstance(v, str) else v for k, v in failure.to_wire().items()}
+        rec.failure = {
+            k: cap_text(redact_env(v, env)) if isinstance(v, str) else v for k, v in failure.to_wire().items()
+        }
         self.finish(rec, FAILED)
 
     def _place_new(self, rec: JobRecord, rows: Any, num_gpus: int) -> None:

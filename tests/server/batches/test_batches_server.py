@@ -9,10 +9,11 @@ Functions that must keep running wait for a file the test creates, so nothing de
 from __future__ import annotations
 
 import inspect
+import threading
 
 import httpx
 from conftest import register, registration_body
-from helpers import DEADLINE_S, api_keys_toml, gated, wait_until
+from helpers import DEADLINE_S, api_keys_toml, gated, submit, wait_done, wait_until
 
 from lancefn_jupyter.wire.batch_models import Batch
 
@@ -346,3 +347,41 @@ def test_a_batch_lives_in_its_functions_namespace_and_other_teams_cannot_see_it(
         )
         # The admin sees every namespace.
         assert [b["batch_id"] for b in admin.post("/v1/batches/list", json={}).json()["batches"]] == [batch_id]
+
+
+def test_cancel_of_5000_chunks_cancels_them_all_while_health_and_another_team_keep_answering(
+    control_plane_factory, tmp_path
+):
+    # Finding 4 of issue 27: the cancel runs in slices of the lock, so others are served meanwhile.
+    owner, other = "stall-owner-key-0000001", "stall-other-key-0000002"
+    keys = api_keys_toml(
+        {"name": "a", "key": owner, "namespace": "team-a", "privileges": ["functions", "jobs"]},
+        {"name": "b", "key": other, "namespace": "team-b", "privileges": ["functions", "jobs"]},
+    )
+    cp = control_plane_factory(api_keys=keys)
+    with cp.http(owner) as a, cp.http(other) as b:
+        version = gate_version(a)
+        chunks = [[{"path": str(tmp_path / "never"), "value": i}] for i in range(5000)]
+        batch_id = create(a, version, chunks)["batch_id"]
+        double = register(b, registration_body(num_gpus=None))["version"]
+        answers: dict[str, list] = {"health": [], "results": []}
+        done = threading.Event()
+
+        def others() -> None:
+            while not done.is_set():
+                answers["health"].append(b.get("/v1/health").status_code)
+                job_id = submit(b, "double", double, [{"x": len(answers["results"])}])
+                answers["results"].append(wait_done(b, job_id)["result"])
+
+        thread = threading.Thread(target=others)
+        thread.start()
+        try:
+            reply = a.post("/v1/batches/cancel", json={"batch_id": batch_id}, timeout=DEADLINE_S * 5)
+        finally:
+            done.set()
+            thread.join(DEADLINE_S)
+        assert reply.json() == {"batch_id": batch_id, "cancelled": True}
+        batch = wait_batch(a, batch_id)
+        assert batch["batch_state"] == "CANCELLED" and batch["chunk_counts"] == {"CANCELLED": 5000}
+        assert answers["health"] and set(answers["health"]) == {200}
+        assert answers["results"] == [[2 * i] for i in range(len(answers["results"]))]

@@ -394,3 +394,21 @@ def test_a_job_that_can_start_at_once_is_never_shown_waiting_for_capacity(contro
         assert first.data["placement"]["devices"] and first.data["placement"]["queue_position"] is None
         assert wait_done(http, job_id)["job_state"] == "DONE"
     client.close()
+
+
+def test_a_100_mb_failure_message_is_stored_cut_to_64_kib_and_says_so(control_plane):
+    # Issue 27, finding 6: a failure's message and traceback are capped where they are stored.
+    source = "def huge(x: int) -> int:\n    raise ValueError('start' + 'y' * (x * 1000 * 1000))\n"
+    with control_plane.http() as http:
+        body = registration_body("huge", source=source, entrypoint="huge", num_gpus=None)
+        version = register(http, body)["version"]
+        job_id = submit(http, "huge", version, [{"x": 100}])
+        job = wait_done(http, job_id, timeout=DEADLINE_S * 2)
+        assert job["job_state"] == "FAILED", job
+        reply = http.post("/v1/jobs/describe", json={"job_id": job_id})
+        assert len(reply.content) < 4 * 64 * 1024
+        failure = reply.json()["failure"]
+        message, traceback = failure["message"], failure.get("traceback") or ""
+        assert "start" + "y" * 100 in message and message.endswith(" MB]") and "… [cut " in message
+        assert len(message) < 64 * 1024 + 100 and len(traceback) < 64 * 1024 + 100
+        assert http.get("/v1/health").status_code == 200

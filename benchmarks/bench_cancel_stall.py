@@ -1,0 +1,118 @@
+"""One key cannot stall the server: `/v1/health` and another team's jobs while a big batch is cancelled (issue 27).
+
+    .venv/bin/python benchmarks/bench_cancel_stall.py [--chunks 20000]
+
+Team A creates a batch of ``--chunks`` one-row chunks on the class's two simulated GPUs (each chunk waits for a
+file that never appears, so all stay queued or running), then cancels it.  Meanwhile a thread polls
+`/v1/health` and another submits team B's CPU job and waits for its result, one after the other.  Printed: the
+cancel's wall time, `/v1/health` p99 and team B's submit → result median and p99 during the cancel (target
+< 50 ms each).  No timed asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import percentile, print_machine, register, registration, server, summary
+
+HOLD = "import os\nimport time\n\n\ndef hold(path: str) -> str:\n    while not os.path.exists(path):\n        time.sleep(0.05)\n    return path\n"
+DOUBLE = "def double(x: int) -> int:\n    return 2 * x\n"
+KEYS = """[[api_keys]]
+name = "a"
+key = "bench-team-a-key-000001"
+namespace = "team-a"
+privileges = ["functions", "jobs"]
+
+[[api_keys]]
+name = "b"
+key = "bench-team-b-key-000002"
+namespace = "team-b"
+privileges = ["functions", "jobs"]
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chunks", type=int, default=20000)
+    args = parser.parse_args()
+    print_machine()
+    with tempfile.TemporaryDirectory(prefix="lancefn-bench-stall-") as tmp:
+        keys = Path(tmp) / "api_keys.toml"
+        keys.write_text(KEYS)
+        os.chmod(keys, 0o600)
+        with server(args=["--api-keys", str(keys)]) as s:
+            a = s.http(headers={"x-api-key": "bench-team-a-key-000001"}, timeout=600)
+            b = s.http(headers={"x-api-key": "bench-team-b-key-000002"}, timeout=60)
+            hold = register(a, registration("hold", HOLD, "hold", arrow_type="utf8", arg=("path", None)))["version"]
+            double = register(b, registration("double", DOUBLE, "double", num_gpus=None))["version"]
+            never = str(Path(tmp) / "never")
+            reply = a.post(
+                "/v1/batches/create",
+                json={"name": "hold", "version": hold, "chunks": [[{"path": never}] for _ in range(args.chunks)]},
+            )
+            reply.raise_for_status()
+            batch_id = reply.json()["batch_id"]
+            health: list[tuple[float, float]] = []  # (when it was sent, how long it took)
+            jobs: list[tuple[float, float]] = []
+            done = threading.Event()
+
+            def poll_health() -> None:
+                while not done.is_set():
+                    start = time.perf_counter()
+                    b.get("/v1/health").raise_for_status()
+                    health.append((start, time.perf_counter() - start))
+                    time.sleep(0.005)
+
+            def other_team() -> None:
+                while not done.is_set():
+                    start = time.perf_counter()
+                    job = b.post("/v1/functions/run", json={"name": "double", "version": double, "rows": [{"x": 2}]})
+                    job_id = job.json()["job_id"]
+                    result = b.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 50}).json()
+                    assert result["job_state"] == "DONE" and result["result"] == [4], result
+                    jobs.append((start, time.perf_counter() - start))
+
+            for _ in range(3):  # warm: team B's worker started
+                warm = b.post("/v1/functions/run", json={"name": "double", "version": double, "rows": [{"x": 1}]})
+                b.post("/v1/jobs/wait", json={"job_id": warm.json()["job_id"], "timeout_s": 50})
+            threads = [threading.Thread(target=poll_health), threading.Thread(target=other_team)]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.5)
+            start = time.perf_counter()
+            a.post("/v1/batches/cancel", json={"batch_id": batch_id}).raise_for_status()
+            end = time.perf_counter()
+            time.sleep(0.5)
+            done.set()
+            for thread in threads:
+                thread.join()
+            state = a.post("/v1/batches/describe", json={"batch_id": batch_id}).json()
+            print(
+                f"cancel of {args.chunks} chunks: {end - start:.2f} s; {state['batch_state']} {state['chunk_counts']}"
+            )
+            figures = {}
+            for label, samples in (("/v1/health", health), ("team B submit -> result", jobs)):
+                during = [took for sent, took in samples if sent + took >= start and sent <= end] or [0.0]
+                figures[label] = p99 = percentile(during, 99)
+                print(
+                    f"{label} during the cancel: n={len(during)} median {statistics.median(during) * 1000:.1f} ms "
+                    f"p99 {p99 * 1000:.1f} ms max {max(during) * 1000:.1f} ms",
+                    flush=True,
+                )
+            for label, metric in (("/v1/health", "health p99"), ("team B submit -> result", "other team p99")):
+                p99_ms = round(figures[label] * 1000, 1)
+                summary("cancel_stall", f"{metric} during cancel", p99_ms, "ms", "< 50 ms", p99_ms < 50)
+            summary("cancel_stall", "cancel wall time", round(end - start, 2), "s", chunks=args.chunks)
+
+
+if __name__ == "__main__":
+    main()
