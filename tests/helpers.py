@@ -353,11 +353,19 @@ def pack(cell: str, namespace: dict | None = None, **kwargs) -> PackagedFunction
 
 def outputs_text(cell) -> str:
     """An executed notebook cell's outputs as text: streams, plain-text data, and errors as `Name: value`."""
-    parts = []
+    parts: list[str] = []
+    stream = None  # the stream the last part came from, if it was one
     for output in cell.get("outputs", []):
         if output.get("output_type") == "stream":
-            parts.append(output["text"])
-        elif "data" in output:
+            # A busy kernel may flush one print() in pieces (separate stream outputs): rejoin them as printed.
+            if stream == output.get("name"):
+                parts[-1] += output["text"]
+            else:
+                parts.append(output["text"])
+            stream = output.get("name")
+            continue
+        stream = None
+        if "data" in output:
             parts.append(output["data"].get("text/plain", ""))
         elif output.get("output_type") == "error":
             parts.append(output["ename"] + ": " + output["evalue"])
