@@ -9,7 +9,7 @@ side.  Arranged by role (docs/ARCHITECTURE.md, "Package layout"); imports point 
   journal, callbacks, results, reports, events);
 - ``executors/``: where tasks run (``local`` | ``ray``);
 - ``storage/``: SQLite (``store``) and the Arrow files next to it (``files``);
-- ``policy/``: pure rules (scheduler, expected starts, namespaces, GPU classes);
+- ``policy/``: pure rules (scheduler, expected starts, namespaces, GPU classes, backfill table roots);
 - ``errors``, ``encoding``: what every layer shares (the client-visible error, compact JSON).
 
 Nothing of the package is imported here so that ``import lancefn_jupyter.server.policy.scheduler`` stays cheap.
