@@ -144,7 +144,6 @@ class BatchWidget(FallbackReprMixin, w.VBox):
             previous = self._snapshot
             if previous is not None and batch.revision < previous.revision:
                 return  # an older event
-            self._snapshot = batch
             terminal = batch.batch_state in TERMINAL_STATES
             self.cancel_button.disabled = terminal
             failed = batch.chunk_counts.get("FAILED", 0) + batch.chunk_counts.get("CANCELLED", 0)
@@ -190,6 +189,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
                 self.error.layout.display = None
             else:
                 self.error.layout.display = "none"
+            self._snapshot = batch  # last: `state` never runs ahead of what the children show
 
     def cancel(self) -> bool:
         try:

@@ -159,7 +159,6 @@ class JobWidget(FallbackReprMixin, w.VBox):
         previous = self._snapshot
         if previous is not None and previous.job_state in TERMINAL_STATES and job.job_state not in TERMINAL_STATES:
             return  # a terminal state is final; late or replayed events never undo it
-        self._snapshot = job
         state = display_state(job.job_state)
         terminal = job.job_state in TERMINAL_STATES
         self.cancel_button.disabled = terminal  # before the badge, so a terminal badge never shows a live button
@@ -184,6 +183,8 @@ class JobWidget(FallbackReprMixin, w.VBox):
             self.error.layout.display = None
         if terminal and self.logs_button.value:
             self._log_stale = True  # the ticker reads the last lines (not this thread: it serves events)
+        # Last, so `state` never says what the children do not show yet (a saved widget state would miss it).
+        self._snapshot = job
 
     def _apply_timings(self, job: Any) -> None:
         text = job_timings_text(job, run=True)
