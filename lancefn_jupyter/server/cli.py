@@ -110,6 +110,12 @@ _DATA_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
         5 * 1024**3,
         "Arrow result files beyond this total are removed, oldest first (default 5 GiB)",
     ),
+    (
+        "--log-max-bytes",
+        int,
+        1024**3,
+        "job logs (all jobs together) beyond this many bytes are removed, oldest jobs' first (default 1 GiB)",
+    ),
 )
 # Spare workers (numpy and numba imported ahead of a job) start this long after the server, so a
 # notebook's first registration does not share the CPU with them (docs/ARCHITECTURE.md, "REST details").
@@ -506,8 +512,12 @@ def main(argv: list[str] | None = None) -> int:
         classes, api_keys, admin_key, digest_key = _load_config(args, home)
         sock, url = _listen(args.host, args.port)
         executor, environments = _make_executor(args, classes, home)
+        if args.log_max_bytes < 1:
+            raise _Refused(f"--log-max-bytes must be a whole number of bytes > 0 (got {args.log_max_bytes})")
         store = _open_store(home)
+        store.limit_logs(args.log_max_bytes)
         from lancefn_jupyter.server.plane import ControlPlane
+        from lancefn_jupyter.server.policy.namespaces import gpu_caps
         from lancefn_jupyter.server.storage.files import DataStore
 
         data = DataStore(
@@ -522,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             environments=environments,
             table_roots=_table_roots(args, api_keys),
             digest_key=digest_key,
+            gpu_caps=gpu_caps(api_keys.values()),
         )
         app = _make_app(args, plane, api_keys)
         info = {

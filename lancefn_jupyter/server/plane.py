@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.server.batches.manager import BatchManager
@@ -77,10 +78,12 @@ class ControlPlane:
         environments: EnvironmentCache | None = None,
         table_roots: TableRoots | None = None,
         digest_key: bytes | None = None,
+        gpu_caps: Mapping[str, int] | None = None,
     ):
         """``environments``: the cache the plane builds versions' environments in, for an executor that
         ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python.
-        ``digest_key``: the home's secret env values are keyed with in version ids and digests ("Function versions")."""
+        ``digest_key``: the home's secret env values are keyed with in version ids and digests ("Function versions").
+        ``gpu_caps``: namespace → the most GPUs it may hold at once (``max_gpus`` in the key file; "Scheduling")."""
         self.store = store
         # Arrow rows and results live as files next to the database (docs/ARCHITECTURE.md).
         self.data = data or DataStore(store.path.parent)
@@ -89,7 +92,7 @@ class ControlPlane:
         self.bus = EventBus()
         # CPU functions run at most one per core at a time (each is a worker process).
         scheduler = SchedulerState(
-            classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1, warm=self._warm_devices
+            classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1, warm=self._warm_devices, caps=gpu_caps
         )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
         self.reports = Reports(table, classes=classes, bus=self.bus)

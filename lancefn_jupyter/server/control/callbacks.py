@@ -173,7 +173,7 @@ class JobCallbacks:
         rec.rows_done = rec.rows_total
         self.machine.finish(rec, DONE)
         if not isinstance(results, list):
-            self.results.arrived()
+            self.results.arrived(rec.job_id)
 
     @_callback
     def task_failed(

@@ -130,6 +130,13 @@ class JobMachine:
             if resources is None
             else self.catalog.placement(resources.gpu_class, resources.num_gpus)  # the config may have changed
         )
+        cap = self.table.scheduler.caps.get(owner)
+        if cap is not None and where_to.num_gpus > cap:
+            raise ApiError(
+                400,
+                f"num_gpus={where_to.num_gpus} is more than namespace {owner!r} may hold at once (max_gpus = {cap} "
+                f"in the server's API key file); request at most {cap} GPU{'' if cap == 1 else 's'}, or ask the operator",
+            )
         if table_slice is not None:
             rows_total = slice_rows(table_slice["ranges"])
         else:
@@ -179,7 +186,7 @@ class JobMachine:
         table = self.table
         table.active[rec.job_id] = rec
         if schedule and not table.executor_queues:
-            table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
+            table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)
         try:
             with self.store.batch():
                 if table.executor_queues:
@@ -198,7 +205,7 @@ class JobMachine:
         table = self.table
         for rec in recs:
             if not table.executor_queues:
-                table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
+                table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)
         if table.executor_queues:
             for rec in recs:
                 if table.started:
@@ -416,7 +423,7 @@ class JobMachine:
             elif admission.ready:
                 held = self.environments.hold(rec, admission)
                 if not self.table.executor_queues:
-                    self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec))
+                    self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)
             else:
                 self.environments.stage(rec, admission)
                 self.journal.persist(rec, new=False)

@@ -88,9 +88,19 @@ class JobQueries:
     def logs(self, job_id: str, offset: int, limit: int, scope: str | None) -> dict:
         self.get(job_id, scope)
         limit = max(1, min(limit, 10_000))
-        entries = self.store.read_logs(job_id, max(0, offset), limit)
+        offset = max(0, offset)
+        pruned = self.store.pruned_log_lines(job_id)
+        if offset < pruned:  # its lines went to the log limit: say so once, where they were
+            entries = self.store.read_logs(job_id, pruned, limit)
+            note = (
+                f"[lancefn] lines {offset}-{pruned - 1} of this log were removed: the server keeps at most "
+                "--log-max-bytes of job logs, the oldest jobs' first"
+            )
+            lines = [note, *(line for _, _, line in entries)]
+            return {"lines": lines, "next_offset": entries[-1][0] + 1 if entries else pruned}
+        entries = self.store.read_logs(job_id, offset, limit)
         lines = [line for _, _, line in entries]
-        next_offset = entries[-1][0] + 1 if entries else max(0, offset)
+        next_offset = entries[-1][0] + 1 if entries else offset
         return {"lines": lines, "next_offset": next_offset}
 
     async def wait(self, job_id: str, timeout_s: float, scope: str | None, *, unless_queued: bool) -> dict:

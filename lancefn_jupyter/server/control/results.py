@@ -38,7 +38,6 @@ def json_results_problem(results: Any, rows_total: int) -> str | None:
 class Results:
     def __init__(self, *, data: DataStore, jobs: JobQueries, journal: JobJournal):
         self.data, self.jobs, self.journal = data, jobs, journal
-        self._arrivals = 0
 
     def take(self, rec: JobRecord, results: list | Mapping[str, Any]) -> str | None:
         """Set ``rec.result`` from what the worker reported; a problem (the job fails) or None.
@@ -55,15 +54,16 @@ class Results:
             rec.result = results
         return problem
 
-    def arrived(self) -> None:
-        """An Arrow result file was kept: now and then, apply the retention rule."""
-        self._arrivals += 1
-        if self._arrivals % 16 == 1:  # a directory scan: not on every result
-            self.enforce_retention()
+    def arrived(self, job_id: str) -> None:
+        """An Arrow result file was kept for ``job_id``: the retention rule applies at once (an index, no scan)."""
+        self._expired(self.data.kept(job_id))
 
     def enforce_retention(self) -> None:
-        """Remove results past the retention rule; their jobs say so (``result_expired``)."""
-        for job_id in self.data.enforce_retention():
+        """At start: scan the results, remove those past the retention rule; their jobs say so (``result_expired``)."""
+        self._expired(self.data.enforce_retention())
+
+    def _expired(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
             rec = self.jobs.record(job_id)  # the object reads see, if one is kept in memory
             if rec is None or not isinstance(rec.result, dict) or "arrow" not in rec.result:
                 continue

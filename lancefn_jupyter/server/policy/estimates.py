@@ -1,6 +1,7 @@
 """Expected start time of pending jobs (pure; the reports feed it its queues and recent run times).
 
-The estimate replays the scheduler's own rule, strict FIFO per GPU class, over predicted run times:
+The estimate replays the scheduler's own start order per GPU class (FIFO per namespace, round the namespaces)
+over predicted run times:
 
 * a job holding GPUs ends at ``started_ms + expected run time`` (a job already past its expected run
   time is taken to end now; one placed but not yet started counts from now);
@@ -28,7 +29,6 @@ import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 __all__ = [
@@ -214,7 +214,7 @@ class QueueEstimator:
         self._replays.clear()
 
     def expected_start(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> int | None:
-        """When queued ``job_id`` of scheduler ``pool`` (devices, ``held``, FIFO ``queue``) should start,
+        """When queued ``job_id`` of scheduler ``pool`` (devices, ``held``, ``start_order()``) should start,
         never before ``now_ms``; ``jobs`` are the job table's active ``JobRecord``s by id."""
         replay = self._replay(now_ms, pool, job_id, jobs)
         value = replay.starts.get(job_id)
@@ -246,16 +246,34 @@ class QueueEstimator:
             return Holding(other, num_gpus, started_ms, total, uncertain)
 
         replay = self._replays.get(pool.name)
-        if replay is None or now_ms - replay.created_ms >= self._refresh_ms:
-            held = [holding(other, len(devices)) for other, devices in pool.held.items()]
-            replay = self._replays[pool.name] = ClassReplay(now_ms, len(pool.devices), held)
-        if job_id not in replay.starts:
-            for other, num_gpus in islice(pool.queue.items(), len(replay.starts), None):
-                known = version_ms(other)
-                if known is not None:
-                    replay.extend(other, num_gpus, known)
-                else:
-                    replay.extend(other, num_gpus, class_ms, wide)
-                if other == job_id:
-                    break
+        if (
+            replay is not None
+            and now_ms - replay.created_ms < self._refresh_ms
+            and (job_id in replay.starts or self._extend(replay, pool, job_id, version_ms, class_ms, wide))
+        ):
+            return replay
+        held = [holding(other, len(devices)) for other, devices in pool.held.items()]
+        replay = self._replays[pool.name] = ClassReplay(now_ms, len(pool.devices), held)
+        self._extend(replay, pool, job_id, version_ms, class_ms, wide)
         return replay
+
+    @staticmethod
+    def _extend(
+        replay: ClassReplay, pool: Any, job_id: str, version_ms: Any, class_ms: float | None, wide: bool
+    ) -> bool:
+        """Extend ``replay`` in start order up to ``job_id``; False if the start order no longer begins with the
+        jobs it replayed (fair order puts a new job of a namespace holding less ahead of others' queued ones)."""
+        replayed = list(replay.starts)
+        for i, (other, num_gpus) in enumerate(pool.start_order()):
+            if i < len(replayed):
+                if replayed[i] != other:
+                    return False
+                continue
+            known = version_ms(other)
+            if known is not None:
+                replay.extend(other, num_gpus, known)
+            else:
+                replay.extend(other, num_gpus, class_ms, wide)
+            if other == job_id:
+                break
+        return True

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "PRIVILEGES",
     "ApiKeyError",
     "Principal",
+    "gpu_caps",
     "load_api_keys",
     "queue_view",
     "visible",
@@ -51,6 +52,7 @@ class Principal:
     namespace: str
     privileges: frozenset[str]
     admin: bool = False
+    max_gpus: int | None = None  # the namespace's cap on GPUs held at once, all classes together
 
     @property
     def scope(self) -> str | None:
@@ -105,6 +107,12 @@ def _privileges(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _max_gpus(value: Any) -> int | None:
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError("must be a whole number of GPUs >= 1 (the most this key's namespace may hold at once)")
+    return value
+
+
 def _admin(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError("must be true or false")
@@ -121,6 +129,7 @@ class _KeyEntry(BaseModel):
     namespace: Annotated[str | None, BeforeValidator(_name)] = None
     privileges: Annotated[tuple[str, ...], BeforeValidator(_privileges)] = ()
     admin: Annotated[bool, BeforeValidator(_admin)] = False
+    max_gpus: Annotated[int | None, BeforeValidator(_max_gpus)] = None
 
 
 def _entry_problem(error: ValidationError) -> str:
@@ -128,7 +137,7 @@ def _entry_problem(error: ValidationError) -> str:
     item = error.errors(include_url=False, include_input=False)[0]
     field = str(item["loc"][0]) if item["loc"] else ""
     if item["type"] == "extra_forbidden" or not field:
-        return "an entry has 'key', 'name' and 'privileges', optionally 'namespace' and 'admin'"
+        return "an entry has 'key', 'name' and 'privileges', optionally 'namespace', 'admin' and 'max_gpus'"
     if item["type"] == "missing" and field == "name":
         return "field 'name' is required: a unique name for this key's holder, e.g. name = \"alice\""
     if item["type"] == "missing":
@@ -156,7 +165,8 @@ def load_api_keys(path: str) -> dict[str, Principal]:
     """``[[api_keys]] key, name, privileges, namespace?, admin?`` → ``{key: Principal}``.
 
     ``name`` is required and unique (logs and the admin say whose work it is without the key);
-    ``namespace`` defaults to the key's ``name`` (a namespace of its own).
+    ``namespace`` defaults to the key's ``name`` (a namespace of its own); ``max_gpus`` caps what the
+    namespace holds at once (keys of one namespace that give it must agree; see ``gpu_caps``).
     """
     try:
         with open(path, "rb") as f:
@@ -181,7 +191,7 @@ def load_api_keys(path: str) -> dict[str, Principal]:
         where = f"{path}: api_keys[{i}]"
         if not isinstance(raw, dict):
             raise ApiKeyError(
-                f"{where}: an entry has 'key', 'name' and 'privileges', optionally 'namespace' and 'admin'"
+                f"{where}: an entry has 'key', 'name' and 'privileges', optionally 'namespace', 'admin' and 'max_gpus'"
             )
         try:
             entry = _KeyEntry.model_validate(raw)
@@ -194,7 +204,23 @@ def load_api_keys(path: str) -> dict[str, Principal]:
         if entry.key in keys:
             raise ApiKeyError(f"{where}: this key is listed twice")
         names.add(entry.name)
+        namespace = entry.namespace or entry.name
+        for other in keys.values():
+            if (
+                other.namespace == namespace
+                and None not in (other.max_gpus, entry.max_gpus)
+                and other.max_gpus != entry.max_gpus
+            ):
+                raise ApiKeyError(
+                    f"{where}: max_gpus = {entry.max_gpus} but key {other.name!r} of namespace {namespace!r} says "
+                    f"{other.max_gpus}; the cap is the namespace's: give one value"
+                )
         keys[entry.key] = Principal(
-            entry.name, entry.namespace or entry.name, frozenset(entry.privileges), admin=entry.admin
+            entry.name, namespace, frozenset(entry.privileges), admin=entry.admin, max_gpus=entry.max_gpus
         )
     return keys
+
+
+def gpu_caps(principals: Iterable[Principal]) -> dict[str, int]:
+    """Namespace → the most GPUs it may hold at once (docs/ARCHITECTURE.md, "Scheduling"); uncapped ones absent."""
+    return {p.namespace: p.max_gpus for p in principals if p.max_gpus is not None}

@@ -1,32 +1,37 @@
 """Pure placement decisions: which pending job gets which devices of its GPU class.
 
 Rules (docs/ARCHITECTURE.md, "Scheduling"):
-- Each GPU class is an independent pool of device ids with a FIFO queue of pending jobs.
-- Strict FIFO within a class: only the head of the queue may start; if it needs more GPUs
-  than are free, later (smaller) jobs wait behind it.  This costs some utilisation but means
-  a multi-GPU job can never be starved by a stream of 1-GPU jobs.
+- Each GPU class is an independent pool of device ids with a queue of pending jobs, FIFO per namespace.
+- Fair across namespaces: the next job to start is the head of the waiting namespace that holds the fewest
+  GPUs of the class (ties: the earlier job), so one team's long queue cannot keep another team's one job
+  waiting behind it.  With one namespace waiting this is plain FIFO.
+- Strict order otherwise: if the chosen head needs more GPUs than are free, everyone waits behind it.  This
+  costs some utilisation but means a multi-GPU job can never be starved by a stream of 1-GPU jobs.
+- ``caps`` (namespace → max GPUs it may hold over all classes, ``max_gpus`` in the key file): a namespace at
+  its cap is passed over (it blocks no one) until its own jobs end.
 - A job never fails for lack of capacity; it simply stays queued.  (Requests that could
-  *never* fit — more GPUs than the class has — are rejected by the catalog before enqueueing.)
+  *never* fit — more GPUs than the class has, or than the namespace's cap — are rejected before enqueueing.)
 - CPU jobs (``num_gpus == 0``, no class) need no devices and never wait for a GPU; they are
-  placed at the next ``schedule`` call, FIFO, up to ``cpu_slots`` at once (default unlimited;
-  the server passes the CPU count so a burst of CPU jobs can't fork hundreds of workers).
+  placed at the next ``schedule`` call, round the namespaces the same way (by CPU jobs running), up to
+  ``cpu_slots`` at once (default unlimited; the server passes the CPU count so a burst of CPU jobs can't
+  fork hundreds of workers).
 - Warm devices first (docs/ARCHITECTURE.md, "Warm state"): a head that fits gets a free device set
   whose idle worker already holds its function version (``warm(owner)``, asked only then), else the
   lowest free devices.  Which job starts next never changes, only where.
 
-No I/O, no clocks, no threads: the control plane calls these under its lock.  Every decision is
-O(1) (a warm lookup: O(the class's GPUs + the sets it names)), and ``queue_position`` is O(log cancellations) (the reports ask it for every PENDING job
-event, so it must not walk a 10,000-job queue); only ``queue_positions`` is O(queue).
+No I/O, no clocks, no threads: the control plane calls these under its lock.  Placing a job costs
+O(log namespaces) (plus a warm lookup: O(the class's GPUs + the sets it names)), and ``queue_position`` is
+O(namespaces + log queue) (the reports ask it for every PENDING job event, so it must not walk a 10,000-job
+queue); ``queue_positions`` and ``queue_heads`` walk the start order.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heapreplace
 from itertools import islice
-from typing import Any
 
 __all__ = ["ClassPool", "Placement", "SchedulerState", "WarmLookup", "queue_positions", "release", "schedule"]
 
@@ -41,51 +46,95 @@ class Placement:
     devices: tuple[str, ...]
 
 
-class _Ranks:
-    """1-based positions in a FIFO without walking it.
+class FairQueue:
+    """Pending jobs, FIFO per namespace, started round the namespaces by what each holds (``levels``).
 
-    Each queued job gets an increasing ticket.  A job's position is its ticket minus the
-    removed tickets below it: ``popped`` counts removed tickets below every queued one (jobs
-    placed from the head, or cancelled at the head), ``holes`` keeps the other removed tickets
-    (cancelled mid-queue) sorted until the head moves past them.
+    Each job gets an increasing ticket; a namespace's queue is the sorted list of its tickets, so its k-th job
+    and a job's rank in it are O(1) and O(log n) without walking anything.
     """
 
-    __slots__ = ("holes", "next", "popped", "tickets")
+    __slots__ = ("_next", "by_ticket", "jobs", "tickets")
 
     def __init__(self) -> None:
-        self.tickets: dict[str, int] = {}
-        self.next = 0
-        self.popped = 0
-        self.holes: list[int] = []
+        self.jobs: dict[str, tuple[str, int, int]] = {}  # job_id -> (namespace, units, ticket)
+        self.by_ticket: dict[int, str] = {}
+        self.tickets: dict[str, list[int]] = {}  # namespace -> its queued tickets, ascending (FIFO)
+        self._next = 0
 
-    def add(self, job_id: str) -> None:
-        self.tickets[job_id] = self.next
-        self.next += 1
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.jobs
 
-    def remove(self, job_id: str, queue: OrderedDict[str, Any]) -> None:
-        """Forget ``job_id`` (already removed from ``queue``)."""
-        ticket = self.tickets.pop(job_id, None)
-        if ticket is None:
-            return
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job_id: str, namespace: str, units: int) -> None:
+        ticket = self._next
+        self._next += 1
+        self.jobs[job_id] = (namespace, units, ticket)
+        self.by_ticket[ticket] = job_id
+        self.tickets.setdefault(namespace, []).append(ticket)
+
+    def remove(self, job_id: str) -> bool:
+        """Forget ``job_id``; False if it was not queued."""
+        entry = self.jobs.pop(job_id, None)
+        if entry is None:
+            return False
+        namespace, _, ticket = entry
+        del self.by_ticket[ticket]
+        queue = self.tickets[namespace]
+        del queue[bisect_left(queue, ticket)]
         if not queue:
-            self.tickets.clear()
-            self.next = self.popped = 0
-            self.holes.clear()
-            return
-        head = self.tickets[next(iter(queue))]
-        if ticket < head:
-            self.popped += 1
-        else:
-            insort(self.holes, ticket)
-        while self.holes and self.holes[0] < head:
-            self.holes.pop(0)
-            self.popped += 1
+            del self.tickets[namespace]
+        return True
 
-    def position(self, job_id: str) -> int | None:
-        ticket = self.tickets.get(job_id)
-        if ticket is None:
+    def head(self, namespace: str) -> tuple[str, int, int]:
+        """``(job_id, units, ticket)`` of the namespace's first queued job."""
+        ticket = self.tickets[namespace][0]
+        job_id = self.by_ticket[ticket]
+        return job_id, self.jobs[job_id][1], ticket
+
+    def order(self, levels: Mapping[str, int]) -> Iterator[tuple[str, int]]:
+        """``(job_id, units)`` in start order, were each start to raise its namespace's level by its units."""
+        if len(self.tickets) == 1:  # one team waiting: its FIFO
+            (queue,) = self.tickets.values()
+            for ticket in queue:  # callers stop iterating before they change the queue
+                job_id = self.by_ticket[ticket]
+                yield job_id, self.jobs[job_id][1]
+            return
+        heap = [(levels.get(ns, 0), queue[0], ns, 0) for ns, queue in self.tickets.items()]
+        heapify(heap)
+        while heap:
+            level, ticket, ns, k = heap[0]
+            job_id = self.by_ticket[ticket]
+            units = self.jobs[job_id][1]
+            yield job_id, units
+            queue = self.tickets[ns]
+            if k + 1 < len(queue):
+                heapreplace(heap, (level + units, queue[k + 1], ns, k + 1))
+            else:
+                heappop(heap)
+
+    def position(self, job_id: str, levels: Mapping[str, int]) -> int | None:
+        """1-based place of ``job_id`` in :meth:`order`, counting one unit per queued job ahead (exact when each
+        job takes one unit, as nearly all do; within one namespace always exact)."""
+        entry = self.jobs.get(job_id)
+        if entry is None:
             return None
-        return ticket - self.popped - bisect_left(self.holes, ticket) + 1
+        namespace, _, ticket = entry
+        ahead = bisect_left(self.tickets[namespace], ticket)
+        if len(self.tickets) == 1:
+            return ahead + 1
+        level = levels.get(namespace, 0) + ahead
+        for other, queue in self.tickets.items():
+            if other == namespace:
+                continue
+            gap = level - levels.get(other, 0)  # how many of its jobs start at a lower level
+            if gap < 0:
+                continue
+            ahead += min(gap, len(queue))
+            if gap < len(queue) and queue[gap] < ticket:
+                ahead += 1  # the same level: the earlier job first
+        return ahead + 1
 
 
 @dataclass
@@ -98,13 +147,18 @@ class ClassPool:
     # (lowest ids first), which makes logs and tests readable.
     free: list[str] = field(default_factory=list)
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job_id -> devices
-    queue: OrderedDict[str, int] = field(default_factory=OrderedDict)  # job_id -> num_gpus, FIFO
-    ranks: _Ranks = field(default_factory=_Ranks)  # queue positions of ``queue``
+    holder: dict[str, str] = field(default_factory=dict)  # running job_id -> its namespace
+    levels: dict[str, int] = field(default_factory=dict)  # namespace -> GPUs of this class it holds
+    queue: FairQueue = field(default_factory=FairQueue)
     owners: dict[str, Hashable] = field(default_factory=dict)  # queued job_id -> owner, when given
 
     def __post_init__(self) -> None:
         if not self.free:
             self.free = list(self.devices)
+
+    def start_order(self) -> Iterator[tuple[str, int]]:
+        """``(job_id, num_gpus)`` of the queued jobs in the order they are due to start."""
+        return self.queue.order(self.levels)
 
     def take(self, n: int) -> tuple[str, ...]:
         taken = tuple(self.free[:n])
@@ -124,32 +178,52 @@ class ClassPool:
         self.free.sort(key=order.__getitem__)
 
 
+def _drop(counts: dict[str, int], key: str, n: int) -> None:
+    left = counts.get(key, 0) - n
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class SchedulerState:
     """Mutable scheduler state; all methods are pure bookkeeping."""
 
     def __init__(
-        self, classes: Mapping[str, Sequence[str]], cpu_slots: int | None = None, warm: WarmLookup | None = None
+        self,
+        classes: Mapping[str, Sequence[str]],
+        cpu_slots: int | None = None,
+        warm: WarmLookup | None = None,
+        caps: Mapping[str, int] | None = None,
     ):
         self.cpu_slots = cpu_slots
         self.warm = warm  # None: placements ignore warm workers (lowest free devices)
+        self.caps: dict[str, int] = dict(caps or {})  # namespace -> most GPUs it may hold, all classes together
         self.pools: dict[str, ClassPool] = {
             name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
         }
-        self.cpu_queue: OrderedDict[str, None] = OrderedDict()
-        self._cpu_ranks = _Ranks()
-        self.cpu_running: set[str] = set()
+        self.cpu_queue = FairQueue()
+        self.cpu_running: dict[str, str] = {}  # job_id -> namespace
+        self._cpu_levels: dict[str, int] = {}  # namespace -> CPU jobs it runs
+        self.gpus_held: dict[str, int] = {}  # namespace -> GPUs it holds over all classes
         self._class_of: dict[str, str | None] = {}  # every job we know about -> its class (None = CPU)
 
     # ----------------------------------------------------------------- mutation
 
-    def enqueue(self, job_id: str, gpu_class: str | None, num_gpus: int, owner: Hashable | None = None) -> None:
-        """Append a job to its class's queue (or the CPU queue when ``num_gpus == 0``); ``owner``:
-        what ``warm`` is asked about when the job is placed (None: lowest free devices)."""
+    def enqueue(
+        self,
+        job_id: str,
+        gpu_class: str | None,
+        num_gpus: int,
+        owner: Hashable | None = None,
+        namespace: str = "",
+    ) -> None:
+        """Append a job to its namespace's queue of its class (or the CPU queue when ``num_gpus == 0``);
+        ``owner``: what ``warm`` is asked about when the job is placed (None: lowest free devices)."""
         if job_id in self._class_of:
             raise ValueError(f"job {job_id} is already scheduled")
         if num_gpus <= 0:
-            self.cpu_queue[job_id] = None
-            self._cpu_ranks.add(job_id)
+            self.cpu_queue.add(job_id, namespace, 1)
             self._class_of[job_id] = None
             return
         pool = self.pools.get(gpu_class or "")
@@ -158,8 +232,10 @@ class SchedulerState:
         if num_gpus > len(pool.devices):
             # Would wait forever; the catalog validates first, this guards the invariant.
             raise ValueError(f"job {job_id} needs {num_gpus} GPUs but class {gpu_class!r} has {len(pool.devices)}")
-        pool.queue[job_id] = num_gpus
-        pool.ranks.add(job_id)
+        cap = self.caps.get(namespace)
+        if cap is not None and num_gpus > cap:
+            raise ValueError(f"job {job_id} needs {num_gpus} GPUs but namespace {namespace!r} may hold {cap}")
+        pool.queue.add(job_id, namespace, num_gpus)
         if owner is not None:
             pool.owners[job_id] = owner
         self._class_of[job_id] = gpu_class
@@ -170,15 +246,17 @@ class SchedulerState:
             return ()
         gpu_class = self._class_of.pop(job_id)
         if gpu_class is None:
-            if self.cpu_queue.pop(job_id, 0) is None:
-                self._cpu_ranks.remove(job_id, self.cpu_queue)
-            self.cpu_running.discard(job_id)
+            if not self.cpu_queue.remove(job_id) and (namespace := self.cpu_running.pop(job_id, None)) is not None:
+                _drop(self._cpu_levels, namespace, 1)
             return ()
         pool = self.pools[gpu_class]
-        if pool.queue.pop(job_id, None) is not None:
-            pool.ranks.remove(job_id, pool.queue)
+        if pool.queue.remove(job_id):
             pool.owners.pop(job_id, None)
         devices = pool.held.pop(job_id, ())
+        namespace = pool.holder.pop(job_id, None)
+        if namespace is not None:
+            _drop(pool.levels, namespace, len(devices))
+            _drop(self.gpus_held, namespace, len(devices))
         pool.give_back(devices)
         return devices
 
@@ -193,25 +271,46 @@ class SchedulerState:
         pool.free = [d for d in pool.devices if d not in held]
 
     def schedule(self) -> list[Placement]:
-        """Place every job that can start now, in FIFO order per class."""
+        """Place every job that can start now, fairly round the namespaces of each class (see above)."""
         placements: list[Placement] = []
-        while self.cpu_queue and (self.cpu_slots is None or len(self.cpu_running) < self.cpu_slots):
-            job_id, _ = self.cpu_queue.popitem(last=False)
-            self._cpu_ranks.remove(job_id, self.cpu_queue)
-            self.cpu_running.add(job_id)
+        cpu = self.cpu_queue
+        while cpu and (self.cpu_slots is None or len(self.cpu_running) < self.cpu_slots):
+            job_id, _ = next(cpu.order(self._cpu_levels))
+            namespace = cpu.jobs[job_id][0]
+            cpu.remove(job_id)
+            self.cpu_running[job_id] = namespace
+            self._cpu_levels[namespace] = self._cpu_levels.get(namespace, 0) + 1
             placements.append(Placement(job_id, None, ()))
         for pool in self.pools.values():
-            queue = pool.queue
-            while queue:
-                job_id, num_gpus = next(iter(queue.items()))
-                if num_gpus > len(pool.free):
-                    break  # strict FIFO: the head blocks everyone behind it
-                queue.popitem(last=False)
-                pool.ranks.remove(job_id, queue)
-                devices = self._warm_set(pool, job_id, num_gpus) or pool.take(num_gpus)
-                pool.held[job_id] = devices
-                placements.append(Placement(job_id, pool.name, devices))
+            if pool.queue and pool.free:
+                self._schedule_pool(pool, placements)
         return placements
+
+    def _schedule_pool(self, pool: ClassPool, placements: list[Placement]) -> None:
+        queue, caps = pool.queue, self.caps
+        heap = [(pool.levels.get(ns, 0), tickets[0], ns) for ns, tickets in queue.tickets.items()]
+        heapify(heap)
+        while heap and pool.free:
+            level, _, namespace = heap[0]
+            job_id, num_gpus, _ = queue.head(namespace)
+            cap = caps.get(namespace)
+            if cap is not None and self.gpus_held.get(namespace, 0) + num_gpus > cap:
+                heappop(heap)  # at its cap: it waits for its own jobs to end, blocking no one
+                continue
+            if num_gpus > len(pool.free):
+                break  # the chosen head blocks everyone behind it
+            queue.remove(job_id)
+            devices = self._warm_set(pool, job_id, num_gpus) or pool.take(num_gpus)
+            pool.held[job_id] = devices
+            pool.holder[job_id] = namespace
+            pool.levels[namespace] = level + num_gpus
+            self.gpus_held[namespace] = self.gpus_held.get(namespace, 0) + num_gpus
+            placements.append(Placement(job_id, pool.name, devices))
+            tickets = queue.tickets.get(namespace)
+            if tickets:
+                heapreplace(heap, (level + num_gpus, tickets[0], namespace))
+            else:
+                heappop(heap)
 
     def _warm_set(self, pool: ClassPool, job_id: str, num_gpus: int) -> tuple[str, ...] | None:
         """The first device set ``warm`` names for the job's owner that is exactly its size and
@@ -234,21 +333,27 @@ class SchedulerState:
         pool = self.pools.get(gpu_class)
         return pool is not None and job_id in pool.queue
 
+    def _order(self, gpu_class: str | None) -> Iterator[tuple[str, int]]:
+        if gpu_class is None:
+            return self.cpu_queue.order(self._cpu_levels)
+        return self.pools[gpu_class].start_order()
+
     def queue_positions(self, gpu_class: str | None) -> dict[str, int]:
-        """1-based position of each pending job of a class (1 = next to start)."""
-        queue = self.cpu_queue if gpu_class is None else self.pools[gpu_class].queue
-        return {job_id: i for i, job_id in enumerate(queue, start=1)}
+        """1-based position of each pending job of a class (1 = next to start), walking the start order."""
+        return {job_id: i for i, (job_id, _) in enumerate(self._order(gpu_class), start=1)}
 
     def queue_position(self, job_id: str) -> int | None:
         if job_id not in self._class_of:
             return None
         gpu_class = self._class_of[job_id]
-        ranks = self._cpu_ranks if gpu_class is None else self.pools[gpu_class].ranks
-        return ranks.position(job_id)
+        if gpu_class is None:
+            return self.cpu_queue.position(job_id, self._cpu_levels)
+        pool = self.pools[gpu_class]
+        return pool.queue.position(job_id, pool.levels)
 
     def queue_heads(self, limit: int) -> dict[str, list[str]]:
         """Per GPU class, the first `limit` pending job ids in start order (position = index + 1)."""
-        return {name: list(islice(pool.queue, limit)) for name, pool in self.pools.items()}
+        return {name: [job_id for job_id, _ in islice(pool.start_order(), limit)] for name, pool in self.pools.items()}
 
     def usage(self) -> list[dict]:
         """Per class: gpus_total, gpus_busy, jobs_running, jobs_pending (GpuUsage fields)."""

@@ -13,11 +13,14 @@ with ``fsync=True`` (``--result-fsync``): by default a power cut may lose the la
 the database's own last commits (SQLite WAL, synchronous=NORMAL); a result file whose size is not
 the one recorded is then reported lost (410), never served truncated.  Results are removed by
 the retention rule (older than ``max_age_s``, then oldest first while the total exceeds
-``max_bytes``).  pyarrow is imported only when a body is checked.
+``max_bytes``) on every result kept: one directory scan at start builds an index of the kept files
+(a heap by age, a running total), so a write costs O(log results), not a scan.  pyarrow is imported
+only when a body is checked.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 import stat
@@ -53,6 +56,11 @@ class DataStore:
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
         self.fsync = fsync
+        # The kept results, by age: a heap of (mtime, job_id) and each one's size (the heap's entry is stale
+        # when the job's size was dropped); built by ``enforce_retention`` at start, updated by ``kept``.
+        self._by_age: list[tuple[float, str]] = []
+        self._sizes: dict[str, int] = {}
+        self._total = 0
 
     # ----------------------------------------------------------------- paths
 
@@ -143,24 +151,42 @@ class DataStore:
                     _unlink(Path(entry.path))
 
     def enforce_retention(self, now: float | None = None) -> list[str]:
-        """Remove results past the age limit, then oldest first over the size limit; their job ids."""
-        now = time.time() if now is None else now
-        files = []
+        """Scan the results directory (at start), then apply the retention rule; the removed job ids."""
+        self._by_age, self._sizes, self._total = [], {}, 0
         for entry in _entries(self.results_dir):
             if entry.name.endswith(_SUFFIX):
                 try:
-                    stat = entry.stat()
+                    info = entry.stat()
                 except OSError:
                     continue
-                files.append((stat.st_mtime, stat.st_size, entry.name[: -len(_SUFFIX)], Path(entry.path)))
-        files.sort()
-        total = sum(size for _, size, _, _ in files)
+                self._add(entry.name[: -len(_SUFFIX)], info.st_mtime, info.st_size)
+        return self._prune(time.time() if now is None else now)
+
+    def kept(self, job_id: str, now: float | None = None) -> list[str]:
+        """A result file was written for ``job_id``: index it and apply the retention rule at once; the
+        removed job ids (``job_id`` among them when it alone is over the size limit)."""
+        try:
+            info = self.result_path(job_id).stat()
+        except OSError:
+            return []
+        self._add(job_id, info.st_mtime, info.st_size)
+        return self._prune(time.time() if now is None else now)
+
+    def _add(self, job_id: str, mtime: float, size: int) -> None:
+        self._total += size - self._sizes.get(job_id, 0)
+        if job_id not in self._sizes:
+            heapq.heappush(self._by_age, (mtime, job_id))
+        self._sizes[job_id] = size
+
+    def _prune(self, now: float) -> list[str]:
         removed = []
-        for mtime, size, job_id, path in files:
-            if now - mtime <= self.max_age_s and total <= self.max_bytes:
-                continue
-            _unlink(path)
-            total -= size
+        while self._by_age:
+            mtime, job_id = self._by_age[0]
+            if now - mtime <= self.max_age_s and self._total <= self.max_bytes:
+                break
+            heapq.heappop(self._by_age)
+            _unlink(self.result_path(job_id))
+            self._total -= self._sizes.pop(job_id, 0)
             removed.append(job_id)
         return removed
 

@@ -85,6 +85,10 @@ CREATE TABLE IF NOT EXISTS job_logs(
     line TEXT NOT NULL,
     PRIMARY KEY(job_id, pos)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pruned_logs(
+    job_id TEXT PRIMARY KEY,
+    lines INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events(
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id TEXT,
@@ -158,6 +162,11 @@ class Store:
         self._migrate_timings()
         self._events_since_prune = 0
         self.prune_events()
+        # Job logs over all jobs (docs/ARCHITECTURE.md, "REST details"): a byte total and each job's share,
+        # oldest job first, kept from ``limit_logs`` on; None: no limit.
+        self._log_limit: int | None = None
+        self._log_sizes: OrderedDict[str, int] = OrderedDict()
+        self._log_bytes = 0
 
     def close(self) -> None:
         with self._lock:
@@ -466,16 +475,64 @@ class Store:
     # -------------------------------------------------------------------- logs
 
     def next_log_pos(self, job_id: str) -> int:
-        return self._query("SELECT COALESCE(MAX(pos) + 1, 0) FROM job_logs WHERE job_id=?", (job_id,))[0][0]
+        """Where the job's next log line goes: after its last kept line, or after those the log limit removed."""
+        kept = self._query("SELECT COALESCE(MAX(pos) + 1, 0) FROM job_logs WHERE job_id=?", (job_id,))[0][0]
+        return max(kept, self.pruned_log_lines(job_id))
 
     def append_logs(self, job_id: str, start: int, stream: str, lines: list[str]) -> int:
-        """Append ``lines`` at positions ``start…``; returns the next position."""
+        """Append ``lines`` at positions ``start…``; returns the next position. Over the log limit, the
+        oldest jobs' logs are removed first (``limit_logs``)."""
         with self.batch():
             self._db.executemany(
                 "INSERT INTO job_logs(job_id, pos, stream, line) VALUES(?,?,?,?)",
                 [(job_id, start + i, stream, line) for i, line in enumerate(lines)],
             )
+            if self._log_limit is not None:
+                size = sum(len(line.encode("utf-8", "surrogatepass")) for line in lines)
+                self._log_sizes[job_id] = self._log_sizes.get(job_id, 0) + size
+                self._log_bytes += size
+                if self._log_bytes > self._log_limit:
+                    self._prune_logs(keep=job_id)
         return start + len(lines)
+
+    def limit_logs(self, max_bytes: int) -> None:
+        """Keep at most ``max_bytes`` of log lines over all jobs from now on (one scan now, then a running total):
+        past it, whole jobs' logs go, oldest job first, down to 90 % of the limit (so not every write prunes)."""
+        with self._lock:
+            rows = self._query(
+                "SELECT l.job_id, SUM(LENGTH(CAST(l.line AS BLOB))) FROM job_logs l LEFT JOIN jobs j USING(job_id) "
+                "GROUP BY l.job_id ORDER BY MIN(j.creation_ms), l.job_id"
+            )
+            self._log_sizes = OrderedDict((job_id, size) for job_id, size in rows)
+            self._log_bytes = sum(self._log_sizes.values())
+            self._log_limit = max_bytes
+            if self._log_bytes > max_bytes:
+                with self.batch():
+                    self._prune_logs(keep=None)
+
+    def _prune_logs(self, keep: str | None) -> None:
+        assert self._log_limit is not None
+        target = self._log_limit * 9 // 10
+        while self._log_bytes > target and self._log_sizes:
+            job_id, size = next(iter(self._log_sizes.items()))
+            if job_id == keep:  # the job writing now keeps its lines (its own cap bounds it)
+                if len(self._log_sizes) == 1:
+                    break
+                self._log_sizes.move_to_end(job_id)
+                continue
+            del self._log_sizes[job_id]
+            self._log_bytes -= size
+            lines = self._db.execute("SELECT COALESCE(MAX(pos) + 1, 0) FROM job_logs WHERE job_id=?", (job_id,))
+            self._db.execute(
+                "INSERT INTO pruned_logs(job_id, lines) VALUES(?, ?) ON CONFLICT(job_id) DO UPDATE SET lines=excluded.lines",
+                (job_id, lines.fetchone()[0]),
+            )
+            self._db.execute("DELETE FROM job_logs WHERE job_id=?", (job_id,))
+
+    def pruned_log_lines(self, job_id: str) -> int:
+        """How many of the job's first log lines the log limit removed (0: none)."""
+        rows = self._query("SELECT lines FROM pruned_logs WHERE job_id=?", (job_id,))
+        return rows[0][0] if rows else 0
 
     def read_logs(self, job_id: str, offset: int, limit: int) -> list[tuple[int, str, str]]:
         return self._query(

@@ -228,7 +228,9 @@ def test_queue_positions_and_usage_count_every_namespace(control_plane_factory):
         queued = submit(carol, "slow", cv, [{"x": 1}])
         mine = submit(alice, "slow", av, [{"x": 1}])
         placement = alice.post("/v1/jobs/describe", json={"job_id": mine}).json()["placement"]
-        assert placement["waiting_on_capacity"] and placement["queue_position"] == 2  # carol's queued job is ahead
+        # Fair capacity: carol holds the GPU, so alice's team is next, ahead of carol's earlier queued job.
+        assert placement["waiting_on_capacity"] and placement["queue_position"] == 1
+        assert carol.post("/v1/jobs/describe", json={"job_id": queued}).json()["placement"]["queue_position"] == 2
         usage = alice.get("/v1/gpu/usage").json()["classes"][0]
         assert (usage["gpus_total"], usage["gpus_busy"], usage["jobs_running"], usage["jobs_pending"]) == (1, 1, 1, 2)
         # The queue event: positions count carol's job, but alice does not see its id.
@@ -241,7 +243,7 @@ def test_queue_positions_and_usage_count_every_namespace(control_plane_factory):
                 elif line.startswith("data: ") and kind == "queue":
                     items.append(json.loads(line[6:]))
                     break
-        assert items[0]["classes"]["default"] == [None, mine]
+        assert items[0]["classes"]["default"] == [mine, None]
         assert set(items[0]["expected_start_ms"]) == {mine}  # per-job maps keep only alice's jobs
         with cp.http() as admin:
             for job_id in (running, queued, mine):

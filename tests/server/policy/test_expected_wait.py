@@ -182,6 +182,7 @@ def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
         held={"a": ("sim0",), "b": ("sim1",)},
         queue=OrderedDict([("c", 1), ("d", 2)]),
     )
+    pool.start_order = lambda: iter(pool.queue.items())
     assert estimator.expected_start(0, pool, "c", jobs) == 1000
     pool.queue["e"] = 1  # joins the tail: the replay is extended, not rebuilt
     assert [estimator.expected_start(0, pool, j, jobs) for j in "de"] == [2000, 3000]
@@ -260,6 +261,7 @@ def _issue_29_estimator(elapsed_ms: int):
     pool = SimpleNamespace(
         name="default", devices=("sim0", "sim1"), held={"a": ("sim0",), "b": ("sim1",)}, queue=OrderedDict(c=1)
     )
+    pool.start_order = lambda: iter(pool.queue.items())
     start = estimator.expected_start(elapsed_ms, pool, "c", jobs)
     return start, estimator.is_uncertain(elapsed_ms, pool, "c", jobs)
 

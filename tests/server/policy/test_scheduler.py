@@ -278,3 +278,133 @@ def test_random_warm_placements_keep_fifo_and_never_double_book_devices():
             done = running.pop(rng.randrange(len(running)))
             release(state, done)
             release(plain, done)
+
+
+# ------------------------------------------------------------ fair across namespaces
+
+
+def test_one_teams_long_queue_does_not_hold_back_another_teams_job():
+    """vision holds both GPUs and queues 20 more; nlp's one job is next, not 21st, and starts on the first free GPU."""
+    state = two_gpu_state()
+    for i in range(22):
+        state.enqueue(f"v{i}", "default", 1, namespace="vision")
+    assert [p.job_id for p in schedule(state)] == ["v0", "v1"]
+    state.enqueue("n0", "default", 1, namespace="nlp")
+    assert state.queue_position("n0") == 1
+    assert state.queue_position("v2") == 2  # vision's own order is kept
+    assert list(queue_positions(state, "default"))[:3] == ["n0", "v2", "v3"]
+    assert state.queue_heads(2) == {"default": ["n0", "v2"]}
+    release(state, "v0")
+    assert schedule(state) == [Placement("n0", "default", ("sim0",))]
+    release(state, "v1")
+    assert [p.job_id for p in schedule(state)] == ["v2"]
+
+
+def test_gpus_go_round_the_waiting_namespaces():
+    state = SchedulerState({"default": ("g0", "g1", "g2", "g3", "g4", "g5")})
+    for team in ("a", "b", "c"):  # arrival: every a, then every b, then every c
+        for i in range(3):
+            state.enqueue(f"{team}{i}", "default", 1, namespace=team)
+    assert [p.job_id for p in schedule(state)] == ["a0", "b0", "c0", "a1", "b1", "c1"]
+    assert queue_positions(state, "default") == {"a2": 1, "b2": 2, "c2": 3}
+
+
+def test_a_namespace_holding_more_waits_behind_one_holding_less():
+    state = SchedulerState({"default": ("g0", "g1", "g2")})
+    state.enqueue("a0", "default", 2, namespace="a")
+    state.enqueue("b0", "default", 1, namespace="b")
+    schedule(state)  # a holds 2, b holds 1
+    state.enqueue("a1", "default", 1, namespace="a")
+    state.enqueue("b1", "default", 1, namespace="b")  # later, but b holds less
+    assert queue_positions(state, "default") == {"b1": 1, "a1": 2}
+    assert state.queue_position("b1") == 1 and state.queue_position("a1") == 2
+    release(state, "b0")  # b now holds nothing, a still 2: b's job first
+    assert [p.job_id for p in schedule(state)] == ["b1"]
+    release(state, "a0")  # a holds 0, b 1: a's turn
+    assert [p.job_id for p in schedule(state)] == ["a1"]
+
+
+def test_the_fair_choice_still_blocks_smaller_jobs_behind_it():
+    """The chosen head needs 2 GPUs and 1 is free: another team's 1-GPU job does not jump it (no starvation)."""
+    state = two_gpu_state()
+    state.enqueue("b0", "default", 1, namespace="b")
+    schedule(state)
+    state.enqueue("a0", "default", 2, namespace="a")  # a holds nothing: its head is chosen
+    state.enqueue("b1", "default", 1, namespace="b")
+    assert schedule(state) == []
+    release(state, "b0")
+    assert schedule(state) == [Placement("a0", "default", ("sim0", "sim1"))]
+
+
+def test_a_namespace_at_its_cap_waits_without_blocking_the_others():
+    state = SchedulerState({"default": ("g0", "g1", "g2")}, caps={"vision": 1})
+    for i in range(3):
+        state.enqueue(f"v{i}", "default", 1, namespace="vision")
+    assert [p.job_id for p in schedule(state)] == ["v0"]  # its cap: one GPU at once
+    state.enqueue("n0", "default", 1, namespace="nlp")
+    state.enqueue("n1", "default", 1, namespace="nlp")
+    assert [p.job_id for p in schedule(state)] == ["n0", "n1"]
+    release(state, "n0")
+    assert schedule(state) == []  # vision is still at its cap; the free GPU waits for nlp or vision's end
+    release(state, "v0")
+    assert [p.job_id for p in schedule(state)] == ["v1"]
+    assert state.gpus_held == {"vision": 1, "nlp": 1}
+
+
+def test_the_cap_counts_every_class_together_and_refuses_what_could_never_fit():
+    state = SchedulerState({"a": ("a0", "a1"), "b": ("b0", "b1")}, caps={"t": 2})
+    state.enqueue("x", "a", 2, namespace="t")
+    state.enqueue("y", "b", 1, namespace="t")
+    assert [p.job_id for p in schedule(state)] == ["x"]
+    release(state, "x")
+    assert [p.job_id for p in schedule(state)] == ["y"]
+    state.caps["t"] = 1
+    with pytest.raises(ValueError, match="may hold 1"):
+        state.enqueue("z", "a", 2, namespace="t")
+
+
+def test_cpu_slots_go_round_the_namespaces_too():
+    state = SchedulerState({}, cpu_slots=2)
+    for i in range(4):
+        state.enqueue(f"a{i}", None, 0, namespace="a")
+    state.enqueue("b0", None, 0, namespace="b")
+    assert [p.job_id for p in schedule(state)] == ["a0", "b0"]
+    assert state.queue_position("a1") == 1
+    release(state, "b0")
+    assert [p.job_id for p in schedule(state)] == ["a1"]
+
+
+def test_fair_positions_and_starts_match_the_walk_under_random_operations():
+    """With several namespaces (1-GPU jobs), queue_position equals the walked start order, and every
+    placement is the walk's first job at that moment."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(
+        st.tuples(st.sampled_from(["enqueue", "schedule", "release"]), st.integers(0, 60), st.sampled_from("abc")),
+        max_size=80,
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(ops)
+    def check(operations):
+        state = SchedulerState({"g": ("d0", "d1", "d2")})
+        known: list[str] = []
+        for op, pick, team in operations:
+            if op == "enqueue":
+                job_id = f"j{len(known)}"
+                state.enqueue(job_id, "g", 1, namespace=team)
+                known.append(job_id)
+            elif op == "schedule":
+                expected = list(queue_positions(state, "g"))
+                placed = [p.job_id for p in state.schedule()]
+                assert placed == expected[: len(placed)], operations
+            elif known:
+                state.release(known[pick % len(known)])
+            walked = state.queue_positions("g")
+            for job_id in known:
+                assert state.queue_position(job_id) == walked.get(job_id), (job_id, operations)
+            pool = state.pools["g"]
+            assert sum(pool.levels.values()) == len(pool.devices) - len(pool.free)
+
+    check()
