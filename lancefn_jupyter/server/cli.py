@@ -465,7 +465,7 @@ def _serve(args: argparse.Namespace, app: Any, plane: Any, sock: socket.socket, 
 
     config = uvicorn.Config(
         app,
-        http=header_timeout_protocol(args.header_timeout_s),
+        http=header_timeout_protocol(args.header_timeout_s, args.limit_concurrency),
         limit_concurrency=args.limit_concurrency,
         log_level=args.log_level,
         access_log=False,

@@ -7,16 +7,24 @@ details").  uvicorn bounds idle keep-alive connections but not one that trickles
 sends nothing at all), so a handful of slow clients could hold the ``--limit-concurrency`` slots
 for ever; and httptools, unlike h11, does not bound the size of the headers.  Both limits are
 here.  The body has its own deadline (``--body-timeout-s``, in ``guard.Guard``).
+
+Connections before their first request head is in (nothing authenticated yet) are not counted against
+``--limit-concurrency``, which counts connections that sent a request and requests in progress; each client
+address instead has a share of such connections (``pending_share``), and a new one past it closes that address's
+oldest pending one.  So 300 half-sent unauthenticated requests cannot answer every team 503, and a slow client
+on the same address as a quick one (loopback) only pushes out its own stale connections (docs/ARCHITECTURE.md,
+"REST details").
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["MAX_HEAD_BYTES", "header_timeout_protocol"]
+__all__ = ["MAX_HEAD_BYTES", "header_timeout_protocol", "pending_share"]
 
 MAX_HEAD_BYTES = 16 * 1024  # request line + headers, as uvicorn's h11 protocol allowed
 _TOO_LARGE = f"the request line and headers are larger than {MAX_HEAD_BYTES} bytes; send smaller headers"
@@ -53,16 +61,39 @@ class _OneSendTransport:
         return getattr(self._transport, name)
 
 
-def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
+def pending_share(limit_concurrency: int | None) -> int:
+    """How many connections one client address may hold before its first request head is in."""
+    return max(8, (limit_concurrency or 256) // 8)
+
+
+def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | None = None) -> type[HttpToolsProtocol]:
+    """The protocol class for one server: it holds that server's pending and served connections."""
+    share = pending_share(limit_concurrency)
+    pending: dict[Any, OrderedDict[Any, None]] = {}  # client address -> its connections with no head yet, oldest first
+    served: set[Any] = set()  # connections that sent at least one request head
+
     class _HeaderTimeoutProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         _head_bytes = 0  # bytes received since the last request ended, while its head is incomplete
         _head_done = False
         _head_too_large = False
+        _peer: Any = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.limit_concurrency = None  # checked in on_headers_complete, without the pending connections
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self.transport = _OneSendTransport(transport, self.loop)  # type: ignore[assignment]  # what replies use
+            peer = transport.get_extra_info("peername")
+            self._peer = peer[0] if isinstance(peer, tuple) and peer else peer
+            mine = pending.setdefault(self._peer, OrderedDict())
+            mine[self] = None
+            if len(mine) > share:  # past this address's share: its oldest pending connection goes
+                oldest = next(iter(mine))
+                del mine[oldest]
+                oldest.transport.close()
             self._next_head()
 
         def on_response_complete(self) -> None:
@@ -78,6 +109,16 @@ def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
                 self.send_400_response(_TOO_LARGE)
 
         def on_headers_complete(self) -> None:
+            if self not in served:
+                self._leave_pending()
+                served.add(self)
+            # uvicorn's own check, counting what sent a request (not pending connections): 0 makes it answer 503.
+            if limit_concurrency is not None and (
+                len(served) >= limit_concurrency or len(self.tasks) >= limit_concurrency
+            ):
+                self.limit_concurrency = 0
+            else:
+                self.limit_concurrency = None
             self._head_done = True
             if self._header_timer is not None:
                 self._header_timer.cancel()  # the request line and headers are in
@@ -94,7 +135,16 @@ def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
+            self._leave_pending()
+            served.discard(self)
             super().connection_lost(exc)
+
+        def _leave_pending(self) -> None:
+            mine = pending.get(self._peer)
+            if mine is not None:
+                mine.pop(self, None)
+                if not mine:
+                    del pending[self._peer]
 
         def _next_head(self) -> None:
             self._head_done, self._head_bytes = False, 0
