@@ -109,6 +109,23 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float = DEADLINE_
     return value
 
 
+def let_workers_reach_this_python() -> None:
+    """Test setup for a root server whose workers run as ``nobody``: give the directories above this interpreter,
+    its prefix and this checkout o+x (traverse, not list), the fix the server's refusal names.  CI's Python lives
+    under a 0700 /root, so without this a root server refuses to start (and which test ran first would decide)."""
+    import stat
+    import sys
+
+    import lancefn_jupyter
+    from lancefn_jupyter.server.executors.isolation import _closed_dirs
+
+    if os.geteuid() != 0:
+        return
+    paths = [Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()]
+    for directory in _closed_dirs(paths):
+        os.chmod(directory, os.stat(directory).st_mode | stat.S_IXOTH)
+
+
 #: Small pure-Python packages whose module is named as the distribution: the environment tests declare the ones
 #: this Python lacks (checked at run time, never assumed).
 SMALL_PACKAGES = ("humanize", "tabulate", "toolz", "termcolor", "inflection", "pyfiglet")

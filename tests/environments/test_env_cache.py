@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import remove_tree
-from helpers import absent_packages
+from helpers import absent_packages, let_workers_reach_this_python
 from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
@@ -354,6 +354,7 @@ def test_a_built_environment_is_read_only_and_usable_by_another_user():
         if os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
             as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+            let_workers_reach_this_python()
             base = _run(sys.executable, "import numpy, lancefn_jupyter.worker.main", cwd="/", **as_user)
             if base.returncode != 0:
                 pytest.skip(f"nobody cannot use this Python or checkout at all: {base.stderr.strip()[-200:]}")

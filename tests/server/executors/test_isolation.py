@@ -5,14 +5,12 @@ job lands on the same device set)."""
 from __future__ import annotations
 
 import os
-import stat
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, submit, wait_until
+from helpers import api_keys_toml, let_workers_reach_this_python, submit, wait_until
 
 from lancefn_jupyter.worker.reap import proc_state
 
@@ -135,14 +133,6 @@ def whoami(x: int) -> str:
 """
 
 
-def _closed_dirs() -> list[str]:
-    import lancefn_jupyter
-    from lancefn_jupyter.server.executors.isolation import _closed_dirs
-
-    paths = [Path(sys.executable).resolve(), Path(sys.prefix), Path(lancefn_jupyter.__file__).resolve()]
-    return _closed_dirs(paths)
-
-
 @pytest.fixture
 def root_server(control_plane_factory):
     """A server running as root with the default worker user (CI runs as root).  Test setup: the
@@ -150,8 +140,7 @@ def root_server(control_plane_factory):
     directories on the way get o+x (traverse, not list) — the fix the server's refusal names."""
     if os.geteuid() != 0:
         pytest.skip("the worker-user switch needs a root server; CI runs these as root")
-    for directory in _closed_dirs():
-        os.chmod(directory, os.stat(directory).st_mode | stat.S_IXOTH)
+    let_workers_reach_this_python()
     return control_plane_factory(ONE_GPU, api_keys=KEYS, env={"LANCEFN_WORKER_USER": ""})
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from conftest import register, registration_body, remove_tree
-from helpers import absent_packages, describe, submit, wait_done, wait_until
+from helpers import absent_packages, describe, let_workers_reach_this_python, submit, wait_done, wait_until
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"  # the base's: environments layer over it
 
@@ -113,6 +113,7 @@ def env_cache() -> Iterator[Path]:
 
 @pytest.fixture
 def server(control_plane_factory, env_cache):
+    let_workers_reach_this_python()
     return control_plane_factory(env={"LANCEFN_WORKER_USER": "", "LANCEFN_ENV_CACHE": str(env_cache)})
 
 
@@ -357,6 +358,7 @@ def test_env_cache_flags_refuse_bad_values_and_an_unreachable_cache(control_plan
         ({"env": {"LANCEFN_ENV_CACHE_MAX_BYTES": "-1"}}, "LANCEFN_ENV_CACHE_MAX_BYTES must be a whole number"),
     ]
     if os.geteuid() == 0:  # workers run as nobody, who cannot traverse pytest's 0700 tmp dirs
+        let_workers_reach_this_python()  # so the refusal is the cache's, not the interpreter's
         closed = tmp_path / "closed"
         closed.mkdir(mode=0o700)
         closed.chmod(0o700)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import register, registration_body
-from helpers import wait_done
+from helpers import let_workers_reach_this_python, wait_done
 
 from lancefn_jupyter.client import Client
 from lancefn_jupyter.server.executors.isolation import worker_environment
@@ -55,6 +55,7 @@ def planted() -> Iterator[tuple[Path, Path]]:
 @as_root
 def test_modules_planted_in_the_servers_cwd_run_nowhere(control_plane_factory, planted):
     shared, markers = planted
+    let_workers_reach_this_python()
     cp = control_plane_factory(ONE_GPU, env={"LANCEFN_WORKER_USER": "", "PLANTED_SECRET": "s3cret"}, cwd=shared)
     with cp.http() as http:
         double = register(http, registration_body("double"))  # a job in a worker (base64 decodes its artifact)
@@ -77,6 +78,7 @@ def test_modules_planted_in_the_servers_cwd_run_nowhere(control_plane_factory, p
 @as_root
 def test_a_worker_runs_in_a_private_directory_with_a_reduced_environment(control_plane_factory, planted):
     shared, _markers = planted
+    let_workers_reach_this_python()
     cp = control_plane_factory(ONE_GPU, env={"LANCEFN_WORKER_USER": "", "PLANTED_SECRET": "s3cret"}, cwd=shared)
     with cp.http() as http:
         version = register(http, registration_body("where", source=WHERE, entrypoint="where", output_type="string"))
