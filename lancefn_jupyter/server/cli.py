@@ -5,10 +5,11 @@
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
                    [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
                    [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
-                   [--worker-max-rss-mb MB] [--env-cache DIR] [--env-cache-max-bytes N]
+                   [--worker-max-rss-mb MB] [--worker-uids FIRST-LAST] [--worker-max-procs N]
+                   [--env-cache DIR] [--env-cache-max-bytes N]
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``, ``LANCEFN_ENV_CACHE``,
-``LANCEFN_ENV_CACHE_MAX_BYTES``.
+``LANCEFN_ENV_CACHE_MAX_BYTES``, ``LANCEFN_WORKER_USER``, ``LANCEFN_WORKER_UIDS``.
 
 Startup order matters (``main``, one step per function): lock the home (one server per home),
 validate config (exit 2 with a readable message), bind the socket (so ``--port 0`` resolves to a
@@ -149,6 +150,20 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("LANCEFN_WORKER_USER") or None,
         help="OS user local workers run as when the server runs as root (default: nobody; env LANCEFN_WORKER_USER); "
         "a non-root server runs workers as itself",
+    )
+    p.add_argument(
+        "--worker-uids",
+        default=os.environ.get("LANCEFN_WORKER_UIDS") or None,
+        metavar="FIRST-LAST",
+        help="a root server runs each namespace's workers as a uid of its own from this range, recorded in the home "
+        "(e.g. 61000-61999; no passwd entries; instead of --worker-user; env LANCEFN_WORKER_UIDS)",
+    )
+    p.add_argument(
+        "--worker-max-procs",
+        type=int,
+        default=None,
+        help="RLIMIT_NPROC of workers run as another user: processes and threads of that uid at once (default 512 "
+        "per namespace with --worker-uids; with --worker-user no limit, since every namespace shares that user)",
     )
     for flag, kind, default, text in _EXECUTOR_FLAGS + _DATA_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=text)
@@ -342,8 +357,9 @@ def _make_environments(args: argparse.Namespace, worker_user: Any) -> Any:
     return cache
 
 
-def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[Any, Any]:
-    """Step 4: the executor (local: checks the worker user first) and the environment cache."""
+def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[Any, Any, Any]:
+    """Step 4: the executor (local: checks the worker user first), the environment cache and, with
+    ``--worker-uids``, the namespace → uid record (``WorkerUids``, attached to the store once it is open)."""
     from lancefn_jupyter.server.executors import get_executor
 
     if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
@@ -355,17 +371,48 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[
             f"--worker-max-rss-mb must be a number of MiB > 0 (got {args.worker_max_rss_mb:g}); leave it out for no limit"
         )
     worker_user = None
-    if args.executor == "local":
+    worker_uids = None
+    max_procs = args.worker_max_procs
+    if max_procs is not None and max_procs < 1:
+        raise _Refused(
+            f"--worker-max-procs must be a whole number >= 1 (got {max_procs}); leave it out for the default"
+        )
+    if args.worker_uids or args.executor == "local":
         from lancefn_jupyter.server.executors.isolation import WorkerUserError, check_worker_user, resolve_worker_user
         from lancefn_jupyter.server.executors.local import worker_base_env
+        from lancefn_jupyter.server.executors.uids import (
+            DEFAULT_WORKER_MAX_PROCS,
+            WorkerUids,
+            resolve_worker_uids,
+            system_passwd,
+            uid_user,
+        )
 
         try:
-            worker_user = resolve_worker_user(args.worker_user)
+            uids = resolve_worker_uids(
+                args.worker_uids,
+                worker_user=args.worker_user,
+                executor=args.executor,
+                euid=os.geteuid(),
+                passwd=system_passwd(),
+            )
+            worker_user = uid_user(uids.first) if uids is not None else resolve_worker_user(args.worker_user)
         except WorkerUserError as error:
             raise _Refused(str(error)) from None
+        # With a uid per namespace, the range's first uid stands for all of them (same access, no groups).
         problem = check_worker_user(worker_user, worker_base_env(worker_user)) if worker_user else None
         if problem:
             raise _Refused(problem)
+        if uids is not None:
+            worker_uids = WorkerUids(uids)
+            max_procs = max_procs or DEFAULT_WORKER_MAX_PROCS
+        elif max_procs is not None and worker_user is None:
+            raise _Refused(
+                "--worker-max-procs limits workers run as another user, and this server runs them as itself "
+                "(it is not root, or --worker-user names its own user); drop the flag"
+            )
+    elif max_procs is not None:
+        raise _Refused("--worker-max-procs applies to the local executor only (Ray starts its own workers); drop it")
     environments = _make_environments(args, worker_user)
     try:
         executor = get_executor(
@@ -373,7 +420,9 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[
             classes=classes,
             home=home,
             address=args.ray_address,
-            worker_user=worker_user,
+            worker_user=None if worker_uids is not None else worker_user,
+            worker_uids=worker_uids,
+            worker_max_procs=max_procs,
             max_idle_workers=args.max_idle_workers,
             max_idle_per_device_set=args.max_idle_per_device_set,
             worker_max_rss_mb=args.worker_max_rss_mb,
@@ -382,7 +431,7 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[
         )
     except Exception as error:  # e.g. ray not installed; say so instead of a traceback
         raise _Refused(f"cannot create the {args.executor!r} executor: {error}") from None
-    return executor, environments
+    return executor, environments, worker_uids
 
 
 def _open_store(home: Path) -> Any:
@@ -511,11 +560,13 @@ def main(argv: list[str] | None = None) -> int:
         # Heavy imports (the app, the executor) come after the cheap checks, so a refused start is fast.
         classes, api_keys, admin_key, digest_key = _load_config(args, home)
         sock, url = _listen(args.host, args.port)
-        executor, environments = _make_executor(args, classes, home)
+        executor, environments, worker_uids = _make_executor(args, classes, home)
         if args.log_max_bytes < 1:
             raise _Refused(f"--log-max-bytes must be a whole number of bytes > 0 (got {args.log_max_bytes})")
         store = _open_store(home)
         store.limit_logs(args.log_max_bytes)
+        if worker_uids is not None:
+            worker_uids.attach(store)  # namespaces keep the uids recorded in this home
         from lancefn_jupyter.server.plane import ControlPlane
         from lancefn_jupyter.server.policy.namespaces import gpu_caps
         from lancefn_jupyter.server.storage.files import DataStore

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.capture import Capture, flush_output
-from lancefn_jupyter.worker.protocol import PRELOAD_ENV, Protocol
+from lancefn_jupyter.worker.protocol import MAX_PROCS_ENV, PRELOAD_ENV, Protocol
 from lancefn_jupyter.worker.runner import release, serve
 
 __all__ = ["main"]
@@ -98,6 +98,16 @@ def _not_dumpable() -> None:
         pass
 
 
+def _limit_processes(value: str) -> None:
+    """RLIMIT_NPROC, soft and hard, before any job code runs: the processes and threads this uid may hold, which
+    job code cannot raise again (a uid per namespace bounds that team's fork bomb: docs/ARCHITECTURE.md,
+    "Isolation")."""
+    if value:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(value), int(value)))
+
+
 def _apply_env(task: dict) -> None:
     """The function's env arrives with the task, never at exec, so it is in no ``/proc/*/environ``.
     A worker only serves one (namespace, version), whose env is fixed, so setting it is final."""
@@ -160,6 +170,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    _limit_processes(os.environ.pop(MAX_PROCS_ENV, ""))
     _not_dumpable()
     reap.become_subreaper()  # a job's detached processes (setsid, double fork) stay ours to end
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -19,7 +19,7 @@ from typing import cast
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.worker import reap
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS, MAX_PROCS_ENV, TEARDOWN_S
 
 __all__ = ["WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
 
@@ -102,14 +102,20 @@ class WorkerProcess:
         pass_fds: Sequence[int] = (),
         contain: bool = False,
         workdir: str | None = None,
+        max_procs: int | None = None,
+        umask: int | None = None,
     ) -> None:
         """``user``: (uid, gid) to run as (a root server's unprivileged worker user), else ours. ``python``: the
         interpreter (a version's built environment, docs/ARCHITECTURE.md "Environments"), else this one's.
         ``pass_fds``: inherited descriptors (an environment lease, held for the worker's life). ``contain``: in a
         cgroup of its own where one can be made (the control plane's workers: "Job processes"). ``workdir``: its
         private working directory (docs/ARCHITECTURE.md, "Isolation"), removed once the process is reaped; None:
-        the parent's cwd."""
+        the parent's cwd. ``max_procs``: its RLIMIT_NPROC (soft and hard, which its user cannot raise again),
+        set by the worker before it imports or runs anything of a job. ``umask``: its umask (077 with a uid per
+        namespace, so what a job writes is its uid's alone: docs/ARCHITECTURE.md, "Isolation"); None: ours."""
         self.env = dict(env)
+        if max_procs is not None:  # the worker sets it first thing (not a preexec_fn: unsafe in a threaded server)
+            self.env[MAX_PROCS_ENV] = str(max_procs)
         self.python = python or sys.executable
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
         self.frames = user is not None
@@ -127,6 +133,7 @@ class WorkerProcess:
             pass_fds=tuple(pass_fds),
             cwd=workdir,
             **switch,
+            **({"umask": umask} if umask is not None else {}),
         )
         self._workdir = workdir
         self._kill_lock = threading.Lock()

@@ -18,6 +18,9 @@ from typing import Any
 
 FINAL_EVENTS = ("result", "failed")  # a task's last event
 PRELOAD_ENV = "LANCEFN_WORKER_PRELOAD"  # modules a spare worker imports while it waits (worker.py)
+# The worker's RLIMIT_NPROC (docs/ARCHITECTURE.md, "Isolation"): set by the worker itself, first thing, since the
+# server may not change the limits of a process of another uid (that needs CAP_SYS_RESOURCE).
+MAX_PROCS_ENV = "LANCEFN_WORKER_MAX_PROCS"
 # How long a class entry's teardown() may run when its worker retires; the parent waits a little
 # longer before it kills the process (docs/ARCHITECTURE.md, "Warm state").
 TEARDOWN_S = 10.0

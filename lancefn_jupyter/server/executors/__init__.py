@@ -15,8 +15,9 @@ def get_executor(name: str, **opts: Any) -> Executor:
     """Build an executor by name.
 
     ``local`` takes ``classes=`` (the loaded GPU class config), ``home=``, ``worker_user=``,
-    ``max_idle_workers=``, ``max_idle_per_device_set=``, ``prewarm_delay_s=`` and ``environments=`` (the
-    plane's ``EnvironmentCache``, "Environments");
+    ``max_idle_workers=``, ``max_idle_per_device_set=``, ``prewarm_delay_s=``, ``environments=`` (the
+    plane's ``EnvironmentCache``, "Environments"), ``worker_uids=`` (a ``uids.WorkerUids``: a uid per namespace)
+    and ``worker_max_procs=`` (switched workers' RLIMIT_NPROC, "Isolation");
     ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``), ``home=`` (where
     that local Ray keeps its temp dir when the path is short enough) and ``environments=`` (whose ``plan``
     resolves a version's packages for Ray's ``uv``).
@@ -28,7 +29,14 @@ def get_executor(name: str, **opts: Any) -> Executor:
 
         tuning = {
             k: opts[k]
-            for k in ("max_idle_workers", "max_idle_per_device_set", "prewarm_delay_s", "worker_max_rss_mb")
+            for k in (
+                "max_idle_workers",
+                "max_idle_per_device_set",
+                "prewarm_delay_s",
+                "worker_max_rss_mb",
+                "worker_uids",
+                "worker_max_procs",
+            )
             if opts.get(k) is not None
         }
         return LocalExecutor(

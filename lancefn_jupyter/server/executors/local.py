@@ -29,7 +29,10 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
   stopped workers on its devices to be reaped, so a job never shares its GPUs with a leftover
   process of a wider or narrower placement;
 * with a GPU class config, one fresh worker per single device is pre-started at :meth:`start`;
-* when the server runs as root, workers run as ``worker_user`` (see ``server/executors/isolation.py``);
+* when the server runs as root, workers run as ``worker_user`` (see ``server/executors/isolation.py``), or, with
+  ``worker_uids`` (``--worker-uids``, ``server/executors/uids.py``), each namespace's as a uid of its own: the uid is
+  part of every key, so no worker, fresh spares included, serves two namespaces; spares of a namespace start only
+  after its first task on a device set (none at :meth:`start`, whose spares could not know their uid);
 * a task with a ``venv`` (its version's environment, built by the plane: docs/ARCHITECTURE.md,
   "Environments") runs on a worker started from ``venv.python``, which inherits a lease on the environment
   (``EnvironmentCache.lease``, its own per process) for its whole life. Fresh spares of the base Python never
@@ -57,6 +60,7 @@ from typing import TYPE_CHECKING
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
 from lancefn_jupyter.server.executors.relay import relay
+from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
@@ -79,10 +83,13 @@ _SPARE_QUIET_S = 0.25  # a replacement spare waits for its devices to be free th
 # Fresh spares of built environments kept per device set (besides the base Python's): each holds a process and a
 # lease that keeps its environment from eviction.
 _ENV_SPARES_PER_DEVICE_SET = 1
+# With a uid per namespace, fresh spares of the base Python kept per device set: the most recently used namespaces'.
+_NAMESPACE_SPARES_PER_DEVICE_SET = 2
 
-# (devices, simulated, owner, environment): owner = (namespace, name, version) once it ran a job, None while
-# fresh; environment = the key of the built environment whose Python it runs, None for the base Python.
-_Key = tuple[tuple[str, ...], bool, "tuple[str, str, str] | None", "str | None"]
+# (devices, simulated, owner, environment, uid): owner = (namespace, name, version) once it ran a job, None while
+# fresh; environment = the key of the built environment whose Python it runs, None for the base Python; uid = its
+# namespace's uid with --worker-uids (a fresh worker is then its namespace's too), else None.
+_Key = tuple[tuple[str, ...], bool, "tuple[str, str, str] | None", "str | None", "int | None"]
 _SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach user code
 # The function env arrives with the task; these would change the worker's devices after start.
 _DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")
@@ -90,11 +97,11 @@ _DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")
 
 def _key(task: TaskSpec) -> _Key:
     venv = task.venv.key if task.venv is not None else None
-    return (tuple(task.devices), task.simulated, (task.namespace, task.name, task.version), venv)
+    return (tuple(task.devices), task.simulated, (task.namespace, task.name, task.version), venv, None)
 
 
 def _fresh(key: _Key) -> _Key:
-    return (key[0], key[1], None, key[3])
+    return (key[0], key[1], None, key[3], key[4])
 
 
 def worker_base_env(user: WorkerUser | None = None) -> dict[str, str]:
@@ -170,9 +177,12 @@ class LocalExecutor(Executor):
         prewarm_delay_s: float = 0.0,
         worker_max_rss_mb: float | None = None,
         environments: EnvironmentCache | None = None,
+        worker_uids: WorkerUids | None = None,
+        worker_max_procs: int | None = None,
     ) -> None:
         """``environments``: the cache whose environments tasks' ``venv`` name (the plane's); None: every worker
-        runs the base Python, and a version's environment is refused only for ``image``."""
+        runs the base Python, and a version's environment is refused only for ``image``. ``worker_uids``: a uid per
+        namespace (replaces ``worker_user``). ``worker_max_procs``: switched workers' RLIMIT_NPROC."""
         self._classes = classes
         self._threads = threads_per_worker(classes)
         self._environments = environments
@@ -181,6 +191,8 @@ class LocalExecutor(Executor):
         self._max_idle = max_idle_workers
         self._max_idle_per_set = max_idle_per_device_set
         self._user = worker_user
+        self._uids = worker_uids
+        self._max_procs = worker_max_procs
         self._workdirs = WorkDirs()
         self._idle_timeout_s = idle_timeout_s
         self._grace_s = kill_grace_s
@@ -202,10 +214,11 @@ class LocalExecutor(Executor):
         self._callbacks = callbacks
         threading.Thread(target=self._retire_idle, name="lancefn-idle-workers", daemon=True).start()
         threading.Thread(target=self._watch_stopped, name="lancefn-worker-watch", daemon=True).start()
-        keys = [
-            ((device,), spec.simulated, None, None)
+        keys: list[_Key] = [
+            ((device,), spec.simulated, None, None, None)
             for spec in (self._classes.classes if self._classes else ())
             for device in spec.devices
+            if self._uids is None  # a spare's uid is its namespace's, unknown before that namespace's first task
         ]
 
         def prewarm_all() -> None:
@@ -389,6 +402,9 @@ class LocalExecutor(Executor):
         was stopped meanwhile (reported, or left to whoever stopped it)."""
         self._wait_for_devices(run)
         try:
+            if self._uids is not None:  # its namespace's uid, allocated on the namespace's first job
+                devices, simulated, owner, venv, _ = run.key
+                run.key = (devices, simulated, owner, venv, self._uids.uid_for(run.task.namespace))
             worker, run.start_ms = self._acquire(run.key, run.task.venv)
         except WorkerStartError as exc:
             if run.claim("crashed"):
@@ -531,12 +547,16 @@ class LocalExecutor(Executor):
     def _start(self, key: _Key, venv: Environment | None, *, spare: bool = False) -> WorkerProcess:
         """A worker process for ``key``: of the base Python, or of ``venv``'s, inheriting its own lease on it
         (held until the process exits)."""
-        env = _worker_env(key, self._user, spare=spare, threads=self._threads)
-        workdir = self._workdirs.new(self._user)
-        if self._user is not None:
+        user = uid_user(key[4]) if key[4] is not None else self._user
+        env = _worker_env(key, user, spare=spare, threads=self._threads)
+        workdir = self._workdirs.new(user)
+        if user is not None:
             env["HOME"] = workdir  # not the server user's home directory, which it cannot (and must not) use
+        ids = (user.uid, user.gid) if user is not None else None
+        max_procs = self._max_procs if user is not None else None
+        umask = 0o077 if key[4] is not None else None  # a namespace's own uid: what its jobs write is its own
         if venv is None:
-            return WorkerProcess(env, self._user_ids(), contain=True, workdir=workdir)
+            return WorkerProcess(env, ids, contain=True, workdir=workdir, max_procs=max_procs, umask=umask)
         lease = self._environments.lease(venv) if self._environments is not None else None
         if lease is None:
             with self._lock:
@@ -547,13 +567,17 @@ class LocalExecutor(Executor):
             )
         try:
             return WorkerProcess(
-                env, self._user_ids(), python=venv.python, pass_fds=(lease,), contain=True, workdir=workdir
+                env,
+                ids,
+                python=venv.python,
+                pass_fds=(lease,),
+                contain=True,
+                workdir=workdir,
+                max_procs=max_procs,
+                umask=umask,
             )
         finally:
             os.close(lease)  # the worker holds its inherited copy
-
-    def _user_ids(self) -> tuple[int, int] | None:
-        return (self._user.uid, self._user.gid) if self._user is not None else None
 
     def _release(self, key: _Key, worker: WorkerProcess) -> None:
         retire: list[WorkerProcess] = [worker]
@@ -570,6 +594,11 @@ class LocalExecutor(Executor):
                 if len(env_spares) > _ENV_SPARES_PER_DEVICE_SET:  # the most recently used environments' stay
                     env_spares.sort(key=lambda k: self._idle[k][1])
                     retire += [self._idle.pop(k)[0] for k in env_spares[: len(env_spares) - _ENV_SPARES_PER_DEVICE_SET]]
+                uid_spares = [k for k in same_set if k[2] is None and k[3] is None and k[4] is not None]
+                if len(uid_spares) > _NAMESPACE_SPARES_PER_DEVICE_SET:  # the most recently used namespaces' stay
+                    uid_spares.sort(key=lambda k: self._idle[k][1])
+                    extra = len(uid_spares) - _NAMESPACE_SPARES_PER_DEVICE_SET
+                    retire += [self._idle.pop(k)[0] for k in uid_spares[:extra]]
                 if len(self._idle) > self._max_idle:
                     oldest = min(self._idle, key=lambda k: self._idle[k][1])
                     retire.append(self._idle.pop(oldest)[0])

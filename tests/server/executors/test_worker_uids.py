@@ -1,0 +1,192 @@
+"""A uid per namespace (``--worker-uids``, docs/ARCHITECTURE.md "Isolation"): a root server runs each namespace's
+workers as a uid of its own, recorded in the home, so one team's job cannot signal another team's workers, and a
+fork bomb stops at that uid's ``--worker-max-procs``.  The range parsing and refusals are pure and tested directly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from conftest import register, registration_body
+from helpers import api_keys_toml, let_workers_reach_this_python, submit
+
+from lancefn_jupyter.server.executors.isolation import WorkerUserError
+from lancefn_jupyter.server.executors.uids import (
+    UidRange,
+    UidsExhausted,
+    WorkerUids,
+    parse_uid_range,
+    pick_uid,
+    resolve_worker_uids,
+)
+from lancefn_jupyter.server.storage.store import Store
+
+A_KEY, B_KEY = "uids-team-a-key-0001", "uids-team-b-key-0002"
+KEYS = api_keys_toml(
+    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
+    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
+)
+ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+RANGE = "61000-61009"
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root server (workers as other uids)")
+
+ACT = """
+import os
+import signal
+
+
+def act(target: str) -> str:
+    if target:  # another namespace's worker: stop it, if this uid may
+        try:
+            os.kill(int(target), signal.SIGSTOP)
+        except PermissionError:
+            return "denied"
+        os.kill(int(target), signal.SIGCONT)
+        return "stopped"
+    return f"{os.getuid()} {os.getgid()} {os.getpid()} {oct(os.umask(0o077))}"
+"""
+
+BOMB = """
+import os
+import time
+
+
+def bomb(x: int) -> str:
+    children = []
+    try:
+        for _ in range(400):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(60)
+                os._exit(0)
+            children.append(pid)
+        outcome = "unlimited"
+    except BlockingIOError:
+        outcome = "limited"
+    for pid in children:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return f"{outcome} {len(children)}"
+"""
+
+
+def _act_body():
+    return registration_body(
+        "act", source=ACT, entrypoint="act", inputs=(("target", "utf8", False),), output_type="utf8"
+    )
+
+
+def _run(http, name, version, rows):
+    job = submit(http, name, version, rows)
+    reply = http.post("/v1/jobs/wait", json={"job_id": job, "timeout_s": 60}).json()
+    assert reply["job_state"] == "DONE", reply.get("failure") or reply
+    return reply["result"]
+
+
+@pytest.fixture
+def uid_server(control_plane_factory):
+    let_workers_reach_this_python()
+    return control_plane_factory(ONE_GPU, api_keys=KEYS, env={"LANCEFN_WORKER_USER": ""}, args=["--worker-uids", RANGE])
+
+
+@as_root
+def test_each_namespace_runs_as_its_own_uid_which_another_cannot_signal_and_which_survives_a_restart(uid_server):
+    cp = uid_server
+    with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
+        va, vb = register(a, _act_body())["version"], register(b, _act_body())["version"]
+        (mine,) = _run(a, "act", va, [{"target": ""}])
+        (theirs,) = _run(b, "act", vb, [{"target": ""}])
+    uid_a, gid_a, pid_a, umask_a = mine.split()
+    uid_b, _gid_b, pid_b, _ = theirs.split()
+    assert uid_a != uid_b and {int(uid_a), int(uid_b)} <= set(range(61000, 61010))
+    assert gid_a == uid_a and umask_a == "0o77"  # no shared group; what a job writes is its uid's alone
+    with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
+        assert _run(b, "act", vb, [{"target": pid_a}]) == ["denied"]  # b's job cannot stop a's idle worker
+        assert _run(a, "act", va, [{"target": pid_b}]) == ["denied"]
+        (again,) = _run(a, "act", va, [{"target": ""}])
+    assert again.split()[2] == pid_a  # a's worker was untouched and is reused
+    cp.restart()
+    with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
+        # b asks first this time: a recorded uid is kept, not handed out by order of arrival
+        assert _run(b, "act", vb, [{"target": ""}])[0].split()[0] == uid_b
+        assert _run(a, "act", va, [{"target": ""}])[0].split()[0] == uid_a
+
+
+@as_root
+def test_a_fork_bomb_stops_at_its_uids_process_limit_and_another_namespace_still_runs(control_plane_factory):
+    let_workers_reach_this_python()
+    cp = control_plane_factory(
+        ONE_GPU,
+        api_keys=KEYS,
+        env={"LANCEFN_WORKER_USER": ""},
+        args=["--worker-uids", RANGE, "--worker-max-procs", "64"],
+    )
+    bomb = registration_body("bomb", source=BOMB, entrypoint="bomb", output_type="utf8")
+    with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
+        (outcome,) = _run(a, "bomb", register(a, bomb)["version"], [{"x": 1}])
+        verdict, forked = outcome.split()
+        assert verdict == "limited" and int(forked) < 64
+        (other,) = _run(b, "act", register(b, _act_body())["version"], [{"target": ""}])
+        assert other.split()[0].isdigit()
+
+
+@as_root
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--worker-uids", "0-10"], {}, "includes uid 0 (root)"),
+        (["--worker-uids", "61000"], {}, "is not a range of uids; write --worker-uids as FIRST-LAST"),
+        (["--worker-uids", "65534-65534"], {}, "includes uids /etc/passwd names: nobody (65534)"),
+        (["--worker-uids", RANGE], {"LANCEFN_WORKER_USER": "nobody"}, "both say whom workers run as; give one"),
+        (["--worker-uids", RANGE, "--executor", "ray"], {}, "applies to the local executor only"),
+        (["--worker-uids", RANGE, "--worker-max-procs", "0"], {}, "--worker-max-procs must be a whole number >= 1"),
+        (["--worker-max-procs", "10"], {"LANCEFN_WORKER_USER": "0"}, "this server runs them as itself"),
+    ],
+)
+def test_bad_worker_uid_settings_refuse_to_start_saying_what_to_change(control_plane_factory, args, env, message):
+    cp = control_plane_factory(ONE_GPU, env={"LANCEFN_WORKER_USER": "", **env}, args=args, start=False)
+    done = subprocess.run(cp.command, env=cp.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+
+
+def test_the_range_parses_and_says_how_to_write_it():
+    assert parse_uid_range(" 61000 - 61999 ") == UidRange(61000, 61999)
+    assert UidRange(5, 7).size == 3 and 6 in UidRange(5, 7) and 8 not in UidRange(5, 7)
+    for text, why in [("a-b", "not a range"), ("9-3", "9 is above 3"), ("1-4294967295", "uids go up to")]:
+        with pytest.raises(WorkerUserError, match=why):
+            parse_uid_range(text)
+
+
+def test_the_lowest_free_uid_is_picked_and_none_when_all_are_held():
+    uids = UidRange(10, 12)
+    assert pick_uid(uids, []) == 10
+    assert pick_uid(uids, [10, 12, 99]) == 11
+    assert pick_uid(uids, [10, 11, 12]) is None
+
+
+def test_refusals_name_what_conflicts():
+    kwargs = {"worker_user": None, "executor": "local", "euid": 0}
+    assert resolve_worker_uids(None, **kwargs) is None
+    assert resolve_worker_uids("100-199", **kwargs, passwd=[("ann", 99), ("ben", 200)]) == UidRange(100, 199)
+    with pytest.raises(WorkerUserError, match=r"ann \(150\)"):
+        resolve_worker_uids("100-199", **kwargs, passwd=[("ann", 150)])
+    with pytest.raises(WorkerUserError, match="needs the server to run as root"):
+        resolve_worker_uids("100-199", worker_user=None, executor="local", euid=1000)
+
+
+def test_uids_are_recorded_kept_across_stores_and_exhausted_with_a_message(tmp_path):
+    store = Store(tmp_path / "state.sqlite3")
+    uids = WorkerUids(UidRange(500, 501))
+    uids.attach(store)
+    assert (uids.uid_for("a"), uids.uid_for("b"), uids.uid_for("a")) == (500, 501, 500)
+    with pytest.raises(UidsExhausted, match="restart the server with a wider --worker-uids range"):
+        uids.uid_for("c")
+    store.close()
+    again = WorkerUids(UidRange(500, 501))
+    again.attach(Store(tmp_path / "state.sqlite3"))
+    assert (again.uid_for("b"), again.uid_for("a")) == (501, 500)
+    wider = WorkerUids(UidRange(501, 510))  # a narrowed range: a uid outside it is replaced, never shared
+    wider.attach(Store(tmp_path / "state.sqlite3"))
+    assert wider.uid_for("b") == 501 and wider.uid_for("a") == 502
