@@ -208,14 +208,25 @@ def test_an_oversized_head_sent_in_one_write_is_refused_too(control_plane):
 
 
 def test_concurrency_is_bounded(control_plane_factory):
+    """Connections that sent a request hold --limit-concurrency's slots; ones that sent nothing yet do not (each
+    address has a share of those instead: tests/server/http/test_pending_share.py)."""
     cp = control_plane_factory(args=["--limit-concurrency", "3", "--header-timeout-s", "60"])
     idle = [raw_socket(cp.url) for _ in range(3)]
+    served = []
     try:
         time.sleep(0.3)  # let the server accept them
         with httpx.Client(base_url=cp.url) as http:
-            assert http.get("/v1/health").status_code == 503
+            assert http.get("/v1/health").status_code == 200  # silent connections take no slot
+        time.sleep(0.3)  # that client's connection is closed
+        statuses = []
+        for _ in range(4):  # keep-alive connections that sent a request do (the asking one counted, as uvicorn does)
+            sock = raw_socket(cp.url)
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            statuses.append(sock.recv(4096).split(b" ", 2)[1])
+            served.append(sock)
+        assert statuses[:2] == [b"200"] * 2 and statuses[2:] == [b"503"] * 2
     finally:
-        for sock in idle:
+        for sock in idle + served:
             sock.close()
 
 
