@@ -61,6 +61,9 @@ class TeamDashboard(w.VBox):
         self.classes = GpuClassesWidget(**options)
         self.batches = w.VBox(layout=w.Layout(width="auto"))
         self.batch_rows: dict[str, BatchWidget] = {}
+        # Every batch ever shown: a late event of one pushed off the bottom must not bring it back on top.
+        self._shown: set[str] = set()
+        self._created: dict[str, int] = {}
         self.jobs = JobsDashboard(limit=jobs_limit, **options)
         self.failures = JobsDashboard(state="FAILED", limit=failures_limit, **options)
         super().__init__(
@@ -82,22 +85,29 @@ class TeamDashboard(w.VBox):
         except LancefnError:  # a server without batches, or a key without the privilege
             recent = []
         for batch in reversed(recent):  # oldest first: each new one goes on top
-            self._add_batch(batch.batch_id)
+            self._add_batch(batch)
         self._listener.subscribe_batch(None, self._on_batch)
 
     def _on_batch(self, batch: Any) -> None:
-        batch_id = getattr(batch, "batch_id", None)
-        if batch_id is not None and batch_id not in self.batch_rows:
-            self._add_batch(batch_id)
+        if getattr(batch, "batch_id", None) is not None and batch.batch_id not in self._shown:
+            self._add_batch(batch)
 
-    def _add_batch(self, batch_id: str) -> None:
+    def _add_batch(self, batch: Any) -> None:
         with self._lock:
-            if batch_id in self.batch_rows:
+            if batch.batch_id in self._shown:
+                return
+            self._shown.add(batch.batch_id)
+            self._created[batch.batch_id] = created = getattr(batch, "creation_ms", 0)
+            shown = list(self.batches.children)
+            # Newest first by creation, whatever order the events came in; one older than every row of a
+            # full section stays out.
+            at = next((i for i, row in enumerate(shown) if self._created[row.batch_id] < created), len(shown))
+            if at >= self.batches_limit:
                 return
             # The sections above started the listener; the batch rows only subscribe to it.
-            row = BatchWidget(batch_id, client=self._client, listener=self._listener, start=False)
-            self.batch_rows[batch_id] = row
-            rows = [row, *self.batches.children]
+            row = BatchWidget(batch.batch_id, client=self._client, listener=self._listener, start=False)
+            self.batch_rows[batch.batch_id] = row
+            rows = [*shown[:at], row, *shown[at:]]
             for old in rows[self.batches_limit :]:
                 self.batch_rows.pop(old.batch_id, None)
                 old.close()

@@ -31,6 +31,7 @@ import functools
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -143,6 +144,8 @@ class BatchManager:
         self._waiters = Waiters(table.lock)
         self._emitted: dict[str, float] = {}
         self._held: set[str] = set()
+        self._draining: set[str] = set()  # batches whose due chunks a thread is submitting (_drain)
+        self._resetting: set[str] = set()  # batches a retry is resetting, slice by slice: not finished meanwhile
         self._recovered = False
 
     # ----------------------------------------------------------------- requests
@@ -178,19 +181,23 @@ class BatchManager:
         check_request(chunks, parallel, retries)
         encoded = check_chunks(fv, chunks)
         digest = input_digest(encoded)
-        with self.table.lock:
-            if not fresh:
+        previous = None
+        if not fresh:
+            with self.table.lock:
                 previous = self.saved.find(namespace, name, version, digest)
-                if previous is not None:
-                    self.retry(previous)
-                    batch = self._get(previous)
-                    batch.reused_chunks = batch.counts[DONE]
-                    return {"batch_id": batch.batch_id, "reused_chunks": batch.reused_chunks}
-            batch = new_batch(name, version, digest, parallel, retries, timeout_s, namespace)
-            for chunk in cut(chunks):
-                batch.add_chunk(chunk)
-            self._start(batch, encoded, chunks)
-            return {"batch_id": batch.batch_id, "reused_chunks": 0}
+        if previous is not None:
+            self.retry(previous)  # in slices itself
+            with self.table.lock:
+                batch = self._get(previous)
+                batch.reused_chunks = batch.counts[DONE]
+                return {"batch_id": batch.batch_id, "reused_chunks": batch.reused_chunks}
+        batch = new_batch(name, version, digest, parallel, retries, timeout_s, namespace)
+        for chunk in cut(chunks):
+            batch.add_chunk(chunk)
+        self._write_chunks(batch, encoded)
+        with self.table.lock:
+            self._start(batch, chunks)
+        return {"batch_id": batch.batch_id, "reused_chunks": 0}
 
     def create_backfill(
         self,
@@ -217,37 +224,57 @@ class BatchManager:
         self._refuse_second(uri, request["into"])
         prepared = prepare(fv, {**request, "table_uri": uri})
         run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})
+        batch = new_batch(name, version, prepared.digest, parallel, retries, timeout_s, namespace)
+        batch.backfill = run
+        start = 0
+        for idx, piece in enumerate(prepared.slices):
+            count = slice_rows(piece["ranges"])
+            batch.add_chunk(Chunk(idx, start, start + count))
+            start += count
+        self._write_chunks(batch, [dumps(piece) for piece in prepared.slices])
         with self.table.lock:
-            self._refuse_second(uri, request["into"])
-            batch = new_batch(name, version, prepared.digest, parallel, retries, timeout_s, namespace)
-            batch.backfill = run
-            start = 0
-            for idx, piece in enumerate(prepared.slices):
-                count = slice_rows(piece["ranges"])
-                batch.add_chunk(Chunk(idx, start, start + count))
-                start += count
-            self._start(batch, [dumps(piece) for piece in prepared.slices], prepared.slices, run)
-            return {
-                "batch_id": batch.batch_id,
-                "rows_total": batch.rows_total,
-                "chunks_total": len(batch.chunks),
-                "table_version": run.spec["table_version"],
-            }
-
-    def _start(self, batch: Batch, encoded: list, chunks: list, run: BackfillRun | None = None) -> None:
-        """Record a new batch (and its backfill) and submit its first chunks, as one change: a chunk
-        refused on submission fails the request and nothing of the batch is kept (lock held)."""
-        batch.waiting.extend(range(len(chunks)))
-        with self.store.batch():
-            self.saved.insert(batch, encoded)
-            if run is not None:
-                self.backfills.insert(batch.batch_id, run)
-            self._batches[batch.batch_id] = batch
             try:
-                self._advance(batch, fresh=chunks)
-            except BaseException:
-                self._forget(batch)
+                self._refuse_second(uri, request["into"])
+            except ApiError:
+                self.saved.delete_chunks(batch.batch_id)
                 raise
+            self._start(batch, prepared.slices, run)
+        return {
+            "batch_id": batch.batch_id,
+            "rows_total": batch.rows_total,
+            "chunks_total": len(batch.chunks),
+            "table_version": run.spec["table_version"],
+        }
+
+    def _write_chunks(self, batch: Batch, encoded: list) -> None:
+        """A new batch's chunks and rows, in slices without the job table's lock (nothing reads them yet)."""
+        for first in range(0, len(batch.chunks), WRITE_SLICE):
+            start = time.perf_counter()
+            self.saved.insert_chunks(batch, encoded, first, first + WRITE_SLICE)
+            _rest(time.perf_counter() - start)
+
+    def _start(self, batch: Batch, chunks: list, run: BackfillRun | None = None) -> None:
+        """Record a new batch (and its backfill) over its written chunks and submit its first slice of
+        chunks, as one change: a chunk refused there fails the request and nothing of the batch is kept
+        (lock held).  What makes a chunk refused (the version, its placement, the namespace's cap) is the
+        same for every chunk, so the later slices (``_drain``) pass too unless the version is dropped meanwhile."""
+        batch.waiting.extend(range(len(chunks)))
+        try:
+            with self.store.batch():
+                self.saved.insert(batch)
+                if run is not None:
+                    self.backfills.insert(batch.batch_id, run)
+                self._batches[batch.batch_id] = batch
+                try:
+                    more = self._advance(batch, fresh=chunks, strict=True)
+                except BaseException:
+                    self._forget(batch)
+                    raise
+        except BaseException:
+            self.saved.delete_chunks(batch.batch_id)
+            raise
+        if more:
+            self._kick(batch)  # the rest from the batch's tables: the reply does not wait for them
         self._changed(batch)
 
     def _refuse_second(self, uri: str, into: Any) -> None:
@@ -261,23 +288,41 @@ class BatchManager:
 
     def backfill_errors(self, batch_id: str, offset: int, limit: int, scope: str | None = None) -> dict:
         """The rows a backfill skipped (``on_error="skip"``), in row id order."""
-        with self.table.lock:
-            batch = self._get(batch_id, scope)
-            if batch.backfill is None:
-                raise ApiError(
-                    400, f"batch {batch_id} is not a backfill; its failures are in POST /v1/batches/describe"
-                )
-            errors, total = self.backfills.errors(batch_id, offset, limit)
-            return {"errors": errors, "total": total}
+        batch, _ = self._find(batch_id, scope)
+        if batch.backfill is None:
+            raise ApiError(400, f"batch {batch_id} is not a backfill; its failures are in POST /v1/batches/describe")
+        errors, total = self.backfills.errors(batch_id, offset, limit)
+        return {"errors": errors, "total": total}
 
     def describe(self, batch_id: str, *, include_chunks: bool = True, scope: str | None = None) -> dict:
-        with self.table.lock:
-            return batch_wire(self._get(batch_id, scope), include_chunks=include_chunks)
+        return self._wire(*self._find(batch_id, scope), include_chunks=include_chunks)
 
     def list(self, *, state: str | None, name: str | None, limit: int, scope: str | None = None) -> dict:
+        ids = self.saved.ids(scope=scope, state=state, name=name, limit=limit)
+        return {"batches": [self._wire(*self._find(i), include_chunks=False) for i in ids]}
+
+    def _find(self, batch_id: str, scope: str | None = None) -> tuple[Batch, bool]:
+        """``(batch, active)`` as ``_get`` finds it, without the lock held: a finished batch is read from the
+        store (O(its chunks)) while others go on."""
         with self.table.lock:
-            ids = self.saved.ids(scope=scope, state=state, name=name, limit=limit)
-            return {"batches": [batch_wire(self._get(i), include_chunks=False) for i in ids]}
+            batch = self._batches.get(batch_id)
+        if batch is None:
+            loaded = self._load(batch_id)
+            with self.table.lock:
+                batch = self._batches.get(batch_id)  # a retry may have activated it meanwhile
+            if batch is None:
+                if loaded is None or not visible(scope, loaded.namespace):
+                    raise _not_found(batch_id)
+                return loaded, False
+        if not visible(scope, batch.namespace):
+            raise _not_found(batch_id)
+        return batch, True
+
+    def _wire(self, batch: Batch, active: bool, *, include_chunks: bool) -> dict:
+        if not active:  # a copy read from the store: no other thread has it
+            return batch_wire(batch, include_chunks=include_chunks)
+        with self.table.lock:
+            return batch_wire(batch, include_chunks=include_chunks)
 
     def cancel(self, batch_id: str, scope: str | None = None) -> dict:
         """Cancel every chunk still pending or running; finished chunks keep their results."""
@@ -296,14 +341,16 @@ class BatchManager:
         # and other teams' jobs are never held up for more than one slice (docs/ARCHITECTURE.md,
         # "Batches": cancel).  O(N) over the batch in all.
         while batch.waiting:
+            start = time.perf_counter()
             with self.table.lock, self.store.batch():
                 for _ in range(min(CANCEL_SLICE, len(batch.waiting))):
                     self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
-            time.sleep(CANCEL_PAUSE_S)  # a thread waiting for the lock (the event loop's too) takes it now
-        for start in range(0, len(live), CANCEL_SLICE):
+            _rest(time.perf_counter() - start)
+        for first in range(0, len(live), CANCEL_SLICE):
+            start = time.perf_counter()
             with self.table.lock, self.store.batch():
-                self.machine.cancel_all(live[start : start + CANCEL_SLICE])  # their hook marks each chunk
-            time.sleep(CANCEL_PAUSE_S)
+                self.machine.cancel_all(live[first : first + CANCEL_SLICE])  # their hook marks each chunk
+            _rest(time.perf_counter() - start)
         with self.table.lock:
             with self.store.batch():
                 self._advance(batch)
@@ -312,33 +359,56 @@ class BatchManager:
 
     def retry(self, batch_id: str, scope: str | None = None) -> dict:
         """Run again every chunk that did not finish (failed or cancelled); finished ones are kept."""
+        found, _ = self._find(batch_id, scope)  # read without the lock (O(its chunks))
         with self.table.lock:
-            batch = self._get(batch_id, scope)
+            batch = self._batches.get(batch_id) or found
+            if batch is found and self.saved.ending(batch_id) != (found.state, found.finished_ms):
+                batch = self._get(batch_id, scope)  # retried and finished again meanwhile: read it again
             redo = [c for c in batch.chunks if c.state in (FAILED, CANCELLED, TIMED_OUT)]
             run = batch.backfill
             uncommitted = run is not None and any(not f.committed for f in run.fragments.values())
             if not redo and not (uncommitted and batch.state in TERMINAL):
                 return batch_wire(batch, include_chunks=False)
+            if batch.batch_id in self._resetting:
+                return batch_wire(batch, include_chunks=False)  # another retry is at it
             if batch.batch_id not in self._batches:
                 self._activate(batch)
+            self._resetting.add(batch.batch_id)
             with self.store.batch():
                 batch.cancel_requested = False
                 batch.state, batch.finished_ms = (IN_PROGRESS if batch.started_ms else PENDING), None
-                for chunk in redo:
-                    chunk.attempts, chunk.failure = 0, None
-                    self._set_chunk(batch, chunk, PENDING)
-                    batch.waiting.append(chunk.idx)
-                for chunk in batch.chunks:  # a retry starts the setup-failure rule afresh
-                    if chunk.failure is not None and chunk.state == DONE:
-                        chunk.failure = None
-                        self.saved.save_chunk(batch, chunk)
+                # A retry starts the setup-failure rule afresh: DONE chunks forget theirs.
+                kept = [c for c in batch.chunks if c.failure is not None and c.state == DONE]
+                for chunk in kept:
+                    chunk.failure = None
+                self.saved.save_chunks(batch, kept)
                 if run is not None:  # the skip limit and a failed commit start afresh too
                     run.failure, run.commit_failure = None, None
                     self.backfills.save(batch.batch_id, run)
-                    self._queue_commits(batch)
                 self.saved.save_batch(batch)
-                self._advance(batch)
-            self._changed(batch)
+        try:
+            # In slices as for cancel; meanwhile _advance does not finish the batch (_resetting).
+            for first in range(0, len(redo), RESET_SLICE):
+                start = time.perf_counter()
+                with self.table.lock, self.store.batch():
+                    if batch.cancel_requested:
+                        break  # cancelled meanwhile: the chunks not reset yet stay as they are
+                    chunks = [c for c in redo[first : first + RESET_SLICE] if c.state in _GIVEN_UP]
+                    for chunk in chunks:
+                        chunk.attempts, chunk.failure = 0, None
+                        batch.move(chunk, PENDING)
+                        batch.waiting.append(chunk.idx)
+                    self.saved.save_chunks(batch, chunks)  # one statement per slice
+                _rest(time.perf_counter() - start)
+        finally:
+            with self.table.lock:
+                self._resetting.discard(batch.batch_id)
+                if run is not None:
+                    self._queue_commits(batch)
+                if self._advance(batch):
+                    self._kick(batch)
+                self._changed(batch)
+        with self.table.lock:
             return batch_wire(batch, include_chunks=False)
 
     async def wait(self, batch_id: str, timeout_s: float, revision: int | None, scope: str | None = None) -> dict:
@@ -361,6 +431,7 @@ class BatchManager:
     def recover(self) -> None:
         """On start (lock held, after the machine re-queued its jobs): load unfinished batches and
         read each live chunk's outcome from its job, then submit what is due."""
+        self.saved.drop_orphans()
         for batch_id in self.saved.unfinished_ids():
             batch = self._load(batch_id)
             assert batch is not None  # the query just listed it
@@ -377,7 +448,8 @@ class BatchManager:
                     batch.waiting.appendleft(idx)
                 else:
                     self._job_changed(batch, chunk, rec)
-            self._advance(batch)
+            if self._advance(batch):
+                self._kick(batch)  # the rest once recovery releases the lock
         self._recovered = True
         self.committer.start()
 
@@ -397,7 +469,8 @@ class BatchManager:
             return
         try:
             self._job_changed(batch, batch.chunks[where[1]], rec)
-            self._advance(batch)
+            if self._advance(batch):
+                self._kick(batch)
             self._changed(batch)
         except Exception:  # never into the journal's job bookkeeping; the batch re-reads on restart
             log.exception("batch %s: could not follow job %s", batch.batch_id, rec.job_id)
@@ -467,32 +540,68 @@ class BatchManager:
             if where is not None and rec is not None and rec.state in TERMINAL:
                 self._job_changed(batch, batch.chunks[where[1]], rec)
 
-    def _advance(self, batch: Batch, fresh: FreshRows = None) -> None:
-        """Submit chunks while the window has room; finish the batch when nothing is left to run.
-        ``fresh``: the batch is being created, with these rows (a refused chunk then fails the request)."""
+    def _advance(self, batch: Batch, fresh: FreshRows = None, *, strict: bool = False) -> bool:
+        """Submit up to SUBMIT_SLICE chunks while the window has room; finish the batch when nothing is
+        left to run.  True when more chunks are due now (``_drain`` or ``_kick`` submits them, the lock
+        released between slices).  ``fresh``: the rows of the batch being created (read from its
+        tables otherwise); ``strict``: a refused chunk fails the request (nothing is kept)."""
         if batch.state in TERMINAL:
-            return
+            return False
         window = batch.parallel or len(batch.chunks)
         if batch.waiting and len(batch.live) < window and not batch.cancel_requested:
             with self.store.batch():
-                while batch.waiting and len(batch.live) < window:
+                for _ in range(SUBMIT_SLICE):
+                    if not (batch.waiting and len(batch.live) < window):
+                        break
                     chunk = batch.chunks[batch.waiting.popleft()]
                     try:
                         self._submit(batch, chunk, fresh)
                     except ApiError as error:
-                        if fresh is not None:
+                        if strict:
                             raise  # creating the batch: the request fails and nothing is kept
                         # E.g. the version was dropped since: the chunk fails, saying why.
                         chunk.failure = {"phase": "validation", "message": error.message}
                         self._set_chunk(batch, chunk, FAILED)
-        if batch.live or batch.waiting:
-            return
+                else:
+                    if batch.waiting and len(batch.live) < window:
+                        return True
+        if batch.live or batch.waiting or batch.batch_id in self._resetting:
+            return False
         if batch.backfill is not None and batch.backfill.committing:
-            return  # DONE only once every fragment is committed ("Backfills", "State")
+            return False  # DONE only once every fragment is committed ("Backfills", "State")
         batch.state = batch.outcome()
         batch.finished_ms = now_ms()
         self.saved.save_batch(batch)
         self._forget(batch)
+        return False
+
+    def _drain(self, batch: Batch) -> None:
+        """A thread: submit the batch's due chunks slice by slice, the lock free between two slices so that
+        the event loop and other teams' jobs wait for one slice at most (O(N) in all; docs/ARCHITECTURE.md,
+        "Batches")."""
+        held = 0.0
+        try:
+            while True:
+                _rest(held)
+                with self.table.lock:
+                    start = time.perf_counter()
+                    # Stopping: what is left waits, saved, for the restart (recover).
+                    more = self.table.started and self._advance(batch)
+                    self._changed(batch)
+                    held = time.perf_counter() - start
+                    if not more:  # under the same hold as the last slice: a later _kick starts a new thread
+                        self._draining.discard(batch.batch_id)
+                        return
+        except Exception:  # a thread of its own: say so; the rest is submitted on the next change or restart
+            log.exception("batch %s: could not submit its chunks", batch.batch_id)
+            with self.table.lock:
+                self._draining.discard(batch.batch_id)
+
+    def _kick(self, batch: Batch) -> None:
+        """More chunks are due than one slice (lock held): a thread submits them (``_drain``), one per batch."""
+        if batch.batch_id not in self._draining:
+            self._draining.add(batch.batch_id)
+            threading.Thread(target=self._drain, args=(batch,), name=f"batch-{batch.batch_id[:8]}", daemon=True).start()
 
     def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
         if fresh is not None and chunk.attempts == 0:
@@ -548,7 +657,7 @@ class BatchManager:
         """The batch, if the caller (``scope``: its namespace; None: the admin) may see it; else the same 404."""
         batch = self._batches.get(batch_id) or self._load(batch_id)
         if batch is None or not visible(scope, batch.namespace):
-            raise ApiError(404, f"batch {batch_id} not found; list batches with POST /v1/batches/list")
+            raise _not_found(batch_id)
         return batch
 
     # ------------------------------------------------------------- backfills
@@ -678,7 +787,8 @@ class BatchManager:
                         run.failure = {"phase": "commit", "message": problem, "chunk": frag.chunks[0]}
                     self.backfills.save(batch_id, run)
                     self._stop_chunks(batch)
-                self._advance(batch)
+                if self._advance(batch):  # a chunk re-run above
+                    self._kick(batch)
             if results.stopped is None and problem is None:
                 for source in results.sources.values():
                     if isinstance(source, Path):
@@ -744,8 +854,24 @@ class BatchManager:
         self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
 
 
-CANCEL_SLICE = 128  # chunks cancelled per hold of the lock (batches/cancel)
-CANCEL_PAUSE_S = 0.001  # between two slices: the lock is free long enough for its waiters
+CANCEL_SLICE = 32  # chunks cancelled per hold of the lock (batches/cancel)
+SUBMIT_SLICE = 16  # chunks submitted per hold of the lock (creating, retrying and following a batch)
+RESET_SLICE = 256  # chunks a retry resets per hold of the lock
+WRITE_SLICE = 1000  # a new batch's chunk rows written per transaction (before the batch is recorded)
+CANCEL_PAUSE_S = 0.001  # between two slices at least: the lock is free long enough for its waiters
+
+
+def _not_found(batch_id: str) -> ApiError:
+    """The same 404 for a missing batch and another namespace's."""
+    return ApiError(404, f"batch {batch_id} not found; list batches with POST /v1/batches/list")
+
+
+def _rest(held_s: float) -> None:
+    """Between two slices, as long as the last one held the lock (and, being Python, the GIL): the event loop
+    and other teams' requests get at least half of the time, whatever a slice costs on this machine."""
+    time.sleep(max(CANCEL_PAUSE_S, held_s))
+
+
 _GIVEN_UP = (FAILED, CANCELLED, TIMED_OUT)  # a chunk in one of these does not finish in this run of the batch
 _CHUNK_POLL_S = 0.02  # how often a commit waiting for a chunk looks again
 

@@ -48,8 +48,25 @@ class BatchStore:
         self.store = store
         store.executescript(BATCH_SCHEMA)
 
-    def insert(self, batch: Batch, encoded: list) -> None:
-        """A new batch and its chunks' rows (each chunk's JSON text or Arrow IPC bytes)."""
+    def insert_chunks(self, batch: Batch, encoded: list, first: int, end: int) -> None:
+        """Chunks ``first``..``end`` of a new batch with their rows (JSON text or Arrow IPC bytes), written
+        before the batch itself (``insert``): until then nothing reads them, and ``drop_orphans`` removes them
+        if the server stops before."""
+        self.store.executemany(
+            "INSERT INTO batch_chunks(batch_id, idx, row_start, row_end, rows, state) VALUES(?,?,?,?,?,?)",
+            [(batch.batch_id, c.idx, c.row_start, c.row_end, encoded[c.idx], c.state) for c in batch.chunks[first:end]],
+        )
+
+    def delete_chunks(self, batch_id: str) -> None:
+        """The chunks of a batch that was refused after they were written."""
+        self.store.execute("DELETE FROM batch_chunks WHERE batch_id=?", (batch_id,))
+
+    def drop_orphans(self) -> None:
+        """Chunks whose batch was never recorded (the server stopped while writing them): on start."""
+        self.store.execute("DELETE FROM batch_chunks WHERE batch_id NOT IN (SELECT batch_id FROM batches)")
+
+    def insert(self, batch: Batch) -> None:
+        """A new batch, once its chunks are written (``insert_chunks``)."""
         self.store.execute(
             "INSERT INTO batches(batch_id, namespace, name, version, input_digest, state, spec, creation_ms) "
             "VALUES(?,?,?,?,?,?,?,?)",
@@ -63,13 +80,6 @@ class BatchStore:
                 dumps(batch.spec()),
                 batch.creation_ms,
             ),
-        )
-        self.store.executemany(
-            "INSERT INTO batch_chunks(batch_id, idx, row_start, row_end, rows, state) VALUES(?,?,?,?,?,?)",
-            [
-                (batch.batch_id, c.idx, c.row_start, c.row_end, text, c.state)
-                for c, text in zip(batch.chunks, encoded, strict=False)
-            ],
         )
 
     def save_batch(self, batch: Batch) -> None:
@@ -89,6 +99,16 @@ class BatchStore:
                 batch.batch_id,
                 chunk.idx,
             ),
+        )
+
+    def save_chunks(self, batch: Batch, chunks: list[Chunk]) -> None:
+        """``save_chunk`` of many chunks in one statement."""
+        self.store.executemany(
+            "UPDATE batch_chunks SET state=?, job_id=?, attempts=?, failure=? WHERE batch_id=? AND idx=?",
+            [
+                (c.state, c.job_id, c.attempts, None if c.failure is None else dumps(c.failure), batch.batch_id, c.idx)
+                for c in chunks
+            ],
         )
 
     def chunk_rows(self, batch_id: str, idx: int) -> list | bytes:
@@ -125,6 +145,11 @@ class BatchStore:
             "SELECT batch_id FROM batches WHERE state IN (?,?) ORDER BY seq", (PENDING, IN_PROGRESS)
         )
         return [row[0] for row in rows]
+
+    def ending(self, batch_id: str) -> tuple[str, int | None] | None:
+        """``(state, finished_ms)`` as stored: whether a copy loaded earlier is still current."""
+        rows = self.store.query("SELECT state, finished_ms FROM batches WHERE batch_id=?", (batch_id,))
+        return (rows[0][0], rows[0][1]) if rows else None
 
     def load(self, batch_id: str) -> Batch | None:
         rows = self.store.query(

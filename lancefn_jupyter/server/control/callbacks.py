@@ -120,7 +120,7 @@ class JobCallbacks:
     def task_started(self, rec: JobRecord, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
         rec.state = IN_PROGRESS
         rec.started_ms = rec.started_ms or now_ms()
-        self.reports.estimator.invalidate()  # its GPUs now free at started_ms + its run time
+        self.reports.estimator.invalidate(rec.gpu_class)  # its GPUs now free at started_ms + its run time
         rec.devices = tuple(devices) or rec.devices
         rec.node = node
         self.journal.persist_soon(rec)

@@ -279,7 +279,7 @@ class JobMachine:
         table = self.table
         rec.state = state
         rec.finished_ms = now_ms()
-        self.reports.estimator.invalidate()
+        self.reports.estimator.invalidate(rec.gpu_class)
         if state == DONE:
             rec.failure = None
             self.reports.note_run_time(rec)
@@ -310,7 +310,8 @@ class JobMachine:
             if changed:
                 self.reports.publish_usage()
             return False
-        self.reports.estimator.invalidate()
+        for placement in placements:
+            self.reports.estimator.invalidate(placement.gpu_class)
         launches = []
         for placement in placements:
             rec = table.active[placement.job_id]

@@ -161,6 +161,12 @@ class ClassReplay:
         self.uncertain = False  # an uncertain release was waited for: everyone from here is uncertain
         self.starts: dict[str, int | None] = {}
         self.uncertain_starts: set[str] = set()
+        # Where the walk of the start order stands, so that extending it resumes there (QueueEstimator):
+        # namespace → (its jobs walked, their units, the last one's ticket); the sort key of the last job
+        # walked ((level + units before it, ticket): the fair order's); the levels the order was walked with.
+        self.taken: dict[str, tuple[int, int, int]] = {}
+        self.last_key: tuple[int, int] | None = None
+        self.levels: dict[str, int] = {}
 
     def extend(self, job_id: str, num_gpus: int, expected_ms: float | None, uncertain: bool = False) -> None:
         """The next queued job (plain arguments: this runs for every queued job the reports show)."""
@@ -201,7 +207,8 @@ def replay_class(now_ms: int, total_gpus: int, holding: Sequence[Holding], waiti
 class QueueEstimator:
     """The control plane's expected starts: one replay per class, kept while only jobs join the queue's tail.
 
-    ``invalidate()`` is due whenever jobs start, finish, are cancelled or placed (the machine calls it);
+    ``invalidate(gpu_class)`` is due whenever jobs of the class start, finish, are cancelled or placed (the
+    machine calls it; a CPU job's changes leave every replay as it is);
     a replay older than ``refresh_ms`` is rebuilt anyway, as running jobs overrun their expected time.
     """
 
@@ -210,11 +217,13 @@ class QueueEstimator:
         self._refresh_ms = refresh_ms
         self._replays: dict[str, ClassReplay] = {}
 
-    def invalidate(self) -> None:
-        self._replays.clear()
+    def invalidate(self, gpu_class: str | None = None) -> None:
+        """Drop the replay of ``gpu_class`` (a CPU job's None: no class's replay changes)."""
+        if gpu_class is not None:
+            self._replays.pop(gpu_class, None)
 
     def expected_start(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> int | None:
-        """When queued ``job_id`` of scheduler ``pool`` (devices, ``held``, ``start_order()``) should start,
+        """When queued ``job_id`` of scheduler ``pool`` (a ``ClassPool``: devices, ``held``, ``levels``, ``queue``) should start,
         never before ``now_ms``; ``jobs`` are the job table's active ``JobRecord``s by id."""
         replay = self._replay(now_ms, pool, job_id, jobs)
         value = replay.starts.get(job_id)
@@ -261,14 +270,28 @@ class QueueEstimator:
     def _extend(
         replay: ClassReplay, pool: Any, job_id: str, version_ms: Any, class_ms: float | None, wide: bool
     ) -> bool:
-        """Extend ``replay`` in start order up to ``job_id``; False if the start order no longer begins with the
-        jobs it replayed (fair order puts a new job of a namespace holding less ahead of others' queued ones)."""
-        replayed = list(replay.starts)
-        for i, (other, num_gpus) in enumerate(pool.start_order()):
-            if i < len(replayed):
-                if replayed[i] != other:
-                    return False
-                continue
+        """Extend ``replay`` in start order up to ``job_id``, resuming the walk where it stopped (O(jobs added),
+        however long the queue); False if the start order no longer begins with the jobs it replayed: one of
+        them left the queue, the levels changed, or fair order puts a job queued since ahead of them (a new job
+        of a namespace holding less)."""
+        queue = pool.queue
+        if replay.taken and replay.levels != pool.levels:
+            return False
+        for ns, (count, _, last) in replay.taken.items():
+            tickets = queue.tickets.get(ns)
+            if tickets is None or len(tickets) < count or tickets[count - 1] != last:
+                return False  # a walked job left (tickets only grow, so its index would be lower)
+        replay.levels = dict(pool.levels)
+        first = True
+        for other, num_gpus in queue.order(pool.levels, {ns: t[:2] for ns, t in replay.taken.items()}):
+            ns, _, ticket = queue.jobs[other]
+            count, units, _ = replay.taken.get(ns, (0, 0, 0))
+            key = (pool.levels.get(ns, 0) + units, ticket)
+            if first and replay.last_key is not None and key < replay.last_key:
+                return False  # queued since, yet due before the jobs already replayed
+            first = False
+            replay.taken[ns] = (count + 1, units + num_gpus, ticket)
+            replay.last_key = key
             known = version_ms(other)
             if known is not None:
                 replay.extend(other, num_gpus, known)

@@ -93,15 +93,26 @@ class FairQueue:
         job_id = self.by_ticket[ticket]
         return job_id, self.jobs[job_id][1], ticket
 
-    def order(self, levels: Mapping[str, int]) -> Iterator[tuple[str, int]]:
-        """``(job_id, units)`` in start order, were each start to raise its namespace's level by its units."""
+    def order(
+        self, levels: Mapping[str, int], taken: Mapping[str, tuple[int, int]] | None = None
+    ) -> Iterator[tuple[str, int]]:
+        """``(job_id, units)`` in start order, were each start to raise its namespace's level by its units.
+        ``taken``: namespace → (jobs, units) of its queue's head already walked: the order resumes after them
+        in O(namespaces), not by walking them again (the estimates extend their replay so)."""
+        taken = taken or {}
         if len(self.tickets) == 1:  # one team waiting: its FIFO
-            (queue,) = self.tickets.values()
-            for ticket in queue:  # callers stop iterating before they change the queue
-                job_id = self.by_ticket[ticket]
+            ((ns, queue),) = self.tickets.items()
+            i = taken.get(ns, (0, 0))[0]
+            while i < len(queue):  # callers stop iterating before they change the queue
+                job_id = self.by_ticket[queue[i]]
                 yield job_id, self.jobs[job_id][1]
+                i += 1
             return
-        heap = [(levels.get(ns, 0), queue[0], ns, 0) for ns, queue in self.tickets.items()]
+        heap = []
+        for ns, queue in self.tickets.items():
+            k, units = taken.get(ns, (0, 0))
+            if k < len(queue):
+                heap.append((levels.get(ns, 0) + units, queue[k], ns, k))
         heapify(heap)
         while heap:
             level, ticket, ns, k = heap[0]

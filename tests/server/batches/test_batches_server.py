@@ -349,10 +349,10 @@ def test_a_batch_lives_in_its_functions_namespace_and_other_teams_cannot_see_it(
         assert [b["batch_id"] for b in admin.post("/v1/batches/list", json={}).json()["batches"]] == [batch_id]
 
 
-def test_cancel_of_5000_chunks_cancels_them_all_while_health_and_another_team_keep_answering(
+def test_creating_cancelling_and_retrying_5000_chunks_leaves_health_and_another_team_answering(
     control_plane_factory, tmp_path
 ):
-    # Finding 4 of issue 27: the cancel runs in slices of the lock, so others are served meanwhile.
+    # Finding 4 of issue 27: create, cancel and retry work in slices of the lock, so others are served meanwhile.
     owner, other = "stall-owner-key-0000001", "stall-other-key-0000002"
     keys = api_keys_toml(
         {"name": "a", "key": owner, "namespace": "team-a", "privileges": ["functions", "jobs"]},
@@ -361,8 +361,6 @@ def test_cancel_of_5000_chunks_cancels_them_all_while_health_and_another_team_ke
     cp = control_plane_factory(api_keys=keys)
     with cp.http(owner) as a, cp.http(other) as b:
         version = gate_version(a)
-        chunks = [[{"path": str(tmp_path / "never"), "value": i}] for i in range(5000)]
-        batch_id = create(a, version, chunks)["batch_id"]
         double = register(b, registration_body(num_gpus=None))["version"]
         answers: dict[str, list] = {"health": [], "results": []}
         done = threading.Event()
@@ -373,15 +371,72 @@ def test_cancel_of_5000_chunks_cancels_them_all_while_health_and_another_team_ke
                 job_id = submit(b, "double", double, [{"x": len(answers["results"])}])
                 answers["results"].append(wait_done(b, job_id)["result"])
 
+        def submitted(batch_id: str) -> int:
+            chunks = describe(a, batch_id)["chunks"]
+            return sum("job_id" in c for c in chunks)
+
         thread = threading.Thread(target=others)
         thread.start()
         try:
+            wait_until(lambda: answers["results"], "team B's first result")
+            chunks = [[{"path": str(tmp_path / "never"), "value": i}] for i in range(5000)]
+            batch_id = create(a, version, chunks)["batch_id"]  # replies after its first slice
+            seen = len(answers["results"])
+            wait_until(lambda: submitted(batch_id) == 5000, "every chunk a job", timeout=DEADLINE_S * 5)
+            during_create = len(answers["results"]) - seen
             reply = a.post("/v1/batches/cancel", json={"batch_id": batch_id}, timeout=DEADLINE_S * 5)
+            assert reply.json() == {"batch_id": batch_id, "cancelled": True}
+            assert wait_batch(a, batch_id)["chunk_counts"] == {"CANCELLED": 5000}
+            retried = a.post("/v1/batches/retry", json={"batch_id": batch_id}, timeout=DEADLINE_S * 5)
+            assert retried.status_code == 200 and retried.json()["batch_state"] in ("PENDING", "IN_PROGRESS")
+            seen = len(answers["results"])
+            wait_until(
+                lambda: describe(a, batch_id)["chunk_counts"].get("CANCELLED", 0) == 0 and submitted(batch_id) == 5000,
+                "every chunk a job again",
+                timeout=DEADLINE_S * 5,
+            )
+            during_retry = len(answers["results"]) - seen
+            a.post("/v1/batches/cancel", json={"batch_id": batch_id}, timeout=DEADLINE_S * 5)
         finally:
             done.set()
             thread.join(DEADLINE_S)
-        assert reply.json() == {"batch_id": batch_id, "cancelled": True}
         batch = wait_batch(a, batch_id)
         assert batch["batch_state"] == "CANCELLED" and batch["chunk_counts"] == {"CANCELLED": 5000}
+        # Team B was served while team A's chunks were being submitted (one slice at a time), not after.
+        assert during_create > 0 and during_retry > 0
         assert answers["health"] and set(answers["health"]) == {200}
         assert answers["results"] == [[2 * i] for i in range(len(answers["results"]))]
+
+
+def test_a_server_killed_while_submitting_a_big_batch_submits_the_rest_on_restart_each_chunk_once(
+    control_plane, tmp_path
+):
+    cp = control_plane
+    with cp.http() as http:
+        version = gate_version(http)
+        count = 2000
+        batch_id = create(http, version, gate_chunks(tmp_path, [[i] for i in range(count)]))["batch_id"]
+        cp.kill()  # mid-submission: the create replied after its first slice
+    cp.start()
+    with cp.http() as http:
+        batch = wait_until(
+            lambda: (b := describe(http, batch_id)) and all("job_id" in c for c in b["chunks"]) and b,
+            "every chunk a job after the restart",
+            timeout=DEADLINE_S * 3,
+        )
+        assert batch["chunks_total"] == count and len({c["job_id"] for c in batch["chunks"]}) == count
+        http.post("/v1/batches/cancel", json={"batch_id": batch_id}, timeout=DEADLINE_S * 3)
+        batch = wait_batch(http, batch_id)
+        assert batch["batch_state"] == "CANCELLED" and sum(batch["chunk_counts"].values()) == count
+        # One job per chunk: none submitted twice across the kill.
+        jobs, token = [], None
+        while True:
+            page = http.post(
+                "/v1/jobs/list",
+                json={"job_type": "run_function", "limit": 1000, **({"page_token": token} if token else {})},
+            ).json()
+            jobs += [j for j in page["jobs"] if j.get("spec", {}).get("batch_id") == batch_id]
+            token = page.get("page_token")
+            if not token:
+                break
+        assert sorted(j["spec"]["chunk"] for j in jobs) == list(range(count))

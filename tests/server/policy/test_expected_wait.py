@@ -167,38 +167,88 @@ def test_listener_refreshes_expected_start_from_queue_events():
 
 def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
     """The core's incremental estimator agrees with a full replay, and is rebuilt after invalidate()."""
-    from collections import OrderedDict
     from types import SimpleNamespace
 
     from lancefn_jupyter.server.policy.estimates import QueueEstimator
+    from lancefn_jupyter.server.policy.scheduler import ClassPool
 
     estimator = QueueEstimator(refresh_ms=10**9)
     for ms in (1000, 1000, 1000):
         estimator.run_times.record("f", "v", "default", ms)
     jobs = {j: SimpleNamespace(spec={"name": "f", "version": "v"}, started_ms=0) for j in "abcdef"}
-    pool = SimpleNamespace(
-        name="default",
-        devices=("sim0", "sim1"),
-        held={"a": ("sim0",), "b": ("sim1",)},
-        queue=OrderedDict([("c", 1), ("d", 2)]),
-    )
-    pool.start_order = lambda: iter(pool.queue.items())
+    pool = ClassPool("default", ("sim0", "sim1"))
+    pool.held.update({"a": ("sim0",), "b": ("sim1",)})
+    pool.levels["ns"] = 2
+    pool.queue.add("c", "ns", 1)
+    pool.queue.add("d", "ns", 2)
     assert estimator.expected_start(0, pool, "c", jobs) == 1000
-    pool.queue["e"] = 1  # joins the tail: the replay is extended, not rebuilt
+    pool.queue.add("e", "ns", 1)  # joins the tail: the replay is extended, not rebuilt
     assert [estimator.expected_start(0, pool, j, jobs) for j in "de"] == [2000, 3000]
     full = expected_starts(
         0,
         2,
         [Holding("a", 1, 0, 1000.0), Holding("b", 1, 0, 1000.0)],
-        [Waiting(j, n, 1000.0) for j, n in pool.queue.items()],
+        [Waiting(j, n, 1000.0) for j, n in pool.start_order()],
     )
     assert full == {"c": 1000, "d": 2000, "e": 3000}
-    del pool.queue["c"], pool.held["a"]
+    pool.queue.remove("c")
+    del pool.held["a"]
     pool.held["c"] = ("sim0",)
     jobs["c"].started_ms = 1000
-    estimator.invalidate()  # c started: rebuilt with c holding a GPU from 1000 to 2000
+    # c started: the replay no longer begins with the queue, so it is rebuilt (here without invalidate()),
+    # with c holding a GPU from 1000 to 2000.
+    assert estimator.expected_start(1000, pool, "d", jobs) == 2000
+    estimator.invalidate(None)  # a CPU job changed: the class's replay stays
+    assert estimator._replays
+    estimator.invalidate("default")
+    assert not estimator._replays
     assert estimator.expected_start(1000, pool, "d", jobs) == 2000
     assert estimator.expected_start(5000, pool, "f", jobs) is None  # not queued
+
+
+def test_estimator_resumes_its_walk_and_rebuilds_when_a_fairer_job_goes_ahead():
+    """A job joining a long queue's tail costs a step of the walk, not a walk of the queue (creating a
+    20,000-chunk batch was O(N²)); a job of a namespace holding less lands ahead and the replay is redone."""
+    from types import SimpleNamespace
+
+    from lancefn_jupyter.server.policy.estimates import QueueEstimator
+    from lancefn_jupyter.server.policy.scheduler import ClassPool, FairQueue
+
+    walked = []
+
+    class Counting(FairQueue):
+        def order(self, levels, taken=None):
+            for job_id, units in super().order(levels, taken):
+                walked.append(job_id)
+                yield job_id, units
+
+    estimator = QueueEstimator(refresh_ms=10**9)
+    estimator.run_times.record("f", "v", "default", 1000)
+    jobs: dict = {}
+    pool = ClassPool("default", ("sim0",), queue=Counting())
+    pool.held["run"], pool.levels["a"] = ("sim0",), 1
+    jobs["run"] = SimpleNamespace(spec={"name": "f", "version": "v"}, started_ms=0)
+    order = FairQueue.order.__get__(pool.queue)
+    for i in range(500):
+        jobs[f"a{i}"] = SimpleNamespace(spec={"name": "f", "version": "v"}, started_ms=None)
+        pool.queue.add(f"a{i}", "a", 1)
+        assert estimator.expected_start(0, pool, f"a{i}", jobs) == 1000 * (i + 1)
+    assert len(walked) == 500  # each job once, not 500²/2
+    jobs["b0"] = SimpleNamespace(spec={"name": "f", "version": "v"}, started_ms=None)
+    pool.queue.add("b0", "b", 1)  # team b holds nothing (team a one GPU): due first
+    assert estimator.expected_start(0, pool, "b0", jobs) == 1000
+    assert estimator.expected_start(0, pool, "a0", jobs) == 2000  # pushed back one place
+    full = expected_starts(0, 1, [Holding("run", 1, 0, 1000.0)], [Waiting(j, n, 1000.0) for j, n in order(pool.levels)])
+    assert (
+        [estimator.expected_start(0, pool, j, jobs) for j in ("b0", "a0", "a1", "a499")]
+        == [
+            full["b0"],
+            full["a0"],
+            full["a1"],
+            full["a499"],
+        ]
+        == [1000, 2000, 3000, 501_000]
+    )
 
 
 def test_run_times_are_recorded_warm_so_one_cold_job_does_not_delay_the_warm_ones_behind_it():
@@ -245,10 +295,10 @@ def test_run_times_are_recorded_warm_so_one_cold_job_does_not_delay_the_warm_one
 def _issue_29_estimator(elapsed_ms: int):
     """Two GPUs held by two jobs of a new function (no history) that started at 0 and will run 30 s;
     the class's history is a few 4 s runs of another function; one job of that other function waits."""
-    from collections import OrderedDict
     from types import SimpleNamespace
 
     from lancefn_jupyter.server.policy.estimates import QueueEstimator
+    from lancefn_jupyter.server.policy.scheduler import ClassPool
 
     estimator = QueueEstimator()
     for ms in (3_800, 4_000, 4_200):
@@ -258,10 +308,9 @@ def _issue_29_estimator(elapsed_ms: int):
         "b": SimpleNamespace(spec={"name": "slow", "version": "s1"}, started_ms=0),
         "c": SimpleNamespace(spec={"name": "quick", "version": "q1"}, started_ms=None),
     }
-    pool = SimpleNamespace(
-        name="default", devices=("sim0", "sim1"), held={"a": ("sim0",), "b": ("sim1",)}, queue=OrderedDict(c=1)
-    )
-    pool.start_order = lambda: iter(pool.queue.items())
+    pool = ClassPool("default", ("sim0", "sim1"))
+    pool.held.update({"a": ("sim0",), "b": ("sim1",)})
+    pool.queue.add("c", "ns", 1)
     start = estimator.expected_start(elapsed_ms, pool, "c", jobs)
     return start, estimator.is_uncertain(elapsed_ms, pool, "c", jobs)
 
