@@ -37,6 +37,26 @@ def test_sigkill_and_restart_keeps_versions_jobs_and_the_key(control_plane):
         assert len(http.post("/v1/functions/list", json={}).json()["functions"]) == 3
 
 
+def test_the_workers_directory_a_killed_server_left_is_removed_by_the_next_one(control_plane):
+    from pathlib import Path
+
+    from helpers import submit, wait_done
+
+    cp = control_plane
+    with cp.http() as http:
+        version = register(http, registration_body("left", num_gpus=None))["version"]
+        assert wait_done(http, submit(http, "left", version, [{"x": 1}]))["result"] == [2]
+    left = Path((cp.home / "worker-dirs").read_text().strip())
+    assert left.is_dir() and any(left.iterdir())  # the worker's own directory inside it
+    cp.kill()
+    assert left.is_dir()  # nobody cleaned up
+    cp.start()
+    now = Path((cp.home / "worker-dirs").read_text().strip())
+    assert now != left and now.is_dir() and not left.exists()
+    cp.stop()
+    assert not now.exists()  # a clean stop removes its own
+
+
 def test_a_second_server_on_the_same_home_refuses(control_plane):
     result = subprocess.run(control_plane.command, env=control_plane.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2

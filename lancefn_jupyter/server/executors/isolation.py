@@ -58,13 +58,24 @@ def worker_environment(server_env: Mapping[str, str], *, switched: bool) -> dict
     return env
 
 
+WORK_ROOT_RECORD = "worker-dirs"  # in the home: the workers' root of the server that last ran there
+
+
 class WorkDirs:
     """Private working directories of workers: ``<root>/<random>``, owned by the worker's uid, mode 0700, under a
-    root only the server's user can list (0711) — never the server's cwd, which another user may write."""
+    root only the server's user can list (0711) — never the server's cwd, which another user may write.
 
-    def __init__(self) -> None:
+    ``home``: the root's path is recorded there, so that the next server on the home (holding its lock) removes
+    the root a killed server left behind, with whatever its workers wrote."""
+
+    def __init__(self, home: str | Path | None = None) -> None:
+        record = Path(home) / WORK_ROOT_RECORD if home is not None else None
+        if record is not None:
+            _remove_left_root(record)
         self.root = tempfile.mkdtemp(prefix="lancefn-workers-")
         os.chmod(self.root, 0o711)
+        if record is not None:
+            record.write_text(self.root + "\n")
 
     def new(self, user: WorkerUser | None) -> str:
         path = tempfile.mkdtemp(dir=self.root)  # 0700
@@ -74,6 +85,26 @@ class WorkDirs:
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _remove_left_root(record: Path) -> None:
+    """Remove the workers' root named in ``record`` if it is still there: only a ``lancefn-workers-*`` directory
+    of the temp dir that this user owns (the record is in the private home, but check anyway)."""
+    try:
+        left = Path(record.read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return
+    try:
+        ours = (
+            left.parent == Path(tempfile.gettempdir())
+            and left.name.startswith("lancefn-workers-")
+            and not left.is_symlink()
+            and left.stat().st_uid == os.geteuid()
+        )
+    except OSError:
+        return
+    if ours:
+        shutil.rmtree(left, ignore_errors=True)
 
 
 class WorkerUserError(Exception):

@@ -167,7 +167,7 @@ class LocalExecutor(Executor):
     def __init__(
         self,
         classes: GpuClassConfig | None = None,
-        home: str | Path | None = None,  # unused: each worker runs in a private directory (``isolation.WorkDirs``)
+        home: str | Path | None = None,  # where WorkDirs records the workers' root (each worker runs in its own)
         *,
         max_idle_workers: int = 16,
         max_idle_per_device_set: int = DEFAULT_MAX_IDLE_PER_DEVICE_SET,
@@ -193,7 +193,7 @@ class LocalExecutor(Executor):
         self._user = worker_user
         self._uids = worker_uids
         self._max_procs = worker_max_procs
-        self._workdirs = WorkDirs()
+        self._workdirs = WorkDirs(home)
         self._idle_timeout_s = idle_timeout_s
         self._grace_s = kill_grace_s
         self._callbacks: ExecutorCallbacks = None  # type: ignore[assignment]  # set by start(), before any launch
