@@ -182,7 +182,8 @@ def _check(python: str, requirements: Sequence[str], env: Mapping[str, str]) -> 
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(env),  # and this process's directory: as a worker started from here sees them
+        env={**env, "PYTHONSAFEPATH": "1"},  # as a worker starts: nothing from the working directory
+        cwd="/",  # a Python before 3.11 ignores PYTHONSAFEPATH: nothing planted in our cwd runs (ARCHITECTURE "Isolation")
         stdin=subprocess.DEVNULL,
     )
     if done.returncode != 0:

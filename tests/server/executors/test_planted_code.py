@@ -103,3 +103,18 @@ def test_a_switched_worker_gets_only_the_variables_it_needs():
         "PYTHONSAFEPATH": "1",
     }
     assert worker_environment(server, switched=False) == {**server, "PYTHONSAFEPATH": "1"}  # a same-user server
+
+
+def test_the_check_of_a_built_environment_runs_nothing_planted_in_the_servers_cwd(planted, monkeypatch):
+    import sys
+
+    from lancefn_jupyter.environments import build
+
+    shared, markers = planted
+    (shared / "json.py").write_text(
+        f"import os\nopen(os.path.join({str(markers)!r}, 'json-' + str(os.getuid())), 'w').close()\n"
+    )
+    monkeypatch.chdir(shared)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}  # however the server was started
+    build._check(sys.executable, [], env)  # imports json (and lancefn_jupyter.worker) in the environment's Python
+    assert list(markers.iterdir()) == []
