@@ -14,8 +14,11 @@ Durability: a chunk's job id and attempt count are written in the same transacti
 chunk's outcome is read back from its job on start (``recover``), so a control plane killed at any
 point resumes the batch with no row lost and none counted twice (a job's result is one write).
 
-Runs in the control plane, everything under the job table's lock: job changes arrive as a watcher
-of the journal (``JobJournal.persist``; ``plane.py`` registers ``on_job``).
+Runs in the control plane, the batches' state under the job table's lock: job changes arrive as a
+watcher of the journal (``JobJournal.persist``; ``plane.py`` registers ``on_job``).  Work that is O(N)
+over a batch never takes the lock in one hold: a new batch's rows are written before it is recorded,
+finished batches are read from the store without it, and chunks are submitted, reset and cancelled in
+slices with a rest between them (a thread per batch submits, ``_drain``; docs/ARCHITECTURE.md, "Batches").
 
 A batch's state in memory and its wire form are in ``state.py`` (pure), its tables in
 ``store.py``; a backfill's checks, state, tables and committer in ``backfill.py``.
