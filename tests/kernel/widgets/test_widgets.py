@@ -620,6 +620,9 @@ def test_team_dashboard_shows_classes_batches_jobs_and_failures_live(cp, gate_fn
     batches = [gate_fn.map([gates[f"b{i}"]] * 2, parallel=2) for i in range(3)]
     wait_until(lambda: set(dashboard.batch_rows) == {b.batch_id for b in batches[1:]}, "the 2 newest batches shown")
     assert [row.batch_id for row in dashboard.batches.children] == [batches[2].batch_id, batches[1].batch_id]
+    # A late event of the batch pushed off the bottom (events of several batches interleave) leaves the rows be.
+    dashboard._on_batch(dashboard._client.batches.describe(batches[0].batch_id))
+    assert [row.batch_id for row in dashboard.batches.children] == [batches[2].batch_id, batches[1].batch_id]
     assert running.job_id not in dashboard.failures.rows and running.job_id in dashboard.jobs.rows
     for name in ("a", "b0", "b1", "b2"):
         gates.open(name)
