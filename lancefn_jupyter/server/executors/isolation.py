@@ -75,7 +75,9 @@ class WorkDirs:
         self.root = tempfile.mkdtemp(prefix="lancefn-workers-")
         os.chmod(self.root, 0o711)
         if record is not None:
-            record.write_text(self.root + "\n")
+            fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(self.root + "\n")
 
     def new(self, user: WorkerUser | None) -> str:
         path = tempfile.mkdtemp(dir=self.root)  # 0700
