@@ -189,11 +189,10 @@ class BatchManager:
             with self.table.lock:
                 previous = self.saved.find(namespace, name, version, digest)
         if previous is not None:
-            self.retry(previous)  # in slices itself
+            batch, kept = self._retry(previous)  # in slices itself
             with self.table.lock:
-                batch = self._get(previous)
-                batch.reused_chunks = batch.counts[DONE]
-                return {"batch_id": batch.batch_id, "reused_chunks": batch.reused_chunks}
+                batch.reused_chunks = kept
+            return {"batch_id": batch.batch_id, "reused_chunks": kept}
         batch = new_batch(name, version, digest, parallel, retries, timeout_s, namespace)
         for chunk in cut(chunks):
             batch.add_chunk(chunk)
@@ -362,18 +361,26 @@ class BatchManager:
 
     def retry(self, batch_id: str, scope: str | None = None) -> dict:
         """Run again every chunk that did not finish (failed or cancelled); finished ones are kept."""
+        batch, _ = self._retry(batch_id, scope)
+        with self.table.lock:
+            return batch_wire(batch, include_chunks=False)
+
+    def _retry(self, batch_id: str, scope: str | None = None) -> tuple[Batch, int]:
+        """``retry``'s work: the batch and how many of its chunks had finished when it was reset (a redone
+        chunk may finish before the caller looks again, so the count is taken here)."""
         found, _ = self._find(batch_id, scope)  # read without the lock (O(its chunks))
         with self.table.lock:
             batch = self._batches.get(batch_id) or found
             if batch is found and self.saved.ending(batch_id) != (found.state, found.finished_ms):
                 batch = self._get(batch_id, scope)  # retried and finished again meanwhile: read it again
             redo = [c for c in batch.chunks if c.state in (FAILED, CANCELLED, TIMED_OUT)]
+            kept_done = batch.counts[DONE]
             run = batch.backfill
             uncommitted = run is not None and any(not f.committed for f in run.fragments.values())
             if not redo and not (uncommitted and batch.state in TERMINAL):
-                return batch_wire(batch, include_chunks=False)
+                return batch, kept_done
             if batch.batch_id in self._resetting:
-                return batch_wire(batch, include_chunks=False)  # another retry is at it
+                return batch, kept_done  # another retry is at it
             if batch.batch_id not in self._batches:
                 self._activate(batch)
             self._resetting.add(batch.batch_id)
@@ -411,8 +418,7 @@ class BatchManager:
                 if self._advance(batch):
                     self._kick(batch)
                 self._changed(batch)
-        with self.table.lock:
-            return batch_wire(batch, include_chunks=False)
+        return batch, kept_done
 
     async def wait(self, batch_id: str, timeout_s: float, revision: int | None, scope: str | None = None) -> dict:
         """The batch once terminal or (with ``revision``) newer than it, or as it stands when
