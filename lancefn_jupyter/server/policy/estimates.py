@@ -8,16 +8,18 @@ over predicted run times:
 * each pending job, in queue order, starts once the GPUs it needs are free and every job ahead of it
   has started;
 * a run time is the median of the last ``KEEP`` successful runs of that function version on that class,
-  else the median of the class's last ``KEEP`` runs (a new version), else unknown;
-* a running job of a version with no history is expected to run as long as the median of the class's runs
-  that lasted longer than it already has, and when it has outlived them all, as long again as it has run so
-  far (``unseen_run_ms``): never less than what it has already shown;
+  else (a version that never ran there) the median over the class's last ``KEEP`` versions of each one's
+  median, else unknown.  Each version counts once, however often it ran: a new version is one more draw
+  from the versions, and a class's runs are dominated by its busiest version (often its shortest);
+* a running job of a version with no history is expected to run as long as the median of those versions'
+  medians that are longer than it has already run, and when it has outlived them all, as long again as it
+  has run so far (``unseen_run_ms``): never less than what it has already shown;
 * a run is recorded warm (``warm_run_ms``): its duration less the worker start and setup it paid, so one
   cold job does not push back the expected start of the warm jobs behind it (docs/ARCHITECTURE.md, "Warm state").
 
 When a run time the replay needs is unknown, the job's estimate (and every one behind it) is ``None``:
 the placement says "unknown" rather than guess. An estimate that rests on a version without history is
-*uncertain* (and so is every one behind it) when the class's run times it uses spread wide (90th percentile
+*uncertain* (and so is every one behind it) when the versions' run times it uses spread wide (90th percentile
 over ``WIDE_SPREAD`` × the 10th) or when a running job has outlived them all: the placement says "start time
 uncertain". Benchmarked in ``benchmarks/bench_expected_wait.py``.
 """
@@ -59,11 +61,11 @@ def spread_is_wide(runs: Sequence[float]) -> bool:
     return high > WIDE_SPREAD * max(low, 1.0)
 
 
-def unseen_run_ms(elapsed_ms: float, class_runs: Sequence[float]) -> tuple[float, bool]:
+def unseen_run_ms(elapsed_ms: float, runs: Sequence[float]) -> tuple[float, bool]:
     """``(expected total run time, uncertain)`` of a running job whose version has no history, that has run
-    ``elapsed_ms`` so far, from its class's recent ``class_runs``: the median of those runs that lasted longer
-    than it already has; once it outlived them all, twice its run so far (as long again), uncertain."""
-    longer = [ms for ms in class_runs if ms > elapsed_ms]
+    ``elapsed_ms`` so far, from ``runs`` (the class's recent versions' medians): the median of those longer
+    than it already has run; once it outlived them all, twice its run so far (as long again), uncertain."""
+    longer = [ms for ms in runs if ms > elapsed_ms]
     if not longer:
         return 2.0 * max(elapsed_ms, 1.0), True
     return statistics.median(longer), spread_is_wide(longer)
@@ -79,16 +81,18 @@ def warm_run_ms(started_ms: int, finished_ms: int, timings: Mapping[str, Any] | 
 
 
 class RunTimes:
-    """Recent successful run times (ms) per (name, version, class) and per class; bounded memory."""
+    """Recent successful run times (ms) per (name, version, class), and per class the recent versions that ran
+    on it; bounded memory."""
 
     def __init__(self, keep: int = KEEP, max_versions: int = 4096):
         self._keep = keep
         self._max_versions = max_versions
         self._by_version: dict[tuple[str, str, str], deque[float]] = {}
-        self._by_class: dict[str, deque[float]] = {}
         # Medians are kept up to date on record: the replay reads them for every queued job.
         self._version_median: dict[tuple[str, str, str], float] = {}
-        self._class_median: dict[str, float] = {}
+        self._class_versions: dict[str, dict[tuple[str, str, str], None]] = {}  # last ``keep``, oldest first
+        self._class_medians: dict[str, list[float]] = {}  # those versions' medians
+        self._new_version_median: dict[str, float] = {}
 
     def record(self, name: str, version: str, gpu_class: str, duration_ms: float) -> None:
         if duration_ms < 0:
@@ -97,29 +101,36 @@ class RunTimes:
         if key not in self._by_version and len(self._by_version) >= self._max_versions:
             oldest = next(iter(self._by_version))  # the oldest-seen version goes first
             del self._by_version[oldest], self._version_median[oldest]
+            self._class_versions.get(oldest[2], {}).pop(oldest, None)
         runs = self._by_version.setdefault(key, deque(maxlen=self._keep))
         runs.append(duration_ms)
         self._version_median[key] = statistics.median(runs)
-        class_runs = self._by_class.setdefault(gpu_class, deque(maxlen=self._keep))
-        class_runs.append(duration_ms)
-        self._class_median[gpu_class] = statistics.median(class_runs)
+        recent = self._class_versions.setdefault(gpu_class, {})
+        recent.pop(key, None)
+        recent[key] = None  # the most recent last
+        while len(recent) > self._keep:
+            del recent[next(iter(recent))]
+        medians = [self._version_median[k] for k in recent]
+        self._class_medians[gpu_class] = medians
+        self._new_version_median[gpu_class] = statistics.median(medians)
 
     def expected_ms(self, name: str, version: str, gpu_class: str) -> float | None:
-        """The version's median run time on the class, else the class median, else None."""
+        """The version's median run time on the class, else ``new_version_ms``, else None."""
         median = self._version_median.get((name, version, gpu_class))
-        return median if median is not None else self._class_median.get(gpu_class)
+        return median if median is not None else self._new_version_median.get(gpu_class)
 
-    def class_ms(self, gpu_class: str) -> float | None:
-        """The median of the class's recent run times (None: none yet)."""
-        return self._class_median.get(gpu_class)
+    def new_version_ms(self, gpu_class: str) -> float | None:
+        """What a version that never ran on the class is expected to take: the median of the medians of the
+        class's recent versions (None: nothing ran there yet)."""
+        return self._new_version_median.get(gpu_class)
 
     def version_ms(self, name: str, version: str, gpu_class: str) -> float | None:
         """The version's own median run time on the class (None: no history)."""
         return self._version_median.get((name, version, gpu_class))
 
-    def class_runs(self, gpu_class: str) -> Sequence[float]:
-        """The class's last ``keep`` run times, oldest first."""
-        return self._by_class.get(gpu_class, ())
+    def version_medians(self, gpu_class: str) -> Sequence[float]:
+        """The medians of the class's last ``keep`` versions, least recently run first."""
+        return self._class_medians.get(gpu_class, ())
 
 
 @dataclass(frozen=True)
@@ -235,7 +246,7 @@ class QueueEstimator:
 
     def _replay(self, now_ms: int, pool: Any, job_id: str, jobs: dict) -> ClassReplay:
         run_times = self.run_times
-        class_ms, wide = run_times.class_ms(pool.name), spread_is_wide(run_times.class_runs(pool.name))
+        new_ms, wide = run_times.new_version_ms(pool.name), spread_is_wide(run_times.version_medians(pool.name))
 
         def version_ms(other: str) -> float | None:
             spec = jobs[other].spec if other in jobs else {}
@@ -247,8 +258,8 @@ class QueueEstimator:
             if known is not None:
                 return Holding(other, num_gpus, started_ms, known)
             if started_ms is None:  # placed, not started: like a queued job of a new version
-                return Holding(other, num_gpus, started_ms, class_ms, wide)
-            runs = run_times.class_runs(pool.name)
+                return Holding(other, num_gpus, started_ms, new_ms, wide)
+            runs = run_times.version_medians(pool.name)
             if not runs:
                 return Holding(other, num_gpus, started_ms, None)
             total, uncertain = unseen_run_ms(now_ms - started_ms, runs)
@@ -258,17 +269,17 @@ class QueueEstimator:
         if (
             replay is not None
             and now_ms - replay.created_ms < self._refresh_ms
-            and (job_id in replay.starts or self._extend(replay, pool, job_id, version_ms, class_ms, wide))
+            and (job_id in replay.starts or self._extend(replay, pool, job_id, version_ms, new_ms, wide))
         ):
             return replay
         held = [holding(other, len(devices)) for other, devices in pool.held.items()]
         replay = self._replays[pool.name] = ClassReplay(now_ms, len(pool.devices), held)
-        self._extend(replay, pool, job_id, version_ms, class_ms, wide)
+        self._extend(replay, pool, job_id, version_ms, new_ms, wide)
         return replay
 
     @staticmethod
     def _extend(
-        replay: ClassReplay, pool: Any, job_id: str, version_ms: Any, class_ms: float | None, wide: bool
+        replay: ClassReplay, pool: Any, job_id: str, version_ms: Any, new_ms: float | None, wide: bool
     ) -> bool:
         """Extend ``replay`` in start order up to ``job_id``, resuming the walk where it stopped (O(jobs added),
         however long the queue); False if the start order no longer begins with the jobs it replayed: one of
@@ -296,7 +307,7 @@ class QueueEstimator:
             if known is not None:
                 replay.extend(other, num_gpus, known)
             else:
-                replay.extend(other, num_gpus, class_ms, wide)
+                replay.extend(other, num_gpus, new_ms, wide)
             if other == job_id:
                 break
         return True

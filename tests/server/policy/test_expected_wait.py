@@ -45,14 +45,20 @@ def test_overrun_unknown_and_unstarted_jobs():
     assert got == {"b": None, "c": None}
 
 
-def test_run_times_version_median_then_class_median():
+def test_run_times_version_median_then_the_median_of_the_class_versions():
     times = RunTimes(keep=3)
     assert times.expected_ms("f", "v1", "default") is None
     for ms in (100, 900, 200, 300):  # keeps the last 3: 900, 200, 300
         times.record("f", "v1", "default", ms)
     times.record("g", "v1", "default", 10_000)
     assert times.expected_ms("f", "v1", "default") == 300
-    assert times.expected_ms("f", "new", "default") == 300  # class median of 200, 300, 10_000
+    # A new version: each version counts once (300 and 10,000), not each run (200, 300, 10,000 → 300).
+    assert times.expected_ms("f", "new", "default") == 5_150
+    for ms in (40, 50, 60):  # a busy short version does not drag it down: one more version (50)
+        times.record("h", "v1", "default", ms)
+    assert times.new_version_ms("default") == 300 and list(times.version_medians("default")) == [300, 10_000, 50]
+    times.record("k", "v1", "default", 7_000)  # the last 3 versions: g, h, k
+    assert list(times.version_medians("default")) == [10_000, 50, 7_000] and times.new_version_ms("default") == 7_000
     assert times.expected_ms("f", "v1", "big") is None
 
 
