@@ -151,7 +151,7 @@ class EnvironmentCache:
         if request.conda and not self._layered(request):
             return (
                 f"conda packages are honoured only from the control plane's own environment (Python "
-                f"{self._base_info().version}), not with python_version={request.python_version!r}: use pip= "
+                f"{self._base_version()}), not with python_version={request.python_version!r}: use pip= "
                 "packages or drop python_version="
             )
         if request.conda:
@@ -312,7 +312,14 @@ class EnvironmentCache:
     def _layered(self, request: EnvironmentRequest) -> bool:
         """Whether the environment layers over the base: it runs the base's Python."""
         wanted = _minor(request.python_version) if request.python_version else None
-        return wanted is None or wanted == self._base_info().version
+        return wanted is None or wanted == self._base_version()
+
+    def _base_version(self) -> str:
+        """The base's ``major.minor``; this process's own without scanning its packages (``_base_info`` reads every
+        distribution's metadata, ~50 ms: a plain version's registration only asks whether the Python matches)."""
+        if resolve.is_this_process(self.base_python):
+            return "%d.%d" % sys.version_info[:2]
+        return self._base_info().version
 
     def _python_for(self, request: EnvironmentRequest) -> str | None:
         if self._layered(request):
