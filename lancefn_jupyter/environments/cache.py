@@ -318,7 +318,7 @@ class EnvironmentCache:
         """The base's ``major.minor``; this process's own without scanning its packages (``_base_info`` reads every
         distribution's metadata, ~50 ms: a plain version's registration only asks whether the Python matches)."""
         if resolve.is_this_process(self.base_python):
-            return "%d.%d" % sys.version_info[:2]
+            return f"{sys.version_info.major}.{sys.version_info.minor}"
         return self._base_info().version
 
     def _python_for(self, request: EnvironmentRequest) -> str | None:

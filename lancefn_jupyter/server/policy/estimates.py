@@ -278,9 +278,7 @@ class QueueEstimator:
         return replay
 
     @staticmethod
-    def _extend(
-        replay: ClassReplay, pool: Any, job_id: str, version_ms: Any, new_ms: float | None, wide: bool
-    ) -> bool:
+    def _extend(replay: ClassReplay, pool: Any, job_id: str, version_ms: Any, new_ms: float | None, wide: bool) -> bool:
         """Extend ``replay`` in start order up to ``job_id``, resuming the walk where it stopped (O(jobs added),
         however long the queue); False if the start order no longer begins with the jobs it replayed: one of
         them left the queue, the levels changed, or fair order puts a job queued since ahead of them (a new job
