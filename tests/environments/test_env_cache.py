@@ -111,6 +111,22 @@ def test_the_base_satisfying_everything_needs_no_environment(root):
     assert cache.problem(conda) is None and cache.ensure(conda) is None
 
 
+def test_a_plain_version_of_the_base_python_is_checked_without_scanning_the_base(root, monkeypatch):
+    # A registration's check of python_version must not read every distribution's metadata (~50 ms): a server's
+    # first registration paid that on the kernel's wait.
+    from lancefn_jupyter.environments import resolve
+
+    def scanned(*args, **kwargs):
+        raise AssertionError("describe_base ran for a version with no packages")
+
+    monkeypatch.setattr(resolve, "describe_base", scanned)
+    cache = EnvironmentCache(root)
+    plain = EnvironmentRequest(python_version=BASE_PYTHON)
+    assert cache.problem(plain) is None and not cache.needs_build(plain)
+    with pytest.raises(AssertionError, match="describe_base ran"):
+        cache.key(plain)  # the cache key does need the base's packages: the stub was in force
+
+
 def test_same_packages_share_one_environment_and_four_threads_build_once(root, monkeypatch):
     (name,) = _need(1)
     builds = []
