@@ -163,12 +163,16 @@ class Job(RecordHandle[JobRecord]):
             if snapshot.result_format == "arrow":
                 if self._arrow_results is None:  # fetched once: the file can be large
                     home = shared_home(self.client)
-                    local = home / "data" / "results" / f"{self.job_id}.arrow" if home else None
-                    # Mapped, not copied, from the embedded server's file (immutable once renamed).
-                    try:
-                        table = dataplane.read_ipc(local) if local is not None else None
-                    except (OSError, ValueError):  # gone (retention) or unreadable: the server says why
-                        table = None
+                    # Mapped, not copied, from the embedded server's file (immutable once renamed): in the
+                    # home, or still staged in memory on its way there (docs/ARCHITECTURE.md, "Result staging").
+                    table = None
+                    name = f"{self.job_id}.arrow"
+                    for local in (home / "data" / where / name for where in ("staged", "results")) if home else ():
+                        try:
+                            table = dataplane.read_ipc(local)
+                            break
+                        except (OSError, ValueError):  # moving, gone (retention) or unreadable: the server says why
+                            continue
                     if table is None:
                         table = dataplane.read_ipc(self.client.jobs.result(self.job_id))
                     self._arrow_results = dataplane.decode_results(table, self._batched_form())

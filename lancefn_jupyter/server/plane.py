@@ -148,6 +148,7 @@ class ControlPlane:
         self.journal.watchers.append(self.batches.on_job)
         self.journal.forgetters.append(self.callbacks.forget)
         self.journal.forgetters.append(self.environments.forget)
+        self.journal.forgetters.append(self.data.staging.discard)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -162,7 +163,7 @@ class ControlPlane:
             if table.executor is not None:
                 table.executor.start(self.callbacks)
                 self._apply_executor_capacity()
-            self.data.sweep_temp()
+            self.data.start()  # temp files go, staged results move to the home
             self.machine.recover()
             for done in reversed(self.store.list_jobs(states=(DONE,), job_type="run_function", limit=1000)):
                 self.reports.note_run_time(done)
@@ -194,6 +195,7 @@ class ControlPlane:
                 executor.shutdown()
             except Exception:  # shutting down anyway; the reason goes to the log
                 log.exception("executor shutdown failed")
+        self.data.close()  # staged results reach the home
         with table.lock:
             self.journal.flush_all()
             self.unsaved.cancel_retry()

@@ -714,6 +714,23 @@ def write_ipc_file(path: str | os.PathLike[str], table: Any, *, durable: bool = 
     return _write_atomic(os.fspath(path), write, durable)
 
 
+def write_ipc_into(slot: str | os.PathLike[str], path: str | os.PathLike[str], table: Any) -> int:
+    """Write ``table`` as an IPC stream into the existing file ``slot`` in place, then rename it to ``path``;
+    its size. The slot's memory pages are written over, not freed and allocated again: on a VM that hands
+    freed memory back to its host, fresh pages cost ~3 ms per MB (docs/ARCHITECTURE.md, "Result staging").
+    The rename makes it atomic like ``write_ipc_file``: a killed writer leaves the slot under its own name."""
+    import pyarrow as pa
+
+    def write() -> None:
+        with open(slot, "r+b", buffering=0) as raw:  # not "wb": truncating to 0 would free every page
+            with pa.ipc.new_stream(pa.PythonFile(raw, mode="w"), table.schema) as writer:
+                writer.write_table(table)
+            raw.truncate()  # at the end of the stream: a longer earlier result's tail goes
+
+    replace_atomically(os.fspath(slot), os.fspath(path), write)
+    return os.path.getsize(path)
+
+
 def write_bytes_file(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> int:
     """Write IPC bytes (e.g. a Ray task's result) atomically, like :func:`write_ipc_file`."""
 

@@ -19,7 +19,7 @@ from typing import cast
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.worker import reap
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, MAX_PROCS_ENV, TEARDOWN_S
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS, MAX_PROCS_ENV, TEARDOWN_S, result_target
 
 __all__ = ["WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
 
@@ -120,6 +120,7 @@ class WorkerProcess:
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
         self.frames = user is not None
         self._result_sink: tuple[str, bool] | None = None  # (result file, fsync) of the current task
+        self._result_stage: dict | None = None  # and where it may be staged ("Result staging")
         switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
         # workers, and killpg also stops processes the user's code started.
@@ -172,6 +173,7 @@ class WorkerProcess:
                 task["rows_len"] = os.path.getsize(rows_file)
             if "result_file" in task:
                 self._result_sink = (str(task.pop("result_file")), bool(task.get("result_fsync", True)))
+                self._result_stage = task.pop("result_stage", None)
                 task["result_frame"] = True
         try:
             self.process.stdin.write(json.dumps(task, separators=(",", ":")).encode() + b"\n")
@@ -246,6 +248,9 @@ class WorkerProcess:
                         "message": "the worker sent an unexpected result frame",
                     }
                 path, durable = self._result_sink
+                path, _ = result_target(
+                    {"result_file": path, "result_stage": self._result_stage}, size
+                )  # no slot: a stream
                 event["nbytes"] = dataplane.write_stream_file(path, self.process.stdout, size, durable=durable)
                 event["result_file"] = path
             return event

@@ -84,3 +84,14 @@ def _libc_fflush() -> Any:
     import ctypes
 
     return ctypes.CDLL(None).fflush
+
+
+def result_target(task: dict, nbytes: int) -> tuple[str, str | None]:
+    """Where a result of about ``nbytes`` goes, and the slot to write it into (docs/ARCHITECTURE.md, "Result
+    staging"): the task's ``result_stage`` file (memory; the control plane moves it to the home) when it offers
+    one this size fits, written into its ``slot`` when it has one; else ``result_file``."""
+    stage = task.get("result_stage")
+    if isinstance(stage, dict) and nbytes <= int(stage.get("max_bytes", 0)):
+        slot = stage.get("slot")
+        return str(stage["file"]), None if slot is None else str(slot)
+    return str(task["result_file"]), None

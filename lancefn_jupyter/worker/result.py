@@ -8,8 +8,10 @@ neither numpy nor pyarrow until a result needs them.
 from __future__ import annotations
 
 import json
+import os
 
 from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.worker.protocol import result_target
 
 __all__ = ["TaskFailure", "result_event"]
 
@@ -109,8 +111,12 @@ def result_event(
         return found
 
     if "result_file" in task:
-        nbytes = dataplane.write_ipc_file(task["result_file"], table, durable=bool(task.get("result_fsync", True)))
-        return {"result_file": task["result_file"], "nbytes": nbytes, "summary": summary(nbytes)}
+        path, slot = result_target(task, table.nbytes)
+        if slot is not None and os.path.exists(slot):
+            nbytes = dataplane.write_ipc_into(slot, path, table)
+        else:
+            nbytes = dataplane.write_ipc_file(path, table, durable=bool(task.get("result_fsync", True)))
+        return {"result_file": path, "nbytes": nbytes, "summary": summary(nbytes)}
     data = dataplane.to_ipc_bytes(table)
     key = "result_frame" if task.get("result_frame") else "result_ipc"
     return {key: data, "nbytes": len(data), "summary": summary(len(data))}

@@ -5,6 +5,7 @@ files on disk survive SIGKILL; retention."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -271,6 +272,38 @@ def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result
     assert not [p for p in results.iterdir() if ".tmp-" in p.name]
 
 
+def test_results_staged_in_memory_survive_a_sigkill_of_the_server(control_plane_factory):
+    """DONE jobs whose 8 MB results may still be staged in memory when the server is killed: the next start
+    moves them to the home, and each is served whole (docs/ARCHITECTURE.md, "Result staging")."""
+    cp = control_plane_factory()
+    n = 2_000_000  # 8 MB of float32: staged
+    with cp.http() as client:
+        version = register(client, BIG_BODY)["version"]
+        jobs = [
+            client.post("/v1/functions/run", json={"name": "big", "version": version, "rows": [{"n": n + i}]}).json()[
+                "job_id"
+            ]
+            for i in range(6)
+        ]
+        for job_id in jobs:
+            assert wait_done(client, job_id, DEADLINE_S)["job_state"] == "DONE"
+    staged_dir = (cp.home / "data" / "staged").resolve()
+    assert staged_dir.parent.name == "shm"
+    cp.kill()  # the spooler may not have moved the last ones yet
+    cp.start()
+    results = cp.home / "data" / "results"
+    with cp.http() as client:
+        for i, job_id in enumerate(jobs):
+            reply = client.get("/v1/jobs/result", params={"job_id": job_id})
+            assert reply.status_code == 200, reply.text
+            (value,) = dataplane.decode_results(dataplane.read_ipc(reply.content))
+            assert value.shape == (n + i,) and float(value[-1]) == 1.5
+    cp.stop()
+    assert sorted(p.stem for p in results.glob("*.arrow")) == sorted(jobs)  # all in the home after a stop
+    assert not [p for p in results.iterdir() if ".tmp-" in p.name]
+    assert not staged_dir.exists()
+
+
 def test_retention_removes_results_and_the_job_says_so(control_plane_factory):
     cp = control_plane_factory(args=["--result-max-bytes", "1"])
     with cp.http() as client:
@@ -293,8 +326,15 @@ def test_embedded_server_hands_rows_and_results_over_as_files(cp, tmp_path, monk
     try:
         scale._version = None  # registered on the module's other server
         x = np.arange(6, dtype=np.float32).reshape(2, 3)
-        same(scale.remote(x, 2.0), x * 2)
-        assert list((home / "data" / "results").glob("*.arrow")), "the result is a file in the home"
+        job = scale.submit(x, 2.0)
+        same(job.result(), x * 2)
+        # The result is a file the kernel maps: staged in memory, or in the home once the spooler moved it
+        # (docs/ARCHITECTURE.md, "Result staging"); a second read gets the same values wherever it is.
+        name = f"{job.job_id}.arrow"
+        assert (home / "data" / "staged").resolve().parent == Path("/dev/shm")
+        assert (home / "data" / "staged" / name).exists() or (home / "data" / "results" / name).exists()
+        (again,) = api.Job.attach(job.job_id).result()  # attached: the list of the job's results
+        same(again, x * 2)
         assert not list((home / "data" / "uploads").iterdir()) and not list((home / "data" / "rows").iterdir())
         client = api.current_client()
         version = scale.version
@@ -305,6 +345,9 @@ def test_embedded_server_hands_rows_and_results_over_as_files(cp, tmp_path, monk
         api.stop_local(home=str(home))
         scale._version = None
         api.connect(cp.url, cp.api_key)  # back to the module's server for the tests after this one
+    # A graceful stop leaves every result in the home and no memory behind.
+    assert dataplane.read_ipc(home / "data" / "results" / name).num_rows == 1
+    assert not (home / "data" / "staged").exists()
 
 
 @api.gpu_function()

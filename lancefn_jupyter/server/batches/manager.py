@@ -718,13 +718,19 @@ class BatchManager:
         if not (isinstance(rec.result, dict) and "arrow" in rec.result):
             return None
         kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            os.link(self.data.result_path(rec.job_id), kept)
-        except FileNotFoundError:
-            return None
-        except OSError:  # no hard links here (another file system): a copy
-            shutil.copyfile(self.data.result_path(rec.job_id), kept)
-        return kept
+        for _ in range(2):  # a staged result may move to the home between finding and linking it
+            source = self.data.find_result(rec.job_id)
+            try:
+                try:
+                    os.link(source, kept)
+                except FileNotFoundError:
+                    raise
+                except OSError:  # no hard links here (another file system, or staged in memory): a copy
+                    shutil.copyfile(source, kept)
+            except FileNotFoundError:
+                continue
+            return kept
+        return None
 
     def _queue_commits(self, batch: Batch, fids: Any = None) -> None:
         """Queue the commit of each fragment of ``fids`` (default: all) that is not committed yet once its first

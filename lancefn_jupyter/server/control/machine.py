@@ -377,10 +377,11 @@ class JobMachine:
     def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:
         """The worker protocol's data-plane fields of a task (docs/ARCHITECTURE.md)."""
         signature = fv.get("signature") or {}
+        types = dataplane.task_fields(signature)  # input/output types, and a batched version's forms
         data: dict[str, Any] = {
-            **dataplane.task_fields(signature),  # input/output types, and a batched version's forms
-            "result_file": str(self.data.result_path(rec.job_id)),
-            "result_fsync": self.data.fsync,
+            **types,
+            # result_file, result_fsync, result_stage (docs/ARCHITECTURE.md, "Result staging")
+            **self.data.result_fields(rec.job_id, arrow=dataplane.is_data_type(types["output_type"])),
             "rows_total": rec.rows_total,
         }
         if isinstance(rows, dict):

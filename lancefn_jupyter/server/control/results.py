@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.queries import JobQueries
@@ -43,9 +43,9 @@ class Results:
         """Set ``rec.result`` from what the worker reported; a problem (the job fails) or None.
         An Arrow result is referenced as ``{"arrow": {...}}`` (JSON results are always lists)."""
         if isinstance(results, Mapping) and "result_file" in results:
-            path = self.data.result_path(rec.job_id)
-            if os.fspath(results["result_file"]) != os.fspath(path) or not path.exists():
+            if not self.data.is_result_file(results["result_file"], rec.job_id):
                 return f"the worker reported a result file that is not there ({results['result_file']})"
+            self.data.staging.staged(rec.job_id)  # on its way to the home, if the worker staged it
             summary = dict(results.get("summary") or {})
             rec.result = {"arrow": {"nbytes": int(results.get("nbytes", 0)), "summary": summary}}
             return None
@@ -73,28 +73,37 @@ class Results:
             except Exception:
                 log.exception("could not mark job %s's result as expired", job_id)
 
-    def result_file(self, job_id: str, scope: str | None = None) -> tuple[str | None, Any]:
-        """(path of the Arrow IPC result, None) or (None, JSON results) of a DONE job
-        (``scope``: the caller's namespace; another team's job is a 404, as everywhere)."""
+    def open_result(self, job_id: str, scope: str | None = None) -> tuple[BinaryIO | None, Any]:
+        """(the Arrow IPC result, opened: the caller closes it, None) or (None, JSON results) of a DONE job
+        (``scope``: the caller's namespace; another team's job is a 404, as everywhere). Opened here, so a
+        staged result moving to the home meanwhile ("Result staging") is still served whole."""
         rec = self.jobs.get(job_id, scope)
         if rec.state != DONE:
             raise ApiError(409, f"job {job_id} is {rec.state}, not DONE; wait for it with POST /v1/jobs/wait")
         if not (isinstance(rec.result, dict) and "arrow" in rec.result):
             return None, rec.result
-        path = self.data.result_path(job_id)
-        recorded = rec.result["arrow"].get("nbytes")
-        if path.exists() and recorded and path.stat().st_size != recorded:
-            raise ApiError(
-                410,
-                f"the result file of job {job_id} is incomplete (the machine lost power before it reached the "
-                "disk; start the server with --result-fsync to prevent this); run the function again",
-                code="gone",
-            )
-        if rec.result["arrow"].get("expired") or not path.exists():
+        opened = None
+        if not rec.result["arrow"].get("expired"):
+            for _ in range(2):  # staged, or in the home once moved
+                try:
+                    opened = open(self.data.find_result(job_id), "rb")  # noqa: SIM115 (the response closes it)
+                    break
+                except FileNotFoundError:
+                    continue
+        if opened is None:
             raise ApiError(
                 410,
                 f"the result of job {job_id} was removed by the retention rule (--result-max-age-days / "
                 "--result-max-bytes); run the function again",
                 code="gone",
             )
-        return str(path), None
+        recorded = rec.result["arrow"].get("nbytes")
+        if recorded and os.fstat(opened.fileno()).st_size != recorded:
+            opened.close()
+            raise ApiError(
+                410,
+                f"the result file of job {job_id} is incomplete (the machine lost power before it reached the "
+                "disk; start the server with --result-fsync to prevent this); run the function again",
+                code="gone",
+            )
+        return opened, None

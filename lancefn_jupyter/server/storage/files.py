@@ -6,6 +6,7 @@ Layout (docs/ARCHITECTURE.md, "Arrow data plane")::
                                         ``rows_file`` (moved to rows/ by the run; refused otherwise)
     $HOME/data/rows/<uuid>.arrow        rows of a job submitted as Arrow IPC (removed when the job ends)
     $HOME/data/results/<job_id>.arrow   a job's result as an Arrow IPC stream
+    $HOME/data/staged -> /dev/shm/…     results staged in memory on their way to results/ (``staging.py``)
 
 Every file is written under a ``.tmp-<pid>`` name and renamed, so a SIGKILL never leaves a half
 file under a final name; leftover temp files are removed at start.  Results are fsynced first only
@@ -30,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lancefn_jupyter.server.storage.staging import ResultStaging, staging_dir_for
 from lancefn_jupyter.wire import dataplane
 
 __all__ = ["DEFAULT_MAX_AGE_S", "DEFAULT_MAX_BYTES", "DataStore"]
@@ -48,7 +50,9 @@ class DataStore:
         max_age_s: float = DEFAULT_MAX_AGE_S,
         max_bytes: int = DEFAULT_MAX_BYTES,
         fsync: bool = False,
+        stage: bool = True,
     ):
+        """``stage``: stage fresh results in memory (``staging.py``); never with ``fsync``."""
         self.root = Path(home) / "data"
         self.rows_dir = self.root / "rows"
         self.results_dir = self.root / "results"
@@ -56,6 +60,7 @@ class DataStore:
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
         self.fsync = fsync
+        self.staging = ResultStaging(self.results_dir, staging_dir_for(Path(home)) if stage and not fsync else None)
         # The kept results, by age: a heap of (mtime, job_id) and each one's size (the heap's entry is stale
         # when the job's size was dropped); built by ``enforce_retention`` at start, updated by ``kept``.
         self._by_age: list[tuple[float, str]] = []
@@ -65,7 +70,44 @@ class DataStore:
     # ----------------------------------------------------------------- paths
 
     def result_path(self, job_id: str) -> Path:
+        """Where the job's result is kept in the home (its file may still be staged: see ``find_result``)."""
         return self.results_dir / f"{job_id}{_SUFFIX}"
+
+    def find_result(self, job_id: str) -> Path:
+        """The job's result file as it is now: in the home, else staged (``result_path`` when neither)."""
+        return self.staging.find(self.result_path(job_id), job_id)
+
+    def result_fields(self, job_id: str, *, arrow: bool) -> dict:
+        """The worker protocol's result fields of a task (docs/ARCHITECTURE.md, "Worker protocol"); ``arrow``:
+        its output is an Arrow type, so its result is offered a reused slot ("Result staging")."""
+        stage = self.staging.task_fields(job_id, slot=arrow)
+        return {"result_file": str(self.result_path(job_id)), "result_fsync": self.fsync, **stage}
+
+    def is_result_file(self, path: str | os.PathLike[str], job_id: str) -> bool:
+        """Whether a worker's reported ``result_file`` is one this job may write, and is there."""
+        mine = os.fspath(path) == os.fspath(self.result_path(job_id)) or self.staging.is_staged(path, job_id)
+        return mine and os.path.exists(path)
+
+    def start(self) -> None:
+        """At start, before any job is recovered: temp files go, staged results move to the home, and the
+        ``staged`` link the embedded server's kernel reads through points at this server's staging."""
+        self.sweep_temp()
+        self.staging.start()
+        link = self.root / "staged"
+        if self.staging.dir is not None:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = self.root / f"staged.tmp-{os.getpid()}"
+            _unlink(tmp)
+            os.symlink(self.staging.dir, tmp)
+            os.replace(tmp, link)
+        elif os.path.islink(link):
+            _unlink(link)
+
+    def close(self) -> None:
+        """A graceful stop: every staged result reaches the home."""
+        self.staging.close()
+        if os.path.islink(self.root / "staged"):
+            _unlink(self.root / "staged")
 
     def rows_path(self, ref: dict) -> Path:
         return self.root / ref["arrow_file"]
@@ -166,7 +208,7 @@ class DataStore:
         """A result file was written for ``job_id``: index it and apply the retention rule at once; the
         removed job ids (``job_id`` among them when it alone is over the size limit)."""
         try:
-            info = self.result_path(job_id).stat()
+            info = self.find_result(job_id).stat()
         except OSError:
             return []
         self._add(job_id, info.st_mtime, info.st_size)
@@ -185,6 +227,7 @@ class DataStore:
             if now - mtime <= self.max_age_s and self._total <= self.max_bytes:
                 break
             heapq.heappop(self._by_age)
+            self.staging.remove(job_id)
             _unlink(self.result_path(job_id))
             self._total -= self._sizes.pop(job_id, 0)
             removed.append(job_id)

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import os
+from collections.abc import AsyncIterator
+from typing import Any, BinaryIO, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from lancefn_jupyter.server.http.auth import who
@@ -46,10 +48,14 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
     @app.get("/v1/jobs/result", dependencies=auth)
     async def job_result(request: Request, job_id: str) -> Any:
         """A DONE job's result: its Arrow IPC stream (streamed from the file), or JSON results."""
-        path, results = await off_loop(plane.results.result_file, job_id, who(request).scope)
-        if path is None:
+        opened, results = await off_loop(plane.results.open_result, job_id, who(request).scope)
+        if opened is None:
             return {"job_id": job_id, "result": results}
-        return FileResponse(path, media_type=ARROW_STREAM)
+        return StreamingResponse(
+            _chunks(opened),
+            media_type=ARROW_STREAM,
+            headers={"content-length": str(os.fstat(opened.fileno()).st_size)},
+        )
 
     app.post("/v1/jobs/describe", dependencies=auth, name="describe_job")(by_id(JobId, "job_id", queries.describe))
     app.post("/v1/jobs/cancel", dependencies=auth, name="cancel_job")(by_id(JobId, "job_id", plane.machine.cancel))
@@ -66,3 +72,12 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         return await queries.wait(body.job_id, body.timeout_s, caller.scope, unless_queued=False)
 
     ctx.fastpath.post(app, "/v1/jobs/wait", "jobs", wait_job)
+
+
+async def _chunks(opened: BinaryIO) -> AsyncIterator[bytes]:
+    """An open result file in 1 MiB chunks, read off the loop; closed at the end or when the client goes."""
+    try:
+        while chunk := await off_loop(opened.read, 1 << 20):
+            yield chunk
+    finally:
+        opened.close()

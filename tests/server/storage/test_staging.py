@@ -1,0 +1,162 @@
+"""Result staging (docs/ARCHITECTURE.md, "Result staging"): results land in reused memory slots, reach the home
+off the reply's path, are never lost to a kill, and a slot a reader still maps is never written over."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lancefn_jupyter.server.storage.files import DataStore
+from lancefn_jupyter.server.storage.staging import ResultStaging, staging_dir_for, unshared
+from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.worker.protocol import result_target
+
+pytestmark = pytest.mark.unit
+
+
+def _staging(tmp_path: Path, **kwargs) -> ResultStaging:
+    staging = ResultStaging(tmp_path / "home" / "data" / "results", tmp_path / "shm", **kwargs)
+    staging.start()
+    return staging
+
+
+def _table(n: int, start: float = 0.0) -> pa.Table:
+    return pa.table({"result": pa.array(np.arange(start, start + n, dtype=np.float64))})
+
+
+def _write(staging: ResultStaging, job_id: str, table: pa.Table, *, arrow: bool = True) -> Path:
+    """What a worker does with the task's result fields, then what the control plane does on its result."""
+    task = {"result_file": str(staging.results_dir / f"{job_id}.arrow"), **staging.task_fields(job_id, slot=arrow)}
+    path, slot = result_target(task, table.nbytes)
+    if slot is not None:
+        dataplane.write_ipc_into(slot, path, table)
+    else:
+        dataplane.write_ipc_file(path, table, durable=False)
+    staging.staged(job_id)
+    return Path(path)
+
+
+def _wait_moved(staging: ResultStaging) -> None:
+    assert staging.flush(timeout=30), "the spooler did not move the staged results"
+
+
+def test_a_staged_result_reaches_the_home_whole_and_readers_find_it_throughout(tmp_path):
+    staging = _staging(tmp_path)
+    try:
+        for size in (10_001, 4096 // 8, 1_000_000):  # a partial last block, exactly one block, 8 MB
+            job_id = f"j{size}"
+            want = _table(size)
+            staged = _write(staging, job_id, want)
+            final = staging.results_dir / f"{job_id}.arrow"
+            assert staged.parent == tmp_path / "shm"
+            found = staging.find(final, job_id)
+            assert found in (staged, final) and dataplane.read_ipc(found).equals(want)
+            _wait_moved(staging)
+            assert staging.find(final, job_id) == final and not staged.exists()
+            assert dataplane.read_ipc(final).equals(want) and final.stat().st_size == os.path.getsize(final)
+            assert (final.stat().st_mode & 0o777) == 0o600
+    finally:
+        staging.close()
+    assert not (tmp_path / "shm").exists(), "a graceful stop leaves no staging directory behind"
+
+
+def test_slots_are_reused_once_nobody_maps_them_and_never_while_a_reader_does(tmp_path):
+    staging = _staging(tmp_path)
+    try:
+        _write(staging, "a", _table(1000))
+        _wait_moved(staging)
+        held = dataplane.read_ipc(staging.results_dir / "a.arrow")  # from the home: the slot is free
+        fields = staging.task_fields("b", slot=True)["result_stage"]
+        assert "slot" in fields, "the freed slot is offered to the next job"
+        dataplane.write_ipc_into(fields["slot"], fields["file"], _table(1000, 5.0))
+        staging.staged("b")
+        mapped = dataplane.read_ipc(fields["file"])  # a kernel's zero-copy view of b's staged slot
+        _wait_moved(staging)
+        (free,) = [p for p in (tmp_path / "shm").iterdir() if p.name.startswith("free-")]
+        assert not unshared(free), "the lease check sees the reader's mapping"
+        assert "slot" not in staging.task_fields("c", slot=True)["result_stage"]  # mapped: not handed out
+        staging.discard("c")
+        assert mapped.column(0).to_numpy()[:3].tolist() == [5.0, 6.0, 7.0]  # untouched under the reader
+        assert held.column(0).to_numpy()[-1] == 999.0
+        del mapped
+        assert "slot" in staging.task_fields("d", slot=True)["result_stage"]  # let go: reused
+        assert "slot" not in staging.task_fields("e", slot=False)["result_stage"]  # plain outputs take no slot
+    finally:
+        staging.close()
+
+
+def test_what_a_kill_left_staged_is_in_the_home_after_the_next_start(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o700)
+    want = _table(3000, 1.0)
+    dataplane.write_ipc_file(shm / "k.arrow", want, durable=False)  # staged; the server died before moving it
+    (shm / "k.arrow.tmp-999").write_bytes(b"half")  # a killed writer's temp file
+    (shm / "x.slot").write_bytes(b"\0" * 8192)  # a slot a killed worker held
+    again = ResultStaging(tmp_path / "home" / "data" / "results", shm)
+    again.start()
+    try:
+        final = again.results_dir / "k.arrow"
+        assert dataplane.read_ipc(final).equals(want)
+        names = sorted(p.name for p in (tmp_path / "shm").iterdir())
+        assert all(name.startswith("free-") for name in names) and len(names) == 2, names
+    finally:
+        again.close()
+
+
+def test_retention_removing_a_staged_result_is_never_undone_by_the_spooler(tmp_path):
+    data = DataStore(tmp_path / "home", max_bytes=1)
+    data.staging = ResultStaging(data.results_dir, tmp_path / "shm")
+    data.start()
+    try:
+        task = data.result_fields("r", arrow=True)
+        path, _ = result_target(task, 8000)
+        dataplane.write_ipc_file(path, _table(1000), durable=False)
+        data.staging.staged("r")
+        assert data.kept("r") == ["r"]  # over the limit alone: removed at once
+        _wait_moved(data.staging)
+        assert not data.find_result("r").exists() and not (tmp_path / "shm" / "r.arrow").exists()
+    finally:
+        data.close()
+
+
+def test_orphans_and_limits(tmp_path):
+    staging = _staging(tmp_path, max_file_bytes=1000, max_bytes=1)
+    try:
+        task = {"result_file": "/home/r.arrow", **staging.task_fields("big", slot=True)}
+        assert result_target(task, 5000) == ("/home/r.arrow", None)  # over max_file_bytes: to the home
+        staged = _write(staging, "small", _table(10))
+        assert staged.parent == tmp_path / "shm"
+        assert staging.task_fields("next", slot=True) == {}  # backlog over max_bytes: to the home directly
+        _wait_moved(staging)
+        orphan = _write(staging, "cancelled", _table(10))
+        staging._sizes.clear()  # as if its result was never taken (the job was cancelled after the write)
+        staging.discard("cancelled")
+        assert not orphan.exists()
+    finally:
+        staging.close()
+
+
+def test_a_staging_directory_someone_else_made_is_not_used(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o755)  # not private: another user could read the results
+    staging = ResultStaging(tmp_path / "results", shm)
+    staging.start()
+    assert not staging.enabled and staging.task_fields("j", slot=True) == {}
+    staging.close()
+    assert staging_dir_for(tmp_path / "a") != staging_dir_for(tmp_path / "b")
+
+
+def test_the_pool_gives_its_memory_back_when_idle(tmp_path):
+    staging = _staging(tmp_path)
+    try:
+        _write(staging, "a", _table(100))
+        _wait_moved(staging)
+        assert any(p.name.startswith("free-") for p in (tmp_path / "shm").iterdir())
+        staging._trim(0.0)
+        assert not any(p.name.startswith("free-") for p in (tmp_path / "shm").iterdir())
+    finally:
+        staging.close()
