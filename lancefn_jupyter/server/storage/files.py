@@ -80,7 +80,7 @@ class DataStore:
     def result_fields(self, job_id: str, *, arrow: bool) -> dict:
         """The worker protocol's result fields of a task (docs/ARCHITECTURE.md, "Worker protocol"); ``arrow``:
         its output is an Arrow type, so its result is offered a reused slot ("Result staging")."""
-        stage = self.staging.task_fields(job_id, slot=arrow)
+        stage = self.staging.task_fields(job_id) if arrow else {}
         return {"result_file": str(self.result_path(job_id)), "result_fsync": self.fsync, **stage}
 
     def is_result_file(self, path: str | os.PathLike[str], job_id: str) -> bool:

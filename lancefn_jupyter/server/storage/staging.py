@@ -113,6 +113,7 @@ class ResultStaging:
         self._lock = threading.Lock()  # the backlog, the pool; a move against a removal
         self._idle = threading.Condition(self._lock)
         self._backlog = 0
+        self._offered: set[str] = set()  # jobs handed a result_stage that have not ended yet
         self._sizes: dict[str, int] = {}  # staged, queued for the spooler
         self._removed: set[str] = set()  # removed (retention) while staged: not moved
         self._stuck: set[str] = set()  # could not be moved: kept staged for the next start
@@ -130,16 +131,17 @@ class ResultStaging:
     def staged_path(self, job_id: str) -> Path | None:
         return None if self.dir is None else self.dir / f"{job_id}{_SUFFIX}"
 
-    def task_fields(self, job_id: str, *, slot: bool) -> dict:
-        """The worker protocol's ``result_stage`` for a job: where its result is staged, and a slot to write it
-        into when ``slot`` (the job's output is an Arrow type) and a free one is unshared; none when staging is
-        off or the backlog is full."""
+    def task_fields(self, job_id: str) -> dict:
+        """The worker protocol's ``result_stage`` for a job whose output is an Arrow type: where its result is
+        staged, and a free slot nobody holds to write it into, if there is one; none when staging is off or the
+        backlog is full. (Other jobs' results are small or JSON as a rule: they go to the home, unstaged.)"""
         path = self.staged_path(job_id)
         with self._lock:
             if path is None or self._backlog >= self.max_bytes:
                 return {}
+            self._offered.add(job_id)
         stage: dict = {"file": str(path), "max_bytes": self.max_file_bytes}
-        taken = self._take_slot(job_id) if slot else None
+        taken = self._take_slot(job_id)
         if taken is not None:
             stage["slot"] = str(taken)
         return {"result_stage": stage}
@@ -226,8 +228,10 @@ class ResultStaging:
     def discard(self, job_id: str) -> None:
         """The job ended: its unused slot goes back to the pool, and a staged file no result took (the job
         failed, timed out or was cancelled after writing it) goes, since it holds memory."""
-        if self.dir is None:
-            return
+        with self._lock:
+            if self.dir is None or job_id not in self._offered:
+                return  # the common case, without a system call
+            self._offered.discard(job_id)
         slot = self.dir / f"{job_id}{_SLOT}"
         if slot.exists():
             self._free(slot)

@@ -28,9 +28,9 @@ def _table(n: int, start: float = 0.0) -> pa.Table:
     return pa.table({"result": pa.array(np.arange(start, start + n, dtype=np.float64))})
 
 
-def _write(staging: ResultStaging, job_id: str, table: pa.Table, *, arrow: bool = True) -> Path:
+def _write(staging: ResultStaging, job_id: str, table: pa.Table) -> Path:
     """What a worker does with the task's result fields, then what the control plane does on its result."""
-    task = {"result_file": str(staging.results_dir / f"{job_id}.arrow"), **staging.task_fields(job_id, slot=arrow)}
+    task = {"result_file": str(staging.results_dir / f"{job_id}.arrow"), **staging.task_fields(job_id)}
     path, slot = result_target(task, table.nbytes)
     if slot is not None:
         dataplane.write_ipc_into(slot, path, table)
@@ -70,7 +70,7 @@ def test_slots_are_reused_once_nobody_maps_them_and_never_while_a_reader_does(tm
         _write(staging, "a", _table(1000))
         _wait_moved(staging)
         held = dataplane.read_ipc(staging.results_dir / "a.arrow")  # from the home: the slot is free
-        fields = staging.task_fields("b", slot=True)["result_stage"]
+        fields = staging.task_fields("b")["result_stage"]
         assert "slot" in fields, "the freed slot is offered to the next job"
         dataplane.write_ipc_into(fields["slot"], fields["file"], _table(1000, 5.0))
         staging.staged("b")
@@ -78,13 +78,12 @@ def test_slots_are_reused_once_nobody_maps_them_and_never_while_a_reader_does(tm
         _wait_moved(staging)
         (free,) = [p for p in (tmp_path / "shm").iterdir() if p.name.startswith("free-")]
         assert not unshared(free), "the lease check sees the reader's mapping"
-        assert "slot" not in staging.task_fields("c", slot=True)["result_stage"]  # mapped: not handed out
+        assert "slot" not in staging.task_fields("c")["result_stage"]  # mapped: not handed out
         staging.discard("c")
         assert mapped.column(0).to_numpy()[:3].tolist() == [5.0, 6.0, 7.0]  # untouched under the reader
         assert held.column(0).to_numpy()[-1] == 999.0
         del mapped
-        assert "slot" in staging.task_fields("d", slot=True)["result_stage"]  # let go: reused
-        assert "slot" not in staging.task_fields("e", slot=False)["result_stage"]  # plain outputs take no slot
+        assert "slot" in staging.task_fields("d")["result_stage"]  # let go: reused
     finally:
         staging.close()
 
@@ -126,16 +125,17 @@ def test_retention_removing_a_staged_result_is_never_undone_by_the_spooler(tmp_p
 def test_orphans_and_limits(tmp_path):
     staging = _staging(tmp_path, max_file_bytes=1000, max_bytes=1)
     try:
-        task = {"result_file": "/home/r.arrow", **staging.task_fields("big", slot=True)}
+        task = {"result_file": "/home/r.arrow", **staging.task_fields("big")}
         assert result_target(task, 5000) == ("/home/r.arrow", None)  # over max_file_bytes: to the home
         staged = _write(staging, "small", _table(10))
         assert staged.parent == tmp_path / "shm"
-        assert staging.task_fields("next", slot=True) == {}  # backlog over max_bytes: to the home directly
+        assert staging.task_fields("next") == {}  # backlog over max_bytes: to the home directly
         _wait_moved(staging)
-        orphan = _write(staging, "cancelled", _table(10))
-        staging._sizes.clear()  # as if its result was never taken (the job was cancelled after the write)
+        stage = staging.task_fields("cancelled")["result_stage"]  # written, never taken: the job was cancelled
+        dataplane.write_ipc_into(stage["slot"], stage["file"], _table(10))
         staging.discard("cancelled")
-        assert not orphan.exists()
+        assert not Path(stage["file"]).exists() and not Path(stage["slot"]).exists()
+        assert not any(p.name.startswith("free-") for p in (tmp_path / "shm").iterdir())  # removed with it
     finally:
         staging.close()
 
@@ -145,7 +145,7 @@ def test_a_staging_directory_someone_else_made_is_not_used(tmp_path):
     shm.mkdir(mode=0o755)  # not private: another user could read the results
     staging = ResultStaging(tmp_path / "results", shm)
     staging.start()
-    assert not staging.enabled and staging.task_fields("j", slot=True) == {}
+    assert not staging.enabled and staging.task_fields("j") == {}
     staging.close()
     assert staging_dir_for(tmp_path / "a") != staging_dir_for(tmp_path / "b")
 
