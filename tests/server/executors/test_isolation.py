@@ -8,6 +8,7 @@ import os
 import sys
 
 import httpx
+import numpy as np
 import pytest
 from conftest import register, registration_body
 from helpers import api_keys_toml, let_workers_reach_this_python, submit, wait_until
@@ -256,3 +257,35 @@ def test_an_interpreter_the_worker_user_cannot_reach_gets_the_designed_message(t
     message = check_worker_user(user, {"PATH": "/usr/bin:/bin"})
     assert message is not None and "cannot start Python" in message and "--worker-user" in message, message
     assert "chmod o+x" in message and f" {closed}`" in message, message
+
+
+ARRAYS = """
+import numpy as np
+
+
+def ramp(n: int):
+    return np.arange(n, dtype=np.float64)
+"""
+
+
+def test_a_root_servers_arrow_results_travel_on_the_pipes_and_are_staged(root_server):
+    """Workers of another user cannot open the home's files: their Arrow results come as frames, which the server
+    streams into the staging directory (docs/ARCHITECTURE.md, "Result staging") and later into the home."""
+    from lancefn_jupyter.wire import dataplane
+
+    cp = root_server
+    with client(cp, A_KEY) as a:
+        body = registration_body(
+            "ramp", source=ARRAYS, entrypoint="ramp", inputs=(("n", "int64", False),), output_type="tensor<float64>"
+        )
+        version = register(a, body)["version"]
+        jobs = [submit(a, "ramp", version, [{"n": n}]) for n in (1_000_000, 7)]
+        for job_id, n in zip(jobs, (1_000_000, 7), strict=True):
+            assert a.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 60}).json()["job_state"] == "DONE"
+            reply = a.get("/v1/jobs/result", params={"job_id": job_id})
+            assert reply.status_code == 200, reply.text
+            (value,) = dataplane.decode_results(dataplane.read_ipc(reply.content))
+            assert value.dtype == np.float64 and value.shape == (n,) and float(value[-1]) == n - 1
+    assert (cp.home / "data" / "staged").resolve().parent.name == "shm"
+    cp.stop()
+    assert sorted(p.stem for p in (cp.home / "data" / "results").glob("*.arrow")) == sorted(jobs)
