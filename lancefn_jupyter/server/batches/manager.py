@@ -550,8 +550,8 @@ class BatchManager:
                 self._job_changed(batch, batch.chunks[where[1]], rec)
 
     def _advance(self, batch: Batch, fresh: FreshRows = None, *, strict: bool = False) -> bool:
-        """Submit up to SUBMIT_SLICE chunks while the window has room; finish the batch when nothing is
-        left to run.  True when more chunks are due now (``_drain`` or ``_kick`` submits them, the lock
+        """Submit up to SUBMIT_SLICE chunks while the window has room (fewer when another thread waits for the
+        lock: at least one); finish the batch when nothing is left to run.  True when more chunks are due now (``_drain`` or ``_kick`` submits them, the lock
         released between slices).  ``fresh``: the rows of the batch being created (read from its
         tables otherwise); ``strict``: a refused chunk fails the request (nothing is kept)."""
         if batch.state in TERMINAL:
@@ -559,9 +559,11 @@ class BatchManager:
         window = batch.parallel or len(batch.chunks)
         if batch.waiting and len(batch.live) < window and not batch.cancel_requested:
             with self.store.batch():
-                for _ in range(SUBMIT_SLICE):
+                for submitted in range(SUBMIT_SLICE):
                     if not (batch.waiting and len(batch.live) < window):
                         break
+                    if submitted and self.table.lock.waiting:
+                        return True  # another thread waits for the lock: the slice ends here, the rest after it
                     chunk = batch.chunks[batch.waiting.popleft()]
                     try:
                         self._submit(batch, chunk, fresh)

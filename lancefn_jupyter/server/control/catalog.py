@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.server.control.artifact_check import artifact_problem
+from lancefn_jupyter.server.control.jobtable import TableLock
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.states import DONE, now_ms
@@ -95,7 +95,7 @@ class FunctionCatalog:
         *,
         store: Store,
         classes: GpuClassConfig,
-        lock: threading.RLock,
+        lock: TableLock,
         journal: JobJournal,
         environment_check: Callable[[EnvironmentRequest], str | None] | None = None,
         digest_key: bytes | None = None,

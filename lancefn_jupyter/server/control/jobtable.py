@@ -20,6 +20,33 @@ from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.storage.store import JobRecord
 
 
+class TableLock:
+    """The job table's re-entrant lock, which also counts the threads waiting for it: a batch's slices end
+    early while any does, so that another team's request waits for one chunk, not a whole slice
+    (docs/ARCHITECTURE.md, "Batches"). Only ever used as a context manager."""
+
+    __slots__ = ("_count", "_lock", "waiting")
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count = threading.Lock()  # ``waiting`` changes on several threads
+        self.waiting = 0
+
+    def __enter__(self) -> TableLock:
+        if not self._lock.acquire(blocking=False):
+            with self._count:
+                self.waiting += 1
+            try:
+                self._lock.acquire()
+            finally:
+                with self._count:
+                    self.waiting -= 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 @dataclass(eq=False)
 class JobTable:
     """Every field is read and changed with ``lock`` held (executor callbacks take it on their own
@@ -27,7 +54,7 @@ class JobTable:
 
     scheduler: SchedulerState
     executor: Executor | None
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    lock: TableLock = field(default_factory=TableLock)
     active: dict[str, JobRecord] = field(default_factory=dict)  # PENDING and IN_PROGRESS jobs; the store has the rest
     job_env: dict[str, dict[str, str]] = field(default_factory=dict)  # launched jobs' function env (never logged)
     # PENDING jobs waiting for their version's environment to build (``environments.py``): the pending reason

@@ -16,6 +16,7 @@ from lancefn_jupyter.server.storage.store import JobRecord, Store, is_storage_fu
 
 if TYPE_CHECKING:
     from lancefn_jupyter.server.control.events import EventBus
+    from lancefn_jupyter.server.control.jobtable import TableLock
 
 log = logging.getLogger("lancefn.server")  # operators filter on it
 
@@ -30,7 +31,7 @@ class UnsavedJobs:
         self,
         store: Store,
         bus: EventBus,
-        lock: threading.RLock,
+        lock: TableLock,
         wire: Callable[[JobRecord], str],
         running: Callable[[], bool],
         retry_s: float = UNSAVED_RETRY_S,

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lancefn_jupyter.server.control.jobtable import TableLock
 
 
 class Waiters:
     """Futures by the id they wait on.  ``add`` runs under the owner's lock (so a change cannot
     slip between the check and the wait); ``wake`` may run on any thread."""
 
-    def __init__(self, lock: threading.RLock):
+    def __init__(self, lock: TableLock):
         self._lock = lock
         self._futures: dict[str, list[asyncio.Future]] = {}
 

@@ -1,0 +1,50 @@
+"""The job table's lock counts the threads waiting for it, which a batch's submit slices read to end early
+(docs/ARCHITECTURE.md, "Batches")."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from lancefn_jupyter.server.control.jobtable import TableLock
+
+pytestmark = pytest.mark.unit
+
+
+def _wait_for(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_waiters_are_counted_while_they_wait_and_the_owner_reenters_freely():
+    lock = TableLock()
+    got: list[str] = []
+    with lock:
+        with lock:  # re-entrant: the owner is never a waiter
+            assert lock.waiting == 0
+        threads = [threading.Thread(target=lambda i=i: _take(lock, got, i)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        _wait_for(lambda: lock.waiting == 3)
+        assert got == []  # none got in while it was held
+    for thread in threads:
+        thread.join(5)
+    assert sorted(got) == ["0", "1", "2"] and lock.waiting == 0
+
+
+def _take(lock: TableLock, got: list[str], i: int) -> None:
+    with lock:
+        got.append(str(i))
+
+
+def test_an_exception_inside_releases_the_lock():
+    lock = TableLock()
+    with pytest.raises(RuntimeError), lock:
+        raise RuntimeError("boom")
+    done = threading.Event()
+    threading.Thread(target=lambda: (lock.__enter__(), done.set(), lock.__exit__())).start()
+    assert done.wait(5)
