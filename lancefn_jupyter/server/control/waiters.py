@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from lancefn_jupyter.server.control.jobtable import TableLock
+from contextlib import AbstractContextManager
+from typing import Any
 
 
 class Waiters:
     """Futures by the id they wait on.  ``add`` runs under the owner's lock (so a change cannot
     slip between the check and the wait); ``wake`` may run on any thread."""
 
-    def __init__(self, lock: TableLock):
+    def __init__(self, lock: AbstractContextManager[Any]):  # the owner's lock (the job table's)
         self._lock = lock
         self._futures: dict[str, list[asyncio.Future]] = {}
 
