@@ -166,7 +166,7 @@ class WorkerProcess:
         """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
         task = work.line()
         rows_file = None
-        self._result_sink = None
+        self._result_sink, self._result_stage = None, None
         if self.frames:  # the worker gets the rows after the line and sends the result after its event
             rows_file = cast("str | None", task.pop("rows_file", None))
             if rows_file is not None:
@@ -248,9 +248,8 @@ class WorkerProcess:
                         "message": "the worker sent an unexpected result frame",
                     }
                 path, durable = self._result_sink
-                path, _ = result_target(
-                    {"result_file": path, "result_stage": self._result_stage}, size
-                )  # no slot: a stream
+                # Staged when it fits ("Result staging"); a stream is written to a new file, never a slot.
+                path, _ = result_target({"result_file": path, "result_stage": self._result_stage}, size)
                 event["nbytes"] = dataplane.write_stream_file(path, self.process.stdout, size, durable=durable)
                 event["result_file"] = path
             return event

@@ -550,9 +550,9 @@ class BatchManager:
                 self._job_changed(batch, batch.chunks[where[1]], rec)
 
     def _advance(self, batch: Batch, fresh: FreshRows = None, *, strict: bool = False) -> bool:
-        """Submit up to SUBMIT_SLICE chunks while the window has room (fewer when another thread waits for the
-        lock: at least one); finish the batch when nothing is left to run.  True when more chunks are due now (``_drain`` or ``_kick`` submits them, the lock
-        released between slices).  ``fresh``: the rows of the batch being created (read from its
+        """Submit up to SUBMIT_SLICE chunks while the window has room (fewer when another thread waits for
+        the lock: at least one); finish the batch when nothing is left to run.  True when more chunks are due
+        now (``_drain`` or ``_kick`` submits them, the lock released between slices).  ``fresh``: the rows of the batch being created (read from its
         tables otherwise); ``strict``: a refused chunk fails the request (nothing is kept)."""
         if batch.state in TERMINAL:
             return False
@@ -723,14 +723,14 @@ class BatchManager:
         for _ in range(2):  # a staged result may move to the home between finding and linking it
             source = self.data.find_result(rec.job_id)
             try:
-                try:
-                    os.link(source, kept)
-                except FileNotFoundError:
-                    raise
-                except OSError:  # no hard links here (another file system, or staged in memory): a copy
-                    shutil.copyfile(source, kept)
+                os.link(source, kept)
             except FileNotFoundError:
                 continue
+            except OSError:  # no hard links here (another file system, or staged in memory): a copy
+                try:
+                    shutil.copyfile(source, kept)
+                except FileNotFoundError:
+                    continue
             return kept
         return None
 

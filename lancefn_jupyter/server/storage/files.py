@@ -74,7 +74,8 @@ class DataStore:
         return self.results_dir / f"{job_id}{_SUFFIX}"
 
     def find_result(self, job_id: str) -> Path:
-        """The job's result file as it is now: in the home, else staged (``result_path`` when neither)."""
+        """The job's result file as it is now: staged (memory) while it is there, else in the home
+        (``result_path`` when neither)."""
         return self.staging.find(self.result_path(job_id), job_id)
 
     def result_fields(self, job_id: str, *, arrow: bool) -> dict:

@@ -364,7 +364,8 @@ class ResultStaging:
             self._pool_total += size
 
     def _trim(self, idle_s: float) -> None:
-        """Give back the memory of free slots unused for ``idle_s``."""
+        """Give back the memory of free slots unused for ``idle_s``, and of what a job that ended left behind
+        (its worker, being killed, renamed its result after the job was over)."""
         assert self.dir is not None
         now = time.monotonic()
         with self._lock:
@@ -373,6 +374,23 @@ class ResultStaging:
                 _unlink(self.dir / name)
             self._pool = keep
             self._pool_total = sum(size for _, size, _ in keep)
+            held = self._offered | set(self._sizes) | self._stuck
+        for entry in os.scandir(self.dir):
+            job_id, _, kind = entry.name.rpartition(".")
+            if f".{kind}" not in (_SUFFIX, _SLOT) or job_id in held:
+                continue
+            try:
+                if time.time() - entry.stat().st_mtime < idle_s:
+                    continue  # ended just now: discard() or the spooler may still act on it
+            except OSError:
+                continue
+            with self._lock:
+                if job_id in self._offered or job_id in self._sizes or job_id in self._stuck:
+                    continue
+            if kind == _SLOT[1:]:
+                self._free(Path(entry.path))
+            else:
+                _unlink(Path(entry.path))
 
 
 def _unlink(path: Path) -> None:

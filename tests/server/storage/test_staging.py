@@ -160,3 +160,18 @@ def test_the_pool_gives_its_memory_back_when_idle(tmp_path):
         assert not any(p.name.startswith("free-") for p in (tmp_path / "shm").iterdir())
     finally:
         staging.close()
+
+
+def test_what_a_killed_worker_renamed_after_its_job_ended_goes_when_idle(tmp_path):
+    staging = _staging(tmp_path)
+    try:
+        stage = staging.task_fields("late")["result_stage"]
+        staging.discard("late")  # the job was cancelled; its worker, not dead yet, goes on writing
+        dataplane.write_ipc_file(stage["file"], _table(10), durable=False)
+        (tmp_path / "shm" / "gone.slot").write_bytes(b"\0" * 4096)  # a slot of a job long over
+        staging._trim(0.0)
+        names = [p.name for p in (tmp_path / "shm").iterdir()]
+        assert "late.arrow" not in names and "gone.slot" not in names
+        assert [n for n in names if n.startswith("free-")], "the orphan slot's pages went back to the pool"
+    finally:
+        staging.close()
