@@ -180,7 +180,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--result-fsync",
         action="store_true",
-        help="fsync each Arrow result file before the job is DONE (survives power loss; slower)",
+        help="fsync each Arrow result file before the job is DONE (survives power loss; slower); results are then "
+        "written to the home directly, never staged in memory first",
     )
     p.add_argument(
         "--table-roots",
