@@ -80,13 +80,16 @@ def _private_dir(path: Path) -> bool:
 
 def unshared(path: Path) -> bool:
     """Whether no other open file or mapping holds ``path``: a write lease is granted only then."""
+    lease = getattr(fcntl, "F_SETLEASE", None)  # Linux only: elsewhere a slot is never reused
+    if lease is None:
+        return False
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        fcntl.fcntl(fd, lease, fcntl.F_WRLCK)
+        fcntl.fcntl(fd, lease, fcntl.F_UNLCK)
         return True
     except OSError:
         return False
@@ -184,6 +187,8 @@ class ResultStaging:
         """Move what a killed server left staged (before any job is recovered), then start the spooler."""
         if self._wanted is None or self._thread is not None:
             return
+        if not self._wanted.parent.is_dir():
+            return  # no /dev/shm here (macOS): results go to the home directly
         if not _private_dir(self._wanted):
             log.warning("results are not staged in memory: %s is not a private directory of ours", self._wanted)
             return
@@ -308,7 +313,7 @@ class ResultStaging:
         with open(source, "rb") as src:
             size = os.fstat(src.fileno()).st_size
             try:
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o600)
             except OSError:  # no O_DIRECT here (e.g. a tmpfs home)
                 fd = -1
             if fd < 0 or size == 0:
