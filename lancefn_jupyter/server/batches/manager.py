@@ -342,16 +342,21 @@ class BatchManager:
         # In slices of CANCEL_SLICE chunks, the lock released between them, so that the event loop
         # and other teams' jobs are never held up for more than one slice (docs/ARCHITECTURE.md,
         # "Batches": cancel).  O(N) over the batch in all.
+        # A slice ends early, after at least one chunk, while another thread waits for the lock (as for submits).
         while batch.waiting:
             start = time.perf_counter()
             with self.table.lock, self.store.batch():
-                for _ in range(min(CANCEL_SLICE, len(batch.waiting))):
+                for done in range(min(CANCEL_SLICE, len(batch.waiting))):
+                    if done and self.table.lock.waiting:
+                        break
                     self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
             _rest(time.perf_counter() - start)
-        for first in range(0, len(live), CANCEL_SLICE):
+        first = 0
+        while first < len(live):
             start = time.perf_counter()
             with self.table.lock, self.store.batch():
-                self.machine.cancel_all(live[first : first + CANCEL_SLICE])  # their hook marks each chunk
+                # their hook marks each chunk
+                first += self.machine.cancel_all(live[first : first + CANCEL_SLICE], yield_to_waiters=True)
             _rest(time.perf_counter() - start)
         with self.table.lock:
             with self.store.batch():

@@ -256,14 +256,19 @@ class JobMachine:
                     log.exception("executor.cancel(%s) failed", job_id)
             return {"job_id": job_id, "cancelled": True}
 
-    def cancel_all(self, job_ids: list[str]) -> None:
+    def cancel_all(self, job_ids: list[str], *, yield_to_waiters: bool = False) -> int:
         """Cancel several jobs as one change (a batch's chunk jobs): the devices they free are
         placed once all are cancelled, so none goes to the next of them only to be cancelled in
-        turn.  A job already gone is skipped."""
+        turn.  A job already gone is skipped.  ``yield_to_waiters``: stop after the job under way
+        when another thread waits for the lock (a batch's cancel slices).  How many were handled."""
+        done = 0
         with self.table.lock:
             self._dispatch_held += 1
             try:
                 for job_id in job_ids:
+                    if done and yield_to_waiters and self.table.lock.waiting:
+                        break
+                    done += 1
                     try:
                         self.cancel(job_id)
                     except ApiError:  # not in the store: nothing to stop
@@ -271,6 +276,7 @@ class JobMachine:
             finally:
                 self._dispatch_held -= 1
             self.dispatch(changed=True)
+        return done
 
     # ------------------------------------------------------------ transitions
 

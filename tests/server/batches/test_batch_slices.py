@@ -1,11 +1,12 @@
-"""A batch's chunks are submitted in slices, and a slice ends after one chunk when another thread waits for the
-job table's lock (docs/ARCHITECTURE.md, "Batches"): another team's request waits for one submission, not a slice.
+"""A batch's chunks are submitted and cancelled in slices, and a slice ends after one chunk when another thread waits
+for the job table's lock (docs/ARCHITECTURE.md, "Batches"): another team's request waits for one chunk, not a slice.
 In-process plane with an executor that never finishes a job, so every chunk stays submitted."""
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 from conftest import registration_body
@@ -39,6 +40,33 @@ class Holding(Executor):
         pass
 
 
+def _contend(plane: ControlPlane, count, until: int) -> list[int]:
+    """``count()`` each time this thread gets the lock, taking it again as soon as it lets go (so it is always a
+    waiter while another thread holds it), until ``count() == until``."""
+    seen: list[int] = []
+
+    def contend() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with plane.table.lock:
+                seen.append(count())
+                if seen[-1] == until:
+                    return
+
+    contender = threading.Thread(target=contend)
+    contender.start()
+    contender.join(130)
+    return seen
+
+
+def _mostly_one_chunk(seen: list[int], until: int) -> None:
+    assert seen and seen[-1] == until
+    steps = [abs(later - earlier) for earlier, later in itertools.pairwise(seen) if later != earlier]
+    # The waiter count is a hint (the contender is between two holds now and then): most slices are one chunk.
+    ones = sum(1 for step in steps if step == 1)
+    assert ones >= 0.8 * len(steps), f"slices went on while a thread waited: {sorted(steps)}"
+
+
 def test_a_slice_ends_after_one_chunk_while_another_thread_waits_for_the_lock(tmp_path):
     plane = ControlPlane(store=Store(tmp_path / "db.sqlite3"), classes=simulated_default(), executor=Holding())
     plane.start()
@@ -49,33 +77,18 @@ def test_a_slice_ends_after_one_chunk_while_another_thread_waits_for_the_lock(tm
         created = plane.batches.create(
             "a", version, [[{"x": i}] for i in range(CHUNKS)], parallel=None, retries=0, timeout_s=None, fresh=True
         )
-        batch = plane.batches.describe(created["batch_id"])
-        assert batch["batch_id"] == created["batch_id"]
 
         def submitted() -> int:
             return sum(1 for rec in plane.table.active.values() if rec.job_type == "run_function")
 
-        seen: list[int] = []
         with plane.table.lock:
-            first = submitted()
-        assert first <= SUBMIT_SLICE  # the reply came after the first slice; a thread submits the rest
-        stop = threading.Event()
+            assert submitted() <= SUBMIT_SLICE  # the reply came after the first slice; a thread submits the rest
+        _mostly_one_chunk(_contend(plane, submitted, CHUNKS), CHUNKS)  # every chunk submitted, one at a time
 
-        def contend() -> None:  # takes the lock again as soon as it lets go: always a waiter while it is held
-            while not stop.is_set():
-                with plane.table.lock:
-                    seen.append(submitted())
-                    if seen[-1] == CHUNKS:
-                        return
-
-        contender = threading.Thread(target=contend)
-        contender.start()
-        contender.join(120)
-        stop.set()
-        assert seen[-1] == CHUNKS, "every chunk was submitted"
-        steps = [later - earlier for earlier, later in itertools.pairwise(seen) if later != earlier]
-        # The waiter count is a hint (the contender is between two holds now and then): most slices are one chunk.
-        ones = sum(1 for step in steps if step == 1)
-        assert ones >= 0.8 * len(steps), f"slices went on while a thread waited: {sorted(steps)}"
+        cancelling = threading.Thread(target=plane.batches.cancel, args=(created["batch_id"],))
+        cancelling.start()
+        _mostly_one_chunk(_contend(plane, submitted, 0), 0)  # and cancelled one at a time
+        cancelling.join(60)
+        assert plane.batches.describe(created["batch_id"])["batch_state"] == "CANCELLED"
     finally:
         plane.shutdown()
