@@ -342,13 +342,13 @@ class BatchManager:
         # In slices of CANCEL_SLICE chunks, the lock released between them, so that the event loop
         # and other teams' jobs are never held up for more than one slice (docs/ARCHITECTURE.md,
         # "Batches": cancel).  O(N) over the batch in all.
-        # A slice ends early, after at least one chunk, while another thread waits for the lock (as for submits).
+        # A slice ends early, after at least one chunk, once another thread has waited the lock's grace (as for submits).
         while batch.waiting:
             start = time.perf_counter()
             with self.table.lock, self.store.batch():
                 slice_size = min(CANCEL_SLICE, len(batch.waiting))
                 for done in range(slice_size):
-                    if done and self.table.lock.waiting:
+                    if done and self.table.lock.overdue():
                         break
                     self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
                 else:
@@ -559,8 +559,8 @@ class BatchManager:
                 self._job_changed(batch, batch.chunks[where[1]], rec)
 
     def _advance(self, batch: Batch, fresh: FreshRows = None, *, strict: bool = False) -> bool:
-        """Submit up to SUBMIT_SLICE chunks while the window has room (fewer when another thread waits for
-        the lock: at least one); finish the batch when nothing is left to run.  True when more chunks are due
+        """Submit up to SUBMIT_SLICE chunks while the window has room (fewer once another thread has waited
+        the lock's grace for it: at least one); finish the batch when nothing is left to run.  True when more chunks are due
         now (``_drain`` or ``_kick`` submits them, the lock released between slices).  ``fresh``: the rows of the batch being created (read from its
         tables otherwise); ``strict``: a refused chunk fails the request (nothing is kept)."""
         if batch.state in TERMINAL:
@@ -571,8 +571,8 @@ class BatchManager:
                 for submitted in range(SUBMIT_SLICE):
                     if not (batch.waiting and len(batch.live) < window):
                         break
-                    if submitted and self.table.lock.waiting:
-                        return True  # another thread waits for the lock: the slice ends here, the rest after it
+                    if submitted and self.table.lock.overdue():
+                        return True  # another thread has waited its grace for the lock: the rest after it
                     chunk = batch.chunks[batch.waiting.popleft()]
                     try:
                         self._submit(batch, chunk, fresh)
@@ -610,7 +610,7 @@ class BatchManager:
                     more = self.table.started and self._advance(batch)
                     self._changed(batch)
                     held = time.perf_counter() - start
-                    early = more and due - len(batch.waiting) < SUBMIT_SLICE  # ended for a waiter
+                    early = more and due - len(batch.waiting) < SUBMIT_SLICE  # ended for an overdue waiter
                     if not more:  # under the same hold as the last slice: a later _kick starts a new thread
                         self._draining.discard(batch.batch_id)
                         return

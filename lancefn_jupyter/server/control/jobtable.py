@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,29 +22,57 @@ from lancefn_jupyter.server.storage.store import JobRecord
 
 
 class TableLock:
-    """The job table's re-entrant lock, which also counts the threads waiting for it: a batch's slices end
-    early while any does, so that another team's request waits for one chunk, not a whole slice
-    (docs/ARCHITECTURE.md, "Batches"). Only ever used as a context manager."""
+    """The job table's re-entrant lock, which also knows how long its waiters have waited: a batch's slices end
+    early once one has waited ``grace_s`` while the holder held it, so that another team's request waits for about
+    that plus one chunk per holder ahead of it, not a whole slice (docs/ARCHITECTURE.md, "Batches"). Only ever used
+    as a context manager.
 
-    __slots__ = ("_count", "_lock", "waiting")
+    Why a grace and not "any waiter": on a busy server the lock always has one (a batch's own chunk jobs take it
+    for a moment as each finishes, the event loop, other requests); ending every slice for them made a batch of
+    trivial chunks submit one chunk per transaction, about twice the time per chunk. And why counted from the
+    holder's start: a waiter that waited behind earlier holders would otherwise cut every later holder's slice to
+    one chunk, the same convoy."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_count", "_depth", "_held_since", "_lock", "_since", "grace_s")
+
+    GRACE_S = 0.002
+
+    def __init__(self, grace_s: float = GRACE_S) -> None:
         self._lock = threading.RLock()
-        self._count = threading.Lock()  # ``waiting`` changes on several threads
-        self.waiting = 0
+        self._count = threading.Lock()  # ``_since`` changes on several threads
+        self._since: list[float] = []  # when each thread waiting now began, oldest first
+        self._depth = 0  # the holder's re-entries (only the holder changes it)
+        self._held_since = 0.0  # when the holder took the lock (its outermost hold)
+        self.grace_s = grace_s
+
+    @property
+    def waiting(self) -> int:
+        """How many threads wait for the lock now."""
+        return len(self._since)
+
+    def overdue(self) -> bool:
+        """Whether a thread has waited ``grace_s`` or longer while the holder (the caller) held the lock."""
+        with self._count:
+            oldest = self._since[0] if self._since else None
+        return oldest is not None and time.monotonic() - max(oldest, self._held_since) >= self.grace_s
 
     def __enter__(self) -> TableLock:
         if not self._lock.acquire(blocking=False):
+            began = time.monotonic()
             with self._count:
-                self.waiting += 1
+                self._since.append(began)
             try:
                 self._lock.acquire()
             finally:
                 with self._count:
-                    self.waiting -= 1
+                    self._since.remove(began)
+        if not self._depth:
+            self._held_since = time.monotonic()
+        self._depth += 1
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
         self._lock.release()
 
 

@@ -260,13 +260,13 @@ class JobMachine:
         """Cancel several jobs as one change (a batch's chunk jobs): the devices they free are
         placed once all are cancelled, so none goes to the next of them only to be cancelled in
         turn.  A job already gone is skipped.  ``yield_to_waiters``: stop after the job under way
-        when another thread waits for the lock (a batch's cancel slices).  How many were handled."""
+        once another thread has waited the lock's grace for it (a batch's cancel slices).  How many were handled."""
         done = 0
         with self.table.lock:
             self._dispatch_held += 1
             try:
                 for job_id in job_ids:
-                    if done and yield_to_waiters and self.table.lock.waiting:
+                    if done and yield_to_waiters and self.table.lock.overdue():
                         break
                     done += 1
                     try:

@@ -1,6 +1,7 @@
-"""A batch's chunks are submitted and cancelled in slices, and a slice ends after one chunk when another thread waits
-for the job table's lock (docs/ARCHITECTURE.md, "Batches"): another team's request waits for one chunk, not a slice.
-In-process plane with an executor that never finishes a job, so every chunk stays submitted."""
+"""A batch's chunks are submitted and cancelled in slices, and a slice ends after the chunk under way once another
+thread has waited the lock's grace for the job table's lock (docs/ARCHITECTURE.md, "Batches"): another team's request
+waits for the grace and one chunk, not a slice. In-process plane with an executor that never finishes a job, so every
+chunk stays submitted. The grace is 0 here (a waiter is overdue at once), so the slices are of one chunk."""
 
 from __future__ import annotations
 
@@ -59,17 +60,32 @@ def _contend(plane: ControlPlane, count, until: int) -> list[int]:
     return seen
 
 
+def _steps(seen: list[int]) -> list[int]:
+    """How many chunks went between two of the contender's holds."""
+    return [abs(later - earlier) for earlier, later in itertools.pairwise(seen) if later != earlier]
+
+
 def _mostly_one_chunk(seen: list[int], until: int) -> None:
     assert seen and seen[-1] == until
-    steps = [abs(later - earlier) for earlier, later in itertools.pairwise(seen) if later != earlier]
+    steps = _steps(seen)
     # The waiter count is a hint (the contender is between two holds now and then): most slices are one chunk.
     ones = sum(1 for step in steps if step == 1)
     assert ones >= 0.8 * len(steps), f"slices went on while a thread waited: {sorted(steps)}"
 
 
-def test_a_slice_ends_after_one_chunk_while_another_thread_waits_for_the_lock(tmp_path):
+def _plane(tmp_path, grace_s: float) -> ControlPlane:
     plane = ControlPlane(store=Store(tmp_path / "db.sqlite3"), classes=simulated_default(), executor=Holding())
+    plane.table.lock.grace_s = grace_s
     plane.start()
+    return plane
+
+
+def _submitted(plane: ControlPlane) -> int:
+    return sum(1 for rec in plane.table.active.values() if rec.job_type == "run_function")
+
+
+def test_a_slice_ends_after_one_chunk_while_another_thread_waits_for_the_lock(tmp_path):
+    plane = _plane(tmp_path, grace_s=0.0)
     try:
         job = plane.jobs.record(plane.catalog.register(registration_body("a")).job_id)
         assert job is not None
@@ -79,7 +95,7 @@ def test_a_slice_ends_after_one_chunk_while_another_thread_waits_for_the_lock(tm
         )
 
         def submitted() -> int:
-            return sum(1 for rec in plane.table.active.values() if rec.job_type == "run_function")
+            return _submitted(plane)
 
         with plane.table.lock:
             assert submitted() <= SUBMIT_SLICE  # the reply came after the first slice; a thread submits the rest
@@ -90,5 +106,32 @@ def test_a_slice_ends_after_one_chunk_while_another_thread_waits_for_the_lock(tm
         _mostly_one_chunk(_contend(plane, submitted, 0), 0)  # and cancelled one at a time
         cancelling.join(60)
         assert plane.batches.describe(created["batch_id"])["batch_state"] == "CANCELLED"
+    finally:
+        plane.shutdown()
+
+
+def test_a_waiter_within_the_grace_lets_a_slice_run_whole(tmp_path):
+    """A waiter that has not waited the grace yet (an hour here) does not end a slice: slices stay whole, so a batch
+    whose own chunk jobs take the lock for a moment as they finish is not cut into one-chunk transactions."""
+    plane = _plane(tmp_path, grace_s=3600.0)
+    try:
+        job = plane.jobs.record(plane.catalog.register(registration_body("a")).job_id)
+        assert job is not None
+        plane.batches.create(
+            "a",
+            job.result["version"],
+            [[{"x": i}] for i in range(CHUNKS)],
+            parallel=None,
+            retries=0,
+            timeout_s=None,
+            fresh=True,
+        )
+        seen = _contend(plane, lambda: _submitted(plane), CHUNKS)
+        assert seen[-1] == CHUNKS
+        steps = _steps(seen)
+        assert steps and max(steps) == SUBMIT_SLICE, (
+            f"slices ended early for a waiter within its grace: {sorted(steps)}"
+        )
+        assert sum(1 for step in steps if step == SUBMIT_SLICE) >= 0.8 * len(steps), sorted(steps)
     finally:
         plane.shutdown()

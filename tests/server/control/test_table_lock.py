@@ -1,5 +1,5 @@
-"""The job table's lock counts the threads waiting for it, which a batch's submit slices read to end early
-(docs/ARCHITECTURE.md, "Batches")."""
+"""The job table's lock counts the threads waiting for it and knows how long the longest has waited, which a batch's
+slices read to end early once a waiter is past the grace (docs/ARCHITECTURE.md, "Batches")."""
 
 from __future__ import annotations
 
@@ -48,3 +48,18 @@ def test_an_exception_inside_releases_the_lock():
     done = threading.Event()
     threading.Thread(target=lambda: (lock.__enter__(), done.set(), lock.__exit__())).start()
     assert done.wait(5)
+
+
+def test_a_waiter_is_overdue_once_it_has_waited_the_grace_and_not_after_it_got_in():
+    lock = TableLock(grace_s=3600.0)
+    got: list[str] = []
+    with lock:
+        assert not lock.overdue()  # nobody waits
+        waiter = threading.Thread(target=_take, args=(lock, got, 0))
+        waiter.start()
+        _wait_for(lambda: lock.waiting == 1)
+        assert not lock.overdue()  # waiting, within an hour's grace
+        lock.grace_s = 0.0
+        assert lock.overdue()  # the same waiter, past a grace of 0
+    waiter.join(5)
+    assert got == ["0"] and lock.waiting == 0 and not lock.overdue()
