@@ -35,7 +35,7 @@ class TableLock:
 
     __slots__ = ("_count", "_depth", "_held_since", "_lock", "_since", "grace_s")
 
-    GRACE_S = 0.002
+    GRACE_S = 0.0005
 
     def __init__(self, grace_s: float = GRACE_S) -> None:
         self._lock = threading.RLock()
