@@ -58,8 +58,8 @@ class TableLock:
 
     def __enter__(self) -> TableLock:
         if not self._lock.acquire(blocking=False):
-            began = time.monotonic()
-            with self._count:
+            with self._count:  # read under it, so ``_since`` stays oldest first
+                began = time.monotonic()
                 self._since.append(began)
             try:
                 self._lock.acquire()
