@@ -208,9 +208,15 @@ class DataStore:
     def kept(self, job_id: str, now: float | None = None) -> list[str]:
         """A result file was written for ``job_id``: index it and apply the retention rule at once; the
         removed job ids (``job_id`` among them when it alone is over the size limit)."""
-        try:
-            info = self.find_result(job_id).stat()
-        except OSError:
+        for _ in range(2):  # staged, or in the home once the spooler moved it between finding and stat
+            try:
+                info = self.find_result(job_id).stat()
+                break
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return []
+        else:
             return []
         self._add(job_id, info.st_mtime, info.st_size)
         return self._prune(time.time() if now is None else now)
