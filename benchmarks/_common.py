@@ -30,6 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # conftest's request builder (see registration)
 SERVER_CMD = [sys.executable, "-m", "lancefn_jupyter.server.cli"]
 _SCRUBBED = ("LANCEFN_HOME", "LANCEFN_API_KEY", "LANCEFN_GPU_CLASSES", "LANCEFN_URL")
+# Workers run as this user, as in the tests and as for a notebook's own server: a root server's default
+# `nobody` may not reach this interpreter (a Python under root's 0700 home), and the server refuses to start.
+# Set LANCEFN_WORKER_USER to measure a switched worker user (results then travel as frames on the pipes).
+os.environ.setdefault("LANCEFN_WORKER_USER", str(os.geteuid()))
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -114,7 +118,8 @@ def print_machine() -> None:
     m = machine()
     print(
         f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Python {m['python']}, "
-        f"{m['platform']}, {m['date']}, load average {m['loadavg']}",
+        f"{m['platform']}, {m['date']}, load average {m['loadavg']}, "
+        f"workers as user {os.environ['LANCEFN_WORKER_USER']} (LANCEFN_WORKER_USER)",
         flush=True,
     )
 

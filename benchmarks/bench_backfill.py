@@ -379,8 +379,6 @@ def main() -> None:
     parser.add_argument("--key", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("LANCEFN_DISABLE_NVML", "1")
-    # Workers run as this user, as in the tests (a root server's default `nobody` may not reach this interpreter).
-    os.environ.setdefault("LANCEFN_WORKER_USER", str(os.geteuid()))
     if args.side == "kernel":
         kernel_side(args.url, args.key, args.tmp, args.memory_rows)
         return
