@@ -1,8 +1,8 @@
 """The one HTTP transport shared by every resource module: auth header, error envelope, timeouts.
 
-Requests go over the standard library's `http.client` on a small pool of keep-alive connections: a call
-costs ~0.4 ms of client time against ~0.7 ms through httpx, and a quick job's whole submit → result is
-one round trip. The kernel never imports httpx (whose import pulls in rich and click where they are installed).
+Requests go over a small pool of keep-alive connections that write and read HTTP/1.1 themselves
+(`_Connection`; the standard library's `http.client` only for the event stream): a quick job's whole
+submit → result is one round trip, and the client's part of it ~0.2 ms. The kernel never imports httpx (whose import pulls in rich and click where they are installed).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import select
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -26,35 +26,138 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"  # = dataplane.MEDIA_TYPE (
 _NOT_REPEATABLE = frozenset({"/v1/functions/run"})
 _MAX_IDLE = 8  # keep-alive connections kept for reuse (one per thread that talks to the server at once)
 
-_ONE_SEND_BYTES = 64 * 1024  # a body up to this size goes out in one send with its headers
+_ONE_SEND_BYTES = 64 * 1024  # a body up to this size goes out in one send with its head
+_MAX_LINE = 65536  # a reply's status or header line, as http.client bounds it
+_MAX_HEADERS = 100
 
 
-class _OneSend:
-    """``http.client`` sends a request's headers and its body in two ``send`` calls; with TCP_NODELAY
-    that is two packets, and the server parses the head, waits, and wakes again for the body.  A small
-    body goes out in the same send as its headers (what ``http.client`` itself did before Python 3.7)."""
+class _BadReply(http.client.HTTPException):
+    """The server's reply is not well-formed HTTP/1.1 (handled like a connection that broke)."""
 
-    _buffer: list[bytes]
 
-    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
-        if isinstance(message_body, bytes) and len(message_body) <= _ONE_SEND_BYTES and not encode_chunked:
-            self._buffer.extend((b"", message_body))
-            message = b"\r\n".join(self._buffer)
-            del self._buffer[:]
-            self.send(message)  # type: ignore[attr-defined]
+class _Connection:
+    """One keep-alive HTTP/1.1 connection for request → whole reply exchanges.
+
+    Not ``http.client``: it parses every reply's headers with the ``email`` package, which was a third of the
+    kernel's time for a quick job's one round trip. This writes the head itself, sends a small body in the same
+    ``send`` (one packet with TCP_NODELAY, so the server wakes once), and reads a reply framed by
+    ``content-length``, ``chunked`` or the connection's end."""
+
+    def __init__(self, host: str, port: int | None, https: bool, timeout: float):
+        self.host_header = (host if ":" not in host else f"[{host}]") + (f":{port}" if port else "")
+        try:
+            sock = socket.create_connection((host, port or (443 if https else 80)), timeout=timeout)
+        except OSError as error:
+            raise _NotSent(error) from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if https:
+            import ssl
+
+            try:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            except OSError as error:
+                sock.close()
+                raise _NotSent(error) from None
+        self.sock: socket.socket | None = sock
+        self._reader = sock.makefile("rb")
+
+    def settimeout(self, timeout: float) -> None:
+        assert self.sock is not None
+        self.sock.settimeout(timeout)
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            self._reader.close()
+            sock.close()
+
+    def exchange(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> tuple[_Reply, bool]:
+        """Send the request, read the whole reply: (the reply, whether the connection must be closed after it)."""
+        assert self.sock is not None
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host_header}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            if body is not None and len(body) <= _ONE_SEND_BYTES:
+                self.sock.sendall(head + body)
+            else:
+                self.sock.sendall(head)
+                if body:
+                    self.sock.sendall(body)
+        except OSError:
+            # The server may have answered and closed without reading the body (a 413): read that answer.
+            try:
+                return self._read_reply(method), True
+            except (OSError, http.client.HTTPException):
+                pass
+            raise
+        reply = self._read_reply(method)
+        return reply, reply.will_close
+
+    def _line(self) -> bytes:
+        line = self._reader.readline(_MAX_LINE + 1)
+        if len(line) > _MAX_LINE:
+            raise _BadReply("a reply line is too long")
+        if not line:
+            raise _BadReply("the server closed the connection without a reply")  # a keep-alive race, or a crash
+        return line
+
+    def _read_reply(self, method: str) -> _Reply:
+        status_line = self._line()
+        while status_line.startswith(b"HTTP/") and status_line.split(b" ", 2)[1:2] == [b"100"]:  # 100 Continue
+            while self._line() not in (b"\r\n", b"\n"):
+                pass
+            status_line = self._line()
+        parts = status_line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise _BadReply(f"not an HTTP reply: {status_line[:80]!r}")
+        version, status, reason = parts[0], int(parts[1]), parts[2] if len(parts) > 2 else ""
+        headers: dict[str, str] = {}
+        for _ in range(_MAX_HEADERS + 1):
+            line = self._line()
+            if line in (b"\r\n", b"\n"):
+                break
+            name, sep, value = line.decode("latin-1").partition(":")
+            if not sep:
+                raise _BadReply(f"a malformed reply header: {line[:80]!r}")
+            key, value = name.strip().lower(), value.strip()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
         else:
-            super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
+            raise _BadReply(f"more than {_MAX_HEADERS} reply headers")
+        connection = headers.get("connection", "").lower()
+        will_close = "close" in connection or (version == "HTTP/1.0" and "keep-alive" not in connection)
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            content = b""
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            content = self._read_chunked()
+        elif (length := headers.get("content-length", "")).isdigit():
+            content = self._read_exactly(int(length))
+        else:  # framed by the connection's end
+            content, will_close = self._reader.read(), True
+        return _Reply(status, reason, headers, content, will_close)
 
+    def _read_exactly(self, size: int) -> bytes:
+        data = self._reader.read(size)
+        if len(data) < size:
+            raise _BadReply(f"the reply ended after {len(data)} of {size} bytes")
+        return data
 
-class _HTTPConnection(_OneSend, http.client.HTTPConnection):
-    pass
-
-
-class _HTTPSConnection(_OneSend, http.client.HTTPSConnection):
-    pass
-
-
-_Connection = _HTTPConnection | _HTTPSConnection
+    def _read_chunked(self) -> bytes:
+        chunks: list[bytes] = []
+        while True:
+            size_text = self._line().split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _BadReply(f"a malformed chunk size: {size_text[:20]!r}") from None
+            if size == 0:
+                while self._line() not in (b"\r\n", b"\n"):  # trailers
+                    pass
+                return b"".join(chunks)
+            chunks.append(self._read_exactly(size))
+            self._read_exactly(2)  # the chunk's CRLF
 
 
 class _NotSent(Exception):
@@ -65,19 +168,20 @@ class _NotSent(Exception):
 
 
 class _Reply:
-    """A fully read response (the connection it came on is free again)."""
+    """A fully read response (the connection it came on is free again); ``headers`` by lower-case name."""
 
-    __slots__ = ("content", "headers", "reason", "status")
+    __slots__ = ("content", "headers", "reason", "status", "will_close")
 
-    def __init__(self, status: int, reason: str, headers: http.client.HTTPMessage, content: bytes):
+    def __init__(self, status: int, reason: str, headers: Mapping[str, str], content: bytes, will_close: bool = False):
         self.status, self.reason, self.headers, self.content = status, reason, headers, content
+        self.will_close = will_close
 
 
 class EventStream:
     """An open streaming reply: ``iter_lines()`` (text, line ends removed), ``close()``, and its ``socket``
     (shut it down to end a blocked read at once, from another thread)."""
 
-    def __init__(self, conn: _Connection, response: http.client.HTTPResponse):
+    def __init__(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse):
         self._conn, self._response = conn, response
         self.status_code = response.status
         self.headers = response.headers
@@ -134,14 +238,7 @@ class _Pool:
         return self._new(self._timeout)
 
     def _new(self, timeout: float) -> _Connection:
-        cls = _HTTPSConnection if self._https else _HTTPConnection
-        conn = cls(self._host, self._port, timeout=timeout)
-        try:
-            conn.connect()  # sets TCP_NODELAY: small requests are not held back waiting for ACKs
-        except OSError as error:
-            conn.close()
-            raise _NotSent(error) from None
-        return conn
+        return _Connection(self._host, self._port, self._https, timeout)
 
     def _checkin(self, conn: _Connection) -> None:
         with self._lock:
@@ -154,14 +251,12 @@ class _Pool:
         """Send one request and read the whole reply (the connection is then free for the next)."""
         conn = self._checkout()
         try:
-            assert conn.sock is not None
-            conn.sock.settimeout(timeout)
-            response = _send_and_receive(conn, method, self.prefix + target, body, headers)
-            reply = _Reply(response.status, response.reason, response.headers, response.read())
+            conn.settimeout(timeout)
+            reply, close = conn.exchange(method, self.prefix + target, body, headers)
         except BaseException:
             conn.close()
             raise
-        if response.will_close:
+        if close:
             conn.close()
         else:
             self._checkin(conn)
@@ -170,8 +265,15 @@ class _Pool:
     def open_stream(
         self, path: str, headers: dict[str, str], connect_timeout: float, read_timeout: float | None
     ) -> EventStream:
-        """A GET on a connection of its own, its reply headers read and its body left to stream."""
-        conn = self._new(connect_timeout)
+        """A GET on a connection of its own (``http.client``, which reads a chunked body line by line), its reply
+        headers read and its body left to stream."""
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=connect_timeout)
+        try:
+            conn.connect()
+        except OSError as error:
+            conn.close()
+            raise _NotSent(error) from None
         try:
             assert conn.sock is not None
             conn.sock.settimeout(read_timeout)
@@ -183,7 +285,8 @@ class _Pool:
         stream = EventStream(conn, response)
         if response.status >= 400:
             content = stream.read_all()
-            _decode(_Reply(response.status, response.reason, response.headers, content))
+            reply_headers = {name.lower(): value for name, value in response.headers.items()}
+            _decode(_Reply(response.status, response.reason, reply_headers, content))
         return stream
 
     def close(self) -> None:
@@ -326,20 +429,6 @@ def _decode(reply: _Reply) -> Any:
     except (ValueError, KeyError, TypeError, AttributeError):
         code, message = "error", text[:500] or reply.reason
     raise error_for_status(reply.status, code, message, request_id)
-
-
-def _send_and_receive(
-    conn: _Connection, method: str, url: str, body: bytes | None, headers: dict[str, str]
-) -> http.client.HTTPResponse:
-    try:
-        conn.request(method, url, body=body, headers=headers)  # headers and a bytes body in one send
-    except OSError as send_error:
-        # The server may have answered and closed without reading the body (a 413): return that answer.
-        try:
-            return conn.getresponse()
-        except (OSError, http.client.HTTPException):
-            raise send_error from None
-    return conn.getresponse()
 
 
 def _reason(error: BaseException) -> str:

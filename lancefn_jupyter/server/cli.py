@@ -519,6 +519,9 @@ def _serve(args: argparse.Namespace, app: Any, plane: Any, sock: socket.socket, 
         limit_concurrency=args.limit_concurrency,
         log_level=args.log_level,
         access_log=False,
+        # No X-Forwarded-* rewriting: the server binds to loopback by default and trusts no proxy's word
+        # about the client (each address's share of pending connections reads the socket's own peer).
+        proxy_headers=False,
         timeout_graceful_shutdown=5,
         lifespan="on",
     )

@@ -6,8 +6,10 @@ its events, stop or kill it.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -15,7 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import BinaryIO, cast
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.worker import reap
@@ -90,6 +92,51 @@ class WorkerTask:
         return task
 
 
+class _Lines:
+    """The worker's protocol pipe, read through a buffer of our own: so :meth:`ready` can tell, without
+    blocking, whether a whole event is there (a buffered reader may hold one the pipe no longer shows)."""
+
+    _CHUNK = 1 << 16
+
+    def __init__(self, pipe: BinaryIO) -> None:
+        # Read through the pipe's file object, never its bare fd: once a concurrent kill closed it, a read
+        # raises instead of reading whatever file got that descriptor number next.
+        self._raw = cast("io.RawIOBase", getattr(pipe, "raw", pipe))
+        self._buffer = bytearray()
+
+    def ready(self, timeout: float) -> bool:
+        """A line is buffered, or the pipe has something (a line, the rest of one, or its end) within ``timeout``."""
+        if b"\n" in self._buffer:
+            return True
+        try:
+            return bool(select.select([self._raw], [], [], max(0.0, timeout))[0])
+        except (OSError, ValueError):  # closed by a concurrent kill: reading says so
+            return True
+
+    def readline(self) -> bytes:
+        """The next line with its newline; what is left without one at the pipe's end; b"" at the end."""
+        start = 0
+        while (end := self._buffer.find(b"\n", start)) < 0:
+            start = len(self._buffer)
+            chunk = self._raw.read(self._CHUNK)
+            if not chunk:
+                line = bytes(self._buffer)
+                self._buffer.clear()
+                return line
+            self._buffer += chunk
+        line = bytes(self._buffer[: end + 1])
+        del self._buffer[: end + 1]
+        return line
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes (fewer only at the pipe's end): the buffer first, then the pipe."""
+        if self._buffer:
+            data = bytes(self._buffer[:size])
+            del self._buffer[:size]
+            return data
+        return self._raw.read(size) or b""
+
+
 class WorkerProcess:
     """Parent's handle on one warm worker; use from one thread at a time, except :meth:`kill`."""
 
@@ -137,6 +184,7 @@ class WorkerProcess:
             **({"umask": umask} if umask is not None else {}),
         )
         self._workdir = workdir
+        self._out = _Lines(self.process.stdout)
         self._kill_lock = threading.Lock()
         self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
         ready = self._read_event()
@@ -186,10 +234,18 @@ class WorkerProcess:
 
     def events(self) -> Iterator[dict]:
         """The current task's events up to its ``result``/``failed``; ends early if the worker exits."""
-        while (event := self._read_event()) is not None:
+        while (event := self.next_event()) is not None:
             yield event
             if event["event"] in FINAL_EVENTS:
                 return
+
+    def event_ready(self, timeout: float) -> bool:
+        """Whether :meth:`next_event` has something to read within ``timeout`` seconds (an event, or the end)."""
+        return self._out.ready(timeout)
+
+    def next_event(self) -> dict | None:
+        """The worker's next event; None once it exited (or is being killed)."""
+        return self._read_event()
 
     def wait(self) -> int:
         return self.process.wait()
@@ -234,14 +290,16 @@ class WorkerProcess:
 
     def _read_event(self) -> dict | None:
         try:
-            line = self.process.stdout.readline()
+            line = self._out.readline()
             if not line:
                 return None
             event = json.loads(line)
             if "ipc_len" in event:  # an Arrow result frame: streamed into the job's result file
                 size = event.pop("ipc_len")
                 if self._result_sink is None:
-                    self.process.stdout.read(size)
+                    left = size
+                    while left and (chunk := self._out.read(min(left, 1 << 20))):
+                        left -= len(chunk)
                     return {
                         "event": "failed",
                         "phase": "worker",
@@ -250,7 +308,7 @@ class WorkerProcess:
                 path, durable = self._result_sink
                 # Staged when it fits ("Result staging"); a stream is written to a new file, never a slot.
                 path, _ = result_target({"result_file": path, "result_stage": self._result_stage}, size)
-                event["nbytes"] = dataplane.write_stream_file(path, self.process.stdout, size, durable=durable)
+                event["nbytes"] = dataplane.write_stream_file(path, self._out, size, durable=durable)
                 event["result_file"] = path
             return event
         except (ValueError, EOFError, OSError):  # stdout closed by a concurrent kill, or the worker died mid-frame

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from typing import Any, Unpack
 
@@ -44,7 +45,7 @@ from lancefn_jupyter.server.control.states import (
 )
 from lancefn_jupyter.server.encoding import cap_text
 from lancefn_jupyter.server.errors import ApiError
-from lancefn_jupyter.server.executors.base import TaskSpec, redact_env
+from lancefn_jupyter.server.executors.base import InlineRun, TaskSpec, redact_env
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
@@ -113,6 +114,65 @@ class JobMachine:
         A batch's chunk jobs pass ``spec_extra`` (batch_id, chunk, row_start: kept in the job's spec)
         and ``rows_checked`` (their rows were checked when the batch was created); a backfill's chunk
         jobs pass ``table_slice`` instead of rows (kept in the spec; docs/ARCHITECTURE.md, "Backfills")."""
+        return self._submit(
+            name,
+            version,
+            rows,
+            timeout_s,
+            arrow_rows=arrow_rows,
+            spec_extra=spec_extra,
+            rows_checked=rows_checked,
+            table_slice=table_slice,
+            **where,
+        )
+
+    def run_waiting(
+        self,
+        name: str,
+        version: str,
+        rows: Any,
+        timeout_s: float | None,
+        wait_s: float,
+        *,
+        arrow_rows: Any = None,
+        **where: Unpack[Where],
+    ) -> tuple[str, dict | None, float]:
+        """``run`` for a request that waits up to ``wait_s`` for the job to end (``functions/run``'s inline
+        wait): when its version's worker is idle on the devices it gets, this thread runs the job itself
+        (``Executor.adopt``) until it ends or the wait is over, so a quick job's whole run takes no other
+        thread (docs/ARCHITECTURE.md, "REST details"). (job id, its wire form if it ended else None, the
+        seconds of the wait left)."""
+        deadline = time.monotonic() + wait_s
+        adopted: list[InlineRun] = []
+        try:
+            job_id = self._submit(name, version, rows, timeout_s, arrow_rows=arrow_rows, adopt=adopted, **where)
+        except BaseException:
+            for inline in adopted:  # launched, so it must run: a task thread takes it
+                inline.hand_over()
+            raise
+        if not adopted:
+            return job_id, None, wait_s
+        adopted[0].run(deadline)
+        with self.table.lock:
+            rec = self.jobs.record(job_id)
+            ended = self.reports.job_wire(rec) if rec is not None and rec.state in TERMINAL else None
+        return job_id, ended, max(0.0, deadline - time.monotonic())
+
+    def _submit(
+        self,
+        name: str,
+        version: str,
+        rows: Any,
+        timeout_s: float | None = None,
+        *,
+        arrow_rows: Any = None,
+        spec_extra: dict | None = None,
+        rows_checked: bool = False,
+        table_slice: dict | None = None,
+        adopt: list[InlineRun] | None = None,
+        **where: Unpack[Where],
+    ) -> str:
+        """``run``'s work; ``adopt``: receives the job's ``InlineRun`` when the executor let this thread run it."""
         fv, owner = self.catalog.runnable(name, version, **where)
         if table_slice is not None:
             rows = []
@@ -171,7 +231,7 @@ class JobMachine:
                     self.fail_environment(rec, JobFailure(phase="environment", message=admission.problem))
                 elif admission.ready:
                     held = self.environments.hold(rec, admission)
-                    self._place_new(rec, rows, where_to.num_gpus)
+                    self._place_new(rec, rows, where_to.num_gpus, adopt)
                 else:  # waits, PENDING, for its environment's build: in no device queue meanwhile
                     self.environments.stage(rec, admission)
                     self.journal.persist(rec, new=False)
@@ -226,16 +286,16 @@ class JobMachine:
         }
         self.finish(rec, FAILED)
 
-    def _place_new(self, rec: JobRecord, rows: Any, num_gpus: int) -> None:
+    def _place_new(self, rec: JobRecord, rows: Any, num_gpus: int, adopt: list[InlineRun] | None = None) -> None:
         new_rows = (rec.job_id, rows)
         if self.table.executor_queues:
             if self.table.started:
-                self.launch(rec, new_rows)
+                self.launch(rec, new_rows, adopt)
             self.reports.publish_usage()
             return
         # Place it before its first event, so a job that starts at once is never shown as
         # "waiting for GPU capacity": placed, its first event already carries its devices.
-        self.dispatch(changed=num_gpus > 0, new_rows=new_rows)
+        self.dispatch(changed=num_gpus > 0, new_rows=new_rows, adopt=adopt)
         if self.table.scheduler.is_pending(rec.job_id):
             self.journal.persist(rec, new=False)
 
@@ -302,11 +362,12 @@ class JobMachine:
         self.jobs.wake(rec.job_id, rec)
         self.dispatch(changed=had_devices or rec.num_gpus > 0)
 
-    def dispatch(self, changed: bool = False, new_rows: NewRows = None) -> bool:
+    def dispatch(self, changed: bool = False, new_rows: NewRows = None, adopt: list[InlineRun] | None = None) -> bool:
         """Place and launch every job that fits now; returns whether anything was placed.
 
         ``changed``: the caller altered GPU queues/holdings, so a ``usage`` event is due even
-        when nothing new is placed.  ``new_rows``: the rows of the job ``run`` is queuing.
+        when nothing new is placed.  ``new_rows``: the rows of the job ``run`` is queuing (and
+        ``adopt``: where its ``InlineRun`` goes if the executor lets the caller run it, see ``launch``).
         """
         table = self.table
         if not table.started or self._dispatch_held:
@@ -328,18 +389,23 @@ class JobMachine:
             self.journal.persist_soon(rec)
         self.reports.publish_usage()
         for rec in launches:
-            self.launch(rec, new_rows)
+            self.launch(rec, new_rows, adopt)
         return True
 
-    def launch(self, rec: JobRecord, new_rows: NewRows = None) -> None:
-        """Hand a placed job to the executor; a job that cannot start fails (the server keeps serving)."""
+    def launch(self, rec: JobRecord, new_rows: NewRows = None, adopt: list[InlineRun] | None = None) -> None:
+        """Hand a placed job to the executor; a job that cannot start fails (the server keeps serving).
+        ``adopt``: the new job (``new_rows``) is offered to the calling thread first (``Executor.adopt``)."""
         table = self.table
         try:
             if table.executor is None:
                 raise RuntimeError("no executor is configured")
-            rows = new_rows[1] if new_rows is not None and new_rows[0] == rec.job_id else None
+            new = new_rows is not None and new_rows[0] == rec.job_id
+            rows = new_rows[1] if new_rows is not None and new else None
             task = self._task(rec, rows)
             table.job_env[rec.job_id] = task.env  # to redact from its failure messages
+            if adopt is not None and new and (inline := table.executor.adopt(task)) is not None:
+                adopt.append(inline)
+                return
             table.executor.launch(task)
         except Exception as error:
             log.exception("launching job %s failed", rec.job_id)

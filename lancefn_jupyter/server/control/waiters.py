@@ -30,7 +30,10 @@ class Waiters:
         """Until ``future`` is woken (its value: what ``wake`` was given) or ``timeout_s`` passes
         (None); then it is no longer waiting."""
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            # Each waiter has a future of its own: it may be cancelled by the timeout (``wake`` skips a done
+            # one), so it needs no shield, nor ``wait_for``'s task.
+            async with asyncio.timeout(timeout_s):
+                return await future
         except TimeoutError:
             return None
         finally:

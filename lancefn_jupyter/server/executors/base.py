@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the i
     from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.wire.models import JobFailure
 
-__all__ = ["REDACTED", "Executor", "ExecutorCallbacks", "TaskSpec", "redact_env"]
+__all__ = ["REDACTED", "Executor", "ExecutorCallbacks", "InlineRun", "TaskSpec", "redact_env"]
 
 REDACTED = "<redacted>"
 # Shorter values are flags ("1", "on") rather than secrets, and replacing them would garble text.
@@ -99,6 +99,16 @@ class ExecutorCallbacks(Protocol):
         ...
 
 
+class InlineRun(Protocol):
+    """A launched task that the thread which launched it runs itself (``Executor.adopt``)."""
+
+    def run(self, deadline: float) -> None:
+        """Run it until it ends or ``deadline`` (``time.monotonic()``) passes; then the executor follows it on."""
+
+    def hand_over(self) -> None:
+        """Not run here after all: the executor runs it as any launched task."""
+
+
 class Executor(ABC):
     """Runs tasks; never decides placement (the core's scheduler does)."""
 
@@ -118,6 +128,12 @@ class Executor(ABC):
     @abstractmethod
     def launch(self, task: TaskSpec) -> None:
         """Start running ``task``; must not block on the task itself."""
+
+    def adopt(self, task: TaskSpec) -> InlineRun | None:
+        """Launch ``task`` for the calling thread to run (``InlineRun.run``) when that is quick to start (a warm
+        worker of its version is idle on its devices), so a quick job's inline wait needs no other thread; None:
+        not launched (call :meth:`launch`). The caller must run or hand over what it adopted."""
+        return None
 
     @abstractmethod
     def cancel(self, job_id: str) -> None:

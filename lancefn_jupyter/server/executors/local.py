@@ -48,23 +48,25 @@ thread waits until it first runs, which on a busy machine cost ~0.4 ms median (2
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
+from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, InlineRun, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
-from lancefn_jupyter.worker.protocol import PRELOAD_ENV, artifact_filename
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS, PRELOAD_ENV, artifact_filename
 
 if TYPE_CHECKING:
     from lancefn_jupyter.environments.cache import Environment, EnvironmentCache
@@ -139,6 +141,9 @@ def _worker_env(key: _Key, user: WorkerUser | None, *, threads: int, spare: bool
     return env
 
 
+_LATER = object()  # a followed run that has not ended by its deadline
+
+
 @dataclass(eq=False)
 class _Run:
     task: TaskSpec
@@ -149,6 +154,8 @@ class _Run:
     outcome: str | None = None
     rows_done: int = 0
     start_ms: float | None = None  # starting a worker process for this run; 0 when one was idle
+    sent: bool = False  # its worker has the task: a thread taking the run over only follows it
+    timer: threading.Timer | None = None  # its timeout, from when the task was sent
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)  # set once its worker is reaped or pooled
 
@@ -158,6 +165,14 @@ class _Run:
                 return False
             self.outcome = outcome
             return True
+
+
+@dataclass(frozen=True)
+class _Adopted:
+    """A launched run the launching thread runs itself (``LocalExecutor.adopt``; ``base.InlineRun``)."""
+
+    run: Callable[[float], None]  # until it ends or the deadline passes (then a task thread follows it on)
+    hand_over: Callable[[], None]  # to a task thread, not run here after all
 
 
 class LocalExecutor(Executor):
@@ -237,6 +252,27 @@ class LocalExecutor(Executor):
         run = _Run(task, _key(task))
         with self._lock:
             self._runs[task.job_id] = run
+        self._hand_to_task_thread(run)
+
+    def adopt(self, task: TaskSpec) -> InlineRun | None:
+        """The task for the calling thread to run when its version's worker is idle on its devices (a quick job's
+        inline wait: no task thread, no hand-over between threads); None otherwise (not launched)."""
+        if task.table_slice is not None:
+            return None
+        run = _Run(task, _key(task))
+        with self._lock:
+            if self._uids is not None:  # the key of its namespace's uid, which an idle worker of it has
+                uid = self._uids.known(task.namespace)
+                if uid is None:
+                    return None
+                run.key = (*run.key[:4], uid)
+            if self._closed.is_set() or run.key not in self._idle:
+                return None
+            self._runs[task.job_id] = run
+        return _Adopted(functools.partial(self._execute, run), functools.partial(self._hand_to_task_thread, run))
+
+    def _hand_to_task_thread(self, run: _Run) -> None:
+        with self._lock:
             spawn = self._idle_runners == 0
             if spawn:
                 self._runner_threads += 1
@@ -314,9 +350,12 @@ class LocalExecutor(Executor):
 
     # ----------------------------------------------------------------- one task
 
-    def _execute(self, run: _Run) -> None:
+    def _execute(self, run: _Run, deadline: float | None = None) -> None:
+        """Run ``run`` to its end; with a ``deadline`` (``time.monotonic()``), a task thread follows it from
+        there if it has not ended by then."""
+        handed_over = False
         try:
-            self._run(run)
+            handed_over = self._run(run, deadline)
         except Exception as exc:  # an executor bug must still end the job, never leave it running
             log.exception("local executor failed on job %s", run.task.job_id)
             if run.worker is not None:
@@ -328,21 +367,32 @@ class LocalExecutor(Executor):
                     timings=self._start_timings(run),
                 )
         finally:
-            with self._lock:
-                self._runs.pop(run.task.job_id, None)
-            run.done.set()
+            if not handed_over:
+                if run.timer is not None:
+                    run.timer.cancel()
+                with self._lock:
+                    self._runs.pop(run.task.job_id, None)
+                run.done.set()
 
-    def _run(self, run: _Run) -> None:
-        if run.task.table_slice is not None and not self._read_slice(run):
-            return
-        worker = self._take_worker(run)
-        if worker is None:
-            return
-        self._send_task(run, worker)
-        final = self._follow(run, worker)
+    def _run(self, run: _Run, deadline: float | None = None) -> bool:
+        """True when the run was handed to a task thread at ``deadline``, still running."""
+        worker = run.worker
+        if not run.sent:
+            if run.task.table_slice is not None and not self._read_slice(run):
+                return False
+            worker = self._take_worker(run)
+            if worker is None:
+                return False
+            self._send_task(run, worker)
+        assert worker is not None  # sent: it has one
+        final = self._follow(run, worker, deadline)
+        if final is _LATER:
+            self._hand_to_task_thread(run)
+            return True
         if final is None:
             self._lost(run, worker)
-            return
+            return False
+        assert isinstance(final, dict)
         final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0}
         retire = self._retire_reason(final)
         if retire is None:
@@ -362,6 +412,7 @@ class LocalExecutor(Executor):
         # A new fresh spare for the next new version here, started only now: on a small machine a
         # process start racing the job it was taken for would slow that job down.
         self._prewarm(_fresh(run.key), quiet=True)
+        return False
 
     def _read_slice(self, run: _Run) -> bool:
         """A backfill chunk: its slice of the table into the job's rows file, here in the task's
@@ -422,6 +473,11 @@ class LocalExecutor(Executor):
     def _send_task(self, run: _Run, worker: WorkerProcess) -> None:
         task = run.task
         self._callbacks.task_started(task.job_id, devices=task.devices, node=None)
+        run.sent = True
+        if task.timeout_s is not None:
+            run.timer = threading.Timer(task.timeout_s, self._stop, (run, "timeout"))
+            run.timer.daemon = True
+            run.timer.start()
         worker.start_task(
             WorkerTask(
                 task.job_id,
@@ -438,29 +494,26 @@ class LocalExecutor(Executor):
             )
         )
 
-    def _follow(self, run: _Run, worker: WorkerProcess) -> dict | None:
-        """Relay the task's logs and progress under its timeout; its ``result``/``failed`` event,
-        or None when the worker died or is being stopped."""
-        timer = None
-        if run.task.timeout_s is not None:
-            timer = threading.Timer(run.task.timeout_s, self._stop, (run, "timeout"))
-            timer.daemon = True
-            timer.start()
+    def _follow(self, run: _Run, worker: WorkerProcess, deadline: float | None = None) -> dict | object | None:
+        """Relay the task's logs and progress (its timeout runs from the send); its ``result``/``failed``
+        event, None when the worker died or is being stopped, or ``_LATER`` when it has not ended by
+        ``deadline`` (``time.monotonic()``)."""
         final = None
-        try:
-            for event in worker.events():
-                if run.outcome is not None:  # being stopped: report nothing more
-                    continue
+        while True:
+            if deadline is not None and not worker.event_ready(deadline - time.monotonic()):
+                return _LATER
+            event = worker.next_event()
+            if event is None:
+                return final
+            if run.outcome is None:  # else being stopped: report nothing more
                 if event["event"] == "progress":
                     run.rows_done = event["rows_done"]
                 if event["event"] in ("log", "progress"):
                     relay(self._callbacks, run.task.job_id, event)
-                elif event["event"] in ("result", "failed") and run.claim("finished"):
+                elif event["event"] in FINAL_EVENTS and run.claim("finished"):
                     final = event
-        finally:
-            if timer is not None:
-                timer.cancel()
-        return final
+            if event["event"] in FINAL_EVENTS:
+                return final
 
     def _lost(self, run: _Run, worker: WorkerProcess) -> None:
         """The worker died or is being stopped: reap it before the core frees its devices, and say why."""

@@ -171,6 +171,12 @@ class WorkerUids:
             return dict(self._known)
         return {namespace: int(uid) for namespace, uid in self._store.query("SELECT namespace, uid FROM worker_uids")}
 
+    def known(self, namespace: str) -> int | None:
+        """The namespace's uid if it has one already (never allocates)."""
+        with self._lock:
+            uid = self._known.get(namespace)
+            return uid if uid in self.range else None
+
     def uid_for(self, namespace: str) -> int:
         """The namespace's uid, allocated (and recorded) on its first call; raises ``UidsExhausted``."""
         with self._lock:

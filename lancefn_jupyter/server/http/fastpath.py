@@ -10,12 +10,12 @@ same envelope (``tests/test_fastpath_parity.py`` holds them to it).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import KeyRing, who
@@ -79,8 +79,8 @@ class FastPath:
         except Exception as error:
             await reply(*last_resort(scope, scope["state"]["request_id"], error))
             return
-        await JSONResponse(content, status_code=route.status_code)(scope, _no_body, send)
-
-
-async def _no_body() -> dict:
-    return {"type": "http.request", "body": b"", "more_body": False}
+        # What ``JSONResponse`` sends (the same JSON, content-length and content-type), without building one.
+        body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        head = [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": route.status_code, "headers": head})
+        await send({"type": "http.response.body", "body": body})

@@ -15,8 +15,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.datastructures import MutableHeaders
-
 from lancefn_jupyter.server.http.auth import MISSING_KEY_MESSAGE, KeyRing
 from lancefn_jupyter.server.http.bodies import is_arrow
 from lancefn_jupyter.server.http.errors import envelope, last_resort
@@ -56,13 +54,16 @@ class Guard:
         sent_id = headers.get(b"x-request-id", b"").decode("latin-1")
         request_id = sent_id if _REQUEST_ID.fullmatch(sent_id) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        request_id_bytes = request_id.encode("latin-1")
         started = False
 
         async def send_with_id(message: dict) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                MutableHeaders(scope=message)["x-request-id"] = request_id
+                # Replaces one the app may have set, as MutableHeaders would, without building one per reply.
+                headers = [item for item in message.get("headers", ()) if item[0].lower() != b"x-request-id"]
+                message["headers"] = [*headers, (b"x-request-id", request_id_bytes)]
             await send(message)
 
         async def reply(status: int, code: str, message: str, *, close: bool = False) -> None:
@@ -113,10 +114,13 @@ class Guard:
         if length.isdigit() and int(length) > self.max_body_bytes:
             return too_large
         chunks, size, more = [], 0, True
+        # One deadline for the whole body; ``asyncio.timeout_at`` arms a timer on this task, where
+        # ``wait_for`` would wrap every receive in a task of its own.
         deadline = asyncio.get_running_loop().time() + self.body_timeout_s
         while more:
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
             except TimeoutError:
                 return (
                     408,
