@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.wire.models import plain_json
 
 __all__ = ["rows_payload", "to_json_value"]
 
@@ -16,6 +17,8 @@ def to_json_value(value: Any, where: str) -> Any:
     """Arguments travel as JSON; numpy values are converted, anything else is refused up front."""
     if hasattr(value, "tolist") and callable(value.tolist):
         value = value.tolist()
+    if plain_json(value):  # the common case, without encoding it (the request encodes it once)
+        return value
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as error:

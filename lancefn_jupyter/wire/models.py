@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import keyword
+import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -148,9 +149,26 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+def plain_json(value: Any) -> bool:
+    """Whether ``value`` is plainly finite JSON: str-keyed dicts, lists, strings, ints, finite floats, bools, None."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        return all(type(key) is str and plain_json(child) for key, child in value.items())
+    if kind is list:
+        return all(plain_json(child) for child in value)
+    return False
+
+
 def _json_value(value: Any) -> Any:
     # pydantic's JSON parser accepts NaN/Infinity literals and Python callers can pass
-    # anything, so free-form fields are checked to be finite JSON at decode time.
+    # anything, so free-form fields are checked to be finite JSON at decode time (what a parsed
+    # reply holds is checked by a walk; anything else by encoding it, which also takes models).
+    if plain_json(value):
+        return value
     try:
         canonical_json(value)
     except (TypeError, ValueError) as error:

@@ -9,6 +9,7 @@ through the composition root."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.reports import Reports
+from lancefn_jupyter.server.control.states import TERMINAL
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.storage.store import JobRecord, Store, is_storage_full
@@ -40,14 +42,20 @@ class JobJournal:
         self._deferred_at: dict[str, float] = {}  # job id → when its first uncommitted change came
         self._flush_armed = False  # one timer for every deferred job: no loop wake-up per job
         self._log_pos: dict[str, int] = {}
+        self._new: dict[str, list] = {}  # job id → its JSON rows: a new job not inserted yet (``defer_new``)
 
     def persist(self, rec: JobRecord, *, new: bool, rows: list | None = None, event: bool = True) -> None:
         """Write the job and its event in one transaction, and publish the event once committed.
 
         A change to a known job that the full disk refuses is kept in memory and retried (see
         ``UnsavedJobs.keep``) instead of raising, unless an enclosing batch (whose caller decides)
-        is open.  A new job is never kept that way: its request gets the 507."""
+        is open.  A new job is never kept that way: its request gets the 507.  A deferred new job
+        (``defer_new``) is inserted by its first persist; one that already ended is kept that way too
+        (its request is answered with its outcome, not its id alone)."""
         data = dumps(self.reports.job_wire(rec)) if event else None
+        pending = self._new.pop(rec.job_id, None)  # JSON rows: never empty, never None
+        if pending is not None:  # its rows only matter while it may still run (after a restart)
+            new, rows = True, None if rec.state in TERMINAL else pending
         earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
         since = self._deferred_at.pop(rec.job_id, None)
         try:
@@ -59,12 +67,15 @@ class JobJournal:
                 for item in [*earlier, data] if data is not None else earlier:
                     self._insert_event(rec.job_id, item, rec.namespace)
         except Exception as error:
-            if new or not is_storage_full(error) or self.store.in_batch():
-                if earlier:
+            ended_new = pending is not None and rec.state in TERMINAL
+            if not is_storage_full(error) or self.store.in_batch() or (new and not ended_new):
+                if pending is not None:
+                    self._new[rec.job_id] = pending  # still to insert
+                if earlier or pending is not None:
                     self._deferred[rec.job_id] = earlier
                     self._deferred_at[rec.job_id] = since if since is not None else time.monotonic()
                 raise
-            self.unsaved.keep(rec, data)
+            self.unsaved.keep(rec, data)  # inserted by its save once space frees (``Store.save_job``)
             return
         self.unsaved.saved(rec.job_id)  # its latest state is saved now
         for watcher in self.watchers:
@@ -82,7 +93,33 @@ class JobJournal:
             self.persist(rec, new=False)
             return
         self._deferred.setdefault(rec.job_id, []).append(dumps(self.reports.job_wire(rec)))
-        self._deferred_at.setdefault(rec.job_id, time.monotonic())
+        self._defer(rec.job_id, loop)
+
+    def defer_new(self, rec: JobRecord, rows: list) -> None:
+        """A new job inserted by its first commit, not now: a quick job a request runs and waits for
+        (``JobMachine.run_waiting``) is then saved with its outcome in one transaction. Its request is
+        answered only after that commit, or after ``flush`` (docs/ARCHITECTURE.md, "REST details");
+        at the latest it is saved after ``DEFER_COMMIT_S``, like any deferred change."""
+        self._new[rec.job_id] = rows
+        self._deferred.setdefault(rec.job_id, [])
+        loop = self.table.loop
+        if loop is None:
+            self.flush(rec.job_id)
+        else:
+            self._defer(rec.job_id, loop)
+
+    def is_new(self, job_id: str) -> bool:
+        """Whether the job was deferred as new (``defer_new``) and is not saved yet."""
+        return job_id in self._new
+
+    def discard_new(self, job_id: str) -> None:
+        """A deferred new job that will not be saved after all (its request failed): nothing of it is kept."""
+        self._new.pop(job_id, None)
+        self._deferred.pop(job_id, None)
+        self._deferred_at.pop(job_id, None)
+
+    def _defer(self, job_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._deferred_at.setdefault(job_id, time.monotonic())
         if not self._flush_armed:
             self._flush_armed = True
             loop.call_soon_threadsafe(loop.call_later, DEFER_COMMIT_S, self._flush_due)
@@ -108,7 +145,7 @@ class JobJournal:
     def flush(self, job_id: str) -> None:
         """Commit a job's deferred changes that no later change has committed (event loop, shutdown)."""
         with self.table.lock:
-            if job_id not in self._deferred:
+            if job_id not in self._deferred and job_id not in self._new:
                 return
             rec = self.table.active.get(job_id)
             if rec is None:  # gone without a commit of its own (cannot happen today); drop quietly

@@ -155,8 +155,14 @@ class JobMachine:
         adopted[0].run(deadline)
         with self.table.lock:
             rec = self.jobs.record(job_id)
-            ended = self.reports.job_wire(rec) if rec is not None and rec.state in TERMINAL else None
-        return job_id, ended, max(0.0, deadline - time.monotonic())
+            if rec is not None and rec.state in TERMINAL:  # saved with its outcome
+                return job_id, self.reports.job_wire(rec), 0.0
+            try:  # still running (a task thread follows it now): saved before its id is answered
+                self.journal.flush(job_id)
+            except BaseException:
+                self.cancel(job_id)  # not saved (a full disk): the request fails, so the job must not go on
+                raise
+        return job_id, None, max(0.0, deadline - time.monotonic())
 
     def _submit(
         self,
@@ -223,30 +229,43 @@ class JobMachine:
             namespace=owner,
         )
         admission = self.environments.admission(rec)  # before the lock: it may read the environment cache
+        # A job this thread may run itself is saved with its outcome, in one transaction (``defer_new``).
+        defer = adopt is not None and isinstance(rows, list) and admission.ready and not self.table.executor_queues
         held = False
         try:
             with self.table.lock:
-                self._queue(rec, rows, schedule=admission.ready)
-                if admission.problem is not None:  # refused: it fails at once, in phase "environment"
-                    self.fail_environment(rec, JobFailure(phase="environment", message=admission.problem))
-                elif admission.ready:
-                    held = self.environments.hold(rec, admission)
-                    self._place_new(rec, rows, where_to.num_gpus, adopt)
-                else:  # waits, PENDING, for its environment's build: in no device queue meanwhile
-                    self.environments.stage(rec, admission)
-                    self.journal.persist(rec, new=False)
+                self._queue(rec, rows, schedule=admission.ready, defer=defer)
+                try:
+                    if admission.problem is not None:  # refused: it fails at once, in phase "environment"
+                        self.fail_environment(rec, JobFailure(phase="environment", message=admission.problem))
+                    elif admission.ready:
+                        held = self.environments.hold(rec, admission)
+                        self._place_new(rec, rows, where_to.num_gpus, adopt)
+                    else:  # waits, PENDING, for its environment's build: in no device queue meanwhile
+                        self.environments.stage(rec, admission)
+                        self.journal.persist(rec, new=False)
+                    if defer and not adopt:  # not this thread's to run: saved before its id is answered
+                        self.journal.flush(rec.job_id)
+                except BaseException:
+                    if self.journal.is_new(rec.job_id):  # never saved: nothing of it may remain
+                        self._drop_unsaved(rec)
+                    raise
                 return rec.job_id
         finally:
             if not held:
                 self.environments.close(admission)  # a lease not handed to a queued job
 
-    def _queue(self, rec: JobRecord, rows: Any, *, schedule: bool = True) -> None:
+    def _queue(self, rec: JobRecord, rows: Any, *, schedule: bool = True, defer: bool = False) -> None:
         """Add a new job to the table and the store; nothing of it is kept if the store refuses it.
-        ``schedule`` False: not into a device queue (its environment is not ready, or it is refused)."""
+        ``schedule`` False: not into a device queue (its environment is not ready, or it is refused).
+        ``defer``: into the store with its first commit (``JobJournal.defer_new``; JSON rows only)."""
         table = self.table
         table.active[rec.job_id] = rec
         if schedule and not table.executor_queues:
             table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)
+        if defer:
+            self.journal.defer_new(rec, rows)
+            return
         try:
             with self.store.batch():
                 if table.executor_queues:
@@ -258,6 +277,22 @@ class JobMachine:
             table.scheduler.release(rec.job_id)
             self.data.remove_rows(rows)
             raise
+
+    def _drop_unsaved(self, rec: JobRecord) -> None:
+        """A deferred new job its request could not save (lock held): gone from memory, its worker stopped."""
+        table = self.table
+        placed = not table.scheduler.is_pending(rec.job_id)
+        table.active.pop(rec.job_id, None)
+        table.job_env.pop(rec.job_id, None)
+        freed = bool(table.scheduler.release(rec.job_id))
+        self.journal.discard_new(rec.job_id)
+        self.journal.forget(rec.job_id)
+        if placed and table.executor is not None:
+            try:
+                table.executor.cancel(rec.job_id)
+            except Exception:
+                log.exception("executor.cancel(%s) failed", rec.job_id)
+        self.dispatch(changed=freed)
 
     def enqueue_built(self, recs: list[JobRecord]) -> None:
         """Jobs whose environment is ready now (the stage's build thread, lock held): queued for devices in

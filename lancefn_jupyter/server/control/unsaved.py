@@ -82,7 +82,7 @@ class UnsavedJobs:
                 data = self._wire(rec)
                 try:
                     with self._store.batch():
-                        self._store.update_job(rec)
+                        self._store.save_job(rec)  # inserted if its first save was refused (a deferred new job)
                         seq = self._store.insert_event(job_id, data, rec.namespace)
                 except Exception as error:
                     if not is_storage_full(error):

@@ -359,7 +359,8 @@ class Store:
     )
 
     @staticmethod
-    def _job_params(rec: JobRecord) -> tuple:
+    def _changing_params(rec: JobRecord) -> tuple:
+        """What a job's later changes may alter (its type, name, creation time and spec are fixed at creation)."""
         placement = {
             "gpu_class": rec.gpu_class,
             "num_gpus": rec.num_gpus,
@@ -367,13 +368,9 @@ class Store:
             "node": rec.node,
         }
         return (
-            rec.job_type,
             rec.state,
-            rec.name,
-            rec.creation_ms,
             rec.started_ms,
             rec.finished_ms,
-            dumps(rec.spec),
             dumps(placement),
             rec.rows_done,
             rec.rows_total,
@@ -381,7 +378,6 @@ class Store:
             None if rec.failure is None else dumps(rec.failure),
             rec.requeues,
             None if rec.timings is None else dumps(rec.timings),
-            rec.job_id,
         )
 
     @staticmethod
@@ -415,21 +411,39 @@ class Store:
     def insert_job(self, rec: JobRecord, rows: list[dict] | None = None) -> None:
         with self.batch():
             cur = self._db.execute(
-                "INSERT INTO jobs(job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
-                "rows_done, rows_total, result, failure, requeues, timings, job_id, namespace) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (*self._job_params(rec), rec.namespace),
+                "INSERT INTO jobs(state, started_ms, finished_ms, placement, rows_done, rows_total, result, failure, "
+                "requeues, timings, job_type, name, creation_ms, spec, job_id, namespace) "
+                "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    *self._changing_params(rec),
+                    rec.job_type,
+                    rec.name,
+                    rec.creation_ms,
+                    dumps(rec.spec),
+                    rec.job_id,
+                    rec.namespace,
+                ),
             )
             rec.seq = cur.lastrowid
             if rows is not None:
                 self._db.execute("INSERT INTO job_rows(job_id, rows) VALUES(?,?)", (rec.job_id, dumps(rows)))
 
-    def update_job(self, rec: JobRecord) -> None:
+    def update_job(self, rec: JobRecord) -> bool:
+        """Save a job's change; False when the job is not in the store (nothing written)."""
         with self.batch():
-            self._db.execute(
-                "UPDATE jobs SET job_type=?, state=?, name=?, creation_ms=?, started_ms=?, finished_ms=?, spec=?, "
-                "placement=?, rows_done=?, rows_total=?, result=?, failure=?, requeues=?, timings=? WHERE job_id=?",
-                self._job_params(rec),
+            cur = self._db.execute(
+                "UPDATE jobs SET state=?, started_ms=?, finished_ms=?, placement=?, rows_done=?, rows_total=?, "
+                "result=?, failure=?, requeues=?, timings=? WHERE job_id=?",
+                (*self._changing_params(rec), rec.job_id),
             )
+            return cur.rowcount > 0
+
+    def save_job(self, rec: JobRecord) -> None:
+        """Save a job as it is now, whether the store has it yet or not (a job whose first save a full disk
+        refused: docs/ARCHITECTURE.md, "REST details")."""
+        with self.batch():
+            if not self.update_job(rec):
+                self.insert_job(rec)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         rows = self._query(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE job_id=?", (job_id,))

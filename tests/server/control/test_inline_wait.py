@@ -125,3 +125,50 @@ def test_submit_and_result_through_the_notebook_api(control_plane):
         thread.join(DEADLINE_S)
     assert sorted(results) == [0, 3, 6, 9]
     assert fn.remote(7) == 21
+
+
+def test_a_warm_job_run_by_the_request_keeps_every_state_and_is_saved_with_its_outcome(control_plane):
+    """On an idle warm worker the request's own core thread runs the job (docs/ARCHITECTURE.md, "REST details"),
+    and the job is first saved with its outcome: still every state is an event, in order, and it survives a kill."""
+    from test_server_jobs import read_events
+
+    with control_plane.http() as http:
+        version = register(http, registration_body("double"))["version"]
+        run_waiting(http, "double", version, [{"x": 1}], wait_s=DEADLINE_S)  # its worker is warm now
+        body = run_waiting(http, "double", version, [{"x": 21}], wait_s=DEADLINE_S)
+        assert body["job"]["job_state"] == "DONE" and body["job"]["result"] == [42]
+        listed = http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"]
+        assert body["job_id"] in [job["job_id"] for job in listed]
+    seen = read_events(
+        control_plane,
+        last_event_id="0",
+        until=lambda events: any(body["job_id"] in str(e[2]) and "DONE" in str(e[2]) for e in events),
+    )
+    states = [data["job_state"] for kind, _, data in seen if kind == "job" and data["job_id"] == body["job_id"]]
+    assert states == ["PENDING", "IN_PROGRESS", "DONE"]
+    placed = next(data for kind, _, data in seen if kind == "job" and data["job_id"] == body["job_id"])
+    assert placed["placement"]["devices"] and placed["placement"]["waiting_on_capacity"] is False
+    control_plane.kill()
+    control_plane.start()
+    with control_plane.http() as http:
+        assert describe(http, body["job_id"]) == body["job"]
+
+
+def test_a_warm_job_still_running_at_the_end_of_the_wait_is_saved_before_its_id_is_answered(control_plane, tmp_path):
+    """The request's thread hands a job that outlives the wait to a task thread; its id is answered only once the
+    job is saved, so a SIGKILL right after the reply re-queues it instead of losing it."""
+    warm, gate = tmp_path / "warm", tmp_path / "go"
+    warm.touch()
+    with control_plane.http() as http:
+        version = hold_version(http)
+        assert (
+            run_waiting(http, "hold", version, [{"path": str(warm)}], wait_s=DEADLINE_S)["job"]["job_state"] == "DONE"
+        )
+        body = run_waiting(http, "hold", version, [{"path": str(gate)}], wait_s=0.3)
+        assert body["job"]["job_state"] == "IN_PROGRESS"
+    control_plane.kill()
+    control_plane.start()
+    with control_plane.http() as http:
+        assert describe(http, body["job_id"])["job_state"] in ("PENDING", "IN_PROGRESS")  # re-queued, not lost
+        gate.touch()
+        assert wait_done(http, body["job_id"])["result"] == [str(gate)]
