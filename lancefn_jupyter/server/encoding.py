@@ -7,9 +7,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 
 def dumps(value: Any) -> str:
-    """Compact JSON; NaN and Infinity raise (they are not JSON)."""
+    """Compact JSON of a document built from values already checked (``checked_json``): orjson, about
+    twenty times the standard library's speed (a quick job writes about ten: its events, its row in the
+    store, the reply); the standard library for what orjson refuses (integers over 64 bits, lone
+    surrogates, keys that are not strings). orjson writes NaN as null, so check user values first."""
+    try:
+        return orjson.dumps(value).decode("utf-8")
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def checked_json(value: Any) -> str:
+    """Compact JSON of a user's value (rows, results) that must be JSON: NaN and Infinity raise
+    ``ValueError`` (they are not JSON), what is no JSON value ``TypeError``."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from lancefn_jupyter.server.control.rows import check_rows
 from lancefn_jupyter.server.control.states import CANCELLED, DONE, FAILED, IN_PROGRESS, PENDING, TIMED_OUT
-from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.encoding import checked_json
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.wire.models import FunctionVersion
 
@@ -144,7 +144,7 @@ def check_chunks(fv: FunctionVersion, chunks: list) -> list:
     for i, rows in enumerate(chunks):
         try:
             if isinstance(rows, list) and rows and all(type(row) is dict and row.keys() == wanted for row in rows):
-                text = dumps(rows)
+                text = checked_json(rows)
                 text.encode("utf-8")  # lone surrogates
                 encoded.append(text)
                 continue

@@ -106,6 +106,7 @@ class JobMachine:
         spec_extra: dict | None = None,
         rows_checked: bool = False,
         table_slice: dict | None = None,
+        defer: bool = False,
         **where: Unpack[Where],
     ) -> str:
         """Queue a job; it belongs to the function's namespace (whose env it runs with).
@@ -113,7 +114,9 @@ class JobMachine:
         route streamed to a temp file, or a client's upload; it is checked, then kept as the job's rows.
         A batch's chunk jobs pass ``spec_extra`` (batch_id, chunk, row_start: kept in the job's spec)
         and ``rows_checked`` (their rows were checked when the batch was created); a backfill's chunk
-        jobs pass ``table_slice`` instead of rows (kept in the spec; docs/ARCHITECTURE.md, "Backfills")."""
+        jobs pass ``table_slice`` instead of rows (kept in the spec; docs/ARCHITECTURE.md, "Backfills").
+        ``defer``: JSON rows are saved with the job's first event, in one transaction, before this returns
+        (``JobJournal.defer_new``): a request's own job; a batch saves its chunk jobs in its own transactions."""
         return self._submit(
             name,
             version,
@@ -123,6 +126,7 @@ class JobMachine:
             spec_extra=spec_extra,
             rows_checked=rows_checked,
             table_slice=table_slice,
+            defer=defer,
             **where,
         )
 
@@ -140,29 +144,37 @@ class JobMachine:
         """``run`` for a request that waits up to ``wait_s`` for the job to end (``functions/run``'s inline
         wait): when its version's worker is idle on the devices it gets, this thread runs the job itself
         (``Executor.adopt``) until it ends or the wait is over, so a quick job's whole run takes no other
-        thread (docs/ARCHITECTURE.md, "REST details"). (job id, its wire form if it ended else None, the
-        seconds of the wait left)."""
+        thread (docs/ARCHITECTURE.md, "REST details"). A job with JSON rows is saved at its first commit
+        (``JobJournal.defer_new``): with its outcome when it ends within ``DEFER_COMMIT_S``; the caller
+        must :meth:`keep` one that has not ended before answering its id. (job id, its wire form if it
+        ended else None, the seconds of the wait left)."""
         deadline = time.monotonic() + wait_s
         adopted: list[InlineRun] = []
         try:
-            job_id = self._submit(name, version, rows, timeout_s, arrow_rows=arrow_rows, adopt=adopted, **where)
+            job_id = self._submit(
+                name, version, rows, timeout_s, arrow_rows=arrow_rows, adopt=adopted, defer=True, **where
+            )
         except BaseException:
             for inline in adopted:  # launched, so it must run: a task thread takes it
                 inline.hand_over()
             raise
-        if not adopted:
-            return job_id, None, wait_s
-        adopted[0].run(deadline)
+        if adopted:
+            adopted[0].run(deadline)
         with self.table.lock:
             rec = self.jobs.record(job_id)
             if rec is not None and rec.state in TERMINAL:  # saved with its outcome
                 return job_id, self.reports.job_wire(rec), 0.0
-            try:  # still running (a task thread follows it now): saved before its id is answered
+        return job_id, None, max(0.0, deadline - time.monotonic())
+
+    def keep(self, job_id: str) -> None:
+        """A job ``run_waiting`` deferred is saved now, before its id is answered; if that fails (a full disk) the
+        request fails, and the job is cancelled rather than run for nobody."""
+        with self.table.lock:
+            try:
                 self.journal.flush(job_id)
             except BaseException:
-                self.cancel(job_id)  # not saved (a full disk): the request fails, so the job must not go on
+                self.cancel(job_id)
                 raise
-        return job_id, None, max(0.0, deadline - time.monotonic())
 
     def _submit(
         self,
@@ -176,9 +188,11 @@ class JobMachine:
         rows_checked: bool = False,
         table_slice: dict | None = None,
         adopt: list[InlineRun] | None = None,
+        defer: bool = False,
         **where: Unpack[Where],
     ) -> str:
-        """``run``'s work; ``adopt``: receives the job's ``InlineRun`` when the executor let this thread run it."""
+        """``run``'s work; ``adopt``: receives the job's ``InlineRun`` when the executor let this thread run it
+        (and the job, if deferred, is saved later: see ``run_waiting``)."""
         fv, owner = self.catalog.runnable(name, version, **where)
         if table_slice is not None:
             rows = []
@@ -229,8 +243,7 @@ class JobMachine:
             namespace=owner,
         )
         admission = self.environments.admission(rec)  # before the lock: it may read the environment cache
-        # A job this thread may run itself is saved with its outcome, in one transaction (``defer_new``).
-        defer = adopt is not None and isinstance(rows, list) and admission.ready and not self.table.executor_queues
+        defer = defer and isinstance(rows, list) and admission.ready  # see ``JobJournal.defer_new``
         held = False
         try:
             with self.table.lock:
@@ -244,7 +257,7 @@ class JobMachine:
                     else:  # waits, PENDING, for its environment's build: in no device queue meanwhile
                         self.environments.stage(rec, admission)
                         self.journal.persist(rec, new=False)
-                    if defer and not adopt:  # not this thread's to run: saved before its id is answered
+                    if defer and adopt is None:  # saved before its id is answered
                         self.journal.flush(rec.job_id)
                 except BaseException:
                     if self.journal.is_new(rec.job_id):  # never saved: nothing of it may remain
@@ -265,6 +278,8 @@ class JobMachine:
             table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)
         if defer:
             self.journal.defer_new(rec, rows)
+            if table.executor_queues:
+                self.journal.persist_soon(rec)  # its first event (the executor queues it), saved with it
             return
         try:
             with self.store.batch():

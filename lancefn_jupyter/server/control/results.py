@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.states import DONE
-from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.encoding import checked_json
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord
@@ -25,7 +25,7 @@ def json_results_problem(results: Any, rows_total: int) -> str | None:
     if not isinstance(results, list) or len(results) != rows_total:
         return f"the worker returned {len(results) if isinstance(results, list) else 'no list of'} results for {rows_total} rows"
     try:
-        dumps(results).encode("utf-8")
+        checked_json(results).encode("utf-8")
     except UnicodeEncodeError:
         return "a result contains a string with a lone surrogate, which is not valid Unicode; return valid text"
     except (TypeError, ValueError) as error:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.encoding import checked_json
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.wire import dataplane
@@ -45,7 +45,7 @@ def check_rows(fv: FunctionVersion, rows: Any) -> None:
                 f"rows[{i}]: {' and '.join(problems)}; {fv.name}@{fv.version} takes ({', '.join(takes)})",
             )
         try:
-            dumps(row).encode("utf-8")
+            checked_json(row).encode("utf-8")
         except ValueError:
             raise ApiError(
                 400, f"rows[{i}] contains NaN or Infinity, which JSON cannot carry; use null or a finite number"

@@ -10,13 +10,13 @@ same envelope (``tests/test_fastpath_parity.py`` holds them to it).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
+from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import KeyRing, who
 from lancefn_jupyter.server.http.errors import last_resort
@@ -80,7 +80,7 @@ class FastPath:
             await reply(*last_resort(scope, scope["state"]["request_id"], error))
             return
         # What ``JSONResponse`` sends (the same JSON, content-length and content-type), without building one.
-        body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        body = dumps(content).encode("utf-8")
         head = [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": route.status_code, "headers": head})
         await send({"type": "http.response.body", "body": body})

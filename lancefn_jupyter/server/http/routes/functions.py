@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import Field
 
+from lancefn_jupyter.server.control.states import TERMINAL as TERMINAL_STATES
 from lancefn_jupyter.server.http.auth import pick, where, who
 from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, json_body, parse, parse_query, parse_raw
 from lancefn_jupyter.server.http.offload import off_loop
@@ -96,7 +97,12 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
                 arrow_rows=upload,
                 **where(caller, body.namespace),
             )
-            return {"job_id": job_id, "job": ended} if ended is not None else await _submitted(job_id, left_s)
+            if ended is not None:
+                return {"job_id": job_id, "job": ended}
+            job = await ctx.plane.jobs.wait(job_id, left_s, None, unless_queued=True)
+            if job["job_state"] not in TERMINAL_STATES:  # its id goes out: saved first
+                await off_loop(machine.keep, job_id)
+            return {"job_id": job_id, "job": job}
         job_id = await off_loop(
             machine.run,
             body.name,
@@ -104,6 +110,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
             rows,
             body.timeout_s,
             arrow_rows=upload,
+            defer=True,
             **where(caller, body.namespace),
         )
         return await _submitted(job_id, body.wait_s)
