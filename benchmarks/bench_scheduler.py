@@ -9,7 +9,8 @@ RSS <= 200 MB, nothing lost (DONE count == submitted, every result correct).
 
 The end-to-end run first starts one "gate" job that holds all 8 GPUs until a file appears, then
 submits every trivial job as its own ``POST /v1/functions/run`` (one row each) from ``--threads``
-client threads with keep-alive connections, so all of them queue (FIFO) behind the gate; then
+client threads with keep-alive connections (``--client``: the notebook's own client, by default, or
+httpx), so all of them queue (FIFO) behind the gate; then
 it opens the gate and waits until ``/v1/gpu/usage`` shows nothing pending or running, and
 accounts for every job by paging ``/v1/jobs/list``.  Reported: the submit rate (with the queue
 growing to 10,000), the drain rate (gate open → all DONE) and end to end (first submit → all
@@ -117,7 +118,9 @@ def _team_keys(namespaces: int, work: Path) -> tuple[list[str], list[str]]:
     return ["--api-keys", str(path)], keys
 
 
-def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int = 1) -> dict:
+def end_to_end(
+    jobs: int, gpus: int, threads: int, gate: bool, namespaces: int = 1, client_kind: str = "lancefn"
+) -> dict:
     classes = f'[[gpu_classes]]\nname = "default"\nsimulated = {gpus}\nmax_gpu_count_per_worker = {gpus}\n'
     work = Path(tempfile.mkdtemp(prefix="lancefn-bench-keys-"))
     args, team_keys = _team_keys(namespaces, work) if namespaces > 1 else ([], [])
@@ -143,8 +146,21 @@ def end_to_end(jobs: int, gpus: int, threads: int, gate: bool, namespaces: int =
 
         def submit(index: int) -> None:
             # Teams submit at once: thread i uses team i % namespaces (the admin for one namespace).
-            headers = {"x-api-key": team_keys[index % namespaces]} if team_keys else {}
-            with srv.http(headers=headers) as client:
+            key = team_keys[index % namespaces] if team_keys else srv.api_key
+            if client_kind == "lancefn":  # the notebook's own client (what `f.submit` sends through)
+                from lancefn_jupyter.client import Client, LancefnError
+
+                ours = Client(srv.url, key)
+                try:
+                    for x in range(index, jobs, threads):
+                        try:
+                            submitted[index].append((ours.functions.run("inc", version, [{"x": x}]), x))
+                        except LancefnError as error:
+                            errors.append(str(error))
+                finally:
+                    ours.close()
+                return
+            with srv.http(headers={"x-api-key": key}) as client:
                 for x in range(index, jobs, threads):
                     reply = client.post(
                         "/v1/functions/run", json={"name": "inc", "version": version, "rows": [{"x": x}]}
@@ -230,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         help="stream jobs (they run as they arrive) instead of queueing them all first",
     )
     parser.add_argument(
+        "--client",
+        choices=("lancefn", "httpx"),
+        default="lancefn",
+        help="what submits: the notebook's own client (lancefn_jupyter.client, default) or httpx, which costs "
+        "as much CPU per request as the server does on a 2-core machine",
+    )
+    parser.add_argument(
         "--namespaces",
         type=int,
         default=1,
@@ -244,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_e2e:
         return 0
 
-    r = end_to_end(args.jobs, args.gpus, args.threads, gate=not args.no_gate, namespaces=args.namespaces)
+    r = end_to_end(
+        args.jobs, args.gpus, args.threads, gate=not args.no_gate, namespaces=args.namespaces, client_kind=args.client
+    )
     print(
         f"end to end: {r['submitted']} jobs submitted ({r['rejected']} rejected) in {r['submit_s']:.1f} s "
         f"({r['submit_per_s']:.0f}/s, {r['max_pending']} queued when submission ended); "
