@@ -82,7 +82,8 @@ class DataStore:
         """The worker protocol's result fields of a task (docs/ARCHITECTURE.md, "Worker protocol"); ``arrow``:
         its output is an Arrow type, so its result is offered a reused slot ("Result staging")."""
         stage = self.staging.task_fields(job_id) if arrow else {}
-        return {"result_file": str(self.result_path(job_id)), "result_fsync": self.fsync, **stage}
+        result_file = os.path.join(self.results_dir, job_id + _SUFFIX)  # = result_path, without a Path per task
+        return {"result_file": result_file, "result_fsync": self.fsync, **stage}
 
     def is_result_file(self, path: str | os.PathLike[str], job_id: str) -> bool:
         """Whether a worker's reported ``result_file`` is one this job may write, and is there."""
