@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import DEADLINE_S, describe, hold_version, submit, wait_done, wait_state
+from helpers import DEADLINE_S, describe, hold_version, submit, text_body, wait_done, wait_state, wait_until
 
 from lancefn_jupyter import api
 from lancefn_jupyter.client import Client
@@ -172,3 +172,82 @@ def test_a_warm_job_still_running_at_the_end_of_the_wait_is_saved_before_its_id_
         assert describe(http, body["job_id"])["job_state"] in ("PENDING", "IN_PROGRESS")  # re-queued, not lost
         gate.touch()
         assert wait_done(http, body["job_id"])["result"] == [str(gate)]
+
+
+CRASH_SOURCE = """from __future__ import annotations
+
+import os
+
+
+def crash(path: str) -> str:
+    if os.path.exists(path):
+        os._exit(3)
+    return path
+"""
+
+
+def _warm_hold(http: httpx.Client, tmp_path, name: str = "hold", **options) -> str:
+    """A hold version whose worker has run one job and is idle (so the next run is the request's own)."""
+    warm = tmp_path / f"{name}-warm"
+    warm.touch()
+    version = hold_version(http, name, **options)
+    assert run_waiting(http, name, version, [{"path": str(warm)}], wait_s=DEADLINE_S)["job"]["job_state"] == "DONE"
+    return version
+
+
+def test_a_job_the_request_runs_can_be_cancelled_and_the_request_answers_at_once(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = _warm_hold(http, tmp_path)
+        replies: list[dict] = []
+        waiting = threading.Thread(
+            target=lambda: replies.append(
+                run_waiting(http, "hold", version, [{"path": str(tmp_path / "never")}], wait_s=DEADLINE_S)
+            )
+        )
+        waiting.start()
+        job = wait_until(lambda: _running(http), "the held job to run")
+        assert http.post("/v1/jobs/cancel", json={"job_id": job["job_id"]}).json()["cancelled"] is True
+        waiting.join(DEADLINE_S / 2)  # not held for the whole wait
+        assert not waiting.is_alive() and replies[0]["job"]["job_state"] == "CANCELLED"
+        again = tmp_path / "again"
+        again.touch()
+        assert run_waiting(http, "hold", version, [{"path": str(again)}], wait_s=DEADLINE_S)["job"]["result"] == [
+            str(again)
+        ]
+
+
+def test_a_job_the_request_runs_times_out_on_time(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = _warm_hold(http, tmp_path)
+        reply = http.post(
+            "/v1/functions/run",
+            json={
+                "name": "hold",
+                "version": version,
+                "rows": [{"path": str(tmp_path / "never")}],
+                "timeout_s": 0.5,
+                "wait_s": DEADLINE_S,
+            },
+            timeout=DEADLINE_S,
+        ).json()
+        assert reply["job"]["job_state"] == "TIMED_OUT" and reply["job"]["failure"]["phase"] == "timeout"
+
+
+def test_a_worker_that_dies_under_the_requests_job_fails_it_and_is_replaced(control_plane, tmp_path):
+    with control_plane.http() as http:
+        version = register(http, text_body("crash", CRASH_SOURCE))["version"]
+        assert (
+            run_waiting(http, "crash", version, [{"path": str(tmp_path / "no")}], wait_s=DEADLINE_S)["job"]["job_state"]
+            == "DONE"
+        )
+        (tmp_path / "die").touch()
+        failed = run_waiting(http, "crash", version, [{"path": str(tmp_path / "die")}], wait_s=DEADLINE_S)["job"]
+        assert failed["job_state"] == "FAILED" and failed["failure"]["phase"] == "worker"
+        assert "exited with code 3" in failed["failure"]["message"]
+        ok = run_waiting(http, "crash", version, [{"path": str(tmp_path / "no")}], wait_s=DEADLINE_S)["job"]
+        assert ok["job_state"] == "DONE"
+
+
+def _running(http: httpx.Client) -> dict | None:
+    jobs = http.post("/v1/jobs/list", json={"state": "IN_PROGRESS"}).json()["jobs"]
+    return jobs[0] if jobs else None
