@@ -106,6 +106,7 @@ class JobMachine:
         spec_extra: dict | None = None,
         rows_checked: bool = False,
         table_slice: dict | None = None,
+        adopt: list[InlineRun] | None = None,
         defer: bool = False,
         **where: Unpack[Where],
     ) -> str:
@@ -116,83 +117,9 @@ class JobMachine:
         and ``rows_checked`` (their rows were checked when the batch was created); a backfill's chunk
         jobs pass ``table_slice`` instead of rows (kept in the spec; docs/ARCHITECTURE.md, "Backfills").
         ``defer``: JSON rows are saved with the job's first event, in one transaction, before this returns
-        (``JobJournal.defer_new``): a request's own job; a batch saves its chunk jobs in its own transactions."""
-        return self._submit(
-            name,
-            version,
-            rows,
-            timeout_s,
-            arrow_rows=arrow_rows,
-            spec_extra=spec_extra,
-            rows_checked=rows_checked,
-            table_slice=table_slice,
-            defer=defer,
-            **where,
-        )
-
-    def run_waiting(
-        self,
-        name: str,
-        version: str,
-        rows: Any,
-        timeout_s: float | None,
-        wait_s: float,
-        *,
-        arrow_rows: Any = None,
-        **where: Unpack[Where],
-    ) -> tuple[str, dict | None, float]:
-        """``run`` for a request that waits up to ``wait_s`` for the job to end (``functions/run``'s inline
-        wait): when its version's worker is idle on the devices it gets, this thread runs the job itself
-        (``Executor.adopt``) until it ends or the wait is over, so a quick job's whole run takes no other
-        thread (docs/ARCHITECTURE.md, "REST details"). A job with JSON rows is saved at its first commit
-        (``JobJournal.defer_new``): with its outcome when it ends within ``DEFER_COMMIT_S``; the caller
-        must :meth:`keep` one that has not ended before answering its id. (job id, its wire form if it
-        ended else None, the seconds of the wait left)."""
-        deadline = time.monotonic() + wait_s
-        adopted: list[InlineRun] = []
-        try:
-            job_id = self._submit(
-                name, version, rows, timeout_s, arrow_rows=arrow_rows, adopt=adopted, defer=True, **where
-            )
-        except BaseException:
-            for inline in adopted:  # launched, so it must run: a task thread takes it
-                inline.hand_over()
-            raise
-        if adopted:
-            adopted[0].run(deadline)
-        with self.table.lock:
-            rec = self.jobs.record(job_id)
-            if rec is not None and rec.state in TERMINAL:  # saved with its outcome
-                return job_id, self.reports.job_wire(rec), 0.0
-        return job_id, None, max(0.0, deadline - time.monotonic())
-
-    def keep(self, job_id: str) -> None:
-        """A job ``run_waiting`` deferred is saved now, before its id is answered; if that fails (a full disk) the
-        request fails, and the job is cancelled rather than run for nobody."""
-        with self.table.lock:
-            try:
-                self.journal.flush(job_id)
-            except BaseException:
-                self.cancel(job_id)
-                raise
-
-    def _submit(
-        self,
-        name: str,
-        version: str,
-        rows: Any,
-        timeout_s: float | None = None,
-        *,
-        arrow_rows: Any = None,
-        spec_extra: dict | None = None,
-        rows_checked: bool = False,
-        table_slice: dict | None = None,
-        adopt: list[InlineRun] | None = None,
-        defer: bool = False,
-        **where: Unpack[Where],
-    ) -> str:
-        """``run``'s work; ``adopt``: receives the job's ``InlineRun`` when the executor let this thread run it
-        (and the job, if deferred, is saved later: see ``run_waiting``)."""
+        (``JobJournal.defer_new``): a request's own job; a batch saves its chunk jobs in its own transactions.
+        ``adopt``: receives the job's ``InlineRun`` when the executor lets this thread run it; the job, if
+        deferred, is then saved later (``run_waiting``)."""
         fv, owner = self.catalog.runnable(name, version, **where)
         if table_slice is not None:
             rows = []
@@ -267,6 +194,50 @@ class JobMachine:
         finally:
             if not held:
                 self.environments.close(admission)  # a lease not handed to a queued job
+
+    def run_waiting(
+        self,
+        name: str,
+        version: str,
+        rows: Any,
+        timeout_s: float | None,
+        wait_s: float,
+        *,
+        arrow_rows: Any = None,
+        **where: Unpack[Where],
+    ) -> tuple[str, dict | None, float]:
+        """``run`` for a request that waits up to ``wait_s`` for the job to end (``functions/run``'s inline
+        wait): when its version's worker is idle on the devices it gets, this thread runs the job itself
+        (``Executor.adopt``) until it ends or the wait is over, so a quick job's whole run takes no other
+        thread (docs/ARCHITECTURE.md, "REST details"). A job with JSON rows is saved at its first commit
+        (``JobJournal.defer_new``): with its outcome when it ends within ``DEFER_COMMIT_S``; the caller
+        must :meth:`keep` one that has not ended before answering its id. (job id, its wire form if it
+        ended else None, the seconds of the wait left)."""
+        deadline = time.monotonic() + wait_s
+        adopted: list[InlineRun] = []
+        try:
+            job_id = self.run(name, version, rows, timeout_s, arrow_rows=arrow_rows, adopt=adopted, defer=True, **where)
+        except BaseException:
+            for inline in adopted:  # launched, so it must run: a task thread takes it
+                inline.hand_over()
+            raise
+        if adopted:
+            adopted[0].run(deadline)
+        with self.table.lock:
+            rec = self.jobs.record(job_id)
+            if rec is not None and rec.state in TERMINAL:  # saved with its outcome
+                return job_id, self.reports.job_wire(rec), 0.0
+        return job_id, None, max(0.0, deadline - time.monotonic())
+
+    def keep(self, job_id: str) -> None:
+        """A job ``run_waiting`` deferred is saved now, before its id is answered; if that fails (a full disk) the
+        request fails, and the job is cancelled rather than run for nobody."""
+        with self.table.lock:
+            try:
+                self.journal.flush(job_id)
+            except BaseException:
+                self.cancel(job_id)
+                raise
 
     def _queue(self, rec: JobRecord, rows: Any, *, schedule: bool = True, defer: bool = False) -> None:
         """Add a new job to the table and the store; nothing of it is kept if the store refuses it.

@@ -40,10 +40,17 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
   replacement spare (at most ``_ENV_SPARES_PER_DEVICE_SET`` per device set, the most recently used), so the next
   new version sharing it starts warm.
 
-Each running task has a thread that reads the worker's protocol events and calls the callbacks.
+A quick job a request waits for (``functions/run``'s inline wait) is run by the request's own core thread when its
+version's worker is idle on its devices (:meth:`LocalExecutor.adopt`): that thread sends the task and follows it
+until it ends or the wait is over, then a task thread follows it on (docs/ARCHITECTURE.md, "REST details").
+
+Each other running task has a thread that reads the worker's protocol events and calls the callbacks.
 Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
 thread waits until it first runs, which on a busy machine cost ~0.4 ms median (2 ms p95) on the
 ``functions/run`` request path.
+
+Over 600 lines: one concern (the pool of warm workers and the following of their tasks) over one state, the
+pool's lock.
 """
 
 from __future__ import annotations
@@ -268,6 +275,9 @@ class LocalExecutor(Executor):
                 run.key = (*run.key[:4], uid)
             if self._closed.is_set() or run.key not in self._idle:
                 return None
+            devices = set(task.devices)
+            if any(devices & set(other.task.devices) for other in self._runs.values()):
+                return None  # a run being stopped still holds its devices: waiting for it is a task thread's job
             self._runs[task.job_id] = run
         return _Adopted(functools.partial(self._execute, run), functools.partial(self._hand_to_task_thread, run))
 

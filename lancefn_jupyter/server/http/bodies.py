@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -56,6 +57,11 @@ async def decode_json(raw: bytes) -> Any:
 
 
 def load_json(raw: bytes) -> Any:
+    if not _SURROGATE_ESCAPE.search(raw) and not LONG_NUMBER.search(raw):
+        try:  # orjson is strict as asked here (UTF-8, no NaN/Infinity) and a third of the time; its
+            return orjson.loads(raw)  # refusals are explained by the standard library's parse below
+        except orjson.JSONDecodeError:
+            pass
     if not raw.strip():
         raise ApiError(400, "the request body is empty; send a JSON object")
     try:
@@ -81,6 +87,10 @@ def load_json(raw: bytes) -> Any:
                 400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text"
             ) from None
     return data
+
+
+# orjson reads an integer past 64 bits as a float: a body with a number that long goes to the standard library.
+LONG_NUMBER = re.compile(rb"[0-9]{19}")
 
 
 def _reject_constant(name: str) -> Any:

@@ -45,16 +45,17 @@ class _OneSendTransport:
 
     def write(self, data: bytes) -> None:
         if not self._pending:
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         self._pending.append(data)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what was written (at the latest in the next loop step; at once when a reply is complete)."""
         data, self._pending = b"".join(self._pending), []
         if data and not self._transport.is_closing():
             self._transport.write(data)
 
     def close(self) -> None:
-        self._flush()  # what was written before close still goes out, as with the transport itself
+        self.flush()  # what was written before close still goes out, as with the transport itself
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:  # everything else is the transport's own
@@ -78,6 +79,7 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
         _head_done = False
         _head_too_large = False
         _peer: Any = None
+        _sender: _OneSendTransport | None = None
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -85,7 +87,8 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self.transport = _OneSendTransport(transport, self.loop)  # type: ignore[assignment]  # what replies use
+            self._sender = _OneSendTransport(transport, self.loop)
+            self.transport = self._sender  # type: ignore[assignment]  # what replies use
             peer = transport.get_extra_info("peername")
             self._peer = peer[0] if isinstance(peer, tuple) and peer else peer
             mine = pending.setdefault(self._peer, OrderedDict())
@@ -97,6 +100,8 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
             self._next_head()
 
         def on_response_complete(self) -> None:
+            if self._sender is not None:  # the whole reply is written: it goes out now, not a loop step later
+                self._sender.flush()
             super().on_response_complete()
             self._next_head()  # the next request on this connection gets the same deadline
 
