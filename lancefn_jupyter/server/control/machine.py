@@ -56,6 +56,10 @@ from lancefn_jupyter.wire.models import JobFailure
 log = logging.getLogger("lancefn.server")
 
 MAX_REQUEUES = 3
+# How long a request's core thread follows a job it runs itself (``run_waiting``): a quick job ends within it; a
+# longer one goes to a task thread and the request waits on the event loop, so 40 requests waiting a minute each
+# for slow jobs cannot hold every core thread (docs/ARCHITECTURE.md, "REST details").
+INLINE_FOLLOW_S = 0.05
 
 # (job id, rows) of the job being queued: launched at once, it need not read its rows back.
 NewRows = tuple[str, Any] | None
@@ -221,8 +225,8 @@ class JobMachine:
             for inline in adopted:  # launched, so it must run: a task thread takes it
                 inline.hand_over()
             raise
-        if adopted:
-            adopted[0].run(deadline)
+        if adopted:  # followed here for a short while at most: a core thread must never wait on a long job
+            adopted[0].run(min(deadline, time.monotonic() + INLINE_FOLLOW_S))
         with self.table.lock:
             rec = self.jobs.record(job_id)
             if rec is not None and rec.state in TERMINAL:  # saved with its outcome

@@ -251,3 +251,18 @@ def test_a_worker_that_dies_under_the_requests_job_fails_it_and_is_replaced(cont
 def _running(http: httpx.Client) -> dict | None:
     jobs = http.post("/v1/jobs/list", json={"state": "IN_PROGRESS"}).json()["jobs"]
     return jobs[0] if jobs else None
+
+
+def test_a_warm_job_longer_than_the_requests_own_follow_is_answered_finished(control_plane, tmp_path):
+    """The request's thread follows a job for INLINE_FOLLOW_S at most; the rest of the wait is on the event loop, and
+    a job that ends within it still comes back finished in the run reply."""
+    from lancefn_jupyter.server.control.machine import INLINE_FOLLOW_S
+
+    gate = tmp_path / "later"
+    with control_plane.http() as http:
+        version = _warm_hold(http, tmp_path)
+        opener = threading.Timer(10 * INLINE_FOLLOW_S, gate.touch)
+        opener.start()
+        body = run_waiting(http, "hold", version, [{"path": str(gate)}], wait_s=DEADLINE_S)
+        opener.join()
+        assert body["job"]["job_state"] == "DONE" and body["job"]["result"] == [str(gate)]
