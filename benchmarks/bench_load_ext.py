@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import clean_env, line_ms, print_machine, summary, summary_median_ms
 
 BENCH = "load_ext"
-HEAVY = ("httpx", "pydantic", "ipywidgets", "numba", "fastapi", "uvicorn", "numpy", "pyarrow")
+HEAVY = ("httpx", "pydantic", "ipywidgets", "numba", "starlette", "uvicorn", "numpy", "pyarrow")
 MUST_NOT = ("httpx", "pydantic", "ipywidgets", "numba", "pyarrow")
 
 SCRIPT = r"""

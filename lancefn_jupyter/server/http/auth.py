@@ -1,15 +1,14 @@
 """The one API-key check (docs/ARCHITECTURE.md, "Namespaces" and "REST details"): which principal
 an ``x-api-key`` is, whether it grants a route's privilege, and which namespace's function a caller
 means.  Runs in the control plane's server process; the guard checks the key before reading a
-body, the routes (and the fast path) check the privilege."""
+body, the router (and the fast path) check the route's privilege."""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
-from typing import Any
 
-from fastapi import Depends, Request
+from starlette.requests import Request
 
 from lancefn_jupyter.server.control.catalog import Where
 from lancefn_jupyter.server.errors import ApiError
@@ -42,19 +41,9 @@ class KeyRing:
             raise ApiError(403, f"this API key lacks the '{privilege}' privilege needed for {path}")
         return principal
 
-    def require(self, privilege: str) -> Any:
-        """A dependency: the ``x-api-key`` must be known and grant ``privilege``; sets ``request.state.principal``."""
-
-        async def check(request: Request) -> None:
-            sent = request.headers.get("x-api-key")
-            sent_bytes = sent.encode("utf-8", "surrogateescape") if sent else None
-            request.state.principal = self.authorize(sent_bytes, privilege, request.url.path)
-
-        return Depends(check)
-
 
 def who(request: Request) -> Principal:
-    """The caller a route's ``require`` dependency found."""
+    """The caller whose key the router checked for this route (``router.Router``)."""
     return request.state.principal
 
 

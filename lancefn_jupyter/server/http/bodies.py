@@ -2,9 +2,8 @@
 query strings of Arrow-bodied requests, and Arrow IPC bodies streamed to a rows file.  Runs in the
 control plane's server process, on the event loop (large bodies on core threads).
 
-Why bodies are parsed by hand rather than as FastAPI body parameters: FastAPI reads and
-validates the body *before* running dependencies, so a request with a bad body and no key
-would get 400 instead of 401.  Parsing inside the route keeps the order auth → validation.
+Bodies are parsed by hand inside the route, after the router checked the key, so the order is
+always auth → validation: a request with a bad body and no key gets 401, not 400.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import Request
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
 
 from lancefn_jupyter.server.errors import ApiError, format_validation_error
 from lancefn_jupyter.server.http.offload import off_loop

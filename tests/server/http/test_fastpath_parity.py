@@ -1,6 +1,6 @@
-"""The direct-route fast path (``server/http/fastpath.py``) answers exactly like the FastAPI route
+"""The direct-route fast path (``server/http/fastpath.py``) answers exactly like the router's route
 it shortcuts: one control plane on 127.0.0.1 served by two apps, one with the fast path and one
-built with ``fast_path=False`` (every request through FastAPI's routing and dependencies), gets
+built with ``fast_path=False`` (every request through the router and its key check), gets
 the same requests — good ones, bad JSON, wrong types, missing or unknown keys, a missing
 privilege, unknown functions and jobs, ``wait_s`` variants — and must give the same status,
 content type and body (job ids and times aside; both get the same ``x-request-id``)."""
@@ -30,7 +30,7 @@ def _socket() -> socket.socket:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """(fast path URL, FastAPI-only URL): two apps over one control plane, on one event loop."""
+    """(fast path URL, router-only URL): two apps over one control plane, on one event loop."""
     import uvicorn
 
     from lancefn_jupyter.server.executors import get_executor
@@ -100,7 +100,7 @@ def _both(servers: tuple[str, str], path: str, body: Any, key: str | None = ADMI
         reply = httpx.post(url + path, content=content, headers=headers, timeout=30)
         replies.append((reply.status_code, reply.headers.get("content-type"), _normal(reply.json())))
         assert n == 0 or replies[0] == replies[1], (
-            f"{path} {body!r}:\n fast path: {replies[0]}\n FastAPI:   {replies[1]}"
+            f"{path} {body!r}:\n fast path: {replies[0]}\n router:    {replies[1]}"
         )
     return replies[0]
 

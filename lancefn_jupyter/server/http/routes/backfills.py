@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
 from pydantic import Field
+from starlette.requests import Request
 
 from lancefn_jupyter.server.http.auth import pick, who
 from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, parse
 from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext
 
 
@@ -46,11 +47,10 @@ class BackfillErrors(Body):
 _REQUEST = ("table_uri", "into", "columns", "where", "recompute", "on_error", "max_skip_fraction", "chunk_size")
 
 
-def add_routes(app: FastAPI, ctx: RouteContext) -> None:
+def add_routes(router: Router, ctx: RouteContext) -> None:
     manager = ctx.plane.batches
-    functions, jobs = [ctx.require("functions")], [ctx.require("jobs")]
 
-    @app.post("/v1/backfills/create", status_code=202, dependencies=functions)
+    @router.post("/v1/backfills/create", privilege="functions", status_code=202)
     async def create_backfill(request: Request) -> dict:
         body = await parse(request, BackfillCreate)
         fields: dict[str, Any] = {key: getattr(body, key) for key in _REQUEST}
@@ -65,7 +65,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
             **pick(request, body.namespace),
         )
 
-    @app.post("/v1/backfills/errors", dependencies=jobs)
+    @router.post("/v1/backfills/errors", privilege="jobs")
     async def backfill_errors(request: Request) -> dict:
         body = await parse(request, BackfillErrors)
         return await off_loop(manager.backfill_errors, body.batch_id, body.offset, body.limit, who(request).scope)

@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
 from pydantic import Field
+from starlette.requests import Request
 
 from lancefn_jupyter.server.http.auth import pick, who
 from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, parse, parse_query
 from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext, by_id, listing
 
 
@@ -55,9 +56,8 @@ class ListBatches(Body):
 _QUERY_JSON = ("parallel", "retries", "fresh", "timeout_s")  # JSON values in an Arrow batch's query string
 
 
-def add_routes(app: FastAPI, ctx: RouteContext) -> None:
+def add_routes(router: Router, ctx: RouteContext) -> None:
     manager = ctx.plane.batches
-    functions, jobs = [ctx.require("functions")], [ctx.require("jobs")]
 
     async def create(request: Request, params: BatchCreate, chunks: Any, arrow_rows: Path | None) -> dict:
         return await off_loop(
@@ -73,7 +73,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
             **pick(request, params.namespace),
         )
 
-    @app.post("/v1/batches/create", status_code=202, dependencies=functions)
+    @router.post("/v1/batches/create", privilege="functions", status_code=202)
     async def create_batch(request: Request) -> dict:
         if is_arrow(request.headers.get("content-type")):
             return await _create_batch_arrow(request)
@@ -93,20 +93,18 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         async with ctx.bodies.arrow_body(request) as rows_file:
             return await create(request, params, None, rows_file)
 
-    @app.post("/v1/batches/describe", dependencies=jobs)
+    @router.post("/v1/batches/describe", privilege="jobs")
     async def describe_batch(request: Request) -> dict:
         body = await parse(request, BatchDescribe)
         return await off_loop(
             manager.describe, body.batch_id, include_chunks=body.include_chunks, scope=who(request).scope
         )
 
-    app.post("/v1/batches/list", dependencies=jobs, name="list_batches")(listing(ListBatches, manager.list))
+    router.post("/v1/batches/list", privilege="jobs")(listing(ListBatches, manager.list, "list_batches"))
+    router.post("/v1/batches/cancel", privilege="jobs")(by_id(BatchId, "batch_id", manager.cancel, "cancel_batch"))
+    router.post("/v1/batches/retry", privilege="functions")(by_id(BatchId, "batch_id", manager.retry, "retry_batch"))
 
-    cancel, retry = by_id(BatchId, "batch_id", manager.cancel), by_id(BatchId, "batch_id", manager.retry)
-    app.post("/v1/batches/cancel", dependencies=jobs, name="cancel_batch")(cancel)
-    app.post("/v1/batches/retry", dependencies=functions, name="retry_batch")(retry)
-
-    @app.post("/v1/batches/wait", dependencies=jobs)
+    @router.post("/v1/batches/wait", privilege="jobs")
     async def wait_batch(request: Request) -> dict:
         body = await parse(request, BatchWait)
         return await manager.wait(body.batch_id, body.timeout_s, body.revision, who(request).scope)

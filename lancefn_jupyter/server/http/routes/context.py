@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-from fastapi import Request
+from starlette.requests import Request
 
 from lancefn_jupyter.server.http.auth import KeyRing, who
 from lancefn_jupyter.server.http.bodies import ArrowBodies, Body, parse
@@ -31,26 +30,26 @@ class RouteContext:
     bodies: ArrowBodies
     fastpath: FastPath
 
-    def require(self, privilege: str) -> Any:
-        """A dependency: the ``x-api-key`` must be known and grant ``privilege``."""
-        return self.keys.require(privilege)
 
-
-def by_id(model: type[Body], field: str, method: Callable[[str, str | None], dict]) -> Callable[..., Awaitable[dict]]:
-    """A route doing ``method(<the body's id field>, <the caller's scope>)`` to one job or batch."""
+def by_id(
+    model: type[Body], field: str, method: Callable[[str, str | None], dict], name: str
+) -> Callable[..., Awaitable[dict]]:
+    """A route (``name``) doing ``method(<the body's id field>, <the caller's scope>)`` to one job or batch."""
 
     async def route(request: Request) -> dict:
         body = await parse(request, model)
         return await off_loop(method, getattr(body, field), who(request).scope)
 
+    route.__name__ = name
     return route
 
 
-def listing(model: type[Body], method: Callable[..., dict]) -> Callable[..., Awaitable[dict]]:
-    """A route listing within the caller's scope: ``method(**<the body's filters>, scope=...)``."""
+def listing(model: type[Body], method: Callable[..., dict], name: str) -> Callable[..., Awaitable[dict]]:
+    """A route (``name``) listing within the caller's scope: ``method(**<the body's filters>, scope=...)``."""
 
     async def route(request: Request) -> dict:
         body = await parse(request, model)
         return await off_loop(method, **body.model_dump(), scope=who(request).scope)
 
+    route.__name__ = name
     return route

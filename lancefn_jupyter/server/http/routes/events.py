@@ -3,24 +3,25 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from lancefn_jupyter.server.control.events import event_stream
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import who
 from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext
 
 KEEPALIVE_S = 15.0
 
 
-def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    plane, auth = ctx.plane, [ctx.require("jobs")]
+def add_routes(router: Router, ctx: RouteContext) -> None:
+    plane = ctx.plane
 
-    @app.get("/v1/jobs/events", dependencies=auth)
-    async def job_events(request: Request, last_event_id: str | None = None) -> StreamingResponse:
-        raw = request.headers.get("last-event-id") or last_event_id
+    @router.get("/v1/jobs/events", privilege="jobs", query=(("last_event_id", False),))
+    async def job_events(request: Request) -> StreamingResponse:
+        raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
         if raw is None or raw == "":
             start = await off_loop(plane.store.last_event_seq)  # no resume point: only changes from now on
         elif raw.isdigit() and len(raw) < 19:

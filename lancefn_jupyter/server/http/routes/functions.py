@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
 from pydantic import Field
+from starlette.requests import Request
 
 from lancefn_jupyter.server.control.states import TERMINAL as TERMINAL_STATES
 from lancefn_jupyter.server.http.auth import pick, where, who
 from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, json_body, parse, parse_query, parse_raw
 from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext, listing
 from lancefn_jupyter.server.policy.namespaces import Principal
 
@@ -53,10 +54,10 @@ class Run(Body):
     wait_s: float | None = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
 
 
-def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    catalog, machine, auth = ctx.plane.catalog, ctx.plane.machine, [ctx.require("functions")]
+def add_routes(router: Router, ctx: RouteContext) -> None:
+    catalog, machine = ctx.plane.catalog, ctx.plane.machine
 
-    @app.post("/v1/functions/create", status_code=202, dependencies=auth)
+    @router.post("/v1/functions/create", privilege="functions", status_code=202)
     async def create_function(request: Request) -> dict:
         job_id, warnings = await off_loop(catalog.register, await json_body(request), who(request).namespace)
         # ``warnings``: the version's environment cannot be honoured here ("Environments"); omitted when none.
@@ -67,18 +68,18 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         ("/v1/functions/artifact", catalog.artifact, "function_artifact"),
         ("/v1/functions/drop", catalog.drop, "drop_function"),
     ):
-        app.post(path, dependencies=auth, name=name)(_by_name_version(method))
+        router.post(path, privilege="functions")(_by_name_version(method, name))
 
-    app.post("/v1/functions/list", dependencies=auth, name="list_functions")(
-        listing(ListFunctions, catalog.list_functions)
+    router.post("/v1/functions/list", privilege="functions")(
+        listing(ListFunctions, catalog.list_functions, "list_functions")
     )
 
-    @app.post("/v1/functions/history", dependencies=auth)
+    @router.post("/v1/functions/history", privilege="functions")
     async def function_history(request: Request) -> dict:
         body = await parse(request, History)
         return await off_loop(catalog.history, body.name, body.limit, **pick(request, body.namespace))
 
-    @app.post("/v1/functions/diff", dependencies=auth)
+    @router.post("/v1/functions/diff", privilege="functions")
     async def function_diff(request: Request) -> dict:
         body = await parse(request, Diff)
         return await off_loop(catalog.diff, body.name, body.old, body.new, **pick(request, body.namespace))
@@ -116,12 +117,12 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         return await _submitted(job_id, body.wait_s)
 
     async def run_any(request: Request) -> dict:
-        """The route FastAPI serves: Arrow bodies, which the guard does not buffer (it serves JSON ones)."""
+        """The router's route: Arrow bodies, which the guard does not buffer (it serves JSON ones)."""
         if not is_arrow(request.headers.get("content-type")):
             return await run_function(who(request), await request.body())
         return await _run_arrow(request)
 
-    ctx.fastpath.post(app, "/v1/functions/run", "functions", run_function, status_code=202, route=run_any)
+    ctx.fastpath.post(router, "/v1/functions/run", "functions", run_function, status_code=202, route=run_any)
 
     async def _run_arrow(request: Request) -> dict:
         """Rows as an Arrow IPC stream body; name, version, timeout_s in the query string."""
@@ -147,11 +148,12 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         return {"job_id": job_id, "job": await ctx.plane.jobs.wait(job_id, wait_s, None, unless_queued=True)}
 
 
-def _by_name_version(method: Callable[..., dict]) -> Callable[[Request], Awaitable[dict]]:
-    """A route doing ``method`` to the function version a ``NameVersion`` body names."""
+def _by_name_version(method: Callable[..., dict], name: str) -> Callable[[Request], Awaitable[dict]]:
+    """A route (``name``) doing ``method`` to the function version a ``NameVersion`` body names."""
 
     async def route(request: Request) -> dict:
         body = await parse(request, NameVersion)
         return await off_loop(method, body.name, body.version, **pick(request, body.namespace))
 
+    route.__name__ = name
     return route

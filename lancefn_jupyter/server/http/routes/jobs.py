@@ -7,13 +7,14 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, BinaryIO, Literal
 
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
 from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from lancefn_jupyter.server.http.auth import who
 from lancefn_jupyter.server.http.bodies import Body, parse, parse_raw
 from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.http.router import Router, query
 from lancefn_jupyter.server.http.routes.context import RouteContext, by_id, listing
 from lancefn_jupyter.server.policy.namespaces import Principal
 from lancefn_jupyter.wire.dataplane import MEDIA_TYPE as ARROW_STREAM
@@ -42,12 +43,13 @@ class Wait(Body):
     timeout_s: float = Field(30.0, ge=0, le=60)
 
 
-def add_routes(app: FastAPI, ctx: RouteContext) -> None:
-    plane, queries, auth = ctx.plane, ctx.plane.jobs, [ctx.require("jobs")]
+def add_routes(router: Router, ctx: RouteContext) -> None:
+    plane, queries = ctx.plane, ctx.plane.jobs
 
-    @app.get("/v1/jobs/result", dependencies=auth)
-    async def job_result(request: Request, job_id: str) -> Any:
+    @router.get("/v1/jobs/result", privilege="jobs", query=(("job_id", True),))
+    async def job_result(request: Request) -> Any:
         """A DONE job's result: its Arrow IPC stream (streamed from the file), or JSON results."""
+        job_id = query(request, "job_id")
         opened, results = await off_loop(plane.results.open_result, job_id, who(request).scope)
         if opened is None:
             return {"job_id": job_id, "result": results}
@@ -57,12 +59,12 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
             headers={"content-length": str(os.fstat(opened.fileno()).st_size)},
         )
 
-    app.post("/v1/jobs/describe", dependencies=auth, name="describe_job")(by_id(JobId, "job_id", queries.describe))
-    app.post("/v1/jobs/cancel", dependencies=auth, name="cancel_job")(by_id(JobId, "job_id", plane.machine.cancel))
+    router.post("/v1/jobs/describe", privilege="jobs")(by_id(JobId, "job_id", queries.describe, "describe_job"))
+    router.post("/v1/jobs/cancel", privilege="jobs")(by_id(JobId, "job_id", plane.machine.cancel, "cancel_job"))
 
-    app.post("/v1/jobs/list", dependencies=auth, name="list_jobs")(listing(ListJobs, queries.list))
+    router.post("/v1/jobs/list", privilege="jobs")(listing(ListJobs, queries.list, "list_jobs"))
 
-    @app.post("/v1/jobs/logs", dependencies=auth)
+    @router.post("/v1/jobs/logs", privilege="jobs")
     async def job_logs(request: Request) -> dict:
         body = await parse(request, Logs)
         return await off_loop(queries.logs, body.job_id, body.offset, body.limit, who(request).scope)
@@ -71,7 +73,7 @@ def add_routes(app: FastAPI, ctx: RouteContext) -> None:
         body = await parse_raw(raw, Wait)
         return await queries.wait(body.job_id, body.timeout_s, caller.scope, unless_queued=False)
 
-    ctx.fastpath.post(app, "/v1/jobs/wait", "jobs", wait_job)
+    ctx.fastpath.post(router, "/v1/jobs/wait", "jobs", wait_job)
 
 
 async def _chunks(opened: BinaryIO) -> AsyncIterator[bytes]:
