@@ -32,7 +32,7 @@ def test_other_methods_unknown_paths_and_missing_query_parameters(shared_control
         assert http.get("/v1/health").json()["status"] == "ok"
 
 
-def test_the_api_outline_lists_every_route():
+def test_the_api_outline_lists_every_route(tmp_path):
     from test_server_functions import all_routes
 
     from lancefn_jupyter.server.http.app import create_app
@@ -40,7 +40,7 @@ def test_the_api_outline_lists_every_route():
     from lancefn_jupyter.server.policy.gpu_classes import simulated_default
     from lancefn_jupyter.server.storage.store import Store
 
-    store = Store(":memory:")
+    store = Store(tmp_path / "db.sqlite3")
     try:
         document = create_app(
             ControlPlane(store=store, classes=simulated_default(), executor=None), api_keys={}
