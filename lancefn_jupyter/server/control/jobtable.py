@@ -24,8 +24,8 @@ from lancefn_jupyter.server.storage.store import JobRecord
 class TableLock:
     """The job table's re-entrant lock, which also knows how long its waiters have waited: a batch's slices end
     early once one has waited ``grace_s`` while the holder held it, so that another team's request waits for about
-    that plus one chunk per holder ahead of it, not a whole slice (docs/ARCHITECTURE.md, "Batches"). Only ever used
-    as a context manager.
+    that plus one chunk per holder ahead of it, not a whole slice (docs/ARCHITECTURE.md, "Batches"). Used as a
+    context manager, or by the event loop through :meth:`acquire_now`.
 
     Why a grace and not "any waiter": on a busy server the lock always has one (a batch's own chunk jobs take it
     for a moment as each finishes, the event loop, other requests); ending every slice for them made a batch of
@@ -56,6 +56,16 @@ class TableLock:
             oldest = self._since[0] if self._since else None
         return oldest is not None and time.monotonic() - max(oldest, self._held_since) >= self.grace_s
 
+    def acquire_now(self) -> bool:
+        """Take the lock only if no other thread holds it (the event loop never waits for it); True when taken, to
+        :meth:`release` then."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        if not self._depth:
+            self._held_since = time.monotonic()
+        self._depth += 1
+        return True
+
     def __enter__(self) -> TableLock:
         if not self._lock.acquire(blocking=False):
             with self._count:  # read under it, so ``_since`` stays oldest first
@@ -72,6 +82,9 @@ class TableLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
         self._depth -= 1
         self._lock.release()
 

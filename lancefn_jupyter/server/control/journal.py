@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
@@ -31,6 +32,20 @@ MAX_LOG_LINE_CHARS = 8_192
 # not yet saved as placed or started is re-queued after a crash, like a running one: nothing
 # acknowledged as finished is lost.
 DEFER_COMMIT_S = 0.01
+
+
+@dataclass(frozen=True)
+class _Change:
+    """One job's save (``JobJournal._take``): the record, insert or update, its rows, its new event, and the
+    deferred insert and events it takes along."""
+
+    rec: JobRecord
+    new: bool
+    rows: list | None
+    data: str | None
+    pending: list | None
+    earlier: list[str]
+    since: float | None
 
 
 class JobJournal:
@@ -52,31 +67,63 @@ class JobJournal:
         is open.  A new job is never kept that way: its request gets the 507.  A deferred new job
         (``defer_new``) is inserted by its first persist; one that already ended is kept that way too
         (its request is answered with its outcome, not its id alone)."""
-        data = dumps(self.reports.job_wire(rec)) if event else None
+        change = self._take(rec, new, rows, dumps(self.reports.job_wire(rec)) if event else None)
+        try:
+            with self.store.batch():
+                self._write(change)
+        except Exception as error:
+            ended_new = change.pending is not None and rec.state in TERMINAL
+            if not is_storage_full(error) or self.store.in_batch() or (change.new and not ended_new):
+                self._restore(change)
+                raise
+            self.unsaved.keep(rec, change.data)  # inserted by its save once space frees (``Store.save_job``)
+            return
+        self._saved(rec)
+
+    def persist_many(self, recs: list[JobRecord]) -> None:
+        """Commit several jobs' deferred changes (a deferred new job's insert among them) in one transaction:
+        the new jobs of several requests, saved before their ids are answered (``JobMachine.save_new``). If it
+        fails, none is saved and each keeps its deferred changes; the error is the caller's."""
+        changes = [self._take(rec, False, None, None) for rec in recs]
+        try:
+            with self.store.batch():
+                for change in changes:
+                    self._write(change)
+        except BaseException:
+            for change in changes:
+                self._restore(change)
+            raise
+        for rec in recs:
+            self._saved(rec)
+
+    def _take(self, rec: JobRecord, new: bool, rows: list | None, data: str | None) -> _Change:
+        """What saving ``rec`` now writes: its deferred changes are taken along (given back by ``_restore``)."""
         pending = self._new.pop(rec.job_id, None)  # JSON rows: never empty, never None
         if pending is not None:  # its rows only matter while it may still run (after a restart)
             new, rows = True, None if rec.state in TERMINAL else pending
         earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
         since = self._deferred_at.pop(rec.job_id, None)
-        try:
-            with self.store.batch():
-                if new:
-                    self.store.insert_job(rec, rows)
-                else:
-                    self.store.update_job(rec)
-                for item in [*earlier, data] if data is not None else earlier:
-                    self._insert_event(rec.job_id, item, rec.namespace)
-        except Exception as error:
-            ended_new = pending is not None and rec.state in TERMINAL
-            if not is_storage_full(error) or self.store.in_batch() or (new and not ended_new):
-                if pending is not None:
-                    self._new[rec.job_id] = pending  # still to insert
-                if earlier or pending is not None:
-                    self._deferred[rec.job_id] = earlier
-                    self._deferred_at[rec.job_id] = since if since is not None else time.monotonic()
-                raise
-            self.unsaved.keep(rec, data)  # inserted by its save once space frees (``Store.save_job``)
-            return
+        return _Change(rec, new, rows, data, pending, earlier, since)
+
+    def _write(self, change: _Change) -> None:
+        rec = change.rec
+        if change.new:
+            self.store.insert_job(rec, change.rows)
+        else:
+            self.store.update_job(rec)
+        for item in change.earlier if change.data is None else [*change.earlier, change.data]:
+            self._insert_event(rec.job_id, item, rec.namespace)
+
+    def _restore(self, change: _Change) -> None:
+        """A change that was not saved: what it took along is deferred again."""
+        job_id = change.rec.job_id
+        if change.pending is not None:
+            self._new[job_id] = change.pending  # still to insert
+        if change.earlier or change.pending is not None:
+            self._deferred[job_id] = change.earlier
+            self._deferred_at[job_id] = change.since if change.since is not None else time.monotonic()
+
+    def _saved(self, rec: JobRecord) -> None:
         self.unsaved.saved(rec.job_id)  # its latest state is saved now
         for watcher in self.watchers:
             watcher(rec)

@@ -27,7 +27,7 @@ import uuid
 from typing import Any, Unpack
 
 from lancefn_jupyter.server.control.catalog import FunctionCatalog, Placement, Where, stored_definition
-from lancefn_jupyter.server.control.environments import EnvironmentStage
+from lancefn_jupyter.server.control.environments import Admission, EnvironmentStage
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.queries import JobQueries
@@ -60,6 +60,8 @@ MAX_REQUEUES = 3
 # longer one goes to a task thread and the request waits on the event loop, so 40 requests waiting a minute each
 # for slow jobs cannot hold every core thread (docs/ARCHITECTURE.md, "REST details").
 INLINE_FOLLOW_S = 0.05
+# The most JSON rows a run checks on the event loop (``run_now``): a longer list's check goes to a core thread.
+RUN_NOW_MAX_ROWS = 64
 
 # (job id, rows) of the job being queued: launched at once, it need not read its rows back.
 NewRows = tuple[str, Any] | None
@@ -112,6 +114,7 @@ class JobMachine:
         table_slice: dict | None = None,
         adopt: list[InlineRun] | None = None,
         defer: bool = False,
+        commit_later: bool = False,
         **where: Unpack[Where],
     ) -> str:
         """Queue a job; it belongs to the function's namespace (whose env it runs with).
@@ -122,8 +125,53 @@ class JobMachine:
         jobs pass ``table_slice`` instead of rows (kept in the spec; docs/ARCHITECTURE.md, "Backfills").
         ``defer``: JSON rows are saved with the job's first event, in one transaction, before this returns
         (``JobJournal.defer_new``): a request's own job; a batch saves its chunk jobs in its own transactions.
-        ``adopt``: receives the job's ``InlineRun`` when the executor lets this thread run it; the job, if
-        deferred, is then saved later (``run_waiting``)."""
+        ``commit_later`` (with ``defer``): not before this returns; the caller saves it (:meth:`save_new`) before
+        it answers the job's id. ``adopt``: receives the job's ``InlineRun`` when the executor lets this thread run
+        it; the job, if deferred, is then saved later (``run_waiting``)."""
+        rec, rows = self._record(
+            name, version, rows, timeout_s, arrow_rows, spec_extra, rows_checked, table_slice, where
+        )
+        admission = self.environments.admission(rec)  # before the lock: it may read the environment cache
+        return self._admit(rec, rows, admission, defer=defer, adopt=adopt, commit_later=commit_later)
+
+    def run_now(
+        self, name: str, version: str, rows: Any, timeout_s: float | None, **where: Unpack[Where]
+    ) -> str | None:
+        """``run(defer=True, commit_later=True)`` on the event loop, where it must neither wait nor write: only when
+        the job table and the store are free now, the rows are a short JSON list, the version needs no environment
+        and the plane places jobs itself (docs/ARCHITECTURE.md, "REST details"). None: not now (``run`` it on a
+        core thread)."""
+        if self.table.executor_queues or not isinstance(rows, list) or len(rows) > RUN_NOW_MAX_ROWS:
+            return None
+        if not self.table.lock.acquire_now():
+            return None
+        try:
+            if not self.store.acquire_now():  # a commit under way: a version read would wait for it
+                return None
+            try:
+                rec, rows = self._record(name, version, rows, timeout_s, None, None, False, None, where)
+                if not self.environments.plain(rec):  # its admission may read the environment cache
+                    return None
+                admission = self.environments.admission(rec)
+                return self._admit(rec, rows, admission, defer=True, commit_later=True)
+            finally:
+                self.store.release()
+        finally:
+            self.table.lock.release()
+
+    def _record(
+        self,
+        name: str,
+        version: str,
+        rows: Any,
+        timeout_s: float | None,
+        arrow_rows: Any,
+        spec_extra: dict | None,
+        rows_checked: bool,
+        table_slice: dict | None,
+        where: Where,
+    ) -> tuple[JobRecord, Any]:
+        """A new job's record and rows (``run``'s checks: 400 or 404 with how to fix it)."""
         fv, owner = self.catalog.runnable(name, version, **where)
         if table_slice is not None:
             rows = []
@@ -173,7 +221,19 @@ class JobMachine:
             rows_total=rows_total,
             namespace=owner,
         )
-        admission = self.environments.admission(rec)  # before the lock: it may read the environment cache
+        return rec, rows
+
+    def _admit(
+        self,
+        rec: JobRecord,
+        rows: Any,
+        admission: Admission,
+        *,
+        defer: bool,
+        adopt: list[InlineRun] | None = None,
+        commit_later: bool = False,
+    ) -> str:
+        """Queue the new job ``rec`` as its ``admission`` says (``run``)."""
         defer = defer and isinstance(rows, list) and admission.ready  # see ``JobJournal.defer_new``
         held = False
         try:
@@ -184,11 +244,11 @@ class JobMachine:
                         self.fail_environment(rec, JobFailure(phase="environment", message=admission.problem))
                     elif admission.ready:
                         held = self.environments.hold(rec, admission)
-                        self._place_new(rec, rows, where_to.num_gpus, adopt)
+                        self._place_new(rec, rows, rec.num_gpus, adopt, soon=defer and commit_later)
                     else:  # waits, PENDING, for its environment's build: in no device queue meanwhile
                         self.environments.stage(rec, admission)
                         self.journal.persist(rec, new=False)
-                    if defer and adopt is None:  # saved before its id is answered
+                    if defer and adopt is None and not commit_later:  # saved before its id is answered
                         self.journal.flush(rec.job_id)
                 except BaseException:
                     if self.journal.is_new(rec.job_id):  # never saved: nothing of it may remain
@@ -198,6 +258,44 @@ class JobMachine:
         finally:
             if not held:
                 self.environments.close(admission)  # a lease not handed to a queued job
+
+    def save_now(self, job_ids: list[str]) -> dict[str, BaseException] | None:
+        """``save_new`` on the event loop, only when the job table and the store are free now; None: not now."""
+        if not self.table.lock.acquire_now():
+            return None
+        try:
+            if not self.store.acquire_now():
+                return None
+            try:
+                return self.save_new(job_ids)
+            finally:
+                self.store.release()
+        finally:
+            self.table.lock.release()
+
+    def save_new(self, job_ids: list[str]) -> dict[str, BaseException]:
+        """Save the new jobs ``run(commit_later=True)`` left to its callers, in one transaction: their requests
+        answer their ids only after it (docs/ARCHITECTURE.md, "REST details"). A job saved meanwhile (with its
+        outcome, or by the journal's timer) is skipped. If the transaction fails, each is saved alone; one that
+        still fails is dropped, nothing of it kept, and its error returned (job id → error)."""
+        failures: dict[str, BaseException] = {}
+        with self.table.lock:
+            unsaved = [
+                rec for job_id in job_ids if self.journal.is_new(job_id) and (rec := self.table.active.get(job_id))
+            ]
+            if not unsaved:
+                return failures
+            try:
+                self.journal.persist_many(unsaved)
+            except Exception:
+                for rec in unsaved:
+                    try:
+                        self.journal.flush(rec.job_id)
+                    except Exception as error:
+                        if self.journal.is_new(rec.job_id):
+                            self._drop_unsaved(rec)
+                        failures[rec.job_id] = error
+        return failures
 
     def run_waiting(
         self,
@@ -311,7 +409,11 @@ class JobMachine:
         }
         self.finish(rec, FAILED)
 
-    def _place_new(self, rec: JobRecord, rows: Any, num_gpus: int, adopt: list[InlineRun] | None = None) -> None:
+    def _place_new(
+        self, rec: JobRecord, rows: Any, num_gpus: int, adopt: list[InlineRun] | None = None, *, soon: bool = False
+    ) -> None:
+        """Place a new job, or announce its place in the queue; ``soon``: that first event is saved with the job's
+        insert, by whoever saves it (``commit_later``)."""
         new_rows = (rec.job_id, rows)
         if self.table.executor_queues:
             if self.table.started:
@@ -322,7 +424,10 @@ class JobMachine:
         # "waiting for GPU capacity": placed, its first event already carries its devices.
         self.dispatch(changed=num_gpus > 0, new_rows=new_rows, adopt=adopt)
         if self.table.scheduler.is_pending(rec.job_id):
-            self.journal.persist(rec, new=False)
+            if soon:
+                self.journal.persist_soon(rec)
+            else:
+                self.journal.persist(rec, new=False)
 
     def cancel(self, job_id: str, scope: str | None = None) -> dict:
         table = self.table

@@ -4,7 +4,9 @@ Durability: WAL journal + ``synchronous=NORMAL`` + one commit per logical change
 mode a committed transaction survives the *process* being SIGKILLed (the OS still has the
 WAL pages); only a power loss can drop the last commits, which is acceptable for a local
 control plane and is what makes ~1000 commits/s cheap.  Callers group several changes into
-one commit with ``with store.batch():``.
+one commit with ``with store.batch():``.  A commit only writes the WAL: checkpoints, which copy
+it into the database and sync both, run on a thread of their own (``_Checkpoints``), so no
+commit waits for the disk (the event loop commits a run's job: docs/ARCHITECTURE.md, "REST details").
 
 One connection shared by all threads behind a lock: SQLite serialises writers anyway, and
 every statement here is short.  The store knows nothing about job semantics; it maps
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -29,6 +32,8 @@ from typing import Any
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE
 
+log = logging.getLogger("lancefn.server")
+
 __all__ = ["DB_FILENAME", "JobRecord", "Store", "VersionRow", "is_storage_full"]
 
 
@@ -40,6 +45,7 @@ def is_storage_full(error: BaseException) -> bool:
 
 
 DB_FILENAME = "lancefn.sqlite3"
+CHECKPOINT_EVERY = 100  # commits between checkpoints (SQLite's own default is about every 1,000 WAL pages)
 EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
 VERSION_CACHE_SIZE = 256  # version rows kept in memory (get_version), each at most:
 VERSION_CACHE_ROW_BYTES = 256 * 1024
@@ -140,6 +146,55 @@ def _cacheable(row: VersionRow) -> bool:
     return len(row.artifact) + len(row.definition) <= VERSION_CACHE_ROW_BYTES
 
 
+class _Checkpoints:
+    """Checkpoints of the WAL on a thread and connection of their own, every ``CHECKPOINT_EVERY`` commits: a
+    PASSIVE checkpoint never blocks the writer, and its syncs are not on any commit's path. The thread starts
+    with the first checkpoint due (a store that writes little never starts it)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._commits = 0
+        self._due = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def committed(self) -> None:
+        """One more commit (the store's lock held)."""
+        self._commits += 1
+        if self._commits >= CHECKPOINT_EVERY:
+            self._commits = 0
+            if self._thread is None:
+                with self._start_lock:
+                    if self._thread is None and not self._stopped:
+                        self._thread = threading.Thread(target=self._run, name="lancefn-checkpoints", daemon=True)
+                        self._thread.start()
+            self._due.set()
+
+    def _run(self) -> None:
+        db = sqlite3.connect(str(self._path), check_same_thread=False, isolation_level=None)
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._stopped:
+                    return
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as error:  # a full disk, say: the WAL keeps the commits; the next one retries
+                    log.warning("checkpointing %s failed: %s", self._path, error)
+        finally:
+            db.close()
+
+    def stop(self) -> None:
+        with self._start_lock:
+            self._stopped = True
+            thread = self._thread
+        self._due.set()
+        if thread is not None:
+            thread.join()
+
+
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -157,6 +212,8 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=OFF")
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute("PRAGMA wal_autocheckpoint=0")  # ``_Checkpoints`` does them
+        self._checkpoints = _Checkpoints(self.path)
         self._db.executescript(_SCHEMA)
         self._migrate_namespaces()
         self._migrate_timings()
@@ -169,8 +226,9 @@ class Store:
         self._log_bytes = 0
 
     def close(self) -> None:
+        self._checkpoints.stop()
         with self._lock:
-            self._db.close()
+            self._db.close()  # the last connection: it checkpoints the rest
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -198,9 +256,18 @@ class Store:
                     if self._db.in_transaction:
                         self._db.execute("ROLLBACK")
                     raise
+                self._checkpoints.committed()
                 callbacks, self._after_commit = self._after_commit, []
                 for callback in callbacks:
                     callback()
+
+    def acquire_now(self) -> bool:
+        """Take the store's lock only if no other thread holds it (the event loop never waits for a commit); True
+        when taken, to :meth:`release` then."""
+        return self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the current outermost batch has committed (never if it rolls

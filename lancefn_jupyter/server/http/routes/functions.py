@@ -15,6 +15,7 @@ from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, js
 from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext, listing
+from lancefn_jupyter.server.http.submits import Submits
 from lancefn_jupyter.server.policy.namespaces import Principal
 
 
@@ -56,6 +57,7 @@ class Run(Body):
 
 def add_routes(router: Router, ctx: RouteContext) -> None:
     catalog, machine = ctx.plane.catalog, ctx.plane.machine
+    submits = Submits(machine)
 
     @router.post("/v1/functions/create", privilege="functions", status_code=202)
     async def create_function(request: Request) -> dict:
@@ -104,16 +106,19 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             if job["job_state"] not in TERMINAL_STATES:  # its id goes out: saved first
                 await off_loop(machine.keep, job_id)
             return {"job_id": job_id, "job": job}
-        job_id = await off_loop(
-            machine.run,
-            body.name,
-            body.version,
-            rows,
-            body.timeout_s,
-            arrow_rows=upload,
-            defer=True,
-            **where(caller, body.namespace),
-        )
+        if upload is None:  # JSON rows: queued on the loop when it can, saved with others' (``Submits``)
+            job_id = await submits.run(body.name, body.version, rows, body.timeout_s, **where(caller, body.namespace))
+        else:
+            job_id = await off_loop(
+                machine.run,
+                body.name,
+                body.version,
+                rows,
+                body.timeout_s,
+                arrow_rows=upload,
+                defer=True,
+                **where(caller, body.namespace),
+            )
         return await _submitted(job_id, body.wait_s)
 
     async def run_any(request: Request) -> dict:
