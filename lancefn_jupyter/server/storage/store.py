@@ -46,6 +46,7 @@ def is_storage_full(error: BaseException) -> bool:
 
 DB_FILENAME = "lancefn.sqlite3"
 CHECKPOINT_EVERY = 100  # commits between checkpoints (SQLite's own default is about every 1,000 WAL pages)
+WAL_KEPT_BYTES = 8 << 20
 EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
 VERSION_CACHE_SIZE = 256  # version rows kept in memory (get_version), each at most:
 VERSION_CACHE_ROW_BYTES = 256 * 1024
@@ -147,12 +148,15 @@ def _cacheable(row: VersionRow) -> bool:
 
 
 class _Checkpoints:
-    """Checkpoints of the WAL on a thread and connection of their own, every ``CHECKPOINT_EVERY`` commits: a
-    PASSIVE checkpoint never blocks the writer, and its syncs are not on any commit's path. The thread starts
-    with the first checkpoint due (a store that writes little never starts it)."""
+    """Checkpoints of the WAL on a thread and connection of their own, every ``CHECKPOINT_EVERY`` commits, so
+    their syncs are on no commit's path. Each is a PASSIVE checkpoint beside the writers, then another with the
+    store's lock held: commits go on while the first copies the bulk, and the second copies what they added
+    meanwhile, so the checkpoint completes and the next commit starts the WAL over (under a steady stream of
+    commits, checkpoints beside them alone never complete, and the WAL would grow without end). The thread
+    starts with the first checkpoint due (a store that writes little never starts it)."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, path: Path, lock: threading.RLock) -> None:
+        self._path, self._lock = path, lock
         self._commits = 0
         self._due = threading.Event()
         self._stopped = False
@@ -181,6 +185,8 @@ class _Checkpoints:
                     return
                 try:
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    with self._lock:
+                        db.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except sqlite3.Error as error:  # a full disk, say: the WAL keeps the commits; the next one retries
                     log.warning("checkpointing %s failed: %s", self._path, error)
         finally:
@@ -213,7 +219,8 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=OFF")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.execute("PRAGMA wal_autocheckpoint=0")  # ``_Checkpoints`` does them
-        self._checkpoints = _Checkpoints(self.path)
+        self._db.execute(f"PRAGMA journal_size_limit={WAL_KEPT_BYTES}")  # what a WAL started over keeps on disk
+        self._checkpoints = _Checkpoints(self.path, self._lock)
         self._db.executescript(_SCHEMA)
         self._migrate_namespaces()
         self._migrate_timings()
