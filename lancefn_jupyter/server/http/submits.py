@@ -54,7 +54,10 @@ class Submits:
             return
         if not self._queued:
             unsaved, self._unsaved = self._unsaved, []
-            failures = self._machine.save_now([job_id for job_id, _ in unsaved])
+            try:
+                failures = self._machine.save_now([job_id for job_id, _ in unsaved])
+            except Exception as error:  # a bug of ours: its requests get it (a 500) rather than no answer
+                failures = {job_id: error for job_id, _ in unsaved}
             if failures is not None:
                 for job_id, future in unsaved:
                     _settle(future, failures.get(job_id, job_id))
