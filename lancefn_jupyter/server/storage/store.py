@@ -152,8 +152,10 @@ class _Checkpoints:
     their syncs are on no commit's path. Each is a PASSIVE checkpoint beside the writers, then another with the
     store's lock held: commits go on while the first copies the bulk, and the second copies what they added
     meanwhile, so the checkpoint completes and the next commit starts the WAL over (under a steady stream of
-    commits, checkpoints beside them alone never complete, and the WAL would grow without end). The thread
-    starts with the first checkpoint due (a store that writes little never starts it)."""
+    commits, checkpoints beside them alone never complete, and the WAL would grow without end). While that
+    second one waits for the lock, writers let it go first (``make_way``; the event loop does not take the lock
+    then, ``Store.acquire_now``): a thread committing back to back would take the lock again before the waiting
+    one woke. The thread starts with the first checkpoint due (a store that writes little never starts it)."""
 
     def __init__(self, path: Path, lock: threading.RLock) -> None:
         self._path, self._lock = path, lock
@@ -162,6 +164,17 @@ class _Checkpoints:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._turn = threading.Event()  # clear while the checkpoint waits for the store's lock
+        self._turn.set()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the checkpoint waits for the store's lock."""
+        return not self._turn.is_set()
+
+    def make_way(self) -> None:
+        """Before a writer that does not hold the store's lock takes it: the checkpoint waiting for it goes first."""
+        self._turn.wait(1.0)
 
     def committed(self) -> None:
         """One more commit (the store's lock held)."""
@@ -185,8 +198,13 @@ class _Checkpoints:
                     return
                 try:
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                    with self._lock:
-                        db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    self._turn.clear()
+                    try:
+                        with self._lock:
+                            self._turn.set()  # writers now wait for the lock itself
+                            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    finally:
+                        self._turn.set()
                 except sqlite3.Error as error:  # a full disk, say: the WAL keeps the commits; the next one retries
                     log.warning("checkpointing %s failed: %s", self._path, error)
         finally:
@@ -240,6 +258,10 @@ class Store:
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Group writes into one transaction (re-entrant; commits at the outermost level)."""
+        # Not when this thread holds the lock already (a nested batch, the event loop's ``acquire_now``): the
+        # checkpoint waits for that very lock. (``RLock._is_owned`` is what ``threading.Condition`` asks too.)
+        if self._checkpoints.waiting and not self._lock._is_owned():  # type: ignore[attr-defined]  # noqa: SLF001
+            self._checkpoints.make_way()
         with self._lock:
             if self._depth == 0:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -270,8 +292,8 @@ class Store:
 
     def acquire_now(self) -> bool:
         """Take the store's lock only if no other thread holds it (the event loop never waits for a commit); True
-        when taken, to :meth:`release` then."""
-        return self._lock.acquire(blocking=False)
+        when taken, to :meth:`release` then. Not while a checkpoint waits for it (``_Checkpoints.make_way``)."""
+        return not self._checkpoints.waiting and self._lock.acquire(blocking=False)
 
     def release(self) -> None:
         self._lock.release()
