@@ -208,7 +208,9 @@ class WorkerProcess:
     def usable(self) -> bool:
         """Alive and not stopped (SIGSTOP): a worker fit to be handed a task. (Only root may trace a worker, which
         is not dumpable; a debugger's tracing stop, ``t``, is left alone.)"""
-        return self.alive() and reap.proc_state(self.pid) not in (None, "T", "Z")
+        # Not reaped (only its Popen reaps it, so the pid is still its own) and not a zombie: alive, without the
+        # wait system call ``alive`` makes.
+        return self.process.returncode is None and reap.proc_state(self.pid) not in (None, "T", "Z")
 
     def start_task(self, work: WorkerTask) -> None:
         """Send one task; a worker that already died shows up as an early end of :meth:`events`."""

@@ -229,6 +229,9 @@ class LocalExecutor(Executor):
         self._tasks: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._runner_threads = 0  # alive task threads
         self._idle_runners = 0  # of which waiting for a task and not yet promised one
+        # A task thread's own: whether it is reporting its run's outcome (``relay``), and the run that outcome let
+        # start, which it runs next itself (``_hand_to_task_thread``).
+        self._local = threading.local()
 
     # ----------------------------------------------------------------- Executor interface
 
@@ -282,6 +285,13 @@ class LocalExecutor(Executor):
         return _Adopted(functools.partial(self._execute, run), functools.partial(self._hand_to_task_thread, run))
 
     def _hand_to_task_thread(self, run: _Run) -> None:
+        local = self._local
+        if getattr(local, "reporting", False) and local.next is None:
+            # A task thread reporting its run's outcome, which let this job start (on the devices it frees, most
+            # often): that thread runs it next, once its own run is done, with no other thread woken and none
+            # waiting for the devices (``_wait_for_devices``).
+            local.next = run
+            return
         with self._lock:
             spawn = self._idle_runners == 0
             if spawn:
@@ -308,8 +318,11 @@ class LocalExecutor(Executor):
                 with self._lock:
                     self._runner_threads -= 1
                 return
-            threading.current_thread().name = f"lancefn-job-{run.task.job_id}"
-            self._execute(run)
+            self._local.next = None
+            while run is not None:
+                threading.current_thread().name = f"lancefn-job-{run.task.job_id}"
+                self._execute(run)
+                run, self._local.next = self._local.next, None
             threading.current_thread().name = "lancefn-job"
             with self._lock:
                 self._idle_runners += 1
@@ -407,7 +420,12 @@ class LocalExecutor(Executor):
         retire = self._retire_reason(final)
         if retire is None:
             self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
-        relay(self._callbacks, run.task.job_id, final)
+        follow_on = retire is None and hasattr(self._local, "next")  # a task thread, free once it reported
+        self._local.reporting = follow_on
+        try:
+            relay(self._callbacks, run.task.job_id, final)
+        finally:
+            self._local.reporting = False
         if retire is not None:
             # Stopped after the outcome (its teardown may take a while), yet before the run is
             # done: the next job on these devices waits for this process to be gone.
