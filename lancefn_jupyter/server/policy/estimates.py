@@ -154,6 +154,21 @@ class Waiting:
     uncertain: bool = False
 
 
+MARK_EVERY = 64  # jobs walked between a replay's marks (``ClassReplay.rewind``)
+
+
+@dataclass(frozen=True)
+class _Mark:
+    walked: int
+    releases: list[tuple[float, int, bool]]
+    free: int
+    clock: float
+    blocked: bool
+    uncertain: bool
+    taken: dict[str, tuple[int, int, int]]
+    last_key: tuple[int, int] | None
+
+
 class ClassReplay:
     """The replay of one class, extended job by job in queue order (a job appended to the queue costs
     O(log GPUs), not a replay of everything ahead of it)."""
@@ -178,6 +193,55 @@ class ClassReplay:
         self.taken: dict[str, tuple[int, int, int]] = {}
         self.last_key: tuple[int, int] | None = None
         self.levels: dict[str, int] = {}
+        # The jobs walked, in order, and the replay's state after every ``MARK_EVERY``-th of them (after none
+        # first): a job that fair order puts ahead of the last jobs walked rewinds the walk to the last mark before
+        # it (``rewind``) instead of replaying the whole queue.
+        self.walked: list[str] = []
+        self.marks: list[_Mark] = [self._mark()]
+
+    def _mark(self) -> _Mark:
+        return _Mark(
+            len(self.walked),
+            list(self.releases),
+            self.free,
+            self.clock,
+            self.blocked,
+            self.uncertain,
+            dict(self.taken),
+            self.last_key,
+        )
+
+    def walk(
+        self,
+        job_id: str,
+        namespace: str,
+        num_gpus: int,
+        key: tuple[int, int],
+        ticket: int,
+        expected_ms: float | None,
+        uncertain: bool = False,
+    ) -> None:
+        """``extend`` with the next job of the start order (``QueueEstimator._extend``), whose sort key is ``key``."""
+        count, units, _ = self.taken.get(namespace, (0, 0, 0))
+        self.taken[namespace] = (count + 1, units + num_gpus, ticket)
+        self.last_key = key
+        self.extend(job_id, num_gpus, expected_ms, uncertain)
+        self.walked.append(job_id)
+        if len(self.walked) % MARK_EVERY == 0:
+            self.marks.append(self._mark())
+
+    def rewind(self, key: tuple[int, int]) -> None:
+        """Back to the last mark whose walk ends before ``key``: the jobs walked since are walked again."""
+        while self.marks[-1].last_key is not None and not self.marks[-1].last_key < key:
+            self.marks.pop()  # the first mark (nothing walked) always stays
+        mark = self.marks[-1]
+        for job_id in self.walked[mark.walked :]:
+            self.starts.pop(job_id, None)
+            self.uncertain_starts.discard(job_id)
+        del self.walked[mark.walked :]
+        self.releases = list(mark.releases)
+        self.free, self.clock, self.blocked, self.uncertain = mark.free, mark.clock, mark.blocked, mark.uncertain
+        self.taken, self.last_key = dict(mark.taken), mark.last_key
 
     def extend(self, job_id: str, num_gpus: int, expected_ms: float | None, uncertain: bool = False) -> None:
         """The next queued job (plain arguments: this runs for every queued job the reports show)."""
@@ -281,8 +345,9 @@ class QueueEstimator:
     def _extend(replay: ClassReplay, pool: Any, job_id: str, version_ms: Any, new_ms: float | None, wide: bool) -> bool:
         """Extend ``replay`` in start order up to ``job_id``, resuming the walk where it stopped (O(jobs added),
         however long the queue); False if the start order no longer begins with the jobs it replayed: one of
-        them left the queue, the levels changed, or fair order puts a job queued since ahead of them (a new job
-        of a namespace holding less)."""
+        them left the queue or the levels changed. A job queued since that fair order puts ahead of the last
+        jobs walked (a new job of a namespace holding less) rewinds the walk to the mark before it: O(the jobs
+        behind it), not O(the queue), as teams submitting at once do all the time."""
         queue = pool.queue
         if replay.taken and replay.levels != pool.levels:
             return False
@@ -291,21 +356,25 @@ class QueueEstimator:
             if tickets is None or len(tickets) < count or tickets[count - 1] != last:
                 return False  # a walked job left (tickets only grow, so its index would be lower)
         replay.levels = dict(pool.levels)
-        first = True
-        for other, num_gpus in queue.order(pool.levels, {ns: t[:2] for ns, t in replay.taken.items()}):
-            ns, _, ticket = queue.jobs[other]
-            count, units, _ = replay.taken.get(ns, (0, 0, 0))
-            key = (pool.levels.get(ns, 0) + units, ticket)
-            if first and replay.last_key is not None and key < replay.last_key:
-                return False  # queued since, yet due before the jobs already replayed
-            first = False
-            replay.taken[ns] = (count + 1, units + num_gpus, ticket)
-            replay.last_key = key
-            known = version_ms(other)
-            if known is not None:
-                replay.extend(other, num_gpus, known)
+        rewound = False
+        while True:
+            first = True
+            for other, num_gpus in queue.order(pool.levels, {ns: t[:2] for ns, t in replay.taken.items()}):
+                ns, _, ticket = queue.jobs[other]
+                key = (pool.levels.get(ns, 0) + replay.taken.get(ns, (0, 0, 0))[1], ticket)
+                if first and replay.last_key is not None and key < replay.last_key:
+                    if rewound:  # cannot happen: the walk resumes at a mark before the job
+                        return False
+                    replay.rewind(key)
+                    rewound = True
+                    break
+                first = False
+                known = version_ms(other)
+                if known is not None:
+                    replay.walk(other, ns, num_gpus, key, ticket, known)
+                else:
+                    replay.walk(other, ns, num_gpus, key, ticket, new_ms, wide)
+                if other == job_id:
+                    return True
             else:
-                replay.extend(other, num_gpus, new_ms, wide)
-            if other == job_id:
-                break
-        return True
+                return True

@@ -379,3 +379,55 @@ def test_uncertainty_carries_to_everyone_behind_and_queued_new_versions_with_spr
     )
     assert replay.starts == {"b": 1_000, "c": 6_000, "d": 7_000}
     assert replay.uncertain_starts == {"c", "d"}  # b waits on a's known end; c and d on b's vague one
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_teams_submitting_at_once_rewind_the_walk_and_agree_with_a_full_replay(seed):
+    """Jobs of several teams joining at once: fair order puts a new job of the team that holds less ahead of the
+    jobs already walked. The walk rewinds to its mark before that job (not a replay of the queue), and every
+    estimate agrees with a full replay of the queue as it stands."""
+    import random
+    from types import SimpleNamespace
+
+    from lancefn_jupyter.server.policy.estimates import QueueEstimator
+    from lancefn_jupyter.server.policy.scheduler import ClassPool, FairQueue
+
+    walked = []
+
+    class Counting(FairQueue):
+        def order(self, levels, taken=None):
+            for job_id, units in super().order(levels, taken):
+                walked.append(job_id)
+                yield job_id, units
+
+    rng = random.Random(seed)
+    estimator = QueueEstimator(refresh_ms=10**9)
+    for version, ms in (("v1", 1000), ("v2", 300)):
+        estimator.run_times.record("f", version, "default", ms)
+    jobs: dict = {}
+    pool = ClassPool("default", ("sim0", "sim1"), queue=Counting())
+    pool.held.update({"run0": ("sim0",), "run1": ("sim1",)})
+    pool.levels.update({"t0": 1, "t1": 1})
+    for j in ("run0", "run1"):
+        jobs[j] = SimpleNamespace(spec={"name": "f", "version": "v1"}, started_ms=0)
+    order = FairQueue.order.__get__(pool.queue)
+    teams = ["t0", "t1", "t2"][: 2 + seed % 2]
+    total = 1500
+    for i in range(total):
+        team = rng.choice(teams)  # uneven: one team runs ahead, and its jobs are walked past the others'
+        version = rng.choice(("v1", "v2"))
+        jobs[f"j{i}"] = SimpleNamespace(spec={"name": "f", "version": version}, started_ms=None)
+        pool.queue.add(f"j{i}", team, rng.choice((1, 1, 1, 2)))
+        estimator.expected_start(0, pool, f"j{i}", jobs)
+    # Each arrival walked about the jobs fair order puts behind it, plus a mark's worth: a replay of the queue per
+    # arrival would walk ~total²/2 = 1,125,000 jobs.
+    assert len(walked) < 50 * total
+    full = expected_starts(
+        0,
+        2,
+        [Holding("run0", 1, 0, 1000.0), Holding("run1", 1, 0, 1000.0)],
+        [Waiting(j, n, 1000.0 if jobs[j].spec["version"] == "v1" else 300.0) for j, n in order(pool.levels)],
+    )
+    assert {j: estimator.expected_start(0, pool, j, jobs) for j in full} == full
+    estimator.invalidate("default")
+    assert estimator.expected_start(0, pool, f"j{total - 1}", jobs) == full[f"j{total - 1}"]
