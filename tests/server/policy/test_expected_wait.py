@@ -212,15 +212,11 @@ def test_estimator_extends_the_replay_for_jobs_joining_the_tail():
     assert estimator.expected_start(5000, pool, "f", jobs) is None  # not queued
 
 
-def test_estimator_resumes_its_walk_and_rebuilds_when_a_fairer_job_goes_ahead():
-    """A job joining a long queue's tail costs a step of the walk, not a walk of the queue (creating a
-    20,000-chunk batch was O(N²)); a job of a namespace holding less lands ahead and the replay is redone."""
-    from types import SimpleNamespace
+def _counting_queue():
+    """A ``FairQueue`` and the list of every job its ``order`` walks (how much of the queue a replay walked)."""
+    from lancefn_jupyter.server.policy.scheduler import FairQueue
 
-    from lancefn_jupyter.server.policy.estimates import QueueEstimator
-    from lancefn_jupyter.server.policy.scheduler import ClassPool, FairQueue
-
-    walked = []
+    walked: list[str] = []
 
     class Counting(FairQueue):
         def order(self, levels, taken=None):
@@ -228,10 +224,22 @@ def test_estimator_resumes_its_walk_and_rebuilds_when_a_fairer_job_goes_ahead():
                 walked.append(job_id)
                 yield job_id, units
 
+    return Counting(), walked
+
+
+def test_estimator_resumes_its_walk_and_rewinds_when_a_fairer_job_goes_ahead():
+    """A job joining a long queue's tail costs a step of the walk, not a walk of the queue (creating a
+    20,000-chunk batch was O(N²)); a job of a namespace holding less lands ahead and the replay is rewound."""
+    from types import SimpleNamespace
+
+    from lancefn_jupyter.server.policy.estimates import QueueEstimator
+    from lancefn_jupyter.server.policy.scheduler import ClassPool, FairQueue
+
+    queue, walked = _counting_queue()
     estimator = QueueEstimator(refresh_ms=10**9)
     estimator.run_times.record("f", "v", "default", 1000)
     jobs: dict = {}
-    pool = ClassPool("default", ("sim0",), queue=Counting())
+    pool = ClassPool("default", ("sim0",), queue=queue)
     pool.held["run"], pool.levels["a"] = ("sim0",), 1
     jobs["run"] = SimpleNamespace(spec={"name": "f", "version": "v"}, started_ms=0)
     order = FairQueue.order.__get__(pool.queue)
@@ -392,20 +400,13 @@ def test_teams_submitting_at_once_rewind_the_walk_and_agree_with_a_full_replay(s
     from lancefn_jupyter.server.policy.estimates import QueueEstimator
     from lancefn_jupyter.server.policy.scheduler import ClassPool, FairQueue
 
-    walked = []
-
-    class Counting(FairQueue):
-        def order(self, levels, taken=None):
-            for job_id, units in super().order(levels, taken):
-                walked.append(job_id)
-                yield job_id, units
-
+    queue, walked = _counting_queue()
     rng = random.Random(seed)
     estimator = QueueEstimator(refresh_ms=10**9)
     for version, ms in (("v1", 1000), ("v2", 300)):
         estimator.run_times.record("f", version, "default", ms)
     jobs: dict = {}
-    pool = ClassPool("default", ("sim0", "sim1"), queue=Counting())
+    pool = ClassPool("default", ("sim0", "sim1"), queue=queue)
     pool.held.update({"run0": ("sim0",), "run1": ("sim1",)})
     pool.levels.update({"t0": 1, "t1": 1})
     for j in ("run0", "run1"):
