@@ -90,7 +90,9 @@ def test_20_clients_submit_100_jobs_each_and_every_job_is_accounted_for(control_
                     while job["job_state"] in ("PENDING", "IN_PROGRESS"):
                         job = client.post("/v1/jobs/wait", json={"job_id": job_id, "timeout_s": 60}).json()
                     if job["job_state"] != "DONE" or job["result"] != [result]:
-                        failures.append(f"client {index}: {job_id} ended {job['job_state']} with {job.get('result')}")
+                        failures.append(
+                            f"client {index}: {job_id} ended {job['job_state']} with {job.get('result')} {job.get('failure')}"
+                        )
         except Exception as error:
             failures.append(f"client {index}: {type(error).__name__}: {error}")
 

@@ -155,6 +155,11 @@ class JobJournal:
         else:
             self._defer(rec.job_id, loop)
 
+    def new_rows(self, job_id: str) -> list | None:
+        """The JSON rows of a job deferred as new (``defer_new``) and not saved yet; None once saved (the store has
+        them then). A job queued for a request whose save is still to come may be launched meanwhile."""
+        return self._new.get(job_id)
+
     def is_new(self, job_id: str) -> bool:
         """Whether the job was deferred as new (``defer_new``) and is not saved yet."""
         return job_id in self._new

@@ -552,8 +552,10 @@ class JobMachine:
         fv = stored_definition(row.definition)
         runtime = fv.get("runtime", {})
         spec = self.classes.get(rec.gpu_class) if rec.gpu_class else None
-        if rows is None:
-            rows = self.store.get_rows(rec.job_id)
+        if rows is None:  # not saved yet (``commit_later``): the journal holds them; else the store
+            rows = self.journal.new_rows(rec.job_id)
+            if rows is None:
+                rows = self.store.get_rows(rec.job_id)
         return TaskSpec(
             job_id=rec.job_id,
             name=rec.spec["name"],

@@ -137,3 +137,18 @@ def test_a_failed_commit_saves_each_job_alone_and_drops_only_those_that_still_fa
     assert _stored(plane, good) is not None and plane.jobs.record(good).state == "PENDING"
     assert _stored(plane, bad) is None and bad not in plane.table.active  # nothing of it is kept
     assert plane.table.scheduler.release(bad) == ()  # nor its place or devices
+
+
+def test_a_queued_job_launched_before_its_save_gets_its_rows(plane):
+    version = _version(plane)  # its first job holds one GPU
+    executor = plane.table.executor
+    first = executor.tasks[-1].job_id
+    plane.machine.run("double", version, [{"x": 9}])  # the other GPU
+    queued = plane.machine.run_now("double", version, [{"x": 5}, {"x": 6}], None)
+    assert queued is not None and plane.jobs.record(queued).devices == ()  # behind both GPUs
+    assert _stored(plane, queued) is None  # its request's save is still to come
+    executor.callbacks.task_succeeded(first, [0])  # a GPU frees: the queued job is launched now
+    task = executor.tasks[-1]
+    assert task.job_id == queued and task.rows == [{"x": 5}, {"x": 6}]  # from memory: the store has none yet
+    assert plane.machine.save_now([queued]) == {}
+    assert _stored(plane, queued)[0] == "PENDING"  # placed, not started: its start is the executor's to report
