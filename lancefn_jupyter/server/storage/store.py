@@ -189,7 +189,11 @@ class _Checkpoints:
             self._due.set()
 
     def _run(self) -> None:
-        db = sqlite3.connect(str(self._path), check_same_thread=False, isolation_level=None)
+        try:
+            db = sqlite3.connect(str(self._path), check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as error:  # the WAL then grows until the store closes, which checkpoints it
+            log.error("cannot open %s to checkpoint it: %s", self._path, error)
+            return
         try:
             while True:
                 self._due.wait()
