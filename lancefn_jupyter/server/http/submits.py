@@ -31,11 +31,15 @@ class Submits:
         self._save_armed = False  # a save at the end of this pass of the loop is due
         self._round: asyncio.Task | None = None
 
-    async def run(self, name: str, version: str, rows: Any, timeout_s: float | None, **where: Unpack[Where]) -> str:
-        """The job's id once it is saved; the run's error (``ApiError``, a full disk's) if it failed."""
+    async def run(
+        self, name: str, version: str, rows: Any, timeout_s: float | None, *, small: bool, **where: Unpack[Where]
+    ) -> str:
+        """The job's id once it is saved; the run's error (``ApiError``, a full disk's) if it failed. ``small``: the
+        request's body was small enough to parse on the loop (``INLINE_JSON_BYTES``), so its rows are small enough
+        to check and write there; a larger one goes to a round whatever its row count."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        job_id = self._machine.run_now(name, version, rows, timeout_s, **where)
+        job_id = self._machine.run_now(name, version, rows, timeout_s, **where) if small else None
         if job_id is None:
             call = functools.partial(
                 self._machine.run, name, version, rows, timeout_s, defer=True, commit_later=True, **where

@@ -49,9 +49,15 @@ def test_every_answered_run_survives_a_sigkill_right_after_the_replies(control_p
         assert describe(http, holding)["result"] == [str(gate)]
 
 
+LENGTH_SOURCE = "from __future__ import annotations\n\n\ndef length(s: str) -> int:\n    return len(s)\n"
+
+
 def test_a_bad_run_among_good_ones_gets_its_own_error(control_plane):
     with control_plane.http() as http:
         version = register(http, registration_body())["version"]
+        length = register(
+            http, registration_body("length", source=LENGTH_SOURCE, entrypoint="length", inputs=(("s", "utf8", False),))
+        )["version"]
         outcomes: dict[str, tuple[int, str]] = {}
 
         def post(label: str, rows: object, name_version: tuple[str, str] = ("double", version)) -> None:
@@ -66,6 +72,7 @@ def test_a_bad_run_among_good_ones_gets_its_own_error(control_plane):
             "bad_rows": ([{"y": 3}],),
             "unknown": ([{"x": 3}], ("double", "0" * 16)),
             "long": ([{"x": i} for i in range(200)],),  # longer than the loop checks: a core thread's round
+            "big": ([{"s": "s" * 40_000}], ("length", length)),  # one row, but a body the loop does not parse
         }
         threads = [threading.Thread(target=post, args=(label, *args)) for label, args in runs.items()]
         for thread in threads:
@@ -74,7 +81,7 @@ def test_a_bad_run_among_good_ones_gets_its_own_error(control_plane):
             thread.join(DEADLINE_S)
         assert outcomes["bad_rows"][0] == 400 and "x" in outcomes["bad_rows"][1]
         assert outcomes["unknown"][0] == 404 and "not found" in outcomes["unknown"][1]
-        for label, expected in (("good", [6]), ("long", [2 * i for i in range(200)])):
+        for label, expected in (("good", [6]), ("long", [2 * i for i in range(200)]), ("big", [40_000])):
             status, text = outcomes[label]
             assert status == 202, text
             job_id = json.loads(text)["job_id"]

@@ -11,7 +11,16 @@ from starlette.requests import Request
 
 from lancefn_jupyter.server.control.states import TERMINAL as TERMINAL_STATES
 from lancefn_jupyter.server.http.auth import pick, where, who
-from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, json_body, parse, parse_query, parse_raw
+from lancefn_jupyter.server.http.bodies import (
+    INLINE_JSON_BYTES,
+    MAX_TIMEOUT_S,
+    Body,
+    is_arrow,
+    json_body,
+    parse,
+    parse_query,
+    parse_raw,
+)
 from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext, listing
@@ -107,7 +116,14 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
                 await off_loop(machine.keep, job_id)
             return {"job_id": job_id, "job": job}
         if upload is None:  # JSON rows: queued on the loop when it can, saved with others' (``Submits``)
-            job_id = await submits.run(body.name, body.version, rows, body.timeout_s, **where(caller, body.namespace))
+            job_id = await submits.run(
+                body.name,
+                body.version,
+                rows,
+                body.timeout_s,
+                small=len(raw) <= INLINE_JSON_BYTES,
+                **where(caller, body.namespace),
+            )
         else:
             job_id = await off_loop(
                 machine.run,
