@@ -128,6 +128,32 @@ class _Lines:
         del self._buffer[: end + 1]
         return line
 
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def fill(self) -> bool:
+        """Take what the pipe has now into the buffer: call it only when the pipe is readable (the event loop says so),
+        so it never waits. False at the pipe's end (or once a concurrent kill closed it)."""
+        try:
+            chunk = self._raw.read(self._CHUNK)
+        except (OSError, ValueError):
+            return False
+        if chunk is None:  # nothing after all (a loop sets the pipe non-blocking while it watches it)
+            return True
+        if not chunk:
+            return False
+        self._buffer += chunk
+        return True
+
+    def buffered_line(self) -> bytes | None:
+        """The next whole line in the buffer, left there (:meth:`drop_line` takes it); None when there is none yet."""
+        end = self._buffer.find(b"\n")
+        return None if end < 0 else bytes(self._buffer[: end + 1])
+
+    def drop_line(self) -> None:
+        end = self._buffer.find(b"\n")
+        del self._buffer[: end + 1]
+
     def read(self, size: int) -> bytes:
         """Up to ``size`` bytes (fewer only at the pipe's end): the buffer first, then the pipe."""
         if self._buffer:
@@ -244,6 +270,29 @@ class WorkerProcess:
     def event_ready(self, timeout: float) -> bool:
         """Whether :meth:`next_event` has something to read within ``timeout`` seconds (an event, or the end)."""
         return self._out.ready(timeout)
+
+    def events_fd(self) -> int:
+        """The protocol pipe's descriptor, for an event loop to watch (``fill_events`` when it is readable)."""
+        return self._out.fileno()
+
+    def fill_events(self) -> bool:
+        """Read what the pipe has now without waiting (it is readable); False at its end."""
+        return self._out.fill()
+
+    def buffered_event(self) -> dict | None:
+        """The next event already read, parsed and left in the buffer (:meth:`drop_event` takes it); None when no
+        whole one is there. ``ValueError`` for a line that is no event (:meth:`next_event` then says the worker is
+        lost). A result frame's event comes without its frame: only :meth:`next_event` reads that."""
+        line = self._out.buffered_line()
+        if line is None:
+            return None
+        event = json.loads(line)
+        if not isinstance(event, dict):
+            raise ValueError("not a protocol event")
+        return event
+
+    def drop_event(self) -> None:
+        self._out.drop_line()
 
     def next_event(self) -> dict | None:
         """The worker's next event; None once it exited (or is being killed)."""

@@ -116,6 +116,22 @@ class JobCallbacks:
         self._progress_emitted.pop(job_id, None)
         self._progress_held.discard(job_id)
 
+    def hold_now(self) -> Callable[[], None] | None:
+        """The job table's and the store's locks, taken only if both are free now (``ExecutorCallbacks.hold_now``:
+        reports made on the event loop); their release, or None."""
+        table, store = self.table, self.journal.store
+        if not table.lock.acquire_now():
+            return None
+        if not store.acquire_now():
+            table.lock.release()
+            return None
+
+        def release() -> None:
+            store.release()
+            table.lock.release()
+
+        return release
+
     @_callback
     def task_started(self, rec: JobRecord, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
         rec.state = IN_PROGRESS

@@ -135,12 +135,20 @@ class JobMachine:
         return self._admit(rec, rows, admission, defer=defer, adopt=adopt, commit_later=commit_later)
 
     def run_now(
-        self, name: str, version: str, rows: Any, timeout_s: float | None, **where: Unpack[Where]
+        self,
+        name: str,
+        version: str,
+        rows: Any,
+        timeout_s: float | None,
+        wait_s: float | None = None,
+        **where: Unpack[Where],
     ) -> str | None:
         """``run(defer=True, commit_later=True)`` on the event loop, where it must neither wait nor write: only when
         the job table and the store are free now, the rows are a short JSON list, the version needs no environment
         and the plane places jobs itself (docs/ARCHITECTURE.md, "REST details"). None: not now (``run`` it on a
-        core thread)."""
+        core thread). ``wait_s``: ``run_waiting``'s job instead, saved with its first commit (its outcome, when it
+        ends within ``DEFER_COMMIT_S``) or by :meth:`keep`; when its version's worker is idle, the loop starts the
+        job there and follows it for ``wait_s`` but at most ``INLINE_FOLLOW_S`` (``InlineRun.follow_on_loop``)."""
         if self.table.executor_queues or not isinstance(rows, list) or len(rows) > RUN_NOW_MAX_ROWS:
             return None
         if not self.table.lock.acquire_now():
@@ -153,7 +161,18 @@ class JobMachine:
                 if not self.environments.plain(rec):  # its admission may read the environment cache
                     return None
                 admission = self.environments.admission(rec)
-                return self._admit(rec, rows, admission, defer=True, commit_later=True)
+                if wait_s is None:
+                    return self._admit(rec, rows, admission, defer=True, commit_later=True)
+                adopted: list[InlineRun] = []
+                try:
+                    job_id = self._admit(rec, rows, admission, defer=True, adopt=adopted)
+                except BaseException:
+                    for inline in adopted:  # launched, so it must run: a task thread takes it
+                        inline.hand_over()
+                    raise
+                if adopted:
+                    adopted[0].follow_on_loop(time.monotonic() + min(wait_s, INLINE_FOLLOW_S))
+                return job_id
             finally:
                 self.store.release()
         finally:

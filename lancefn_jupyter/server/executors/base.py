@@ -9,7 +9,7 @@ core is thread-safe and ignores callbacks for jobs that are already terminal (ca
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -98,6 +98,11 @@ class ExecutorCallbacks(Protocol):
     ) -> None:  # phase "timeout" → TIMED_OUT
         ...
 
+    def hold_now(self) -> Callable[[], None] | None:
+        """The core's locks (the job table's, the store's) taken only if they are free now, for reports made on the
+        event loop, which never waits (``InlineRun.follow_on_loop``): their release, or None when either is busy."""
+        ...
+
 
 class InlineRun(Protocol):
     """A launched task that the thread which launched it runs itself (``Executor.adopt``)."""
@@ -107,6 +112,11 @@ class InlineRun(Protocol):
 
     def hand_over(self) -> None:
         """Not run here after all: the executor runs it as any launched task."""
+
+    def follow_on_loop(self, deadline: float) -> None:
+        """(On the event loop, the core's locks held.) Start it here and follow it on the loop, reporting as the
+        core's locks allow (``ExecutorCallbacks.hold_now``); what could wait goes to the executor's own threads, as
+        it does once ``deadline`` (``time.monotonic()``) passes. Never waits."""
 
 
 class Executor(ABC):

@@ -40,9 +40,10 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
   replacement spare (at most ``_ENV_SPARES_PER_DEVICE_SET`` per device set, the most recently used), so the next
   new version sharing it starts warm.
 
-A quick job a request waits for (``functions/run``'s inline wait) is run by the request's own core thread when its
-version's worker is idle on its devices (:meth:`LocalExecutor.adopt`): that thread sends the task and follows it
-until it ends or the wait is over, then a task thread follows it on (docs/ARCHITECTURE.md, "REST details").
+A quick job a request waits for (``functions/run``'s inline wait) is run by the event loop, or by the request's own
+core thread, when its version's worker is idle on its devices (:meth:`LocalExecutor.adopt`): the loop sends the task
+and watches the worker's pipe (``loop_follow.LoopFollow``), the thread reads it; either follows the job until it ends or the
+wait is over, then a task thread follows it on (docs/ARCHITECTURE.md, "REST details").
 
 Each other running task has a thread that reads the worker's protocol events and calls the callbacks.
 Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
@@ -55,6 +56,7 @@ pool's lock.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -68,6 +70,7 @@ from typing import TYPE_CHECKING
 
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, InlineRun, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
+from lancefn_jupyter.server.executors.loop_follow import LoopFollow
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
 from lancefn_jupyter.wire.models import JobFailure
@@ -163,6 +166,7 @@ class _Run:
     start_ms: float | None = None  # starting a worker process for this run; 0 when one was idle
     sent: bool = False  # its worker has the task: a thread taking the run over only follows it
     timer: threading.Timer | None = None  # its timeout, from when the task was sent
+    follower: LoopFollow | None = None  # the event loop's, once it followed it (``_follow_on_loop``)
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)  # set once its worker is reaped or pooled
 
@@ -180,6 +184,7 @@ class _Adopted:
 
     run: Callable[[float], None]  # until it ends or the deadline passes (then a task thread follows it on)
     hand_over: Callable[[], None]  # to a task thread, not run here after all
+    follow_on_loop: Callable[[float], None]  # started and followed by the event loop (``_follow_on_loop``)
 
 
 class LocalExecutor(Executor):
@@ -282,9 +287,16 @@ class LocalExecutor(Executor):
             if any(devices & set(other.task.devices) for other in self._runs.values()):
                 return None  # a run being stopped still holds its devices: waiting for it is a task thread's job
             self._runs[task.job_id] = run
-        return _Adopted(functools.partial(self._execute, run), functools.partial(self._hand_to_task_thread, run))
+        return _Adopted(
+            functools.partial(self._execute, run),
+            functools.partial(self._hand_to_task_thread, run),
+            functools.partial(self._follow_on_loop, run),
+        )
 
     def _hand_to_task_thread(self, run: _Run) -> None:
+        if self._closed.is_set():  # the task threads are told to end: a thread of its own sees it to its end
+            threading.Thread(target=self._execute, args=(run,), name="lancefn-job", daemon=True).start()
+            return
         local = self._local
         if getattr(local, "reporting", False) and local.next is None:
             # A task thread reporting its run's outcome, which let this job start (on the devices it frees, most
@@ -379,23 +391,31 @@ class LocalExecutor(Executor):
         handed_over = False
         try:
             handed_over = self._run(run, deadline)
-        except Exception as exc:  # an executor bug must still end the job, never leave it running
-            log.exception("local executor failed on job %s", run.task.job_id)
-            if run.worker is not None:
-                run.worker.kill(self._grace_s)
-            if run.claim("failed"):
-                self._callbacks.task_failed(
-                    run.task.job_id,
-                    JobFailure(phase="executor", message=f"local executor error: {exc}"),
-                    timings=self._start_timings(run),
-                )
+        except Exception as exc:
+            self._failed(run, exc)
         finally:
             if not handed_over:
-                if run.timer is not None:
-                    run.timer.cancel()
-                with self._lock:
-                    self._runs.pop(run.task.job_id, None)
-                run.done.set()
+                self._end(run)
+
+    def _failed(self, run: _Run, exc: Exception) -> None:
+        """An executor bug must still end the job, never leave it running."""
+        log.error("local executor failed on job %s", run.task.job_id, exc_info=exc)
+        if run.worker is not None:
+            run.worker.kill(self._grace_s)
+        if run.claim("failed"):
+            self._callbacks.task_failed(
+                run.task.job_id,
+                JobFailure(phase="executor", message=f"local executor error: {exc}"),
+                timings=self._start_timings(run),
+            )
+
+    def _end(self, run: _Run) -> None:
+        """The run is over: its worker is pooled or reaped."""
+        if run.timer is not None:
+            run.timer.cancel()
+        with self._lock:
+            self._runs.pop(run.task.job_id, None)
+        run.done.set()
 
     def _run(self, run: _Run, deadline: float | None = None) -> bool:
         """True when the run was handed to a task thread at ``deadline``, still running."""
@@ -416,6 +436,11 @@ class LocalExecutor(Executor):
             self._lost(run, worker)
             return False
         assert isinstance(final, dict)
+        self._conclude(run, worker, final)
+        return False
+
+    def _conclude(self, run: _Run, worker: WorkerProcess, final: dict) -> None:
+        """Report the run's ``result``/``failed`` event, its worker pooled first (or stopped, after the report)."""
         final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0}
         retire = self._retire_reason(final)
         if retire is None:
@@ -440,7 +465,6 @@ class LocalExecutor(Executor):
         # A new fresh spare for the next new version here, started only now: on a small machine a
         # process start racing the job it was taken for would slow that job down.
         self._prewarm(_fresh(run.key), quiet=True)
-        return False
 
     def _read_slice(self, run: _Run) -> bool:
         """A backfill chunk: its slice of the table into the job's rows file, here in the task's
@@ -543,6 +567,92 @@ class LocalExecutor(Executor):
             if event["event"] in FINAL_EVENTS:
                 return final
 
+    # ----------------------------------------------------------------- a run the event loop follows
+
+    def _follow_on_loop(self, run: _Run, deadline: float) -> None:
+        """``adopt``'s run started and followed by the event loop (``InlineRun.follow_on_loop``; the core's locks
+        held): its idle worker gets the task here and the loop reads the worker's events as they come, so a quick
+        job's whole run takes no other thread. Whatever could wait (an idle worker to replace, workers to stop, a
+        result frame, a busy lock, the worker's end) goes to a task thread, which follows it on from there, as it
+        does at ``deadline`` (docs/ARCHITECTURE.md, "REST details")."""
+        worker = self._take_idle_now(run)
+        if worker is None:
+            self._hand_to_task_thread(run)
+            return
+        self._send_task(run, worker)
+        run.follower = LoopFollow(
+            worker,
+            asyncio.get_running_loop(),
+            take=functools.partial(self._loop_event, run, worker),
+            hand_over=functools.partial(self._hand_to_task_thread, run),
+            failed=functools.partial(self._fail_in_thread, run),
+        )
+        run.follower.start(deadline)
+
+    def _take_idle_now(self, run: _Run) -> WorkerProcess | None:
+        """The run's idle worker, when taking it waits for nothing: it is usable, and no idle worker of another
+        device set shares its devices (``_acquire`` stops those, on a task thread); else None."""
+        with self._lock:
+            entry = self._idle.get(run.key)
+            shared = any(key[0] != run.key[0] and set(key[0]) & set(run.key[0]) for key in self._idle)
+        if entry is None or shared or not entry[0].usable():
+            return None
+        with run.lock:
+            if run.outcome is not None:  # being stopped: a task thread ends it
+                return None
+            with self._lock:
+                if self._idle.get(run.key) is not entry:
+                    return None
+                del self._idle[run.key]
+            run.worker, run.start_ms = entry[0], 0.0
+        return entry[0]
+
+    def _loop_event(self, run: _Run, worker: WorkerProcess, event: dict) -> bool | None:
+        """One buffered event of a run the loop follows, as ``_follow`` takes it: True when the run ended here,
+        False when it goes on; None when a task thread must take it (it is left in the buffer)."""
+        kind = event.get("event")
+        last = kind in FINAL_EVENTS
+        if "ipc_len" in event or run.outcome is not None:  # a result frame to stream, or a stop under way
+            return None
+        if last and (self._retire_reason(event) is not None or not self._pools_now(run.key)):
+            return None  # its worker is to be stopped, which waits for the process
+        if kind not in ("log", "progress") and not last:  # nothing to report
+            worker.drop_event()
+            return False
+        release = self._callbacks.hold_now()
+        if release is None:
+            return None
+        try:
+            worker.drop_event()
+            if not last:
+                if kind == "progress":
+                    run.rows_done = event["rows_done"]
+                relay(self._callbacks, run.task.job_id, event)
+                return False
+            if not run.claim("finished"):  # stopped meanwhile: the kill ends its pipe, and a task thread says why
+                return None
+            self._conclude(run, worker, event)
+        finally:
+            release()
+        self._end(run)
+        return True
+
+    def _pools_now(self, key: _Key) -> bool:
+        """Whether a worker of ``key`` would go back idle now (``_release``), not be stopped."""
+        with self._lock:
+            return not self._closed.is_set() and key not in self._idle
+
+    def _fail_in_thread(self, run: _Run, exc: Exception) -> None:
+        """A bug of ours while the loop followed the run: a thread of its own fails and ends it (a kill waits)."""
+
+        def fail() -> None:
+            try:
+                self._failed(run, exc)
+            finally:
+                self._end(run)
+
+        threading.Thread(target=fail, name="lancefn-job", daemon=True).start()
+
     def _lost(self, run: _Run, worker: WorkerProcess) -> None:
         """The worker died or is being stopped: reap it before the core frees its devices, and say why."""
         task = run.task
@@ -583,6 +693,9 @@ class LocalExecutor(Executor):
 
     def _stop(self, run: _Run, outcome: str) -> None:
         if run.claim(outcome) and run.worker is not None:
+            follower = run.follower
+            if follower is not None:  # the loop lets go of the worker's pipe before the kill closes it
+                follower.let_go()
             run.worker.kill(self._grace_s)
         # else: finished already, or still starting its worker (it will see the outcome and stop)
 

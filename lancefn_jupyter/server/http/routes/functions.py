@@ -98,6 +98,16 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     async def run_function(caller: Principal, raw: bytes) -> dict:
         body = await parse_raw(raw, Run)
         rows, upload = (body.rows, None) if body.rows_file is None else (None, ctx.bodies.upload(body.rows_file))
+        small = len(raw) <= INLINE_JSON_BYTES
+        if body.wait_s and upload is None and small:  # the loop queues it, and runs it on an idle warm worker
+            job_id = machine.run_now(
+                body.name, body.version, rows, body.timeout_s, body.wait_s, **where(caller, body.namespace)
+            )
+            if job_id is not None:
+                job = await ctx.plane.jobs.wait(job_id, body.wait_s, None, unless_queued=True)
+                if job["job_state"] not in TERMINAL_STATES:  # its id goes out: saved first
+                    await off_loop(machine.keep, job_id)
+                return {"job_id": job_id, "job": job}
         if body.wait_s:  # a quick job on an idle warm worker runs to its end in this one core call
             job_id, ended, left_s = await off_loop(
                 machine.run_waiting,
@@ -121,7 +131,7 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
                 body.version,
                 rows,
                 body.timeout_s,
-                small=len(raw) <= INLINE_JSON_BYTES,
+                small=small,
                 **where(caller, body.namespace),
             )
         else:

@@ -1,0 +1,115 @@
+"""A worker's protocol pipe followed by the event loop: the local executor's quick job that the loop itself runs
+(``LocalExecutor._follow_on_loop``; docs/ARCHITECTURE.md, "REST details"). Runs in the control plane's server
+process, on its event loop, except :meth:`LoopFollow.let_go`.
+
+The loop reads what the pipe has when it is readable (``add_reader``), into the worker's own buffer, and hands each
+whole event to ``take``; whatever ``take`` declines, and the pipe's end, the deadline or a bug, goes to a task thread
+(``hand_over``), which reads on from that same buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from lancefn_jupyter.worker.process import WorkerProcess
+
+__all__ = ["LET_GO_WAIT_S", "LoopFollow"]
+
+LET_GO_WAIT_S = 2.0  # how long a stop waits for the event loop to let go of the pipe (``let_go``)
+
+
+class LoopFollow:
+    """``take(event)``: True when the run ended with it, False when it goes on, None when a task thread must take
+    it (left in the buffer). ``hand_over()``: a task thread follows the run on. ``failed(error)``: a bug of ours
+    while following; the run must still end."""
+
+    def __init__(
+        self,
+        worker: WorkerProcess,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        take: Callable[[dict], bool | None],
+        hand_over: Callable[[], None],
+        failed: Callable[[Exception], None],
+    ) -> None:
+        self._worker, self._loop = worker, loop
+        self._take, self._hand_over_run, self._failed = take, hand_over, failed
+        self._fd: int | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._active = False
+
+    def start(self, deadline: float) -> None:
+        """Watch the pipe until the run ends or ``deadline`` (``time.monotonic()``) passes."""
+        self._active = True
+        try:
+            self._fd = self._worker.events_fd()
+            self._loop.add_reader(self._fd, self._readable)
+        except (OSError, ValueError):  # a concurrent kill closed the pipe already
+            self._fd = None
+            self._hand_over()
+            return
+        self._timer = self._loop.call_later(max(0.0, deadline - time.monotonic()), self._hand_over)
+
+    def _readable(self) -> None:
+        try:
+            more = self._worker.fill_events()
+            while True:
+                try:
+                    event = self._worker.buffered_event()
+                except ValueError:  # no protocol event: a task thread's read says the worker is lost
+                    event, more = None, False
+                if event is None:
+                    break
+                taken = self._take(event)
+                if taken is None:
+                    self._hand_over()
+                    return
+                if taken:
+                    self._detach()
+                    return
+            if not more:  # the pipe's end (the worker died, or is being killed): a task thread says why
+                self._hand_over()
+        except Exception as error:  # a bug of ours: the run must still end
+            self._detach()
+            self._failed(error)
+
+    def _detach(self) -> None:
+        self._active = False
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            # Watching it made the pipe non-blocking (uvloop): a task thread's reads wait for the worker again.
+            with contextlib.suppress(OSError):
+                os.set_blocking(self._fd, True)
+            self._fd = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _hand_over(self) -> None:
+        if not self._active:  # ended, or handed over already
+            return
+        self._detach()
+        self._hand_over_run()
+
+    def let_go(self) -> None:
+        """(Any thread but the loop's.) Hand the run to a task thread before its worker is killed, so the loop never
+        watches a pipe the kill closes."""
+        if not self._active:
+            return
+        handed = threading.Event()
+
+        def hand_over() -> None:
+            try:
+                self._hand_over()
+            finally:
+                handed.set()
+
+        try:
+            self._loop.call_soon_threadsafe(hand_over)
+        except RuntimeError:  # the loop is closed: it watches nothing any more
+            return
+        handed.wait(LET_GO_WAIT_S)
