@@ -522,6 +522,7 @@ def _serve(args: argparse.Namespace, app: Any, plane: Any, sock: socket.socket, 
         # No X-Forwarded-* rewriting: the server binds to loopback by default and trusts no proxy's word
         # about the client (each address's share of pending connections reads the socket's own peer).
         proxy_headers=False,
+        server_header=False,  # which server software answers is no client's business
         ws="none",  # no websocket routes: nor their protocol's import at start
         timeout_graceful_shutdown=5,
         lifespan="on",

@@ -17,7 +17,9 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
+
+import orjson
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.worker import reap
@@ -90,6 +92,15 @@ class WorkerTask:
         if "rows_file" in task:
             del task["rows"]
         return task
+
+
+def _event(line: bytes) -> Any:
+    """A protocol line's JSON: orjson, a sixth of the standard library's time on a quick job's path; the standard
+    library for what orjson refuses (NaN in a result, which the control plane reports as not JSON)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 class _Lines:
@@ -286,7 +297,7 @@ class WorkerProcess:
         line = self._out.buffered_line()
         if line is None:
             return None
-        event = json.loads(line)
+        event = _event(line)
         if not isinstance(event, dict):
             raise ValueError("not a protocol event")
         return event
@@ -344,7 +355,7 @@ class WorkerProcess:
             line = self._out.readline()
             if not line:
                 return None
-            event = json.loads(line)
+            event = _event(line)
             if "ipc_len" in event:  # an Arrow result frame: streamed into the job's result file
                 size = event.pop("ipc_len")
                 if self._result_sink is None:
