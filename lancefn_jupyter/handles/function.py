@@ -14,7 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lancefn_jupyter.client import LancefnEnvironmentWarning, LancefnError
 from lancefn_jupyter.display import cards as display
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _SHOW_JOB_AFTER_S = 2.0  # ipyparallel's progress_after default: quick calls stay quiet
+_UNKNOWN = object()  # a lazily computed attribute not computed yet
 # (server URL, request key) → the environment warnings its registration got, so a cached registration (a re-run
 # cell) warns again (docs/ARCHITECTURE.md, "Environments")
 _environment_warnings: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -114,6 +115,7 @@ class GpuFunction:
         self._version: FunctionVersion | None = None
         self._where = where
         self._py_signature: inspect.Signature | None = None
+        self._positional: object = _UNKNOWN  # ``_plain_names``, once known
         self._instance: Any = None  # a class entry's kernel-side instance, made on the first call
         self.timeout_s: float | None = options.timeout_s
         self.last_local_device: str | None = None
@@ -268,12 +270,24 @@ class GpuFunction:
         return self._py_signature
 
     def _row(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        names = self._plain_names()
+        if names is not None and not kwargs and len(args) == len(names):  # each parameter given, by position
+            return dict(zip(names, args, strict=True))
         try:
             bound = self._call_signature().bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{self.name}(): {error}") from None
         # Omitted arguments with defaults stay out of the row: the worker applies the default.
         return dict(bound.arguments)
+
+    def _plain_names(self) -> tuple[str, ...] | None:
+        """The parameters' names when every one is a plain one without a default (a call giving each by position
+        binds as ``zip`` would, without ``Signature.bind``'s cost per call); None otherwise."""
+        if self._positional is _UNKNOWN:
+            params = self._call_signature().parameters.values()
+            plain = all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in params)
+            self._positional = tuple(p.name for p in params) if plain else None
+        return cast("tuple[str, ...] | None", self._positional)
 
     def _single_parameter(self) -> str | None:
         """The name of the function's only parameter, when it has exactly one plain one."""

@@ -89,8 +89,10 @@ class Job(RecordHandle[JobRecord]):
         self._single = single
         self._snapshot = snapshot
         self._arrow_results: Any = None
-        # Held weakly; while the kernel's event listener runs, it keeps `state` current without HTTP.
-        listener().subscribe_job(job_id, self._update)
+        # Held weakly; while the kernel's event listener runs, it keeps `state` current without HTTP. A job that came
+        # back finished (a quick submit) has nothing left to hear, and its entry would stay in the listener for good.
+        if snapshot is None or snapshot.job_state not in TERMINAL_STATES:
+            listener().subscribe_job(job_id, self._update)
 
     @classmethod
     def attach(cls, job_id: str, *, client: Client | None = None) -> Job:

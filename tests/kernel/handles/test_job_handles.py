@@ -127,3 +127,24 @@ def test_ctrl_c_in_wait_stops_waiting_not_the_job(ip, tmp_path, capsys):
     assert job.refresh().job_state.value == "IN_PROGRESS"
     gate.touch()
     assert job.result(timeout=120) == str(gate)
+
+
+def test_only_a_job_still_under_way_is_followed_by_the_event_listener(ip, tmp_path):
+    """A quick job comes back finished in the run reply: nothing about it can change, so the kernel's listener keeps
+    no subscription for it (it stayed there for good, one per job, in a long loop of submits)."""
+    from lancefn_jupyter.session import listener
+
+    ip.run_cell_magic("gpu_function", "", WAITING_CELL)
+    hold = ip.user_ns["hold"]
+    ready = tmp_path / "ready"
+    ready.touch()
+    assert hold.remote(str(ready)) == str(ready)  # its worker is warm now
+    for _ in range(20):  # within the submit's short wait, unless this machine is very busy
+        quick = hold.submit(str(ready))
+        if quick.done:
+            break
+    assert quick.done and quick.result() == str(ready)
+    slow = hold.submit(str(tmp_path / "later"))
+    followed = listener()._jobs.keys()
+    assert slow.job_id in followed and quick.job_id not in followed
+    assert slow.cancel() is True
