@@ -55,6 +55,16 @@ class Waiters:
                     future.set_result(value)
 
         try:
-            loop.call_soon_threadsafe(wake)
+            if _running_loop() is loop:  # woken on the loop itself (a job it ran): no self-pipe write, no extra pass
+                loop.call_soon(wake)
+            else:
+                loop.call_soon_threadsafe(wake)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # not on a loop's thread
+        return None
