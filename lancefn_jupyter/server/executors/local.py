@@ -42,8 +42,8 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
 
 A quick job a request waits for (``functions/run``'s inline wait) is run by the event loop, or by the request's own
 core thread, when its version's worker is idle on its devices (:meth:`LocalExecutor.adopt`): the loop sends the task
-and watches the worker's pipe (``loop_follow.LoopFollow``), the thread reads it; either follows the job until it ends or the
-wait is over, then a task thread follows it on (docs/ARCHITECTURE.md, "REST details").
+and watches the worker's pipe (``loop_follow.LoopFollow``), the thread reads it; either follows the job until it ends
+or the wait is over, then a task thread follows it on (docs/ARCHITECTURE.md, "REST details").
 
 Each other running task has a thread that reads the worker's protocol events and calls the callbacks.
 Those threads are kept and reused for later tasks (retiring after ``idle_timeout_s``): starting a
@@ -579,15 +579,19 @@ class LocalExecutor(Executor):
         if worker is None:
             self._hand_to_task_thread(run)
             return
-        self._send_task(run, worker)
-        run.follower = LoopFollow(
-            worker,
-            asyncio.get_running_loop(),
-            take=functools.partial(self._loop_event, run, worker),
-            hand_over=functools.partial(self._hand_to_task_thread, run),
-            failed=functools.partial(self._fail_in_thread, run),
-        )
-        run.follower.start(deadline)
+        try:
+            run.follower = LoopFollow(
+                worker,
+                asyncio.get_running_loop(),
+                take=functools.partial(self._loop_event, run, worker),
+                hand_over=functools.partial(self._hand_to_task_thread, run),
+                failed=functools.partial(self._fail_in_thread, run),
+            )
+            self._send_task(run, worker)
+            run.follower.start(deadline)
+        except Exception as exc:  # a bug of ours: the job must still end
+            run.follower = None
+            self._fail_in_thread(run, exc)
 
     def _take_idle_now(self, run: _Run) -> WorkerProcess | None:
         """The run's idle worker, when taking it waits for nothing: it is usable, and no idle worker of another

@@ -40,11 +40,12 @@ class LoopFollow:
         self._take, self._hand_over_run, self._failed = take, hand_over, failed
         self._fd: int | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._active = False
+        # From the start, so a stop that comes before :meth:`start` (on the same pass of the loop) still has the loop
+        # let go first: its hand-over runs on the loop after that pass.
+        self._active = True
 
     def start(self, deadline: float) -> None:
         """Watch the pipe until the run ends or ``deadline`` (``time.monotonic()``) passes."""
-        self._active = True
         try:
             self._fd = self._worker.events_fd()
             self._loop.add_reader(self._fd, self._readable)
