@@ -473,3 +473,53 @@ def test_server_that_cannot_start_on_a_full_disk_says_so(control_plane_factory, 
     (small_disk / "filler").unlink()
     cp.start()  # and it starts once space frees
     assert httpx.get(cp.url + "/v1/health").status_code == 200
+
+
+def test_a_warm_job_the_event_loop_runs_on_a_full_disk_is_answered_and_saved_once_space_frees(
+    control_plane_factory, small_disk
+):
+    """The loop runs a warm job and saves it with its outcome before the reply (docs/ARCHITECTURE.md, "REST
+    details"). When that save finds the disk full, the request still gets the outcome the worker produced, and the
+    job is kept in memory and saved, inserted, once space frees; a restart then finds it DONE, not run again."""
+    cp = control_plane_factory(home=small_disk / "home")
+    with cp.http() as http:
+        version = register(http, registration_body("double"))["version"]
+
+        def run(x: int) -> dict:
+            reply = http.post(
+                "/v1/functions/run",
+                json={"name": "double", "version": version, "rows": [{"x": x}], "wait_s": DEADLINE_S},
+            )
+            assert reply.status_code == 202, reply.text
+            return reply.json()["job"]
+
+        assert run(1)["result"] == [2]  # its worker is warm and idle now
+        fill(small_disk / "filler")
+        ended = [run(x) for x in range(10, 13)]
+        assert [job["job_state"] for job in ended] == ["DONE"] * 3 and [job["result"] for job in ended] == [
+            [20],
+            [22],
+            [24],
+        ]
+        for job in ended:
+            assert describe(http, job["job_id"]) == job
+        refused = [job for job in ended if stored_state(small_disk, job["job_id"]) is None]
+        assert refused, "the full disk refused none of the saves: this test no longer tests what it says"
+        (small_disk / "filler").unlink()
+        for job in ended:
+            wait_until(lambda job=job: stored_state(small_disk, job["job_id"]) == "DONE", "the job to be saved")
+    cp.stop()
+    cp.start()
+    with cp.http() as http:
+        for job in ended:
+            assert describe(http, job["job_id"]) == job
+
+
+def stored_state(disk: Path, job_id: str) -> str | None:
+    """Like ``saved_state``, None while the job is not in the database at all."""
+    db = sqlite3.connect(f"file:{disk / 'home' / 'lancefn.sqlite3'}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT state FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+    finally:
+        db.close()
+    return row[0] if row else None
