@@ -152,6 +152,9 @@ def _worker_env(key: _Key, user: WorkerUser | None, *, threads: int, spare: bool
 
 
 _LATER = object()  # a followed run that has not ended by its deadline
+# The largest artifact whose task the event loop sends itself (``_follow_on_loop``): base64 and a body's rows, the
+# task line stays within a pipe's 64 KiB, which an idle worker's pipe has free.
+LOOP_ARTIFACT_BYTES = 24 * 1024
 
 
 @dataclass(eq=False)
@@ -575,7 +578,9 @@ class LocalExecutor(Executor):
         job's whole run takes no other thread. Whatever could wait (an idle worker to replace, workers to stop, a
         result frame, a busy lock, the worker's end) goes to a task thread, which follows it on from there, as it
         does at ``deadline`` (docs/ARCHITECTURE.md, "REST details")."""
-        worker = self._take_idle_now(run)
+        # The task line must fit the idle worker's empty pipe, so that writing it never waits (rows: a body the loop
+        # parses; env values: small).
+        worker = self._take_idle_now(run) if len(run.task.artifact) <= LOOP_ARTIFACT_BYTES else None
         if worker is None:
             self._hand_to_task_thread(run)
             return

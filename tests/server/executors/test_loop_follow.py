@@ -12,7 +12,7 @@ import pytest
 import uvloop
 from test_local_executor import Recorder, alive, task, worker_children
 
-from lancefn_jupyter.server.executors.local import LocalExecutor
+from lancefn_jupyter.server.executors.local import LOOP_ARTIFACT_BYTES, LocalExecutor
 
 LOGS = """
 def f(x):
@@ -146,3 +146,13 @@ def test_a_cancel_while_the_loop_follows_lets_go_of_the_pipe_before_the_kill(loo
     assert [c[0] for c in calls] == ["started", "log"]  # cancelled: nothing more is reported
     looped.launch(task("after", NAP, [{"x": 0}]))  # its devices serve the next job
     assert looped.recorder.final("after")[0] == "succeeded"
+
+
+def test_a_task_too_large_for_an_empty_pipe_goes_to_a_task_thread(looped):
+    """The loop writes a task only when its line fits the idle worker's empty pipe (writing it then never waits)."""
+    big = LOGS + "#" * (LOOP_ARTIFACT_BYTES + 1) + "\n"
+    warm(looped, big, 1)
+    final, loop_thread = follow(looped, "big", big, 5, follow_s=30)
+    assert final[0] == "succeeded" and final[2] == [15]
+    assert looped.recorder.threads[("started", "big")] != loop_thread
+    assert looped.recorder.threads[("succeeded", "big")] != loop_thread
