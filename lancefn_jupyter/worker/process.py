@@ -156,10 +156,15 @@ class _Lines:
         self._buffer += chunk
         return True
 
-    def buffered_line(self) -> bytes | None:
-        """The next whole line in the buffer, left there (:meth:`drop_line` takes it); None when there is none yet."""
-        end = self._buffer.find(b"\n")
-        return None if end < 0 else bytes(self._buffer[: end + 1])
+    def buffered_line(self, limit: int) -> bytes | None:
+        """The next whole line in the buffer, left there (:meth:`drop_line` takes it); None when there is none yet.
+        ``ValueError`` when it is, or will be, longer than ``limit`` bytes."""
+        end = self._buffer.find(b"\n", 0, limit)
+        if end < 0:
+            if len(self._buffer) >= limit:
+                raise ValueError(f"a protocol line longer than {limit} bytes")
+            return None
+        return bytes(self._buffer[: end + 1])
 
     def drop_line(self) -> None:
         end = self._buffer.find(b"\n")
@@ -290,11 +295,12 @@ class WorkerProcess:
         """Read what the pipe has now without waiting (it is readable); False at its end."""
         return self._out.fill()
 
-    def buffered_event(self) -> dict | None:
+    def buffered_event(self, limit: int) -> dict | None:
         """The next event already read, parsed and left in the buffer (:meth:`drop_event` takes it); None when no
         whole one is there. ``ValueError`` for a line that is no event (:meth:`next_event` then says the worker is
-        lost). A result frame's event comes without its frame: only :meth:`next_event` reads that."""
-        line = self._out.buffered_line()
+        lost) or longer than ``limit`` bytes (:meth:`next_event` reads it). A result frame's event comes without
+        its frame: only :meth:`next_event` reads that."""
+        line = self._out.buffered_line(limit)
         if line is None:
             return None
         event = _event(line)

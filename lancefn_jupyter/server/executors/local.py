@@ -155,6 +155,9 @@ _LATER = object()  # a followed run that has not ended by its deadline
 # The largest artifact whose task the event loop sends itself (``_follow_on_loop``): base64 and a body's rows, the
 # task line stays within a pipe's 64 KiB, which an idle worker's pipe has free.
 LOOP_ARTIFACT_BYTES = 24 * 1024
+# The most log and progress events of a run the event loop reports itself (each log event is a commit): a job that
+# prints more goes on in a task thread.
+LOOP_REPORTS = 8
 
 
 @dataclass(eq=False)
@@ -170,6 +173,7 @@ class _Run:
     sent: bool = False  # its worker has the task: a thread taking the run over only follows it
     timer: threading.Timer | None = None  # its timeout, from when the task was sent
     follower: LoopFollow | None = None  # the event loop's, once it followed it (``_follow_on_loop``)
+    loop_reports: int = 0  # logs and progress the loop reported (``LOOP_REPORTS`` at most)
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)  # set once its worker is reaped or pooled
 
@@ -628,6 +632,8 @@ class LocalExecutor(Executor):
         if kind not in ("log", "progress") and not last:  # nothing to report
             worker.drop_event()
             return False
+        if not last and run.loop_reports >= LOOP_REPORTS:  # a chatty job: its lines are saved on a task thread
+            return None
         release = self._callbacks.hold_now()
         if release is None:
             return None
@@ -637,6 +643,7 @@ class LocalExecutor(Executor):
                 if kind == "progress":
                     run.rows_done = event["rows_done"]
                 relay(self._callbacks, run.task.job_id, event)
+                run.loop_reports += 1
                 return False
             if not run.claim("finished"):  # stopped meanwhile: the kill ends its pipe, and a task thread says why
                 return None

@@ -17,9 +17,12 @@ from collections.abc import Callable
 
 from lancefn_jupyter.worker.process import WorkerProcess
 
-__all__ = ["LET_GO_WAIT_S", "LoopFollow"]
+__all__ = ["LET_GO_WAIT_S", "LOOP_EVENT_BYTES", "LoopFollow"]
 
 LET_GO_WAIT_S = 2.0  # how long a stop waits for the event loop to let go of the pipe (``let_go``)
+# The longest event line the loop parses and hands to ``take``: a longer one (a large JSON result, whose check and
+# save take a while) goes to a task thread.
+LOOP_EVENT_BYTES = 64 * 1024
 
 
 class LoopFollow:
@@ -60,8 +63,8 @@ class LoopFollow:
             more = self._worker.fill_events()
             while True:
                 try:
-                    event = self._worker.buffered_event()
-                except ValueError:  # no protocol event: a task thread's read says the worker is lost
+                    event = self._worker.buffered_event(LOOP_EVENT_BYTES)
+                except ValueError:  # too long for the loop, or no protocol event: a task thread reads it
                     event, more = None, False
                 if event is None:
                     break

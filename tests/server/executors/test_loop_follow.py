@@ -156,3 +156,33 @@ def test_a_task_too_large_for_an_empty_pipe_goes_to_a_task_thread(looped):
     assert final[0] == "succeeded" and final[2] == [15]
     assert looped.recorder.threads[("started", "big")] != loop_thread
     assert looped.recorder.threads[("succeeded", "big")] != loop_thread
+
+
+BIG_RESULT = """
+def f(x):
+    return list(range(x))
+"""
+CHATTY = """
+import time
+def f(x):
+    for i in range(x):
+        print("line", i, flush=True)
+        time.sleep(0.003)  # a log event each
+    return x
+"""
+
+
+def test_an_event_too_long_for_the_loop_is_read_and_reported_by_a_task_thread(looped):
+    """A large JSON result's check and save take a while: not on the event loop."""
+    warm(looped, BIG_RESULT, 1)
+    final, loop_thread = follow(looped, "big", BIG_RESULT, 30_000, follow_s=30)  # ~200 KB of JSON
+    assert final[0] == "succeeded" and final[2] == [list(range(30_000))]
+    assert looped.recorder.threads[("succeeded", "big")] != loop_thread
+
+
+def test_a_chatty_job_goes_on_in_a_task_thread_with_every_line_in_order(looped):
+    warm(looped, CHATTY, 0)
+    final, loop_thread = follow(looped, "chatty", CHATTY, 40, follow_s=30)
+    assert final[0] == "succeeded" and final[2] == [40]
+    assert looped.recorder.logs("chatty") == [f"line {i}" for i in range(40)]
+    assert looped.recorder.threads[("succeeded", "chatty")] != loop_thread
