@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import textwrap
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -108,16 +110,24 @@ def f():
 """
 
 
-@pytest.fixture
-def executor():
+@contextlib.contextmanager
+def started_executor(recorder: Recorder) -> Iterator[LocalExecutor]:
+    """A LocalExecutor reporting to ``recorder`` (also its ``recorder``); once it is shut down, no worker is left."""
     before = worker_children()
-    recorder = Recorder()
     ex = LocalExecutor(kill_grace_s=0.5)
     ex.start(recorder)
     ex.recorder = recorder
-    yield ex
-    ex.shutdown()
+    try:
+        yield ex
+    finally:
+        ex.shutdown()
     assert worker_children().keys() <= before.keys(), "worker processes (or zombies) left after shutdown"
+
+
+@pytest.fixture
+def executor():
+    with started_executor(Recorder()) as ex:
+        yield ex
 
 
 def run(executor, spec: TaskSpec) -> tuple:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import uvloop
-from test_local_executor import Recorder, alive, task, worker_children
+from test_local_executor import Recorder, alive, started_executor, task
 
 from lancefn_jupyter.server.executors.local import LOOP_ARTIFACT_BYTES, LocalExecutor
 
@@ -48,14 +48,8 @@ class LoopRecorder(Recorder):
 
 @pytest.fixture
 def looped():
-    before = worker_children()
-    recorder = LoopRecorder()
-    ex = LocalExecutor(kill_grace_s=0.5)
-    ex.start(recorder)
-    ex.recorder = recorder
-    yield ex
-    ex.shutdown()
-    assert worker_children().keys() <= before.keys(), "worker processes (or zombies) left after shutdown"
+    with started_executor(LoopRecorder()) as ex:
+        yield ex
 
 
 def warm(ex: LocalExecutor, source: str, x) -> None:
