@@ -59,15 +59,19 @@ class JobJournal:
         self._log_pos: dict[str, int] = {}
         self._new: dict[str, list] = {}  # job id → its JSON rows: a new job not inserted yet (``defer_new``)
 
-    def persist(self, rec: JobRecord, *, new: bool, rows: list | None = None, event: bool = True) -> None:
+    def persist(
+        self, rec: JobRecord, *, new: bool, rows: list | None = None, event: bool = True, wire: dict | None = None
+    ) -> None:
         """Write the job and its event in one transaction, and publish the event once committed.
 
         A change to a known job that the full disk refuses is kept in memory and retried (see
         ``UnsavedJobs.keep``) instead of raising, unless an enclosing batch (whose caller decides)
         is open.  A new job is never kept that way: its request gets the 507.  A deferred new job
         (``defer_new``) is inserted by its first persist; one that already ended is kept that way too
-        (its request is answered with its outcome, not its id alone)."""
-        change = self._take(rec, new, rows, dumps(self.reports.job_wire(rec)) if event else None)
+        (its request is answered with its outcome, not its id alone). ``wire``: the job's wire form, when the caller
+        built it already."""
+        data = dumps(wire if wire is not None else self.reports.job_wire(rec)) if event else None
+        change = self._take(rec, new, rows, data)
         try:
             with self.store.batch():
                 self._write(change)
@@ -111,8 +115,9 @@ class JobJournal:
             self.store.insert_job(rec, change.rows)
         else:
             self.store.update_job(rec)
-        for item in change.earlier if change.data is None else [*change.earlier, change.data]:
-            self._insert_event(rec.job_id, item, rec.namespace)
+        items = change.earlier if change.data is None else [*change.earlier, change.data]
+        if items:
+            self._insert_events(rec.job_id, items, rec.namespace)
 
     def _restore(self, change: _Change) -> None:
         """A change that was not saved: what it took along is deferred again."""
@@ -128,9 +133,14 @@ class JobJournal:
         for watcher in self.watchers:
             watcher(rec)
 
-    def _insert_event(self, job_id: str, data: str, namespace: str) -> None:
-        seq = self.store.insert_event(job_id, data, namespace)
-        self.store.after_commit(lambda: self.bus.publish("job", seq, data, namespace))
+    def _insert_events(self, job_id: str, items: list[str], namespace: str) -> None:
+        seqs = self.store.insert_events(job_id, items, namespace)
+
+        def publish() -> None:
+            for seq, data in zip(seqs, items, strict=True):
+                self.bus.publish("job", seq, data, namespace)
+
+        self.store.after_commit(publish)
 
     def persist_soon(self, rec: JobRecord) -> None:
         """Record an executor-reported change now and commit it with the job's next change, or

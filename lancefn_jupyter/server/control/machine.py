@@ -506,9 +506,10 @@ class JobMachine:
         table.active.pop(rec.job_id, None)
         table.job_env.pop(rec.job_id, None)
         self.journal.forget(rec.job_id)
-        self.journal.persist(rec, new=False)
+        wire = self.reports.job_wire(rec)  # its event's and its long polls' answer
+        self.journal.persist(rec, new=False, wire=wire)
         self.jobs.finished(rec)
-        self.jobs.wake(rec.job_id, rec)
+        self.jobs.wake(rec.job_id, rec, wire)
         self.dispatch(changed=had_devices or rec.num_gpus > 0)
 
     def dispatch(self, changed: bool = False, new_rows: NewRows = None, adopt: list[InlineRun] | None = None) -> bool:

@@ -122,9 +122,11 @@ class JobQueries:
         finished = await self.waiters.wait(job_id, future, timeout_s)
         return finished if finished is not None else self.describe(job_id)
 
-    def wake(self, job_id: str, finished: JobRecord | None = None) -> None:
-        """Wake the job's long polls; with its ``finished`` record they answer from it (no store read)."""
-        wire = self.reports.job_wire(finished) if finished is not None and self.waiters.waiting(job_id) else None
+    def wake(self, job_id: str, finished: JobRecord | None = None, wire: dict | None = None) -> None:
+        """Wake the job's long polls; with its ``finished`` record (or its ``wire`` form, built already) they answer
+        from it (no store read)."""
+        if wire is None and finished is not None and self.waiters.waiting(job_id):
+            wire = self.reports.job_wire(finished)
         self.waiters.wake(job_id, self.table.loop, wire)
 
     def wake_all(self) -> None:

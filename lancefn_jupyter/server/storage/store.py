@@ -46,6 +46,7 @@ def is_storage_full(error: BaseException) -> bool:
 DB_FILENAME = "lancefn.sqlite3"
 CHECKPOINT_EVERY = 100  # commits between checkpoints (SQLite's own default is about every 1,000 WAL pages)
 WAL_KEPT_BYTES = 8 << 20
+_EVENTS_PER_INSERT = 256  # rows of one INSERT statement: well within SQLite's bound on a statement's parameters
 EVENTS_KEPT = 200_000  # older events are pruned; a client further behind re-lists jobs
 VERSION_CACHE_SIZE = 256  # version rows kept in memory (get_version), each at most:
 VERSION_CACHE_ROW_BYTES = 256 * 1024
@@ -666,15 +667,24 @@ class Store:
     # ------------------------------------------------------------------ events
 
     def insert_event(self, job_id: str | None, data: str, namespace: str = DEFAULT_NAMESPACE) -> int:
+        return self.insert_events(job_id, [data], namespace)[0]
+
+    def insert_events(self, job_id: str | None, datas: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[int]:
+        """Append a job's events in one statement (a quick job's three); their sequence numbers, in order."""
+        seqs: list[int] = []
         with self.batch():
-            seq = self._db.execute(
-                "INSERT INTO events(job_id, data, namespace) VALUES(?,?,?)", (job_id, data, namespace)
-            ).lastrowid
-            assert seq is not None  # an INSERT always sets it
-        self._events_since_prune += 1
+            for start in range(0, len(datas), _EVENTS_PER_INSERT):
+                part = datas[start : start + _EVENTS_PER_INSERT]
+                values = ",".join(["(?,?,?)"] * len(part))
+                args = [value for data in part for value in (job_id, data, namespace)]
+                last = self._db.execute(f"INSERT INTO events(job_id, data, namespace) VALUES{values}", args).lastrowid
+                assert last is not None  # an INSERT always sets it
+                # One statement under the write lock: AUTOINCREMENT numbers its rows one after another to ``last``.
+                seqs += range(last - len(part) + 1, last + 1)
+        self._events_since_prune += len(datas)
         if self._events_since_prune >= 10_000:
             self.prune_events()
-        return seq
+        return seqs
 
     def events_after(self, seq: int, limit: int = 1000, namespace: str | None = None) -> list[tuple[int, str]]:
         if namespace is not None:
