@@ -286,7 +286,8 @@ class Store:
                 return
             if exc_type is not None:
                 self._after_commit.clear()
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite may have rolled back itself (a full disk): keep the first error
+                    self._db.execute("ROLLBACK")
                 return
             try:
                 self._db.execute("COMMIT")
