@@ -144,12 +144,13 @@ class JobMachine:
         **where: Unpack[Where],
     ) -> str | None:
         """``run(defer=True, commit_later=True)`` on the event loop, where it must neither wait nor write: only when
-        the job table and the store are free now, the rows are a short JSON list, the version needs no environment
-        and the plane places jobs itself (docs/ARCHITECTURE.md, "REST details"). None: not now (``run`` it on a
-        core thread). ``wait_s``: ``run_waiting``'s job instead, saved with its first commit (its outcome, when it
-        ends within ``DEFER_COMMIT_S``) or by :meth:`keep`; when its version's worker is idle, the loop starts the
-        job there and follows it for ``wait_s`` but at most ``INLINE_FOLLOW_S`` (``InlineRun.follow_on_loop``)."""
-        if self.table.executor_queues or not isinstance(rows, list) or len(rows) > RUN_NOW_MAX_ROWS:
+        the job table and the store are free now, the rows are a short JSON list and the version needs no
+        environment (docs/ARCHITECTURE.md, "REST details"). None: not now (``run`` it on a core thread). An executor
+        that queues its own jobs (Ray) gets the job at once, which never waits (``Executor.launch``). ``wait_s``:
+        ``run_waiting``'s job instead, saved with its first commit (its outcome, when it ends within
+        ``DEFER_COMMIT_S``) or by :meth:`keep`; when its version's worker is idle, the loop starts the job there and
+        follows it for ``wait_s`` but at most ``INLINE_FOLLOW_S`` (``InlineRun.follow_on_loop``)."""
+        if not isinstance(rows, list) or len(rows) > RUN_NOW_MAX_ROWS:
             return None
         if not self.table.lock.acquire_now():
             return None

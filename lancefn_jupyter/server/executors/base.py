@@ -137,7 +137,8 @@ class Executor(ABC):
 
     @abstractmethod
     def launch(self, task: TaskSpec) -> None:
-        """Start running ``task``; must not block on the task itself."""
+        """Start running ``task``; must not block on the task itself, nor on I/O or a lock held across either: the
+        event loop launches the jobs it queues (``JobMachine.run_now``)."""
 
     def adopt(self, task: TaskSpec) -> InlineRun | None:
         """Launch ``task`` for the calling thread to run (``InlineRun.run``) when that is quick to start (a warm

@@ -207,6 +207,52 @@ def test_the_driver_gets_a_versions_artifact_with_its_first_job_and_again_once_t
     assert base64.b64decode(messages[0]["job"]["artifact_b64"]) == b"def f():\n    return 'a'\n"
 
 
+@pytest.mark.timeout(30)  # a writer thread that died leaves the read waiting
+def test_a_large_artifact_is_encoded_by_the_pipes_writer_thread_in_its_place_in_the_line_order(monkeypatch):
+    """Whoever launches (the event loop, a core thread holding the job table's lock) never spends milliseconds
+    encoding an artifact: one over ``_INLINE_ARTIFACT_BYTES`` is encoded by the writer thread, and the lines sent
+    after it still reach the driver after it."""
+    import threading
+
+    from lancefn_jupyter.server.executors.base import TaskSpec
+    from lancefn_jupyter.server.executors.ray import executor as ray_executor
+
+    encoders: list[tuple[int, str]] = []
+    encode = ray_executor._b64
+
+    def recorded(artifact: bytes) -> str:
+        encoders.append((len(artifact), threading.current_thread().name))
+        return encode(artifact)
+
+    monkeypatch.setattr(ray_executor, "_b64", recorded)
+    big = b"#" + b"x" * (ray_executor._INLINE_ARTIFACT_BYTES * 4) + b"\ndef f():\n    return 1\n"  # > the pipe's 64 KiB
+    small = b"def f():\n    return 2\n"
+    read_fd, write_fd = os.pipe()
+    outbox = ray_executor._Outbox(write_fd)
+    rows = [{"x": "y" * 100_000}]  # a line the pipe does not take at once: the big one queues behind its rest
+    outbox.launch(TaskSpec("0", "f", "small", small, "f", rows, (), True, "small", 1, {}, (), None))
+    for job_id, version, source in [("1", "big", big), ("2", "big", big), ("3", "small", small)]:
+        outbox.launch(TaskSpec(job_id, "f", version, source, "f", [{}], (), True, "small", 1, {}, (), None))
+    outbox.send({"op": "cancel", "job_id": "3"})
+    messages = []
+    with os.fdopen(read_fd, "rb") as pipe:
+        while len(messages) < 5:
+            messages.append(json.loads(pipe.readline()))
+        outbox.close()
+        os.close(write_fd)
+    messages.pop(0)  # job 0's, whole
+    assert [(m["op"], m.get("job", m).get("job_id")) for m in messages] == [
+        ("launch", "1"),
+        ("launch", "2"),
+        ("launch", "3"),
+        ("cancel", "3"),
+    ]
+    assert base64.b64decode(messages[0]["job"]["artifact_b64"]) == big
+    assert "artifact_b64" not in messages[1]["job"]  # the driver holds it from job 1
+    assert "artifact_b64" not in messages[2]["job"]  # nor from job 0
+    assert sorted(encoders) == [(len(small), threading.current_thread().name), (len(big), "lancefn-ray-stdin")]
+
+
 def test_local_ray_temp_dir_stays_short(tmp_path, monkeypatch):
     from lancefn_jupyter.server.executors.ray import default_temp_dir
 

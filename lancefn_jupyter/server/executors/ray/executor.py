@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fa
 # to it without theirs (the artifact then goes to each new actor of the version from there).
 _BRIDGE_ARTIFACTS = 64
 _BRIDGE_ARTIFACT_BYTES = 64 * 1024 * 1024
+_INLINE_ARTIFACT_BYTES = 24 * 1024  # a larger artifact is encoded by the pipe's writer thread (``_Outbox.launch``)
 
 
 class _BridgeDown(RuntimeError):
@@ -47,16 +49,17 @@ class _BridgeDown(RuntimeError):
 
 
 class _Outbox:
-    """The pipe to a bridge, written without blocking: the thread that launches a job holds the
-    core's lock, so it writes what the pipe takes at once (the usual case, no thread hop before the
-    bridge wakes) and leaves the rest, and anything sent while a rest waits, to a writer thread
-    that waits for room."""
+    """The pipe to a bridge, written without blocking: a job is launched by the event loop or by a thread
+    holding the core's lock, so it writes what the pipe takes at once (the usual case, no thread hop before
+    the bridge wakes) and leaves the rest, and anything sent while a rest waits, to a writer thread that
+    waits for room (and encodes a large artifact)."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         os.set_blocking(fd, False)
         self._send_lock = threading.Lock()  # never held across a wait
-        self._backlog: collections.deque[bytes] = collections.deque()
+        # bytes to write; a callable: a launch line the writer thread encodes first (``launch``)
+        self._backlog: collections.deque[bytes | Callable[[], bytes]] = collections.deque()
         self._wake = threading.Event()
         self._closed = False
         # (name, version, namespace) → its artifact's size: the versions whose artifact the bridge holds
@@ -80,17 +83,26 @@ class _Outbox:
             job["runtime_env"] = dict(runtime_env)
         key = (task.name, task.version, task.namespace or "")
         with self._send_lock:
+            artifact = None
             if key in self._artifacts:
                 self._artifacts.move_to_end(key)
             else:
-                job["artifact_b64"] = base64.b64encode(task.artifact).decode("ascii")
-                self._artifacts[key] = len(job["artifact_b64"])
-            data = _line({"op": "launch", "job": job})
+                artifact = task.artifact
+                self._artifacts[key] = 4 * ((len(artifact) + 2) // 3)  # its base64 length
+            forget = b""
             while len(self._artifacts) > 1 and (
                 len(self._artifacts) > _BRIDGE_ARTIFACTS or sum(self._artifacts.values()) > _BRIDGE_ARTIFACT_BYTES
             ):
-                data += _line({"op": "forget", "key": list(self._artifacts.popitem(last=False)[0])})
-            self._put(data)
+                forget += _line({"op": "forget", "key": list(self._artifacts.popitem(last=False)[0])})
+            if artifact is None or len(artifact) <= _INLINE_ARTIFACT_BYTES:
+                if artifact is not None:
+                    job["artifact_b64"] = _b64(artifact)
+                self._put(_line({"op": "launch", "job": job}) + forget)
+            elif not self._closed:
+                # Encoded by the writer thread, in its place in the line order: whoever launches (the event
+                # loop, or a core thread holding the job table's lock) must not spend milliseconds on it.
+                self._backlog.append(functools.partial(_launch_line, job, artifact, forget))
+                self._wake.set()
 
     def _put(self, data: bytes) -> None:
         """Into the pipe now, or after what is waiting (send lock held)."""
@@ -114,17 +126,26 @@ class _Outbox:
             return len(data)
 
     def _write_out(self) -> None:
-        """Write the backlog, in order, as the pipe makes room."""
+        """Write the backlog, in order, as the pipe makes room; a line still to encode is encoded here first,
+        outside the send lock (only this thread takes from the backlog, so it stays first meanwhile)."""
         room = select.poll()
         room.register(self._fd, select.POLLOUT)
         while True:
             self._wake.wait()
+            with self._send_lock:
+                front = self._backlog[0] if self._backlog else None
+            if callable(front):
+                encoded = front()
+                with self._send_lock:
+                    self._backlog[0] = encoded
             room.poll(1000)  # bounded: the fd may be closed meanwhile (then ``_closed`` is set)
             with self._send_lock:
                 if self._closed:
                     return
                 while self._backlog:
                     data = self._backlog[0]
+                    if callable(data):  # queued meanwhile behind what was written: encoded next time round
+                        break
                     done = self._write_some(data)
                     if done < len(data):
                         self._backlog[0] = data[done:]
@@ -514,14 +535,17 @@ class RayExecutor(Executor):
             if self._closed.is_set():
                 return False
             self._state = "starting"
-            try:
-                bridge = _BridgeProcess(config, env, self._scrub)
-            except OSError as error:
-                bridge = None
-                spawn_error = str(error)
+        # Spawned outside the lock, which launches take on the event loop (``Executor.launch``).
+        try:
+            bridge = _BridgeProcess(config, env, self._scrub)
+        except OSError as error:
+            self._start_failed(f"could not start the Ray driver process: {error}")
+            return False
+        with self._lock:
             self._bridge = bridge
-        if bridge is None:
-            self._start_failed(f"could not start the Ray driver process: {spawn_error}")
+            closed = self._closed.is_set()  # set meanwhile: shutdown found no bridge to stop
+        if closed:
+            bridge.kill()
             return False
         timer = threading.Timer(self._start_timeout_s, bridge.kill)
         timer.daemon = True
@@ -623,6 +647,15 @@ def _describe_exit(returncode: int | None) -> str:
 
 def _line(message: dict) -> bytes:
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def _b64(artifact: bytes) -> str:
+    return base64.b64encode(artifact).decode("ascii")
+
+
+def _launch_line(job: dict, artifact: bytes, forget: bytes) -> bytes:
+    """A launch with its version's artifact, and the ``forget`` lines that follow it."""
+    return _line({"op": "launch", "job": {**job, "artifact_b64": _b64(artifact)}}) + forget
 
 
 def _environment_key(task: TaskSpec) -> tuple | None:
