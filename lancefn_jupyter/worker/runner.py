@@ -547,15 +547,22 @@ def run_task_inline(task: dict, send: Callable[..., None]) -> dict:
     fd, and the ``result``/``failed`` event is returned instead of sent.  Capturing fds 1/2 is
     the caller's business; Python and C stdio buffers are flushed before this returns.
     """
-    final: dict = {}
+    inline = _Inline(send)
+    serve(task, inline, flush_stdio)  # type: ignore[arg-type]  # duck-typed Protocol
+    return inline.final
 
-    class _Inline:
-        @staticmethod
-        def send(**event: object) -> None:
-            if event.get("event") in FINAL_EVENTS:
-                final.update(event)
-            else:
-                send(**event)
 
-    serve(task, _Inline, flush_stdio)  # type: ignore[arg-type]  # duck-typed Protocol
-    return final
+class _Inline:
+    """``serve``'s protocol for :func:`run_task_inline`: the final event kept, the others sent on."""
+
+    __slots__ = ("_send", "final")
+
+    def __init__(self, send: Callable[..., None]) -> None:
+        self._send = send
+        self.final: dict[str, object] = {}
+
+    def send(self, **event: object) -> None:
+        if event.get("event") in FINAL_EVENTS:
+            self.final.update(event)
+        else:
+            self._send(**event)

@@ -28,7 +28,7 @@ class EventHub:
         self._ready = asyncio.Event()
 
     async def push(self, job_id: str, events: list) -> None:
-        self._events.extend((job_id, seq, event) for seq, event in events)
+        self._events.extend([job_id, seq, event] for seq, event in events)
         self._ready.set()
 
     async def drain(self, timeout: float) -> list:
@@ -58,7 +58,8 @@ class _HubSender:
     def __init__(self, hub: Any, job_id: str) -> None:
         self._hub, self._job_id = hub, job_id
         self._lock = threading.Lock()
-        self._pending: list[tuple[int, dict]] = []
+        # [number, event] lists, not tuples: Ray packs lists, dicts and scalars with msgpack, but pickles each tuple
+        self._pending: list[list] = []
         self._closed = False
         self.seq = 0  # events numbered so far
         self.flushed = 0  # highest number pushed to the hub
@@ -69,9 +70,9 @@ class _HubSender:
         with self._lock:
             self.seq += 1
             if self._closed:  # a late line after close: straight to the hub
-                self._hub.push.remote(self._job_id, [(self.seq, event)])
+                self._hub.push.remote(self._job_id, [[self.seq, event]])
             else:
-                self._pending.append((self.seq, event))
+                self._pending.append([self.seq, event])
 
     def flush(self) -> None:
         if time.monotonic() < self._due:
@@ -82,7 +83,7 @@ class _HubSender:
                 self._hub.push.remote(self._job_id, batch)
                 self.flushed = batch[-1][0]
 
-    def close(self) -> list[tuple[int, dict]]:
+    def close(self) -> list[list]:
         """Stop flushing; return the events not pushed (they go with the outcome)."""
         _flusher().discard(self)
         with self._lock:
@@ -279,13 +280,14 @@ def _run_job(hub: Any, task: dict, where: dict, output: _ActorOutput) -> dict:
     sender = _HubSender(hub, task["task_id"])
     node = where["node"]
     sender.send(event="started", **where)
+    env = task.get("env")
     try:
-        with output.to(sender.send), _task_env(task.get("env") or {}):
+        with output.to(sender.send), _task_env(env) if env else contextlib.nullcontext():
             final = _slice_failure(task) or run_task_inline(task, sender.send)
     finally:
         tail = sender.close()
     if final.get("event") == "result":  # a result means every row is done: its progress would be one more event
-        tail = [(seq, event) for seq, event in tail if event.get("event") != "progress"]
+        tail = [[seq, event] for seq, event in tail if event.get("event") != "progress"]
     if final.get("event") == "failed" and final.get("phase") == "environment":
         final["message"] = f"{final.get('message', '')} [on Ray node {node}]"
     # The bridge relays events 1..last_seq from the hub, then the tail, then the outcome.
