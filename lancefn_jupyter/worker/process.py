@@ -25,7 +25,7 @@ from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow 
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, MAX_PROCS_ENV, TEARDOWN_S, result_target
 
-__all__ = ["WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
+__all__ = ["ProtocolLines", "WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit", "protocol_json"]
 
 _MODULE = "lancefn_jupyter.worker.main"
 
@@ -94,8 +94,8 @@ class WorkerTask:
         return task
 
 
-def _event(line: bytes) -> Any:
-    """A protocol line's JSON: orjson, a sixth of the standard library's time on a quick job's path; the standard
+def protocol_json(line: bytes) -> Any:
+    """A protocol line's JSON (a worker's, the Ray bridge's): orjson, a sixth of the standard library's time on a quick job's path; the standard
     library for what orjson refuses (NaN in a result, which the control plane reports as not JSON)."""
     try:
         return orjson.loads(line)
@@ -103,9 +103,10 @@ def _event(line: bytes) -> Any:
         return json.loads(line)
 
 
-class _Lines:
-    """The worker's protocol pipe, read through a buffer of our own: so :meth:`ready` can tell, without
-    blocking, whether a whole event is there (a buffered reader may hold one the pipe no longer shows)."""
+class ProtocolLines:
+    """A protocol pipe (a worker's, the Ray bridge's), read through a buffer of our own: so :meth:`ready` can tell,
+    without blocking, whether a whole event is there (a buffered reader may hold one the pipe no longer shows), and
+    the event loop and a thread can take turns reading it."""
 
     _CHUNK = 1 << 16
 
@@ -226,7 +227,7 @@ class WorkerProcess:
             **({"umask": umask} if umask is not None else {}),
         )
         self._workdir = workdir
-        self._out = _Lines(self.process.stdout)
+        self._out = ProtocolLines(self.process.stdout)
         self._kill_lock = threading.Lock()
         self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
         ready = self._read_event()
@@ -303,7 +304,7 @@ class WorkerProcess:
         line = self._out.buffered_line(limit)
         if line is None:
             return None
-        event = _event(line)
+        event = protocol_json(line)
         if not isinstance(event, dict):
             raise ValueError("not a protocol event")
         return event
@@ -361,7 +362,7 @@ class WorkerProcess:
             line = self._out.readline()
             if not line:
                 return None
-            event = _event(line)
+            event = protocol_json(line)
             if "ipc_len" in event:  # an Arrow result frame: streamed into the job's result file
                 size = event.pop("ipc_len")
                 if self._result_sink is None:

@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Concatenate, ParamSpec
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from pydantic import ValidationError
 
@@ -25,6 +25,9 @@ from lancefn_jupyter.server.encoding import cap_text, clean_text
 from lancefn_jupyter.server.executors.base import redact_env
 from lancefn_jupyter.server.storage.store import JobRecord, is_storage_full
 from lancefn_jupyter.wire.models import JobFailure
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("lancefn.server")
 
@@ -131,6 +134,9 @@ class JobCallbacks:
             table.lock.release()
 
         return release
+
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        return self.table.loop
 
     @_callback
     def task_started(self, rec: JobRecord, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
+    import asyncio
+
     from lancefn_jupyter.environments.cache import Environment
     from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.wire.models import JobFailure
@@ -101,6 +103,11 @@ class ExecutorCallbacks(Protocol):
     def hold_now(self) -> Callable[[], None] | None:
         """The core's locks (the job table's, the store's) taken only if they are free now, for reports made on the
         event loop, which never waits (``InlineRun.follow_on_loop``): their release, or None when either is busy."""
+        ...
+
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The server's event loop, where an executor may read its workers' events (the Ray bridge's); None when
+        there is none (the core runs without a server)."""
         ...
 
 

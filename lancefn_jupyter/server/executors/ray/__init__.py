@@ -44,7 +44,8 @@ or times out (``ray.kill``: the GPUs are freed; the next job starts a new actor)
 hold no CPU while alive; the bridge runs at most the cluster's CPUs' worth of CPU jobs and keeps
 at most that many CPU actors (``LANCEFN_RAY_CPU_ACTORS``).
 
-Modules, one per process: ``executor`` (``RayExecutor``, in the control plane), ``bridge`` (the
+Modules, one per process: ``executor`` (``RayExecutor``, in the control plane), ``feed`` (the bridge's event lines,
+read on the control plane's event loop), ``bridge`` (the
 Ray driver ``_Driver``), ``task`` (the task body, job actor and event hub, in Ray workers), ``pool`` (the CPU actor
 queue, in the bridge) and ``cluster`` (what they share about the cluster: class resources, the local cluster
 plan and its temp dir, the sweep of a bridge's processes, pip rules and a version's runtime_env fields).

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import collections
 import functools
-import json
 import logging
 import os
 import select
@@ -16,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec, redact_env
 from lancefn_jupyter.server.executors.ray.cluster import (
     class_resource,
@@ -25,10 +25,14 @@ from lancefn_jupyter.server.executors.ray.cluster import (
     local_cluster_plan,
     needs_resolution,
 )
+from lancefn_jupyter.server.executors.ray.feed import BridgeFeed
 from lancefn_jupyter.server.executors.relay import relay
+from lancefn_jupyter.worker.process import ProtocolLines, protocol_json
 from lancefn_jupyter.worker.protocol import TEARDOWN_S
 
 if TYPE_CHECKING:
+    import asyncio
+
     from lancefn_jupyter.environments.cache import EnvironmentCache
     from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -179,6 +183,8 @@ class _BridgeProcess:
         self._scrub = scrub  # Ray may quote a task's runtime_env (function env values) in its output
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self.outbox = _Outbox(self.proc.stdin.fileno())  # type: ignore[union-attr]
+        self._out = ProtocolLines(self.proc.stdout)  # type: ignore[arg-type]
+        self._feed: BridgeFeed | None = None
         threading.Thread(target=self._forward_stderr, name="lancefn-ray-stderr", daemon=True).start()
         self.outbox.send(config)
 
@@ -195,12 +201,24 @@ class _BridgeProcess:
                     pass
 
     def events(self) -> Iterator[dict]:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
+        """Its event lines, read on this thread (its first, ``ready``; all of them when there is no event loop)."""
+        while line := self._out.readline():
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    yield protocol_json(line)
                 except ValueError:
                     log.warning("ray bridge sent a malformed line: %r", line[:200])
+
+    def follow(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        hold_now: Callable[[], Callable[[], None] | None],
+        handle: Callable[[dict], None],
+    ) -> BridgeFeed:
+        """The event loop reads its event lines from now on, from what :meth:`events` left in the buffer."""
+        self._feed = BridgeFeed(self._out, loop, hold_now=hold_now, handle=handle)
+        self._feed.start()
+        return self._feed
 
     def problem(self) -> str:
         """The most telling recent line Ray wrote (an error if there is one)."""
@@ -234,6 +252,8 @@ class _BridgeProcess:
                 except subprocess.TimeoutExpired:
                     continue
         kill_session(self.sid)
+        if self._feed is not None:  # the event loop never watches a pipe that is closed
+            self._feed.let_go()
         self.outbox.close()
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
@@ -569,19 +589,29 @@ class RayExecutor(Executor):
                 self._inflight[task.job_id] = task
         for task in buffered:
             bridge.outbox.launch(task, self._fields_of(task))
-        lost = None
-        for event in events:
+        lost: list[str] = []
+
+        def handle(event: dict) -> None:
             if event.get("event") == "lost":
-                lost = event.get("message")
+                lost.append(str(event.get("message") or ""))
             else:
+                self._on_event(event)
+
+        loop = self._callbacks.event_loop()
+        if loop is not None:  # read on the loop: a quick job's outcome takes no thread (docs/ARCHITECTURE.md)
+            feed = bridge.follow(loop, self._callbacks.hold_now, handle)
+            while not feed.ended.wait(1.0) and not loop.is_closed():
+                pass
+        else:
+            for event in events:
                 try:
-                    self._on_event(event)
+                    handle(event)
                 except Exception:
                     log.exception("ray executor: could not handle %s event", event.get("event"))
         rc = bridge.kill()
         if self._closed.is_set():
             return True
-        reason = lost or bridge.problem() or _describe_exit(rc)
+        reason = (lost[-1] if lost else "") or bridge.problem() or _describe_exit(rc)
         self._went_down(f"lost the {self.where}: {reason}", lost=True)
         return True
 
@@ -646,7 +676,7 @@ def _describe_exit(returncode: int | None) -> str:
 
 
 def _line(message: dict) -> bytes:
-    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    return (dumps(message) + "\n").encode()
 
 
 def _b64(artifact: bytes) -> str:
