@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,47 @@ _CAPACITY_POLL_S = 2.0
 # idle actor of its class retires, least recently used first, each time this passes.
 _UNPLACED_S = 10.0
 _ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
+_GETTERS = 4  # threads waiting for jobs' calls with ray.get (``_Getters``)
+
+
+class _Getters:
+    """Threads that wait for a job's call with ``ray.get`` and then report it (``done(job_id, future)``): a call's
+    end wakes a waiting ``ray.get`` sooner than it runs a future's callback on Ray's own thread (about 0.05 ms of a
+    quick job's 1 ms call here). At most ``_GETTERS`` threads; a call that finds none idle (they wait for long jobs)
+    gets the callback."""
+
+    def __init__(self, ray: Any, done: Callable[[str, Future], None]) -> None:
+        self._ray, self._done = ray, done
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue] = []  # each idle getter's inbox
+        self._count = 0
+
+    def watch(self, job_id: str, ref: Any) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+            if inbox is None and self._count < _GETTERS:
+                self._count += 1
+                inbox = queue.SimpleQueue()
+                threading.Thread(target=self._run, args=(inbox,), name="lancefn-ray-get", daemon=True).start()
+        if inbox is None:
+            ref.future().add_done_callback(lambda future: self._done(job_id, future))
+        else:
+            inbox.put((job_id, ref))
+
+    def _run(self, inbox: queue.SimpleQueue) -> None:
+        while True:
+            job_id, ref = inbox.get()
+            future: Future = Future()
+            try:
+                future.set_result(self._ray.get(ref))
+            except BaseException as error:  # the call failed: reported as the callback would
+                future.set_exception(error)
+            try:
+                self._done(job_id, future)
+            except Exception:  # a bug of ours: this getter goes on
+                log.exception("ray bridge: could not report job %s", job_id)
+            with self._lock:
+                self._idle.append(inbox)
 
 
 @dataclass(eq=False)
@@ -104,6 +147,7 @@ class _Driver:
         self.cpu_slots_fixed = int(os.environ.get("LANCEFN_RAY_CPU_ACTORS") or 0)
         self.cpu_pool = ActorPool(self._cpu_slots(cpus), self.actor_idle_s)
         self.gpu_pools: dict[str, ActorPool] = {}  # per class: slots are its GPUs in the cluster
+        self.getters = _Getters(ray, self._done)
 
     def _cpu_slots(self, cpus: int) -> int:
         """CPU jobs at once: ``LANCEFN_RAY_CPU_ACTORS``, else the cluster's CPUs; at least one, so
@@ -272,7 +316,7 @@ class _Driver:
         if cancelled:
             self._stop(record)
             return
-        ref.future().add_done_callback(lambda future, job_id=job_id: self._done(job_id, future))
+        self.getters.watch(job_id, ref)
 
     def _kill_actor(self, actor: Any) -> None:
         try:
@@ -423,7 +467,7 @@ class _Driver:
             self._finish(job_id, parked)
 
     def _done(self, job_id: str, future: Any) -> None:
-        """A job's call ended (on Ray's callback thread, which must not wait on Ray or the disk).
+        """A job's call ended (on a getter's thread or Ray's callback thread, which must not wait on Ray or the disk).
 
         The usual case, a job that returned with all its events inline (it pushed none to the
         hub, so no relay of its events can be under way on the reporter thread) and no Arrow
