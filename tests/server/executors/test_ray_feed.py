@@ -30,6 +30,9 @@ class Core:
     def hold_now(self):
         return lambda: None
 
+    def on_loop(self, event: dict) -> bool:
+        return not event["id"].startswith("chunk")  # the executor keeps a batch chunk's outcome off the loop
+
     def handle(self, event: dict) -> None:
         self.handled.append((event["id"], threading.get_ident()))
 
@@ -52,7 +55,9 @@ def run_feed(writes: list[bytes], *, before: bytes = b"", let_go_after: int | No
         if before:
             os.write(write_fd, before)
             assert json.loads(lines.readline())["event"] == "ready"
-        feed = BridgeFeed(lines, asyncio.get_running_loop(), hold_now=core.hold_now, handle=core.handle)
+        feed = BridgeFeed(
+            lines, asyncio.get_running_loop(), hold_now=core.hold_now, handle=core.handle, on_loop=core.on_loop
+        )
         await asyncio.to_thread(feed.start)
         events = before.count(b"{") - 1
         await wait_for(lambda: len(core.handled) >= events)  # what was buffered, before anything more comes
@@ -94,6 +99,7 @@ def test_quick_events_are_handled_on_the_loop_in_order_and_the_end_comes_after_t
 
 def test_what_could_take_a_while_goes_to_the_thread_in_order_and_the_loop_takes_its_turn_again():
     slow = [
+        line("chunk", "events", events=[{"event": "started"}, {"event": "result", "results": [1]}]),
         line("log", "log", lines=["x"]),
         line("progress", "progress", rows_done=1),
         line("arrow", "result", result_file="/r"),
@@ -105,6 +111,7 @@ def test_what_could_take_a_while_goes_to_the_thread_in_order_and_the_loop_takes_
     assert ended
     assert [event_id for event_id, _ in core.handled] == [
         "first",
+        "chunk",
         "log",
         "progress",
         "arrow",
@@ -115,7 +122,8 @@ def test_what_could_take_a_while_goes_to_the_thread_in_order_and_the_loop_takes_
     ]
     threads = dict(core.handled)
     assert threads["first"] == threads["last"] == loop_thread  # the queue emptied: the loop's turn again
-    assert all(threads[event_id] != loop_thread for event_id in ("log", "progress", "arrow", "long", "chatty", "many"))
+    slow_ids = ("log", "progress", "arrow", "long", "chatty", "many", "chunk")
+    assert all(threads[event_id] != loop_thread for event_id in slow_ids)
 
 
 def test_a_busy_lock_sends_the_event_and_those_after_it_to_the_thread_until_the_queue_is_empty():
@@ -176,3 +184,34 @@ def test_a_let_go_stops_the_reading_and_ends_the_feed():
 def test_a_malformed_line_is_skipped_and_the_next_handled():
     core, _, ended = run_feed([b"not json\n", line("a")])
     assert ended and [event_id for event_id, _ in core.handled] == ["a"]
+
+
+def test_the_executor_lets_the_loop_handle_only_the_events_of_jobs_the_loop_launched():
+    """A run the loop queued is cheap to finish there; a batch chunk (launched by a batch's thread) may read its
+    result file or submit the next chunks when it ends, so its events go to the feed's thread."""
+    from lancefn_jupyter.server.executors.base import TaskSpec
+    from lancefn_jupyter.server.executors.ray import RayExecutor
+
+    executor = RayExecutor()  # not started: launches wait in its buffer
+
+    def task(job_id: str) -> TaskSpec:
+        return TaskSpec(job_id, "f", "v", b"def f():\n    return 1\n", "f", [{}], (), True, "small", 1, {}, (), None)
+
+    class Callbacks:
+        def __init__(self, loop) -> None:
+            self.loop = loop
+
+        def event_loop(self):
+            return self.loop
+
+    async def main() -> None:
+        executor._callbacks = Callbacks(asyncio.get_running_loop())  # what start() sets
+        executor.launch(task("run"))
+        await asyncio.to_thread(executor.launch, task("chunk"))
+
+    uvloop.run(main())
+    assert executor._on_loop_ok({"event": "events", "job_id": "run"})
+    assert not executor._on_loop_ok({"event": "events", "job_id": "chunk"})
+    assert executor._on_loop_ok({"event": "capacity", "capacity": {}})
+    executor.cancel("run")
+    assert not executor._on_loop_ok({"event": "events", "job_id": "run"})  # forgotten with the job

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import collections
 import functools
@@ -31,8 +32,6 @@ from lancefn_jupyter.worker.process import ProtocolLines, protocol_json
 from lancefn_jupyter.worker.protocol import TEARDOWN_S
 
 if TYPE_CHECKING:
-    import asyncio
-
     from lancefn_jupyter.environments.cache import EnvironmentCache
     from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -214,9 +213,10 @@ class _BridgeProcess:
         loop: asyncio.AbstractEventLoop,
         hold_now: Callable[[], Callable[[], None] | None],
         handle: Callable[[dict], None],
+        on_loop: Callable[[dict], bool],
     ) -> BridgeFeed:
         """The event loop reads its event lines from now on, from what :meth:`events` left in the buffer."""
-        self._feed = BridgeFeed(self._out, loop, hold_now=hold_now, handle=handle)
+        self._feed = BridgeFeed(self._out, loop, hold_now=hold_now, handle=handle, on_loop=on_loop)
         self._feed.start()
         return self._feed
 
@@ -313,6 +313,10 @@ class RayExecutor(Executor):
         self._bridge: _BridgeProcess | None = None  # the live bridge (also while it starts)
         self._buffer: list[TaskSpec] = []  # launched while the bridge starts
         self._inflight: dict[str, TaskSpec] = {}  # sent to the bridge, no outcome yet
+        # Launched by the event loop (``JobMachine.run_now``: a plain run, cheap to finish): the loop may handle their
+        # events (``BridgeFeed``). Others (batch chunks, backfills) go to the feed's thread, since a chunk's outcome
+        # may read its result file or submit the next chunks.
+        self._loop_jobs: set[str] = set()
         self._recent_envs: collections.deque[dict[str, str]] = collections.deque(maxlen=64)
         self._capacity: dict[str, int] | None = None
         self._largest: dict[str, int] = {}  # per class: GPUs of its biggest node (from the bridge)
@@ -351,6 +355,8 @@ class RayExecutor(Executor):
         self._supervisor.start()
 
     def launch(self, task: TaskSpec) -> None:
+        if self._on_server_loop():  # a run the loop queued (JobMachine.run_now)
+            self._loop_jobs.add(task.job_id)
         key = _environment_key(task)
         with self._lock:
             if self._closed.is_set():
@@ -483,6 +489,7 @@ class RayExecutor(Executor):
         """Drop an in-flight job (lock held); Ray's lines about it may still come, so its env
         stays in the scrub list a while."""
         task = self._inflight.pop(job_id, None)
+        self._loop_jobs.discard(job_id)
         if task is not None and task.env:
             self._recent_envs.append(task.env)
         return task
@@ -599,7 +606,7 @@ class RayExecutor(Executor):
 
         loop = self._callbacks.event_loop()
         if loop is not None:  # read on the loop: a quick job's outcome takes no thread (docs/ARCHITECTURE.md)
-            feed = bridge.follow(loop, self._callbacks.hold_now, handle)
+            feed = bridge.follow(loop, self._callbacks.hold_now, handle, self._on_loop_ok)
             while not feed.ended.wait(1.0) and not loop.is_closed():
                 pass
         else:
@@ -634,6 +641,7 @@ class RayExecutor(Executor):
             self._state = "stopped" if self._closed.is_set() else "starting"
             failed = list(self._buffer) + list(self._inflight.values())
             self._buffer, self._inflight = [], {}
+            self._loop_jobs.difference_update(task.job_id for task in failed)
             self._recent_envs.extend(task.env for task in failed if task.env)
         log.warning("ray executor: %s", reason)
         from lancefn_jupyter.wire.models import JobFailure
@@ -647,6 +655,19 @@ class RayExecutor(Executor):
             self._callbacks.task_failed(
                 task.job_id, JobFailure(phase="executor", message=f"{reason}; {suffix}", retryable=True)
             )
+
+    def _on_server_loop(self) -> bool:
+        """Whether this thread runs the server's event loop."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:  # a core or batch thread
+            return False
+        return self._callbacks is not None and running is self._callbacks.event_loop()
+
+    def _on_loop_ok(self, event: dict) -> bool:
+        """Whether the event loop may handle ``event`` (see ``_loop_jobs``); events of no job are quick."""
+        job_id = event.get("job_id")
+        return job_id is None or job_id in self._loop_jobs
 
     def _on_event(self, event: dict) -> None:
         kind, callbacks = event.get("event"), self._callbacks

@@ -33,8 +33,9 @@ _END = object()  # queued after the last event: the pipe ended, or the loop let 
 
 class BridgeFeed:
     """``handle(event)`` applies one bridge event (on the loop with the core's locks held, or on the feed's thread);
-    ``hold_now()`` takes the core's locks if they are free now, returning their release. :attr:`ended` is set once
-    every event read has been handled and the loop no longer reads the pipe."""
+    ``hold_now()`` takes the core's locks if they are free now, returning their release; ``on_loop(event)``: whether
+    the executor lets the loop handle it (a job whose outcome is cheap to save). :attr:`ended` is set once every event
+    read has been handled and the loop no longer reads the pipe."""
 
     def __init__(
         self,
@@ -43,9 +44,10 @@ class BridgeFeed:
         *,
         hold_now: Callable[[], Callable[[], None] | None],
         handle: Callable[[dict], None],
+        on_loop: Callable[[dict], bool] = lambda event: True,
     ) -> None:
         self._lines, self._loop = lines, loop
-        self._hold_now, self._handle = hold_now, handle
+        self._hold_now, self._handle, self._on_loop = hold_now, handle, on_loop
         self._turn = threading.Lock()  # guards the queue and who has the turn
         self._queue: collections.deque[Any] = collections.deque()
         self._draining = False  # the thread has the turn: events go after what it holds
@@ -121,7 +123,7 @@ class BridgeFeed:
         event = _parse(line)
         if event is None:
             return
-        if not _quick(event):
+        if not (_quick(event) and self._on_loop(event)):
             self._push(event)
             return
         release = self._hold_now()
