@@ -3,8 +3,8 @@ protocol"): the JSON-lines protocol writer, flushing user output before an outco
 artifact's filename. The parent-side relay of events to executor callbacks is
 ``server/executors/relay.py``: this package never names the server.
 
-Standard library only at top level: the worker imports this before any task, and a CPU-only task
-must not pay for pydantic, numpy or numba.
+Standard library only at top level (and orjson where the worker's interpreter has it): the worker imports this
+before any task, and a CPU-only task must not pay for pydantic, numpy or numba.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ import os
 import sys
 import threading
 from typing import Any
+
+try:  # a sixth of the standard library's time per line; not in every worker's interpreter (an environment's own)
+    import orjson
+except ImportError:
+    orjson = None  # type: ignore[assignment]
 
 FINAL_EVENTS = ("result", "failed")  # a task's last event
 PRELOAD_ENV = "LANCEFN_WORKER_PRELOAD"  # modules a spare worker imports while it waits (worker.py)
@@ -31,11 +36,34 @@ def artifact_filename(name: str, version: str) -> str:
     return f"<gpu_function {name}@{version}>"
 
 
+def loads(line: bytes) -> Any:
+    """A protocol line's JSON (a task, a command): orjson where there is one, else (and for what it refuses: NaN
+    literals) the standard library."""
+    if orjson is not None:
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(line)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON of a value whose floats are all finite (what the worker sends: results passed ``_to_json``,
+    timings are its own): orjson where there is one; the standard library for what orjson refuses (integers over 64
+    bits) and where there is none, which raises on a non-finite float."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value).decode()
+        except TypeError:
+            pass
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
 class Protocol:
     """JSON lines on a protocol fd; locked because log threads and the task loop both send.
 
-    ``strict`` (the worker): non-finite floats are an error and a closed fd raises. Otherwise (the
-    Ray bridge): anything not JSON is sent as its ``str``, and a closed fd is ignored, since the
+    ``strict`` (the worker): what it sends is JSON whose floats are finite (:func:`dumps`), and a closed fd raises.
+    Otherwise (the Ray bridge): anything not JSON is sent as its ``str``, and a closed fd is ignored, since the
     control plane is gone and stdin EOF ends the process anyway.
     """
 
@@ -51,10 +79,7 @@ class Protocol:
         """The event line, then ``payload`` raw (announced as ``ipc_len``), with nothing between."""
         if payload:
             event["ipc_len"] = len(payload)
-        if self._strict:
-            line = json.dumps(event, separators=(",", ":"), allow_nan=False)
-        else:
-            line = json.dumps(event, separators=(",", ":"), default=str)
+        line = dumps(event) if self._strict else json.dumps(event, separators=(",", ":"), default=str)
         data = memoryview((line + "\n").encode())
         with self._lock:
             try:

@@ -33,8 +33,10 @@ __all__ = [
     "end_cgroup",
     "has_children",
     "kill_descendants",
+    "open_stat",
     "proc_state",
     "remove_cgroups",
+    "stat_state",
     "sweep",
     "worker_cgroup",
 ]
@@ -70,12 +72,29 @@ def has_children() -> bool:
 
 def proc_state(pid: int) -> str | None:
     """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T`` stopped, ``Z`` zombie, …), None if gone."""
-    try:  # os-level I/O: asked for every job a worker is handed, where a file object costs more than the read
+    try:  # os-level I/O: a file object costs more than the read
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         try:
-            fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+            return stat_state(fd)
         finally:
             os.close(fd)
+    except OSError:
+        return None
+
+
+def open_stat(pid: int) -> int | None:
+    """A descriptor on ``/proc/<pid>/stat`` for :func:`stat_state` (None where there is none): it stays that process's,
+    and reads fail once the process is reaped, even when its pid is reused."""
+    try:
+        return os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def stat_state(fd: int) -> str | None:
+    """The state letter read from an open ``/proc/<pid>/stat`` (:func:`open_stat`): one system call; None if gone."""
+    try:
+        fields = os.pread(fd, 4096, 0).rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
     return fields[0].decode("ascii", "replace") if fields else None

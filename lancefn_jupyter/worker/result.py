@@ -7,11 +7,10 @@ neither numpy nor pyarrow until a result needs them.
 
 from __future__ import annotations
 
-import json
 import os
 
 from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.worker.protocol import result_target
+from lancefn_jupyter.worker.protocol import dumps, result_target
 
 __all__ = ["TaskFailure", "result_event"]
 
@@ -87,7 +86,7 @@ def result_event(
     if plain and (not arrow_ok or _rough_items(values) <= _JSON_RESULT_MAX_ITEMS):  # type: ignore[arg-type]
         try:
             results = [_to_json(value, where(index)) for index, value in enumerate(values)]  # type: ignore[arg-type]
-            if not arrow_ok or len(json.dumps(results, separators=(",", ":"))) <= _JSON_RESULT_MAX_CHARS:
+            if not arrow_ok or len(dumps(results)) <= _JSON_RESULT_MAX_CHARS:
                 return {"results": results}
         except TaskFailure:
             if not arrow_ok:  # no Arrow path (an old caller): the JSON rules apply

@@ -492,14 +492,17 @@ def _merged_column(parts: list, rows: int, output_type: str, form: str) -> objec
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 0.0
 
 
+_statm: tuple[int, int] | None = None  # (pid, descriptor) of /proc/self/statm, opened by that process
+
+
 def _rss_mb() -> float:
     """This process's resident memory now (``/proc/self/statm``; the peak from getrusage elsewhere)."""
-    try:  # os-level I/O: read after every task, where a file object costs more than the read itself
-        fd = os.open("/proc/self/statm", os.O_RDONLY)
-        try:
-            return int(os.read(fd, 256).split()[1]) * _PAGE_MB
-        finally:
-            os.close(fd)
+    global _statm
+    try:  # read after every task: kept open, one system call (a forked child opens its own)
+        pid = os.getpid()
+        if _statm is None or _statm[0] != pid:
+            _statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+        return int(os.pread(_statm[1], 256, 0).split()[1]) * _PAGE_MB
     except (OSError, IndexError, ValueError):
         import resource
 

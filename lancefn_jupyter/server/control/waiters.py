@@ -55,8 +55,8 @@ class Waiters:
                     future.set_result(value)
 
         try:
-            if _running_loop() is loop:  # woken on the loop itself (a job it ran): no self-pipe write, no extra pass
-                loop.call_soon(wake)
+            if _running_loop() is loop:  # woken on the loop itself (a job it ran): at once, no pass of the loop between
+                wake()
             else:
                 loop.call_soon_threadsafe(wake)
         except RuntimeError:  # the loop is closed: nobody is waiting any more

@@ -531,7 +531,6 @@ class LocalExecutor(Executor):
 
     def _send_task(self, run: _Run, worker: WorkerProcess) -> None:
         task = run.task
-        self._callbacks.task_started(task.job_id, devices=task.devices, node=None)
         run.sent = True
         if task.timeout_s is not None:
             run.timer = threading.Timer(task.timeout_s, self._stop, (run, "timeout"))
@@ -552,6 +551,10 @@ class LocalExecutor(Executor):
                 python_version=task.environment.python_version if task.environment is not None else None,
             )
         )
+        # Reported once the worker has the task, so the job's start runs beside the worker's, not before it: its
+        # events are read after this returns, by this thread or the loop's next pass (docs/ARCHITECTURE.md, "REST
+        # details").
+        self._callbacks.task_started(task.job_id, devices=task.devices, node=None)
 
     def _follow(self, run: _Run, worker: WorkerProcess, deadline: float | None = None) -> dict | object | None:
         """Relay the task's logs and progress (its timeout runs from the send); its ``result``/``failed``

@@ -9,8 +9,6 @@ whole event to ``take``; whatever ``take`` declines, and the pipe's end, the dea
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -84,10 +82,9 @@ class LoopFollow:
     def _detach(self) -> None:
         self._active = False
         if self._fd is not None:
+            # Watching it made the pipe non-blocking (uvloop), and it stays so: a task thread's reads wait for the
+            # worker all the same (``ProtocolLines``), and the next job the loop follows needs no change back.
             self._loop.remove_reader(self._fd)
-            # Watching it made the pipe non-blocking (uvloop): a task thread's reads wait for the worker again.
-            with contextlib.suppress(OSError):
-                os.set_blocking(self._fd, True)
             self._fd = None
         if self._timer is not None:
             self._timer.cancel()
