@@ -245,10 +245,6 @@ class WorkerProcess:
         self._workdir = workdir
         self._out = ProtocolLines(self.process.stdout)
         self._kill_lock = threading.Lock()
-        # Its /proc stat, kept open: ``usable`` is asked for every job a worker is handed. Closed under the lock once
-        # the process is reaped, so a read never lands on a descriptor reused meanwhile.
-        self._stat_lock = threading.Lock()
-        self._stat_fd = reap.open_stat(self.process.pid)
         self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
         ready = self._read_event()
         if ready is None or ready.get("event") != "ready":
@@ -269,15 +265,10 @@ class WorkerProcess:
         return self.process.poll() is None
 
     def usable(self) -> bool:
-        """Alive and not stopped (SIGSTOP): a worker fit to be handed a task. (Only root may trace a worker, which
-        is not dumpable; a debugger's tracing stop, ``t``, is left alone.)"""
-        # Not reaped (only its Popen reaps it, so the pid is still its own) and not a zombie: alive, without the
-        # wait system call ``alive`` makes.
-        with self._stat_lock:
-            if self.process.returncode is not None:
-                return False
-            state = reap.proc_state(self.pid) if self._stat_fd is None else reap.stat_state(self._stat_fd)
-            return state not in (None, "T", "Z")
+        """Alive and not stopped (SIGSTOP): a worker fit to be handed a task. (A debugger's tracing stop is left
+        alone.) Asked for every job a worker is handed."""
+        # Not reaped (only its Popen reaps it, so the pid is still its own), not exited and not stopped.
+        return self.process.returncode is None and not reap.child_halted(self.pid)
 
     def start_task(self, work: WorkerTask) -> None:
         """Send one task; a worker that already died shows up as an early end of :meth:`events`."""
@@ -368,10 +359,6 @@ class WorkerProcess:
             reap.end_cgroup(self._cgroup)  # what it left (a crashed worker's detached processes) ends with it
             self._cgroup = None
             self._close_pipes()
-            with self._stat_lock:
-                if self._stat_fd is not None:
-                    os.close(self._stat_fd)
-                    self._stat_fd = None
             if self._workdir is not None:
                 shutil.rmtree(self._workdir, ignore_errors=True)
 

@@ -28,15 +28,14 @@ from pathlib import Path
 
 __all__ = [
     "become_subreaper",
+    "child_halted",
     "children",
     "descendants",
     "end_cgroup",
     "has_children",
     "kill_descendants",
-    "open_stat",
     "proc_state",
     "remove_cgroups",
-    "stat_state",
     "sweep",
     "worker_cgroup",
 ]
@@ -75,29 +74,21 @@ def proc_state(pid: int) -> str | None:
     try:  # os-level I/O: a file object costs more than the read
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         try:
-            return stat_state(fd)
+            fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
         finally:
             os.close(fd)
-    except OSError:
-        return None
-
-
-def open_stat(pid: int) -> int | None:
-    """A descriptor on ``/proc/<pid>/stat`` for :func:`stat_state` (None where there is none): it stays that process's,
-    and reads fail once the process is reaped, even when its pid is reused."""
-    try:
-        return os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-
-
-def stat_state(fd: int) -> str | None:
-    """The state letter read from an open ``/proc/<pid>/stat`` (:func:`open_stat`): one system call; None if gone."""
-    try:
-        fields = os.pread(fd, 4096, 0).rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
     return fields[0].decode("ascii", "replace") if fields else None
+
+
+def child_halted(pid: int) -> bool:
+    """Whether our child ``pid`` has exited or is stopped (SIGSTOP, not a debugger's tracing stop), without reaping it
+    or taking its stop report: one light system call, where ``/proc/<pid>/stat`` costs a dozen times more."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WSTOPPED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
 
 
 def _processes() -> dict[int, tuple[int, str]]:

@@ -172,6 +172,18 @@ def test_headers_that_trickle_are_cut_off(control_plane_factory):
         assert http.get("/v1/health").status_code == 200
 
 
+def test_a_second_head_that_trickles_on_a_kept_alive_connection_is_cut_off_too(control_plane_factory):
+    """The deadline runs from a head's first byte; uvicorn's keep-alive timeout stops counting once a byte came."""
+    cp = control_plane_factory(args=["--header-timeout-s", "1"])
+    sock = raw_socket(cp.url)
+    with sock:
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n")
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n")  # and never the blank line
+        assert read_reply(sock) == b""  # closed by the server, not by the 20 s socket timeout
+
+
 def test_oversized_headers_get_400_and_a_closed_connection_but_a_big_body_is_fine(control_plane):
     from lancefn_jupyter.server.http.connections import MAX_HEAD_BYTES
 

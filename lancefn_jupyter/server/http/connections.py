@@ -97,18 +97,23 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
                 oldest = next(iter(mine))
                 del mine[oldest]
                 oldest.transport.close()
-            self._next_head()
+            self._first_head()
 
         def on_response_complete(self) -> None:
             if self._sender is not None:  # the whole reply is written: it goes out now, not a loop step later
                 self._sender.flush()
             super().on_response_complete()
-            self._next_head()  # the next request on this connection gets the same deadline
+            # The next request on this connection gets the same deadline, from its first byte (``data_received``):
+            # until then uvicorn's keep-alive timeout bounds the idle connection.
+            self._head_done, self._head_bytes = False, 0
 
         def data_received(self, data: bytes) -> None:
             if not self._head_done:
                 self._head_bytes += len(data)
             super().data_received(data)
+            # A head that came whole in this read (most do) needs no timer; one still coming has its deadline.
+            if not self._head_done and self._header_timer is None and not self.transport.is_closing():
+                self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
             # Counted before parsing, checked after: a body sent with its head in one packet is fine.
             if not self._head_done and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 self.send_400_response(_TOO_LARGE)
@@ -151,10 +156,9 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
                 if not mine:
                     del pending[self._peer]
 
-        def _next_head(self) -> None:
+        def _first_head(self) -> None:
+            """A new connection's first head has ``header_timeout_s`` from the connection (one that sends nothing)."""
             self._head_done, self._head_bytes = False, 0
-            if self._header_timer is not None:
-                self._header_timer.cancel()
             self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
 
         def _headers_too_slow(self) -> None:
