@@ -66,7 +66,13 @@ def test_request_bodies_that_are_no_json_are_refused_as_before(body):
 def test_the_client_reads_integers_past_64_bits_exactly():
     from lancefn_jupyter.client._http import _decode, _Reply
 
+    def decoded(body: bytes) -> object:
+        return _decode(_Reply(200, "OK", {"content-type": "application/json"}, body))
+
     big = b'{"result": [123456789012345678901234567890, 2.5]}'
-    assert _decode(_Reply(200, "OK", {"content-type": "application/json"}, big)) == {
-        "result": [123456789012345678901234567890, 2.5]
-    }
+    assert decoded(big) == {"result": [123456789012345678901234567890, 2.5]}
+    for value in (-(2**70), 2**64, 10**18 * 99):  # negative, in an array first, 20 digits
+        assert decoded(json.dumps([value, 0.1234567890123456789]).encode()) == [value, 0.1234567890123456789]
+        assert decoded(str(value).encode()) == value  # the whole body
+    # A float's long fraction is no integer: orjson reads it (and reads it as the standard library would).
+    assert decoded(b'{"run_ms":0.0023540051188319921}') == {"run_ms": 0.0023540051188319921}

@@ -115,3 +115,54 @@ def test_the_client_never_imports_httpx():
         "assert 'httpx' not in sys.modules, sorted(m for m in sys.modules if m.startswith('httpx'))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _replies_from_a_raw_server(packets: list[list[bytes]]) -> list:
+    """What ``_Connection.exchange`` reads from a server that answers each request with its list of packets (sent
+    apart, so a head may come whole, in pieces or with its body)."""
+    import socket
+
+    from lancefn_jupyter.client._http import _Connection
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for reply in packets:
+                conn.recv(65536)
+                for packet in reply:
+                    conn.sendall(packet)
+                    time.sleep(0.02)  # its own read on the client's side
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    connection = _Connection("127.0.0.1", listener.getsockname()[1], False, DEADLINE_S)
+    try:
+        return [connection.exchange("GET", "/", None, {})[0] for _ in packets]
+    finally:
+        connection.close()
+        thread.join(DEADLINE_S)
+        listener.close()
+
+
+def test_reply_heads_read_whole_in_pieces_with_bare_line_feeds_or_with_no_header():
+    body = b'{"a": 1}'
+    whole = b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nX-Two: a\r\nx-two: b\r\n\r\n" + body
+    replies = _replies_from_a_raw_server(
+        [
+            [whole],  # head and body in one packet: the head is taken from the buffer at once
+            [whole[:20], whole[20:45], whole[45:]],  # a head that comes in pieces is read line by line
+            [b"HTTP/1.1 201 Created\nContent-Length: 8\nX-Two: c\n\n" + body],  # bare line feeds
+            [b"HTTP/1.1 202 Accepted\r\n\r\n", b"ignored"],  # no header: framed by the connection's end
+        ]
+    )
+    for reply in replies[:2]:
+        assert (reply.status, reply.headers["x-two"], reply.content, reply.will_close) == (200, "a, b", body, False)
+    assert (replies[2].status, replies[2].headers["x-two"], replies[2].content) == (201, "c", body)
+    assert (replies[3].status, dict(replies[3].headers), replies[3].content, replies[3].will_close) == (
+        202,
+        {},
+        b"ignored",
+        True,
+    )
