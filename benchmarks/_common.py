@@ -227,6 +227,14 @@ class Server:
                 raise RuntimeError(f"lancefn-server did not start within 120 s:\n{self.log_path.read_text()}")
             time.sleep(0.05)
         self.url, self.api_key, self.pid = info["url"], info["api_key"], self.proc.pid
+        self.unix_socket: str | None = info.get("unix_socket")
+
+    def connect(self, *, unix_socket: bool = True):
+        """The notebook API's client of this server, connected as a notebook on the embedded server is: its requests
+        on the server's Unix socket (``unix_socket=False``: on the TCP port, as a client given the URL alone)."""
+        from lancefn_jupyter import api
+
+        return api.connect(self.url, self.api_key, unix_socket=self.unix_socket if unix_socket else None)
 
     def http(self, **kwargs) -> httpx.Client:
         kwargs.setdefault("timeout", 60.0)

@@ -140,7 +140,7 @@ def ours_side(rows: int, fragment_rows: int, tmp: str) -> None:
     from lancefn_jupyter import api
 
     with server(gpu_classes=CLASSES) as srv:
-        api.connect(srv.url, srv.api_key)
+        srv.connect()
         batched = api.gpu_function(num_gpus=1, batched=True)(EmbedRows)
         per_row = api.gpu_function(num_gpus=1)(EmbedRow)
         for fn in (batched, per_row):  # warm: workers started, versions registered, the table path's imports

@@ -86,7 +86,7 @@ def fan_out(runs: int, skip_ray: bool) -> None:
     from lancefn_jupyter import api
 
     with server(gpu_classes=EIGHT_GPUS) as srv:
-        api.connect(srv.url, srv.api_key)
+        srv.connect()
         fn = api.gpu_function(num_gpus=1)(nap)
         items = list(range(ROWS))
         fn.map(items, parallel=8, chunk_size=CHUNK, fresh=True).result()  # warm: 8 workers started
@@ -121,7 +121,7 @@ def overhead(chunks: int, runs: int) -> None:
     from lancefn_jupyter import api
 
     with server(gpu_classes=EIGHT_GPUS) as srv:
-        api.connect(srv.url, srv.api_key)
+        srv.connect()
         fn = api.gpu_function(num_gpus=1)(inc)
         items = list(range(chunks))
         fn.map(items[:64], parallel="auto", chunk_size=1, fresh=True).result()  # warm
@@ -161,7 +161,7 @@ def backfill(rows: int, chunk: int) -> None:
     texts = [f"row {i} " * (i % 5 + 1) for i in range(rows)]
     with tempfile.TemporaryDirectory(prefix="lancefn-bench-lance-") as tmp, server(gpu_classes=EIGHT_GPUS) as srv:
         db = lancedb.connect(tmp)
-        api.connect(srv.url, srv.api_key)
+        srv.connect()
         fn = api.gpu_function(num_gpus=1)(text_len)
         fn.map(texts[:64], parallel="auto", chunk_size=8).result()  # warm: workers started
         warm = db.create_table("warm", pa.table({"id": list(range(1000)), "text": texts[:1000]}), mode="overwrite")

@@ -14,7 +14,8 @@
 
 Each side runs in its own process: this script is the Ray driver and times Ray direct; our
 client runs in child processes that never import Ray (a Ray driver's threads would slow our
-client down), each timing its own calls when told to over a pipe.  Modes are interleaved call
+client down), each timing its own calls when told to over a pipe, and connected as a notebook on the
+embedded server is (requests on the server's Unix socket).  Modes are interleaved call
 by call so machine noise hits them alike.  The GPU class is one simulated GPU (numba CUDA
 simulator), so this runs on any machine.  Prints median / p95 and the ratios (targets: ours
 local ≤ 1.0× Ray direct median and ≤ 1.5× at p95; ours Ray ≤ 1.5×).  Never asserts on time.
@@ -71,11 +72,12 @@ class Doubler:
         return 2 * x
 
 
-def client_main(url: str, api_key: str, path: str) -> None:
-    """A child process (no Ray): time one call of ``path`` per ``go`` line on stdin, answer the seconds."""
+def client_main(url: str, api_key: str, path: str, unix_socket: str | None) -> None:
+    """A child process (no Ray): time one call of ``path`` per ``go`` line on stdin, answer the seconds. Connected as
+    a notebook on the embedded server is: requests on the server's Unix socket, when it has one."""
     from lancefn_jupyter import api
 
-    api.connect(url, api_key)
+    api.connect(url, api_key, unix_socket=unix_socket)
     gpu_class = "real" if path == "api-real" else "default"
     fn = api.gpu_function(num_gpus=1, gpu_class=gpu_class, name="double_it")(double_it)
     version = fn.version
@@ -103,7 +105,7 @@ class ClientProcess:
 
     def __init__(self, server: Server, path: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--client", server.url, server.api_key, path],
+            [sys.executable, __file__, "--client", server.url, server.api_key, path, server.unix_socket or ""],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -149,8 +151,8 @@ def stats_of(samples: list[float]) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--client":
-        client_main(*sys.argv[2:])
+    if len(sys.argv) == 6 and sys.argv[1] == "--client":
+        client_main(*sys.argv[2:5], sys.argv[5] or None)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=200, help="measured calls per mode (default 200)")

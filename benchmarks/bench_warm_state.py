@@ -9,7 +9,9 @@
    that of a stateless function, both warm (target ≤ 0.5 ms), and the warm stateful job's submit → result next
    to a warm Ray actor call, ``ray.get(actor.f.remote(x))`` (target: ours ≤ 1.0×), timed in blocks of 20
    calls that alternate between our client and the Ray driver (each its own process), so the machine's
-   phases weigh on both alike (``--only warm`` runs this part alone).
+   phases weigh on both alike (``--only warm`` runs this part alone). Our client is connected as a notebook on
+   the embedded server is (requests on the server's Unix socket); the same job from a client given the URL
+   alone (the TCP port) is printed beside it.
 2. **Batch.** 64 chunks of one row × 0.05 s with the 1 s setup on 8 simulated GPUs: module executions
    (target ≤ 8) and wall time from `map` to every result, next to Ray's `ActorPool` of 8 actors over the
    same chunks whose processes are already up (as our spares are) and which pay the 1 s setup in the timed
@@ -188,11 +190,12 @@ def ray_warm_calls() -> None:
         ray.shutdown()
 
 
-def warm_race(warm: int, block: int = 20) -> tuple[float, float] | None:
+def warm_race(warm: int, block: int = 20) -> tuple[float, float, float] | None:
     """Median submit → result of a warm job of a stateful version (ours: ``fn.submit(x).result()`` through the
-    notebook API, local executor) and of a warm Ray actor call, in blocks of ``block`` calls that alternate
-    between the two processes, so a phase of the machine (this VM's speed swings by a third within minutes)
-    weighs on both alike. None when the Ray side could not start."""
+    notebook API, local executor, connected as a notebook on the embedded server is) and of a warm Ray actor call,
+    in blocks of ``block`` calls that alternate between the two processes, so a phase of the machine (this VM's
+    speed swings by a third within minutes) weighs on both alike; and ours again from a client given the URL alone
+    (the TCP port), in blocks between those. None when the Ray side could not start."""
     ray_proc = subprocess.Popen(
         [sys.executable, __file__, "--ray-warm-calls"],
         stdin=subprocess.PIPE,
@@ -205,25 +208,26 @@ def warm_race(warm: int, block: int = 20) -> tuple[float, float] | None:
         if ray_proc.stdout.readline().strip() != "READY":
             print(f"Ray side failed (exit {ray_proc.wait()})")
             return None
-        from lancefn_jupyter import api
-
         with server(gpu_classes=ONE_GPU) as srv, tempfile.TemporaryDirectory() as tmp:
-            api.connect(srv.url, srv.api_key)
+            srv.connect()
             fn = register_cell("model", count_file_in(tmp), setup=0.0)
             for x in range(50):  # untimed: its worker started, the module loaded, the paths warm
                 assert fn.submit(x).result() == 3 * x
             time.sleep(2.0)  # the replacement spare's imports are done
             ours: list[float] = []
             theirs: list[float] = []
+            tcp: list[float] = []
             for turn in range(max(1, warm // block)):
-                for side in ("ours", "ray") if turn % 2 == 0 else ("ray", "ours"):
-                    if side == "ours":
-                        ours.extend(timed(lambda: fn.submit(1).result()) for _ in range(block))
-                    else:
+                for side in ("ours", "ray", "tcp") if turn % 2 == 0 else ("ray", "ours", "tcp"):
+                    if side == "ray":
                         ray_proc.stdin.write(f"{block}\n")
                         ray_proc.stdin.flush()
                         theirs.extend(json.loads(ray_proc.stdout.readline()))
-        return statistics.median(ours) * 1000, statistics.median(theirs) * 1000
+                        continue
+                    srv.connect(unix_socket=side == "ours")
+                    fn.submit(0).result()  # untimed: the new client's connection made
+                    (ours if side == "ours" else tcp).extend(timed(lambda: fn.submit(1).result()) for _ in range(block))
+        return statistics.median(ours) * 1000, statistics.median(theirs) * 1000, statistics.median(tcp) * 1000
     finally:
         ray_proc.kill()
         ray_proc.wait()
@@ -247,7 +251,7 @@ def sequential_jobs(jobs: int, warm: int) -> tuple[float, float, float]:
     from lancefn_jupyter import api
 
     with server(gpu_classes=ONE_GPU) as srv, tempfile.TemporaryDirectory() as tmp:
-        api.connect(srv.url, srv.api_key)
+        srv.connect()
         count = count_file_in(tmp)
         stateless = api.gpu_function(num_gpus=1)(triple)
         stateless.submit(1).result()  # untimed: the first worker started and used
@@ -289,7 +293,7 @@ def batch(setups_target: int = 8) -> float:
     from lancefn_jupyter import api
 
     with server(gpu_classes=EIGHT_GPUS) as srv, tempfile.TemporaryDirectory() as tmp:
-        api.connect(srv.url, srv.api_key)
+        srv.connect()
         warm_up = api.gpu_function(num_gpus=1)(triple)
         warm_up.map(range(16), chunk_size=1, parallel="auto").result()  # untimed: 8 workers started
         time.sleep(5.0)  # their spares (one per GPU, for the next new version) are ready
@@ -343,13 +347,20 @@ def main() -> None:
             warm_summary(*race, args.warm)
 
 
-def warm_summary(ours_ms: float, ray_ms: float, calls: int) -> None:
+def warm_summary(ours_ms: float, ray_ms: float, tcp_ms: float, calls: int) -> None:
     ratio = ours_ms / ray_ms
     print(
         f"warm job, submit → result: ours {ours_ms:.2f} ms, Ray actor call {ray_ms:.2f} ms "
-        f"(ours / Ray {ratio:.2f}×; median of {calls} each, in alternating blocks)"
+        f"(ours / Ray {ratio:.2f}×; median of {calls} each, in alternating blocks); ours from a client given the "
+        f"URL alone (TCP) {tcp_ms:.2f} ms ({tcp_ms / ray_ms:.2f}×)"
     )
     summary("bench_warm_state.py", "warm job of a stateful version, submit → result (median)", round(ours_ms, 3), "ms")
+    summary(
+        "bench_warm_state.py",
+        "that warm job from a client given the URL alone (TCP, not the Unix socket) (median)",
+        round(tcp_ms, 3),
+        "ms",
+    )
     summary("bench_warm_state.py", "Ray warm actor call, ray.get(actor.f.remote(x)) (median)", round(ray_ms, 3), "ms")
     summary(
         "bench_warm_state.py",

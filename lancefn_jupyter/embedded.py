@@ -48,6 +48,7 @@ class ServerInfo:
     home: str
     version: str = ""
     executor: str = ""
+    unix_socket: str | None = None  # its Unix socket, private to its user (docs/ARCHITECTURE.md, "Local clients")
 
     def __repr__(self) -> str:  # never show the key
         return f"ServerInfo(url={self.url!r}, pid={self.pid}, home={self.home!r}, executor={self.executor!r})"
@@ -74,6 +75,7 @@ def read_server_info(home: Path | None = None) -> ServerInfo | None:
             home=str(data.get("home", path.parent)),
             version=str(data.get("version", "")),
             executor=str(data.get("executor", "")),
+            unix_socket=str(data["unix_socket"]) if data.get("unix_socket") else None,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -76,13 +76,16 @@ class _Session:
 _session = _Session()
 
 
-def connect(url: str | None = None, api_key: str | None = None, *, home: str | None = None) -> Client:
-    """Connect to a control plane: `url` (with `api_key`, else `LANCEFN_API_KEY`), else `LANCEFN_URL`, else local."""
+def connect(
+    url: str | None = None, api_key: str | None = None, *, home: str | None = None, unix_socket: str | None = None
+) -> Client:
+    """Connect to a control plane: `url` (with `api_key`, else `LANCEFN_API_KEY`), else `LANCEFN_URL`, else local.
+    `unix_socket`: that server's Unix socket on this machine (its `server.json` says where), for quicker requests."""
     url = url or os.environ.get("LANCEFN_URL")
     if not url:
         return use_local(home)
     key = api_key if api_key is not None else os.environ.get("LANCEFN_API_KEY")
-    client = Client(url, key)
+    client = Client(url, key, unix_socket=unix_socket)
     return _session.replace(client, ConnectionInfo(url=client.url, embedded=False))
 
 
@@ -100,7 +103,7 @@ def use_local(home: str | None = None) -> Client:
         _session.info = ConnectionInfo(url=fresh.url, embedded=True, home=fresh.home, pid=fresh.pid)
         return fresh.url, fresh.api_key
 
-    client = Client(info.url, info.api_key, recover=recover)
+    client = Client(info.url, info.api_key, recover=recover, unix_socket=info.unix_socket)
     return _session.replace(client, ConnectionInfo(url=info.url, embedded=True, home=info.home, pid=info.pid))
 
 

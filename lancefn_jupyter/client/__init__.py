@@ -54,9 +54,12 @@ class Client:
         *,
         timeout: float = 30.0,
         recover: Callable[[], tuple[str, str]] | None = None,
+        unix_socket: str | None = None,
     ):
-        """`recover`, if given, returns a (url, api_key) to switch to when the server refuses connections."""
-        self._transport = Transport(url, api_key, timeout=timeout, recover=recover)
+        """`recover`, if given, returns a (url, api_key) to switch to when the server refuses connections.
+        `unix_socket`: the same server's Unix socket on this machine (`server.json`'s `unix_socket`), used for requests
+        while it can be reached (docs/ARCHITECTURE.md, "Local clients")."""
+        self._transport = Transport(url, api_key, timeout=timeout, recover=recover, unix_socket=unix_socket)
         self.jobs = JobsResource(self._transport)
         self.functions = FunctionsResource(self._transport, self.jobs)
         self.gpu = GpuResource(self._transport)

@@ -49,13 +49,24 @@ class _Connection:
     ``send`` (one packet with TCP_NODELAY, so the server wakes once), and reads a reply framed by
     ``content-length``, ``chunked`` or the connection's end."""
 
-    def __init__(self, host: str, port: int | None, https: bool, timeout: float):
+    def __init__(self, host: str, port: int | None, https: bool, timeout: float, unix_socket: str | None = None):
+        """``unix_socket``: the server's Unix socket instead of its TCP port (docs/ARCHITECTURE.md, "Local clients");
+        an ``OSError`` if it cannot be reached (the caller then uses the port)."""
         self.host_header = (host if ":" not in host else f"[{host}]") + (f":{port}" if port else "")
-        try:
-            sock = socket.create_connection((host, port or (443 if https else 80)), timeout=timeout)
-        except OSError as error:
-            raise _NotSent(error) from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if unix_socket is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(unix_socket)
+            except OSError:
+                sock.close()
+                raise
+        else:
+            try:
+                sock = socket.create_connection((host, port or (443 if https else 80)), timeout=timeout)
+            except OSError as error:
+                raise _NotSent(error) from None
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if https:
             import ssl
 
@@ -232,12 +243,14 @@ class EventStream:
 class _Pool:
     """Keep-alive connections to one server; a connection serves one request at a time."""
 
-    def __init__(self, url: str, timeout: float):
+    def __init__(self, url: str, timeout: float, unix_socket: str | None = None):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"control plane URL {url!r} must look like http://host:port (or https://…)")
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
+        # The same server's Unix socket (plain HTTP on this machine), while it can be reached; else the port.
+        self._unix_socket = unix_socket if not self._https else None
         self.prefix = parts.path.rstrip("/")  # a server mounted under a path (behind a proxy)
         self._timeout = timeout
         self._idle: list[_Connection] = []
@@ -259,6 +272,12 @@ class _Pool:
         return self._new(self._timeout)
 
     def _new(self, timeout: float) -> _Connection:
+        unix_socket = self._unix_socket
+        if unix_socket is not None:
+            try:
+                return _Connection(self._host, self._port, self._https, timeout, unix_socket)
+            except OSError:  # gone, or not ours to open: the port from now on (a dead server refuses there too)
+                self._unix_socket = None
         return _Connection(self._host, self._port, self._https, timeout)
 
     def _checkin(self, conn: _Connection) -> None:
@@ -328,8 +347,12 @@ class Transport:
         *,
         timeout: float = 30.0,
         recover: Callable[[], tuple[str, str]] | None = None,
+        unix_socket: str | None = None,
     ):
+        """``unix_socket``: the server's Unix socket (``server.json``'s ``unix_socket``), for requests and replies; the
+        URL's port when it cannot be reached, and always for event streams."""
         self._timeout = timeout
+        self._unix_socket = unix_socket
         self._connect(url, api_key)
         # For the embedded server: when nothing listens any more, start (or find) it again and retry.
         self.recover = recover
@@ -338,7 +361,7 @@ class Transport:
     def _connect(self, url: str, api_key: str | None) -> None:
         self.url = url.rstrip("/")
         self._headers = {"x-api-key": api_key} if api_key else {}
-        self._pool = _Pool(self.url, self._timeout)
+        self._pool = _Pool(self.url, self._timeout, self._unix_socket)
 
     def _reconnect(self, failed: _Pool) -> bool:
         """Point at the server `recover` returns; False when there is no way to recover.

@@ -1,6 +1,6 @@
 """``lancefn-server``: run the control plane for one home directory.
 
-    lancefn-server [--home DIR] [--host 127.0.0.1] [--port 0] [--gpu-classes FILE]
+    lancefn-server [--home DIR] [--host 127.0.0.1] [--port 0] [--unix-socket PATH|off] [--gpu-classes FILE]
                    [--executor local|ray] [--ray-address ADDR] [--api-keys FILE]
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
                    [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
@@ -24,6 +24,7 @@ is free, which is how clients (and the next server) tell.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import logging
@@ -42,9 +43,10 @@ from typing import Any
 from lancefn_jupyter._version import __version__
 from lancefn_jupyter.wire.homefs import home_problem, open_private, private_file_problem, write_private
 
-__all__ = ["API_KEY_FILE", "LOCK_FILE", "SERVER_JSON", "default_home", "main"]
+__all__ = ["API_KEY_FILE", "LOCK_FILE", "SERVER_JSON", "UNIX_SOCKET", "default_home", "main"]
 
 SERVER_JSON = "server.json"
+UNIX_SOCKET = "server.sock"  # in the home, unless --unix-socket says otherwise
 LOCK_FILE = "server.lock"
 API_KEY_FILE = "api_key"  # the generated admin key, reused across restarts so clients keep working
 # The secret env values are keyed with in version ids and runtime digests (docs/ARCHITECTURE.md, "Function
@@ -132,6 +134,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: only this machine)")
     p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default)")
+    p.add_argument(
+        "--unix-socket",
+        default=None,
+        metavar="PATH|off",
+        help="also serve on this Unix socket, private to the server's user, for clients on this machine (the "
+        "embedded server's notebooks); default <home>/server.sock, 'off' for none (docs/ARCHITECTURE.md, \"Local "
+        'clients")',
+    )
     p.add_argument(
         "--gpu-classes", help="GPU class TOML config; default $LANCEFN_GPU_CLASSES, else NVML, else simulated"
     )
@@ -318,6 +328,34 @@ def _listen(host: str, port: int) -> tuple[socket.socket, str]:
     return sock, f"http://{url_host}:{sock.getsockname()[1]}"
 
 
+# The longest path a Unix socket may have (sun_path, its terminating NUL excluded).
+_UNIX_PATH_MAX = 107
+
+
+def _listen_unix(path: Path) -> socket.socket | None:
+    """Step 3 too: the Unix socket at ``path``, mode 0600 from its creation (docs/ARCHITECTURE.md, "Local clients"),
+    replacing what a killed server left (the home's lock is ours). None, with a warning, where it cannot be made:
+    clients then use the TCP port, as all remote ones do."""
+    if not hasattr(socket, "AF_UNIX") or len(os.fsencode(path)) > _UNIX_PATH_MAX:
+        log.warning("no Unix socket: %s is longer than a socket path may be; clients use the TCP port", path)
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if path.is_socket():
+            path.unlink()
+        old_umask = os.umask(0o177)  # still one thread: no other file is being created meanwhile
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        log.warning("no Unix socket at %s (%s); clients use the TCP port", path, error)
+        return None
+    return sock
+
+
 def _env_cache_max_bytes(args: argparse.Namespace) -> int:
     """``--env-cache-max-bytes`` / ``LANCEFN_ENV_CACHE_MAX_BYTES``: a whole number of bytes > 0."""
     from lancefn_jupyter.environments.cache import DEFAULT_MAX_BYTES
@@ -466,7 +504,9 @@ def _make_app(args: argparse.Namespace, plane: Any, api_keys: dict[str, Any]) ->
     )
 
 
-def _serve(args: argparse.Namespace, app: Any, plane: Any, sock: socket.socket, server_json: Path, info: dict) -> int:
+def _serve(
+    args: argparse.Namespace, app: Any, plane: Any, sockets: list[socket.socket], server_json: Path, info: dict
+) -> int:
     """Step 7: serve until SIGTERM/SIGINT; ``server.json`` is written once serving (it means "ready")."""
     import uvicorn
 
@@ -536,7 +576,7 @@ def _serve(args: argparse.Namespace, app: Any, plane: Any, sock: socket.socket, 
     # interval (default 5 ms) lets it in sooner, so one busy thread adds little to every reply.
     sys.setswitchinterval(float(os.environ.get("LANCEFN_SWITCH_INTERVAL_S", "0.001")))
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=sockets)
     finally:
         try:
             if server_json.exists() and json.loads(server_json.read_text()).get("pid") == os.getpid():
@@ -564,11 +604,18 @@ def main(argv: list[str] | None = None) -> int:
         home, lock = _claim_home(args)
     except _Refused as refused:
         return _say(refused)
-    store = None
+    store, unix_path = None, None
     try:
         # Heavy imports (the app, the executor) come after the cheap checks, so a refused start is fast.
         classes, api_keys, admin_key, digest_key = _load_config(args, home)
         sock, url = _listen(args.host, args.port)
+        sockets = [sock]
+        if args.unix_socket != "off":
+            wanted = Path(args.unix_socket).expanduser().absolute() if args.unix_socket else home / UNIX_SOCKET
+            unix = _listen_unix(wanted)
+            if unix is not None:
+                sockets.append(unix)
+                unix_path = wanted
         executor, environments, worker_uids = _make_executor(args, classes, home)
         if args.log_max_bytes < 1:
             raise _Refused(f"--log-max-bytes must be a whole number of bytes > 0 (got {args.log_max_bytes})")
@@ -604,12 +651,17 @@ def main(argv: list[str] | None = None) -> int:
             "executor": args.executor,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        return _serve(args, app, plane, sock, home / SERVER_JSON, info)
+        if unix_path is not None:
+            info["unix_socket"] = str(unix_path)
+        return _serve(args, app, plane, sockets, home / SERVER_JSON, info)
     except _Refused as refused:
         return _say(refused)
     finally:
         if store is not None:
             store.close()
+        if unix_path is not None:
+            with contextlib.suppress(OSError):
+                unix_path.unlink()
         lock.close()
 
 

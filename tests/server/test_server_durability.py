@@ -74,7 +74,8 @@ def test_state_files_are_private(control_plane):
     assert _mode(home / "api_key") == 0o600
     assert _mode(home / "lancefn.sqlite3") == 0o600
     info = control_plane.info()
-    assert set(info) == {"url", "api_key", "pid", "home", "version", "executor", "started_at"}
+    assert set(info) == {"url", "api_key", "pid", "home", "version", "executor", "started_at", "unix_socket"}
+    assert _mode(info["unix_socket"]) == 0o600
     assert info["home"] == str(home) and info["executor"] == "local"
 
 
