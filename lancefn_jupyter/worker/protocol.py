@@ -59,6 +59,17 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
+def _loose_dumps(value: Any) -> str:
+    """Compact JSON with anything not JSON as its ``str`` (the Ray bridge's lines): orjson where there is one, the
+    standard library for what orjson refuses (integers over 64 bits) and where there is none."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value, default=str).decode()
+        except TypeError:
+            pass
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
 class Protocol:
     """JSON lines on a protocol fd; locked because log threads and the task loop both send.
 
@@ -79,7 +90,7 @@ class Protocol:
         """The event line, then ``payload`` raw (announced as ``ipc_len``), with nothing between."""
         if payload:
             event["ipc_len"] = len(payload)
-        line = dumps(event) if self._strict else json.dumps(event, separators=(",", ":"), default=str)
+        line = dumps(event) if self._strict else _loose_dumps(event)
         data = memoryview((line + "\n").encode())
         with self._lock:
             try:

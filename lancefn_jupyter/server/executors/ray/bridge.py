@@ -24,7 +24,7 @@ from typing import Any
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
-from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol
+from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol, loads
 
 log = logging.getLogger("lancefn.server")
 
@@ -177,7 +177,7 @@ class _Driver:
         for line in sys.stdin.buffer:
             if not line.strip():
                 continue
-            command = json.loads(line)
+            command = loads(line)
             op = command.get("op")
             if op == "shutdown":
                 break
