@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+from lancefn_jupyter.server.control.soon import call_soon
 from lancefn_jupyter.server.policy.namespaces import visible
 
 KEEPALIVE_FRAME = ": keepalive\n\n"
@@ -76,7 +77,7 @@ class EventBus:
         if loop is None or not self._subscribers:
             return
         try:
-            loop.call_soon_threadsafe(self._fanout, kind, seq, data, namespace)
+            call_soon(loop, self._fanout, kind, seq, data, namespace)
         except RuntimeError:  # loop closed during shutdown
             pass
 

@@ -6,6 +6,8 @@ import asyncio
 from contextlib import AbstractContextManager
 from typing import Any
 
+from lancefn_jupyter.server.control.soon import running_loop
+
 
 class Waiters:
     """Futures by the id they wait on.  ``add`` runs under the owner's lock (so a change cannot
@@ -55,16 +57,9 @@ class Waiters:
                     future.set_result(value)
 
         try:
-            if _running_loop() is loop:  # woken on the loop itself (a job it ran): at once, no pass of the loop between
+            if running_loop() is loop:  # woken on the loop itself (a job it ran): at once, no pass of the loop between
                 wake()
             else:
                 loop.call_soon_threadsafe(wake)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:  # not on a loop's thread
-        return None
