@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-import orjson
-
 from lancefn_jupyter.client.errors import ControlPlaneUnreachable, error_for_status
+from lancefn_jupyter.wire import jsontext
 
 __all__ = ["ARROW_STREAM", "EventStream", "Transport"]
 
@@ -28,10 +27,6 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"  # = dataplane.MEDIA_TYPE (
 _NOT_REPEATABLE = frozenset({"/v1/functions/run"})
 _MAX_IDLE = 8  # keep-alive connections kept for reuse (one per thread that talks to the server at once)
 
-# A reply's bytes with each digit as "0", "." kept and all else a space: a number orjson may not read exactly (an
-# integer past 64 bits) is then " " and 19 or more "0" (a float's fraction follows a "."); a third of a regex's time.
-_NUMBER_SHAPE = bytes(48 if 48 <= byte <= 57 else 46 if byte == 46 else 32 for byte in range(256))
-_LONG_INTEGER = b" " + b"0" * 19
 _ONE_SEND_BYTES = 64 * 1024  # a body up to this size goes out in one send with its head
 _MAX_LINE = 65536  # a reply's status or header line, as http.client bounds it
 _MAX_HEADERS = 100
@@ -465,9 +460,7 @@ def _decode(reply: _Reply) -> Any:
             return reply.content
         if not reply.content:
             return None
-        # orjson: strict JSON in a third of json.loads's time, but it reads an integer past 64 bits as a float.
-        long = _LONG_INTEGER in (b" " + reply.content).translate(_NUMBER_SHAPE)
-        return json.loads(reply.content) if long else orjson.loads(reply.content)
+        return jsontext.loads(reply.content)  # orjson, unless it would misread an integer past 64 bits
     request_id = reply.headers.get("x-request-id")
     text = reply.content.decode("utf-8", errors="replace")
     try:

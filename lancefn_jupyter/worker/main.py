@@ -25,7 +25,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from lancefn_jupyter.worker import protocol, reap
+from lancefn_jupyter.wire.jsontext import loads
+from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.capture import Capture, flush_output
 from lancefn_jupyter.worker.protocol import MAX_PROCS_ENV, PRELOAD_ENV, Protocol
 from lancefn_jupyter.worker.runner import release, serve
@@ -189,7 +190,7 @@ def main() -> None:
     _preload(os.environ.pop(PRELOAD_ENV, ""))
     while line := tasks.readline():
         if line.strip():
-            task = protocol.loads(line)
+            task = loads(line)
             if "rows_len" in task:  # Arrow rows follow the line raw (a worker that cannot open the server's files)
                 task["rows_ipc"] = tasks.read(task.pop("rows_len"))
             _apply_env(task)

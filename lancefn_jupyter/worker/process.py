@@ -17,15 +17,16 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO, cast
 
 import orjson
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, MAX_PROCS_ENV, TEARDOWN_S, result_target
 
-__all__ = ["ProtocolLines", "WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit", "protocol_json"]
+__all__ = ["ProtocolLines", "WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
 
 _MODULE = "lancefn_jupyter.worker.main"
 
@@ -92,15 +93,6 @@ class WorkerTask:
         if "rows_file" in task:
             del task["rows"]
         return task
-
-
-def protocol_json(line: bytes) -> Any:
-    """A protocol line's JSON (a worker's, the Ray bridge's): orjson, a sixth of the standard library's time on a quick job's path; the standard
-    library for what orjson refuses (NaN in a result, which the control plane reports as not JSON)."""
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return json.loads(line)
 
 
 def _task_line(task: dict) -> bytes:
@@ -319,7 +311,7 @@ class WorkerProcess:
         line = self._out.buffered_line(limit)
         if line is None:
             return None
-        event = protocol_json(line)
+        event = loads(line)
         if not isinstance(event, dict):
             raise ValueError("not a protocol event")
         return event
@@ -377,7 +369,7 @@ class WorkerProcess:
             line = self._out.readline()
             if not line:
                 return None
-            event = protocol_json(line)
+            event = loads(line)
             if "ipc_len" in event:  # an Arrow result frame: streamed into the job's result file
                 size = event.pop("ipc_len")
                 if self._result_sink is None:

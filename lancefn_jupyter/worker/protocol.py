@@ -36,17 +36,6 @@ def artifact_filename(name: str, version: str) -> str:
     return f"<gpu_function {name}@{version}>"
 
 
-def loads(line: bytes) -> Any:
-    """A protocol line's JSON (a task, a command): orjson where there is one, else (and for what it refuses: NaN
-    literals) the standard library."""
-    if orjson is not None:
-        try:
-            return orjson.loads(line)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(line)
-
-
 def dumps(value: Any) -> str:
     """Compact JSON of a value whose floats are all finite (what the worker sends: results passed ``_to_json``,
     timings are its own): orjson where there is one; the standard library for what orjson refuses (integers over 64

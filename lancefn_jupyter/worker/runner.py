@@ -504,6 +504,7 @@ def _rss_mb() -> float:
             _statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
         return int(os.pread(_statm[1], 256, 0).split()[1]) * _PAGE_MB
     except (OSError, IndexError, ValueError):
+        _statm = None  # user code may have closed it: opened again next time
         import resource
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -293,3 +293,21 @@ def test_a_warm_worker_never_serves_one_versions_modules_to_the_next_task():
         assert failed["event"] == "failed" and "No module named 'mylib'" in failed["message"]
     finally:
         worker.close()
+
+
+def test_integers_past_64_bits_cross_the_protocol_both_ways_exactly():
+    """Both ends write their lines with orjson, which refuses such integers, and read them with orjson, which would read
+    them as floats: the standard library takes those lines (``wire/jsontext.py``)."""
+    from lancefn_jupyter.worker.process import WorkerProcess, WorkerTask
+
+    big = 2**70 + 1
+    worker = WorkerProcess({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        source = b"def f(x):\n    return [x, x + 1, 0.25]\n"
+        worker.start_task(WorkerTask("t", source, "f", FILENAME, [{"x": big}, {"x": -big}]))
+        final = list(worker.events())[-1]
+    finally:
+        worker.stop()
+    assert final["event"] == "result", final
+    assert final["results"] == [[big, big + 1, 0.25], [-big, -big + 1, 0.25]]
+    assert all(type(value) is int for row in final["results"] for value in row[:2])

@@ -24,6 +24,7 @@ from lancefn_jupyter.server.errors import ApiError, format_validation_error
 from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.wire.dataplane import MEDIA_TYPE as ARROW_STREAM
+from lancefn_jupyter.wire.jsontext import has_long_integer
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 MAX_TIMEOUT_S = 30 * 24 * 3600  # a job's timeout_s at most (30 days): timers can't take 1e300
@@ -56,7 +57,7 @@ async def decode_json(raw: bytes) -> Any:
 
 
 def load_json(raw: bytes) -> Any:
-    if not _SURROGATE_ESCAPE.search(raw) and not LONG_NUMBER.search(raw):
+    if not _SURROGATE_ESCAPE.search(raw) and not has_long_integer(raw):  # orjson would read a long one as a float
         try:  # orjson is strict as asked here (UTF-8, no NaN/Infinity) and a third of the time; its
             return orjson.loads(raw)  # refusals are explained by the standard library's parse below
         except orjson.JSONDecodeError:
@@ -86,10 +87,6 @@ def load_json(raw: bytes) -> Any:
                 400, "the request body contains a lone UTF-16 surrogate escape (e.g. \\ud800); send valid Unicode text"
             ) from None
     return data
-
-
-# orjson reads an integer past 64 bits as a float: a body with a number that long goes to the standard library.
-LONG_NUMBER = re.compile(rb"[0-9]{19}")
 
 
 def _reject_constant(name: str) -> Any:

@@ -24,7 +24,8 @@ from typing import Any
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
-from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol, loads
+from lancefn_jupyter.wire.jsontext import loads
+from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol
 
 log = logging.getLogger("lancefn.server")
 

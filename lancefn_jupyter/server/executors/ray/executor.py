@@ -28,7 +28,8 @@ from lancefn_jupyter.server.executors.ray.cluster import (
 )
 from lancefn_jupyter.server.executors.ray.feed import BridgeFeed
 from lancefn_jupyter.server.executors.relay import relay
-from lancefn_jupyter.worker.process import ProtocolLines, protocol_json
+from lancefn_jupyter.wire.jsontext import loads
+from lancefn_jupyter.worker.process import ProtocolLines
 from lancefn_jupyter.worker.protocol import TEARDOWN_S
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ class _BridgeProcess:
         while line := self._out.readline():
             if line.strip():
                 try:
-                    yield protocol_json(line)
+                    yield loads(line)
                 except ValueError:
                     log.warning("ray bridge sent a malformed line: %r", line[:200])
 

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from lancefn_jupyter.server.executors.loop_follow import LET_GO_WAIT_S, LOOP_EVENT_BYTES
-from lancefn_jupyter.worker.process import ProtocolLines, protocol_json
+from lancefn_jupyter.wire.jsontext import loads
+from lancefn_jupyter.worker.process import ProtocolLines
 
 __all__ = ["LOOP_EVENTS", "BridgeFeed"]
 
@@ -190,7 +191,7 @@ class BridgeFeed:
 
 def _parse(line: bytes) -> dict | None:
     try:
-        event = protocol_json(line)
+        event = loads(line)
     except ValueError:
         log.warning("ray bridge sent a malformed line: %r", line[:200])
         return None
