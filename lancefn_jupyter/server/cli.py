@@ -334,14 +334,17 @@ _UNIX_PATH_MAX = 107
 
 def _listen_unix(path: Path) -> socket.socket | None:
     """Step 3 too: the Unix socket at ``path``, mode 0600 from its creation (docs/ARCHITECTURE.md, "Local clients"),
-    replacing what a killed server left (the home's lock is ours). None, with a warning, where it cannot be made:
-    clients then use the TCP port, as all remote ones do."""
+    replacing a socket nothing listens on any more (what a killed server left). None, with a warning, where it cannot
+    be made (or another process listens there): clients then use the TCP port, as all remote ones do."""
     if not hasattr(socket, "AF_UNIX") or len(os.fsencode(path)) > _UNIX_PATH_MAX:
         log.warning("no Unix socket: %s is longer than a socket path may be; clients use the TCP port", path)
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         if path.is_socket():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                if probe.connect_ex(str(path)) == 0:
+                    raise OSError("another process listens on it; give --unix-socket another path, or 'off'")
             path.unlink()
         old_umask = os.umask(0o177)  # still one thread: no other file is being created meanwhile
         try:

@@ -92,3 +92,15 @@ def test_the_embedded_server_is_reached_on_its_socket(tmp_path, monkeypatch):
     finally:
         session.stop_local(str(home))
         stop_server(home)
+
+
+def test_a_socket_another_server_listens_on_is_left_alone(control_plane_factory):
+    first = control_plane_factory()
+    path = first.info()["unix_socket"]
+    second = control_plane_factory(args=["--unix-socket", path])  # another home, told to use the first's socket
+    assert "unix_socket" not in second.info()
+    assert "another process listens on it" in second.log_text()
+    with _over(path, first.api_key) as http:  # still the first server's
+        assert http.post("/v1/jobs/list", json={}).status_code == 200
+    second.stop()
+    assert Path(path).exists()
