@@ -128,10 +128,12 @@ def test_a_waiter_within_the_grace_lets_a_slice_run_whole(tmp_path):
         )
         seen = _contend(plane, lambda: _submitted(plane), CHUNKS)
         assert seen[-1] == CHUNKS
-        steps = _steps(seen)
-        assert steps and max(steps) == SUBMIT_SLICE, (
-            f"slices ended early for a waiter within its grace: {sorted(steps)}"
-        )
-        assert sum(1 for step in steps if step == SUBMIT_SLICE) >= 0.8 * len(steps), sorted(steps)
+        # The contender sees the table only between two slices, and slices start at chunk 0: every count it saw
+        # is a whole number of slices (or the last, short one). It may miss a release now and then, so two slices
+        # can pass between two of its holds; a slice cut early would show as a count off the grid.
+        between = sorted({count for count in seen if 0 < count < CHUNKS})
+        assert len(between) >= 5, f"the contender hardly ever got the lock between slices: {seen}"
+        off_grid = [count for count in between if count % SUBMIT_SLICE]
+        assert not off_grid, f"slices ended early for a waiter within its grace: counts {off_grid[:12]} seen"
     finally:
         plane.shutdown()
