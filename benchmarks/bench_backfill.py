@@ -1,6 +1,6 @@
 """Backfills into LanceDB (issue 26; docs/ARCHITECTURE.md, "Backfills"), each side in its own process in one run:
 
-    .venv/bin/python benchmarks/bench_backfill.py [--rows 100000] [--memory-rows 1000000] [--skip-ray]
+    .venv/bin/python benchmarks/bench_backfill.py [--rows 100000] [--memory-rows 1000000] [--reps 3] [--skip-ray]
 
 1. **Batched vs per row.** 100,000 rows of a float32 column `x` → a 768-float32 vector per row (a toy model:
    `tanh(x · basis) @ W`, W a fixed (768, 768) float32 layer built in `setup`, once per worker) into a new
@@ -10,7 +10,8 @@
    their ratio is the most batching can gain for this model on a CPU (a GPU's per-call cost is far higher).
 2. **A plain pylance loop.** The same table, one process, no control plane: pylance reads it 1024 rows at a time,
    applies the batched function's body, and writes the column (`LanceDataset.add_columns` with a batch UDF, one
-   data file per fragment). Target: ours (batched) ≥ 0.8× its rows/s.
+   data file per fragment). Target: ours (batched) ≥ 0.8× its rows/s. Ours (batched) and the loop are run
+   alternately `--reps` times (3), each in a fresh process: the medians are compared, and every run is printed.
 3. **Ray Data.** `ray.data.read_lance` → `map_batches` (the same body, 1024-row batches, Arrow) → `write_lance`
    into a new dataset, on a local Ray with the same CPUs: rows/s and our ratio (no target; reported).
 4. **Memory.** A 1,000,000-row backfill (the batched function) on a fresh control plane: the kernel's peak RSS above
@@ -135,8 +136,8 @@ def side_result(name: str, **figures) -> None:
 # ----------------------------------------------------------------------------- the sides (own processes)
 
 
-def ours_side(rows: int, fragment_rows: int, tmp: str) -> None:
-    """Batched and per-row backfills through a real control plane (this process is the kernel)."""
+def ours_side(rows: int, fragment_rows: int, tmp: str, labels: list[str]) -> None:
+    """Backfills through a real control plane (this process is the kernel): ``labels`` among batched, per_row."""
     from lancefn_jupyter import api
 
     with server(gpu_classes=CLASSES) as srv:
@@ -146,7 +147,7 @@ def ours_side(rows: int, fragment_rows: int, tmp: str) -> None:
         for fn in (batched, per_row):  # warm: workers started, versions registered, the table path's imports
             fn.map(make_table(tmp, "warm", 4 * CHUNK, 2 * CHUNK), column="x", into="vec", parallel="auto").result()
         figures = {}
-        for label, fn in (("batched", batched), ("per_row", per_row)):
+        for label, fn in ((label, {"batched": batched, "per_row": per_row}[label]) for label in labels):
             table = make_table(tmp, label, rows, fragment_rows)
             settle(srv.pid)  # the spares the warm-up started have done their imports
             start = time.perf_counter()
@@ -300,17 +301,51 @@ def run_side(name: str, *args: str, timeout: float = 3600, env: dict | None = No
     return json.loads(line.split(" ", 2)[2])
 
 
-def speed(rows: int, fragment_rows: int, skip_ray: bool) -> None:
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _interleaved(common: list[str], reps: int) -> tuple[dict | None, dict | None]:
+    """Ours (batched) and the plain loop, alternated ``reps`` times, each in a fresh process on fresh tables: a
+    run is 2-3 s, so one slow phase of the host would otherwise decide the ratio. Per row is timed once, in the
+    first of ours. The medians, and every run printed."""
+    ours_runs: list[dict] = []
+    loop_runs: list[float] = []
+    for rep in range(reps):
+        with tempfile.TemporaryDirectory(prefix="lancefn-bench-backfill-") as tmp:
+            ours = run_side("ours", *common, "--tmp", tmp, "--labels", "batched,per_row" if rep == 0 else "batched")
+            loop = run_side("loop", *common, "--tmp", tmp)
+        if ours is not None:
+            ours_runs.append(ours)
+        if loop is not None:
+            loop_runs.append(loop["seconds"])
+        print(
+            f"run {rep + 1}/{reps}: ours batched "
+            + (f"{ours['batched']:.2f} s" if ours else "failed")
+            + ", plain loop "
+            + (f"{loop['seconds']:.2f} s" if loop else "failed"),
+            flush=True,
+        )
+    per_row = next((run["per_row"] for run in ours_runs if "per_row" in run), None)
+    ours = {"batched": _median([run["batched"] for run in ours_runs]), "per_row": per_row} if per_row else None
+    return ours, ({"seconds": _median(loop_runs)} if loop_runs else None)
+
+
+def speed(rows: int, fragment_rows: int, skip_ray: bool, reps: int) -> None:
     common = ["--rows", str(rows), "--fragment-rows", str(fragment_rows)]
+    ours, loop = _interleaved(common, reps)
     with tempfile.TemporaryDirectory(prefix="lancefn-bench-backfill-") as tmp:
-        ours = run_side("ours", *common, "--tmp", tmp)
         model = run_side("model", *common, "--tmp", tmp, env={"OMP_NUM_THREADS": "1"})
-        loop = run_side("loop", *common, "--tmp", tmp)
         ray = None if skip_ray else run_side("ray", *common, "--tmp", tmp)
     what = f"{rows:,} rows x {DIM} float32"
     if ours is not None:
         b, p = rows / ours["batched"], rows / ours["per_row"]
-        print(f"{what}: batched {b:,.0f} rows/s ({ours['batched']:.2f} s), per row {p:,.0f} rows/s, ratio {b / p:.1f}×")
+        print(
+            f"{what}: batched {b:,.0f} rows/s ({ours['batched']:.2f} s, median), per row {p:,.0f} rows/s, "
+            f"ratio {b / p:.1f}×"
+        )
         summary(BENCH, f"backfill {what}, batched", round(b), "rows/s")
         summary(BENCH, f"backfill {what}, per row", round(p), "rows/s")
         summary(BENCH, "batched / per row (rows/s)", round(b / p, 2), "x", ">= 10", b / p >= 10)
@@ -323,7 +358,7 @@ def speed(rows: int, fragment_rows: int, skip_ray: bool) -> None:
         summary(BENCH, "the model alone: batched / per row (one thread)", round(ceiling, 2), "x")
     if loop is not None:
         lr = rows / loop["seconds"]
-        print(f"plain pylance loop (one process, add_columns UDF): {lr:,.0f} rows/s ({loop['seconds']:.2f} s)")
+        print(f"plain pylance loop (one process, add_columns UDF): {lr:,.0f} rows/s ({loop['seconds']:.2f} s, median)")
         summary(BENCH, f"plain pylance loop, {what}", round(lr), "rows/s")
         if ours is not None:
             ratio = (rows / ours["batched"]) / lr
@@ -372,6 +407,8 @@ def main() -> None:
     parser.add_argument("--memory-rows", type=int, default=1_000_000)
     parser.add_argument("--fragment-rows", type=int, default=25_000)
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--reps", type=int, default=3, help="alternated runs of ours (batched) and the plain loop")
+    parser.add_argument("--labels", default="batched,per_row", help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("speed", "memory"))
     parser.add_argument("--side", choices=("ours", "model", "loop", "ray", "kernel"), help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -382,14 +419,17 @@ def main() -> None:
     if args.side == "kernel":
         kernel_side(args.url, args.key, args.tmp, args.memory_rows)
         return
+    if args.side == "ours":
+        ours_side(args.rows, args.fragment_rows, args.tmp, args.labels.split(","))
+        return
     if args.side is not None:
-        sides = {"ours": ours_side, "model": model_side, "loop": loop_side, "ray": ray_side}
+        sides = {"model": model_side, "loop": loop_side, "ray": ray_side}
         sides[args.side](args.rows, args.fragment_rows, args.tmp)
         return
     print_machine()
     print(f"{GPUS} simulated GPUs (workers on CPU); tables in fragments of {args.fragment_rows:,} rows")
     if args.only in (None, "speed"):
-        speed(args.rows, args.fragment_rows, args.skip_ray)
+        speed(args.rows, args.fragment_rows, args.skip_ray, max(1, args.reps))
     if args.only in (None, "memory"):
         memory(args.memory_rows, args.fragment_rows)
 

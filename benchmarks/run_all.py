@@ -41,7 +41,7 @@ QUICK_ARGS = {
     "bench_cancel_stall.py": ["--chunks", "5000"],
     "bench_dataplane.py": ["--quick"],
     "bench_batches.py": ["--runs", "1", "--backfill-rows", "20000", "--backfill-chunk", "2000"],
-    "bench_backfill.py": ["--rows", "20000", "--memory-rows", "200000"],
+    "bench_backfill.py": ["--rows", "20000", "--memory-rows", "200000", "--reps", "1"],
     "bench_warm_state.py": ["--warm", "100"],
     "bench_environments.py": ["--rounds", "1", "--hits", "3"],
 }
