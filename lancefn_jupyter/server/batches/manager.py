@@ -30,6 +30,7 @@ chunk bookkeeping and its fragment commits are a part, since they share the same
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import os
@@ -688,11 +689,11 @@ class BatchManager:
         """A backfill's chunk is DONE: keep its result, count its skipped rows (the skip limit), and
         queue its fragment's commit once every chunk of the fragment is DONE."""
         run = batch.backfill
-        source = self.keep_result(batch, chunk, rec)
-        if source is None:
+        skipped = self._skipped(batch, chunk, rec)
+        if skipped is None:
             self._rerun(batch, chunk)
             return
-        run.skipped[chunk.idx] = skipped_rows(source)
+        run.skipped[chunk.idx] = skipped
         limit = run.spec["max_skip_fraction"] * batch.rows_total
         if run.failure is None and run.skipped[chunk.idx] and run.rows_skipped > limit:  # summed only on a skip
             run.failure = {
@@ -715,12 +716,31 @@ class BatchManager:
         self._set_chunk(batch, chunk, PENDING)
         batch.waiting.appendleft(chunk.idx)
 
+    def _skipped(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> int | None:
+        """How many rows a DONE chunk skipped, read from its result (kept first); None when the result is gone."""
+        for _ in range(3):
+            source = self.keep_result(batch, chunk, rec)
+            if source is None:
+                return None
+            if batch.backfill is not None and batch.backfill.spec["on_error"] == "fail":
+                return 0  # a failing row fails its chunk: a DONE chunk skipped none, no need to read it
+            try:
+                return skipped_rows(source)
+            except FileNotFoundError:  # staged when found, moved to the home since: kept there now
+                continue
+        return None
+
     def _kept(self, batch: Batch, chunk: Chunk) -> Path:
         return self.kept_dir / batch.batch_id / f"{chunk.idx}-{chunk.job_id}.arrow"
 
     def keep_result(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> Path | Any:
         """The chunk's result, safe from retention until its fragment commits: a hard link to its
-        Arrow result file, or its JSON results (in the store already); None when it is gone."""
+        Arrow result file, or its JSON results (in the store already); None when it is gone.
+
+        A result still staged in memory (another file system, so no link) is returned where it is, not
+        copied: the callers hold the job table's lock, and a copy took 1.4 ms a chunk (3 MB), up to 11 ms. The
+        spooler moves it to the home within milliseconds, and the next call (the commit's) links it there; a
+        caller that finds it moved meanwhile (FileNotFoundError) asks again (docs/ARCHITECTURE.md, "Backfills")."""
         if rec is None or rec.state != DONE:
             return None
         if isinstance(rec.result, list):
@@ -737,8 +757,10 @@ class BatchManager:
                 os.link(source, kept)
             except FileNotFoundError:
                 continue
-            except OSError:  # no hard links here (another file system, or staged in memory): a copy
-                try:
+            except OSError as error:
+                if error.errno == errno.EXDEV:
+                    return source  # staged in memory: kept once the spooler has moved it to the home
+                try:  # a file system without hard links: a copy
                     shutil.copyfile(source, kept)
                 except FileNotFoundError:
                     continue
@@ -757,8 +779,7 @@ class BatchManager:
                 chunk = batch.chunks[idx]
                 if chunk.state == DONE and idx not in run.skipped:
                     rec = self.jobs.record(chunk.job_id) if chunk.job_id else None
-                    source = self.keep_result(batch, chunk, rec)
-                    run.skipped[idx] = 0 if source is None else skipped_rows(source)
+                    run.skipped[idx] = self._skipped(batch, chunk, rec) or 0
             states = [batch.chunks[idx].state for idx in frag.chunks]
             if states[0] == DONE and not any(state in _GIVEN_UP for state in states):
                 run.committing.add(fid)
@@ -819,8 +840,8 @@ class BatchManager:
                     self._kick(batch)
             if results.stopped is None and problem is None:
                 for source in results.sources.values():
-                    if isinstance(source, Path):
-                        source.unlink(missing_ok=True)
+                    if isinstance(source, Path) and source.parent == self.kept_dir / batch_id:
+                        source.unlink(missing_ok=True)  # our link; never the job's own result
             self._changed(batch)
 
     def _load(self, batch_id: str) -> Batch | None:
@@ -927,6 +948,7 @@ class _ChunkResults:
 
         manager, batch = self.manager, self.batch
         while True:
+            source = None
             with manager.table.lock:
                 chunk, run = batch.chunks[idx], batch.backfill
                 if chunk.state == DONE:
@@ -935,14 +957,18 @@ class _ChunkResults:
                     if source is None:
                         self.stopped = chunk
                         raise _ChunkStopped(f"chunk {idx}'s result is gone")
-                    break
-                if chunk.state in _GIVEN_UP or batch.cancel_requested or (run is not None and run.failure):
+                elif chunk.state in _GIVEN_UP or batch.cancel_requested or (run is not None and run.failure):
                     self.stopped = chunk
                     raise _ChunkStopped(f"chunk {idx} did not finish")
+            if source is not None:
+                try:  # mapped, a staged result stays readable here even once the spooler has moved it
+                    results, error = chunk_results(source, self.output_type)
+                    break
+                except FileNotFoundError:  # staged when found, moved to the home since: kept there now
+                    continue
             if manager.committer.stopping.wait(_CHUNK_POLL_S):
                 self.stopped = chunk
                 raise _ChunkStopped("the server is stopping")
-        results, error = chunk_results(source, self.output_type)
         self.sources[idx] = source
         self.skipped[idx] = 0 if error is None else len(error) - error.null_count
         if self.skipped[idx]:
