@@ -162,6 +162,8 @@ def result_text(job: Job) -> str:
         return ""
     if job.result_format == "arrow" and isinstance(job.result_summary, dict):
         text = _describe_summary(job.result_summary)
+        if job.result_summary.get("committed"):
+            return text + " (committed into its table)"  # a backfill's chunk: its rows are in the table
         return text + (" (removed by retention)" if job.result_summary.get("expired") else "")
     results = job.result
     if not isinstance(results, list):

@@ -143,6 +143,7 @@ class ControlPlane:
             catalog=self.catalog,
             jobs=self.jobs,
             machine=self.machine,
+            results=self.results,
             table_roots=table_roots,
         )
         self.journal.watchers.append(self.batches.on_job)

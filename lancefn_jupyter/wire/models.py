@@ -664,7 +664,7 @@ class Job(WireModel):
     failure: JobFailure | None = None
     namespace: _Text | None = None  # the owning team (servers before namespaces: absent)
     # "arrow": the result is an Arrow IPC stream at GET /v1/jobs/result (not in `result`), and
-    # `result_summary` ({type, dtype?, shape?, nbytes, item?, expired?, nonfinite?}) describes it.
+    # `result_summary` ({type, dtype?, shape?, nbytes, item?, expired?, committed?, nonfinite?}) describes it.
     result_format: _Text | None = None
     result_summary: _JSON = None
     timings: JobTimings | None = None  # once the job ended on a worker (servers before issue 24: absent)

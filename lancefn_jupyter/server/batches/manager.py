@@ -72,6 +72,7 @@ from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.machine import JobMachine
 from lancefn_jupyter.server.control.queries import JobQueries
+from lancefn_jupyter.server.control.results import Results
 from lancefn_jupyter.server.control.states import (
     CANCELLED,
     DONE,
@@ -133,11 +134,12 @@ class BatchManager:
         catalog: FunctionCatalog,
         jobs: JobQueries,
         machine: JobMachine,
+        results: Results,
         table_roots: TableRoots | None = None,
     ) -> None:
         """``table_roots``: where each namespace's backfills may open tables (default: anywhere)."""
         self.table, self.store, self.data, self.bus = table, store, data, bus
-        self.catalog, self.jobs, self.machine = catalog, jobs, machine
+        self.catalog, self.jobs, self.machine, self.results = catalog, jobs, machine, results
         self.table_roots = table_roots or TableRoots()
         self.saved = BatchStore(store)
         self.backfills = BackfillStore(store)
@@ -838,6 +840,9 @@ class BatchManager:
                     self._stop_chunks(batch)
                 if self._advance(batch):  # a chunk re-run above
                     self._kick(batch)
+            if frag.committed:  # saved: the rows are in the table, the chunks' result files are not needed any more
+                with self.store.batch():
+                    self.results.release([job_id for idx in frag.chunks if (job_id := batch.chunks[idx].job_id)])
             if results.stopped is None and problem is None:
                 for source in results.sources.values():
                     if isinstance(source, Path) and source.parent == self.kept_dir / batch_id:

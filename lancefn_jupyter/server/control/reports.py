@@ -85,7 +85,10 @@ class Reports:
             # The result is an Arrow IPC file: GET /v1/jobs/result streams it; the job shows a summary.
             arrow = rec.result["arrow"]
             wire["result_format"] = "arrow"
-            wire["result_summary"] = {**arrow.get("summary", {}), **({"expired": True} if arrow.get("expired") else {})}
+            gone = {
+                key: True for key in ("expired", "committed") if arrow.get(key)
+            }  # committed: into a backfill's table
+            wire["result_summary"] = {**arrow.get("summary", {}), **gone}
         elif rec.result is not None:
             wire["result"] = rec.result
         if rec.failure is not None:

@@ -62,12 +62,22 @@ class Results:
         """At start: scan the results, remove those past the retention rule; their jobs say so (``result_expired``)."""
         self._expired(self.data.enforce_retention())
 
-    def _expired(self, job_ids: list[str]) -> None:
+    def release(self, job_ids: list[str]) -> None:
+        """Backfill chunk jobs whose results were committed into their table (lock held): their result files go, so
+        a backfill's results neither fill the home nor push other jobs' results out under the retention rule; their
+        jobs say so (``expired``, ``committed``: docs/ARCHITECTURE.md, "Backfills", "Results")."""
+        for job_id in job_ids:
+            self.data.release(job_id)
+        self._expired(job_ids, committed=True)
+
+    def _expired(self, job_ids: list[str], *, committed: bool = False) -> None:
         for job_id in job_ids:
             rec = self.jobs.record(job_id)  # the object reads see, if one is kept in memory
             if rec is None or not isinstance(rec.result, dict) or "arrow" not in rec.result:
                 continue
-            rec.result = {"arrow": {**rec.result["arrow"], "expired": True}}
+            rec.result = {
+                "arrow": {**rec.result["arrow"], "expired": True, **({"committed": True} if committed else {})}
+            }
             try:
                 self.journal.persist(rec, new=False)
             except Exception:
@@ -90,6 +100,13 @@ class Results:
                     break
                 except FileNotFoundError:
                     continue
+        if opened is None and rec.result["arrow"].get("committed"):
+            raise ApiError(
+                410,
+                f"the result of job {job_id} (a backfill's chunk) was committed into its table and removed; "
+                "read the rows from the table",
+                code="gone",
+            )
         if opened is None:
             raise ApiError(
                 410,

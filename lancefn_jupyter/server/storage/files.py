@@ -222,6 +222,13 @@ class DataStore:
         self._add(job_id, info.st_mtime, info.st_size)
         return self._prune(time.time() if now is None else now)
 
+    def release(self, job_id: str) -> None:
+        """The job's result is no longer needed (a backfill chunk's, committed into its table): remove it, staged or
+        in the home, and from the retention index, so it never pushes another job's result out."""
+        self.staging.remove(job_id)
+        _unlink(self.result_path(job_id))
+        self._total -= self._sizes.pop(job_id, 0)  # its heap entry goes stale: _prune skips it at no cost
+
     def _add(self, job_id: str, mtime: float, size: int) -> None:
         self._total += size - self._sizes.get(job_id, 0)
         if job_id not in self._sizes:

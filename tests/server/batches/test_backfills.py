@@ -20,6 +20,9 @@ from conftest import register, registration_body
 from helpers import EMBED, api_keys_toml, column, make_table, table_dir, wait_until
 from helpers import wait_backfill as wait
 
+from lancefn_jupyter.display.cards import result_text
+from lancefn_jupyter.wire.models import Job
+
 SCORE = """from __future__ import annotations
 
 
@@ -94,6 +97,17 @@ def test_embeddings_into_a_new_vector_column_then_stale_and_all(cp):
         )
         first = http.post("/v1/jobs/describe", json={"job_id": batch["chunks"][0]["job_id"]}).json()
         assert first["spec"]["table_slice"]["ranges"] == [[0, 64]]
+        # Committed into the table, the chunks' result files are gone: a backfill neither fills the home nor pushes
+        # other jobs' results out under the retention rule. Their jobs say so.
+        for chunk in batch["chunks"]:
+            described = http.post("/v1/jobs/describe", json={"job_id": chunk["job_id"]}).json()
+            summary = described["result_summary"]
+            assert described["job_state"] == "DONE" and summary["expired"] is True and summary["committed"] is True
+            gone = http.get("/v1/jobs/result", params={"job_id": chunk["job_id"]})
+            assert gone.status_code == 410 and "committed into its table" in gone.json()["error"]["message"], gone.text
+            assert not (cp.home / "data" / "results" / f"{chunk['job_id']}.arrow").exists()
+            assert not list((cp.home / "data" / "backfills").glob(f"*/*-{chunk['job_id']}.arrow"))
+            assert result_text(Job.model_validate(described)).endswith("(committed into its table)")  # %gpu_jobs
 
         table = lancedb.connect(str(db_dir)).open_table("docs")
         assert str(table.schema.field("emb").type) == "fixed_size_list<item: float>[4]"

@@ -55,3 +55,21 @@ def test_a_result_larger_than_the_limit_alone_is_removed_itself(tmp_path):
     _write(data, "huge", 500, mtime=3.0)
     assert data.kept("huge", now=4.0) == ["small", "huge"]
     assert _kept(data) == set()
+
+
+def test_a_released_result_is_gone_and_no_longer_counts_against_the_limit(tmp_path):
+    """A backfill chunk's result, committed into its table, is released: the other results keep their room."""
+    data = DataStore(tmp_path, max_bytes=1000, max_age_s=3600)
+    data.enforce_retention(now=0)
+    _write(data, "theirs", 400, mtime=1.0)
+    assert data.kept("theirs", now=1.0) == []
+    for i in range(5):  # a backfill's chunks, each released once its fragment committed
+        _write(data, f"chunk{i}", 500, mtime=2.0 + i)
+        assert data.kept(f"chunk{i}", now=2.0 + i) == []
+        data.release(f"chunk{i}")
+        assert not data.result_path(f"chunk{i}").exists()
+    assert _kept(data) == {"theirs"}  # never pushed out by the backfill
+    _write(data, "next", 500, mtime=10.0)
+    assert data.kept("next", now=10.0) == []  # 900 bytes kept: under the limit
+    data.release("never-written")  # nothing there: nothing happens
+    assert _kept(data) == {"theirs", "next"}
