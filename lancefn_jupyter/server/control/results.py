@@ -63,11 +63,12 @@ class Results:
         self._expired(self.data.enforce_retention())
 
     def release(self, job_ids: list[str]) -> None:
-        """Backfill chunk jobs whose results were committed into their table (lock held): their result files go, so
-        a backfill's results neither fill the home nor push other jobs' results out under the retention rule; their
-        jobs say so (``expired``, ``committed``: docs/ARCHITECTURE.md, "Backfills", "Results")."""
+        """Backfill chunk jobs whose results were committed into their table (lock held): their results leave the
+        retention index and their jobs say so (``expired``, ``committed``); the caller then removes the files
+        (``DataStore.remove``, without the lock), so a backfill's results neither fill the home nor push other jobs'
+        results out under the retention rule (docs/ARCHITECTURE.md, "Backfills", "Results")."""
         for job_id in job_ids:
-            self.data.release(job_id)
+            self.data.forget(job_id)
         self._expired(job_ids, committed=True)
 
     def _expired(self, job_ids: list[str], *, committed: bool = False) -> None:

@@ -222,12 +222,15 @@ class DataStore:
         self._add(job_id, info.st_mtime, info.st_size)
         return self._prune(time.time() if now is None else now)
 
-    def release(self, job_id: str) -> None:
-        """The job's result is no longer needed (a backfill chunk's, committed into its table): remove it, staged or
-        in the home, and from the retention index, so it never pushes another job's result out."""
+    def forget(self, job_id: str) -> None:
+        """Drop a job's result from the retention index: it is being removed for another reason (a backfill chunk's,
+        committed into its table), so it never pushes another job's result out."""
+        self._total -= self._sizes.pop(job_id, 0)  # its heap entry goes stale: _prune skips it at no cost
+
+    def remove(self, job_id: str) -> None:
+        """Remove the job's result file, staged or in the home (any thread: the spooler never puts it back)."""
         self.staging.remove(job_id)
         _unlink(self.result_path(job_id))
-        self._total -= self._sizes.pop(job_id, 0)  # its heap entry goes stale: _prune skips it at no cost
 
     def _add(self, job_id: str, mtime: float, size: int) -> None:
         self._total += size - self._sizes.get(job_id, 0)
@@ -242,8 +245,7 @@ class DataStore:
             if now - mtime <= self.max_age_s and self._total <= self.max_bytes:
                 break
             heapq.heappop(self._by_age)
-            self.staging.remove(job_id)
-            _unlink(self.result_path(job_id))
+            self.remove(job_id)
             self._total -= self._sizes.pop(job_id, 0)
             removed.append(job_id)
         return removed

@@ -66,10 +66,12 @@ def test_a_released_result_is_gone_and_no_longer_counts_against_the_limit(tmp_pa
     for i in range(5):  # a backfill's chunks, each released once its fragment committed
         _write(data, f"chunk{i}", 500, mtime=2.0 + i)
         assert data.kept(f"chunk{i}", now=2.0 + i) == []
-        data.release(f"chunk{i}")
+        data.forget(f"chunk{i}")
+        data.remove(f"chunk{i}")
         assert not data.result_path(f"chunk{i}").exists()
     assert _kept(data) == {"theirs"}  # never pushed out by the backfill
     _write(data, "next", 500, mtime=10.0)
     assert data.kept("next", now=10.0) == []  # 900 bytes kept: under the limit
-    data.release("never-written")  # nothing there: nothing happens
+    data.forget("never-written")  # nothing there: nothing happens
+    data.remove("never-written")
     assert _kept(data) == {"theirs", "next"}
