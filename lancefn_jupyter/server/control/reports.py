@@ -85,9 +85,8 @@ class Reports:
             # The result is an Arrow IPC file: GET /v1/jobs/result streams it; the job shows a summary.
             arrow = rec.result["arrow"]
             wire["result_format"] = "arrow"
-            gone = {
-                key: True for key in ("expired", "committed") if arrow.get(key)
-            }  # committed: into a backfill's table
+            # expired: removed by retention; committed too: a backfill chunk's, its rows are in the table.
+            gone = {key: True for key in ("expired", "committed") if arrow.get(key)}
             wire["result_summary"] = {**arrow.get("summary", {}), **gone}
         elif rec.result is not None:
             wire["result"] = rec.result
