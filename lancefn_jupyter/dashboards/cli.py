@@ -52,8 +52,15 @@ MIN_TOKEN_CHARS = 16  # a login anyone on the machine may try: too short a token
 def voila_argv(port: int, *, open_browser: bool = False) -> list[str]:
     """Voilà's arguments serving the dashboard notebook on 127.0.0.1:``port`` (never the token: argv is
     world-readable). Its kernels talk over Unix sockets in Voilà's private (0700) connection directory: a kernel's
-    TCP ports would let any local user subscribe to its output, the dashboard's widget state included."""
-    argv = [str(NOTEBOOK), f"--port={port}", "--Voila.ip=127.0.0.1", "--KernelManager.transport=ipc"]
+    TCP ports would let any local user subscribe to its output, the dashboard's widget state included. The login
+    page offers no "set a password": it would write one to ``jupyter_server_config.json`` in the working directory."""
+    argv = [
+        str(NOTEBOOK),
+        f"--port={port}",
+        "--Voila.ip=127.0.0.1",
+        "--KernelManager.transport=ipc",
+        "--PasswordIdentityProvider.allow_password_change=False",
+    ]
     if not open_browser:
         argv.append("--no-browser")
     return argv

@@ -644,6 +644,7 @@ def test_dashboard_command_serves_the_shipped_notebook_on_localhost(monkeypatch)
         "--port=9000",
         "--Voila.ip=127.0.0.1",
         "--KernelManager.transport=ipc",  # the kernel's sockets in Voilà's private directory, not on TCP
+        "--PasswordIdentityProvider.allow_password_change=False",  # the login page writes no config file
         "--no-browser",
     ]
     assert "--no-browser" not in cli.voila_argv(9000, open_browser=True)
