@@ -2,7 +2,7 @@
 
 `team_dashboard()` builds it from the notebook widgets (`lancefn_jupyter.widgets`); `gpu.ipynb` (shipped
 here) is one cell calling it, and `lancefn-dashboard` (`dashboards/cli.py`) serves that notebook with Voilà
-on 127.0.0.1. Nothing here is on `%load_ext`'s path, and only `cli.py` knows Voilà.
+on 127.0.0.1, behind a token. Nothing here is on `%load_ext`'s path, and only `cli.py` knows Voilà.
 
     from lancefn_jupyter.dashboards import team_dashboard
     team_dashboard()

@@ -9,18 +9,22 @@ shared by the module. Jobs change state when the test creates their gate files, 
 from __future__ import annotations
 
 import contextlib
+import html
 import importlib.util
 import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
+import psutil
 import pytest
 from browser_util import (
     built_labextension,
@@ -203,16 +207,33 @@ def test_the_panel_opens_in_notebook_7_from_the_view_menu(page, servers):
     assert _ours(page.console_messages) == [], page.console_messages
 
 
+class Dashboard:
+    """A running `lancefn-dashboard`: its base URL, the token it printed (None without one), its process."""
+
+    def __init__(self, url: str, proc: subprocess.Popen, log_path: Path) -> None:
+        self.url, self.proc, self.log_path = url, proc, log_path
+        found = re.search(r"\?token=(\S+)", self.log())
+        self.token = found.group(1) if found else None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def processes(self) -> list[psutil.Process]:
+        """The command's process and every process it started (Voilà's kernels among them)."""
+        command = psutil.Process(self.proc.pid)
+        return [command, *command.children(recursive=True)]
+
+
 @contextlib.contextmanager
-def _dashboard_command(servers: Servers, workdir: Path) -> Iterator[str]:
-    """`lancefn-dashboard --port P` (as `python -m lancefn_jupyter.dashboards.cli`, the console script's
-    target) against the module's control plane, in its own Jupyter dirs; yields its URL."""
+def _dashboard_command(servers: Servers, workdir: Path, *args: str, env: dict | None = None) -> Iterator[Dashboard]:
+    """`lancefn-dashboard --port P *args` (as `python -m lancefn_jupyter.dashboards.cli`, the console script's
+    target) against the module's control plane, in its own Jupyter dirs; yields it once it listens."""
     built = built_labextension()
     if built is not None:
         install_labextension(built, workdir / "jupyter_path" / "labextensions")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_TOKEN",)}
-    env.update(
+    process_env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_TOKEN", "LANCEFN_DASHBOARD_TOKEN")}
+    process_env.update(
         {
             "LANCEFN_URL": servers.cp.url,
             "LANCEFN_API_KEY": servers.cp.api_key,
@@ -222,30 +243,28 @@ def _dashboard_command(servers: Servers, workdir: Path) -> Iterator[str]:
             "JUPYTER_PATH": str(workdir / "jupyter_path"),
             "IPYTHONDIR": str(workdir / "ipython"),
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
     )
     log_path = workdir / "dashboard.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lancefn_jupyter.dashboards.cli", f"--port={port}"],
+            [sys.executable, "-m", "lancefn_jupyter.dashboards.cli", f"--port={port}", *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=process_env,
             cwd=str(workdir),
             start_new_session=True,
         )
-    url = f"http://127.0.0.1:{port}/"
     try:
 
-        def answers() -> bool:
+        def listening() -> bool:  # Voilà prints its URL once it listens
             assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(url + "api/kernels", timeout=2.0).status_code < 500
-            return False
+            return f"127.0.0.1:{port}/" in log_path.read_text(errors="replace")
 
-        _wait_for(answers, "lancefn-dashboard answers", timeout=90)
-        yield url
+        _wait_for(listening, "lancefn-dashboard listens", timeout=90)
+        yield Dashboard(f"http://127.0.0.1:{port}/", proc, log_path)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -258,18 +277,33 @@ def _dashboard_command(servers: Servers, workdir: Path) -> Iterator[str]:
 
 
 def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page, servers):
+    """Opened with the token it printed (and by `--open`, through a private file), the page shows the jobs live;
+    neither the token nor the key is on a command line of its processes, nor the key in the page."""
     from playwright.sync_api import expect
 
     work = servers.tmp / "dashboard"
     work.mkdir()
-    with servers.cp.http() as http, _dashboard_command(servers, work) as url:
-        page.goto(url, timeout=180_000)
-        dashboard = page.locator(".lancefn-team-dashboard")
-        dashboard.wait_for(timeout=180_000)
-        dashboard.locator(".lancefn-gpu-classes-widget td", has_text="Simulated GPU").first.wait_for()
+    browser_arg = work / "browser-arg"
+    fake_browser = work / "browser"  # what `--open` runs: it records the address it was given
+    fake_browser.write_text(f'#!/bin/sh\nprintf %s "$1" > {browser_arg}\n')
+    fake_browser.chmod(0o700)
+    with (
+        servers.cp.http() as http,
+        _dashboard_command(servers, work, "--open", env={"BROWSER": f"{fake_browser} %s"}) as dashboard,
+    ):
+        assert dashboard.token is not None, dashboard.log()
+        printed = f"{dashboard.url}?token={dashboard.token}"
+        opened = Path(
+            urlparse(_wait_for(lambda: browser_arg.exists() and browser_arg.read_text(), "--open ran the browser")).path
+        )
+        assert stat.S_IMODE(opened.stat().st_mode) == 0o600 and html.escape(printed) in opened.read_text()
+        page.goto(printed, timeout=180_000)
+        dashboard_page = page.locator(".lancefn-team-dashboard")
+        dashboard_page.wait_for(timeout=180_000)
+        dashboard_page.locator(".lancefn-gpu-classes-widget td", has_text="Simulated GPU").first.wait_for()
         gate = work / "gate"
         job_id = submit_gate_job(http, "wait_for", servers.gate_version, gate)
-        jobs = dashboard.locator(".lancefn-jobs-dashboard").first
+        jobs = dashboard_page.locator(".lancefn-jobs-dashboard").first
         jobs.locator(f'code[title="{job_id}"]').wait_for()  # a new row, from the event stream
         jobs.locator(".lancefn-jobs-summary", has_text="1 running").wait_for()
         screenshot(page, "dashboard-running")
@@ -277,4 +311,85 @@ def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page
         jobs.locator(".lancefn-jobs-summary", has_text="finished").wait_for()
         expect(jobs.locator(".lancefn-jobs-summary", has_text="running")).to_have_count(0)
         screenshot(page, "dashboard-finished")
+        assert urlparse(page.url).query == ""  # logged in by cookie, the token left the address bar
+        assert servers.cp.api_key not in page.content()
+        processes = dashboard.processes()
+        (kernel,) = [p.cmdline() for p in processes if "ipykernel_launcher" in p.cmdline()]  # the page's
+        # The kernel's sockets are Unix sockets in a directory only this user can enter: over TCP any local user
+        # could subscribe to its output (the widgets' state).
+        connection = Path(kernel[kernel.index("-f") + 1])
+        assert json.loads(connection.read_text())["transport"] == "ipc"
+        assert stat.S_IMODE(connection.parent.stat().st_mode) & 0o077 == 0
+        for process in processes:
+            assert dashboard.token not in " ".join(process.cmdline()), process.cmdline()
+            assert servers.cp.api_key not in " ".join(process.cmdline()), process.cmdline()
+            assert dashboard.token not in "".join(process.environ().values()), process.cmdline()
+        assert dashboard.token not in browser_arg.read_text()  # the browser's command line: the file's address
+    assert not opened.exists()  # removed when the dashboard stopped
     assert _ours(page.console_messages) == [], page.console_messages
+
+
+def test_lancefn_dashboard_without_its_token_serves_nothing(servers):
+    """The page, the kernels' REST API and a kernel's websocket (of a page opened with the token) all refuse a
+    caller without the token, and say nothing of the namespace's work."""
+    work = servers.tmp / "dashboard-locked"
+    work.mkdir()
+    with _dashboard_command(servers, work) as dashboard:
+        with httpx.Client(base_url=dashboard.url, timeout=180) as logged_in:
+            opened = logged_in.get(f"?token={dashboard.token}", follow_redirects=True)
+        assert opened.status_code == 200, opened.text[-2000:]
+        kernel_id = re.search(r'"kernelId": "([0-9a-f-]{36})"', opened.text).group(1)
+        replies = [
+            httpx.request(method, dashboard.url + path, timeout=60)
+            for method, path in [
+                ("GET", ""),
+                ("GET", "?token=not-the-token"),
+                ("GET", "api/kernels"),
+                ("GET", f"api/kernels/{kernel_id}"),
+                ("DELETE", f"api/kernels/{kernel_id}"),
+                ("POST", f"voila/api/shutdown/{kernel_id}"),
+            ]
+        ]
+        for reply in replies:
+            login = reply.status_code == 302 and reply.headers["location"].startswith("/login")
+            assert login or reply.status_code in (401, 403), (reply.request.url, reply.status_code)
+            assert "wait_for" not in reply.text and kernel_id not in reply.text
+        assert (
+            _websocket_status(f"ws://127.0.0.1:{urlparse(dashboard.url).port}/api/kernels/{kernel_id}/channels") == 403
+        )
+        with httpx.Client(base_url=dashboard.url, timeout=60) as logged_in:  # the kernel still serves its page
+            assert logged_in.get(f"api/kernels/{kernel_id}?token={dashboard.token}").json()["id"] == kernel_id
+
+
+def _websocket_status(url: str) -> int:
+    """The HTTP status a websocket handshake to ``url`` gets (101 when it connects)."""
+    import asyncio
+    import concurrent.futures
+
+    from tornado.httpclient import HTTPClientError
+    from tornado.websocket import websocket_connect
+
+    async def connect() -> int:
+        try:
+            connection = await websocket_connect(url)
+        except HTTPClientError as e:
+            return e.code
+        connection.close()
+        return 101
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop of its own: Playwright's runs in this thread
+        return pool.submit(asyncio.run, connect()).result()
+
+
+def test_lancefn_dashboard_no_auth_serves_without_a_token_and_warns(servers):
+    work = servers.tmp / "dashboard-open"
+    work.mkdir()
+    with _dashboard_command(servers, work, "--no-auth") as dashboard:
+        assert dashboard.token is None
+        page = httpx.get(dashboard.url, timeout=180)
+        assert page.status_code == 200 and '"kernelId"' in page.text
+        port = urlparse(dashboard.url).port
+        assert (
+            f"Anyone who can reach 127.0.0.1:{port} — every local user and every job — can act with this "
+            "dashboard's key" in dashboard.log()
+        )

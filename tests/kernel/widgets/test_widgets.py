@@ -639,13 +639,12 @@ def test_dashboard_command_serves_the_shipped_notebook_on_localhost(monkeypatch)
     notebook = json.loads(cli.NOTEBOOK.read_text())
     assert [cell["cell_type"] for cell in notebook["cells"]] == ["code"]  # thin: the logic is in dashboards/team.py
     assert "team_dashboard()" in "".join(notebook["cells"][0]["source"])
-    assert cli.voila_argv(9000, python="py") == [
-        "py",
-        "-m",
-        "voila",
+    assert cli.voila_argv(9000) == [
         str(cli.NOTEBOOK),
         "--port=9000",
         "--Voila.ip=127.0.0.1",
+        "--KernelManager.transport=ipc",  # the kernel's sockets in Voilà's private directory, not on TCP
+        "--PasswordIdentityProvider.allow_password_change=False",  # the login page writes no config file
         "--no-browser",
     ]
     assert "--no-browser" not in cli.voila_argv(9000, open_browser=True)
@@ -659,3 +658,38 @@ def test_dashboard_command_serves_the_shipped_notebook_on_localhost(monkeypatch)
     # Only the command runs Voilà: importing the dashboards (as the kernel does) loads neither it nor widgets.
     probe = "import sys, lancefn_jupyter.dashboards.cli; print(sorted({'voila', 'ipywidgets'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_dashboard_command_logins_urls_and_refusals(monkeypatch, tmp_path, capsys):
+    """The pure parts of the dashboard's login (the served command is tested in tests/jupyter), and each way of
+    giving a token that is refused before anything is served, with what to change."""
+    from lancefn_jupyter.dashboards import cli
+
+    assert cli.dashboard_url(8866, "a/b c") == "http://127.0.0.1:8866/?token=a%2Fb%20c"
+    assert cli.dashboard_url(8866, "") == "http://127.0.0.1:8866/"  # --no-auth
+    assert cli.without_token("/", "token=secret") == "/"
+    assert cli.without_token("/", "template=lab&token=secret&theme=dark") == "/?template=lab&theme=dark"
+    page = cli.redirect_page("http://127.0.0.1:8866/?token=a&b")
+    assert 'content="0;url=http://127.0.0.1:8866/?token=a&amp;b"' in page
+    assert "127.0.0.1:9000 — every local user and every job — can act with this dashboard's key" in (
+        cli.no_auth_warning(9000)
+    )
+    assert cli.checked_token("  0123456789abcdef\n", "x") == "0123456789abcdef"
+
+    def refused(*argv: str) -> str:
+        with pytest.raises(SystemExit) as exit:
+            cli.main(list(argv))
+        assert exit.value.code == 2
+        return capsys.readouterr().err
+
+    monkeypatch.setenv(cli.TOKEN_ENV, "short")
+    assert f"{cli.TOKEN_ENV} holds 5 characters; a dashboard token needs at least 16" in refused()
+    assert f"--no-auth and {cli.TOKEN_ENV} contradict each other" in refused("--no-auth")
+    token_file = tmp_path / "token"
+    token_file.write_text("0123456789abcdef0123\n")
+    assert "both give a token" in refused("--token-file", str(token_file))
+    monkeypatch.delenv(cli.TOKEN_ENV)
+    token_file.chmod(0o644)
+    assert f"mode 644); fix it with: chmod 600 {token_file}" in refused("--token-file", str(token_file))
+    assert "not allowed with argument" in refused("--token-file", str(token_file), "--no-auth")
+    assert "cannot read --token-file" in refused("--token-file", str(tmp_path / "absent"))
