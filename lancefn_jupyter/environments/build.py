@@ -28,7 +28,6 @@ from typing import Any
 from lancefn_jupyter.environments import resolve
 from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.environments.request import EnvironmentRequest
-from lancefn_jupyter.environments.requirements import pip_problem
 from lancefn_jupyter.environments.seal import SealError, seal
 
 __all__ = ["BASE_PTH", "BuildFailure", "Plan", "build", "compile_plan", "remove", "tree_size"]
@@ -162,9 +161,6 @@ def compile_plan(plan: Plan, log: Log | None, *, python: str | None = None) -> t
 
 
 def _compile(plan: Plan, log: Log | None, work: _Workspace, python: str) -> tuple[str, ...]:
-    problem = pip_problem(plan.requirements)  # never an option line in a requirements file uv reads
-    if problem is not None:
-        raise BuildFailure(problem)
     wanted = work.write("requirements.in", "".join(f"{line.strip()}\n" for line in plan.requirements))
     pinned = work.write("requirements.txt", resolve.preferences(plan.preferred))
     args = ["pip", "compile", wanted, "-o", pinned, "--python", python, "--no-header", "--no-annotate"]

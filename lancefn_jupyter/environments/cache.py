@@ -213,7 +213,9 @@ class EnvironmentCache:
         """The pinned requirements to install over the base (``uv pip compile`` preferring the base's versions;
         only what the base lacks or has at another version). For executors that build elsewhere (Ray's ``uv``).
         Resolved once per environment key in this process, as ``builder`` (None: this process's user): resolving
-        runs build backends."""
+        runs build backends. Raises :class:`EnvironmentFailure` (refused: a pip entry that is not a requirement)."""
+        if problem := pip_problem(request.pip):  # never an option line in the requirements file uv reads
+            raise EnvironmentFailure(problem, refused=True)
         if not self.needs_build(request):
             return ()
         key = self.key(request, gpu=gpu, builder=builder)

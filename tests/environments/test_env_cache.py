@@ -6,8 +6,6 @@ uv's cache after the first run).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import pwd
@@ -15,13 +13,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import zipfile
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 from conftest import remove_tree
-from helpers import absent_packages, let_workers_reach_this_python
+from helpers import absent_packages, let_workers_reach_this_python, tiny_wheel
 from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
@@ -236,32 +233,10 @@ def test_a_package_that_does_not_exist_fails_naming_it_and_is_tried_again(root, 
     assert cache.lookup(request) is None
 
 
-def _tiny_wheel(directory: Path, name: str, version: str) -> Path:
-    """A pure-Python wheel, written by hand: ``import <name>`` gives VALUE = 42."""
-    module = name.replace("-", "_")
-    dist_info = f"{module}-{version}.dist-info"
-    files = {
-        f"{module}.py": b"VALUE = 42\n",
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{dist_info}/RECORD,,")
-    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = directory / f"{module}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for path, data in files.items():
-            archive.writestr(path, data)
-    return wheel
-
-
 def test_offline_build_from_find_links(root, tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _tiny_wheel(wheels, "lancefn-tiny-probe", "0.1")
+    tiny_wheel(wheels, "lancefn-tiny-probe", "0.1")
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
     cache = EnvironmentCache(root, env=env)
     assert "--no-index" in cache.uv_args() and str(wheels) in cache.uv_args()
