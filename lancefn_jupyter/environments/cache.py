@@ -442,7 +442,8 @@ class EnvironmentCache:
     def _evict(self, keep: Sequence[str]) -> list[str]:
         if not self.root.is_dir():
             return []
-        directories = [self.root, *(path for path in self.root.glob("uid-*") if not path.is_symlink())]
+        builders = (path for path in self.root.glob("uid-*") if path.is_dir() and not path.is_symlink())
+        directories = [self.root, *builders]
         for directory in directories:
             _sweep_builds(directory)
         entries = []

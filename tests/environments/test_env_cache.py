@@ -23,6 +23,7 @@ from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
 from lancefn_jupyter.environments import interpreters
+from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.environments.cache import EnvironmentCache, EnvironmentFailure, default_cache_dir
 from lancefn_jupyter.environments.request import EnvironmentRequest
 
@@ -288,6 +289,30 @@ def test_a_lease_handed_to_a_worker_keeps_the_environment_until_the_worker_exits
     finally:
         worker.communicate(timeout=30)
     assert cache.evict() == [env.key] and not env.path.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="builds as another uid need root")
+def test_an_environment_built_as_another_user_is_the_servers_kept_apart_and_evicted():
+    (name,) = _need(1)
+    let_workers_reach_this_python()
+    root = Path(tempfile.mkdtemp(prefix="lancefn-builder-", dir="/tmp")) / "envs"  # reachable by the builder
+    root.parent.chmod(0o755)
+    builder = BuildUser(61091, 61091)
+    try:
+        cache = EnvironmentCache(root, shared=True, max_bytes=0)
+        env = cache.ensure(_pip(name), builder=builder)
+        assert env is not None and env.path == root / "uid-61091" / env.key == cache.directory(builder) / env.key
+        assert env.key != cache.key(_pip(name))  # never the server's own build of the same packages
+        home = (root / "uid-61091").stat()
+        assert (home.st_uid, home.st_gid, home.st_mode & 0o777) == (0, 61091, 0o750)
+        uv_cache = (root / "uid-61091" / ".uv-cache").stat()
+        assert (uv_cache.st_uid, uv_cache.st_mode & 0o777) == (61091, 0o700)
+        assert {os.lstat(os.path.join(parent, entry)).st_uid for parent, dirs, files in os.walk(env.path)
+                for entry in (*dirs, *files)} == {0}  # fmt: skip
+        assert cache.lookup(_pip(name), builder=builder) == env and cache.lookup(_pip(name)) is None
+        assert cache.evict() == [env.key] and not env.path.exists()  # in uid-*/ as at the root
+    finally:
+        remove_tree(root.parent)
 
 
 def test_a_base_that_cannot_run_a_worker_fails_the_check(root, tmp_path):
