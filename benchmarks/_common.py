@@ -195,7 +195,17 @@ def clean_env(extra: dict | None = None) -> dict:
 class Server:
     """A real ``lancefn-server`` subprocess in a fresh home (stopped on ``close``)."""
 
-    def __init__(self, *, gpu_classes: str | None = None, args: Sequence[str] = (), home: Path | None = None):
+    def __init__(
+        self,
+        *,
+        gpu_classes: str | None = None,
+        args: Sequence[str] = (),
+        home: Path | None = None,
+        env: dict | None = None,
+        cwd: Path | None = None,
+    ):
+        """``env``: variables over this process's (``clean_env``); ``cwd``: the server's working directory (a
+        directory holding another ``lancefn_jupyter`` runs that one: ``python -m`` puts it first)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="lancefn-bench-")
         base = Path(self._tmp.name)
         self.home = home or base / "home"
@@ -207,7 +217,7 @@ class Server:
         self.log_path = base / "server.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            argv, env=clean_env(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            argv, env=clean_env(env), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
         )
         deadline = time.monotonic() + 120  # a Ray-executor server joins its cluster first
         while True:

@@ -92,7 +92,7 @@ def first_job(http, body: dict, x: int, timeout_s: float = 600.0) -> float:
     return elapsed
 
 
-def _with_marker(body: dict, marker: str) -> dict:
+def with_marker(body: dict, marker: str) -> dict:
     """``body`` with a comment appended to its artifact: a new version id, the same environment."""
     source = base64.b64decode(body["artifact"]["content"]["data"]) + f"\n# {marker}\n".encode()
     body["artifact"]["content"]["data"] = base64.b64encode(source).decode()
@@ -228,13 +228,13 @@ def main(argv: list[str] | None = None) -> int:
             pin = PINS[args.rounds - 1]
             for j in range(args.hits):
                 time.sleep(args.settle)
-                body = _with_marker(trivial_registration(), f"plain {j}")
+                body = with_marker(trivial_registration(), f"plain {j}")
                 plain.append(first_job(http, body, j))
                 time.sleep(args.settle)
                 # The same function as the plain side, declaring the built environment: only the environment differs.
                 body = trivial_registration("inc_env")
                 body["runtime"]["environment"]["packages"] = [f"{PACKAGE}=={pin}"]
-                hits.append(first_job(http, _with_marker(body, f"hit {j}"), j))
+                hits.append(first_job(http, with_marker(body, f"hit {j}"), j))
     finally:
         if driver is not None:
             driver.close()

@@ -152,8 +152,22 @@ def _check_list(key: str, value: Any) -> tuple[str, ...]:
         flags = [part for part in parts if part.startswith("-")]
         if flags:
             raise _fail(key, f"takes names, not command-line flags (got {flags[0]!r})")
+        if key == "pip":
+            _check_requirements(parts)
         result += parts
     return tuple(dict.fromkeys(result))  # drop repeats, keep order
+
+
+def _check_requirements(entries: Iterable[str]) -> None:
+    """Each pip entry is a PEP 508 requirement: what no server installs (an option line hidden after a line
+    break, text that is no requirement) is refused here, before it is registered. Direct references pass: a
+    server of one namespace (and ``.local()``) builds them."""
+    from lancefn_jupyter.environments.requirements import pip_entry_problem  # packaging: only when pip is given
+
+    for entry in entries:
+        problem = pip_entry_problem(entry)
+        if problem is not None:
+            raise OptionsError(problem)
 
 
 def _check_env(value: Any) -> tuple[tuple[str, str], ...]:

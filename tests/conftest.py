@@ -254,6 +254,14 @@ def control_plane_factory(tmp_path_factory) -> Iterator[Callable[..., ControlPla
 
 
 @pytest.fixture(scope="module")
+def module_control_plane_factory(tmp_path_factory) -> Iterator[Callable[..., ControlPlaneProcess]]:
+    """``control_plane_factory`` for a whole test module: servers that several of its tests share."""
+    factory = _Factory(tmp_path_factory)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="module")
 def shared_control_plane(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
     """One default server for a whole test module: for tests that only read or that
     tolerate each other's functions and jobs (e.g. bad-input tables)."""

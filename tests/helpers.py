@@ -131,6 +131,69 @@ def let_workers_reach_this_python() -> None:
 SMALL_PACKAGES = ("humanize", "tabulate", "toolz", "termcolor", "inflection", "pyfiglet")
 
 
+def tiny_wheel(directory: Path, name: str, version: str, source: str = "VALUE = 42\n") -> Path:
+    """A pure-Python wheel, written by hand: ``import <name>`` runs ``source`` (``VALUE = 42``)."""
+    import base64
+    import zipfile
+
+    module = name.replace("-", "_")
+    dist_info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}.py": source.encode(),
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist_info}/RECORD,,")
+    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = directory / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return wheel
+
+
+_REPORTING_BACKEND = """
+import os
+import sys
+
+
+def _report(*args, **kwargs):
+    try:
+        with open({key_file!r}) as handle:
+            key = "read " + handle.read().strip()
+    except OSError as error:
+        key = type(error).__name__
+    sys.exit(f"evilpkg backend: uid {{os.getuid()}}, api_key {{key}}")
+
+
+get_requires_for_build_wheel = prepare_metadata_for_build_wheel = build_wheel = _report
+"""
+
+
+@contextlib.contextmanager
+def reporting_project(key_file: Path) -> Iterator[str]:
+    """A local project ``evilpkg`` whose in-tree PEP 517 backend, asked for anything, fails saying
+    ``evilpkg backend: uid N, api_key <read KEY | the OSError>`` (its metadata is dynamic, so a resolution must ask it);
+    yields its direct reference ``evilpkg @ file://…``. Under /tmp, readable by every user."""
+    project = Path(tempfile.mkdtemp(prefix="lancefn-evilpkg-", dir="/tmp"))
+    try:
+        project.chmod(0o755)
+        (project / "pyproject.toml").write_text(
+            '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n'
+            '[project]\nname = "evilpkg"\ndynamic = ["version"]\n'
+        )
+        (project / "backend.py").write_text(_REPORTING_BACKEND.format(key_file=str(key_file)))
+        for path in project.iterdir():
+            path.chmod(0o644)
+        yield f"evilpkg @ file://{project}"
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+
+
 def absent_packages(count: int = 1) -> list[str]:
     """``count`` of ``SMALL_PACKAGES`` this Python does not have (the test is skipped when it has too many)."""
     found = []

@@ -1,13 +1,17 @@
-"""The environment cache: one virtual environment per (environment, Python, platform, base), built once with uv,
-shared read-only, evicted least recently used (docs/ARCHITECTURE.md, "Environments").
+"""The environment cache: one virtual environment per (environment, Python, platform, base, builder), built once
+with uv, shared read-only, evicted least recently used (docs/ARCHITECTURE.md, "Environments").
 
-Layout under the root: ``<key>/`` (a built environment, read-only, with ``meta.json``), ``.build-<key>-<pid>-<n>/``
-(one being built), ``.locks/<key>`` (leases: shared flocks; its mtime is the last use) and ``.locks/<key>.build``
-(held while building that key, across processes).
+Layout under the root: ``<key>/`` (a built environment, read-only, with ``meta.json``) and
+``.build-<key>-<pid>-<n>/`` (one being built) for builds as the cache's own user; ``uid-<uid>/`` (0750, the
+server's user and the builder's group) holding the same for builds as another user (a ``BuildUser``: the
+workers' uid), with ``uid-<uid>/.uv-cache/`` (that user's uv cache, 0700, its own); ``.locks/<key>`` (leases:
+shared flocks; its mtime is the last use) and ``.locks/<key>.build`` (held while building that key, across
+processes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import itertools
@@ -22,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lancefn_jupyter.environments import build, interpreters, pipconf, resolve
+from lancefn_jupyter.environments.builders import BuildUser, build_environment, uv_variables
 from lancefn_jupyter.environments.request import EnvironmentRequest
+from lancefn_jupyter.environments.requirements import pip_problem
 
 __all__ = ["DEFAULT_MAX_BYTES", "Environment", "EnvironmentCache", "EnvironmentFailure", "default_cache_dir"]
 
@@ -131,8 +137,11 @@ class EnvironmentCache:
     # -- what the request needs (no build) -------------------------------------------------------------------
 
     def problem(self, request: EnvironmentRequest) -> str | None:
-        """Why this machine cannot honour ``request`` (``image``; conda packages not importable; ``python_version``
-        not found, naming the versions it has), or None. No build, no network; interpreter discovery cached."""
+        """Why this machine cannot honour ``request`` (a pip entry that is not a requirement; ``image``; conda
+        packages not importable; ``python_version`` not found, naming the versions it has), or None. No build, no
+        network; interpreter discovery cached."""
+        if problem := pip_problem(request.pip):
+            return problem
         if request.image:
             return (
                 f"image={request.image!r}: the local executor runs no containers. Use the Ray executor "
@@ -173,10 +182,11 @@ class EnvironmentCache:
             return True
         return bool(resolve.unsatisfied(request.pip, self.base_python, self._env))
 
-    def key(self, request: EnvironmentRequest, *, gpu: bool = False) -> str:
+    def key(self, request: EnvironmentRequest, *, gpu: bool = False, builder: BuildUser | None = None) -> str:
         """The cache key: sha256 hex of the packages, the Python (version, path), the platform, the base's
-        packages and the pip settings that choose where packages come from. ``gpu``: the function runs on a GPU
-        (an environment for another Python then gets numba-cuda)."""
+        packages, the pip settings that choose where packages come from, the ``UV_*`` variables and whom it is
+        built as. ``gpu``: the function runs on a GPU (an environment for another Python then gets numba-cuda);
+        ``builder``: another user than the cache's own, whom the build runs as (None: this process's user)."""
         python = self._python_for(request)
         if python is None:
             raise EnvironmentFailure(self.problem(request) or "no such Python", refused=True)
@@ -184,29 +194,36 @@ class EnvironmentCache:
         layered = self._layered(request)
         args = self.uv_args()
         identity = {
-            "format": 1,
+            "format": 2,
             "packages": resolve.normalized(request.pip),
             "python": [interpreters.version_of(python), python],
             "platform": resolve.interpreter_tag(),
             "base": sorted(base.distributions.items()),
             "pip": args,
             "constraints": _constraint_digests(args),
+            "uv": uv_variables(self._env),
+            "builder": [builder.uid, builder.gid] if builder is not None else None,
             "gpu": gpu and not layered,  # only another Python's environment installs the GPU stack itself
         }
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
-    def plan(self, request: EnvironmentRequest, *, gpu: bool = False) -> tuple[str, ...]:
+    def plan(
+        self, request: EnvironmentRequest, *, gpu: bool = False, builder: BuildUser | None = None
+    ) -> tuple[str, ...]:
         """The pinned requirements to install over the base (``uv pip compile`` preferring the base's versions;
         only what the base lacks or has at another version). For executors that build elsewhere (Ray's ``uv``).
-        Resolved once per environment key in this process."""
+        Resolved once per environment key in this process, as ``builder`` (None: this process's user): resolving
+        runs build backends. Raises :class:`EnvironmentFailure` (refused: a pip entry that is not a requirement)."""
+        if problem := pip_problem(request.pip):  # never an option line in the requirements file uv reads
+            raise EnvironmentFailure(problem, refused=True)
         if not self.needs_build(request):
             return ()
-        key = self.key(request, gpu=gpu)
+        key = self.key(request, gpu=gpu, builder=builder)
         with self._lock:
             if key in self._plans:
                 return self._plans[key]
         try:
-            pins = build.compile_plan(self._build_plan(request, gpu), None)
+            pins = build.compile_plan(self._build_plan(request, gpu, builder), None)
         except build.BuildFailure as exc:
             raise _failure(request, exc) from None
         with self._lock:
@@ -219,11 +236,18 @@ class EnvironmentCache:
 
     # -- the cache -------------------------------------------------------------------------------------------
 
-    def lookup(self, request: EnvironmentRequest, *, gpu: bool = False) -> Environment | None:
+    def directory(self, builder: BuildUser | None = None) -> Path:
+        """Where the environments built as ``builder`` live: the root for this process's user, else
+        ``uid-<uid>/`` (only the server's user and the builder's group reach it)."""
+        return self.root if builder is None else self.root / f"uid-{builder.uid}"
+
+    def lookup(
+        self, request: EnvironmentRequest, *, gpu: bool = False, builder: BuildUser | None = None
+    ) -> Environment | None:
         """The built environment if the cache has it (its last use refreshed), else None. No build."""
         if self.problem(request) is not None or not self.needs_build(request):
             return None
-        return self._load(self.key(request, gpu=gpu))
+        return self._load(self.key(request, gpu=gpu, builder=builder), builder)
 
     def ensure(
         self,
@@ -231,17 +255,19 @@ class EnvironmentCache:
         log: Callable[[list[str]], None] | None = None,
         *,
         gpu: bool = False,
+        builder: BuildUser | None = None,
     ) -> Environment | None:
         """The environment, built now if needed (blocking; once across threads and processes: the others wait and
-        share it); None when ``needs_build`` is False. ``log`` gets uv's output lines as they come. Raises
+        share it); None when ``needs_build`` is False. ``log`` gets uv's output lines as they come. ``builder``:
+        another user to build as (a root server's workers' uid; None: this process's user). Raises
         :class:`EnvironmentFailure` (refused, or the build failed). Evicts beyond ``max_bytes`` after a build."""
         problem = self.problem(request)
         if problem is not None:
             raise EnvironmentFailure(problem, refused=True)
         if not self.needs_build(request):
             return None
-        key = self.key(request, gpu=gpu)
-        found = self._load(key)
+        key = self.key(request, gpu=gpu, builder=builder)
+        found = self._load(key, builder)
         if found is not None:
             return found
         with self._lock:
@@ -257,7 +283,7 @@ class EnvironmentCache:
                 f"the environment build was interrupted ({request.describe()})"
             )
             try:
-                env, error = self._build(key, request, gpu, flight.emit), None
+                env, error = self._build(key, request, gpu, builder, flight.emit), None
             except EnvironmentFailure as exc:
                 error = exc
             except Exception as exc:  # an I/O error of ours: still the job's phase-environment failure
@@ -327,13 +353,14 @@ class EnvironmentCache:
         wanted = _minor(request.python_version or "")
         return interpreters.find(wanted, base=self.base_python, env=self._env) if wanted else None
 
-    def _build_plan(self, request: EnvironmentRequest, gpu: bool) -> build.Plan:
+    def _build_plan(self, request: EnvironmentRequest, gpu: bool, builder: BuildUser | None) -> build.Plan:
         python = self._python_for(request)
         if python is None:
             raise EnvironmentFailure(self.problem(request) or "no such Python", refused=True)
         base = self._base_info()
         layered = self._layered(request)
         settings = self._pip()
+        uv_cache = str(self._builder_dir(builder) / _UV_CACHE) if builder is not None else None
         return build.Plan(
             python=python,
             requirements=tuple(resolve.requirements_in(request.pip, layered=layered, gpu=gpu)),
@@ -341,7 +368,8 @@ class EnvironmentCache:
             preferred=base.distributions,
             uv=self._uv or _default_uv(),
             uv_args=settings.args,
-            env={**self._env, **dict(settings.env)},
+            env=build_environment(self._env, dict(settings.env), builder, uv_cache),
+            user=builder,
         )
 
     def _root_dir(self) -> Path:
@@ -355,8 +383,17 @@ class EnvironmentCache:
                 path.chmod(mode)  # whatever the umask
         return self.root
 
-    def _environment(self, key: str, meta: dict[str, object]) -> Environment:
-        path = self.root / key
+    def _builder_dir(self, builder: BuildUser) -> Path:
+        """``uid-<uid>/`` (0750, this process's user, the builder's group: its workers read the environments, no
+        other user's do) and its ``.uv-cache/`` (0700, the builder's: no other build writes into it), made or
+        set right on each use, through descriptors (never a link planted in the root)."""
+        directory = self.directory(builder)
+        _own_directory(self._root_dir(), directory.name, os.geteuid(), builder.gid, 0o750)
+        _own_directory(directory, _UV_CACHE, builder.uid, builder.gid, 0o700)
+        return directory
+
+    def _environment(self, path: Path, meta: dict[str, object]) -> Environment:
+        key = path.name
         installed = meta.get("installed")
         size = meta.get("size_bytes")
         return Environment(
@@ -368,27 +405,36 @@ class EnvironmentCache:
             size_bytes=size if isinstance(size, int) else 0,
         )
 
-    def _load(self, key: str) -> Environment | None:
+    def _load(self, key: str, builder: BuildUser | None) -> Environment | None:
         """The built environment ``key`` (its last use refreshed), or None."""
-        meta = _read_meta(self.root / key)
+        path = self.directory(builder) / key
+        meta = _read_meta(path)
         if meta is None:
             return None
-        env = self._environment(key, meta)
+        env = self._environment(path, meta)
         _touch(env.lock_path)
         return env
 
-    def _build(self, key: str, request: EnvironmentRequest, gpu: bool, log: Callable[[list[str]], None]) -> Environment:
+    def _build(
+        self,
+        key: str,
+        request: EnvironmentRequest,
+        gpu: bool,
+        builder: BuildUser | None,
+        log: Callable[[list[str]], None],
+    ) -> Environment:
         root = self._root_dir()
         with open(root / _LOCKS / f"{key}.build", "a") as held:
             fcntl.flock(held, fcntl.LOCK_EX)  # another process building it: wait, then use what it built
-            found = self._load(key)
+            found = self._load(key, builder)
             if found is not None:
                 return found
+            plan = self._build_plan(request, gpu, builder)
             try:
-                meta = build.build(root, key, request, self._build_plan(request, gpu), log)
+                meta = build.build(self.directory(builder), key, request, plan, log)
             except build.BuildFailure as exc:
                 raise _failure(request, exc) from None
-        env = self._environment(key, meta)
+        env = self._environment(self.directory(builder) / key, meta)
         _touch(env.lock_path)
         self._evict(keep=(key,))  # not the one just built: its caller is about to use it
         return env
@@ -396,10 +442,13 @@ class EnvironmentCache:
     def _evict(self, keep: Sequence[str]) -> list[str]:
         if not self.root.is_dir():
             return []
-        _sweep_builds(self.root)
+        builders = (path for path in self.root.glob("uid-*") if path.is_dir() and not path.is_symlink())
+        directories = [self.root, *builders]
+        for directory in directories:
+            _sweep_builds(directory)
         entries = []
-        for path in self.root.iterdir():
-            meta = _read_meta(path) if not path.name.startswith(".") else None
+        for path in (entry for directory in directories for entry in directory.iterdir()):
+            meta = _read_meta(path) if not path.name.startswith((".", "uid-")) else None
             if meta is not None:
                 size = meta.get("size_bytes")
                 entries.append(
@@ -428,6 +477,7 @@ class EnvironmentCache:
 
 _META = "meta.json"
 _LOCKS = ".locks"
+_UV_CACHE = ".uv-cache"
 _OLDEST_WORKER_PYTHON = (3, 11)
 _STALE_BUILD_S = 3600.0
 
@@ -476,6 +526,19 @@ def _constraint_digests(args: Sequence[str]) -> list[str]:
             except OSError:
                 digests.append("")
     return digests
+
+
+def _own_directory(parent: Path, name: str, uid: int, gid: int, mode: int) -> None:
+    """``parent/name`` a directory owned ``uid:gid`` with ``mode`` (made if missing); a link or a file there is
+    refused (OSError), never followed."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(parent / name, 0o700)
+    fd = os.open(parent / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _read_meta(path: Path) -> dict[str, object] | None:

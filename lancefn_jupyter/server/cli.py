@@ -6,10 +6,11 @@
                    [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
                    [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
                    [--worker-max-rss-mb MB] [--worker-uids FIRST-LAST] [--worker-max-procs N]
-                   [--env-cache DIR] [--env-cache-max-bytes N]
+                   [--env-cache DIR] [--env-cache-max-bytes N] [--allow-direct-references]
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``, ``LANCEFN_ENV_CACHE``,
-``LANCEFN_ENV_CACHE_MAX_BYTES``, ``LANCEFN_WORKER_USER``, ``LANCEFN_WORKER_UIDS``.
+``LANCEFN_ENV_CACHE_MAX_BYTES``, ``LANCEFN_WORKER_USER``, ``LANCEFN_WORKER_UIDS``,
+``LANCEFN_ALLOW_DIRECT_REFERENCES``.
 
 Startup order matters (``main``, one step per function): lock the home (one server per home),
 validate config (exit 2 with a readable message), bind the socket (so ``--port 0`` resolves to a
@@ -159,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
         "--worker-user",
         default=os.environ.get("LANCEFN_WORKER_USER") or None,
         help="OS user local workers run as when the server runs as root (default: nobody; env LANCEFN_WORKER_USER); "
-        "a non-root server runs workers as itself",
+        "a non-root server runs workers as itself. Versions' environments are built as that user too, and with "
+        "--executor ray the control plane resolves their packages as it",
     )
     p.add_argument(
         "--worker-uids",
@@ -186,6 +188,14 @@ def _parser() -> argparse.ArgumentParser:
         "--env-cache-max-bytes",
         help="environments nobody uses are removed, least recently used first, beyond this many bytes "
         "(default $LANCEFN_ENV_CACHE_MAX_BYTES, else 20 GiB)",
+    )
+    p.add_argument(
+        "--allow-direct-references",
+        action="store_true",
+        default=os.environ.get("LANCEFN_ALLOW_DIRECT_REFERENCES", "").strip().lower() in ("1", "true", "yes", "on"),
+        help="accept pip entries 'NAME @ URL' (local paths, file://, VCS and archive URLs) on a server whose keys span "
+        "several namespaces (built as the namespace's worker user like any package); a server of one namespace always "
+        "accepts them (env LANCEFN_ALLOW_DIRECT_REFERENCES)",
     )
     p.add_argument(
         "--result-fsync",
@@ -301,6 +311,11 @@ def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, A
     return classes, {**extra_keys, admin_key: admin_principal()}, admin_key, digest_key
 
 
+def _shared(api_keys: dict[str, Any]) -> bool:
+    """Whether the keys span several namespaces: the server is shared by teams who must not reach each other."""
+    return len({p.namespace for p in api_keys.values()}) > 1
+
+
 def _table_roots(args: argparse.Namespace, api_keys: dict[str, Any]) -> Any:
     """Where backfills may open tables: ``--table-roots``, and whether keys span several namespaces."""
     from lancefn_jupyter.server.policy.table_roots import TableRoots, parse_table_roots
@@ -309,7 +324,7 @@ def _table_roots(args: argparse.Namespace, api_keys: dict[str, Any]) -> Any:
         roots = parse_table_roots(args.table_roots)
     except ValueError as error:
         raise _Refused(str(error)) from None
-    return TableRoots(roots, shared=len({p.namespace for p in api_keys.values()}) > 1)
+    return TableRoots(roots, shared=_shared(api_keys))
 
 
 def _listen(host: str, port: int) -> tuple[socket.socket, str]:
@@ -379,7 +394,7 @@ def _env_cache_max_bytes(args: argparse.Namespace) -> int:
 
 def _make_environments(args: argparse.Namespace, worker_user: Any) -> Any:
     """The environment cache versions' environments are built in (docs/ARCHITECTURE.md, "Environments"):
-    shared (readable by the worker user) when workers run as another user."""
+    shared (reachable by the worker user, who builds and runs them) when workers run as another user."""
     from lancefn_jupyter.environments.cache import EnvironmentCache, default_cache_dir
 
     max_bytes = _env_cache_max_bytes(args)
@@ -455,6 +470,13 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[
             )
     elif max_procs is not None:
         raise _Refused("--worker-max-procs applies to the local executor only (Ray starts its own workers); drop it")
+    else:  # Ray: the control plane resolves versions' packages (running their build backends) as the worker user
+        from lancefn_jupyter.server.executors.isolation import WorkerUserError, resolve_worker_user
+
+        try:
+            worker_user = resolve_worker_user(args.worker_user)
+        except WorkerUserError as error:
+            raise _Refused(str(error)) from None
     environments = _make_environments(args, worker_user)
     try:
         executor = get_executor(
@@ -643,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
             table_roots=_table_roots(args, api_keys),
             digest_key=digest_key,
             gpu_caps=gpu_caps(api_keys.values()),
+            allow_direct_references=args.allow_direct_references or not _shared(api_keys),
         )
         app = _make_app(args, plane, api_keys)
         info = {

@@ -79,11 +79,14 @@ class ControlPlane:
         table_roots: TableRoots | None = None,
         digest_key: bytes | None = None,
         gpu_caps: Mapping[str, int] | None = None,
+        allow_direct_references: bool = True,
     ):
         """``environments``: the cache the plane builds versions' environments in, for an executor that
         ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python.
         ``digest_key``: the home's secret env values are keyed with in version ids and digests ("Function versions").
-        ``gpu_caps``: namespace → the most GPUs it may hold at once (``max_gpus`` in the key file; "Scheduling")."""
+        ``gpu_caps``: namespace → the most GPUs it may hold at once (``max_gpus`` in the key file; "Scheduling").
+        ``allow_direct_references``: pip entries ``NAME @ URL`` are accepted and built (a server of one namespace,
+        or ``--allow-direct-references``; "Environments")."""
         self.store = store
         # Arrow rows and results live as files next to the database (docs/ARCHITECTURE.md).
         self.data = data or DataStore(store.path.parent)
@@ -102,7 +105,13 @@ class ControlPlane:
             store, self.bus, table.lock, lambda rec: dumps(self.reports.job_wire(rec)), lambda: table.started
         )
         self.journal = JobJournal(table, store=store, bus=self.bus, reports=self.reports, unsaved=self.unsaved)
-        self.environments = EnvironmentStage(table, store=store, journal=self.journal, cache=environments)
+        self.environments = EnvironmentStage(
+            table,
+            store=store,
+            journal=self.journal,
+            cache=environments,
+            allow_direct_references=allow_direct_references,
+        )
         self.catalog = FunctionCatalog(
             store=store,
             classes=classes,
@@ -110,6 +119,7 @@ class ControlPlane:
             journal=self.journal,
             environment_check=self.environments.problem,
             digest_key=digest_key,
+            allow_direct_references=allow_direct_references,
         )
         self.jobs = JobQueries(table, store=store, unsaved=self.unsaved, reports=self.reports)
         self.results = Results(data=self.data, jobs=self.jobs, journal=self.journal)

@@ -6,8 +6,6 @@ uv's cache after the first run).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import pwd
@@ -15,17 +13,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-import zipfile
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 from conftest import remove_tree
-from helpers import absent_packages, let_workers_reach_this_python
+from helpers import absent_packages, let_workers_reach_this_python, tiny_wheel
 from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
 from lancefn_jupyter.environments import interpreters
+from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.environments.cache import EnvironmentCache, EnvironmentFailure, default_cache_dir
 from lancefn_jupyter.environments.request import EnvironmentRequest
 
@@ -236,32 +234,10 @@ def test_a_package_that_does_not_exist_fails_naming_it_and_is_tried_again(root, 
     assert cache.lookup(request) is None
 
 
-def _tiny_wheel(directory: Path, name: str, version: str) -> Path:
-    """A pure-Python wheel, written by hand: ``import <name>`` gives VALUE = 42."""
-    module = name.replace("-", "_")
-    dist_info = f"{module}-{version}.dist-info"
-    files = {
-        f"{module}.py": b"VALUE = 42\n",
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{dist_info}/RECORD,,")
-    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = directory / f"{module}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for path, data in files.items():
-            archive.writestr(path, data)
-    return wheel
-
-
 def test_offline_build_from_find_links(root, tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _tiny_wheel(wheels, "lancefn-tiny-probe", "0.1")
+    tiny_wheel(wheels, "lancefn-tiny-probe", "0.1")
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
     cache = EnvironmentCache(root, env=env)
     assert "--no-index" in cache.uv_args() and str(wheels) in cache.uv_args()
@@ -313,6 +289,30 @@ def test_a_lease_handed_to_a_worker_keeps_the_environment_until_the_worker_exits
     finally:
         worker.communicate(timeout=30)
     assert cache.evict() == [env.key] and not env.path.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="builds as another uid need root")
+def test_an_environment_built_as_another_user_is_the_servers_kept_apart_and_evicted():
+    (name,) = _need(1)
+    let_workers_reach_this_python()
+    root = Path(tempfile.mkdtemp(prefix="lancefn-builder-", dir="/tmp")) / "envs"  # reachable by the builder
+    root.parent.chmod(0o755)
+    builder = BuildUser(61091, 61091)
+    try:
+        cache = EnvironmentCache(root, shared=True, max_bytes=0)
+        env = cache.ensure(_pip(name), builder=builder)
+        assert env is not None and env.path == root / "uid-61091" / env.key == cache.directory(builder) / env.key
+        assert env.key != cache.key(_pip(name))  # never the server's own build of the same packages
+        home = (root / "uid-61091").stat()
+        assert (home.st_uid, home.st_gid, home.st_mode & 0o777) == (0, 61091, 0o750)
+        uv_cache = (root / "uid-61091" / ".uv-cache").stat()
+        assert (uv_cache.st_uid, uv_cache.st_mode & 0o777) == (61091, 0o700)
+        assert {os.lstat(os.path.join(parent, entry)).st_uid for parent, dirs, files in os.walk(env.path)
+                for entry in (*dirs, *files)} == {0}  # fmt: skip
+        assert cache.lookup(_pip(name), builder=builder) == env and cache.lookup(_pip(name)) is None
+        assert cache.evict() == [env.key] and not env.path.exists()  # in uid-*/ as at the root
+    finally:
+        remove_tree(root.parent)
 
 
 def test_a_base_that_cannot_run_a_worker_fails_the_check(root, tmp_path):

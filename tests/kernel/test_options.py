@@ -320,12 +320,20 @@ def test_build_options_accepts_python_values():
         ({"num_gpu": 1}, "did you mean num_gpus?"),
         ({"profile": "missing"}, "profile 'missing' is not defined (no profiles are defined yet)"),
         ({"pip": "numpy", "conda": "numba"}, "pip and conda are exclusive"),
+        ({"pip": ["numpy\n-r /etc/shadow"]}, "pip entry 'numpy\\n-r /etc/shadow' holds a line break"),
+        ({"pip": ["numpy --index-url https://x"]}, "is not a PEP 508 requirement"),
+        ({"pip": "./mypkg"}, "write a direct reference as 'NAME @ URL'"),
     ],
 )
 def test_build_options_errors(kwargs, fragment):
     with pytest.raises(OptionsError) as info:
         build_options(**kwargs)
     assert fragment in str(info.value)
+
+
+def test_a_direct_reference_passes_the_kernels_check():
+    # A server of one namespace (and .local()) builds it; a shared one says so at registration.
+    assert build_options(pip=["mypkg @ file:///srv/mypkg", "numpy"]).pip == ("mypkg @ file:///srv/mypkg", "numpy")
 
 
 def test_build_options_profiles_by_object_or_name():
@@ -426,6 +434,7 @@ def test_random_lines_fail_only_with_options_error(line):
 
 
 _words = st.from_regex(r"[A-Za-z][A-Za-z0-9_.-]{0,8}", fullmatch=True)
+_names = st.from_regex(r"[A-Za-z]([A-Za-z0-9_.-]{0,7}[A-Za-z0-9])?", fullmatch=True)  # PEP 508 project names
 _env_values = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8)
 _options = st.fixed_dictionaries(
     {},
@@ -433,7 +442,7 @@ _options = st.fixed_dictionaries(
         "num_gpus": st.integers(1, 2**32 - 1),
         "gpu_class": _words,
         "name": _words,
-        "pip": st.lists(_words, min_size=1, max_size=3, unique=True),
+        "pip": st.lists(_names, min_size=1, max_size=3, unique=True),
         "env": st.dictionaries(
             st.from_regex(r"[A-Z_][A-Z0-9_]{0,6}", fullmatch=True).filter(
                 lambda name: name not in ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypedDict, Unpack
 from pydantic import ValidationError
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
+from lancefn_jupyter.environments.requirements import pip_problem
 from lancefn_jupyter.server.control.artifact_check import artifact_problem
 from lancefn_jupyter.server.control.jobtable import TableLock
 from lancefn_jupyter.server.control.journal import JobJournal
@@ -99,8 +100,12 @@ class FunctionCatalog:
         journal: JobJournal,
         environment_check: Callable[[EnvironmentRequest], str | None] | None = None,
         digest_key: bytes | None = None,
+        allow_direct_references: bool = True,
     ):
         self.store, self.classes, self.lock, self.journal = store, classes, lock, journal
+        # Whether pip entries ``NAME @ URL`` are accepted (docs/ARCHITECTURE.md, "Environments"): a server of one
+        # namespace, or --allow-direct-references.
+        self.allow_direct_references = allow_direct_references
         # The server's secret that env values are keyed with in version ids and runtime digests (docs/ARCHITECTURE.md,
         # "Function versions"); None: unkeyed.
         self.digest_key = digest_key
@@ -124,6 +129,11 @@ class FunctionCatalog:
                 400,
                 f"runtime.kind {runtime.kind!r} is not supported by this server; use 'python' (CPU) or 'python_v2' (GPU)",
             )
+        environment = runtime.environment
+        if environment is not None and environment.kind == "pip":
+            problem = pip_problem(environment.packages, direct_references=self.allow_direct_references)
+            if problem:
+                raise ApiError(400, f"runtime.environment.packages: {problem}")
         try:
             artifact = decode_artifact(request.artifact)
         except ValueError as error:

@@ -14,7 +14,10 @@ For executors that build environments (``Executor.builds_environments``: local),
   ``[env] ``); built → the machine queues the jobs (FIFO among themselves), leased; failed →
   each fails in phase ``environment`` with the build's message.  No failure is kept: the next job builds again.
 
-Executors that do not build (Ray) only get the refusal check.  The decision for a version (its request, the
+Executors that do not build (Ray) only get the refusal check.  The refusal check also refuses pip entries that
+are not requirements, and direct references where the server does not allow them (a version registered before
+the rule).  A namespace's environments are built as the user its workers run as
+(``Executor.environment_builder``), which is part of the key.  The decision for a version (its request, the
 refusal, whether it needs a build and its key) is made once and kept (``_plans``), so a version without
 packages costs one dictionary lookup per job.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
+from lancefn_jupyter.environments.requirements import pip_problem
 from lancefn_jupyter.server.control.catalog import stored_definition
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
@@ -39,6 +43,7 @@ from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.wire.models import JobFailure
 
 if TYPE_CHECKING:
+    from lancefn_jupyter.environments.builders import BuildUser
     from lancefn_jupyter.environments.cache import Environment, EnvironmentCache
 
 __all__ = ["Admission", "EnvironmentStage"]
@@ -61,6 +66,7 @@ class _Plan:
     problem: str | None = None
     key: str | None = None
     gpu: bool = False  # a GPU function: an environment of another Python gets the GPU stack (numba-cuda)
+    builder: BuildUser | None = None  # whom it is built as (None: the server's user)
     transient: bool = False  # the decision failed on an error of ours: ask again for the next version
 
 
@@ -87,6 +93,7 @@ class _Build:
     key: str
     request: EnvironmentRequest
     gpu: bool
+    builder: BuildUser | None
     started: float = field(default_factory=time.monotonic)
     waiters: dict[str, tuple[JobRecord, float]] = field(default_factory=dict)  # job id → (job, joined at), FIFO
     lines: list[str] = field(default_factory=list)  # its output so far, for jobs that join late
@@ -96,14 +103,25 @@ class _Build:
 
 
 class EnvironmentStage:
-    def __init__(self, table: JobTable, *, store: Store, journal: JobJournal, cache: EnvironmentCache | None):
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        store: Store,
+        journal: JobJournal,
+        cache: EnvironmentCache | None,
+        allow_direct_references: bool = True,
+    ):
+        """``allow_direct_references``: pip entries ``NAME @ URL`` are built (a server of one namespace, or
+        ``--allow-direct-references``); else refused."""
         self.table, self.store, self.journal, self.cache = table, store, journal, cache
+        self.allow_direct_references = allow_direct_references
         # The machine's, bound by the plane: queue built jobs (lock held), fail a job in phase "environment".
         self.enqueue: Callable[[list[JobRecord]], None] = lambda recs: None
         self.fail: Callable[[JobRecord, JobFailure], None] = lambda rec, failure: None
         self._plans: OrderedDict[_Owner, _Plan] = OrderedDict()
         self._plans_lock = threading.Lock()
-        self._by_request: dict[tuple[EnvironmentRequest, bool], _Plan] = {}  # oldest first
+        self._by_request: dict[tuple[EnvironmentRequest, bool, BuildUser | None], _Plan] = {}  # oldest first
         self._builds: dict[str, _Build] = {}  # key → the build under way
         self._waiting: dict[str, _Build] = {}  # job id → the build it waits for
         self._held: dict[str, Environment] = {}  # job id → the environment it runs in (leased)
@@ -116,7 +134,11 @@ class EnvironmentStage:
     # ------------------------------------------------------------------ decisions
 
     def problem(self, request: EnvironmentRequest) -> str | None:
-        """The executor's refusal of ``request`` (a registration warning), or None; an executor error is none."""
+        """A pip entry this server does not install, else the executor's refusal of ``request`` (a registration
+        warning), or None; an executor error is none."""
+        entries = pip_problem(request.pip, direct_references=self.allow_direct_references)
+        if entries is not None:
+            return entries
         executor = self.table.executor
         if executor is None:
             return None
@@ -152,8 +174,8 @@ class EnvironmentStage:
         return plan
 
     def _decide(self, owner: _Owner) -> _Plan:
-        """A version's plan: from its definition, and decided once per (request, gpu): versions of the same
-        environment (a notebook's edits) share the decision, so a new one costs no cache work."""
+        """A version's plan: from its definition, and decided once per (request, gpu, builder): versions of the
+        same environment (a notebook's edits) share the decision, so a new one costs no cache work."""
         namespace, name, version = owner
         row = self.store.get_version(name, version, namespace)
         if row is None:  # the launch says so; nothing to prepare
@@ -164,20 +186,31 @@ class EnvironmentStage:
             return _Plan(None)
         request = EnvironmentRequest.from_runtime(runtime, definition.get("environment_digest") or "")
         gpu = bool((runtime.get("resources") or {}).get("num_gpus"))
+        try:
+            builder = self._builder(namespace)
+        except Exception as error:  # no uid left for the namespace: its jobs fail until the operator widens the range
+            return _Plan(request, problem=str(error), transient=True)
         with self._plans_lock:
-            known = self._by_request.get((request, gpu))
+            known = self._by_request.get((request, gpu, builder))
         if known is not None:
             return known
-        plan = self._decide_request(request, gpu, f"{name}@{version}")
+        plan = self._decide_request(request, gpu, builder, f"{name}@{version}")
         if plan.transient:
             return plan
         with self._plans_lock:
-            self._by_request[(request, gpu)] = plan
+            self._by_request[(request, gpu, builder)] = plan
             while len(self._by_request) > _PLANS_KEPT:
                 self._by_request.pop(next(iter(self._by_request)))
         return plan
 
-    def _decide_request(self, request: EnvironmentRequest, gpu: bool, what: str) -> _Plan:
+    def _builder(self, namespace: str) -> BuildUser | None:
+        """Whom the namespace's environments are built as: its workers' user when the plane builds them."""
+        executor = self.table.executor
+        if self.cache is None or executor is None or not executor.builds_environments:
+            return None
+        return executor.environment_builder(namespace)
+
+    def _decide_request(self, request: EnvironmentRequest, gpu: bool, builder: BuildUser | None, what: str) -> _Plan:
         problem = self.problem(request)
         if problem:
             return _Plan(request, problem=problem)
@@ -187,7 +220,7 @@ class EnvironmentStage:
         try:
             if not cache.needs_build(request):
                 return _Plan(request)
-            return _Plan(request, key=cache.key(request, gpu=gpu), gpu=gpu)
+            return _Plan(request, key=cache.key(request, gpu=gpu, builder=builder), gpu=gpu, builder=builder)
         except Exception as error:
             log.exception("deciding the environment of %s failed", what)
             return _Plan(
@@ -210,7 +243,7 @@ class EnvironmentStage:
         try:
             lease = self.cache.lease(env) if env is not None else None
             if lease is None:  # not known here, or evicted since
-                env = self.cache.lookup(plan.request, gpu=plan.gpu)
+                env = self.cache.lookup(plan.request, gpu=plan.gpu, builder=plan.builder)
                 lease = self.cache.lease(env) if env is not None else None
             if env is not None and lease is not None:
                 self._known[plan.key] = env
@@ -291,7 +324,7 @@ class EnvironmentStage:
         build = self._builds.get(plan.key)
         start = build is None
         if build is None:
-            build = self._builds[plan.key] = _Build(plan.key, plan.request, plan.gpu)
+            build = self._builds[plan.key] = _Build(plan.key, plan.request, plan.gpu, plan.builder)
         build.waiters[rec.job_id] = (rec, min(admission.since, time.monotonic()))
         self._waiting[rec.job_id] = build
         self.table.environment_waits[rec.job_id] = build.reason
@@ -312,7 +345,9 @@ class EnvironmentStage:
         done = threading.Event()
         threading.Thread(target=self._refresh, args=(build, done), name="lancefn-env-refresh", daemon=True).start()
         try:
-            env = self.cache.ensure(build.request, log=lambda lines: self._output(build, lines), gpu=build.gpu)
+            env = self.cache.ensure(
+                build.request, log=lambda lines: self._output(build, lines), gpu=build.gpu, builder=build.builder
+            )
         except Exception as error:  # EnvironmentFailure: uv's lines in its message; anything else: say what
             from lancefn_jupyter.environments.cache import EnvironmentFailure
 

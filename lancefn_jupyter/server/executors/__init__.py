@@ -19,8 +19,8 @@ def get_executor(name: str, **opts: Any) -> Executor:
     plane's ``EnvironmentCache``, "Environments"), ``worker_uids=`` (a ``uids.WorkerUids``: a uid per namespace)
     and ``worker_max_procs=`` (switched workers' RLIMIT_NPROC, "Isolation");
     ``ray`` takes ``address=`` (``None``: start a private local Ray sized from ``classes=``), ``home=`` (where
-    that local Ray keeps its temp dir when the path is short enough) and ``environments=`` (whose ``plan``
-    resolves a version's packages for Ray's ``uv``).
+    that local Ray keeps its temp dir when the path is short enough), ``environments=`` (whose ``plan``
+    resolves a version's packages for Ray's ``uv``) and ``worker_user=`` (whom that resolution runs as).
     Both take ``worker_max_rss_mb=`` (a worker or actor over it after a job is retired, "Warm state").
     Options an implementation does not take are dropped, so the CLI can pass everything it knows.
     """
@@ -55,5 +55,6 @@ def get_executor(name: str, **opts: Any) -> Executor:
             home=opts.get("home"),
             worker_max_rss_mb=opts.get("worker_max_rss_mb"),
             environments=opts.get("environments"),
+            worker_user=opts.get("worker_user"),
         )
     raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTOR_NAMES)}")

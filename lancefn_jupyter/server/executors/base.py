@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
     import asyncio
 
+    from lancefn_jupyter.environments.builders import BuildUser
     from lancefn_jupyter.environments.cache import Environment
     from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.wire.models import JobFailure
@@ -169,6 +170,12 @@ class Executor(ABC):
     def environment_problem(self, request: EnvironmentRequest) -> str | None:
         """Why this executor cannot honour ``request`` (a registration warning; its jobs fail in phase
         ``environment`` with it), or None. Must be quick: it is asked on registration."""
+        return None
+
+    def environment_builder(self, namespace: str) -> BuildUser | None:
+        """Whom the plane builds ``namespace``'s environments as (``builds_environments`` executors): the user its
+        workers run as when that is not the server's (docs/ARCHITECTURE.md, "Environments"); None: the server's
+        own user. May raise (no uid left for the namespace)."""
         return None
 
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:

@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, InlineRun, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
 from lancefn_jupyter.server.executors.loop_follow import LoopFollow
@@ -360,6 +361,13 @@ class LocalExecutor(Executor):
                 f"image={request.image!r}: the local executor runs no containers; use the Ray executor, or drop image="
             )
         return None
+
+    def environment_builder(self, namespace: str) -> BuildUser | None:
+        """The namespace's workers' user: its own uid (``--worker-uids``), the worker user, or None (itself)."""
+        if self._uids is not None:
+            uid = self._uids.uid_for(namespace)
+            return BuildUser(uid, uid)
+        return BuildUser(self._user.uid, self._user.gid) if self._user is not None else None
 
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
         owner = (namespace, name, version)

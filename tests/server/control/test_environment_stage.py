@@ -15,8 +15,10 @@ import pytest
 from conftest import registration_body
 from test_plane_warm_state import wire
 
+from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.environments.cache import Environment, EnvironmentFailure
 from lancefn_jupyter.environments.request import EnvironmentRequest
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.server.plane import ControlPlane
 from lancefn_jupyter.server.policy.gpu_classes import simulated_default
@@ -48,6 +50,14 @@ class Recording(Executor):
         pass
 
 
+class PerNamespace(Recording):
+    """Workers (and builds) of each namespace as a uid of its own, as the local executor's ``--worker-uids``."""
+
+    def environment_builder(self, namespace: str) -> BuildUser | None:
+        uid = {"a": 61001, "b": 61002}[namespace]
+        return BuildUser(uid, uid)
+
+
 class FakeCache:
     """``EnvironmentCache``'s interface: a request needs a build when it names packages; builds block until
     ``release(key)``; ``fail`` makes the next build of a key fail."""
@@ -66,17 +76,21 @@ class FakeCache:
     def needs_build(self, request: EnvironmentRequest) -> bool:
         return bool(request.packages)
 
-    def key(self, request: EnvironmentRequest, *, gpu: bool = False) -> str:
-        return "k-" + "-".join(request.packages)
+    def key(self, request: EnvironmentRequest, *, gpu: bool = False, builder: BuildUser | None = None) -> str:
+        return "k-" + "-".join(request.packages) + (f"-u{builder.uid}" if builder is not None else "")
 
-    def lookup(self, request: EnvironmentRequest, *, gpu: bool = False) -> Environment | None:
-        return self.built.get(self.key(request))
+    def lookup(
+        self, request: EnvironmentRequest, *, gpu: bool = False, builder: BuildUser | None = None
+    ) -> Environment | None:
+        return self.built.get(self.key(request, builder=builder))
 
     def gate(self, key: str) -> threading.Event:
         return self.gates.setdefault(key, threading.Event())
 
-    def ensure(self, request: EnvironmentRequest, log=None, *, gpu: bool = False) -> Environment | None:
-        key = self.key(request)
+    def ensure(
+        self, request: EnvironmentRequest, log=None, *, gpu: bool = False, builder: BuildUser | None = None
+    ) -> Environment | None:
+        key = self.key(request, builder=builder)
         self.builds.append(key)
         if log is not None:
             log([f"Resolved {len(request.packages)} packages", "Installed tabulate==0.9.0"])
@@ -321,3 +335,33 @@ def test_a_long_build_refreshes_its_jobs_pending_reason_in_events(setup, monkeyp
     cache.release("k-tabulate")
     wait_for(lambda: executor.tasks, "launched")
     assert all(reason.startswith("building environment (1 package, ") for reason in reasons())
+
+
+def test_each_namespace_builds_its_own_environment_and_direct_references_follow_the_servers_rule(tmp_path):
+    cache = FakeCache(tmp_path)
+    executor = PerNamespace(cache)
+    store = Store(tmp_path / "db.sqlite3")
+    plane = ControlPlane(
+        store=store, classes=simulated_default(), executor=executor, environments=cache, allow_direct_references=False
+    )
+    plane.start()
+    try:
+        for namespace in ("a", "b"):
+            job_id, _ = plane.catalog.register(registration_body(packages=("tabulate",)), namespace)
+            version = plane.jobs.record(job_id).result["version"]  # type: ignore[union-attr]
+            plane.machine.run("double", version, [{"x": 1}], namespace=namespace)
+        wait_for(lambda: len(cache.builds) == 2, "a build per namespace")
+        assert sorted(cache.builds) == ["k-tabulate-u61001", "k-tabulate-u61002"]
+        for key in cache.builds:
+            cache.release(key)
+        tasks = wait_for(lambda: len(executor.tasks) == 2 and executor.tasks, "both jobs placed")
+        assert {(task.namespace, task.venv.key if task.venv else None) for task in tasks} == {
+            ("a", "k-tabulate-u61001"),
+            ("b", "k-tabulate-u61002"),
+        }
+        with pytest.raises(ApiError) as refused:  # a server of several namespaces, no --allow-direct-references
+            plane.catalog.register(registration_body("evil", packages=("evil @ file:///tmp/evil",)), "a")
+        assert refused.value.status == 400 and "--allow-direct-references" in str(refused.value)
+    finally:
+        plane.shutdown()
+        store.close()

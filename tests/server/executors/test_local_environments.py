@@ -6,7 +6,7 @@ packages use it; failures and refusals are phase ``environment`` (and registrati
 write into it; a batch builds once; a SIGKILL of the server mid-build, then a restart, still runs the job.
 
 The server runs as root here, so its workers run as ``nobody`` (``LANCEFN_WORKER_USER=""``), each module with its
-own world-readable cache. Builds are made to wait, where a test must see a job waiting, by holding the cache's
+own world-readable cache, and builds run as ``nobody`` too: its environments live in ``<cache>/uid-<nobody>/``. Builds are made to wait, where a test must see a job waiting, by holding the cache's
 build lock (``.locks/<key>.build``), exactly as another process building the same environment would.
 
 Packages: four small ones the server's Python lacks (``absent_packages``: picked at run time); six is there at
@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import importlib.metadata
 import os
+import pwd
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,9 @@ from pathlib import Path
 import pytest
 from conftest import register, registration_body, remove_tree
 from helpers import absent_packages, describe, let_workers_reach_this_python, submit, wait_done, wait_until
+
+from lancefn_jupyter.environments.builders import BuildUser
+from lancefn_jupyter.environments.cache import EnvironmentCache
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"  # the base's: environments layer over it
 
@@ -62,6 +66,9 @@ def write(where: str) -> str:
 
 
 PKG_A, PKG_B, PKG_C, PKG_D = absent_packages(4)  # the module is skipped if this Python has too many of them
+# Whom the server builds as: its workers' user (nobody for a root server), else itself
+_NOBODY = pwd.getpwnam("nobody")
+BUILDER = BuildUser(_NOBODY.pw_uid, _NOBODY.pw_gid) if os.geteuid() == 0 else None
 
 
 def _base_six() -> str | None:
@@ -117,8 +124,13 @@ def server(control_plane_factory, env_cache):
     return control_plane_factory(env={"LANCEFN_WORKER_USER": "", "LANCEFN_ENV_CACHE": str(env_cache)})
 
 
+def built(cache: Path) -> Path:
+    """Where the server's environments live in ``cache``."""
+    return EnvironmentCache(cache).directory(BUILDER)
+
+
 def environments(cache: Path) -> set[str]:
-    return {p.name for p in cache.iterdir() if not p.name.startswith(".")}
+    return {p.name for p in built(cache).iterdir() if not p.name.startswith(".")}
 
 
 def key_of(cache: Path, packages: tuple[str, ...], gpu: bool = True) -> str:
@@ -128,8 +140,9 @@ def key_of(cache: Path, packages: tuple[str, ...], gpu: bool = True) -> str:
         "import sys\n"
         "from lancefn_jupyter.environments.cache import EnvironmentCache\n"
         "from lancefn_jupyter.environments.request import EnvironmentRequest\n"
+        "from lancefn_jupyter.environments.builders import BuildUser\n"
         f"request = EnvironmentRequest(packages={packages!r}, python_version={PYTHON!r})\n"
-        f"print(EnvironmentCache({str(cache)!r}, shared=True).key(request, gpu={gpu!r}))\n"
+        f"print(EnvironmentCache({str(cache)!r}, shared=True).key(request, gpu={gpu!r}, builder={BUILDER!r}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr
@@ -180,7 +193,7 @@ def test_a_packaged_version_builds_once_runs_in_its_environment_and_shares_it(se
         job = wait_done(http, job_id)
         assert job["job_state"] == "DONE", job
         _tab_version, tab_file, numpy_version, prefix = job["result"][0].split("|")
-        assert tab_file.startswith(str(env_cache / key)) and prefix == str(env_cache / key)
+        assert tab_file.startswith(str(built(env_cache) / key)) and prefix == str(built(env_cache) / key)
         assert numpy_version == importlib.metadata.version("numpy")  # the base's numpy, layered under it
         lines = logs(http, job_id)
         assert f"[env] building the environment ({PKG_A}, Python {PYTHON})" in lines
@@ -198,7 +211,7 @@ def test_a_packaged_version_builds_once_runs_in_its_environment_and_shares_it(se
         # Another version (other code) of the same packages: the same environment, nothing built.
         other = register(http, body("tab2", (PKG_A,), source=PROBE.replace("version =", "version  =")))["version"]
         shared = wait_done(http, submit(http, "tab2", other, [{"module": PKG_A}]))
-        assert shared["job_state"] == "DONE" and shared["result"][0].split("|")[3] == str(env_cache / key)
+        assert shared["job_state"] == "DONE" and shared["result"][0].split("|")[3] == str(built(env_cache) / key)
         assert shared["timings"]["environment_ms"] == 0
         assert environments(env_cache) == {key}
 
@@ -209,7 +222,7 @@ def test_a_packaged_version_builds_once_runs_in_its_environment_and_shares_it(se
             source = PROBE.replace("version =", "version" + " " * (attempt + 3) + "=")
             new = register(http, body(name, (PKG_A,), source=source))["version"]
             started = wait_done(http, submit(http, name, new, [{"module": PKG_A}]))
-            assert started["job_state"] == "DONE" and started["result"][0].split("|")[3] == str(env_cache / key)
+            assert started["job_state"] == "DONE" and started["result"][0].split("|")[3] == str(built(env_cache) / key)
             if started["timings"]["start_ms"] == 0:
                 break
             time.sleep(1.0)  # its spare is still starting
@@ -251,7 +264,7 @@ def test_a_package_that_does_not_exist_fails_each_job_in_phase_environment(serve
             assert time.monotonic() - started < 30
             assert "timings" not in job
             assert any(line.startswith("[env] ") and name in line for line in logs(http, job["job_id"]))
-        assert not any(key.startswith(".build") for key in os.listdir(env_cache))
+        assert not any(key.startswith(".build") for key in os.listdir(built(env_cache)))
 
 
 def test_a_job_cannot_write_into_its_environment(server, env_cache):
@@ -329,7 +342,7 @@ def test_a_sigkill_during_a_build_then_a_restart_runs_the_job(server, env_cache)
         with server.http() as again:
             job = wait_done(again, job_id)
             assert job["job_state"] == "DONE", job
-            assert job["result"][0].split("|")[3] == str(env_cache / key)
+            assert job["result"][0].split("|")[3] == str(built(env_cache) / key)
 
 
 def test_cancelling_a_job_while_its_environment_builds(server, env_cache):

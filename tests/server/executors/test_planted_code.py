@@ -116,5 +116,7 @@ def test_the_check_of_a_built_environment_runs_nothing_planted_in_the_servers_cw
     )
     monkeypatch.chdir(shared)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}  # however the server was started
-    build._check(sys.executable, [], env)  # imports json (and lancefn_jupyter.worker) in the environment's Python
+    plan = build.Plan(python=sys.executable, requirements=(), base=None, preferred={}, uv="uv", uv_args=(), env=env)
+    with build._workspace(plan) as work:  # a build's private directory: its processes' cwd
+        build._check(sys.executable, [], work)  # imports json (and lancefn_jupyter.worker) in the environment's Python
     assert list(markers.iterdir()) == []

@@ -8,13 +8,16 @@ The unit tests build runtime_env fields and drive an unstarted executor; the ``r
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from conftest import register, registration_body
-from helpers import absent_packages
+from conftest import register, registration_body, remove_tree
+from helpers import absent_packages, let_workers_reach_this_python, reporting_project
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.server.executors.base import TaskSpec
@@ -120,7 +123,7 @@ class _Cache:
         self.calls = 0
         self.release = threading.Event()
 
-    def plan(self, request):
+    def plan(self, request, builder=None):
         self.calls += 1
         self.release.wait(10)
         if self.error is not None:
@@ -131,11 +134,12 @@ class _Cache:
         return []
 
 
-def _executor(cache: _Cache):
+def _executor(cache, worker_user=None):
     pytest.importorskip("ray")
     from lancefn_jupyter.server.executors.ray import RayExecutor
 
-    executor = RayExecutor(environments=cache, pip_mode="auto")  # not started: launches wait in its buffer
+    # not started: launches wait in its buffer
+    executor = RayExecutor(environments=cache, pip_mode="auto", worker_user=worker_user)
     callbacks = _Callbacks()
     executor._callbacks = callbacks
     return executor, callbacks
@@ -219,6 +223,38 @@ def test_ray_refuses_another_python_without_an_image_and_conda_packages_it_lacks
     assert conda is not None and ABSENT in conda
     assert executor.environment_problem(EnvironmentRequest(kind="conda", packages=("numpy",))) is None
     assert executor.environment_problem(EnvironmentRequest(packages=(ABSENT,))) is None  # pip: installed by uv
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root control plane resolves as another user")
+def test_a_root_control_planes_resolution_runs_build_backends_as_the_worker_user_and_refuses_option_lines(tmp_path):
+    """The plan resolution (``uv pip compile``, which runs PEP 517 backends) of a Ray executor on a root server runs
+    as the worker user (nobody), in a cache that user reaches; an option line never reaches uv."""
+    from lancefn_jupyter.environments.cache import EnvironmentCache, EnvironmentFailure
+    from lancefn_jupyter.server.executors.isolation import resolve_worker_user
+
+    let_workers_reach_this_python()
+    nobody = resolve_worker_user(None)  # the CLI's rule for a root server: --worker-user, default nobody
+    assert nobody is not None
+    secret = tmp_path / "api_key"  # as the home's: the server's alone
+    secret.write_text("ray-admin-key-0001\n")
+    secret.chmod(0o600)
+    cache_dir = Path(tempfile.mkdtemp(prefix="lancefn-rayenv-", dir="/tmp"))
+    try:
+        cache_dir.chmod(0o755)
+        cache = EnvironmentCache(cache_dir / "envs", shared=True)
+        executor, _ = _executor(cache, nobody)
+        with reporting_project(secret) as reference, pytest.raises(EnvironmentFailure) as caught:
+            executor._runtime_fields(_task(packages=(reference,)))
+        assert f"evilpkg backend: uid {nobody.uid}, api_key PermissionError" in str(caught.value)
+        assert "ray-admin-key" not in str(caught.value)
+        option = (f"-r {secret}",)
+        assert executor._runtime_fields(_task(packages=option)) == {}  # not a requirement: nothing goes to uv
+        with pytest.raises(EnvironmentFailure, match="is a pip option") as caught:
+            cache.plan(EnvironmentRequest(packages=option), builder=executor._builder)
+        assert caught.value.refused and "ray-admin-key" not in str(caught.value)
+    finally:
+        remove_tree(cache_dir)
 
 
 # ------------------------------------------------------------------------------ on a real local Ray

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec, redact_env
 from lancefn_jupyter.server.executors.ray.cluster import (
@@ -35,6 +36,7 @@ from lancefn_jupyter.worker.protocol import TEARDOWN_S
 if TYPE_CHECKING:
     from lancefn_jupyter.environments.cache import EnvironmentCache
     from lancefn_jupyter.environments.request import EnvironmentRequest
+    from lancefn_jupyter.server.executors.isolation import WorkerUser
     from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 
 log = logging.getLogger("lancefn.server")
@@ -283,10 +285,12 @@ class RayExecutor(Executor):
         stop_grace_s: float = TEARDOWN_S + 5.0,  # idle actors' teardown runs during the driver's shutdown
         worker_max_rss_mb: float | None = None,
         environments: EnvironmentCache | None = None,
+        worker_user: WorkerUser | None = None,
     ) -> None:
         """``environments``: the control plane's environment cache, whose ``plan`` resolves a version's packages
         over the control plane's own for Ray's ``uv`` (default: one on ``default_cache_dir``, made when first
-        needed)."""
+        needed). ``worker_user``: whom that resolution runs as (it runs build backends: never root; None: the
+        server's own user, for a server that is not root)."""
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:  # say so at startup, not at the first job
@@ -328,6 +332,7 @@ class RayExecutor(Executor):
         self._closed = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._environments = environments
+        self._builder = BuildUser(worker_user.uid, worker_user.gid) if worker_user is not None else None
         # A version environment's runtime_env fields (docs/ARCHITECTURE.md, "Environments"), by what decides them;
         # resolved once (``uv pip compile`` on a thread), never evicted (a few small dicts per environment).
         self._env_fields: dict[tuple, dict[str, Any]] = {}
@@ -395,7 +400,7 @@ class RayExecutor(Executor):
             task.environment,
             task.packages,
             self._pip_mode,
-            plan=lambda request: self._cache().plan(request),
+            plan=lambda request: self._cache().plan(request, builder=self._builder),
             uv_args=lambda: self._cache().uv_args(),
         )
 
