@@ -410,8 +410,8 @@ def table_dir() -> Path:
     return path
 
 
-def make_table(db_dir: Path, name: str = "docs"):
-    """Two fragments (tbl.add twice): ids 0–299 then 300–499; texts repeat (t0…t49), so equal
+def make_table(db_dir: Path, name: str = "docs", prefix: str = "t"):
+    """Two fragments (tbl.add twice): ids 0–299 then 300–499; texts repeat (t0…t49, or ``prefix``0…), so equal
     inputs sit in distinct rows."""
     import lancedb
     import pyarrow as pa
@@ -419,7 +419,7 @@ def make_table(db_dir: Path, name: str = "docs"):
     db = lancedb.connect(str(db_dir))
 
     def part(ids):
-        return pa.table({"id": ids, "text": [f"t{i % 50}" for i in ids], "a": [i / 4 for i in ids], "b": ids})
+        return pa.table({"id": ids, "text": [f"{prefix}{i % 50}" for i in ids], "a": [i / 4 for i in ids], "b": ids})
 
     table = db.create_table(name, part(list(range(300))))
     table.add(part(list(range(300, 500))))
