@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, column, let_workers_reach_this_python, make_table, table_dir, wait_until
+from helpers import api_keys_toml, column, team_table_roots, wait_until
 from helpers import wait_backfill as wait
 
 A_KEY, B_KEY = "rights-team-a-key-0001", "rights-team-b-key-0002"
@@ -48,26 +48,12 @@ def echo(text: str, b: int) -> str:
 """
 
 
-def _own(path: Path, uid: int) -> None:
-    for directory, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
-            os.lchown(os.path.join(directory, name), uid, uid)
-    os.chown(path, uid, uid)
-
-
 class Teams:
     """Two namespaces' table roots under ``base``, a table in each (B's texts are its secret), and a server."""
 
     def __init__(self, factory, *, root_owner: dict[str, int] | None = None) -> None:
-        let_workers_reach_this_python()
-        self.base = table_dir()
+        self.base = team_table_roots({**UIDS, **(root_owner or {})}, {"b": SECRET})
         self.roots = {ns: self.base / ns for ns in UIDS}
-        owners = {**UIDS, **(root_owner or {})}
-        for ns, root in self.roots.items():
-            root.mkdir()
-            make_table(root, "t", prefix=SECRET if ns == "b" else "t")
-            _own(root, owners[ns])
-            root.chmod(0o700)
         self.a_table, self.b_table = self.roots["a"] / "t.lance", self.roots["b"] / "t.lance"
         self.b_before = self.b_state()
         self.cp = factory(
