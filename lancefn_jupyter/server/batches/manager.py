@@ -854,8 +854,10 @@ class BatchManager:
                         for (idx, table_slice), part in zip(slices, parts, strict=True)
                     ],
                 )
-        except (CommitFailed, TableError, TableAccessError) as error:  # the batch says why; no traceback
+        except (CommitFailed, TableAccessError) as error:  # the batch says why; no traceback
             problem = str(error)
+        except TableError as error:  # the table cannot be opened (gone, or not the team's to open)
+            problem = f"fragment {fid}: {error}"
         except Exception as error:  # an unreadable result, a table gone: the batch says why
             if results.stopped is None:
                 log.exception("backfill %s: committing fragment %s failed", batch_id, fid)

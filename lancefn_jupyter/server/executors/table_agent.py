@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
-import logging
 import os
 import socket
 import subprocess
@@ -31,11 +30,21 @@ from lancefn_jupyter.server.executors.table_tree import TreeCheck
 from lancefn_jupyter.tables.agent import recv_frame, send_frame
 from lancefn_jupyter.wire.homefs import replace_atomically
 
-__all__ = ["AGENT_START_TIMEOUT_S", "RemotePlanSource", "TableAccessError", "TableAgent", "TableAgents", "read_rows"]
-
-log = logging.getLogger("lancefn.server")
+__all__ = [
+    "AGENT_REPLY_TIMEOUT_S",
+    "AGENT_START_TIMEOUT_S",
+    "RemotePlanSource",
+    "TableAccessError",
+    "TableAgent",
+    "TableAgents",
+    "read_rows",
+]
 
 AGENT_START_TIMEOUT_S = 60.0
+# The longest an agent may work between two frames of a request (a plan's scan, a slice read, a commit's write
+# between two chunks; the wait for a chunk is the control plane's, not counted): one that hangs (its own table's
+# FIFO, swapped in after the check) fails its request instead of holding the thread for ever.
+AGENT_REPLY_TIMEOUT_S = 600.0
 
 
 class TableAccessError(Exception):
@@ -132,10 +141,16 @@ class TableAgent:
         """``request``'s reply; ``load(i)`` opens part i's results for a commit (its descriptor, closed here once
         sent); an exception of ``load`` ends the request (the agent's commit ends unwritten) and is raised."""
         with self._connect() as conn:
+            conn.settimeout(AGENT_REPLY_TIMEOUT_S)
             send_frame(conn, request, fds)
             while True:
                 try:
                     reply, got = recv_frame(conn)
+                except TimeoutError:
+                    raise TableAccessError(
+                        f"the table agent for uid {self.uid} did not answer within {AGENT_REPLY_TIMEOUT_S:g} s; "
+                        "a file of the table may block reads (a FIFO or a hung file system)"
+                    ) from None
                 except (OSError, EOFError, ValueError):
                     raise TableAccessError(
                         f"the table agent for uid {self.uid} stopped during the request ({self._why_now()}); "
@@ -311,9 +326,13 @@ class TableAgents:
             "version": version,
             "parts": [ranges for ranges, _ in parts],
         }
-        reply = _checked(
-            agent.call(request, load=lambda index: parts[index][1]()), agent, f"writing fragment {fragment}"
-        )
+
+        def load(index: int) -> int:
+            if not 0 <= index < len(parts):
+                raise TableAccessError(f"the table agent asked for part {index} of a commit of {len(parts)}")
+            return parts[index][1]()
+
+        reply = _checked(agent.call(request, load=load), agent, f"writing fragment {fragment}")
         try:
             return int(reply["table_version"])
         except (KeyError, TypeError, ValueError):
