@@ -142,20 +142,9 @@ class TableAgent:
         sent); an exception of ``load`` ends the request (the agent's commit ends unwritten) and is raised."""
         with self._connect() as conn:
             conn.settimeout(AGENT_REPLY_TIMEOUT_S)
-            send_frame(conn, request, fds)
+            self._exchange(conn, request, fds)
             while True:
-                try:
-                    reply, got = recv_frame(conn)
-                except TimeoutError:
-                    raise TableAccessError(
-                        f"the table agent for uid {self.uid} did not answer within {AGENT_REPLY_TIMEOUT_S:g} s; "
-                        "a file of the table may block reads (a FIFO or a hung file system)"
-                    ) from None
-                except (OSError, EOFError, ValueError):
-                    raise TableAccessError(
-                        f"the table agent for uid {self.uid} stopped during the request ({self._why_now()}); "
-                        "it is started again for the next one"
-                    ) from None
+                reply, got = self._exchange(conn)
                 for fd in got:
                     os.close(fd)
                 if "load" not in reply:
@@ -164,9 +153,29 @@ class TableAgent:
                     raise TableAccessError("the table agent asked for results outside a commit")
                 fd = load(int(reply["load"]))
                 try:
-                    send_frame(conn, {"file": True}, [fd])
+                    self._exchange(conn, {"file": True}, [fd])
                 finally:
                     os.close(fd)
+
+    def _exchange(
+        self, conn: socket.socket, message: dict | None = None, fds: Sequence[int] = ()
+    ) -> tuple[dict, list[int]]:
+        """Send ``message`` (with ``fds``), or receive the next frame; the agent's end said as TableAccessError."""
+        try:
+            if message is not None:
+                send_frame(conn, message, fds)
+                return message, []
+            return recv_frame(conn)
+        except TimeoutError:
+            raise TableAccessError(
+                f"the table agent for uid {self.uid} did not answer within {AGENT_REPLY_TIMEOUT_S:g} s; "
+                "a file of the table may block reads (a FIFO or a hung file system)"
+            ) from None
+        except (OSError, EOFError, ValueError):
+            raise TableAccessError(
+                f"the table agent for uid {self.uid} stopped during the request ({self._why_now()}); "
+                "it is started again for the next one"
+            ) from None
 
     def _why_now(self) -> str:
         with self._lock:

@@ -9,6 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import make_table, team_table_roots
 
@@ -169,3 +170,26 @@ def test_a_table_root_owned_by_root_is_refused(tmp_path):
     with pytest.raises(TableAccessError, match="belongs to root") as refused:
         TableAgents().agent(str(root))
     assert refused.value.status == 403
+
+
+@as_root
+def test_an_agent_that_dies_during_a_request_fails_it_saying_so_and_is_started_again():
+    base = team_table_roots({"a": UIDS["a"]})
+    root, table = str(base / "a"), str(base / "a" / "t.lance")
+    agents = TableAgents()
+
+    def die() -> int:  # the commit reached its first chunk: the agent dies before it gets the file
+        (agent,) = [p for p in psutil.Process().children() if "lancefn_jupyter.tables.agent" in p.cmdline()]
+        agent.kill()
+        agent.wait()
+        return _results_file([f"from a {i}" for i in range(300)])
+
+    try:
+        with pytest.raises(TableAccessError, match="stopped during the request"):
+            agents.commit(root, table, 0, into="out", output_type="utf8", version="v1", parts=[([[0, 300]], die)])
+        rows_file = tempfile.mktemp(dir="/tmp")
+        agents.read_slice(_slice(base / "a" / "t.lance", base / "a"), {"text": "utf8"}, rows_file)  # a new agent
+        assert dataplane.read_ipc(rows_file).num_rows == 10
+        os.unlink(rows_file)
+    finally:
+        agents.close()
