@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import make_table, team_table_roots
+from helpers import make_table, team_table_roots, wait_until
 
 from lancefn_jupyter.server.executors.table_agent import RemotePlanSource, TableAccessError, TableAgents
 from lancefn_jupyter.server.executors.table_tree import TreeCheck, tree_problem
@@ -193,3 +194,69 @@ def test_an_agent_that_dies_during_a_request_fails_it_saying_so_and_is_started_a
         os.unlink(rows_file)
     finally:
         agents.close()
+
+
+class _Failures:
+    """The executor callbacks a slice read can make: failures, recorded."""
+
+    def __init__(self) -> None:
+        self.failed: dict[str, object] = {}
+        self.done = threading.Event()
+
+    def task_failed(self, job_id, failure, **_):
+        self.failed[job_id] = failure
+        self.done.set()
+
+    def event_loop(self):
+        return None
+
+
+@as_root
+def test_a_ray_task_of_a_teams_slice_gets_rows_its_agent_read_not_the_slice():
+    """The Ray executor's side ("Running a chunk"): a slice naming its table root is read by the team's agent on a
+    thread of the executor, and the task goes on with the rows file (a Ray worker has Ray's rights, not the team's);
+    a refused slice fails the job in phase ``validation``. No Ray cluster: the task waits in the executor's buffer."""
+    pytest.importorskip("ray")
+    from lancefn_jupyter.server.executors.base import TaskSpec
+    from lancefn_jupyter.server.executors.ray.executor import RayExecutor
+
+    base = team_table_roots({"a": UIDS["a"]})
+    root, table = base / "a", base / "a" / "t.lance"
+    executor = RayExecutor()
+    executor.table_agents = TableAgents()
+    executor._callbacks = callbacks = _Failures()
+    rows_file = tempfile.mktemp(dir="/tmp")
+
+    def task(job_id: str) -> TaskSpec:
+        return TaskSpec(
+            job_id=job_id,
+            name="f",
+            version="v",
+            artifact=b"",
+            entrypoint="f",
+            rows=[],
+            devices=(),
+            simulated=True,
+            gpu_class=None,
+            num_gpus=0,
+            env={},
+            packages=(),
+            timeout_s=None,
+            namespace="a",
+            data={"input_types": {"text": "utf8"}, "rows_file": rows_file},
+            table_slice=_slice(table, root),
+        )
+
+    try:
+        executor.launch(task("j1"))
+        wait_until(lambda: executor._buffer, "the task to be launched with its rows")
+        (launched,) = executor._buffer
+        assert launched.job_id == "j1" and launched.table_slice is None
+        assert dataplane.read_ipc(rows_file).column("text").to_pylist() == [f"t{i}" for i in range(10)]
+        (table / "data" / "out").symlink_to("/etc")
+        executor.launch(task("j2"))
+        assert callbacks.done.wait(30)
+        assert callbacks.failed["j2"].phase == "validation" and "leads outside" in callbacks.failed["j2"].message
+    finally:
+        executor.table_agents.close()
+        os.unlink(rows_file)
