@@ -45,6 +45,7 @@ QUICK_ARGS = {
     "bench_warm_state.py": ["--warm", "100"],
     "bench_environments.py": ["--rounds", "1", "--hits", "3"],
     "bench_env_build.py": ["--rounds", "1"],
+    "bench_table_agent.py": ["--fragments", "20", "--reps", "5"],
 }
 # Targets for timing lines of modules that print "label ... median X ms ... p95 Y ms":
 # (module, substring of the label) -> (statistic compared, limit in ms, target text).

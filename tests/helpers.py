@@ -473,8 +473,8 @@ def table_dir() -> Path:
     return path
 
 
-def make_table(db_dir: Path, name: str = "docs"):
-    """Two fragments (tbl.add twice): ids 0–299 then 300–499; texts repeat (t0…t49), so equal
+def make_table(db_dir: Path, name: str = "docs", prefix: str = "t"):
+    """Two fragments (tbl.add twice): ids 0–299 then 300–499; texts repeat (t0…t49, or ``prefix``0…), so equal
     inputs sit in distinct rows."""
     import lancedb
     import pyarrow as pa
@@ -482,11 +482,44 @@ def make_table(db_dir: Path, name: str = "docs"):
     db = lancedb.connect(str(db_dir))
 
     def part(ids):
-        return pa.table({"id": ids, "text": [f"t{i % 50}" for i in ids], "a": [i / 4 for i in ids], "b": ids})
+        return pa.table({"id": ids, "text": [f"{prefix}{i % 50}" for i in ids], "a": [i / 4 for i in ids], "b": ids})
 
     table = db.create_table(name, part(list(range(300))))
     table.add(part(list(range(300, 500))))
     return db, table
+
+
+def own_tree(path: Path, uid: int) -> None:
+    """``chown -R uid:uid path`` (links themselves, not what they lead to)."""
+    for directory, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(directory, name), uid, uid)
+    os.chown(path, uid, uid)
+
+
+TEAM_UID = 61179  # a table root's owner where a test needs one (no passwd entry has it)
+
+
+def give_to_team(root: Path, uid: int = TEAM_UID) -> None:
+    """A namespace's table root as an operator sets it up on a root server: the team's own user owns it (its tables
+    included), so the table agent runs as that user (docs/ARCHITECTURE.md, "Backfills", "Which tables"). Nothing to
+    do on a server that is not root (its agent runs as itself)."""
+    if os.geteuid() == 0:
+        let_workers_reach_this_python()  # the agent runs this Python as ``uid``
+        own_tree(root, uid)
+
+
+def team_table_roots(owners: dict[str, int], prefixes: dict[str, str] | None = None) -> Path:
+    """Table roots ``<base>/<namespace>`` for ``--table-roots '<base>/{namespace}'``: each holds a LanceDB table
+    ``t`` (``make_table``, texts with the namespace's prefix), given to the namespace's uid, mode 0700 (needs root)."""
+    base = table_dir()
+    for namespace, uid in owners.items():
+        root = base / namespace
+        root.mkdir()
+        make_table(root, "t", prefix=(prefixes or {}).get(namespace, "t"))
+        give_to_team(root, uid)
+        root.chmod(0o700)
+    return base
 
 
 def wait_backfill(http: httpx.Client, batch_id: str) -> dict:

@@ -51,6 +51,7 @@ from lancefn_jupyter.server.control.states import DONE
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor
+from lancefn_jupyter.server.executors.table_agent import TableAgents
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.policy.table_roots import TableRoots
@@ -144,6 +145,10 @@ class ControlPlane:
             jobs=self.jobs,
             machine=self.machine,
         )
+        # A team's backfill table I/O with the team's rights on a shared server ("Backfills", "Which tables").
+        self.table_agents = TableAgents()
+        if executor is not None:
+            executor.table_agents = self.table_agents
         # Fan-out of `map` over chunk jobs (server/batches/manager.py).
         self.batches = BatchManager(
             table,
@@ -155,6 +160,7 @@ class ControlPlane:
             machine=self.machine,
             results=self.results,
             table_roots=table_roots,
+            table_agents=self.table_agents,
         )
         self.journal.watchers.append(self.batches.on_job)
         self.journal.forgetters.append(self.callbacks.forget)
@@ -206,6 +212,7 @@ class ControlPlane:
                 executor.shutdown()
             except Exception:  # shutting down anyway; the reason goes to the log
                 log.exception("executor shutdown failed")
+        self.table_agents.close()  # after the commits and the executor: nothing asks them any more
         self.data.close()  # staged results reach the home
         with table.lock:
             self.journal.flush_all()

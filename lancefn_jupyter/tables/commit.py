@@ -19,7 +19,7 @@ from typing import Any
 from lancefn_jupyter.tables.plan import open_table, sidecar_column
 from lancefn_jupyter.tables.types import into_column, into_type
 
-__all__ = ["ChunkPart", "CommitFailed", "commit_fragment"]
+__all__ = ["ChunkPart", "CommitFailed", "commit_fragment", "result_columns"]
 
 _TOMBSTONE = -2  # a DataFile field id Lance skips (the field lives in a newer file of the fragment)
 COMMIT_ATTEMPTS = 20
@@ -51,6 +51,17 @@ def _ensure_columns(ds: Any, into: str, target: Any) -> Any:
         ds.add_columns(pa.schema(missing))
         ds = open_table(ds.uri)
     return ds
+
+
+def result_columns(table: Any) -> tuple[Any, Any]:
+    """A chunk's result table → (its result column, its ``error`` column or None), each one array: the
+    memory-mapped chunk itself when there is one (no copy)."""
+
+    def one(column: Any) -> Any:
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+    errors = one(table.column("error")) if "error" in table.column_names else None
+    return one(table.column(0)), errors
 
 
 @dataclass(frozen=True)

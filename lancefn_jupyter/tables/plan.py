@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Plan", "TableError", "open_table", "plan_rows", "sidecar_column", "slice_rows"]
+__all__ = ["Plan", "PlanSource", "TableError", "open_table", "plan_rows", "sidecar_column", "slice_rows"]
 
 
 class TableError(ValueError):
@@ -45,6 +45,18 @@ class Plan:
     @property
     def rows_total(self) -> int:
         return sum(self.fragments.values())
+
+
+class PlanSource:
+    """A table opened for a backfill's plan: its schema and version, and its rows planned at that same version
+    (in the control plane, or in the table agent that opens it with a team's rights)."""
+
+    def __init__(self, uri: str, version: int | None = None) -> None:
+        self.ds = open_table(uri, version)
+        self.schema, self.version = self.ds.schema, int(self.ds.version)
+
+    def plan(self, *, into: str, version: str, recompute: str, where: str | None, chunk_size: int) -> Plan:
+        return plan_rows(self.ds, into=into, version=version, recompute=recompute, where=where, chunk_size=chunk_size)
 
 
 def _quote(text: str) -> str:

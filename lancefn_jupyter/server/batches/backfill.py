@@ -35,6 +35,7 @@ __all__ = [
     "Prepared",
     "chunk_results",
     "prepare",
+    "result_file",
     "skipped_rows",
     "table_key",
 ]
@@ -279,10 +280,14 @@ def _param_columns(fv: FunctionVersion, columns: Any, table_columns: list[str]) 
     return chosen
 
 
-def prepare(fv: FunctionVersion, request: dict) -> Prepared:
+def prepare(
+    fv: FunctionVersion, request: dict, *, open_source: Callable[[str], Any] | None = None, root: str | None = None
+) -> Prepared:
     """Check a ``backfills/create`` request against the function and the table and plan its rows.
-    Every problem is an ApiError 400 saying what to change; nothing is created."""
-    from lancefn_jupyter.tables.plan import TableError, open_table, plan_rows, sidecar_column
+    Every problem is an ApiError 400 saying what to change; nothing is created. ``open_source(uri)``: the table
+    as a ``tables.plan.PlanSource`` (default: opened here); ``root``: the namespace's table root whose owner's
+    agent does the I/O, kept in the spec and the slices ("Which tables"; None: the control plane does it)."""
+    from lancefn_jupyter.tables.plan import PlanSource, TableError, sidecar_column
     from lancefn_jupyter.tables.types import input_problem, into_problem
 
     into, recompute, on_error = request["into"], request["recompute"], request["on_error"]
@@ -303,8 +308,8 @@ def prepare(fv: FunctionVersion, request: dict) -> Prepared:
         raise ApiError(400, "into must name the column the results go to")
     uri = table_key(request["table_uri"])
     try:
-        ds = open_table(uri)
-        schema = ds.schema
+        source = (open_source or PlanSource)(uri)
+        schema = source.schema
         columns = _param_columns(fv, request.get("columns"), schema.names)
         used = columns if isinstance(columns, list) else list(columns.values())
         sidecar = sidecar_column(into)
@@ -327,8 +332,8 @@ def prepare(fv: FunctionVersion, request: dict) -> Prepared:
                 raise ApiError(400, problem)
         if sidecar in schema.names and str(schema.field(sidecar).type) not in ("string", "large_string"):
             raise ApiError(400, f"column {sidecar!r} is not utf8; it is the backfill's version column: drop it")
-        plan = plan_rows(
-            ds, into=into, version=fv.version, recompute=recompute, where=request.get("where"), chunk_size=chunk_size
+        plan = source.plan(
+            into=into, version=fv.version, recompute=recompute, where=request.get("where"), chunk_size=chunk_size
         )
     except TableError as error:
         raise ApiError(400, str(error)) from None
@@ -345,7 +350,13 @@ def prepare(fv: FunctionVersion, request: dict) -> Prepared:
         "input_types": types,
         "output_type": output.arrow_type,
     }
-    slices = [{"uri": uri, "table_version": plan.table_version, **chunk, "columns": columns} for chunk in plan.chunks]
+    where_io = {} if root is None else {"root": root}
+    if root is not None:
+        spec["table_root"] = root
+    slices = [
+        {"uri": uri, "table_version": plan.table_version, **chunk, "columns": columns, **where_io}
+        for chunk in plan.chunks
+    ]
     fragments: dict[int, list[int]] = {}
     for idx, chunk in enumerate(plan.chunks):
         fragments.setdefault(chunk["fragment"], []).append(idx)
@@ -359,18 +370,32 @@ def prepare(fv: FunctionVersion, request: dict) -> Prepared:
 def chunk_results(source: Path | list, output_type: str) -> tuple[Any, Any]:
     """A DONE chunk's results: (the result column, the ``error`` column or None). ``source``: the
     kept Arrow result file, or the job's JSON results (small plain results travel as JSON)."""
+    from lancefn_jupyter.tables.commit import result_columns
     from lancefn_jupyter.wire import dataplane
 
     if isinstance(source, list):
         return dataplane.encode_results(source, output_type, many=True).column(0), None
-    table = dataplane.read_ipc(source)
-    errors = _one_array(table.column("error")) if "error" in table.column_names else None
-    return _one_array(table.column(0)), errors
+    return result_columns(dataplane.read_ipc(source))
 
 
-def _one_array(column: Any) -> Any:
-    """A column as one array: the memory-mapped chunk itself when there is one (no copy)."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+def result_file(source: Path | list, output_type: str) -> int:
+    """A DONE chunk's results as an open file for a table agent (docs/ARCHITECTURE.md, "Backfills", "Which
+    tables"): its kept Arrow file, or its JSON results encoded into an anonymous one. The caller closes it."""
+    if not isinstance(source, list):
+        return os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    from lancefn_jupyter.wire import dataplane
+
+    data = dataplane.to_ipc_bytes(dataplane.encode_results(source, output_type, many=True))
+    fd = os.memfd_create("lancefn-chunk-results", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def skipped_rows(source: Path | list) -> int:

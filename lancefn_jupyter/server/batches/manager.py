@@ -38,6 +38,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from lancefn_jupyter.server.batches.backfill import (
     chunk_results,
     commit_errors,
     prepare,
+    result_file,
     skipped_rows,
     table_key,
 )
@@ -86,6 +88,7 @@ from lancefn_jupyter.server.control.states import (
 from lancefn_jupyter.server.control.waiters import Waiters
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.executors.table_agent import TableAccessError, TableAgents
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
 from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
@@ -136,11 +139,14 @@ class BatchManager:
         machine: JobMachine,
         results: Results,
         table_roots: TableRoots | None = None,
+        table_agents: TableAgents | None = None,
     ) -> None:
-        """``table_roots``: where each namespace's backfills may open tables (default: anywhere)."""
+        """``table_roots``: where each namespace's backfills may open tables (default: anywhere); ``table_agents``:
+        who does a team's table I/O on a shared server (docs/ARCHITECTURE.md, "Backfills", "Which tables")."""
         self.table, self.store, self.data, self.bus = table, store, data, bus
         self.catalog, self.jobs, self.machine, self.results = catalog, jobs, machine, results
         self.table_roots = table_roots or TableRoots()
+        self.table_agents = table_agents or TableAgents()
         self.saved = BatchStore(store)
         self.backfills = BackfillStore(store)
         self.committer = Committer(self._commit_fragment)
@@ -226,8 +232,17 @@ class BatchManager:
         refused = self.table_roots.problem(uri, scope, admin=scope is None)
         if refused:  # before the table is opened: its existence is none of this caller's business
             raise ApiError(403, refused)
+        root = self.table_roots.own_root(uri, scope, admin=scope is None)
+        open_source = None
+        if root is not None:  # the team's rights: its tree checked, then opened by its root owner's agent
+            try:
+                self.table_agents.agent(root)
+                self.table_agents.check(root, uri)
+            except TableAccessError as error:
+                raise ApiError(error.status, str(error)) from None
+            open_source = functools.partial(self._agent_source, root)
         self._refuse_second(uri, request["into"])
-        prepared = prepare(fv, {**request, "table_uri": uri})
+        prepared = prepare(fv, {**request, "table_uri": uri}, open_source=open_source, root=root)
         run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})
         batch = new_batch(name, version, prepared.digest, parallel, retries, timeout_s, namespace)
         batch.backfill = run
@@ -250,6 +265,13 @@ class BatchManager:
             "chunks_total": len(batch.chunks),
             "table_version": run.spec["table_version"],
         }
+
+    def _agent_source(self, root: str, uri: str) -> Any:
+        """The table as its root owner's agent opens it (a failure of the agent: a 503 saying why)."""
+        try:
+            return self.table_agents.plan_source(root, uri)
+        except TableAccessError as error:
+            raise ApiError(error.status, str(error)) from None
 
     def _write_chunks(self, batch: Batch, encoded: list) -> None:
         """A new batch's chunks and rows, in slices without the job table's lock (nothing reads them yet)."""
@@ -791,6 +813,7 @@ class BatchManager:
         """A committer thread: write a fragment's results into the table as its chunks finish (without
         the lock), then record it; the batch finishes once no commit is left."""
         from lancefn_jupyter.tables.commit import ChunkPart, CommitFailed, commit_fragment
+        from lancefn_jupyter.tables.plan import TableError
         from lancefn_jupyter.tables.slices import slice_offsets
 
         with self.table.lock:
@@ -809,11 +832,32 @@ class BatchManager:
         ]
         problem = None
         try:
-            commit_fragment(
-                spec["table_uri"], fid, into=spec["into"], output_type=spec["output_type"], parts=parts, version=version
-            )
-        except CommitFailed as error:
+            if spec.get("table_root") is None:
+                commit_fragment(
+                    spec["table_uri"],
+                    fid,
+                    into=spec["into"],
+                    output_type=spec["output_type"],
+                    parts=parts,
+                    version=version,
+                )
+            else:  # with the team's rights: its root owner's agent writes, opening each chunk's results as it goes
+                self.table_agents.commit(
+                    spec["table_root"],
+                    spec["table_uri"],
+                    fid,
+                    into=spec["into"],
+                    output_type=spec["output_type"],
+                    version=version,
+                    parts=[
+                        (table_slice["ranges"], functools.partial(results.open, idx, part.offsets))
+                        for (idx, table_slice), part in zip(slices, parts, strict=True)
+                    ],
+                )
+        except (CommitFailed, TableAccessError) as error:  # the batch says why; no traceback
             problem = str(error)
+        except TableError as error:  # the table cannot be opened (gone, or not the team's to open)
+            problem = f"fragment {fid}: {error}"
         except Exception as error:  # an unreadable result, a table gone: the batch says why
             if results.stopped is None:
                 log.exception("backfill %s: committing fragment %s failed", batch_id, fid)
@@ -953,6 +997,30 @@ class _ChunkResults:
         self.stopped: Chunk | None = None  # the chunk that will not finish, if one stopped the commit
 
     def load(self, idx: int, offsets: Any) -> tuple[Any, Any]:
+        """The chunk's (results, errors) once it is DONE (a commit in the control plane)."""
+
+        def read(source: Any) -> tuple[tuple[Any, Any], Any]:
+            results, errors = chunk_results(source, self.output_type)
+            return (results, errors), errors
+
+        return self._take(idx, offsets, read)
+
+    def open(self, idx: int, offsets: Any) -> int:
+        """The chunk's results as an open file once it is DONE (a commit by a table agent, which maps it)."""
+
+        def read(source: Any) -> tuple[int, Any]:
+            fd = result_file(source, self.output_type)
+            try:
+                return fd, chunk_results(source, self.output_type)[1]  # its skipped rows, counted here
+            except BaseException:
+                os.close(fd)
+                raise
+
+        return self._take(idx, offsets, read)
+
+    def _take(self, idx: int, offsets: Any, read: Callable[[Any], tuple[Any, Any]]) -> Any:
+        """Wait (without the lock) until the chunk is DONE, keep its result, count its skipped rows from the
+        ``error`` column ``read(source)`` returns with what the caller wants; that is returned."""
         import numpy as np
 
         manager, batch = self.manager, self.batch
@@ -971,7 +1039,7 @@ class _ChunkResults:
                     raise _ChunkStopped(f"chunk {idx} did not finish")
             if source is not None:
                 try:  # mapped, a staged result stays readable here even once the spooler has moved it
-                    results, error = chunk_results(source, self.output_type)
+                    taken, error = read(source)
                     break
                 except FileNotFoundError:  # staged when found, moved to the home since: kept there now
                     continue
@@ -982,4 +1050,4 @@ class _ChunkResults:
         self.skipped[idx] = 0 if error is None else len(error) - error.null_count
         if self.skipped[idx]:
             self.errors[idx] = commit_errors(error, offsets, self.fid, np.full(len(offsets), idx), self.version)
-        return results, error
+        return taken

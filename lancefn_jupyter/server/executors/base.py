@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the i
     from lancefn_jupyter.environments.builders import BuildUser
     from lancefn_jupyter.environments.cache import Environment
     from lancefn_jupyter.environments.request import EnvironmentRequest
+    from lancefn_jupyter.server.executors.table_agent import TableAgents
     from lancefn_jupyter.wire.models import JobFailure
 
 __all__ = ["REDACTED", "Executor", "ExecutorCallbacks", "InlineRun", "TaskSpec", "redact_env"]
@@ -138,6 +139,9 @@ class Executor(ABC):
     # True (local): the plane builds a version's environment in its cache before placing its jobs, and hands it
     # as ``TaskSpec.venv``. False (Ray): the executor's cluster builds it (docs/ARCHITECTURE.md, "Environments").
     builds_environments: bool = False
+    # Who reads a team's backfill slice on a shared server (a slice that names its table ``root``), set by the plane
+    # (docs/ARCHITECTURE.md, "Backfills", "Which tables"); None: no such slice reaches this executor.
+    table_agents: TableAgents | None = None
 
     @abstractmethod
     def start(self, callbacks: ExecutorCallbacks) -> None:

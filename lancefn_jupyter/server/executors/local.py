@@ -485,13 +485,11 @@ class LocalExecutor(Executor):
         """A backfill chunk: its slice of the table into the job's rows file, here in the task's
         thread (never under the job table's lock), so the worker reads rows as for any Arrow job
         (docs/ARCHITECTURE.md, "Backfills"). False (the job failed) when the slice cannot be read."""
-        from lancefn_jupyter.tables.slices import read_slice
-        from lancefn_jupyter.wire.dataplane import write_ipc_file
+        from lancefn_jupyter.server.executors.table_agent import read_rows
 
         task = run.task
-        try:
-            rows = read_slice(task.table_slice, task.data.get("input_types") or {})  # type: ignore[arg-type]
-            write_ipc_file(str(task.data["rows_file"]), rows, durable=False)
+        try:  # a team's slice on a shared server: by its table agent, with the team's rights ("Which tables")
+            read_rows(self.table_agents, task)
         except Exception as error:  # the table moved or changed under the backfill: the chunk fails, saying why
             if run.claim("failed"):
                 self._callbacks.task_failed(

@@ -4,7 +4,8 @@ The control plane opens a backfill's table itself (as its own OS user, root on a
 must not point it at another team's table: a server with keys in several namespaces only backfills tables
 under its ``--table-roots``. A root is a directory (or an object-store prefix such as ``s3://bucket/teams``);
 ``{namespace}`` in it stands for the caller's namespace, so ``/data/{namespace}`` gives each team its own.
-Pure: no I/O but ``os.path.realpath`` of local paths (symlinks cannot lead out of a root).
+Pure: no I/O but ``os.path.realpath`` of local paths (the table's path cannot lead out of a root; what its
+tree holds is checked, and its I/O done with the team's rights, by ``executors/table_agent.py``).
 """
 
 from __future__ import annotations
@@ -71,3 +72,19 @@ class TableRoots:
             f"table_uri {uri!r} is outside the tables namespace {namespace!r} may backfill on this server "
             f"({', '.join(allowed)}); put the table under one of them"
         )
+
+    def own_root(self, uri: str, namespace: str | None, *, admin: bool) -> str | None:
+        """The real path of the local root holding ``uri`` (one ``problem`` allowed) when the backfill's table I/O
+        must be done with the team's rights (a shared server, a namespace key, a local table: the table agent of
+        the root's owner does it); None when the control plane does it itself, as before (a server of one
+        namespace, the operator's key, an object-store URI)."""
+        if admin or not self.shared or _is_uri(uri):
+            return None
+        table = _local(uri)
+        for root in self.roots:
+            text = root.format(namespace=namespace or "default")
+            if not _is_uri(text):
+                base = _local(text)
+                if os.path.commonpath([base, table]) == base:
+                    return base
+        return None

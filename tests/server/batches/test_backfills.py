@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import EMBED, api_keys_toml, column, make_table, table_dir, wait_until
+from helpers import EMBED, api_keys_toml, column, give_to_team, make_table, table_dir, wait_until
 from helpers import wait_backfill as wait
 
 from lancefn_jupyter.display.cards import result_text
@@ -345,6 +345,7 @@ def test_a_backfill_lives_in_its_functions_namespace(control_plane_factory):
     cp = control_plane_factory(api_keys=TEAM_KEYS, args=["--table-roots", f"{root}/{{namespace}}"])
     (root / "team-a").mkdir(mode=0o755)
     _, table = make_table(root / "team-a")
+    give_to_team(root / "team-a")
     alice, carol = cp.http("alice-key-000000001"), cp.http("carol-key-000000003")
     viewer = cp.http("viewer-key-00000004")
     with alice, carol, viewer:
@@ -418,6 +419,7 @@ def test_a_shared_server_backfills_only_tables_under_the_callers_root(control_pl
     _, ours = make_table(root / "team-a")
     _, theirs = make_table(root / "default")
     (root / "team-a" / "link.lance").symlink_to(Path(theirs.uri))
+    give_to_team(root / "team-a")
     cp = control_plane_factory(api_keys=TEAM_KEYS, args=["--table-roots", f"{root}/{{namespace}}"])
     body = SCORE_BODY
     with cp.http("alice-key-000000001") as alice, cp.http() as admin:

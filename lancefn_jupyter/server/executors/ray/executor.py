@@ -337,6 +337,7 @@ class RayExecutor(Executor):
         # resolved once (``uv pip compile`` on a thread), never evicted (a few small dicts per environment).
         self._env_fields: dict[tuple, dict[str, Any]] = {}
         self._resolving: dict[tuple, list[TaskSpec]] = {}  # jobs waiting for their environment's resolution
+        self._reading: set[str] = set()  # jobs whose team's slice a table agent is reading ("Backfills")
 
     @property
     def where(self) -> str:
@@ -363,6 +364,13 @@ class RayExecutor(Executor):
     def launch(self, task: TaskSpec) -> None:
         if self._on_server_loop():  # a run the loop queued (JobMachine.run_now)
             self._loop_jobs.add(task.job_id)
+        if task.table_slice is not None and task.table_slice.get("root") is not None:
+            # A team's slice on a shared server: read here by its table agent, off the core's lock, and shipped
+            # as the task's rows (a Ray worker has Ray's rights, not the team's; "Backfills", "Which tables").
+            with self._lock:
+                self._reading.add(task.job_id)
+            threading.Thread(target=self._read_slice, args=(task,), name="lancefn-ray-slice", daemon=True).start()
+            return
         key = _environment_key(task)
         with self._lock:
             if self._closed.is_set():
@@ -379,6 +387,28 @@ class RayExecutor(Executor):
                         ).start()
                     return
         self._send(task)
+
+    def _read_slice(self, task: TaskSpec) -> None:
+        """A team's slice into the job's rows file, then the job is launched with those rows; a slice that cannot
+        be read fails the job in phase ``validation``, as in the Ray worker."""
+        import dataclasses
+
+        from lancefn_jupyter.server.executors.table_agent import read_rows
+        from lancefn_jupyter.wire.models import JobFailure
+
+        try:
+            read_rows(self.table_agents, task)
+        except Exception as error:  # the table moved or changed under the backfill: the chunk fails, saying why
+            with self._lock:
+                self._reading.discard(task.job_id)
+            message = f"could not read the chunk's rows from the table: {error}"
+            self._callbacks.task_failed(task.job_id, JobFailure(phase="validation", message=message))
+            return
+        with self._lock:
+            wanted = task.job_id in self._reading  # not cancelled meanwhile
+            self._reading.discard(task.job_id)
+        if wanted:
+            self.launch(dataclasses.replace(task, table_slice=None))
 
     def _send(self, task: TaskSpec) -> None:
         """To the bridge, or into the buffer while it starts (its environment's fields are known by now)."""
@@ -469,6 +499,7 @@ class RayExecutor(Executor):
 
     def cancel(self, job_id: str) -> None:
         with self._lock:
+            self._reading.discard(job_id)
             self._buffer = [task for task in self._buffer if task.job_id != job_id]
             for waiting in self._resolving.values():
                 waiting[:] = [task for task in waiting if task.job_id != job_id]
