@@ -52,6 +52,7 @@ from lancefn_jupyter.server.control.unsaved import UnsavedJobs
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
+from lancefn_jupyter.server.policy.limits import Limits
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
@@ -79,11 +80,13 @@ class ControlPlane:
         table_roots: TableRoots | None = None,
         digest_key: bytes | None = None,
         gpu_caps: Mapping[str, int] | None = None,
+        limits: Limits | None = None,
     ):
         """``environments``: the cache the plane builds versions' environments in, for an executor that
         ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python.
         ``digest_key``: the home's secret env values are keyed with in version ids and digests ("Function versions").
-        ``gpu_caps``: namespace → the most GPUs it may hold at once (``max_gpus`` in the key file; "Scheduling")."""
+        ``gpu_caps``: namespace → the most GPUs it may hold at once (``max_gpus`` in the key file; "Scheduling").
+        ``limits``: the longest a job may run and each namespace's quotas ("Scheduling", "Batches"; none: no limit)."""
         self.store = store
         # Arrow rows and results live as files next to the database (docs/ARCHITECTURE.md).
         self.data = data or DataStore(store.path.parent)
@@ -123,6 +126,7 @@ class ControlPlane:
             reports=self.reports,
             jobs=self.jobs,
             environments=self.environments,
+            limits=limits,
         )
         self.environments.enqueue = self.machine.enqueue_built
         self.environments.fail = self.machine.fail_environment

@@ -73,6 +73,7 @@ from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, wor
 from lancefn_jupyter.server.executors.loop_follow import LoopFollow
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
+from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
@@ -702,8 +703,9 @@ class LocalExecutor(Executor):
                 task.job_id,
                 JobFailure(
                     phase="timeout",
-                    message=f"the job ran longer than its timeout of {task.timeout_s:g} s and was stopped "
-                    f"({run.rows_done} of {task.rows_total} rows done)",
+                    message=timed_out_message(
+                        task.timeout_s or 0.0, task.timeout_limit, run.rows_done, task.rows_total
+                    ),
                 ),
                 timings=self._start_timings(run),
             )

@@ -1,0 +1,107 @@
+"""What a namespace's quotas bound: the control plane's memory with one team at its quota of queued batch chunks (and,
+with ``--jobs``, of queued plain jobs), and what a refused request costs (docs/ARCHITECTURE.md, "Scheduling",
+"Batches").
+
+    .venv/bin/python benchmarks/bench_quotas.py [--batches 3] [--chunks 100000] [--jobs 0]
+
+A server whose keys name two namespaces (so the shared defaults hold: 200,000 queued chunks, 20,000 queued jobs per
+namespace).  Team A creates ``--batches`` batches of ``--chunks`` one-row chunks, every chunk submitted at once
+(``parallel`` "auto") and each waiting for a file that never appears, so all stay queued; after each the server's
+RSS once every chunk is a job.  Past the quota the create is refused (429) and the RSS is the same.  Then, with
+``--jobs N``, team B queues N plain jobs the same way and the N+1st is refused.  Printed: RSS after each step, its
+growth, and the refusal's message and reply time.  No timed asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import print_machine, register, registration, rss_mb, server, settle, summary
+
+HOLD = "import os\nimport time\n\n\ndef hold(path: str) -> str:\n    while not os.path.exists(path):\n        time.sleep(0.05)\n    return path\n"
+A_KEY, B_KEY = "bench-quota-a-key-000001", "bench-quota-b-key-000002"
+KEYS = f"""[[api_keys]]
+name = "a"
+key = "{A_KEY}"
+namespace = "team-a"
+privileges = ["functions", "jobs"]
+
+[[api_keys]]
+name = "b"
+key = "{B_KEY}"
+namespace = "team-b"
+privileges = ["functions", "jobs"]
+"""
+
+
+def _all_submitted(http, chunks: int, before: str) -> str:
+    """Wait until the newest job of the namespace is the last chunk's (chunks are submitted in order)."""
+    while True:
+        newest = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 1}).json()["jobs"]
+        if newest and newest[0]["spec"].get("chunk") == chunks - 1 and newest[0]["job_id"] != before:
+            return newest[0]["job_id"]
+        time.sleep(0.2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--jobs", type=int, default=0, help="then queue this many plain jobs of team B (0: none)")
+    args = parser.parse_args()
+    print_machine()
+    with tempfile.TemporaryDirectory(prefix="lancefn-bench-quotas-") as tmp:
+        keys = Path(tmp) / "api_keys.toml"
+        keys.write_text(KEYS)
+        os.chmod(keys, 0o600)
+        never = str(Path(tmp) / "never")
+        with server(args=["--api-keys", str(keys), "--max-body-bytes", str(64 << 20)]) as s:
+            a = s.http(headers={"x-api-key": A_KEY}, timeout=600)
+            b = s.http(headers={"x-api-key": B_KEY}, timeout=60)
+            body = registration("hold", HOLD, "hold", arrow_type="utf8", arg=("path", None))
+            hold_a, hold_b = register(a, body)["version"], register(b, body)["version"]
+            settle(s.pid)
+            start_mb = rss_mb(s.pid)
+            print(f"server RSS at start: {start_mb:.0f} MB", flush=True)
+            chunks = [[{"path": never}] for _ in range(args.chunks)]
+            last = ""
+            for index in range(args.batches):
+                began = time.perf_counter()
+                reply = a.post("/v1/batches/create", json={"name": "hold", "version": hold_a, "chunks": chunks})
+                took_ms = (time.perf_counter() - began) * 1000
+                if reply.status_code == 429:
+                    message = reply.json()["error"]["message"]
+                    print(f"batch {index + 1}: refused (429) in {took_ms:.0f} ms: {message}", flush=True)
+                else:
+                    reply.raise_for_status()
+                    last = _all_submitted(a, args.chunks, last)
+                settle(s.pid)
+                mb = rss_mb(s.pid)
+                print(f"after batch {index + 1} ({args.chunks} chunks): RSS {mb:.0f} MB (+{mb - start_mb:.0f} MB)")
+            batches_mb = rss_mb(s.pid) - start_mb
+            summary("quotas", f"RSS growth, {args.batches} batches of {args.chunks} chunks", round(batches_mb), "MB")
+            if args.jobs:
+                before = rss_mb(s.pid)
+                run = {"name": "hold", "version": hold_b, "rows": [{"path": never}]}
+                refused = None
+                for _ in range(args.jobs + 1):
+                    reply = b.post("/v1/functions/run", json=run)
+                    if reply.status_code == 429:
+                        refused = reply.json()["error"]["message"]
+                        break
+                    reply.raise_for_status()
+                settle(s.pid)
+                jobs_mb = rss_mb(s.pid) - before
+                print(f"{args.jobs} queued jobs of team B: RSS +{jobs_mb:.0f} MB; the next: {refused}", flush=True)
+                summary("quotas", f"RSS growth, {args.jobs} queued jobs", round(jobs_mb), "MB")
+
+
+if __name__ == "__main__":
+    main()
