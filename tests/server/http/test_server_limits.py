@@ -8,8 +8,10 @@ Jobs that must keep running wait for a file the test creates (or never creates),
 from __future__ import annotations
 
 import inspect
+import subprocess
 
 import httpx
+import pytest
 from conftest import register, registration_body
 from helpers import DEADLINE_S, api_keys_toml, gated, hold_version, submit, wait_done
 
@@ -157,3 +159,19 @@ def test_a_shared_server_limits_run_time_to_a_day_by_default_and_keeps_timeouts_
         ok = a.post("/v1/functions/run", json={**run, "timeout_s": 86400})
         assert ok.status_code == 202, ok.text
         assert wait_done(a, ok.json()["job_id"])["result"] == [4]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--max-job-run-s", "-1"], {}, "--max-job-run-s must be a number of seconds >= 0, 0 for no limit (got '-1')"),
+        (["--max-job-run-s", "nan"], {}, "--max-job-run-s must be a number of seconds >= 0"),
+        (["--max-queued-chunks-per-namespace", "1.5"], {}, "--max-queued-chunks-per-namespace must be a whole number"),
+        ([], {"LANCEFN_MAX_BATCHES_PER_NAMESPACE": "many"}, "LANCEFN_MAX_BATCHES_PER_NAMESPACE must be a whole number"),
+    ],
+)
+def test_a_bad_limit_refuses_to_start_saying_what_it_must_be(control_plane_factory, args, env, message):
+    cp = control_plane_factory(args=args, env=env, start=False)
+    done = subprocess.run(cp.command, env=cp.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
