@@ -41,13 +41,14 @@ privileges = ["functions", "jobs"]
 """
 
 
-def _all_submitted(http, chunks: int, before: str) -> str:
-    """Wait until the newest job of the namespace is the last chunk's (chunks are submitted in order)."""
+def _all_queued(admin, jobs: int) -> None:
+    """Wait until ``jobs`` jobs are pending or running: ``gpu/usage`` is O(classes), so asking once a second does not
+    slow the batch's submissions, as a listing of its jobs would (each takes the job table's lock)."""
     while True:
-        newest = http.post("/v1/jobs/list", json={"job_type": "run_function", "limit": 1}).json()["jobs"]
-        if newest and newest[0]["spec"].get("chunk") == chunks - 1 and newest[0]["job_id"] != before:
-            return newest[0]["job_id"]
-        time.sleep(0.2)
+        classes = admin.get("/v1/gpu/usage").json()["classes"]
+        if sum(c["jobs_pending"] + c["jobs_running"] for c in classes) >= jobs:
+            return
+        time.sleep(1)
 
 
 def main() -> None:
@@ -63,6 +64,7 @@ def main() -> None:
         os.chmod(keys, 0o600)
         never = str(Path(tmp) / "never")
         with server(args=["--api-keys", str(keys), "--max-body-bytes", str(64 << 20)]) as s:
+            admin = s.http()
             a = s.http(headers={"x-api-key": A_KEY}, timeout=600)
             b = s.http(headers={"x-api-key": B_KEY}, timeout=60)
             body = registration("hold", HOLD, "hold", arrow_type="utf8", arg=("path", None))
@@ -71,7 +73,7 @@ def main() -> None:
             start_mb = rss_mb(s.pid)
             print(f"server RSS at start: {start_mb:.0f} MB", flush=True)
             chunks = [[{"path": never}] for _ in range(args.chunks)]
-            last = ""
+            queued = 0
             for index in range(args.batches):
                 began = time.perf_counter()
                 reply = a.post("/v1/batches/create", json={"name": "hold", "version": hold_a, "chunks": chunks})
@@ -81,7 +83,8 @@ def main() -> None:
                     print(f"batch {index + 1}: refused (429) in {took_ms:.0f} ms: {message}", flush=True)
                 else:
                     reply.raise_for_status()
-                    last = _all_submitted(a, args.chunks, last)
+                    queued += args.chunks
+                    _all_queued(admin, queued)
                 settle(s.pid)
                 mb = rss_mb(s.pid)
                 print(f"after batch {index + 1} ({args.chunks} chunks): RSS {mb:.0f} MB (+{mb - start_mb:.0f} MB)")
