@@ -146,7 +146,7 @@ _LIMIT_FLAGS: tuple[tuple[str, str, type, str], ...] = (
         "LANCEFN_MAX_QUEUED_CHUNKS_PER_NAMESPACE",
         int,
         "chunks a namespace's unfinished batches and backfills may hold in all; a batch past it is refused with 429 "
-        "(default 200000; 0: no limit)",
+        "(default 100000; 0: no limit)",
     ),
     (
         "--max-batches-per-namespace",

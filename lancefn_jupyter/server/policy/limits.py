@@ -21,13 +21,13 @@ MAX_QUEUED_JOBS_FLAG = "--max-queued-jobs-per-namespace"
 MAX_QUEUED_CHUNKS_FLAG = "--max-queued-chunks-per-namespace"
 MAX_BATCHES_FLAG = "--max-batches-per-namespace"
 
-# A shared server's defaults (the reasons are in docs/ARCHITECTURE.md, "Scheduling" and "Batches"): a day of GPU
-# time for one job (a longer one is split into chunks or given an explicit limit by the operator); 20,000 unfinished
-# jobs (twice the 10,000 a team queued in bench_scheduler); two batches of the largest size (MAX_CHUNKS); 1,000
-# batches.
+# The defaults (the reasons are in docs/ARCHITECTURE.md, "Scheduling" and "Batches"): a day of GPU time for one job
+# of a shared server (a longer one is cut into chunks, or the operator sets another limit); 20,000 unfinished jobs
+# (twice the 10,000 a team queues in bench_scheduler); one batch of the largest size (MAX_CHUNKS), about 170 MB of
+# the server's memory with its chunk jobs (bench_quotas); 1,000 batches.
 DEFAULT_MAX_JOB_RUN_S = 24 * 3600.0
 DEFAULT_MAX_QUEUED_JOBS = 20_000
-DEFAULT_MAX_QUEUED_CHUNKS = 200_000
+DEFAULT_MAX_QUEUED_CHUNKS = 100_000
 DEFAULT_MAX_BATCHES = 1_000
 
 _ASK = "or ask the operator to raise"
