@@ -375,7 +375,7 @@ class JobMachine:
         ``defer``: into the store with its first commit (``JobJournal.defer_new``; JSON rows only)."""
         table = self.table
         if "batch_id" not in rec.spec:  # a batch's chunks count in its batch's quota ("Batches")
-            crowded = self.limits.jobs_problem(rec.namespace, table.active.own[rec.namespace])
+            crowded = self.limits.jobs_problem(rec.namespace, table.active.own.get(rec.namespace, 0))
             if crowded:
                 raise ApiError(429, crowded)
         table.active[rec.job_id] = rec
