@@ -5,7 +5,7 @@ message naming the flag; a batch's chunks too."""
 from __future__ import annotations
 
 import pytest
-from helpers import RAY_CLASSES, hold_version, ray_server, submit, wait_done
+from helpers import hold_version, module_ray_server, submit, wait_done
 
 pytest.importorskip("ray")
 
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 def test_a_ray_job_without_timeout_ends_timed_out_at_the_servers_maximum_run_time(tmp_path_factory, tmp_path):
     never = str(tmp_path / "never")  # the hold waits for it for ever
-    with ray_server(tmp_path_factory, RAY_CLASSES, "--max-job-run-s", "2") as cp, cp.http(timeout=60.0) as http:
+    with module_ray_server(tmp_path_factory, "--max-job-run-s", "2") as cp, cp.http(timeout=60.0) as http:
         version = hold_version(http, gpu_class="small")
         job = wait_done(http, submit(http, "hold", version, [{"path": never}]))
         assert job["job_state"] == "TIMED_OUT" and job["failure"]["phase"] == "timeout", job
