@@ -146,6 +146,26 @@ def test_quotas_refuse_a_namespaces_jobs_batches_and_chunks_past_them_and_accept
         assert _batch_ended(a, again.json()["batch_id"])["batch_state"] == "DONE"
 
 
+def test_a_retry_that_makes_a_finished_batch_unfinished_again_counts_in_the_quota(control_plane_factory, tmp_path):
+    cp = control_plane_factory(api_keys=KEYS, args=["--max-batches-per-namespace", "1"])
+    failing, waiting = tmp_path / "failing", tmp_path / "waiting"
+    failing.touch()  # its row (-1) fails at once until failing.fixed exists
+    with cp.http(A_KEY) as a:
+        gate = _gate_version(a)
+        failed = _create(a, gate, [[{"path": str(failing), "value": -1}]]).json()["batch_id"]
+        assert _batch_ended(a, failed)["batch_state"] == "FAILED"
+        running = _create(a, gate, _chunks(str(waiting), [1]))
+        assert running.status_code == 202, running.text
+        retry = a.post("/v1/batches/retry", json={"batch_id": failed})
+        _refused(retry, 429, "namespace 'a' has 1 unfinished batches and backfills", "(--max-batches-per-namespace 1)")
+        assert a.post("/v1/batches/describe", json={"batch_id": failed}).json()["batch_state"] == "FAILED"
+        waiting.touch()
+        assert _batch_ended(a, running.json()["batch_id"])["batch_state"] == "DONE"
+        (tmp_path / "failing.fixed").touch()
+        assert a.post("/v1/batches/retry", json={"batch_id": failed}).status_code == 200
+        assert _batch_ended(a, failed)["batch_state"] == "DONE"
+
+
 def test_a_shared_server_limits_run_time_to_a_day_by_default_and_keeps_timeouts_within_it(control_plane_factory):
     cp = control_plane_factory(api_keys=KEYS)
     with cp.http(A_KEY) as a:
