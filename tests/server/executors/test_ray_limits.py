@@ -16,7 +16,8 @@ def test_a_ray_job_without_timeout_ends_timed_out_at_the_servers_maximum_run_tim
     never = str(tmp_path / "never")  # the hold waits for it for ever
     with module_ray_server(tmp_path_factory, "--max-job-run-s", "2") as cp, cp.http(timeout=60.0) as http:
         version = hold_version(http, gpu_class="small")
-        job = wait_done(http, submit(http, "hold", version, [{"path": never}]))
+        # Ray's own start (a busy machine: a minute or more) comes first: the job waits for it, PENDING.
+        job = wait_done(http, submit(http, "hold", version, [{"path": never}]), timeout=180)
         assert job["job_state"] == "TIMED_OUT" and job["failure"]["phase"] == "timeout", job
         assert "maximum job run time of 2 s (--max-job-run-s)" in job["failure"]["message"]
         create = {"name": "hold", "version": version, "chunks": [[{"path": never}]], "fresh": True}
