@@ -363,16 +363,16 @@ def session_processes(sid: int) -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def module_ray_server(tmp_path_factory: Any) -> Iterator[ControlPlaneProcess]:
-    """The body of conftest's ``ray_cp`` fixture: a Ray-backed server on :data:`RAY_CLASSES` whose
-    ``sessions`` lists its Ray drivers' sessions; every process in them is killed at the end."""
+def module_ray_server(tmp_path_factory: Any, *args: str) -> Iterator[ControlPlaneProcess]:
+    """The body of conftest's ``ray_cp`` fixture: a Ray-backed server on :data:`RAY_CLASSES` (and the server
+    flags ``args``) whose ``sessions`` lists its Ray drivers' sessions; every process in them is killed at the end."""
     sessions: list[int] = []  # every bridge session seen, swept at teardown
     try:
         # LOST_AFTER_S: a lost cluster is noticed fast. ACTOR_IDLE_S: warm actors hold their GPUs while idle; a
         # second server on this cluster (test_ray_executor.py's --ray-address test) cannot see them, so its job
         # waits until they retire. LANCEFN_RAY_PIP=never (ray_server): a missing package fails fast in the task.
         with ray_server(
-            tmp_path_factory, RAY_CLASSES, LANCEFN_RAY_LOST_AFTER_S="10", LANCEFN_RAY_ACTOR_IDLE_S="15"
+            tmp_path_factory, RAY_CLASSES, *args, LANCEFN_RAY_LOST_AFTER_S="10", LANCEFN_RAY_ACTOR_IDLE_S="15"
         ) as cp:
             cp.sessions = sessions
             sessions.append(ray_driver(cp).pid)

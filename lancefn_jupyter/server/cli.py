@@ -6,11 +6,14 @@
                    [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
                    [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
                    [--worker-max-rss-mb MB] [--worker-uids FIRST-LAST] [--worker-max-procs N]
-                   [--env-cache DIR] [--env-cache-max-bytes N] [--allow-direct-references]
+                   [--env-cache DIR] [--env-cache-max-bytes N] [--allow-direct-references] [--max-job-run-s S]
+                   [--max-queued-jobs-per-namespace N] [--max-queued-chunks-per-namespace N]
+                   [--max-batches-per-namespace N]
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``, ``LANCEFN_ENV_CACHE``,
 ``LANCEFN_ENV_CACHE_MAX_BYTES``, ``LANCEFN_WORKER_USER``, ``LANCEFN_WORKER_UIDS``,
-``LANCEFN_ALLOW_DIRECT_REFERENCES``.
+``LANCEFN_ALLOW_DIRECT_REFERENCES``, ``LANCEFN_MAX_JOB_RUN_S``, ``LANCEFN_MAX_QUEUED_JOBS_PER_NAMESPACE``,
+``LANCEFN_MAX_QUEUED_CHUNKS_PER_NAMESPACE``, ``LANCEFN_MAX_BATCHES_PER_NAMESPACE``.
 
 Startup order matters (``main``, one step per function): lock the home (one server per home),
 validate config (exit 2 with a readable message), bind the socket (so ``--port 0`` resolves to a
@@ -121,6 +124,38 @@ _DATA_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
         "job logs (all jobs together) beyond this many bytes are removed, oldest jobs' first (default 1 GiB)",
     ),
 )
+# The server-wide limits (docs/ARCHITECTURE.md, "Scheduling", "Batches"): (flag, env var, type, help); a value of 0
+# means no limit. Defaults: policy/limits.py (the run time's only on a server whose keys name several namespaces).
+_LIMIT_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    (
+        "--max-job-run-s",
+        "LANCEFN_MAX_JOB_RUN_S",
+        float,
+        "the longest a job may run: a job without timeout_s gets it, a longer timeout_s is refused (default 86400, "
+        "a day, on a server whose keys name several namespaces, else no limit; 0: no limit)",
+    ),
+    (
+        "--max-queued-jobs-per-namespace",
+        "LANCEFN_MAX_QUEUED_JOBS_PER_NAMESPACE",
+        int,
+        "unfinished jobs (not a batch's chunks) a namespace may have at once; more are refused with 429 "
+        "(default 20000; 0: no limit)",
+    ),
+    (
+        "--max-queued-chunks-per-namespace",
+        "LANCEFN_MAX_QUEUED_CHUNKS_PER_NAMESPACE",
+        int,
+        "chunks a namespace's unfinished batches and backfills may hold in all; a batch past it is refused with 429 "
+        "(default 100000; 0: no limit)",
+    ),
+    (
+        "--max-batches-per-namespace",
+        "LANCEFN_MAX_BATCHES_PER_NAMESPACE",
+        int,
+        "unfinished batches and backfills a namespace may have at once; more are refused with 429 "
+        "(default 1000; 0: no limit)",
+    ),
+)
 # Spare workers (numpy and numba imported ahead of a job) start this long after the server, so a
 # notebook's first registration does not share the CPU with them (docs/ARCHITECTURE.md, "REST details").
 PREWARM_DELAY_S = 0.3
@@ -159,16 +194,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--worker-user",
         default=os.environ.get("LANCEFN_WORKER_USER") or None,
-        help="OS user local workers run as when the server runs as root (default: nobody; env LANCEFN_WORKER_USER); "
-        "a non-root server runs workers as itself. Versions' environments are built as that user too, and with "
-        "--executor ray the control plane resolves their packages as it",
+        help="OS user local workers run as when the server runs as root (default: a uid per namespace from "
+        "60600-60855 when the keys name several namespaces, else nobody; env LANCEFN_WORKER_USER); a non-root server "
+        "runs workers as itself. Versions' environments are built as that user too, and with --executor ray the "
+        "control plane resolves their packages as it",
     )
     p.add_argument(
         "--worker-uids",
         default=os.environ.get("LANCEFN_WORKER_UIDS") or None,
         metavar="FIRST-LAST",
         help="a root server runs each namespace's workers as a uid of its own from this range, recorded in the home "
-        "(e.g. 61000-61999; no passwd entries; instead of --worker-user; env LANCEFN_WORKER_UIDS)",
+        "(e.g. 61000-61999; no passwd entries; instead of --worker-user; env LANCEFN_WORKER_UIDS; default for a root "
+        "server whose keys name several namespaces: 60600-60855, or 60856-61111 when a user or group holds one of those)",
     )
     p.add_argument(
         "--worker-max-procs",
@@ -179,6 +216,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     for flag, kind, default, text in _EXECUTOR_FLAGS + _DATA_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=text)
+    for flag, env, _kind, text in _LIMIT_FLAGS:
+        p.add_argument(flag, help=f"{text}; env {env}")
     p.add_argument(
         "--env-cache",
         help="where versions' Python environments are built and kept (default $LANCEFN_ENV_CACHE, else "
@@ -312,7 +351,7 @@ def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, A
 
 
 def _shared(api_keys: dict[str, Any]) -> bool:
-    """Whether the keys span several namespaces: the server is shared by teams who must not reach each other."""
+    """Whether the keys name several namespaces (teams): such a server's defaults keep them apart."""
     return len({p.namespace for p in api_keys.values()}) > 1
 
 
@@ -392,6 +431,34 @@ def _env_cache_max_bytes(args: argparse.Namespace) -> int:
     return value
 
 
+def _limits(args: argparse.Namespace, shared: bool) -> Any:
+    """The ``_LIMIT_FLAGS`` (flag, else env var, else the default; a bad value exits 2 saying so)."""
+    from lancefn_jupyter.server.policy import limits
+
+    defaults = (
+        limits.DEFAULT_MAX_JOB_RUN_S if shared else None,
+        limits.DEFAULT_MAX_QUEUED_JOBS,
+        limits.DEFAULT_MAX_QUEUED_CHUNKS,
+        limits.DEFAULT_MAX_BATCHES,
+    )
+    values: list[Any] = []
+    for (flag, env, kind, _text), default in zip(_LIMIT_FLAGS, defaults, strict=True):
+        given = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        text = given if given is not None else os.environ.get(env)
+        if text is None or not text.strip():
+            values.append(default)
+            continue
+        try:
+            value = kind(text.strip())
+        except ValueError:
+            value = -1
+        if not (math.isfinite(value) and value >= 0):
+            what = "a number of seconds" if kind is float else "a whole number"
+            raise _Refused(f"{flag if given is not None else env} must be {what} >= 0, 0 for no limit (got {text!r})")
+        values.append(value or None)
+    return limits.Limits(*values)
+
+
 def _make_environments(args: argparse.Namespace, worker_user: Any) -> Any:
     """The environment cache versions' environments are built in (docs/ARCHITECTURE.md, "Environments"):
     shared (reachable by the worker user, who builds and runs them) when workers run as another user."""
@@ -414,9 +481,10 @@ def _make_environments(args: argparse.Namespace, worker_user: Any) -> Any:
     return cache
 
 
-def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[Any, Any, Any]:
+def _make_executor(args: argparse.Namespace, classes: Any, home: Path, shared: bool) -> tuple[Any, Any, Any]:
     """Step 4: the executor (local: checks the worker user first), the environment cache and, with
-    ``--worker-uids``, the namespace → uid record (``WorkerUids``, attached to the store once it is open)."""
+    ``--worker-uids`` or by default on a root server whose keys name several namespaces (``shared``), the
+    namespace → uid record (``WorkerUids``, attached to the store once it is open)."""
     from lancefn_jupyter.server.executors import get_executor
 
     if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
@@ -441,6 +509,7 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[
             DEFAULT_WORKER_MAX_PROCS,
             WorkerUids,
             resolve_worker_uids,
+            system_groups,
             system_passwd,
             uid_user,
         )
@@ -452,10 +521,19 @@ def _make_executor(args: argparse.Namespace, classes: Any, home: Path) -> tuple[
                 executor=args.executor,
                 euid=os.geteuid(),
                 passwd=system_passwd(),
+                groups=system_groups() if shared and not args.worker_uids else (),
+                shared=shared,
             )
             worker_user = uid_user(uids.first) if uids is not None else resolve_worker_user(args.worker_user)
         except WorkerUserError as error:
             raise _Refused(str(error)) from None
+        if uids is None and shared and os.geteuid() == 0:
+            log.warning(
+                "--worker-user %s: every namespace's workers run as that one user, so one team's job can signal "
+                "(SIGKILL, SIGSTOP) another team's; drop --worker-user (and LANCEFN_WORKER_USER) for a uid per "
+                "namespace, or pass --worker-uids FIRST-LAST",
+                args.worker_user,
+            )
         # With a uid per namespace, the range's first uid stands for all of them (same access, no groups).
         problem = check_worker_user(worker_user, worker_base_env(worker_user)) if worker_user else None
         if problem:
@@ -641,7 +719,9 @@ def main(argv: list[str] | None = None) -> int:
             if unix is not None:
                 sockets.append(unix)
                 unix_path = wanted
-        executor, environments, worker_uids = _make_executor(args, classes, home)
+        shared = _shared(api_keys)
+        limits = _limits(args, shared)
+        executor, environments, worker_uids = _make_executor(args, classes, home, shared)
         if args.log_max_bytes < 1:
             raise _Refused(f"--log-max-bytes must be a whole number of bytes > 0 (got {args.log_max_bytes})")
         store = _open_store(home)
@@ -666,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             digest_key=digest_key,
             gpu_caps=gpu_caps(api_keys.values()),
             allow_direct_references=args.allow_direct_references or not _shared(api_keys),
+            limits=limits,
         )
         app = _make_app(args, plane, api_keys)
         info = {

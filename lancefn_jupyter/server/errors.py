@@ -24,6 +24,7 @@ class ApiError(Exception):
         404: "not_found",
         409: "conflict",
         413: "payload_too_large",
+        429: "quota_exceeded",  # a namespace holds the most unfinished work a limit allows
     }
 
     def __init__(self, status: int, message: str, code: str | None = None):

@@ -53,6 +53,7 @@ from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor
 from lancefn_jupyter.server.executors.table_agent import TableAgents
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
+from lancefn_jupyter.server.policy.limits import Limits
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
@@ -81,13 +82,15 @@ class ControlPlane:
         digest_key: bytes | None = None,
         gpu_caps: Mapping[str, int] | None = None,
         allow_direct_references: bool = True,
+        limits: Limits | None = None,
     ):
         """``environments``: the cache the plane builds versions' environments in, for an executor that
         ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python.
         ``digest_key``: the home's secret env values are keyed with in version ids and digests ("Function versions").
         ``gpu_caps``: namespace → the most GPUs it may hold at once (``max_gpus`` in the key file; "Scheduling").
         ``allow_direct_references``: pip entries ``NAME @ URL`` are accepted and built (a server of one namespace,
-        or ``--allow-direct-references``; "Environments")."""
+        or ``--allow-direct-references``; "Environments").
+        ``limits``: the longest a job may run and each namespace's quotas ("Scheduling", "Batches"; none: no limit)."""
         self.store = store
         # Arrow rows and results live as files next to the database (docs/ARCHITECTURE.md).
         self.data = data or DataStore(store.path.parent)
@@ -134,6 +137,7 @@ class ControlPlane:
             reports=self.reports,
             jobs=self.jobs,
             environments=self.environments,
+            limits=limits,
         )
         self.environments.enqueue = self.machine.enqueue_built
         self.environments.fail = self.machine.fail_environment

@@ -191,6 +191,7 @@ class BatchManager:
                 raise ApiError(400, str(error)) from None
             chunks = split_arrow_chunks(arrow_rows)
         check_request(chunks, parallel, retries)
+        self._check_timeout(timeout_s)
         encoded = check_chunks(fv, chunks)
         digest = input_digest(encoded)
         previous = None
@@ -202,6 +203,8 @@ class BatchManager:
             with self.table.lock:
                 batch.reused_chunks = kept
             return {"batch_id": batch.batch_id, "reused_chunks": kept}
+        with self.table.lock:  # before its chunks are written; _start checks again, to be sure
+            self._check_quota(namespace, len(chunks))
         batch = new_batch(name, version, digest, parallel, retries, timeout_s, namespace)
         for chunk in cut(chunks):
             batch.add_chunk(chunk)
@@ -228,6 +231,7 @@ class BatchManager:
         and submit its first chunks. One unfinished backfill per (table, into): else a 409."""
         fv, namespace = self.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
         check_options(parallel, retries)
+        self._check_timeout(timeout_s)
         uri = table_key(str(request["table_uri"]))
         refused = self.table_roots.problem(uri, scope, admin=scope is None)
         if refused:  # before the table is opened: its existence is none of this caller's business
@@ -243,6 +247,8 @@ class BatchManager:
             open_source = functools.partial(self._agent_source, root)
         self._refuse_second(uri, request["into"])
         prepared = prepare(fv, {**request, "table_uri": uri}, open_source=open_source, root=root)
+        with self.table.lock:  # before its chunks are written; _start checks again, to be sure
+            self._check_quota(namespace, len(prepared.slices))
         run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})
         batch = new_batch(name, version, prepared.digest, parallel, retries, timeout_s, namespace)
         batch.backfill = run
@@ -273,6 +279,21 @@ class BatchManager:
         except TableAccessError as error:
             raise ApiError(error.status, str(error)) from None
 
+    def _check_timeout(self, timeout_s: float | None) -> None:
+        """400 when the chunks' ``timeout_s`` is longer than the server's maximum job run time ("Scheduling")."""
+        too_long = self.machine.limits.timeout_problem(timeout_s)
+        if too_long:
+            raise ApiError(400, too_long)
+
+    def _check_quota(self, namespace: str, chunks: int) -> None:
+        """429 when one more unfinished batch of ``chunks`` chunks would pass ``namespace``'s quotas (lock held):
+        the batches it holds unfinished (backfills included) and their chunks, all of which stay in memory until the
+        batch finishes (docs/ARCHITECTURE.md, "Batches"). O(unfinished batches)."""
+        held = [batch for batch in self._batches.values() if batch.namespace == namespace]
+        problem = self.machine.limits.batch_problem(namespace, len(held), sum(len(b.chunks) for b in held), chunks)
+        if problem:
+            raise ApiError(429, problem)
+
     def _write_chunks(self, batch: Batch, encoded: list) -> None:
         """A new batch's chunks and rows, in slices without the job table's lock (nothing reads them yet)."""
         for first in range(0, len(batch.chunks), WRITE_SLICE):
@@ -287,6 +308,7 @@ class BatchManager:
         same for every chunk, so the later slices (``_drain``) pass too unless the version is dropped meanwhile."""
         batch.waiting.extend(range(len(chunks)))
         try:
+            self._check_quota(batch.namespace or DEFAULT_NAMESPACE, len(batch.chunks))
             with self.store.batch():
                 self.saved.insert(batch)
                 if run is not None:
@@ -415,7 +437,8 @@ class BatchManager:
                 return batch, kept_done
             if batch.batch_id in self._resetting:
                 return batch, kept_done  # another retry is at it
-            if batch.batch_id not in self._batches:
+            if batch.batch_id not in self._batches:  # unfinished again: it counts in its namespace's quota
+                self._check_quota(batch.namespace or DEFAULT_NAMESPACE, len(batch.chunks))
                 self._activate(batch)
             self._resetting.add(batch.batch_id)
             with self.store.batch():

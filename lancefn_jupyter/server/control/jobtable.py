@@ -89,6 +89,35 @@ class TableLock:
         self._lock.release()
 
 
+class ActiveJobs(dict[str, JobRecord]):
+    """The PENDING and IN_PROGRESS jobs by id, counting each namespace's own jobs (a batch's chunk jobs are its
+    batch's: "Batches") as they come and go, so the queued-jobs quota is read in O(1) (docs/ARCHITECTURE.md,
+    "Scheduling"). Jobs are added by ``[job_id] = rec`` and removed by ``pop`` only."""
+
+    __slots__ = ("own",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.own: dict[str, int] = {}  # namespace → its unfinished jobs (a plain dict: cheaper than a Counter)
+
+    def __setitem__(self, job_id: str, rec: JobRecord) -> None:
+        if job_id not in self and "batch_id" not in rec.spec:
+            self.own[rec.namespace] = self.own.get(rec.namespace, 0) + 1
+        super().__setitem__(job_id, rec)
+
+    def pop(self, job_id: str, default: JobRecord | None = None) -> JobRecord | None:  # type: ignore[override]
+        rec = super().pop(job_id, None)
+        if rec is None:
+            return default
+        if "batch_id" not in rec.spec:
+            left = self.own[rec.namespace] - 1
+            if left:
+                self.own[rec.namespace] = left
+            else:
+                del self.own[rec.namespace]
+        return rec
+
+
 @dataclass(eq=False)
 class JobTable:
     """Every field is read and changed with ``lock`` held (executor callbacks take it on their own
@@ -97,7 +126,7 @@ class JobTable:
     scheduler: SchedulerState
     executor: Executor | None
     lock: TableLock = field(default_factory=TableLock)
-    active: dict[str, JobRecord] = field(default_factory=dict)  # PENDING and IN_PROGRESS jobs; the store has the rest
+    active: ActiveJobs = field(default_factory=ActiveJobs)  # PENDING and IN_PROGRESS jobs; the store has the rest
     job_env: dict[str, dict[str, str]] = field(default_factory=dict)  # launched jobs' function env (never logged)
     # PENDING jobs waiting for their version's environment to build (``environments.py``): the pending reason
     # their wire form shows ("building environment (2 packages, 12 s so far)"); they hold no place in a queue.

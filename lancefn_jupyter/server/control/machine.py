@@ -47,6 +47,7 @@ from lancefn_jupyter.server.encoding import cap_text
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.executors.base import InlineRun, TaskSpec, redact_env
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
+from lancefn_jupyter.server.policy.limits import Limits
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.tables.plan import slice_rows
@@ -93,8 +94,11 @@ class JobMachine:
         reports: Reports,
         jobs: JobQueries,
         environments: EnvironmentStage,
+        limits: Limits | None = None,
     ) -> None:
+        """``limits``: the longest a job may run and the most unfinished jobs a namespace may have (none: no limit)."""
         self.table, self.store, self.data, self.classes = table, store, data, classes
+        self.limits = limits or Limits()
         self.catalog, self.journal, self.reports, self.jobs = catalog, journal, reports, jobs
         self.environments = environments  # a version's environment, ready before its jobs queue ("Environments")
         self._dispatch_held = 0  # > 0 while cancel_all runs: placement waits until it is done
@@ -203,6 +207,10 @@ class JobMachine:
             isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
         ):
             raise ApiError(400, "timeout_s must be a number of seconds > 0, or omitted for no timeout")
+        # A batch's chunks were checked with their batch (a limit lowered since applies when they are launched).
+        too_long = None if spec_extra else self.limits.timeout_problem(timeout_s)
+        if too_long:
+            raise ApiError(400, too_long)
         resources = fv.runtime.resources
         where_to = (
             Placement(None, 0, False)
@@ -366,6 +374,10 @@ class JobMachine:
         ``schedule`` False: not into a device queue (its environment is not ready, or it is refused).
         ``defer``: into the store with its first commit (``JobJournal.defer_new``; JSON rows only)."""
         table = self.table
+        if "batch_id" not in rec.spec:  # a batch's chunks count in its batch's quota ("Batches")
+            crowded = self.limits.jobs_problem(rec.namespace, table.active.own.get(rec.namespace, 0))
+            if crowded:
+                raise ApiError(429, crowded)
         table.active[rec.job_id] = rec
         if schedule and not table.executor_queues:
             table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)
@@ -577,6 +589,7 @@ class JobMachine:
             rows = self.journal.new_rows(rec.job_id)
             if rows is None:
                 rows = self.store.get_rows(rec.job_id)
+        timeout_s, limited = self.limits.run_timeout(rec.spec.get("timeout_s"))
         return TaskSpec(
             job_id=rec.job_id,
             name=rec.spec["name"],
@@ -590,7 +603,8 @@ class JobMachine:
             num_gpus=rec.num_gpus,
             env=dict(runtime.get("env") or {}),
             packages=tuple((runtime.get("environment") or {}).get("packages", ())),
-            timeout_s=rec.spec.get("timeout_s"),
+            timeout_s=timeout_s,
+            timeout_limit=limited,
             namespace=rec.namespace,
             data=self._task_data(rec, fv, rows),
             state=runtime.get("state") or "per_worker",  # absent: the default ("Warm state")

@@ -76,6 +76,9 @@ class TaskSpec:
     # (docs/ARCHITECTURE.md, "Backfills": uri, table_version, fragment, ranges, columns); the local
     # executor reads it into a rows file off the job table's lock, a Ray task reads it in the Ray worker.
     table_slice: Mapping[str, object] | None = None
+    # ``timeout_s`` is the server's maximum job run time (``--max-job-run-s``), not one the job asked for: its
+    # TIMED_OUT message names the flag (docs/ARCHITECTURE.md, "Scheduling").
+    timeout_limit: bool = False
 
     @property
     def rows_total(self) -> int:

@@ -1,10 +1,9 @@
 """Which OS user local workers run as (``--worker-user``), and the start-time check that it can.
 
-A server running as root runs its workers as an unprivileged user (default ``nobody``), so a job
-cannot open the home's ``api_key``, ``server.json``, ``server.lock`` or database (the home is
-0700, owned by the server's user) nor read the server's memory or environment.  A server that is
-not root runs workers as itself: a same-user server is yours alone (docs/ARCHITECTURE.md,
-"Isolation").
+A server running as root runs its workers as an unprivileged user (default ``nobody``; a uid per namespace when its
+keys name several, ``uids.py``), so a job cannot open the home's ``api_key``, ``server.json``, ``server.lock`` or
+database (the home is 0700, owned by the server's user) nor read the server's memory or environment.  A server that
+is not root runs workers as itself: a same-user server is yours alone (docs/ARCHITECTURE.md, "Isolation").
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
   processes are killed once the worker is gone (a crash included); an idle worker found stopped (SIGSTOP) or gone is replaced, never handed a task, and a
   running job's worker found stopped twice ``STOPPED_CHECK_S`` apart is killed, failing its job
   (docs/ARCHITECTURE.md, "Job processes");
+* a job's own ``timeout_s`` runs on a timer of its own from the send; the server's maximum run time
+  (``TaskSpec.timeout_limit``), which every job of a shared server has, is checked by the same look at running
+  jobs every ``STOPPED_CHECK_S``, so no job pays a timer thread for it (docs/ARCHITECTURE.md, "Scheduling");
 * a worker keeps its version's module loaded between jobs (docs/ARCHITECTURE.md, "Warm state"); one
   whose job failed in phase ``setup``, or whose memory after a job exceeds ``worker_max_rss_mb``, is
   stopped (its teardown runs) after the outcome is reported, never reused;
@@ -74,6 +77,7 @@ from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, wor
 from lancefn_jupyter.server.executors.loop_follow import LoopFollow
 from lancefn_jupyter.server.executors.relay import relay
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
+from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
@@ -172,7 +176,8 @@ class _Run:
     rows_done: int = 0
     start_ms: float | None = None  # starting a worker process for this run; 0 when one was idle
     sent: bool = False  # its worker has the task: a thread taking the run over only follows it
-    timer: threading.Timer | None = None  # its timeout, from when the task was sent
+    timer: threading.Timer | None = None  # its own timeout_s, from when the task was sent
+    deadline: float | None = None  # the server's maximum run time (monotonic), from the send: ``_watch_running``
     follower: LoopFollow | None = None  # the event loop's, once it followed it (``_follow_on_loop``)
     loop_reports: int = 0  # logs and progress the loop reported (``LOOP_REPORTS`` at most)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -251,7 +256,7 @@ class LocalExecutor(Executor):
     def start(self, callbacks: ExecutorCallbacks) -> None:
         self._callbacks = callbacks
         threading.Thread(target=self._retire_idle, name="lancefn-idle-workers", daemon=True).start()
-        threading.Thread(target=self._watch_stopped, name="lancefn-worker-watch", daemon=True).start()
+        threading.Thread(target=self._watch_running, name="lancefn-worker-watch", daemon=True).start()
         keys: list[_Key] = [
             ((device,), spec.simulated, None, None, None)
             for spec in (self._classes.classes if self._classes else ())
@@ -538,7 +543,9 @@ class LocalExecutor(Executor):
     def _send_task(self, run: _Run, worker: WorkerProcess) -> None:
         task = run.task
         run.sent = True
-        if task.timeout_s is not None:
+        if task.timeout_limit and task.timeout_s is not None:
+            run.deadline = time.monotonic() + task.timeout_s
+        elif task.timeout_s is not None:
             run.timer = threading.Timer(task.timeout_s, self._stop, (run, "timeout"))
             run.timer.daemon = True
             run.timer.start()
@@ -708,8 +715,9 @@ class LocalExecutor(Executor):
                 task.job_id,
                 JobFailure(
                     phase="timeout",
-                    message=f"the job ran longer than its timeout of {task.timeout_s:g} s and was stopped "
-                    f"({run.rows_done} of {task.rows_total} rows done)",
+                    message=timed_out_message(
+                        task.timeout_s or 0.0, task.timeout_limit, run.rows_done, task.rows_total
+                    ),
                 ),
                 timings=self._start_timings(run),
             )
@@ -881,14 +889,18 @@ class LocalExecutor(Executor):
                 (wanted & set(run.task.devices)) if wanted else not run.task.devices for run in self._runs.values()
             )
 
-    def _watch_stopped(self) -> None:
+    def _watch_running(self) -> None:
         """A running job's worker stopped from outside (SIGSTOP by another process of its user) would hold the
         job IN_PROGRESS for ever: one found stopped on two looks in a row is killed and its job fails, saying
-        so ("Job processes")."""
+        so ("Job processes"). A job past the server's maximum run time is stopped ("Scheduling")."""
         suspects: set[int] = set()
         while not self._closed.wait(STOPPED_CHECK_S):
             with self._lock:
                 runs = [run for run in self._runs.values() if run.worker is not None and run.outcome is None]
+            now = time.monotonic()
+            for run in runs:
+                if run.deadline is not None and now >= run.deadline:
+                    self._stop(run, "timeout")
             stopped = {id(run): run for run in runs if run.worker is not None and not run.worker.usable()}
             for key, run in stopped.items():
                 if key in suspects and run.worker is not None and run.worker.alive():

@@ -9,6 +9,7 @@ namespace keeps its uid across restarts and a uid never passes to another namesp
 
 from __future__ import annotations
 
+import grp
 import pwd
 import re
 import threading
@@ -32,10 +33,12 @@ class Store(Protocol):
 
 
 __all__ = [
+    "DEFAULT_UID_BLOCKS",
     "DEFAULT_WORKER_MAX_PROCS",
     "UidRange",
     "UidsExhausted",
     "WorkerUids",
+    "default_worker_uids",
     "parse_uid_range",
     "passwd_overlap",
     "pick_uid",
@@ -71,6 +74,13 @@ class UidRange:
         return f"{self.first}-{self.last}"
 
 
+# The default ranges, tried in order (docs/ARCHITECTURE.md, "Isolation"): 256 uids each (one per namespace, for
+# the server's life), in 60578-61183, which systemd leaves to no one: above its regular and homed users
+# (1000-60513) and its container bind users (60514-60577), below its dynamic service users (61184-65519), whose
+# uids have no passwd entry until a service starts, and under 65534, so a container's 16-bit uid map holds them.
+DEFAULT_UID_BLOCKS = (UidRange(60600, 60855), UidRange(60856, 61111))
+
+
 def parse_uid_range(text: str) -> UidRange:
     """``"A-B"`` → ``UidRange(A, B)``; raises ``WorkerUserError`` saying how to write it. Uid 0 is refused: the
     workers would be root."""
@@ -101,13 +111,44 @@ def pick_uid(uids: UidRange, taken: Collection[int]) -> int | None:
     return next(uid for uid in range(uids.first, uids.last + 1) if uid not in held)
 
 
+def default_worker_uids(taken: Iterable[tuple[str, int]]) -> UidRange:
+    """The first of ``DEFAULT_UID_BLOCKS`` that holds no id of ``taken`` (``"name", id``: the passwd users and the
+    groups, since a worker's gid is its uid); raises ``WorkerUserError`` naming ``--worker-uids`` when each does."""
+    taken = list(taken)
+    for block in DEFAULT_UID_BLOCKS:
+        if not passwd_overlap(block, taken):
+            return block
+    named = [entry for block in DEFAULT_UID_BLOCKS for entry in passwd_overlap(block, taken)]
+    blocks = " and ".join(str(block) for block in DEFAULT_UID_BLOCKS)
+    raise WorkerUserError(
+        f"this root server's keys name several namespaces, so each runs its workers as a uid of its own, but the "
+        f"default ranges {blocks} hold users or groups ({_shown(named)}); pass {_FLAG} FIRST-LAST naming a range no "
+        "user or group has, or --worker-user USER to run every namespace as one user (one team's job could then "
+        "signal another's)"
+    )
+
+
+def _shown(named: list[str]) -> str:
+    return ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+
+
 def resolve_worker_uids(
-    value: str | None, *, worker_user: str | None, executor: str, euid: int, passwd: Iterable[tuple[str, int]] = ()
+    value: str | None,
+    *,
+    worker_user: str | None,
+    executor: str,
+    euid: int,
+    passwd: Iterable[tuple[str, int]] = (),
+    groups: Iterable[tuple[str, int]] = (),
+    shared: bool = False,
 ) -> UidRange | None:
-    """``--worker-uids`` checked against the rest of the start-up (pure: ``euid`` and ``passwd`` are passed in);
-    None when not given. Raises ``WorkerUserError`` with what to change."""
+    """``--worker-uids`` checked against the rest of the start-up (pure: ``euid``, ``passwd`` and ``groups`` are
+    passed in); None when not given, unless the server is ``shared`` (its keys name several namespaces) and runs as
+    root with the local executor and no ``--worker-user``: then a default range (:func:`default_worker_uids`).
+    Raises ``WorkerUserError`` with what to change."""
     if not value:
-        return None
+        default = shared and euid == 0 and executor == "local" and not worker_user
+        return default_worker_uids([*passwd, *groups]) if default else None
     uids = parse_uid_range(value)
     if executor != "local":
         raise WorkerUserError(
@@ -125,9 +166,8 @@ def resolve_worker_uids(
         )
     named = passwd_overlap(uids, passwd)
     if named:
-        shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
         raise WorkerUserError(
-            f"{_FLAG} {uids} includes uids /etc/passwd names: {shown}; pick a range no user has "
+            f"{_FLAG} {uids} includes uids /etc/passwd names: {_shown(named)}; pick a range no user has "
             "(e.g. above the largest uid in /etc/passwd)"
         )
     return uids
@@ -135,6 +175,11 @@ def resolve_worker_uids(
 
 def system_passwd() -> list[tuple[str, int]]:
     return [(entry.pw_name, entry.pw_uid) for entry in pwd.getpwall()]
+
+
+def system_groups() -> list[tuple[str, int]]:
+    """The groups as ``("group NAME", gid)``: a default range must hold none, since a worker's gid is its uid."""
+    return [(f"group {entry.gr_name}", entry.gr_gid) for entry in grp.getgrall()]
 
 
 def uid_user(uid: int) -> WorkerUser:

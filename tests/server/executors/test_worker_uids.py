@@ -1,10 +1,14 @@
-"""A uid per namespace (``--worker-uids``, docs/ARCHITECTURE.md "Isolation"): a root server runs each namespace's
-workers as a uid of its own, recorded in the home, so one team's job cannot signal another team's workers, and a
-fork bomb stops at that uid's ``--worker-max-procs``.  The range parsing and refusals are pure and tested directly."""
+"""A uid per namespace (``--worker-uids``, or by default when the keys name several namespaces; docs/ARCHITECTURE.md
+"Isolation"): a root server runs each namespace's workers as a uid of its own, recorded in the home, so one team's job
+cannot signal another team's workers, and a fork bomb stops at that uid's ``--worker-max-procs``.  An explicit
+``--worker-user`` keeps one shared user, with a warning.  The range parsing, the default range's choice and the
+refusals are pure and tested directly."""
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import subprocess
 
 import pytest
@@ -13,9 +17,11 @@ from helpers import api_keys_toml, let_workers_reach_this_python, submit
 
 from lancefn_jupyter.server.executors.isolation import WorkerUserError
 from lancefn_jupyter.server.executors.uids import (
+    DEFAULT_UID_BLOCKS,
     UidRange,
     UidsExhausted,
     WorkerUids,
+    default_worker_uids,
     parse_uid_range,
     pick_uid,
     resolve_worker_uids,
@@ -111,6 +117,67 @@ def test_each_namespace_runs_as_its_own_uid_which_another_cannot_signal_and_whic
         # b asks first this time: a recorded uid is kept, not handed out by order of arrival
         assert _run(b, "act", vb, [{"target": ""}])[0].split()[0] == uid_b
         assert _run(a, "act", va, [{"target": ""}])[0].split()[0] == uid_a
+
+
+def _each_namespaces_identity(cp) -> tuple[list[str], list[str], str, str]:
+    """a's and b's ``uid gid pid umask`` (one job each), then what a's job did to b's idle worker and b's to a's."""
+    with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
+        va, vb = register(a, _act_body())["version"], register(b, _act_body())["version"]
+        (mine,) = _run(a, "act", va, [{"target": ""}])
+        (theirs,) = _run(b, "act", vb, [{"target": ""}])
+        (a_to_b,) = _run(a, "act", va, [{"target": theirs.split()[2]}])
+        (b_to_a,) = _run(b, "act", vb, [{"target": mine.split()[2]}])
+    return mine.split(), theirs.split(), a_to_b, b_to_a
+
+
+@as_root
+def test_without_a_flag_each_namespace_of_a_root_server_runs_as_its_own_uid_from_the_default_range(
+    control_plane_factory,
+):
+    let_workers_reach_this_python()
+    cp = control_plane_factory(ONE_GPU, api_keys=KEYS, env={"LANCEFN_WORKER_USER": "", "LANCEFN_WORKER_UIDS": ""})
+    mine, theirs, a_to_b, b_to_a = _each_namespaces_identity(cp)
+    default = DEFAULT_UID_BLOCKS[0]  # this machine's passwd and groups hold none of it (checked below)
+    assert default_worker_uids(system_ids()) == default
+    assert mine[0] != theirs[0] and {int(mine[0]), int(theirs[0])} <= set(range(default.first, default.last + 1))
+    assert mine[1] == mine[0] and mine[3] == "0o77"
+    assert (a_to_b, b_to_a) == ("denied", "denied")  # neither team's job can stop the other's worker
+
+
+@as_root
+def test_an_explicit_worker_user_keeps_one_shared_user_and_warns_at_start(control_plane_factory):
+    let_workers_reach_this_python()
+    cp = control_plane_factory(ONE_GPU, api_keys=KEYS, env={"LANCEFN_WORKER_USER": "nobody"})
+    mine, theirs, a_to_b, _ = _each_namespaces_identity(cp)
+    assert mine[0] == theirs[0] == str(pwd.getpwnam("nobody").pw_uid)
+    assert a_to_b == "stopped"  # what a uid per namespace prevents: the operator chose it, and was told
+    assert "--worker-user nobody: every namespace's workers run as that one user" in cp.log_text()
+
+
+def system_ids() -> list[tuple[str, int]]:
+    return [(e.pw_name, e.pw_uid) for e in pwd.getpwall()] + [(f"group {e.gr_name}", e.gr_gid) for e in grp.getgrall()]
+
+
+def test_the_default_range_is_the_first_block_no_user_or_group_holds_else_the_start_is_refused():
+    first, second = DEFAULT_UID_BLOCKS
+    assert default_worker_uids([("root", 0), ("nobody", 65534)]) == first
+    assert default_worker_uids([("ann", first.first + 5)]) == second
+    assert default_worker_uids([("group gpu", first.last)]) == second  # a worker's gid is its uid
+    with pytest.raises(
+        WorkerUserError, match=r"hold users or groups \(ann \(60700\), group gpu \(60900\)\); pass --worker-uids"
+    ):
+        default_worker_uids([("ann", 60700), ("group gpu", 60900)])
+
+
+def test_the_default_range_applies_to_a_root_server_of_several_namespaces_with_no_worker_user():
+    kwargs = {"executor": "local", "euid": 0, "passwd": [("ann", 1000)], "groups": [("group ann", 1000)]}
+    assert resolve_worker_uids(None, worker_user=None, shared=True, **kwargs) == DEFAULT_UID_BLOCKS[0]
+    assert resolve_worker_uids("", worker_user="", shared=True, **kwargs) == DEFAULT_UID_BLOCKS[0]
+    assert resolve_worker_uids(None, worker_user=None, shared=False, **kwargs) is None  # one team: `nobody`
+    assert resolve_worker_uids(None, worker_user="nobody", shared=True, **kwargs) is None  # the operator's choice
+    assert resolve_worker_uids(None, worker_user=None, shared=True, **{**kwargs, "euid": 1000}) is None
+    assert resolve_worker_uids(None, worker_user=None, shared=True, **{**kwargs, "executor": "ray"}) is None
+    assert resolve_worker_uids("100-199", worker_user=None, shared=True, **kwargs) == UidRange(100, 199)
 
 
 @as_root

@@ -24,6 +24,7 @@ from typing import Any
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
+from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol
 
@@ -85,6 +86,7 @@ class _BridgeJob:
     ref: Any
     timeout_s: float | None
     rows_total: int
+    timeout_limit: bool = False  # timeout_s is the server's --max-job-run-s ("Scheduling")
     seen: int = 0  # events relayed
     rows_done: int = 0
     deadline: float | None = None
@@ -241,7 +243,13 @@ class _Driver:
             "env": {str(k): str(v) for k, v in (job.get("env") or {}).items()},
             **_ray_data_fields(data, job.get("table_slice")),  # per job: a version's jobs may send JSON or Arrow rows
         }
-        record = _BridgeJob(job_id, None, job.get("timeout_s"), int(data.get("rows_total", len(job["rows"]))))
+        record = _BridgeJob(
+            job_id,
+            None,
+            job.get("timeout_s"),
+            int(data.get("rows_total", len(job["rows"]))),
+            timeout_limit=bool(job.get("timeout_limit")),
+        )
         record.result_file = data.get("result_file")
         record.result_fsync = bool(data.get("result_fsync", True))
         record.pool_key = (
@@ -573,8 +581,12 @@ class _Driver:
                 event="failed",
                 job_id=record.job_id,
                 phase="timeout",
-                message=f"the job ran longer than its timeout of {float(record.timeout_s):g} s and was stopped "  # type: ignore[arg-type]
-                f"({record.rows_done} of {record.rows_total} rows done)",
+                message=timed_out_message(
+                    float(record.timeout_s),  # type: ignore[arg-type]  # a deadline means a timeout
+                    record.timeout_limit,
+                    record.rows_done,
+                    record.rows_total,
+                ),
             )
         for job_id, value in overdue:
             self._finish(job_id, value)

@@ -775,6 +775,7 @@ def _job_payload(task: TaskSpec) -> dict:
         "env": dict(task.env),
         "packages": list(task.packages),
         "timeout_s": task.timeout_s,
+        "timeout_limit": task.timeout_limit,
         "namespace": task.namespace,
         "data": dict(task.data),
         # A backfill chunk: the Ray task reads its rows from the table itself (docs/ARCHITECTURE.md, "Backfills").
