@@ -139,12 +139,27 @@ class TableAgent:
 
     def call(self, request: dict, fds: Sequence[int] = (), load: Callable[[int], int] | None = None) -> dict:
         """``request``'s reply; ``load(i)`` opens part i's results for a commit (its descriptor, closed here once
-        sent); an exception of ``load`` ends the request (the agent's commit ends unwritten) and is raised."""
+        sent); an exception of ``load`` ends the request (the agent's commit ends unwritten) and is raised. An
+        agent found dead before it answered anything (killed between two requests, its end not yet seen) is
+        started again and asked once more: every request is idempotent (a commit too, "Backfills")."""
+        try:
+            return self._call(request, fds, load)
+        except _DiedFirst:
+            return self._call(request, fds, load, retry=False)
+
+    def _call(
+        self, request: dict, fds: Sequence[int], load: Callable[[int], int] | None, *, retry: bool = True
+    ) -> dict:
         with self._connect() as conn:
             conn.settimeout(AGENT_REPLY_TIMEOUT_S)
-            self._exchange(conn, request, fds)
-            while True:
+            try:
+                self._exchange(conn, request, fds)
                 reply, got = self._exchange(conn)
+            except TableAccessError:
+                if retry and self._dead():
+                    raise _DiedFirst from None
+                raise
+            while True:
                 for fd in got:
                     os.close(fd)
                 if "load" not in reply:
@@ -156,6 +171,7 @@ class TableAgent:
                     self._exchange(conn, {"file": True}, [fd])
                 finally:
                     os.close(fd)
+                reply, got = self._exchange(conn)
 
     def _exchange(
         self, conn: socket.socket, message: dict | None = None, fds: Sequence[int] = ()
@@ -177,6 +193,18 @@ class TableAgent:
                 "it is started again for the next one"
             ) from None
 
+    def _dead(self) -> bool:
+        """Whether the agent that served the last request has ended (it is then started again by ``_connect``)."""
+        with self._lock:
+            proc = self._proc
+        if proc is None:
+            return True
+        try:
+            proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def _why_now(self) -> str:
         with self._lock:
             proc = self._proc
@@ -193,6 +221,10 @@ class TableAgent:
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+
+class _DiedFirst(Exception):
+    """The agent ended before it answered a request: nothing of it was done, so it may be asked again."""
 
 
 def _end(proc: subprocess.Popen) -> None:
