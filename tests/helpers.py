@@ -159,9 +159,26 @@ def tiny_wheel(directory: Path, name: str, version: str, source: str = "VALUE = 
 _REPORTING_BACKEND = """
 import os
 import sys
+import time
+
+
+def _leave_a_daemon():
+    # A detached process (setsid, double fork) that would outlive the build and rewrite the sealed tree.
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            with open({daemon_file!r}, "w") as handle:
+                handle.write(os.readlink("/proc/self"))  # its pid as the server sees it, in a pid namespace too
+            time.sleep(120)
+        os._exit(0)
+    os.wait()
 
 
 def _report(*args, **kwargs):
+    _leave_a_daemon()
     try:
         with open({key_file!r}) as handle:
             key = "read " + handle.read().strip()
@@ -176,9 +193,10 @@ get_requires_for_build_wheel = prepare_metadata_for_build_wheel = build_wheel = 
 
 @contextlib.contextmanager
 def reporting_project(key_file: Path) -> Iterator[str]:
-    """A local project ``evilpkg`` whose in-tree PEP 517 backend, asked for anything, fails saying
-    ``evilpkg backend: uid N, api_key <read KEY | the OSError>`` (its metadata is dynamic, so a resolution must ask it);
-    yields its direct reference ``evilpkg @ file://…``. Under /tmp, readable by every user."""
+    """A local project ``evilpkg`` whose in-tree PEP 517 backend, asked for anything, leaves a detached daemon behind
+    (its pid in ``left_daemon(reference)``) and fails saying ``evilpkg backend: uid N, api_key <read KEY | the
+    OSError>`` (its metadata is dynamic, so a resolution must ask it); yields its direct reference
+    ``evilpkg @ file://…``. Under /tmp, readable by every user."""
     project = Path(tempfile.mkdtemp(prefix="lancefn-evilpkg-", dir="/tmp"))
     try:
         project.chmod(0o755)
@@ -186,12 +204,26 @@ def reporting_project(key_file: Path) -> Iterator[str]:
             '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n'
             '[project]\nname = "evilpkg"\ndynamic = ["version"]\n'
         )
-        (project / "backend.py").write_text(_REPORTING_BACKEND.format(key_file=str(key_file)))
+        daemon_file = project / "out" / "daemon.pid"
+        (project / "backend.py").write_text(
+            _REPORTING_BACKEND.format(key_file=str(key_file), daemon_file=str(daemon_file))
+        )
         for path in project.iterdir():
             path.chmod(0o644)
+        daemon_file.parent.mkdir(mode=0o777)
+        daemon_file.parent.chmod(0o777)  # the backend runs as another user
         yield f"evilpkg @ file://{project}"
     finally:
         shutil.rmtree(project, ignore_errors=True)
+
+
+def left_daemon(reference: str) -> int | None:
+    """The pid of the daemon ``reporting_project``'s backend left, once it wrote it; None before."""
+    path = Path(reference.split("file://", 1)[1]) / "out" / "daemon.pid"
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def absent_packages(count: int = 1) -> list[str]:

@@ -12,6 +12,7 @@ user), then renamed into ``<dir>/<key>``. Any failure removes the half-built dir
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -81,10 +82,23 @@ class _Workspace:
     env: Mapping[str, str]
     user: BuildUser | None
 
-    def process(self) -> dict[str, Any]:
-        """``subprocess`` arguments of a build process: run here, as the build's user with no other groups."""
-        switch = {"user": self.user.uid, "group": self.user.gid, "extra_groups": []} if self.user else {}
-        return {"cwd": self.path, "env": dict(self.env), "stdin": subprocess.DEVNULL, **switch}
+    def process(self, argv: Sequence[str]) -> dict[str, Any]:
+        """``subprocess`` arguments of a build process ``argv``: run here, as the build's user with no other groups.
+        Run as another user, it is the first process of a pid namespace of its own where the server may make one
+        (root): when it ends, the kernel ends every process it left (a build backend's daemon cannot outlive its
+        step and change the tree after it is sealed)."""
+        base: dict[str, Any] = {
+            "args": list(argv),
+            "cwd": self.path,
+            "env": dict(self.env),
+            "stdin": subprocess.DEVNULL,
+        }
+        if self.user is None:
+            return base
+        if (unshare := _pid_namespace_tool()) is not None:
+            ids = ["-S", str(self.user.uid), "-G", str(self.user.gid)]
+            return {**base, "args": [unshare, "--pid", "--fork", "--kill-child", *ids, "--", *argv], "extra_groups": []}
+        return {**base, "user": self.user.uid, "group": self.user.gid, "extra_groups": []}
 
     def write(self, name: str, text: str) -> str:
         """A new file of ours for the build's processes to read (and write: it is the build user's)."""
@@ -107,6 +121,27 @@ class _Workspace:
             return handle.read()
 
 
+@functools.cache
+def _pid_namespace_tool() -> str | None:
+    """util-linux ``unshare`` when it can give a build step a pid namespace of its own as another user here (root,
+    with ``CAP_SYS_ADMIN``: a container may drop it); else None, and steps run without one (ARCHITECTURE
+    "Environments", "Not covered")."""
+    tool = shutil.which("unshare")
+    if tool is None or os.geteuid() != 0:
+        return None
+    try:
+        probe = subprocess.run(
+            [tool, "--pid", "--fork", "--kill-child", "-S", "65534", "-G", "65534", "--", "/bin/true"],
+            capture_output=True,
+            timeout=10,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return tool if probe.returncode == 0 else None
+
+
 @contextlib.contextmanager
 def _workspace(plan: Plan) -> Iterator[_Workspace]:
     """A fresh private directory (0700, the build user's): the cwd of every build process, so nothing planted in the
@@ -126,13 +161,12 @@ def run_uv(args: Sequence[str], plan: Plan, log: Log | None, work: _Workspace) -
     """Run uv with ``args`` in ``work``, its output lines to ``log`` as they come; its output lines, or
     BuildFailure."""
     process = subprocess.Popen(
-        [plan.uv, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
         umask=0o022,  # readable by the workers of a shared cache, whatever this process's umask
-        **{**work.process(), "env": {**work.env, "NO_COLOR": "1"}},
+        **{**work.process([plan.uv, *args]), "env": {**work.env, "NO_COLOR": "1"}},
     )
     assert process.stdout is not None
     lines = []
@@ -271,11 +305,10 @@ def _check(python: str, requirements: Sequence[str], work: _Workspace) -> None:
     """The environment's Python starts a worker and satisfies the declared requirements (run as the build's user:
     its packages' ``.pth`` files run)."""
     done = subprocess.run(  # PYTHONSAFEPATH is set (builders.build_environment): as a worker starts
-        [python, "-c", _CHECK, json.dumps(list(requirements))],
         capture_output=True,
         text=True,
         timeout=120,
-        **work.process(),
+        **work.process([python, "-c", _CHECK, json.dumps(list(requirements))]),
     )
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines()[-1:]  # the exception line says what is missing

@@ -18,11 +18,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import register, registration_body, remove_tree
 from helpers import (
     absent_packages,
     api_keys_toml,
+    left_daemon,
     let_workers_reach_this_python,
     reporting_project,
     submit,
@@ -122,6 +124,9 @@ def test_a_direct_references_backend_runs_as_the_namespaces_uid_and_is_refused_w
         uid = int(message.split("evilpkg backend: uid ")[1].split(",")[0])
         assert uid in range(61020, 61030)  # the namespace's own uid, never root
         assert admin_key not in message and admin_key not in "\n".join(logs)
+        # What the backend detached ended with its build step (a pid namespace of its own), before the seal
+        daemon = left_daemon(reference)
+        assert daemon is not None and not _alive(daemon), daemon
 
         strict = _server(control_plane_factory, env_cache)  # two namespaces, no flag: refused at registration
         with strict.http(A_KEY) as a:
@@ -193,3 +198,11 @@ def test_a_built_environment_holds_nothing_world_writable_and_nothing_its_builde
                 if not stat.S_ISLNK(found.st_mode):
                     assert not found.st_mode & 0o022, (os.path.join(parent, name), oct(found.st_mode))
                     assert not found.st_mode & (stat.S_ISUID | stat.S_ISGID), os.path.join(parent, name)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie is gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
