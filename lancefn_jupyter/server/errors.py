@@ -24,6 +24,7 @@ class ApiError(Exception):
         404: "not_found",
         409: "conflict",
         413: "payload_too_large",
+        429: "too_many_requests",
     }
 
     def __init__(self, status: int, message: str, code: str | None = None):

@@ -9,7 +9,9 @@ from typing import Any
 from pydantic import Field
 from starlette.requests import Request
 
+from lancefn_jupyter.server.control.artifact_check import artifact_problem
 from lancefn_jupyter.server.control.states import TERMINAL as TERMINAL_STATES
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import pick, where, who
 from lancefn_jupyter.server.http.bodies import (
     INLINE_JSON_BYTES,
@@ -70,7 +72,15 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
 
     @router.post("/v1/functions/create", privilege="functions", status_code=202)
     async def create_function(request: Request) -> dict:
-        job_id, warnings = await off_loop(catalog.register, await json_body(request), who(request).namespace)
+        caller = who(request)
+        prepared = await off_loop(catalog.prepare, await json_body(request))
+        if not prepared.checked:
+            # A large artifact waits for a checker child on the loop, holding no thread; keys take turns.
+            async with ctx.checks.turn(caller):
+                problem = await off_loop(artifact_problem, prepared.artifact, prepared.entrypoint)
+            if problem:
+                raise ApiError(400, problem)
+        job_id, warnings = await off_loop(catalog.record, prepared, caller.namespace)
         # ``warnings``: the version's environment cannot be honoured here ("Environments"); omitted when none.
         return {"job_id": job_id, "warnings": warnings} if warnings else {"job_id": job_id}
 
