@@ -93,7 +93,7 @@ class Guard:
                 response.headers["connection"] = "close"
             await response(scope, receive, send_with_id)  # type: ignore[arg-type]
 
-        method, path = scope.get("method"), scope.get("path")
+        method, path = scope["method"], scope["path"]
         writes = method in ("POST", "PUT", "PATCH")
         peer = scope["state"].get("peer", "")  # uvicorn's protocol (connections.py) names it
         key = None
