@@ -76,17 +76,24 @@ def _tcp_owner(family: Any, peer: tuple, local: tuple) -> int | None:
     return struct.unpack_from("=I", reply, _UID_OFFSET)[0]
 
 
+_HEAD = struct.Struct("=IHHIIBBBBI")  # nlmsghdr, then inet_diag_req_v2's family, protocol, ext, pad, states
+_PORTS = struct.Struct("!HH")
+_TAIL = struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)  # any interface, no cookie
+_SIZE = _HEAD.size + _PORTS.size + 32 + len(_TAIL)
+
+
 def _request(family: Any, peer: tuple, local: tuple) -> bytes:
     """A ``SOCK_DIAG_BY_FAMILY`` request for the one socket whose own end is ``peer`` and whose other end is
     ``local``: the client's."""
     src, dst = peer[0], local[0]
     if family == socket.AF_INET6 and src.startswith("::ffff:") and dst.startswith("::ffff:"):
         family, src, dst = socket.AF_INET, src[7:], dst[7:]  # an IPv4 client of a dual-stack socket
-    addresses = b"".join(socket.inet_pton(family, a).ljust(16, b"\0") for a in (src, dst))
-    body = (
-        struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF)
-        + struct.pack("!HH", peer[1], local[1])
-        + addresses
-        + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
+    return b"".join(
+        (
+            _HEAD.pack(_SIZE, _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 0, 0, family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF),
+            _PORTS.pack(peer[1], local[1]),
+            socket.inet_pton(family, src).ljust(16, b"\0"),
+            socket.inet_pton(family, dst).ljust(16, b"\0"),
+            _TAIL,
+        )
     )
-    return struct.pack("=IHHII", 16 + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 0, 0) + body
