@@ -181,12 +181,13 @@ def artifact_burst(url: str, stop, counts, artifacts: int) -> None:
                 status = 0
         statuses.append(f"HTTP {status}")
 
-    threads = [threading.Thread(target=register_one, args=(seed,)) for seed in range(artifacts)]
+    threads = [threading.Thread(target=register_one, args=(seed,), daemon=True) for seed in range(artifacts)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    while any(thread.is_alive() for thread in threads) and not stop.wait(0.1):
+        pass  # the burst has cleared, or the measuring window ended (what is left is dropped)
     counts.update(statuses)
+    counts["unanswered"] = artifacts - len(statuses)
 
 
 FLOODS = {

@@ -102,8 +102,8 @@ _CLIENT_CAP_FLAGS: tuple[tuple[str, str, str], ...] = (
     (
         "--max-bodies-per-key",
         "bodies_per_key",
-        "request bodies an API key has being received at once (and large artifacts waiting for their syntax "
-        "check); more get 429",
+        "request bodies an API key has being received at once (and large registrations waiting for their "
+        "syntax check); more get 429",
     ),
     ("--max-bodies-per-peer", "bodies_per_peer", "request bodies a peer has being received at once; more get 429"),
     ("--max-streams-per-key", "streams_per_key", "event streams an API key has open at once; more get 429"),

@@ -5,10 +5,10 @@ parse — seconds and gigabytes for a few MiB of literals like ``x=[0,0,…]`` �
 worker thread it would stall every other request (health, SSE, other clients).  Small ones,
 the usual case, are parsed in-process where it costs well under a millisecond.
 
-A worst-case artifact takes GBs to parse, so only ``CHILDREN`` children run at once (``CheckTurns``): a request
-waits for its turn on the event loop, holding no thread, the waiting callers' keys served in turn, so one key's
-burst of large registrations neither takes the threads other requests need nor makes another key's registration
-wait behind all of it (docs/ARCHITECTURE.md, "REST details").
+A worst-case artifact takes GBs to parse, so only ``CHILDREN`` large registrations are parsed and checked at once
+(``CheckTurns``): a request waits for its turn on the event loop, holding no thread, the waiting callers' keys served
+in turn, so one key's burst of large registrations neither takes the threads (nor the GIL) other requests need nor
+makes another key's registration wait behind all of it (docs/ARCHITECTURE.md, "REST details").
 
     python -m lancefn_jupyter.server.control.artifact_check ENTRYPOINT < artifact   → problem or nothing
 """
@@ -32,15 +32,16 @@ CHILD_TIMEOUT_S = 60.0
 CHILDREN = 2  # checker children at once
 
 
-def in_process(artifact: bytes) -> bool:
-    """Whether ``artifact`` is small enough to be parsed in the server's process."""
-    return len(artifact) <= IN_PROCESS_MAX_BYTES
+def in_process(data: bytes) -> bool:
+    """Whether an artifact of ``data`` (or any artifact a registration body of ``data`` carries, base64 being larger
+    than its bytes) is small enough to be parsed in the server's process."""
+    return len(data) <= IN_PROCESS_MAX_BYTES
 
 
 class CheckTurns:
-    """Turns at the checker children, taken on the event loop: at most ``children`` at once, the waiting keys served
-    round robin (FIFO within a key), and at most ``per_key`` waiting or running per key (``flag`` names it): past
-    that, that key's next registration is a 429."""
+    """Turns of large registrations (parsing them, checking their artifacts in a child), taken on the event loop: at
+    most ``children`` at once, the waiting keys served round robin (FIFO within a key), and at most ``per_key``
+    waiting or in their turn per key (``flag`` names it): past that, that key's next one is a 429."""
 
     def __init__(self, per_key: int, flag: str, children: int = CHILDREN) -> None:
         self.per_key, self.flag = per_key, flag
@@ -50,12 +51,12 @@ class CheckTurns:
 
     @contextlib.asynccontextmanager
     async def turn(self, key: Hashable) -> AsyncIterator[None]:
-        """Hold one child's turn for ``key`` while the block runs."""
+        """Hold one turn for ``key`` while the block runs."""
         held = self._held.get(key, 0)
         if held >= self.per_key:
             raise ApiError(
                 429,
-                f"this API key already has {self.per_key} large artifacts waiting for their syntax check, the "
+                f"this API key already has {self.per_key} large registrations waiting for their syntax check, the "
                 f"server's limit ({self.flag}); register fewer at once, or start lancefn-server with a larger "
                 f"{self.flag}",
             )

@@ -23,7 +23,7 @@ class ClientCaps:
     """The caps, one ``lancefn-server`` flag each (``--max-idle-per-peer`` ...)."""
 
     idle_per_peer: int = 32  # kept-alive connections between requests; a new one past it closes the peer's oldest
-    bodies_per_key: int = 32  # request bodies being received at once (and large artifacts waiting for their check)
+    bodies_per_key: int = 32  # request bodies being received at once (and large registrations waiting for their check)
     bodies_per_peer: int = 64
     streams_per_key: int = 32  # event streams (GET /v1/jobs/events) open at once
     streams_per_peer: int = 64
