@@ -44,6 +44,7 @@ QUICK_ARGS = {
     "bench_backfill.py": ["--rows", "20000", "--memory-rows", "200000", "--reps", "1"],
     "bench_warm_state.py": ["--warm", "100"],
     "bench_environments.py": ["--rounds", "1", "--hits", "3"],
+    "bench_floods.py": ["--samples", "100", "--artifacts", "12", "--artifact-window-s", "20"],
 }
 # Targets for timing lines of modules that print "label ... median X ms ... p95 Y ms":
 # (module, substring of the label) -> (statistic compared, limit in ms, target text).
