@@ -5,7 +5,7 @@
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
                    [--header-timeout-s S] [--limit-concurrency N] [--max-idle-per-peer N]
                    [--max-bodies-per-key N] [--max-bodies-per-peer N] [--max-streams-per-key N]
-                   [--max-streams-per-peer N] [--log-level warning]
+                   [--max-streams-per-peer N] [--max-requests-per-key N] [--log-level warning]
                    [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
                    [--worker-max-rss-mb MB] [--worker-uids FIRST-LAST] [--worker-max-procs N]
                    [--env-cache DIR] [--env-cache-max-bytes N]
@@ -108,6 +108,11 @@ _CLIENT_CAP_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--max-bodies-per-peer", "bodies_per_peer", "request bodies a peer has being received at once; more get 429"),
     ("--max-streams-per-key", "streams_per_key", "event streams an API key has open at once; more get 429"),
     ("--max-streams-per-peer", "streams_per_peer", "event streams a peer has open at once; more get 429"),
+    (
+        "--max-requests-per-key",
+        "requests_per_key",
+        "requests an API key has in progress at once (long polls and streams included); more get 429",
+    ),
 )
 _EXECUTOR_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
     ("--max-idle-workers", int, 16, "local executor: idle warm workers kept in all (default 16)"),

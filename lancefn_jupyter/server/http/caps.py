@@ -1,6 +1,6 @@
 """Per-client caps on what a connection holds open (docs/ARCHITECTURE.md, "REST details", the limits): connections
-waiting for a request head (new ones, and kept-alive ones between requests) per peer, and request bodies being
-received and event streams per key and per peer.  Pure bookkeeping, called on the event loop.
+waiting for a request head (new ones, and kept-alive ones between requests) per peer, requests in progress per key,
+and request bodies being received and event streams per key and per peer.  Pure bookkeeping, called on the event loop.
 
 A *peer* is who is at the other end of a connection, as ``peers.peer_of`` names it: its address, and for a client on
 this machine the user that owns its socket too, so one local user's (or one job's) flood is not every local client's.
@@ -27,6 +27,7 @@ class ClientCaps:
     bodies_per_peer: int = 64
     streams_per_key: int = 32  # event streams (GET /v1/jobs/events) open at once
     streams_per_peer: int = 64
+    requests_per_key: int = 128  # requests in progress at once (half the default --limit-concurrency)
 
 
 class Waiting(Generic[T]):
@@ -57,9 +58,12 @@ class Waiting(Generic[T]):
 
 class Holds:
     """How many of one kind of request (``what``: "request bodies being received", "event streams") each key and
-    each peer has open, each under its cap; a refusal's message names the cap and its flag."""
+    each peer has open, each under its cap (``per_peer`` None: none per peer); a refusal's message names the cap and
+    its flag."""
 
-    def __init__(self, what: str, per_key: int, key_flag: str, per_peer: int, peer_flag: str) -> None:
+    def __init__(
+        self, what: str, per_key: int, key_flag: str, per_peer: int | None = None, peer_flag: str = ""
+    ) -> None:
         self.what = what
         self.per_key, self.key_flag, self.per_peer, self.peer_flag = per_key, key_flag, per_peer, peer_flag
         self._keys: dict[Hashable, int] = {}
@@ -72,19 +76,22 @@ class Holds:
         held = keys.get(key, 0) if key is not None else 0
         if held >= self.per_key:
             return self._refusal("this API key", self.per_key, self.key_flag)
-        by_peer = peers.get(peer, 0)
-        if by_peer >= self.per_peer:
-            return self._refusal(f"this client ({peer})", self.per_peer, self.peer_flag)
+        per_peer = self.per_peer
+        if per_peer is not None:
+            by_peer = peers.get(peer, 0)
+            if by_peer >= per_peer:
+                return self._refusal(f"this client ({peer})", per_peer, self.peer_flag)
+            peers[peer] = by_peer + 1
         if key is not None:
             keys[key] = held + 1
-        peers[peer] = by_peer + 1
         return None
 
     def give(self, key: Hashable | None, peer: str) -> None:
         """Undo one :meth:`take` that succeeded."""
         if key is not None:
             _decrement(self._keys, key)
-        _decrement(self._peers, peer)
+        if self.per_peer is not None:
+            _decrement(self._peers, peer)
 
     def _refusal(self, who: str, cap: int, flag: str) -> str:
         return (

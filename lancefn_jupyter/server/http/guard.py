@@ -3,7 +3,8 @@
 
 Nothing a client sends may stall the server for others: the guard refuses a write without a
 known ``x-api-key`` *before* reading its body, bounds the body's size and the time to send it,
-bounds the bodies being received and the event streams open per key and per peer (``caps.Holds``),
+bounds the requests in progress per key, and the bodies being received and the event streams open per key and
+per peer (``caps.Holds``),
 hands buffered JSON bodies of the direct routes to the fast path (``fastpath.py``), and turns
 anything unexpected into a 400 ``request_failed`` envelope (``errors.py``).
 """
@@ -30,8 +31,8 @@ _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 
 
 class Guard:
-    """Request id, key-before-body, body-size and body-time limits, per-key and per-peer caps on bodies and
-    streams, and last-resort error handling (pure ASGI for speed); it also serves the direct routes
+    """Request id, key-before-body, body-size and body-time limits, per-key caps on requests and per-key and
+    per-peer caps on bodies and streams, and last-resort error handling (pure ASGI for speed); it also serves the direct routes
     (``fastpath.FastPath``).  The routes still check the key's privileges.  ``stream_paths``: the GET routes that
     answer with a stream held open (the event stream)."""
 
@@ -66,6 +67,8 @@ class Guard:
             "--max-streams-per-peer",
         )
         self.stream_paths = stream_paths
+        # Every request with a known key, long polls included: one key cannot hold all of --limit-concurrency.
+        self.requests = Holds("requests", caps.requests_per_key, "--max-requests-per-key")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -95,57 +98,62 @@ class Guard:
 
         method, path = scope["method"], scope["path"]
         writes = method in ("POST", "PUT", "PATCH")
+        sent_key = headers.get(b"x-api-key")
+        key = self.keys.principal(sent_key) if sent_key is not None else None  # None: none, or an unknown one
+        if key is None and writes and path not in UNAUTHENTICATED_PATHS:
+            await reply(401, "unauthorized", MISSING_KEY_MESSAGE, close=True)
+            return
         peer = scope["state"].get("peer", "")  # uvicorn's protocol (connections.py) names it
-        key = None
-        if writes and path not in UNAUTHENTICATED_PATHS:
-            key = self.keys.principal(headers.get(b"x-api-key"))
-            if key is None:
-                await reply(401, "unauthorized", MISSING_KEY_MESSAGE, close=True)
+        if key is not None:
+            refusal = self.requests.take(key, peer)
+            if refusal is not None:
+                await reply(429, "too_many_requests", refusal, close=writes)
                 return
-        inner_receive = receive
         held: _Held | None = None
-        if writes:
-            refusal = self.bodies.take(key, peer)  # after the key, before a byte of the body is read
-            if refusal is not None:
-                await reply(429, "too_many_requests", refusal, close=True)
-                return
-            if is_arrow(headers.get(b"content-type")):
-                # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here:
-                # counted until their last part is in.
-                held = _Held(self.bodies, key, peer)
-                inner_receive = held.receiving(receive)
-            else:
-                try:
-                    body = await self._read_body(headers, receive)
-                finally:
-                    self.bodies.give(key, peer)
-                if isinstance(body, tuple):
-                    await reply(*body, close=True)
-                if not isinstance(body, bytes):
-                    return
-                fastpath = self.fastpath
-                direct = fastpath.route(method, path) if fastpath is not None else None
-                if fastpath is not None and direct is not None:
-                    await fastpath.serve(direct, scope, headers, body, reply, send_with_id)
-                    return
-                inner_receive = _replay(body, receive)
-        elif path in self.stream_paths and method == "GET":
-            key = self.keys.principal(headers.get(b"x-api-key"))  # None: the router answers 401
-            refusal = self.streams.take(key, peer) if key is not None else None
-            if refusal is not None:
-                await reply(429, "too_many_requests", refusal)
-                return
-            if key is not None:
-                held = _Held(self.streams, key, peer)
         try:
-            await self.app(scope, inner_receive, send_with_id)
-        except Exception as error:
-            failure = last_resort(scope, request_id, error)
-            if not started:
-                await reply(*failure)
+            inner_receive = receive
+            if writes:
+                refusal = self.bodies.take(key, peer)  # after the key, before a byte of the body is read
+                if refusal is not None:
+                    await reply(429, "too_many_requests", refusal, close=True)
+                    return
+                if is_arrow(headers.get(b"content-type")):
+                    # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here:
+                    # counted until their last part is in.
+                    held = _Held(self.bodies, key, peer)
+                    inner_receive = held.receiving(receive)
+                else:
+                    try:
+                        body = await self._read_body(headers, receive)
+                    finally:
+                        self.bodies.give(key, peer)
+                    if isinstance(body, tuple):
+                        await reply(*body, close=True)
+                    if not isinstance(body, bytes):
+                        return
+                    fastpath = self.fastpath
+                    direct = fastpath.route(method, path) if fastpath is not None else None
+                    if fastpath is not None and direct is not None:
+                        await fastpath.serve(direct, scope, headers, body, reply, send_with_id)
+                        return
+                    inner_receive = _replay(body, receive)
+            elif key is not None and path in self.stream_paths and method == "GET":
+                refusal = self.streams.take(key, peer)
+                if refusal is not None:
+                    await reply(429, "too_many_requests", refusal)
+                    return
+                held = _Held(self.streams, key, peer)
+            try:
+                await self.app(scope, inner_receive, send_with_id)
+            except Exception as error:
+                failure = last_resort(scope, request_id, error)
+                if not started:
+                    await reply(*failure)
         finally:
             if held is not None:
                 held.give()
+            if key is not None:
+                self.requests.give(key, peer)
 
     async def _read_body(self, headers: dict, receive: Any) -> bytes | tuple[int, str, str] | None:
         """The whole body, bounded in size and in time (so the limit also holds for chunked

@@ -18,11 +18,13 @@ import pytest
 from conftest import registration_body
 from helpers import (
     api_keys_toml,
+    hold_version,
     http_head,
     let_workers_reach_this_python,
     raw_socket,
     read_reply,
     read_response,
+    submit,
     wait_until,
 )
 
@@ -118,6 +120,25 @@ def test_event_streams_are_capped_per_key(control_plane_factory, sockets):
     bob_is_served(cp)  # old code: 503, /v1/health too
     with raw_socket(cp.url, http_head("GET", "/v1/jobs/events", BOB)) as stream:
         assert read_response(stream)[0] == 200
+
+
+def test_long_polls_are_capped_per_key(control_plane_factory, sockets, tmp_path):
+    cp = control_plane_factory(api_keys=KEYS, args=[*LIMIT, "--max-requests-per-key", "4"])
+    with cp.http(ALICE) as alice:
+        job = submit(alice, "hold", hold_version(alice), [{"path": str(tmp_path / "go")}])  # runs until "go" exists
+    body = json.dumps({"job_id": job, "timeout_s": 60}).encode()
+    wait = http_head("POST", "/v1/jobs/wait", ALICE, body_bytes=len(body)) + body
+    refused = []
+    for index in range(FLOOD):
+        sockets.append(raw_socket(cp.url, wait))
+        if index >= 4:
+            refused.append(refusal(read_response(sockets[-1])))  # old code: held until the limit, then 503
+    assert all("--max-requests-per-key" in message for message in refused), refused[0]
+    bob_is_served(cp)  # old code: 503
+    (tmp_path / "go").touch()
+    for sock in sockets[:4]:  # the four long polls answer with the job's end
+        status, reply = read_response(sock)
+        assert status == 200 and json.loads(reply)["job_state"] == "DONE", reply
 
 
 # The pending share per peer, seen from a local client of another user (uid 65534): it pushes out only its own.
