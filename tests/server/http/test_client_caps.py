@@ -1,6 +1,6 @@
 """Every connection counted (docs/ARCHITECTURE.md, "REST details", the limits), on a real server with two teams:
-one client, or one key, holding hundreds of idle keep-alive connections, slow bodies or event streams meets its own
-caps (its oldest idle connections closed, 429s naming the flag) while the other team's requests and /v1/health are
+one client, or one key, holding hundreds of idle keep-alive connections, slow bodies, event streams or long polls meets
+its own caps (its oldest idle connections closed, 429s naming the flag) while the other team's requests and /v1/health are
 answered; local clients of other users are other peers; and a burst of large artifacts from one key neither holds
 the threads the other key's requests need nor makes its registration wait behind the whole burst."""
 
