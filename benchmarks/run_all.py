@@ -46,6 +46,7 @@ QUICK_ARGS = {
     "bench_environments.py": ["--rounds", "1", "--hits", "3"],
     "bench_env_build.py": ["--rounds", "1"],
     "bench_table_agent.py": ["--fragments", "20", "--reps", "5"],
+    "bench_floods.py": ["--samples", "100", "--artifacts", "12", "--artifact-window-s", "20"],
 }
 # Targets for timing lines of modules that print "label ... median X ms ... p95 Y ms":
 # (module, substring of the label) -> (statistic compared, limit in ms, target text).

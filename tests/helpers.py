@@ -1,6 +1,6 @@
 """What many test modules share: polling with a deadline, file-gated "hold" functions, the REST
 calls the job tests make against a real control plane, API-key files, an IPython shell with the
-extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture),
+extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture), raw HTTP connections,
 hypothesis settings for fuzzing, the packaging tests' cell helpers (and one numba CUDA cell), and which small
 packages this Python lacks (the environment tests install them).
 
@@ -20,12 +20,14 @@ import importlib.metadata
 import json
 import os
 import shutil
+import socket
 import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -304,6 +306,54 @@ def fuzz(examples: int) -> Any:
     from hypothesis import HealthCheck, settings
 
     return settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+def raw_socket(url: str, sent: bytes = b"") -> socket.socket:
+    """A TCP connection to the server at ``url`` that has sent ``sent`` (a head, part of one, a body ...)."""
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=20)
+    if sent:
+        sock.sendall(sent)
+    return sock
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (bounded by the socket timeout)."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def read_response(sock: socket.socket) -> tuple[int, bytes]:
+    """One reply on a kept-alive connection: its status and its body (``content-length``; none for a stream,
+    whose head alone is read)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection mid-reply: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+    size = int(fields.get("content-length", len(body)))
+    while len(body) < size:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection mid-body"
+        body += chunk
+    return int(lines[0].split(" ", 2)[1]), body
+
+
+def http_head(method: str, path: str, key: str | None = None, body_bytes: int | None = None) -> bytes:
+    """A request's line and headers, as a raw client sends them."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: x"]
+    if key is not None:
+        lines.append(f"x-api-key: {key}")
+    if body_bytes is not None:
+        lines += ["content-type: application/json", f"content-length: {body_bytes}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def api_keys_toml(*keys: dict[str, Any]) -> str:

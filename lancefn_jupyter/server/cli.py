@@ -3,7 +3,9 @@
     lancefn-server [--home DIR] [--host 127.0.0.1] [--port 0] [--unix-socket PATH|off] [--gpu-classes FILE]
                    [--executor local|ray] [--ray-address ADDR] [--api-keys FILE]
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
-                   [--header-timeout-s S] [--limit-concurrency N] [--log-level warning]
+                   [--header-timeout-s S] [--limit-concurrency N] [--max-idle-per-peer N]
+                   [--max-bodies-per-key N] [--max-bodies-per-peer N] [--max-streams-per-key N]
+                   [--max-streams-per-peer N] [--max-requests-per-key N] [--log-level warning]
                    [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
                    [--worker-max-rss-mb MB] [--worker-uids FIRST-LAST] [--worker-max-procs N]
                    [--env-cache DIR] [--env-cache-max-bytes N] [--allow-direct-references] [--max-job-run-s S]
@@ -86,7 +88,35 @@ _NUMERIC_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
         10.0,
         "a request's line and headers must arrive within this many seconds (default 10)",
     ),
-    ("--limit-concurrency", int, 256, "most connections and requests at once; more get 503 (default 256)"),
+    (
+        "--limit-concurrency",
+        int,
+        256,
+        "most requests in progress at once; more get 503, never /v1/health (default 256)",
+    ),
+)
+# Per-client caps (docs/ARCHITECTURE.md, "REST details", the limits): (flag, ``ClientCaps`` field, help). A peer is a
+# client's address and, on this machine, the user owning the client's socket.
+_CLIENT_CAP_FLAGS: tuple[tuple[str, str, str], ...] = (
+    (
+        "--max-idle-per-peer",
+        "idle_per_peer",
+        "kept-alive connections a peer holds between requests; its next one past this closes its oldest",
+    ),
+    (
+        "--max-bodies-per-key",
+        "bodies_per_key",
+        "request bodies an API key has being received at once (and large registrations waiting for their "
+        "syntax check); more get 429",
+    ),
+    ("--max-bodies-per-peer", "bodies_per_peer", "request bodies a peer has being received at once; more get 429"),
+    ("--max-streams-per-key", "streams_per_key", "event streams an API key has open at once; more get 429"),
+    ("--max-streams-per-peer", "streams_per_peer", "event streams a peer has open at once; more get 429"),
+    (
+        "--max-requests-per-key",
+        "requests_per_key",
+        "requests an API key has in progress at once (long polls and streams included); more get 429",
+    ),
 )
 _EXECUTOR_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
     ("--max-idle-workers", int, 16, "local executor: idle warm workers kept in all (default 16)"),
@@ -191,6 +221,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     for flag, kind, default, text in _NUMERIC_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=text)
+    from lancefn_jupyter.server.http.caps import ClientCaps  # plain bookkeeping: a cheap import
+
+    defaults = ClientCaps()
+    for flag, field, text in _CLIENT_CAP_FLAGS:
+        p.add_argument(flag, type=int, default=getattr(defaults, field), help=f"{text} (default %(default)s)")
     p.add_argument(
         "--worker-user",
         default=os.environ.get("LANCEFN_WORKER_USER") or None,
@@ -590,7 +625,18 @@ def _open_store(home: Path) -> Any:
         raise _Refused(f"cannot open the state database {home / DB_FILENAME} ({error}); {hint}", 1) from None
 
 
-def _make_app(args: argparse.Namespace, plane: Any, api_keys: dict[str, Any]) -> Any:
+def _client_caps(args: argparse.Namespace) -> Any:
+    """Step 2 too: the per-client caps, each a whole number >= 1."""
+    from lancefn_jupyter.server.http.caps import ClientCaps
+
+    values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field, _ in _CLIENT_CAP_FLAGS}
+    for flag, field, _ in _CLIENT_CAP_FLAGS:
+        if values[field] < 1:
+            raise _Refused(f"{flag} must be a whole number >= 1 (got {values[field]}); leave it out for the default")
+    return ClientCaps(**values)
+
+
+def _make_app(args: argparse.Namespace, plane: Any, api_keys: dict[str, Any], caps: Any) -> Any:
     """Step 6: the ASGI app with the request limits."""
     from lancefn_jupyter.server.http.app import create_app
     from lancefn_jupyter.server.http.guard import DEFAULT_MAX_BODY_BYTES
@@ -604,11 +650,18 @@ def _make_app(args: argparse.Namespace, plane: Any, api_keys: dict[str, Any]) ->
         max_artifact_bytes=args.max_artifact_bytes,
         body_timeout_s=args.body_timeout_s,
         max_arrow_body_bytes=args.max_arrow_body_bytes,
+        caps=caps,
     )
 
 
 def _serve(
-    args: argparse.Namespace, app: Any, plane: Any, sockets: list[socket.socket], server_json: Path, info: dict
+    args: argparse.Namespace,
+    app: Any,
+    plane: Any,
+    sockets: list[socket.socket],
+    server_json: Path,
+    info: dict,
+    caps: Any,
 ) -> int:
     """Step 7: serve until SIGTERM/SIGINT; ``server.json`` is written once serving (it means "ready")."""
     import uvicorn
@@ -658,7 +711,7 @@ def _serve(
 
     config = uvicorn.Config(
         app,
-        http=header_timeout_protocol(args.header_timeout_s, args.limit_concurrency),
+        http=header_timeout_protocol(args.header_timeout_s, args.limit_concurrency, caps),
         limit_concurrency=args.limit_concurrency,
         log_level=args.log_level,
         access_log=False,
@@ -711,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Heavy imports (the app, the executor) come after the cheap checks, so a refused start is fast.
         classes, api_keys, admin_key, digest_key = _load_config(args, home)
+        caps = _client_caps(args)
         sock, url = _listen(args.host, args.port)
         sockets = [sock]
         if args.unix_socket != "off":
@@ -748,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
             allow_direct_references=args.allow_direct_references or not _shared(api_keys),
             limits=limits,
         )
-        app = _make_app(args, plane, api_keys)
+        app = _make_app(args, plane, api_keys, caps)
         info = {
             "url": url,
             "api_key": admin_key,
@@ -760,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if unix_path is not None:
             info["unix_socket"] = str(unix_path)
-        return _serve(args, app, plane, sockets, home / SERVER_JSON, info)
+        return _serve(args, app, plane, sockets, home / SERVER_JSON, info, caps)
     except _Refused as refused:
         return _say(refused)
     finally:

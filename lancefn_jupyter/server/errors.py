@@ -24,7 +24,7 @@ class ApiError(Exception):
         404: "not_found",
         409: "conflict",
         413: "payload_too_large",
-        429: "quota_exceeded",  # a namespace holds the most unfinished work a limit allows
+        429: "too_many_requests",  # a client or key past a cap; a namespace's quota says "quota_exceeded"
     }
 
     def __init__(self, status: int, message: str, code: str | None = None):

@@ -9,18 +9,17 @@ import base64
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from conftest import SERVER_CMD, make_env, register, registration_body
+from helpers import http_head, raw_socket, read_reply, read_response
 
 from lancefn_jupyter.embedded import ensure_server, read_server_info, stop_server
 
@@ -34,22 +33,6 @@ def assert_4xx(reply: httpx.Response, status: int, *words: str) -> dict:
     for word in words:
         assert word in error["message"], (word, error["message"])
     return error
-
-
-def raw_socket(url: str) -> socket.socket:
-    parts = urlsplit(url)
-    sock = socket.create_connection((parts.hostname, parts.port), timeout=20)
-    return sock
-
-
-def read_reply(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (bounded by the socket timeout)."""
-    data = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
 
 
 # ------------------------------------------------------------------ the loop stays live
@@ -220,25 +203,26 @@ def test_an_oversized_head_sent_in_one_write_is_refused_too(control_plane):
 
 
 def test_concurrency_is_bounded(control_plane_factory):
-    """Connections that sent a request hold --limit-concurrency's slots; ones that sent nothing yet do not (each
-    address has a share of those instead: tests/server/http/test_pending_share.py)."""
+    """Requests in progress hold --limit-concurrency's slots; connections waiting for a request head (new ones, and
+    kept-alive ones between requests) do not (each peer has a share of those instead:
+    tests/server/http/test_pending_share.py, test_client_caps.py), and /v1/health is never refused."""
     cp = control_plane_factory(args=["--limit-concurrency", "3", "--header-timeout-s", "60"])
-    idle = [raw_socket(cp.url) for _ in range(3)]
-    served = []
+    silent = [raw_socket(cp.url) for _ in range(3)]
+    kept_alive, streams = [], []
     try:
-        time.sleep(0.3)  # let the server accept them
-        with httpx.Client(base_url=cp.url) as http:
-            assert http.get("/v1/health").status_code == 200  # silent connections take no slot
-        time.sleep(0.3)  # that client's connection is closed
-        statuses = []
-        for _ in range(4):  # keep-alive connections that sent a request do (the asking one counted, as uvicorn does)
-            sock = raw_socket(cp.url)
-            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
-            statuses.append(sock.recv(4096).split(b" ", 2)[1])
-            served.append(sock)
-        assert statuses[:2] == [b"200"] * 2 and statuses[2:] == [b"503"] * 2
+        for _ in range(5):  # connections that sent a request and were answered: idle now, no slot held
+            sock = raw_socket(cp.url, http_head("GET", "/v1/health"))
+            assert read_response(sock)[0] == 200
+            kept_alive.append(sock)
+        with httpx.Client(base_url=cp.url, headers={"x-api-key": cp.api_key}) as http:
+            assert http.post("/v1/jobs/list", json={}).status_code == 200
+            for _ in range(3):  # requests in progress: event streams held open fill the three slots
+                streams.append(raw_socket(cp.url, http_head("GET", "/v1/jobs/events", cp.api_key)))
+                assert read_response(streams[-1])[0] == 200
+            assert_4xx(http.post("/v1/jobs/list", json={}), 503, "--limit-concurrency")
+            assert http.get("/v1/health").status_code == 200  # never refused
     finally:
-        for sock in idle + served:
+        for sock in silent + kept_alive + streams:
             sock.close()
 
 

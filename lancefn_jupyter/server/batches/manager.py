@@ -292,7 +292,7 @@ class BatchManager:
         held = [batch for batch in self._batches.values() if batch.namespace == namespace]
         problem = self.machine.limits.batch_problem(namespace, len(held), sum(len(b.chunks) for b in held), chunks)
         if problem:
-            raise ApiError(429, problem)
+            raise ApiError(429, problem, "quota_exceeded")
 
     def _write_chunks(self, batch: Batch, encoded: list) -> None:
         """A new batch's chunks and rows, in slices without the job table's lock (nothing reads them yet)."""

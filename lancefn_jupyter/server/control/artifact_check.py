@@ -5,38 +5,126 @@ parse — seconds and gigabytes for a few MiB of literals like ``x=[0,0,…]`` �
 worker thread it would stall every other request (health, SSE, other clients).  Small ones,
 the usual case, are parsed in-process where it costs well under a millisecond.
 
+A worst-case artifact takes GBs to parse, so only ``CHILDREN`` large registrations are parsed and checked at once
+(``CheckTurns``): a request waits for its turn on the event loop, holding no thread, the waiting callers' keys served
+in turn, so one key's burst of large registrations neither takes the threads (nor the GIL) other requests need nor
+makes another key's registration wait behind all of it (docs/ARCHITECTURE.md, "REST details").
+
     python -m lancefn_jupyter.server.control.artifact_check ENTRYPOINT < artifact   → problem or nothing
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import contextlib
 import subprocess
 import sys
-import threading
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Hashable
 
-__all__ = ["IN_PROCESS_MAX_BYTES", "artifact_problem"]
+from lancefn_jupyter.server.errors import ApiError
+
+__all__ = ["CHILDREN", "IN_PROCESS_MAX_BYTES", "CheckTurns", "artifact_problem", "in_process"]
 
 IN_PROCESS_MAX_BYTES = 16 * 1024  # parses in a few ms at worst
 CHILD_TIMEOUT_S = 60.0
-# A worst-case 4 MiB artifact takes GBs to parse: a few at a time, not one per request thread.
-_CHILDREN = threading.BoundedSemaphore(2)
+CHILDREN = 2  # checker children at once
+
+
+def in_process(data: bytes) -> bool:
+    """Whether an artifact of ``data`` (or any artifact a registration body of ``data`` carries, base64 being larger
+    than its bytes) is small enough to be parsed in the server's process."""
+    return len(data) <= IN_PROCESS_MAX_BYTES
+
+
+class CheckTurns:
+    """Turns of large registrations (parsing them, checking their artifacts in a child), taken on the event loop: at
+    most ``children`` at once, the waiting keys served round robin (FIFO within a key), and at most ``per_key``
+    waiting or in their turn per key (``flag`` names it): past that, that key's next one is a 429."""
+
+    def __init__(self, per_key: int, flag: str, children: int = CHILDREN) -> None:
+        self.per_key, self.flag = per_key, flag
+        self._free = children
+        self._waiting: OrderedDict[Hashable, deque[asyncio.Future[None]]] = OrderedDict()
+        self._held: dict[Hashable, int] = {}  # per key: waiting or running
+
+    @contextlib.asynccontextmanager
+    async def turn(self, key: Hashable) -> AsyncIterator[None]:
+        """Hold one turn for ``key`` while the block runs."""
+        held = self._held.get(key, 0)
+        if held >= self.per_key:
+            raise ApiError(
+                429,
+                f"this API key already has {self.per_key} large registrations waiting for their syntax check, the "
+                f"server's limit ({self.flag}); register fewer at once, or start lancefn-server with a larger "
+                f"{self.flag}",
+            )
+        self._held[key] = held + 1
+        try:
+            await self._wait(key)
+            try:
+                yield
+            finally:
+                self._next()
+        finally:
+            left = self._held[key] - 1
+            if left:
+                self._held[key] = left
+            else:
+                del self._held[key]
+
+    async def _wait(self, key: Hashable) -> None:
+        if self._free and not self._waiting:
+            self._free -= 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, deque()).append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._next()  # the turn came as the request was cancelled: pass it on
+            else:
+                self._forget(key, turn)
+            raise
+
+    def _next(self) -> None:
+        """A turn ends: the next waiting key's oldest gets it (that key then goes last), else a child is free."""
+        while self._waiting:
+            key, turns = next(iter(self._waiting.items()))
+            turn = turns.popleft()
+            if turns:
+                self._waiting.move_to_end(key)
+            else:
+                del self._waiting[key]
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+    def _forget(self, key: Hashable, turn: asyncio.Future[None]) -> None:
+        turns = self._waiting.get(key)
+        if turns is not None and turn in turns:
+            turns.remove(turn)
+            if not turns:
+                del self._waiting[key]
 
 
 def artifact_problem(artifact: bytes, entrypoint: str) -> str | None:
-    """What is wrong with ``artifact`` (a message saying how to fix it), or None."""
-    if len(artifact) <= IN_PROCESS_MAX_BYTES:
+    """What is wrong with ``artifact`` (a message saying how to fix it), or None.  A large one is parsed in a child
+    process here and now: the server takes a turn at the children first (``CheckTurns``)."""
+    if in_process(artifact):
         return _problem(artifact, entrypoint)
     try:
-        with _CHILDREN:
-            done = subprocess.run(
-                # -P, cwd /: it runs as the server's user (root), so never from a directory another user can write
-                [sys.executable, "-P", "-m", __name__, entrypoint],
-                input=artifact,
-                cwd="/",
-                capture_output=True,
-                timeout=CHILD_TIMEOUT_S,
-            )
+        done = subprocess.run(
+            # -P, cwd /: it runs as the server's user (root), so never from a directory another user can write
+            [sys.executable, "-P", "-m", __name__, entrypoint],
+            input=artifact,
+            cwd="/",
+            capture_output=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         done = None
     if done is None or done.returncode != 0:

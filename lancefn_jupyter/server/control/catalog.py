@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.environments.requirements import pip_problem
-from lancefn_jupyter.server.control.artifact_check import artifact_problem
+from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
 from lancefn_jupyter.server.control.jobtable import TableLock
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
@@ -55,6 +55,19 @@ class Registration(NamedTuple):
 
     job_id: str
     warnings: list[str]
+
+
+class Prepared(NamedTuple):
+    """A registration request checked but for a large artifact's syntax (``checked`` False: parse it in a child,
+    ``artifact_check``), and not yet recorded."""
+
+    request: FunctionRegistrationRequest
+    artifact: bytes
+    checked: bool
+
+    @property
+    def entrypoint(self) -> str:
+        return self.request.artifact.entrypoint
 
 
 @dataclass(frozen=True)
@@ -116,7 +129,18 @@ class FunctionCatalog:
 
     def register(self, body: Any, namespace: str = DEFAULT_NAMESPACE) -> Registration:
         """Validate and record a function version in ``namespace``; returns the (already DONE) job's id and
-        the warnings about it (the executor cannot honour its environment: its jobs will fail)."""
+        the warnings about it (the executor cannot honour its environment: its jobs will fail).  A large artifact
+        is parsed in a child here and now; the server's route takes a turn at the children first
+        (:meth:`prepare`, ``artifact_check.CheckTurns``, :meth:`record`)."""
+        prepared = self.prepare(body)
+        problem = None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint)
+        if problem:
+            raise ApiError(400, problem)
+        return self.record(prepared, namespace)
+
+    def prepare(self, body: Any) -> Prepared:
+        """A registration request validated and its artifact decoded, a small one's syntax checked; a 4xx names
+        what is wrong."""
         if not isinstance(body, Mapping):
             raise ApiError(400, "the body must be a JSON object: a function registration request")
         try:
@@ -145,9 +169,17 @@ class FunctionCatalog:
                 f"the artifact is {len(artifact)} bytes, over this server's limit of {limit}; "
                 "keep data out of the function's source, or start lancefn-server with a larger --max-artifact-bytes",
             )
-        problem = artifact_problem(artifact, request.artifact.entrypoint)
+        checked = in_process(artifact)
+        problem = artifact_problem(artifact, request.artifact.entrypoint) if checked else None
         if problem:
             raise ApiError(400, problem)
+        return Prepared(request, artifact, checked)
+
+    def record(self, prepared: Prepared, namespace: str = DEFAULT_NAMESPACE) -> Registration:
+        """Record a prepared registration whose artifact is checked in ``namespace``: the version and its DONE
+        ``create_function`` job; returns its id and the warnings about the version."""
+        request, artifact = prepared.request, prepared.artifact
+        runtime = request.runtime
         if runtime.resources is not None:
             self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
         vid = version_id(request, self.digest_key)

@@ -377,7 +377,7 @@ class JobMachine:
         if "batch_id" not in rec.spec:  # a batch's chunks count in its batch's quota ("Batches")
             crowded = self.limits.jobs_problem(rec.namespace, table.active.own.get(rec.namespace, 0))
             if crowded:
-                raise ApiError(429, crowded)
+                raise ApiError(429, crowded, "quota_exceeded")
         table.active[rec.job_id] = rec
         if schedule and not table.executor_queues:
             table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)

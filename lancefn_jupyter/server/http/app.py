@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from lancefn_jupyter.server.control.artifact_check import CheckTurns
 from lancefn_jupyter.server.control.catalog import DEFAULT_MAX_ARTIFACT_BYTES
 from lancefn_jupyter.server.http.auth import KeyRing
 from lancefn_jupyter.server.http.bodies import ArrowBodies
+from lancefn_jupyter.server.http.caps import ClientCaps
 from lancefn_jupyter.server.http.fastpath import FastPath
 from lancefn_jupyter.server.http.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, Guard
 from lancefn_jupyter.server.http.router import Router
@@ -58,9 +60,12 @@ def create_app(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     max_arrow_body_bytes: int = DEFAULT_MAX_ARROW_BODY_BYTES,
     fast_path: bool = True,
+    caps: ClientCaps | None = None,
 ) -> App:
     """The ASGI app; ``api_keys`` maps each accepted key to its :class:`Principal`.
-    ``fast_path`` False: the direct routes too go through the router (the parity test compares both)."""
+    ``fast_path`` False: the direct routes too go through the router (the parity test compares both).
+    ``caps``: the per-key and per-peer caps (``--max-bodies-per-key`` ...)."""
+    caps = caps or ClientCaps()
     plane.catalog.max_artifact_bytes = max_artifact_bytes
 
     @contextlib.asynccontextmanager
@@ -77,10 +82,18 @@ def create_app(
     keys = KeyRing(api_keys)
     router = Router(keys, lifespan)
     bodies = ArrowBodies(plane.data, body_timeout_s=body_timeout_s, max_arrow_body_bytes=max_arrow_body_bytes)
-    ctx = RouteContext(plane, keys, bodies, FastPath(keys, enabled=fast_path))
+    # A large artifact waiting for its check holds its body in memory: --max-bodies-per-key bounds those too.
+    checks = CheckTurns(caps.bodies_per_key, "--max-bodies-per-key")
+    ctx = RouteContext(plane, keys, bodies, FastPath(keys, enabled=fast_path), checks)
     for module in (system, functions, jobs, batches, backfills, events):
         module.add_routes(router, ctx)
     guard = Guard(
-        router, max_body_bytes=max_body_bytes, keys=keys, body_timeout_s=body_timeout_s, fastpath=ctx.fastpath
+        router,
+        max_body_bytes=max_body_bytes,
+        keys=keys,
+        body_timeout_s=body_timeout_s,
+        fastpath=ctx.fastpath,
+        caps=caps,
+        stream_paths=frozenset({events.EVENTS_PATH}),
     )
     return App(guard, router, "lancefn control plane", plane.version)

@@ -8,21 +8,26 @@ sends nothing at all), so a handful of slow clients could hold the ``--limit-con
 for ever; and httptools, unlike h11, does not bound the size of the headers.  Both limits are
 here.  The body has its own deadline (``--body-timeout-s``, in ``guard.Guard``).
 
-Connections before their first request head is in (nothing authenticated yet) are not counted against
-``--limit-concurrency``, which counts connections that sent a request and requests in progress; each client
-address instead has a share of such connections (``pending_share``), and a new one past it closes that address's
-oldest pending one.  So 300 half-sent unauthenticated requests cannot answer every team 503, and a slow client
-on the same address as a quick one (loopback) only pushes out its own stale connections (docs/ARCHITECTURE.md,
-"REST details").
+Only requests in progress count against ``--limit-concurrency`` (``/v1/health`` never is refused by it), not
+connections waiting for a request head: new ones that sent none yet, and kept-alive ones between requests.  Each
+peer (``peers.peer_of``: its address, and on this machine the user owning its socket) instead has a share of each
+kind (``caps.Waiting``): ``pending_share`` new ones, ``--max-idle-per-peer`` kept-alive ones, and its new one past a
+share closes its own oldest of that kind.  So 300 half-sent unauthenticated requests, or 300 idle keep-alive
+connections, cannot answer every team 503, and a slow client on the same address as a quick one (loopback) only
+pushes out its own stale connections (docs/ARCHITECTURE.md, "REST details").
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import uuid
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from lancefn_jupyter.server.http.caps import ClientCaps, Waiting
+from lancefn_jupyter.server.http.errors import envelope
+from lancefn_jupyter.server.http.peers import peer_of
 
 __all__ = ["MAX_HEAD_BYTES", "header_timeout_protocol", "pending_share"]
 
@@ -63,41 +68,58 @@ class _OneSendTransport:
 
 
 def pending_share(limit_concurrency: int | None) -> int:
-    """How many connections one client address may hold before its first request head is in."""
+    """How many connections one peer may hold before their first request head is in."""
     return max(8, (limit_concurrency or 256) // 8)
 
 
-def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | None = None) -> type[HttpToolsProtocol]:
-    """The protocol class for one server: it holds that server's pending and served connections."""
-    share = pending_share(limit_concurrency)
-    pending: dict[Any, OrderedDict[Any, None]] = {}  # client address -> its connections with no head yet, oldest first
-    served: set[Any] = set()  # connections that sent at least one request head
+def _is_health(url: bytes) -> bool:
+    return url == b"/v1/health" or url.startswith(b"/v1/health?")
+
+
+def _busy_message(limit: int) -> str:
+    return (
+        f"the server has {limit} requests in progress, its limit (--limit-concurrency); retry shortly, or start "
+        "lancefn-server with a larger --limit-concurrency"
+    )
+
+
+def header_timeout_protocol(
+    header_timeout_s: float, limit_concurrency: int | None = None, caps: ClientCaps | None = None
+) -> type[HttpToolsProtocol]:
+    """The protocol class for one server: it holds that server's connections waiting for a request head."""
+    pending: Waiting[Any] = Waiting(pending_share(limit_concurrency))  # no request head yet
+    idle: Waiting[Any] = Waiting((caps or ClientCaps()).idle_per_peer)  # kept alive between requests
+
+    async def busy(scope: dict, receive: Any, send: Any) -> None:
+        """The reply past ``--limit-concurrency`` (uvicorn's own is a bare 503 that names no limit)."""
+        await envelope(503, "service_unavailable", _busy_message(limit_concurrency or 0), uuid.uuid4().hex)(
+            scope, receive, send
+        )
 
     class _HeaderTimeoutProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         _head_bytes = 0  # bytes received since the last request ended, while its head is incomplete
         _head_done = False
         _head_too_large = False
-        _peer: Any = None
+        _peer = ""
         _sender: _OneSendTransport | None = None
+        _waiting: Waiting[Any] | None = None  # pending or idle while the connection waits for a request head
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.limit_concurrency = None  # checked in on_headers_complete, without the pending connections
+            self.limit_concurrency = None  # checked in on_headers_complete: requests in progress only
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._sender = _OneSendTransport(transport, self.loop)
             self.transport = self._sender  # type: ignore[assignment]  # what replies use
-            peer = transport.get_extra_info("peername")
-            self._peer = peer[0] if isinstance(peer, tuple) and peer else peer
-            mine = pending.setdefault(self._peer, OrderedDict())
-            mine[self] = None
-            if len(mine) > share:  # past this address's share: its oldest pending connection goes
-                oldest = next(iter(mine))
-                del mine[oldest]
-                oldest.transport.close()
+            self._peer = peer_of(transport)
+            self._wait_in(pending)
             self._first_head()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope["state"]["peer"] = self._peer  # the guard's per-peer caps count under it
 
         def on_response_complete(self) -> None:
             if self._sender is not None:  # the whole reply is written: it goes out now, not a loop step later
@@ -106,6 +128,8 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
             # The next request on this connection gets the same deadline, from its first byte (``data_received``):
             # until then uvicorn's keep-alive timeout bounds the idle connection.
             self._head_done, self._head_bytes = False, 0
+            if self.cycle.response_complete and not self.transport.is_closing():  # kept alive, none pipelined
+                self._wait_in(idle)
 
         def data_received(self, data: bytes) -> None:
             if not self._head_done:
@@ -119,16 +143,7 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
                 self.send_400_response(_TOO_LARGE)
 
         def on_headers_complete(self) -> None:
-            if self not in served:
-                self._leave_pending()
-                served.add(self)
-            # uvicorn's own check, counting what sent a request (not pending connections): 0 makes it answer 503.
-            if limit_concurrency is not None and (
-                len(served) >= limit_concurrency or len(self.tasks) >= limit_concurrency
-            ):
-                self.limit_concurrency = 0
-            else:
-                self.limit_concurrency = None
+            self._stop_waiting()
             self._head_done = True
             if self._header_timer is not None:
                 self._header_timer.cancel()  # the request line and headers are in
@@ -137,7 +152,15 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
             if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > MAX_HEAD_BYTES:
                 self._head_too_large = True
                 raise _HeadTooLarge
-            super().on_headers_complete()
+            # Requests in progress (the server's tasks) against --limit-concurrency; /v1/health is never refused.
+            if limit_concurrency is not None and len(self.tasks) >= limit_concurrency and not _is_health(self.url):
+                app, self.app = self.app, busy
+                try:
+                    super().on_headers_complete()
+                finally:
+                    self.app = app
+            else:
+                super().on_headers_complete()
 
         def send_400_response(self, msg: str) -> None:
             super().send_400_response(_TOO_LARGE if self._head_too_large else msg)
@@ -145,16 +168,26 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
         def connection_lost(self, exc: Exception | None) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
-            self._leave_pending()
-            served.discard(self)
+            self._stop_waiting()
             super().connection_lost(exc)
 
-        def _leave_pending(self) -> None:
-            mine = pending.get(self._peer)
-            if mine is not None:
-                mine.pop(self, None)
-                if not mine:
-                    del pending[self._peer]
+        def _wait_in(self, waiting: Waiting[Any]) -> None:
+            """Count this connection as its peer's newest of ``waiting``'s kind; past the peer's share of that kind
+            its oldest one is closed."""
+            self._waiting = waiting
+            pushed_out = waiting.add(self, self._peer)
+            if pushed_out is not None:
+                pushed_out.push_out()
+
+        def push_out(self) -> None:
+            """Close this waiting connection: its peer opened one more of its kind than its share."""
+            self._waiting = None
+            self.transport.close()
+
+        def _stop_waiting(self) -> None:
+            if self._waiting is not None:
+                self._waiting.discard(self, self._peer)
+                self._waiting = None
 
         def _first_head(self) -> None:
             """A new connection's first head has ``header_timeout_s`` from the connection (one that sends nothing)."""
@@ -163,8 +196,8 @@ def header_timeout_protocol(header_timeout_s: float, limit_concurrency: int | No
 
         def _headers_too_slow(self) -> None:
             self._header_timer = None
-            idle = self.cycle is None or self.cycle.response_complete  # no request being answered
-            if idle and not self._head_done and not self.transport.is_closing():
+            answering = self.cycle is not None and not self.cycle.response_complete
+            if not answering and not self._head_done and not self.transport.is_closing():
                 self.transport.close()
 
     return _HeaderTimeoutProtocol

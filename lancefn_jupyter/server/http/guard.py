@@ -3,6 +3,8 @@
 
 Nothing a client sends may stall the server for others: the guard refuses a write without a
 known ``x-api-key`` *before* reading its body, bounds the body's size and the time to send it,
+bounds the requests in progress per key, and the bodies being received and the event streams open per key and
+per peer (``caps.Holds``),
 hands buffered JSON bodies of the direct routes to the fast path (``fastpath.py``), and turns
 anything unexpected into a 400 ``request_failed`` envelope (``errors.py``).
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 from lancefn_jupyter.server.http.auth import MISSING_KEY_MESSAGE, KeyRing
 from lancefn_jupyter.server.http.bodies import is_arrow
+from lancefn_jupyter.server.http.caps import ClientCaps, Holds
 from lancefn_jupyter.server.http.errors import envelope, last_resort
 from lancefn_jupyter.server.http.fastpath import FastPath
 
@@ -28,9 +31,10 @@ _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 
 
 class Guard:
-    """Request id, key-before-body, body-size and body-time limits, and last-resort error
-    handling (pure ASGI for speed); it also serves the direct routes (``fastpath.FastPath``).
-    The routes still check the key's privileges."""
+    """Request id, key-before-body, body-size and body-time limits, per-key caps on requests and per-key and
+    per-peer caps on bodies and streams, and last-resort error handling (pure ASGI for speed); it also serves the direct routes
+    (``fastpath.FastPath``).  The routes still check the key's privileges.  ``stream_paths``: the GET routes that
+    answer with a stream held open (the event stream)."""
 
     def __init__(
         self,
@@ -39,12 +43,32 @@ class Guard:
         keys: KeyRing | None = None,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         fastpath: FastPath | None = None,
+        caps: ClientCaps | None = None,
+        stream_paths: frozenset[str] = frozenset(),
     ):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.keys = keys or KeyRing({})
         self.body_timeout_s = body_timeout_s
         self.fastpath = fastpath  # its direct routes are served here
+        caps = caps or ClientCaps()
+        self.bodies = Holds(
+            "request bodies being received",
+            caps.bodies_per_key,
+            "--max-bodies-per-key",
+            caps.bodies_per_peer,
+            "--max-bodies-per-peer",
+        )
+        self.streams = Holds(
+            "event streams",
+            caps.streams_per_key,
+            "--max-streams-per-key",
+            caps.streams_per_peer,
+            "--max-streams-per-peer",
+        )
+        self.stream_paths = stream_paths
+        # Every request with a known key, long polls included: one key cannot hold all of --limit-concurrency.
+        self.requests = Holds("requests", caps.requests_per_key, "--max-requests-per-key")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -72,34 +96,64 @@ class Guard:
                 response.headers["connection"] = "close"
             await response(scope, receive, send_with_id)  # type: ignore[arg-type]
 
-        writes = scope.get("method") in ("POST", "PUT", "PATCH")
-        if (
-            writes
-            and scope.get("path") not in UNAUTHENTICATED_PATHS
-            and self.keys.principal(headers.get(b"x-api-key")) is None
-        ):
+        method, path = scope["method"], scope["path"]
+        writes = method in ("POST", "PUT", "PATCH")
+        sent_key = headers.get(b"x-api-key")
+        key = self.keys.principal(sent_key) if sent_key is not None else None  # None: none, or an unknown one
+        if key is None and writes and path not in UNAUTHENTICATED_PATHS:
             await reply(401, "unauthorized", MISSING_KEY_MESSAGE, close=True)
             return
-        inner_receive = receive
-        # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here.
-        if writes and not is_arrow(headers.get(b"content-type")):
-            body = await self._read_body(headers, receive)
-            if isinstance(body, tuple):
-                await reply(*body, close=True)
-            if not isinstance(body, bytes):
+        peer = scope["state"].get("peer", "")  # uvicorn's protocol (connections.py) names it
+        if key is not None:
+            refusal = self.requests.take(key, peer)
+            if refusal is not None:
+                await reply(429, "too_many_requests", refusal, close=writes)
                 return
-            fastpath = self.fastpath
-            direct = fastpath.route(scope["method"], scope["path"]) if fastpath is not None else None
-            if fastpath is not None and direct is not None:
-                await fastpath.serve(direct, scope, headers, body, reply, send_with_id)
-                return
-            inner_receive = _replay(body, receive)
+        held: _Held | None = None
         try:
-            await self.app(scope, inner_receive, send_with_id)
-        except Exception as error:
-            failure = last_resort(scope, request_id, error)
-            if not started:
-                await reply(*failure)
+            inner_receive = receive
+            if writes:
+                refusal = self.bodies.take(key, peer)  # after the key, before a byte of the body is read
+                if refusal is not None:
+                    await reply(429, "too_many_requests", refusal, close=True)
+                    return
+                if is_arrow(headers.get(b"content-type")):
+                    # Arrow rows bodies are streamed to disk by their route (own size limit), never buffered here:
+                    # counted until their last part is in.
+                    held = _Held(self.bodies, key, peer)
+                    inner_receive = held.receiving(receive)
+                else:
+                    try:
+                        body = await self._read_body(headers, receive)
+                    finally:
+                        self.bodies.give(key, peer)
+                    if isinstance(body, tuple):
+                        await reply(*body, close=True)
+                    if not isinstance(body, bytes):
+                        return
+                    fastpath = self.fastpath
+                    direct = fastpath.route(method, path) if fastpath is not None else None
+                    if fastpath is not None and direct is not None:
+                        await fastpath.serve(direct, scope, headers, body, reply, send_with_id)
+                        return
+                    inner_receive = _replay(body, receive)
+            elif key is not None and path in self.stream_paths and method == "GET":
+                refusal = self.streams.take(key, peer)
+                if refusal is not None:
+                    await reply(429, "too_many_requests", refusal)
+                    return
+                held = _Held(self.streams, key, peer)
+            try:
+                await self.app(scope, inner_receive, send_with_id)
+            except Exception as error:
+                failure = last_resort(scope, request_id, error)
+                if not started:
+                    await reply(*failure)
+        finally:
+            if held is not None:
+                held.give()
+            if key is not None:
+                self.requests.give(key, peer)
 
     async def _read_body(self, headers: dict, receive: Any) -> bytes | tuple[int, str, str] | None:
         """The whole body, bounded in size and in time (so the limit also holds for chunked
@@ -137,6 +191,31 @@ class Guard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         return b"".join(chunks)
+
+
+class _Held:
+    """One count taken from ``holds`` for a request, given back once: at the request's end, or (``receiving``) once
+    its body's last part is in."""
+
+    def __init__(self, holds: Holds, key: Any, peer: str) -> None:
+        self._holds: Holds | None = holds
+        self._key, self._peer = key, peer
+
+    def give(self) -> None:
+        if self._holds is not None:
+            self._holds.give(self._key, self._peer)
+            self._holds = None
+
+    def receiving(self, receive: Any) -> Callable[[], Awaitable[dict]]:
+        """``receive``, giving the count back with the body's last part (or the client's disconnect)."""
+
+        async def counted() -> dict:
+            message = await receive()
+            if not message.get("more_body", False):
+                self.give()
+            return message
+
+        return counted
 
 
 def _replay(body: bytes, receive: Any) -> Callable[[], Awaitable[dict]]:

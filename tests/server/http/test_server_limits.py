@@ -53,6 +53,8 @@ def _batch_ended(http: httpx.Client, batch_id: str) -> dict:
 def _refused(reply: httpx.Response, status: int, *parts: str) -> None:
     assert reply.status_code == status, reply.text
     message = reply.json()["error"]["message"]
+    if status == 429:  # a namespace's quota, not a client's cap ("REST details")
+        assert reply.json()["error"]["code"] == "quota_exceeded", reply.text
     for part in parts:
         assert part in message, message
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from lancefn_jupyter.server.control.artifact_check import CheckTurns
 from lancefn_jupyter.server.http.auth import KeyRing, who
 from lancefn_jupyter.server.http.bodies import ArrowBodies, Body, parse
 from lancefn_jupyter.server.http.fastpath import FastPath
@@ -23,12 +24,14 @@ from lancefn_jupyter.server.plane import ControlPlane
 
 @dataclass(frozen=True)
 class RouteContext:
-    """The plane, the accepted keys, where Arrow bodies go, and the direct routes."""
+    """The plane, the accepted keys, where Arrow bodies go, the direct routes, and the turns at the artifact
+    checker's children."""
 
     plane: ControlPlane
     keys: KeyRing
     bodies: ArrowBodies
     fastpath: FastPath
+    checks: CheckTurns
 
 
 def by_id(

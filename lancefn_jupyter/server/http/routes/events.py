@@ -14,12 +14,13 @@ from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext
 
 KEEPALIVE_S = 15.0
+EVENTS_PATH = "/v1/jobs/events"  # a stream held open: the guard caps them per key and per peer
 
 
 def add_routes(router: Router, ctx: RouteContext) -> None:
     plane = ctx.plane
 
-    @router.get("/v1/jobs/events", privilege="jobs", query=(("last_event_id", False),))
+    @router.get(EVENTS_PATH, privilege="jobs", query=(("last_event_id", False),))
     async def job_events(request: Request) -> StreamingResponse:
         raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
         if raw is None or raw == "":

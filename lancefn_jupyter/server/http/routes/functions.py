@@ -9,14 +9,17 @@ from typing import Any
 from pydantic import Field
 from starlette.requests import Request
 
+from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
+from lancefn_jupyter.server.control.catalog import Prepared
 from lancefn_jupyter.server.control.states import TERMINAL as TERMINAL_STATES
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import pick, where, who
 from lancefn_jupyter.server.http.bodies import (
     INLINE_JSON_BYTES,
     MAX_TIMEOUT_S,
     Body,
+    decode_json,
     is_arrow,
-    json_body,
     parse,
     parse_query,
     parse_raw,
@@ -68,9 +71,27 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     catalog, machine = ctx.plane.catalog, ctx.plane.machine
     submits = Submits(machine)
 
+    async def checked(raw: bytes) -> Prepared:
+        """The registration ``raw`` parsed and validated, its artifact's syntax checked (a large one in a child)."""
+        prepared = await off_loop(catalog.prepare, await decode_json(raw))
+        if not prepared.checked:
+            problem = await off_loop(artifact_problem, prepared.artifact, prepared.entrypoint)
+            if problem:
+                raise ApiError(400, problem)
+        return prepared
+
     @router.post("/v1/functions/create", privilege="functions", status_code=202)
     async def create_function(request: Request) -> dict:
-        job_id, warnings = await off_loop(catalog.register, await json_body(request), who(request).namespace)
+        caller = who(request)
+        raw = await request.body()
+        if in_process(raw):  # base64 is larger than its bytes: no artifact here needs a child
+            prepared = await checked(raw)
+        else:
+            # A large registration waits for its turn on the loop, holding no thread, keys in turn: then its parsing
+            # and its check in a child ("REST details").
+            async with ctx.checks.turn(caller):
+                prepared = await checked(raw)
+        job_id, warnings = await off_loop(catalog.record, prepared, caller.namespace)
         # ``warnings``: the version's environment cannot be honoured here ("Environments"); omitted when none.
         return {"job_id": job_id, "warnings": warnings} if warnings else {"job_id": job_id}
 
