@@ -80,15 +80,21 @@ class DataStore:
 
     def result_fields(self, job_id: str, *, arrow: bool) -> dict:
         """The worker protocol's result fields of a task (docs/ARCHITECTURE.md, "Worker protocol"); ``arrow``:
-        its output is an Arrow type, so its result is offered a reused slot ("Result staging")."""
+        its output is an Arrow type, so its result is offered a reused slot ("Result staging"). ``result_max_bytes``:
+        a larger result is refused (``--result-max-bytes``: it would not be kept anyway)."""
         stage = self.staging.task_fields(job_id) if arrow else {}
         result_file = os.path.join(self.results_dir, job_id + _SUFFIX)  # = result_path, without a Path per task
-        return {"result_file": result_file, "result_fsync": self.fsync, **stage}
+        return {"result_file": result_file, "result_fsync": self.fsync, "result_max_bytes": self.max_bytes, **stage}
 
-    def is_result_file(self, path: str | os.PathLike[str], job_id: str) -> bool:
-        """Whether a worker's reported ``result_file`` is one this job may write, and is there."""
-        mine = os.fspath(path) == os.fspath(self.result_path(job_id)) or self.staging.is_staged(path, job_id)
-        return mine and os.path.exists(path)
+    def result_size(self, path: str | os.PathLike[str], job_id: str) -> int | None:
+        """The size of a worker's reported ``result_file`` when it is one this job may write and is there, else
+        None: the file's own size, whatever the worker said (one ``stat``)."""
+        if os.fspath(path) != os.fspath(self.result_path(job_id)) and not self.staging.is_staged(path, job_id):
+            return None
+        try:
+            return os.stat(path).st_size
+        except OSError:
+            return None
 
     def start(self) -> None:
         """At start, before any job is recovered: temp files go, staged results move to the home, and the
