@@ -24,11 +24,17 @@ import orjson
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker import reap
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, LINE_MAX_BYTES, MAX_PROCS_ENV, TEARDOWN_S, result_target
+from lancefn_jupyter.worker.protocol import (
+    FINAL_EVENTS,
+    LINE_MAX_BYTES,
+    MAX_PROCS_ENV,
+    TEARDOWN_S,
+    LineTooLong,
+    result_target,
+)
 from lancefn_jupyter.worker.result import result_too_large
 
 __all__ = [
-    "LineTooLong",
     "ProtocolError",
     "ProtocolLines",
     "WorkerProcess",
@@ -44,14 +50,6 @@ _MODULE = "lancefn_jupyter.worker.main"
 
 class WorkerStartError(RuntimeError):
     """The worker process died before it said ``ready``."""
-
-
-class LineTooLong(Exception):
-    """A protocol line passed the reader's limit: it was dropped (the reader skips the rest of it)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"a protocol line longer than {limit} bytes")
-        self.limit = limit
 
 
 class ProtocolError(Exception):

@@ -43,6 +43,15 @@ LINE_MAX_BYTES = 2 * JSON_RESULT_MAX_BYTES
 FAILURE_TEXT_LIMIT = 64 * 1024
 
 
+class LineTooLong(Exception):
+    """A protocol line past a limit: dropped by the reader that found it (which skips the rest of it), or never
+    sent by a writer given one (``Protocol(max_line=…)``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a protocol line longer than {limit} bytes")
+        self.limit = limit
+
+
 def cap_text(text: str, limit: int = FAILURE_TEXT_LIMIT) -> str:
     """``text`` up to ``limit`` characters, its end replaced by a note of how much was cut; the note fits within
     ``limit``, so text capped once (by the worker) passes a second cap (the control plane's) unchanged."""
@@ -87,12 +96,14 @@ class Protocol:
 
     ``strict`` (the worker): what it sends is JSON whose floats are finite (:func:`dumps`), and a closed fd raises.
     Otherwise (the Ray bridge): anything not JSON is sent as its ``str``, and a closed fd is ignored, since the
-    control plane is gone and stdin EOF ends the process anyway.
+    control plane is gone and stdin EOF ends the process anyway. ``max_line`` (the Ray bridge, which forwards what
+    jobs send): a longer line is not sent (:class:`LineTooLong`), so the control plane's reader never meets one.
     """
 
-    def __init__(self, fd: int, *, strict: bool = True) -> None:
+    def __init__(self, fd: int, *, strict: bool = True, max_line: int | None = None) -> None:
         self._fd = fd
         self._strict = strict
+        self._max_line = max_line
         self._lock = threading.Lock()
 
     def send(self, **event: Any) -> None:
@@ -104,6 +115,8 @@ class Protocol:
             event["ipc_len"] = len(payload)
         line = dumps(event) if self._strict else _loose_dumps(event)
         data = memoryview((line + "\n").encode())
+        if self._max_line is not None and len(data) > self._max_line:
+            raise LineTooLong(self._max_line)
         with self._lock:
             try:
                 for part in (data, memoryview(payload)):
