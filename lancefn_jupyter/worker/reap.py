@@ -303,32 +303,30 @@ def _reap_ours(pids: Collection[int], path: Path) -> None:
     """Reap those of ``pids`` (killed, out of the cgroup ``path`` now) that are this process's children: each is on
     its way to being a zombie of ours, which no ``Popen`` of ours waits for (none of them is a worker)."""
     for pid in pids:
-        if _stray_of(pid, path) is not None:
+        if _is_stray(pid, path):
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
 
 
-def _stray_of(pid: int, path: Path | None = None) -> str | None:
-    """The worker cgroup (``w<worker pid>-<n>``) that ``pid``, a child of this process, was in when it is not that
-    worker (a job's process: ours to reap); None otherwise. ``path``: only that cgroup counts."""
+def _is_stray(pid: int, path: Path | None = None) -> bool:
+    """Whether ``pid`` is a child of this process that was in a worker's cgroup (``w<worker pid>-<n>``; ``path``: that
+    one) and is not that worker: a job's process, ours to reap."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
         with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as groups:
             group = next((line.strip()[3:] for line in groups if line.startswith("0::")), "")
     except (OSError, IndexError, ValueError):
-        return None
+        return False
     with _CGROUP_LOCK:
         own = _cgroups[0] if _cgroups else None
     if parent != os.getpid() or own is None:
-        return None
+        return False
     group = group.removesuffix(" (deleted)")  # a zombie names the cgroup it left, removed or not
     name = group.rsplit("/", 1)[-1]
     inside = group.startswith(own[1] + "/w") and group.count("/") == own[1].count("/") + 1
     worker = name[1:].split("-", 1)[0]
-    if not inside or worker == str(pid) or (path is not None and name != path.name):
-        return None
-    return name
+    return inside and worker != str(pid) and (path is None or name == path.name)
 
 
 def reap_strays() -> int:
@@ -336,6 +334,9 @@ def reap_strays() -> int:
     worker's parent's child): those that were in a worker's cgroup and are not that worker. No other child is
     touched, so each ``subprocess.Popen`` of ours still reaps its own. Costs one system call when no child of ours
     is a zombie; a scan of ``/proc`` otherwise. Returns how many were reaped."""
+    with _CGROUP_LOCK:
+        if not _cgroups or _cgroups[0] is None:  # no worker cgroups: no child of ours is known to be a job's
+            return 0
     try:
         if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return 0
@@ -344,7 +345,7 @@ def reap_strays() -> int:
     reaped = 0
     me = os.getpid()
     for pid, (parent, state) in _processes().items():
-        if parent == me and state == "Z" and _stray_of(pid) is not None:
+        if parent == me and state == "Z" and _is_stray(pid):
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)
                 reaped += 1

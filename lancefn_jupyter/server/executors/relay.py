@@ -29,56 +29,64 @@ WORKER_PHASES = ("validation", "environment", "setup", "run", "result")
 # Every phase of ``JobFailure`` (the Ray bridge's own outcomes name the control plane's phases too).
 ALL_PHASES = (*WORKER_PHASES, "import", "worker", "timeout", "server_restart", "executor")
 _STREAMS = ("stdout", "stderr")
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# Exact types, as JSON parses them (a bool is no number here); checked on every event, so kept to a few lookups.
+_NUMBERS = (int, float)
 
 
 def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and value >= 0
 
 
 def _texts(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    return type(value) is list and all(type(item) is str for item in value)
 
 
-def _outcome_problem(event: Mapping[str, Any], task_id: str | None) -> str | None:
+def _log(event: dict, _phases: Collection[str]) -> str | None:
+    if event.get("stream") not in _STREAMS:
+        return f"its stream is {str(event.get('stream'))[:80]!r}, not one of {', '.join(_STREAMS)}"
+    return None if _texts(event.get("lines")) else "its lines are not a list of strings"
+
+
+def _progress(event: dict, _phases: Collection[str]) -> str | None:
+    return None if _count(event.get("rows_done")) else "rows_done is not a whole number ≥ 0"
+
+
+def _started(event: dict, _phases: Collection[str]) -> str | None:
+    node = event.get("node")
+    return (
+        None if _texts(event.get("devices", [])) and type(node) in (str, type(None)) else "its placement is malformed"
+    )
+
+
+def _failed(event: dict, phases: Collection[str]) -> str | None:
+    if event.get("phase") not in phases:
+        return f"its phase is {str(event.get('phase'))[:80]!r}, not one of {', '.join(phases)}"
+    if type(event.get("message")) is not str:
+        return "its message is not a string"
+    if type(event.get("traceback")) not in (str, type(None)):
+        return "its traceback is not a string"
+    return None if type(event.get("retryable", False)) is bool else "retryable is not true or false"
+
+
+def _result(event: dict, _phases: Collection[str]) -> str | None:
+    if "results" in event:  # JSON results, or an Arrow result file
+        return None if type(event["results"]) is list and "result_file" not in event else "results is not a list"
+    if type(event.get("result_file")) is not str or not _count(event.get("nbytes")):
+        return "it has neither a results list nor a result file with its size"
+    return None if type(event.get("summary", {})) is dict else "its summary is not a mapping"
+
+
+_CHECKS = {"log": _log, "progress": _progress, "started": _started, "failed": _failed, "result": _result}
+
+
+def _outcome_problem(event: dict, task_id: str | None) -> str | None:
     """What is wrong with the fields every outcome may carry (its task, timings, memory), or None."""
     if task_id is not None and event.get("task_id", task_id) != task_id:
         return f"it is for another task ({str(event.get('task_id'))[:80]!r}), not job {task_id}"
     timings = event.get("timings")
-    if timings is not None and not (isinstance(timings, dict) and all(_number(v) for v in timings.values())):
+    if timings is not None and (type(timings) is not dict or any(type(v) not in _NUMBERS for v in timings.values())):
         return "its timings are not a mapping of numbers"
-    if "rss_mb" in event and not _number(event["rss_mb"]):
-        return "rss_mb is not a number"
-    return None
-
-
-def _kind_problem(kind: str, event: Mapping[str, Any], phases: Collection[str]) -> str | None:
-    """What is wrong with an event of a known ``kind``, or None."""
-    if kind == "log":
-        if event.get("stream") not in _STREAMS:
-            return f"its stream is {str(event.get('stream'))[:80]!r}, not one of {', '.join(_STREAMS)}"
-        return None if _texts(event.get("lines")) else "its lines are not a list of strings"
-    if kind == "progress":
-        return None if _count(event.get("rows_done")) else "rows_done is not a whole number ≥ 0"
-    if kind == "started":
-        devices, node = event.get("devices", []), event.get("node")
-        return None if _texts(devices) and (node is None or isinstance(node, str)) else "its placement is malformed"
-    if kind == "failed":
-        if event.get("phase") not in phases:
-            return f"its phase is {str(event.get('phase'))[:80]!r}, not one of {', '.join(phases)}"
-        if not isinstance(event.get("message"), str):
-            return "its message is not a string"
-        if not isinstance(event.get("traceback"), (str, type(None))):
-            return "its traceback is not a string"
-        return None if isinstance(event.get("retryable", False), bool) else "retryable is not true or false"
-    if "results" in event:  # result: JSON results, or an Arrow result file
-        return None if isinstance(event["results"], list) and "result_file" not in event else "results is not a list"
-    if not isinstance(event.get("result_file"), str) or not _count(event.get("nbytes")):
-        return "it has neither a results list nor a result file with its size"
-    return None if isinstance(event.get("summary", {}), dict) else "its summary is not a mapping"
+    return None if type(event.get("rss_mb", 0)) in _NUMBERS else "rss_mb is not a number"
 
 
 def event_problem(
@@ -89,16 +97,16 @@ def event_problem(
     phases: Collection[str] = WORKER_PHASES,
 ) -> str | None:
     """Why ``event`` (a parsed protocol line) is no valid event of ``kinds`` for the task ``task_id``, as the end of
-    "the worker sent an invalid … event: …" (``worker.process.invalid_event``); None when it is one. An outcome naming another
-    task (``task_id``) is refused: a worker that still runs an earlier job's code (it sent an outcome early) must
-    not end the next one with it."""
-    if not isinstance(event, dict):
+    "the worker sent an invalid … event: …" (``worker.process.invalid_event``); None when it is one. An outcome
+    naming another task (``task_id``) is refused: a worker that still runs an earlier job's code (it sent an outcome
+    early) must not end the next one with it."""
+    if type(event) is not dict:
         return "a line that is not a JSON object"
     kind = event.get("event")
-    if not isinstance(kind, str) or kind not in kinds:
+    if type(kind) is not str or kind not in kinds:
         return f"no such event here (the protocol's: {', '.join(kinds)})"
-    problem = _kind_problem(kind, event, phases)
-    if problem is None and kind in ("result", "failed"):
+    problem = _CHECKS[kind](event, phases)
+    if problem is None and (kind == "result" or kind == "failed"):
         problem = _outcome_problem(event, task_id)
     return problem
 

@@ -80,7 +80,7 @@ def crash(path: str) -> str:
 
 #: Starts a child with ``clone(CLONE_PARENT | SIGCHLD)`` (x86_64's raw syscall 56: a fork whose parent is the worker's
 #: parent, the server, so no sweep of the worker sees it), which leaves the worker's session, writes its parent's pid
-#: to ``path`` and sleeps; returns "<child pid> <worker pid>".
+#: to ``path`` and sleeps (ends at once when ``path`` ends with ".exit"); returns "<child pid> <worker pid>".
 CLONE = """
 import ctypes
 import os
@@ -93,7 +93,8 @@ def clone(path: str) -> str:
         os.setsid()
         with open(path, "w") as out:
             out.write(str(os.getppid()))
-        time.sleep(600)
+        if not path.endswith(".exit"):
+            time.sleep(600)
         os._exit(0)
     while not os.path.exists(path) or not open(path).read():
         time.sleep(0.01)
@@ -256,5 +257,9 @@ def test_a_clone_parent_child_of_a_job_ends_with_it_the_warm_worker_stays_and_no
             assert same == worker, "the warm worker was replaced"
             assert proc_state(second) in (None, "Z")
             wait_until(lambda: gone(second), f"the server to reap its zombie child {second}")
+            (ended,) = run_one(http, "clone", version, str(tmp_path / "third.exit"))["result"]
+            third = int(ended.split()[0])  # it ended by itself: a zombie of the server's, which the server reaps
+            children.append(third)
+            wait_until(lambda: gone(third), f"the server to reap its zombie child {third}")
         finally:
             kill_quietly(children)
