@@ -31,10 +31,10 @@ def json_too_large(nbytes: int) -> str:
 
 
 def result_too_large(nbytes: int, limit: int) -> str:
-    """The failure message of an Arrow result over ``--result-max-bytes`` (the control plane says the same)."""
+    """The failure message of an Arrow result over ``--max-arrow-result-bytes`` (the control plane says the same)."""
     return (
         f"the result is {nbytes} bytes, over the server's limit of {limit} bytes for a job's result "
-        "(--result-max-bytes); return less per job (map over smaller chunks, or backfill into a table)"
+        "(--max-arrow-result-bytes); return less per job (map over smaller chunks, or backfill into a table)"
     )
 
 

@@ -79,9 +79,9 @@ class Results:
             size = self.data.result_size(results["result_file"], rec.job_id)
             if size is None:
                 return f"the worker reported a result file that is not there ({str(results['result_file'])[:300]})"
-            if size > self.data.max_bytes:
-                self.data.remove(rec.job_id)  # never kept: it would only push other results out
-                return result_too_large(size, self.data.max_bytes)
+            if size > self.data.max_result_bytes:
+                self.data.remove(rec.job_id)  # never kept
+                return result_too_large(size, self.data.max_result_bytes)
             self.data.staging.staged(rec.job_id)  # on its way to the home, if the worker staged it
             rec.result = {"arrow": {"nbytes": size, "summary": result_summary(results.get("summary"))}}
             return None

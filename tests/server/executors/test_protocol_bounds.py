@@ -6,7 +6,7 @@ real workers; the jobs find the channel as any job could (the worker's ``Protoco
 from __future__ import annotations
 
 import pytest
-from conftest import register
+from conftest import register, registration_body
 from helpers import submit, text_body, wait_done
 
 from lancefn_jupyter.worker.protocol import JSON_RESULT_MAX_BYTES, LINE_MAX_BYTES
@@ -128,4 +128,47 @@ def test_a_job_that_forges_events_and_sleeps_past_its_timeout_is_timed_out(forgi
     assert job["failure"]["phase"] == "timeout", job
     logs = http.post("/v1/jobs/logs", json={"job_id": job["job_id"]}).json()
     assert "forged" in str(logs), logs
+    no_traceback(cp)
+
+
+#: Writes ``size`` bytes as its job's Arrow result file (the path its task names), then sends a ``result`` event for
+#: it claiming 1 byte and a summary of unknown and oversized fields, and ends its worker.
+FILE_RESULT = """
+import gc
+import json
+import os
+
+
+def file_result(size: int) -> str:
+    task = next(o for o in gc.get_objects() if type(o) is dict and "result_file" in o and "task_id" in o)
+    os.makedirs(os.path.dirname(task["result_file"]), exist_ok=True)
+    with open(task["result_file"], "wb") as out:
+        out.write(b"x" * size)
+    summary = {"type": "t" * 100_000, "shape": [1] * 1000, "junk": ["j"] * 10_000, "nbytes": 1}
+    line = json.dumps({"event": "result", "result_file": task["result_file"], "nbytes": 1, "summary": summary})
+    proto = next(o for o in gc.get_objects() if type(o).__name__ == "Protocol" and hasattr(o, "_fd"))
+    os.write(proto._fd, line.encode() + b"\\n")
+    os._exit(0)
+"""
+
+
+def test_an_arrow_result_is_checked_on_the_server_whatever_the_worker_says(control_plane_factory):
+    cp = control_plane_factory(args=["--max-arrow-result-bytes", "4096"])
+    body = registration_body(
+        "file_result", source=FILE_RESULT, entrypoint="file_result", inputs=(("size", "int64", False),), num_gpus=None
+    )
+    with cp.http() as http:
+        version = register(http, body)["version"]
+        over = wait_done(http, submit(http, "file_result", version, [{"size": 4097}]))
+        assert over["job_state"] == "FAILED", over
+        assert over["failure"]["phase"] == "result", over["failure"]
+        assert "4097 bytes" in over["failure"]["message"] and "--max-arrow-result-bytes" in over["failure"]["message"]
+        assert not (cp.home / "data" / "results" / f"{over['job_id']}.arrow").exists()
+        under = wait_done(http, submit(http, "file_result", version, [{"size": 4096}]))
+        assert under["job_state"] == "DONE", under
+        summary = under["result_summary"]
+        assert set(summary) == {"type", "nbytes"} and len(summary["type"]) == 1024, summary  # known fields, capped
+        assert len(http.post("/v1/jobs/describe", json={"job_id": under["job_id"]}).content) < 8 * 1024
+        reply = http.get("/v1/jobs/result", params={"job_id": under["job_id"]})
+        assert reply.status_code == 200 and len(reply.content) == 4096  # its real size, not the 1 byte it claimed
     no_traceback(cp)

@@ -110,7 +110,7 @@ class _BridgeJob:
     result_fsync: bool = True
     created_at: float | None = None  # wall clock when a new actor was asked for this job (None: a warm one)
     token: str = ""  # what its call's hub pushes name: another job's call cannot push for it (``EventHub``)
-    result_max_bytes: int | None = None  # a larger Arrow result is refused (--result-max-bytes)
+    result_max_bytes: int | None = None  # a larger Arrow result is refused (--max-arrow-result-bytes)
 
 
 class _Driver:
