@@ -5,9 +5,11 @@ real workers; the jobs find the channel as any job could (the worker's ``Protoco
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import register, registration_body
-from helpers import submit, text_body, wait_done
+from helpers import let_workers_reach_this_python, submit, text_body, wait_done
 
 from lancefn_jupyter.worker.protocol import JSON_RESULT_MAX_BYTES, LINE_MAX_BYTES
 
@@ -171,4 +173,20 @@ def test_an_arrow_result_is_checked_on_the_server_whatever_the_worker_says(contr
         assert len(http.post("/v1/jobs/describe", json={"job_id": under["job_id"]}).content) < 8 * 1024
         reply = http.get("/v1/jobs/result", params={"job_id": under["job_id"]})
         assert reply.status_code == 200 and len(reply.content) == 4096  # its real size, not the 1 byte it claimed
+    no_traceback(cp)
+
+
+def test_a_result_frame_over_the_limit_is_refused_unread_from_a_worker_of_another_user(control_plane_factory):
+    """A worker run as another user sends its Arrow result as a frame after its event: the announced size is checked
+    before one byte of it is read (before: the server copied whatever size was announced to disk)."""
+    if os.geteuid() != 0:
+        pytest.skip("workers of another user need a root server")
+    let_workers_reach_this_python()
+    cp = control_plane_factory(env={"LANCEFN_WORKER_USER": ""}, args=["--max-arrow-result-bytes", "4096"])
+    with cp.http() as http:
+        version = register(http, text_body("forge", FORGE, num_gpus=None))["version"]
+        job = forge(http, version, repr('{"event":"result","nbytes":1,"summary":{},"ipc_len":1000000000}\n'))
+        assert job["job_state"] == "FAILED", job
+        assert job["failure"]["phase"] == "result" and "--max-arrow-result-bytes" in job["failure"]["message"], job
+        next_job_runs(http, version)
     no_traceback(cp)
