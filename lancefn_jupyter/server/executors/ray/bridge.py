@@ -28,7 +28,7 @@ from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
 from lancefn_jupyter.server.executors.relay import event_problem
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker.process import invalid_event, long_line
-from lancefn_jupyter.worker.protocol import LINE_MAX_BYTES, TEARDOWN_S, LineTooLong, Protocol
+from lancefn_jupyter.worker.protocol import LINE_MAX_BYTES, TEARDOWN_S, LineTooLong, Protocol, cap_text
 from lancefn_jupyter.worker.result import result_too_large
 
 log = logging.getLogger("lancefn.server")
@@ -207,7 +207,7 @@ class _Driver:
                         event="failed",
                         job_id=command["job"]["job_id"],
                         phase="executor",
-                        message=f"could not submit the job to Ray: {type(error).__name__}: {error}",
+                        message=cap_text(f"could not submit the job to Ray: {type(error).__name__}: {error}"),
                         retryable=True,
                     )
 
@@ -322,7 +322,7 @@ class _Driver:
                 record.pool.release(job_id, 0.0, reuse=False)  # type: ignore[union-attr]
             self._dispatch()
             self.proto.send(
-                event="failed", job_id=job_id, phase="environment", message=f"Ray refused the task: {error}"
+                event="failed", job_id=job_id, phase="environment", message=cap_text(f"Ray refused the task: {error}")
             )
             return
         with self.lock:
