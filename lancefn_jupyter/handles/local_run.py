@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from lancefn_jupyter.client.logs import log
-from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
+from lancefn_jupyter.worker.process import ProtocolError, WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 
 if TYPE_CHECKING:
     from lancefn_jupyter.environments.cache import Environment, EnvironmentCache
@@ -315,6 +315,9 @@ def _run(
                         on_log(event["stream"], event["lines"])
                 elif event["event"] in ("result", "failed"):
                     final = event
+        except ProtocolError as error:  # a line too long, or no event: the worker cannot be trusted again
+            _discard(key)
+            raise LocalRunError(error.phase, error.message, logs=logs) from None
         except BaseException:  # Ctrl-C (or on_log raising) mid-run: the worker's state is unknown
             _discard(key)
             raise

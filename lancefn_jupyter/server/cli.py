@@ -140,6 +140,12 @@ _DATA_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
         4 * 1024**3,
         "largest accepted Arrow IPC rows body, streamed to disk (default 4 GiB)",
     ),
+    (
+        "--max-arrow-result-bytes",
+        int,
+        4 * 1024**3,
+        "largest accepted Arrow result of one job; a larger one fails the job in phase result (default 4 GiB)",
+    ),
     ("--result-max-age-days", float, 7.0, "Arrow result files older than this are removed (default 7)"),
     (
         "--result-max-bytes",
@@ -778,6 +784,10 @@ def main(argv: list[str] | None = None) -> int:
         executor, environments, worker_uids = _make_executor(args, classes, home, shared)
         if args.log_max_bytes < 1:
             raise _Refused(f"--log-max-bytes must be a whole number of bytes > 0 (got {args.log_max_bytes})")
+        if args.max_arrow_result_bytes < 1:
+            raise _Refused(
+                f"--max-arrow-result-bytes must be a whole number of bytes > 0 (got {args.max_arrow_result_bytes})"
+            )
         store = _open_store(home)
         store.limit_logs(args.log_max_bytes)
         if worker_uids is not None:
@@ -787,7 +797,11 @@ def main(argv: list[str] | None = None) -> int:
         from lancefn_jupyter.server.storage.files import DataStore
 
         data = DataStore(
-            home, max_age_s=args.result_max_age_days * 86400, max_bytes=args.result_max_bytes, fsync=args.result_fsync
+            home,
+            max_age_s=args.result_max_age_days * 86400,
+            max_bytes=args.result_max_bytes,
+            max_result_bytes=args.max_arrow_result_bytes,
+            fsync=args.result_fsync,
         )
         plane = ControlPlane(
             store=store,

@@ -9,6 +9,11 @@ from typing import Any
 
 import orjson
 
+# The failure text cap is the worker protocol's (the worker caps what it sends): one rule, shared.
+from lancefn_jupyter.worker.protocol import FAILURE_TEXT_LIMIT, cap_text
+
+__all__ = ["FAILURE_TEXT_LIMIT", "cap_text", "checked_json", "clean_text", "dumps"]
+
 
 def dumps(value: Any) -> str:
     """Compact JSON of a document built from values already checked (``checked_json``): orjson, about
@@ -34,17 +39,3 @@ def clean_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode("utf-8")
-
-
-#: The most of a failure's message or traceback kept (characters); the rest is noted as cut
-#: (docs/ARCHITECTURE.md, "Limits").
-FAILURE_TEXT_LIMIT = 64 * 1024
-
-
-def cap_text(text: str, limit: int = FAILURE_TEXT_LIMIT) -> str:
-    """``text`` up to ``limit`` characters, the rest replaced by a note of how much was cut."""
-    if len(text) <= limit:
-        return text
-    cut = len(text[limit:].encode("utf-8", "replace"))
-    size = f"{cut / 1e6:.1f} MB" if cut >= 100_000 else f"{cut / 1e3:.1f} kB"
-    return f"{text[:limit]} … [cut {size}]"

@@ -24,15 +24,57 @@ import orjson
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker import reap
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, MAX_PROCS_ENV, TEARDOWN_S, result_target
+from lancefn_jupyter.worker.protocol import (
+    FINAL_EVENTS,
+    LINE_MAX_BYTES,
+    MAX_PROCS_ENV,
+    TEARDOWN_S,
+    LineTooLong,
+    result_target,
+)
+from lancefn_jupyter.worker.result import result_too_large
 
-__all__ = ["ProtocolLines", "WorkerProcess", "WorkerStartError", "WorkerTask", "describe_exit"]
+__all__ = [
+    "ProtocolError",
+    "ProtocolLines",
+    "WorkerProcess",
+    "WorkerStartError",
+    "WorkerTask",
+    "describe_exit",
+    "invalid_event",
+    "long_line",
+]
 
 _MODULE = "lancefn_jupyter.worker.main"
 
 
 class WorkerStartError(RuntimeError):
     """The worker process died before it said ``ready``."""
+
+
+class ProtocolError(Exception):
+    """The worker broke the protocol (docs/ARCHITECTURE.md, "Worker protocol"): its job fails in ``phase`` with
+    ``message``, and the worker, whose pipe can no longer be trusted, is killed and never reused."""
+
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(message)
+        self.phase, self.message = phase, message
+
+
+def long_line(sender: str = "the worker", limit: int = LINE_MAX_BYTES) -> str:
+    """The failure message of a job whose ``sender`` wrote a protocol line past ``limit``."""
+    return (
+        f"{sender} sent a protocol line longer than {limit >> 20} MiB (the protocol's limit, "
+        "lancefn_jupyter.worker.protocol.LINE_MAX_BYTES) and was replaced; return large data as arrays (numpy or "
+        "pyarrow return types), which travel as Arrow files, and never write to the worker's protocol channel"
+    )
+
+
+def invalid_event(event: object, problem: str) -> str:
+    """The failure message of a job whose worker sent ``event``, invalid for ``problem``."""
+    kind = event.get("event") if isinstance(event, dict) else None
+    what = f"{kind[:40]} event" if isinstance(kind, str) and kind else "protocol line"
+    return f"the worker sent an invalid {what}: {problem}; it was replaced"
 
 
 def describe_exit(returncode: int) -> str:
@@ -107,15 +149,18 @@ def _task_line(task: dict) -> bytes:
 class ProtocolLines:
     """A protocol pipe (a worker's, the Ray bridge's), read through a buffer of our own: so :meth:`ready` can tell,
     without blocking, whether a whole event is there (a buffered reader may hold one the pipe no longer shows), and
-    the event loop and a thread can take turns reading it."""
+    the event loop and a thread can take turns reading it. A line is at most ``limit`` bytes: a longer one is dropped
+    as it comes (:class:`LineTooLong`; the rest of it is skipped), so the buffer never holds much more than that."""
 
     _CHUNK = 1 << 16
 
-    def __init__(self, pipe: BinaryIO) -> None:
+    def __init__(self, pipe: BinaryIO, limit: int = LINE_MAX_BYTES) -> None:
         # Read through the pipe's file object, never its bare fd: once a concurrent kill closed it, a read
         # raises instead of reading whatever file got that descriptor number next.
         self._raw = cast("io.RawIOBase", getattr(pipe, "raw", pipe))
         self._buffer = bytearray()
+        self.limit = limit
+        self._skipping = False  # the rest of a dropped line is still to come
 
     def ready(self, timeout: float) -> bool:
         """A line is buffered, or the pipe has something (a line, the rest of one, or its end) within ``timeout``."""
@@ -127,16 +172,21 @@ class ProtocolLines:
             return True
 
     def readline(self) -> bytes:
-        """The next line with its newline; what is left without one at the pipe's end; b"" at the end."""
+        """The next line with its newline; what is left without one at the pipe's end; b"" at the end.
+        :class:`LineTooLong` for a line past the limit."""
         start = 0
         while (end := self._buffer.find(b"\n", start)) < 0:
+            if len(self._buffer) >= self.limit:
+                self._drop()
             start = len(self._buffer)
             chunk = self._wait_read(self._CHUNK)
             if not chunk:
                 line = bytes(self._buffer)
                 self._buffer.clear()
                 return line
-            self._buffer += chunk
+            self._take(chunk)
+        if end >= self.limit:
+            self._drop()
         line = bytes(self._buffer[: end + 1])
         del self._buffer[: end + 1]
         return line
@@ -155,18 +205,27 @@ class ProtocolLines:
             return True
         if not chunk:
             return False
-        self._buffer += chunk
+        self._take(chunk)
         return True
 
-    def buffered_line(self, limit: int) -> bytes | None:
+    def buffered_line(self, limit: int | None = None) -> bytes | None:
         """The next whole line in the buffer, left there (:meth:`drop_line` takes it); None when there is none yet.
-        ``ValueError`` when it is, or will be, longer than ``limit`` bytes."""
-        end = self._buffer.find(b"\n", 0, limit)
-        if end < 0:
-            if len(self._buffer) >= limit:
-                raise ValueError(f"a protocol line longer than {limit} bytes")
-            return None
-        return bytes(self._buffer[: end + 1])
+        ``ValueError`` when it is, or will be, longer than ``limit`` bytes, a reader's own below the protocol's (the
+        line is left for another reader); :class:`LineTooLong` past the protocol's limit (the line is dropped)."""
+        end = self._buffer.find(b"\n")
+
+        def over(bound: int) -> bool:
+            return len(self._buffer) >= bound if end < 0 else end >= bound
+
+        if limit is not None and limit < self.limit and over(limit):
+            raise ValueError(f"a protocol line longer than {limit} bytes")
+        if over(self.limit):
+            self._drop()
+        return None if end < 0 else bytes(self._buffer[: end + 1])
+
+    def more_than_one_line(self) -> bool:
+        end = self._buffer.find(b"\n")
+        return 0 <= end < len(self._buffer) - 1
 
     def drop_line(self) -> None:
         end = self._buffer.find(b"\n")
@@ -179,6 +238,26 @@ class ProtocolLines:
             del self._buffer[:size]
             return data
         return self._wait_read(size)
+
+    def _take(self, chunk: bytes) -> None:
+        """Into the buffer, less the rest of a dropped line."""
+        if self._skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return
+            self._skipping = False
+            chunk = chunk[end + 1 :]
+        self._buffer += chunk
+
+    def _drop(self) -> None:
+        """The line at the buffer's start is past the limit: dropped, with what of it is still to come."""
+        end = self._buffer.find(b"\n")
+        if end < 0:
+            self._buffer.clear()
+            self._skipping = True
+        else:
+            del self._buffer[: end + 1]
+        raise LineTooLong(self.limit)
 
     def _wait_read(self, size: int) -> bytes:
         """Up to ``size`` bytes from the pipe, waiting for them; b"" at its end. The pipe may be non-blocking: an event
@@ -217,7 +296,8 @@ class WorkerProcess:
         self.python = python or sys.executable
         # Another user cannot open the home's files: Arrow rows and results then travel on the pipes.
         self.frames = user is not None
-        self._result_sink: tuple[str, bool] | None = None  # (result file, fsync) of the current task
+        # (result file, fsync, its size limit) of the current task
+        self._result_sink: tuple[str, bool, int | None] | None = None
         self._result_stage: dict | None = None  # and where it may be staged ("Result staging")
         switch = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         # A new session: Ctrl-C in the server's terminal or a kernel interrupt doesn't reach
@@ -238,8 +318,13 @@ class WorkerProcess:
         self._out = ProtocolLines(self.process.stdout)
         self._kill_lock = threading.Lock()
         self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
-        ready = self._read_event()
-        if ready is None or ready.get("event") != "ready":
+        # Its cgroup's process list, kept open: one read after each task finds what its job left (``strays``).
+        self._procs = reap.open_procs(self._cgroup)
+        try:
+            ready = self._read_event()
+        except ProtocolError:
+            ready = None
+        if ready is None or ready.get("event") != "ready" or not isinstance(ready.get("device"), str):
             detail = self.process.stderr.read().decode("utf-8", "replace").strip()
             self.kill()
             raise WorkerStartError(
@@ -272,7 +357,8 @@ class WorkerProcess:
             if rows_file is not None:
                 task["rows_len"] = os.path.getsize(rows_file)
             if "result_file" in task:
-                self._result_sink = (str(task.pop("result_file")), bool(task.get("result_fsync", True)))
+                most = task.pop("result_max_bytes", None)
+                self._result_sink = (str(task.pop("result_file")), bool(task.get("result_fsync", True)), most)
                 self._result_stage = task.pop("result_stage", None)
                 task["result_frame"] = True
         try:
@@ -305,13 +391,16 @@ class WorkerProcess:
 
     def buffered_event(self, limit: int) -> dict | None:
         """The next event already read, parsed and left in the buffer (:meth:`drop_event` takes it); None when no
-        whole one is there. ``ValueError`` for a line that is no event (:meth:`next_event` then says the worker is
-        lost) or longer than ``limit`` bytes (:meth:`next_event` reads it). A result frame's event comes without
-        its frame: only :meth:`next_event` reads that."""
+        whole one is there. ``ValueError`` for a line that is no event (:meth:`next_event` then says why) or longer
+        than ``limit`` bytes (below the protocol's limit: :meth:`next_event` reads it). A result frame's event comes
+        without its frame: only :meth:`next_event` reads that."""
         line = self._out.buffered_line(limit)
         if line is None:
             return None
-        event = loads(line)
+        try:
+            event = loads(line)
+        except RecursionError:  # nested past what the parser follows
+            raise ValueError("not a protocol event") from None
         if not isinstance(event, dict):
             raise ValueError("not a protocol event")
         return event
@@ -320,8 +409,41 @@ class WorkerProcess:
         self._out.drop_line()
 
     def next_event(self) -> dict | None:
-        """The worker's next event; None once it exited (or is being killed)."""
+        """The worker's next event; None once it exited (or is being killed). :class:`ProtocolError` for a line that
+        is no event, is too long, or announces a result frame the task has no room for."""
         return self._read_event()
+
+    def outcome_buffered(self) -> bool:
+        """Whether the next line already read is an outcome (``result``/``failed``): after the one just read, a second
+        outcome for one task (no read; a line still to come is the next task's to find)."""
+        try:
+            event = self.buffered_event(self._out.limit - 1)
+        except ValueError:
+            return False
+        return event is not None and event.get("event") in FINAL_EVENTS
+
+    def more_buffered(self) -> bool:
+        """Whether the buffer holds more than the next line (no read)."""
+        return self._out.more_than_one_line()
+
+    def strays(self) -> bool:
+        """Whether a process other than the worker is in its cgroup (one read): something its job started that the
+        worker's own sweep could not see (e.g. a child started with ``CLONE_PARENT``, whose parent is ours).
+        False without a cgroup (docs/ARCHITECTURE.md, "Job processes")."""
+        return self._procs is not None and reap.others_in(self._procs, self.pid)
+
+    def end_strays(self) -> bool:
+        """Kill what :meth:`strays` found, keeping the worker: it moves to a fresh cgroup of its own and the old one is
+        killed whole (no pid race, forks included). False when that could not be done: the worker must be killed."""
+        with self._kill_lock:
+            if self.process.returncode is not None or self._cgroup is None:
+                return False
+            fresh = reap.rehouse(self._cgroup, self.pid)
+            if fresh is None:
+                return False
+            reap.close_procs(self._procs)
+            self._cgroup, self._procs = fresh, reap.open_procs(fresh)
+            return True
 
     def wait(self) -> int:
         return self.process.wait()
@@ -349,7 +471,8 @@ class WorkerProcess:
                         continue
                 self.process.wait()
             reap.end_cgroup(self._cgroup)  # what it left (a crashed worker's detached processes) ends with it
-            self._cgroup = None
+            reap.close_procs(self._procs)
+            self._cgroup, self._procs = None, None
             self._close_pipes()
             if self._workdir is not None:
                 shutil.rmtree(self._workdir, ignore_errors=True)
@@ -367,28 +490,36 @@ class WorkerProcess:
     def _read_event(self) -> dict | None:
         try:
             line = self._out.readline()
-            if not line:
-                return None
-            event = loads(line)
-            if "ipc_len" in event:  # an Arrow result frame: streamed into the job's result file
-                size = event.pop("ipc_len")
-                if self._result_sink is None:
-                    left = size
-                    while left and (chunk := self._out.read(min(left, 1 << 20))):
-                        left -= len(chunk)
-                    return {
-                        "event": "failed",
-                        "phase": "worker",
-                        "message": "the worker sent an unexpected result frame",
-                    }
-                path, durable = self._result_sink
-                # Staged when it fits ("Result staging"); a stream is written to a new file, never a slot.
-                path, _ = result_target({"result_file": path, "result_stage": self._result_stage}, size)
-                event["nbytes"] = dataplane.write_stream_file(path, self._out, size, durable=durable)
-                event["result_file"] = path
-            return event
-        except (ValueError, EOFError, OSError):  # stdout closed by a concurrent kill, or the worker died mid-frame
+        except LineTooLong:
+            raise ProtocolError("worker", long_line()) from None
+        except (ValueError, OSError):  # stdout closed by a concurrent kill
             return None
+        if not line.endswith(b"\n"):  # the pipe's end, or what a dying worker wrote of its last line
+            return None
+        try:
+            event = loads(line)
+        except (ValueError, RecursionError):
+            raise ProtocolError("worker", invalid_event(None, "a line that is not JSON")) from None
+        if not isinstance(event, dict):
+            raise ProtocolError("worker", invalid_event(None, "a line that is not a JSON object"))
+        return self._read_frame(event) if "ipc_len" in event else event
+
+    def _read_frame(self, event: dict) -> dict | None:
+        """An Arrow result frame's event, its frame streamed into the job's result file (staged when it fits: "Result
+        staging"; a stream is written to a new file, never a slot); None if the worker died mid-frame."""
+        size = event.pop("ipc_len")
+        if self._result_sink is None or event.get("event") != "result" or type(size) is not int or size < 0:
+            raise ProtocolError("worker", invalid_event(event, "an unexpected result frame"))
+        path, durable, most = self._result_sink
+        if most is not None and size > most:
+            raise ProtocolError("result", result_too_large(size, most))
+        path, _ = result_target({"result_file": path, "result_stage": self._result_stage}, size)
+        try:
+            event["nbytes"] = dataplane.write_stream_file(path, self._out, size, durable=durable)
+        except (EOFError, ValueError, OSError):  # the worker died mid-frame, or a concurrent kill closed the pipe
+            return None
+        event["result_file"] = path
+        return event
 
     def _close_pipes(self) -> None:
         for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):

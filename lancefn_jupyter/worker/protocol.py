@@ -29,6 +29,38 @@ MAX_PROCS_ENV = "LANCEFN_WORKER_MAX_PROCS"
 # How long a class entry's teardown() may run when its worker retires; the parent waits a little
 # longer before it kills the process (docs/ARCHITECTURE.md, "Warm state").
 TEARDOWN_S = 10.0
+# The largest JSON result a job may have (its UTF-8 JSON text), checked by the control plane whatever the worker
+# says: the worker sends at most 256 Ki characters of JSON (at most this many bytes) and larger results as Arrow
+# files (docs/ARCHITECTURE.md, "Worker protocol").
+JSON_RESULT_MAX_BYTES = 1 << 20
+# The longest protocol line a parent reads (a worker's, the Ray bridge's): a JSON result at its limit with room for
+# the event's other fields. A capped failure (2 × 64 Ki characters) and a log event (at most 128 KiB of output)
+# stay below it even with every character escaped; a longer line fails the job (docs/ARCHITECTURE.md, "Worker
+# protocol"), so the parent never buffers more.
+LINE_MAX_BYTES = 2 * JSON_RESULT_MAX_BYTES
+#: The most of a failure's message or traceback kept (characters); the rest is noted as cut (docs/ARCHITECTURE.md,
+#: "REST details"). The worker caps what it sends, the control plane what it stores.
+FAILURE_TEXT_LIMIT = 64 * 1024
+
+
+class LineTooLong(Exception):
+    """A protocol line past a limit: dropped by the reader that found it (which skips the rest of it), or never
+    sent by a writer given one (``Protocol(max_line=…)``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a protocol line longer than {limit} bytes")
+        self.limit = limit
+
+
+def cap_text(text: str, limit: int = FAILURE_TEXT_LIMIT) -> str:
+    """``text`` up to ``limit`` characters, its end replaced by a note of how much was cut; the note fits within
+    ``limit``, so text capped once (by the worker) passes a second cap (the control plane's) unchanged."""
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - 32)  # room for the note
+    cut = len(text[keep:].encode("utf-8", "replace"))
+    size = f"{cut / 1e6:.1f} MB" if cut >= 100_000 else f"{cut / 1e3:.1f} kB"
+    return f"{text[:keep]} … [cut {size}]"
 
 
 def artifact_filename(name: str, version: str) -> str:
@@ -64,12 +96,14 @@ class Protocol:
 
     ``strict`` (the worker): what it sends is JSON whose floats are finite (:func:`dumps`), and a closed fd raises.
     Otherwise (the Ray bridge): anything not JSON is sent as its ``str``, and a closed fd is ignored, since the
-    control plane is gone and stdin EOF ends the process anyway.
+    control plane is gone and stdin EOF ends the process anyway. ``max_line`` (the Ray bridge, which forwards what
+    jobs send): a longer line is not sent (:class:`LineTooLong`), so the control plane's reader never meets one.
     """
 
-    def __init__(self, fd: int, *, strict: bool = True) -> None:
+    def __init__(self, fd: int, *, strict: bool = True, max_line: int | None = None) -> None:
         self._fd = fd
         self._strict = strict
+        self._max_line = max_line
         self._lock = threading.Lock()
 
     def send(self, **event: Any) -> None:
@@ -81,6 +115,8 @@ class Protocol:
             event["ipc_len"] = len(payload)
         line = dumps(event) if self._strict else _loose_dumps(event)
         data = memoryview((line + "\n").encode())
+        if self._max_line is not None and len(data) > self._max_line:
+            raise LineTooLong(self._max_line)
         with self._lock:
             try:
                 for part in (data, memoryview(payload)):

@@ -8,9 +8,13 @@ told to keep) and reaps them, until none is left. The parent (``WorkerProcess.ki
 descendants the same way before it SIGKILLs a worker that would not end by itself.
 
 Where the machine has cgroup v2 and this process may create cgroups under its own (a root server, or one given
-a delegated cgroup), the parent also puts each worker in a cgroup of its own (:func:`worker_cgroup`) and kills
-what is left in it once the worker is gone (:func:`end_cgroup`): that also ends what a worker that died by
-itself (a crash) had detached, which no sweep can reach any more.
+a delegated cgroup), the parent also puts each worker in a cgroup of its own (:func:`worker_cgroup`). A process a
+job starts is in it however it was started (membership is inherited from the forking process, so also a child
+made with ``CLONE_PARENT``, whose parent is the worker's parent and which no sweep of the worker sees): after each
+task the parent reads the cgroup's process list (:func:`others_in`) and, when more than the worker is there, moves
+the worker to a fresh cgroup and kills the old one whole (:func:`rehouse`). Once the worker is gone it kills what is
+left in its cgroup (:func:`end_cgroup`): that also ends what a worker that died by itself (a crash) had detached.
+Such processes may be the parent's own children (``CLONE_PARENT``): :func:`reap_strays` reaps them, and only them.
 
 Linux only (``/proc``, ``prctl``, cgroup v2); elsewhere these are no-ops. Standard library only.
 """
@@ -30,11 +34,16 @@ __all__ = [
     "become_subreaper",
     "child_halted",
     "children",
+    "close_procs",
     "descendants",
     "end_cgroup",
     "has_children",
     "kill_descendants",
+    "open_procs",
+    "others_in",
     "proc_state",
+    "reap_strays",
+    "rehouse",
     "remove_cgroups",
     "sweep",
     "worker_cgroup",
@@ -167,7 +176,8 @@ def sweep(keep: Collection[int] = ()) -> int:
 
 _CGROUP_LOCK = threading.Lock()
 _numbers = itertools.count()
-_cgroups: list[Path | None] = []  # [this process's cgroup for its workers, or None] once decided
+# [(this process's cgroup for its workers, its path as /proc/<pid>/cgroup names it), or None] once decided
+_cgroups: list[tuple[Path, str] | None] = []
 
 
 def _own_cgroup() -> Path | None:
@@ -175,10 +185,10 @@ def _own_cgroup() -> Path | None:
     with _CGROUP_LOCK:
         if not _cgroups:
             _cgroups.append(_make_own_cgroup())
-        return _cgroups[0]
+        return _cgroups[0][0] if _cgroups[0] is not None else None
 
 
-def _make_own_cgroup() -> Path | None:
+def _make_own_cgroup() -> tuple[Path, str] | None:
     try:
         with open("/proc/self/mounts", encoding="utf-8") as mounts:
             mount = next((line.split()[1] for line in mounts if line.split()[2:3] == ["cgroup2"]), None)
@@ -202,12 +212,13 @@ def _make_own_cgroup() -> Path | None:
             for group in [*stale.glob("w*"), stale]:
                 with contextlib.suppress(OSError):
                     group.rmdir()
-    return path
+    return path, "/" + str(path.relative_to(mount))
 
 
 def worker_cgroup(pid: int) -> Path | None:
-    """Move the just-started worker ``pid`` (it runs no job yet) into a cgroup of its own; None where none can be
-    made (then the subreaper's sweep alone ends its jobs' processes)."""
+    """Move the worker ``pid`` into a new cgroup of its own (before it runs any job: just started, or idle when
+    :func:`rehouse` moves it); None where none can be made (then the subreaper's sweep alone ends its jobs'
+    processes)."""
     own = _own_cgroup()
     if own is None:
         return None
@@ -222,18 +233,57 @@ def worker_cgroup(pid: int) -> Path | None:
     return path
 
 
-def end_cgroup(path: Path | None) -> None:
-    """Kill every process left in a worker's cgroup (its worker gone) and remove it."""
+def open_procs(path: Path | None) -> int | None:
+    """A descriptor of the cgroup's process list, kept open so that each look is one read (:func:`others_in`)."""
     if path is None:
-        return
+        return None
+    try:
+        return os.open(path / "cgroup.procs", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def close_procs(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def others_in(procs: int, pid: int) -> bool:
+    """Whether the cgroup whose process list ``procs`` is (:func:`open_procs`) holds a process besides ``pid``: one
+    ``pread`` (a list of one pid reads as exactly it)."""
+    try:
+        return os.pread(procs, 64, 0) != b"%d\n" % pid
+    except OSError:  # gone with its worker: nothing to find
+        return False
+
+
+def rehouse(path: Path, pid: int) -> Path | None:
+    """Move the idle worker ``pid`` out of ``path`` into a fresh cgroup of its own, kill everything left in ``path``
+    (what its job left there, however started: ``cgroup.kill`` takes it whole, forks included) and remove it. The
+    fresh cgroup; None when the move failed or something in ``path`` would not die (the caller kills the worker)."""
+    fresh = worker_cgroup(pid)
+    if fresh is None:
+        return None
+    return fresh if end_cgroup(path) else None
+
+
+def end_cgroup(path: Path | None) -> bool:
+    """Kill every process left in a worker's cgroup (its worker gone, or moved out), reap those that were ours to
+    reap (children of this process: ``CLONE_PARENT``), and remove it. False when something would not die within
+    ``SWEEP_LIMIT_S`` (a process stuck in the kernel: the cgroup is left in place)."""
+    if path is None:
+        return True
     deadline = time.monotonic() + SWEEP_LIMIT_S
+    killed: set[int] = set()
     while True:
         try:
             pids = [int(pid) for pid in (path / "cgroup.procs").read_text().split()]
         except OSError:
-            return
+            return True
         if not pids:
             break
+        killed.update(pids)
         try:
             (path / "cgroup.kill").write_text("1")  # Linux 5.14+: the whole cgroup at once
         except OSError:
@@ -241,10 +291,65 @@ def end_cgroup(path: Path | None) -> None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         if time.monotonic() > deadline:
-            return  # left in place: a process stuck in the kernel
+            return False  # left in place: a process stuck in the kernel
         time.sleep(0.01)
+    _reap_ours(killed, path)
     with contextlib.suppress(OSError):
         path.rmdir()
+    return True
+
+
+def _reap_ours(pids: Collection[int], path: Path) -> None:
+    """Reap those of ``pids`` (killed, out of the cgroup ``path`` now) that are this process's children: each is on
+    its way to being a zombie of ours, which no ``Popen`` of ours waits for (none of them is a worker)."""
+    for pid in pids:
+        if _is_stray(pid, path):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
+
+
+def _is_stray(pid: int, path: Path | None = None) -> bool:
+    """Whether ``pid`` is a child of this process that was in a worker's cgroup (``w<worker pid>-<n>``; ``path``: that
+    one) and is not that worker: a job's process, ours to reap."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as groups:
+            group = next((line.strip()[3:] for line in groups if line.startswith("0::")), "")
+    except (OSError, IndexError, ValueError):
+        return False
+    with _CGROUP_LOCK:
+        own = _cgroups[0] if _cgroups else None
+    if parent != os.getpid() or own is None:
+        return False
+    group = group.removesuffix(" (deleted)")  # a zombie names the cgroup it left, removed or not
+    name = group.rsplit("/", 1)[-1]
+    inside = group.startswith(own[1] + "/w") and group.count("/") == own[1].count("/") + 1
+    worker = name[1:].split("-", 1)[0]
+    return inside and worker != str(pid) and (path is None or name == path.name)
+
+
+def reap_strays() -> int:
+    """Reap the zombies of this process's children that a job left (a ``CLONE_PARENT`` child of a worker is the
+    worker's parent's child): those that were in a worker's cgroup and are not that worker. No other child is
+    touched, so each ``subprocess.Popen`` of ours still reaps its own. Costs one system call when no child of ours
+    is a zombie; a scan of ``/proc`` otherwise. Returns how many were reaped."""
+    with _CGROUP_LOCK:
+        if not _cgroups or _cgroups[0] is None:  # no worker cgroups: no child of ours is known to be a job's
+            return 0
+    try:
+        if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return 0
+    except ChildProcessError:
+        return 0
+    reaped = 0
+    me = os.getpid()
+    for pid, (parent, state) in _processes().items():
+        if parent == me and state == "Z" and _is_stray(pid):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+                reaped += 1
+    return reaped
 
 
 def remove_cgroups() -> None:
@@ -253,4 +358,4 @@ def remove_cgroups() -> None:
         own = _cgroups[0] if _cgroups else None
     if own is not None:
         with contextlib.suppress(OSError):
-            own.rmdir()
+            own[0].rmdir()

@@ -10,14 +10,32 @@ from __future__ import annotations
 import os
 
 from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.worker.protocol import dumps, result_target
+from lancefn_jupyter.worker.protocol import JSON_RESULT_MAX_BYTES, dumps, result_target
 
-__all__ = ["TaskFailure", "result_event"]
+__all__ = ["TaskFailure", "json_too_large", "result_event", "result_too_large"]
 
 # Plain results up to this much JSON travel inline (faster for small scalar jobs); bigger ones,
-# and values JSON cannot carry (NaN, ±Inf), go as Arrow IPC when the task allows it.
+# and values JSON cannot carry (NaN, ±Inf), go as Arrow IPC when the task allows it (else JSON up to
+# ``JSON_RESULT_MAX_BYTES``: 256 Ki characters are at most that many bytes).
 _JSON_RESULT_MAX_CHARS = 256 * 1024
 _JSON_RESULT_MAX_ITEMS = 16 * 1024
+
+
+def json_too_large(nbytes: int) -> str:
+    """The failure message of a JSON result over ``JSON_RESULT_MAX_BYTES`` (the control plane says the same)."""
+    return (
+        f"the result is {nbytes} bytes of JSON, over the limit of {JSON_RESULT_MAX_BYTES >> 20} MiB for a JSON result "
+        "(lancefn_jupyter.worker.protocol.JSON_RESULT_MAX_BYTES); return large data as arrays (annotate the return "
+        "type as a numpy array or a list of numbers), which travel as Arrow files"
+    )
+
+
+def result_too_large(nbytes: int, limit: int) -> str:
+    """The failure message of an Arrow result over ``--max-arrow-result-bytes`` (the control plane says the same)."""
+    return (
+        f"the result is {nbytes} bytes, over the server's limit of {limit} bytes for a job's result "
+        "(--max-arrow-result-bytes); return less per job (map over smaller chunks, or backfill into a table)"
+    )
 
 
 class TaskFailure(Exception):
@@ -86,11 +104,18 @@ def result_event(
     if plain and (not arrow_ok or _rough_items(values) <= _JSON_RESULT_MAX_ITEMS):  # type: ignore[arg-type]
         try:
             results = [_to_json(value, where(index)) for index, value in enumerate(values)]  # type: ignore[arg-type]
-            if not arrow_ok or len(dumps(results)) <= _JSON_RESULT_MAX_CHARS:
-                return {"results": results}
+            text = dumps(results)
         except TaskFailure:
             if not arrow_ok:  # no Arrow path (an old caller): the JSON rules apply
                 raise
+        else:
+            if len(text) <= _JSON_RESULT_MAX_CHARS:
+                return {"results": results}
+            if not arrow_ok:  # JSON or nothing: up to the limit the control plane holds it to
+                nbytes = len(text.encode())
+                if nbytes > JSON_RESULT_MAX_BYTES:
+                    raise TaskFailure("result", json_too_large(nbytes))
+                return {"results": results}
     if not arrow_ok:
         needs = "skipped rows need" if errors is not None else f"the result is declared {output_type}, which needs"
         raise TaskFailure("result", f"{needs} the Arrow data plane")
@@ -109,6 +134,9 @@ def result_event(
             found["rows_skipped"] = sum(error is not None for error in errors)
         return found
 
+    most = task.get("result_max_bytes")
+    if isinstance(most, int) and table.nbytes > most:  # the control plane would refuse it: not written at all
+        raise TaskFailure("result", result_too_large(table.nbytes, most))
     if "result_file" in task:
         path, slot = result_target(task, table.nbytes)
         if slot is not None and os.path.exists(slot):

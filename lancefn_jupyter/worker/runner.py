@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.worker import reap
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, flush_stdio
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, cap_text, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
 
 __all__ = ["missing_packages", "python_mismatch", "release", "run_task_inline", "serve"]
@@ -512,9 +512,10 @@ def _rss_mb() -> float:
 
 
 def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None:
-    """Run ``task`` and send its outcome, with its timings and the worker's memory, on ``proto``;
+    """Run ``task`` and send its outcome, with its timings, the worker's memory and the task's id, on ``proto``;
     ``flush_output`` returns once what user code wrote so far has gone out, so a task's logs always
-    precede its outcome.  The version stays loaded for the next task unless it is ``per_job``."""
+    precede its outcome.  The version stays loaded for the next task unless it is ``per_job``. A failure's message
+    and traceback are capped (``cap_text``), so the outcome fits a protocol line ("Worker protocol")."""
     timings = {"setup_ms": 0.0, "run_ms": 0.0}
     keep = reap.children() if reap.has_children() else ()  # a Ray worker's own children are not the job's
     try:
@@ -529,18 +530,20 @@ def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None
         proto.send(
             event="failed",
             phase=failure.phase,
-            message=failure.message,
-            traceback=failure.traceback,
+            message=cap_text(failure.message),
+            traceback=None if failure.traceback is None else cap_text(failure.traceback),
             timings=timings,
             rss_mb=_rss_mb(),
+            task_id=task.get("task_id"),
         )
     else:
         flush_output()
         frame = event.pop("result_frame", b"")
+        outcome = {"timings": timings, "rss_mb": _rss_mb(), "task_id": task.get("task_id")}
         if frame:
-            proto.send_frame(frame, event="result", **event, timings=timings, rss_mb=_rss_mb())
+            proto.send_frame(frame, event="result", **event, **outcome)
         else:
-            proto.send(event="result", **event, timings=timings, rss_mb=_rss_mb())
+            proto.send(event="result", **event, **outcome)
 
 
 def run_task_inline(task: dict, send: Callable[..., None]) -> dict:

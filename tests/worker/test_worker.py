@@ -55,13 +55,15 @@ class RawWorker:
 
     def events(self) -> list[dict]:
         """Events of one task, up to and including its result/failed event (whose timings and
-        memory, which every final event carries, are kept as ``timings`` and ``rss_mb``)."""
+        memory, which every final event carries, are kept as ``timings`` and ``rss_mb``; its task id, which every
+        final event carries too, is checked)."""
         events = []
         while (event := self.read()) is not None:
             events.append(event)
             if event["event"] in ("result", "failed"):
                 self.timings, self.rss_mb = event.pop("timings"), event.pop("rss_mb")
                 assert self.timings.keys() == {"setup_ms", "run_ms"} and self.rss_mb > 0
+                assert event.pop("task_id") == "t"
                 break
         return events
 

@@ -16,23 +16,54 @@ from lancefn_jupyter.server.encoding import checked_json
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord
+from lancefn_jupyter.worker.protocol import JSON_RESULT_MAX_BYTES
+from lancefn_jupyter.worker.result import json_too_large, result_too_large
 
 log = logging.getLogger("lancefn.server")
 
+_SUMMARY_TEXT = 1024  # characters of a summary's type or dtype kept (a table's dtype lists its columns)
+_SUMMARY_DIMS = 64  # dimensions of a summary's shape kept (numpy allows 64)
+
 
 def json_results_problem(results: Any, rows_total: int) -> str | None:
-    """Why a worker's JSON results cannot be the job's result (one per row, JSON), or None."""
+    """Why a worker's JSON results cannot be the job's result (one per row, JSON, at most ``JSON_RESULT_MAX_BYTES``),
+    or None."""
     if not isinstance(results, list) or len(results) != rows_total:
         return f"the worker returned {len(results) if isinstance(results, list) else 'no list of'} results for {rows_total} rows"
     try:
-        checked_json(results).encode("utf-8")
+        size = len(checked_json(results).encode("utf-8"))
     except UnicodeEncodeError:
         return "a result contains a string with a lone surrogate, which is not valid Unicode; return valid text"
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         return (
             f"a result is not JSON ({error}); return numbers, strings, lists, dicts or None (NaN/Infinity are not JSON)"
         )
-    return None
+    return json_too_large(size) if size > JSON_RESULT_MAX_BYTES else None
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def result_summary(summary: object, *, item: bool = True) -> dict:
+    """An Arrow result's summary as the control plane keeps it, whatever the worker sent: its known fields only
+    (``type``, ``dtype``, ``shape``, ``nbytes``, ``rows_skipped``, ``nonfinite``, one level of ``item``: see
+    ``dataplane.summarize``), each of its type and capped, so ``jobs/describe`` and ``jobs/list`` stay small."""
+    if not isinstance(summary, Mapping):
+        return {}
+    kept: dict[str, Any] = {
+        key: summary[key][:_SUMMARY_TEXT] for key in ("type", "dtype") if isinstance(summary.get(key), str)
+    }
+    shape = summary.get("shape")
+    if isinstance(shape, list) and len(shape) <= _SUMMARY_DIMS and all(_count(n) for n in shape):
+        kept["shape"] = shape
+    kept.update((key, summary[key]) for key in ("nbytes", "rows_skipped") if _count(summary.get(key)))
+    counts = summary.get("nonfinite")
+    if isinstance(counts, Mapping):
+        kept["nonfinite"] = {key: counts[key] for key in ("nan", "inf", "-inf", "floats") if _count(counts.get(key))}
+    if item and "item" in summary:
+        kept["item"] = result_summary(summary["item"], item=False)
+    return kept
 
 
 class Results:
@@ -40,14 +71,19 @@ class Results:
         self.data, self.jobs, self.journal = data, jobs, journal
 
     def take(self, rec: JobRecord, results: list | Mapping[str, Any]) -> str | None:
-        """Set ``rec.result`` from what the worker reported; a problem (the job fails) or None.
-        An Arrow result is referenced as ``{"arrow": {...}}`` (JSON results are always lists)."""
+        """Set ``rec.result`` from what the worker reported, checked against the result limits whatever the worker
+        said (the file's own size; a summary of known fields: docs/ARCHITECTURE.md, "Worker protocol"); a problem
+        (the job fails in phase ``result``) or None. An Arrow result is referenced as ``{"arrow": {...}}`` (JSON
+        results are always lists)."""
         if isinstance(results, Mapping) and "result_file" in results:
-            if not self.data.is_result_file(results["result_file"], rec.job_id):
-                return f"the worker reported a result file that is not there ({results['result_file']})"
+            size = self.data.result_size(results["result_file"], rec.job_id)
+            if size is None:
+                return f"the worker reported a result file that is not there ({str(results['result_file'])[:300]})"
+            if size > self.data.max_result_bytes:
+                self.data.remove(rec.job_id)  # never kept
+                return result_too_large(size, self.data.max_result_bytes)
             self.data.staging.staged(rec.job_id)  # on its way to the home, if the worker staged it
-            summary = dict(results.get("summary") or {})
-            rec.result = {"arrow": {"nbytes": int(results.get("nbytes", 0)), "summary": summary}}
+            rec.result = {"arrow": {"nbytes": size, "summary": result_summary(results.get("summary"))}}
             return None
         problem = json_results_problem(results, rec.rows_total)
         if problem is None:

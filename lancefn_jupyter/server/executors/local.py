@@ -15,10 +15,13 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
 * a worker that may be left in a bad state (crash, timeout, cancel) is killed, never reused, and
   a fresh one for its devices is started in the background;
 * nothing a job starts outlives it: the worker, a subreaper, ends its job's processes after each task
-  (``worker/reap.py``), and where the server may create cgroups (v2) each worker has one of its own, whose
-  processes are killed once the worker is gone (a crash included); an idle worker found stopped (SIGSTOP) or gone is replaced, never handed a task, and a
-  running job's worker found stopped twice ``STOPPED_CHECK_S`` apart is killed, failing its job
-  (docs/ARCHITECTURE.md, "Job processes");
+  (``worker/reap.py``), and where the server may create cgroups (v2) each worker has one of its own: after each
+  task whatever else is in it (a child started with ``CLONE_PARENT``) is killed, and once the worker is gone (a
+  crash included) everything in it; such children of ours are reaped (``STOPPED_CHECK_S``); an idle worker found
+  stopped (SIGSTOP) or gone is replaced, never handed a task, and a running job's worker found stopped twice
+  ``STOPPED_CHECK_S`` apart is killed, failing its job (docs/ARCHITECTURE.md, "Job processes");
+* what a worker sends is checked (``relay.event_problem``, the line limit): a worker that breaks the protocol is
+  killed and replaced, failing its job in phase ``worker`` (docs/ARCHITECTURE.md, "Worker protocol");
 * a job's own ``timeout_s`` runs on a timer of its own from the send; the server's maximum run time
   (``TaskSpec.timeout_limit``), which every job of a shared server has, is checked by the same look at running
   jobs every ``STOPPED_CHECK_S``, so no job pays a timer thread for it (docs/ARCHITECTURE.md, "Scheduling");
@@ -75,12 +78,19 @@ from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, InlineRun, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
 from lancefn_jupyter.server.executors.loop_follow import LoopFollow
-from lancefn_jupyter.server.executors.relay import relay
+from lancefn_jupyter.server.executors.relay import event_problem, failure_of, relay
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
 from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.worker import reap
-from lancefn_jupyter.worker.process import WorkerProcess, WorkerStartError, WorkerTask, describe_exit
+from lancefn_jupyter.worker.process import (
+    ProtocolError,
+    WorkerProcess,
+    WorkerStartError,
+    WorkerTask,
+    describe_exit,
+    invalid_event,
+)
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, PRELOAD_ENV, artifact_filename
 
 if TYPE_CHECKING:
@@ -170,8 +180,9 @@ class _Run:
     task: TaskSpec
     key: _Key
     worker: WorkerProcess | None = None
-    # Decided once, first come first served: "finished", "crashed", "failed" (executor error),
-    # or a stop: "timeout", "cancelled", "shutdown", "stopped" (its worker was found stopped).
+    # Decided once, first come first served: "finished", "crashed", "failed" (executor error), "refused" (its
+    # worker broke the protocol), or a stop: "timeout", "cancelled", "shutdown", "stopped" (its worker was found
+    # stopped).
     outcome: str | None = None
     rows_done: int = 0
     start_ms: float | None = None  # starting a worker process for this run; 0 when one was idle
@@ -418,11 +429,12 @@ class LocalExecutor(Executor):
                 self._end(run)
 
     def _failed(self, run: _Run, exc: Exception) -> None:
-        """An executor bug must still end the job, never leave it running."""
+        """An executor bug must still end the job, never leave it running (also when it failed while reporting the
+        outcome it had claimed: the core ignores a second report of an ended job)."""
         log.error("local executor failed on job %s", run.task.job_id, exc_info=exc)
         if run.worker is not None:
             run.worker.kill(self._grace_s)
-        if run.claim("failed"):
+        if run.claim("failed") or run.outcome == "finished":
             self._callbacks.task_failed(
                 run.task.job_id,
                 JobFailure(phase="executor", message=f"local executor error: {exc}"),
@@ -452,17 +464,27 @@ class LocalExecutor(Executor):
         if final is _LATER:
             self._hand_to_task_thread(run)
             return True
-        if final is None:
-            self._lost(run, worker)
+        if final is None or isinstance(final, ProtocolError):
+            self._lost(run, worker, final)
             return False
         assert isinstance(final, dict)
-        self._conclude(run, worker, final)
+        self._conclude(run, worker, final, self._end_strays(run, worker))
         return False
 
-    def _conclude(self, run: _Run, worker: WorkerProcess, final: dict) -> None:
-        """Report the run's ``result``/``failed`` event, its worker pooled first (or stopped, after the report)."""
+    @staticmethod
+    def _end_strays(run: _Run, worker: WorkerProcess) -> str | None:
+        """Kill what the run's job left beyond its worker's own sweep (one read of the worker's cgroup when there is
+        nothing: "Job processes"); why the worker must not serve again when that could not be done."""
+        if not worker.strays():
+            return None
+        log.warning("job %s left processes outside its worker %d; killing them", run.task.job_id, worker.pid)
+        return None if worker.end_strays() else "processes its job left would not die"
+
+    def _conclude(self, run: _Run, worker: WorkerProcess, final: dict, leftover: str | None = None) -> None:
+        """Report the run's ``result``/``failed`` event, its worker pooled first (or stopped, after the report);
+        ``leftover``: why the worker must not serve again, found by :meth:`_end_strays`."""
         final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0}
-        retire = self._retire_reason(final)
+        retire = leftover or self._retire_reason(final)
         if retire is None:
             self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
         follow_on = retire is None and hasattr(self._local, "next")  # a task thread, free once it reported
@@ -571,15 +593,24 @@ class LocalExecutor(Executor):
 
     def _follow(self, run: _Run, worker: WorkerProcess, deadline: float | None = None) -> dict | object | None:
         """Relay the task's logs and progress (its timeout runs from the send); its ``result``/``failed``
-        event, None when the worker died or is being stopped, or ``_LATER`` when it has not ended by
-        ``deadline`` (``time.monotonic()``)."""
+        event, None when the worker died or is being stopped, ``_LATER`` when it has not ended by
+        ``deadline`` (``time.monotonic()``), or the ``ProtocolError`` of a worker that broke the protocol: a line
+        too long or no event, an event the protocol does not have (``event_problem``), a second outcome."""
         final = None
         while True:
             if deadline is not None and not worker.event_ready(deadline - time.monotonic()):
                 return _LATER
-            event = worker.next_event()
+            try:
+                event = worker.next_event()
+            except ProtocolError as error:
+                return error
             if event is None:
                 return final
+            problem = event_problem(event, run.task.job_id)
+            if problem is None and event["event"] in FINAL_EVENTS and worker.outcome_buffered():
+                problem = "a second outcome for one task"
+            if problem is not None:
+                return ProtocolError("worker", invalid_event(event, problem))
             if run.outcome is None:  # else being stopped: report nothing more
                 if event["event"] == "progress":
                     run.rows_done = event["rows_done"]
@@ -643,11 +674,15 @@ class LocalExecutor(Executor):
         last = kind in FINAL_EVENTS
         if "ipc_len" in event or run.outcome is not None:  # a result frame to stream, or a stop under way
             return None
-        if last and (self._retire_reason(event) is not None or not self._pools_now(run.key)):
-            return None  # its worker is to be stopped, which waits for the process
-        if kind not in ("log", "progress") and not last:  # nothing to report
-            worker.drop_event()
-            return False
+        if event_problem(event, run.task.job_id) is not None:  # a task thread kills the worker, saying why
+            return None
+        if last and (
+            self._retire_reason(event) is not None
+            or not self._pools_now(run.key)
+            or worker.more_buffered()  # maybe a second outcome, which a task thread refuses
+            or worker.strays()  # processes of the job to kill first
+        ):
+            return None  # its worker is to be stopped or cleaned, which waits for processes
         if not last and run.loop_reports >= LOOP_REPORTS:  # a chatty job: its lines are saved on a task thread
             return None
         release = self._callbacks.hold_now()
@@ -685,11 +720,19 @@ class LocalExecutor(Executor):
 
         threading.Thread(target=fail, name="lancefn-job", daemon=True).start()
 
-    def _lost(self, run: _Run, worker: WorkerProcess) -> None:
-        """The worker died or is being stopped: reap it before the core frees its devices, and say why."""
+    def _lost(self, run: _Run, worker: WorkerProcess, error: ProtocolError | None = None) -> None:
+        """The worker died, is being stopped, or broke the protocol (``error``: its pipe can no longer be trusted):
+        reap it before the core frees its devices, and say why."""
         task = run.task
         worker.kill(self._grace_s)
-        if run.claim("crashed"):
+        if error is not None and run.claim("refused"):
+            log.warning("job %s failed in phase %s: %s", task.job_id, error.phase, error.message)
+            self._callbacks.task_failed(
+                task.job_id,
+                failure_of({"phase": error.phase, "message": error.message}),
+                timings=self._start_timings(run),
+            )
+        elif run.claim("crashed"):
             self._callbacks.task_failed(
                 task.job_id,
                 JobFailure(
@@ -892,9 +935,11 @@ class LocalExecutor(Executor):
     def _watch_running(self) -> None:
         """A running job's worker stopped from outside (SIGSTOP by another process of its user) would hold the
         job IN_PROGRESS for ever: one found stopped on two looks in a row is killed and its job fails, saying
-        so ("Job processes"). A job past the server's maximum run time is stopped ("Scheduling")."""
+        so ("Job processes"). A job past the server's maximum run time is stopped ("Scheduling"). Each look also
+        reaps the zombies jobs left as our children (``reap.reap_strays``)."""
         suspects: set[int] = set()
         while not self._closed.wait(STOPPED_CHECK_S):
+            reap.reap_strays()  # zombies of what jobs left as our children ("Job processes")
             with self._lock:
                 runs = [run for run in self._runs.values() if run.worker is not None and run.outcome is None]
             now = time.monotonic()

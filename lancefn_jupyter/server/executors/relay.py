@@ -1,20 +1,118 @@
-"""The parent side of the worker protocol (docs/ARCHITECTURE.md, "Worker protocol"): one worker
-event as the executor callback it means. Both executors relay through it, in the control plane."""
+"""The parent side of the worker protocol (docs/ARCHITECTURE.md, "Worker protocol"): what a worker's event must be
+(:func:`event_problem`, pure: a job may write to its worker's protocol channel, so every event is checked before it
+is believed), and one event as the executor callback it means (:func:`relay`). Both executors relay through it, in
+the control plane (the Ray bridge checks its actors' events with the same rules)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lancefn_jupyter.server.executors.base import ExecutorCallbacks
     from lancefn_jupyter.wire.models import JobFailure
 
-__all__ = ["failure_of", "relay"]
+__all__ = [
+    "ALL_PHASES",
+    "TASK_EVENTS",
+    "WORKER_PHASES",
+    "event_problem",
+    "failure_of",
+    "relay",
+]
+
+# What a worker sends for a task: its output, its progress, then one outcome (a Ray actor's events add ``started``).
+TASK_EVENTS = ("log", "progress", "result", "failed")
+# The phases a worker's ``failed`` event may name: the others (``worker``, ``timeout``, ``executor``,
+# ``server_restart``) are the control plane's own findings, never a worker's word.
+WORKER_PHASES = ("validation", "environment", "setup", "run", "result")
+# Every phase of ``JobFailure`` (the Ray bridge's own outcomes name the control plane's phases too).
+ALL_PHASES = (*WORKER_PHASES, "import", "worker", "timeout", "server_restart", "executor")
+_STREAMS = ("stdout", "stderr")
+# Exact types, as JSON parses them (a bool is no number here); checked on every event, so kept to a few lookups.
+_NUMBERS = (int, float)
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _texts(value: object) -> bool:
+    return type(value) is list and all(type(item) is str for item in value)
+
+
+def _log(event: dict, _phases: Collection[str]) -> str | None:
+    if event.get("stream") not in _STREAMS:
+        return f"its stream is {str(event.get('stream'))[:80]!r}, not one of {', '.join(_STREAMS)}"
+    return None if _texts(event.get("lines")) else "its lines are not a list of strings"
+
+
+def _progress(event: dict, _phases: Collection[str]) -> str | None:
+    return None if _count(event.get("rows_done")) else "rows_done is not a whole number ≥ 0"
+
+
+def _started(event: dict, _phases: Collection[str]) -> str | None:
+    node = event.get("node")
+    return (
+        None if _texts(event.get("devices", [])) and type(node) in (str, type(None)) else "its placement is malformed"
+    )
+
+
+def _failed(event: dict, phases: Collection[str]) -> str | None:
+    if event.get("phase") not in phases:
+        return f"its phase is {str(event.get('phase'))[:80]!r}, not one of {', '.join(phases)}"
+    if type(event.get("message")) is not str:
+        return "its message is not a string"
+    if type(event.get("traceback")) not in (str, type(None)):
+        return "its traceback is not a string"
+    return None if type(event.get("retryable", False)) is bool else "retryable is not true or false"
+
+
+def _result(event: dict, _phases: Collection[str]) -> str | None:
+    if "results" in event:  # JSON results, or an Arrow result file
+        return None if type(event["results"]) is list and "result_file" not in event else "results is not a list"
+    if type(event.get("result_file")) is not str or not _count(event.get("nbytes")):
+        return "it has neither a results list nor a result file with its size"
+    return None if type(event.get("summary", {})) is dict else "its summary is not a mapping"
+
+
+_CHECKS = {"log": _log, "progress": _progress, "started": _started, "failed": _failed, "result": _result}
+
+
+def _outcome_problem(event: dict, task_id: str | None) -> str | None:
+    """What is wrong with the fields every outcome may carry (its task, timings, memory), or None."""
+    if task_id is not None and event.get("task_id", task_id) != task_id:
+        return f"it is for another task ({str(event.get('task_id'))[:80]!r}), not job {task_id}"
+    timings = event.get("timings")
+    if timings is not None and (type(timings) is not dict or any(type(v) not in _NUMBERS for v in timings.values())):
+        return "its timings are not a mapping of numbers"
+    return None if type(event.get("rss_mb", 0)) in _NUMBERS else "rss_mb is not a number"
+
+
+def event_problem(
+    event: object,
+    task_id: str | None = None,
+    *,
+    kinds: Collection[str] = TASK_EVENTS,
+    phases: Collection[str] = WORKER_PHASES,
+) -> str | None:
+    """Why ``event`` (a parsed protocol line) is no valid event of ``kinds`` for the task ``task_id``, as the end of
+    "the worker sent an invalid … event: …" (``worker.process.invalid_event``); None when it is one. An outcome
+    naming another task (``task_id``) is refused: a worker that still runs an earlier job's code (it sent an outcome
+    early) must not end the next one with it."""
+    if type(event) is not dict:
+        return "a line that is not a JSON object"
+    kind = event.get("event")
+    if type(kind) is not str or kind not in kinds:
+        return f"no such event here (the protocol's: {', '.join(kinds)})"
+    problem = _CHECKS[kind](event, phases)
+    if problem is None and (kind == "result" or kind == "failed"):
+        problem = _outcome_problem(event, task_id)
+    return problem
 
 
 def failure_of(event: Mapping[str, Any]) -> JobFailure:
-    """The ``JobFailure`` a ``failed`` event describes."""
+    """The ``JobFailure`` a valid ``failed`` event describes."""
     from lancefn_jupyter.wire.models import JobFailure
 
     return JobFailure(
@@ -26,8 +124,8 @@ def failure_of(event: Mapping[str, Any]) -> JobFailure:
 
 
 def relay(callbacks: ExecutorCallbacks, job_id: str, event: Mapping[str, Any]) -> None:
-    """One worker event (``started``, ``log``, ``progress``, ``result``, ``failed``) as the executor
-    callback it means. A ``result`` carries JSON ``results`` or names an Arrow result file; a final
+    """One valid worker event (``started``, ``log``, ``progress``, ``result``, ``failed``: :func:`event_problem`) as
+    the executor callback it means. A ``result`` carries JSON ``results`` or names an Arrow result file; a final
     event's ``timings`` (the worker's, plus the executor's ``start_ms``) go with it ("Warm state")."""
     kind = event.get("event")
     if kind == "started":

@@ -38,6 +38,7 @@ __all__ = ["DEFAULT_MAX_AGE_S", "DEFAULT_MAX_BYTES", "DataStore"]
 
 DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
 DEFAULT_MAX_BYTES = 5 * 1024**3  # a laptop's share of disk for kept results
+DEFAULT_MAX_RESULT_BYTES = 4 * 1024**3  # one job's Arrow result (--max-arrow-result-bytes), as for its rows
 _SUFFIX = ".arrow"
 _UPLOAD_NAME = re.compile(r"[0-9a-f]{32}\.arrow")
 
@@ -49,16 +50,19 @@ class DataStore:
         *,
         max_age_s: float = DEFAULT_MAX_AGE_S,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         fsync: bool = False,
         stage: bool = True,
     ):
-        """``stage``: stage fresh results in memory (``staging.py``); never with ``fsync``."""
+        """``stage``: stage fresh results in memory (``staging.py``); never with ``fsync``. ``max_result_bytes``: the
+        largest Arrow result of one job (``--max-arrow-result-bytes``), whatever its worker says."""
         self.root = Path(home) / "data"
         self.rows_dir = self.root / "rows"
         self.results_dir = self.root / "results"
         self.uploads_dir = self.root / "uploads"
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
+        self.max_result_bytes = max_result_bytes
         self.fsync = fsync
         self.staging = ResultStaging(self.results_dir, staging_dir_for(Path(home)) if stage and not fsync else None)
         # The kept results, by age: a heap of (mtime, job_id) and each one's size (the heap's entry is stale
@@ -80,15 +84,26 @@ class DataStore:
 
     def result_fields(self, job_id: str, *, arrow: bool) -> dict:
         """The worker protocol's result fields of a task (docs/ARCHITECTURE.md, "Worker protocol"); ``arrow``:
-        its output is an Arrow type, so its result is offered a reused slot ("Result staging")."""
+        its output is an Arrow type, so its result is offered a reused slot ("Result staging"). ``result_max_bytes``:
+        a larger result is refused (``--max-arrow-result-bytes``)."""
         stage = self.staging.task_fields(job_id) if arrow else {}
         result_file = os.path.join(self.results_dir, job_id + _SUFFIX)  # = result_path, without a Path per task
-        return {"result_file": result_file, "result_fsync": self.fsync, **stage}
+        return {
+            "result_file": result_file,
+            "result_fsync": self.fsync,
+            "result_max_bytes": self.max_result_bytes,
+            **stage,
+        }
 
-    def is_result_file(self, path: str | os.PathLike[str], job_id: str) -> bool:
-        """Whether a worker's reported ``result_file`` is one this job may write, and is there."""
-        mine = os.fspath(path) == os.fspath(self.result_path(job_id)) or self.staging.is_staged(path, job_id)
-        return mine and os.path.exists(path)
+    def result_size(self, path: str | os.PathLike[str], job_id: str) -> int | None:
+        """The size of a worker's reported ``result_file`` when it is one this job may write and is there, else
+        None: the file's own size, whatever the worker said (one ``stat``)."""
+        if os.fspath(path) != os.fspath(self.result_path(job_id)) and not self.staging.is_staged(path, job_id):
+            return None
+        try:
+            return os.stat(path).st_size
+        except OSError:
+            return None
 
     def start(self) -> None:
         """At start, before any job is recovered: temp files go, staged results move to the home, and the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 from pathlib import Path
 
@@ -75,6 +76,29 @@ def crash(path: str) -> str:
     with open(path, "w") as out:
         out.write(started.stdout.strip())
     os._exit(3)
+"""
+
+#: Starts a child with ``clone(CLONE_PARENT | SIGCHLD)`` (x86_64's raw syscall 56: a fork whose parent is the worker's
+#: parent, the server, so no sweep of the worker sees it), which leaves the worker's session, writes its parent's pid
+#: to ``path`` and sleeps (ends at once when ``path`` ends with ".exit"); returns "<child pid> <worker pid>".
+CLONE = """
+import ctypes
+import os
+import time
+
+
+def clone(path: str) -> str:
+    pid = ctypes.CDLL(None, use_errno=True).syscall(56, 0x00008000 | 17, 0, 0, 0, 0)
+    if pid == 0:
+        os.setsid()
+        with open(path, "w") as out:
+            out.write(str(os.getppid()))
+        if not path.endswith(".exit"):
+            time.sleep(600)
+        os._exit(0)
+    while not os.path.exists(path) or not open(path).read():
+        time.sleep(0.01)
+    return f"{pid} {os.getpid()}"
 """
 
 
@@ -205,3 +229,37 @@ def test_a_crashed_workers_detached_process_ends_with_its_cgroup(control_plane, 
         wait_until(lambda: proc_state(sleeper) in (None, "Z"), f"the crashed job's detached sleep {sleeper} to end")
     finally:
         kill_quietly([sleeper])
+
+
+def test_a_clone_parent_child_of_a_job_ends_with_it_the_warm_worker_stays_and_no_zombie_is_left(
+    control_plane, tmp_path: Path
+):
+    """A child made with ``CLONE_PARENT`` is the server's, not the worker's, and leaves the worker's session: only
+    the worker's cgroup still holds it. It dies when its job ends, the warm worker serves on, and the server reaps
+    it (before: it lived as long as the warm worker)."""
+    if not may_create_cgroups():
+        pytest.skip("no cgroup v2 this user may create cgroups in here: the subreaper's sweep alone")
+    if platform.machine() != "x86_64":
+        pytest.skip("the test's raw clone syscall is x86_64's")
+    with control_plane.http() as http:
+        version = register(http, text_body("clone", CLONE, num_gpus=None))["version"]
+        first = tmp_path / "first"
+        (result,) = run_one(http, "clone", version, str(first))["result"]
+        child, worker = (int(pid) for pid in result.split())
+        children = [child]
+        try:
+            assert int(first.read_text()) == control_plane.proc.pid  # the server's child, as the worker's parent
+            assert proc_state(child) in (None, "Z"), f"the job's CLONE_PARENT child {child} outlived it"
+            wait_until(lambda: gone(child), f"the server to reap its zombie child {child}")
+            (again,) = run_one(http, "clone", version, str(tmp_path / "second"))["result"]
+            second, same = (int(pid) for pid in again.split())
+            children.append(second)
+            assert same == worker, "the warm worker was replaced"
+            assert proc_state(second) in (None, "Z")
+            wait_until(lambda: gone(second), f"the server to reap its zombie child {second}")
+            (ended,) = run_one(http, "clone", version, str(tmp_path / "third.exit"))["result"]
+            third = int(ended.split()[0])  # it ended by itself: a zombie of the server's, which the server reaps
+            children.append(third)
+            wait_until(lambda: gone(third), f"the server to reap its zombie child {third}")
+        finally:
+            kill_quietly(children)

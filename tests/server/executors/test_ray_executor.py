@@ -678,6 +678,62 @@ def test_a_jobs_detached_process_ends_with_the_job_on_a_ray_actor(ray_cp):
             pass
 
 
+#: Pushes an event to the hub its job's events go through, as any code in a Ray worker can: ``path`` is a Python
+#: expression of (job id, token, event), None for its own job's; then it holds 60 s (only the server can end it).
+PUSH = """
+import gc
+import time
+
+
+def push(path: str) -> str:
+    sender = next(o for o in gc.get_objects() if type(o).__name__ == "_HubSender")
+    job_id, token, event = eval(path)
+    job_id = job_id or sender._job_id
+    try:
+        sender._hub.push.remote(job_id, token or getattr(sender, "_token", ""), [[10**6, event]])
+    except TypeError:  # the hub's push before job tokens
+        sender._hub.push.remote(job_id, [[10**6, event]])
+    time.sleep(60)
+    return "pushed"
+"""
+
+
+def _push(http, version: str, expression: str, **extra) -> dict:
+    return _finished(http, submit(http, "push", version, [{"path": expression}], **extra))
+
+
+@pytest.mark.parametrize(
+    ("event", "invalid"),
+    [
+        ('{"event": "bogus"}', "the worker sent an invalid bogus event: no such event"),
+        ('{"event": "result", "results": ["forged"]}', "the worker sent an invalid result event: no such event"),
+        ('{"event": "log", "stream": "stdout", "lines": ["x" * (3 << 20)]}', "longer than 2 MiB"),
+    ],
+)
+def test_an_event_a_ray_job_pushes_that_the_protocol_lacks_fails_it_in_phase_worker(ray_cp, event, invalid):
+    with ray_cp.http() as http:
+        version = _version(http, text_body("push", PUSH, gpu_class="small"))
+        job = _push(http, version, f"(None, None, {event})", timeout_s=50)
+        assert job["job_state"] == "FAILED", job
+        assert job["failure"]["phase"] == "worker" and invalid in job["failure"]["message"], job["failure"]
+        assert "Traceback" not in ray_cp.log_text()
+
+
+def test_a_ray_job_cannot_push_events_for_another_job(ray_cp, flag):
+    """The hub takes pushes from any process of the cluster: only those naming a job's own token count."""
+    with ray_cp.http() as http:
+        other = _wait_job(http, _waiter(http, "small"), flag)
+        _running(http, other)
+        version = _version(http, text_body("push", PUSH, gpu_class="small"))
+        forged = '{"event": "result", "results": ["forged"]}'
+        job = _push(http, version, f"({other!r}, 'a guess', {forged})", timeout_s=3)
+        assert job["job_state"] == "TIMED_OUT", job  # its own push went nowhere, and its sleep ran past its timeout
+        assert describe(http, other)["job_state"] == "IN_PROGRESS"
+        flag.touch()
+        done = _finished(http, other)
+        assert done["job_state"] == "DONE" and done["result"] != ["forged"], done
+
+
 def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp, tmp_path_factory, flag):
     """--ray-address (here: the module server's own Ray, so no second Ray start): capacity comes
     from the cluster's labels, a class no node offers waits PENDING, stopping leaves the cluster."""

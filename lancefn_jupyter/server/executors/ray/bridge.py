@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import queue
+import secrets
 import sys
 import threading
 import time
@@ -24,9 +25,12 @@ from typing import Any
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
+from lancefn_jupyter.server.executors.relay import event_problem
 from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.jsontext import loads
-from lancefn_jupyter.worker.protocol import TEARDOWN_S, Protocol
+from lancefn_jupyter.worker.process import invalid_event, long_line
+from lancefn_jupyter.worker.protocol import LINE_MAX_BYTES, TEARDOWN_S, LineTooLong, Protocol, cap_text
+from lancefn_jupyter.worker.result import result_too_large
 
 log = logging.getLogger("lancefn.server")
 
@@ -38,6 +42,9 @@ _CAPACITY_POLL_S = 2.0
 _UNPLACED_S = 10.0
 _ACTOR_IDLE_S = 300.0  # a warm GPU actor idle this long is killed (LANCEFN_RAY_ACTOR_IDLE_S)
 _GETTERS = 4  # threads waiting for jobs' calls with ray.get (``_Getters``)
+# What a job's call may push to the hub (its outcome is what the call returns), and what that outcome may be.
+_PUSHED = ("started", "log", "progress")
+_OUTCOMES = ("result", "failed")
 
 
 class _Getters:
@@ -104,6 +111,8 @@ class _BridgeJob:
     result_file: str | None = None  # where an Arrow result goes (the bridge shares the server's disk)
     result_fsync: bool = True
     created_at: float | None = None  # wall clock when a new actor was asked for this job (None: a warm one)
+    token: str = ""  # what its call's hub pushes name: another job's call cannot push for it (``EventHub``)
+    result_max_bytes: int | None = None  # a larger Arrow result is refused (--max-arrow-result-bytes)
 
 
 class _Driver:
@@ -200,7 +209,7 @@ class _Driver:
                         event="failed",
                         job_id=command["job"]["job_id"],
                         phase="executor",
-                        message=f"could not submit the job to Ray: {type(error).__name__}: {error}",
+                        message=cap_text(f"could not submit the job to Ray: {type(error).__name__}: {error}"),
                         retryable=True,
                     )
 
@@ -236,8 +245,10 @@ class _Driver:
                 **({"python_version": job["python_version"]} if job.get("python_version") else {}),
             },
         }
+        token = secrets.token_hex(16)
         payload = {
             "task_id": job_id,
+            "hub_token": token,
             "rows": job["rows"],
             # with the task, never in runtime_env: env values stay out of /proc/<pid>/environ
             "env": {str(k): str(v) for k, v in (job.get("env") or {}).items()},
@@ -252,6 +263,7 @@ class _Driver:
         )
         record.result_file = data.get("result_file")
         record.result_fsync = bool(data.get("result_fsync", True))
+        record.token, record.result_max_bytes = token, data.get("result_max_bytes")
         record.pool_key = (
             job.get("gpu_class") if gpus else None,
             gpus,
@@ -306,6 +318,8 @@ class _Driver:
                     return
                 if record.pool is not self.cpu_pool:
                     record.unplaced_since = time.monotonic()
+            elif record.timeout_s is not None:  # a warm actor runs it now: its timeout runs whatever it sends
+                record.deadline = time.monotonic() + float(record.timeout_s)
             record.actor = actor
             ref = actor.run.remote(record.payload)
         except Exception as error:  # e.g. an invalid runtime_env
@@ -316,7 +330,7 @@ class _Driver:
                 record.pool.release(job_id, 0.0, reuse=False)  # type: ignore[union-attr]
             self._dispatch()
             self.proto.send(
-                event="failed", job_id=job_id, phase="environment", message=f"Ray refused the task: {error}"
+                event="failed", job_id=job_id, phase="environment", message=cap_text(f"Ray refused the task: {error}")
             )
             return
         with self.lock:
@@ -436,8 +450,8 @@ class _Driver:
                 if item is not None:
                     kind, first, second = item
                     if kind == "events":
-                        for job_id, seq, event in first:
-                            self._relay(job_id, seq, event)
+                        for entry in first:
+                            self._relay(entry)
                     elif kind == "outcome":
                         self._outcome(first, second)
                     else:
@@ -455,25 +469,50 @@ class _Driver:
                         wake = min(wake, max(0.0, due - now))
         return wake
 
-    def _relay(self, job_id: str, seq: int, event: dict) -> None:
+    def _relay(self, entry: Any) -> None:
+        """One ``[job_id, token, seq, event]`` a call pushed to the hub: relayed when it names its running job's token
+        (anything else, which another job's call may push, is dropped), and fails the job when its event is not
+        one a call may push (docs/ARCHITECTURE.md, "Worker protocol")."""
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
+            return
+        job_id, token, seq, event = entry
         with self.lock:
             record = self.jobs.get(job_id)
-            if record is None or record.finished:
+            if record is None or record.finished or token != record.token or type(seq) is not int:
                 return
-            record.seen = max(record.seen, seq)
-            kind = event.get("event")
-            if kind == "started":
-                record.started, record.unplaced_since = True, None
-                if record.timeout_s is not None:
-                    record.deadline = time.monotonic() + float(record.timeout_s)
-            if kind == "progress":
-                record.rows_done = int(event.get("rows_done", 0))
-            parked = record.outcome if record.outcome and record.seen >= record.outcome.get("last_seq", 0) else None
-            if parked is not None:
-                record.outcome = None
-        self.proto.send(job_id=job_id, **event)
+            problem = event_problem(event, job_id, kinds=_PUSHED)
+            if problem is None:
+                record.seen = max(record.seen, seq)
+                kind = event["event"]
+                if kind == "started":
+                    record.started, record.unplaced_since = True, None
+                    if record.timeout_s is not None and record.deadline is None:
+                        record.deadline = time.monotonic() + float(record.timeout_s)
+                if kind == "progress":
+                    record.rows_done = event["rows_done"]
+                parked = record.outcome if record.outcome and record.seen >= record.outcome.get("last_seq", 0) else None
+                if parked is not None:
+                    record.outcome = None
+        if problem is not None:
+            self._refuse(job_id, invalid_event(event, problem))
+            return
+        try:
+            self.proto.send(**{**event, "job_id": job_id})
+        except LineTooLong:
+            self._refuse(job_id, long_line("the Ray task"))
+            return
         if parked is not None:
             self._finish(job_id, parked)
+
+    def _refuse(self, job_id: str, message: str) -> None:
+        """The job's call broke the protocol: it fails in phase ``worker`` and its actor is killed, never reused."""
+        with self.lock:
+            record = self.jobs.pop(job_id, None)
+            if record is None or record.finished:
+                return
+            record.finished = True
+        self._stop(record)
+        self.proto.send(event="failed", job_id=job_id, phase="worker", message=message)
 
     def _done(self, job_id: str, future: Any) -> None:
         """A job's call ended (on a getter's thread or Ray's callback thread, which must not wait on Ray or the disk).
@@ -486,6 +525,9 @@ class _Driver:
         try:
             value = future.result()
         except BaseException:  # the call failed: its actor is killed (a Ray call)
+            self.inbox.put(("outcome", job_id, future))
+            return
+        if _value_problem(value, job_id) is not None:  # the reporter thread refuses it (a Ray call)
             self.inbox.put(("outcome", job_id, future))
             return
         final = dict(value.get("final") or {})
@@ -519,6 +561,11 @@ class _Driver:
         except BaseException as error:  # the task did not return: cancelled, crashed, lost, …
             value = {"last_seq": 0, "final": _failure_from_ray_error(error, self.ray)}
             returned = False
+        problem = _value_problem(value, job_id) if returned else None
+        if problem is not None:  # its actor is killed, never reused: the job's code may have changed anything in it
+            final = value.get("final") if isinstance(value, dict) else None
+            failure = {"event": "failed", "phase": "worker", "message": invalid_event(final or value, problem)}
+            value, returned = {"last_seq": 0, "final": failure}, False
         with self.lock:
             record = self.jobs.get(job_id)
             if record is None or record.finished:
@@ -551,17 +598,28 @@ class _Driver:
             record.finished = True
         final = dict(value.get("final") or {})
         if "result_ipc" in final:  # Arrow IPC bytes Ray carried natively: stored as the job's result file
-            final = _store_result(final, record.result_file, record.result_fsync)
+            final = _store_result(final, record.result_file, record.result_fsync, record.result_max_bytes)
         self._report_outcome(job_id, value.get("tail") or (), final)
 
     def _report_outcome(self, job_id: str, tail: Any, final: dict) -> None:
         """The events the task had not pushed to the hub, then its outcome, in one line: the
-        control plane wakes once for them."""
+        control plane wakes once for them; one line each when together they pass the line limit."""
         final.setdefault("event", "failed")
         if final["event"] == "failed":
             final.setdefault("phase", "executor")
             final.setdefault("message", "the Ray task ended without a result")
-        self.proto.send(job_id=job_id, event="events", events=[event for _, event in tail] + [final])
+        events = [event for _, event in tail] + [final]
+        try:
+            self.proto.send(job_id=job_id, event="events", events=events)
+            return
+        except LineTooLong:
+            pass
+        for event in events:
+            try:
+                self.proto.send(**{**event, "job_id": job_id})
+            except LineTooLong:
+                self.proto.send(job_id=job_id, event="failed", phase="worker", message=long_line("the Ray task"))
+                return
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -687,10 +745,31 @@ def _ray_data_fields(data: dict, table_slice: dict | None = None) -> dict:
     return fields
 
 
-def _store_result(final: dict, path: str | None, durable: bool) -> dict:
-    """Write a task's ``result_ipc`` atomically to the job's result file; the ``result`` event."""
+def _value_problem(value: object, job_id: str) -> str | None:
+    """Why what a job's call returned (``{last_seq, tail, final}``: ``task._run_job``) is not what the protocol
+    allows, or None: the tail holds events a call may push, the outcome is one (``result_ipc``: Arrow bytes)."""
+    if not isinstance(value, dict) or type(value.get("last_seq", 0)) is not int:
+        return "the call's return value is malformed"
+    tail = value.get("tail") or []
+    if not isinstance(tail, list) or not all(isinstance(entry, list) and len(entry) == 2 for entry in tail):
+        return "the call's events are malformed"
+    for _, event in tail:
+        if (problem := event_problem(event, job_id, kinds=_PUSHED)) is not None:
+            return problem
+    final = value.get("final")
+    if isinstance(final, dict) and "result_ipc" in final:
+        arrow = isinstance(final["result_ipc"], bytes) and isinstance(final.get("summary", {}), dict)
+        return None if arrow else "its Arrow result is malformed"
+    return event_problem(final, job_id, kinds=_OUTCOMES)
+
+
+def _store_result(final: dict, path: str | None, durable: bool, most: int | None = None) -> dict:
+    """Write a task's ``result_ipc`` atomically to the job's result file; the ``result`` event (a failure in phase
+    ``result`` for one over ``most`` bytes, which is never written)."""
     from lancefn_jupyter.wire.dataplane import write_bytes_file
 
+    if most is not None and len(final["result_ipc"]) > most:
+        return {"event": "failed", "phase": "result", "message": result_too_large(len(final["result_ipc"]), most)}
     if path is None:
         return {
             "event": "failed",
@@ -762,7 +841,7 @@ def _failure_from_ray_error(error: BaseException, ray: Any) -> dict:
 
 def bridge_main() -> int:
     """Entry point of the bridge process (started by :class:`RayExecutor`)."""
-    proto = Protocol(os.dup(1), strict=False)
+    proto = Protocol(os.dup(1), strict=False, max_line=LINE_MAX_BYTES)  # it forwards what jobs send
     os.dup2(2, 1)  # anything Ray or a library prints goes to stderr, never into the protocol
     config = json.loads(sys.stdin.buffer.readline() or b"{}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -28,10 +28,10 @@ from lancefn_jupyter.server.executors.ray.cluster import (
     needs_resolution,
 )
 from lancefn_jupyter.server.executors.ray.feed import BridgeFeed
-from lancefn_jupyter.server.executors.relay import relay
+from lancefn_jupyter.server.executors.relay import ALL_PHASES, event_problem, failure_of, relay
 from lancefn_jupyter.wire.jsontext import loads
-from lancefn_jupyter.worker.process import ProtocolLines
-from lancefn_jupyter.worker.protocol import TEARDOWN_S
+from lancefn_jupyter.worker.process import ProtocolLines, invalid_event
+from lancefn_jupyter.worker.protocol import TEARDOWN_S, LineTooLong
 
 if TYPE_CHECKING:
     from lancefn_jupyter.environments.cache import EnvironmentCache
@@ -48,6 +48,7 @@ _START_ATTEMPTS = 3  # failed starts in a row before the jobs waiting for Ray fa
 _BRIDGE_ARTIFACTS = 64
 _BRIDGE_ARTIFACT_BYTES = 64 * 1024 * 1024
 _INLINE_ARTIFACT_BYTES = 24 * 1024  # a larger artifact is encoded by the pipe's writer thread (``_Outbox.launch``)
+_JOB_EVENTS = ("started", "log", "progress", "result", "failed")  # what the bridge reports of a job
 
 
 class _BridgeDown(RuntimeError):
@@ -204,12 +205,22 @@ class _BridgeProcess:
 
     def events(self) -> Iterator[dict]:
         """Its event lines, read on this thread (its first, ``ready``; all of them when there is no event loop)."""
-        while line := self._out.readline():
+        while True:
+            try:
+                line = self._out.readline()
+            except LineTooLong as error:  # the bridge sends none (it fails the job instead): never buffered whole
+                log.warning("ray executor: the bridge sent %s; dropped", error)
+                continue
+            if not line:
+                return
             if line.strip():
                 try:
-                    yield loads(line)
+                    event = loads(line)
                 except ValueError:
                     log.warning("ray bridge sent a malformed line: %r", line[:200])
+                    continue
+                if isinstance(event, dict):
+                    yield event
 
     def follow(
         self,
@@ -711,20 +722,30 @@ class RayExecutor(Executor):
         job_id = event.get("job_id", "")
         if kind == "events":  # a job's last events and its outcome, sent together
             for each in event.get("events", ()):
-                self._on_event({**each, "job_id": job_id})
+                self._on_event({**each, "job_id": job_id} if isinstance(each, dict) else {"job_id": job_id})
             return
         if kind == "capacity":
             with self._lock:
                 self._capacity = {str(k): int(v) for k, v in event.get("capacity", {}).items()}
                 self._largest = {str(k): int(v) for k, v in event.get("largest", {}).items()}
             return
+        problem = event_problem(event, str(job_id), kinds=_JOB_EVENTS, phases=ALL_PHASES)
         with self._lock:
             known = job_id in self._inflight
-            if kind in ("result", "failed"):
+            if known and (kind in ("result", "failed") or problem is not None):
                 self._forget(job_id)
+                bridge = self._bridge
         if not known:
             return  # cancelled meanwhile: the core has already finished it
-        relay(callbacks, job_id, event)
+        if problem is None:
+            relay(callbacks, job_id, event)
+            return
+        # The bridge checks what jobs send: this is a last line of defence. The job fails; its actor is stopped.
+        message = invalid_event(event, problem)
+        log.warning("ray executor: job %s: %s", job_id, message)
+        callbacks.task_failed(job_id, failure_of({"phase": "worker", "message": message}))
+        if bridge is not None:
+            bridge.outbox.send({"op": "cancel", "job_id": job_id})
 
 
 def _describe_exit(returncode: int | None) -> str:

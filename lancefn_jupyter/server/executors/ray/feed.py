@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from lancefn_jupyter.server.executors.loop_follow import LET_GO_WAIT_S, LOOP_EVENT_BYTES
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker.process import ProtocolLines
+from lancefn_jupyter.worker.protocol import LineTooLong
 
 __all__ = ["LOOP_EVENTS", "BridgeFeed"]
 
@@ -108,7 +108,14 @@ class BridgeFeed:
             self._stop()
 
     def _take_buffered(self) -> None:
-        while (line := self._lines.buffered_line(sys.maxsize)) is not None:
+        while True:
+            try:
+                line = self._lines.buffered_line()
+            except LineTooLong as error:  # the bridge sends none (it fails the job instead): never buffered whole
+                log.warning("ray executor: the bridge sent %s; dropped", error)
+                continue
+            if line is None:
+                return
             self._lines.drop_line()
             try:
                 self._take(line)

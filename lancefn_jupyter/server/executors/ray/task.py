@@ -19,7 +19,9 @@ _FLUSHER_PARK_S = 1.0  # an actor's flusher thread stops ticking when no task ha
 
 
 class EventHub:
-    """Async actor (0 CPUs) collecting task events until the bridge drains them (long poll)."""
+    """Async actor (0 CPUs) collecting task events until the bridge drains them (long poll). Any process of the
+    cluster may push: each push names its job's token (``hub_token``, which only that job's call carries), and the
+    bridge relays only what names the right one."""
 
     def __init__(self) -> None:
         import asyncio
@@ -27,8 +29,8 @@ class EventHub:
         self._events: list = []
         self._ready = asyncio.Event()
 
-    async def push(self, job_id: str, events: list) -> None:
-        self._events.extend([job_id, seq, event] for seq, event in events)
+    async def push(self, job_id: str, token: str, events: list) -> None:
+        self._events.extend([job_id, token, seq, event] for seq, event in events)
         self._ready.set()
 
     async def drain(self, timeout: float) -> list:
@@ -55,8 +57,8 @@ class _HubSender:
     and progress live.
     """
 
-    def __init__(self, hub: Any, job_id: str) -> None:
-        self._hub, self._job_id = hub, job_id
+    def __init__(self, hub: Any, job_id: str, token: str) -> None:
+        self._hub, self._job_id, self._token = hub, job_id, token
         self._lock = threading.Lock()
         # [number, event] lists, not tuples: Ray packs lists, dicts and scalars with msgpack, but pickles each tuple
         self._pending: list[list] = []
@@ -70,7 +72,7 @@ class _HubSender:
         with self._lock:
             self.seq += 1
             if self._closed:  # a late line after close: straight to the hub
-                self._hub.push.remote(self._job_id, [[self.seq, event]])
+                self._hub.push.remote(self._job_id, self._token, [[self.seq, event]])
             else:
                 self._pending.append([self.seq, event])
 
@@ -80,7 +82,7 @@ class _HubSender:
         with self._lock:  # pushed under the lock: submission order is hub order
             if self._pending and not self._closed:
                 batch, self._pending = self._pending, []
-                self._hub.push.remote(self._job_id, batch)
+                self._hub.push.remote(self._job_id, self._token, batch)
                 self.flushed = batch[-1][0]
 
     def close(self) -> list[list]:
@@ -277,7 +279,7 @@ def _run_job(hub: Any, task: dict, where: dict, output: _ActorOutput) -> dict:
     """One job on an actor: report where it runs, run the artifact like the local worker, return the outcome."""
     from lancefn_jupyter.worker.runner import run_task_inline
 
-    sender = _HubSender(hub, task["task_id"])
+    sender = _HubSender(hub, task["task_id"], str(task.pop("hub_token", "")))
     node = where["node"]
     sender.send(event="started", **where)
     env = task.get("env")
