@@ -62,7 +62,6 @@ from lancefn_jupyter.server.batches.state import (
     Chunk,
     batch_wire,
     check_chunks,
-    check_options,
     check_request,
     cut,
     input_digest,
@@ -94,6 +93,7 @@ from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.tables.plan import slice_rows
+from lancefn_jupyter.wire.backfill_models import BackfillRequest
 
 __all__ = ["BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES", "BatchManager"]
 
@@ -215,13 +215,8 @@ class BatchManager:
 
     def create_backfill(
         self,
-        name: str,
-        version: str,
-        request: dict,
+        request: BackfillRequest,
         *,
-        parallel: int | None,
-        retries: int,
-        timeout_s: float | None,
         namespace: str | None = DEFAULT_NAMESPACE,
         scope: str | None = None,
         home: str = DEFAULT_NAMESPACE,
@@ -229,10 +224,11 @@ class BatchManager:
         """A backfill (docs/ARCHITECTURE.md, "Backfills"): check the request against the function
         and the table, plan the rows (outside the lock: it scans the table), then record the batch
         and submit its first chunks. One unfinished backfill per (table, into): else a 409."""
-        fv, namespace = self.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
-        check_options(parallel, retries)
-        self._check_timeout(timeout_s)
-        uri = table_key(str(request["table_uri"]))
+        fv, namespace = self.catalog.runnable(
+            request.name, request.version, namespace=namespace, scope=scope, home=home
+        )
+        self._check_timeout(request.timeout_s)
+        uri = table_key(request.table_uri)
         refused = self.table_roots.problem(uri, scope, admin=scope is None)
         if refused:  # before the table is opened: its existence is none of this caller's business
             raise ApiError(403, refused)
@@ -245,22 +241,30 @@ class BatchManager:
             except TableAccessError as error:
                 raise ApiError(error.status, str(error)) from None
             open_source = functools.partial(self._agent_source, root)
-        self._refuse_second(uri, request["into"])
-        prepared = prepare(fv, {**request, "table_uri": uri}, open_source=open_source, root=root)
+        self._refuse_second(uri, request.into)
+        prepared = prepare(fv, request, uri, open_source=open_source, root=root)
         with self.table.lock:  # before its chunks are written; _start checks again, to be sure
             self._check_quota(namespace, len(prepared.slices))
         run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})
-        batch = new_batch(name, version, prepared.digest, parallel, retries, timeout_s, namespace)
+        batch = new_batch(
+            request.name,
+            request.version,
+            prepared.digest,
+            request.parallel,
+            request.retries,
+            request.timeout_s,
+            namespace,
+        )
         batch.backfill = run
         start = 0
         for idx, piece in enumerate(prepared.slices):
-            count = slice_rows(piece["ranges"])
+            count = slice_rows(piece.ranges)
             batch.add_chunk(Chunk(idx, start, start + count))
             start += count
-        self._write_chunks(batch, [dumps(piece) for piece in prepared.slices])
+        self._write_chunks(batch, [dumps(piece.to_wire()) for piece in prepared.slices])
         with self.table.lock:
             try:
-                self._refuse_second(uri, request["into"])
+                self._refuse_second(uri, request.into)
             except ApiError:
                 self.saved.delete_chunks(batch.batch_id)
                 raise
@@ -269,7 +273,7 @@ class BatchManager:
             "batch_id": batch.batch_id,
             "rows_total": batch.rows_total,
             "chunks_total": len(batch.chunks),
-            "table_version": run.spec["table_version"],
+            "table_version": run.spec.table_version,
         }
 
     def _agent_source(self, root: str, uri: str) -> Any:
@@ -326,8 +330,8 @@ class BatchManager:
             self._kick(batch)  # the rest from the batch's tables: the reply does not wait for them
         self._changed(batch)
 
-    def _refuse_second(self, uri: str, into: Any) -> None:
-        running = self.backfills.unfinished(uri, str(into))
+    def _refuse_second(self, uri: str, into: str) -> None:
+        running = self.backfills.unfinished(uri, into)
         if running is not None:
             raise ApiError(
                 409,
@@ -673,17 +677,22 @@ class BatchManager:
             self._draining.add(batch.batch_id)
             threading.Thread(target=self._drain, args=(batch,), name=f"batch-{batch.batch_id[:8]}", daemon=True).start()
 
-    def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
+    def _chunk_rows(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> Any:
+        """The chunk's rows: the new batch's own on their first submission, else as stored (a backfill's: its slice)."""
         if fresh is not None and chunk.attempts == 0:
-            rows = fresh[chunk.idx]
-        else:
-            rows = self.saved.chunk_rows(batch.batch_id, chunk.idx)
+            return fresh[chunk.idx]
+        if batch.backfill is not None:
+            return self.saved.chunk_slice(batch.batch_id, chunk.idx)
+        return self.saved.chunk_rows(batch.batch_id, chunk.idx)
+
+    def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
+        rows = self._chunk_rows(batch, chunk, fresh)
         arrow_rows = table_slice = None
         extra: dict[str, Any] = {"batch_id": batch.batch_id, "chunk": chunk.idx, "row_start": chunk.row_start}
         if batch.backfill is not None:  # a slice of the table: read where the chunk runs ("Running a chunk")
             table_slice, rows = rows, None
-            if batch.backfill.spec["on_error"] != "fail":
-                extra["on_error"] = batch.backfill.spec["on_error"]
+            if batch.backfill.spec.on_error != "fail":
+                extra["on_error"] = batch.backfill.spec.on_error
         elif isinstance(rows, bytes):
             # Arrow chunk: handed to its job as a rows file, the data plane's path for a functions/run body.
             from lancefn_jupyter.wire.dataplane import write_bytes_file
@@ -741,12 +750,12 @@ class BatchManager:
             self._rerun(batch, chunk)
             return
         run.skipped[chunk.idx] = skipped
-        limit = run.spec["max_skip_fraction"] * batch.rows_total
+        limit = run.spec.max_skip_fraction * batch.rows_total
         if run.failure is None and run.skipped[chunk.idx] and run.rows_skipped > limit:  # summed only on a skip
             run.failure = {
                 "phase": "skip_limit",
                 "message": f"{run.rows_skipped} of {batch.rows_total} rows were skipped, more than "
-                f"max_skip_fraction={run.spec['max_skip_fraction']:g} allows; see POST /v1/backfills/errors, fix "
+                f"max_skip_fraction={run.spec.max_skip_fraction:g} allows; see POST /v1/backfills/errors, fix "
                 "the function (or raise max_skip_fraction) and run the backfill again",
                 "chunk": chunk.idx,
             }
@@ -769,7 +778,7 @@ class BatchManager:
             source = self.keep_result(batch, chunk, rec)
             if source is None:
                 return None
-            if batch.backfill is not None and batch.backfill.spec["on_error"] == "fail":
+            if batch.backfill is not None and batch.backfill.spec.on_error == "fail":
                 return 0  # a failing row fails its chunk: a DONE chunk skipped none, no need to read it
             try:
                 return skipped_rows(source)
@@ -846,34 +855,29 @@ class BatchManager:
             run = batch.backfill
             frag = run.fragments[fid]
             # A backfill chunk's rows are its slice of the table.
-            slices: list[tuple[int, Any]] = [(idx, self.saved.chunk_rows(batch_id, idx)) for idx in frag.chunks]
+            slices = [(idx, self.saved.chunk_slice(batch_id, idx)) for idx in frag.chunks]
             spec, version = run.spec, batch.version
-        results = _ChunkResults(self, batch, fid, spec["output_type"], version)
+        results = _ChunkResults(self, batch, fid, spec.output_type, version)
         parts = [
             ChunkPart(offsets, functools.partial(results.load, idx, offsets))
-            for idx, offsets in ((idx, slice_offsets(table_slice["ranges"])) for idx, table_slice in slices)
+            for idx, offsets in ((idx, slice_offsets(table_slice.ranges)) for idx, table_slice in slices)
         ]
         problem = None
         try:
-            if spec.get("table_root") is None:
+            if spec.table_root is None:
                 commit_fragment(
-                    spec["table_uri"],
-                    fid,
-                    into=spec["into"],
-                    output_type=spec["output_type"],
-                    parts=parts,
-                    version=version,
+                    spec.uri, fid, into=spec.into, output_type=spec.output_type, parts=parts, version=version
                 )
             else:  # with the team's rights: its root owner's agent writes, opening each chunk's results as it goes
                 self.table_agents.commit(
-                    spec["table_root"],
-                    spec["table_uri"],
+                    spec.table_root,
+                    spec.uri,
                     fid,
-                    into=spec["into"],
-                    output_type=spec["output_type"],
+                    into=spec.into,
+                    output_type=spec.output_type,
                     version=version,
                     parts=[
-                        (table_slice["ranges"], functools.partial(results.open, idx, part.offsets))
+                        (table_slice.ranges, functools.partial(results.open, idx, part.offsets))
                         for (idx, table_slice), part in zip(slices, parts, strict=True)
                     ],
                 )
