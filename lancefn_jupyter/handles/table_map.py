@@ -149,16 +149,18 @@ def map_table(
     if into in read:
         raise ValueError(f"into={into!r} is also an input column; write the results into another column")
     try:  # the options' one check (wire/backfill_models.py), before anything is registered or sent
-        checked = BackfillOptions(
-            where=where,
-            recompute=recompute,
-            on_error=on_error,
-            max_skip_fraction=max_skip_fraction,
-            chunk_size=chunk_size,
-            parallel=check_parallel(parallel),
-            retries=retries,
-            timeout_s=function.timeout_s,
-            fresh=fresh,
+        checked = BackfillOptions.model_validate(
+            {
+                "where": where,
+                "recompute": recompute,
+                "on_error": on_error,
+                "max_skip_fraction": max_skip_fraction,
+                "chunk_size": chunk_size,
+                "parallel": check_parallel(parallel),
+                "retries": retries,
+                "timeout_s": function.timeout_s,
+                "fresh": fresh,
+            }
         )
     except ValidationError as error:
         raise ValueError(format_validation_error(error)) from None

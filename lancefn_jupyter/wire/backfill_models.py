@@ -15,11 +15,12 @@ Pure: pydantic and the standard library only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
     AliasChoices,
+    BeforeValidator,
     Field,
     StrictBool,
     StrictFloat,
@@ -46,18 +47,22 @@ __all__ = [
     "TableSlice",
 ]
 
-RECOMPUTE = ("missing", "stale", "all")  # which rows a backfill runs ("Which rows")
-ON_ERROR = ("fail", "skip")  # what a failing row does ("Bad rows")
+Recompute = Literal["missing", "stale", "all"]  # which rows a backfill runs ("Which rows")
+OnError = Literal["fail", "skip"]  # what a failing row does ("Bad rows")
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+ON_ERROR: tuple[str, ...] = get_args(OnError)
 MAX_CHUNK_ROWS = 1 << 20
 
 
-def _one_of(name: str, allowed: tuple[str, ...], meaning: str) -> AfterValidator:
-    def check(value: str) -> str:
+def _one_of(name: str, allowed: tuple[str, ...], meaning: str) -> BeforeValidator:
+    """A word of ``allowed``, refused with a message naming the option (before the Literal's own check)."""
+
+    def check(value: Any) -> Any:
         if value not in allowed:
             raise ValueError(f"{name} must be {meaning}; got {name}={value!r}")
         return value
 
-    return AfterValidator(check)
+    return BeforeValidator(check)
 
 
 def _within(name: str, low: float, high: float | None, meaning: str) -> AfterValidator:
@@ -77,10 +82,6 @@ def _column_name(value: str) -> str:
     return value
 
 
-Recompute = Annotated[StrictStr, _one_of("recompute", RECOMPUTE, "one of 'missing', 'stale', 'all'")]
-OnError = Annotated[
-    StrictStr, _one_of("on_error", ON_ERROR, "'fail' (a failing chunk fails) or 'skip' (its row stays null)")
-]
 # {param: column}, or [column, …] by position (a record_batch function: the columns it takes).
 Columns = TextMap | tuple[StrictStr, ...]
 
@@ -98,8 +99,10 @@ class BackfillOptions(WireModel):
     """How a backfill runs, each option checked with a message that names it and its range."""
 
     where: StrictStr | None = None  # a Lance SQL filter, ANDed on top of `recompute` (checked by the plan)
-    recompute: Recompute = "missing"
-    on_error: OnError = "fail"
+    recompute: Annotated[Recompute, _one_of("recompute", RECOMPUTE, "one of 'missing', 'stale', 'all'")] = "missing"
+    on_error: Annotated[
+        OnError, _one_of("on_error", ON_ERROR, "'fail' (a failing chunk fails) or 'skip' (its row stays null)")
+    ] = "fail"
     max_skip_fraction: Annotated[
         StrictFloat, _within("max_skip_fraction", 0, 1, "a number from 0 to 1 (of the rows)")
     ] = 0.01

@@ -10,15 +10,13 @@ Pure: pydantic and the standard library only.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.backfill_models import OnError
-from lancefn_jupyter.wire.models import FunctionSignature, TextMap, WireModel
+from lancefn_jupyter.wire.models import FunctionSignature, WireModel
 
 __all__ = ["BatchedForms", "ResultStage", "TaskData"]
 
@@ -42,9 +40,12 @@ class ResultStage(WireModel):
 class TaskData(WireModel):
     """The data-plane fields of one task. ``rows_file``: the rows are an Arrow IPC file (the task's JSON
     rows are then empty; a backfill chunk's slice is read into it by the executor); ``result_*``: where and how an
-    Arrow result is written; ``on_error``: ``"skip"`` gives a failing row a null result ("Batched functions")."""
+    Arrow result is written; ``on_error``: ``"skip"`` gives a failing row a null result ("Batched functions").
 
-    input_types: TextMap = Field(default_factory=dict)  # param → its per-row type
+    Built on every launch (a warm job's hot path), so its field types are the ones pydantic checks quickest: a
+    plain ``dict`` of input types (never changed once built) and ``Literal`` words."""
+
+    input_types: dict[StrictStr, StrictStr] = Field(default_factory=dict)  # param → its per-row type
     output_type: StrictStr | None = None
     batched: BatchedForms | None = None
     rows_total: StrictInt | None = None
@@ -57,16 +58,15 @@ class TaskData(WireModel):
 
     @classmethod
     def of(cls, signature: FunctionSignature, **fields: Any) -> TaskData:
-        """A task's data: what the version's ``signature`` sets (input/output types, a batched version's forms),
-        and ``fields``."""
-        return cls(**_signature_fields(signature), **fields)
+        """A task's data: what the version's ``signature`` sets (input and output types, a batched version's
+        forms; as ``dataplane.task_fields`` reads them from a signature's wire form), and ``fields``."""
+        batched = None
+        if signature.batched:
+            forms = {p.name: p.form for p in signature.inputs}
+            batched = BatchedForms(inputs=forms, output=signature.output.form)
+        types = {p.name: p.arrow_type for p in signature.inputs}
+        return cls(input_types=types, output_type=signature.output.arrow_type, batched=batched, **fields)
 
     def fields(self) -> dict[str, Any]:
         """The fields as a worker's task line carries them (unset ones left out)."""
         return self.model_dump(exclude_none=True)
-
-
-@functools.lru_cache(maxsize=256)
-def _signature_fields(signature: FunctionSignature) -> dict[str, Any]:
-    """``dataplane.task_fields`` of a signature, once per signature (read it, never change it)."""
-    return dataplane.task_fields(signature.to_wire())
