@@ -42,18 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lancefn_jupyter.server.batches.backfill import (
-    BackfillRun,
-    BackfillStore,
-    Committer,
-    Fragment,
-    chunk_results,
-    commit_errors,
-    prepare,
-    result_file,
-    skipped_rows,
-    table_key,
-)
+from lancefn_jupyter.server.batches.backfill import BackfillRun, BackfillStore, Fragment, prepare, table_key
+from lancefn_jupyter.server.batches.commits import Committer, chunk_results, commit_errors, result_file, skipped_rows
 from lancefn_jupyter.server.batches.state import (
     MAX_CHUNKS,
     MAX_RETRIES,
