@@ -20,6 +20,7 @@ MAX_CHUNKS = 100_000
 # Phases in which a chunk's worker failed before running a row: executing the module or setup()
 # (docs/ARCHITECTURE.md, "Warm state"); "import" is that phase's name on workers before warm state.
 SETUP_PHASES = ("setup", "import")
+GIVEN_UP = (FAILED, CANCELLED, TIMED_OUT)  # a chunk in one of these does not finish in this run of the batch
 # One letter per chunk in the wire's `strip` (compact enough for 100k chunks in one event).
 STRIP_LETTER = {PENDING: "p", IN_PROGRESS: "r", DONE: "d", FAILED: "f", CANCELLED: "c", TIMED_OUT: "f"}
 
