@@ -345,6 +345,29 @@ class FunctionOptions:
             state="per_job" if self.state == "per_job" else None,
         )
 
+    @classmethod
+    def from_runtime(
+        cls, runtime: PythonRuntimeSpec, *, env: Mapping[str, str] | None = None, **options: Any
+    ) -> FunctionOptions:
+        """The inverse of :meth:`runtime`: the options a stored runtime was made from (``GpuFunction.from_version``).
+        ``env``: the variables' values (default: the runtime's own; a looked-up version's caller passes its own);
+        ``options``: what a runtime does not carry (``name``, ``timeout_s``, ``batched``, ``include``, …)."""
+        resources, environment = runtime.resources, runtime.environment
+        packages = tuple(environment.packages) if environment else ()
+        conda = environment is not None and environment.kind == "conda"
+        return build_options(
+            num_gpus=resources.num_gpus if resources else None,
+            gpu_class=resources.gpu_class if resources else None,
+            pip=() if conda else packages,
+            conda=packages if conda else (),
+            conda_channels=tuple(environment.channels) if environment else (),
+            image=environment.image if environment else None,
+            python_version=runtime.python_version,
+            env=dict(runtime.env or {}) if env is None else env,
+            state=runtime.state,
+            **options,
+        )
+
 
 def _resolve(given: dict[str, Any], profile: ComputeProfile | None) -> FunctionOptions:
     """Apply the ``given`` options over ``profile`` over the defaults."""

@@ -145,20 +145,11 @@ class GpuFunction:
             signature=fv.signature,
             line_map={i: i for i in range(1, text.count("\n") + 2)},  # the artifact is the user's text here
         )
-        runtime, resources = fv.runtime, fv.runtime.resources
-        environment = runtime.environment
-        packages = tuple(environment.packages) if environment else ()
-        options = build_options(
+        runtime = fv.runtime
+        options = FunctionOptions.from_runtime(
+            runtime,
+            env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},  # the server redacts values
             name=fv.name,
-            num_gpus=resources.num_gpus if resources else None,
-            gpu_class=resources.gpu_class if resources else None,
-            pip=packages if environment is None or environment.kind == "pip" else (),
-            conda=packages if environment is not None and environment.kind == "conda" else (),
-            conda_channels=tuple(environment.channels) if environment else (),
-            image=environment.image if environment else None,
-            python_version=runtime.python_version,
-            env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},
-            state=runtime.state,
             batched=fv.signature.batched or None,
         )
         # The registered request (env values redacted), cached as registered: `register()` finds the

@@ -21,9 +21,13 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from lancefn_jupyter.handles.base import FunctionRef
 from lancefn_jupyter.handles.batch import Batch, BatchError, check_parallel, start_batch
 from lancefn_jupyter.handles.submit import registered_version
+from lancefn_jupyter.wire.backfill_models import BackfillOptions, BackfillRequest
+from lancefn_jupyter.wire.errors import format_validation_error
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 
 if TYPE_CHECKING:
@@ -33,8 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Backfill", "map_table"]
 
-RECOMPUTE = ("missing", "stale", "all")
-ON_ERROR = ("fail", "skip")
 _ERRORS_PAGE = 1000  # skipped rows per `/v1/backfills/errors` request (the route's default limit)
 
 
@@ -146,40 +148,35 @@ def map_table(
     read = list(columns.values()) if isinstance(columns, dict) else columns
     if into in read:
         raise ValueError(f"into={into!r} is also an input column; write the results into another column")
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(map(repr, RECOMPUTE))}; got {recompute!r}")
-    if on_error not in ON_ERROR:
-        raise ValueError(
-            f"on_error must be 'fail' (stop at a failing chunk) or 'skip' (skip failing rows); got {on_error!r}"
+    try:  # the options' one check (wire/backfill_models.py), before anything is registered or sent
+        checked = BackfillOptions.model_validate(
+            {
+                "where": where,
+                "recompute": recompute,
+                "on_error": on_error,
+                "max_skip_fraction": max_skip_fraction,
+                "chunk_size": chunk_size,
+                "parallel": check_parallel(parallel),
+                "retries": retries,
+                "timeout_s": function.timeout_s,
+                "fresh": fresh,
+            }
         )
-    if (
-        isinstance(max_skip_fraction, bool)
-        or not isinstance(max_skip_fraction, int | float)
-        or not 0 <= max_skip_fraction <= 1
-    ):
-        raise ValueError(f"max_skip_fraction must be a number from 0 to 1 (of the rows); got {max_skip_fraction!r}")
-    window = check_parallel(parallel)
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
-        raise ValueError(f"retries must be a whole number from 0 to 10 (re-runs of a failed chunk); got {retries!r}")
+    except ValidationError as error:
+        raise ValueError(format_validation_error(error)) from None
     version = registered_version(function)
-    body: dict[str, Any] = {
-        "name": version.name,
-        "version": version.version,
-        "table_uri": str(table.uri),
-        "columns": columns,
-        "into": into,
-        "recompute": recompute,
-        "on_error": on_error,
-        "max_skip_fraction": float(max_skip_fraction),
-        "retries": retries,
-        "fresh": fresh,
-    }
-    optional = {"where": where, "chunk_size": chunk_size, "parallel": window, "timeout_s": function.timeout_s}
-    body.update({k: v for k, v in optional.items() if v is not None})
+    request = BackfillRequest(
+        name=version.name,
+        version=version.version,
+        table_uri=str(table.uri),
+        into=into,
+        columns=columns if isinstance(columns, dict) else tuple(columns),
+        **dict(checked),
+    )
     from lancefn_jupyter.session import current_client
 
     client = current_client()
-    reply = client.backfills.create(body)
+    reply = client.backfills.create(request.to_wire())
     batch = Batch(reply["batch_id"], client=client, function=function)
     return Backfill(batch, table=table)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import ValidationError
+from lancefn_jupyter.wire.errors import format_validation_error
 
 __all__ = ["ApiError", "format_validation_error"]
 
@@ -32,13 +32,3 @@ class ApiError(Exception):
         self.status = status
         self.code = code or self.CODES.get(status, "error")
         self.message = message
-
-
-def format_validation_error(error: ValidationError, prefix: str = "") -> str:
-    """Readable pydantic errors naming each field; never echoes input values (they may be secrets)."""
-    parts = []
-    for item in error.errors(include_url=False, include_input=False):
-        loc = ".".join(str(part) for part in (prefix, *item["loc"]) if part != "")
-        message = item["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc or 'body'}: {message}" if loc else message)
-    return "; ".join(parts[:10]) + (f"; and {len(parts) - 10} more" if len(parts) > 10 else "")

@@ -115,10 +115,11 @@ def _slice(conn: socket.socket, request: dict, fds: list[int]) -> dict:
     import pyarrow as pa
 
     from lancefn_jupyter.tables.slices import read_slice
+    from lancefn_jupyter.wire.backfill_models import TableSlice
 
     if len(fds) != 1:
         raise ValueError("a slice request comes with the rows file to write")
-    rows = read_slice(request["slice"], request["input_types"])
+    rows = read_slice(TableSlice.from_wire(request["slice"]), request["input_types"])
     with os.fdopen(fds.pop(), "wb") as raw, pa.ipc.new_stream(pa.PythonFile(raw, mode="w"), rows.schema) as writer:
         writer.write_table(rows)
     return {"rows": rows.num_rows}

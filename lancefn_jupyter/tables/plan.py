@@ -7,6 +7,7 @@ chunks of ``chunk_size`` rows that never cross a fragment, each stored as offset
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,6 @@ def _ranges(offsets: Any) -> list[list[int]]:
     return [[int(offsets[s]), int(offsets[e - 1]) + 1] for s, e in zip(starts, ends, strict=True)]
 
 
-def slice_rows(ranges: list) -> int:
+def slice_rows(ranges: Sequence[Sequence[int]]) -> int:
     """How many rows a slice's ranges hold."""
     return sum(end - start for start, end in ranges)

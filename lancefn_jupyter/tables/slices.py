@@ -1,7 +1,6 @@
 """A backfill chunk's rows, read from the table (docs/ARCHITECTURE.md, "Backfills", "Running a chunk").
 
-A slice is ``{uri, table_version, fragment, ranges, columns}``: the rows at those physical offsets of
-one fragment, at the table version the plan read (so a later write never changes a chunk's rows).
+A slice (``wire.backfill_models.TableSlice``) is the rows at those physical offsets of one fragment, at the table version the plan read (so a later write never changes a chunk's rows).
 The rows table has one column per parameter with the data plane's ``lancefn.type`` field metadata,
 so the worker reads it as any Arrow job's rows file. Read in the control plane's launch thread
 (local executor) or in the Ray worker.
@@ -10,17 +9,20 @@ so the worker reads it as any Arrow job's rows file. Read in the control plane's
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.tables.plan import open_table
 from lancefn_jupyter.tables.types import param_column
 from lancefn_jupyter.wire import dataplane
 
+if TYPE_CHECKING:  # pydantic only where a slice is parsed (the control plane, the agent, the Ray task)
+    from lancefn_jupyter.wire.backfill_models import TableSlice
+
 __all__ = ["read_slice", "slice_ipc", "slice_offsets"]
 
 
-def slice_offsets(ranges: list) -> Any:
+def slice_offsets(ranges: Sequence[Sequence[int]]) -> Any:
     import numpy as np
 
     if not ranges:
@@ -45,20 +47,20 @@ def _pinned(uri: str, version: int) -> Any:
     return open_table(uri, version)
 
 
-def read_slice(table_slice: Mapping[str, Any], input_types: Mapping[str, str]) -> Any:
+def read_slice(table_slice: TableSlice, input_types: Mapping[str, str]) -> Any:
     """The slice's rows table (a ``pyarrow.Table``): parameter columns typed for the data plane."""
     import pyarrow as pa
 
-    ds = _pinned(str(table_slice["uri"]), int(table_slice["table_version"]))
-    fragment = ds.get_fragment(int(table_slice["fragment"]))
+    ds = _pinned(table_slice.uri, table_slice.table_version)
+    fragment = ds.get_fragment(table_slice.fragment)
     if fragment is None:
-        raise ValueError(f"fragment {table_slice['fragment']} is not in version {table_slice['table_version']}")
-    columns = table_slice["columns"]
+        raise ValueError(f"fragment {table_slice.fragment} is not in version {table_slice.table_version}")
+    columns = table_slice.columns
     # A record_batch function takes the listed columns themselves (docs/ARCHITECTURE.md, "Batched functions").
-    by_param = {name: name for name in columns} if isinstance(columns, list) else dict(columns)
+    by_param = dict(columns) if isinstance(columns, Mapping) else {name: name for name in columns}
     wanted = list(dict.fromkeys(by_param.values()))
-    read = fragment.take(_logical(fragment, slice_offsets(table_slice["ranges"])), columns=wanted)
-    if isinstance(columns, list):
+    read = fragment.take(_logical(fragment, slice_offsets(table_slice.ranges)), columns=wanted)
+    if not isinstance(columns, Mapping):
         fields = [pa.field(c, read.column(c).type, metadata={dataplane.TYPE_KEY: b"arrow.value"}) for c in wanted]
         return pa.Table.from_arrays([read.column(c) for c in wanted], schema=pa.schema(fields))
     arrays, fields = [], []
@@ -70,6 +72,6 @@ def read_slice(table_slice: Mapping[str, Any], input_types: Mapping[str, str]) -
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def slice_ipc(table_slice: Mapping[str, Any], input_types: Mapping[str, str]) -> bytes:
+def slice_ipc(table_slice: TableSlice, input_types: Mapping[str, str]) -> bytes:
     """The slice's rows as Arrow IPC stream bytes (a Ray task's ``rows_ipc``)."""
     return dataplane.to_ipc_bytes(read_slice(table_slice, input_types))

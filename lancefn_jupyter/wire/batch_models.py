@@ -8,7 +8,9 @@ from pydantic import Field
 
 from lancefn_jupyter.wire.models import JobState, WireModel, display_state
 
-__all__ = ["STRIP_STATES", "BackfillError", "Batch", "BatchBackfill", "BatchChunk", "BatchFailure"]
+__all__ = ["MAX_RETRIES", "STRIP_STATES", "BackfillError", "Batch", "BatchBackfill", "BatchChunk", "BatchFailure"]
+
+MAX_RETRIES = 10  # re-runs of a failed chunk, at most (a batch's and a backfill's `retries`)
 
 # The `strip` letters (one per chunk, in input order) and the state each stands for.
 STRIP_STATES = {

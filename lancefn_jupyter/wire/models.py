@@ -40,6 +40,7 @@ from pydantic import (
 
 __all__ = [
     "ENV_NAME_PATTERN",
+    "MAX_TIMEOUT_S",
     "NAME_PATTERN",
     "PYTHON_VERSION_PATTERN",
     "TERMINAL_STATES",
@@ -65,6 +66,7 @@ __all__ = [
     "PythonAdapterSpec",
     "PythonEnvironmentSpec",
     "PythonRuntimeSpec",
+    "TextMap",
     "WireModel",
     # encoding
     "canonical_json",
@@ -86,6 +88,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 PYTHON_VERSION_PATTERN = re.compile(r"[0-9]+\.[0-9]+")
 _RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})")
 _UINT32_MAX = 2**32 - 1
+MAX_TIMEOUT_S = 30 * 24 * 3600  # a job's timeout_s at most (30 days): timers can't take 1e300
 
 
 # --------------------------------------------------------------------------- encoding
@@ -224,6 +227,8 @@ _Identifier = Annotated[StrictStr, AfterValidator(_identifier)]
 _Count = Annotated[int, Field(strict=True, ge=0)]
 _JSON = Annotated[Any, AfterValidator(_json_value)]
 _FrozenJSONObject = Annotated[Mapping[StrictStr, Any], AfterValidator(_json_value), AfterValidator(_freeze)]
+# Names to text, frozen with the model (wire modules beside this one use it: a backfill's columns, a task's types).
+TextMap = Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_freeze)]
 
 
 class WireModel(BaseModel):
@@ -678,7 +683,7 @@ class GpuClass(WireModel):
     gpu_model: _Text
     gpu_memory_bytes: _Count
     max_gpu_count_per_worker: Annotated[int, Field(strict=True, ge=1, le=_UINT32_MAX)]
-    node_selector: Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_freeze)] = Field(default_factory=dict)
+    node_selector: TextMap = Field(default_factory=dict)
     tolerations: tuple[_FrozenJSONObject, ...] = ()
     simulated: StrictBool = False
 

@@ -488,3 +488,73 @@ def test_valid_lines_round_trip(options):
     # Every valid option set makes a valid wire runtime.
     runtime = parsed.runtime("3.12")
     assert PythonRuntimeSpec.from_json(runtime.to_canonical_json()) == runtime
+
+
+# ------------------------------------------------------------- options ↔ runtime (one function each way)
+
+_conda_or_pip = st.one_of(
+    st.fixed_dictionaries({"pip": st.lists(_names, min_size=1, max_size=3, unique=True)}),
+    st.fixed_dictionaries(
+        {"conda": st.lists(_names, min_size=1, max_size=3, unique=True)},
+        optional={"conda_channels": st.lists(_words, min_size=1, max_size=2, unique=True)},
+    ),
+    st.just({}),
+)
+# What a runtime does not carry: passed back in beside it (a looked-up version: its name and signature's batched).
+_NOT_IN_RUNTIME = ("name", "register", "timeout_s", "batched", "include")
+_beside = st.fixed_dictionaries(
+    {},
+    optional={
+        "batched": st.booleans(),
+        "include": st.lists(st.from_regex(r"[a-z]{1,6}\.py", fullmatch=True), min_size=1, max_size=2, unique=True),
+    },
+)
+
+
+@settings(max_examples=300)
+@given(_options, _conda_or_pip, _beside)
+def test_options_to_runtime_and_back_keep_every_option(given_options, packages, beside):
+    options = build_options(**{**given_options, "pip": None, **packages, **beside})  # pip or conda, not both
+    runtime = options.runtime("3.12")
+    back = FunctionOptions.from_runtime(runtime, **{key: getattr(options, key) for key in _NOT_IN_RUNTIME})
+    # A runtime's packages are a set (sorted: their order never changes a version id); the default Python is written.
+    expected = dataclasses.replace(
+        options,
+        pip=tuple(sorted(options.pip)),
+        conda=tuple(sorted(options.conda)),
+        python_version=options.python_version or "3.12",
+    )
+    assert back == expected
+    assert back.runtime("3.11") == runtime  # and the same runtime again: the same version id and digests
+
+
+def test_a_runtime_from_the_wire_comes_back_as_the_options_that_make_it():
+    stored = PythonRuntimeSpec.from_wire(
+        {
+            "kind": "python_v2",
+            "python_version": "3.11",
+            "environment": {
+                "kind": "conda",
+                "packages": ["numba", "cupy"],
+                "channels": ["conda-forge"],
+                "image": "img",
+            },
+            "env": {"A": "1", "TOKEN": "<redacted>"},
+            "resources": {"num_gpus": 2, "gpu_class": "a100"},
+            "state": "per_job",
+        }
+    )
+    options = FunctionOptions.from_runtime(stored, env={"A": "1"}, name="embed", timeout_s=30.0)
+    assert options == FunctionOptions(
+        num_gpus=2,
+        gpu_class="a100",
+        name="embed",
+        conda=("cupy", "numba"),
+        conda_channels=("conda-forge",),
+        env=(("A", "1"),),  # the values given (a looked-up version's are redacted), not the runtime's
+        python_version="3.11",
+        image="img",
+        timeout_s=30.0,
+        state="per_job",
+    )
+    assert FunctionOptions.from_runtime(stored).env_dict == {"A": "1", "TOKEN": "<redacted>"}

@@ -19,6 +19,7 @@ def test_plan_slice_and_commit(tmp_path):
     from lancefn_jupyter.tables.plan import open_table, plan_rows
     from lancefn_jupyter.tables.slices import read_slice, slice_offsets
     from lancefn_jupyter.wire import dataplane
+    from lancefn_jupyter.wire.backfill_models import TableSlice
 
     db = lancedb.connect(str(tmp_path))
     vectors = pa.array([[float(i), 1.0] for i in range(20)], pa.list_(pa.float32(), 2))
@@ -32,7 +33,7 @@ def test_plan_slice_and_commit(tmp_path):
     assert plan.fragments == {0: 18, 1: 2}
     assert [c["ranges"] for c in plan.chunks] == [[[0, 3], [4, 7], [8, 10]], [[10, 18]], [[18, 20]], [[0, 2]]]
 
-    first = {"uri": table.uri, "table_version": plan.table_version, **plan.chunks[0], "columns": {"v": "vec"}}
+    first = TableSlice(uri=table.uri, table_version=plan.table_version, **plan.chunks[0], columns={"v": "vec"})
     rows = read_slice(first, {"v": "tensor<float32>"})
     values = dataplane.decode_rows(rows)
     assert [row["v"].tolist() for row in values] == [[float(i), 1.0] for i in (0, 1, 2, 4, 5, 6, 8, 9)]

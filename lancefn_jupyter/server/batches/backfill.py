@@ -2,58 +2,39 @@
 commits back into it, one fragment at a time (docs/ARCHITECTURE.md, "Backfills").
 
 This module holds what a backfill adds to a batch: the request checks and the plan
-(:func:`prepare`), its state in memory (:class:`BackfillRun`, ``Batch.backfill``), its tables
-(:class:`BackfillStore`: ``backfills``, ``backfill_fragments``, ``backfill_errors``), reading a
-chunk's results (:func:`chunk_results`) and the committer threads (:class:`Committer`).
-``manager.BatchManager`` drives it under the job table's lock; the Lance commit itself runs on the
-committer threads without the lock. pylance and pyarrow are imported only by a backfill.
+(:func:`prepare`), its state in memory (:class:`BackfillRun`, ``Batch.backfill``) and its tables
+(:class:`BackfillStore`: ``backfills``, ``backfill_fragments``, ``backfill_errors``); its chunks'
+results and the fragment commits are in ``commits.py``. ``manager.BatchManager`` drives it under the
+job table's lock. pylance and pyarrow are imported only by a backfill.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.storage.store import Store
+from lancefn_jupyter.wire.backfill_models import BackfillRequest, BackfillSpec, Columns, TableSlice
 from lancefn_jupyter.wire.models import FunctionVersion
 
-__all__ = [
-    "BACKFILL_SCHEMA",
-    "BackfillRun",
-    "BackfillStore",
-    "Committer",
-    "Prepared",
-    "chunk_results",
-    "prepare",
-    "result_file",
-    "skipped_rows",
-    "table_key",
-]
+__all__ = ["BACKFILL_SCHEMA", "BackfillRun", "BackfillStore", "Fragment", "Prepared", "prepare", "table_key"]
 
-log = logging.getLogger("lancefn.server")
-
-RECOMPUTE = ("missing", "stale", "all")
-ON_ERROR = ("fail", "skip")
 # Default chunk sizes (docs/ARCHITECTURE.md, "Backfills", "Which rows").
 CHUNK_ROWS = {True: 1024, False: 256}
-MAX_CHUNK_ROWS = 1 << 20
 
 BACKFILL_SCHEMA = """
 CREATE TABLE IF NOT EXISTS backfills(
     batch_id TEXT PRIMARY KEY,
     table_uri TEXT NOT NULL,
     into_column TEXT NOT NULL,
-    spec TEXT NOT NULL,                -- BatchBackfill's fixed fields + input/output types
+    spec TEXT NOT NULL,                -- BackfillSpec (wire/backfill_models.py)
     failure TEXT,                      -- the batch's own failure (skip_limit, commit), JSON
     commit_failure TEXT
 ) WITHOUT ROWID;
@@ -96,7 +77,7 @@ class Fragment:
 class BackfillRun:
     """A backfill's state in memory (``Batch.backfill``)."""
 
-    spec: dict  # table_uri, table_version, into, version_column, columns, where, recompute, on_error, max_skip_fraction, input_types, output_type
+    spec: BackfillSpec
     fragments: dict[int, Fragment]
     failure: dict | None = (
         None  # {phase: skip_limit | commit, message, chunk}: the batch failed for the backfill's sake
@@ -122,21 +103,21 @@ class BackfillRun:
         """The ``BatchBackfill`` wire form."""
         spec = self.spec
         wire: dict[str, Any] = {
-            "table_uri": spec["table_uri"],
-            "table_version": spec["table_version"],
-            "into": spec["into"],
-            "version_column": spec["version_column"],
-            "columns": spec["columns"] if isinstance(spec["columns"], dict) else {c: c for c in spec["columns"]},
-            "recompute": spec["recompute"],
-            "on_error": spec["on_error"],
-            "max_skip_fraction": spec["max_skip_fraction"],
+            "table_uri": spec.uri,
+            "table_version": spec.table_version,
+            "into": spec.into,
+            "version_column": spec.version_column,
+            "columns": dict(spec.column_map()),
+            "recompute": spec.recompute,
+            "on_error": spec.on_error,
+            "max_skip_fraction": spec.max_skip_fraction,
             "rows_skipped": self.rows_skipped,
             "rows_written": self.rows_written,
             "fragments_total": len(self.fragments),
             "fragments_committed": sum(f.committed for f in self.fragments.values()),
         }
-        if spec.get("where"):
-            wire["where"] = spec["where"]
+        if spec.where:
+            wire["where"] = spec.where
         if self.commit_failure:
             wire["commit_failure"] = self.commit_failure
         return wire
@@ -156,7 +137,7 @@ class BackfillStore:
         spec = run.spec
         self.store.execute(
             "INSERT INTO backfills(batch_id, table_uri, into_column, spec) VALUES(?,?,?,?)",
-            (batch_id, spec["table_uri"], spec["into"], dumps(spec)),
+            (batch_id, spec.uri, spec.into, dumps(spec.to_wire())),
         )
         self.store.executemany(
             "INSERT INTO backfill_fragments(batch_id, fragment, chunks) VALUES(?,?,?)",
@@ -194,7 +175,7 @@ class BackfillStore:
             )
         }
         return BackfillRun(
-            json.loads(spec), fragments, None if failure is None else json.loads(failure), commit_failure
+            BackfillSpec.from_json(spec), fragments, None if failure is None else json.loads(failure), commit_failure
         )
 
     def unfinished(self, table_uri: str, into: str) -> str | None:
@@ -224,9 +205,9 @@ class BackfillStore:
 class Prepared:
     """A checked backfill request and its plan: the run's spec and each chunk's slice."""
 
-    spec: dict
+    spec: BackfillSpec
     fragments: dict[int, list[int]]  # fragment → chunk indexes
-    slices: list[dict]
+    slices: list[TableSlice]
     digest: str
 
 
@@ -235,41 +216,37 @@ def table_key(uri: str) -> str:
     return uri if "://" in uri else os.path.realpath(uri)
 
 
-def _param_columns(fv: FunctionVersion, columns: Any, table_columns: list[str]) -> dict[str, str] | list[str]:
-    """``columns`` (a mapping, a list by position, or None) → {param: column}, or the column list
-    of a ``record_batch`` function; 400s say what to pass."""
+def _param_columns(fv: FunctionVersion, columns: Columns | str | None, table_columns: list[str]) -> Columns:
+    """The request's ``columns`` (a mapping, a list by position, one column, or None) → {param: column}, or the
+    column list of a ``record_batch`` function; 400s say what to pass."""
     params = fv.signature.inputs
     names = [p.name for p in params]
+    if isinstance(columns, str):
+        columns = (columns,)
     if len(params) == 1 and params[0].arrow_type == "arrow.record_batch":
         if columns is None:
-            return list(table_columns)
-        if isinstance(columns, str):
-            columns = [columns]
-        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns) or not columns:
+            return tuple(table_columns)
+        if not isinstance(columns, tuple) or not columns:
             raise ApiError(400, "columns must list the table columns the RecordBatch parameter receives")
-        return list(columns)
+        return columns
     if columns is None:
         chosen = {n: n for n in names if n in table_columns}
-    elif isinstance(columns, str):
-        columns = [columns]
-    if isinstance(columns, list):
-        if not all(isinstance(c, str) for c in columns) or not 1 <= len(columns) <= len(names):
+    elif isinstance(columns, tuple):
+        if not 1 <= len(columns) <= len(names):
             raise ApiError(
                 400,
                 f"columns must be a list of 1 to {len(names)} column names, matched to ({', '.join(names)}) by position",
             )
         chosen = dict(zip(names, columns, strict=False))
-    elif isinstance(columns, dict):
+    else:
         unknown = sorted(set(columns) - set(names))
-        if unknown or not all(isinstance(c, str) for c in columns.values()):
+        if unknown:
             raise ApiError(
                 400,
                 f"columns maps parameters to column names; {fv.name} has no parameter(s) {', '.join(unknown)} "
                 f"(it takes {', '.join(names)})",
             )
         chosen = dict(columns)
-    elif columns is not None:
-        raise ApiError(400, "columns must be {param: column}, a list of columns by position, or omitted")
     missing = [p.name for p in params if p.name not in chosen and p.default is None]
     if missing:
         raise ApiError(
@@ -281,37 +258,31 @@ def _param_columns(fv: FunctionVersion, columns: Any, table_columns: list[str]) 
 
 
 def prepare(
-    fv: FunctionVersion, request: dict, *, open_source: Callable[[str], Any] | None = None, root: str | None = None
+    fv: FunctionVersion,
+    request: BackfillRequest,
+    uri: str,
+    *,
+    open_source: Callable[[str], Any] | None = None,
+    root: str | None = None,
 ) -> Prepared:
-    """Check a ``backfills/create`` request against the function and the table and plan its rows.
-    Every problem is an ApiError 400 saying what to change; nothing is created. ``open_source(uri)``: the table
-    as a ``tables.plan.PlanSource`` (default: opened here); ``root``: the namespace's table root whose owner's
-    agent does the I/O, kept in the spec and the slices ("Which tables"; None: the control plane does it)."""
+    """Check a ``backfills/create`` request (its options checked already, as it was parsed) against the function
+    and the table ``uri`` (its :func:`table_key`) and plan its rows. Every problem is an ApiError 400 saying what
+    to change; nothing is created. ``open_source(uri)``: the table as a ``tables.plan.PlanSource`` (default: opened
+    here); ``root``: the namespace's table root whose owner's agent does the I/O, kept in the spec and the slices
+    ("Which tables"; None: the control plane does it)."""
     from lancefn_jupyter.tables.plan import PlanSource, TableError, sidecar_column
     from lancefn_jupyter.tables.types import input_problem, into_problem
 
-    into, recompute, on_error = request["into"], request["recompute"], request["on_error"]
-    if recompute not in RECOMPUTE:
-        raise ApiError(400, f"recompute={recompute!r}: use one of {', '.join(RECOMPUTE)}")
-    if on_error not in ON_ERROR:
-        raise ApiError(400, f"on_error={on_error!r}: use 'fail' (a failing chunk fails) or 'skip' (its row stays null)")
-    fraction = request["max_skip_fraction"]
-    if not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
-        raise ApiError(400, f"max_skip_fraction={fraction!r}: give a fraction between 0 and 1")
+    into = request.into
     output = fv.signature.output
     if output.kind != "scalar" or not output.arrow_type:
         raise ApiError(400, f"{fv.name} returns nothing a column can hold; give it a return annotation")
-    chunk_size = request.get("chunk_size") or CHUNK_ROWS[bool(fv.signature.batched)]
-    if not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK_ROWS:
-        raise ApiError(400, f"chunk_size must be a whole number of rows between 1 and {MAX_CHUNK_ROWS}")
-    if not isinstance(into, str) or not into:
-        raise ApiError(400, "into must name the column the results go to")
-    uri = table_key(request["table_uri"])
+    chunk_size = request.chunk_size or CHUNK_ROWS[bool(fv.signature.batched)]
     try:
         source = (open_source or PlanSource)(uri)
         schema = source.schema
-        columns = _param_columns(fv, request.get("columns"), schema.names)
-        used = columns if isinstance(columns, list) else list(columns.values())
+        columns = _param_columns(fv, request.columns, schema.names)
+        used = list(columns.values()) if isinstance(columns, dict) else list(columns)
         sidecar = sidecar_column(into)
         unknown = [c for c in used if c not in schema.names]
         if unknown:
@@ -333,160 +304,30 @@ def prepare(
         if sidecar in schema.names and str(schema.field(sidecar).type) not in ("string", "large_string"):
             raise ApiError(400, f"column {sidecar!r} is not utf8; it is the backfill's version column: drop it")
         plan = source.plan(
-            into=into, version=fv.version, recompute=recompute, where=request.get("where"), chunk_size=chunk_size
+            into=into, version=fv.version, recompute=request.recompute, where=request.where, chunk_size=chunk_size
         )
     except TableError as error:
         raise ApiError(400, str(error)) from None
-    spec = {
-        "table_uri": uri,
-        "table_version": plan.table_version,
-        "into": into,
-        "version_column": sidecar,
-        "columns": columns,
-        "where": request.get("where"),
-        "recompute": recompute,
-        "on_error": on_error,
-        "max_skip_fraction": float(fraction),
-        "input_types": types,
-        "output_type": output.arrow_type,
-    }
-    where_io = {} if root is None else {"root": root}
-    if root is not None:
-        spec["table_root"] = root
+    spec = BackfillSpec(
+        uri=uri,
+        table_version=plan.table_version,
+        into=into,
+        version_column=sidecar,
+        columns=columns,
+        where=request.where,
+        recompute=request.recompute,
+        on_error=request.on_error,
+        max_skip_fraction=request.max_skip_fraction,
+        input_types=types,
+        output_type=output.arrow_type,
+        table_root=root,
+    )
     slices = [
-        {"uri": uri, "table_version": plan.table_version, **chunk, "columns": columns, **where_io}
+        TableSlice(uri=uri, table_version=plan.table_version, columns=columns, root=root, **chunk)
         for chunk in plan.chunks
     ]
     fragments: dict[int, list[int]] = {}
     for idx, chunk in enumerate(plan.chunks):
         fragments.setdefault(chunk["fragment"], []).append(idx)
-    digest = hashlib.sha256(dumps({"spec": spec, "slices": slices}).encode()).hexdigest()
-    return Prepared(spec, fragments, slices, "sha256:" + digest)
-
-
-# ------------------------------------------------------------------------- results and commits
-
-
-def chunk_results(source: Path | list, output_type: str) -> tuple[Any, Any]:
-    """A DONE chunk's results: (the result column, the ``error`` column or None). ``source``: the
-    kept Arrow result file, or the job's JSON results (small plain results travel as JSON)."""
-    from lancefn_jupyter.tables.commit import result_columns
-    from lancefn_jupyter.wire import dataplane
-
-    if isinstance(source, list):
-        return dataplane.encode_results(source, output_type, many=True).column(0), None
-    return result_columns(dataplane.read_ipc(source))
-
-
-def result_file(source: Path | list, output_type: str) -> int:
-    """A DONE chunk's results as an open file for a table agent (docs/ARCHITECTURE.md, "Backfills", "Which
-    tables"): its kept Arrow file, or its JSON results encoded into an anonymous one. The caller closes it."""
-    if not isinstance(source, list):
-        return os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    from lancefn_jupyter.wire import dataplane
-
-    data = dataplane.to_ipc_bytes(dataplane.encode_results(source, output_type, many=True))
-    fd = os.memfd_create("lancefn-chunk-results", os.MFD_CLOEXEC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def skipped_rows(source: Path | list) -> int:
-    """How many rows a chunk's worker skipped (``on_error="skip"``: a non-null ``error``)."""
-    if isinstance(source, list):
-        return 0
-    from lancefn_jupyter.wire import dataplane
-
-    table = dataplane.read_ipc(source)
-    if "error" not in table.column_names:
-        return 0
-    column = table.column("error")
-    return len(column) - column.null_count
-
-
-def commit_errors(errors: Any, offsets: Any, fragment: int, chunk_of: Any, version: str) -> list[tuple]:
-    """``backfill_errors`` rows for the skipped rows (error values are JSON {message, traceback})."""
-    out = []
-    for i, text in enumerate(errors.to_pylist()):
-        if text is None:
-            continue
-        try:
-            detail = json.loads(text)
-        except ValueError:
-            detail = {"message": text}
-        offset = int(offsets[i])
-        out.append(
-            (
-                (fragment << 32) | offset,
-                fragment,
-                offset,
-                str(detail.get("message") or "the row failed"),
-                detail.get("traceback"),
-                version,
-                int(chunk_of[i]),
-            )
-        )
-    return out
-
-
-class Committer:
-    """The control plane's committer: one thread per backfill with fragments to commit, each writing
-    its batch's fragments one at a time, in the order they were queued (so a slow backfill never
-    holds up another's commits). A commit starts when a fragment's first chunk is done and takes its
-    chunks' results as they finish (docs/ARCHITECTURE.md, "Backfills", "Commits")."""
-
-    def __init__(self, commit: Callable[[str, int], None]) -> None:
-        self._commit = commit
-        self._lock = threading.Lock()
-        self._queues: dict[str, list[int]] = {}  # batch id → fragments queued; present while its thread runs
-        self._threads: set[threading.Thread] = set()
-        self.stopping = threading.Event()  # commits waiting for chunks give up (the server stops)
-
-    def start(self) -> None:
-        self.stopping.clear()
-
-    def submit(self, batch_id: str, fragment: int) -> None:
-        with self._lock:
-            if self.stopping.is_set():
-                return  # a restart queues it again
-            queued = self._queues.get(batch_id)
-            if queued is not None:
-                queued.append(fragment)
-                return
-            self._queues[batch_id] = [fragment]
-            thread = threading.Thread(
-                target=self._run, args=(batch_id,), name=f"lancefn-backfill-commit-{batch_id}", daemon=True
-            )
-            self._threads.add(thread)
-        thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(30)
-
-    def _run(self, batch_id: str) -> None:
-        try:
-            while True:
-                with self._lock:
-                    queued = self._queues[batch_id]
-                    if not queued or self.stopping.is_set():
-                        del self._queues[batch_id]
-                        return
-                    fragment = queued.pop(0)
-                try:
-                    self._commit(batch_id, fragment)
-                except Exception:  # never the thread: the fragment stays uncommitted and is redone on restart
-                    log.exception("backfill %s: committing fragment %s failed", batch_id, fragment)
-        finally:
-            with self._lock:
-                self._threads.discard(threading.current_thread())
+    digest = hashlib.sha256(dumps({"spec": spec.to_wire(), "slices": [s.to_wire() for s in slices]}).encode())
+    return Prepared(spec, fragments, slices, "sha256:" + digest.hexdigest())

@@ -21,40 +21,27 @@ finished batches are read from the store without it, and chunks are submitted, r
 slices with a rest between them (a thread per batch submits, ``_drain``; docs/ARCHITECTURE.md, "Batches").
 
 A batch's state in memory and its wire form are in ``state.py`` (pure), its tables in
-``store.py``; a backfill's checks, state, tables and committer in ``backfill.py``.
+``store.py``; a backfill's checks, plan, state and tables in ``backfill.py``, its DONE chunks and
+fragment commits in ``commits.py`` (``FragmentCommits``, which calls back through ``BatchHooks``).
 
-Over ~600 lines: one concern (following a batch's chunk jobs under the lock), of which a backfill's
-chunk bookkeeping and its fragment commits are a part, since they share the same state and lock.
+Over ~600 lines (about 830): one concern, a batch's chunk jobs under the lock (create, submit in slices,
+follow, cancel, retry, recover), whose steps share the batch's state and the lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import logging
-import os
-import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from lancefn_jupyter.server.batches.backfill import (
-    BackfillRun,
-    BackfillStore,
-    Committer,
-    Fragment,
-    chunk_results,
-    commit_errors,
-    prepare,
-    result_file,
-    skipped_rows,
-    table_key,
-)
+from lancefn_jupyter.server.batches.backfill import BackfillRun, BackfillStore, Fragment, prepare, table_key
+from lancefn_jupyter.server.batches.commits import BatchHooks, FragmentCommits
 from lancefn_jupyter.server.batches.state import (
+    GIVEN_UP,
     MAX_CHUNKS,
     MAX_RETRIES,
     SETUP_PHASES,
@@ -62,7 +49,6 @@ from lancefn_jupyter.server.batches.state import (
     Chunk,
     batch_wire,
     check_chunks,
-    check_options,
     check_request,
     cut,
     input_digest,
@@ -94,6 +80,7 @@ from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.tables.plan import slice_rows
+from lancefn_jupyter.wire.backfill_models import BackfillRequest
 
 __all__ = ["BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES", "BatchManager"]
 
@@ -149,9 +136,25 @@ class BatchManager:
         self.table_agents = table_agents or TableAgents()
         self.saved = BatchStore(store)
         self.backfills = BackfillStore(store)
-        self.committer = Committer(self._commit_fragment)
-        self.kept_dir = Path(data.root) / "backfills"  # chunk results kept until their fragment commits
         self._batches: dict[str, Batch] = {}  # active batches (terminal ones are read from the store)
+        hooks = BatchHooks(
+            batch=self._batches.get,
+            rerun=self._rerun,
+            stop=self._stop_chunks,
+            advance=self._follow_up,
+            changed=self._changed,
+        )
+        self.commits = FragmentCommits(
+            table,
+            store=store,
+            saved=self.saved,
+            backfills=self.backfills,
+            jobs=jobs,
+            data=data,
+            results=results,
+            table_agents=self.table_agents,
+            hooks=hooks,
+        )
         self._by_job: dict[str, tuple[str, int]] = {}  # live chunk job → (batch, chunk)
         self._waiters = Waiters(table.lock)
         self._emitted: dict[str, float] = {}
@@ -215,13 +218,8 @@ class BatchManager:
 
     def create_backfill(
         self,
-        name: str,
-        version: str,
-        request: dict,
+        request: BackfillRequest,
         *,
-        parallel: int | None,
-        retries: int,
-        timeout_s: float | None,
         namespace: str | None = DEFAULT_NAMESPACE,
         scope: str | None = None,
         home: str = DEFAULT_NAMESPACE,
@@ -229,10 +227,11 @@ class BatchManager:
         """A backfill (docs/ARCHITECTURE.md, "Backfills"): check the request against the function
         and the table, plan the rows (outside the lock: it scans the table), then record the batch
         and submit its first chunks. One unfinished backfill per (table, into): else a 409."""
-        fv, namespace = self.catalog.runnable(name, version, namespace=namespace, scope=scope, home=home)
-        check_options(parallel, retries)
-        self._check_timeout(timeout_s)
-        uri = table_key(str(request["table_uri"]))
+        fv, namespace = self.catalog.runnable(
+            request.name, request.version, namespace=namespace, scope=scope, home=home
+        )
+        self._check_timeout(request.timeout_s)
+        uri = table_key(request.table_uri)
         refused = self.table_roots.problem(uri, scope, admin=scope is None)
         if refused:  # before the table is opened: its existence is none of this caller's business
             raise ApiError(403, refused)
@@ -245,22 +244,30 @@ class BatchManager:
             except TableAccessError as error:
                 raise ApiError(error.status, str(error)) from None
             open_source = functools.partial(self._agent_source, root)
-        self._refuse_second(uri, request["into"])
-        prepared = prepare(fv, {**request, "table_uri": uri}, open_source=open_source, root=root)
+        self._refuse_second(uri, request.into)
+        prepared = prepare(fv, request, uri, open_source=open_source, root=root)
         with self.table.lock:  # before its chunks are written; _start checks again, to be sure
             self._check_quota(namespace, len(prepared.slices))
         run = BackfillRun(prepared.spec, {fid: Fragment(idxs) for fid, idxs in prepared.fragments.items()})
-        batch = new_batch(name, version, prepared.digest, parallel, retries, timeout_s, namespace)
+        batch = new_batch(
+            request.name,
+            request.version,
+            prepared.digest,
+            request.parallel,
+            request.retries,
+            request.timeout_s,
+            namespace,
+        )
         batch.backfill = run
         start = 0
         for idx, piece in enumerate(prepared.slices):
-            count = slice_rows(piece["ranges"])
+            count = slice_rows(piece.ranges)
             batch.add_chunk(Chunk(idx, start, start + count))
             start += count
-        self._write_chunks(batch, [dumps(piece) for piece in prepared.slices])
+        self._write_chunks(batch, [dumps(piece.to_wire()) for piece in prepared.slices])
         with self.table.lock:
             try:
-                self._refuse_second(uri, request["into"])
+                self._refuse_second(uri, request.into)
             except ApiError:
                 self.saved.delete_chunks(batch.batch_id)
                 raise
@@ -269,7 +276,7 @@ class BatchManager:
             "batch_id": batch.batch_id,
             "rows_total": batch.rows_total,
             "chunks_total": len(batch.chunks),
-            "table_version": run.spec["table_version"],
+            "table_version": run.spec.table_version,
         }
 
     def _agent_source(self, root: str, uri: str) -> Any:
@@ -326,8 +333,8 @@ class BatchManager:
             self._kick(batch)  # the rest from the batch's tables: the reply does not wait for them
         self._changed(batch)
 
-    def _refuse_second(self, uri: str, into: Any) -> None:
-        running = self.backfills.unfinished(uri, str(into))
+    def _refuse_second(self, uri: str, into: str) -> None:
+        running = self.backfills.unfinished(uri, into)
         if running is not None:
             raise ApiError(
                 409,
@@ -460,7 +467,7 @@ class BatchManager:
                 with self.table.lock, self.store.batch():
                     if batch.cancel_requested:
                         break  # cancelled meanwhile: the chunks not reset yet stay as they are
-                    chunks = [c for c in redo[first : first + RESET_SLICE] if c.state in _GIVEN_UP]
+                    chunks = [c for c in redo[first : first + RESET_SLICE] if c.state in GIVEN_UP]
                     for chunk in chunks:
                         chunk.attempts, chunk.failure = 0, None
                         batch.move(chunk, PENDING)
@@ -471,9 +478,8 @@ class BatchManager:
             with self.table.lock:
                 self._resetting.discard(batch.batch_id)
                 if run is not None:
-                    self._queue_commits(batch)
-                if self._advance(batch):
-                    self._kick(batch)
+                    self.commits.queue(batch)
+                self._follow_up(batch)
                 self._changed(batch)
         return batch, kept_done
 
@@ -503,7 +509,7 @@ class BatchManager:
             assert batch is not None  # the query just listed it
             self._activate(batch)
             if batch.backfill is not None:  # chunks DONE before the stop: their fragments commit (again)
-                self._queue_commits(batch)
+                self.commits.queue(batch)
             for idx in sorted(batch.live):
                 chunk = batch.chunks[idx]
                 rec = self.jobs.record(chunk.job_id) if chunk.job_id else None
@@ -514,14 +520,13 @@ class BatchManager:
                     batch.waiting.appendleft(idx)
                 else:
                     self._job_changed(batch, chunk, rec)
-            if self._advance(batch):
-                self._kick(batch)  # the rest once recovery releases the lock
+            self._follow_up(batch)  # the rest once recovery releases the lock
         self._recovered = True
-        self.committer.start()
+        self.commits.start()
 
     def close(self) -> None:
         """Stop the committer (commits waiting for chunks give up; one writing finishes)."""
-        self.committer.stop()
+        self.commits.stop()
 
     def on_job(self, rec: JobRecord) -> None:
         """A job changed (a journal watcher, called once the change is saved): follow it if it is a chunk's."""
@@ -535,8 +540,7 @@ class BatchManager:
             return
         try:
             self._job_changed(batch, batch.chunks[where[1]], rec)
-            if self._advance(batch):
-                self._kick(batch)
+            self._follow_up(batch)
             self._changed(batch)
         except Exception:  # never into the journal's job bookkeeping; the batch re-reads on restart
             log.exception("batch %s: could not follow job %s", batch.batch_id, rec.job_id)
@@ -562,7 +566,7 @@ class BatchManager:
             chunk.rows_done = chunk.rows
             self._set_chunk(batch, chunk, DONE)
             if batch.backfill is not None:
-                self._backfill_chunk_done(batch, chunk, rec)
+                self.commits.chunk_done(batch, chunk, rec)
             return
         failure = dict(rec.failure or {})
         failure.setdefault("phase", "timeout" if state == TIMED_OUT else "run")
@@ -667,23 +671,33 @@ class BatchManager:
             with self.table.lock:
                 self._draining.discard(batch.batch_id)
 
+    def _follow_up(self, batch: Batch) -> None:
+        """``_advance``, then the rest of what is due by a thread of the batch (``_kick``)."""
+        if self._advance(batch):
+            self._kick(batch)
+
     def _kick(self, batch: Batch) -> None:
         """More chunks are due than one slice (lock held): a thread submits them (``_drain``), one per batch."""
         if batch.batch_id not in self._draining:
             self._draining.add(batch.batch_id)
             threading.Thread(target=self._drain, args=(batch,), name=f"batch-{batch.batch_id[:8]}", daemon=True).start()
 
-    def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
+    def _chunk_rows(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> Any:
+        """The chunk's rows: the new batch's own on their first submission, else as stored (a backfill's: its slice)."""
         if fresh is not None and chunk.attempts == 0:
-            rows = fresh[chunk.idx]
-        else:
-            rows = self.saved.chunk_rows(batch.batch_id, chunk.idx)
+            return fresh[chunk.idx]
+        if batch.backfill is not None:
+            return self.saved.chunk_slice(batch.batch_id, chunk.idx)
+        return self.saved.chunk_rows(batch.batch_id, chunk.idx)
+
+    def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
+        rows = self._chunk_rows(batch, chunk, fresh)
         arrow_rows = table_slice = None
         extra: dict[str, Any] = {"batch_id": batch.batch_id, "chunk": chunk.idx, "row_start": chunk.row_start}
         if batch.backfill is not None:  # a slice of the table: read where the chunk runs ("Running a chunk")
             table_slice, rows = rows, None
-            if batch.backfill.spec["on_error"] != "fail":
-                extra["on_error"] = batch.backfill.spec["on_error"]
+            if batch.backfill.spec.on_error != "fail":
+                extra["on_error"] = batch.backfill.spec.on_error
         elif isinstance(rows, bytes):
             # Arrow chunk: handed to its job as a rows file, the data plane's path for a functions/run body.
             from lancefn_jupyter.wire.dataplane import write_bytes_file
@@ -730,30 +744,6 @@ class BatchManager:
             raise _not_found(batch_id)
         return batch
 
-    # ------------------------------------------------------------- backfills
-
-    def _backfill_chunk_done(self, batch: Batch, chunk: Chunk, rec: JobRecord) -> None:
-        """A backfill's chunk is DONE: keep its result, count its skipped rows (the skip limit), and
-        queue its fragment's commit once every chunk of the fragment is DONE."""
-        run = batch.backfill
-        skipped = self._skipped(batch, chunk, rec)
-        if skipped is None:
-            self._rerun(batch, chunk)
-            return
-        run.skipped[chunk.idx] = skipped
-        limit = run.spec["max_skip_fraction"] * batch.rows_total
-        if run.failure is None and run.skipped[chunk.idx] and run.rows_skipped > limit:  # summed only on a skip
-            run.failure = {
-                "phase": "skip_limit",
-                "message": f"{run.rows_skipped} of {batch.rows_total} rows were skipped, more than "
-                f"max_skip_fraction={run.spec['max_skip_fraction']:g} allows; see POST /v1/backfills/errors, fix "
-                "the function (or raise max_skip_fraction) and run the backfill again",
-                "chunk": chunk.idx,
-            }
-            self.backfills.save(batch.batch_id, run)
-            self._stop_chunks(batch)
-        self._queue_commits(batch, [run.fragment_of[chunk.idx]])  # O(its fragment), not O(every chunk)
-
     def _rerun(self, batch: Batch, chunk: Chunk) -> None:
         """A DONE chunk whose result is gone (removed by retention before it was kept): run it again."""
         log.warning("backfill %s: chunk %s's result is gone; running it again", batch.batch_id, chunk.idx)
@@ -762,163 +752,6 @@ class BatchManager:
         chunk.job_id, chunk.rows_done, chunk.attempts = None, 0, 0
         self._set_chunk(batch, chunk, PENDING)
         batch.waiting.appendleft(chunk.idx)
-
-    def _skipped(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> int | None:
-        """How many rows a DONE chunk skipped, read from its result (kept first); None when the result is gone."""
-        for _ in range(3):
-            source = self.keep_result(batch, chunk, rec)
-            if source is None:
-                return None
-            if batch.backfill is not None and batch.backfill.spec["on_error"] == "fail":
-                return 0  # a failing row fails its chunk: a DONE chunk skipped none, no need to read it
-            try:
-                return skipped_rows(source)
-            except FileNotFoundError:  # staged when found, moved to the home since: kept there now
-                continue
-        return None
-
-    def _kept(self, batch: Batch, chunk: Chunk) -> Path:
-        return self.kept_dir / batch.batch_id / f"{chunk.idx}-{chunk.job_id}.arrow"
-
-    def keep_result(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> Path | Any:
-        """The chunk's result, safe from retention until its fragment commits: a hard link to its
-        Arrow result file, or its JSON results (in the store already); None when it is gone.
-
-        A result still staged in memory (another file system, so no link) is returned where it is, not
-        copied: the callers hold the job table's lock, and a copy took 1.4 ms a chunk (3 MB), up to 11 ms. The
-        spooler moves it to the home within milliseconds, and the next call (the commit's) links it there; a
-        caller that finds it moved meanwhile (FileNotFoundError) asks again (docs/ARCHITECTURE.md, "Backfills")."""
-        if rec is None or rec.state != DONE:
-            return None
-        if isinstance(rec.result, list):
-            return rec.result
-        kept = self._kept(batch, chunk)
-        if kept.exists():
-            return kept
-        if not (isinstance(rec.result, dict) and "arrow" in rec.result):
-            return None
-        kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for _ in range(2):  # a staged result may move to the home between finding and linking it
-            source = self.data.find_result(rec.job_id)
-            try:
-                os.link(source, kept)
-            except FileNotFoundError:
-                continue
-            except OSError as error:
-                if error.errno == errno.EXDEV:
-                    return source  # staged in memory: kept once the spooler has moved it to the home
-                try:  # a file system without hard links: a copy
-                    shutil.copyfile(source, kept)
-                except FileNotFoundError:
-                    continue
-            return kept
-        return None
-
-    def _queue_commits(self, batch: Batch, fids: Any = None) -> None:
-        """Queue the commit of each fragment of ``fids`` (default: all) that is not committed yet once its first
-        chunk is DONE: the commit writes the fragment's chunks as they finish ("Backfills", "Commits")."""
-        run = batch.backfill
-        for fid in run.fragments if fids is None else fids:
-            frag = run.fragments[fid]
-            if frag.committed or fid in run.committing:
-                continue
-            for idx in frag.chunks:  # after a restart: the skips of chunks DONE before it (the skip limit)
-                chunk = batch.chunks[idx]
-                if chunk.state == DONE and idx not in run.skipped:
-                    rec = self.jobs.record(chunk.job_id) if chunk.job_id else None
-                    run.skipped[idx] = self._skipped(batch, chunk, rec) or 0
-            states = [batch.chunks[idx].state for idx in frag.chunks]
-            if states[0] == DONE and not any(state in _GIVEN_UP for state in states):
-                run.committing.add(fid)
-                self.committer.submit(batch.batch_id, fid)
-
-    def _commit_fragment(self, batch_id: str, fid: int) -> None:
-        """A committer thread: write a fragment's results into the table as its chunks finish (without
-        the lock), then record it; the batch finishes once no commit is left."""
-        from lancefn_jupyter.tables.commit import ChunkPart, CommitFailed, commit_fragment
-        from lancefn_jupyter.tables.plan import TableError
-        from lancefn_jupyter.tables.slices import slice_offsets
-
-        with self.table.lock:
-            batch = self._batches.get(batch_id)
-            if batch is None or batch.backfill is None:
-                return
-            run = batch.backfill
-            frag = run.fragments[fid]
-            # A backfill chunk's rows are its slice of the table.
-            slices: list[tuple[int, Any]] = [(idx, self.saved.chunk_rows(batch_id, idx)) for idx in frag.chunks]
-            spec, version = run.spec, batch.version
-        results = _ChunkResults(self, batch, fid, spec["output_type"], version)
-        parts = [
-            ChunkPart(offsets, functools.partial(results.load, idx, offsets))
-            for idx, offsets in ((idx, slice_offsets(table_slice["ranges"])) for idx, table_slice in slices)
-        ]
-        problem = None
-        try:
-            if spec.get("table_root") is None:
-                commit_fragment(
-                    spec["table_uri"],
-                    fid,
-                    into=spec["into"],
-                    output_type=spec["output_type"],
-                    parts=parts,
-                    version=version,
-                )
-            else:  # with the team's rights: its root owner's agent writes, opening each chunk's results as it goes
-                self.table_agents.commit(
-                    spec["table_root"],
-                    spec["table_uri"],
-                    fid,
-                    into=spec["into"],
-                    output_type=spec["output_type"],
-                    version=version,
-                    parts=[
-                        (table_slice["ranges"], functools.partial(results.open, idx, part.offsets))
-                        for (idx, table_slice), part in zip(slices, parts, strict=True)
-                    ],
-                )
-        except (CommitFailed, TableAccessError) as error:  # the batch says why; no traceback
-            problem = str(error)
-        except TableError as error:  # the table cannot be opened (gone, or not the team's to open)
-            problem = f"fragment {fid}: {error}"
-        except Exception as error:  # an unreadable result, a table gone: the batch says why
-            if results.stopped is None:
-                log.exception("backfill %s: committing fragment %s failed", batch_id, fid)
-                problem = f"fragment {fid}: {type(error).__name__}: {error}"
-        with self.table.lock:
-            run.committing.discard(fid)
-            with self.store.batch():
-                if results.stopped is not None:  # a chunk did not finish: the fragment waits for a retry
-                    if results.stopped.state == DONE:  # its result is gone: run it again
-                        self._rerun(batch, results.stopped)
-                elif problem is None:
-                    rows = sum(len(part.offsets) for part in parts)
-                    skipped = sum(results.skipped.values())
-                    frag.committed, frag.rows_written, frag.rows_skipped = True, rows - skipped, skipped
-                    for idx in frag.chunks:
-                        run.skipped.pop(idx, None)
-                    errors = [row for idx in frag.chunks for row in results.errors.get(idx, ())]
-                    self.backfills.save_fragment(batch_id, fid, frag, errors)
-                else:
-                    run.commit_failure = problem
-                    if run.failure is None:
-                        run.failure = {"phase": "commit", "message": problem, "chunk": frag.chunks[0]}
-                    self.backfills.save(batch_id, run)
-                    self._stop_chunks(batch)
-                if self._advance(batch):  # a chunk re-run above
-                    self._kick(batch)
-            released: list[str] = []
-            if frag.committed:  # saved: the rows are in the table, the chunks' result files are not needed any more
-                released = [job_id for idx in frag.chunks if (job_id := batch.chunks[idx].job_id)]
-                with self.store.batch():
-                    self.results.release(released)
-            self._changed(batch)
-        for job_id in released:  # without the lock: 25 unlinks of 3 MB files took up to 28 ms
-            self.data.remove(job_id)
-        if results.stopped is None and problem is None:
-            for source in results.sources.values():
-                if isinstance(source, Path) and source.parent == self.kept_dir / batch_id:
-                    source.unlink(missing_ok=True)  # our link; never the job's own result
 
     def _load(self, batch_id: str) -> Batch | None:
         batch = self.saved.load(batch_id)
@@ -940,7 +773,7 @@ class BatchManager:
     def _forget(self, batch: Batch) -> None:
         self._batches.pop(batch.batch_id, None)
         if batch.backfill is not None:
-            shutil.rmtree(self.kept_dir / batch.batch_id, ignore_errors=True)
+            self.commits.forget(batch.batch_id)
         for chunk in batch.chunks:
             if chunk.job_id is not None and self._by_job.get(chunk.job_id, (None,))[0] == batch.batch_id:
                 del self._by_job[chunk.job_id]
@@ -997,80 +830,3 @@ def _rest(held_s: float, early: bool = False) -> None:
     CANCEL_PAUSE_S, unless the slice ended early for a waiter (which gets the lock as it is let go): a floor
     after every one-chunk slice would cap a batch at a chunk per millisecond while jobs finish around it."""
     time.sleep(held_s if early else max(CANCEL_PAUSE_S, held_s))
-
-
-_GIVEN_UP = (FAILED, CANCELLED, TIMED_OUT)  # a chunk in one of these does not finish in this run of the batch
-_CHUNK_POLL_S = 0.02  # how often a commit waiting for a chunk looks again
-
-
-class _ChunkStopped(Exception):
-    """A chunk a commit waits for will not finish (failed, cancelled, its result gone, the server stops)."""
-
-
-class _ChunkResults:
-    """A fragment commit's chunk results, each loaded when the commit reaches it: it waits (without the
-    lock) until the chunk is DONE, keeps its result file from retention, and counts its skipped rows."""
-
-    def __init__(self, manager: BatchManager, batch: Batch, fid: int, output_type: str, version: str) -> None:
-        self.manager, self.batch, self.fid = manager, batch, fid
-        self.output_type, self.version = output_type, version
-        self.errors: dict[int, list] = {}  # chunk → its backfill_errors rows
-        self.skipped: dict[int, int] = {}  # chunk → rows it skipped
-        self.sources: dict[int, Any] = {}  # chunk → its kept result
-        self.stopped: Chunk | None = None  # the chunk that will not finish, if one stopped the commit
-
-    def load(self, idx: int, offsets: Any) -> tuple[Any, Any]:
-        """The chunk's (results, errors) once it is DONE (a commit in the control plane)."""
-
-        def read(source: Any) -> tuple[tuple[Any, Any], Any]:
-            results, errors = chunk_results(source, self.output_type)
-            return (results, errors), errors
-
-        return self._take(idx, offsets, read)
-
-    def open(self, idx: int, offsets: Any) -> int:
-        """The chunk's results as an open file once it is DONE (a commit by a table agent, which maps it)."""
-
-        def read(source: Any) -> tuple[int, Any]:
-            fd = result_file(source, self.output_type)
-            try:
-                return fd, chunk_results(source, self.output_type)[1]  # its skipped rows, counted here
-            except BaseException:
-                os.close(fd)
-                raise
-
-        return self._take(idx, offsets, read)
-
-    def _take(self, idx: int, offsets: Any, read: Callable[[Any], tuple[Any, Any]]) -> Any:
-        """Wait (without the lock) until the chunk is DONE, keep its result, count its skipped rows from the
-        ``error`` column ``read(source)`` returns with what the caller wants; that is returned."""
-        import numpy as np
-
-        manager, batch = self.manager, self.batch
-        while True:
-            source = None
-            with manager.table.lock:
-                chunk, run = batch.chunks[idx], batch.backfill
-                if chunk.state == DONE:
-                    rec = manager.jobs.record(chunk.job_id) if chunk.job_id else None
-                    source = manager.keep_result(batch, chunk, rec)
-                    if source is None:
-                        self.stopped = chunk
-                        raise _ChunkStopped(f"chunk {idx}'s result is gone")
-                elif chunk.state in _GIVEN_UP or batch.cancel_requested or (run is not None and run.failure):
-                    self.stopped = chunk
-                    raise _ChunkStopped(f"chunk {idx} did not finish")
-            if source is not None:
-                try:  # mapped, a staged result stays readable here even once the spooler has moved it
-                    taken, error = read(source)
-                    break
-                except FileNotFoundError:  # staged when found, moved to the home since: kept there now
-                    continue
-            if manager.committer.stopping.wait(_CHUNK_POLL_S):
-                self.stopped = chunk
-                raise _ChunkStopped("the server is stopping")
-        self.sources[idx] = source
-        self.skipped[idx] = 0 if error is None else len(error) - error.null_count
-        if self.skipped[idx]:
-            self.errors[idx] = commit_errors(error, offsets, self.fid, np.full(len(offsets), idx), self.version)
-        return taken

@@ -13,13 +13,14 @@ from lancefn_jupyter.server.control.rows import check_rows
 from lancefn_jupyter.server.control.states import CANCELLED, DONE, FAILED, IN_PROGRESS, PENDING, TIMED_OUT
 from lancefn_jupyter.server.encoding import checked_json
 from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.wire.batch_models import MAX_RETRIES
 from lancefn_jupyter.wire.models import FunctionVersion
 
 MAX_CHUNKS = 100_000
-MAX_RETRIES = 10
 # Phases in which a chunk's worker failed before running a row: executing the module or setup()
 # (docs/ARCHITECTURE.md, "Warm state"); "import" is that phase's name on workers before warm state.
 SETUP_PHASES = ("setup", "import")
+GIVEN_UP = (FAILED, CANCELLED, TIMED_OUT)  # a chunk in one of these does not finish in this run of the batch
 # One letter per chunk in the wire's `strip` (compact enough for 100k chunks in one event).
 STRIP_LETTER = {PENDING: "p", IN_PROGRESS: "r", DONE: "d", FAILED: "f", CANCELLED: "c", TIMED_OUT: "f"}
 

@@ -10,6 +10,7 @@ from lancefn_jupyter.server.batches.state import Batch, Chunk
 from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.storage.store import Store
+from lancefn_jupyter.wire.backfill_models import TableSlice
 
 BATCH_SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches(
@@ -113,8 +114,15 @@ class BatchStore:
 
     def chunk_rows(self, batch_id: str, idx: int) -> list | bytes:
         """A chunk's rows as stored: JSON rows, or Arrow IPC bytes."""
-        rows = self.store.query("SELECT rows FROM batch_chunks WHERE batch_id=? AND idx=?", (batch_id, idx))[0][0]
+        rows = self._rows(batch_id, idx)
         return rows if isinstance(rows, bytes) else json.loads(rows)
+
+    def chunk_slice(self, batch_id: str, idx: int) -> TableSlice:
+        """A backfill chunk's rows as stored: its slice of the table."""
+        return TableSlice.from_json(self._rows(batch_id, idx))
+
+    def _rows(self, batch_id: str, idx: int) -> str | bytes:
+        return self.store.query("SELECT rows FROM batch_chunks WHERE batch_id=? AND idx=?", (batch_id, idx))[0][0]
 
     def find(self, namespace: str | None, name: str, version: str, digest: str) -> str | None:
         """The latest batch of this version over the same input, if any."""

@@ -96,8 +96,8 @@ def stored_definition(definition: str) -> dict:
 
 
 @functools.lru_cache(maxsize=256)
-def _parsed_version(definition: str) -> FunctionVersion:
-    """A stored definition parsed once (its text never changes): each run of a version reuses it."""
+def stored_version(definition: str) -> FunctionVersion:
+    """A stored definition parsed once (its text never changes): each run and launch of a version reuses it."""
     return FunctionVersion.from_wire(json.loads(definition))
 
 
@@ -241,7 +241,7 @@ class FunctionCatalog:
     def runnable(self, name: str, version: str, **where: Unpack[Where]) -> tuple[FunctionVersion, str]:
         """The version a run or batch means and the namespace its jobs belong to (whose env they run with)."""
         row = self._live_row(name, version, "register it again to run it", **where)
-        return _parsed_version(row.definition), row.namespace
+        return stored_version(row.definition), row.namespace
 
     def history(self, name: str | None, limit: int, **where: Unpack[Where]) -> dict:
         """Each function's newest `limit` versions, newest first, with their one-line change (`versions`)."""

@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any, Unpack
 
-from lancefn_jupyter.server.control.catalog import FunctionCatalog, Placement, Where, stored_definition
+from lancefn_jupyter.server.control.catalog import FunctionCatalog, Placement, Where, stored_version
 from lancefn_jupyter.server.control.environments import Admission, EnvironmentStage
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
@@ -52,7 +52,9 @@ from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.tables.plan import slice_rows
 from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.wire.models import JobFailure
+from lancefn_jupyter.wire.backfill_models import TableSlice
+from lancefn_jupyter.wire.models import FunctionVersion, JobFailure
+from lancefn_jupyter.wire.task_models import TaskData
 
 log = logging.getLogger("lancefn.server")
 
@@ -115,7 +117,7 @@ class JobMachine:
         arrow_rows: Any = None,
         spec_extra: dict | None = None,
         rows_checked: bool = False,
-        table_slice: dict | None = None,
+        table_slice: TableSlice | None = None,
         adopt: list[InlineRun] | None = None,
         defer: bool = False,
         commit_later: bool = False,
@@ -192,7 +194,7 @@ class JobMachine:
         arrow_rows: Any,
         spec_extra: dict | None,
         rows_checked: bool,
-        table_slice: dict | None,
+        table_slice: TableSlice | None,
         where: Where,
     ) -> tuple[JobRecord, Any]:
         """A new job's record and rows (``run``'s checks: 400 or 404 with how to fix it)."""
@@ -225,12 +227,12 @@ class JobMachine:
                 f"in the server's API key file); request at most {cap} GPU{'' if cap == 1 else 's'}, or ask the operator",
             )
         if table_slice is not None:
-            rows_total = slice_rows(table_slice["ranges"])
+            rows_total = slice_rows(table_slice.ranges)
         else:
             rows_total = rows["rows_total"] if isinstance(rows, dict) else len(rows)
         job_spec: dict[str, Any] = {"name": name, "version": version, "rows_total": rows_total}
         if table_slice is not None:
-            job_spec["table_slice"] = table_slice
+            job_spec["table_slice"] = table_slice.to_wire()
         if timeout_s is not None:
             job_spec["timeout_s"] = timeout_s
         if isinstance(rows, dict):
@@ -582,58 +584,56 @@ class JobMachine:
         row = self.store.get_version(rec.spec["name"], rec.spec["version"], rec.namespace)
         if row is None:
             raise RuntimeError(f"function version {rec.spec['name']}@{rec.spec['version']} vanished from the store")
-        fv = stored_definition(row.definition)
-        runtime = fv.get("runtime", {})
+        fv = stored_version(row.definition)
+        runtime = fv.runtime
         spec = self.classes.get(rec.gpu_class) if rec.gpu_class else None
         if rows is None:  # not saved yet (``commit_later``): the journal holds them; else the store
             rows = self.journal.new_rows(rec.job_id)
             if rows is None:
                 rows = self.store.get_rows(rec.job_id)
         timeout_s, limited = self.limits.run_timeout(rec.spec.get("timeout_s"))
+        table_slice = rec.spec.get("table_slice")  # the job's stored spec: read back as the model
         return TaskSpec(
             job_id=rec.job_id,
             name=rec.spec["name"],
             version=rec.spec["version"],
             artifact=row.artifact,
-            entrypoint=fv["artifact"]["entrypoint"],
+            entrypoint=fv.artifact.entrypoint,
             rows=[] if isinstance(rows, dict) else rows,
             devices=rec.devices,
             simulated=bool(spec and spec.simulated),
             gpu_class=rec.gpu_class,
             num_gpus=rec.num_gpus,
-            env=dict(runtime.get("env") or {}),
-            packages=tuple((runtime.get("environment") or {}).get("packages", ())),
+            env=dict(runtime.env or {}),
+            packages=runtime.environment.packages if runtime.environment else (),
             timeout_s=timeout_s,
             timeout_limit=limited,
             namespace=rec.namespace,
             data=self._task_data(rec, fv, rows),
-            state=runtime.get("state") or "per_worker",  # absent: the default ("Warm state")
+            state=runtime.state or "per_worker",  # absent: the default ("Warm state")
             environment=self.environments.request(rec),
             venv=self.environments.venv(rec.job_id),
-            table_slice=rec.spec.get("table_slice"),
+            table_slice=None if table_slice is None else TableSlice.from_wire(table_slice),
         )
 
-    def _task_data(self, rec: JobRecord, fv: dict, rows: Any) -> dict:
+    def _task_data(self, rec: JobRecord, fv: FunctionVersion, rows: Any) -> TaskData:
         """The worker protocol's data-plane fields of a task (docs/ARCHITECTURE.md)."""
-        signature = fv.get("signature") or {}
-        types = dataplane.task_fields(signature)  # input/output types, and a batched version's forms
-        data: dict[str, Any] = {
-            **types,
-            # result_file, result_fsync, result_stage (docs/ARCHITECTURE.md, "Result staging")
-            **self.data.result_fields(rec.job_id, arrow=dataplane.is_data_type(types["output_type"])),
-            "rows_total": rec.rows_total,
-        }
+        rows_file = None
         if isinstance(rows, dict):
-            data["rows_file"] = str(self.data.rows_path(rows))
+            rows_file = str(self.data.rows_path(rows))
         elif (
             "table_slice" in rec.spec
         ):  # where the local executor reads the slice to (docs/ARCHITECTURE.md, "Backfills")
-            data["rows_file"] = str(self.data.rows_path(_slice_rows_ref(rec.job_id)))
-        if (
-            "on_error" in rec.spec
-        ):  # "skip": a failing row gets a null result (docs/ARCHITECTURE.md, "Batched functions")
-            data["on_error"] = rec.spec["on_error"]
-        return data
+            rows_file = str(self.data.rows_path(_slice_rows_ref(rec.job_id)))
+        return TaskData.of(
+            fv.signature,
+            # result_file, result_fsync, result_stage (docs/ARCHITECTURE.md, "Result staging")
+            **self.data.result_fields(rec.job_id, arrow=dataplane.is_data_type(fv.signature.output.arrow_type)),
+            rows_total=rec.rows_total,
+            rows_file=rows_file,
+            # "skip": a failing row gets a null result (docs/ARCHITECTURE.md, "Batched functions")
+            on_error=rec.spec.get("on_error"),
+        )
 
     # ---------------------------------------------------------------- recovery
 

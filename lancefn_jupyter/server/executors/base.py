@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lancefn_jupyter.wire.task_models import TaskData  # an empty one is the default
+
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
     import asyncio
 
@@ -20,6 +22,7 @@ if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the i
     from lancefn_jupyter.environments.cache import Environment
     from lancefn_jupyter.environments.request import EnvironmentRequest
     from lancefn_jupyter.server.executors.table_agent import TableAgents
+    from lancefn_jupyter.wire.backfill_models import TableSlice
     from lancefn_jupyter.wire.models import JobFailure
 
 __all__ = ["REDACTED", "Executor", "ExecutorCallbacks", "InlineRun", "TaskSpec", "redact_env"]
@@ -63,7 +66,7 @@ class TaskSpec:
     # The Arrow data plane's worker-protocol fields (input_types, output_type, result_file,
     # rows_file when the rows are an Arrow file and ``rows`` is empty, rows_total); see
     # docs/ARCHITECTURE.md "Worker protocol".  Empty: plain JSON rows and results, as before.
-    data: Mapping[str, object] = field(default_factory=dict)
+    data: TaskData = field(default_factory=TaskData)
     # How long the module's state lives on a worker: "per_worker" (executed once, kept for the
     # worker's life) or "per_job" (docs/ARCHITECTURE.md, "Warm state").
     state: str = "per_worker"
@@ -73,16 +76,16 @@ class TaskSpec:
     # ``venv.python``; None: the control plane's own interpreter.
     venv: Environment | None = None
     # A backfill chunk's rows are a slice of a Lance table instead of ``rows`` / ``rows_file``
-    # (docs/ARCHITECTURE.md, "Backfills": uri, table_version, fragment, ranges, columns); the local
-    # executor reads it into a rows file off the job table's lock, a Ray task reads it in the Ray worker.
-    table_slice: Mapping[str, object] | None = None
+    # (docs/ARCHITECTURE.md, "Backfills"); the local executor reads it into ``data.rows_file`` off the job
+    # table's lock, a Ray task reads it in the Ray worker.
+    table_slice: TableSlice | None = None
     # ``timeout_s`` is the server's maximum job run time (``--max-job-run-s``), not one the job asked for: its
     # TIMED_OUT message names the flag (docs/ARCHITECTURE.md, "Scheduling").
     timeout_limit: bool = False
 
     @property
     def rows_total(self) -> int:
-        return int(self.data.get("rows_total", len(self.rows)))  # type: ignore[call-overload]
+        return len(self.rows) if self.data.rows_total is None else self.data.rows_total
 
 
 class ExecutorCallbacks(Protocol):

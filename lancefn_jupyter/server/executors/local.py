@@ -581,7 +581,7 @@ class LocalExecutor(Executor):
                 # A built environment's build checked them in its interpreter (environments/build.py).
                 task.packages if task.venv is None else (),
                 env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
-                data=task.data,
+                data=task.data.fields(),
                 state=task.state,
                 python_version=task.environment.python_version if task.environment is not None else None,
             )

@@ -28,6 +28,7 @@ from lancefn_jupyter.server.executors.base import TaskSpec
 from lancefn_jupyter.server.executors.isolation import worker_environment
 from lancefn_jupyter.server.executors.table_tree import TreeCheck
 from lancefn_jupyter.tables.agent import recv_frame, send_frame
+from lancefn_jupyter.wire.backfill_models import TableSlice
 from lancefn_jupyter.wire.homefs import replace_atomically
 
 __all__ = [
@@ -324,17 +325,19 @@ class TableAgents:
         self.check(root, uri)
         return RemotePlanSource(agent, uri)
 
-    def read_slice(self, table_slice: Mapping[str, Any], input_types: Mapping[str, str], rows_file: str) -> None:
-        """The slice's rows into ``rows_file`` (atomically), read by the agent of ``table_slice["root"]``."""
-        root, uri = str(table_slice["root"]), str(table_slice["uri"])
+    def read_slice(self, table_slice: TableSlice, input_types: Mapping[str, str], rows_file: str) -> None:
+        """The slice's rows into ``rows_file`` (atomically), read by the agent of ``table_slice.root``."""
+        root = table_slice.root
+        if root is None:
+            raise TableAccessError("the slice names no table root: the control plane reads it itself")
         agent = self.agent(root)
-        self.check(root, uri)
+        self.check(root, table_slice.uri)
         tmp = f"{rows_file}.tmp-{os.getpid()}"
 
         def write() -> None:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
             try:
-                request = {"op": "slice", "slice": dict(table_slice), "input_types": dict(input_types)}
+                request = {"op": "slice", "slice": table_slice.to_wire(), "input_types": dict(input_types)}
                 _checked(agent.call(request, [fd]), agent, "reading the chunk's rows")
             finally:
                 os.close(fd)
@@ -351,7 +354,7 @@ class TableAgents:
         into: str,
         output_type: str,
         version: str,
-        parts: Sequence[tuple[list, Callable[[], int]]],
+        parts: Sequence[tuple[Sequence[Sequence[int]], Callable[[], int]]],
     ) -> int:
         """``tables.commit.commit_fragment`` by the agent of ``root``; ``parts``: each chunk's ranges and how to
         open its results (a descriptor; called when the commit reaches it). Raises as ``commit_fragment`` does,
@@ -388,17 +391,18 @@ class TableAgents:
 
 
 def read_rows(agents: TableAgents | None, task: TaskSpec) -> None:
-    """A backfill chunk's slice into its rows file (``data["rows_file"]``): by the team's table agent when the slice
+    """A backfill chunk's slice into its rows file (``data.rows_file``): by the team's table agent when the slice
     names its table root (a shared server's namespace key), else here as before (docs/ARCHITECTURE.md,
     "Backfills", "Running a chunk")."""
-    table_slice, input_types = task.table_slice or {}, task.data.get("input_types") or {}
-    rows_file = str(task.data["rows_file"])
-    if table_slice.get("root") is not None:
+    table_slice, input_types, rows_file = task.table_slice, task.data.input_types, task.data.rows_file
+    if table_slice is None or rows_file is None:
+        raise ValueError("the task is no backfill chunk: it has no table slice to read into a rows file")
+    if table_slice.root is not None:
         if agents is None:
             raise TableAccessError("this executor has no table agents to read a team's table with")
-        agents.read_slice(table_slice, input_types, rows_file)  # type: ignore[arg-type]
+        agents.read_slice(table_slice, input_types, rows_file)
         return
     from lancefn_jupyter.tables.slices import read_slice
     from lancefn_jupyter.wire.dataplane import write_ipc_file
 
-    write_ipc_file(rows_file, read_slice(table_slice, input_types), durable=False)  # type: ignore[arg-type]
+    write_ipc_file(rows_file, read_slice(table_slice, input_types), durable=False)

@@ -25,9 +25,9 @@ from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.wire.dataplane import MEDIA_TYPE as ARROW_STREAM
 from lancefn_jupyter.wire.jsontext import has_long_integer
+from lancefn_jupyter.wire.models import MAX_TIMEOUT_S as MAX_TIMEOUT_S  # the routes take it from here
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-MAX_TIMEOUT_S = 30 * 24 * 3600  # a job's timeout_s at most (30 days): timers can't take 1e300
 
 
 class Body(BaseModel):
@@ -97,12 +97,12 @@ def _short(error: Exception) -> str:
     return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
-async def parse(request: Request, model: type[Body]) -> Any:
+async def parse(request: Request, model: type[BaseModel]) -> Any:
     """The JSON body as ``model``; any problem is a 400 naming the field."""
     return await parse_raw(await request.body(), model)
 
 
-async def parse_raw(raw: bytes, model: type[Body]) -> Any:
+async def parse_raw(raw: bytes, model: type[BaseModel]) -> Any:
     """:func:`parse` of a body already read."""
     data = await decode_json(raw)
     if not isinstance(data, dict):

@@ -257,6 +257,23 @@ def test_bad_input_is_refused_before_anything_starts(cp, tmp_path):
     assert table.schema.names == ["id", "text", "label"]
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [{"recompute": "some"}, {"on_error": "ignore"}, {"max_skip_fraction": 2.0}, {"retries": 11}, {"chunk_size": 0}],
+)
+def test_the_kernel_and_the_server_refuse_a_bad_option_in_the_same_words(cp, tmp_path, bad):
+    """One check of the options (wire/backfill_models.py): before anything is sent, and on a body sent as it is."""
+    table = make_table(tmp_path / "db", ["a"])
+    fn = api.gpu_function(num_gpus=1)(text_len)
+    with pytest.raises(ValueError) as kernel:
+        fn.map(table, column="text", into="n", **bad)
+    version = fn.register()
+    body = {"name": version.name, "version": version.version, "table_uri": table.uri, "into": "n", **bad}
+    with pytest.raises(InvalidRequest) as server:
+        api.current_client().backfills.create(body)
+    assert server.value.message == f"invalid request: {kernel.value}"
+
+
 def text_and_label(batch: pa.RecordBatch) -> pa.Array:
     """The record-batch form: the chunk's named columns in, one utf8 value per row out."""
     import pyarrow as pa

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lancefn_jupyter.server.batches import manager as manager_module
+from lancefn_jupyter.server.batches import commits as commits_module
 from lancefn_jupyter.server.control.states import DONE
 from lancefn_jupyter.server.plane import ControlPlane
 from lancefn_jupyter.server.policy.gpu_classes import simulated_default
@@ -50,7 +50,7 @@ def _chunk_of_a_backfill() -> tuple[SimpleNamespace, SimpleNamespace, SimpleName
 
 
 def test_a_staged_result_is_read_where_it_is_then_linked_once_it_is_in_the_home(plane, staged_dir, monkeypatch):
-    batches = plane.batches
+    batches = plane.batches.commits
     batch, chunk, rec = _chunk_of_a_backfill()
     staged = staged_dir / f"{rec.job_id}.arrow"
     staged.write_bytes(b"result bytes")
@@ -58,7 +58,7 @@ def test_a_staged_result_is_read_where_it_is_then_linked_once_it_is_in_the_home(
     where = {"path": staged}
     monkeypatch.setattr(plane.data, "find_result", lambda job_id: where["path"])
     copies: list = []
-    monkeypatch.setattr(manager_module.shutil, "copyfile", lambda *args, **kwargs: copies.append(args))
+    monkeypatch.setattr(commits_module.shutil, "copyfile", lambda *args, **kwargs: copies.append(args))
 
     # Staged: the result itself, nothing copied or kept yet.
     assert batches.keep_result(batch, chunk, rec) == staged
@@ -82,4 +82,4 @@ def test_a_staged_result_is_read_where_it_is_then_linked_once_it_is_in_the_home(
 
 def test_a_result_that_is_gone_is_none(plane):
     batch, chunk, rec = _chunk_of_a_backfill()
-    assert plane.batches.keep_result(batch, chunk, rec) is None  # never written: the chunk is run again
+    assert plane.batches.commits.keep_result(batch, chunk, rec) is None  # never written: the chunk is run again

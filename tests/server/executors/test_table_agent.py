@@ -18,6 +18,8 @@ from lancefn_jupyter.server.executors.table_agent import RemotePlanSource, Table
 from lancefn_jupyter.server.executors.table_tree import TreeCheck, tree_problem
 from lancefn_jupyter.tables.plan import TableError
 from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.wire.backfill_models import TableSlice
+from lancefn_jupyter.wire.task_models import TaskData
 
 UIDS = {"a": 61172, "b": 61173}  # no passwd entry has them
 SECRET = "bsecret"
@@ -98,15 +100,10 @@ def test_a_remembered_clean_walk_notices_every_change_that_matters(tree, monkeyp
     assert "leads outside" in check.problem(table, root)
 
 
-def _slice(table: Path, root: Path) -> dict:
-    return {
-        "uri": str(table),
-        "table_version": 1,
-        "fragment": 0,
-        "ranges": [[0, 10]],
-        "columns": {"text": "text"},
-        "root": str(root),
-    }
+def _slice(table: Path, root: Path) -> TableSlice:
+    return TableSlice(
+        uri=str(table), table_version=1, fragment=0, ranges=((0, 10),), columns={"text": "text"}, root=str(root)
+    )
 
 
 def _results_file(values: list[str]) -> int:
@@ -140,7 +137,8 @@ def test_the_agent_meets_the_kernel_where_a_link_leads_into_another_teams_tree()
             RemotePlanSource(agent, str(a_table))
         with open(rows_file, "wb") as handle:
             reply = agent.call(
-                {"op": "slice", "slice": _slice(a_table, root_a), "input_types": {"text": "utf8"}}, [handle.fileno()]
+                {"op": "slice", "slice": _slice(a_table, root_a).to_wire(), "input_types": {"text": "utf8"}},
+                [handle.fileno()],
             )
         assert "Permission denied" in reply["error"] and Path(rows_file).stat().st_size == 0
         commit = {
@@ -243,7 +241,7 @@ def test_a_ray_task_of_a_teams_slice_gets_rows_its_agent_read_not_the_slice():
             packages=(),
             timeout_s=None,
             namespace="a",
-            data={"input_types": {"text": "utf8"}, "rows_file": rows_file},
+            data=TaskData(input_types={"text": "utf8"}, rows_file=rows_file),
             table_slice=_slice(table, root),
         )
 

@@ -375,7 +375,7 @@ class RayExecutor(Executor):
     def launch(self, task: TaskSpec) -> None:
         if self._on_server_loop():  # a run the loop queued (JobMachine.run_now)
             self._loop_jobs.add(task.job_id)
-        if task.table_slice is not None and task.table_slice.get("root") is not None:
+        if task.table_slice is not None and task.table_slice.root is not None:
             # A team's slice on a shared server: read here by its table agent, off the core's lock, and shipped
             # as the task's rows (a Ray worker has Ray's rights, not the team's; "Backfills", "Which tables").
             with self._lock:
@@ -798,9 +798,9 @@ def _job_payload(task: TaskSpec) -> dict:
         "timeout_s": task.timeout_s,
         "timeout_limit": task.timeout_limit,
         "namespace": task.namespace,
-        "data": dict(task.data),
+        "data": task.data.fields(),
         # A backfill chunk: the Ray task reads its rows from the table itself (docs/ARCHITECTURE.md, "Backfills").
-        **({"table_slice": dict(task.table_slice)} if task.table_slice is not None else {}),
+        **({"table_slice": task.table_slice.to_wire()} if task.table_slice is not None else {}),
         "state": task.state,
         "python_version": task.environment.python_version if task.environment is not None else None,
     }

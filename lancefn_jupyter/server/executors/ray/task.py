@@ -263,9 +263,10 @@ def _slice_failure(task: dict) -> dict | None:
     if table_slice is None:
         return None
     from lancefn_jupyter.tables.slices import slice_ipc
+    from lancefn_jupyter.wire.backfill_models import TableSlice
 
     try:
-        task["rows_ipc"] = slice_ipc(table_slice, task.get("input_types") or {})
+        task["rows_ipc"] = slice_ipc(TableSlice.from_wire(table_slice), task.get("input_types") or {})
     except Exception as error:  # the table moved or changed under the backfill: the chunk fails, saying why
         return {
             "event": "failed",
