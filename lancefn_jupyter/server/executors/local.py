@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING
 from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, InlineRun, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
+from lancefn_jupyter.server.executors.local_plugin import PLUGIN
 from lancefn_jupyter.server.executors.loop_follow import LoopFollow
 from lancefn_jupyter.server.executors.relay import event_problem, failure_of, relay
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
@@ -581,7 +582,7 @@ class LocalExecutor(Executor):
                 # A built environment's build checked them in its interpreter (environments/build.py).
                 task.packages if task.venv is None else (),
                 env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
-                data=task.data,
+                data=PLUGIN.ship(task.data, task.table_slice),  # in place: the slice is in its rows file by now
                 state=task.state,
                 python_version=task.environment.python_version if task.environment is not None else None,
             )
