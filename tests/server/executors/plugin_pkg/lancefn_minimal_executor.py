@@ -17,12 +17,12 @@ from typing import Any
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, TaskSpec
 from lancefn_jupyter.server.executors.local import worker_base_env
 from lancefn_jupyter.server.executors.plugins import Built, ExecutorContext, ExecutorRefused
-from lancefn_jupyter.server.executors.relay import event_problem, relay
+from lancefn_jupyter.server.executors.relay import event_problem, relay, worker_task
 from lancefn_jupyter.server.executors.shipping import in_place
 from lancefn_jupyter.server.executors.table_agent import read_rows
 from lancefn_jupyter.wire.models import JobFailure
-from lancefn_jupyter.worker.process import ProtocolError, WorkerProcess, WorkerStartError, WorkerTask, invalid_event
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, artifact_filename
+from lancefn_jupyter.worker.process import ProtocolError, WorkerProcess, WorkerStartError, invalid_event
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS
 
 
 class MinimalExecutor(Executor):
@@ -64,19 +64,7 @@ class MinimalExecutor(Executor):
             self.callbacks.task_failed(task.job_id, JobFailure(phase="worker", message=str(error)))
             return
         try:
-            worker.start_task(
-                WorkerTask(
-                    task.job_id,
-                    task.artifact,
-                    task.entrypoint,
-                    artifact_filename(task.name, task.version),
-                    task.rows,
-                    task.packages,
-                    env=task.env,
-                    data=PLUGIN.ship(task.data, task.table_slice),
-                    state=task.state,
-                )
-            )
+            worker.start_task(worker_task(task, PLUGIN.ship(task.data, task.table_slice)))
             self.callbacks.task_started(task.job_id, devices=task.devices, node=self.node)
             problem = self.follow(task, worker)
         finally:
