@@ -1,27 +1,31 @@
 """``lancefn-server``: run the control plane for one home directory.
 
     lancefn-server [--home DIR] [--host 127.0.0.1] [--port 0] [--unix-socket PATH|off] [--gpu-classes FILE]
-                   [--executor local|ray] [--ray-address ADDR] [--api-keys FILE]
+                   [--executor NAME] [--api-keys FILE]
                    [--max-body-bytes N] [--max-artifact-bytes N] [--body-timeout-s S]
                    [--header-timeout-s S] [--limit-concurrency N] [--max-idle-per-peer N]
                    [--max-bodies-per-key N] [--max-bodies-per-peer N] [--max-streams-per-key N]
                    [--max-streams-per-peer N] [--max-requests-per-key N] [--log-level warning]
-                   [--worker-user USER] [--max-idle-workers N] [--max-idle-per-device-set N]
-                   [--worker-max-rss-mb MB] [--worker-uids FIRST-LAST] [--worker-max-procs N]
+                   [--worker-user USER] [--worker-max-rss-mb MB]
                    [--env-cache DIR] [--env-cache-max-bytes N] [--allow-direct-references] [--max-job-run-s S]
                    [--max-queued-jobs-per-namespace N] [--max-queued-chunks-per-namespace N]
                    [--max-batches-per-namespace N]
+                   [the executors' own flags: local's --worker-uids FIRST-LAST, --worker-max-procs N,
+                    --max-idle-workers N, --max-idle-per-device-set N; ray's --ray-address ADDR; …]
 
 Env equivalents: ``LANCEFN_HOME``, ``LANCEFN_GPU_CLASSES``, ``LANCEFN_API_KEY``, ``LANCEFN_ENV_CACHE``,
 ``LANCEFN_ENV_CACHE_MAX_BYTES``, ``LANCEFN_WORKER_USER``, ``LANCEFN_WORKER_UIDS``,
 ``LANCEFN_ALLOW_DIRECT_REFERENCES``, ``LANCEFN_MAX_JOB_RUN_S``, ``LANCEFN_MAX_QUEUED_JOBS_PER_NAMESPACE``,
 ``LANCEFN_MAX_QUEUED_CHUNKS_PER_NAMESPACE``, ``LANCEFN_MAX_BATCHES_PER_NAMESPACE``.
 
+``--executor NAME`` names an executor registered under the entry-point group ``lancefn.executors``
+(``server/executors/plugins.py``: local, ray, and any an installed distribution adds); each adds its own flags.
+
 Startup order matters (``main``, one step per function): lock the home (one server per home),
 validate config (exit 2 with a readable message), bind the socket (so ``--port 0`` resolves to a
 real port), then import and build the executor, store and app, start serving, and only then write
-``server.json`` — its existence means "ready".  Spare workers start a moment later
-(``PREWARM_DELAY_S``).  SIGTERM/SIGINT
+``server.json`` — its existence means "ready".  The local executor's spare workers start a moment later
+(``local_plugin.PREWARM_DELAY_S``).  SIGTERM/SIGINT
 stop gracefully: streams and long polls end, the executor shuts down, ``server.json`` is
 removed.  After a SIGKILL a stale ``server.json`` may remain; its pid is dead and the lock
 is free, which is how clients (and the next server) tell.
@@ -118,14 +122,8 @@ _CLIENT_CAP_FLAGS: tuple[tuple[str, str, str], ...] = (
         "requests an API key has in progress at once (long polls and streams included); more get 429",
     ),
 )
-_EXECUTOR_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
-    ("--max-idle-workers", int, 16, "local executor: idle warm workers kept in all (default 16)"),
-    (
-        "--max-idle-per-device-set",
-        int,
-        4,
-        "local executor: idle workers of distinct function versions kept per device set, least recently used retired first (default 4)",
-    ),
+# What every executor's workers honour (its own flags are its plug-in's: ``add_options``).
+_WORKER_FLAGS: tuple[tuple[str, type, Any, str], ...] = (
     (
         "--worker-max-rss-mb",
         float,
@@ -192,12 +190,11 @@ _LIMIT_FLAGS: tuple[tuple[str, str, type, str], ...] = (
         "(default 1000; 0: no limit)",
     ),
 )
-# Spare workers (numpy and numba imported ahead of a job) start this long after the server, so a
-# notebook's first registration does not share the CPU with them (docs/ARCHITECTURE.md, "REST details").
-PREWARM_DELAY_S = 0.3
 
 
 def _parser() -> argparse.ArgumentParser:
+    from lancefn_jupyter.server.executors.plugins import add_options, registered
+
     p = argparse.ArgumentParser(
         prog="lancefn-server", description="lancefn control plane (REST API for GPU function versions and jobs)"
     )
@@ -217,10 +214,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu-classes", help="GPU class TOML config; default $LANCEFN_GPU_CLASSES, else NVML, else simulated"
     )
-    p.add_argument("--executor", choices=("local", "ray"), default="local", help="where workers run (default local)")
     p.add_argument(
-        "--ray-address",
-        help="Ray cluster address for --executor ray (default: start a private local Ray; 'auto': the cluster on this machine or $RAY_ADDRESS; see docs/ray.md)",
+        "--executor",
+        choices=tuple(registered()),
+        default="local",
+        help="where workers run: an executor registered under the entry-point group lancefn.executors (default local)",
     )
     p.add_argument(
         "--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])"
@@ -240,22 +238,7 @@ def _parser() -> argparse.ArgumentParser:
         "runs workers as itself. Versions' environments are built as that user too, and with --executor ray the "
         "control plane resolves their packages as it",
     )
-    p.add_argument(
-        "--worker-uids",
-        default=os.environ.get("LANCEFN_WORKER_UIDS") or None,
-        metavar="FIRST-LAST",
-        help="a root server runs each namespace's workers as a uid of its own from this range, recorded in the home "
-        "(e.g. 61000-61999; no passwd entries; instead of --worker-user; env LANCEFN_WORKER_UIDS; default for a root "
-        "server whose keys name several namespaces: 60600-60855, or 60856-61111 when a user or group holds one of those)",
-    )
-    p.add_argument(
-        "--worker-max-procs",
-        type=int,
-        default=None,
-        help="RLIMIT_NPROC of workers run as another user: processes and threads of that uid at once (default 512 "
-        "per namespace with --worker-uids; with --worker-user no limit, since every namespace shares that user)",
-    )
-    for flag, kind, default, text in _EXECUTOR_FLAGS + _DATA_FLAGS:
+    for flag, kind, default, text in _WORKER_FLAGS + _DATA_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=text)
     for flag, env, _kind, text in _LIMIT_FLAGS:
         p.add_argument(flag, help=f"{text}; env {env}")
@@ -291,6 +274,7 @@ def _parser() -> argparse.ArgumentParser:
         "for a server whose keys are all in one namespace, none for a shared one)",
     )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    add_options(p)
     return p
 
 
@@ -347,6 +331,19 @@ def _lock_home(home: Path) -> tuple[Any, str | None]:
     return handle, None
 
 
+def _plugin(name: str) -> Any:
+    """Step 1 too: the plug-in of ``--executor`` (its default, ``local``, is not checked by argparse)."""
+    from lancefn_jupyter.server.executors.plugins import GROUP, registered
+
+    plugins = registered()
+    if name not in plugins:
+        raise _Refused(
+            f"no executor is registered as {name!r} (entry-point group {GROUP}: {', '.join(plugins) or 'none'}); "
+            "reinstall lancefn-jupyter (pip install -e . in a checkout) so its metadata lists its executors"
+        )
+    return plugins[name]
+
+
 def _claim_home(args: argparse.Namespace) -> tuple[Path, Any]:
     """Step 1: the home directory, checked and locked (one server per home)."""
     home = Path(args.home).expanduser() if args.home else default_home()
@@ -369,14 +366,14 @@ def _claim_home(args: argparse.Namespace) -> tuple[Path, Any]:
     return home, lock
 
 
-def _load_config(args: argparse.Namespace, home: Path) -> tuple[Any, dict[str, Any], str, bytes]:
-    """Step 2: GPU classes and API keys (the admin key, generated on first start, plus --api-keys), and the
-    home's digest key."""
+def _load_config(args: argparse.Namespace, home: Path, plugin: Any) -> tuple[Any, dict[str, Any], str, bytes]:
+    """Step 2: GPU classes (checked with the executor's plug-in's class rules) and API keys (the admin key,
+    generated on first start, plus --api-keys), and the home's digest key."""
     from lancefn_jupyter.server.policy.gpu_classes import ConfigError, load_gpu_classes
     from lancefn_jupyter.server.policy.namespaces import ApiKeyError, admin_principal, load_api_keys
 
     try:
-        classes = load_gpu_classes(args.gpu_classes, executor=args.executor)
+        classes = load_gpu_classes(args.gpu_classes, rules=plugin)
     except ConfigError as error:
         raise _Refused(f"invalid GPU class config: {error}") from None
     try:
@@ -522,99 +519,30 @@ def _make_environments(args: argparse.Namespace, worker_user: Any) -> Any:
     return cache
 
 
-def _make_executor(args: argparse.Namespace, classes: Any, home: Path, shared: bool) -> tuple[Any, Any, Any]:
-    """Step 4: the executor (local: checks the worker user first), the environment cache and, with
-    ``--worker-uids`` or by default on a root server whose keys name several namespaces (``shared``), the
-    namespace → uid record (``WorkerUids``, attached to the store once it is open)."""
-    from lancefn_jupyter.server.executors import get_executor
+def _make_executor(args: argparse.Namespace, plugin: Any, classes: Any, home: Path, shared: bool) -> Any:
+    """Step 4: the executor its plug-in builds (``executors.plugins.Built``: with the environment cache), once every
+    plug-in accepts its own flags for this executor."""
+    from lancefn_jupyter.server.executors.plugins import ExecutorContext, ExecutorRefused, registered
 
-    if args.max_idle_workers < 0 or args.max_idle_per_device_set < 0:
-        raise _Refused("--max-idle-workers and --max-idle-per-device-set must be >= 0")
     if args.worker_max_rss_mb is not None and not (
         math.isfinite(args.worker_max_rss_mb) and args.worker_max_rss_mb > 0
     ):
         raise _Refused(
             f"--worker-max-rss-mb must be a number of MiB > 0 (got {args.worker_max_rss_mb:g}); leave it out for no limit"
         )
-    worker_user = None
-    worker_uids = None
-    max_procs = args.worker_max_procs
-    if max_procs is not None and max_procs < 1:
-        raise _Refused(
-            f"--worker-max-procs must be a whole number >= 1 (got {max_procs}); leave it out for the default"
-        )
-    if args.worker_uids or args.executor == "local":
-        from lancefn_jupyter.server.executors.isolation import WorkerUserError, check_worker_user, resolve_worker_user
-        from lancefn_jupyter.server.executors.local import worker_base_env
-        from lancefn_jupyter.server.executors.uids import (
-            DEFAULT_WORKER_MAX_PROCS,
-            WorkerUids,
-            resolve_worker_uids,
-            system_groups,
-            system_passwd,
-            uid_user,
-        )
-
-        try:
-            uids = resolve_worker_uids(
-                args.worker_uids,
-                worker_user=args.worker_user,
-                executor=args.executor,
-                euid=os.geteuid(),
-                passwd=system_passwd(),
-                groups=system_groups() if shared and not args.worker_uids else (),
-                shared=shared,
-            )
-            worker_user = uid_user(uids.first) if uids is not None else resolve_worker_user(args.worker_user)
-        except WorkerUserError as error:
-            raise _Refused(str(error)) from None
-        if uids is None and shared and os.geteuid() == 0:
-            log.warning(
-                "--worker-user %s: every namespace's workers run as that one user, so one team's job can signal "
-                "(SIGKILL, SIGSTOP) another team's; drop --worker-user (and LANCEFN_WORKER_USER) for a uid per "
-                "namespace, or pass --worker-uids FIRST-LAST",
-                args.worker_user,
-            )
-        # With a uid per namespace, the range's first uid stands for all of them (same access, no groups).
-        problem = check_worker_user(worker_user, worker_base_env(worker_user)) if worker_user else None
+    for each in registered().values():
+        problem = each.refuse(args, plugin.name)
         if problem:
             raise _Refused(problem)
-        if uids is not None:
-            worker_uids = WorkerUids(uids)
-            max_procs = max_procs or DEFAULT_WORKER_MAX_PROCS
-        elif max_procs is not None and worker_user is None:
-            raise _Refused(
-                "--worker-max-procs limits workers run as another user, and this server runs them as itself "
-                "(it is not root, or --worker-user names its own user); drop the flag"
-            )
-    elif max_procs is not None:
-        raise _Refused("--worker-max-procs applies to the local executor only (Ray starts its own workers); drop it")
-    else:  # Ray: the control plane resolves versions' packages (running their build backends) as the worker user
-        from lancefn_jupyter.server.executors.isolation import WorkerUserError, resolve_worker_user
-
-        try:
-            worker_user = resolve_worker_user(args.worker_user)
-        except WorkerUserError as error:
-            raise _Refused(str(error)) from None
-    environments = _make_environments(args, worker_user)
+    context = ExecutorContext(classes, home, shared, lambda worker_user: _make_environments(args, worker_user))
     try:
-        executor = get_executor(
-            args.executor,
-            classes=classes,
-            home=home,
-            address=args.ray_address,
-            worker_user=None if worker_uids is not None else worker_user,
-            worker_uids=worker_uids,
-            worker_max_procs=max_procs,
-            max_idle_workers=args.max_idle_workers,
-            max_idle_per_device_set=args.max_idle_per_device_set,
-            worker_max_rss_mb=args.worker_max_rss_mb,
-            prewarm_delay_s=PREWARM_DELAY_S,
-            environments=environments,
-        )
+        return plugin.build(args, context)
+    except ExecutorRefused as refused:
+        raise _Refused(str(refused)) from None
+    except _Refused:
+        raise
     except Exception as error:  # e.g. ray not installed; say so instead of a traceback
-        raise _Refused(f"cannot create the {args.executor!r} executor: {error}") from None
-    return executor, environments, worker_uids
+        raise _Refused(f"cannot create the {plugin.name!r} executor: {error}") from None
 
 
 def _open_store(home: Path) -> Any:
@@ -763,13 +691,14 @@ def main(argv: list[str] | None = None) -> int:
     _safe_children()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        plugin = _plugin(args.executor)
         home, lock = _claim_home(args)
     except _Refused as refused:
         return _say(refused)
     store, unix_path = None, None
     try:
         # Heavy imports (the app, the executor) come after the cheap checks, so a refused start is fast.
-        classes, api_keys, admin_key, digest_key = _load_config(args, home)
+        classes, api_keys, admin_key, digest_key = _load_config(args, home, plugin)
         caps = _client_caps(args)
         sock, url = _listen(args.host, args.port)
         sockets = [sock]
@@ -781,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                 unix_path = wanted
         shared = _shared(api_keys)
         limits = _limits(args, shared)
-        executor, environments, worker_uids = _make_executor(args, classes, home, shared)
+        built = _make_executor(args, plugin, classes, home, shared)
         if args.log_max_bytes < 1:
             raise _Refused(f"--log-max-bytes must be a whole number of bytes > 0 (got {args.log_max_bytes})")
         if args.max_arrow_result_bytes < 1:
@@ -790,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         store = _open_store(home)
         store.limit_logs(args.log_max_bytes)
-        if worker_uids is not None:
-            worker_uids.attach(store)  # namespaces keep the uids recorded in this home
+        if built.on_store is not None:
+            built.on_store(store)  # e.g. namespaces keep the uids recorded in this home
         from lancefn_jupyter.server.plane import ControlPlane
         from lancefn_jupyter.server.policy.namespaces import gpu_caps
         from lancefn_jupyter.server.storage.files import DataStore
@@ -806,10 +735,10 @@ def main(argv: list[str] | None = None) -> int:
         plane = ControlPlane(
             store=store,
             classes=classes,
-            executor=executor,
+            executor=built.executor,
             version=__version__,
             data=data,
-            environments=environments,
+            environments=built.environments,
             table_roots=_table_roots(args, api_keys),
             digest_key=digest_key,
             gpu_caps=gpu_caps(api_keys.values()),

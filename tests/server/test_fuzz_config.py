@@ -12,6 +12,9 @@ from helpers import fuzz
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lancefn_jupyter.server.executors.local_plugin import PLUGIN as LOCAL
+from lancefn_jupyter.server.executors.ray_plugin import PLUGIN as RAY
+
 # ------------------------------------------------------------------- config files (TOML)
 
 
@@ -83,7 +86,7 @@ _GOOD_CLASS = st.fixed_dictionaries(
 @given(
     top=st.dictionaries(st.sampled_from(["default_class", "classes", "junk"]), _SCALARS, max_size=2),
     tables=st.lists(st.one_of(_CLASS, _GOOD_CLASS), max_size=3),
-    executor=st.sampled_from(["local", "ray"]),
+    executor=st.sampled_from([LOCAL, RAY]),
     raw=st.one_of(st.none(), st.text(max_size=40)),
 )
 def test_random_gpu_class_configs_fail_only_with_a_config_error_naming_a_field(top, tables, executor, raw):
@@ -91,7 +94,7 @@ def test_random_gpu_class_configs_fail_only_with_a_config_error_naming_a_field(t
 
     text = raw if raw is not None else toml_document(top, tables, "gpu_classes")
     try:
-        config = parse_gpu_classes(text, source="fuzz.toml", executor=executor)
+        config = parse_gpu_classes(text, source="fuzz.toml", rules=executor)
     except ConfigError as error:
         message = str(error)
         assert message.startswith("fuzz.toml: "), message

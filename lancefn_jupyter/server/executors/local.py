@@ -77,8 +77,9 @@ from typing import TYPE_CHECKING
 from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.server.executors.base import Executor, ExecutorCallbacks, InlineRun, TaskSpec
 from lancefn_jupyter.server.executors.isolation import WorkDirs, WorkerUser, worker_environment
+from lancefn_jupyter.server.executors.local_plugin import PLUGIN
 from lancefn_jupyter.server.executors.loop_follow import LoopFollow
-from lancefn_jupyter.server.executors.relay import event_problem, failure_of, relay
+from lancefn_jupyter.server.executors.relay import event_problem, failure_of, relay, worker_task
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
 from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.models import JobFailure
@@ -87,11 +88,10 @@ from lancefn_jupyter.worker.process import (
     ProtocolError,
     WorkerProcess,
     WorkerStartError,
-    WorkerTask,
     describe_exit,
     invalid_event,
 )
-from lancefn_jupyter.worker.protocol import FINAL_EVENTS, PRELOAD_ENV, artifact_filename
+from lancefn_jupyter.worker.protocol import FINAL_EVENTS, PRELOAD_ENV
 
 if TYPE_CHECKING:
     from lancefn_jupyter.environments.cache import Environment, EnvironmentCache
@@ -118,8 +118,6 @@ _NAMESPACE_SPARES_PER_DEVICE_SET = 2
 # namespace's uid with --worker-uids (a fresh worker is then its namespace's too), else None.
 _Key = tuple[tuple[str, ...], bool, "tuple[str, str, str] | None", "str | None", "int | None"]
 _SECRET_ENV = ("LANCEFN_API_KEY",)  # the server's admin key must not reach user code
-# The function env arrives with the task; these would change the worker's devices after start.
-_DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")
 
 
 def _key(task: TaskSpec) -> _Key:
@@ -571,21 +569,8 @@ class LocalExecutor(Executor):
             run.timer = threading.Timer(task.timeout_s, self._stop, (run, "timeout"))
             run.timer.daemon = True
             run.timer.start()
-        worker.start_task(
-            WorkerTask(
-                task.job_id,
-                task.artifact,
-                task.entrypoint,
-                artifact_filename(task.name, task.version),
-                task.rows,
-                # A built environment's build checked them in its interpreter (environments/build.py).
-                task.packages if task.venv is None else (),
-                env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
-                data=task.data.fields(),
-                state=task.state,
-                python_version=task.environment.python_version if task.environment is not None else None,
-            )
-        )
+        # In place: a backfill chunk's slice is in its rows file by now (``_read_slice``).
+        worker.start_task(worker_task(task, PLUGIN.ship(task.data.fields(), None)))
         # Reported once the worker has the task, so the job's start runs beside the worker's, not before it: its
         # events are read after this returns, by this thread or the loop's next pass (docs/ARCHITECTURE.md, "REST
         # details").

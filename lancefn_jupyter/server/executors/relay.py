@@ -1,15 +1,19 @@
-"""The parent side of the worker protocol (docs/ARCHITECTURE.md, "Worker protocol"): what a worker's event must be
-(:func:`event_problem`, pure: a job may write to its worker's protocol channel, so every event is checked before it
-is believed), and one event as the executor callback it means (:func:`relay`). Both executors relay through it, in
-the control plane (the Ray bridge checks its actors' events with the same rules)."""
+"""The parent side of the worker protocol (docs/ARCHITECTURE.md, "Worker protocol"): a task as its worker's task
+(:func:`worker_task`), what a worker's event must be (:func:`event_problem`, pure: a job may write to its worker's
+protocol channel, so every event is checked before it is believed), and one event as the executor callback it means
+(:func:`relay`). Every executor relays through it, in the control plane (the Ray bridge checks its actors' events
+with the same rules)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from lancefn_jupyter.worker.process import WorkerTask
+from lancefn_jupyter.worker.protocol import artifact_filename
+
 if TYPE_CHECKING:
-    from lancefn_jupyter.server.executors.base import ExecutorCallbacks
+    from lancefn_jupyter.server.executors.base import ExecutorCallbacks, TaskSpec
     from lancefn_jupyter.wire.models import JobFailure
 
 __all__ = [
@@ -19,6 +23,7 @@ __all__ = [
     "event_problem",
     "failure_of",
     "relay",
+    "worker_task",
 ]
 
 # What a worker sends for a task: its output, its progress, then one outcome (a Ray actor's events add ``started``).
@@ -31,6 +36,25 @@ ALL_PHASES = (*WORKER_PHASES, "import", "worker", "timeout", "server_restart", "
 _STREAMS = ("stdout", "stderr")
 # Exact types, as JSON parses them (a bool is no number here); checked on every event, so kept to a few lookups.
 _NUMBERS = (int, float)
+# The function env arrives with the task; these would change the worker's devices after start.
+_DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "NUMBA_ENABLE_CUDASIM")
+
+
+def worker_task(task: TaskSpec, data: Mapping[str, object]) -> WorkerTask:
+    """``task`` as its worker's task, with ``data`` as its executor's plug-in ships it (``ExecutorPlugin.ship``)."""
+    return WorkerTask(
+        task.job_id,
+        task.artifact,
+        task.entrypoint,
+        artifact_filename(task.name, task.version),
+        task.rows,
+        # A built environment's build checked them in its interpreter (environments/build.py).
+        task.packages if task.venv is None else (),
+        env={name: value for name, value in task.env.items() if name not in _DEVICE_ENV},
+        data=data,
+        state=task.state,
+        python_version=task.environment.python_version if task.environment is not None else None,
+    )
 
 
 def _count(value: object) -> bool:

@@ -24,7 +24,7 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -33,6 +33,7 @@ from lancefn_jupyter.wire.models import GpuClass
 
 __all__ = [
     "SIMULATED_GPU_MODEL",
+    "ClassRules",
     "ClassSpec",
     "ConfigError",
     "GpuClassConfig",
@@ -52,6 +53,15 @@ _TOP_KEYS = {"gpu_classes", "default_class"}
 
 class ConfigError(Exception):
     """A GPU class configuration problem; the message says where and how to fix it."""
+
+
+class ClassRules(Protocol):
+    """What an executor asks of each GPU class: its plug-in says (docs/ARCHITECTURE.md, "Executor plug-ins")."""
+
+    name: str
+    # True: the control plane places jobs on a class's devices, so each class lists some (or is simulated). False:
+    # the executor reports each class's capacity itself, and a class may list none.
+    needs_devices: bool
 
 
 @dataclass(frozen=True)
@@ -99,11 +109,12 @@ class GpuClassConfig:
 def load_gpu_classes(
     path: str | os.PathLike[str] | None = None,
     *,
-    executor: str = "local",
+    rules: ClassRules | None = None,
     environ: Mapping[str, str] | None = None,
     detect: Callable[[], list[tuple[str, str, int]]] | None = None,
 ) -> GpuClassConfig:
-    """Resolve the GPU classes as described in the module docstring."""
+    """Resolve the GPU classes as described in the module docstring; a file's classes are checked with the
+    executor's ``rules`` (None: each class must list its devices)."""
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_VAR):
         path = environ[ENV_VAR]
@@ -118,7 +129,7 @@ def load_gpu_classes(
             ) from None
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(f"{path}: cannot read GPU class config ({error})") from None
-        return parse_gpu_classes(text, source=path, executor=executor)
+        return parse_gpu_classes(text, source=path, rules=rules)
     gpus = (detect or detect_nvml_gpus)() if environ.get("LANCEFN_DISABLE_NVML", "") in ("", "0") else []
     if gpus:
         return nvml_default(gpus)
@@ -183,8 +194,9 @@ def _sim_ids(count: int) -> tuple[str, ...]:
 # ------------------------------------------------------------------------- parsing
 
 
-def parse_gpu_classes(text: str, *, source: str = "<gpu classes>", executor: str = "local") -> GpuClassConfig:
-    """Validate TOML text into a config; every error names ``source``, the class and the field."""
+def parse_gpu_classes(text: str, *, source: str = "<gpu classes>", rules: ClassRules | None = None) -> GpuClassConfig:
+    """Validate TOML text into a config, each class by the executor's ``rules`` (None: each must list its
+    devices); every error names ``source``, the class and the field."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -204,7 +216,7 @@ def parse_gpu_classes(text: str, *, source: str = "<gpu classes>", executor: str
     specs: list[ClassSpec] = []
     seen_devices: dict[str, str] = {}
     for index, entry in enumerate(entries):
-        spec = _parse_class(entry, f"{source}: gpu_classes[{index}]", executor)
+        spec = _parse_class(entry, f"{source}: gpu_classes[{index}]", rules)
         if any(other.name == spec.name for other in specs):
             raise ConfigError(
                 f"{source}: gpu_classes[{index}]: duplicate class name {spec.name!r}; give each class its own name"
@@ -296,15 +308,15 @@ def _entry_problem(error: ValidationError, raw: dict[str, Any]) -> str:
     return f"{where}: field {field!r} is {value}; {_FIXES[field]}"
 
 
-def _parse_class(raw: dict[str, Any], where: str, executor: str) -> ClassSpec:
+def _parse_class(raw: dict[str, Any], where: str, rules: ClassRules | None) -> ClassSpec:
     try:
         entry = _ClassEntry.model_validate(raw)
     except ValidationError as error:
         raise ConfigError(where + _entry_problem(error, raw)) from None
-    return _class_spec(entry, f"{where} (class {entry.name!r})", executor)
+    return _class_spec(entry, f"{where} (class {entry.name!r})", rules)
 
 
-def _class_spec(entry: _ClassEntry, where: str, executor: str) -> ClassSpec:
+def _class_spec(entry: _ClassEntry, where: str, rules: ClassRules | None) -> ClassSpec:
     """The class with its defaults filled in, checking what spans fields."""
 
     def fail(field: str, problem: str, fix: str) -> ConfigError:
@@ -321,11 +333,10 @@ def _class_spec(entry: _ClassEntry, where: str, executor: str) -> ClassSpec:
             )
         devices = _sim_ids(entry.simulated)
     elif devices is None:
-        if executor == "local":
-            raise fail(
-                "devices", "is missing", "the local executor needs devices = [0, 1] (CUDA device ids) or simulated = N"
-            )
-        devices = ()  # Ray reports capacity itself
+        if rules is None or rules.needs_devices:
+            who = f"the {rules.name} executor needs" if rules is not None else "write"
+            raise fail("devices", "is missing", f"{who} devices = [0, 1] (CUDA device ids) or simulated = N")
+        devices = ()  # the executor reports the class's capacity itself
 
     def need(field: str, value: _T | None, fix: str) -> _T:
         if value is None:

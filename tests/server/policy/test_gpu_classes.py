@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from lancefn_jupyter.server.executors.local_plugin import PLUGIN as LOCAL
+from lancefn_jupyter.server.executors.ray_plugin import PLUGIN as RAY
 from lancefn_jupyter.server.policy.gpu_classes import (
     SIMULATED_GPU_MODEL,
     ConfigError,
@@ -126,10 +128,12 @@ def test_config_errors_name_the_file_class_and_field(text, words):
 
 def test_ray_executor_allows_classes_without_devices():
     text = "[[gpu_classes]]\nname = 'x'\ngpu_model = 'A'\ngpu_memory_bytes = 1\nmax_gpu_count_per_worker = 8\n"
-    config = parse_gpu_classes(text, executor="ray")
+    config = parse_gpu_classes(text, rules=RAY)
     assert config.get("x").devices == ()
     with pytest.raises(ConfigError, match="max_gpu_count_per_worker"):
-        parse_gpu_classes("[[gpu_classes]]\nname = 'x'\ngpu_model = 'A'\ngpu_memory_bytes = 1\n", executor="ray")
+        parse_gpu_classes("[[gpu_classes]]\nname = 'x'\ngpu_model = 'A'\ngpu_memory_bytes = 1\n", rules=RAY)
+    with pytest.raises(ConfigError, match="the local executor needs devices = "):  # its plug-in's rule
+        parse_gpu_classes(text, rules=LOCAL)
 
 
 def test_load_reads_the_file_from_the_flag_or_env(tmp_path):

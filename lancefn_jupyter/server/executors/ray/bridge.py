@@ -25,6 +25,7 @@ from typing import Any
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
+from lancefn_jupyter.server.executors.ray_plugin import PLUGIN
 from lancefn_jupyter.server.executors.relay import event_problem
 from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.jsontext import loads
@@ -252,7 +253,7 @@ class _Driver:
             "rows": job["rows"],
             # with the task, never in runtime_env: env values stay out of /proc/<pid>/environ
             "env": {str(k): str(v) for k, v in (job.get("env") or {}).items()},
-            **_ray_data_fields(data, job.get("table_slice")),  # per job: a version's jobs may send JSON or Arrow rows
+            **PLUGIN.ship(data, job.get("table_slice")),  # per job: a version's jobs may send JSON or Arrow rows
         }
         record = _BridgeJob(
             job_id,
@@ -726,23 +727,6 @@ def _add_start(final: dict, record: _BridgeJob, value: dict) -> None:
     if record.created_at is not None and isinstance(ready_at, (int, float)):
         start_ms = max(0.0, (ready_at - record.created_at) * 1000.0)
     final["timings"] = {**final["timings"], "start_ms": start_ms}
-
-
-def _ray_data_fields(data: dict, table_slice: dict | None = None) -> dict:
-    """The data plane's task fields for a Ray task: Arrow rows go as IPC bytes (the task may run
-    on another node) and the result comes back as IPC bytes (``result_ipc``), never as JSON.
-    A backfill chunk's ``table_slice`` goes as it is: the task reads its rows from the table."""
-    if not data:
-        return {}
-    fields = {"input_types": data.get("input_types") or {}, "output_type": data.get("output_type"), "result_ipc": True}
-    if table_slice is not None:
-        fields["table_slice"] = table_slice
-    elif "rows_file" in data:
-        fields["rows_ipc"] = Path(data["rows_file"]).read_bytes()
-    for key in ("on_error", "batched"):  # the worker's call mode ("Batched functions")
-        if key in data:
-            fields[key] = data[key]
-    return fields
 
 
 def _value_problem(value: object, job_id: str) -> str | None:
