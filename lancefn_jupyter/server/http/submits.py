@@ -18,7 +18,7 @@ from typing import Any, Unpack
 
 from lancefn_jupyter.server.control.catalog import Where
 from lancefn_jupyter.server.control.machine import JobMachine
-from lancefn_jupyter.server.http.offload import off_loop
+from lancefn_jupyter.server.control.offload import off_loop
 
 _Outcome = str | BaseException  # a saved job's id, or why its run failed
 

@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
 from lancefn_jupyter.server.control.catalog import Prepared
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.control.states import TERMINAL as TERMINAL_STATES
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import pick, where, who
@@ -24,7 +25,6 @@ from lancefn_jupyter.server.http.bodies import (
     parse_query,
     parse_raw,
 )
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext, listing
 from lancefn_jupyter.server.http.submits import Submits
