@@ -21,7 +21,7 @@ The routes call the parts, read as plain attributes of the plane (``plane.machin
 plane has no request methods of its own.  Every part's request method but the long polls (async:
 they await a change on the event loop) is synchronous and guarded by the table's one re-entrant
 lock; executor callbacks arrive on executor threads and take the same lock.  Events are handed to
-the asyncio loop (``control/soon.py``: ``call_soon_threadsafe``, or ``call_soon`` on the loop's own thread, which
+the asyncio loop (``control/loop_calls.py``, ``call_on_loop``: ``call_soon_threadsafe``, or ``call_soon`` on the loop's own thread, which
 keeps the same order) *while the lock is held*, so subscribers see them in seq order.
 
 No input may produce a 5xx: every user-facing problem raises :class:`ApiError` with a 4xx

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.loop_calls import call_on_loop
 from lancefn_jupyter.server.control.reports import Reports
-from lancefn_jupyter.server.control.soon import call_soon
 from lancefn_jupyter.server.control.states import TERMINAL
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
 from lancefn_jupyter.server.encoding import dumps
@@ -185,7 +185,7 @@ class JobJournal:
         self._deferred_at.setdefault(job_id, time.monotonic())
         if not self._flush_armed:
             self._flush_armed = True
-            call_soon(loop, loop.call_later, DEFER_COMMIT_S, self._flush_due)
+            call_on_loop(loop, loop.call_later, DEFER_COMMIT_S, self._flush_due)
 
     def _flush_due(self) -> None:
         """Commit the deferred changes older than ``DEFER_COMMIT_S`` (event loop); re-arm for the rest."""
