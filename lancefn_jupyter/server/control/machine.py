@@ -173,7 +173,7 @@ class JobMachine:
                     job_id = self._admit(rec, rows, admission, defer=True, adopt=adopted)
                 except BaseException:
                     for inline in adopted:  # launched, so it must run: a task thread takes it
-                        inline.hand_over()
+                        inline.leave_to_executor()
                     raise
                 if adopted:
                     adopted[0].follow_on_loop(time.monotonic() + min(wait_s, INLINE_FOLLOW_S))
@@ -338,7 +338,7 @@ class JobMachine:
     ) -> tuple[str, dict | None, float]:
         """``run`` for a request that waits up to ``wait_s`` for the job to end (``functions/run``'s inline
         wait): when its version's worker is idle on the devices it gets, this thread runs the job itself
-        (``Executor.adopt``) until it ends or the wait is over, so a quick job's whole run takes no other
+        (``Executor.launch_inline``) until it ends or the wait is over, so a quick job's whole run takes no other
         thread (docs/ARCHITECTURE.md, "REST details"). A job with JSON rows is saved at its first commit
         (``JobJournal.defer_new``): with its outcome when it ends within ``DEFER_COMMIT_S``; the caller
         must :meth:`keep` one that has not ended before answering its id. (job id, its wire form if it
@@ -349,7 +349,7 @@ class JobMachine:
             job_id = self.run(name, version, rows, timeout_s, arrow_rows=arrow_rows, adopt=adopted, defer=True, **where)
         except BaseException:
             for inline in adopted:  # launched, so it must run: a task thread takes it
-                inline.hand_over()
+                inline.leave_to_executor()
             raise
         if adopted:  # followed here for a short while at most: a core thread must never wait on a long job
             adopted[0].run(min(deadline, time.monotonic() + INLINE_FOLLOW_S))
@@ -557,7 +557,7 @@ class JobMachine:
 
     def launch(self, rec: JobRecord, new_rows: NewRows = None, adopt: list[InlineRun] | None = None) -> None:
         """Hand a placed job to the executor; a job that cannot start fails (the server keeps serving).
-        ``adopt``: the new job (``new_rows``) is offered to the calling thread first (``Executor.adopt``)."""
+        ``adopt``: the new job (``new_rows``) is offered to the calling thread first (``Executor.launch_inline``)."""
         table = self.table
         try:
             if table.executor is None:
@@ -566,7 +566,7 @@ class JobMachine:
             rows = new_rows[1] if new_rows is not None and new else None
             task = self._task(rec, rows)
             table.job_env[rec.job_id] = task.env  # to redact from its failure messages
-            if adopt is not None and new and (inline := table.executor.adopt(task)) is not None:
+            if adopt is not None and new and (inline := table.executor.launch_inline(task)) is not None:
                 adopt.append(inline)
                 return
             table.executor.launch(task)
