@@ -1,7 +1,7 @@
 """Batches: one `map` fanned out as chunk jobs over a GPU class (docs/ARCHITECTURE.md, "Batches").
 
 A batch owns its input cut into chunks (rows stored per chunk) and submits each chunk as an
-ordinary ``run_function`` job of the same version through ``JobMachine.run``, so chunks wait in
+ordinary ``run_function`` job of the same version through the intake (``Intake.admit``), so chunks wait in
 the class's FIFO like any job.  ``parallel`` bounds how many chunk jobs exist (pending or running)
 at once; ``None`` ("auto") submits every chunk and lets the class's GPUs bound it.
 

@@ -336,18 +336,8 @@ class Intake:
             job_spec.update(batch_id=chunk.batch_id, chunk=chunk.chunk, row_start=chunk.row_start)
             if chunk.on_error is not None:
                 job_spec["on_error"] = chunk.on_error
-        rec = JobRecord(
-            job_id=uuid.uuid4().hex,
-            job_type="run_function",
-            state=PENDING,
-            creation_ms=now_ms(),
-            spec=job_spec,
-            name=name,
-            gpu_class=gpu_class,
-            num_gpus=num_gpus,
-            rows_total=rows_total,
-            namespace=owner,
-        )
+        rec = JobRecord(uuid.uuid4().hex, "run_function", PENDING, now_ms(), job_spec, name, gpu_class=gpu_class)
+        rec.num_gpus, rec.rows_total, rec.namespace = num_gpus, rows_total, owner
         return rec, rows
 
     def _enter(

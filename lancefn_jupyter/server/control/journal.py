@@ -88,7 +88,7 @@ class JobJournal:
 
     def persist_many(self, recs: list[JobRecord]) -> None:
         """Commit several jobs' deferred changes (a deferred new job's insert among them) in one transaction:
-        the new jobs of several requests, saved before their ids are answered (``JobMachine.save_new``). If it
+        the new jobs of several requests, saved before their ids are answered (``Intake.save_group``). If it
         fails, none is saved and each keeps its deferred changes; the error is the caller's."""
         changes = [self._take(rec, False, None, None) for rec in recs]
         try:

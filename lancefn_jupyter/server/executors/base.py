@@ -153,7 +153,7 @@ class Executor(ABC):
     @abstractmethod
     def launch(self, task: TaskSpec) -> None:
         """Start running ``task``; must not block on the task itself, nor on I/O or a lock held across either: the
-        event loop launches the jobs it queues (``JobMachine.run_now``)."""
+        event loop launches the jobs it queues (``Intake.admit_on_loop``)."""
 
     def launch_inline(self, task: TaskSpec) -> InlineRun | None:
         """Launch ``task`` for the calling thread to run (``InlineRun.run``) when that is quick to start (a warm
