@@ -270,6 +270,13 @@ def submit(
     return reply.json()["job_id"]
 
 
+def admit(plane: Any, name: str, version: str, rows: Any, **where: Any) -> str:
+    """A job of an in-process plane queued and saved on this thread (``Intake.admit``, a batch chunk's lane): its id."""
+    from lancefn_jupyter.server.control.intake import JobRequest
+
+    return plane.intake.admit(JobRequest(name, version, where, rows=rows)).job_id
+
+
 def describe(http: httpx.Client, job_id: str) -> dict:
     reply = http.post("/v1/jobs/describe", json={"job_id": job_id})
     assert reply.status_code == 200, reply.text

@@ -6,7 +6,11 @@ the named peers it needs, never the plane (docs/ARCHITECTURE.md, "Package layout
 
 - ``catalog``: function versions (register, describe, list, history, diff, drop);
 - ``jobs``: job reads, logs and long polls (``control/queries.py``);
-- ``machine``: the job state machine: run, cancel, finish, dispatch, launch, recover;
+- ``placement``: who queues a ready job, the scheduler or the executor (``control/placement.py``), chosen here once
+  for the executor;
+- ``intake``: the one door for a new job, every lane (``control/intake.py``): a request's run, a batch's chunk, a
+  registration;
+- ``machine``: the job state machine: cancel, finish, dispatch, launch, recover;
 - ``environments``: a version's environment made ready before its jobs queue (``control/environments.py``),
   handed the machine's ``enqueue_built`` / ``fail_environment``; a journal forgetter (leases);
 - ``callbacks``: what executors report (the object handed to ``executor.start``);
@@ -17,11 +21,11 @@ the named peers it needs, never the plane (docs/ARCHITECTURE.md, "Package layout
 - ``reports``: a job's wire form, GPU usage and the ``usage``/``queue`` events;
 - ``batches``: ``map`` fanned out over chunk jobs.
 
-The routes call the parts, read as plain attributes of the plane (``plane.machine.run``): the
+The routes call the parts, read as plain attributes of the plane (``plane.intake.submit``): the
 plane has no request methods of its own.  Every part's request method but the long polls (async:
 they await a change on the event loop) is synchronous and guarded by the table's one re-entrant
 lock; executor callbacks arrive on executor threads and take the same lock.  Events are handed to
-the asyncio loop (``control/soon.py``: ``call_soon_threadsafe``, or ``call_soon`` on the loop's own thread, which
+the asyncio loop (``control/loop_calls.py``, ``call_on_loop``: ``call_soon_threadsafe``, or ``call_soon`` on the loop's own thread, which
 keeps the same order) *while the lock is held*, so subscribers see them in seq order.
 
 No input may produce a 5xx: every user-facing problem raises :class:`ApiError` with a 4xx
@@ -41,9 +45,11 @@ from lancefn_jupyter.server.control.callbacks import JobCallbacks
 from lancefn_jupyter.server.control.catalog import FunctionCatalog
 from lancefn_jupyter.server.control.environments import EnvironmentStage
 from lancefn_jupyter.server.control.events import EventBus
+from lancefn_jupyter.server.control.intake import Intake
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.machine import JobMachine
+from lancefn_jupyter.server.control.placement import placement_for
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.results import Results
@@ -102,7 +108,8 @@ class ControlPlane:
             classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1, warm=self._warm_devices, caps=gpu_caps
         )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
-        self.reports = Reports(table, classes=classes, bus=self.bus)
+        self.placement = placement_for(table, executor, classes)  # the one place that asks who queues
+        self.reports = Reports(table, classes=classes, bus=self.bus, placement=self.placement)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
         # for them (a finished job stays there, not in the table) until a retry saves them.
         self.unsaved = UnsavedJobs(
@@ -137,7 +144,21 @@ class ControlPlane:
             reports=self.reports,
             jobs=self.jobs,
             environments=self.environments,
+            placement=self.placement,
             limits=limits,
+        )
+        self.intake = Intake(
+            table,
+            store=store,
+            data=self.data,
+            catalog=self.catalog,
+            environments=self.environments,
+            journal=self.journal,
+            reports=self.reports,
+            jobs=self.jobs,
+            machine=self.machine,
+            placement=self.placement,
+            limits=self.machine.limits,
         )
         self.environments.enqueue = self.machine.enqueue_built
         self.environments.fail = self.machine.fail_environment
@@ -162,6 +183,7 @@ class ControlPlane:
             catalog=self.catalog,
             jobs=self.jobs,
             machine=self.machine,
+            intake=self.intake,
             results=self.results,
             table_roots=table_roots,
             table_agents=self.table_agents,
@@ -191,10 +213,7 @@ class ControlPlane:
             self.results.enforce_retention()
             self.batches.recover()
             table.started = True
-            self.machine.dispatch()
-            if table.executor_queues:  # recovered jobs, oldest first
-                for rec in list(table.active.values()):
-                    self.machine.launch(rec)
+            self.placement.start(self.machine)
 
     def begin_shutdown(self) -> None:
         """First step of a graceful stop (on the loop thread): end streams and long polls now
@@ -233,7 +252,7 @@ class ControlPlane:
         if executor is None:
             return []
         try:
-            namespace, name, version = owner  # as ``machine.owner`` makes it
+            namespace, name, version = owner  # as ``placement.owner`` makes it
             return list(executor.warm_devices(namespace, name, version))
         except Exception:
             log.exception("executor.warm_devices(%r) failed; placing on the lowest free devices", owner)

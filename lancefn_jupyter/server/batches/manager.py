@@ -1,7 +1,7 @@
 """Batches: one `map` fanned out as chunk jobs over a GPU class (docs/ARCHITECTURE.md, "Batches").
 
 A batch owns its input cut into chunks (rows stored per chunk) and submits each chunk as an
-ordinary ``run_function`` job of the same version through ``JobMachine.run``, so chunks wait in
+ordinary ``run_function`` job of the same version through the intake (``Intake.admit``), so chunks wait in
 the class's FIFO like any job.  ``parallel`` bounds how many chunk jobs exist (pending or running)
 at once; ``None`` ("auto") submits every chunk and lets the class's GPUs bound it.
 
@@ -57,6 +57,7 @@ from lancefn_jupyter.server.batches.state import (
 from lancefn_jupyter.server.batches.store import BATCH_SCHEMA, BatchStore
 from lancefn_jupyter.server.control.catalog import FunctionCatalog
 from lancefn_jupyter.server.control.events import EventBus
+from lancefn_jupyter.server.control.intake import BatchChunk, Intake, JobRequest
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.machine import JobMachine
 from lancefn_jupyter.server.control.queries import JobQueries
@@ -124,6 +125,7 @@ class BatchManager:
         catalog: FunctionCatalog,
         jobs: JobQueries,
         machine: JobMachine,
+        intake: Intake,
         results: Results,
         table_roots: TableRoots | None = None,
         table_agents: TableAgents | None = None,
@@ -132,6 +134,7 @@ class BatchManager:
         who does a team's table I/O on a shared server (docs/ARCHITECTURE.md, "Backfills", "Which tables")."""
         self.table, self.store, self.data, self.bus = table, store, data, bus
         self.catalog, self.jobs, self.machine, self.results = catalog, jobs, machine, results
+        self.intake = intake  # the door the chunk jobs go in by
         self.table_roots = table_roots or TableRoots()
         self.table_agents = table_agents or TableAgents()
         self.saved = BatchStore(store)
@@ -692,12 +695,11 @@ class BatchManager:
 
     def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
         rows = self._chunk_rows(batch, chunk, fresh)
-        arrow_rows = table_slice = None
-        extra: dict[str, Any] = {"batch_id": batch.batch_id, "chunk": chunk.idx, "row_start": chunk.row_start}
+        arrow_rows = table_slice = on_error = None
         if batch.backfill is not None:  # a slice of the table: read where the chunk runs ("Running a chunk")
             table_slice, rows = rows, None
             if batch.backfill.spec.on_error != "fail":
-                extra["on_error"] = batch.backfill.spec.on_error
+                on_error = batch.backfill.spec.on_error
         elif isinstance(rows, bytes):
             # Arrow chunk: handed to its job as a rows file, the data plane's path for a functions/run body.
             from lancefn_jupyter.wire.dataplane import write_bytes_file
@@ -709,18 +711,18 @@ class BatchManager:
         with self.store.batch():
             # The job and the chunk's pointer to it commit together (see the module's durability note).
             try:
-                job_id = self.machine.run(
-                    batch.name,
-                    batch.version,
-                    rows,
-                    batch.timeout_s,
-                    namespace=batch.namespace,
-                    home=batch.namespace,  # type: ignore[arg-type]
-                    spec_extra=extra,
-                    rows_checked=True,
-                    arrow_rows=arrow_rows,
-                    table_slice=table_slice,
-                )
+                job_id = self.intake.admit(
+                    JobRequest(
+                        batch.name,
+                        batch.version,
+                        {"namespace": batch.namespace, "home": batch.namespace},  # type: ignore[typeddict-item]
+                        rows=rows,
+                        arrow_rows=arrow_rows,
+                        table_slice=table_slice,
+                        timeout_s=batch.timeout_s,
+                        chunk=BatchChunk(batch.batch_id, chunk.idx, chunk.row_start, on_error),
+                    )
+                ).job_id
             finally:
                 if arrow_rows is not None and arrow_rows.exists():  # refused before the run took it
                     arrow_rows.unlink()

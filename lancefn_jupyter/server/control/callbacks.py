@@ -146,7 +146,7 @@ class JobCallbacks:
         rec.devices = tuple(devices) or rec.devices
         rec.node = node
         self.journal.persist_soon(rec)
-        if self.table.executor_queues and rec.num_gpus:
+        if self.machine.placement.start_changes_usage(rec):
             self.reports.publish_usage()
 
     @_callback
@@ -229,12 +229,6 @@ class JobCallbacks:
                 self.machine.finish(rec, FAILED)
             except Exception:
                 log.exception("could not fail job %s either; dropping it from memory", job_id)
-                table.active.pop(job_id, None)
-                table.job_env.pop(job_id, None)
-                table.scheduler.release(job_id)
+                table.drop(job_id)
                 self.jobs.wake(job_id)
-        if table.executor is not None:
-            try:
-                table.executor.cancel(job_id)
-            except Exception:
-                log.exception("executor.cancel(%s) failed", job_id)
+        table.stop_worker(job_id)

@@ -154,7 +154,7 @@ class EnvironmentStage:
 
     def plain(self, rec: JobRecord) -> bool:
         """Whether the job's version is known to need no environment: its admission then reads nothing (the event
-        loop may ask it, ``JobMachine.run_now``). A version not decided yet is not known to."""
+        loop may ask it, ``Intake.admit_on_loop``). A version not decided yet is not known to."""
         with self._plans_lock:
             plan = self._plans.get((rec.namespace, rec.spec.get("name", ""), rec.spec.get("version", "")))
         return plan is not None and plan.key is None and plan.problem is None

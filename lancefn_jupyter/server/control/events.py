@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from lancefn_jupyter.server.control.soon import call_soon
+from lancefn_jupyter.server.control.loop_calls import call_on_loop
 from lancefn_jupyter.server.policy.namespaces import visible
 
 KEEPALIVE_FRAME = ": keepalive\n\n"
@@ -77,7 +77,7 @@ class EventBus:
         if loop is None or not self._subscribers:
             return
         try:
-            call_soon(loop, self._fanout, kind, seq, data, namespace)
+            call_on_loop(loop, self._fanout, kind, seq, data, namespace)
         except RuntimeError:  # loop closed during shutdown
             pass
 

@@ -3,14 +3,16 @@ layout"): the one re-entrant lock, the active jobs, the scheduler's queues and h
 event loop, the launched jobs' env, whether the plane has started, and the executor.  Runs in
 the control plane.
 
-Why one plain object: the parts (journal, queries, reports, machine, callbacks, batches) read
+Why one object: the parts (journal, queries, reports, intake, machine, callbacks, batches) read
 and change this state together under ``lock``; handing each part the table, rather than the
-composition root, says exactly what they share and nothing more.
+composition root, says exactly what they share and nothing more. What several parts do to it
+alike is a method of the table (a job leaving it, its worker stopped).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from lancefn_jupyter.server.executors.base import Executor
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.storage.store import JobRecord
+
+log = logging.getLogger("lancefn.server")
 
 
 class TableLock:
@@ -135,11 +139,20 @@ class JobTable:
     started: bool = False  # recovered and placing jobs; False again once stopping
 
     @property
-    def executor_queues(self) -> bool:
-        """The executor queues and places jobs itself (Ray): the plane launches them at once,
-        bypassing the scheduler, and they stay PENDING until the executor reports them started."""
-        return bool(getattr(self.executor, "owns_queue", False))
-
-    @property
     def executor_name(self) -> str:
         return self.executor.name if self.executor is not None else "none"
+
+    def drop(self, job_id: str) -> bool:
+        """The job leaves the table (it finished, or was never saved): no longer active, its env forgotten, its
+        devices or its queue place released. Whether it held devices."""
+        self.active.pop(job_id, None)
+        self.job_env.pop(job_id, None)
+        return bool(self.scheduler.release(job_id))
+
+    def stop_worker(self, job_id: str) -> None:
+        """Have the executor stop the job's worker, if any (the job is no longer active); a failure goes to the log."""
+        if self.executor is not None:
+            try:
+                self.executor.cancel(job_id)
+            except Exception:
+                log.exception("executor.cancel(%s) failed", job_id)

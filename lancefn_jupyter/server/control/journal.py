@@ -14,11 +14,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.loop_calls import call_on_loop
 from lancefn_jupyter.server.control.reports import Reports
-from lancefn_jupyter.server.control.soon import call_soon
 from lancefn_jupyter.server.control.states import TERMINAL
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
 from lancefn_jupyter.server.encoding import dumps
@@ -58,7 +59,7 @@ class JobJournal:
         self._deferred_at: dict[str, float] = {}  # job id → when its first uncommitted change came
         self._flush_armed = False  # one timer for every deferred job: no loop wake-up per job
         self._log_pos: dict[str, int] = {}
-        self._new: dict[str, list] = {}  # job id → its JSON rows: a new job not inserted yet (``defer_new``)
+        self._uninserted: dict[str, list] = {}  # job id → its JSON rows: a new job not inserted yet
 
     def persist(
         self, rec: JobRecord, *, new: bool, rows: list | None = None, event: bool = True, wire: dict | None = None
@@ -67,8 +68,8 @@ class JobJournal:
 
         A change to a known job that the full disk refuses is kept in memory and retried (see
         ``UnsavedJobs.keep``) instead of raising, unless an enclosing batch (whose caller decides)
-        is open.  A new job is never kept that way: its request gets the 507.  A deferred new job
-        (``defer_new``) is inserted by its first persist; one that already ended is kept that way too
+        is open.  A new job is never kept that way: its request gets the 507.  A new job whose insert
+        waits (``insert_with_first_commit``) is inserted by its first persist; one that already ended is kept that way too
         (its request is answered with its outcome, not its id alone). ``wire``: the job's wire form, when the caller
         built it already."""
         data = dumps(wire if wire is not None else self.reports.job_wire(rec)) if event else None
@@ -87,7 +88,7 @@ class JobJournal:
 
     def persist_many(self, recs: list[JobRecord]) -> None:
         """Commit several jobs' deferred changes (a deferred new job's insert among them) in one transaction:
-        the new jobs of several requests, saved before their ids are answered (``JobMachine.save_new``). If it
+        the new jobs of several requests, saved before their ids are answered (``Intake.save_group``). If it
         fails, none is saved and each keeps its deferred changes; the error is the caller's."""
         changes = [self._take(rec, False, None, None) for rec in recs]
         try:
@@ -103,7 +104,7 @@ class JobJournal:
 
     def _take(self, rec: JobRecord, new: bool, rows: list | None, data: str | None) -> _Change:
         """What saving ``rec`` now writes: its deferred changes are taken along (given back by ``_restore``)."""
-        pending = self._new.pop(rec.job_id, None)  # JSON rows: never empty, never None
+        pending = self._uninserted.pop(rec.job_id, None)  # JSON rows: never empty, never None
         if pending is not None:  # its rows only matter while it may still run (after a restart)
             new, rows = True, None if rec.state in TERMINAL else pending
         earlier = self._deferred.pop(rec.job_id, [])  # committed with this change, in order
@@ -124,7 +125,7 @@ class JobJournal:
         """A change that was not saved: what it took along is deferred again."""
         job_id = change.rec.job_id
         if change.pending is not None:
-            self._new[job_id] = change.pending  # still to insert
+            self._uninserted[job_id] = change.pending  # still to insert
         if change.earlier or change.pending is not None:
             self._deferred[job_id] = change.earlier
             self._deferred_at[job_id] = change.since if change.since is not None else time.monotonic()
@@ -153,12 +154,12 @@ class JobJournal:
         self._deferred.setdefault(rec.job_id, []).append(dumps(self.reports.job_wire(rec)))
         self._defer(rec.job_id, loop)
 
-    def defer_new(self, rec: JobRecord, rows: list) -> None:
+    def insert_with_first_commit(self, rec: JobRecord, rows: list) -> None:
         """A new job inserted by its first commit, not now: a quick job a request runs and waits for
-        (``JobMachine.run_waiting``) is then saved with its outcome in one transaction. Its request is
+        (``Intake``'s waiting lanes) is then saved with its outcome in one transaction. Its request is
         answered only after that commit, or after ``flush`` (docs/ARCHITECTURE.md, "REST details");
         at the latest it is saved after ``DEFER_COMMIT_S``, like any deferred change."""
-        self._new[rec.job_id] = rows
+        self._uninserted[rec.job_id] = rows
         self._deferred.setdefault(rec.job_id, [])
         loop = self.table.loop
         if loop is None:
@@ -166,18 +167,21 @@ class JobJournal:
         else:
             self._defer(rec.job_id, loop)
 
-    def new_rows(self, job_id: str) -> list | None:
-        """The JSON rows of a job deferred as new (``defer_new``) and not saved yet; None once saved (the store has
-        them then). A job queued for a request whose save is still to come may be launched meanwhile."""
-        return self._new.get(job_id)
+    def rows(self, job_id: str) -> Any:
+        """A queued job's rows, for its launch: those of a job whose insert waits for its first commit
+        (``insert_with_first_commit``: a job queued for a request whose save is still to come may be launched
+        meanwhile), else the stored ones."""
+        rows = self._uninserted.get(job_id)
+        return self.store.get_rows(job_id) if rows is None else rows
 
-    def is_new(self, job_id: str) -> bool:
-        """Whether the job was deferred as new (``defer_new``) and is not saved yet."""
-        return job_id in self._new
+    def awaits_insert(self, job_id: str) -> bool:
+        """Whether the job's insert waits for its first commit (``insert_with_first_commit``): it is not saved yet."""
+        return job_id in self._uninserted
 
-    def discard_new(self, job_id: str) -> None:
-        """A deferred new job that will not be saved after all (its request failed): nothing of it is kept."""
-        self._new.pop(job_id, None)
+    def drop_uninserted(self, job_id: str) -> None:
+        """A new job whose insert waited that will not be saved after all (its request failed): nothing of it is
+        kept."""
+        self._uninserted.pop(job_id, None)
         self._deferred.pop(job_id, None)
         self._deferred_at.pop(job_id, None)
 
@@ -185,7 +189,7 @@ class JobJournal:
         self._deferred_at.setdefault(job_id, time.monotonic())
         if not self._flush_armed:
             self._flush_armed = True
-            call_soon(loop, loop.call_later, DEFER_COMMIT_S, self._flush_due)
+            call_on_loop(loop, loop.call_later, DEFER_COMMIT_S, self._flush_due)
 
     def _flush_due(self) -> None:
         """Commit the deferred changes older than ``DEFER_COMMIT_S`` (event loop); re-arm for the rest."""
@@ -208,7 +212,7 @@ class JobJournal:
     def flush(self, job_id: str) -> None:
         """Commit a job's deferred changes that no later change has committed (event loop, shutdown)."""
         with self.table.lock:
-            if job_id not in self._deferred and job_id not in self._new:
+            if job_id not in self._deferred and job_id not in self._uninserted:
                 return
             rec = self.table.active.get(job_id)
             if rec is None:  # gone without a commit of its own (cannot happen today); drop quietly

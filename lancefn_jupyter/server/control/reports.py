@@ -10,7 +10,8 @@ from typing import Any
 
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
-from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING, now_ms
+from lancefn_jupyter.server.control.placement import PlacementStrategy
+from lancefn_jupyter.server.control.states import PENDING, now_ms
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.policy.estimates import QueueEstimator, warm_run_ms
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -22,8 +23,8 @@ QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at mos
 
 
 class Reports:
-    def __init__(self, table: JobTable, *, classes: GpuClassConfig, bus: EventBus):
-        self.table, self.classes, self.bus = table, classes, bus
+    def __init__(self, table: JobTable, *, classes: GpuClassConfig, bus: EventBus, placement: PlacementStrategy):
+        self.table, self.classes, self.bus, self.placement = table, classes, bus, placement
         self.estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
         self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
         self._estimates_timer: threading.Timer | None = None
@@ -58,11 +59,8 @@ class Reports:
                     placement["expected_start_ms"], placement["expected_start_uncertain"] = at, uncertain
             elif (waiting := table.environment_waits.get(rec.job_id)) is not None:
                 placement["pending_reason"] = waiting()  # its environment is building: no queue place yet
-            elif table.executor_queues and not rec.devices:
-                placement["waiting_on_capacity"] = True  # queued in the executor (Ray): no positions
-                reason = table.executor.pending_reason(rec.gpu_class, rec.num_gpus) if table.executor else None
-                if reason:
-                    placement["pending_reason"] = reason
+            else:
+                self.placement.describe_wait(rec, placement)  # queued in the executor (Ray): no positions
         if rec.node is not None:
             placement["node"] = rec.node
         progress = {"rows_done": rec.rows_done or 0, "rows_total": rec.rows_total or 0}
@@ -138,44 +136,14 @@ class Reports:
             return {"classes": self.usage()}
 
     def usage(self) -> list[dict]:
-        """GpuUsage per class: the scheduler's, or with an executor that queues (Ray) the
-        GPUs it reports per class and the jobs it is running / holding."""
-        table = self.table
-        if not table.executor_queues:
-            return table.scheduler.usage()
-        executor = table.executor
-        assert executor is not None  # only an executor that queues gets here
-        capacity = executor.capacity() or {}
-        rows: dict[str, dict[str, Any]] = {
-            spec.name: {
-                "name": spec.name,
-                "gpus_total": int(capacity.get(spec.name, 0)),
-                "gpus_busy": 0,
-                "jobs_running": 0,
-                "jobs_pending": 0,
-            }
-            for spec in self.classes.classes
-        }
-        for rec in table.active.values():
-            row = rows.get(rec.gpu_class or "") if rec.num_gpus else None
-            if row is None:
-                continue
-            if rec.state == IN_PROGRESS:
-                row["gpus_busy"] += rec.num_gpus
-                row["jobs_running"] += 1
-            else:
-                row["jobs_pending"] += 1
-                if "pending_reason" not in row:
-                    reason = executor.pending_reason(rec.gpu_class, rec.num_gpus)
-                    if reason:
-                        row["pending_reason"] = reason
-        return list(rows.values())
+        """GpuUsage per class, as the placement strategy sees it (the scheduler's, or the executor's)."""
+        return self.placement.usage()
 
     def publish_usage(self) -> None:
         if not self.bus.listened():  # a new stream starts from snapshots of both
             return
         self.bus.publish("usage", None, dumps({"classes": self.usage()}))
-        if not self.table.executor_queues:
+        if self.placement.has_queue:
             # When the queue moves, every job behind moves up without an event of its own (one per
             # job would cost O(queue) writes per start): UIs re-number pending jobs (and re-read
             # their expected start) from this.
@@ -185,7 +153,7 @@ class Reports:
 
     def queue_snapshot(self, scope: str | None = None) -> dict | None:
         """The `queue` event payload now as ``scope`` sees it (None when the executor owns queuing, as Ray does)."""
-        if self.table.executor_queues:
+        if not self.placement.has_queue:
             return None
         with self.table.lock:
             payload = self._queue_payload(estimates=True)
@@ -227,5 +195,5 @@ class Reports:
     def _publish_estimates(self) -> None:
         with self.table.lock:
             self._estimates_timer = None
-            if self.table.started and not self.table.executor_queues:
+            if self.table.started and self.placement.has_queue:
                 self._publish_queue(self._queue_payload(estimates=True))

@@ -6,7 +6,7 @@ import asyncio
 from contextlib import AbstractContextManager
 from typing import Any
 
-from lancefn_jupyter.server.control.soon import running_loop
+from lancefn_jupyter.server.control.loop_calls import running_loop
 
 
 class Waiters:

@@ -120,12 +120,12 @@ class ExecutorCallbacks(Protocol):
 
 
 class InlineRun(Protocol):
-    """A launched task that the thread which launched it runs itself (``Executor.adopt``)."""
+    """A launched task that the thread which launched it runs itself (``Executor.launch_inline``)."""
 
     def run(self, deadline: float) -> None:
         """Run it until it ends or ``deadline`` (``time.monotonic()``) passes; then the executor follows it on."""
 
-    def hand_over(self) -> None:
+    def leave_to_executor(self) -> None:
         """Not run here after all: the executor runs it as any launched task."""
 
     def follow_on_loop(self, deadline: float) -> None:
@@ -156,12 +156,12 @@ class Executor(ABC):
     @abstractmethod
     def launch(self, task: TaskSpec) -> None:
         """Start running ``task``; must not block on the task itself, nor on I/O or a lock held across either: the
-        event loop launches the jobs it queues (``JobMachine.run_now``)."""
+        event loop launches the jobs it queues (``Intake.admit_on_loop``)."""
 
-    def adopt(self, task: TaskSpec) -> InlineRun | None:
+    def launch_inline(self, task: TaskSpec) -> InlineRun | None:
         """Launch ``task`` for the calling thread to run (``InlineRun.run``) when that is quick to start (a warm
         worker of its version is idle on its devices), so a quick job's inline wait needs no other thread; None:
-        not launched (call :meth:`launch`). The caller must run or hand over what it adopted."""
+        not launched (call :meth:`launch`). The caller must run what it gets, or leave it to the executor."""
         return None
 
     @abstractmethod

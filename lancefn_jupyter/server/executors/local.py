@@ -47,7 +47,7 @@ team.  So warm workers are pooled per *key* = (devices, simulated, owner), owner
   new version sharing it starts warm.
 
 A quick job a request waits for (``functions/run``'s inline wait) is run by the event loop, or by the request's own
-core thread, when its version's worker is idle on its devices (:meth:`LocalExecutor.adopt`): the loop sends the task
+core thread, when its version's worker is idle on its devices (:meth:`LocalExecutor.launch_inline`): the loop sends the task
 and watches the worker's pipe (``loop_follow.LoopFollow``), the thread reads it; either follows the job until it ends
 or the wait is over, then a task thread follows it on (docs/ARCHITECTURE.md, "REST details").
 
@@ -201,11 +201,11 @@ class _Run:
 
 
 @dataclass(frozen=True)
-class _Adopted:
-    """A launched run the launching thread runs itself (``LocalExecutor.adopt``; ``base.InlineRun``)."""
+class _InlineRun:
+    """A launched run the launching thread runs itself (``LocalExecutor.launch_inline``; ``base.InlineRun``)."""
 
     run: Callable[[float], None]  # until it ends or the deadline passes (then a task thread follows it on)
-    hand_over: Callable[[], None]  # to a task thread, not run here after all
+    leave_to_executor: Callable[[], None]  # to a task thread, not run here after all
     follow_on_loop: Callable[[float], None]  # started and followed by the event loop (``_follow_on_loop``)
 
 
@@ -257,7 +257,7 @@ class LocalExecutor(Executor):
         self._runner_threads = 0  # alive task threads
         self._idle_runners = 0  # of which waiting for a task and not yet promised one
         # A task thread's own: whether it is reporting its run's outcome (``relay``), and the run that outcome let
-        # start, which it runs next itself (``_hand_to_task_thread``).
+        # start, which it runs next itself (``_queue_for_task_thread``).
         self._local = threading.local()
 
     # ----------------------------------------------------------------- Executor interface
@@ -289,9 +289,9 @@ class LocalExecutor(Executor):
         run = _Run(task, _key(task))
         with self._lock:
             self._runs[task.job_id] = run
-        self._hand_to_task_thread(run)
+        self._queue_for_task_thread(run)
 
-    def adopt(self, task: TaskSpec) -> InlineRun | None:
+    def launch_inline(self, task: TaskSpec) -> InlineRun | None:
         """The task for the calling thread to run when its version's worker is idle on its devices (a quick job's
         inline wait: no task thread, no hand-over between threads); None otherwise (not launched)."""
         if task.table_slice is not None:
@@ -309,13 +309,13 @@ class LocalExecutor(Executor):
             if any(devices & set(other.task.devices) for other in self._runs.values()):
                 return None  # a run being stopped still holds its devices: waiting for it is a task thread's job
             self._runs[task.job_id] = run
-        return _Adopted(
+        return _InlineRun(
             functools.partial(self._execute, run),
-            functools.partial(self._hand_to_task_thread, run),
+            functools.partial(self._queue_for_task_thread, run),
             functools.partial(self._follow_on_loop, run),
         )
 
-    def _hand_to_task_thread(self, run: _Run) -> None:
+    def _queue_for_task_thread(self, run: _Run) -> None:
         if self._closed.is_set():  # the task threads are told to end: a thread of its own sees it to its end
             threading.Thread(target=self._execute, args=(run,), name="lancefn-job", daemon=True).start()
             return
@@ -417,13 +417,13 @@ class LocalExecutor(Executor):
     def _execute(self, run: _Run, deadline: float | None = None) -> None:
         """Run ``run`` to its end; with a ``deadline`` (``time.monotonic()``), a task thread follows it from
         there if it has not ended by then."""
-        handed_over = False
+        passed_on = False
         try:
-            handed_over = self._run(run, deadline)
+            passed_on = self._run(run, deadline)
         except Exception as exc:
             self._failed(run, exc)
         finally:
-            if not handed_over:
+            if not passed_on:
                 self._end(run)
 
     def _failed(self, run: _Run, exc: Exception) -> None:
@@ -460,7 +460,7 @@ class LocalExecutor(Executor):
         assert worker is not None  # sent: it has one
         final = self._follow(run, worker, deadline)
         if final is _LATER:
-            self._hand_to_task_thread(run)
+            self._queue_for_task_thread(run)
             return True
         if final is None or isinstance(final, ProtocolError):
             self._lost(run, worker, final)
@@ -609,7 +609,7 @@ class LocalExecutor(Executor):
     # ----------------------------------------------------------------- a run the event loop follows
 
     def _follow_on_loop(self, run: _Run, deadline: float) -> None:
-        """``adopt``'s run started and followed by the event loop (``InlineRun.follow_on_loop``; the core's locks
+        """``launch_inline``'s run started and followed by the event loop (``InlineRun.follow_on_loop``; the core's locks
         held): its idle worker gets the task here and the loop reads the worker's events as they come, so a quick
         job's whole run takes no other thread. Whatever could wait (an idle worker to replace, workers to stop, a
         result frame, a busy lock, the worker's end) goes to a task thread, which follows it on from there, as it
@@ -618,14 +618,14 @@ class LocalExecutor(Executor):
         # parses; env values: small).
         worker = self._take_idle_now(run) if len(run.task.artifact) <= LOOP_ARTIFACT_BYTES else None
         if worker is None:
-            self._hand_to_task_thread(run)
+            self._queue_for_task_thread(run)
             return
         try:
             run.follower = LoopFollow(
                 worker,
                 asyncio.get_running_loop(),
                 take=functools.partial(self._loop_event, run, worker),
-                hand_over=functools.partial(self._hand_to_task_thread, run),
+                to_task_thread=functools.partial(self._queue_for_task_thread, run),
                 failed=functools.partial(self._fail_in_thread, run),
             )
             self._send_task(run, worker)

@@ -4,7 +4,7 @@ process, on its event loop, except :meth:`LoopFollow.let_go`.
 
 The loop reads what the pipe has when it is readable (``add_reader``), into the worker's own buffer, and hands each
 whole event to ``take``; whatever ``take`` declines, and the pipe's end, the deadline or a bug, goes to a task thread
-(``hand_over``), which reads on from that same buffer."""
+(``to_task_thread``), which reads on from that same buffer."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ LOOP_EVENT_BYTES = 64 * 1024
 
 class LoopFollow:
     """``take(event)``: True when the run ended with it, False when it goes on, None when a task thread must take
-    it (left in the buffer). ``hand_over()``: a task thread follows the run on. ``failed(error)``: a bug of ours
+    it (left in the buffer). ``to_task_thread()``: a task thread follows the run on. ``failed(error)``: a bug of ours
     while following; the run must still end."""
 
     def __init__(
@@ -34,15 +34,15 @@ class LoopFollow:
         loop: asyncio.AbstractEventLoop,
         *,
         take: Callable[[dict], bool | None],
-        hand_over: Callable[[], None],
+        to_task_thread: Callable[[], None],
         failed: Callable[[Exception], None],
     ) -> None:
         self._worker, self._loop = worker, loop
-        self._take, self._hand_over_run, self._failed = take, hand_over, failed
+        self._take, self._to_task_thread, self._failed = take, to_task_thread, failed
         self._fd: int | None = None
         self._timer: asyncio.TimerHandle | None = None
         # From the start, so a stop that comes before :meth:`start` (on the same pass of the loop) still has the loop
-        # let go first: its hand-over runs on the loop after that pass.
+        # let go first: its passing to a task thread runs on the loop after that pass.
         self._active = True
 
     def start(self, deadline: float) -> None:
@@ -52,9 +52,9 @@ class LoopFollow:
             self._loop.add_reader(self._fd, self._readable)
         except (OSError, ValueError):  # a concurrent kill closed the pipe already
             self._fd = None
-            self._hand_over()
+            self._pass_to_task_thread()
             return
-        self._timer = self._loop.call_later(max(0.0, deadline - time.monotonic()), self._hand_over)
+        self._timer = self._loop.call_later(max(0.0, deadline - time.monotonic()), self._pass_to_task_thread)
 
     def _readable(self) -> None:
         try:
@@ -68,13 +68,13 @@ class LoopFollow:
                     break
                 taken = self._take(event)
                 if taken is None:
-                    self._hand_over()
+                    self._pass_to_task_thread()
                     return
                 if taken:
                     self._detach()
                     return
             if not more:  # the pipe's end (the worker died, or is being killed): a task thread says why
-                self._hand_over()
+                self._pass_to_task_thread()
         except Exception as error:  # a bug of ours: the run must still end
             self._detach()
             self._failed(error)
@@ -90,11 +90,11 @@ class LoopFollow:
             self._timer.cancel()
             self._timer = None
 
-    def _hand_over(self) -> None:
-        if not self._active:  # ended, or handed over already
+    def _pass_to_task_thread(self) -> None:
+        if not self._active:  # ended, or passed on already
             return
         self._detach()
-        self._hand_over_run()
+        self._to_task_thread()
 
     def let_go(self) -> None:
         """(Any thread but the loop's.) Hand the run to a task thread before its worker is killed, so the loop never
@@ -103,14 +103,14 @@ class LoopFollow:
             return
         handed = threading.Event()
 
-        def hand_over() -> None:
+        def pass_on() -> None:
             try:
-                self._hand_over()
+                self._pass_to_task_thread()
             finally:
                 handed.set()
 
         try:
-            self._loop.call_soon_threadsafe(hand_over)
+            self._loop.call_soon_threadsafe(pass_on)
         except RuntimeError:  # the loop is closed: it watches nothing any more
             return
         handed.wait(LET_GO_WAIT_S)

@@ -3,7 +3,7 @@ route modules in ``routes/`` on the router (``router.py``) under the guard (``gu
 lifespan that starts and stops the control plane.  Runs in the control plane's server process.
 
 Nothing a client sends may stall the server for others: the guard checks the key before the
-body and bounds it; the routes run control-plane work on core threads (``offload.off_loop``) so
+body and bounds it; the routes run control-plane work on core threads (``control/offload.py``, ``off_loop``) so
 health checks, SSE streams and other clients stay live.
 """
 

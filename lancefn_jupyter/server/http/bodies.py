@@ -20,8 +20,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.errors import ApiError, format_validation_error
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.wire.dataplane import MEDIA_TYPE as ARROW_STREAM
 from lancefn_jupyter.wire.jsontext import has_long_integer

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import registration_body
+from helpers import admit
 from test_plane_warm_state import wire
 
 from lancefn_jupyter.environments.builders import BuildUser
@@ -169,7 +170,7 @@ def wait_for(condition, what: str):
 def test_a_job_waits_for_its_environment_without_holding_a_gpu_then_runs_in_it(setup):
     plane, executor, cache = setup
     version = version_with(plane, packages=("tabulate",))
-    job_id = plane.machine.run("double", version, [{"x": 1}])
+    job_id = admit(plane, "double", version, [{"x": 1}])
     job = wire(plane, job_id)
     assert job["job_state"] == "PENDING" and executor.tasks == []
     placement = job["placement"]
@@ -194,7 +195,7 @@ def test_a_job_waits_for_its_environment_without_holding_a_gpu_then_runs_in_it(s
     assert timings["queued_ms"] <= done["started_ms"] - done["creation_ms"] - timings["environment_ms"] + 1
     assert open_fds(cache) == []  # closed when the job ended
     # The next job finds it in the cache: queued at once, no wait.
-    second = plane.machine.run("double", version, [{"x": 2}])
+    second = admit(plane, "double", version, [{"x": 2}])
     assert executor.tasks[-1].job_id == second and executor.tasks[-1].venv is not None
     executor.callbacks.task_started(second, devices=executor.tasks[-1].devices, node=None)
     executor.callbacks.task_succeeded(second, [4])
@@ -206,7 +207,7 @@ def test_one_build_per_key_for_every_job_and_version_that_needs_it(setup):
     plane, executor, cache = setup
     one = version_with(plane, "one", packages=("tabulate",))
     two = version_with(plane, "two", packages=("tabulate",))
-    jobs = [plane.machine.run("one", one, [{"x": i}]) for i in range(3)] + [plane.machine.run("two", two, [{"x": 9}])]
+    jobs = [admit(plane, "one", one, [{"x": i}]) for i in range(3)] + [admit(plane, "two", two, [{"x": 9}])]
     wait_for(lambda: cache.builds, "the build to start")
     cache.release("k-tabulate")
     wait_for(lambda: len(executor.tasks) == 2, "two jobs placed on the two GPUs")
@@ -224,7 +225,7 @@ def test_one_build_per_key_for_every_job_and_version_that_needs_it(setup):
         executor.callbacks.task_succeeded(task.job_id, [0])
     assert open_fds(cache) == []  # closed with the last of them
     # A job of it now (cached): leased again, queued at once.
-    later = plane.machine.run("two", two, [{"x": 1}])
+    later = admit(plane, "two", two, [{"x": 1}])
     assert executor.tasks[-1].job_id == later and len(open_fds(cache)) == 1
     for job_id in jobs[1:]:  # a job that joined the build later still gets its output
         assert "[env] Installed tabulate==0.9.0" in logs(plane, job_id)
@@ -234,7 +235,7 @@ def test_a_failed_build_fails_every_waiting_job_and_the_next_job_builds_again(se
     plane, executor, cache = setup
     version = version_with(plane, packages=("nosuchpkg",))
     cache.failing.add("k-nosuchpkg")
-    first, second = (plane.machine.run("double", version, [{"x": i}]) for i in range(2))
+    first, second = (admit(plane, "double", version, [{"x": i}]) for i in range(2))
     cache.release("k-nosuchpkg")
     for job_id in (first, second):
         job = wait_for(lambda j=job_id: wire(plane, j)["job_state"] == "FAILED" and wire(plane, j), "failed")
@@ -242,7 +243,7 @@ def test_a_failed_build_fails_every_waiting_job_and_the_next_job_builds_again(se
         assert "nosuchpkg was not found" in job["failure"]["message"]
         assert "timings" not in job
     assert executor.tasks == []
-    third = plane.machine.run("double", version, [{"x": 3}])
+    third = admit(plane, "double", version, [{"x": 3}])
     assert wire(plane, third)["job_state"] == "PENDING"
     wait_for(lambda: len(cache.builds) == 2, "a second build")
     cache.release("k-nosuchpkg")
@@ -253,7 +254,7 @@ def test_a_refused_environment_fails_the_job_at_once_and_warns_at_registration(s
     plane, executor, cache = setup
     version = version_with(plane, packages=("tabulate",), image="repo/img:1")
     assert plane.last_warnings == ["image='repo/img:1': no containers here"]
-    job = wire(plane, plane.machine.run("double", version, [{"x": 1}]))
+    job = wire(plane, admit(plane, "double", version, [{"x": 1}]))
     assert job["job_state"] == "FAILED" and job["failure"]["phase"] == "environment"
     assert job["failure"]["message"] == "image='repo/img:1': no containers here"
     assert cache.builds == [] and executor.tasks == []
@@ -264,7 +265,7 @@ def test_a_refused_environment_fails_the_job_at_once_and_warns_at_registration(s
 def test_a_version_without_packages_is_queued_at_once_without_an_environment(setup):
     plane, executor, cache = setup
     version = version_with(plane)
-    job_id = plane.machine.run("double", version, [{"x": 1}])
+    job_id = admit(plane, "double", version, [{"x": 1}])
     (task,) = executor.tasks
     assert task.job_id == job_id and task.venv is None
     assert task.environment is not None and task.environment.packages == ()
@@ -274,7 +275,7 @@ def test_a_version_without_packages_is_queued_at_once_without_an_environment(set
 def test_cancelling_a_job_while_its_environment_builds(setup):
     plane, executor, cache = setup
     version = version_with(plane, packages=("tabulate",))
-    cancelled, kept = (plane.machine.run("double", version, [{"x": i}]) for i in range(2))
+    cancelled, kept = (admit(plane, "double", version, [{"x": i}]) for i in range(2))
     assert plane.machine.cancel(cancelled) == {"job_id": cancelled, "cancelled": True}
     assert wire(plane, cancelled)["job_state"] == "CANCELLED"
     assert executor.cancelled == []  # it had no worker
@@ -292,7 +293,7 @@ def test_a_restart_stages_pending_jobs_again(tmp_path):
     )
     plane.start()
     version = version_with(plane, packages=("tabulate",))
-    job_id = plane.machine.run("double", version, [{"x": 1}])
+    job_id = admit(plane, "double", version, [{"x": 1}])
     wait_for(lambda: cache.builds, "the build started")
     plane.shutdown()
     cache.release("k-tabulate")  # the stopped plane's build ends: it reports nothing
@@ -321,7 +322,7 @@ def test_a_long_build_refreshes_its_jobs_pending_reason_in_events(setup, monkeyp
     monkeypatch.setattr(environments, "REFRESH_S", 0.05)
     plane, executor, cache = setup
     version = version_with(plane, packages=("tabulate",))
-    job_id = plane.machine.run("double", version, [{"x": 1}])
+    job_id = admit(plane, "double", version, [{"x": 1}])
 
     def reasons() -> list[str]:
         found = []
@@ -349,7 +350,7 @@ def test_each_namespace_builds_its_own_environment_and_direct_references_follow_
         for namespace in ("a", "b"):
             job_id, _ = plane.catalog.register(registration_body(packages=("tabulate",)), namespace)
             version = plane.jobs.record(job_id).result["version"]  # type: ignore[union-attr]
-            plane.machine.run("double", version, [{"x": 1}], namespace=namespace)
+            admit(plane, "double", version, [{"x": 1}], namespace=namespace)
         wait_for(lambda: len(cache.builds) == 2, "a build per namespace")
         assert sorted(cache.builds) == ["k-tabulate-u61001", "k-tabulate-u61002"]
         for key in cache.builds:

@@ -256,7 +256,7 @@ def _running(http: httpx.Client) -> dict | None:
 def test_a_warm_job_longer_than_the_requests_own_follow_is_answered_finished(control_plane, tmp_path):
     """The request's thread follows a job for INLINE_FOLLOW_S at most; the rest of the wait is on the event loop, and
     a job that ends within it still comes back finished in the run reply."""
-    from lancefn_jupyter.server.control.machine import INLINE_FOLLOW_S
+    from lancefn_jupyter.server.control.intake import INLINE_FOLLOW_S
 
     gate = tmp_path / "later"
     with control_plane.http() as http:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import registration_body
+from helpers import admit
 
 from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.server.plane import ControlPlane
@@ -74,15 +75,15 @@ def test_the_task_carries_the_versions_state(plane):
     body = registration_body("b")
     body["runtime"]["state"] = "per_job"
     per_job = register(plane, body)
-    plane.machine.run("a", default, [{"x": 1}])
-    plane.machine.run("b", per_job, [{"x": 1}])
+    admit(plane, "a", default, [{"x": 1}])
+    admit(plane, "b", per_job, [{"x": 1}])
     assert [(t.name, t.state) for t in executor.tasks] == [("a", "per_worker"), ("b", "per_job")]
 
 
 def test_a_job_keeps_the_timings_its_executor_reported_across_a_restart(plane, tmp_path):
     plane, executor = plane
     version = register(plane, registration_body())
-    job_id = plane.machine.run("double", version, [{"x": 2}])
+    job_id = admit(plane, "double", version, [{"x": 2}])
     (task,) = executor.tasks
     executor.callbacks.task_started(job_id, devices=task.devices, node=None)
     executor.callbacks.task_succeeded(job_id, [4], timings={"start_ms": 30.0, "setup_ms": 400.0, "run_ms": 5.5})
@@ -98,7 +99,7 @@ def test_a_job_keeps_the_timings_its_executor_reported_across_a_restart(plane, t
     }
     assert timings["queued_ms"] == max(0, job["started_ms"] - job["creation_ms"] - 30)
     # A warm job right after: nothing paid; the failure path keeps timings too.
-    second = plane.machine.run("double", version, [{"x": 3}])
+    second = admit(plane, "double", version, [{"x": 3}])
     executor.callbacks.task_started(second, devices=executor.tasks[1].devices, node=None)
     executor.callbacks.task_failed(second, JobFailure(phase="run", message="bad row"), timings={"run_ms": 1})
     assert wire(plane, second)["timings"]["cold"] is False and wire(plane, second)["timings"]["run_ms"] == 1
@@ -111,17 +112,17 @@ def test_a_job_is_placed_on_the_free_devices_whose_idle_worker_holds_its_version
     plane, executor = plane
     version = register(plane, registration_body())
     executor.warm[("default", "double", version)] = [("sim1",)]
-    first = plane.machine.run("double", version, [{"x": 1}])
+    first = admit(plane, "double", version, [{"x": 1}])
     assert executor.tasks[-1].devices == ("sim1",)
     assert executor.warm_asked == [("default", "double", version)]
     # Its warm device is busy now: the next job takes the lowest free one.
-    plane.machine.run("double", version, [{"x": 2}])
+    admit(plane, "double", version, [{"x": 2}])
     assert executor.tasks[-1].devices == ("sim0",)
     executor.callbacks.task_started(first, devices=("sim1",), node=None)
     executor.callbacks.task_succeeded(first, [2])
     # An executor that cannot say: the lowest free devices, and the job still runs.
     executor.broken = True
-    plane.machine.run("double", version, [{"x": 3}])
+    admit(plane, "double", version, [{"x": 3}])
     assert executor.tasks[-1].devices == ("sim1",) and len(executor.tasks) == 3
 
 

@@ -1,5 +1,5 @@
-"""A run queued on the event loop (``JobMachine.run_now``) and the jobs of several requests saved in one commit
-(``save_now``/``save_new``; docs/ARCHITECTURE.md, "REST details"), with a recording executor in place of workers:
+"""A run queued on the event loop (``Intake.admit_on_loop``) and the jobs of several requests saved in one commit
+(``save_on_loop``/``save_group``; docs/ARCHITECTURE.md, "REST details"), with a recording executor in place of workers:
 the loop never waits for the job table or the store, a job is in the store only once saved, and a commit that
 fails drops only the jobs that could not be saved alone.  The same path over HTTP, with a SIGKILL after the
 replies, is in tests/server/http/test_submits.py."""
@@ -12,8 +12,9 @@ import threading
 
 import pytest
 from conftest import registration_body
+from helpers import admit
 
-from lancefn_jupyter.server.control.machine import RUN_NOW_MAX_ROWS
+from lancefn_jupyter.server.control.intake import ON_LOOP_MAX_ROWS, JobRequest
 from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.server.plane import ControlPlane
 from lancefn_jupyter.server.policy.gpu_classes import simulated_default
@@ -55,8 +56,13 @@ def _version(plane: ControlPlane, body: dict | None = None) -> str:
     rec = plane.jobs.record(plane.catalog.register(body or registration_body()).job_id)
     assert rec is not None and rec.state == "DONE", rec
     version = rec.result["version"]
-    plane.machine.run("double", version, [{"x": 0}])  # its first job decides that it needs no environment
+    admit(plane, "double", version, [{"x": 0}])  # its first job decides that it needs no environment
     return version
+
+
+def _on_loop(plane: ControlPlane, version: str, rows) -> str | None:
+    """A run of ``double`` the event loop would queue (the grouped lane's first try)."""
+    return plane.intake.admit_on_loop(JobRequest("double", version, {}, rows=rows))
 
 
 def _stored(plane: ControlPlane, job_id: str) -> sqlite3.Row | None:
@@ -86,14 +92,14 @@ def _held_elsewhere(lock_holder) -> tuple[threading.Event, threading.Event, thre
 
 def test_a_run_queued_on_the_loop_is_stored_only_once_saved_with_its_first_event(plane):
     version = _version(plane)
-    job_id = plane.machine.run_now("double", version, [{"x": 1}, {"x": 2}], None)
+    job_id = _on_loop(plane, version, [{"x": 1}, {"x": 2}])
     assert job_id is not None
     assert plane.jobs.record(job_id).state == "PENDING"  # queued (and launched: a GPU was free)
     assert _stored(plane, job_id) is None  # nothing on disk yet: its id is not answered yet
-    assert plane.machine.save_now([job_id]) == {}
+    assert plane.intake.save_on_loop([job_id]) == {}
     state, events = _stored(plane, job_id)
     assert state == "PENDING" and events == 1  # its placement event, in the same commit
-    assert plane.machine.save_now([job_id]) == {}  # saved already: nothing to do
+    assert plane.intake.save_on_loop([job_id]) == {}  # saved already: nothing to do
 
 
 def test_the_loop_never_waits_for_the_table_or_the_store(plane):
@@ -101,28 +107,28 @@ def test_the_loop_never_waits_for_the_table_or_the_store(plane):
     for holder in (lambda: plane.table.lock, plane.store.batch):  # a core thread's work; a commit under way
         _, release, thread = _held_elsewhere(holder)
         try:
-            assert plane.machine.run_now("double", version, [{"x": 1}], None) is None
-            assert plane.machine.save_now(["anything"]) is None
+            assert _on_loop(plane, version, [{"x": 1}]) is None
+            assert plane.intake.save_on_loop(["anything"]) is None
         finally:
             release.set()
             thread.join(10)
-    assert plane.machine.run_now("double", version, [{"x": 1}], None) is not None
+    assert _on_loop(plane, version, [{"x": 1}]) is not None
 
 
 def test_what_the_loop_leaves_to_a_core_thread(plane):
     body = registration_body()
     version = plane.jobs.record(plane.catalog.register(body).job_id).result["version"]
-    assert plane.machine.run_now("double", version, [{"x": 1}], None) is None  # its environment not decided yet
-    plane.machine.run("double", version, [{"x": 0}])
-    assert plane.machine.run_now("double", version, [{"x": i} for i in range(RUN_NOW_MAX_ROWS + 1)], None) is None
-    assert plane.machine.run_now("double", version, {"not": "a list"}, None) is None
-    with pytest.raises(Exception, match="not found"):  # its own errors are the request's, as from ``run``
-        plane.machine.run_now("double", "0" * 16, [{"x": 1}], None)
+    assert _on_loop(plane, version, [{"x": 1}]) is None  # its environment not decided yet
+    admit(plane, "double", version, [{"x": 0}])
+    assert _on_loop(plane, version, [{"x": i} for i in range(ON_LOOP_MAX_ROWS + 1)]) is None
+    assert _on_loop(plane, version, {"not": "a list"}) is None
+    with pytest.raises(Exception, match="not found"):  # its own errors are the request's, as from ``admit``
+        _on_loop(plane, "0" * 16, [{"x": 1}])
 
 
 def test_a_failed_commit_saves_each_job_alone_and_drops_only_those_that_still_fail(plane, monkeypatch):
     version = _version(plane)
-    good, bad = (plane.machine.run_now("double", version, [{"x": x}], None) for x in (1, 2))
+    good, bad = (_on_loop(plane, version, [{"x": x}]) for x in (1, 2))
     assert good and bad
     insert = plane.store.insert_job
 
@@ -132,7 +138,7 @@ def test_a_failed_commit_saves_each_job_alone_and_drops_only_those_that_still_fa
         insert(rec, rows)
 
     monkeypatch.setattr(plane.store, "insert_job", full_for_bad)
-    failures = plane.machine.save_new([good, bad])
+    failures = plane.intake.save_group([good, bad])
     assert list(failures) == [bad] and "full" in str(failures[bad])
     assert _stored(plane, good) is not None and plane.jobs.record(good).state == "PENDING"
     assert _stored(plane, bad) is None and bad not in plane.table.active  # nothing of it is kept
@@ -143,12 +149,12 @@ def test_a_queued_job_launched_before_its_save_gets_its_rows(plane):
     version = _version(plane)  # its first job holds one GPU
     executor = plane.table.executor
     first = executor.tasks[-1].job_id
-    plane.machine.run("double", version, [{"x": 9}])  # the other GPU
-    queued = plane.machine.run_now("double", version, [{"x": 5}, {"x": 6}], None)
+    admit(plane, "double", version, [{"x": 9}])  # the other GPU
+    queued = _on_loop(plane, version, [{"x": 5}, {"x": 6}])
     assert queued is not None and plane.jobs.record(queued).devices == ()  # behind both GPUs
     assert _stored(plane, queued) is None  # its request's save is still to come
     executor.callbacks.task_succeeded(first, [0])  # a GPU frees: the queued job is launched now
     task = executor.tasks[-1]
     assert task.job_id == queued and task.rows == [{"x": 5}, {"x": 6}]  # from memory: the store has none yet
-    assert plane.machine.save_now([queued]) == {}
+    assert plane.intake.save_on_loop([queued]) == {}
     assert _stored(plane, queued)[0] == "PENDING"  # placed, not started: its start is the executor's to report

@@ -53,16 +53,16 @@ def looped():
 
 
 def warm(ex: LocalExecutor, source: str, x) -> None:
-    """Run one job of the version on a task thread, so its worker is idle (and adoptable) after."""
+    """Run one job of the version on a task thread, so its worker is idle (and can be launched inline) after."""
     ex.launch(task("warm", source, [{"x": x}]))
     assert ex.recorder.final("warm")[0] == "succeeded"
     ex.recorder.wait_for(lambda _: ex.warm_devices("default", "f", "v1") == [("0",)])
 
 
-async def adopt(ex: LocalExecutor, spec):
+async def launch_inline(ex: LocalExecutor, spec):
     """The executor's ``InlineRun`` for ``spec`` once the warm-up run is over (reported, then ended)."""
     deadline = time.monotonic() + 10
-    while (inline := ex.adopt(spec)) is None and time.monotonic() < deadline:
+    while (inline := ex.launch_inline(spec)) is None and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert inline is not None, "its worker should be idle"
     return inline
@@ -73,7 +73,7 @@ def follow(ex: LocalExecutor, job_id: str, source: str, x, follow_s: float, then
     report, and the loop thread's id."""
 
     async def main() -> tuple[tuple, int]:
-        inline = await adopt(ex, task(job_id, source, [{"x": x}]))
+        inline = await launch_inline(ex, task(job_id, source, [{"x": x}]))
         inline.follow_on_loop(time.monotonic() + follow_s)
         if then is not None:
             await asyncio.to_thread(then, ex, job_id)
@@ -129,7 +129,7 @@ def test_a_cancel_while_the_loop_follows_lets_go_of_the_pipe_before_the_kill(loo
             time.sleep(0.01)
 
     async def main() -> list[tuple]:
-        inline = await adopt(looped, task("c", NAP, [{"x": 60}]))
+        inline = await launch_inline(looped, task("c", NAP, [{"x": 60}]))
         inline.follow_on_loop(time.monotonic() + 30)
         await asyncio.to_thread(cancel_once_running, looped, "c")
         await asyncio.sleep(0.2)

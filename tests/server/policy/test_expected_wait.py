@@ -14,6 +14,7 @@ from helpers import describe, submit, wait_done, wait_state
 from lancefn_jupyter.display import cards as display
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
+from lancefn_jupyter.server.control.placement import SchedulerPlacement
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.policy.estimates import Holding, RunTimes, Waiting, expected_starts, warm_run_ms
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
@@ -269,9 +270,8 @@ def test_run_times_are_recorded_warm_so_one_cold_job_does_not_delay_the_warm_one
     assert warm_run_ms(1_000, 11_000, {"start_ms": 1_500, "setup_ms": 7_500, "run_ms": 900}) == 1_000
     assert warm_run_ms(1_000, 2_000, None) == 1_000  # a job from before timings: its whole duration
     assert warm_run_ms(1_000, 2_000, {"start_ms": 5_000}) == 0  # never negative
-    reports = Reports(
-        JobTable(scheduler=SchedulerState({"default": ("0", "1")}), executor=None), classes=None, bus=EventBus()
-    )  # type: ignore[arg-type]
+    table = JobTable(scheduler=SchedulerState({"default": ("0", "1")}), executor=None)
+    reports = Reports(table, classes=None, bus=EventBus(), placement=SchedulerPlacement(table))  # type: ignore[arg-type]
 
     def finished(job_id: str, duration_ms: int, timings: dict) -> JobRecord:
         return JobRecord(

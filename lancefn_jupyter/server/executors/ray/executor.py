@@ -329,7 +329,7 @@ class RayExecutor(Executor):
         self._bridge: _BridgeProcess | None = None  # the live bridge (also while it starts)
         self._buffer: list[TaskSpec] = []  # launched while the bridge starts
         self._inflight: dict[str, TaskSpec] = {}  # sent to the bridge, no outcome yet
-        # Launched by the event loop (``JobMachine.run_now``: a plain run, cheap to finish): the loop may handle their
+        # Launched by the event loop (``Intake.admit_on_loop``: a plain run, cheap to finish): the loop may handle their
         # events (``BridgeFeed``). Others (batch chunks, backfills) go to the feed's thread, since a chunk's outcome
         # may read its result file or submit the next chunks.
         self._loop_jobs: set[str] = set()
@@ -373,7 +373,7 @@ class RayExecutor(Executor):
         self._supervisor.start()
 
     def launch(self, task: TaskSpec) -> None:
-        if self._on_server_loop():  # a run the loop queued (JobMachine.run_now)
+        if self._on_server_loop():  # a run the loop queued (Intake.admit_on_loop)
             self._loop_jobs.add(task.job_id)
         if task.table_slice is not None and task.table_slice.root is not None:
             # A team's slice on a shared server: read here by its table agent, off the core's lock, and shipped

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pydantic import Field
 from starlette.requests import Request
 
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.http.auth import pick, who
 from lancefn_jupyter.server.http.bodies import Body, parse
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext
 from lancefn_jupyter.wire.backfill_models import BackfillRequest

@@ -12,9 +12,9 @@ from typing import Any, Literal
 from pydantic import Field
 from starlette.requests import Request
 
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.http.auth import pick, who
 from lancefn_jupyter.server.http.bodies import MAX_TIMEOUT_S, Body, is_arrow, parse, parse_query
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext, by_id, listing
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from lancefn_jupyter.server.control.artifact_check import CheckTurns
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.http.auth import KeyRing, who
 from lancefn_jupyter.server.http.bodies import ArrowBodies, Body, parse
 from lancefn_jupyter.server.http.fastpath import FastPath
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.plane import ControlPlane
 
 

@@ -7,9 +7,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from lancefn_jupyter.server.control.events import event_stream
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import who
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext
 

@@ -11,7 +11,8 @@ from starlette.requests import Request
 
 from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
 from lancefn_jupyter.server.control.catalog import Prepared
-from lancefn_jupyter.server.control.states import TERMINAL as TERMINAL_STATES
+from lancefn_jupyter.server.control.intake import Admitted, JobRequest, RegisterRequest
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import pick, where, who
 from lancefn_jupyter.server.http.bodies import (
@@ -24,10 +25,8 @@ from lancefn_jupyter.server.http.bodies import (
     parse_query,
     parse_raw,
 )
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext, listing
-from lancefn_jupyter.server.http.submits import Submits
 from lancefn_jupyter.server.policy.namespaces import Principal
 
 
@@ -68,8 +67,7 @@ class Run(Body):
 
 
 def add_routes(router: Router, ctx: RouteContext) -> None:
-    catalog, machine = ctx.plane.catalog, ctx.plane.machine
-    submits = Submits(machine)
+    catalog, intake = ctx.plane.catalog, ctx.plane.intake
 
     async def checked(raw: bytes) -> Prepared:
         """The registration ``raw`` parsed and validated, its artifact's syntax checked (a large one in a child)."""
@@ -91,7 +89,7 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             # and its check in a child ("REST details").
             async with ctx.checks.turn(caller):
                 prepared = await checked(raw)
-        job_id, warnings = await off_loop(catalog.record, prepared, caller.namespace)
+        job_id, warnings = await intake.submit(RegisterRequest(prepared, caller.namespace))
         # ``warnings``: the version's environment cannot be honoured here ("Environments"); omitted when none.
         return {"job_id": job_id, "warnings": warnings} if warnings else {"job_id": job_id}
 
@@ -118,55 +116,17 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
 
     async def run_function(caller: Principal, raw: bytes) -> dict:
         body = await parse_raw(raw, Run)
-        rows, upload = (body.rows, None) if body.rows_file is None else (None, ctx.bodies.upload(body.rows_file))
-        small = len(raw) <= INLINE_JSON_BYTES
-        if body.wait_s and upload is None and small:  # the loop queues it, and runs it on an idle warm worker
-            job_id = machine.run_now(
-                body.name, body.version, rows, body.timeout_s, body.wait_s, **where(caller, body.namespace)
-            )
-            if job_id is not None:
-                job = await ctx.plane.jobs.wait(job_id, body.wait_s, None, unless_queued=True)
-                if job["job_state"] not in TERMINAL_STATES:  # its id goes out: saved first
-                    await off_loop(machine.keep, job_id)
-                return {"job_id": job_id, "job": job}
-        if body.wait_s:  # a quick job on an idle warm worker runs to its end in this one core call
-            job_id, ended, left_s = await off_loop(
-                machine.run_waiting,
-                body.name,
-                body.version,
-                rows,
-                body.timeout_s,
-                body.wait_s,
-                arrow_rows=upload,
-                **where(caller, body.namespace),
-            )
-            if ended is not None:
-                return {"job_id": job_id, "job": ended}
-            job = await ctx.plane.jobs.wait(job_id, left_s, None, unless_queued=True)
-            if job["job_state"] not in TERMINAL_STATES:  # its id goes out: saved first
-                await off_loop(machine.keep, job_id)
-            return {"job_id": job_id, "job": job}
-        if upload is None:  # JSON rows: queued on the loop when it can, saved with others' (``Submits``)
-            job_id = await submits.run(
-                body.name,
-                body.version,
-                rows,
-                body.timeout_s,
-                small=small,
-                **where(caller, body.namespace),
-            )
-        else:
-            job_id = await off_loop(
-                machine.run,
-                body.name,
-                body.version,
-                rows,
-                body.timeout_s,
-                arrow_rows=upload,
-                defer=True,
-                **where(caller, body.namespace),
-            )
-        return await _submitted(job_id, body.wait_s)
+        request = JobRequest(
+            body.name,
+            body.version,
+            where(caller, body.namespace),
+            rows=body.rows,
+            arrow_rows=None if body.rows_file is None else ctx.bodies.upload(body.rows_file),
+            timeout_s=body.timeout_s,
+            wait_s=body.wait_s,
+            small=len(raw) <= INLINE_JSON_BYTES,
+        )
+        return _answer(await intake.submit(request), body.wait_s)
 
     async def run_any(request: Request) -> dict:
         """The router's route: Arrow bodies, which the guard does not buffer (it serves JSON ones)."""
@@ -182,22 +142,22 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
         fields = {k: query.get(k) for k in ("name", "version", "namespace")}
         params = parse_query(Run, {**fields, "rows": None}, "an Arrow run", query, ("timeout_s", "wait_s"))
         async with ctx.bodies.arrow_body(request) as rows_file:
-            job_id = await off_loop(
-                machine.run,
-                params.name,
-                params.version,
-                None,
-                params.timeout_s,
-                arrow_rows=rows_file,
-                **pick(request, params.namespace),
+            admitted = await intake.submit(
+                JobRequest(
+                    params.name,
+                    params.version,
+                    pick(request, params.namespace),
+                    arrow_rows=rows_file,
+                    timeout_s=params.timeout_s,
+                    wait_s=params.wait_s,
+                )
             )
-        return await _submitted(job_id, params.wait_s)
+        return _answer(admitted, params.wait_s)
 
-    async def _submitted(job_id: str, wait_s: float | None) -> dict:
-        """The run's reply; with ``wait_s``, a quick job's result comes back in it (one round trip, no jobs/wait)."""
-        if wait_s is None:
-            return {"job_id": job_id}
-        return {"job_id": job_id, "job": await ctx.plane.jobs.wait(job_id, wait_s, None, unless_queued=True)}
+
+def _answer(admitted: Admitted, wait_s: float | None) -> dict:
+    """A run's reply; with ``wait_s``, the job as the wait left it (a quick job's result: no jobs/wait)."""
+    return {"job_id": admitted.job_id} if wait_s is None else {"job_id": admitted.job_id, "job": admitted.job}
 
 
 def _by_name_version(method: Callable[..., dict], name: str) -> Callable[[Request], Awaitable[dict]]:

@@ -11,9 +11,9 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.http.auth import who
 from lancefn_jupyter.server.http.bodies import Body, parse, parse_raw
-from lancefn_jupyter.server.http.offload import off_loop
 from lancefn_jupyter.server.http.router import Router, query
 from lancefn_jupyter.server.http.routes.context import RouteContext, by_id, listing
 from lancefn_jupyter.server.policy.namespaces import Principal

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.errors import ApiError
-from lancefn_jupyter.server.http.offload import off_loop
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["call_soon", "running_loop"]
+__all__ = ["call_on_loop", "running_loop"]
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
@@ -17,7 +17,7 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
+def call_on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
     """``callback(*args)`` on ``loop`` soon, in order with every other call made either way: from the loop's own
     thread a plain ``call_soon`` (a quick job's run is on the loop), which spares the self-pipe write that wakes the
     loop for one more pass; from any other thread ``call_soon_threadsafe``. ``RuntimeError`` once the loop is closed."""
