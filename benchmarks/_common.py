@@ -242,7 +242,7 @@ class Server:
     def connect(self, *, unix_socket: bool = True):
         """The notebook API's client of this server, connected as a notebook on the embedded server is: its requests
         on the server's Unix socket (``unix_socket=False``: on the TCP port, as a client given the URL alone)."""
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
 
         return api.connect(self.url, self.api_key, unix_socket=self.unix_socket if unix_socket else None)
 

@@ -138,7 +138,7 @@ def side_result(name: str, **figures) -> None:
 
 def ours_side(rows: int, fragment_rows: int, tmp: str, labels: list[str]) -> None:
     """Backfills through a real control plane (this process is the kernel): ``labels`` among batched, per_row."""
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     with server(gpu_classes=CLASSES) as srv:
         srv.connect()
@@ -256,7 +256,7 @@ def kernel_side(url: str, key: str, db_dir: str, rows: int) -> None:
     registered) and at its peak while the control plane runs the backfill."""
     import lancedb
 
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     api.connect(url, key)
     table = lancedb.connect(db_dir).open_table("big")

@@ -81,7 +81,7 @@ def check_arrays(shell, real: bool, failures: list) -> None:
 def main() -> int:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
     from lancefn_jupyter.embedded import stop_server
 
     home = tempfile.mkdtemp(prefix="lancefn-device-check-")

@@ -313,7 +313,7 @@ def registration_body(
     env: dict[str, str] | None = None,
 ) -> dict:
     """A FunctionRegistrationRequest as plain JSON data (base64 artifact, sha256 digest),
-    built without ``lancefn_jupyter.packaging``.  ``num_gpus=None`` → a CPU (``python``) function."""
+    built without ``lancefn_jupyter.kernel.packaging``.  ``num_gpus=None`` → a CPU (``python``) function."""
     import base64
     import hashlib
 

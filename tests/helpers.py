@@ -34,8 +34,8 @@ import psutil
 import pytest
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
-from lancefn_jupyter.packaging import PackagedFunction, package_cell
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel.packaging import PackagedFunction, package_cell
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire.models import Job
 
 T = TypeVar("T")
@@ -366,7 +366,7 @@ def kernel_shell(cp: Any) -> Iterator[Any]:
     """An IPython shell with the extension loaded and connected to ``cp`` (a fixture's body)."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     shell = InteractiveShell.instance()
     shell.reset()

@@ -20,26 +20,26 @@ imports this module except the magics and the package's lazy `__getattr__`.
 
 from __future__ import annotations
 
-from lancefn_jupyter.client import LancefnEnvironmentWarning
-from lancefn_jupyter.client import LancefnError as LancefnError
+from lancefn_jupyter.kernel.client import LancefnEnvironmentWarning
+from lancefn_jupyter.kernel.client import LancefnError as LancefnError
 
 # `X as X`: reachable as `api.X` though not in `__all__` (the magics, tests and scripts use them).
-from lancefn_jupyter.handles.batch import Batch, BatchChunkError, BatchError
-from lancefn_jupyter.handles.function import (
+from lancefn_jupyter.kernel.handles.batch import Batch, BatchChunkError, BatchError
+from lancefn_jupyter.kernel.handles.function import (
     GpuFunction,
     NotRegisteredError,
     UnregisteredFunction,
     function_from_cell,
     gpu_function,
 )
-from lancefn_jupyter.handles.function import bind_refused as bind_refused
-from lancefn_jupyter.handles.history import diff_versions, version_history
-from lancefn_jupyter.handles.job import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
-from lancefn_jupyter.handles.lookup import lookup
-from lancefn_jupyter.handles.table_map import Backfill
-from lancefn_jupyter.listings import list_gpu_classes, list_jobs, list_versions
-from lancefn_jupyter.session import ConnectionInfo as ConnectionInfo
-from lancefn_jupyter.session import (
+from lancefn_jupyter.kernel.handles.function import bind_refused as bind_refused
+from lancefn_jupyter.kernel.handles.history import diff_versions, version_history
+from lancefn_jupyter.kernel.handles.job import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
+from lancefn_jupyter.kernel.handles.lookup import lookup
+from lancefn_jupyter.kernel.handles.table_map import Backfill
+from lancefn_jupyter.kernel.listings import list_gpu_classes, list_jobs, list_versions
+from lancefn_jupyter.kernel.session import ConnectionInfo as ConnectionInfo
+from lancefn_jupyter.kernel.session import (
     add_profile,
     connect,
     connection_info,

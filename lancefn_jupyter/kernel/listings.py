@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lancefn_jupyter.client import Client, LancefnError
-from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.display.jobs import jobs_table
-from lancefn_jupyter.session import current_client
+from lancefn_jupyter.kernel.client import Client, LancefnError
+from lancefn_jupyter.kernel.display import cards as display
+from lancefn_jupyter.kernel.display.jobs import jobs_table
+from lancefn_jupyter.kernel.session import current_client
 from lancefn_jupyter.wire.models import GpuClass
 
 __all__ = ["list_gpu_classes", "list_jobs", "list_versions"]
@@ -32,7 +32,7 @@ class _Rendered(list):
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         make_widget = self._make_widget
         if make_widget is not None:
-            from lancefn_jupyter.widgets import rich_bundle
+            from lancefn_jupyter.kernel.widgets import rich_bundle
 
             def make() -> Any:
                 if self._widget is None or getattr(self._widget, "comm", None) is None:
@@ -72,7 +72,7 @@ def list_jobs(*, state: str | None = None, name: str | None = None, limit: int =
     jobs = client.jobs.list(state=state, name=name, job_type="run_function", limit=limit)
     batches = _recent_batches(client, name)
     if batches:  # batch rows above the jobs (their chunk jobs are among the jobs)
-        from lancefn_jupyter.display.batch import batches_table
+        from lancefn_jupyter.kernel.display.batch import batches_table
 
         def render() -> tuple[str, str]:
             (bt, bh), (jt, jh) = batches_table(batches), jobs_table(jobs)
@@ -104,6 +104,6 @@ def _jobs_with_batches(batches: list, state: str | None, name: str | None, limit
 
 
 def _widget(kind: str, *args: Any, **kwargs: Any) -> Any:
-    from lancefn_jupyter import widgets
+    from lancefn_jupyter.kernel import widgets
 
     return getattr(widgets, kind)(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""IPython magics, thin over `lancefn_jupyter.api` (every option is reachable from Python too); runs in the kernel.
+"""IPython magics, thin over `lancefn_jupyter.kernel.api` (every option is reachable from Python too); runs in the kernel.
 
 Lines are NOT variable-expanded (`@no_var_expand`): the line is part of the function version's
 identity, so `env=HOME=$HOME` means the literal text, never whatever `$HOME` is in this kernel.
@@ -17,7 +17,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.display import display
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.session import ConnectionInfo
+    from lancefn_jupyter.kernel.session import ConnectionInfo
     from lancefn_jupyter.wire.models import GpuClass
     from lancefn_jupyter.wire.versions import VersionDiff, VersionHistory
 
@@ -36,7 +36,7 @@ def _prestart_embedded(line: str) -> bool:
     import os
     import sys
 
-    session = sys.modules.get("lancefn_jupyter.session")  # not imported yet: no control plane chosen
+    session = sys.modules.get("lancefn_jupyter.kernel.session")  # not imported yet: no control plane chosen
     chosen = session is not None and session.chosen_client() is not None
     if chosen or os.environ.get("LANCEFN_URL") or "register=no" in line:
         return False
@@ -52,10 +52,10 @@ def _prestart_embedded(line: str) -> bool:
 def _import_display() -> None:
     """What showing the function card takes, imported while a prestarted server is still starting
     (the kernel would only wait for it), not after the registration."""
-    from lancefn_jupyter.widgets import use_widgets
+    from lancefn_jupyter.kernel.widgets import use_widgets
 
     if use_widgets():
-        from lancefn_jupyter.widgets import FunctionCardWidget  # noqa: F401
+        from lancefn_jupyter.kernel.widgets import FunctionCardWidget  # noqa: F401
 
 
 @magics_class
@@ -72,10 +72,10 @@ class GpuMagics(Magics):
         shell = self.shell
         assert shell is not None  # a magic runs in the shell it is registered with
         prestarted = _prestart_embedded(line)
-        from lancefn_jupyter import api
-        from lancefn_jupyter.client import LancefnError
-        from lancefn_jupyter.options import OptionsError, parse_function_line
-        from lancefn_jupyter.packaging import PackagingError
+        from lancefn_jupyter.kernel import api
+        from lancefn_jupyter.kernel.client import LancefnError
+        from lancefn_jupyter.kernel.options import OptionsError, parse_function_line
+        from lancefn_jupyter.kernel.packaging import PackagingError
 
         try:
             options = parse_function_line(line, api.profiles())
@@ -111,8 +111,8 @@ class GpuMagics(Magics):
     @line_magic
     def gpu_profile(self, line: str) -> None:
         """%gpu_profile NAME key=value… defines a reusable compute profile; with no arguments lists them."""
-        from lancefn_jupyter import api
-        from lancefn_jupyter.options import OptionsError, parse_profile_line
+        from lancefn_jupyter.kernel import api
+        from lancefn_jupyter.kernel.options import OptionsError, parse_profile_line
 
         if not line.strip():
             defined = api.profiles()
@@ -133,7 +133,7 @@ class GpuMagics(Magics):
     @line_magic
     def lancefn(self, line: str) -> _Status | None:
         """%lancefn [connect URL [api_key=KEY] | local | stop]"""
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
 
         args = shlex.split(line)
         if not args:
@@ -164,7 +164,7 @@ class GpuMagics(Magics):
     @line_magic
     def gpu_classes(self, line: str) -> list[GpuClass]:
         """Each GPU class's model, memory, max GPUs per worker and live busy/free."""
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
 
         if line.strip():
             raise UsageError("%gpu_classes takes no arguments")
@@ -174,7 +174,7 @@ class GpuMagics(Magics):
     def gpu_versions(self, line: str) -> VersionDiff | VersionHistory | list[Any]:
         """%gpu_versions: every version; %gpu_versions NAME: its history, newest first, one line of change
         each; %gpu_versions diff NAME [OLD [NEW]]: source and runtime diff (default: the last two)."""
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
         from lancefn_jupyter.wire.versions import VersionLookupError
 
         args = shlex.split(line)
@@ -195,7 +195,7 @@ class GpuMagics(Magics):
     @line_magic
     def gpu_jobs(self, line: str) -> list[Any]:
         """%gpu_jobs [state=pending|running|…] [name=FUNCTION]: recent jobs."""
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
         from lancefn_jupyter.wire.models import JobState, display_state
 
         filters: dict[str, str] = {}
@@ -218,7 +218,7 @@ class GpuMagics(Magics):
 
 def _status() -> _Status:
     """The status of the control plane in use (chosen by the default rule if none is yet)."""
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     info = api.connection_info()
     if info is None:
@@ -232,7 +232,7 @@ class _Status:
     """`%lancefn` output: which control plane, embedded or remote, and its health (never the key)."""
 
     def __init__(self, info: ConnectionInfo):
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
 
         self.info = info
         try:

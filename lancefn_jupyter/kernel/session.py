@@ -2,7 +2,7 @@
 one event listener that follows it (runs in the kernel; docs/ARCHITECTURE.md, "Client and API (kernel side)").
 
 `connect`, `use_local`, `stop_local`, `current_client`, `connection_info` and the compute profiles
-(`gpu_profile`, `add_profile`, `profiles`) live here (re-exported by `lancefn_jupyter.api`) so that
+(`gpu_profile`, `add_profile`, `profiles`) live here (re-exported by `lancefn_jupyter.kernel.api`) so that
 widgets and handles reach the current client without importing `api`. The session owns the kernel's
 `EventListener` (`listener()`), handing it `chosen_client` as the client to follow, so the listener
 never imports the session. One lock so concurrent threads (widgets, the listener) agree.
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lancefn_jupyter.client import Client, Forbidden
-from lancefn_jupyter.client.listener import EventListener
-from lancefn_jupyter.options import ComputeProfile, build_profile
+from lancefn_jupyter.kernel.client import Client, Forbidden
+from lancefn_jupyter.kernel.client.listener import EventListener
+from lancefn_jupyter.kernel.options import ComputeProfile, build_profile
 from lancefn_jupyter.wire.models import FunctionVersion, GpuClass
 
 __all__ = [

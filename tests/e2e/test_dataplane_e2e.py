@@ -15,9 +15,9 @@ from conftest import register, registration_body
 from helpers import wait_done
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api
-from lancefn_jupyter.api import RemoteFunctionError
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.api import RemoteFunctionError
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire import dataplane
 
 DEADLINE_S = 120.0

@@ -226,7 +226,7 @@ class Dashboard:
 
 @contextlib.contextmanager
 def _dashboard_command(servers: Servers, workdir: Path, *args: str, env: dict | None = None) -> Iterator[Dashboard]:
-    """`lancefn-dashboard --port P *args` (as `python -m lancefn_jupyter.dashboards.cli`, the console script's
+    """`lancefn-dashboard --port P *args` (as `python -m lancefn_jupyter.kernel.dashboards.cli`, the console script's
     target) against the module's control plane, in its own Jupyter dirs; yields it once it listens."""
     built = built_labextension()
     if built is not None:
@@ -249,7 +249,7 @@ def _dashboard_command(servers: Servers, workdir: Path, *args: str, env: dict | 
     log_path = workdir / "dashboard.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lancefn_jupyter.dashboards.cli", f"--port={port}", *args],
+            [sys.executable, "-m", "lancefn_jupyter.kernel.dashboards.cli", f"--port={port}", *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lancefn_jupyter.client._http import EventStream, Transport
-from lancefn_jupyter.client.backfills import BackfillsResource
-from lancefn_jupyter.client.batches import BatchesResource
-from lancefn_jupyter.client.errors import (
+from lancefn_jupyter.kernel.client._http import EventStream, Transport
+from lancefn_jupyter.kernel.client.backfills import BackfillsResource
+from lancefn_jupyter.kernel.client.batches import BatchesResource
+from lancefn_jupyter.kernel.client.errors import (
     ApiError,
     Conflict,
     ControlPlaneUnreachable,
@@ -22,10 +22,10 @@ from lancefn_jupyter.client.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from lancefn_jupyter.client.events import Event, iter_events, open_event_stream
-from lancefn_jupyter.client.functions import FunctionsResource
-from lancefn_jupyter.client.gpu import GpuResource
-from lancefn_jupyter.client.jobs import JobsResource
+from lancefn_jupyter.kernel.client.events import Event, iter_events, open_event_stream
+from lancefn_jupyter.kernel.client.functions import FunctionsResource
+from lancefn_jupyter.kernel.client.gpu import GpuResource
+from lancefn_jupyter.kernel.client.jobs import JobsResource
 
 __all__ = [
     "ApiError",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from lancefn_jupyter.client.errors import ControlPlaneUnreachable, error_for_status
+from lancefn_jupyter.kernel.client.errors import ControlPlaneUnreachable, error_for_status
 from lancefn_jupyter.wire import jsontext
 
 __all__ = ["ARROW_STREAM", "EventStream", "Transport"]

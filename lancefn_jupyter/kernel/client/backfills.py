@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lancefn_jupyter.client._http import Transport
+from lancefn_jupyter.kernel.client._http import Transport
 from lancefn_jupyter.wire.batch_models import BackfillError
 
 __all__ = ["BackfillsResource"]

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from lancefn_jupyter.client._http import ARROW_STREAM, Transport
+from lancefn_jupyter.kernel.client._http import ARROW_STREAM, Transport
 from lancefn_jupyter.wire.batch_models import Batch
 from lancefn_jupyter.wire.models import TERMINAL_STATES
 

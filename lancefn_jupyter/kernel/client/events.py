@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lancefn_jupyter.client._http import EventStream, Transport
+from lancefn_jupyter.kernel.client._http import EventStream, Transport
 
 __all__ = ["Event", "iter_events", "parse_sse_lines"]
 

@@ -8,9 +8,9 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from lancefn_jupyter.client._http import ARROW_STREAM, Transport
-from lancefn_jupyter.client.errors import ApiError, LancefnEnvironmentWarning
-from lancefn_jupyter.client.jobs import JobsResource
+from lancefn_jupyter.kernel.client._http import ARROW_STREAM, Transport
+from lancefn_jupyter.kernel.client.errors import ApiError, LancefnEnvironmentWarning
+from lancefn_jupyter.kernel.client.jobs import JobsResource
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionVersion, Job, JobState
 
 __all__ = ["FunctionListing", "FunctionsResource"]

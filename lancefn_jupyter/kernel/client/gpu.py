@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lancefn_jupyter.client._http import Transport
+from lancefn_jupyter.kernel.client._http import Transport
 from lancefn_jupyter.wire.models import GpuClass, GpuUsage
 
 __all__ = ["GpuResource"]

@@ -6,7 +6,7 @@ import builtins  # the resources have a list() method that shadows the type in a
 import time
 from typing import Any
 
-from lancefn_jupyter.client._http import Transport
+from lancefn_jupyter.kernel.client._http import Transport
 from lancefn_jupyter.wire.models import TERMINAL_STATES, Job
 
 __all__ = ["JobsResource"]

@@ -43,12 +43,12 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from lancefn_jupyter.client.errors import LancefnError
-from lancefn_jupyter.client.events import parse_sse_lines
-from lancefn_jupyter.client.logs import log
+from lancefn_jupyter.kernel.client.errors import LancefnError
+from lancefn_jupyter.kernel.client.events import parse_sse_lines
+from lancefn_jupyter.kernel.client.logs import log
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
     from lancefn_jupyter.wire.models import Job
 
 __all__ = ["EventListener", "queue_positions", "running_threads"]

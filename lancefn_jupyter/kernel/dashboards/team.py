@@ -1,7 +1,7 @@
 """The team dashboard widget: every GPU class's busy/free and queue, recent batches, running, pending and
 recent jobs (namespace column for an admin key, expected starts, cold or warm, Cancel), recent failures.
 
-Built only from `lancefn_jupyter.widgets` (each section is the widget `%gpu_classes` / `%gpu_jobs` shows),
+Built only from `lancefn_jupyter.kernel.widgets` (each section is the widget `%gpu_classes` / `%gpu_jobs` shows),
 fed by the kernel's one event listener, so every section updates live. A batch that starts after the page
 opened is added at the top of the batches. What the key may see is what the control plane answers: an
 admin key sees every namespace's jobs and batches, another key only its own namespace's (docs/ARCHITECTURE.md,
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from lancefn_jupyter.client import LancefnError
-from lancefn_jupyter.client.listener import EventListener
-from lancefn_jupyter.session import connection_info, current_client
-from lancefn_jupyter.widgets import BatchWidget, GpuClassesWidget, JobsDashboard, get_listener
+from lancefn_jupyter.kernel.client import LancefnError
+from lancefn_jupyter.kernel.client.listener import EventListener
+from lancefn_jupyter.kernel.session import connection_info, current_client
+from lancefn_jupyter.kernel.widgets import BatchWidget, GpuClassesWidget, JobsDashboard, get_listener
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
 __all__ = ["TeamDashboard", "heading_text"]
 

@@ -8,7 +8,7 @@ import html
 import time
 from collections.abc import Sequence
 
-from lancefn_jupyter.display.cards import format_elapsed, state_badge_html
+from lancefn_jupyter.kernel.display.cards import format_elapsed, state_badge_html
 from lancefn_jupyter.wire.batch_models import STRIP_STATES, BackfillError, Batch
 from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
 
@@ -143,7 +143,7 @@ def batch_card(batch: Batch, now_ms: float | None = None, skipped: Sequence[Back
 
 def batches_table(batches: list[Batch], now_ms: float | None = None) -> tuple[str, str]:
     """The batch rows `%gpu_jobs` shows above its jobs (text and HTML)."""
-    from lancefn_jupyter.display.cards import render_table
+    from lancefn_jupyter.kernel.display.cards import render_table
 
     rows = []
     for batch in batches:

@@ -7,15 +7,15 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable
 
-from lancefn_jupyter.display import cards
-from lancefn_jupyter.display.cards import (
+from lancefn_jupyter.kernel.display import cards
+from lancefn_jupyter.kernel.display.cards import (
     format_elapsed,
     function_ref,
     job_elapsed_s,
     render_table,
     result_text,
 )
-from lancefn_jupyter.display.timings import job_timings_text
+from lancefn_jupyter.kernel.display.timings import job_timings_text
 from lancefn_jupyter.wire.models import Job, JobState, display_state
 
 __all__ = ["JOBS_COLUMNS", "job_card", "jobs_table"]

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lancefn_jupyter.client import Client, LancefnError
-from lancefn_jupyter.display.batch import batch_card
-from lancefn_jupyter.handles import chunking
-from lancefn_jupyter.handles.base import FunctionRef, RecordHandle, waiting
-from lancefn_jupyter.handles.job import Job
-from lancefn_jupyter.handles.rows import rows_payload
-from lancefn_jupyter.handles.submit import create_batch, registered_version
+from lancefn_jupyter.kernel.client import Client, LancefnError
+from lancefn_jupyter.kernel.display.batch import batch_card
+from lancefn_jupyter.kernel.handles import chunking
+from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
+from lancefn_jupyter.kernel.handles.job import Job
+from lancefn_jupyter.kernel.handles.rows import rows_payload
+from lancefn_jupyter.kernel.handles.submit import create_batch, registered_version
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
 from lancefn_jupyter.wire.batch_models import BatchChunk
@@ -117,7 +117,7 @@ def start_batch(
     """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
     ``column``: the values of the function's one parameter as an Arrow array (a table's column),
     sent as Arrow chunks as they are; ``items`` is then ignored."""
-    from lancefn_jupyter.session import current_client
+    from lancefn_jupyter.kernel.session import current_client
 
     window = check_parallel(parallel)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
@@ -169,7 +169,7 @@ class Batch(RecordHandle[BatchRecord]):
         return_exceptions: bool = False,
         snapshot: BatchRecord | None = None,
     ):
-        from lancefn_jupyter.session import current_client
+        from lancefn_jupyter.kernel.session import current_client
 
         self.batch_id = batch_id
         self.client = client or current_client()
@@ -373,7 +373,7 @@ class Batch(RecordHandle[BatchRecord]):
 
     # -- display
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from lancefn_jupyter.widgets import batch_bundle
+        from lancefn_jupyter.kernel.widgets import batch_bundle
 
         return batch_bundle(self)
 

@@ -16,21 +16,21 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from lancefn_jupyter.client import LancefnEnvironmentWarning, LancefnError
-from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.handles.history import diff_versions
-from lancefn_jupyter.handles.job import Job, missing_module_hint
-from lancefn_jupyter.handles.rows import rows_payload
-from lancefn_jupyter.handles.submit import registered_version, run_job
-from lancefn_jupyter.handles.tracebacks import map_traceback, say_once
-from lancefn_jupyter.options import FunctionOptions, build_options
-from lancefn_jupyter.packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
-from lancefn_jupyter.session import class_hardware, current_client, profiles, registration_cache
+from lancefn_jupyter.kernel.client import LancefnEnvironmentWarning, LancefnError
+from lancefn_jupyter.kernel.display import cards as display
+from lancefn_jupyter.kernel.handles.history import diff_versions
+from lancefn_jupyter.kernel.handles.job import Job, missing_module_hint
+from lancefn_jupyter.kernel.handles.rows import rows_payload
+from lancefn_jupyter.kernel.handles.submit import registered_version, run_job
+from lancefn_jupyter.kernel.handles.tracebacks import map_traceback, say_once
+from lancefn_jupyter.kernel.options import FunctionOptions, build_options
+from lancefn_jupyter.kernel.packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
+from lancefn_jupyter.kernel.session import class_hardware, current_client, profiles, registration_cache
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionSignature, FunctionVersion
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.handles.batch import Batch
-    from lancefn_jupyter.handles.table_map import Backfill
+    from lancefn_jupyter.kernel.handles.batch import Batch
+    from lancefn_jupyter.kernel.handles.table_map import Backfill
     from lancefn_jupyter.wire.versions import VersionDiff
 
 __all__ = [
@@ -379,7 +379,7 @@ class GpuFunction:
             "fresh": fresh,
         }
         if column is not None or into is not None or key is not None or _is_lance_table(items):
-            from lancefn_jupyter.handles.table_map import map_table
+            from lancefn_jupyter.kernel.handles.table_map import map_table
 
             return map_table(
                 self,
@@ -398,7 +398,7 @@ class GpuFunction:
             if not rows:
                 raise ValueError(f"{self.name}.map() needs at least one item")
             return self._submit_rows(rows, single=False)
-        from lancefn_jupyter.handles.batch import start_batch
+        from lancefn_jupyter.kernel.handles.batch import start_batch
 
         return start_batch(self, items, **batch_options)
 
@@ -408,7 +408,7 @@ class GpuFunction:
         In a notebook, a job still going after ~2 s shows its live widget while this waits.
         """
         job = self.submit(*args, **kwargs)
-        from lancefn_jupyter.widgets import use_widgets
+        from lancefn_jupyter.kernel.widgets import use_widgets
 
         if use_widgets() and not job.wait(timeout=_SHOW_JOB_AFTER_S).done:
             from IPython.display import display as ipy_display
@@ -419,7 +419,7 @@ class GpuFunction:
     def local(self, *args: Any, **kwargs: Any) -> Any:
         """Run the packaged artifact in a subprocess: local GPU if usable, else numba's CUDA simulator."""
         from lancefn_jupyter.environments.request import EnvironmentRequest
-        from lancefn_jupyter.handles.local_run import LocalRunError, run_local
+        from lancefn_jupyter.kernel.handles.local_run import LocalRunError, run_local
 
         if self._packaged.signature.batched:
             json_rows, table = None, self._batch_table(args, kwargs)
@@ -497,7 +497,7 @@ class GpuFunction:
         )
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from lancefn_jupyter.widgets import function_card_bundle
+        from lancefn_jupyter.kernel.widgets import function_card_bundle
 
         return function_card_bundle(self)
 
@@ -575,7 +575,7 @@ def function_from_cell(
     `root` is the notebook's directory (default: the kernel's working directory, which Jupyter sets to
     it): modules the cell uses from files under it, and `options.include`, ship inside the artifact.
     """
-    from lancefn_jupyter.local_modules import LocalModuleError, collect
+    from lancefn_jupyter.kernel.local_modules import LocalModuleError, collect
 
     packaged = package_cell(cell, namespace, entry=options.name, batched=options.batched)
     root = root or os.getcwd()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lancefn_jupyter.client import Client, NotFound
-from lancefn_jupyter.session import current_client
+from lancefn_jupyter.kernel.client import Client, NotFound
+from lancefn_jupyter.kernel.session import current_client
 from lancefn_jupyter.wire.models import FunctionVersion
 
 if TYPE_CHECKING:

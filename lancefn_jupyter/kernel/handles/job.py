@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lancefn_jupyter.client import Client, LancefnError
-from lancefn_jupyter.display.jobs import job_card
-from lancefn_jupyter.handles.base import FunctionRef, RecordHandle, waiting
-from lancefn_jupyter.session import current_client, listener, shared_home
+from lancefn_jupyter.kernel.client import Client, LancefnError
+from lancefn_jupyter.kernel.display.jobs import job_card
+from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
+from lancefn_jupyter.kernel.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, JobTimings, display_state
 from lancefn_jupyter.wire.models import Job as JobRecord
@@ -129,7 +129,7 @@ class Job(RecordHandle[JobRecord]):
         warm), `environment_ms`, `setup_ms` (executing the version's module and a class entry's
         `setup()`; 0 when warm), `run_ms`, and `cold` (a start or a setup was paid). None while the
         job is pending or running, for a job cancelled before a worker took it, and from servers
-        before issue 24. `lancefn_jupyter.display.timings.timings_text` says it in words
+        before issue 24. `lancefn_jupyter.kernel.display.timings.timings_text` says it in words
         ("cold start 1.2 s, setup 1.0 s", "warm").
         """
         snapshot = self.snapshot
@@ -221,7 +221,7 @@ class Job(RecordHandle[JobRecord]):
             offset = next_offset
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from lancefn_jupyter.widgets import job_bundle
+        from lancefn_jupyter.kernel.widgets import job_bundle
 
         return job_bundle(self)
 

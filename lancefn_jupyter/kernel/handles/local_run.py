@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from lancefn_jupyter.client.logs import log
+from lancefn_jupyter.kernel.client.logs import log
 from lancefn_jupyter.worker.process import ProtocolError, WorkerProcess, WorkerStartError, WorkerTask, describe_exit
 
 if TYPE_CHECKING:

@@ -3,9 +3,9 @@ docs/ARCHITECTURE.md, "Function versions (wire rules)")."""
 
 from __future__ import annotations
 
-from lancefn_jupyter.handles.function import GpuFunction
-from lancefn_jupyter.handles.history import live_versions, pick_version
-from lancefn_jupyter.session import current_client
+from lancefn_jupyter.kernel.handles.function import GpuFunction
+from lancefn_jupyter.kernel.handles.history import live_versions, pick_version
+from lancefn_jupyter.kernel.session import current_client
 
 __all__ = ["lookup"]
 

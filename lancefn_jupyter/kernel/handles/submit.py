@@ -8,12 +8,12 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from lancefn_jupyter.client import Client, LancefnError
-from lancefn_jupyter.session import shared_home
+from lancefn_jupyter.kernel.client import Client, LancefnError
+from lancefn_jupyter.kernel.session import shared_home
 from lancefn_jupyter.wire import dataplane
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.handles.base import FunctionRef
+    from lancefn_jupyter.kernel.handles.base import FunctionRef
     from lancefn_jupyter.wire.models import FunctionVersion
     from lancefn_jupyter.wire.models import Job as JobRecord
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from lancefn_jupyter.handles.base import FunctionRef
-from lancefn_jupyter.handles.batch import Batch, BatchError, check_parallel, start_batch
-from lancefn_jupyter.handles.submit import registered_version
+from lancefn_jupyter.kernel.handles.base import FunctionRef
+from lancefn_jupyter.kernel.handles.batch import Batch, BatchError, check_parallel, start_batch
+from lancefn_jupyter.kernel.handles.submit import registered_version
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
     from lancefn_jupyter.wire.batch_models import BackfillError
     from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
 
@@ -176,7 +176,7 @@ def map_table(
     }
     optional = {"where": where, "chunk_size": chunk_size, "parallel": window, "timeout_s": function.timeout_s}
     body.update({k: v for k, v in optional.items() if v is not None})
-    from lancefn_jupyter.session import current_client
+    from lancefn_jupyter.kernel.session import current_client
 
     client = current_client()
     reply = client.backfills.create(body)
@@ -314,7 +314,7 @@ class Backfill:
 
     # -- display
     def _card(self) -> tuple[str, str]:
-        from lancefn_jupyter.display.batch import SKIPPED_SHOWN, batch_card
+        from lancefn_jupyter.kernel.display.batch import SKIPPED_SHOWN, batch_card
 
         snapshot = self.batch.snapshot
         backfill = snapshot.backfill

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.packaging import PackagedFunction
+    from lancefn_jupyter.kernel.packaging import PackagedFunction
 
 __all__ = ["map_error_text", "map_traceback", "say_once"]
 

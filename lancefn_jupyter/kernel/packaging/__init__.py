@@ -89,10 +89,10 @@ Modules: ``capture`` (the artifact value, errors, free-name capture, line map), 
 (``infer_signature``).
 """
 
-from lancefn_jupyter.packaging.capture import PackagedFunction, PackagingError
-from lancefn_jupyter.packaging.cell import entry_name, package_cell
-from lancefn_jupyter.packaging.function import package_function
-from lancefn_jupyter.packaging.signature import infer_signature
+from lancefn_jupyter.kernel.packaging.capture import PackagedFunction, PackagingError
+from lancefn_jupyter.kernel.packaging.cell import entry_name, package_cell
+from lancefn_jupyter.kernel.packaging.function import package_function
+from lancefn_jupyter.kernel.packaging.signature import infer_signature
 
 __all__ = [
     "PackagedFunction",
@@ -103,8 +103,9 @@ __all__ = [
     "package_function",
 ]
 
-# The public names keep the module path they always had: an artifact that captures one of them
-# (``from lancefn_jupyter.packaging import infer_signature``) must not change its bytes or digest.
+# The public names keep the module path they always had, the path users import them from: an artifact
+# that captures one of them (``from lancefn_jupyter.packaging import infer_signature``) must not change its
+# bytes or digest.
 for _public in (PackagedFunction, PackagingError, entry_name, infer_signature, package_cell, package_function):
-    _public.__module__ = __name__
+    _public.__module__ = "lancefn_jupyter.packaging"
 del _public

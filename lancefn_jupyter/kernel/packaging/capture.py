@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from lancefn_jupyter.local_modules import prelude_line
+from lancefn_jupyter.kernel.local_modules import prelude_line
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import (
     FunctionArtifactContent,

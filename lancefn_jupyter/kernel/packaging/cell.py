@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from lancefn_jupyter.packaging.capture import (
+from lancefn_jupyter.kernel.packaging.capture import (
     MISSING,
     PackagedFunction,
     PackagingError,
@@ -17,7 +17,7 @@ from lancefn_jupyter.packaging.capture import (
     free_values,
     kernel_function,
 )
-from lancefn_jupyter.packaging.signature import check_class_entry, infer_signature
+from lancefn_jupyter.kernel.packaging.signature import check_class_entry, infer_signature
 
 # --------------------------------------------------------------------------
 # package_cell

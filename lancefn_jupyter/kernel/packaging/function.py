@@ -10,7 +10,7 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lancefn_jupyter.packaging.capture import (
+from lancefn_jupyter.kernel.packaging.capture import (
     PackagedFunction,
     PackagingError,
     build_artifact,
@@ -20,7 +20,7 @@ from lancefn_jupyter.packaging.capture import (
     importable_qualname,
     kernel_function,
 )
-from lancefn_jupyter.packaging.signature import check_class_entry, defines_call, infer_signature
+from lancefn_jupyter.kernel.packaging.signature import check_class_entry, defines_call, infer_signature
 
 if TYPE_CHECKING:
     from lancefn_jupyter.wire.models import FunctionSignature

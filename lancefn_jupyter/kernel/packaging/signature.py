@@ -9,7 +9,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from lancefn_jupyter.packaging.capture import SUPPORTED_TYPES, PackagingError, describe, literal_source
+from lancefn_jupyter.kernel.packaging.capture import SUPPORTED_TYPES, PackagingError, describe, literal_source
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import FunctionOutput, FunctionParameter, FunctionSignature
 

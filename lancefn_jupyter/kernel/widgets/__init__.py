@@ -6,8 +6,8 @@ each carries `text/plain` and `text/html` fallbacks. They take records, a client
 never a handle's internals. Importing this package is cheap: ipywidgets loads with the first widget.
 Runs in the kernel (docs/ARCHITECTURE.md, "Client and API (kernel side)").
 
-    from lancefn_jupyter.widgets import JobWidget, JobsDashboard, GpuClassesWidget, FunctionCardWidget
-    from lancefn_jupyter.widgets import get_listener, start_listener, stop_listener
+    from lancefn_jupyter.kernel.widgets import JobWidget, JobsDashboard, GpuClassesWidget, FunctionCardWidget
+    from lancefn_jupyter.kernel.widgets import get_listener, start_listener, stop_listener
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from lancefn_jupyter.client.listener import EventListener, running_threads
-from lancefn_jupyter.session import listener as get_listener
-from lancefn_jupyter.session import start_listener, stop_listener
-from lancefn_jupyter.widgets._support import (
+from lancefn_jupyter.kernel.client.listener import EventListener, running_threads
+from lancefn_jupyter.kernel.session import listener as get_listener
+from lancefn_jupyter.kernel.session import start_listener, stop_listener
+from lancefn_jupyter.kernel.widgets._support import (
     WIDGET_VIEW_MIME,
     in_frontend_kernel,
     rich_bundle,
@@ -63,7 +63,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'lancefn_jupyter.widgets' has no attribute {name!r}")
+        raise AttributeError(f"module 'lancefn_jupyter.kernel.widgets' has no attribute {name!r}")
     from importlib import import_module
 
     return getattr(import_module(module, __name__), name)
@@ -85,7 +85,7 @@ def job_widget(job: Any) -> Any:
     """The (one, cached) widget of a `Job` handle."""
 
     def make() -> Any:
-        from lancefn_jupyter.widgets._job import JobWidget
+        from lancefn_jupyter.kernel.widgets._job import JobWidget
 
         return JobWidget(job.job_id, client=job.client, function=job.function)
 
@@ -94,17 +94,17 @@ def job_widget(job: Any) -> Any:
 
 def job_bundle(job: Any) -> dict:
     """A `Job`'s display: its live widget where widgets work, else the text/HTML card."""
-    from lancefn_jupyter.display.jobs import job_card
+    from lancefn_jupyter.kernel.display.jobs import job_card
 
     return rich_bundle(lambda: job_widget(job), lambda: job_card(job.snapshot))
 
 
 def batch_bundle(batch: Any) -> dict:
     """A `Batch`'s display: its live widget where widgets work, else the text/HTML card."""
-    from lancefn_jupyter.display.batch import batch_card
+    from lancefn_jupyter.kernel.display.batch import batch_card
 
     def make() -> Any:
-        from lancefn_jupyter.widgets._batch import BatchWidget
+        from lancefn_jupyter.kernel.widgets._batch import BatchWidget
 
         return BatchWidget(batch.batch_id, client=batch.client, function=batch.function)
 
@@ -115,7 +115,7 @@ def function_card_bundle(handle: Any) -> dict:
     """A `GpuFunction`'s display: the card widget (with live class usage) or its text/HTML."""
 
     def make() -> Any:
-        from lancefn_jupyter.widgets._card import FunctionCardWidget
+        from lancefn_jupyter.kernel.widgets._card import FunctionCardWidget
 
         return FunctionCardWidget(handle)
 

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from lancefn_jupyter.client.errors import LancefnError
-from lancefn_jupyter.client.listener import EventListener
-from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.display.batch import (
+from lancefn_jupyter.kernel.client.errors import LancefnError
+from lancefn_jupyter.kernel.client.listener import EventListener
+from lancefn_jupyter.kernel.display import cards as display
+from lancefn_jupyter.kernel.display.batch import (
     SKIPPED_SHOWN,
     STRIP_COLOURS,
     backfill_line,
@@ -34,13 +34,13 @@ from lancefn_jupyter.display.batch import (
     skipped_lines,
     strip_cells,
 )
-from lancefn_jupyter.widgets._job import BAR_STYLE
-from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
+from lancefn_jupyter.kernel.widgets._job import BAR_STYLE
+from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.batch_models import STRIP_STATES
 from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
     from lancefn_jupyter.wire.batch_models import BackfillError, Batch
 
 __all__ = ["BatchWidget"]

@@ -14,10 +14,10 @@ from typing import Any
 
 import ipywidgets as w
 
-from lancefn_jupyter import session
-from lancefn_jupyter.client.listener import EventListener
-from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.widgets._support import FallbackReprMixin, LiveUsageMixin
+from lancefn_jupyter.kernel import session
+from lancefn_jupyter.kernel.client.listener import EventListener
+from lancefn_jupyter.kernel.display import cards as display
+from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, LiveUsageMixin
 
 __all__ = ["FunctionCardWidget"]
 

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from lancefn_jupyter.client.listener import EventListener
-from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.widgets._support import FallbackReprMixin, LiveUsageMixin, bind
+from lancefn_jupyter.kernel.client.listener import EventListener
+from lancefn_jupyter.kernel.display import cards as display
+from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, LiveUsageMixin, bind
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
 __all__ = ["GpuClassesWidget"]
 

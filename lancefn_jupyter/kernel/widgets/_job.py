@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from lancefn_jupyter.client.errors import LancefnError
-from lancefn_jupyter.client.listener import EventListener
-from lancefn_jupyter.display import cards as display
-from lancefn_jupyter.display.jobs import job_card
-from lancefn_jupyter.display.timings import job_timings_text, timings_breakdown
-from lancefn_jupyter.widgets._support import FallbackReprMixin, bind, start_listening
+from lancefn_jupyter.kernel.client.errors import LancefnError
+from lancefn_jupyter.kernel.client.listener import EventListener
+from lancefn_jupyter.kernel.display import cards as display
+from lancefn_jupyter.kernel.display.jobs import job_card
+from lancefn_jupyter.kernel.display.timings import job_timings_text, timings_breakdown
+from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
     from lancefn_jupyter.wire.models import Job
 
 __all__ = ["JobWidget"]

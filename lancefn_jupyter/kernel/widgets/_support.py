@@ -16,12 +16,12 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lancefn_jupyter import session
-from lancefn_jupyter.client.logs import log
+from lancefn_jupyter.kernel import session
+from lancefn_jupyter.kernel.client.logs import log
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.client import Client
-    from lancefn_jupyter.client.listener import EventListener
+    from lancefn_jupyter.kernel.client import Client
+    from lancefn_jupyter.kernel.client.listener import EventListener
 
 __all__ = [
     "WIDGET_VIEW_MIME",

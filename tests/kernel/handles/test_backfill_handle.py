@@ -25,12 +25,12 @@ import pytest
 from helpers import TESTS
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api
-from lancefn_jupyter.client import InvalidRequest
-from lancefn_jupyter.handles.batch import Batch
-from lancefn_jupyter.handles.table_map import Backfill
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
-from lancefn_jupyter.widgets import BatchWidget, set_widgets
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.client import InvalidRequest
+from lancefn_jupyter.kernel.handles.batch import Batch
+from lancefn_jupyter.kernel.handles.table_map import Backfill
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel.widgets import BatchWidget, set_widgets
 
 
 def text_len(text: str) -> int:
@@ -186,7 +186,7 @@ def test_one_bad_row_in_ten_thousand_is_skipped_by_a_batched_function(cp, tmp_pa
 
 STARTER = """
 import sys, lancedb
-from lancefn_jupyter import api
+from lancefn_jupyter.kernel import api
 sys.path[:0] = [{here!r}, {tests!r}]  # this module, and the helpers it imports
 from test_backfill_handle import gated_len
 api.connect({url!r}, {key!r})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lancefn_jupyter.display.batch import SKIPPED_SHOWN, batch_card, batches_table
+from lancefn_jupyter.kernel.display.batch import SKIPPED_SHOWN, batch_card, batches_table
 from lancefn_jupyter.wire.batch_models import BackfillError, Batch, BatchBackfill
 from lancefn_jupyter.wire.models import JobState
 

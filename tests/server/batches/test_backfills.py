@@ -20,7 +20,7 @@ from conftest import register, registration_body
 from helpers import EMBED, api_keys_toml, column, give_to_team, make_table, table_dir, wait_until
 from helpers import wait_backfill as wait
 
-from lancefn_jupyter.display.cards import result_text
+from lancefn_jupyter.kernel.display.cards import result_text
 from lancefn_jupyter.wire.models import Job
 
 SCORE = """from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 from conftest import register, registration_body
 from helpers import let_workers_reach_this_python, wait_done
 
-from lancefn_jupyter.client import Client
+from lancefn_jupyter.kernel.client import Client
 from lancefn_jupyter.server.executors.isolation import worker_environment
 from lancefn_jupyter.wire import dataplane
 

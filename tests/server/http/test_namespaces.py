@@ -305,7 +305,7 @@ def test_upgrade_of_a_home_from_the_release_before_namespaces(control_plane_fact
 
 
 def test_jobs_dashboard_shows_a_namespace_column_only_when_several_are_visible(teams):
-    from lancefn_jupyter.widgets import JobsDashboard
+    from lancefn_jupyter.kernel.widgets import JobsDashboard
     from lancefn_jupyter.wire.models import Job
 
     cp, _vid, first = teams

@@ -11,7 +11,7 @@ import pytest
 from conftest import register, registration_body
 from helpers import describe, submit, wait_done, wait_state
 
-from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.kernel.display import cards as display
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.reports import Reports
@@ -126,8 +126,8 @@ def test_pending_jobs_carry_expected_start(control_plane):
 
 def test_listener_refreshes_expected_start_from_queue_events():
     """The kernel's event listener re-shows a pending job when a `queue` event moves its expected start."""
-    from lancefn_jupyter.client.events import Event
-    from lancefn_jupyter.client.listener import EventListener
+    from lancefn_jupyter.kernel.client.events import Event
+    from lancefn_jupyter.kernel.client.listener import EventListener
 
     class Watcher:
         def __init__(self):
