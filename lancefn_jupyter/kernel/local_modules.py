@@ -1,28 +1,19 @@
-"""The notebook's own modules: found next to the notebook, shipped inside the artifact, imported in the worker.
+"""The notebook's own modules, kernel side: found next to the notebook and shipped inside the artifact.
 
-Kernel side (:func:`collect`): the modules a ``%%gpu_function`` cell uses (its imports, the modules of the
+:func:`collect`: the modules a ``%%gpu_function`` cell uses (its imports, the modules of the
 names it captures, and what those modules import in turn) whose files lie under the notebook's directory
 — not in site-packages or the standard library — plus ``include=PATH`` files and packages. Pure-Python only:
 a compiled extension is refused naming its path. The result maps each module name to ``(path relative to
 the notebook's directory, source bytes)``.
 
-Worker side (:func:`install`): the artifact's first header line calls ``install`` with that mapping, which
-puts a finder first on ``sys.meta_path`` serving those modules from memory, so the cell's own imports find
-them. The worker calls :func:`uninstall` after each task, so a warm worker never serves one version's
-modules to another. Standard library only: it runs in every worker.
-
-This module must stay importable at exactly ``lancefn_jupyter.local_modules``, and ``install`` keep its
-name: registered versions' artifacts contain ``__import__('lancefn_jupyter.local_modules', ...)``
-(:func:`prelude_line`), so moving it would change new versions' digests and break stored ones.
+The artifact's first header line (:func:`prelude_line`) hands that mapping to ``install`` of
+``lancefn_jupyter.local_modules``, the worker side, which serves them to the cell's imports.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.abc
 import importlib.machinery
-import importlib.util
-import linecache
 import sys
 import sysconfig
 import types
@@ -30,16 +21,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalModuleError", "collect", "install", "prelude_line", "uninstall"]
+__all__ = ["LocalModuleError", "collect", "prelude_line"]
 
 Modules = dict[str, tuple[str, bytes]]
 
 
 class LocalModuleError(ValueError):
     """A local module cannot be shipped; the message names the path and says what to do."""
-
-
-# ------------------------------------------------------------------------------------ kernel side
 
 
 def _excluded_dirs() -> list[Path]:
@@ -193,57 +181,3 @@ def prelude_line(modules: Mapping[str, tuple[str, bytes]]) -> str:
     """The artifact header line that installs `modules` in the worker (no name is bound)."""
     table = ", ".join(f"{name!r}: ({path!r}, {source!r})" for name, (path, source) in sorted(modules.items()))
     return f"__import__('lancefn_jupyter.local_modules', fromlist=['install']).install({{{table}}})"
-
-
-# ------------------------------------------------------------------------------------ worker side
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, modules: Mapping[str, tuple[str, bytes]]):
-        self.modules = dict(modules)
-
-    def find_spec(self, fullname, path=None, target=None):
-        entry = self.modules.get(fullname)
-        if entry is None:
-            return None
-        relative = entry[0]
-        package = relative.endswith(("__init__.py", "/"))
-        return importlib.util.spec_from_loader(fullname, self, origin=relative, is_package=package)
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module) -> None:
-        relative, source = self.modules[module.__name__]
-        filename = f"<local module {relative}>"
-        text = source.decode("utf-8")
-        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-        module.__file__ = filename
-        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
-
-
-_installed: _Finder | None = None
-
-
-def install(modules: Mapping[str, tuple[str, bytes]]) -> None:
-    """Serve `modules` to imports in this process (first on sys.meta_path) until :func:`uninstall`."""
-    global _installed
-    uninstall()
-    finder = _Finder(modules)
-    for name in finder.modules:  # an earlier import of the same name must not shadow the shipped file
-        sys.modules.pop(name, None)
-    sys.meta_path.insert(0, finder)
-    _installed = finder
-
-
-def uninstall() -> None:
-    """Forget the installed modules (the worker calls this when it drops the version that shipped them)."""
-    global _installed
-    finder, _installed = _installed, None
-    if finder is None:
-        return
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
-    for name, (relative, _) in finder.modules.items():
-        sys.modules.pop(name, None)
-        linecache.cache.pop(f"<local module {relative}>", None)
