@@ -24,7 +24,13 @@ from lancefn_jupyter.kernel.handles.rows import rows_payload
 from lancefn_jupyter.kernel.handles.submit import registered_version, run_job
 from lancefn_jupyter.kernel.handles.tracebacks import map_traceback, say_once
 from lancefn_jupyter.kernel.options import FunctionOptions, build_options
-from lancefn_jupyter.kernel.packaging import PackagedFunction, PackagingError, entry_name, package_cell, package_function
+from lancefn_jupyter.kernel.packaging import (
+    PackagedFunction,
+    PackagingError,
+    entry_name,
+    package_cell,
+    package_function,
+)
 from lancefn_jupyter.kernel.session import class_hardware, current_client, profiles, registration_cache
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionSignature, FunctionVersion
 

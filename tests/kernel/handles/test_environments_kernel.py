@@ -12,10 +12,11 @@ import pytest
 from helpers import absent_packages, kernel_shell
 from IPython.utils.capture import capture_output
 
-from lancefn_jupyter import LancefnEnvironmentWarning, api
+from lancefn_jupyter import LancefnEnvironmentWarning
+from lancefn_jupyter.environments.request import EnvironmentRequest
+from lancefn_jupyter.kernel import api
 from lancefn_jupyter.kernel.client import Client
 from lancefn_jupyter.kernel.client._http import Transport
-from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.kernel.handles.local_run import LocalRunError, run_local
 
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -27,7 +27,6 @@ from lancefn_jupyter.kernel import api
 from lancefn_jupyter.kernel.client.events import Event
 from lancefn_jupyter.kernel.client.listener import EventListener, queue_positions
 from lancefn_jupyter.kernel.display.timings import format_ms
-from lancefn_jupyter.server.control.callbacks import PROGRESS_EVENT_INTERVAL_S
 from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.kernel.widgets import (
     WIDGET_VIEW_MIME,
@@ -41,6 +40,7 @@ from lancefn_jupyter.kernel.widgets import (
     set_widgets,
     stop_listener,
 )
+from lancefn_jupyter.server.control.callbacks import PROGRESS_EVENT_INTERVAL_S
 
 TWO_CLASSES = """
 [[gpu_classes]]
@@ -656,7 +656,9 @@ def test_dashboard_command_serves_the_shipped_notebook_on_localhost(monkeypatch)
         cli.main([])
     assert missing.value.code == cli.MISSING_VOILA  # says: pip install 'lancefn-jupyter[dashboard]'
     # Only the command runs Voilà: importing the dashboards (as the kernel does) loads neither it nor widgets.
-    probe = "import sys, lancefn_jupyter.kernel.dashboards.cli; print(sorted({'voila', 'ipywidgets'} & set(sys.modules)))"
+    probe = (
+        "import sys, lancefn_jupyter.kernel.dashboards.cli; print(sorted({'voila', 'ipywidgets'} & set(sys.modules)))"
+    )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 

@@ -77,8 +77,8 @@ def test_without_the_socket_clients_use_the_port(control_plane_factory, tmp_path
 
 
 def test_the_embedded_server_is_reached_on_its_socket(tmp_path, monkeypatch):
-    from lancefn_jupyter.kernel import session
     from lancefn_jupyter.embedded import read_server_info, stop_server
+    from lancefn_jupyter.kernel import session
 
     monkeypatch.setenv("LANCEFN_DISABLE_NVML", "1")
     home = tmp_path / "home"
