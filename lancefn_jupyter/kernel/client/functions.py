@@ -129,7 +129,4 @@ class FunctionsResource:
         body: dict[str, Any] = {"name": name, "version": version, "rows": rows, "wait_s": wait_s}
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
-        reply = self._t.post("/v1/functions/run", body, timeout=wait_s + 10.0)
-        if "job" not in reply:  # a server that predates the inline wait
-            return self._jobs.describe(reply["job_id"])
-        return Job.from_wire(reply["job"])
+        return Job.from_wire(self._t.post("/v1/functions/run", body, timeout=wait_s + 10.0)["job"])

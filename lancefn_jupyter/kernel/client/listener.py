@@ -148,7 +148,6 @@ class EventListener:
         self.events = 0
         self.failures = 0
         self.last_error: str | None = None
-        self._event_hooks: list[Callable[[Any], None]] = []  # benchmarks: called per dispatched event
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -257,13 +256,6 @@ class EventListener:
                     job = _placed(job, queue_position=position)
                 return self._pending.setdefault(job.job_id, job)
         return job
-
-    def add_event_hook(self, hook: Callable[[Any], None]) -> None:
-        self._event_hooks.append(hook)
-
-    def remove_event_hook(self, hook: Callable[[Any], None]) -> None:
-        if hook in self._event_hooks:
-            self._event_hooks.remove(hook)
 
     # ------------------------------------------------------------------- threads
 
@@ -390,8 +382,6 @@ class EventListener:
                     _call(callback, job)
                 for callback in everyone:
                     _call(callback, job)
-            for hook in list(self._event_hooks):
-                _call(hook, job if job is not None else data)
         elif event.event == "queue" and isinstance(event.data, dict):
             self._dispatch_queue(event.data)
         elif event.event == "batch" and isinstance(event.data, dict):
@@ -403,8 +393,6 @@ class EventListener:
                 self.last_error = f"unreadable usage event: {error}"
                 return
             self._deliver_usage(usage)
-            for hook in list(self._event_hooks):
-                _call(hook, usage)
 
     def _dispatch_queue(self, data: dict) -> None:
         """Re-deliver each shown pending job whose position or expected start the queue event moves

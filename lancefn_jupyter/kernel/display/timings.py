@@ -3,7 +3,7 @@
     cold start 1.2 s, setup 1.0 s        a job that started a worker and executed the version's module
     setup 350 ms                         a worker was idle but fresh for this version: only setup was paid
     warm                                 an idle worker already held the version (``run=True``: "warm, ran 12 ms")
-    ""                                   no timings (the job has not ended on a worker, or an older server)
+    ""                                   no timings (the job has not ended on a worker)
 
 The job widget, the `%gpu_jobs` table and dashboard use these; the JupyterLab panel has the same rules in
 labextension/src/timings.ts (keep the two in step).

@@ -128,8 +128,8 @@ class Job(RecordHandle[JobRecord]):
         A `JobTimings` in milliseconds: `queued_ms`, `start_ms` (starting a worker; 0 when one was
         warm), `environment_ms`, `setup_ms` (executing the version's module and a class entry's
         `setup()`; 0 when warm), `run_ms`, and `cold` (a start or a setup was paid). None while the
-        job is pending or running, for a job cancelled before a worker took it, and from servers
-        before issue 24. `lancefn_jupyter.kernel.display.timings.timings_text` says it in words
+        job is pending or running, and for a job cancelled before a worker took it.
+        `lancefn_jupyter.kernel.display.timings.timings_text` says it in words
         ("cold start 1.2 s, setup 1.0 s", "warm").
         """
         snapshot = self.snapshot

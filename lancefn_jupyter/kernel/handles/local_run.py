@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["MAX_WORKERS", "LocalRun", "LocalRunError", "gpu_available", "run_local"]
 
 Mode = Literal["auto", "gpu", "simulator"]
-SIMULATOR = "CUDA simulator"
 
 
 @dataclass(frozen=True)
