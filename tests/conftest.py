@@ -295,6 +295,21 @@ def ip(control_plane):
     yield from kernel_shell(control_plane)
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Headless Debian Chromium for a browser test module (``browser_util.launch_chromium``); pages come from
+    ``browser_util.browser_page``."""
+    from browser_util import launch_chromium
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = launch_chromium(p)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
 # ------------------------------------------------------------- request bodies by hand
 
 DOUBLE_SOURCE = "from __future__ import annotations\n\n\ndef double(x: int) -> int:\n    return 2 * x\n"
