@@ -359,6 +359,16 @@ def registration_body(
     }
 
 
+INT_INPUT = (("n", "int64", False),)
+
+
+def python_body(name: str, source: str, inputs=INT_INPUT, output_type: str = "int64") -> dict:
+    """:func:`registration_body` of a CPU (``python``) function whose entry is named like the function."""
+    return registration_body(
+        name, source=source, entrypoint=name, inputs=inputs, output_type=output_type, num_gpus=None
+    )
+
+
 @pytest.fixture
 def make_registration() -> Callable[..., dict]:
     """The :func:`registration_body` builder, as a fixture for tests in any module."""

@@ -555,6 +555,12 @@ def table_dir() -> Path:
     return path
 
 
+def new_table():
+    """:func:`make_table` in a directory of its own (:func:`table_dir`): (the directory, the table)."""
+    db_dir = table_dir()
+    return db_dir, make_table(db_dir)[1]
+
+
 def make_table(db_dir: Path, name: str = "docs", prefix: str = "t"):
     """Two fragments (tbl.add twice): ids 0–299 then 300–499; texts repeat (t0…t49, or ``prefix``0…), so equal
     inputs sit in distinct rows."""

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import register, registration_body
+from conftest import python_body, register, registration_body
 from helpers import wait_done
 from numpy.typing import NDArray
 
@@ -237,14 +237,7 @@ def big(n: int):
 """
 
 
-BIG_BODY = registration_body(
-    "big",
-    source=BIG_SOURCE,
-    entrypoint="big",
-    inputs=(("n", "int64", False),),
-    output_type="tensor<float32>",
-    num_gpus=None,
-)
+BIG_BODY = python_body("big", BIG_SOURCE, output_type="tensor<float32>")
 
 
 def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result(control_plane_factory):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import register, registration_body
+from conftest import python_body, register
 from helpers import api_keys_toml, column, team_table_roots, wait_until
 from helpers import wait_backfill as wait
 
@@ -68,14 +68,7 @@ class Teams:
 
     def register(self, http, gate: Path | None = None) -> str:
         source = ECHO.replace("GATE", repr(str(gate or self.base / "open")))
-        body = registration_body(
-            "echo",
-            source=source,
-            entrypoint="echo",
-            inputs=(("text", "utf8", False), ("b", "int64", False)),
-            output_type="utf8",
-            num_gpus=None,
-        )
+        body = python_body("echo", source, (("text", "utf8", False), ("b", "int64", False)), "utf8")
         if gate is None:
             (self.base / "open").touch()
         return register(http, body)["version"]
