@@ -1,6 +1,7 @@
 """What many test modules share: polling with a deadline, file-gated "hold" functions, the REST
 calls the job tests make against a real control plane, API-key files, an IPython shell with the
-extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture), raw HTTP connections,
+extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture), an in-process control plane
+with a recording executor, raw HTTP connections,
 hypothesis settings for fuzzing, the packaging tests' cell helpers (and one numba CUDA cell), and which small
 packages this Python lacks (the environment tests install them).
 
@@ -36,6 +37,7 @@ from conftest import ControlPlaneProcess, make_env, register, registration_body
 
 from lancefn_jupyter.kernel.packaging import PackagedFunction, package_cell
 from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.wire.models import Job
 
 T = TypeVar("T")
@@ -626,3 +628,50 @@ def wait_backfill(http: httpx.Client, batch_id: str) -> dict:
 def column(table, name: str, order: str = "id") -> list:
     data = table.to_arrow().sort_by(order)
     return data.column(name).to_pylist()
+
+
+# ------------------------------------------------- an in-process control plane, no workers
+
+
+class RecordingExecutor(Executor):
+    """Runs nothing: it keeps the tasks it is given and the jobs it is asked to cancel, and the test plays the
+    worker through ``callbacks``."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.tasks: list[TaskSpec] = []
+        self.cancelled: list[str] = []
+
+    def start(self, callbacks) -> None:
+        self.callbacks = callbacks
+
+    def launch(self, task: TaskSpec) -> None:
+        self.tasks.append(task)
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def in_process_plane(home: Path, executor: Executor | None, **parts: Any):
+    """A started ``ControlPlane`` in this process: its store in ``home``, the simulated default class, ``executor``
+    and the other ``parts`` (``environments=``)."""
+    from lancefn_jupyter.server.plane import ControlPlane
+    from lancefn_jupyter.server.policy.gpu_classes import simulated_default
+    from lancefn_jupyter.server.storage.store import Store
+
+    plane = ControlPlane(store=Store(home / "db.sqlite3"), classes=simulated_default(), executor=executor, **parts)
+    plane.start()
+    return plane
+
+
+def job_wire(plane, job_id: str) -> dict:
+    """An in-process plane's job as the REST API shows it (checked against the wire model)."""
+    rec = plane.jobs.record(job_id)
+    assert rec is not None
+    data = plane.reports.job_wire(rec)
+    Job.from_wire(data)
+    return data
