@@ -8,20 +8,6 @@ from __future__ import annotations
 
 from lancefn_jupyter.wire.errors import LancefnError
 
-__all__ = [
-    "ApiError",
-    "Conflict",
-    "ControlPlaneUnreachable",
-    "Forbidden",
-    "InvalidRequest",
-    "LancefnEnvironmentWarning",
-    "LancefnError",
-    "NotFound",
-    "PayloadTooLarge",
-    "Unauthorized",
-    "error_for_status",
-]
-
 
 class ControlPlaneUnreachable(LancefnError):
     """The control plane could not be reached (connection refused, DNS, timeout)."""
@@ -55,26 +41,38 @@ class ApiError(LancefnError):
 
 
 class InvalidRequest(ApiError):
+    """The input is wrong (a bad field, a limit passed); the message says what to change."""
+
     status = 400
 
 
 class Unauthorized(ApiError):
+    """No API key, or one the control plane does not know."""
+
     status = 401
 
 
 class Forbidden(ApiError):
+    """The key lacks the privilege the route needs (the message names it)."""
+
     status = 403
 
 
 class NotFound(ApiError):
+    """No such function, version, job or batch, or one of another namespace (which a key never sees)."""
+
     status = 404
 
 
 class Conflict(ApiError):
+    """The request clashes with what is there (e.g. a second unfinished backfill of one column)."""
+
     status = 409
 
 
 class PayloadTooLarge(ApiError):
+    """A body over the server's limit; the message names the limit and its flag."""
+
     status = 413
 
 

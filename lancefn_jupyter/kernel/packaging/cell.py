@@ -7,16 +7,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from lancefn_jupyter.kernel.packaging.capture import (
-    MISSING,
-    PackagedFunction,
-    PackagingError,
-    build_artifact,
-    capture_line,
-    describe,
-    free_values,
-    kernel_function,
-)
+from lancefn_jupyter.kernel.packaging import capture
+from lancefn_jupyter.kernel.packaging.capture import PackagedFunction, PackagingError
 from lancefn_jupyter.kernel.packaging.signature import check_class_entry, infer_signature
 
 # --------------------------------------------------------------------------
@@ -91,15 +83,15 @@ def _left_out(body: list[ast.stmt], entry: str) -> list[ast.stmt]:
 
 def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> Any:
     name = node.name  # type: ignore[attr-defined]
-    value = namespace.get(name, MISSING)
-    if value is MISSING:
+    value = namespace.get(name, capture.MISSING)
+    if value is capture.MISSING:
         raise PackagingError(
             f"the entry {name!r} (line {node.lineno}) is not defined in the "
             "notebook yet; run the cell first, then package it"
         )
     if isinstance(node, ast.ClassDef):
         return _entry_class(value, node)
-    if kernel_function(value) is not None:
+    if capture.kernel_function(value) is not None:
         raise PackagingError(
             f"the entry function {name!r} (line {node.lineno}) is a numba CUDA kernel; "
             "add a plain Python function that takes annotated row values, launches the "
@@ -112,7 +104,7 @@ def _entry_object(namespace: Mapping[str, Any], node: ast.stmt) -> Any:
             function = unwrapped
         else:
             raise PackagingError(
-                f"the entry {name!r} (line {node.lineno}) is bound to {describe(value)} "
+                f"the entry {name!r} (line {node.lineno}) is bound to {capture.describe(value)} "
                 "in the notebook, not to the function the cell defines; run the cell again"
             )
     arguments = node.args  # type: ignore[attr-defined]
@@ -190,11 +182,11 @@ def package_cell(
     ]
 
     code = ast.unparse(ast.Module(body=kept, type_ignores=[]))
-    found = free_values(kept, code, namespace, lambda line: line, "the cell, the notebook")
-    header = {name: capture_line(name, value, where) for name, value, where in found}
+    found = capture.free_values(kept, code, namespace, lambda line: line, "the cell, the notebook")
+    header = {name: capture.capture_line(name, value, where) for name, value, where in found}
 
     signature = infer_signature(_entry_object(namespace, entry_node), batched=batched)
-    return build_artifact(
+    return capture.build_artifact(
         header,
         kept,
         [0] * len(kept),

@@ -10,16 +10,8 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lancefn_jupyter.kernel.packaging.capture import (
-    PackagedFunction,
-    PackagingError,
-    build_artifact,
-    capture_line,
-    describe,
-    free_values,
-    importable_qualname,
-    kernel_function,
-)
+from lancefn_jupyter.kernel.packaging import capture
+from lancefn_jupyter.kernel.packaging.capture import PackagedFunction, PackagingError
 from lancefn_jupyter.kernel.packaging.signature import check_class_entry, defines_call, infer_signature
 
 if TYPE_CHECKING:
@@ -77,7 +69,7 @@ class _FunctionPackager:
 
     def artifact(self, name: str, signature: FunctionSignature) -> PackagedFunction:
         """The artifact of what was added, ``name`` its entry."""
-        return build_artifact(
+        return capture.build_artifact(
             self.header, self.body, self.offsets, name, signature, tuple(sorted({*self.header, *self.helpers}))
         )
 
@@ -94,7 +86,7 @@ class _FunctionPackager:
         def skip(ref: str) -> bool:  # asked per name: both grow as helpers are added
             return ref in self.header or ref in self.visiting
 
-        for ref, value, where in free_values([node], code, self.module_globals, file_line, scopes, skip):
+        for ref, value, where in capture.free_values([node], code, self.module_globals, file_line, scopes, skip):
             helper = self._local_helper(ref, value, where)
             if helper is not None:
                 helper_function, helper_label = helper
@@ -107,20 +99,20 @@ class _FunctionPackager:
                 self.add(ref, helper_node, helper_function.__code__.co_firstlineno - 1, helper_label)
                 self.helpers.append(ref)
             else:
-                self.header[ref] = capture_line(ref, value, where)
+                self.header[ref] = capture.capture_line(ref, value, where)
         self.body.append(node)
         self.offsets.append(offset)
 
     def _local_helper(self, name: str, value: Any, where: Callable[[], str]) -> tuple[types.FunctionType, str] | None:
         """A function/kernel of the same non-importable module, to include."""
-        kernel = kernel_function(value)
+        kernel = capture.kernel_function(value)
         if kernel is not None:
             function, label = kernel, "kernel"
         elif inspect.isfunction(value):
             function, label = inspect.unwrap(value), "helper function"
         else:
             return None
-        if importable_qualname(value) is not None:
+        if capture.importable_qualname(value) is not None:
             return None
         if not inspect.isfunction(function) or function.__name__ == "<lambda>":
             return None
@@ -201,12 +193,14 @@ def package_function(fn: Callable[..., Any], *, batched: bool = False) -> Packag
     if inspect.isclass(fn):
         return _package_class(fn, batched)
     if not inspect.isfunction(fn):
-        if kernel_function(fn) is not None:
+        if capture.kernel_function(fn) is not None:
             raise PackagingError(
                 f"{getattr(fn, '__name__', fn)!r} is a numba CUDA kernel; decorate a "
                 "plain Python function that launches it instead"
             )
-        raise PackagingError(f"gpu_function needs a plain Python function defined with `def`, got {describe(fn)}")
+        raise PackagingError(
+            f"gpu_function needs a plain Python function defined with `def`, got {capture.describe(fn)}"
+        )
     name = fn.__name__
     if name == "<lambda>":
         raise PackagingError(
