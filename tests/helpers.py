@@ -557,6 +557,15 @@ def table_dir() -> Path:
     return path
 
 
+def batch_record(**fields: Any):
+    """A batch as the REST API describes it (``wire.batch_models.Batch``): ``b1``, DONE, of ``model@v1`` with input
+    digest ``d``, created at 0, but for ``fields``."""
+    from lancefn_jupyter.wire.batch_models import Batch
+
+    defaults = {"batch_id": "b1", "batch_state": "DONE", "name": "model", "version": "v1", "input_digest": "d"}
+    return Batch(**{**defaults, "creation_ms": 0, **fields})
+
+
 def new_table():
     """:func:`make_table` in a directory of its own (:func:`table_dir`): (the directory, the table)."""
     db_dir = table_dir()
