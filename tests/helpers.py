@@ -665,6 +665,13 @@ class RecordingExecutor(Executor):
         pass
 
 
+def task_spec(job_id: str = "j1", **fields: Any) -> TaskSpec:
+    """A task of ``f@v`` (an empty artifact, no rows) on no device, simulated, with no env, but for ``fields``."""
+    empty = {"rows": [], "devices": (), "env": {}, "packages": (), "timeout_s": None}
+    function = {"name": "f", "version": "v", "artifact": b"", "entrypoint": "f", "simulated": True}
+    return TaskSpec(job_id=job_id, **{**function, **empty, "gpu_class": None, "num_gpus": 0, **fields})
+
+
 def in_process_plane(home: Path, executor: Executor | None, **parts: Any):
     """A started ``ControlPlane`` in this process: its store in ``home``, the simulated default class, ``executor``
     and the other ``parts`` (``environments=``)."""
