@@ -358,6 +358,19 @@ def http_head(method: str, path: str, key: str | None = None, body_bytes: int | 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+#: One simulated GPU in the ``default`` class: every job lands on the same device set.
+ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+
+
+def two_teams(a_key: str, b_key: str) -> str:
+    """The API-key file of two teams: ann's ``a_key`` in namespace ``a`` and ben's ``b_key`` in ``b``, each with the
+    ``functions`` and ``jobs`` privileges."""
+    return api_keys_toml(
+        {"name": "ann", "key": a_key, "namespace": "a", "privileges": ["functions", "jobs"]},
+        {"name": "ben", "key": b_key, "namespace": "b", "privileges": ["functions", "jobs"]},
+    )
+
+
 def api_keys_toml(*keys: dict[str, Any]) -> str:
     """An ``--api-keys`` file: one ``[[api_keys]]`` table per dict (name, key, privileges, namespace)."""
     tables = ("".join(f"{field} = {json.dumps(value)}\n" for field, value in key.items()) for key in keys)

@@ -19,14 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import python_body, register
-from helpers import api_keys_toml, column, team_table_roots, wait_until
+from helpers import column, team_table_roots, two_teams, wait_until
 from helpers import wait_backfill as wait
 
 A_KEY, B_KEY = "rights-team-a-key-0001", "rights-team-b-key-0002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
+KEYS = two_teams(A_KEY, B_KEY)
 UIDS = {"a": 61170, "b": 61171}  # table roots' owners: no passwd entry has them
 SECRET = "bsecret"  # B's texts: bsecret0 … bsecret49
 TABLE_DIRS = ("_versions", "data", "_transactions")

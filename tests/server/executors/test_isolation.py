@@ -11,16 +11,12 @@ import httpx
 import numpy as np
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, let_workers_reach_this_python, submit, wait_until
+from helpers import ONE_GPU, let_workers_reach_this_python, submit, two_teams, wait_until
 
 from lancefn_jupyter.worker.reap import proc_state
 
 A_KEY, B_KEY = "team-a-key-00000001", "team-b-key-00000002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+KEYS = two_teams(A_KEY, B_KEY)
 
 PATCHER = """
 import builtins

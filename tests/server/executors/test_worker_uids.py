@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, let_workers_reach_this_python, submit
+from helpers import ONE_GPU, let_workers_reach_this_python, submit, two_teams
 
 from lancefn_jupyter.server.executors.isolation import WorkerUserError
 from lancefn_jupyter.server.executors.uids import (
@@ -29,11 +29,7 @@ from lancefn_jupyter.server.executors.uids import (
 from lancefn_jupyter.server.storage.store import Store
 
 A_KEY, B_KEY = "uids-team-a-key-0001", "uids-team-b-key-0002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+KEYS = two_teams(A_KEY, B_KEY)
 RANGE = "61000-61009"
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root server (workers as other uids)")
 

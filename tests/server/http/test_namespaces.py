@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, submit, wait_done
+from helpers import ONE_GPU, api_keys_toml, submit, wait_done
 
 ALICE, BOB, CAROL = "alice-key-000000001", "bob-key-00000000002", "carol-key-000000003"
 ALL = ["functions", "jobs", "system_usage"]
@@ -24,7 +24,6 @@ KEYS = api_keys_toml(
     {"name": "bob", "key": BOB, "namespace": "team-a", "privileges": ALL},
     {"name": "carol", "key": CAROL, "privileges": ALL},  # no namespace: her own name
 )
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
 SLOW = "import time\n\n\ndef slow(x: int) -> int:\n    time.sleep(x / 10)\n    return x\n"
 MISSING_JOB = "0" * 32
 MISSING_VERSION = "0" * 16
