@@ -371,6 +371,42 @@ def two_teams(a_key: str, b_key: str) -> str:
     )
 
 
+# A worker-isolation probe, ``act(target)``: "" → "<uid> <gid> <pid> <umask>" of the worker that ran it; "detach" →
+# the same and the pid of a ``sleep`` it leaves behind in a session of its own; "stop:<pid>" SIGSTOPs another
+# worker ("pause:<pid>" then SIGCONTs it) and says "stopped", or "denied" when this user may not.
+ACT_SOURCE = """
+import os
+import signal
+import subprocess
+
+
+def act(target: str) -> str:
+    how, _, pid = target.partition(":")
+    if pid:  # another namespace's worker
+        try:
+            os.kill(int(pid), signal.SIGSTOP)
+        except PermissionError:
+            return "denied"
+        if how == "pause":
+            os.kill(int(pid), signal.SIGCONT)
+        return "stopped"
+    me = f"{os.getuid()} {os.getgid()} {os.getpid()} {oct(os.umask(0o077))}"
+    if target != "detach":
+        return me
+    started = subprocess.run(
+        ["setsid", "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    return f"{me} {started.stdout.strip()}"
+"""
+
+
+def act_body() -> dict:
+    """The registration of :data:`ACT_SOURCE` (a CPU function ``act``)."""
+    return registration_body(
+        "act", source=ACT_SOURCE, entrypoint="act", inputs=(("target", "utf8", False),), output_type="utf8"
+    )
+
+
 def api_keys_toml(*keys: dict[str, Any]) -> str:
     """An ``--api-keys`` file: one ``[[api_keys]]`` table per dict (name, key, privileges, namespace)."""
     tables = ("".join(f"{field} = {json.dumps(value)}\n" for field, value in key.items()) for key in keys)
