@@ -304,6 +304,16 @@ def registration(
     )
 
 
+def two_teams(a_key: str, b_key: str) -> str:
+    """An ``--api-keys`` file of two teams: ``a_key`` in namespace ``team-a``, ``b_key`` in ``team-b``, each with the
+    ``functions`` and ``jobs`` privileges."""
+    privileges = 'privileges = ["functions", "jobs"]'
+    teams = (("a", a_key), ("b", b_key))
+    return "".join(
+        f'[[api_keys]]\nname = "{n}"\nkey = "{k}"\nnamespace = "team-{n}"\n{privileges}\n\n' for n, k in teams
+    )
+
+
 def register(http: httpx.Client, body: dict) -> dict:
     reply = http.post("/v1/functions/create", json=body)
     reply.raise_for_status()
