@@ -242,7 +242,7 @@ class Server:
     def connect(self, *, unix_socket: bool = True):
         """The notebook API's client of this server, connected as a notebook on the embedded server is: its requests
         on the server's Unix socket (``unix_socket=False``: on the TCP port, as a client given the URL alone)."""
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
 
         return api.connect(self.url, self.api_key, unix_socket=self.unix_socket if unix_socket else None)
 
@@ -301,6 +301,16 @@ def registration(
     inputs = ((arg[0], arg[1] or arrow_type, False),)
     return registration_body(
         name, source=source, entrypoint=entrypoint, inputs=inputs, output_type=arrow_type, num_gpus=num_gpus
+    )
+
+
+def two_teams(a_key: str, b_key: str) -> str:
+    """An ``--api-keys`` file of two teams: ``a_key`` in namespace ``team-a``, ``b_key`` in ``team-b``, each with the
+    ``functions`` and ``jobs`` privileges."""
+    privileges = 'privileges = ["functions", "jobs"]'
+    teams = (("a", a_key), ("b", b_key))
+    return "".join(
+        f'[[api_keys]]\nname = "{n}"\nkey = "{k}"\nnamespace = "team-{n}"\n{privileges}\n\n' for n, k in teams
     )
 
 

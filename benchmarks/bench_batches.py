@@ -83,7 +83,7 @@ def ray_side(runs: int) -> None:
 
 
 def fan_out(runs: int, skip_ray: bool) -> None:
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     with server(gpu_classes=EIGHT_GPUS) as srv:
         srv.connect()
@@ -118,7 +118,7 @@ def fan_out(runs: int, skip_ray: bool) -> None:
 
 
 def overhead(chunks: int, runs: int) -> None:
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     with server(gpu_classes=EIGHT_GPUS) as srv:
         srv.connect()
@@ -156,7 +156,7 @@ def backfill(rows: int, chunk: int) -> None:
     import lancedb
     import pyarrow as pa
 
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     texts = [f"row {i} " * (i % 5 + 1) for i in range(rows)]
     with tempfile.TemporaryDirectory(prefix="lancefn-bench-lance-") as tmp, server(gpu_classes=EIGHT_GPUS) as srv:

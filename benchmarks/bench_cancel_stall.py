@@ -24,22 +24,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import percentile, print_machine, register, registration, server, summary
+from _common import percentile, print_machine, register, registration, server, summary, two_teams
 
 HOLD = "import os\nimport time\n\n\ndef hold(path: str) -> str:\n    while not os.path.exists(path):\n        time.sleep(0.05)\n    return path\n"
 DOUBLE = "def double(x: int) -> int:\n    return 2 * x\n"
-KEYS = """[[api_keys]]
-name = "a"
-key = "bench-team-a-key-000001"
-namespace = "team-a"
-privileges = ["functions", "jobs"]
-
-[[api_keys]]
-name = "b"
-key = "bench-team-b-key-000002"
-namespace = "team-b"
-privileges = ["functions", "jobs"]
-"""
+A_KEY, B_KEY = "bench-team-a-key-000001", "bench-team-b-key-000002"
+KEYS = two_teams(A_KEY, B_KEY)
 
 
 def main() -> None:
@@ -52,8 +42,8 @@ def main() -> None:
         keys.write_text(KEYS)
         os.chmod(keys, 0o600)
         with server(args=["--api-keys", str(keys)]) as s:
-            a = s.http(headers={"x-api-key": "bench-team-a-key-000001"}, timeout=600)
-            b = s.http(headers={"x-api-key": "bench-team-b-key-000002"}, timeout=60)
+            a = s.http(headers={"x-api-key": A_KEY}, timeout=600)
+            b = s.http(headers={"x-api-key": B_KEY}, timeout=60)
             hold = register(a, registration("hold", HOLD, "hold", arrow_type="utf8", arg=("path", None)))["version"]
             double = register(b, registration("double", DOUBLE, "double", num_gpus=None))["version"]
             never = str(Path(tmp) / "never")

@@ -81,7 +81,7 @@ def _time(call, iterations: int) -> list[float]:
 def side_ours(args: argparse.Namespace) -> dict:
     """The embedded control plane (what a notebook uses: rows and results handed over as files in
     its home), plus the same server over plain HTTP (what a client on another machine gets)."""
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     home = tempfile.mkdtemp(prefix="lancefn-bench-dp-")
     os.environ["LANCEFN_DISABLE_NVML"] = "1"

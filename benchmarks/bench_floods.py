@@ -144,7 +144,7 @@ def submit_and_wait(client, version: str) -> str:
 
 def small_submits(url: str, stop, counts, version: str, submitters: int) -> None:
     """``submitters`` threads submitting a trivial job and waiting for its result, back to back."""
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
     states: list[str] = []
 
@@ -206,7 +206,7 @@ class TeamB:
     """Team B's measures: ``GET /v1/health`` and a trivial job's submit → result, timed one after another."""
 
     def __init__(self, url: str, version: str) -> None:
-        from lancefn_jupyter.client import Client
+        from lancefn_jupyter.kernel.client import Client
 
         self.client = Client(url, BOB)
         self.health = httpx.Client(base_url=url, timeout=60)

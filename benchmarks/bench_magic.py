@@ -80,8 +80,8 @@ def warm(n: int) -> tuple[list[float], list[float]]:
     os.environ["LANCEFN_DISABLE_NVML"] = "1"
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "lancefn_jupyter")
-    from lancefn_jupyter import api
     from lancefn_jupyter.embedded import stop_server
+    from lancefn_jupyter.kernel import api
 
     try:
 

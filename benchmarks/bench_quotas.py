@@ -25,22 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_machine, register, registration, rss_mb, server, settle, summary
+from _common import print_machine, register, registration, rss_mb, server, settle, summary, two_teams
 
 HOLD = "import os\nimport time\n\n\ndef hold(path: str) -> str:\n    while not os.path.exists(path):\n        time.sleep(0.05)\n    return path\n"
 A_KEY, B_KEY = "bench-quota-a-key-000001", "bench-quota-b-key-000002"
-KEYS = f"""[[api_keys]]
-name = "a"
-key = "{A_KEY}"
-namespace = "team-a"
-privileges = ["functions", "jobs"]
-
-[[api_keys]]
-name = "b"
-key = "{B_KEY}"
-namespace = "team-b"
-privileges = ["functions", "jobs"]
-"""
+KEYS = two_teams(A_KEY, B_KEY)
 
 
 def _all_queued(admin, jobs: int) -> None:

@@ -75,7 +75,7 @@ class Doubler:
 def client_main(url: str, api_key: str, path: str, unix_socket: str | None) -> None:
     """A child process (no Ray): time one call of ``path`` per ``go`` line on stdin, answer the seconds. Connected as
     a notebook on the embedded server is: requests on the server's Unix socket, when it has one."""
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     api.connect(url, api_key, unix_socket=unix_socket)
     gpu_class = "real" if path == "api-real" else "default"

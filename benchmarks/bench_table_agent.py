@@ -73,6 +73,16 @@ def _give(root: Path) -> None:
     give_to_team(root, AGENT_UID)
 
 
+def _direct_and_agent(step: str, direct_how: str, direct: list[float], agent: list[float]) -> None:
+    """A step's times done directly and through the table agent, and the agent's extra (medians, ms)."""
+    print(line_ms(f"   direct ({direct_how})", direct))
+    print(line_ms("   through the agent", agent))
+    extra = statistics.median(agent) - statistics.median(direct)
+    summary(BENCH, f"{step}, direct", round(statistics.median(direct) * 1000, 2), "ms")
+    summary(BENCH, f"{step}, through the agent", round(statistics.median(agent) * 1000, 2), "ms")
+    summary(BENCH, f"{step}, the agent's extra", round(extra * 1000, 2), "ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fragments", type=int, default=100)
@@ -137,12 +147,7 @@ def main() -> int:
         mb = os.path.getsize(rows_file) / 1e6
         print(f"\n2. a slice read: {args.rows} rows x {args.dim} float32 ({mb:.1f} MB rows file)")
         print(f"   the agent's start and first read: {first * 1000:.0f} ms")
-        print(line_ms("   direct (read_slice + write_ipc_file)", direct))
-        print(line_ms("   through the agent", agent))
-        extra = statistics.median(agent) - statistics.median(direct)
-        summary(BENCH, "slice read, direct", round(statistics.median(direct) * 1000, 2), "ms")
-        summary(BENCH, "slice read, through the agent", round(statistics.median(agent) * 1000, 2), "ms")
-        summary(BENCH, "slice read, the agent's extra", round(extra * 1000, 2), "ms")
+        _direct_and_agent("slice read", "read_slice + write_ipc_file", direct, agent)
 
         def load():
             return result_columns(dataplane.read_ipc(results))
@@ -175,12 +180,7 @@ def main() -> int:
             )
             agent.append(time.perf_counter() - start)
         print(f"\n3. a fragment commit: {args.rows} rows x {args.dim} float32 (one chunk's result file)")
-        print(line_ms("   direct (commit_fragment)", direct))
-        print(line_ms("   through the agent", agent))
-        extra = statistics.median(agent) - statistics.median(direct)
-        summary(BENCH, "fragment commit, direct", round(statistics.median(direct) * 1000, 2), "ms")
-        summary(BENCH, "fragment commit, through the agent", round(statistics.median(agent) * 1000, 2), "ms")
-        summary(BENCH, "fragment commit, the agent's extra", round(extra * 1000, 2), "ms")
+        _direct_and_agent("fragment commit", "commit_fragment", direct, agent)
         summary(BENCH, "tree check, full walk", round(statistics.median(walks) * 1000, 3), "ms", files=files)
         summary(BENCH, "tree check, remembered", round(statistics.median(checks) * 1000, 3), "ms", files=files)
         agents.close()

@@ -72,8 +72,8 @@ def timed(fn) -> float:
 
 def register_cell(name: str, count_file: str, *, setup: float, nap: float = 0.0):
     """Package and register a cell the way the magic does (the cell runs here once, as in a kernel)."""
-    from lancefn_jupyter.handles.function import function_from_cell
-    from lancefn_jupyter.options import build_options
+    from lancefn_jupyter.kernel.handles.function import function_from_cell
+    from lancefn_jupyter.kernel.options import build_options
 
     cell = CELL.format(name=name, setup=setup, nap=nap)
     namespace: dict = {"COUNT_FILE": count_file}
@@ -248,7 +248,7 @@ def run_ray(jobs: int, warm: int) -> dict | None:
 
 
 def sequential_jobs(jobs: int, warm: int) -> tuple[float, float, float]:
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     with server(gpu_classes=ONE_GPU) as srv, tempfile.TemporaryDirectory() as tmp:
         srv.connect()
@@ -290,7 +290,7 @@ def triple(x: int) -> int:
 
 
 def batch(setups_target: int = 8) -> float:
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     with server(gpu_classes=EIGHT_GPUS) as srv, tempfile.TemporaryDirectory() as tmp:
         srv.connect()

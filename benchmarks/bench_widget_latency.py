@@ -84,7 +84,7 @@ class SseProbe:
     """A bare SSE reader: when did each (job_id, state) arrive?"""
 
     def __init__(self, url: str, api_key: str):
-        from lancefn_jupyter.client import Client
+        from lancefn_jupyter.kernel.client import Client
 
         self.client = Client(url, api_key)
         self.seen: dict[tuple[str, str], float] = {}
@@ -116,8 +116,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200, help="state changes to measure per path (default 200)")
     args = parser.parse_args()
 
-    from lancefn_jupyter import api
-    from lancefn_jupyter.widgets import JobsDashboard, JobWidget, get_listener, stop_listener
+    from lancefn_jupyter.kernel import api
+    from lancefn_jupyter.kernel.widgets import JobsDashboard, JobWidget, get_listener, stop_listener
 
     tmp = Path(tempfile.mkdtemp(prefix="lancefn-bench-"))
     proc, url, key = start_server(tmp / "home")

@@ -43,14 +43,14 @@ _API_NAMES = frozenset(__all__) - {"__version__", "load_ipython_extension", "unl
 
 def __getattr__(name: str) -> Any:
     if name in _API_NAMES:
-        from lancefn_jupyter import api
+        from lancefn_jupyter.kernel import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'lancefn_jupyter' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from lancefn_jupyter.magics import GpuMagics
+    from lancefn_jupyter.kernel.magics import GpuMagics
 
     ipython.register_magics(GpuMagics)
 
@@ -58,7 +58,7 @@ def load_ipython_extension(ipython: Any) -> None:
 def unload_ipython_extension(ipython: Any) -> None:
     # Magics stay registered (IPython has no unregister); the event listener is stopped (the
     # session owns it: a session never imported has none).
-    session = sys.modules.get("lancefn_jupyter.session")
+    session = sys.modules.get("lancefn_jupyter.kernel.session")
     if session is not None:
         session.stop_listener()
 

@@ -7,14 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-echo "== installing lancefn-jupyter[lab] (builds the JupyterLab extension)"
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[lab]"
-# An editable install leaves our own modules uncompiled, and with PYTHONDONTWRITEBYTECODE set nothing
-# ever writes their bytecode: every kernel and server would compile them from source (~60 ms a start).
-.venv/bin/python -m compileall -q lancefn_jupyter >/dev/null
+. scripts/install_venv.sh lab
 
 # No GPU here? The CUDA simulator must be chosen before numba.cuda is imported, so the kernel's
 # environment decides; with a GPU (NVML sees one) the real device is used.

@@ -18,14 +18,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-echo "== installing lancefn-jupyter[test] (builds the JupyterLab extension)"
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
-# An editable install leaves our own modules uncompiled, and with PYTHONDONTWRITEBYTECODE set nothing
-# ever writes their bytecode: every kernel and server would compile them from source (~60 ms a start).
-.venv/bin/python -m compileall -q lancefn_jupyter >/dev/null
+. scripts/install_venv.sh test
 
 if [ "${LANCEFN_SKIP_LINT:-0}" != 1 ]; then
   echo "== lint: ruff check, ruff format --check, mypy, lint-imports"

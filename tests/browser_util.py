@@ -7,9 +7,11 @@
   the panel's "not enabled" message). A copy of the freshly built labextension
   (`lancefn_jupyter/labextension`) is put first on `JUPYTER_PATH` (`install_labextension`), so the browser
   runs the current build even when an older copy is installed.
+- `jupyter_with_control_plane(base, app)`: a control plane and a `jupyter <app>` whose kernels use it.
 - `launch_chromium(playwright)`: Debian's `/usr/bin/chromium` driven by the PyPI `playwright`
-  package (never `playwright install`).
+  package (never `playwright install`); `browser_page(browser)`: a page that keeps its console messages.
 - `open_lab(page, server)`, `screenshot(page, name)` (→ `test-artifacts/<name>.png`).
+- `notebook(cells)`, and `WAIT_FOR_FILE_CELL`: a GPU function whose jobs run until the test creates a file.
 
 Every wait is bounded. Processes are started in their own session and stopped by their own pid.
 """
@@ -118,17 +120,35 @@ class JupyterProcess:
             return ""
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc.poll() is not None:
-            return
-        # Our own process group (start_new_session): the server and the kernels it started.
+        stop_process_group(self.proc, timeout)
+
+
+def start_logged(command: list[str], log_path: Path, env: Mapping[str, str], cwd: Path) -> subprocess.Popen:
+    """`command` in its own session (so `stop_process_group` stops what it starts too), output into `log_path`."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            cwd=str(cwd),
+            start_new_session=True,
+        )
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM to the process group `start_logged` made (the process and what it started), SIGKILL after `timeout`."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=5)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
 
 
 def start_jupyter(
@@ -206,19 +226,7 @@ def start_jupyter(
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-root")
     command += list(extra_args)
-    log = open(log_path, "wb")
-    try:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=process_env,
-            cwd=str(root_dir),
-            start_new_session=True,
-        )
-    finally:
-        log.close()
+    proc = start_logged(command, log_path, process_env, root_dir)
     server = JupyterProcess(proc, port, base_url, token, root_dir, log_path, env=process_env)
     deadline = time.monotonic() + timeout
     while True:
@@ -245,9 +253,47 @@ def running_jupyter(workdir: Path, **kwargs) -> Iterator[JupyterProcess]:
         server.stop()
 
 
+@contextlib.contextmanager
+def jupyter_with_control_plane(base: Path, app: str) -> Iterator[tuple]:
+    """A control plane (home `base/home`, simulated classes) and a tokened `jupyter <app>` under `base/jupyter`
+    whose kernels and proxy use it; yields (control plane, `JupyterProcess`) and stops both."""
+    from conftest import ControlPlaneProcess, make_env
+
+    cp = ControlPlaneProcess(base / "home", args=[], env=make_env(), log_dir=base).start()
+    try:
+        with running_jupyter(
+            base / "jupyter", app=app, env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key}
+        ) as server:
+            yield cp, server
+    finally:
+        cp.stop()
+
+
 def launch_chromium(playwright, **kwargs):
     """Headless Debian Chromium through Playwright (`executable_path`, never `playwright install`)."""
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, **kwargs)
+
+
+@contextlib.contextmanager
+def browser_page(browser, *, timeout_ms: int, height: int = 1000) -> Iterator:
+    """A page 1400 px wide in a fresh context (closed after). It keeps what the page said: `page.console_messages`
+    ("<type>: <text>" for console messages, "pageerror: <error>" for uncaught errors) and `page.errors` (the
+    uncaught errors alone)."""
+    context = browser.new_context(viewport={"width": 1400, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(timeout_ms)
+    page.console_messages, page.errors = [], []
+
+    def page_error(exc) -> None:
+        page.errors.append(str(exc))
+        page.console_messages.append(f"pageerror: {exc}")
+
+    page.on("console", lambda m: page.console_messages.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", page_error)
+    try:
+        yield page
+    finally:
+        context.close()
 
 
 def open_lab(
@@ -299,7 +345,31 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
-# ------------------------------------------------------------------ deterministic jobs
+# ------------------------------------------------------------------ notebooks and deterministic jobs
+
+
+def notebook(cells: list[str]) -> dict:
+    """An nbformat 4 notebook (JSON data) of code cells `c0`, `c1`, … with these sources, for a Python 3 kernel."""
+    return {
+        "cells": [
+            {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [], "source": s}
+            for i, s in enumerate(cells)
+        ],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+# A notebook cell: `wait_for_file(path)`, a one-GPU function whose job runs until the test creates `path`.
+WAIT_FOR_FILE_CELL = (
+    "%%gpu_function num_gpus=1\n"
+    "def wait_for_file(path: str) -> str:\n"
+    "    import os, time\n"
+    "    while not os.path.exists(path):\n"
+    "        time.sleep(0.02)\n"
+    "    return path\n"
+)
 
 
 def register_gate_function(http: httpx.Client, *, name: str = "wait_for", num_gpus: int = 1) -> str:

@@ -295,6 +295,21 @@ def ip(control_plane):
     yield from kernel_shell(control_plane)
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Headless Debian Chromium for a browser test module (``browser_util.launch_chromium``); pages come from
+    ``browser_util.browser_page``."""
+    from browser_util import launch_chromium
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = launch_chromium(p)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
 # ------------------------------------------------------------- request bodies by hand
 
 DOUBLE_SOURCE = "from __future__ import annotations\n\n\ndef double(x: int) -> int:\n    return 2 * x\n"
@@ -313,7 +328,7 @@ def registration_body(
     env: dict[str, str] | None = None,
 ) -> dict:
     """A FunctionRegistrationRequest as plain JSON data (base64 artifact, sha256 digest),
-    built without ``lancefn_jupyter.packaging``.  ``num_gpus=None`` → a CPU (``python``) function."""
+    built without ``lancefn_jupyter.kernel.packaging``.  ``num_gpus=None`` → a CPU (``python``) function."""
     import base64
     import hashlib
 
@@ -342,6 +357,16 @@ def registration_body(
         },
         "runtime": runtime,
     }
+
+
+INT_INPUT = (("n", "int64", False),)
+
+
+def python_body(name: str, source: str, inputs=INT_INPUT, output_type: str = "int64") -> dict:
+    """:func:`registration_body` of a CPU (``python``) function whose entry is named like the function."""
+    return registration_body(
+        name, source=source, entrypoint=name, inputs=inputs, output_type=output_type, num_gpus=None
+    )
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """What many test modules share: polling with a deadline, file-gated "hold" functions, the REST
 calls the job tests make against a real control plane, API-key files, an IPython shell with the
-extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture), raw HTTP connections,
+extension loaded, a Ray-executor server (and the body of the ``ray_cp`` fixture), an in-process control plane
+with a recording executor, raw HTTP connections,
 hypothesis settings for fuzzing, the packaging tests' cell helpers (and one numba CUDA cell), and which small
 packages this Python lacks (the environment tests install them).
 
@@ -34,8 +35,9 @@ import psutil
 import pytest
 from conftest import ControlPlaneProcess, make_env, register, registration_body
 
-from lancefn_jupyter.packaging import PackagedFunction, package_cell
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel.packaging import PackagedFunction, package_cell
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.wire.models import Job
 
 T = TypeVar("T")
@@ -363,6 +365,55 @@ def http_head(method: str, path: str, key: str | None = None, body_bytes: int | 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+#: One simulated GPU in the ``default`` class: every job lands on the same device set.
+ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+
+
+def two_teams(a_key: str, b_key: str) -> str:
+    """The API-key file of two teams: ann's ``a_key`` in namespace ``a`` and ben's ``b_key`` in ``b``, each with the
+    ``functions`` and ``jobs`` privileges."""
+    return api_keys_toml(
+        {"name": "ann", "key": a_key, "namespace": "a", "privileges": ["functions", "jobs"]},
+        {"name": "ben", "key": b_key, "namespace": "b", "privileges": ["functions", "jobs"]},
+    )
+
+
+# A worker-isolation probe, ``act(target)``: "" → "<uid> <gid> <pid> <umask>" of the worker that ran it; "detach" →
+# the same and the pid of a ``sleep`` it leaves behind in a session of its own; "stop:<pid>" SIGSTOPs another
+# worker ("pause:<pid>" then SIGCONTs it) and says "stopped", or "denied" when this user may not.
+ACT_SOURCE = """
+import os
+import signal
+import subprocess
+
+
+def act(target: str) -> str:
+    how, _, pid = target.partition(":")
+    if pid:  # another namespace's worker
+        try:
+            os.kill(int(pid), signal.SIGSTOP)
+        except PermissionError:
+            return "denied"
+        if how == "pause":
+            os.kill(int(pid), signal.SIGCONT)
+        return "stopped"
+    me = f"{os.getuid()} {os.getgid()} {os.getpid()} {oct(os.umask(0o077))}"
+    if target != "detach":
+        return me
+    started = subprocess.run(
+        ["setsid", "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    return f"{me} {started.stdout.strip()}"
+"""
+
+
+def act_body() -> dict:
+    """The registration of :data:`ACT_SOURCE` (a CPU function ``act``)."""
+    return registration_body(
+        "act", source=ACT_SOURCE, entrypoint="act", inputs=(("target", "utf8", False),), output_type="utf8"
+    )
+
+
 def api_keys_toml(*keys: dict[str, Any]) -> str:
     """An ``--api-keys`` file: one ``[[api_keys]]`` table per dict (name, key, privileges, namespace)."""
     tables = ("".join(f"{field} = {json.dumps(value)}\n" for field, value in key.items()) for key in keys)
@@ -373,7 +424,7 @@ def kernel_shell(cp: Any) -> Iterator[Any]:
     """An IPython shell with the extension loaded and connected to ``cp`` (a fixture's body)."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     shell = InteractiveShell.instance()
     shell.reset()
@@ -562,6 +613,21 @@ def table_dir() -> Path:
     return path
 
 
+def batch_record(**fields: Any):
+    """A batch as the REST API describes it (``wire.batch_models.Batch``): ``b1``, DONE, of ``model@v1`` with input
+    digest ``d``, created at 0, but for ``fields``."""
+    from lancefn_jupyter.wire.batch_models import Batch
+
+    defaults = {"batch_id": "b1", "batch_state": "DONE", "name": "model", "version": "v1", "input_digest": "d"}
+    return Batch(**{**defaults, "creation_ms": 0, **fields})
+
+
+def new_table():
+    """:func:`make_table` in a directory of its own (:func:`table_dir`): (the directory, the table)."""
+    db_dir = table_dir()
+    return db_dir, make_table(db_dir)[1]
+
+
 def make_table(db_dir: Path, name: str = "docs", prefix: str = "t"):
     """Two fragments (tbl.add twice): ids 0–299 then 300–499; texts repeat (t0…t49, or ``prefix``0…), so equal
     inputs sit in distinct rows."""
@@ -627,3 +693,57 @@ def wait_backfill(http: httpx.Client, batch_id: str) -> dict:
 def column(table, name: str, order: str = "id") -> list:
     data = table.to_arrow().sort_by(order)
     return data.column(name).to_pylist()
+
+
+# ------------------------------------------------- an in-process control plane, no workers
+
+
+class RecordingExecutor(Executor):
+    """Runs nothing: it keeps the tasks it is given and the jobs it is asked to cancel, and the test plays the
+    worker through ``callbacks``."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.tasks: list[TaskSpec] = []
+        self.cancelled: list[str] = []
+
+    def start(self, callbacks) -> None:
+        self.callbacks = callbacks
+
+    def launch(self, task: TaskSpec) -> None:
+        self.tasks.append(task)
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def task_spec(job_id: str = "j1", **fields: Any) -> TaskSpec:
+    """A task of ``f@v`` (an empty artifact, no rows) on no device, simulated, with no env, but for ``fields``."""
+    empty = {"rows": [], "devices": (), "env": {}, "packages": (), "timeout_s": None}
+    function = {"name": "f", "version": "v", "artifact": b"", "entrypoint": "f", "simulated": True}
+    return TaskSpec(job_id=job_id, **{**function, **empty, "gpu_class": None, "num_gpus": 0, **fields})
+
+
+def in_process_plane(home: Path, executor: Executor | None, **parts: Any):
+    """A started ``ControlPlane`` in this process: its store in ``home``, the simulated default class, ``executor``
+    and the other ``parts`` (``environments=``)."""
+    from lancefn_jupyter.server.plane import ControlPlane
+    from lancefn_jupyter.server.policy.gpu_classes import simulated_default
+    from lancefn_jupyter.server.storage.store import Store
+
+    plane = ControlPlane(store=Store(home / "db.sqlite3"), classes=simulated_default(), executor=executor, **parts)
+    plane.start()
+    return plane
+
+
+def job_wire(plane, job_id: str) -> dict:
+    """An in-process plane's job as the REST API shows it (checked against the wire model)."""
+    rec = plane.jobs.record(job_id)
+    assert rec is not None
+    data = plane.reports.job_wire(rec)
+    Job.from_wire(data)
+    return data

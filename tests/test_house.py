@@ -84,7 +84,7 @@ def violations(path: Path, package: Path = PACKAGE) -> list[str]:
 
 
 def dotted(node: ast.expr, modules: dict[str, str], package: Path) -> str | None:
-    """The lancefn_jupyter module an expression like ``api`` or ``lancefn_jupyter.handles.job`` names."""
+    """The lancefn_jupyter module an expression like ``api`` or ``lancefn_jupyter.kernel.handles.job`` names."""
     if isinstance(node, ast.Name):
         return modules.get(node.id)
     if isinstance(node, ast.Attribute):

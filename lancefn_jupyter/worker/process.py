@@ -1,5 +1,5 @@
 """The parent's handle on a warm worker process (``worker.py``), used by the local executor and by
-``lancefn_jupyter.handles.local_run`` (docs/ARCHITECTURE.md, "Worker protocol"): start it, send a task, read
+``lancefn_jupyter.kernel.handles.local_run`` (docs/ARCHITECTURE.md, "Worker protocol"): start it, send a task, read
 its events, stop or kill it.
 """
 

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import register, registration_body
+from conftest import python_body, register, registration_body
 from helpers import wait_done
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api
-from lancefn_jupyter.api import RemoteFunctionError
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.api import RemoteFunctionError
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire import dataplane
 
 DEADLINE_S = 120.0
@@ -237,14 +237,7 @@ def big(n: int):
 """
 
 
-BIG_BODY = registration_body(
-    "big",
-    source=BIG_SOURCE,
-    entrypoint="big",
-    inputs=(("n", "int64", False),),
-    output_type="tensor<float32>",
-    num_gpus=None,
-)
+BIG_BODY = python_body("big", BIG_SOURCE, output_type="tensor<float32>")
 
 
 def test_sigkill_while_a_large_result_is_written_never_leaves_a_truncated_result(control_plane_factory):

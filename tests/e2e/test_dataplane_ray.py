@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from test_dataplane_e2e import echo, keep_table, same, scale, special, wrong_dtype
 
-from lancefn_jupyter import api
-from lancefn_jupyter.api import RemoteFunctionError
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.api import RemoteFunctionError
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

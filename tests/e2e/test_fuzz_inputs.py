@@ -32,9 +32,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from pydantic import ValidationError
 
-from lancefn_jupyter import api
-from lancefn_jupyter.packaging import PackagingError, package_cell
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.packaging import PackagingError, package_cell
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest
 
 # Cells without a trailing newline make IPython's transformer warn; that is the input under test.

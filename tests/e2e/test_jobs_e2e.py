@@ -15,7 +15,7 @@ import httpx
 from conftest import register, registration_body
 from helpers import CUDA_CELL, DEADLINE_S, describe, submit, wait_done, wait_state, wait_until
 
-from lancefn_jupyter.handles.local_run import run_local
+from lancefn_jupyter.kernel.handles.local_run import run_local
 
 GATE = """from __future__ import annotations
 

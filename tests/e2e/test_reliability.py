@@ -297,8 +297,8 @@ def test_kernel_whose_embedded_server_died_restarts_it_and_carries_on(home, monk
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    from lancefn_jupyter import api
-    from lancefn_jupyter.client import ControlPlaneUnreachable
+    from lancefn_jupyter.kernel import api
+    from lancefn_jupyter.kernel.client import ControlPlaneUnreachable
 
     monkeypatch.setenv("LANCEFN_DISABLE_NVML", "1")
     monkeypatch.setenv("LANCEFN_HOME", str(home))

@@ -47,6 +47,13 @@ class Scaler:
 """
 
 
+def scaler_cell(tmp_path: Path, options: str = "") -> str:
+    """The ``Scaler`` class entry's cell, logging its setups and teardowns to ``setups.log`` / ``teardowns.log``."""
+    return SCALER.format(
+        options=options, setups=str(tmp_path / "setups.log"), teardowns=str(tmp_path / "teardowns.log")
+    )
+
+
 def run_notebook(cp, tmp_path: Path, cells: list[str], *, timeout: int = 240) -> dict[str, object]:
     """Execute ``cells`` after connecting to ``cp``; every line ``OUT <tag> <json>`` becomes ``{tag: value}``."""
     head = [
@@ -83,16 +90,35 @@ def report(tag: str, expr: str) -> str:
     return f"print('OUT {tag}', json.dumps({expr}))"
 
 
+def jobs_and_a_batch(tmp_path: Path, rows: int, *, options: str = "", suffix: str = "", timeout: int = 180) -> list:
+    """Cells: six jobs of ``infer<suffix>`` and a batch of ``rows`` rows (chunks of 2, spread over the GPUs) of
+    ``chunked<suffix>``; each version logs its module's executions to ``jobs.log`` / ``batch.log`` in ``tmp_path``."""
+    infer, chunked = f"infer{suffix}", f"chunked{suffix}"
+    batch = f"b = {chunked}.map(range({rows}), chunk_size=2, parallel='auto')\n"
+    return [
+        COUNTED.format(options=options, path=str(tmp_path / "jobs.log"), name=infer),
+        report("jobs", f"[{infer}.submit(i).result() for i in range(6)]"),
+        COUNTED.format(options=options, path=str(tmp_path / "batch.log"), name=chunked),
+        batch + report("batch", f"b.result(timeout={timeout})"),
+    ]
+
+
+def batch_executions(out: dict, tmp_path: Path, rows: int) -> list[int]:
+    """Checks what ``jobs_and_a_batch`` ran (six jobs, one module execution; the batch's results), and returns
+    the worker pids that executed the batch's module."""
+    assert out["jobs"] == [3 * i for i in range(6)], out["_texts"]
+    assert len(executions(tmp_path / "jobs.log", out["kernel"])) == 1  # six jobs, one module execution
+    assert out["batch"] == [3 * i for i in range(rows)]
+    return executions(tmp_path / "batch.log", out["kernel"])
+
+
 def test_module_runs_once_per_worker_for_jobs_batches_and_local(control_plane, tmp_path):
-    jobs, batch, local, per_job = (tmp_path / f"{name}.log" for name in ("jobs", "batch", "local", "per_job"))
+    local, per_job = tmp_path / "local.log", tmp_path / "per_job.log"
     out = run_notebook(
         control_plane,
         tmp_path,
         [
-            COUNTED.format(options="", path=str(jobs), name="infer"),
-            report("jobs", "[infer.submit(i).result() for i in range(6)]"),
-            COUNTED.format(options="", path=str(batch), name="chunked"),
-            "b = chunked.map(range(32), chunk_size=2, parallel='auto')\n" + report("batch", "b.result(timeout=180)"),
+            *jobs_and_a_batch(tmp_path, 32),
             COUNTED.format(options="", path=str(local), name="near"),
             report("local", "[near.local(i) for i in range(3)]"),
             COUNTED.format(options=" state=per_job", path=str(per_job), name="fresh"),
@@ -101,10 +127,7 @@ def test_module_runs_once_per_worker_for_jobs_batches_and_local(control_plane, t
         ],
     )
     kernel = out["kernel"]
-    assert out["jobs"] == [3 * i for i in range(6)], out["_texts"]
-    assert len(executions(jobs, kernel)) == 1  # six jobs, one module execution
-    assert out["batch"] == [3 * i for i in range(32)]
-    chunk_runs = executions(batch, kernel)
+    chunk_runs = batch_executions(out, tmp_path, 32)
     assert 1 <= len(chunk_runs) <= 2 and len(set(chunk_runs)) == len(chunk_runs)  # 16 chunks, ≤ one per GPU worker
     assert out["local"] == [0, 3, 6] and len(executions(local, kernel)) == 1
     assert out["per_job"] == [0, 3, 6, 9] and len(executions(per_job, kernel)) == 4
@@ -119,7 +142,7 @@ def test_class_entry_setup_once_teardown_on_stop_and_lookup_from_another_kernel(
         cp,
         tmp_path,
         [
-            SCALER.format(options="", setups=str(setups), teardowns=str(teardowns)),
+            scaler_cell(tmp_path),
             report("results", "[Scaler.submit(i).result() for i in range(4)]"),
             report("kernel_call", "Scaler(2)"),
             report("card", "Scaler.card()[0]"),
@@ -184,12 +207,12 @@ class Broken:
 
 
 def test_timings_cold_then_warm_and_cancel_replaces_the_worker(control_plane, tmp_path):
-    setups, teardowns = tmp_path / "setups.log", tmp_path / "teardowns.log"
+    setups = tmp_path / "setups.log"
     out = run_notebook(
         control_plane,
         tmp_path,
         [
-            SCALER.format(options="", setups=str(setups), teardowns=str(teardowns)),
+            scaler_cell(tmp_path),
             "j1 = Scaler.submit(1); j1.result(); j2 = Scaler.submit(2); j2.result()\n"
             + report("timings", "[j1.timings.to_wire(), j2.timings.to_wire()]"),
             "import time\nheld = Scaler.submit(-1)\n"
@@ -241,25 +264,17 @@ def leak(x: int) -> int:
 
 @pytest.mark.ray
 def test_ray_actor_keeps_module_state_for_jobs_batches_and_classes(ray_cp, tmp_path):
-    jobs, batch = tmp_path / "jobs.log", tmp_path / "batch.log"
-    setups, teardowns = tmp_path / "setups.log", tmp_path / "teardowns.log"
+    setups = tmp_path / "setups.log"
     out = run_notebook(
         ray_cp,
         tmp_path,
         [
-            COUNTED.format(options=" gpu_class=small", path=str(jobs), name="infer_ray"),
-            report("jobs", "[infer_ray.submit(i).result() for i in range(6)]"),
-            COUNTED.format(options=" gpu_class=small", path=str(batch), name="chunked_ray"),
-            "b = chunked_ray.map(range(16), chunk_size=2, parallel='auto')\n"
-            + report("batch", "b.result(timeout=240)"),
-            SCALER.format(options=" gpu_class=small", setups=str(setups), teardowns=str(teardowns)),
+            *jobs_and_a_batch(tmp_path, 16, options=" gpu_class=small", suffix="_ray", timeout=240),
+            scaler_cell(tmp_path, " gpu_class=small"),
             report("scaler", "[Scaler.submit(i).result() for i in range(3)]"),
         ],
         timeout=400,
     )
     kernel = out["kernel"]
-    assert out["jobs"] == [3 * i for i in range(6)], out["_texts"]
-    assert len(executions(jobs, kernel)) == 1
-    assert out["batch"] == [3 * i for i in range(16)]
-    assert 1 <= len(executions(batch, kernel)) <= 2
+    assert 1 <= len(batch_executions(out, tmp_path, 16)) <= 2
     assert out["scaler"] == [0, 10, 20] and len(executions(setups, kernel)) == 1

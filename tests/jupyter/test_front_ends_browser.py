@@ -14,11 +14,9 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -27,18 +25,23 @@ import httpx
 import psutil
 import pytest
 from browser_util import (
+    WAIT_FOR_FILE_CELL,
+    browser_page,
     built_labextension,
     chromium_missing_reason,
     free_port,
     install_labextension,
-    launch_chromium,
+    jupyter_with_control_plane,
+    notebook,
     register_gate_function,
     screenshot,
-    start_jupyter,
+    start_logged,
+    stop_process_group,
     submit_gate_job,
     wait_job_state,
 )
-from conftest import ControlPlaneProcess, make_env
+from conftest import ControlPlaneProcess
+from helpers import wait_until
 
 _missing = chromium_missing_reason()
 if _missing is None and not (importlib.util.find_spec("notebook") and importlib.util.find_spec("voila")):
@@ -57,58 +60,16 @@ class Servers:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory) -> Iterator[Servers]:
     base = tmp_path_factory.mktemp("front-ends")
-    cp = ControlPlaneProcess(base / "home", args=[], env=make_env(), log_dir=base).start()
-    server = None
-    try:
+    with jupyter_with_control_plane(base, "notebook") as (cp, server):
         with cp.http() as http:
             version = register_gate_function(http, name="wait_for")
-        server = start_jupyter(
-            base / "jupyter", app="notebook", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key}
-        )
         yield Servers(cp, server, base, version)
-    finally:
-        if server is not None:
-            server.stop()
-        cp.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    messages: list[str] = []
-    page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
-    page.on("pageerror", lambda exc: messages.append(f"pageerror: {exc}"))
-    page.console_messages = messages  # type: ignore[attr-defined]
-    try:
+    with browser_page(browser, timeout_ms=TIMEOUT_MS) as page:
         yield page
-    finally:
-        context.close()
-
-
-def _notebook(cells: list[str]) -> dict:
-    return {
-        "cells": [
-            {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [], "source": s}
-            for i, s in enumerate(cells)
-        ],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
 
 
 # What this project's extension requires of each shared package (labextension/package.json).
@@ -135,16 +96,6 @@ def _ours(messages: list[str]) -> list[str]:
     return found
 
 
-def _wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-
-
 def test_voila_renders_the_widgets_and_a_pending_job_finishes_live_without_extension_errors(page, servers):
     work = servers.tmp / "voila"
     work.mkdir()
@@ -152,14 +103,7 @@ def test_voila_renders_the_widgets_and_a_pending_job_finishes_live_without_exten
     cells = [
         "%load_ext lancefn_jupyter",
         "%gpu_classes",
-        (
-            "%%gpu_function num_gpus=1\n"
-            "def wait_for_file(path: str) -> str:\n"
-            "    import os, time\n"
-            "    while not os.path.exists(path):\n"
-            "        time.sleep(0.02)\n"
-            "    return path\n"
-        ),
+        WAIT_FOR_FILE_CELL,
         (
             "import json\n"
             f"gates = {json.dumps(gates)}\n"
@@ -171,9 +115,9 @@ def test_voila_renders_the_widgets_and_a_pending_job_finishes_live_without_exten
         ),
         "%gpu_jobs",
     ]
-    (servers.server.root_dir / "voila.ipynb").write_text(json.dumps(_notebook(cells)))
+    (servers.server.root_dir / "voila.ipynb").write_text(json.dumps(notebook(cells)))
     page.goto(servers.server.url(f"voila/render/voila.ipynb?token={servers.server.token}"), timeout=180_000)
-    ids = json.loads(_wait_for(lambda: (work / "ids.json").exists() and (work / "ids.json").read_text(), "ids"))
+    ids = json.loads(wait_until(lambda: (work / "ids.json").exists() and (work / "ids.json").read_text(), "ids"))
     watched_id = ids["watched"]
     watched = page.locator(".lancefn-job-widget").filter(has=page.locator(f'code[title="{watched_id}"]'))
     watched.locator(".lancefn-state-pending").wait_for(timeout=180_000)
@@ -194,7 +138,7 @@ def test_voila_renders_the_widgets_and_a_pending_job_finishes_live_without_exten
 
 
 def test_the_panel_opens_in_notebook_7_from_the_view_menu(page, servers):
-    (servers.server.root_dir / "nb7.ipynb").write_text(json.dumps(_notebook(["1 + 1"])))
+    (servers.server.root_dir / "nb7.ipynb").write_text(json.dumps(notebook(["1 + 1"])))
     page.goto(servers.server.url(f"notebooks/nb7.ipynb?token={servers.server.token}"), timeout=120_000)
     page.locator(".jp-NotebookPanel").first.wait_for()
     page.locator(".lm-MenuBar-itemLabel", has_text="View").first.click()
@@ -226,7 +170,7 @@ class Dashboard:
 
 @contextlib.contextmanager
 def _dashboard_command(servers: Servers, workdir: Path, *args: str, env: dict | None = None) -> Iterator[Dashboard]:
-    """`lancefn-dashboard --port P *args` (as `python -m lancefn_jupyter.dashboards.cli`, the console script's
+    """`lancefn-dashboard --port P *args` (as `python -m lancefn_jupyter.kernel.dashboards.cli`, the console script's
     target) against the module's control plane, in its own Jupyter dirs; yields it once it listens."""
     built = built_labextension()
     if built is not None:
@@ -247,33 +191,18 @@ def _dashboard_command(servers: Servers, workdir: Path, *args: str, env: dict | 
         }
     )
     log_path = workdir / "dashboard.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lancefn_jupyter.dashboards.cli", f"--port={port}", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=process_env,
-            cwd=str(workdir),
-            start_new_session=True,
-        )
+    command = [sys.executable, "-m", "lancefn_jupyter.kernel.dashboards.cli", f"--port={port}", *args]
+    proc = start_logged(command, log_path, process_env, workdir)
     try:
 
         def listening() -> bool:  # Voilà prints its URL once it listens
             assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]
             return f"127.0.0.1:{port}/" in log_path.read_text(errors="replace")
 
-        _wait_for(listening, "lancefn-dashboard listens", timeout=90)
+        wait_until(listening, "lancefn-dashboard listens", timeout=90)
         yield Dashboard(f"http://127.0.0.1:{port}/", proc, log_path)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        stop_process_group(proc)
 
 
 def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page, servers):
@@ -294,7 +223,9 @@ def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page
         assert dashboard.token is not None, dashboard.log()
         printed = f"{dashboard.url}?token={dashboard.token}"
         opened = Path(
-            urlparse(_wait_for(lambda: browser_arg.exists() and browser_arg.read_text(), "--open ran the browser")).path
+            urlparse(
+                wait_until(lambda: browser_arg.exists() and browser_arg.read_text(), "--open ran the browser")
+            ).path
         )
         assert stat.S_IMODE(opened.stat().st_mode) == 0o600 and html.escape(printed) in opened.read_text()
         page.goto(printed, timeout=180_000)

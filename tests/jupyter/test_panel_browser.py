@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 from browser_util import (
+    browser_page,
     built_labextension,
     chromium_missing_reason,
     free_port,
-    launch_chromium,
+    jupyter_with_control_plane,
+    notebook,
     open_lab,
     register_gate_function,
     run_command,
@@ -29,8 +31,8 @@ from browser_util import (
     wait_job_state,
     wait_lab_ready,
 )
-from conftest import ControlPlaneProcess, make_env, register, registration_body
-from helpers import api_keys_toml
+from conftest import ControlPlaneProcess, register, registration_body
+from helpers import api_keys_toml, wait_until
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 _missing = chromium_missing_reason()
@@ -47,30 +49,10 @@ PANEL = "#lancefn-gpu-functions"
 TIMEOUT_MS = 45_000
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.lancefn_errors = errors  # type: ignore[attr-defined]
-    try:
+    with browser_page(browser, timeout_ms=TIMEOUT_MS, height=900) as page:
         yield page
-    finally:
-        context.close()
 
 
 class Lab:
@@ -82,15 +64,8 @@ class Lab:
 def lab(tmp_path_factory) -> Iterator[Lab]:
     """A control plane and a tokened `jupyter lab` under /jl/ proxying to it (shared by the module)."""
     base = tmp_path_factory.mktemp("panel")
-    cp = ControlPlaneProcess(base / "home", args=[], env=make_env(), log_dir=base).start()
-    server = None
-    try:
-        server = start_jupyter(base / "jupyter", app="lab", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key})
+    with jupyter_with_control_plane(base, "lab") as (cp, server):
         yield Lab(cp, server, base)
-    finally:
-        if server is not None:
-            server.stop()
-        cp.stop()
 
 
 def saves_open_panel(request) -> bool:
@@ -131,22 +106,7 @@ def panel_status(page, server, status: str):
 
 def open_notebook(page, server, name: str, source: str, workspace: str):
     """Writes a one-cell notebook, opens it and waits for its kernel; returns the cell's editor."""
-    notebook = {
-        "cells": [
-            {
-                "cell_type": "code",
-                "execution_count": None,
-                "id": "first",
-                "metadata": {},
-                "outputs": [],
-                "source": source,
-            }
-        ],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    (server.root_dir / name).write_text(json.dumps(notebook))
+    (server.root_dir / name).write_text(json.dumps(notebook([source])))
     open_lab(page, server, path=name, workspace=workspace)
     # Run only once the kernel is up: a cell run while the kernel is still starting is dropped.
     page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=90_000)
@@ -162,10 +122,7 @@ def start_busy_notebook(page, server, marker: Path) -> None:
     editor = open_notebook(page, server, f"busy-{marker.name}.ipynb", source, workspace=marker.name)
     editor.click()
     page.keyboard.press("Shift+Enter")
-    deadline = time.monotonic() + 90
-    while not marker.exists():
-        assert time.monotonic() < deadline, "the notebook cell never started"
-        time.sleep(0.1)
+    wait_until(marker.exists, "the notebook cell started", timeout=90)
 
 
 def assert_kernel_busy(page) -> None:
@@ -220,7 +177,7 @@ def test_panel_shows_classes_and_live_jobs_while_the_kernel_is_busy(page, lab):
         page.wait_for_selector(f'{PANEL} .lf-usage-text:text("0 busy / 2 free of 2")')
         assert_kernel_busy(page)
         screenshot(page, "panel-finished")
-    assert page.lancefn_errors == []
+    assert page.errors == []
 
 
 def test_cancel_in_the_panel_stops_a_running_job_while_the_kernel_is_busy(page, lab):
@@ -286,7 +243,7 @@ def test_insert_puts_a_job_handle_into_the_notebook(page, lab):
     assert f"wait_for@{version}" in output.first.inner_text()
     assert row.locator(".lf-job-error").is_hidden()
     screenshot(page, "panel-insert")
-    assert page.lancefn_errors == []
+    assert page.errors == []
 
 
 def test_panel_layout_is_restored_after_reload(page, lab):
@@ -467,7 +424,7 @@ def test_functions_section_lists_versions_with_changes_diff_and_lookup_insert(pa
     assert "scale" in shown and new[:8] not in shown, shown
     screenshot(page, "panel-version-insert")
     assert first.locator(".lf-version-error").is_hidden()
-    assert page.lancefn_errors == []
+    assert page.errors == []
 
 
 NAP_SOURCE = "from __future__ import annotations\n\nimport time\n\n\ndef nap(s: float) -> float:\n    time.sleep(s)\n    return s\n"
@@ -519,7 +476,7 @@ def test_pending_jobs_show_their_expected_start_behind_busy_gpus(page, lab):
                 http.post("/v1/jobs/cancel", json={"job_id": job_id})
             gate.write_text("go")
         job_row(page, holder, "finished").wait_for()
-    assert page.lancefn_errors == []
+    assert page.errors == []
 
 
 TEAM_KEYS = api_keys_toml(
@@ -559,7 +516,7 @@ def test_namespace_label_shows_only_when_jobs_of_two_namespaces_are_listed(page,
         assert alice_row.locator(".lf-job-namespace").inner_text() == "team-a"
         assert carol_row.locator(".lf-job-namespace").inner_text() == "carol"
         screenshot(page, "panel-namespaces")
-        assert page.lancefn_errors == []
+        assert page.errors == []
     finally:
         server.stop()
 
@@ -613,7 +570,7 @@ def test_job_rows_say_cold_or_warm_from_the_jobs_timings(page, lab):
     assert timings_of(page, warm).inner_text() == "warm"
     assert timings_of(page, legacy).inner_text() == "" and timings_of(page, legacy).is_hidden()
     screenshot(page, "panel-cold-and-warm")
-    assert page.lancefn_errors == []
+    assert page.errors == []
 
 
 def test_real_jobs_say_cold_then_warm(page, lab):
@@ -628,4 +585,4 @@ def test_real_jobs_say_cold_then_warm(page, lab):
     )
     assert first_text.get_attribute("title").startswith("queued ")
     assert timings_of(page, second).inner_text() == "warm"
-    assert page.lancefn_errors == []
+    assert page.errors == []

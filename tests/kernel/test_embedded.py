@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from lancefn_jupyter import api
 from lancefn_jupyter.embedded import ensure_server, read_server_info, stop_server
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 
 
 def _wait_gone(pid: int) -> None:

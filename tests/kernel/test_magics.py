@@ -8,8 +8,8 @@ from helpers import kernel_shell
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from lancefn_jupyter import api
-from lancefn_jupyter.client import InvalidRequest, LancefnError
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.client import InvalidRequest, LancefnError
 
 CELL = """\
 def normalize_score(value: float) -> float:

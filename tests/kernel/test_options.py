@@ -8,7 +8,7 @@ from helpers import OPTION_LINE_TOKENS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lancefn_jupyter.options import (
+from lancefn_jupyter.kernel.options import (
     ComputeProfile,
     FunctionOptions,
     OptionsError,

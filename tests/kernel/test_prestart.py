@@ -8,9 +8,10 @@ import httpx
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from lancefn_jupyter import api, embedded
+from lancefn_jupyter import embedded
 from lancefn_jupyter.embedded import ensure_server, prestart, read_server_info, stop_server
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 
 
 @pytest.fixture

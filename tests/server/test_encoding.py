@@ -64,7 +64,7 @@ def test_request_bodies_that_are_no_json_are_refused_as_before(body):
 
 
 def test_the_client_reads_integers_past_64_bits_exactly():
-    from lancefn_jupyter.client._http import _decode, _Reply
+    from lancefn_jupyter.kernel.client._http import _decode, _Reply
 
     def decoded(body: bytes) -> object:
         return _decode(_Reply(200, "OK", {"content-type": "application/json"}, body))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from numpy.typing import NDArray
 
-from lancefn_jupyter.packaging import PackagingError, infer_signature
+from lancefn_jupyter.kernel.packaging import PackagingError, infer_signature
 from lancefn_jupyter.wire import dataplane as dp
 
 pytestmark = pytest.mark.unit
@@ -229,7 +229,7 @@ def test_pyarrow_stays_unloaded_by_load_ext_and_the_api():
         "import sys\n"
         "from IPython.core.interactiveshell import InteractiveShell\n"
         "InteractiveShell.instance().run_line_magic('load_ext', 'lancefn_jupyter')\n"
-        "import lancefn_jupyter.api, lancefn_jupyter.packaging, lancefn_jupyter.wire.dataplane\n"
+        "import lancefn_jupyter.kernel.api, lancefn_jupyter.kernel.packaging, lancefn_jupyter.wire.dataplane\n"
         "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -247,7 +247,7 @@ def test_a_parameter_only_some_rows_give_is_filled_from_its_default_and_absent_c
 
 
 def test_result_text_summarises_without_the_data():
-    from lancefn_jupyter.display import cards as display
+    from lancefn_jupyter.kernel.display import cards as display
     from lancefn_jupyter.wire.models import Job
 
     base = dict(job_id="a", job_type="run_function", job_state="DONE", creation_ms=1, placement={}, progress={})
@@ -257,7 +257,7 @@ def test_result_text_summarises_without_the_data():
     assert display.job_summary(arrow).endswith("→ ndarray float32 (1000, 768), 2.9 MiB")
     assert display.result_text(Job.from_wire({**base, "result": [[1.0] * 100_000]})) == "list of 100000"
     assert display.result_text(Job.from_wire({**base, "result": [3.5]})) == "3.5"
-    from lancefn_jupyter.display.jobs import jobs_table
+    from lancefn_jupyter.kernel.display.jobs import jobs_table
 
     assert "ndarray float32" in jobs_table([arrow])[0]
     nan = dp.summarize_results([np.array([np.nan, 1.0, -np.inf])], 24)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lancefn_jupyter.packaging import package_cell
+from lancefn_jupyter.kernel.packaging import package_cell
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.worker import runner
 

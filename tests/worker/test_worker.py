@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from lancefn_jupyter.packaging import package_cell
+from lancefn_jupyter.kernel.packaging import package_cell
 
 FILENAME = "<gpu_function f@v1>"
 

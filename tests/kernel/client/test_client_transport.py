@@ -15,7 +15,7 @@ from helpers import DEADLINE_S
 
 
 def _client(cp):
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
     return Client(cp.url, cp.api_key)
 
@@ -38,7 +38,7 @@ def test_a_run_after_the_server_closed_the_idle_connection_is_sent_once_and_answ
 
 def test_an_oversized_body_gets_the_servers_413_not_a_connection_error(control_plane_factory):
     """The server answers 413 and closes without reading the body; the client reads that answer."""
-    from lancefn_jupyter.client import PayloadTooLarge
+    from lancefn_jupyter.kernel.client import PayloadTooLarge
     from lancefn_jupyter.wire.models import FunctionRegistrationRequest
 
     cp = control_plane_factory(args=["--max-body-bytes", "65536"])
@@ -55,7 +55,7 @@ def test_an_oversized_body_gets_the_servers_413_not_a_connection_error(control_p
 
 
 def test_errors_map_to_typed_exceptions_with_the_servers_message(control_plane):
-    from lancefn_jupyter.client import Client, ControlPlaneUnreachable, NotFound, Unauthorized
+    from lancefn_jupyter.kernel.client import Client, ControlPlaneUnreachable, NotFound, Unauthorized
 
     client = _client(control_plane)
     try:
@@ -109,8 +109,8 @@ def test_the_event_stream_ends_at_once_when_its_socket_is_shut_down(control_plan
 def test_the_client_never_imports_httpx():
     code = (
         "import sys\n"
-        "from lancefn_jupyter.client import Client\n"
-        "from lancefn_jupyter.client import listener\n"
+        "from lancefn_jupyter.kernel.client import Client\n"
+        "from lancefn_jupyter.kernel.client import listener\n"
         "from lancefn_jupyter import embedded\n"
         "assert 'httpx' not in sys.modules, sorted(m for m in sys.modules if m.startswith('httpx'))\n"
     )
@@ -122,7 +122,7 @@ def _replies_from_a_raw_server(packets: list[list[bytes]]) -> list:
     apart, so a head may come whole, in pieces or with its body)."""
     import socket
 
-    from lancefn_jupyter.client._http import _Connection
+    from lancefn_jupyter.kernel.client._http import _Connection
 
     listener = socket.create_server(("127.0.0.1", 0))
 

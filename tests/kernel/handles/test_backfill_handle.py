@@ -22,15 +22,15 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import TESTS
+from helpers import TESTS, batch_record
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api
-from lancefn_jupyter.client import InvalidRequest
-from lancefn_jupyter.handles.batch import Batch
-from lancefn_jupyter.handles.table_map import Backfill
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
-from lancefn_jupyter.widgets import BatchWidget, set_widgets
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.client import InvalidRequest
+from lancefn_jupyter.kernel.handles.batch import Batch
+from lancefn_jupyter.kernel.handles.table_map import Backfill
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel.widgets import BatchWidget, set_widgets
 
 
 def text_len(text: str) -> int:
@@ -186,7 +186,7 @@ def test_one_bad_row_in_ten_thousand_is_skipped_by_a_batched_function(cp, tmp_pa
 
 STARTER = """
 import sys, lancedb
-from lancefn_jupyter import api
+from lancefn_jupyter.kernel import api
 sys.path[:0] = [{here!r}, {tests!r}]  # this module, and the helpers it imports
 from test_backfill_handle import gated_len
 api.connect({url!r}, {key!r})
@@ -325,7 +325,6 @@ def test_a_failing_setup_fails_the_backfill_with_the_setup_error(cp, tmp_path):
 
 def test_the_failure_named_is_the_failed_chunk_not_one_cancelled_after_it(cp):
     """Chunk 0 was cancelled because chunk 1 failed: the message names chunk 1's error (a race otherwise decides)."""
-    from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
     from lancefn_jupyter.wire.batch_models import BatchChunk
     from lancefn_jupyter.wire.models import JobState
 
@@ -339,16 +338,7 @@ def test_the_failure_named_is_the_failed_chunk_not_one_cancelled_after_it(cp):
             failure={"phase": "setup", "message": "RuntimeError: the weights file is missing"},
         ),
     )
-    snapshot = BatchRecord(
-        batch_id="b1",
-        batch_state=JobState.FAILED,
-        name="model",
-        version="v1",
-        input_digest="d",
-        creation_ms=0,
-        chunks_total=2,
-        chunks=chunks,
-    )
+    snapshot = batch_record(batch_state=JobState.FAILED, chunks_total=2, chunks=chunks)
     with pytest.raises(api.BatchError, match=r"chunk 1 \(rows 3–5\) failed in phase setup: RuntimeError: the weights"):
         Batch("b1", client=api.current_client(), snapshot=snapshot).raise_failure(snapshot)
 

@@ -12,10 +12,10 @@ from helpers import kernel_shell
 from IPython.utils.capture import capture_output
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api
-from lancefn_jupyter.handles import chunking
-from lancefn_jupyter.handles.job import RemoteFunctionError
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.handles import chunking
+from lancefn_jupyter.kernel.handles.job import RemoteFunctionError
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 
 
 def scaled(x: NDArray[np.float32], factor: list[float]) -> NDArray[np.float32]:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from helpers import gated, wait_until
 
-import lancefn_jupyter.session as session_module
-from lancefn_jupyter import api
-from lancefn_jupyter.display.batch import batch_card, strip_cells
-from lancefn_jupyter.handles.batch import Batch, BatchChunkError, BatchError
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
-from lancefn_jupyter.widgets import set_widgets, stop_listener
+import lancefn_jupyter.kernel.session as session_module
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.display.batch import batch_card, strip_cells
+from lancefn_jupyter.kernel.handles.batch import Batch, BatchChunkError, BatchError
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel.widgets import set_widgets, stop_listener
 
 
 def square(x: float) -> float:
@@ -145,7 +145,7 @@ def test_bad_input_is_refused_before_anything_starts(cp, gate, tmp_path):
 
 
 def test_batch_widget_follows_the_batch_and_text_fallback_reads_well(cp, gate, tmp_path):
-    from lancefn_jupyter.widgets import BatchWidget
+    from lancefn_jupyter.kernel.widgets import BatchWidget
 
     batch = gate.map(rows(tmp_path, list(range(6)), gate_of=lambda i: i // 2), parallel="auto", chunk_size=2)
     widget = BatchWidget(batch.batch_id, function=gate)

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from numpy.typing import NDArray
 
-from lancefn_jupyter import api
-from lancefn_jupyter.handles.batch import Batch, BatchError
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.handles.batch import Batch, BatchError
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire import dataplane
 
 

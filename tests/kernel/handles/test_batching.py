@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lancefn_jupyter.handles.chunking import auto_chunk_size, split, stack
+from lancefn_jupyter.kernel.handles.chunking import auto_chunk_size, split, stack
 
 pytestmark = pytest.mark.unit
 

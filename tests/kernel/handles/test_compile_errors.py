@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lancefn_jupyter import api
-from lancefn_jupyter.client import LancefnError
-from lancefn_jupyter.handles import local_run as local
-from lancefn_jupyter.handles.tracebacks import map_error_text, say_once
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.client import LancefnError
+from lancefn_jupyter.kernel.handles import local_run as local
+from lancefn_jupyter.kernel.handles.tracebacks import map_error_text, say_once
 
 # numba's documented cpu_gpu_compat example (docs/source/cuda/cpu_gpu_compat), as a cell with an entry.
 COMPAT = """\

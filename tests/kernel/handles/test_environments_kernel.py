@@ -12,11 +12,12 @@ import pytest
 from helpers import absent_packages, kernel_shell
 from IPython.utils.capture import capture_output
 
-from lancefn_jupyter import LancefnEnvironmentWarning, api
-from lancefn_jupyter.client import Client
-from lancefn_jupyter.client._http import Transport
+from lancefn_jupyter import LancefnEnvironmentWarning
 from lancefn_jupyter.environments.request import EnvironmentRequest
-from lancefn_jupyter.handles.local_run import LocalRunError, run_local
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.client import Client
+from lancefn_jupyter.kernel.client._http import Transport
+from lancefn_jupyter.kernel.handles.local_run import LocalRunError, run_local
 
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 FILENAME = "<gpu_function uses@v1>"
@@ -47,12 +48,12 @@ def ip(control_plane):
 
 
 def test_register_raises_the_servers_warnings_as_lancefn_environment_warnings(control_plane, warned):
-    from lancefn_jupyter.packaging import package_cell
+    from lancefn_jupyter.kernel.packaging import package_cell
 
     namespace: dict = {}
     exec(CELL, namespace)
     packaged = package_cell(CELL, namespace)
-    from lancefn_jupyter.options import build_options
+    from lancefn_jupyter.kernel.options import build_options
     from lancefn_jupyter.wire.models import FunctionRegistrationRequest
 
     request = FunctionRegistrationRequest(

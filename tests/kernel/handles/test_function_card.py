@@ -8,8 +8,8 @@ import math
 import pytest
 from helpers import run_cell
 
-from lancefn_jupyter.handles.function import function_from_cell
-from lancefn_jupyter.options import build_options
+from lancefn_jupyter.kernel.handles.function import function_from_cell
+from lancefn_jupyter.kernel.options import build_options
 
 pytestmark = pytest.mark.unit
 

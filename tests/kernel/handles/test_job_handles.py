@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lancefn_jupyter import api
+from lancefn_jupyter.kernel import api
 
 KERNEL_CELL = """\
 import numpy as np
@@ -132,7 +132,7 @@ def test_ctrl_c_in_wait_stops_waiting_not_the_job(ip, tmp_path, capsys):
 def test_only_a_job_still_under_way_is_followed_by_the_event_listener(ip, tmp_path):
     """A quick job comes back finished in the run reply: nothing about it can change, so the kernel's listener keeps
     no subscription for it (it stayed there for good, one per job, in a long loop of submits)."""
-    from lancefn_jupyter.session import listener
+    from lancefn_jupyter.kernel.session import listener
 
     ip.run_cell_magic("gpu_function", "", WAITING_CELL)
     hold = ip.user_ns["hold"]

@@ -7,7 +7,7 @@ import os
 import pytest
 from helpers import CUDA_CELL
 
-from lancefn_jupyter.handles.local_run import LocalRunError, gpu_available, run_local
+from lancefn_jupyter.kernel.handles.local_run import LocalRunError, gpu_available, run_local
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_repeated_local_runs_of_an_unchanged_version_execute_its_module_once(tmp
 
 
 def test_the_least_recently_used_local_worker_is_stopped_and_torn_down(tmp_path):
-    from lancefn_jupyter.handles.local_run import MAX_WORKERS
+    from lancefn_jupyter.kernel.handles.local_run import MAX_WORKERS
 
     marks = tmp_path / "marks"
     holder = f"class f:\n    def __call__(self):\n        return 1\n    def teardown(self):\n        open({str(marks)!r}, 'a').write('down\\n')\n"

@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 
-from lancefn_jupyter.handles.function import function_from_cell
-from lancefn_jupyter.options import build_options
+from lancefn_jupyter.kernel.handles.function import function_from_cell
+from lancefn_jupyter.kernel.options import build_options
 
 CELLS = {
     "plain": "def f(x: int, y: int) -> int:\n    return x + y\n",

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from IPython.core.error import UsageError
 
-from lancefn_jupyter import api
+from lancefn_jupyter.kernel import api
 from lancefn_jupyter.wire import versions
 from lancefn_jupyter.wire.models import FunctionVersion
 
@@ -227,7 +227,7 @@ def test_history_and_diff_routes_for_the_panel(ip, control_plane):
 
 
 def test_job_summary_shows_nonfinite_results():
-    from lancefn_jupyter.display import cards as display
+    from lancefn_jupyter.kernel.display import cards as display
     from lancefn_jupyter.wire.models import Job
 
     base = {

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 from numpy.typing import NDArray
 
-from lancefn_jupyter.options import OptionsError, build_options, build_profile, parse_function_line
-from lancefn_jupyter.packaging import PackagingError, infer_signature, package_cell
+from lancefn_jupyter.kernel.options import OptionsError, build_options, build_profile, parse_function_line
+from lancefn_jupyter.kernel.packaging import PackagingError, infer_signature, package_cell
 
 pytestmark = pytest.mark.unit
 

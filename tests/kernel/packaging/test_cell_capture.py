@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lancefn_jupyter.api import NotRegisteredError, UnregisteredFunction, bind_refused
-from lancefn_jupyter.options import build_options
-from lancefn_jupyter.packaging import PackagingError, infer_signature, package_cell
+from lancefn_jupyter.kernel.api import NotRegisteredError, UnregisteredFunction, bind_refused
+from lancefn_jupyter.kernel.options import build_options
+from lancefn_jupyter.kernel.packaging import PackagingError, infer_signature, package_cell
 from lancefn_jupyter.worker.runner import run_task_inline
 
 pytestmark = pytest.mark.unit
@@ -268,7 +268,7 @@ def test_a_refused_cell_without_a_def_binds_nothing():
 
 
 def test_local_modules_are_found_next_to_the_notebook_only(tmp_path, monkeypatch):
-    from lancefn_jupyter.local_modules import collect
+    from lancefn_jupyter.kernel.local_modules import collect
 
     (tmp_path / "mylib.py").write_text("import json\nimport numpy\nfrom mydep import K\n")
     (tmp_path / "mydep.py").write_text("K = 1\n")
@@ -282,7 +282,7 @@ def test_local_modules_are_found_next_to_the_notebook_only(tmp_path, monkeypatch
 
 
 def test_include_refusals_name_the_path(tmp_path):
-    from lancefn_jupyter.local_modules import LocalModuleError, collect
+    from lancefn_jupyter.kernel.local_modules import LocalModuleError, collect
 
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / "fast.abi3.so").write_bytes(b"\x7fELF")
@@ -300,7 +300,7 @@ def test_include_refusals_name_the_path(tmp_path):
 
 
 def test_include_refuses_a_package_with_a_symlink_leaving_the_notebooks_directory(tmp_path):
-    from lancefn_jupyter.local_modules import LocalModuleError, collect
+    from lancefn_jupyter.kernel.local_modules import LocalModuleError, collect
 
     notebook, outside = tmp_path / "nb", tmp_path / "outside"
     (notebook / "pkg").mkdir(parents=True)

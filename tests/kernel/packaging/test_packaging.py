@@ -1,4 +1,4 @@
-"""lancefn_jupyter.packaging, the artifact: LanceDB's byte layout, a digest that ignores formatting
+"""lancefn_jupyter.kernel.packaging, the artifact: LanceDB's byte layout, a digest that ignores formatting
 but follows code and captured values, the line map back to the cell, and running the artifact.
 
 The other packaging tests follow the package's modules: test_packaging_capture.py (free names, what
@@ -17,7 +17,7 @@ from helpers import HEADER, pack, run_cell, sha
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lancefn_jupyter.packaging import (
+from lancefn_jupyter.kernel.packaging import (
     package_cell,
     package_function,
 )

@@ -1,4 +1,4 @@
-"""lancefn_jupyter.packaging.capture: which free names of a cell are captured (modules, functions,
+"""lancefn_jupyter.kernel.packaging.capture: which free names of a cell are captured (modules, functions,
 classes, literals) and which notebook values and constructs are refused, naming the name or line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import OrderedDict
 import pytest
 from helpers import HEADER, pack, run_cell
 
-from lancefn_jupyter.packaging import (
+from lancefn_jupyter.kernel.packaging import (
     PackagingError,
     package_cell,
 )

@@ -1,4 +1,4 @@
-"""lancefn_jupyter.packaging.cell: which def of a cell is the entry, and CUDA kernel cells kept as
+"""lancefn_jupyter.kernel.packaging.cell: which def of a cell is the entry, and CUDA kernel cells kept as
 written (packaged, then run under the numba simulator in a subprocess)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from helpers import pack, run_cell
 
-from lancefn_jupyter.packaging import (
+from lancefn_jupyter.kernel.packaging import (
     PackagingError,
     package_cell,
 )
@@ -152,7 +152,7 @@ def test_real_numba_kernel_cell_packages_and_runs_under_the_simulator(tmp_path):
     script = textwrap.dedent(
         """
         import json, sys
-        from lancefn_jupyter.packaging import package_cell, package_function
+        from lancefn_jupyter.kernel.packaging import package_cell, package_function
         cell = sys.argv[1]
         namespace = {"__name__": "__main__"}
         exec(compile(cell, sys.argv[2], "exec"), namespace)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import HEADER, pack, run_cell
 
-from lancefn_jupyter.packaging import PackagingError, entry_name, package_cell, package_function
+from lancefn_jupyter.kernel.packaging import PackagingError, entry_name, package_cell, package_function
 
 pytestmark = pytest.mark.unit
 

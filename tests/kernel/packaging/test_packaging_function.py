@@ -1,4 +1,4 @@
-"""lancefn_jupyter.packaging.function: ``package_function`` of a function from ``__main__`` (kernels,
+"""lancefn_jupyter.kernel.packaging.function: ``package_function`` of a function from ``__main__`` (kernels,
 helpers, decorators, recursion) or an importable module, and what it refuses."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 import pytest
 from helpers import HEADER, run_cell, sha
 
-from lancefn_jupyter.packaging import (
+from lancefn_jupyter.packaging import (  # the public path: captured names keep it (see test below)
     PackagingError,
     infer_signature,
     package_function,

@@ -1,4 +1,4 @@
-"""lancefn_jupyter.packaging.signature: Python annotations to Arrow types, and annotations that are
+"""lancefn_jupyter.kernel.packaging.signature: Python annotations to Arrow types, and annotations that are
 missing or unsupported refused with how to fix them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Optional
 import pytest
 from helpers import run_cell
 
-from lancefn_jupyter.packaging import (
+from lancefn_jupyter.kernel.packaging import (
     PackagingError,
     infer_signature,
 )

@@ -5,10 +5,10 @@ of it. Built from wire models, no server."""
 from __future__ import annotations
 
 import pytest
+from helpers import batch_record
 
-from lancefn_jupyter.display.batch import SKIPPED_SHOWN, batch_card, batches_table
+from lancefn_jupyter.kernel.display.batch import SKIPPED_SHOWN, batch_card, batches_table
 from lancefn_jupyter.wire.batch_models import BackfillError, Batch, BatchBackfill
-from lancefn_jupyter.wire.models import JobState
 
 pytestmark = pytest.mark.unit
 
@@ -25,22 +25,8 @@ def batch(*, skipped: int = 0, on_error: str = "skip", written: int = 998, commi
         rows_written=written,
         commit_failure=commit_failure,
     )
-    return Batch(
-        batch_id="b1",
-        batch_state=JobState.DONE,
-        name="Embed",
-        version="5c1e",
-        input_digest="d",
-        creation_ms=0,
-        started_ms=0,
-        finished_ms=2000,
-        rows_total=1000,
-        rows_done=1000,
-        chunks_total=1,
-        chunk_counts={"DONE": 1},
-        strip="d",
-        backfill=backfill,
-    )
+    ended = {"started_ms": 0, "finished_ms": 2000, "rows_total": 1000, "rows_done": 1000, "chunks_total": 1}
+    return batch_record(name="Embed", version="5c1e", chunk_counts={"DONE": 1}, strip="d", backfill=backfill, **ended)
 
 
 def error(offset: int) -> BackfillError:

@@ -13,15 +13,15 @@ from pathlib import Path
 import ipywidgets
 import pytest
 
-import lancefn_jupyter.listings as listings
-import lancefn_jupyter.session as session_module
-from lancefn_jupyter.client import LancefnError
-from lancefn_jupyter.client.events import Event
-from lancefn_jupyter.client.listener import EventListener
-from lancefn_jupyter.display.jobs import JOBS_COLUMNS, job_card, jobs_table
-from lancefn_jupyter.display.timings import format_ms, job_timings_text, timings_breakdown, timings_text
-from lancefn_jupyter.handles.job import Job as JobHandle
-from lancefn_jupyter.widgets import JobsDashboard, JobWidget, stop_listener
+import lancefn_jupyter.kernel.listings as listings
+import lancefn_jupyter.kernel.session as session_module
+from lancefn_jupyter.kernel.client import LancefnError
+from lancefn_jupyter.kernel.client.events import Event
+from lancefn_jupyter.kernel.client.listener import EventListener
+from lancefn_jupyter.kernel.display.jobs import JOBS_COLUMNS, job_card, jobs_table
+from lancefn_jupyter.kernel.display.timings import format_ms, job_timings_text, timings_breakdown, timings_text
+from lancefn_jupyter.kernel.handles.job import Job as JobHandle
+from lancefn_jupyter.kernel.widgets import JobsDashboard, JobWidget, stop_listener
 from lancefn_jupyter.wire.models import Job, JobTimings
 
 pytestmark = pytest.mark.unit

@@ -21,15 +21,14 @@ import ipywidgets
 import pytest
 from helpers import DEADLINE_S, wait_until
 
-import lancefn_jupyter.session as session_module
-import lancefn_jupyter.widgets as widgets_module
-from lancefn_jupyter import api
-from lancefn_jupyter.client.events import Event
-from lancefn_jupyter.client.listener import EventListener, queue_positions
-from lancefn_jupyter.display.timings import format_ms
-from lancefn_jupyter.server.control.callbacks import PROGRESS_EVENT_INTERVAL_S
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
-from lancefn_jupyter.widgets import (
+import lancefn_jupyter.kernel.session as session_module
+import lancefn_jupyter.kernel.widgets as widgets_module
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.client.events import Event
+from lancefn_jupyter.kernel.client.listener import EventListener, queue_positions
+from lancefn_jupyter.kernel.display.timings import format_ms
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel.widgets import (
     WIDGET_VIEW_MIME,
     FunctionCardWidget,
     GpuClassesWidget,
@@ -41,6 +40,7 @@ from lancefn_jupyter.widgets import (
     set_widgets,
     stop_listener,
 )
+from lancefn_jupyter.server.control.callbacks import PROGRESS_EVENT_INTERVAL_S
 
 TWO_CLASSES = """
 [[gpu_classes]]
@@ -605,7 +605,7 @@ def test_closed_widgets_and_dropped_jobs_are_unsubscribed(cp, gate_fn, gates):
 
 
 def test_team_dashboard_shows_classes_batches_jobs_and_failures_live(cp, gate_fn, gates):
-    from lancefn_jupyter.dashboards import team_dashboard
+    from lancefn_jupyter.kernel.dashboards import team_dashboard
 
     dashboard = team_dashboard(batches_limit=2)
     assert "control plane " + cp.url in dashboard.heading.value
@@ -634,7 +634,7 @@ def test_dashboard_command_serves_the_shipped_notebook_on_localhost(monkeypatch)
     import importlib.util
     import json
 
-    from lancefn_jupyter.dashboards import cli
+    from lancefn_jupyter.kernel.dashboards import cli
 
     notebook = json.loads(cli.NOTEBOOK.read_text())
     assert [cell["cell_type"] for cell in notebook["cells"]] == ["code"]  # thin: the logic is in dashboards/team.py
@@ -656,14 +656,16 @@ def test_dashboard_command_serves_the_shipped_notebook_on_localhost(monkeypatch)
         cli.main([])
     assert missing.value.code == cli.MISSING_VOILA  # says: pip install 'lancefn-jupyter[dashboard]'
     # Only the command runs Voilà: importing the dashboards (as the kernel does) loads neither it nor widgets.
-    probe = "import sys, lancefn_jupyter.dashboards.cli; print(sorted({'voila', 'ipywidgets'} & set(sys.modules)))"
+    probe = (
+        "import sys, lancefn_jupyter.kernel.dashboards.cli; print(sorted({'voila', 'ipywidgets'} & set(sys.modules)))"
+    )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
 def test_dashboard_command_logins_urls_and_refusals(monkeypatch, tmp_path, capsys):
     """The pure parts of the dashboard's login (the served command is tested in tests/jupyter), and each way of
     giving a token that is refused before anything is served, with what to change."""
-    from lancefn_jupyter.dashboards import cli
+    from lancefn_jupyter.kernel.dashboards import cli
 
     assert cli.dashboard_url(8866, "a/b c") == "http://127.0.0.1:8866/?token=a%2Fb%20c"
     assert cli.dashboard_url(8866, "") == "http://127.0.0.1:8866/"  # --no-auth

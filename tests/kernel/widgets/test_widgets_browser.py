@@ -13,13 +13,19 @@ Helpers to start `jupyter lab --allow-root` and Chromium come from `tests/browse
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_util import chromium_missing_reason, launch_chromium, screenshot, start_jupyter
-from conftest import ControlPlaneProcess, make_env
+from browser_util import (
+    WAIT_FOR_FILE_CELL,
+    browser_page,
+    chromium_missing_reason,
+    jupyter_with_control_plane,
+    notebook,
+    screenshot,
+)
+from helpers import wait_until
 
 _missing = chromium_missing_reason()
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(_missing is not None, reason=_missing or "")]
@@ -32,14 +38,7 @@ def _notebook(tmp: Path) -> dict:
     gates = {name: str(tmp / f"gate-{name}") for name in "abcde"}
     cells = [
         "%load_ext lancefn_jupyter\n%lancefn",
-        (
-            "%%gpu_function num_gpus=1\n"
-            "def wait_for_file(path: str) -> str:\n"
-            "    import os, time\n"
-            "    while not os.path.exists(path):\n"
-            "        time.sleep(0.02)\n"
-            "    return path\n"
-        ),
+        WAIT_FOR_FILE_CELL,
         (
             "import json\n"
             f"gates = {json.dumps(gates)}\n"
@@ -62,52 +61,19 @@ def _notebook(tmp: Path) -> dict:
             "print('released')\n"
         ),
     ]
-    return {
-        "cells": [
-            {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [], "source": src}
-            for i, src in enumerate(cells)
-        ],
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-
-
-def _wait_for_path(path: Path, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
+    return notebook(cells)
 
 
 @pytest.fixture
 def lab(tmp_path) -> Iterator[tuple]:
-    cp = ControlPlaneProcess(tmp_path / "home", args=[], env=make_env(), log_dir=tmp_path).start()
-    server = None
-    try:
-        server = start_jupyter(
-            tmp_path / "jupyter", app="lab", env={"LANCEFN_URL": cp.url, "LANCEFN_API_KEY": cp.api_key}
-        )
-        yield cp, server
-    finally:
-        if server is not None:
-            server.stop()
-        cp.stop()
+    with jupyter_with_control_plane(tmp_path, "lab") as servers:
+        yield servers
 
 
 @pytest.fixture
-def page() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            page = context.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            yield page
-        finally:
-            browser.close()
+def page(browser):
+    with browser_page(browser, timeout_ms=TIMEOUT_MS) as page:
+        yield page
 
 
 def expect(locator):
@@ -139,7 +105,7 @@ def test_job_widgets_update_live_while_another_cell_runs_and_cancel_works(page, 
     # Run the cells one by one (Shift+Enter), as a user would.
     for _ in range(BUSY_CELL + 1):
         page.keyboard.press("Shift+Enter")
-    _wait_for_path(work / "busy", "the last cell started (the kernel is now busy)")
+    wait_until((work / "busy").exists, "the last cell started (the kernel is now busy)", timeout=120)
     ids = json.loads((work / "ids.json").read_text())
 
     watched, victim = job_widget(page, ids["c"]), job_widget(page, ids["e"])

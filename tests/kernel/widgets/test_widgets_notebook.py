@@ -25,7 +25,7 @@ ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
 
 WAIT_STATES = """\
 import time
-from lancefn_jupyter.widgets import job_widget
+from lancefn_jupyter.kernel.widgets import job_widget
 views = [job_widget(job) for job in jobs]
 deadline = time.monotonic() + 60
 while sorted(v.state for v in views) != {expected!r} and time.monotonic() < deadline:

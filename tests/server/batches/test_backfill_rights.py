@@ -18,15 +18,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import register, registration_body
-from helpers import api_keys_toml, column, team_table_roots, wait_until
+from conftest import python_body, register
+from helpers import column, team_table_roots, two_teams, wait_until
 from helpers import wait_backfill as wait
 
 A_KEY, B_KEY = "rights-team-a-key-0001", "rights-team-b-key-0002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
+KEYS = two_teams(A_KEY, B_KEY)
 UIDS = {"a": 61170, "b": 61171}  # table roots' owners: no passwd entry has them
 SECRET = "bsecret"  # B's texts: bsecret0 … bsecret49
 TABLE_DIRS = ("_versions", "data", "_transactions")
@@ -68,14 +65,7 @@ class Teams:
 
     def register(self, http, gate: Path | None = None) -> str:
         source = ECHO.replace("GATE", repr(str(gate or self.base / "open")))
-        body = registration_body(
-            "echo",
-            source=source,
-            entrypoint="echo",
-            inputs=(("text", "utf8", False), ("b", "int64", False)),
-            output_type="utf8",
-            num_gpus=None,
-        )
+        body = python_body("echo", source, (("text", "utf8", False), ("b", "int64", False)), "utf8")
         if gate is None:
             (self.base / "open").touch()
         return register(http, body)["version"]

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import register, registration_body
-from helpers import EMBED, api_keys_toml, column, give_to_team, make_table, table_dir, wait_until
+from conftest import python_body, register
+from helpers import EMBED, api_keys_toml, column, give_to_team, make_table, new_table, table_dir, wait_until
 from helpers import wait_backfill as wait
 
-from lancefn_jupyter.display.cards import result_text
+from lancefn_jupyter.kernel.display.cards import result_text
 from lancefn_jupyter.wire.models import Job
 
 SCORE = """from __future__ import annotations
@@ -30,14 +30,7 @@ def score(x: float, y: int) -> float:
     return x * 10 + y
 """
 
-SCORE_BODY = registration_body(
-    "score",
-    source=SCORE,
-    entrypoint="score",
-    inputs=(("x", "float64", False), ("y", "int64", False)),
-    output_type="float64",
-    num_gpus=None,
-)
+SCORE_BODY = python_body("score", SCORE, (("x", "float64", False), ("y", "int64", False)), "float64")
 
 GATED = """from __future__ import annotations
 
@@ -53,15 +46,7 @@ def gated(n: int) -> int:
 
 
 def embed_version(http: httpx.Client, scale: float) -> str:
-    source = EMBED.replace("SCALE", repr(scale))
-    body = registration_body(
-        "embed",
-        source=source,
-        entrypoint="embed",
-        inputs=(("text", "utf8", False),),
-        output_type="tensor<float32>",
-        num_gpus=None,
-    )
+    body = python_body("embed", EMBED.replace("SCALE", repr(scale)), (("text", "utf8", False),), "tensor<float32>")
     return register(http, body)["version"]
 
 
@@ -79,8 +64,7 @@ def cp(shared_control_plane):
 def test_embeddings_into_a_new_vector_column_then_stale_and_all(cp):
     import lancedb
 
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    db_dir, table = new_table()
     with cp.http() as http:
         v1 = embed_version(http, 1.0)
         created = create(
@@ -125,16 +109,8 @@ def test_embeddings_into_a_new_vector_column_then_stale_and_all(cp):
 
         # A new version: "stale" redoes the rows another version wrote, here within where=.
         v2 = embed_version(http, 2.0)
-        stale = create(
-            http,
-            name="embed",
-            version=v2,
-            table_uri=table.uri,
-            columns=["text"],
-            into="emb",
-            recompute="stale",
-            where="id < 100",
-        )
+        by_v2 = {"name": "embed", "version": v2, "table_uri": table.uri, "columns": ["text"], "into": "emb"}
+        stale = create(http, **by_v2, recompute="stale", where="id < 100")
         assert stale["rows_total"] == 100
         assert wait(http, stale["batch_id"])["batch_state"] == "DONE"
         table = lancedb.connect(str(db_dir)).open_table("docs")
@@ -142,16 +118,7 @@ def test_embeddings_into_a_new_vector_column_then_stale_and_all(cp):
         assert versions == [v2] * 100 + [v1] * 400
         assert [row[2] for row in emb] == [2.0] * 100 + [1.0] * 400
         # "all" redoes every row, whatever wrote it.
-        everything = create(
-            http,
-            name="embed",
-            version=v2,
-            table_uri=table.uri,
-            columns=["text"],
-            into="emb",
-            recompute="all",
-            chunk_size=256,
-        )
+        everything = create(http, **by_v2, recompute="all", chunk_size=256)
         assert everything["rows_total"] == 500 and wait(http, everything["batch_id"])["batch_state"] == "DONE"
         table = lancedb.connect(str(db_dir)).open_table("docs")
         assert set(column(table, "emb__lancefn_version")) == {v2}
@@ -161,11 +128,9 @@ def test_embeddings_into_a_new_vector_column_then_stale_and_all(cp):
 def test_several_columns_by_name_with_where(cp):
     import lancedb
 
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    db_dir, table = new_table()
     with cp.http() as http:
-        body = SCORE_BODY
-        version = register(http, body)["version"]
+        version = register(http, SCORE_BODY)["version"]
         created = create(
             http,
             name="score",
@@ -185,18 +150,10 @@ def test_several_columns_by_name_with_where(cp):
 
 
 def test_bad_inputs_are_400s_that_create_nothing_and_a_second_backfill_is_a_409(cp):
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    db_dir, table = new_table()
     gate = db_dir / "gate"
     with cp.http() as http:
-        body = registration_body(
-            "gated",
-            source=GATED.replace("GATE", repr(str(gate))),
-            entrypoint="gated",
-            inputs=(("n", "int64", False),),
-            num_gpus=None,
-        )
-        version = register(http, body)["version"]
+        version = register(http, python_body("gated", GATED.replace("GATE", repr(str(gate)))))["version"]
         base = {"name": "gated", "version": version, "table_uri": table.uri, "into": "out", "columns": ["b"]}
 
         def batch_ids() -> list[str]:
@@ -254,18 +211,14 @@ def counted(n: int) -> int:
 
 def counted_version(http, log: Path, gate: Path) -> str:
     source = COUNTED.replace("LOG", repr(str(log))).replace("GATE", repr(str(gate)))
-    body = registration_body(
-        "counted", source=source, entrypoint="counted", inputs=(("n", "int64", False),), num_gpus=None
-    )
-    return register(http, body)["version"]
+    return register(http, python_body("counted", source))["version"]
 
 
 def test_a_backfill_outlives_the_script_that_started_it(shared_control_plane):
     import lancedb
 
     cp = shared_control_plane
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    db_dir, table = new_table()
     gate = db_dir / "gate"
     with cp.http() as http:
         version = counted_version(http, db_dir / "calls.log", gate)
@@ -289,8 +242,7 @@ def test_sigkill_mid_backfill_then_restart_finishes_it(control_plane_factory):
     import lancedb
 
     cp = control_plane_factory()
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    db_dir, table = new_table()
     log, gate = db_dir / "calls.log", db_dir / "gate"
     with cp.http() as http:
         version = counted_version(http, log, gate)
@@ -377,18 +329,10 @@ def picky(n: int) -> int:
 def test_a_failed_chunk_fails_the_backfill_and_retry_finishes_it(cp):
     import lancedb
 
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    db_dir, table = new_table()
     fixed = db_dir / "fixed"
     with cp.http() as http:
-        body = registration_body(
-            "picky",
-            source=PICKY.replace("FIXED", repr(str(fixed))),
-            entrypoint="picky",
-            inputs=(("n", "int64", False),),
-            num_gpus=None,
-        )
-        version = register(http, body)["version"]
+        version = register(http, python_body("picky", PICKY.replace("FIXED", repr(str(fixed)))))["version"]
         created = create(
             http, name="picky", version=version, table_uri=table.uri, columns=["b"], into="neg", chunk_size=100
         )

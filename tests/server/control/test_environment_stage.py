@@ -13,42 +13,26 @@ from pathlib import Path
 
 import pytest
 from conftest import registration_body
-from helpers import admit
-from test_plane_warm_state import wire
+from helpers import RecordingExecutor, admit, in_process_plane
+from helpers import job_wire as wire
+from helpers import wait_until as wait_for
 
 from lancefn_jupyter.environments.builders import BuildUser
 from lancefn_jupyter.environments.cache import Environment, EnvironmentFailure
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.server.errors import ApiError
-from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.server.plane import ControlPlane
-from lancefn_jupyter.server.policy.gpu_classes import simulated_default
-from lancefn_jupyter.server.storage.store import Store
 
 
-class Recording(Executor):
-    name = "recording"
+class Recording(RecordingExecutor):
     builds_environments = True
 
     def __init__(self, cache: FakeCache) -> None:
+        super().__init__()
         self.cache = cache
-        self.tasks: list[TaskSpec] = []
-        self.cancelled: list[str] = []
-
-    def start(self, callbacks) -> None:
-        self.callbacks = callbacks
-
-    def launch(self, task: TaskSpec) -> None:
-        self.tasks.append(task)
-
-    def cancel(self, job_id: str) -> None:
-        self.cancelled.append(job_id)
 
     def environment_problem(self, request: EnvironmentRequest) -> str | None:
         return self.cache.problem(request)
-
-    def shutdown(self) -> None:
-        pass
 
 
 class PerNamespace(Recording):
@@ -133,10 +117,7 @@ def open_fds(cache: FakeCache) -> list[int]:
 def setup(tmp_path):
     cache = FakeCache(tmp_path)
     executor = Recording(cache)
-    plane = ControlPlane(
-        store=Store(tmp_path / "db.sqlite3"), classes=simulated_default(), executor=executor, environments=cache
-    )
-    plane.start()
+    plane = in_process_plane(tmp_path, executor, environments=cache)
     yield plane, executor, cache
     plane.shutdown()
 
@@ -155,16 +136,6 @@ def version_with(plane: ControlPlane, name: str = "double", packages: tuple[str,
 
 def logs(plane: ControlPlane, job_id: str) -> list[str]:
     return plane.jobs.logs(job_id, 0, 1000, None)["lines"]
-
-
-def wait_for(condition, what: str):
-    import time
-
-    deadline = time.monotonic() + 10
-    while not (value := condition()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-    return value
 
 
 def test_a_job_waits_for_its_environment_without_holding_a_gpu_then_runs_in_it(setup):
@@ -287,11 +258,7 @@ def test_cancelling_a_job_while_its_environment_builds(setup):
 
 def test_a_restart_stages_pending_jobs_again(tmp_path):
     cache = FakeCache(tmp_path)
-    executor = Recording(cache)
-    plane = ControlPlane(
-        store=Store(tmp_path / "db.sqlite3"), classes=simulated_default(), executor=executor, environments=cache
-    )
-    plane.start()
+    plane = in_process_plane(tmp_path, Recording(cache), environments=cache)
     version = version_with(plane, packages=("tabulate",))
     job_id = admit(plane, "double", version, [{"x": 1}])
     wait_for(lambda: cache.builds, "the build started")
@@ -300,10 +267,7 @@ def test_a_restart_stages_pending_jobs_again(tmp_path):
     wait_for(lambda: "k-tabulate" in cache.built, "the first build's end")
     cache.built.clear()  # as if the build had been killed with the server
     executor = Recording(cache)
-    again = ControlPlane(
-        store=Store(tmp_path / "db.sqlite3"), classes=simulated_default(), executor=executor, environments=cache
-    )
-    again.start()
+    again = in_process_plane(tmp_path, executor, environments=cache)
     try:
         assert wire(again, job_id)["placement"]["pending_reason"].startswith("building environment")
         wait_for(lambda: len(cache.builds) == 2, "built again")
@@ -341,11 +305,7 @@ def test_a_long_build_refreshes_its_jobs_pending_reason_in_events(setup, monkeyp
 def test_each_namespace_builds_its_own_environment_and_direct_references_follow_the_servers_rule(tmp_path):
     cache = FakeCache(tmp_path)
     executor = PerNamespace(cache)
-    store = Store(tmp_path / "db.sqlite3")
-    plane = ControlPlane(
-        store=store, classes=simulated_default(), executor=executor, environments=cache, allow_direct_references=False
-    )
-    plane.start()
+    plane = in_process_plane(tmp_path, executor, environments=cache, allow_direct_references=False)
     try:
         for namespace in ("a", "b"):
             job_id, _ = plane.catalog.register(registration_body(packages=("tabulate",)), namespace)
@@ -365,4 +325,4 @@ def test_each_namespace_builds_its_own_environment_and_direct_references_follow_
         assert refused.value.status == 400 and "--allow-direct-references" in str(refused.value)
     finally:
         plane.shutdown()
-        store.close()
+        plane.store.close()

@@ -13,9 +13,9 @@ import pytest
 from conftest import register, registration_body
 from helpers import DEADLINE_S, describe, hold_version, submit, text_body, wait_done, wait_state, wait_until
 
-from lancefn_jupyter import api
-from lancefn_jupyter.client import Client
-from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+from lancefn_jupyter.kernel import api
+from lancefn_jupyter.kernel.client import Client
+from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 from lancefn_jupyter.wire.models import Job, JobState
 
 

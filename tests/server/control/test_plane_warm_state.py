@@ -8,33 +8,20 @@ from __future__ import annotations
 
 import pytest
 from conftest import registration_body
-from helpers import admit
+from helpers import RecordingExecutor, admit, in_process_plane
+from helpers import job_wire as wire
 
-from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.server.plane import ControlPlane
-from lancefn_jupyter.server.policy.gpu_classes import simulated_default
 from lancefn_jupyter.server.storage.store import Store
-from lancefn_jupyter.wire.models import Job, JobFailure
+from lancefn_jupyter.wire.models import JobFailure
 
 
-class Recording(Executor):
-    name = "recording"
-
+class Recording(RecordingExecutor):
     def __init__(self) -> None:
-        self.tasks: list[TaskSpec] = []
-        self.cancelled: list[str] = []
+        super().__init__()
         self.warm: dict[tuple[str, str, str], list[tuple[str, ...]]] = {}
         self.warm_asked: list[tuple[str, str, str]] = []
         self.broken = False
-
-    def start(self, callbacks) -> None:
-        self.callbacks = callbacks
-
-    def launch(self, task: TaskSpec) -> None:
-        self.tasks.append(task)
-
-    def cancel(self, job_id: str) -> None:
-        self.cancelled.append(job_id)
 
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
         self.warm_asked.append((namespace, name, version))
@@ -42,15 +29,11 @@ class Recording(Executor):
             raise RuntimeError("the executor lost track")
         return self.warm.get((namespace, name, version), [])
 
-    def shutdown(self) -> None:
-        pass
-
 
 @pytest.fixture
 def plane(tmp_path):
     executor = Recording()
-    plane = ControlPlane(store=Store(tmp_path / "db.sqlite3"), classes=simulated_default(), executor=executor)
-    plane.start()
+    plane = in_process_plane(tmp_path, executor)
     yield plane, executor
     plane.shutdown()
 
@@ -59,14 +42,6 @@ def register(plane: ControlPlane, body: dict) -> str:
     job = plane.jobs.record(plane.catalog.register(body).job_id)
     assert job is not None and job.state == "DONE", job
     return job.result["version"]
-
-
-def wire(plane: ControlPlane, job_id: str) -> dict:
-    rec = plane.jobs.record(job_id)
-    assert rec is not None
-    data = plane.reports.job_wire(rec)
-    Job.from_wire(data)
-    return data
 
 
 def test_the_task_carries_the_versions_state(plane):

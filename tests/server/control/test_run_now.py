@@ -12,38 +12,15 @@ import threading
 
 import pytest
 from conftest import registration_body
-from helpers import admit
+from helpers import RecordingExecutor, admit, in_process_plane
 
 from lancefn_jupyter.server.control.intake import ON_LOOP_MAX_ROWS, JobRequest
-from lancefn_jupyter.server.executors.base import Executor, TaskSpec
 from lancefn_jupyter.server.plane import ControlPlane
-from lancefn_jupyter.server.policy.gpu_classes import simulated_default
-from lancefn_jupyter.server.storage.store import Store
-
-
-class Recording(Executor):
-    name = "recording"
-
-    def __init__(self) -> None:
-        self.tasks: list[TaskSpec] = []
-
-    def start(self, callbacks) -> None:
-        self.callbacks = callbacks
-
-    def launch(self, task: TaskSpec) -> None:
-        self.tasks.append(task)
-
-    def cancel(self, job_id: str) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
 
 
 @pytest.fixture
 def plane(tmp_path):
-    plane = ControlPlane(store=Store(tmp_path / "db.sqlite3"), classes=simulated_default(), executor=Recording())
-    plane.start()
+    plane = in_process_plane(tmp_path, RecordingExecutor())
     # A loop that never runs: deferred changes wait for their save (its 10 ms timer never fires).
     plane.table.loop = loop = asyncio.new_event_loop()
     yield plane

@@ -321,7 +321,7 @@ def test_unencodable_worker_output_fails_the_job_readably_and_keeps_the_server_h
 def test_progress_held_back_by_coalescing_is_still_published(control_plane, tmp_path):
     """Rows 1-2 of 3 finish at once (row 2 inside the coalescing interval), row 3 blocks: the event
     stream must still carry rows_done=2 while row 3 runs."""
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
     client = Client(control_plane.url, control_plane.api_key)
     with control_plane.http() as http:
@@ -346,7 +346,7 @@ def test_progress_held_back_by_coalescing_is_still_published(control_plane, tmp_
 
 def test_queue_events_renumber_pending_jobs_when_the_queue_moves(control_plane, tmp_path):
     """Jobs behind a cancelled one move up without job events of their own; `queue` events say so."""
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
     client = Client(control_plane.url, control_plane.api_key)
     with control_plane.http() as http:
@@ -379,7 +379,7 @@ def test_queue_events_renumber_pending_jobs_when_the_queue_moves(control_plane, 
 
 
 def test_a_job_that_can_start_at_once_is_never_shown_waiting_for_capacity(control_plane, tmp_path):
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
     client = Client(control_plane.url, control_plane.api_key)
     with control_plane.http() as http:

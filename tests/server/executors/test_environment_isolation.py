@@ -22,24 +22,21 @@ import psutil
 import pytest
 from conftest import register, registration_body, remove_tree
 from helpers import (
+    ONE_GPU,
     absent_packages,
-    api_keys_toml,
     left_daemon,
     let_workers_reach_this_python,
     reporting_project,
     submit,
     tiny_wheel,
+    two_teams,
     wait_done,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root server (builds as other uids)")
 
 A_KEY, B_KEY = "envs-team-a-key-0001", "envs-team-b-key-0002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+KEYS = two_teams(A_KEY, B_KEY)
 RANGE = "61020-61029"
 PLANTED, SHARED = absent_packages(2)
 

@@ -11,16 +11,12 @@ import httpx
 import numpy as np
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, let_workers_reach_this_python, submit, wait_until
+from helpers import ONE_GPU, act_body, let_workers_reach_this_python, submit, two_teams, wait_until
 
 from lancefn_jupyter.worker.reap import proc_state
 
 A_KEY, B_KEY = "team-a-key-00000001", "team-b-key-00000002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+KEYS = two_teams(A_KEY, B_KEY)
 
 PATCHER = """
 import builtins
@@ -176,45 +172,23 @@ def test_a_job_cannot_read_the_control_planes_files_nor_another_namespaces_env(r
     assert found == "", found
 
 
-DETACH_AND_SIGNAL = """
-import os
-import signal
-import subprocess
-
-
-def act(target: str) -> str:
-    if target:  # another namespace's worker: stop it, if this user may
-        try:
-            os.kill(int(target), signal.SIGSTOP)
-        except PermissionError:
-            return "denied"
-        return "stopped"
-    started = subprocess.run(
-        ["setsid", "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
-    )
-    return f"{os.getpid()} {started.stdout.strip()}"
-"""
-
-
 def test_a_root_servers_jobs_leave_no_process_and_a_stopped_worker_is_replaced(root_server):
     """docs/ARCHITECTURE.md, "Job processes", with workers as another user and two namespaces."""
     cp = root_server
-    body = registration_body(
-        "act", source=DETACH_AND_SIGNAL, entrypoint="act", inputs=(("target", "utf8", False),), output_type="utf8"
-    )
+    body = act_body()
     with client(cp, A_KEY) as a, client(cp, B_KEY) as b:
         va, vb = register(a, body)["version"], register(b, body)["version"]
-        (first,) = run(a, "act", va, [{"target": ""}])
-        worker, sleeper = (int(pid) for pid in first.split())
+        (first,) = run(a, "act", va, [{"target": "detach"}])
+        worker, sleeper = (int(pid) for pid in first.split()[2::2])  # "uid gid pid umask sleeper-pid"
         try:
             assert not os.path.exists(f"/proc/{sleeper}"), "a's detached sleep outlived its job"
-            (verdict,) = run(b, "act", vb, [{"target": str(worker)}])  # b's job signals a's idle worker
+            (verdict,) = run(b, "act", vb, [{"target": f"stop:{worker}"}])  # b's job signals a's idle worker
             assert verdict in ("stopped", "denied")
             if verdict == "stopped":  # the signal lands asynchronously
                 wait_until(lambda: proc_state(worker) == "T", f"worker {worker} to stop")
             (second,) = run(a, "act", va, [{"target": ""}])  # a's next job runs all the same
             if verdict == "stopped":
-                assert int(second.split()[0]) != worker
+                assert int(second.split()[2]) != worker
         finally:
             for pid in (worker, sleeper):
                 try:

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 from conftest import register, registration_body
-from helpers import let_workers_reach_this_python, wait_done
+from helpers import ONE_GPU, let_workers_reach_this_python, wait_done
 
-from lancefn_jupyter.client import Client
+from lancefn_jupyter.kernel.client import Client
 from lancefn_jupyter.server.executors.isolation import worker_environment
 from lancefn_jupyter.wire import dataplane
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root server (workers as another user)")
 
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
 PLANTED = ("base64", "ast", "pyarrow")
 
 WHERE = """
@@ -52,11 +51,19 @@ def planted() -> Iterator[tuple[Path, Path]]:
     shared.rmdir()
 
 
-@as_root
-def test_modules_planted_in_the_servers_cwd_run_nowhere(control_plane_factory, planted):
+@pytest.fixture
+def planted_server(control_plane_factory, planted) -> tuple:
+    """(a root server started in the planted directory, workers as ``nobody``, a secret in its environment; that
+    directory; the markers directory)."""
     shared, markers = planted
     let_workers_reach_this_python()
     cp = control_plane_factory(ONE_GPU, env={"LANCEFN_WORKER_USER": "", "PLANTED_SECRET": "s3cret"}, cwd=shared)
+    return cp, shared, markers
+
+
+@as_root
+def test_modules_planted_in_the_servers_cwd_run_nowhere(planted_server):
+    cp, _shared, markers = planted_server
     with cp.http() as http:
         double = register(http, registration_body("double"))  # a job in a worker (base64 decodes its artifact)
         big = registration_body(
@@ -76,10 +83,8 @@ def test_modules_planted_in_the_servers_cwd_run_nowhere(control_plane_factory, p
 
 
 @as_root
-def test_a_worker_runs_in_a_private_directory_with_a_reduced_environment(control_plane_factory, planted):
-    shared, _markers = planted
-    let_workers_reach_this_python()
-    cp = control_plane_factory(ONE_GPU, env={"LANCEFN_WORKER_USER": "", "PLANTED_SECRET": "s3cret"}, cwd=shared)
+def test_a_worker_runs_in_a_private_directory_with_a_reduced_environment(planted_server):
+    cp, shared, _markers = planted_server
     with cp.http() as http:
         version = register(http, registration_body("where", source=WHERE, entrypoint="where", output_type="string"))
         reply = http.post(

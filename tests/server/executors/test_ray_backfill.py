@@ -10,7 +10,15 @@ import os
 
 import pytest
 from conftest import register, registration_body
-from helpers import EMBED, RAY_CLASSES, api_keys_toml, column, make_table, ray_server, table_dir, team_table_roots
+from helpers import (
+    EMBED,
+    RAY_CLASSES,
+    api_keys_toml,
+    column,
+    new_table,
+    ray_server,
+    team_table_roots,
+)
 from helpers import wait_backfill as wait
 
 pytest.importorskip("ray")
@@ -66,8 +74,7 @@ def test_a_shared_servers_ray_chunks_get_their_rows_from_the_teams_agent(tmp_pat
 def test_ray_chunks_read_their_rows_in_the_worker(ray_cp):
     import lancedb
 
-    db_dir = table_dir()
-    _, table = make_table(db_dir)
+    db_dir, table = new_table()
     with ray_cp.http() as http:
         version = register(http, _embed_body())["version"]
         reply = http.post(

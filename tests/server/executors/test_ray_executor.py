@@ -24,6 +24,7 @@ from helpers import (
     ray_server,
     session_processes,
     submit,
+    task_spec,
     text_body,
     wait_done,
     wait_state,
@@ -266,26 +267,10 @@ def test_local_ray_temp_dir_stays_short(tmp_path, monkeypatch):
 
 def test_ray_output_quoting_a_jobs_env_is_scrubbed_before_it_reaches_the_server_log():
     """Ray prints a failed task's runtime_env (env_vars included) in its own messages."""
-    from lancefn_jupyter.server.executors.base import TaskSpec
     from lancefn_jupyter.server.executors.ray import RayExecutor
 
     executor = RayExecutor()  # not started: launches wait in its buffer
-    task = TaskSpec(
-        job_id="j1",
-        name="f",
-        version="v",
-        artifact=b"",
-        entrypoint="f",
-        rows=[],
-        devices=(),
-        simulated=True,
-        gpu_class="small",
-        num_gpus=1,
-        env={"TOKEN": "tok-0123456789", "FLAG": "1"},
-        packages=(),
-        timeout_s=None,
-    )
-    executor.launch(task)
+    executor.launch(task_spec(gpu_class="small", num_gpus=1, env={"TOKEN": "tok-0123456789", "FLAG": "1"}))
     line = "RuntimeEnvSetupError: runtime_env={'env_vars': {'TOKEN': 'tok-0123456789', 'FLAG': '1'}}"
     assert (
         executor._scrub(line) == "RuntimeEnvSetupError: runtime_env={'env_vars': {'TOKEN': '<redacted>', 'FLAG': '1'}}"

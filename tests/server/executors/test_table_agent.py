@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import make_table, team_table_roots, wait_until
+from helpers import make_table, task_spec, team_table_roots, wait_until
 
 from lancefn_jupyter.server.executors.table_agent import RemotePlanSource, TableAccessError, TableAgents
 from lancefn_jupyter.server.executors.table_tree import TreeCheck, tree_problem
@@ -226,24 +226,8 @@ def test_a_ray_task_of_a_teams_slice_gets_rows_its_agent_read_not_the_slice():
     rows_file = tempfile.mktemp(dir="/tmp")
 
     def task(job_id: str) -> TaskSpec:
-        return TaskSpec(
-            job_id=job_id,
-            name="f",
-            version="v",
-            artifact=b"",
-            entrypoint="f",
-            rows=[],
-            devices=(),
-            simulated=True,
-            gpu_class=None,
-            num_gpus=0,
-            env={},
-            packages=(),
-            timeout_s=None,
-            namespace="a",
-            data=TaskData(input_types={"text": "utf8"}, rows_file=rows_file),
-            table_slice=_slice(table, root),
-        )
+        data = TaskData(input_types={"text": "utf8"}, rows_file=rows_file)
+        return task_spec(job_id, namespace="a", data=data, table_slice=_slice(table, root))
 
     try:
         executor.launch(task("j1"))

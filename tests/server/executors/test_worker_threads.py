@@ -32,8 +32,8 @@ def omp_threads() -> str:
 
 
 def test_a_worker_runs_with_its_share_unless_the_server_sets_it(control_plane_factory):
-    from lancefn_jupyter import api
-    from lancefn_jupyter.session import _session as kernel_session  # tests reset the kernel's state
+    from lancefn_jupyter.kernel import api
+    from lancefn_jupyter.kernel.session import _session as kernel_session  # tests reset the kernel's state
 
     kernel_session.registered.clear()
     shared = control_plane_factory()  # the default class: 2 simulated GPUs

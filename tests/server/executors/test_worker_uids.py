@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, let_workers_reach_this_python, submit
+from helpers import ONE_GPU, act_body, let_workers_reach_this_python, submit, two_teams
 
 from lancefn_jupyter.server.executors.isolation import WorkerUserError
 from lancefn_jupyter.server.executors.uids import (
@@ -29,29 +29,9 @@ from lancefn_jupyter.server.executors.uids import (
 from lancefn_jupyter.server.storage.store import Store
 
 A_KEY, B_KEY = "uids-team-a-key-0001", "uids-team-b-key-0002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
+KEYS = two_teams(A_KEY, B_KEY)
 RANGE = "61000-61009"
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root server (workers as other uids)")
-
-ACT = """
-import os
-import signal
-
-
-def act(target: str) -> str:
-    if target:  # another namespace's worker: stop it, if this uid may
-        try:
-            os.kill(int(target), signal.SIGSTOP)
-        except PermissionError:
-            return "denied"
-        os.kill(int(target), signal.SIGCONT)
-        return "stopped"
-    return f"{os.getuid()} {os.getgid()} {os.getpid()} {oct(os.umask(0o077))}"
-"""
 
 BOMB = """
 import os
@@ -77,12 +57,6 @@ def bomb(x: int) -> str:
 """
 
 
-def _act_body():
-    return registration_body(
-        "act", source=ACT, entrypoint="act", inputs=(("target", "utf8", False),), output_type="utf8"
-    )
-
-
 def _run(http, name, version, rows):
     job = submit(http, name, version, rows)
     reply = http.post("/v1/jobs/wait", json={"job_id": job, "timeout_s": 60}).json()
@@ -100,7 +74,7 @@ def uid_server(control_plane_factory):
 def test_each_namespace_runs_as_its_own_uid_which_another_cannot_signal_and_which_survives_a_restart(uid_server):
     cp = uid_server
     with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
-        va, vb = register(a, _act_body())["version"], register(b, _act_body())["version"]
+        va, vb = register(a, act_body())["version"], register(b, act_body())["version"]
         (mine,) = _run(a, "act", va, [{"target": ""}])
         (theirs,) = _run(b, "act", vb, [{"target": ""}])
     uid_a, gid_a, pid_a, umask_a = mine.split()
@@ -108,8 +82,8 @@ def test_each_namespace_runs_as_its_own_uid_which_another_cannot_signal_and_whic
     assert uid_a != uid_b and {int(uid_a), int(uid_b)} <= set(range(61000, 61010))
     assert gid_a == uid_a and umask_a == "0o77"  # no shared group; what a job writes is its uid's alone
     with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
-        assert _run(b, "act", vb, [{"target": pid_a}]) == ["denied"]  # b's job cannot stop a's idle worker
-        assert _run(a, "act", va, [{"target": pid_b}]) == ["denied"]
+        assert _run(b, "act", vb, [{"target": f"pause:{pid_a}"}]) == ["denied"]  # b's job cannot stop a's idle worker
+        assert _run(a, "act", va, [{"target": f"pause:{pid_b}"}]) == ["denied"]
         (again,) = _run(a, "act", va, [{"target": ""}])
     assert again.split()[2] == pid_a  # a's worker was untouched and is reused
     cp.restart()
@@ -122,11 +96,11 @@ def test_each_namespace_runs_as_its_own_uid_which_another_cannot_signal_and_whic
 def _each_namespaces_identity(cp) -> tuple[list[str], list[str], str, str]:
     """a's and b's ``uid gid pid umask`` (one job each), then what a's job did to b's idle worker and b's to a's."""
     with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:
-        va, vb = register(a, _act_body())["version"], register(b, _act_body())["version"]
+        va, vb = register(a, act_body())["version"], register(b, act_body())["version"]
         (mine,) = _run(a, "act", va, [{"target": ""}])
         (theirs,) = _run(b, "act", vb, [{"target": ""}])
-        (a_to_b,) = _run(a, "act", va, [{"target": theirs.split()[2]}])
-        (b_to_a,) = _run(b, "act", vb, [{"target": mine.split()[2]}])
+        (a_to_b,) = _run(a, "act", va, [{"target": f"pause:{theirs.split()[2]}"}])
+        (b_to_a,) = _run(b, "act", vb, [{"target": f"pause:{mine.split()[2]}"}])
     return mine.split(), theirs.split(), a_to_b, b_to_a
 
 
@@ -194,7 +168,7 @@ def test_a_fork_bomb_stops_at_its_uids_process_limit_and_another_namespace_still
         (outcome,) = _run(a, "bomb", register(a, bomb)["version"], [{"x": 1}])
         verdict, forked = outcome.split()
         assert verdict == "limited" and int(forked) < 64
-        (other,) = _run(b, "act", register(b, _act_body())["version"], [{"target": ""}])
+        (other,) = _run(b, "act", register(b, act_body())["version"], [{"target": ""}])
         assert other.split()[0].isdigit()
 
 

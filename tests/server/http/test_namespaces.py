@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import api_keys_toml, submit, wait_done
+from helpers import ONE_GPU, api_keys_toml, submit, wait_done
 
 ALICE, BOB, CAROL = "alice-key-000000001", "bob-key-00000000002", "carol-key-000000003"
 ALL = ["functions", "jobs", "system_usage"]
@@ -24,7 +24,6 @@ KEYS = api_keys_toml(
     {"name": "bob", "key": BOB, "namespace": "team-a", "privileges": ALL},
     {"name": "carol", "key": CAROL, "privileges": ALL},  # no namespace: her own name
 )
-ONE_GPU = "[[gpu_classes]]\nname = 'default'\nsimulated = 1\n"
 SLOW = "import time\n\n\ndef slow(x: int) -> int:\n    time.sleep(x / 10)\n    return x\n"
 MISSING_JOB = "0" * 32
 MISSING_VERSION = "0" * 16
@@ -305,7 +304,7 @@ def test_upgrade_of_a_home_from_the_release_before_namespaces(control_plane_fact
 
 
 def test_jobs_dashboard_shows_a_namespace_column_only_when_several_are_visible(teams):
-    from lancefn_jupyter.widgets import JobsDashboard
+    from lancefn_jupyter.kernel.widgets import JobsDashboard
     from lancefn_jupyter.wire.models import Job
 
     cp, _vid, first = teams

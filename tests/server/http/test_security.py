@@ -234,7 +234,7 @@ def test_env_values_not_shown_by_the_magic_or_the_handle(control_plane):
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    from lancefn_jupyter import api
+    from lancefn_jupyter.kernel import api
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "lancefn_jupyter")

@@ -13,13 +13,10 @@ import subprocess
 import httpx
 import pytest
 from conftest import register, registration_body
-from helpers import DEADLINE_S, api_keys_toml, gated, hold_version, submit, wait_done
+from helpers import DEADLINE_S, gated, hold_version, submit, two_teams, wait_done
 
 A_KEY, B_KEY = "limits-team-a-key-0001", "limits-team-b-key-0002"
-KEYS = api_keys_toml(
-    {"name": "ann", "key": A_KEY, "namespace": "a", "privileges": ["functions", "jobs"]},
-    {"name": "ben", "key": B_KEY, "namespace": "b", "privileges": ["functions", "jobs"]},
-)
+KEYS = two_teams(A_KEY, B_KEY)
 
 
 def _gate_version(http: httpx.Client) -> str:

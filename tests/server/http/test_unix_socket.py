@@ -33,7 +33,7 @@ def test_the_unix_socket_is_private_needs_the_key_and_goes_with_the_server(contr
     with _over(path, cp.api_key) as http:
         version = register(http, registration_body("double"))["version"]
 
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
     # Port 1: nothing listens there, so this client's requests can only have gone over the socket.
     client = Client("http://127.0.0.1:1", cp.api_key, unix_socket=str(path))
@@ -63,7 +63,7 @@ def test_without_the_socket_clients_use_the_port(control_plane_factory, tmp_path
     assert "unix_socket" not in too_long.info()
     assert "longer than a socket path may be" in too_long.log_text()
 
-    from lancefn_jupyter.client import Client
+    from lancefn_jupyter.kernel.client import Client
 
     for cp in (off, too_long):
         with cp.http() as http:
@@ -77,8 +77,8 @@ def test_without_the_socket_clients_use_the_port(control_plane_factory, tmp_path
 
 
 def test_the_embedded_server_is_reached_on_its_socket(tmp_path, monkeypatch):
-    from lancefn_jupyter import session
     from lancefn_jupyter.embedded import read_server_info, stop_server
+    from lancefn_jupyter.kernel import session
 
     monkeypatch.setenv("LANCEFN_DISABLE_NVML", "1")
     home = tmp_path / "home"

@@ -11,7 +11,7 @@ import pytest
 from conftest import register, registration_body
 from helpers import describe, submit, wait_done, wait_state
 
-from lancefn_jupyter.display import cards as display
+from lancefn_jupyter.kernel.display import cards as display
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.placement import SchedulerPlacement
@@ -20,6 +20,19 @@ from lancefn_jupyter.server.policy.estimates import Holding, RunTimes, Waiting, 
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.storage.store import JobRecord
 from lancefn_jupyter.wire.models import Job
+
+
+def first_in_line(job_id: str, **placement) -> dict:
+    """A PENDING ``run_function`` job as the wire has it, waiting first in line for one GPU of ``default``."""
+    return {
+        "job_id": job_id,
+        "job_type": "run_function",
+        "job_state": "PENDING",
+        "creation_ms": 0,
+        "placement": {"gpu_class": "default", "num_gpus": 1, "waiting_on_capacity": True, "queue_position": 1}
+        | placement,
+        "progress": {},
+    }
 
 
 def test_replay_strict_fifo_over_predicted_run_times():
@@ -127,8 +140,8 @@ def test_pending_jobs_carry_expected_start(control_plane):
 
 def test_listener_refreshes_expected_start_from_queue_events():
     """The kernel's event listener re-shows a pending job when a `queue` event moves its expected start."""
-    from lancefn_jupyter.client.events import Event
-    from lancefn_jupyter.client.listener import EventListener
+    from lancefn_jupyter.kernel.client.events import Event
+    from lancefn_jupyter.kernel.client.listener import EventListener
 
     class Watcher:
         def __init__(self):
@@ -139,21 +152,7 @@ def test_listener_refreshes_expected_start_from_queue_events():
 
     listener, watcher = EventListener(lambda: None), Watcher()
     listener.subscribe_job("j1", watcher.update)
-    pending = {
-        "job_id": "j1",
-        "job_type": "run_function",
-        "job_state": "PENDING",
-        "creation_ms": 0,
-        "placement": {
-            "gpu_class": "default",
-            "num_gpus": 1,
-            "waiting_on_capacity": True,
-            "queue_position": 1,
-            "expected_start_ms": None,
-        },
-        "progress": {},
-    }
-    listener._dispatch(Event(event="job", data=pending, id="1"))
+    listener._dispatch(Event(event="job", data=first_in_line("j1", expected_start_ms=None), id="1"))
     listener._dispatch(
         Event(event="queue", data={"classes": {"default": ["j1"]}, "expected_start_ms": {"j1": 5000}}, id=None)
     )
@@ -340,21 +339,7 @@ def test_running_jobs_without_history_are_not_taken_to_end_at_the_class_median()
     assert text == "start time uncertain (best guess 6 s)"
     assert "about 4 s" not in text and "any moment" not in text
     queued = Job.from_wire(
-        {
-            "job_id": "c",
-            "job_type": "run_function",
-            "job_state": "PENDING",
-            "creation_ms": 0,
-            "placement": {
-                "gpu_class": "default",
-                "num_gpus": 1,
-                "waiting_on_capacity": True,
-                "queue_position": 1,
-                "expected_start_ms": int(time.time() * 1000) + 6_000,
-                "expected_start_uncertain": True,
-            },
-            "progress": {},
-        }
+        first_in_line("c", expected_start_ms=int(time.time() * 1000) + 6_000, expected_start_uncertain=True)
     )
     assert "start time uncertain" in display.job_summary(queued)
 

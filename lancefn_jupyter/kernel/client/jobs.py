@@ -1,0 +1,61 @@
+"""`/v1/jobs/*`: describe, list, cancel, logs and (long-poll) wait."""
+
+from __future__ import annotations
+
+import builtins  # the resources have a list() method that shadows the type in annotations
+import time
+from typing import Any
+
+from lancefn_jupyter.kernel.client._http import Transport
+from lancefn_jupyter.wire.models import TERMINAL_STATES, Job
+
+__all__ = ["JobsResource"]
+
+# The server holds a wait request at most this long; longer waits loop.
+_MAX_WAIT_S = 30.0
+
+
+class JobsResource:
+    def __init__(self, transport: Transport):
+        self._t = transport
+
+    def describe(self, job_id: str) -> Job:
+        return Job.from_wire(self._t.post("/v1/jobs/describe", {"job_id": job_id}))
+
+    def result(self, job_id: str) -> Any:
+        """A DONE job's result from ``GET /v1/jobs/result``: Arrow IPC ``bytes`` when the job's
+        ``result_format`` is ``arrow``, else the JSON results list."""
+        reply = self._t.get("/v1/jobs/result", params={"job_id": job_id})
+        return reply if isinstance(reply, bytes) else reply["result"]
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        body: dict[str, Any] = {}
+        for key, value in (("state", state), ("name", name), ("job_type", job_type), ("limit", limit)):
+            if value is not None:
+                body[key] = value
+        return [Job.from_wire(item) for item in self._t.post("/v1/jobs/list", body)["jobs"]]
+
+    def cancel(self, job_id: str) -> bool:
+        return bool(self._t.post("/v1/jobs/cancel", {"job_id": job_id})["cancelled"])
+
+    def logs(self, job_id: str, offset: int = 0) -> tuple[builtins.list[str], int]:
+        reply = self._t.post("/v1/jobs/logs", {"job_id": job_id, "offset": offset})
+        return list(reply["lines"]), int(reply["next_offset"])
+
+    def wait(self, job_id: str, *, timeout: float | None = None) -> Job:
+        """The job once terminal, or as it stands when `timeout` seconds have passed (long poll, no busy loop)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _MAX_WAIT_S if deadline is None else max(0.0, min(_MAX_WAIT_S, deadline - time.monotonic()))
+            job = Job.from_wire(
+                self._t.post("/v1/jobs/wait", {"job_id": job_id, "timeout_s": left}, timeout=left + 10.0)
+            )
+            if job.job_state in TERMINAL_STATES or (deadline is not None and time.monotonic() >= deadline):
+                return job

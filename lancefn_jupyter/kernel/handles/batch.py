@@ -1,0 +1,381 @@
+"""The batch handle: `f.map(items, parallel=…)` fanned out as chunk jobs (docs/ARCHITECTURE.md, "Batches").
+
+batch = embed.map(texts, parallel="auto", retries=1)
+batch.result()              # every row's result, in input order (the input's kind: list / numpy / table)
+for i, value in batch.as_completed(): ...   # rows as their chunks finish
+batch.retry_failed(); batch.cancel(); Batch.attach(batch_id)
+
+Runs in the kernel; it takes the function as a `FunctionRef` (handles/base.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lancefn_jupyter.kernel.client import Client, LancefnError
+from lancefn_jupyter.kernel.display.batch import batch_card
+from lancefn_jupyter.kernel.handles import chunking
+from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
+from lancefn_jupyter.kernel.handles.job import Job
+from lancefn_jupyter.kernel.handles.rows import rows_payload
+from lancefn_jupyter.kernel.handles.submit import create_batch, registered_version
+from lancefn_jupyter.wire import dataplane
+from lancefn_jupyter.wire.batch_models import Batch as BatchRecord
+from lancefn_jupyter.wire.batch_models import BatchChunk
+from lancefn_jupyter.wire.models import TERMINAL_STATES, FunctionVersion, JobState, display_state
+
+__all__ = ["Batch", "BatchChunkError", "BatchError", "check_parallel", "start_batch"]
+_FETCHERS = 8  # concurrent result fetches of one batch (the control plane serves them in parallel)
+
+
+class BatchError(LancefnError):
+    """A batch did not produce every row's result (a chunk failed, or it was cancelled)."""
+
+    def __init__(self, message: str, batch: BatchRecord, *, remote_traceback: str = ""):
+        self.batch = batch
+        self.batch_id = batch.batch_id
+        self.failure = batch.failure
+        self.remote_traceback = remote_traceback
+        super().__init__(message)
+
+
+class BatchChunkError(LancefnError):
+    """Stands in for each row of a chunk that failed, with `result(return_exceptions=True)`."""
+
+    def __init__(
+        self, message: str, *, chunk: int, row_start: int, row_end: int, phase: str = "run", remote_traceback: str = ""
+    ):
+        self.chunk, self.row_start, self.row_end = chunk, row_start, row_end
+        self.phase, self.remote_traceback = phase, remote_traceback
+        super().__init__(message)
+
+
+def check_parallel(parallel: Any) -> int | None:
+    """`"auto"` → None (as many as the class has GPUs); a whole number ≥ 1 → itself."""
+    if parallel == "auto":
+        return None
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be 'auto' or a whole number ≥ 1 (chunks running at once); got {parallel!r}")
+    return parallel
+
+
+def _slots(function: FunctionRef, client: Client, parallel: int | None) -> int:
+    """How many chunks can run at once: `parallel`, else the class's GPUs per the function's num_gpus."""
+    if parallel is not None:
+        return parallel
+    resources = function.registration_request.runtime.resources
+    if resources is None or not resources.num_gpus:
+        import os
+
+        return os.cpu_count() or 1
+    try:
+        usage = {row.name: row for row in client.gpu.usage()}
+    except LancefnError:
+        return 1
+    row = usage.get(resources.gpu_class or "default") or next(iter(usage.values()), None)
+    return max(1, (row.gpus_total if row else 1) // resources.num_gpus)
+
+
+def _create(
+    function: FunctionRef,
+    version: FunctionVersion,
+    client: Client,
+    parts: chunking.Split,
+    row_of: Callable[[Any], dict[str, Any]] | None,
+    table: Any = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Build every chunk's rows as `map` builds rows and create the batch: JSON chunks when they
+    can be, else one Arrow IPC stream with a record batch per chunk (numpy / pyarrow parameters or
+    results, NaN/Inf values, a table column), handed over as a file to the embedded server."""
+    if table is None:
+        items = [item for chunk in parts.chunks for item in chunk]
+        rows = [(row_of or function.item_row)(item) for item in items]
+        json_rows, table = rows_payload(rows, function.signature, function.name, function.parameter_defaults())
+        if json_rows is not None:
+            return create_batch(client, version, [json_rows[a:b] for a, b in parts.bounds], None, **options)
+    import pyarrow as pa
+
+    whole = table.combine_chunks().to_batches()[0]  # one record batch; sliced per chunk (no copy)
+    chunked = pa.Table.from_batches([whole.slice(a, b - a) for a, b in parts.bounds], schema=table.schema)
+    return create_batch(client, version, None, chunked, **options)
+
+
+def start_batch(
+    function: FunctionRef,
+    items: Any,
+    *,
+    parallel: Any = "auto",
+    chunk_size: int | None = None,
+    retries: int = 0,
+    return_exceptions: bool = False,
+    fresh: bool = False,
+    row_of: Callable[[Any], dict[str, Any]] | None = None,
+    column: Any = None,
+) -> Batch:
+    """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
+    ``column``: the values of the function's one parameter as an Arrow array (a table's column),
+    sent as Arrow chunks as they are; ``items`` is then ignored."""
+    from lancefn_jupyter.kernel.session import current_client
+
+    window = check_parallel(parallel)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
+        raise ValueError(f"retries must be a whole number from 0 to 10 (re-runs of a failed chunk); got {retries!r}")
+    version = registered_version(function)
+    client = current_client()
+    slots = _slots(function, client, window) if chunk_size is None else 1
+    batched = function.signature.batched  # one call per chunk: chunks of at most BATCHED_CHUNK_ROWS
+    table = None
+    if column is not None:
+        (param,) = function.signature.inputs
+        # Arrow chunks as they are (no per-row Python) when the column casts to the parameter's type.
+        table = dataplane.column_rows(param.name, param.arrow_type, column)
+        if table is None:
+            items = column.to_pylist()
+    if table is not None:
+        parts = chunking.Split("list", (), chunking.cut(table.num_rows, chunk_size, slots=slots, batched=batched))
+    else:
+        parts = chunking.split(items, chunk_size, slots=slots, batched=batched)
+    reply = _create(
+        function,
+        version,
+        client,
+        parts,
+        row_of,
+        table,
+        parallel=window,
+        retries=retries,
+        fresh=fresh,
+        timeout_s=function.timeout_s,
+    )
+    batch = Batch(
+        reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions
+    )
+    batch.reused_chunks = int(reply.get("reused_chunks", 0))
+    return batch
+
+
+class Batch(RecordHandle[BatchRecord]):
+    """A handle on one batch: progress, results in order or as they finish, retry, cancel."""
+
+    def __init__(
+        self,
+        batch_id: str,
+        *,
+        client: Client | None = None,
+        function: FunctionRef | None = None,
+        kind: str = "list",
+        return_exceptions: bool = False,
+        snapshot: BatchRecord | None = None,
+    ):
+        from lancefn_jupyter.kernel.session import current_client
+
+        self.batch_id = batch_id
+        self.client = client or current_client()
+        self.function = function
+        self._kind = kind
+        self.return_exceptions = return_exceptions
+        self.reused_chunks = 0
+        self._snapshot = snapshot
+        self._results: dict[int, Any] = {}  # chunk index → its rows' results (fetched once)
+
+    @classmethod
+    def attach(cls, batch_id: str, *, client: Client | None = None) -> Batch:
+        """Re-attach to a batch (e.g. after a kernel restart); results come back as a list."""
+        batch = cls(batch_id, client=client)
+        batch.refresh()
+        return batch
+
+    # -- state
+    def _describe(self) -> BatchRecord:
+        return self.client.batches.describe(self.batch_id)
+
+    def _update(self, snapshot: BatchRecord) -> None:
+        """A newer state from the event listener (never goes backwards)."""
+        if self._snapshot is None or snapshot.revision >= self._snapshot.revision:
+            self._snapshot = snapshot
+
+    @property
+    def state(self) -> str:
+        """pending, running, finished, failed or cancelled."""
+        snapshot = self.snapshot
+        if snapshot.batch_state not in TERMINAL_STATES:
+            snapshot = self.refresh()
+        return display_state(snapshot.batch_state)
+
+    @property
+    def done(self) -> bool:
+        return self.snapshot.batch_state in TERMINAL_STATES
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        """(rows done, rows in all)."""
+        snapshot = self.snapshot
+        return snapshot.rows_done, snapshot.rows_total
+
+    def wait(self, timeout: float | None = None) -> Batch:
+        """Block until every chunk ended (or `timeout` s). Ctrl-C stops waiting, not the batch."""
+        with waiting(
+            f"Stopped waiting for batch {self.batch_id}; it keeps running. "
+            f"Cancel it with Batch.attach({self.batch_id!r}).cancel() or its Cancel button."
+        ):
+            self._snapshot = self.client.batches.wait(self.batch_id, timeout=timeout)
+        return self
+
+    # -- results
+    def _chunk_value(self, chunk: BatchChunk) -> Any:
+        """A finished chunk's results as its job returns them (through the jobs' result transport)."""
+        if chunk.index not in self._results:
+            assert chunk.job_id is not None  # a finished chunk ran as a job
+            self._results[chunk.index] = Job(chunk.job_id, client=self.client, function=self.function).result()
+        return self._results[chunk.index]
+
+    def _prefetch(self, chunks: list[BatchChunk]) -> None:
+        """Fetch finished chunks' results a few at a time: one round trip each, and a batch of many
+        small chunks would otherwise spend longer fetching its results than running them."""
+        if len(chunks) < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(_FETCHERS, len(chunks)), thread_name_prefix="lancefn-results") as pool:
+            for chunk, value in zip(chunks, pool.map(self._chunk_value, chunks), strict=True):
+                self._results[chunk.index] = value
+
+    def _chunk_rows(self, chunk: BatchChunk) -> list[Any]:
+        """A finished chunk's results, one item per row."""
+        value = self._chunk_value(chunk)
+        if hasattr(value, "to_pylist"):  # an Arrow table / array
+            return value.to_pylist()
+        return list(value)
+
+    def _chunk_error(self, chunk: BatchChunk) -> BatchChunkError:
+        failure = chunk.failure or {}
+        tb = self._map_traceback(failure.get("traceback") or "")
+        message = (
+            f"chunk {chunk.index} (rows {chunk.row_start}–{chunk.row_end - 1}) "
+            f"{'was cancelled' if chunk.state == JobState.CANCELLED else 'failed in phase ' + str(failure.get('phase', 'run'))}"
+            f"{': ' + failure['message'] if failure.get('message') and chunk.state != JobState.CANCELLED else ''}"
+        )
+        return BatchChunkError(
+            message,
+            chunk=chunk.index,
+            row_start=chunk.row_start,
+            row_end=chunk.row_end,
+            phase=str(failure.get("phase", "run")),
+            remote_traceback=tb,
+        )
+
+    def _map_traceback(self, text: str) -> str:
+        return self.function.map_traceback(text) if self.function is not None and text else text
+
+    def raise_failure(self, snapshot: BatchRecord) -> None:
+        """Raise the BatchError of `snapshot`, a batch that ended without every row's result."""
+        ref = f"{snapshot.name}@{snapshot.version}"
+        done = snapshot.chunk_counts.get("DONE", 0)
+        kept = f"{done} of {snapshot.chunks_total} chunks finished and their results are kept; `.retry_failed()` runs the rest"
+        if snapshot.batch_state == JobState.CANCELLED:
+            raise BatchError(f"batch {self.batch_id} ({ref}) was cancelled; {kept}", snapshot)
+        # The chunk that failed, not one the batch's failure then cancelled (a lower index may be either).
+        chunks = snapshot.chunks or ()
+        failed = next((c for c in chunks if c.state in (JobState.FAILED, JobState.TIMED_OUT)), None) or next(
+            (c for c in chunks if c.state == JobState.CANCELLED), None
+        )
+        error = self._chunk_error(failed) if failed is not None else None
+        text = f"batch {self.batch_id} ({ref}) failed: {error or 'a chunk did not finish'}; {kept}"
+        if error is not None and error.remote_traceback:
+            text += "\n\nRemote traceback (your code only):\n" + error.remote_traceback
+        raise BatchError(text, snapshot, remote_traceback=error.remote_traceback if error else "")
+
+    def result(self, timeout: float | None = None, *, return_exceptions: bool | None = None) -> Any:
+        """Every row's result in input order, as the input's kind (list, numpy array, pyarrow Table).
+
+        A failed or cancelled batch raises :class:`BatchError` naming the chunk and its rows, unless
+        `return_exceptions=True`: then each row of a chunk that did not finish is a BatchChunkError (a list).
+        """
+        snapshot = self.snapshot
+        if snapshot.batch_state not in TERMINAL_STATES or snapshot.chunks is None:
+            snapshot = self.wait(timeout).snapshot
+        if snapshot.batch_state not in TERMINAL_STATES:
+            raise TimeoutError(f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s")
+        keep_errors = self.return_exceptions if return_exceptions is None else return_exceptions
+        if snapshot.batch_state != JobState.DONE and not keep_errors:
+            self.raise_failure(snapshot)
+        self._prefetch([c for c in snapshot.chunks or () if c.state == JobState.DONE and c.index not in self._results])
+        parts: list = []
+        for chunk in snapshot.chunks or ():
+            if chunk.state == JobState.DONE:
+                parts.append(self._chunk_value(chunk))
+            else:
+                parts.append([self._chunk_error(chunk)] * (chunk.row_end - chunk.row_start))
+        if snapshot.batch_state != JobState.DONE:
+            return chunking.stack("list", parts)
+        return chunking.stack(self._kind, parts)
+
+    def as_completed(self, timeout: float | None = None) -> Iterator[tuple[int, Any]]:
+        """`(row index, result)` pairs as their chunks finish (rows of one chunk together, in order).
+
+        A chunk that fails after its retries raises BatchError once reached (or yields
+        BatchChunkError values with `return_exceptions=True`)."""
+        for chunk, values in self.chunks_as_completed(timeout):
+            if isinstance(values, BatchChunkError):
+                if not self.return_exceptions:
+                    self.raise_failure(self.refresh() if self.done else self.snapshot)
+                yield from ((i, values) for i in range(chunk.row_start, chunk.row_end))
+            else:
+                yield from enumerate(values, start=chunk.row_start)
+
+    def chunks_as_completed(self, timeout: float | None = None) -> Iterator[tuple[BatchChunk, Any]]:
+        """`(chunk, its rows' results)` as chunks finish, or `(chunk, BatchChunkError)` for one
+        that failed after its retries (a cancelled chunk only once the batch has ended)."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: set[int] = set()
+        revision: int | None = None
+        ended = (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED)
+        while True:
+            if revision is None:
+                snapshot = self.refresh()  # what has finished already, without waiting
+            else:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                snapshot = self.client.batches.wait(self.batch_id, timeout=left, revision=revision)
+                self._snapshot = snapshot
+            revision = snapshot.revision
+            terminal = snapshot.batch_state in TERMINAL_STATES
+            for chunk in snapshot.chunks or ():
+                if chunk.index in seen:
+                    continue
+                if chunk.state == JobState.DONE:
+                    seen.add(chunk.index)
+                    yield chunk, self._chunk_rows(chunk)
+                elif chunk.state in ended and (terminal or chunk.state != JobState.CANCELLED):
+                    seen.add(chunk.index)
+                    yield chunk, self._chunk_error(chunk)
+            if terminal:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s"
+                )
+
+    # -- control
+    def retry_failed(self) -> Batch:
+        """Run again only the chunks that did not finish; finished chunks keep their results."""
+        self._snapshot = self.client.batches.retry(self.batch_id)
+        return self
+
+    def cancel(self) -> bool:
+        """Cancel every chunk still pending or running; True if this call cancelled the batch."""
+        cancelled = self.client.batches.cancel(self.batch_id)
+        self.refresh()
+        return cancelled
+
+    # -- display
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        from lancefn_jupyter.kernel.widgets import batch_bundle
+
+        return batch_bundle(self)
+
+    def __repr__(self) -> str:
+        return batch_card(self.snapshot)[0]
