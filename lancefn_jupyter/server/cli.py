@@ -29,7 +29,9 @@ real port), then import and build the executor, store and app, start serving, an
 stop gracefully: streams and long polls end, the executor shuts down, ``server.json`` is
 removed.  After a SIGKILL a stale ``server.json`` may remain; its pid is dead and the lock
 is free, which is how clients (and the next server) tell.
-"""
+
+Over 600 lines: one concern, the command line (flags, their checks and help, and the process's start and
+stop); the executors' own flags come from their plug-ins (``executors/plugins.py``)."""
 
 from __future__ import annotations
 

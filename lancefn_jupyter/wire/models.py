@@ -8,7 +8,9 @@ did not use a newer optional field encodes to the same bytes as before it existe
 is how ``gpu_class`` joined the contract without changing existing digests).
 
 Pure: pydantic and the standard library only.
-"""
+
+Over 600 lines: one concern, the wire contract of a version and a job, whose models refer to one another and
+share one canonical encoding; splitting them would split the digest rules."""
 
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ its registration, and the calls that run it (`submit`, `map`, `remote`, `local`)
 A refused cell binds its name to an `UnregisteredFunction` instead (README, "When a cell is refused").
 `GpuFunction.from_version` builds the handle of a version looked up from the control plane (`lookup.py`).
 Runs in the kernel (docs/ARCHITECTURE.md, "Client and API (kernel side)").
-"""
+
+Over 600 lines: one concern, the handle a cell binds (`GpuFunction`: registration, calls, map, local runs and its
+display), whose methods share its options and registration state; the leaves it calls are already apart."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 commits back into it, one fragment at a time (docs/ARCHITECTURE.md, "Backfills").
 
 This module holds what a backfill adds to a batch: the request checks and the plan
-(:func:`prepare`), its state in memory (:class:`BackfillRun`, ``Batch.backfill``) and its tables
+(:func:`prepare`), its state in memory (:class:`BackfillRun`, ``BatchRun.backfill``) and its tables
 (:class:`BackfillStore`: ``backfills``, ``backfill_fragments``, ``backfill_errors``); its chunks'
 results and the fragment commits are in ``commits.py``. ``manager.BatchManager`` drives it under the
 job table's lock. pylance and pyarrow are imported only by a backfill.
@@ -75,7 +75,7 @@ class Fragment:
 
 @dataclass
 class BackfillRun:
-    """A backfill's state in memory (``Batch.backfill``)."""
+    """A backfill's state in memory (``BatchRun.backfill``)."""
 
     spec: BackfillSpec
     fragments: dict[int, Fragment]

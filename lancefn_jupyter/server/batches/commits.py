@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lancefn_jupyter.server.batches.backfill import BackfillStore
-from lancefn_jupyter.server.batches.state import GIVEN_UP, Batch, Chunk
+from lancefn_jupyter.server.batches.state import GIVEN_UP, BatchRun, Chunk
 from lancefn_jupyter.server.batches.store import BatchStore
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.queries import JobQueries
@@ -177,11 +177,11 @@ class Committer:
 class BatchHooks:
     """What a fragment commit asks of the batches (``BatchManager``), with the job table's lock held."""
 
-    batch: Callable[[str], Batch | None]  # an unfinished batch by id (None: finished, or unknown)
-    rerun: Callable[[Batch, Chunk], None]  # a DONE chunk whose result is gone runs again
-    stop: Callable[[Batch], None]  # the batch fails: its waiting chunks and live chunk jobs are cancelled
-    advance: Callable[[Batch], None]  # submit what is due; finish the batch once nothing is left
-    changed: Callable[[Batch], None]  # wake long polls, publish a `batch` event
+    batch: Callable[[str], BatchRun | None]  # an unfinished batch by id (None: finished, or unknown)
+    rerun: Callable[[BatchRun, Chunk], None]  # a DONE chunk whose result is gone runs again
+    stop: Callable[[BatchRun], None]  # the batch fails: its waiting chunks and live chunk jobs are cancelled
+    advance: Callable[[BatchRun], None]  # submit what is due; finish the batch once nothing is left
+    changed: Callable[[BatchRun], None]  # wake long polls, publish a `batch` event
 
 
 class FragmentCommits:
@@ -216,7 +216,7 @@ class FragmentCommits:
         """The batch is finished: the results it kept go."""
         shutil.rmtree(self.kept_dir / batch_id, ignore_errors=True)
 
-    def chunk_done(self, batch: Batch, chunk: Chunk, rec: JobRecord) -> None:
+    def chunk_done(self, batch: BatchRun, chunk: Chunk, rec: JobRecord) -> None:
         """A backfill's chunk is DONE: keep its result, count its skipped rows (the skip limit), and
         queue its fragment's commit once every chunk of the fragment is DONE."""
         run = batch.backfill
@@ -238,7 +238,7 @@ class FragmentCommits:
             self.hooks.stop(batch)
         self.queue(batch, [run.fragment_of[chunk.idx]])  # O(its fragment), not O(every chunk)
 
-    def _skipped(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> int | None:
+    def _skipped(self, batch: BatchRun, chunk: Chunk, rec: JobRecord | None) -> int | None:
         """How many rows a DONE chunk skipped, read from its result (kept first); None when the result is gone."""
         for _ in range(3):
             source = self.keep_result(batch, chunk, rec)
@@ -252,10 +252,10 @@ class FragmentCommits:
                 continue
         return None
 
-    def _kept(self, batch: Batch, chunk: Chunk) -> Path:
+    def _kept(self, batch: BatchRun, chunk: Chunk) -> Path:
         return self.kept_dir / batch.batch_id / f"{chunk.idx}-{chunk.job_id}.arrow"
 
-    def keep_result(self, batch: Batch, chunk: Chunk, rec: JobRecord | None) -> Path | Any:
+    def keep_result(self, batch: BatchRun, chunk: Chunk, rec: JobRecord | None) -> Path | Any:
         """The chunk's result, safe from retention until its fragment commits: a hard link to its
         Arrow result file, or its JSON results (in the store already); None when it is gone.
 
@@ -289,7 +289,7 @@ class FragmentCommits:
             return kept
         return None
 
-    def queue(self, batch: Batch, fids: Any = None) -> None:
+    def queue(self, batch: BatchRun, fids: Any = None) -> None:
         """Queue the commit of each fragment of ``fids`` (default: all) that is not committed yet once its first
         chunk is DONE: the commit writes the fragment's chunks as they finish ("Backfills", "Commits")."""
         run = batch.backfill
@@ -401,7 +401,7 @@ class _ChunkResults:
     """A fragment commit's chunk results, each loaded when the commit reaches it: it waits (without the
     lock) until the chunk is DONE, keeps its result file from retention, and counts its skipped rows."""
 
-    def __init__(self, commits: FragmentCommits, batch: Batch, fid: int, output_type: str, version: str) -> None:
+    def __init__(self, commits: FragmentCommits, batch: BatchRun, fid: int, output_type: str, version: str) -> None:
         self.commits, self.batch, self.fid = commits, batch, fid
         self.output_type, self.version = output_type, version
         self.errors: dict[int, list] = {}  # chunk → its backfill_errors rows

@@ -24,7 +24,7 @@ A batch's state in memory and its wire form are in ``state.py`` (pure), its tabl
 ``store.py``; a backfill's checks, plan, state and tables in ``backfill.py``, its DONE chunks and
 fragment commits in ``commits.py`` (``FragmentCommits``, which calls back through ``BatchHooks``).
 
-Over ~600 lines (about 830): one concern, a batch's chunk jobs under the lock (create, submit in slices,
+Over 600 lines: one concern, a batch's chunk jobs under the lock (create, submit in slices,
 follow, cancel, retry, recover), whose steps share the batch's state and the lock.
 """
 
@@ -45,7 +45,7 @@ from lancefn_jupyter.server.batches.state import (
     MAX_CHUNKS,
     MAX_RETRIES,
     SETUP_PHASES,
-    Batch,
+    BatchRun,
     Chunk,
     batch_wire,
     check_chunks,
@@ -97,9 +97,9 @@ FreshRows = list | None
 
 def new_batch(
     name: str, version: str, digest: str, parallel: int | None, retries: int, timeout_s: float | None, namespace: str
-) -> Batch:
+) -> BatchRun:
     """A new, empty batch (its chunks are added next)."""
-    return Batch(
+    return BatchRun(
         batch_id=uuid.uuid4().hex,
         name=name,
         version=version,
@@ -139,7 +139,7 @@ class BatchManager:
         self.table_agents = table_agents or TableAgents()
         self.saved = BatchStore(store)
         self.backfills = BackfillStore(store)
-        self._batches: dict[str, Batch] = {}  # active batches (terminal ones are read from the store)
+        self._batches: dict[str, BatchRun] = {}  # active batches (terminal ones are read from the store)
         hooks = BatchHooks(
             batch=self._batches.get,
             rerun=self._rerun,
@@ -304,14 +304,14 @@ class BatchManager:
         if problem:
             raise ApiError(429, problem, "quota_exceeded")
 
-    def _write_chunks(self, batch: Batch, encoded: list) -> None:
+    def _write_chunks(self, batch: BatchRun, encoded: list) -> None:
         """A new batch's chunks and rows, in slices without the job table's lock (nothing reads them yet)."""
         for first in range(0, len(batch.chunks), WRITE_SLICE):
             start = time.perf_counter()
             self.saved.insert_chunks(batch, encoded, first, first + WRITE_SLICE)
             _rest(time.perf_counter() - start)
 
-    def _start(self, batch: Batch, chunks: list, run: BackfillRun | None = None) -> None:
+    def _start(self, batch: BatchRun, chunks: list, run: BackfillRun | None = None) -> None:
         """Record a new batch (and its backfill) over its written chunks and submit its first slice of
         chunks, as one change: a chunk refused there fails the request and nothing of the batch is kept
         (lock held).  What makes a chunk refused (the version, its placement, the namespace's cap) is the
@@ -360,7 +360,7 @@ class BatchManager:
         ids = self.saved.ids(scope=scope, state=state, name=name, limit=limit)
         return {"batches": [self._wire(*self._find(i), include_chunks=False) for i in ids]}
 
-    def _find(self, batch_id: str, scope: str | None = None) -> tuple[Batch, bool]:
+    def _find(self, batch_id: str, scope: str | None = None) -> tuple[BatchRun, bool]:
         """``(batch, active)`` as ``_get`` finds it, without the lock held: a finished batch is read from the
         store (O(its chunks)) while others go on."""
         with self.table.lock:
@@ -377,7 +377,7 @@ class BatchManager:
             raise _not_found(batch_id)
         return batch, True
 
-    def _wire(self, batch: Batch, active: bool, *, include_chunks: bool) -> dict:
+    def _wire(self, batch: BatchRun, active: bool, *, include_chunks: bool) -> dict:
         if not active:  # a copy read from the store: no other thread has it
             return batch_wire(batch, include_chunks=include_chunks)
         with self.table.lock:
@@ -431,7 +431,7 @@ class BatchManager:
         with self.table.lock:
             return batch_wire(batch, include_chunks=False)
 
-    def _retry(self, batch_id: str, scope: str | None = None) -> tuple[Batch, int]:
+    def _retry(self, batch_id: str, scope: str | None = None) -> tuple[BatchRun, int]:
         """``retry``'s work: the batch and how many of its chunks had finished when it was reset (a redone
         chunk may finish before the caller looks again, so the count is taken here)."""
         found, _ = self._find(batch_id, scope)  # read without the lock (O(its chunks))
@@ -550,7 +550,7 @@ class BatchManager:
 
     # ---------------------------------------------------------------- internals
 
-    def _job_changed(self, batch: Batch, chunk: Chunk, rec: JobRecord) -> None:
+    def _job_changed(self, batch: BatchRun, chunk: Chunk, rec: JobRecord) -> None:
         if chunk.job_id != rec.job_id:
             return  # an earlier attempt
         chunk.rows_done = rec.rows_done or 0
@@ -595,14 +595,14 @@ class BatchManager:
         else:
             self._set_chunk(batch, chunk, FAILED)
 
-    def _stop_after_setup(self, batch: Batch) -> None:
+    def _stop_after_setup(self, batch: BatchRun) -> None:
         """A second chunk setup failed: the version's setup is broken, so the batch fails now (it is
         FAILED, not CANCELLED: nobody asked to cancel) and its failure is that setup's.  Waiting
         chunks are cancelled, and so are the live chunks' jobs (their hook marks each chunk; one
         the hook cannot reach, during recovery, is marked here)."""
         self._stop_chunks(batch)
 
-    def _stop_chunks(self, batch: Batch) -> None:
+    def _stop_chunks(self, batch: BatchRun) -> None:
         """Cancel the batch's waiting chunks and its live chunks' jobs (it fails, nobody asked to cancel)."""
         while batch.waiting:
             self._set_chunk(batch, batch.chunks[batch.waiting.popleft()], CANCELLED)
@@ -613,7 +613,7 @@ class BatchManager:
             if where is not None and rec is not None and rec.state in TERMINAL:
                 self._job_changed(batch, batch.chunks[where[1]], rec)
 
-    def _advance(self, batch: Batch, fresh: FreshRows = None, *, strict: bool = False) -> bool:
+    def _advance(self, batch: BatchRun, fresh: FreshRows = None, *, strict: bool = False) -> bool:
         """Submit up to SUBMIT_SLICE chunks while the window has room (fewer once another thread has waited
         the lock's grace for it: at least one); finish the batch when nothing is left to run.  True when more chunks are due
         now (``_drain`` or ``_kick`` submits them, the lock released between slices).  ``fresh``: the rows of the batch being created (read from its
@@ -650,7 +650,7 @@ class BatchManager:
         self._forget(batch)
         return False
 
-    def _drain(self, batch: Batch) -> None:
+    def _drain(self, batch: BatchRun) -> None:
         """A thread: submit the batch's due chunks slice by slice, the lock free between two slices so that
         the event loop and other teams' jobs wait for one slice at most (O(N) in all; docs/ARCHITECTURE.md,
         "Batches")."""
@@ -674,18 +674,18 @@ class BatchManager:
             with self.table.lock:
                 self._draining.discard(batch.batch_id)
 
-    def _follow_up(self, batch: Batch) -> None:
+    def _follow_up(self, batch: BatchRun) -> None:
         """``_advance``, then the rest of what is due by a thread of the batch (``_kick``)."""
         if self._advance(batch):
             self._kick(batch)
 
-    def _kick(self, batch: Batch) -> None:
+    def _kick(self, batch: BatchRun) -> None:
         """More chunks are due than one slice (lock held): a thread submits them (``_drain``), one per batch."""
         if batch.batch_id not in self._draining:
             self._draining.add(batch.batch_id)
             threading.Thread(target=self._drain, args=(batch,), name=f"batch-{batch.batch_id[:8]}", daemon=True).start()
 
-    def _chunk_rows(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> Any:
+    def _chunk_rows(self, batch: BatchRun, chunk: Chunk, fresh: FreshRows) -> Any:
         """The chunk's rows: the new batch's own on their first submission, else as stored (a backfill's: its slice)."""
         if fresh is not None and chunk.attempts == 0:
             return fresh[chunk.idx]
@@ -693,7 +693,7 @@ class BatchManager:
             return self.saved.chunk_slice(batch.batch_id, chunk.idx)
         return self.saved.chunk_rows(batch.batch_id, chunk.idx)
 
-    def _submit(self, batch: Batch, chunk: Chunk, fresh: FreshRows) -> None:
+    def _submit(self, batch: BatchRun, chunk: Chunk, fresh: FreshRows) -> None:
         rows = self._chunk_rows(batch, chunk, fresh)
         arrow_rows = table_slice = on_error = None
         if batch.backfill is not None:  # a slice of the table: read where the chunk runs ("Running a chunk")
@@ -734,19 +734,19 @@ class BatchManager:
         if rec is not None and rec.state != chunk.state:  # placed and started at once (hook ran before the mapping)
             self._job_changed(batch, chunk, rec)
 
-    def _set_chunk(self, batch: Batch, chunk: Chunk, state: str) -> None:
+    def _set_chunk(self, batch: BatchRun, chunk: Chunk, state: str) -> None:
         if chunk.state != state:
             batch.move(chunk, state)
         self.saved.save_chunk(batch, chunk)
 
-    def _get(self, batch_id: str, scope: str | None = None) -> Batch:
+    def _get(self, batch_id: str, scope: str | None = None) -> BatchRun:
         """The batch, if the caller (``scope``: its namespace; None: the admin) may see it; else the same 404."""
         batch = self._batches.get(batch_id) or self._load(batch_id)
         if batch is None or not visible(scope, batch.namespace):
             raise _not_found(batch_id)
         return batch
 
-    def _rerun(self, batch: Batch, chunk: Chunk) -> None:
+    def _rerun(self, batch: BatchRun, chunk: Chunk) -> None:
         """A DONE chunk whose result is gone (removed by retention before it was kept): run it again."""
         log.warning("backfill %s: chunk %s's result is gone; running it again", batch.batch_id, chunk.idx)
         if chunk.job_id is not None:
@@ -755,13 +755,13 @@ class BatchManager:
         self._set_chunk(batch, chunk, PENDING)
         batch.waiting.appendleft(chunk.idx)
 
-    def _load(self, batch_id: str) -> Batch | None:
+    def _load(self, batch_id: str) -> BatchRun | None:
         batch = self.saved.load(batch_id)
         if batch is not None:
             batch.backfill = self.backfills.load(batch_id)
         return batch
 
-    def _activate(self, batch: Batch) -> None:
+    def _activate(self, batch: BatchRun) -> None:
         """Track a loaded batch in memory: which chunks have live jobs, which wait to be submitted."""
         self._batches[batch.batch_id] = batch
         for chunk in batch.chunks:
@@ -772,7 +772,7 @@ class BatchManager:
                 else:
                     batch.waiting.append(chunk.idx)
 
-    def _forget(self, batch: Batch) -> None:
+    def _forget(self, batch: BatchRun) -> None:
         self._batches.pop(batch.batch_id, None)
         if batch.backfill is not None:
             self.commits.forget(batch.batch_id)
@@ -780,7 +780,7 @@ class BatchManager:
             if chunk.job_id is not None and self._by_job.get(chunk.job_id, (None,))[0] == batch.batch_id:
                 del self._by_job[chunk.job_id]
 
-    def _changed(self, batch: Batch) -> None:
+    def _changed(self, batch: BatchRun) -> None:
         """Wake long polls and publish a (coalesced) `batch` event."""
         batch.revision += 1
         loop = self.table.loop
@@ -810,7 +810,7 @@ class BatchManager:
                 self._emitted[batch_id] = time.monotonic()
                 self._publish(batch)
 
-    def _publish(self, batch: Batch) -> None:
+    def _publish(self, batch: BatchRun) -> None:
         self.bus.publish("batch", None, dumps(batch_wire(batch, include_chunks=False)), batch.namespace)
 
 

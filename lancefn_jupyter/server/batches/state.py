@@ -42,7 +42,10 @@ class Chunk:
 
 
 @dataclass
-class Batch:
+class BatchRun:
+    """A batch as the control plane runs it, in memory (its wire form is ``wire.batch_models.Batch``; the
+    notebook's handle, ``kernel.handles.batch.Batch``)."""
+
     batch_id: str
     name: str
     version: str
@@ -201,7 +204,7 @@ def arrow_rows_count(data: bytes) -> int:
 # -------------------------------------------------------------------------- wire
 
 
-def batch_wire(batch: Batch, *, include_chunks: bool) -> dict:
+def batch_wire(batch: BatchRun, *, include_chunks: bool) -> dict:
     """The Batch wire form (docs/ARCHITECTURE.md, "Batches")."""
     rows_running = sum(batch.chunks[i].rows_done for i in batch.live) if batch.live else 0
     counts = {

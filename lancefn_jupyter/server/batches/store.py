@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from lancefn_jupyter.server.batches.state import Batch, Chunk
+from lancefn_jupyter.server.batches.state import BatchRun, Chunk
 from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.storage.store import Store
@@ -49,7 +49,7 @@ class BatchStore:
         self.store = store
         store.executescript(BATCH_SCHEMA)
 
-    def insert_chunks(self, batch: Batch, encoded: list, first: int, end: int) -> None:
+    def insert_chunks(self, batch: BatchRun, encoded: list, first: int, end: int) -> None:
         """Chunks ``first``..``end`` of a new batch with their rows (JSON text or Arrow IPC bytes), written
         before the batch itself (``insert``): until then nothing reads them, and ``drop_orphans`` removes them
         if the server stops before."""
@@ -66,7 +66,7 @@ class BatchStore:
         """Chunks whose batch was never recorded (the server stopped while writing them): on start."""
         self.store.execute("DELETE FROM batch_chunks WHERE batch_id NOT IN (SELECT batch_id FROM batches)")
 
-    def insert(self, batch: Batch) -> None:
+    def insert(self, batch: BatchRun) -> None:
         """A new batch, once its chunks are written (``insert_chunks``)."""
         self.store.execute(
             "INSERT INTO batches(batch_id, namespace, name, version, input_digest, state, spec, creation_ms) "
@@ -83,13 +83,13 @@ class BatchStore:
             ),
         )
 
-    def save_batch(self, batch: Batch) -> None:
+    def save_batch(self, batch: BatchRun) -> None:
         self.store.execute(
             "UPDATE batches SET state=?, started_ms=?, finished_ms=?, cancel_requested=? WHERE batch_id=?",
             (batch.state, batch.started_ms, batch.finished_ms, int(batch.cancel_requested), batch.batch_id),
         )
 
-    def save_chunk(self, batch: Batch, chunk: Chunk) -> None:
+    def save_chunk(self, batch: BatchRun, chunk: Chunk) -> None:
         self.store.execute(
             "UPDATE batch_chunks SET state=?, job_id=?, attempts=?, failure=? WHERE batch_id=? AND idx=?",
             (
@@ -102,7 +102,7 @@ class BatchStore:
             ),
         )
 
-    def save_chunks(self, batch: Batch, chunks: list[Chunk]) -> None:
+    def save_chunks(self, batch: BatchRun, chunks: list[Chunk]) -> None:
         """``save_chunk`` of many chunks in one statement."""
         self.store.executemany(
             "UPDATE batch_chunks SET state=?, job_id=?, attempts=?, failure=? WHERE batch_id=? AND idx=?",
@@ -159,7 +159,7 @@ class BatchStore:
         rows = self.store.query("SELECT state, finished_ms FROM batches WHERE batch_id=?", (batch_id,))
         return (rows[0][0], rows[0][1]) if rows else None
 
-    def load(self, batch_id: str) -> Batch | None:
+    def load(self, batch_id: str) -> BatchRun | None:
         rows = self.store.query(
             "SELECT namespace, name, version, input_digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested "
             "FROM batches WHERE batch_id=?",
@@ -169,7 +169,7 @@ class BatchStore:
             return None
         namespace, name, version, digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested = rows[0]
         spec = json.loads(spec)
-        batch = Batch(
+        batch = BatchRun(
             batch_id=batch_id,
             name=name,
             version=version,

@@ -11,7 +11,9 @@ commit waits for the disk (the event loop commits a run's job: docs/ARCHITECTURE
 One connection shared by all threads behind a lock: SQLite serialises writers anyway, and
 every statement here is short.  The store knows nothing about job semantics; it maps
 :class:`JobRecord` (owned by the job table) to rows.
-"""
+
+Over 600 lines: one concern, the SQLite schema and its statements behind one connection and lock; the tables
+refer to one another (a job's rows, logs and events) and share migrations."""
 
 from __future__ import annotations
 
@@ -459,17 +461,6 @@ class Store:
             args += (namespace,)
         return self._query(sql + " ORDER BY seq LIMIT ?", (*args, limit))
 
-    def count_versions(self) -> int:
-        return self._query("SELECT COUNT(*) FROM function_versions")[0][0]
-
-    # -------------------------------------------------------------------- jobs
-
-    _JOB_COLUMNS = (
-        "seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
-        "rows_done, rows_total, result, failure, requeues, namespace, timings"
-    )
-
-    @staticmethod
     def _changing_params(rec: JobRecord) -> tuple:
         """What a job's later changes may alter (its type, name, creation time and spec are fixed at creation)."""
         placement = {

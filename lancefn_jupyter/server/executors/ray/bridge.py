@@ -1,6 +1,6 @@
 """The bridge: the Ray driver process (`ray.init`), talking JSON lines with `RayExecutor` (`bridge_main`).
 
-Long (~620 lines) because it is one process's one loop: the messages it takes, the actor queues it keeps
+Over 600 lines because it is one process's one loop: the messages it takes, the actor queues it keeps
 (the bookkeeping itself is in `pool.py`), placement and capacity polling, and the outcomes it reports all
 act on the same driver state under one lock; split apart they would share that state through every call.
 """

@@ -1,4 +1,7 @@
-"""The control-plane side: `RayExecutor` and the bridge child process it supervises (imports no Ray)."""
+"""The control-plane side: `RayExecutor` and the bridge child process it supervises (imports no Ray).
+
+Over 600 lines: one concern, the bridge child and its supervision (start, lines in and out, restart, the
+failures it reports) over one state; the bridge's lines are read in ``feed.py``."""
 
 from __future__ import annotations
 
