@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lancefn_jupyter.wire.homefs import home_problem, open_private, private_file_problem
+from lancefn_jupyter.wire.homefs import home_problem, open_private, pid_alive, private_file_problem
 
 __all__ = [
     "EmbeddedServerError",
@@ -81,24 +81,8 @@ def read_server_info(home: Path | None = None) -> ServerInfo | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        # Reap it if it is our own exited child (a zombie still answers kill(pid, 0)).
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _healthy(info: ServerInfo, timeout: float = 2.0) -> bool:
-    if not _pid_alive(info.pid):
+    if not pid_alive(info.pid):
         return False
     # The standard library, not httpx: on first use this runs before anything else needs an HTTP client.
     import http.client
@@ -127,7 +111,7 @@ def prestart(home: Path | None = None) -> None:
     if home_problem(home) or home in _starting:
         return  # an unsafe home is refused, with its reason, by `ensure_server`
     info = read_server_info(home) if private_file_problem(home / SERVER_JSON) is None else None
-    if info is not None and _pid_alive(info.pid):
+    if info is not None and pid_alive(info.pid):
         return
     _starting[home] = _spawn(home, None)
 
@@ -205,12 +189,12 @@ def stop_server(home: Path | None = None, *, timeout: float = 10.0) -> bool:
     proven to be this home's server is signalled."""
     home = Path(home or default_home())
     info = read_server_info(home)
-    if info is None or not _pid_alive(info.pid) or not _is_home_server(info.pid, home):
+    if info is None or not pid_alive(info.pid) or not _is_home_server(info.pid, home):
         return False
     os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _pid_alive(info.pid):
+        if not pid_alive(info.pid):
             return True
         time.sleep(0.05)
     os.kill(info.pid, signal.SIGKILL)

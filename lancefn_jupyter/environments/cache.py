@@ -29,6 +29,7 @@ from lancefn_jupyter.environments import build, interpreters, pipconf, resolve
 from lancefn_jupyter.environments.builders import BuildUser, build_environment, uv_variables
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.environments.requirements import pip_problem
+from lancefn_jupyter.wire.homefs import pid_alive
 
 __all__ = ["DEFAULT_MAX_BYTES", "Environment", "EnvironmentCache", "EnvironmentFailure", "default_cache_dir"]
 
@@ -574,18 +575,8 @@ def _sweep_builds(root: Path) -> None:
         if len(parts) != 4 or not parts[2].isdigit():
             continue
         try:
-            if now - path.stat().st_mtime < _STALE_BUILD_S or _alive(int(parts[2])):
+            if now - path.stat().st_mtime < _STALE_BUILD_S or pid_alive(int(parts[2])):
                 continue
         except OSError:
             continue
         build.remove(path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -106,3 +106,20 @@ def fsync_path(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process a home's file names (a server's, a build's) still runs: ours once exited is reaped
+    first (a zombie still answers ``kill(pid, 0)``); one of another user counts as alive."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -461,6 +461,14 @@ class Store:
             args += (namespace,)
         return self._query(sql + " ORDER BY seq LIMIT ?", (*args, limit))
 
+    # -------------------------------------------------------------------- jobs
+
+    _JOB_COLUMNS = (
+        "seq, job_id, job_type, state, name, creation_ms, started_ms, finished_ms, spec, placement, "
+        "rows_done, rows_total, result, failure, requeues, namespace, timings"
+    )
+
+    @staticmethod
     def _changing_params(rec: JobRecord) -> tuple:
         """What a job's later changes may alter (its type, name, creation time and spec are fixed at creation)."""
         placement = {
