@@ -408,11 +408,12 @@ def test_stop_still_stops_the_real_server(tmp_path):
 
 
 def fake_tree(tmp_path: Path, script: str, python_body: str) -> Path:
-    """A copy of ``scripts/<script>`` in a tree whose ``.venv/bin/python`` is ``python_body`` (bash)
+    """A copy of ``scripts/<script>`` (and ``install_venv.sh``) in a tree whose ``.venv/bin/python`` is ``python_body`` (bash)
     and whose ``.venv/bin/lint-imports`` passes."""
     root = tmp_path / "tree"
     (root / "scripts").mkdir(parents=True)
-    shutil.copy(REPO / "scripts" / script, root / "scripts" / script)
+    for name in (script, "install_venv.sh"):  # the script and the venv install it sources
+        shutil.copy(REPO / "scripts" / name, root / "scripts" / name)
     bin_dir = root / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text("#!/usr/bin/env bash\n" + python_body)
