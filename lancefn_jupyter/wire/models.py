@@ -38,6 +38,8 @@ from pydantic import (
     model_validator,
 )
 
+from lancefn_jupyter.wire.quantities import cpu_cores, memory_bytes
+
 __all__ = [
     "ENV_NAME_PATTERN",
     "MAX_TIMEOUT_S",
@@ -218,6 +220,16 @@ def valid_num_gpus(value: Any) -> int:
     return value
 
 
+def _cpu_quantity(text: str) -> str:
+    cpu_cores(text)  # the ValueError says how to write it
+    return text
+
+
+def _memory_quantity(text: str) -> str:
+    memory_bytes(text)
+    return text
+
+
 _Name = Annotated[
     StrictStr, _pattern(NAME_PATTERN, "letters, digits, '_', '.', '-', starting with a letter or '_'", "my_function")
 ]
@@ -273,6 +285,11 @@ class FunctionResourceRequirements(WireModel):
     num_gpus: Annotated[int, BeforeValidator(valid_num_gpus)]
     # Pins the operator-configured GPU class; omitted means the server's default.
     gpu_class: _Name | None = None
+    # Host CPU cores and memory one worker of the version is given and held to, as Kubernetes quantities ("4",
+    # "500m"; "16Gi"); omitted: the class's default (docs/ARCHITECTURE.md, "Compute resources"). Absent when not
+    # asked, so the ids of versions registered before are unchanged.
+    cpu: Annotated[StrictStr, AfterValidator(_cpu_quantity)] | None = None
+    memory: Annotated[StrictStr, AfterValidator(_memory_quantity)] | None = None
 
 
 class PythonEnvironmentSpec(WireModel):
@@ -625,6 +642,7 @@ class JobFailure(WireModel):
         "timeout",
         "server_restart",
         "executor",
+        "resources",  # the worker used more than its version's memory= ("Compute resources")
     ]
     message: StrictStr
     retryable: StrictBool = False
@@ -686,6 +704,13 @@ class GpuClass(WireModel):
     node_selector: TextMap = Field(default_factory=dict)
     tolerations: tuple[_FrozenJSONObject, ...] = ()
     simulated: StrictBool = False
+    # Host CPU cores and memory (docs/ARCHITECTURE.md, "Compute resources"): one GPU's share (a version that asks for
+    # none gets its GPUs' share), and the class's node totals (what its workers hold together at most); None: not
+    # configured.
+    cpu_per_gpu: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    memory_bytes_per_gpu: Annotated[int, Field(gt=0)] | None = None
+    node_cpu: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    node_memory_bytes: Annotated[int, Field(gt=0)] | None = None
 
 
 class GpuUsage(WireModel):

@@ -596,6 +596,8 @@ def gpu_function(
     *,
     num_gpus: int | None = None,
     gpu_class: str | None = None,
+    cpu: float | str | None = None,
+    memory: int | str | None = None,
     name: str | None = None,
     pip: Iterable[str] | str = (),
     conda: Iterable[str] | str = (),
