@@ -35,6 +35,7 @@ status and a message saying what is wrong and how to fix it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.server.batches.manager import BatchManager
 from lancefn_jupyter.server.control.callbacks import JobCallbacks
-from lancefn_jupyter.server.control.catalog import FunctionCatalog
+from lancefn_jupyter.server.control.catalog import FunctionCatalog, stored_version
 from lancefn_jupyter.server.control.environments import EnvironmentStage
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.intake import Intake
@@ -60,6 +61,7 @@ from lancefn_jupyter.server.executors.base import Executor
 from lancefn_jupyter.server.executors.table_agent import TableAgents
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.limits import Limits
+from lancefn_jupyter.server.policy.resources import class_totals, resource_request
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
@@ -105,10 +107,15 @@ class ControlPlane:
         self.bus = EventBus()
         # CPU functions run at most one per core at a time (each is a worker process).
         scheduler = SchedulerState(
-            classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1, warm=self._warm_devices, caps=gpu_caps
+            classes.devices(),
+            cpu_slots=cpu_slots or os.cpu_count() or 1,
+            warm=self._warm_devices,
+            caps=gpu_caps,
+            totals={spec.name: class_totals(spec.gpu_class, len(spec.devices)) for spec in classes.classes},
         )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
-        self.placement = placement_for(table, executor, classes)  # the one place that asks who queues
+        # the one place that asks who queues; a job's CPU and memory read from its version ("Compute resources")
+        self.placement = placement_for(table, executor, classes, needs=functools.lru_cache(4096)(self._needs))
         self.reports = Reports(table, classes=classes, bus=self.bus, placement=self.placement)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
         # for them (a finished job stays there, not in the table) until a retry saves them.
@@ -243,6 +250,16 @@ class ControlPlane:
             self.reports.close()
             self.unsaved.save(retry=False)
         self.jobs.wake_all()  # waiters get the job as it stands now rather than hanging until their timeout
+
+    def _needs(self, namespace: str, name: str, version: str, gpu_class: str | None) -> tuple[float, int] | None:
+        """The host (CPU cores, memory bytes) a job of the version holds while it runs (``resource_request``;
+        docs/ARCHITECTURE.md, "Compute resources"); None: it asks for none. Cached: a version never changes."""
+        row = self.store.get_version(name, version, namespace)
+        spec = self.classes.get(gpu_class)
+        if row is None or spec is None:
+            return None
+        request = resource_request(stored_version(row.definition).runtime.resources, spec.gpu_class)
+        return (request.cpu or 0.0, request.memory or 0) if request else None
 
     def _warm_devices(self, owner: Any) -> list[tuple[str, ...]]:
         """The scheduler's warm lookup (docs/ARCHITECTURE.md, "Warm state"): the device sets whose

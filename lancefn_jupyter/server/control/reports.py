@@ -54,6 +54,9 @@ class Reports:
             if position is not None:
                 placement["waiting_on_capacity"] = True
                 placement["queue_position"] = position
+                reason = table.scheduler.waiting_for(rec.job_id)  # CPU or memory ("Compute resources")
+                if reason is not None:
+                    placement["pending_reason"] = reason
                 if rec.num_gpus:
                     at, uncertain = self.start_estimate(rec.job_id)
                     placement["expected_start_ms"], placement["expected_start_uncertain"] = at, uncertain

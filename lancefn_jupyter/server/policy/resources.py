@@ -14,7 +14,7 @@ from lancefn_jupyter.wire.quantities import cpu_cores, format_bytes, format_core
 if TYPE_CHECKING:  # the executors' TaskSpec holds a request: no pydantic models imported for it
     from lancefn_jupyter.wire.models import FunctionResourceRequirements, GpuClass
 
-__all__ = ["NO_REQUEST", "ResourceRequest", "request_problem", "resource_request", "worker_limits"]
+__all__ = ["NO_REQUEST", "ResourceRequest", "class_totals", "request_problem", "resource_request", "worker_limits"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,16 @@ def worker_limits(gpu_class: GpuClass) -> tuple[tuple[float | None, str], tuple[
     else:
         share = _share(gpu_class.memory_bytes_per_gpu, most)
         memory = (None if share is None else int(share), f"memory_per_gpu {shares}")
+    return cpu, memory
+
+
+def class_totals(gpu_class: GpuClass, gpus: int) -> tuple[float | None, int | None]:
+    """The host CPU cores and memory the class's running jobs may hold together (the scheduler's): its node totals,
+    else its ``gpus``' shares; None: not counted."""
+    cpu = gpu_class.node_cpu if gpu_class.node_cpu is not None else _share(gpu_class.cpu_per_gpu, gpus)
+    memory = gpu_class.node_memory_bytes
+    if memory is None and gpu_class.memory_bytes_per_gpu is not None:
+        memory = gpu_class.memory_bytes_per_gpu * max(1, gpus)
     return cpu, memory
 
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 from conftest import register, registration_body
-from helpers import kernel_shell, submit, wait_done
+from helpers import HOLD_SOURCE, describe, kernel_shell, submit, text_body, wait_done, wait_state, wait_until
 
 from lancefn_jupyter.kernel import session as kernel_session
 from lancefn_jupyter.worker import limits
@@ -123,3 +123,26 @@ def test_the_magic_and_the_decorator_take_cpu_and_memory(cp):
 def test_the_fallback_reads_a_workers_memory():
     assert limits.memory_used(os.getpid(), None) > 0
     assert limits.peak_rss(os.getpid()) >= limits.memory_used(os.getpid(), None)
+
+
+def test_a_job_waits_for_the_cpu_its_version_asks_for_saying_so(cp, tmp_path):
+    gate = tmp_path / "go"
+    with cp.http() as http:
+        body = text_body("hog", HOLD_SOURCE, entrypoint="hold")
+        body["runtime"]["resources"]["cpu"] = "2"  # the class's two GPUs' worth of CPU: all of it
+        hog = register(http, body)
+        holding = submit(http, "hog", hog["version"], [{"path": str(gate)}])
+        wait_state(http, holding, "IN_PROGRESS")
+        small = register(http, _body("small"))  # asks for nothing: its GPU's share, cpu=1
+        waiting = submit(http, "small", small["version"], [{"mb": 1, "hold_s": 0.0}])
+        placement = wait_until(
+            lambda: describe(http, waiting)["placement"].get("pending_reason") and describe(http, waiting)["placement"],
+            "the job to wait for CPU",
+        )
+        usage = http.get("/v1/gpu/usage").json()
+        gate.touch()
+        done = wait_done(http, waiting)
+    assert placement["waiting_on_capacity"] is True
+    assert placement["pending_reason"] == "waiting for CPU: it needs 1 CPU, 0 of the class's 2 are free"
+    assert "waiting for CPU" in str(usage)
+    assert done["job_state"] == "DONE", done
