@@ -205,6 +205,20 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title
     return "\n".join(lines), markup
 
 
+def host_resources(gpu: GpuClass) -> str:
+    """A class's host CPU and memory ("Compute resources"): one GPU's share and the node's totals, as configured."""
+    parts = []
+    if gpu.cpu_per_gpu is not None or gpu.memory_bytes_per_gpu is not None:
+        share = [f"{gpu.cpu_per_gpu:g} CPU" if gpu.cpu_per_gpu is not None else ""]
+        share.append(format_bytes(gpu.memory_bytes_per_gpu) if gpu.memory_bytes_per_gpu is not None else "")
+        parts.append(" + ".join(part for part in share if part) + " per GPU")
+    if gpu.node_cpu is not None or gpu.node_memory_bytes is not None:
+        node = [f"{gpu.node_cpu:g} CPUs" if gpu.node_cpu is not None else ""]
+        node.append(format_bytes(gpu.node_memory_bytes) if gpu.node_memory_bytes is not None else "")
+        parts.append("node " + ", ".join(part for part in node if part))
+    return "; ".join(parts) or "-"
+
+
 def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = ()) -> tuple[str, str]:
     by_name = {u.name: u for u in usage}
     rows = []
@@ -221,6 +235,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
                 str(u.gpus_busy) if u else "?",
                 f"{u.gpus_total - u.gpus_busy}/{u.gpus_total}" if u else "?",
                 f"{u.jobs_running}/{u.jobs_pending}" if u else "?",
+                host_resources(gpu),
             ]
         )
     return render_table(
@@ -234,6 +249,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
             "busy",
             "free/total",
             "running/pending",
+            "CPU, memory",
         ],
         rows,
         title="GPU classes",
@@ -297,6 +313,8 @@ def function_card(
     gpu_class: str | None,
     environment: str,
     hardware: GpuClass | None,
+    cpu: str | None = None,
+    memory: str | None = None,
     note: str = "",
     entry: str = "",
     left_out: str = "",
@@ -317,7 +335,11 @@ def function_card(
         ("version", version or "(not registered)"),
         ("digest", digest[:19]),
         ("runtime", runtime_kind),
-        ("resources", f"{num_gpus} GPU{'s' if num_gpus != 1 else ''} of class {gpu_class or 'default'}"),
+        (
+            "resources",
+            f"{num_gpus} GPU{'s' if num_gpus != 1 else ''} of class {gpu_class or 'default'}"
+            + "".join(f", {key}={value}" for key, value in (("cpu", cpu), ("memory", memory)) if value),
+        ),
         ("environment", environment),
         ("hardware", hw),
     ]

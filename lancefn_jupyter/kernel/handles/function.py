@@ -479,6 +479,8 @@ class GpuFunction:
             runtime_kind=runtime.kind,
             num_gpus=resources.num_gpus if resources else 0,
             gpu_class=resources.gpu_class if resources else None,
+            cpu=resources.cpu if resources else None,
+            memory=resources.memory if resources else None,
             environment=environment,
             hardware=class_hardware(resources.gpu_class if resources else None) if version is not None else None,
             note=note,

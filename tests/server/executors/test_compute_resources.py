@@ -108,7 +108,7 @@ def test_a_job_past_its_memory_fails_in_phase_resources_and_the_next_runs_on_a_f
     assert after["result"][0].split()[0] != first["result"][0].split()[0]  # a fresh worker
 
 
-def test_the_magic_and_the_decorator_take_cpu_and_memory(cp):
+def test_the_magics_take_and_show_cpu_and_memory(cp):
     for shell in kernel_shell(cp):
         shell.run_cell_magic(
             "gpu_function", "cpu=1 memory=1Gi name=magic_sized", "def magic_sized(x: int) -> int:\n    return x\n"
@@ -116,6 +116,8 @@ def test_the_magic_and_the_decorator_take_cpu_and_memory(cp):
         fn = shell.user_ns["magic_sized"]
         assert fn.version.runtime.resources.cpu == "1"
         assert fn.version.runtime.resources.memory == "1Gi"
+        assert "1 GPU of class default, cpu=1, memory=1Gi" in fn.card()[0]
+        assert "1 CPU + 2 GiB per GPU" in repr(shell.run_line_magic("gpu_classes", ""))
         shell.run_line_magic("gpu_profile", "small cpu=500m memory=256Mi")
         assert kernel_session.profiles()["small"].memory == "256Mi"
 
