@@ -115,8 +115,9 @@ class ControlPlane:
         )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
         # the one place that asks who queues; a job's CPU and memory read from its version ("Compute resources")
-        self.placement = placement_for(table, executor, classes, needs=functools.lru_cache(4096)(self._needs))
-        self.reports = Reports(table, classes=classes, bus=self.bus, placement=self.placement)
+        needs = functools.lru_cache(4096)(self._needs)
+        self.placement = placement_for(table, executor, classes, needs=needs)
+        self.reports = Reports(table, classes=classes, bus=self.bus, placement=self.placement, needs=needs)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
         # for them (a finished job stays there, not in the table) until a retry saves them.
         self.unsaved = UnsavedJobs(

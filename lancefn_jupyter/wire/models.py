@@ -65,6 +65,7 @@ __all__ = [
     # jobs and GPU classes
     "JobState",
     "JobTimings",
+    "JobUsage",
     "PythonAdapterSpec",
     "PythonEnvironmentSpec",
     "PythonRuntimeSpec",
@@ -691,6 +692,7 @@ class Job(WireModel):
     result_format: _Text | None = None
     result_summary: _JSON = None
     timings: JobTimings | None = None  # once the job ended on a worker (servers before issue 24: absent)
+    usage: JobUsage | None = None  # once a job that ran has ended ("Cost")
 
 
 class GpuClass(WireModel):
@@ -711,6 +713,21 @@ class GpuClass(WireModel):
     memory_bytes_per_gpu: Annotated[int, Field(gt=0)] | None = None
     node_cpu: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     node_memory_bytes: Annotated[int, Field(gt=0)] | None = None
+    # What an hour of one GPU / one CPU core of the class costs, in ``currency`` (docs/ARCHITECTURE.md, "Cost").
+    price_per_gpu_hour: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    price_per_cpu_hour: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    currency: _Text = "USD"
+
+
+class JobUsage(WireModel):
+    """What an ended job held (docs/ARCHITECTURE.md, "Cost"): seconds of its worker, GPU- and CPU-seconds, and its cost
+    where its class has prices."""
+
+    held_s: _Millis = 0.0
+    gpu_seconds: _Millis = 0.0
+    cpu_seconds: _Millis = 0.0
+    cost: _Millis | None = None
+    currency: StrictStr | None = None
 
 
 class GpuUsage(WireModel):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from lancefn_jupyter.wire.models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_state
 
@@ -29,6 +30,7 @@ __all__ = [
     "result_text",
     "state_badge_html",
     "usage_line",
+    "usage_table",
     "versions_table",
 ]
 
@@ -217,6 +219,23 @@ def host_resources(gpu: GpuClass) -> str:
         node.append(format_bytes(gpu.node_memory_bytes) if gpu.node_memory_bytes is not None else "")
         parts.append("node " + ", ".join(part for part in node if part))
     return "; ".join(parts) or "-"
+
+
+def usage_table(rows: Iterable[Mapping[str, Any]], by: str) -> tuple[str, str]:
+    """``%gpu_usage``: per group, jobs, GPU- and CPU-hours held and the cost (docs/ARCHITECTURE.md, "Cost")."""
+    from lancefn_jupyter.kernel.display.timings import format_money
+
+    table = [
+        [
+            str(row["key"]),
+            str(row["jobs"]),
+            f"{row['gpu_seconds'] / 3600:.3g}",
+            f"{row['cpu_seconds'] / 3600:.3g}",
+            format_money(row["cost"], row.get("currency") or "USD") if "cost" in row else "-",
+        ]
+        for row in rows
+    ]
+    return render_table([by, "jobs", "GPU-hours", "CPU-hours", "cost"], table, title=f"GPU usage by {by}")
 
 
 def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = ()) -> tuple[str, str]:

@@ -10,9 +10,10 @@ from typing import Any
 
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
-from lancefn_jupyter.server.control.placement import PlacementStrategy
+from lancefn_jupyter.server.control.placement import Needs, PlacementStrategy
 from lancefn_jupyter.server.control.states import PENDING, now_ms
 from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.policy.costs import held_seconds, job_usage
 from lancefn_jupyter.server.policy.estimates import QueueEstimator, warm_run_ms
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import queue_view
@@ -23,8 +24,17 @@ QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at mos
 
 
 class Reports:
-    def __init__(self, table: JobTable, *, classes: GpuClassConfig, bus: EventBus, placement: PlacementStrategy):
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        classes: GpuClassConfig,
+        bus: EventBus,
+        placement: PlacementStrategy,
+        needs: Needs | None = None,
+    ):
         self.table, self.classes, self.bus, self.placement = table, classes, bus, placement
+        self.needs = needs  # a version's host (CPU, memory) request ("Compute resources"), for CPU-seconds
         self.estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
         self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
         self._estimates_timer: threading.Timer | None = None
@@ -95,7 +105,23 @@ class Reports:
             wire["failure"] = rec.failure
         if rec.timings is not None:
             wire["timings"] = rec.timings
+        if rec.finished_ms is not None and rec.started_ms is not None:
+            usage = self.job_usage(rec)
+            if usage is not None:
+                wire["usage"] = usage
         return wire
+
+    def job_usage(self, rec: JobRecord) -> dict[str, Any] | None:
+        """What an ended job held and cost (docs/ARCHITECTURE.md, "Cost"); None for a job that never ran."""
+        held = held_seconds(rec.started_ms, rec.finished_ms, rec.timings)
+        if held is None or rec.job_type != "run_function":
+            return None
+        need = None
+        if self.needs is not None:
+            need = self.needs(rec.namespace, rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class)
+        cpu = need[0] if need is not None else (0.0 if rec.num_gpus else 1.0)  # a CPU function: one core
+        spec = self.classes.get(rec.gpu_class)  # a CPU function: the default class's prices
+        return job_usage(held, rec.num_gpus or 0, cpu, spec.gpu_class if spec is not None else None)
 
     def note_run_time(self, rec: JobRecord) -> None:
         if (

@@ -256,6 +256,9 @@ _FIXES = {
     "node_selector": 'it must map strings to strings: write node_selector = { "label" = "value" }',
     "cpu_per_gpu": "it must be a number of cores > 0, e.g. cpu_per_gpu = 8",
     "node_cpu": "it must be a number of cores > 0, e.g. node_cpu = 64",
+    "price_per_gpu_hour": "it must be a number ≥ 0, e.g. price_per_gpu_hour = 2.5",
+    "price_per_cpu_hour": "it must be a number ≥ 0, e.g. price_per_cpu_hour = 0.04",
+    "currency": 'it must be a short code without spaces, e.g. currency = "EUR"',
     "tolerations": "it must be a list of tables: "
     'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]',
 }
@@ -319,6 +322,10 @@ class _ClassEntry(BaseModel):
     memory_per_gpu: Annotated[int, BeforeValidator(_memory)] | None = None
     node_cpu: Annotated[float | int, Field(gt=0)] | None = None
     node_memory: Annotated[int, BeforeValidator(_memory)] | None = None
+    # Prices ("Cost"): an hour of one GPU, of one CPU core, in the operator's currency.
+    price_per_gpu_hour: Annotated[float | int, Field(ge=0)] | None = None
+    price_per_cpu_hour: Annotated[float | int, Field(ge=0)] | None = None
+    currency: Annotated[str, StringConstraints(pattern=r"^\S{1,16}$")] = "USD"
 
 
 def _entry_problem(error: ValidationError, raw: dict[str, Any]) -> str:
@@ -402,6 +409,9 @@ def _class_spec(entry: _ClassEntry, where: str, rules: ClassRules | None) -> Cla
             memory_bytes_per_gpu=entry.memory_per_gpu,
             node_cpu=entry.node_cpu,
             node_memory_bytes=entry.node_memory,
+            price_per_gpu_hour=entry.price_per_gpu_hour,
+            price_per_cpu_hour=entry.price_per_cpu_hour,
+            currency=entry.currency,
         )
     except ValidationError as error:  # e.g. nan inside tolerations
         raise ConfigError(f"{where}: field {format_validation_error(error)}; fix the value") from None
