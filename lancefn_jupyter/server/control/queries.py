@@ -42,7 +42,7 @@ class JobQueries:
                 key = usage_key(
                     by, namespace=rec.namespace, spec=rec.spec, gpu_class=rec.gpu_class, finished_ms=rec.finished_ms
                 )
-                items.append((key, usage))
+                items.append((key, {**usage, "rows": rec.rows_total or 0}))
         return {"by": by, "since_ms": since, "rows": sum_usage(items)}
 
     def finished(self, rec: JobRecord) -> None:

@@ -76,8 +76,11 @@ def sum_usage(items: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, 
     """``(key, usage)`` pairs summed per key, largest cost (then GPU-seconds) first."""
     sums: dict[str, dict[str, Any]] = {}
     for key, usage in items:
-        row = sums.setdefault(key, {"key": key, "jobs": 0, "held_s": 0.0, "gpu_seconds": 0.0, "cpu_seconds": 0.0})
+        row = sums.setdefault(
+            key, {"key": key, "jobs": 0, "rows": 0, "held_s": 0.0, "gpu_seconds": 0.0, "cpu_seconds": 0.0}
+        )
         row["jobs"] += 1
+        row["rows"] += int(usage.get("rows", 0))
         for field in ("held_s", "gpu_seconds", "cpu_seconds"):
             row[field] = round(row[field] + usage[field], 3)
         if "cost" in usage:

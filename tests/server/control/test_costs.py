@@ -88,3 +88,25 @@ def test_the_magics_show_cost(cp):
             shell.run_line_magic("gpu_usage", "by=team")
         with pytest.raises(UsageError, match="usage: %gpu_usage"):
             shell.run_line_magic("gpu_usage", "bogus")
+
+
+def test_a_dry_run_estimates_rows_chunks_time_and_cost_from_the_versions_history(cp):
+    cell = "import time\n\ndef pace(x: int) -> int:\n    time.sleep(0.01)\n    return x\n"
+    for shell in kernel_shell(cp):
+        shell.run_cell_magic("gpu_function", "name=pace", cell)
+        pace = shell.user_ns["pace"]
+        before = pace.map(list(range(128)), chunk_size=2, dry_run=True)
+        assert (before.rows, before.chunks, before.based_on, before.expected_s) == (128, 64, 0, None)
+        assert "no estimate yet" in repr(before)
+        pace.map(list(range(16)), chunk_size=2).result()  # 8 chunk jobs of history
+        estimate = pace.map(list(range(128)), chunk_size=2, estimate=True)
+        with cp.http() as http:
+            (past,) = [
+                row
+                for row in http.get("/v1/jobs/usage", params={"by": "version"}).json()["rows"]
+                if row["key"].endswith(f"/pace@{pace.version.version}")
+            ]
+    assert (estimate.rows, estimate.chunks, estimate.at_once, estimate.based_on) == (128, 64, 2, 8)
+    assert estimate.cost == pytest.approx(past["cost"] / past["rows"] * 128)
+    assert estimate.expected_s == pytest.approx(32 * 2 * past["held_s"] / past["rows"])  # 32 waves of 2-row chunks
+    assert estimate.currency == "EUR" and "€" in repr(estimate) and "from 8 earlier jobs" in repr(estimate)
