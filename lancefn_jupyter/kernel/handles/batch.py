@@ -203,11 +203,15 @@ def estimate_batch(
     if not history or not history[0]["rows"]:
         return Estimate(rows, len(bounds), at_once)
     past = history[0]
-    per_row_s = past["held_s"] / past["rows"]
+    # Warm: the batch's chunks run on the workers its first ones start, so worker starts (in the history's held
+    # seconds, several for a few chunks) are left out of the rate per row.
+    warm = max(0.0, 1 - past.get("start_s", 0.0) / past["held_s"]) if past["held_s"] else 1.0
+    per_row_s = past["held_s"] * warm / past["rows"]
     waves = -(-len(bounds) // at_once)
     largest = max(end - start for start, end in bounds)
-    cost = past["cost"] / past["rows"] * rows if "cost" in past else None
-    return Estimate(rows, len(bounds), at_once, past["jobs"], waves * largest * per_row_s, cost, past.get("currency"))
+    cost = past["cost"] * warm / past["rows"] * rows if "cost" in past else None
+    expected_s = waves * largest * per_row_s
+    return Estimate(rows, len(bounds), at_once, past["jobs"], expected_s, cost, past.get("currency"))
 
 
 def _count(items: Any) -> int:

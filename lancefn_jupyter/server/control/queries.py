@@ -42,7 +42,8 @@ class JobQueries:
                 key = usage_key(
                     by, namespace=rec.namespace, spec=rec.spec, gpu_class=rec.gpu_class, finished_ms=rec.finished_ms
                 )
-                items.append((key, {**usage, "rows": rec.rows_total or 0}))
+                start_s = float((rec.timings or {}).get("start_ms") or 0.0) / 1000
+                items.append((key, {**usage, "rows": rec.rows_total or 0, "start_s": start_s}))
         return {"by": by, "since_ms": since, "rows": sum_usage(items)}
 
     def finished(self, rec: JobRecord) -> None:

@@ -72,17 +72,19 @@ def since_ms(text: str, now_ms: int) -> int:
         ) from None
 
 
+# Summed per group: what the jobs held, of which their worker starts, and their GPU- and CPU-seconds.
+_SUMMED = ("held_s", "start_s", "gpu_seconds", "cpu_seconds")
+
+
 def sum_usage(items: Iterable[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """``(key, usage)`` pairs summed per key, largest cost (then GPU-seconds) first."""
     sums: dict[str, dict[str, Any]] = {}
     for key, usage in items:
-        row = sums.setdefault(
-            key, {"key": key, "jobs": 0, "rows": 0, "held_s": 0.0, "gpu_seconds": 0.0, "cpu_seconds": 0.0}
-        )
+        row = sums.setdefault(key, {"key": key, "jobs": 0, "rows": 0} | dict.fromkeys(_SUMMED, 0.0))
         row["jobs"] += 1
         row["rows"] += int(usage.get("rows", 0))
-        for field in ("held_s", "gpu_seconds", "cpu_seconds"):
-            row[field] = round(row[field] + usage[field], 3)
+        for field in _SUMMED:
+            row[field] = round(row[field] + usage.get(field, 0.0), 3)
         if "cost" in usage:
             row["cost"] = round(row.get("cost", 0.0) + usage["cost"], 6)
             row["currency"] = usage["currency"]
