@@ -722,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         if built.on_store is not None:
             built.on_store(store)  # e.g. namespaces keep the uids recorded in this home
         from lancefn_jupyter.server.plane import ControlPlane
-        from lancefn_jupyter.server.policy.namespaces import gpu_caps
+        from lancefn_jupyter.server.policy.namespaces import budgets, gpu_caps
         from lancefn_jupyter.server.storage.files import DataStore
 
         data = DataStore(
@@ -742,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
             table_roots=_table_roots(args, api_keys),
             digest_key=digest_key,
             gpu_caps=gpu_caps(api_keys.values()),
+            budgets=budgets(api_keys.values()),
             allow_direct_references=args.allow_direct_references or not _shared(api_keys),
             limits=limits,
         )

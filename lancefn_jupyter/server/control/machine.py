@@ -153,6 +153,7 @@ class JobMachine:
         if state == DONE:
             rec.failure = None
             self.reports.note_run_time(rec)
+        self.reports.note_spend(rec)  # its namespace's daily budget ("Budgets")
         had_devices = self.table.drop(rec.job_id) or bool(rec.devices)
         if rec.spec.get("rows_format") == "arrow":  # the rows file is done with; JSON rows stay in SQLite
             self.data.remove_rows(self.store.get_rows(rec.job_id))

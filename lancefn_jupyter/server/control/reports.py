@@ -13,6 +13,7 @@ from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.placement import Needs, PlacementStrategy
 from lancefn_jupyter.server.control.states import PENDING, now_ms
 from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.policy.budgets import Spend
 from lancefn_jupyter.server.policy.costs import held_seconds, job_usage
 from lancefn_jupyter.server.policy.estimates import QueueEstimator, warm_run_ms
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -32,9 +33,11 @@ class Reports:
         bus: EventBus,
         placement: PlacementStrategy,
         needs: Needs | None = None,
+        spend: Spend | None = None,
     ):
         self.table, self.classes, self.bus, self.placement = table, classes, bus, placement
         self.needs = needs  # a version's host (CPU, memory) request ("Compute resources"), for CPU-seconds
+        self.spend = spend  # the namespaces' daily budgets and what they spent today ("Budgets"); None: no budgets
         self.estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
         self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
         self._estimates_timer: threading.Timer | None = None
@@ -110,6 +113,19 @@ class Reports:
             if usage is not None:
                 wire["usage"] = usage
         return wire
+
+    def note_spend(self, rec: JobRecord) -> None:
+        """An ended job counts against its namespace's daily budget; past it, the namespace's queued jobs wait (lock
+        held; docs/ARCHITECTURE.md, "Budgets")."""
+        spend = self.spend
+        if spend is None or rec.namespace not in spend.budgets or rec.finished_ms is None:
+            return
+        usage = self.job_usage(rec)
+        if usage is not None:
+            spend.add(rec.namespace, usage, rec.finished_ms)
+            reason = spend.over(rec.namespace, now_ms())
+            if reason is not None:
+                self.table.scheduler.paused[rec.namespace] = reason
 
     def job_usage(self, rec: JobRecord) -> dict[str, Any] | None:
         """What an ended job held and cost (docs/ARCHITECTURE.md, "Cost"); None for a job that never ran."""

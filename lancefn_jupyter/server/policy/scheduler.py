@@ -238,6 +238,8 @@ class SchedulerState:
         self.cpu_slots = cpu_slots
         self.warm = warm  # None: placements ignore warm workers (lowest free devices)
         self.caps: dict[str, int] = dict(caps or {})  # namespace -> most GPUs it may hold, all classes together
+        # namespace -> why its queued jobs wait (over its daily budget: "Budgets"); passed over like one at its cap
+        self.paused: dict[str, str] = {}
         self.pools: dict[str, ClassPool] = {
             name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
         }
@@ -326,7 +328,9 @@ class SchedulerState:
         placements: list[Placement] = []
         cpu = self.cpu_queue
         while cpu and (self.cpu_slots is None or len(self.cpu_running) < self.cpu_slots):
-            job_id, _ = next(cpu.order(self._cpu_levels))
+            job_id = next((j for j, _ in cpu.order(self._cpu_levels) if cpu.jobs[j][0] not in self.paused), None)
+            if job_id is None:
+                break
             namespace = cpu.jobs[job_id][0]
             cpu.remove(job_id)
             self.cpu_running[job_id] = namespace
@@ -346,8 +350,8 @@ class SchedulerState:
             level, _, namespace = heap[0]
             job_id, num_gpus, _ = queue.head(namespace)
             cap = caps.get(namespace)
-            if cap is not None and self.gpus_held.get(namespace, 0) + num_gpus > cap:
-                heappop(heap)  # at its cap: it waits for its own jobs to end, blocking no one
+            if (cap is not None and self.gpus_held.get(namespace, 0) + num_gpus > cap) or namespace in self.paused:
+                heappop(heap)  # at its cap (or over its budget): it waits for its own jobs to end, blocking no one
                 continue
             if num_gpus > len(pool.free):
                 break  # the chosen head blocks everyone behind it
@@ -393,7 +397,14 @@ class SchedulerState:
         return pool is not None and job_id in pool.queue
 
     def waiting_for(self, job_id: str) -> str | None:
-        """What a queued head waits for besides its turn and GPUs (CPU or memory, in words), else None."""
+        """What a queued job waits for besides its turn and GPUs: its namespace's budget, or (the head) CPU or
+        memory, in words; else None."""
+        if self.paused:
+            gpu_class = self._class_of.get(job_id, "")
+            queue = self.cpu_queue if gpu_class is None else getattr(self.pools.get(gpu_class or ""), "queue", None)
+            entry = queue.jobs.get(job_id) if queue is not None else None
+            if entry is not None and entry[0] in self.paused:
+                return self.paused[entry[0]]
         pool = self.pools.get(self._class_of.get(job_id) or "")
         return pool.short[1] if pool is not None and pool.short is not None and pool.short[0] == job_id else None
 
