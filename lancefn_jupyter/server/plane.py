@@ -241,6 +241,10 @@ class ControlPlane:
             self.table.started = False
             self.jobs.wake_all()
 
+    def has_work(self) -> bool:
+        """Whether a job is pending or running (or a batch has chunks to go): the server is not idle."""
+        return bool(self.table.active) or self.batches.has_work()
+
     def shutdown(self) -> None:
         table = self.table
         self._stopped.set()
