@@ -728,6 +728,9 @@ class JobUsage(WireModel):
     cpu_seconds: _Millis = 0.0
     cost: _Millis | None = None
     currency: StrictStr | None = None
+    # On a real GPU, sampled through NVML while it ran: its worker's peak GPU memory, the GPUs' mean utilisation.
+    gpu_memory_peak_bytes: _Millis | None = None
+    gpu_util_mean_pct: _Millis | None = None
 
 
 class GpuUsage(WireModel):

@@ -97,7 +97,12 @@ def job_timings_text(job: Any, *, run: bool = False) -> str:
     its class has prices ("warm, ran 41 s · $0.02": docs/ARCHITECTURE.md, "Cost")."""
     text = timings_text(getattr(job, "timings", None), run=run)
     usage = getattr(job, "usage", None)
-    if usage is not None and usage.cost is not None:
-        cost = format_money(usage.cost, usage.currency or "USD")
-        text = f"{text} · {cost}" if text else cost
-    return text
+    if usage is None:
+        return text
+    parts = [text] if text else []
+    if usage.cost is not None:
+        parts.append(format_money(usage.cost, usage.currency or "USD"))
+    if usage.gpu_memory_peak_bytes is not None:  # a real GPU's, sampled through NVML
+        peak = usage.gpu_memory_peak_bytes / 2**30
+        parts.append(f"GPU peak {peak:.1f} GiB, {usage.gpu_util_mean_pct or 0:.0f} % busy")
+    return " · ".join(parts)

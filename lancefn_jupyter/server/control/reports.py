@@ -14,7 +14,7 @@ from lancefn_jupyter.server.control.placement import Needs, PlacementStrategy
 from lancefn_jupyter.server.control.states import PENDING, now_ms
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.policy.budgets import Spend
-from lancefn_jupyter.server.policy.costs import held_seconds, job_usage
+from lancefn_jupyter.server.policy.costs import GPU_STATS, held_seconds, job_usage
 from lancefn_jupyter.server.policy.estimates import QueueEstimator, warm_run_ms
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import queue_view
@@ -137,7 +137,12 @@ class Reports:
             need = self.needs(rec.namespace, rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class)
         cpu = need[0] if need is not None else (0.0 if rec.num_gpus else 1.0)  # a CPU function: one core
         spec = self.classes.get(rec.gpu_class)  # a CPU function: the default class's prices
-        return job_usage(held, rec.num_gpus or 0, cpu, spec.gpu_class if spec is not None else None)
+        usage = job_usage(held, rec.num_gpus or 0, cpu, spec.gpu_class if spec is not None else None)
+        timings = rec.timings or {}
+        for field in GPU_STATS:  # sampled on a real GPU (worker/gpustats.py), kept with its timings
+            if field in timings:
+                usage[field] = timings[field]
+        return usage
 
     def note_run_time(self, rec: JobRecord) -> None:
         if (

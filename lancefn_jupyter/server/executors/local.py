@@ -86,6 +86,7 @@ from lancefn_jupyter.server.policy.resources import ResourceRequest
 from lancefn_jupyter.wire.models import JobFailure
 from lancefn_jupyter.wire.quantities import format_bytes
 from lancefn_jupyter.worker import reap
+from lancefn_jupyter.worker.gpustats import GpuSampler
 from lancefn_jupyter.worker.process import (
     ProtocolError,
     WorkerProcess,
@@ -196,6 +197,7 @@ class _Run:
     follower: LoopFollow | None = None  # the event loop's, once it followed it (``_follow_on_loop``)
     loop_reports: int = 0  # logs and progress the loop reported (``LOOP_REPORTS`` at most)
     memory_used: int = 0  # what its worker was found holding past its memory= ("Compute resources")
+    gpu_stats: GpuSampler | None = None  # its real GPUs' memory and utilisation, sampled while it runs ("Cost")
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)  # set once its worker is reaped or pooled
 
@@ -450,6 +452,7 @@ class LocalExecutor(Executor):
         """The run is over: its worker is pooled or reaped."""
         if run.timer is not None:
             run.timer.cancel()
+        self._gpu_stats(run)  # a run that ended without an outcome: its sampling ends too
         with self._lock:
             self._runs.pop(run.task.job_id, None)
         run.done.set()
@@ -488,7 +491,7 @@ class LocalExecutor(Executor):
     def _conclude(self, run: _Run, worker: WorkerProcess, final: dict, leftover: str | None = None) -> None:
         """Report the run's ``result``/``failed`` event, its worker pooled first (or stopped, after the report);
         ``leftover``: why the worker must not serve again, found by :meth:`_end_strays`."""
-        final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0}
+        final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0, **self._gpu_stats(run)}
         over = self._over_memory(run, worker)
         if over is not None:  # it went past its memory= between two looks: the job fails, the worker goes
             final = {"event": "failed", "phase": "resources", "message": over, "timings": final["timings"]}
@@ -534,6 +537,12 @@ class LocalExecutor(Executor):
                 )
             return False
         return True
+
+    @staticmethod
+    def _gpu_stats(run: _Run) -> dict[str, float]:
+        """What its real GPUs did while the run ran (empty without NVML or a real GPU); the sampling ends."""
+        stats, run.gpu_stats = run.gpu_stats, None
+        return stats.stop() if stats is not None else {}
 
     @staticmethod
     def _over_memory(run: _Run, worker: WorkerProcess) -> str | None:
@@ -592,6 +601,10 @@ class LocalExecutor(Executor):
             run.timer.start()
         if task.resources and worker.held is None:  # a fresh worker, taking on its version ("Compute resources")
             worker.hold(task.resources.cpu, task.resources.memory)
+        if task.devices and not task.simulated:  # a real GPU: its peak memory and utilisation ("Cost")
+            run.gpu_stats = GpuSampler(worker.pid, task.devices)
+            if not run.gpu_stats.start():
+                run.gpu_stats = None
         # In place: a backfill chunk's slice is in its rows file by now (``_read_slice``).
         worker.start_task(worker_task(task, PLUGIN.ship(task.data.fields(), None)))
         # Reported once the worker has the task, so the job's start runs beside the worker's, not before it: its
@@ -686,6 +699,7 @@ class LocalExecutor(Executor):
             return None
         if last and (
             run.task.resources.memory is not None  # its memory is checked on a task thread ("Compute resources")
+            or run.gpu_stats is not None  # its GPU sampling is ended on a task thread ("Cost")
             or self._retire_reason(event) is not None
             or not self._pools_now(run.key)
             or worker.more_buffered()  # maybe a second outcome, which a task thread refuses

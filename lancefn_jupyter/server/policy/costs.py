@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lancefn_jupyter.wire.models import GpuClass
 
-__all__ = ["BY", "held_seconds", "job_usage", "since_ms", "sum_usage", "usage_key"]
+__all__ = ["BY", "GPU_STATS", "held_seconds", "job_usage", "since_ms", "sum_usage", "usage_key"]
 
 BY = ("namespace", "version", "class", "day", "batch")
+GPU_STATS = ("gpu_memory_peak_bytes", "gpu_util_mean_pct")  # a job's real GPUs' use, with its timings and usage
 
 
 def held_seconds(
