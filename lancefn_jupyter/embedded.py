@@ -32,6 +32,10 @@ __all__ = [
 
 SERVER_JSON = "server.json"
 LOCK_FILE = "server.lock"
+# The embedded server stops after this long with no kernel connected and no job pending or running (seconds;
+# env LANCEFN_EMBEDDED_IDLE_S); the kernel starts it again on its next use (docs/ARCHITECTURE.md, "Embedded server
+# idle exit").
+EMBEDDED_IDLE_S = 1800.0
 # Servers this process started and has not adopted yet, by home (see `prestart`).
 _starting: dict[Path, subprocess.Popen] = {}
 
@@ -129,6 +133,9 @@ def _spawn(home: Path, gpu_classes: str | None) -> subprocess.Popen:
         "0",
         "--worker-user",
         str(os.geteuid()),
+        # Nothing idle holds resources: with no kernel connected and no job, it stops; the next use starts it again.
+        "--idle-exit-s",
+        os.environ.get("LANCEFN_EMBEDDED_IDLE_S", str(EMBEDDED_IDLE_S)),
     ]
     if gpu_classes:
         command += ["--gpu-classes", str(gpu_classes)]

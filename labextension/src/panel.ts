@@ -251,7 +251,11 @@ export class GpuFunctionsPanel extends Widget {
       card.appendChild(el('div', 'lf-class-model', row.model || 'unknown GPU model'));
       const memory = row.memory ? `${row.memory} per GPU` : 'GPU memory not reported';
       card.appendChild(
-        el('div', 'lf-class-hw', `${memory} · max ${row.maxPerWorker} GPUs per worker`)
+        el(
+          'div',
+          'lf-class-hw',
+          `${memory} · max ${row.maxPerWorker} GPUs per worker` + (row.host ? ` · ${row.host}` : '')
+        )
       );
       const usage = el('div', 'lf-class-usage');
       if (row.total !== null && row.busy !== null) {

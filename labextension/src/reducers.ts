@@ -113,12 +113,31 @@ export interface IClassRow {
   /** "80 GiB", or "" when the class does not report GPU memory. */
   memory: string;
   maxPerWorker: string;
+  /** Host CPU and memory ("1 CPU + 2 GiB per GPU; node 32 CPUs, 240 GiB"), or "" when not configured. */
+  host: string;
   simulated: boolean;
   /** "1 busy / 1 free of 2", or "" when usage is unknown. */
   usage: string;
   busy: number | null;
   total: number | null;
   pending: number;
+}
+
+/** A class's host CPU and memory, as the kernel's `%gpu_classes` says it (display/cards.py `host_resources`). */
+export function hostText(c: IGpuClass): string {
+  const join = (parts: string[], sep: string) => parts.filter(Boolean).join(sep);
+  const parts: string[] = [];
+  if (c.cpu_per_gpu != null || c.memory_bytes_per_gpu != null) {
+    const cpu = c.cpu_per_gpu != null ? `${c.cpu_per_gpu} CPU` : '';
+    const memory = c.memory_bytes_per_gpu != null ? formatBytes(c.memory_bytes_per_gpu) : '';
+    parts.push(`${join([cpu, memory], ' + ')} per GPU`);
+  }
+  if (c.node_cpu != null || c.node_memory_bytes != null) {
+    const cpu = c.node_cpu != null ? `${c.node_cpu} CPUs` : '';
+    const memory = c.node_memory_bytes != null ? formatBytes(c.node_memory_bytes) : '';
+    parts.push(`node ${join([cpu, memory], ', ')}`);
+  }
+  return parts.join('; ');
 }
 
 /** Rows of the GPU classes section: hardware from `gpu/classes`, live numbers from usage. */
@@ -141,6 +160,7 @@ export function classRows(
       memory: c.gpu_memory_bytes && c.gpu_memory_bytes > 0 ? formatBytes(c.gpu_memory_bytes) : '',
       maxPerWorker:
         c.max_gpu_count_per_worker !== undefined ? String(c.max_gpu_count_per_worker) : '—',
+      host: hostText(c),
       simulated: Boolean(c.simulated),
       usage: usageText,
       busy,

@@ -102,7 +102,26 @@ export function timingsBreakdown(timings: IJobTimings | null | undefined): strin
     .join(' · ');
 }
 
-/** `timingsText` of a job's `timings` ("" for a job without). */
+const SYMBOLS: Record<string, string> = { USD: '$', EUR: '€', GBP: '£' };
+
+/** "$0.021", "€12.50", "3.00 CHF" (as the kernel's display/timings.py `format_money`). */
+export function formatMoney(amount: number, currency = 'USD'): string {
+  const text =
+    amount >= 1 || amount === 0
+      ? amount.toFixed(2)
+      : String(Number(amount.toPrecision(amount >= 0.01 ? 2 : 1)));
+  const symbol = SYMBOLS[currency];
+  return symbol ? `${symbol}${text}` : `${text} ${currency}`;
+}
+
+/** `timingsText` of a job's `timings` ("" for a job without), and its cost where its class has prices
+ * ("warm, ran 41 s · $0.02": docs/ARCHITECTURE.md, "Cost"). */
 export function jobTimingsText(job: IJob, options: { run?: boolean } = {}): string {
-  return timingsText(job.timings, options);
+  const text = timingsText(job.timings, options);
+  const cost = job.usage?.cost;
+  if (typeof cost !== 'number') {
+    return text;
+  }
+  const money = formatMoney(cost, job.usage?.currency ?? 'USD');
+  return text ? `${text} · ${money}` : money;
 }

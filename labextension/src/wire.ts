@@ -51,6 +51,16 @@ export interface IJob {
   result_summary?: IResultSummary | null;
   /** Where the job's time went, once it ended on a worker (absent before that, and from older servers). */
   timings?: IJobTimings | null;
+  /** What it held and cost, once a job that ran has ended (docs/ARCHITECTURE.md, "Cost"). */
+  usage?: IJobUsage | null;
+}
+
+export interface IJobUsage {
+  held_s?: number;
+  gpu_seconds?: number;
+  cpu_seconds?: number;
+  cost?: number | null;
+  currency?: string | null;
 }
 
 /**
@@ -85,6 +95,11 @@ export interface IGpuClass {
   gpu_memory_bytes?: number;
   max_gpu_count_per_worker?: number;
   simulated?: boolean;
+  /** Host CPU and memory ("Compute resources"): one GPU's share, the node's totals. */
+  cpu_per_gpu?: number | null;
+  memory_bytes_per_gpu?: number | null;
+  node_cpu?: number | null;
+  node_memory_bytes?: number | null;
 }
 
 export interface IGpuUsage {

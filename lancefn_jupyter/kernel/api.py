@@ -37,7 +37,7 @@ from lancefn_jupyter.kernel.handles.history import diff_versions, version_histor
 from lancefn_jupyter.kernel.handles.job import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
 from lancefn_jupyter.kernel.handles.lookup import lookup
 from lancefn_jupyter.kernel.handles.table_map import Backfill
-from lancefn_jupyter.kernel.listings import list_gpu_classes, list_jobs, list_versions
+from lancefn_jupyter.kernel.listings import gpu_usage, list_gpu_classes, list_jobs, list_versions
 from lancefn_jupyter.kernel.session import ConnectionInfo as ConnectionInfo
 from lancefn_jupyter.kernel.session import (
     add_profile,
@@ -72,6 +72,7 @@ __all__ = [
     "function_from_cell",
     "gpu_function",
     "gpu_profile",
+    "gpu_usage",
     "list_gpu_classes",
     "list_jobs",
     "list_versions",

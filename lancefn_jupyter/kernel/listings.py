@@ -1,5 +1,6 @@
 """Listings that show as tables (text and HTML) or live widgets in notebooks: `list_gpu_classes`,
-`list_versions`, `list_jobs` (what `%gpu_classes`, `%gpu_versions` and `%gpu_jobs` show). Runs in the kernel."""
+`list_versions`, `list_jobs`, `gpu_usage` (what `%gpu_classes`, `%gpu_versions`, `%gpu_jobs` and `%gpu_usage` show).
+Runs in the kernel."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from lancefn_jupyter.kernel.display.jobs import jobs_table
 from lancefn_jupyter.kernel.session import current_client
 from lancefn_jupyter.wire.models import GpuClass
 
-__all__ = ["list_gpu_classes", "list_jobs", "list_versions"]
+__all__ = ["gpu_usage", "list_gpu_classes", "list_jobs", "list_versions"]
 
 
 class _Rendered(list):
@@ -57,6 +58,14 @@ def list_gpu_classes() -> list[GpuClass]:
         lambda: display.gpu_classes_table(classes, usage),
         widget=lambda: _widget("GpuClassesWidget", classes, usage, client=client),
     )
+
+
+def gpu_usage(*, by: str = "namespace", since: str | None = None) -> list[dict]:
+    """What ended jobs held and cost, summed ``by`` namespace, version, class, day or batch (the admin: every
+    namespace; docs/ARCHITECTURE.md, "Cost")."""
+    reply = current_client().jobs.usage(by, since)
+    rows = reply["rows"]
+    return _Rendered(rows, lambda: display.usage_table(rows, by))
 
 
 def list_versions(name: str | None = None) -> list:

@@ -215,6 +215,24 @@ class GpuMagics(Magics):
             filters[key] = value
         return api.list_jobs(state=filters.get("state"), name=filters.get("name"))
 
+    @line_magic
+    def gpu_usage(self, line: str) -> list[Any]:
+        """%gpu_usage [by=namespace|version|class|day|batch] [since=7d|24h|2026-12-01]: what jobs held and cost."""
+        from lancefn_jupyter.kernel import api
+
+        options: dict[str, str] = {}
+        for token in shlex.split(line):
+            key, sep, value = token.partition("=")
+            if not sep or key not in ("by", "since") or not value:
+                raise UsageError("usage: %gpu_usage [by=namespace|version|class|day|batch] [since=7d|24h|2026-12-01]")
+            options[key] = value
+        from lancefn_jupyter.kernel.client import LancefnError
+
+        try:
+            return api.gpu_usage(**options)
+        except LancefnError as error:
+            raise UsageError(str(error)) from None
+
 
 def _status() -> _Status:
     """The status of the control plane in use (chosen by the default rule if none is yet)."""

@@ -37,6 +37,7 @@ from lancefn_jupyter.wire.models import (
     PythonRuntimeSpec,
     valid_num_gpus,
 )
+from lancefn_jupyter.wire.quantities import cpu_cores, memory_bytes, quantity_text
 
 __all__ = [
     "ComputeProfile",
@@ -62,6 +63,8 @@ _RESERVED_ENV = {
 _EXAMPLES = {
     "num_gpus": "num_gpus=1",
     "gpu_class": "gpu_class=default",
+    "cpu": "cpu=4 (cores; cpu=500m is half a core)",
+    "memory": "memory=16Gi (Ki, Mi, Gi, Ti; or k, M, G, T)",
     "name": "name=my_function",
     "pip": "pip=numpy,scipy",
     "conda": "conda=numba,cudatoolkit",
@@ -100,6 +103,16 @@ def _check_num_gpus(value: Any) -> int:
         return valid_num_gpus(value)  # the wire model's rule, with an option-shaped message
     except ValueError:
         raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {value!r})") from None
+
+
+def _check_quantity(key: str, value: Any) -> str:
+    """A Kubernetes quantity (docs/ARCHITECTURE.md, "Compute resources"), kept as text: it is part of the version."""
+    try:
+        text = quantity_text(value)
+        (cpu_cores if key == "cpu" else memory_bytes)(text)
+    except ValueError as error:
+        raise OptionsError(str(error)) from None
+    return text
 
 
 def _check_str(key: str, value: Any, pattern: re.Pattern[str] | None = None, what: str = "") -> str:
@@ -224,6 +237,8 @@ def _check_batched(value: Any) -> bool:
 _CHECKS = {
     "num_gpus": _check_num_gpus,
     "gpu_class": lambda value: _check_name("gpu_class", value),
+    "cpu": lambda value: _check_quantity("cpu", value),
+    "memory": lambda value: _check_quantity("memory", value),
     "name": lambda value: _check_name("name", value),
     "pip": lambda value: _check_list("pip", value),
     "conda": lambda value: _check_list("conda", value),
@@ -266,6 +281,8 @@ class ComputeProfile:
     name: str
     num_gpus: int | None = None
     gpu_class: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
     pip: tuple[str, ...] | None = None
     conda: tuple[str, ...] | None = None
     conda_channels: tuple[str, ...] | None = None
@@ -298,6 +315,9 @@ class FunctionOptions:
 
     num_gpus: int = 1
     gpu_class: str | None = None
+    # Host CPU cores and memory per worker (Kubernetes quantities; None: the class's default).
+    cpu: str | None = None
+    memory: str | None = None
     name: str | None = None
     pip: tuple[str, ...] = ()
     conda: tuple[str, ...] = ()
@@ -323,7 +343,9 @@ class FunctionOptions:
         return dict(self.env)
 
     def resources(self) -> FunctionResourceRequirements:
-        return FunctionResourceRequirements(num_gpus=self.num_gpus, gpu_class=self.gpu_class)
+        return FunctionResourceRequirements(
+            num_gpus=self.num_gpus, gpu_class=self.gpu_class, cpu=self.cpu, memory=self.memory
+        )
 
     def environment(self) -> PythonEnvironmentSpec:
         return PythonEnvironmentSpec(
@@ -358,6 +380,8 @@ class FunctionOptions:
         return build_options(
             num_gpus=resources.num_gpus if resources else None,
             gpu_class=resources.gpu_class if resources else None,
+            cpu=resources.cpu if resources else None,
+            memory=resources.memory if resources else None,
             pip=() if conda else packages,
             conda=packages if conda else (),
             conda_channels=tuple(environment.channels) if environment else (),

@@ -225,6 +225,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-keys", help="TOML file of extra API keys with privileges ([[api_keys]] key=..., privileges=[...])"
     )
+    p.add_argument(
+        "--idle-exit-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="stop the server once it has had no connection (no kernel's event stream, no request) and no job pending "
+        "or running for S seconds (default 0: never; the embedded server runs with 1800: 30 minutes)",
+    )
     for flag, kind, default, text in _NUMERIC_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=text)
     from lancefn_jupyter.server.http.caps import ClientCaps  # plain bookkeeping: a cheap import
@@ -626,6 +634,11 @@ def _serve(
                 print(f"lancefn-server listening on {info['url']}", flush=True)
 
         async def on_tick(self, counter: int) -> bool:
+            if counter % 10 == 0 and self.started and args.idle_exit_s > 0 and self._idle_past(args.idle_exit_s):
+                print(
+                    f"lancefn-server idle for {args.idle_exit_s:g} s: no connection and no job; stopping (--idle-exit-s)"
+                )
+                self.should_exit = True
             # The lock holder is the only rightful writer of server.json: if it was deleted or
             # overwritten while we run, put it back so clients (which find us only through it) recover.
             if counter % 10 == 0 and self.started and not failed_to_publish:
@@ -640,6 +653,16 @@ def _serve(
                     except OSError:
                         pass  # e.g. the disk is full; tried again on the next tick
             return await super().on_tick(counter)
+
+        busy_at = time.monotonic()
+
+        def _idle_past(self, seconds: float) -> bool:
+            """No connection open (a kernel's event stream, a request, a kept-alive client) and no job pending or
+            running (docs/ARCHITECTURE.md, "Embedded server idle exit") since ``seconds`` ago."""
+            now = time.monotonic()
+            if self.server_state.connections or plane.has_work():
+                self.busy_at = now
+            return now - self.busy_at > seconds
 
         async def shutdown(self, sockets: list | None = None) -> None:
             plane.begin_shutdown()  # end SSE streams and long polls so they don't delay the stop
@@ -724,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         if built.on_store is not None:
             built.on_store(store)  # e.g. namespaces keep the uids recorded in this home
         from lancefn_jupyter.server.plane import ControlPlane
-        from lancefn_jupyter.server.policy.namespaces import gpu_caps
+        from lancefn_jupyter.server.policy.namespaces import budgets, gpu_caps
         from lancefn_jupyter.server.storage.files import DataStore
 
         data = DataStore(
@@ -744,6 +767,7 @@ def main(argv: list[str] | None = None) -> int:
             table_roots=_table_roots(args, api_keys),
             digest_key=digest_key,
             gpu_caps=gpu_caps(api_keys.values()),
+            budgets=budgets(api_keys.values()),
             allow_direct_references=args.allow_direct_references or not _shared(api_keys),
             limits=limits,
         )

@@ -35,14 +35,16 @@ status and a message saying what is wrong and how to fix it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lancefn_jupyter.server.batches.manager import BatchManager
 from lancefn_jupyter.server.control.callbacks import JobCallbacks
-from lancefn_jupyter.server.control.catalog import FunctionCatalog
+from lancefn_jupyter.server.control.catalog import FunctionCatalog, stored_version
 from lancefn_jupyter.server.control.environments import EnvironmentStage
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.intake import Intake
@@ -53,13 +55,15 @@ from lancefn_jupyter.server.control.placement import placement_for
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.results import Results
-from lancefn_jupyter.server.control.states import DONE
+from lancefn_jupyter.server.control.states import DONE, TERMINAL, now_ms
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor
 from lancefn_jupyter.server.executors.table_agent import TableAgents
+from lancefn_jupyter.server.policy.budgets import Budget, Spend, utc_day
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.limits import Limits
+from lancefn_jupyter.server.policy.resources import class_totals, resource_request
 from lancefn_jupyter.server.policy.scheduler import SchedulerState
 from lancefn_jupyter.server.policy.table_roots import TableRoots
 from lancefn_jupyter.server.storage.files import DataStore
@@ -70,6 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlPlane"]
 
+BUDGET_CHECK_S = 30.0  # how often the budgets' day is looked at: a namespace's jobs wait at most this past midnight
 log = logging.getLogger("lancefn.server")
 
 
@@ -87,6 +92,7 @@ class ControlPlane:
         table_roots: TableRoots | None = None,
         digest_key: bytes | None = None,
         gpu_caps: Mapping[str, int] | None = None,
+        budgets: Mapping[str, Budget] | None = None,
         allow_direct_references: bool = True,
         limits: Limits | None = None,
     ):
@@ -94,6 +100,7 @@ class ControlPlane:
         ``builds_environments`` (docs/ARCHITECTURE.md, "Environments"); None: workers run on the base Python.
         ``digest_key``: the home's secret env values are keyed with in version ids and digests ("Function versions").
         ``gpu_caps``: namespace → the most GPUs it may hold at once (``max_gpus`` in the key file; "Scheduling").
+        ``budgets``: namespace → its daily GPU-hours and cost (the key file; "Budgets").
         ``allow_direct_references``: pip entries ``NAME @ URL`` are accepted and built (a server of one namespace,
         or ``--allow-direct-references``; "Environments").
         ``limits``: the longest a job may run and each namespace's quotas ("Scheduling", "Batches"; none: no limit)."""
@@ -105,11 +112,21 @@ class ControlPlane:
         self.bus = EventBus()
         # CPU functions run at most one per core at a time (each is a worker process).
         scheduler = SchedulerState(
-            classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1, warm=self._warm_devices, caps=gpu_caps
+            classes.devices(),
+            cpu_slots=cpu_slots or os.cpu_count() or 1,
+            warm=self._warm_devices,
+            caps=gpu_caps,
+            totals={spec.name: class_totals(spec.gpu_class, len(spec.devices)) for spec in classes.classes},
         )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
-        self.placement = placement_for(table, executor, classes)  # the one place that asks who queues
-        self.reports = Reports(table, classes=classes, bus=self.bus, placement=self.placement)
+        # the one place that asks who queues; a job's CPU and memory read from its version ("Compute resources")
+        needs = functools.lru_cache(4096)(self._needs)
+        self.placement = placement_for(table, executor, classes, needs=needs)
+        self.spend = Spend(budgets) if budgets else None
+        self._stopped = threading.Event()
+        self.reports = Reports(
+            table, classes=classes, bus=self.bus, placement=self.placement, needs=needs, spend=self.spend
+        )
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative
         # for them (a finished job stays there, not in the table) until a retry saves them.
         self.unsaved = UnsavedJobs(
@@ -210,6 +227,7 @@ class ControlPlane:
             self.machine.recover()
             for done in reversed(self.store.list_jobs(states=(DONE,), job_type="run_function", limit=1000)):
                 self.reports.note_run_time(done)
+            self._recount_spend()
             self.results.enforce_retention()
             self.batches.recover()
             table.started = True
@@ -223,8 +241,13 @@ class ControlPlane:
             self.table.started = False
             self.jobs.wake_all()
 
+    def has_work(self) -> bool:
+        """Whether a job is pending or running (or a batch has chunks to go): the server is not idle."""
+        return bool(self.table.active) or self.batches.has_work()
+
     def shutdown(self) -> None:
         table = self.table
+        self._stopped.set()
         self.environments.shutdown()
         self.batches.close()  # the commit under way finishes; queued ones are redone on the next start
         with table.lock:
@@ -243,6 +266,39 @@ class ControlPlane:
             self.reports.close()
             self.unsaved.save(retry=False)
         self.jobs.wake_all()  # waiters get the job as it stands now rather than hanging until their timeout
+
+    def _recount_spend(self) -> None:
+        """Today's spend of the namespaces with a budget, from the jobs that ended today (lock held; "Budgets"); a
+        thread starts each UTC day afresh."""
+        if self.spend is None:
+            return
+        for namespace in self.spend.budgets:
+            for rec in self.store.list_jobs(
+                states=tuple(TERMINAL), job_type="run_function", limit=10**6, namespace=namespace
+            ):
+                if rec.finished_ms is not None and utc_day(rec.finished_ms) == self.spend.day:
+                    self.reports.note_spend(rec)
+        threading.Thread(target=self._roll_spend, name="lancefn-budgets", daemon=True).start()
+
+    def _roll_spend(self) -> None:
+        """At each UTC midnight the budgets start afresh and the namespaces' waiting jobs are placed."""
+        spend = self.spend
+        assert spend is not None
+        while not self._stopped.wait(BUDGET_CHECK_S):
+            with self.table.lock:
+                if spend.roll(now_ms()):
+                    self.table.scheduler.paused.clear()
+                    self.machine.dispatch(changed=True)
+
+    def _needs(self, namespace: str, name: str, version: str, gpu_class: str | None) -> tuple[float, int] | None:
+        """The host (CPU cores, memory bytes) a job of the version holds while it runs (``resource_request``;
+        docs/ARCHITECTURE.md, "Compute resources"); None: it asks for none. Cached: a version never changes."""
+        row = self.store.get_version(name, version, namespace)
+        spec = self.classes.get(gpu_class)
+        if row is None or spec is None:
+            return None
+        request = resource_request(stored_version(row.definition).runtime.resources, spec.gpu_class)
+        return (request.cpu or 0.0, request.memory or 0) if request else None
 
     def _warm_devices(self, owner: Any) -> list[tuple[str, ...]]:
         """The scheduler's warm lookup (docs/ARCHITECTURE.md, "Warm state"): the device sets whose

@@ -40,6 +40,8 @@ from pydantic import (
     model_validator,
 )
 
+from lancefn_jupyter.wire.quantities import cpu_cores, memory_bytes
+
 __all__ = [
     "ENV_NAME_PATTERN",
     "MAX_TIMEOUT_S",
@@ -65,6 +67,7 @@ __all__ = [
     # jobs and GPU classes
     "JobState",
     "JobTimings",
+    "JobUsage",
     "PythonAdapterSpec",
     "PythonEnvironmentSpec",
     "PythonRuntimeSpec",
@@ -220,6 +223,16 @@ def valid_num_gpus(value: Any) -> int:
     return value
 
 
+def _cpu_quantity(text: str) -> str:
+    cpu_cores(text)  # the ValueError says how to write it
+    return text
+
+
+def _memory_quantity(text: str) -> str:
+    memory_bytes(text)
+    return text
+
+
 _Name = Annotated[
     StrictStr, _pattern(NAME_PATTERN, "letters, digits, '_', '.', '-', starting with a letter or '_'", "my_function")
 ]
@@ -275,6 +288,11 @@ class FunctionResourceRequirements(WireModel):
     num_gpus: Annotated[int, BeforeValidator(valid_num_gpus)]
     # Pins the operator-configured GPU class; omitted means the server's default.
     gpu_class: _Name | None = None
+    # Host CPU cores and memory one worker of the version is given and held to, as Kubernetes quantities ("4",
+    # "500m"; "16Gi"); omitted: the class's default (docs/ARCHITECTURE.md, "Compute resources"). Absent when not
+    # asked, so the ids of versions registered before are unchanged.
+    cpu: Annotated[StrictStr, AfterValidator(_cpu_quantity)] | None = None
+    memory: Annotated[StrictStr, AfterValidator(_memory_quantity)] | None = None
 
 
 class PythonEnvironmentSpec(WireModel):
@@ -627,6 +645,7 @@ class JobFailure(WireModel):
         "timeout",
         "server_restart",
         "executor",
+        "resources",  # the worker used more than its version's memory= ("Compute resources")
     ]
     message: StrictStr
     retryable: StrictBool = False
@@ -675,6 +694,7 @@ class Job(WireModel):
     result_format: _Text | None = None
     result_summary: _JSON = None
     timings: JobTimings | None = None  # once the job ended on a worker (servers before issue 24: absent)
+    usage: JobUsage | None = None  # once a job that ran has ended ("Cost")
 
 
 class GpuClass(WireModel):
@@ -688,6 +708,31 @@ class GpuClass(WireModel):
     node_selector: TextMap = Field(default_factory=dict)
     tolerations: tuple[_FrozenJSONObject, ...] = ()
     simulated: StrictBool = False
+    # Host CPU cores and memory (docs/ARCHITECTURE.md, "Compute resources"): one GPU's share (a version that asks for
+    # none gets its GPUs' share), and the class's node totals (what its workers hold together at most); None: not
+    # configured.
+    cpu_per_gpu: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    memory_bytes_per_gpu: Annotated[int, Field(gt=0)] | None = None
+    node_cpu: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    node_memory_bytes: Annotated[int, Field(gt=0)] | None = None
+    # What an hour of one GPU / one CPU core of the class costs, in ``currency`` (docs/ARCHITECTURE.md, "Cost").
+    price_per_gpu_hour: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    price_per_cpu_hour: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    currency: _Text = "USD"
+
+
+class JobUsage(WireModel):
+    """What an ended job held (docs/ARCHITECTURE.md, "Cost"): seconds of its worker, GPU- and CPU-seconds, and its cost
+    where its class has prices."""
+
+    held_s: _Millis = 0.0
+    gpu_seconds: _Millis = 0.0
+    cpu_seconds: _Millis = 0.0
+    cost: _Millis | None = None
+    currency: StrictStr | None = None
+    # On a real GPU, sampled through NVML while it ran: its worker's peak GPU memory, the GPUs' mean utilisation.
+    gpu_memory_peak_bytes: _Millis | None = None
+    gpu_util_mean_pct: _Millis | None = None
 
 
 class GpuUsage(WireModel):

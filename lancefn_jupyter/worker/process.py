@@ -23,7 +23,7 @@ import orjson
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
 from lancefn_jupyter.wire.jsontext import loads
-from lancefn_jupyter.worker import reap
+from lancefn_jupyter.worker import limits, reap
 from lancefn_jupyter.worker.protocol import (
     FINAL_EVENTS,
     LINE_MAX_BYTES,
@@ -320,6 +320,10 @@ class WorkerProcess:
         self._cgroup = reap.worker_cgroup(self.process.pid) if contain else None  # before it runs any job
         # Its cgroup's process list, kept open: one read after each task finds what its job left (``strays``).
         self._procs = reap.open_procs(self._cgroup)
+        # Its version's CPU and memory, once held to them (:meth:`hold`); whether the kernel killed it past its
+        # memory.max (read as it ends: docs/ARCHITECTURE.md, "Compute resources").
+        self.held: limits.Held | None = None
+        self.oom_killed = False
         try:
             ready = self._read_event()
         except ProtocolError:
@@ -432,6 +436,18 @@ class WorkerProcess:
         False without a cgroup (docs/ARCHITECTURE.md, "Job processes")."""
         return self._procs is not None and reap.others_in(self._procs, self.pid)
 
+    def hold(self, cpu: float | None, memory: int | None) -> None:
+        """Hold the idle worker to ``cpu`` cores and ``memory`` bytes from now on (``worker/limits.py``)."""
+        self.held = limits.hold(self.pid, self._cgroup, cpu, memory)
+
+    def memory_used(self) -> int:
+        """Resident bytes of the worker and what its job started (in its cgroup)."""
+        return limits.memory_used(self.pid, self._cgroup)
+
+    def memory_peak(self) -> int:
+        """The most resident bytes the worker held (its high water mark)."""
+        return limits.peak_rss(self.pid)
+
     def end_strays(self) -> bool:
         """Kill what :meth:`strays` found, keeping the worker: it moves to a fresh cgroup of its own and the old one is
         killed whole (no pid race, forks included). False when that could not be done: the worker must be killed."""
@@ -443,6 +459,8 @@ class WorkerProcess:
                 return False
             reap.close_procs(self._procs)
             self._cgroup, self._procs = fresh, reap.open_procs(fresh)
+            if self.held is not None:  # the fresh cgroup holds it as the old one did
+                self.hold(self.held.cpu, self.held.memory)
             return True
 
     def wait(self) -> int:
@@ -470,6 +488,8 @@ class WorkerProcess:
                     except subprocess.TimeoutExpired:
                         continue
                 self.process.wait()
+            if self.held is not None and self.held.kernel_memory:
+                self.oom_killed = self.oom_killed or limits.oom_killed(self._cgroup)
             reap.end_cgroup(self._cgroup)  # what it left (a crashed worker's detached processes) ends with it
             reap.close_procs(self._procs)
             self._cgroup, self._procs = None, None

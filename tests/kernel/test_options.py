@@ -122,7 +122,9 @@ def test_resources_without_gpu_class_keep_seed_bytes():
         ("num_gpus=1 num_gpus=2", "num_gpus", "keep one of them"),
         ("num_gpu=2", "num_gpu", "did you mean num_gpus?"),
         ("gpuclass=a", "gpuclass", "did you mean gpu_class?"),
-        ("zzz=1", "zzz", "valid options: batched, conda, conda_channels, env, gpu_class"),
+        ("cpu=2x", "cpu='2x'", "write cpu=4, cpu=0.5 or cpu=500m"),
+        ("memory=16GB", "memory='16GB'", "write memory=16Gi"),
+        ("zzz=1", "zzz", "valid options: batched, conda, conda_channels, cpu, env, gpu_class"),
         ("gpu", "gpu", "write options like num_gpus=1"),
         ("gpu_class='a b'", "gpu_class", "write gpu_class=default"),
         ("gpu_class=", "gpu_class", "write gpu_class=default"),
@@ -378,6 +380,8 @@ def test_every_field_is_an_option():
     values = {
         "num_gpus": "2",
         "gpu_class": "c",
+        "cpu": "500m",
+        "memory": "16Gi",
         "name": "n",
         "pip": "p",
         "conda": "",
@@ -399,6 +403,8 @@ def test_every_field_is_an_option():
     options = parse(line, p=ComputeProfile(name="p"))
     assert options.num_gpus == 2 and options.image == "i" and options.timeout_s == 1.0
     assert options.include == ("mylib.py",) and options.batched is True
+    assert (options.cpu, options.memory) == ("500m", "16Gi")
+    assert options.resources().to_wire() == {"num_gpus": 2, "gpu_class": "c", "cpu": "500m", "memory": "16Gi"}
     assert parse("include=a.py include=pkg").include == ("a.py", "pkg")  # repeatable
     assert build_options(include=["a.py"]).include == ("a.py",)
 

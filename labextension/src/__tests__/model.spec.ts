@@ -296,6 +296,18 @@ describe('GPU classes', () => {
     });
   });
 
+  it('shows host CPU and memory next to GPUs, as the kernel does', () => {
+    const rows = classRows(
+      [
+        { name: 'a', cpu_per_gpu: 1, memory_bytes_per_gpu: 2 * 2 ** 30 },
+        { name: 'b', node_cpu: 2, node_memory_bytes: 25276190720 },
+        { name: 'c' }
+      ],
+      new Map()
+    );
+    expect(rows.map(r => r.host)).toEqual(['1 CPU + 2 GiB per GPU', 'node 2 CPUs, 24 GiB', '']);
+  });
+
   it('treats zero or missing memory as not reported', () => {
     expect(
       classRows([{ name: 'sim', gpu_memory_bytes: 0 }, { name: 'x' }], new Map()).map(r => r.memory)

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { formatMs, jobTimingsText, timingsBreakdown, timingsText } from '../timings';
+import { formatMoney, formatMs, jobTimingsText, timingsBreakdown, timingsText } from '../timings';
 import { IJob, IJobTimings } from '../wire';
 
 // Shared with the kernel's formatter (tests/kernel/widgets/test_timings.py): both must say the same.
@@ -40,5 +40,34 @@ describe('cold or warm', () => {
 
   it.each(cases.breakdown as [IJobTimings, string][])('tooltip of %j', (timings, text) => {
     expect(timingsBreakdown(timings)).toBe(text);
+  });
+});
+
+describe('cost', () => {
+  it('says money as the kernel does', () => {
+    expect(formatMoney(0.0213)).toBe('$0.021');
+    expect(formatMoney(12.5, 'EUR')).toBe('€12.50');
+    expect(formatMoney(3, 'CHF')).toBe('3.00 CHF');
+    expect(formatMoney(0.004)).toBe('$0.004');
+  });
+
+  it("follows a priced job's timings, and is absent without prices", () => {
+    const timed = job({
+      queued_ms: 0,
+      start_ms: 0,
+      environment_ms: 0,
+      setup_ms: 0,
+      run_ms: 41000,
+      cold: false
+    });
+    expect(
+      jobTimingsText(
+        { ...timed, usage: { held_s: 41, cost: 0.021, currency: 'USD' } },
+        { run: true }
+      )
+    ).toBe('warm, ran 41.0 s · $0.021');
+    expect(jobTimingsText({ ...timed, usage: { held_s: 41 } }, { run: true })).toBe(
+      'warm, ran 41.0 s'
+    );
   });
 });

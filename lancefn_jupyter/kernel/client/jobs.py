@@ -42,6 +42,11 @@ class JobsResource:
                 body[key] = value
         return [Job.from_wire(item) for item in self._t.post("/v1/jobs/list", body)["jobs"]]
 
+    def usage(self, by: str = "namespace", since: str | None = None) -> dict:
+        """``GET /v1/jobs/usage``: ended jobs' GPU- and CPU-seconds and cost summed ``by`` namespace, version, class, day or
+        batch, ``since`` a span (``7d``) or a date (docs/ARCHITECTURE.md, "Cost")."""
+        return self._t.get("/v1/jobs/usage", params={"by": by, **({"since": since} if since else {})})
+
     def cancel(self, job_id: str) -> bool:
         return bool(self._t.post("/v1/jobs/cancel", {"job_id": job_id})["cancelled"])
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from lancefn_jupyter.wire.models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_state
 
@@ -29,6 +30,7 @@ __all__ = [
     "result_text",
     "state_badge_html",
     "usage_line",
+    "usage_table",
     "versions_table",
 ]
 
@@ -205,6 +207,37 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, title
     return "\n".join(lines), markup
 
 
+def host_resources(gpu: GpuClass) -> str:
+    """A class's host CPU and memory ("Compute resources"): one GPU's share and the node's totals, as configured."""
+    parts = []
+    if gpu.cpu_per_gpu is not None or gpu.memory_bytes_per_gpu is not None:
+        share = [f"{gpu.cpu_per_gpu:g} CPU" if gpu.cpu_per_gpu is not None else ""]
+        share.append(format_bytes(gpu.memory_bytes_per_gpu) if gpu.memory_bytes_per_gpu is not None else "")
+        parts.append(" + ".join(part for part in share if part) + " per GPU")
+    if gpu.node_cpu is not None or gpu.node_memory_bytes is not None:
+        node = [f"{gpu.node_cpu:g} CPUs" if gpu.node_cpu is not None else ""]
+        node.append(format_bytes(gpu.node_memory_bytes) if gpu.node_memory_bytes is not None else "")
+        parts.append("node " + ", ".join(part for part in node if part))
+    return "; ".join(parts) or "-"
+
+
+def usage_table(rows: Iterable[Mapping[str, Any]], by: str) -> tuple[str, str]:
+    """``%gpu_usage``: per group, jobs, GPU- and CPU-hours held and the cost (docs/ARCHITECTURE.md, "Cost")."""
+    from lancefn_jupyter.kernel.display.timings import format_money
+
+    table = [
+        [
+            str(row["key"]),
+            str(row["jobs"]),
+            f"{row['gpu_seconds'] / 3600:.3g}",
+            f"{row['cpu_seconds'] / 3600:.3g}",
+            format_money(row["cost"], row.get("currency") or "USD") if "cost" in row else "-",
+        ]
+        for row in rows
+    ]
+    return render_table([by, "jobs", "GPU-hours", "CPU-hours", "cost"], table, title=f"GPU usage by {by}")
+
+
 def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = ()) -> tuple[str, str]:
     by_name = {u.name: u for u in usage}
     rows = []
@@ -221,6 +254,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
                 str(u.gpus_busy) if u else "?",
                 f"{u.gpus_total - u.gpus_busy}/{u.gpus_total}" if u else "?",
                 f"{u.jobs_running}/{u.jobs_pending}" if u else "?",
+                host_resources(gpu),
             ]
         )
     return render_table(
@@ -234,6 +268,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
             "busy",
             "free/total",
             "running/pending",
+            "CPU, memory",
         ],
         rows,
         title="GPU classes",
@@ -297,6 +332,8 @@ def function_card(
     gpu_class: str | None,
     environment: str,
     hardware: GpuClass | None,
+    cpu: str | None = None,
+    memory: str | None = None,
     note: str = "",
     entry: str = "",
     left_out: str = "",
@@ -317,7 +354,11 @@ def function_card(
         ("version", version or "(not registered)"),
         ("digest", digest[:19]),
         ("runtime", runtime_kind),
-        ("resources", f"{num_gpus} GPU{'s' if num_gpus != 1 else ''} of class {gpu_class or 'default'}"),
+        (
+            "resources",
+            f"{num_gpus} GPU{'s' if num_gpus != 1 else ''} of class {gpu_class or 'default'}"
+            + "".join(f", {key}={value}" for key, value in (("cpu", cpu), ("memory", memory)) if value),
+        ),
         ("environment", environment),
         ("hardware", hw),
     ]

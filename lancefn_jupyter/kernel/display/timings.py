@@ -16,7 +16,9 @@ from typing import Any
 
 from lancefn_jupyter.wire.models import JobTimings
 
-__all__ = ["format_ms", "job_timings_text", "timings_breakdown", "timings_text"]
+__all__ = ["format_money", "format_ms", "job_timings_text", "timings_breakdown", "timings_text"]
+
+_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£"}
 
 
 # (unit, milliseconds per tenth of it): a duration is said in the first unit it is under 60.0 of.
@@ -83,6 +85,24 @@ def timings_breakdown(timings: JobTimings | None) -> str:
     )
 
 
+def format_money(amount: float, currency: str = "USD") -> str:
+    """``0.0213, "USD"`` → ``"$0.021"``, ``12.5, "EUR"`` → ``"€12.50"``, ``3, "CHF"`` → ``"3.00 CHF"``."""
+    text = f"{amount:.2f}" if amount >= 1 or amount == 0 else f"{amount:.2g}" if amount >= 0.01 else f"{amount:.1g}"
+    symbol = _SYMBOLS.get(currency)
+    return f"{symbol}{text}" if symbol else f"{text} {currency}"
+
+
 def job_timings_text(job: Any, *, run: bool = False) -> str:
-    """`timings_text` of a job's `timings` ("" for a job without, or a model from before timings)."""
-    return timings_text(getattr(job, "timings", None), run=run)
+    """`timings_text` of a job's `timings` ("" for a job without, or a model from before timings), and its cost where
+    its class has prices ("warm, ran 41 s · $0.02": docs/ARCHITECTURE.md, "Cost")."""
+    text = timings_text(getattr(job, "timings", None), run=run)
+    usage = getattr(job, "usage", None)
+    if usage is None:
+        return text
+    parts = [text] if text else []
+    if usage.cost is not None:
+        parts.append(format_money(usage.cost, usage.currency or "USD"))
+    if usage.gpu_memory_peak_bytes is not None:  # a real GPU's, sampled through NVML
+        peak = usage.gpu_memory_peak_bytes / 2**30
+        parts.append(f"GPU peak {peak:.1f} GiB, {usage.gpu_util_mean_pct or 0:.0f} % busy")
+    return " · ".join(parts)

@@ -11,6 +11,7 @@ Runs in the kernel; it takes the function as a `FunctionRef` (handles/base.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
@@ -154,6 +155,73 @@ def start_batch(
     )
     batch.reused_chunks = int(reply.get("reused_chunks", 0))
     return batch
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a ``map`` would take before it runs (``dry_run=True``): its rows and chunks, and from the version's ended
+    jobs (``GET /v1/jobs/usage``) its expected time and cost; ``based_on``: how many jobs that rests on (0: none yet,
+    no figures). docs/ARCHITECTURE.md, "Cost"."""
+
+    rows: int
+    chunks: int
+    at_once: int  # chunks that run at the same time
+    based_on: int = 0
+    expected_s: float | None = None
+    cost: float | None = None
+    currency: str | None = None
+
+    def __repr__(self) -> str:
+        from lancefn_jupyter.kernel.display.cards import format_elapsed
+        from lancefn_jupyter.kernel.display.timings import format_money
+
+        head = f"{self.rows:,} rows in {self.chunks} chunk{'s' if self.chunks != 1 else ''}, {self.at_once} at a time"
+        if self.expected_s is None:
+            return f"{head}: no estimate yet (no ended job of this version); run a few chunks first"
+        cost = f" and {format_money(self.cost, self.currency or 'USD')}" if self.cost is not None else ""
+        return f"{head}: about {format_elapsed(self.expected_s)}{cost}, from {self.based_on} earlier jobs"
+
+
+def estimate_batch(
+    function: FunctionRef, items: Any, *, parallel: Any = "auto", chunk_size: int | None = None
+) -> Estimate:
+    """A ``map``'s rows, chunks and expected time and cost, from the version's history, without running anything:
+    its chunks cut as :func:`start_batch` would, each taking the version's seconds (and cost) per row so far, as many at
+    a time as the batch would run."""
+    from lancefn_jupyter.kernel.session import current_client
+
+    window = check_parallel(parallel)
+    version = registered_version(function)
+    client = current_client()
+    slots = _slots(function, client, window)
+    cut_slots = slots if chunk_size is None else 1  # as start_batch cuts it
+    bounds = chunking.cut(_count(items), chunk_size, slots=cut_slots, batched=function.signature.batched)
+    rows = bounds[-1][1]
+    at_once = max(1, min(slots, len(bounds)))
+    suffix = f"/{function.name}@{version.version}"  # the usage key: namespace/name@version
+    history = [row for row in client.jobs.usage("version")["rows"] if row["key"].endswith(suffix)]
+    if not history or not history[0]["rows"]:
+        return Estimate(rows, len(bounds), at_once)
+    past = history[0]
+    # Warm: the batch's chunks run on the workers its first ones start, so worker starts (in the history's held
+    # seconds, several for a few chunks) are left out of the rate per row.
+    warm = max(0.0, 1 - past.get("start_s", 0.0) / past["held_s"]) if past["held_s"] else 1.0
+    per_row_s = past["held_s"] * warm / past["rows"]
+    waves = -(-len(bounds) // at_once)
+    largest = max(end - start for start, end in bounds)
+    cost = past["cost"] * warm / past["rows"] * rows if "cost" in past else None
+    expected_s = waves * largest * per_row_s
+    return Estimate(rows, len(bounds), at_once, past["jobs"], expected_s, cost, past.get("currency"))
+
+
+def _count(items: Any) -> int:
+    """How many rows ``items`` holds (a sequence, a numpy array, an Arrow table or column)."""
+    if hasattr(items, "num_rows"):
+        return int(items.num_rows)
+    shape = getattr(items, "shape", None)
+    if shape:
+        return int(shape[0])
+    return len(items) if hasattr(items, "__len__") else len(list(items))
 
 
 class Batch(RecordHandle[BatchRecord]):

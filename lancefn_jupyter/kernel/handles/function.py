@@ -37,7 +37,7 @@ from lancefn_jupyter.kernel.session import class_hardware, current_client, profi
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionSignature, FunctionVersion
 
 if TYPE_CHECKING:
-    from lancefn_jupyter.kernel.handles.batch import Batch
+    from lancefn_jupyter.kernel.handles.batch import Batch, Estimate
     from lancefn_jupyter.kernel.handles.table_map import Backfill
     from lancefn_jupyter.wire.versions import VersionDiff
 
@@ -361,7 +361,9 @@ class GpuFunction:
         recompute: str = "missing",
         on_error: str = "fail",
         max_skip_fraction: float = 0.01,
-    ) -> Job | Batch | Backfill:
+        dry_run: bool = False,
+        estimate: bool = False,
+    ) -> Job | Batch | Backfill | Estimate:
         """Run the function over every item.
 
         `parallel=1, chunk_size=None` (the default): one job, one row per item (a `Job`).
@@ -369,7 +371,13 @@ class GpuFunction:
         over the class's GPUs (a `Batch`; docs/ARCHITECTURE.md, "Batches"). A LanceDB table with
         `into=` is a backfill the control plane runs (a `Backfill` with `where`, `recompute`, `on_error`,
         `max_skip_fraction`; docs/ARCHITECTURE.md, "Backfills"); without `into`, a map over `column`.
+        `dry_run=True` (or `estimate=True`): nothing runs; an `Estimate` of its rows, chunks, expected time and cost
+        from the version's ended jobs (docs/ARCHITECTURE.md, "Cost").
         """
+        if dry_run or estimate:
+            from lancefn_jupyter.kernel.handles.batch import estimate_batch
+
+            return estimate_batch(self, items, parallel="auto" if parallel == 1 else parallel, chunk_size=chunk_size)
         batch_options: dict[str, Any] = {
             "parallel": parallel,
             "chunk_size": chunk_size,
@@ -481,6 +489,8 @@ class GpuFunction:
             runtime_kind=runtime.kind,
             num_gpus=resources.num_gpus if resources else 0,
             gpu_class=resources.gpu_class if resources else None,
+            cpu=resources.cpu if resources else None,
+            memory=resources.memory if resources else None,
             environment=environment,
             hardware=class_hardware(resources.gpu_class if resources else None) if version is not None else None,
             note=note,
@@ -598,6 +608,8 @@ def gpu_function(
     *,
     num_gpus: int | None = None,
     gpu_class: str | None = None,
+    cpu: float | str | None = None,
+    memory: int | str | None = None,
     name: str | None = None,
     pip: Iterable[str] | str = (),
     conda: Iterable[str] | str = (),

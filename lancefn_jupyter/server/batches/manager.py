@@ -527,6 +527,10 @@ class BatchManager:
         self._recovered = True
         self.commits.start()
 
+    def has_work(self) -> bool:
+        """Whether a batch is active (chunks to run or running): the server is not idle ("Embedded server idle exit")."""
+        return bool(self._batches)
+
     def close(self) -> None:
         """Stop the committer (commits waiting for chunks give up; one writing finishes)."""
         self.commits.stop()

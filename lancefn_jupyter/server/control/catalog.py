@@ -26,9 +26,11 @@ from lancefn_jupyter.server.errors import ApiError, format_validation_error
 from lancefn_jupyter.server.executors.base import REDACTED
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
+from lancefn_jupyter.server.policy.resources import request_problem, resource_request
 from lancefn_jupyter.server.storage.store import JobRecord, Store, VersionRow
 from lancefn_jupyter.wire.models import (
     FunctionRegistrationRequest,
+    FunctionResourceRequirements,
     FunctionVersion,
     decode_artifact,
     derive_version,
@@ -182,6 +184,7 @@ class FunctionCatalog:
         runtime = request.runtime
         if runtime.resources is not None:
             self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
+            self._check_resources(runtime.resources)
         vid = version_id(request, self.digest_key)
         warnings = self._environment_warnings(request)
         with self.lock:
@@ -313,6 +316,15 @@ class FunctionCatalog:
         spec = self.classes.get(gpu_class)
         assert spec is not None  # capacity_problem found the class
         return Placement(spec.name, num_gpus, spec.simulated)
+
+    def _check_resources(self, resources: FunctionResourceRequirements) -> None:
+        """A version asking for more CPU or memory than a worker of its class can ever have is refused (a 400 naming
+        the limit: docs/ARCHITECTURE.md, "Compute resources")."""
+        spec = self.classes.get(resources.gpu_class)
+        if spec is not None:
+            problem = request_problem(resource_request(resources, spec.gpu_class), spec.gpu_class)
+            if problem:
+                raise ApiError(400, problem)
 
     def capacity_problem(self, gpu_class: str | None, num_gpus: int) -> str | None:
         spec = self.classes.get(gpu_class)

@@ -46,6 +46,7 @@ from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.executors.base import TaskSpec, redact_env
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.limits import Limits
+from lancefn_jupyter.server.policy.resources import resource_request
 from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.wire import dataplane
@@ -152,6 +153,7 @@ class JobMachine:
         if state == DONE:
             rec.failure = None
             self.reports.note_run_time(rec)
+        self.reports.note_spend(rec)  # its namespace's daily budget ("Budgets")
         had_devices = self.table.drop(rec.job_id) or bool(rec.devices)
         if rec.spec.get("rows_format") == "arrow":  # the rows file is done with; JSON rows stay in SQLite
             self.data.remove_rows(self.store.get_rows(rec.job_id))
@@ -249,6 +251,7 @@ class JobMachine:
             environment=self.environments.request(rec),
             venv=self.environments.venv(rec.job_id),
             table_slice=None if table_slice is None else TableSlice.from_wire(table_slice),
+            resources=resource_request(runtime.resources, spec.gpu_class if spec else None),
         )
 
     def _task_data(self, rec: JobRecord, fv: FunctionVersion, rows: Any) -> TaskData:

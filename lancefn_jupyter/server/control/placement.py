@@ -11,6 +11,7 @@ executor that queues, it is launched at once and stays PENDING until the executo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,6 +20,9 @@ from lancefn_jupyter.server.control.states import IN_PROGRESS
 from lancefn_jupyter.server.executors.base import Executor, InlineRun
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.storage.store import JobRecord
+
+# (namespace, name, version, gpu_class) → the host (CPU cores, memory bytes) its job holds while it runs, or None.
+Needs = Callable[[str, str, str, str | None], "tuple[float, int] | None"]
 
 
 def owner(rec: JobRecord) -> tuple[str, str, str] | None:
@@ -100,8 +104,16 @@ class SchedulerPlacement(PlacementStrategy):
     event_with_insert = False
     has_queue = True
 
+    def __init__(self, table: JobTable, needs: Needs | None = None) -> None:
+        super().__init__(table)
+        self.needs = needs
+
     def enqueue(self, rec: JobRecord) -> None:
-        self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, owner(rec), rec.namespace)
+        who = owner(rec)
+        needs = None
+        if self.needs is not None and who is not None and rec.num_gpus:  # "Compute resources"
+            needs = self.needs(*who, rec.gpu_class)
+        self.table.scheduler.enqueue(rec.job_id, rec.gpu_class, rec.num_gpus, who, rec.namespace, needs)
 
     def place_new(self, machine: Launcher, new: NewJob) -> bool:
         machine.dispatch(changed=new.rec.num_gpus > 0, new=new)
@@ -196,9 +208,11 @@ class ExecutorPlacement(PlacementStrategy):
             placement["pending_reason"] = reason
 
 
-def placement_for(table: JobTable, executor: Executor | None, classes: GpuClassConfig) -> PlacementStrategy:
+def placement_for(
+    table: JobTable, executor: Executor | None, classes: GpuClassConfig, needs: Needs | None = None
+) -> PlacementStrategy:
     """The strategy for ``executor`` (``plane.py``): the executor's queue when it queues jobs itself, else the
     scheduler's."""
     if executor is not None and executor.owns_queue:
         return ExecutorPlacement(table, classes)
-    return SchedulerPlacement(table)
+    return SchedulerPlacement(table, needs)

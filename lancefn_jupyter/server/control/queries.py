@@ -15,6 +15,7 @@ from lancefn_jupyter.server.control.states import PENDING, TERMINAL
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
 from lancefn_jupyter.server.control.waiters import Waiters
 from lancefn_jupyter.server.errors import ApiError
+from lancefn_jupyter.server.policy.costs import BY, sum_usage, usage_key
 from lancefn_jupyter.server.policy.namespaces import visible
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 
@@ -26,6 +27,24 @@ class JobQueries:
         self.table, self.store, self.unsaved, self.reports = table, store, unsaved, reports
         self.waiters = Waiters(table.lock)
         self._recent: OrderedDict[str, JobRecord] = OrderedDict()  # stored already; the same objects
+
+    def usage(self, by: str, since: int | None, scope: str | None) -> dict:
+        """The ended jobs' usage and cost summed ``by`` namespace, version, class, day or batch, since epoch ms
+        ``since`` (docs/ARCHITECTURE.md, "Cost"); ``scope``: the caller's namespace (None: the admin, every one)."""
+        if by not in BY:
+            raise ApiError(400, f"by={by!r} is not one of {', '.join(BY)}; write by=namespace")
+        items = []
+        for rec in self.store.list_jobs(states=tuple(TERMINAL), job_type="run_function", limit=10**9, namespace=scope):
+            if rec.finished_ms is None or (since is not None and rec.finished_ms < since):
+                continue
+            usage = self.reports.job_usage(rec)
+            if usage is not None:
+                key = usage_key(
+                    by, namespace=rec.namespace, spec=rec.spec, gpu_class=rec.gpu_class, finished_ms=rec.finished_ms
+                )
+                start_s = float((rec.timings or {}).get("start_ms") or 0.0) / 1000
+                items.append((key, {**usage, "rows": rec.rows_total or 0, "start_s": start_s}))
+        return {"by": by, "since_ms": since, "rows": sum_usage(items)}
 
     def finished(self, rec: JobRecord) -> None:
         """``rec`` just finished (and was saved): reads find it here for a while (lock held)."""

@@ -10,9 +10,11 @@ from typing import Any
 
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.jobtable import JobTable
-from lancefn_jupyter.server.control.placement import PlacementStrategy
+from lancefn_jupyter.server.control.placement import Needs, PlacementStrategy
 from lancefn_jupyter.server.control.states import PENDING, now_ms
 from lancefn_jupyter.server.encoding import dumps
+from lancefn_jupyter.server.policy.budgets import Spend
+from lancefn_jupyter.server.policy.costs import GPU_STATS, held_seconds, job_usage
 from lancefn_jupyter.server.policy.estimates import QueueEstimator, warm_run_ms
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import queue_view
@@ -23,8 +25,19 @@ QUEUE_ESTIMATES_INTERVAL_S = 0.25  # `queue` events carry expected starts at mos
 
 
 class Reports:
-    def __init__(self, table: JobTable, *, classes: GpuClassConfig, bus: EventBus, placement: PlacementStrategy):
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        classes: GpuClassConfig,
+        bus: EventBus,
+        placement: PlacementStrategy,
+        needs: Needs | None = None,
+        spend: Spend | None = None,
+    ):
         self.table, self.classes, self.bus, self.placement = table, classes, bus, placement
+        self.needs = needs  # a version's host (CPU, memory) request ("Compute resources"), for CPU-seconds
+        self.spend = spend  # the namespaces' daily budgets and what they spent today ("Budgets"); None: no budgets
         self.estimator = QueueEstimator()  # pending jobs' expected start, from recent run times
         self._estimates_sent = 0.0  # monotonic time of the last `queue` event that carried them
         self._estimates_timer: threading.Timer | None = None
@@ -54,6 +67,9 @@ class Reports:
             if position is not None:
                 placement["waiting_on_capacity"] = True
                 placement["queue_position"] = position
+                reason = table.scheduler.waiting_for(rec.job_id)  # CPU or memory ("Compute resources")
+                if reason is not None:
+                    placement["pending_reason"] = reason
                 if rec.num_gpus:
                     at, uncertain = self.start_estimate(rec.job_id)
                     placement["expected_start_ms"], placement["expected_start_uncertain"] = at, uncertain
@@ -92,7 +108,41 @@ class Reports:
             wire["failure"] = rec.failure
         if rec.timings is not None:
             wire["timings"] = rec.timings
+        if rec.finished_ms is not None and rec.started_ms is not None:
+            usage = self.job_usage(rec)
+            if usage is not None:
+                wire["usage"] = usage
         return wire
+
+    def note_spend(self, rec: JobRecord) -> None:
+        """An ended job counts against its namespace's daily budget; past it, the namespace's queued jobs wait (lock
+        held; docs/ARCHITECTURE.md, "Budgets")."""
+        spend = self.spend
+        if spend is None or rec.namespace not in spend.budgets or rec.finished_ms is None:
+            return
+        usage = self.job_usage(rec)
+        if usage is not None:
+            spend.add(rec.namespace, usage, rec.finished_ms)
+            reason = spend.over(rec.namespace, now_ms())
+            if reason is not None:
+                self.table.scheduler.paused[rec.namespace] = reason
+
+    def job_usage(self, rec: JobRecord) -> dict[str, Any] | None:
+        """What an ended job held and cost (docs/ARCHITECTURE.md, "Cost"); None for a job that never ran."""
+        held = held_seconds(rec.started_ms, rec.finished_ms, rec.timings)
+        if held is None or rec.job_type != "run_function":
+            return None
+        need = None
+        if self.needs is not None:
+            need = self.needs(rec.namespace, rec.spec.get("name", ""), rec.spec.get("version", ""), rec.gpu_class)
+        cpu = need[0] if need is not None else (0.0 if rec.num_gpus else 1.0)  # a CPU function: one core
+        spec = self.classes.get(rec.gpu_class)  # a CPU function: the default class's prices
+        usage = job_usage(held, rec.num_gpus or 0, cpu, spec.gpu_class if spec is not None else None)
+        timings = rec.timings or {}
+        for field in GPU_STATS:  # sampled on a real GPU (worker/gpustats.py), kept with its timings
+            if field in timings:
+                usage[field] = timings[field]
+        return usage
 
     def note_run_time(self, rec: JobRecord) -> None:
         if (

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lancefn_jupyter.server.policy.resources import NO_REQUEST, ResourceRequest
 from lancefn_jupyter.wire.task_models import TaskData  # an empty one is the default
 
 if TYPE_CHECKING:  # avoid importing pydantic models just to type-annotate the interface
@@ -82,6 +83,8 @@ class TaskSpec:
     # ``timeout_s`` is the server's maximum job run time (``--max-job-run-s``), not one the job asked for: its
     # TIMED_OUT message names the flag (docs/ARCHITECTURE.md, "Scheduling").
     timeout_limit: bool = False
+    # The host CPU and memory its worker is given and held to (docs/ARCHITECTURE.md, "Compute resources").
+    resources: ResourceRequest = NO_REQUEST
 
     @property
     def rows_total(self) -> int:

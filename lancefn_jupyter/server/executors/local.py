@@ -82,8 +82,11 @@ from lancefn_jupyter.server.executors.loop_follow import LoopFollow
 from lancefn_jupyter.server.executors.relay import event_problem, failure_of, relay, worker_task
 from lancefn_jupyter.server.executors.uids import WorkerUids, uid_user
 from lancefn_jupyter.server.policy.limits import timed_out_message
+from lancefn_jupyter.server.policy.resources import ResourceRequest
 from lancefn_jupyter.wire.models import JobFailure
+from lancefn_jupyter.wire.quantities import format_bytes
 from lancefn_jupyter.worker import reap
+from lancefn_jupyter.worker.gpustats import GpuSampler
 from lancefn_jupyter.worker.process import (
     ProtocolError,
     WorkerProcess,
@@ -164,6 +167,10 @@ def _worker_env(key: _Key, user: WorkerUser | None, *, threads: int, spare: bool
     return env
 
 
+def _memory_message(used: int, request: ResourceRequest) -> str:
+    return f"used {format_bytes(used)} of {request.memory_text}; raise memory= or process less per call"
+
+
 _LATER = object()  # a followed run that has not ended by its deadline
 # The largest artifact whose task the event loop sends itself (``_follow_on_loop``): base64 and a body's rows, the
 # task line stays within a pipe's 64 KiB, which an idle worker's pipe has free.
@@ -189,6 +196,8 @@ class _Run:
     deadline: float | None = None  # the server's maximum run time (monotonic), from the send: ``_watch_running``
     follower: LoopFollow | None = None  # the event loop's, once it followed it (``_follow_on_loop``)
     loop_reports: int = 0  # logs and progress the loop reported (``LOOP_REPORTS`` at most)
+    memory_used: int = 0  # what its worker was found holding past its memory= ("Compute resources")
+    gpu_stats: GpuSampler | None = None  # its real GPUs' memory and utilisation, sampled while it runs ("Cost")
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)  # set once its worker is reaped or pooled
 
@@ -443,6 +452,7 @@ class LocalExecutor(Executor):
         """The run is over: its worker is pooled or reaped."""
         if run.timer is not None:
             run.timer.cancel()
+        self._gpu_stats(run)  # a run that ended without an outcome: its sampling ends too
         with self._lock:
             self._runs.pop(run.task.job_id, None)
         run.done.set()
@@ -481,7 +491,11 @@ class LocalExecutor(Executor):
     def _conclude(self, run: _Run, worker: WorkerProcess, final: dict, leftover: str | None = None) -> None:
         """Report the run's ``result``/``failed`` event, its worker pooled first (or stopped, after the report);
         ``leftover``: why the worker must not serve again, found by :meth:`_end_strays`."""
-        final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0}
+        final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0, **self._gpu_stats(run)}
+        over = self._over_memory(run, worker)
+        if over is not None:  # it went past its memory= between two looks: the job fails, the worker goes
+            final = {"event": "failed", "phase": "resources", "message": over, "timings": final["timings"]}
+            leftover = leftover or "it used more memory than its memory="
         retire = leftover or self._retire_reason(final)
         if retire is None:
             self._release(run.key, worker)  # pooled before reporting, so the next job can reuse it
@@ -523,6 +537,22 @@ class LocalExecutor(Executor):
                 )
             return False
         return True
+
+    @staticmethod
+    def _gpu_stats(run: _Run) -> dict[str, float]:
+        """What its real GPUs did while the run ran (empty without NVML or a real GPU); the sampling ends."""
+        stats, run.gpu_stats = run.gpu_stats, None
+        return stats.stop() if stats is not None else {}
+
+    @staticmethod
+    def _over_memory(run: _Run, worker: WorkerProcess) -> str | None:
+        """The phase-``resources`` message of a run whose worker held more than its ``memory=`` (its high water mark,
+        or what the watch found), else None ("Compute resources")."""
+        request = run.task.resources
+        if request.memory is None or (worker.held is not None and worker.held.kernel_memory):
+            return None  # unlimited, or held by the kernel (which kills it instead)
+        used = max(run.memory_used, worker.memory_peak())
+        return _memory_message(used, request) if used > request.memory else None
 
     def _retire_reason(self, final: dict) -> str | None:
         """Why the worker that sent ``final`` must not serve another job, if it must not."""
@@ -569,6 +599,12 @@ class LocalExecutor(Executor):
             run.timer = threading.Timer(task.timeout_s, self._stop, (run, "timeout"))
             run.timer.daemon = True
             run.timer.start()
+        if task.resources and worker.held is None:  # a fresh worker, taking on its version ("Compute resources")
+            worker.hold(task.resources.cpu, task.resources.memory)
+        if task.devices and not task.simulated:  # a real GPU: its peak memory and utilisation ("Cost")
+            run.gpu_stats = GpuSampler(worker.pid, task.devices)
+            if not run.gpu_stats.start():
+                run.gpu_stats = None
         # In place: a backfill chunk's slice is in its rows file by now (``_read_slice``).
         worker.start_task(worker_task(task, PLUGIN.ship(task.data.fields(), None)))
         # Reported once the worker has the task, so the job's start runs beside the worker's, not before it: its
@@ -662,7 +698,9 @@ class LocalExecutor(Executor):
         if event_problem(event, run.task.job_id) is not None:  # a task thread kills the worker, saying why
             return None
         if last and (
-            self._retire_reason(event) is not None
+            run.task.resources.memory is not None  # its memory is checked on a task thread ("Compute resources")
+            or run.gpu_stats is not None  # its GPU sampling is ended on a task thread ("Cost")
+            or self._retire_reason(event) is not None
             or not self._pools_now(run.key)
             or worker.more_buffered()  # maybe a second outcome, which a task thread refuses
             or worker.strays()  # processes of the job to kill first
@@ -710,6 +748,8 @@ class LocalExecutor(Executor):
         reap it before the core frees its devices, and say why."""
         task = run.task
         worker.kill(self._grace_s)
+        if worker.oom_killed:  # the kernel ended it at its memory.max ("Compute resources")
+            run.claim("resources")
         if error is not None and run.claim("refused"):
             log.warning("job %s failed in phase %s: %s", task.job_id, error.phase, error.message)
             self._callbacks.task_failed(
@@ -725,6 +765,13 @@ class LocalExecutor(Executor):
                     message=f"{describe_exit(worker.process.returncode)} while running {task.name}; "
                     "its output so far is in the job's logs",
                 ),
+                timings=self._start_timings(run),
+            )
+        elif run.outcome == "resources":
+            used = run.memory_used or task.resources.memory or 0
+            self._callbacks.task_failed(
+                task.job_id,
+                JobFailure(phase="resources", message=_memory_message(used, task.resources)),
                 timings=self._start_timings(run),
             )
         elif run.outcome == "stopped":
@@ -931,12 +978,25 @@ class LocalExecutor(Executor):
             for run in runs:
                 if run.deadline is not None and now >= run.deadline:
                     self._stop(run, "timeout")
+                self._watch_memory(run)
             stopped = {id(run): run for run in runs if run.worker is not None and not run.worker.usable()}
             for key, run in stopped.items():
                 if key in suspects and run.worker is not None and run.worker.alive():
                     log.warning("job %s: its worker %d is stopped; killing it", run.task.job_id, run.worker.pid)
                     self._stop(run, "stopped")
             suspects = set(stopped)
+
+    def _watch_memory(self, run: _Run) -> None:
+        """Without the kernel's ``memory.max``, a running job whose worker holds more than its ``memory=`` is
+        stopped, failing in phase ``resources`` ("Compute resources")."""
+        limit, worker = run.task.resources.memory, run.worker
+        if limit is None or worker is None or not run.sent or worker.held is None or worker.held.kernel_memory:
+            return
+        used = worker.memory_used()
+        if used > limit:
+            run.memory_used = used
+            log.info("job %s: its worker %d holds %d bytes, over its memory=", run.task.job_id, worker.pid, used)
+            self._stop(run, "resources")
 
     def _retire_idle(self) -> None:
         while not self._closed.wait(min(self._idle_timeout_s, 30.0)):

@@ -21,10 +21,15 @@ log = logging.getLogger("lancefn.server")
 # Spare workers (numpy and numba imported ahead of a job) start this long after the server, so a
 # notebook's first registration does not share the CPU with them (docs/ARCHITECTURE.md, "REST details").
 PREWARM_DELAY_S = 0.3
+# How long an idle warm worker waits for its version's next job before it retires (docs/ARCHITECTURE.md, "Warm state"):
+# a notebook's next cell usually comes within minutes; a session that ended should not hold a GPU's models for hours.
+DEFAULT_WORKER_IDLE_S = 600.0
+MAX_WORKER_IDLE_S = 7 * 86400.0
 # What ``create`` passes on to ``LocalExecutor`` when given (its tuning; the rest are its defaults).
 _TUNING = (
     "max_idle_workers",
     "max_idle_per_device_set",
+    "idle_timeout_s",
     "prewarm_delay_s",
     "worker_max_rss_mb",
     "worker_uids",
@@ -62,6 +67,13 @@ class LocalPlugin:
             help="local executor: idle warm workers kept in all (default 16)",
         )
         group.add_argument(
+            "--worker-idle-s",
+            type=float,
+            default=DEFAULT_WORKER_IDLE_S,
+            help="local executor: an idle warm worker retires (its teardown runs, its GPU memory and models are freed) "
+            f"after this many seconds unused (default {DEFAULT_WORKER_IDLE_S:g}: 10 minutes)",
+        )
+        group.add_argument(
             "--max-idle-per-device-set",
             type=int,
             default=4,
@@ -72,6 +84,11 @@ class LocalPlugin:
     def refuse(self, options: argparse.Namespace, chosen: str) -> str | None:
         if options.max_idle_workers < 0 or options.max_idle_per_device_set < 0:
             return "--max-idle-workers and --max-idle-per-device-set must be >= 0"
+        if not 0 < options.worker_idle_s <= MAX_WORKER_IDLE_S:
+            return (
+                f"--worker-idle-s must be a number of seconds > 0 and at most {MAX_WORKER_IDLE_S:g} "
+                f"(got {options.worker_idle_s:g}); leave it out for {DEFAULT_WORKER_IDLE_S:g}"
+            )
         max_procs = options.worker_max_procs
         if max_procs is not None and max_procs < 1:
             return f"--worker-max-procs must be a whole number >= 1 (got {max_procs}); leave it out for the default"
@@ -148,6 +165,7 @@ class LocalPlugin:
             worker_max_procs=max_procs,
             max_idle_workers=options.max_idle_workers,
             max_idle_per_device_set=options.max_idle_per_device_set,
+            idle_timeout_s=options.worker_idle_s,
             worker_max_rss_mb=options.worker_max_rss_mb,
             prewarm_delay_s=PREWARM_DELAY_S,
             environments=environments,

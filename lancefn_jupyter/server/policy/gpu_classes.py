@@ -30,6 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from lancefn_jupyter.server.errors import format_validation_error
 from lancefn_jupyter.wire.models import GpuClass
+from lancefn_jupyter.wire.quantities import memory_bytes
 
 __all__ = [
     "SIMULATED_GPU_MODEL",
@@ -172,6 +173,7 @@ def nvml_default(gpus: Sequence[tuple[str, str, int]]) -> GpuClassConfig:
         gpu_model=gpu_model,
         gpu_memory_bytes=min(memory for _, _, memory in gpus),
         max_gpu_count_per_worker=len(gpus),
+        **host_totals(),
     )
     return GpuClassConfig((ClassSpec(gpu_class, tuple(index for index, _, _ in gpus)),), "default", "nvml")
 
@@ -183,6 +185,7 @@ def simulated_default(count: int = SIMULATED_DEFAULT_COUNT) -> GpuClassConfig:
         gpu_memory_bytes=0,  # the simulator has no device memory of its own
         max_gpu_count_per_worker=count,
         simulated=True,
+        **host_totals(),
     )
     return GpuClassConfig((ClassSpec(gpu_class, _sim_ids(count)),), "default", "simulated")
 
@@ -251,6 +254,11 @@ _FIXES = {
     "gpu_memory_bytes": "it must be a whole number of bytes ≥ 0, e.g. 85899345920",
     "max_gpu_count_per_worker": "it must be a whole number ≥ 1",
     "node_selector": 'it must map strings to strings: write node_selector = { "label" = "value" }',
+    "cpu_per_gpu": "it must be a number of cores > 0, e.g. cpu_per_gpu = 8",
+    "node_cpu": "it must be a number of cores > 0, e.g. node_cpu = 64",
+    "price_per_gpu_hour": "it must be a number ≥ 0, e.g. price_per_gpu_hour = 2.5",
+    "price_per_cpu_hour": "it must be a number ≥ 0, e.g. price_per_cpu_hour = 0.04",
+    "currency": 'it must be a short code without spaces, e.g. currency = "EUR"',
     "tolerations": "it must be a list of tables: "
     'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]',
 }
@@ -275,6 +283,25 @@ def _devices(value: Any) -> tuple[str, ...]:
     return tuple(devices)
 
 
+def _memory(value: Any) -> int:
+    """A memory size: a whole number of bytes or a quantity (``"16Gi"``); the message goes after "field 'X' "."""
+    if type(value) is int and value > 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return memory_bytes(value)
+        except ValueError:
+            pass
+    raise ValueError(f'is {value!r}; write a quantity like "16Gi" or a whole number of bytes')
+
+
+def host_totals() -> dict[str, Any]:
+    """This machine's CPUs and memory, as a class's node totals (the default classes: docs/ARCHITECTURE.md, "GPU
+    class config")."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return {"node_cpu": os.cpu_count() or 1, **({"node_memory_bytes": memory} if memory > 0 else {})}
+
+
 class _ClassEntry(BaseModel):
     """One ``[[gpu_classes]]`` table as written; what one field's default depends on another's
     (simulated classes, a limit from the device count) is settled in :func:`_class_spec`."""
@@ -290,6 +317,15 @@ class _ClassEntry(BaseModel):
     max_gpu_count_per_worker: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
     node_selector: dict[str, str] = {}
     tolerations: Annotated[tuple[dict, ...], Field(strict=False)] = ()
+    # Host CPU and memory ("Compute resources"): one GPU's share, and the class's node totals.
+    cpu_per_gpu: Annotated[float | int, Field(gt=0)] | None = None
+    memory_per_gpu: Annotated[int, BeforeValidator(_memory)] | None = None
+    node_cpu: Annotated[float | int, Field(gt=0)] | None = None
+    node_memory: Annotated[int, BeforeValidator(_memory)] | None = None
+    # Prices ("Cost"): an hour of one GPU, of one CPU core, in the operator's currency.
+    price_per_gpu_hour: Annotated[float | int, Field(ge=0)] | None = None
+    price_per_cpu_hour: Annotated[float | int, Field(ge=0)] | None = None
+    currency: Annotated[str, StringConstraints(pattern=r"^\S{1,16}$")] = "USD"
 
 
 def _entry_problem(error: ValidationError, raw: dict[str, Any]) -> str:
@@ -369,6 +405,13 @@ def _class_spec(entry: _ClassEntry, where: str, rules: ClassRules | None) -> Cla
             gpu_memory_bytes=memory,
             max_gpu_count_per_worker=limit,
             simulated=simulated,
+            cpu_per_gpu=entry.cpu_per_gpu,
+            memory_bytes_per_gpu=entry.memory_per_gpu,
+            node_cpu=entry.node_cpu,
+            node_memory_bytes=entry.node_memory,
+            price_per_gpu_hour=entry.price_per_gpu_hour,
+            price_per_cpu_hour=entry.price_per_cpu_hour,
+            currency=entry.currency,
         )
     except ValidationError as error:  # e.g. nan inside tolerations
         raise ConfigError(f"{where}: field {format_validation_error(error)}; fix the value") from None

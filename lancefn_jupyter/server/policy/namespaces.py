@@ -22,12 +22,15 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
+from lancefn_jupyter.server.policy.budgets import Budget
+
 __all__ = [
     "ADMIN_NAME",
     "DEFAULT_NAMESPACE",
     "PRIVILEGES",
     "ApiKeyError",
     "Principal",
+    "budgets",
     "gpu_caps",
     "load_api_keys",
     "queue_view",
@@ -53,6 +56,9 @@ class Principal:
     privileges: frozenset[str]
     admin: bool = False
     max_gpus: int | None = None  # the namespace's cap on GPUs held at once, all classes together
+    # Its daily budget (docs/ARCHITECTURE.md, "Budgets"): GPU-hours and cost per UTC day.
+    max_gpu_hours_per_day: float | None = None
+    max_cost_per_day: float | None = None
 
     @property
     def scope(self) -> str | None:
@@ -113,6 +119,12 @@ def _max_gpus(value: Any) -> int | None:
     return value
 
 
+def _budget(value: Any) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ValueError("must be a number > 0 (per UTC day), e.g. max_gpu_hours_per_day = 24")
+    return None if value is None else float(value)
+
+
 def _admin(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError("must be true or false")
@@ -130,6 +142,8 @@ class _KeyEntry(BaseModel):
     privileges: Annotated[tuple[str, ...], BeforeValidator(_privileges)] = ()
     admin: Annotated[bool, BeforeValidator(_admin)] = False
     max_gpus: Annotated[int | None, BeforeValidator(_max_gpus)] = None
+    max_gpu_hours_per_day: Annotated[float | None, BeforeValidator(_budget)] = None
+    max_cost_per_day: Annotated[float | None, BeforeValidator(_budget)] = None
 
 
 def _entry_problem(error: ValidationError) -> str:
@@ -215,10 +229,37 @@ def load_api_keys(path: str) -> dict[str, Principal]:
                     f"{where}: max_gpus = {entry.max_gpus} but key {other.name!r} of namespace {namespace!r} says "
                     f"{other.max_gpus}; the cap is the namespace's: give one value"
                 )
+        for other in keys.values():
+            for field in ("max_gpu_hours_per_day", "max_cost_per_day"):
+                mine, theirs = getattr(entry, field), getattr(other, field)
+                if other.namespace == namespace and None not in (mine, theirs) and mine != theirs:
+                    raise ApiKeyError(
+                        f"{where}: {field} = {mine:g} but key {other.name!r} of namespace {namespace!r} says "
+                        f"{theirs:g}; the budget is the namespace's: give one value"
+                    )
         keys[entry.key] = Principal(
-            entry.name, namespace, frozenset(entry.privileges), admin=entry.admin, max_gpus=entry.max_gpus
+            entry.name,
+            namespace,
+            frozenset(entry.privileges),
+            admin=entry.admin,
+            max_gpus=entry.max_gpus,
+            max_gpu_hours_per_day=entry.max_gpu_hours_per_day,
+            max_cost_per_day=entry.max_cost_per_day,
         )
     return keys
+
+
+def budgets(principals: Iterable[Principal]) -> dict[str, Budget]:
+    """Namespace → its daily budget (docs/ARCHITECTURE.md, "Budgets"); those without one absent."""
+    found: dict[str, Budget] = {}
+    for p in principals:
+        if p.max_gpu_hours_per_day is not None or p.max_cost_per_day is not None:
+            have = found.get(p.namespace, Budget())
+            found[p.namespace] = Budget(
+                have.gpu_hours if p.max_gpu_hours_per_day is None else p.max_gpu_hours_per_day,
+                have.cost if p.max_cost_per_day is None else p.max_cost_per_day,
+            )
+    return found
 
 
 def gpu_caps(principals: Iterable[Principal]) -> dict[str, int]:

@@ -15,6 +15,9 @@ Rules (docs/ARCHITECTURE.md, "Scheduling"):
   placed at the next ``schedule`` call, round the namespaces the same way (by CPU jobs running), up to
   ``cpu_slots`` at once (default unlimited; the server passes the CPU count so a burst of CPU jobs can't
   fork hundreds of workers).
+- Host CPU and memory (docs/ARCHITECTURE.md, "Compute resources"): where a class has totals (``totals``), a job
+  that asks for some (``needs``) also waits until that much is free; the head that waits so blocks those behind it,
+  as for GPUs, and ``waiting_for`` names what it waits for.
 - Warm devices first (docs/ARCHITECTURE.md, "Warm state"): a head that fits gets a free device set
   whose idle worker already holds its function version (``warm(owner)``, asked only then), else the
   lowest free devices.  Which job starts next never changes, only where.
@@ -32,6 +35,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heapreplace
 from itertools import islice
+
+from lancefn_jupyter.wire.quantities import format_bytes, format_cores
 
 __all__ = ["ClassPool", "Placement", "SchedulerState", "WarmLookup", "queue_positions", "release", "schedule"]
 
@@ -162,10 +167,31 @@ class ClassPool:
     levels: dict[str, int] = field(default_factory=dict)  # namespace -> GPUs of this class it holds
     queue: FairQueue = field(default_factory=FairQueue)
     owners: dict[str, Hashable] = field(default_factory=dict)  # queued job_id -> owner, when given
+    # Host CPU cores and memory bytes its jobs hold together at most, None: not counted ("Compute resources").
+    cpu_total: float | None = None
+    memory_total: int | None = None
+    cpu_used: float = 0.0
+    memory_used: int = 0
+    needs: dict[str, tuple[float, int]] = field(default_factory=dict)  # job_id -> (cores, bytes) it asks for
+    short: tuple[str, str] | None = None  # (the head job waiting for CPU or memory, what it waits for)
 
     def __post_init__(self) -> None:
         if not self.free:
             self.free = list(self.devices)
+
+    def shortage(self, need: tuple[float, int]) -> str | None:
+        """What of ``need`` is not free now, in words; None when it all is."""
+        cpu, memory = need
+        if self.cpu_total is not None and cpu > self.cpu_total - self.cpu_used + 1e-9:
+            free = max(0.0, self.cpu_total - self.cpu_used)
+            return f"waiting for CPU: it needs {format_cores(cpu)}, {free:g} of the class's {self.cpu_total:g} are free"
+        if self.memory_total is not None and memory > self.memory_total - self.memory_used:
+            free_bytes = max(0, self.memory_total - self.memory_used)
+            return (
+                f"waiting for memory: it needs {format_bytes(memory)}, {format_bytes(free_bytes)} of the class's "
+                f"{format_bytes(self.memory_total)} are free"
+            )
+        return None
 
     def start_order(self) -> Iterator[tuple[str, int]]:
         """``(job_id, num_gpus)`` of the queued jobs in the order they are due to start."""
@@ -206,10 +232,14 @@ class SchedulerState:
         cpu_slots: int | None = None,
         warm: WarmLookup | None = None,
         caps: Mapping[str, int] | None = None,
+        totals: Mapping[str, tuple[float | None, int | None]] | None = None,
     ):
+        """``totals``: class → (CPU cores, memory bytes) its jobs may hold together (None: not counted)."""
         self.cpu_slots = cpu_slots
         self.warm = warm  # None: placements ignore warm workers (lowest free devices)
         self.caps: dict[str, int] = dict(caps or {})  # namespace -> most GPUs it may hold, all classes together
+        # namespace -> why its queued jobs wait (over its daily budget: "Budgets"); passed over like one at its cap
+        self.paused: dict[str, str] = {}
         self.pools: dict[str, ClassPool] = {
             name: ClassPool(name=name, devices=tuple(devices)) for name, devices in classes.items()
         }
@@ -218,6 +248,9 @@ class SchedulerState:
         self._cpu_levels: dict[str, int] = {}  # namespace -> CPU jobs it runs
         self.gpus_held: dict[str, int] = {}  # namespace -> GPUs it holds over all classes
         self._class_of: dict[str, str | None] = {}  # every job we know about -> its class (None = CPU)
+        for name, (cpu, memory) in (totals or {}).items():
+            if name in self.pools:
+                self.pools[name].cpu_total, self.pools[name].memory_total = cpu, memory
 
     # ----------------------------------------------------------------- mutation
 
@@ -228,9 +261,11 @@ class SchedulerState:
         num_gpus: int,
         owner: Hashable | None = None,
         namespace: str = "",
+        needs: tuple[float, int] | None = None,
     ) -> None:
         """Append a job to its namespace's queue of its class (or the CPU queue when ``num_gpus == 0``);
-        ``owner``: what ``warm`` is asked about when the job is placed (None: lowest free devices)."""
+        ``owner``: what ``warm`` is asked about when the job is placed (None: lowest free devices); ``needs``: the
+        host (CPU cores, memory bytes) it holds while it runs."""
         if job_id in self._class_of:
             raise ValueError(f"job {job_id} is already scheduled")
         if num_gpus <= 0:
@@ -249,6 +284,8 @@ class SchedulerState:
         pool.queue.add(job_id, namespace, num_gpus)
         if owner is not None:
             pool.owners[job_id] = owner
+        if needs is not None:
+            pool.needs[job_id] = needs
         self._class_of[job_id] = gpu_class
 
     def release(self, job_id: str) -> tuple[str, ...]:
@@ -265,9 +302,14 @@ class SchedulerState:
             pool.owners.pop(job_id, None)
         devices = pool.held.pop(job_id, ())
         namespace = pool.holder.pop(job_id, None)
+        need = pool.needs.pop(job_id, None)
+        if pool.short is not None and pool.short[0] == job_id:
+            pool.short = None
         if namespace is not None:
             _drop(pool.levels, namespace, len(devices))
             _drop(self.gpus_held, namespace, len(devices))
+            if need is not None:
+                pool.cpu_used, pool.memory_used = pool.cpu_used - need[0], pool.memory_used - need[1]
         pool.give_back(devices)
         return devices
 
@@ -286,7 +328,9 @@ class SchedulerState:
         placements: list[Placement] = []
         cpu = self.cpu_queue
         while cpu and (self.cpu_slots is None or len(self.cpu_running) < self.cpu_slots):
-            job_id, _ = next(cpu.order(self._cpu_levels))
+            job_id = next((j for j, _ in cpu.order(self._cpu_levels) if cpu.jobs[j][0] not in self.paused), None)
+            if job_id is None:
+                break
             namespace = cpu.jobs[job_id][0]
             cpu.remove(job_id)
             self.cpu_running[job_id] = namespace
@@ -299,17 +343,25 @@ class SchedulerState:
 
     def _schedule_pool(self, pool: ClassPool, placements: list[Placement]) -> None:
         queue, caps = pool.queue, self.caps
+        pool.short = None
         heap = [(pool.levels.get(ns, 0), tickets[0], ns) for ns, tickets in queue.tickets.items()]
         heapify(heap)
         while heap and pool.free:
             level, _, namespace = heap[0]
             job_id, num_gpus, _ = queue.head(namespace)
             cap = caps.get(namespace)
-            if cap is not None and self.gpus_held.get(namespace, 0) + num_gpus > cap:
-                heappop(heap)  # at its cap: it waits for its own jobs to end, blocking no one
+            if (cap is not None and self.gpus_held.get(namespace, 0) + num_gpus > cap) or namespace in self.paused:
+                heappop(heap)  # at its cap (or over its budget): it waits for its own jobs to end, blocking no one
                 continue
             if num_gpus > len(pool.free):
                 break  # the chosen head blocks everyone behind it
+            need = pool.needs.get(job_id)
+            if need is not None:
+                short = pool.shortage(need)
+                if short is not None:
+                    pool.short = (job_id, short)
+                    break  # it blocks those behind it, as for GPUs
+                pool.cpu_used, pool.memory_used = pool.cpu_used + need[0], pool.memory_used + need[1]
             queue.remove(job_id)
             devices = self._warm_set(pool, job_id, num_gpus) or pool.take(num_gpus)
             pool.held[job_id] = devices
@@ -344,6 +396,18 @@ class SchedulerState:
         pool = self.pools.get(gpu_class)
         return pool is not None and job_id in pool.queue
 
+    def waiting_for(self, job_id: str) -> str | None:
+        """What a queued job waits for besides its turn and GPUs: its namespace's budget, or (the head) CPU or
+        memory, in words; else None."""
+        if self.paused:
+            gpu_class = self._class_of.get(job_id, "")
+            queue = self.cpu_queue if gpu_class is None else getattr(self.pools.get(gpu_class or ""), "queue", None)
+            entry = queue.jobs.get(job_id) if queue is not None else None
+            if entry is not None and entry[0] in self.paused:
+                return self.paused[entry[0]]
+        pool = self.pools.get(self._class_of.get(job_id) or "")
+        return pool.short[1] if pool is not None and pool.short is not None and pool.short[0] == job_id else None
+
     def _order(self, gpu_class: str | None) -> Iterator[tuple[str, int]]:
         if gpu_class is None:
             return self.cpu_queue.order(self._cpu_levels)
@@ -375,6 +439,7 @@ class SchedulerState:
                 "gpus_busy": len(pool.devices) - len(pool.free),
                 "jobs_running": len(pool.held),
                 "jobs_pending": len(pool.queue),
+                **({"pending_reason": pool.short[1]} if pool.short is not None else {}),
             }
             for pool in self.pools.values()
         ]

@@ -375,6 +375,7 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
         "0",
         "2/2",
         "0/0",
+        "-",  # no host CPU or memory configured
     ]
     assert rows["big"] == [
         "big",
@@ -386,15 +387,18 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
         "0",
         "4/4",
         "0/0",
+        "-",
     ]
 
     jobs = [gate_fn.submit(gates[i]) for i in range(3)]
-    wait_until(lambda: table_rows(widget.table.value)["default"][6:] == ["2", "0/2", "2/1"], "usage: 2 busy, 1 pending")
+    wait_until(
+        lambda: table_rows(widget.table.value)["default"][6:9] == ["2", "0/2", "2/1"], "usage: 2 busy, 1 pending"
+    )
     for i in range(3):
         gates.open(i)
     for job in jobs:
         job.wait(DEADLINE_S)
-    wait_until(lambda: table_rows(widget.table.value)["default"][6:] == ["0", "2/2", "0/0"], "usage back to idle")
+    wait_until(lambda: table_rows(widget.table.value)["default"][6:9] == ["0", "2/2", "0/0"], "usage back to idle")
     assert widget.usage["default"].gpus_busy == 0
 
 

@@ -48,6 +48,24 @@ _PUSHED = ("started", "log", "progress")
 _OUTCOMES = ("result", "failed")
 
 
+def actor_options(job: dict) -> dict[str, Any]:
+    """The Ray actor options of a job's actor: its GPUs and class, and its version's ``cpu`` / ``memory``
+    (docs/ARCHITECTURE.md, "Compute resources"; docs/ray.md) as ``num_cpus`` / ``memory``."""
+    gpus = int(job.get("num_gpus") or 0)
+    options: dict[str, Any] = {"max_restarts": 0, "max_concurrency": 1}  # a crash fails the job, never re-run
+    if gpus:
+        options.update(num_cpus=0, num_gpus=gpus)  # bounded by GPUs, not by the node's cores
+        if job.get("gpu_class"):
+            options["resources"] = {class_resource(job["gpu_class"]): gpus}
+    # A CPU actor keeps Ray's actor default: it needs a CPU to be placed and holds none once
+    # alive (an idle one must not block other work); the bridge bounds how many run.
+    if job.get("cpu") is not None:  # asked for: Ray places it where that many are free and holds them
+        options["num_cpus"] = job["cpu"]
+    if job.get("memory") is not None:
+        options["memory"] = int(job["memory"])
+    return options
+
+
 class _Getters:
     """Threads that wait for a job's call with ``ray.get`` and then report it (``done(job_id, future)``): a call's
     end wakes a waiting ``ray.get`` sooner than it runs a future's callback on Ray's own thread (about 0.05 ms of a
@@ -222,13 +240,7 @@ class _Driver:
         if "artifact_b64" in job:  # the first job of its version since the executor's mirror dropped it
             self.artifacts[key] = job["artifact_b64"]
         gpus = int(job.get("num_gpus") or 0)
-        options: dict[str, Any] = {"max_restarts": 0, "max_concurrency": 1}  # a crash fails the job, never re-run
-        if gpus:
-            options.update(num_cpus=0, num_gpus=gpus)  # bounded by GPUs, not by the node's cores
-            if job.get("gpu_class"):
-                options["resources"] = {class_resource(job["gpu_class"]): gpus}
-        # A CPU actor keeps Ray's actor default: it needs a CPU to be placed and holds none once
-        # alive (an idle one must not block other work); the bridge bounds how many run.
+        options = actor_options(job)
         runtime_env = self._runtime_env(job)
         if runtime_env:
             options["runtime_env"] = runtime_env

@@ -795,6 +795,9 @@ def _job_payload(task: TaskSpec) -> dict:
         "rows": task.rows,
         "gpu_class": task.gpu_class,
         "num_gpus": task.num_gpus,
+        # Its version's host CPU and memory: the actor's num_cpus / memory ("Compute resources"); None: not asked.
+        "cpu": task.resources.cpu,
+        "memory": task.resources.memory,
         "simulated": task.simulated,
         "env": dict(task.env),
         "packages": list(task.packages),

@@ -12,10 +12,13 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from lancefn_jupyter.server.control.offload import off_loop
+from lancefn_jupyter.server.control.states import now_ms
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import who
 from lancefn_jupyter.server.http.bodies import Body, parse, parse_raw
 from lancefn_jupyter.server.http.router import Router, query
 from lancefn_jupyter.server.http.routes.context import RouteContext, by_id, listing
+from lancefn_jupyter.server.policy.costs import since_ms
 from lancefn_jupyter.server.policy.namespaces import Principal
 from lancefn_jupyter.wire.dataplane import MEDIA_TYPE as ARROW_STREAM
 
@@ -45,6 +48,20 @@ class Wait(Body):
 
 def add_routes(router: Router, ctx: RouteContext) -> None:
     plane, queries = ctx.plane, ctx.plane.jobs
+
+    @router.get("/v1/jobs/usage", privilege="jobs", query=(("by", False), ("since", False)))
+    async def job_usage(request: Request) -> dict:
+        """Ended jobs' GPU- and CPU-seconds and cost, summed ``?by=namespace|version|class|day|batch`` (default
+        namespace) ``&since=7d|24h|2026-12-01`` (default: all), within the caller's namespace (the admin: every one;
+        docs/ARCHITECTURE.md, "Cost")."""
+        params = request.query_params
+        since = None
+        if params.get("since"):
+            try:
+                since = since_ms(params["since"], now_ms())
+            except ValueError as error:
+                raise ApiError(400, str(error)) from None
+        return await off_loop(queries.usage, params.get("by") or "namespace", since, who(request).scope)
 
     @router.get("/v1/jobs/result", privilege="jobs", query=(("job_id", True),))
     async def job_result(request: Request) -> Any:

@@ -1,0 +1,113 @@
+"""What a job held and cost, and the sums of it (docs/ARCHITECTURE.md, "Cost"), through a real server."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import register, registration_body
+from helpers import kernel_shell, submit, wait_done
+from IPython.core.error import UsageError
+
+# An hour of a GPU for 3600 EUR: a GPU-second is 1 EUR; a CPU-second 0.1 EUR.
+CLASSES = """
+[[gpu_classes]]
+name = "default"
+simulated = 2
+cpu_per_gpu = 1
+price_per_gpu_hour = 3600
+price_per_cpu_hour = 360
+currency = "EUR"
+"""
+
+NAP = """
+def nap(s: float) -> float:
+    import time
+    time.sleep(s)
+    return s
+"""
+
+
+@pytest.fixture(scope="module")
+def cp(module_control_plane_factory):
+    return module_control_plane_factory(CLASSES)
+
+
+def _nap(http, num_gpus: int = 1, **resources: str) -> dict:
+    body = registration_body(
+        "nap", source=NAP, entrypoint="nap", inputs=(("s", "float64", False),), output_type="float64"
+    )
+    body["runtime"]["resources"].update(num_gpus=num_gpus, **resources)
+    return register(http, body)
+
+
+def test_a_jobs_cost_is_its_held_seconds_times_its_classs_prices(cp):
+    with cp.http() as http:
+        version = _nap(http, num_gpus=2, cpu="500m")
+        job = wait_done(http, submit(http, "nap", version["version"], [{"s": 0.3}]))
+    usage = job["usage"]
+    held = usage["held_s"]
+    assert held >= 0.3
+    assert held == pytest.approx((job["finished_ms"] - job["started_ms"] + job["timings"]["start_ms"]) / 1000, abs=2e-3)
+    assert usage["gpu_seconds"] == pytest.approx(2 * held, abs=2e-3)
+    assert usage["cpu_seconds"] == pytest.approx(0.5 * held, abs=2e-3)
+    assert usage["cost"] == pytest.approx(2 * held + 0.1 * 0.5 * held, abs=1e-2)
+    assert usage["currency"] == "EUR"
+
+
+def test_usage_sums_per_namespace_version_and_day(cp):
+    with cp.http() as http:
+        version = _nap(http)
+        jobs = [wait_done(http, submit(http, "nap", version["version"], [{"s": 0.05}])) for _ in range(3)]
+        by_version = http.get("/v1/jobs/usage", params={"by": "version"}).json()
+        by_namespace = http.get("/v1/jobs/usage", params={"by": "namespace", "since": "1d"}).json()
+        by_day = http.get("/v1/jobs/usage", params={"by": "day"}).json()
+        bad_by = http.get("/v1/jobs/usage", params={"by": "team"})
+        bad_since = http.get("/v1/jobs/usage", params={"since": "yesterday"})
+    (row,) = [r for r in by_version["rows"] if r["key"] == f"default/nap@{version['version']}"]
+    assert row["jobs"] == 3
+    assert row["cost"] == pytest.approx(sum(job["usage"]["cost"] for job in jobs), abs=1e-4)
+    (everything,) = by_namespace["rows"]
+    assert everything["key"] == "default" and everything["jobs"] >= 3
+    assert everything["cost"] == pytest.approx(sum(r["cost"] for r in by_version["rows"]), abs=1e-4)
+    assert sum(r["jobs"] for r in by_day["rows"]) == everything["jobs"]
+    assert bad_by.status_code == 400 and "by=namespace" in bad_by.json()["error"]["message"]
+    assert bad_since.status_code == 400 and "since=7d" in bad_since.json()["error"]["message"]
+
+
+def test_the_magics_show_cost(cp):
+    for shell in kernel_shell(cp):
+        shell.run_cell_magic("gpu_function", "name=priced", "def priced(x: int) -> int:\n    return x\n")
+        job = shell.user_ns["priced"].submit(1)
+        job.result()
+        text = repr(job)
+        assert job.snapshot.usage is not None and job.snapshot.usage.currency == "EUR"
+        assert " · €" in text, text  # "warm, ran 1 ms · €0.021"
+        table = shell.run_line_magic("gpu_usage", "by=version since=1d")
+        assert any(row["key"].startswith("default/priced@") for row in table)
+        assert "GPU usage by version" in repr(table) and "€" in repr(table)
+        with pytest.raises(UsageError, match="by=namespace"):
+            shell.run_line_magic("gpu_usage", "by=team")
+        with pytest.raises(UsageError, match="usage: %gpu_usage"):
+            shell.run_line_magic("gpu_usage", "bogus")
+
+
+def test_a_dry_run_estimates_rows_chunks_time_and_cost_from_the_versions_history(cp):
+    cell = "import time\n\ndef pace(x: int) -> int:\n    time.sleep(0.01)\n    return x\n"
+    for shell in kernel_shell(cp):
+        shell.run_cell_magic("gpu_function", "name=pace", cell)
+        pace = shell.user_ns["pace"]
+        before = pace.map(list(range(128)), chunk_size=2, dry_run=True)
+        assert (before.rows, before.chunks, before.based_on, before.expected_s) == (128, 64, 0, None)
+        assert "no estimate yet" in repr(before)
+        pace.map(list(range(16)), chunk_size=2).result()  # 8 chunk jobs of history
+        estimate = pace.map(list(range(128)), chunk_size=2, estimate=True)
+        with cp.http() as http:
+            (past,) = [
+                row
+                for row in http.get("/v1/jobs/usage", params={"by": "version"}).json()["rows"]
+                if row["key"].endswith(f"/pace@{pace.version.version}")
+            ]
+    assert (estimate.rows, estimate.chunks, estimate.at_once, estimate.based_on) == (128, 64, 2, 8)
+    warm = 1 - past["start_s"] / past["held_s"]  # worker starts left out of the rate per row
+    assert estimate.cost == pytest.approx(past["cost"] * warm / past["rows"] * 128)
+    assert estimate.expected_s == pytest.approx(32 * 2 * warm * past["held_s"] / past["rows"])  # 32 waves of 2 rows
+    assert estimate.currency == "EUR" and "€" in repr(estimate) and "from 8 earlier jobs" in repr(estimate)
