@@ -66,7 +66,7 @@ class GpuMagics(Magics):
         """Run the cell, register it as an immutable GPU function version, bind its name to a handle.
 
         Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
-        python_version, image, profile, timeout_s, state (per_worker|per_job), batched (yes|no), register (yes|no),
+        python_version, image, profile, timeout_s, state (per_worker|per_job), reuse_setup (yes|no), batched (yes|no), register (yes|no),
         include (PATH, repeatable).
         """
         shell = self.shell

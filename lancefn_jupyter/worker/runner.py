@@ -8,6 +8,7 @@ task.  Standard library only at top level: a CPU-only task must not pay for numb
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import linecache
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.wire.setup_part import SetupPart, class_def, setup_part
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, cap_text, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
@@ -159,6 +161,8 @@ class _Loaded:
     module: types.ModuleType
     call: Callable[..., object]
     instance: object | None  # a class entry's instance (its teardown runs when the version goes)
+    setup_digest: str | None = None  # the plane's setup digest of the version ("Setup reuse"); None: never reused
+    filenames: tuple[str, ...] = ()  # of the versions rebound onto it before this one (their lines in tracebacks)
 
 
 _loaded: _Loaded | None = None
@@ -212,10 +216,11 @@ def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
         raise _setup_failure(exc, filename) from None
 
 
-def _forget(filename: str) -> None:
+def _forget(filename: str, *earlier: str) -> None:
     """Drop the artifact's module and the notebook modules it shipped."""
     sys.modules.pop(_ARTIFACT_MODULE, None)
-    linecache.cache.pop(filename, None)
+    for name in (filename, *earlier):
+        linecache.cache.pop(name, None)
     shipped = sys.modules.get("lancefn_jupyter.local_modules")
     if shipped is not None:  # the notebook's modules of this version must not serve another
         shipped.uninstall()
@@ -249,7 +254,7 @@ def release() -> None:
         return
     if loaded.instance is not None:
         _teardown(loaded.instance)
-    _forget(loaded.key[0])
+    _forget(loaded.key[0], *loaded.filenames)
 
 
 def _entry(task: dict, timings: dict[str, float]) -> Callable[..., object]:
@@ -260,13 +265,82 @@ def _entry(task: dict, timings: dict[str, float]) -> Callable[..., object]:
     per_job = task.get("state") == "per_job"
     if _loaded is not None and not per_job and _loaded.key == key:
         return _loaded.call
+    digest = task.get("setup_digest") if not per_job else None
+    if _loaded is not None and digest and _loaded.setup_digest == digest:
+        started = time.perf_counter()
+        if _rebind(_loaded, task, key):
+            timings["rebind_ms"] = (time.perf_counter() - started) * 1000.0
+            timings["setup_reused"] = 1
+            return _loaded.call
     release()
     started = time.perf_counter()
     try:
         _loaded = _load(task, key)
+        _loaded.setup_digest = digest
     finally:
         timings["setup_ms"] = (time.perf_counter() - started) * 1000.0
     return _loaded.call
+
+
+def _rebind(loaded: _Loaded, task: dict, key: tuple[str, str, str]) -> bool:
+    """Run ``task``'s version on the live module of ``loaded``, a version with the same setup digest (docs/ARCHITECTURE.md,
+    "Setup reuse"): only its rebound definitions (functions, and methods of the entry class set on the live class) are
+    executed. False, with nothing to undo (the caller releases the module), when the two setup parts differ after all
+    or the new definitions fail to execute."""
+    filename, entrypoint = task["filename"], task["entrypoint"]
+    try:
+        source, _code = _compiled(task["artifact_b64"], filename)
+        old_source = base64.b64decode(loaded.key[1]).decode("utf-8")
+        new, old = setup_part(source, entrypoint), setup_part(old_source, loaded.key[2])
+        if new is None or old is None or new.digest != old.digest or entrypoint != loaded.key[2]:
+            return False  # the worker checks what the plane said: only the rebound definitions may differ
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace = loaded.module.__dict__
+        for name in set(old.functions) - set(new.functions):
+            namespace.pop(name, None)  # gone from the new version: a fresh module would not have it
+        tree = ast.parse(source)
+        for statement in tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name in new.functions:
+                exec(compile(ast.Module([statement], []), filename, "exec", dont_inherit=True), namespace)
+        if new.entry_class:
+            _rebind_methods(tree, new, old, namespace, filename, entrypoint)
+        else:
+            loaded.call = namespace[entrypoint]
+    except BaseException:
+        traceback.print_exc()  # to the job's log: it then runs on a freshly loaded module
+        return False
+    loaded.filenames = (*loaded.filenames, loaded.key[0])
+    loaded.key = key
+    return True
+
+
+def _rebind_methods(
+    tree: ast.Module, new: SetupPart, old: SetupPart, namespace: dict, filename: str, entry: str
+) -> None:
+    """The new version's rebound methods of the entry class, set on the live class (its instance keeps its state)."""
+    live = namespace[entry]
+    node = next(s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == entry)
+    body: list[ast.stmt] = [
+        s for s in node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name in new.methods
+    ]
+    shell = ast.copy_location(class_def(node, body or [ast.Pass()], bare=True), node)
+    scratch: dict = {}
+    exec(
+        compile(ast.fix_missing_locations(ast.Module([shell], [])), filename, "exec", dont_inherit=True),
+        namespace,
+        scratch,
+    )
+    made = scratch[entry]
+    for name in set(old.methods) - set(new.methods):
+        if name in vars(live):
+            delattr(live, name)
+    for name in new.methods:
+        value = vars(made)[name]
+        for function in (value, getattr(value, "__func__", None), getattr(value, "fget", None)):
+            code = getattr(function, "__code__", None)
+            if code is not None and "__class__" in code.co_freevars:  # zero-argument super() sees the live class
+                function.__closure__[code.co_freevars.index("__class__")].cell_contents = live  # type: ignore[union-attr]
+        setattr(live, name, value)
 
 
 def _task_rows(task: dict) -> list:

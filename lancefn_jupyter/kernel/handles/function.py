@@ -472,6 +472,7 @@ class GpuFunction:
             entry = f"class {self.entrypoint}"
             if self._packaged.entry_has_setup:
                 entry += f": setup once per {'job' if runtime.state == 'per_job' else 'worker'}"
+        source = self._packaged.source.decode("utf-8")
         return display.function_card(
             name=self.name,
             version=version.version if version else None,
@@ -485,6 +486,7 @@ class GpuFunction:
             entry=entry,
             left_out=self._left_out_text(),
             batched=self._packaged.signature.batched,
+            setup=display.setup_text(source, self.entrypoint, runtime.state, runtime.reuse_setup),
         )
 
     def _left_out_text(self) -> str:
@@ -608,6 +610,7 @@ def gpu_function(
     timeout_s: float | None = None,
     state: str | None = None,
     batched: bool | None = None,
+    reuse_setup: bool | None = None,
 ) -> GpuFunction | Callable[[Callable[..., Any]], GpuFunction]:
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
 

@@ -8,12 +8,14 @@ HTTP (docs/ARCHITECTURE.md, "Client and API (kernel side)").
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
 from lancefn_jupyter.kernel.display.jobs import job_card
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
+from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, JobTimings, display_state
@@ -21,6 +23,8 @@ from lancefn_jupyter.wire.models import Job as JobRecord
 
 __all__ = ["Job", "JobCancelled", "JobError", "JobTimedOut", "RemoteFunctionError", "missing_module_hint"]
 
+
+LIVE_AFTER_S = 0.3  # a job still running after this long has its prints shown live, polled this often
 
 _NO_MODULE = re.compile(r"No module named '([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -145,8 +149,31 @@ class Job(RecordHandle[JobRecord]):
             f"Stopped waiting for job {self.job_id}; it keeps running on the control plane. "
             f"Cancel it with Job.attach({self.job_id!r}).cancel() or the Cancel button in %gpu_jobs."
         ):
-            self._snapshot = self.client.jobs.wait(self.job_id, timeout=timeout)
+            self._snapshot = self._wait_showing_logs(timeout)
         return self
+
+    def _wait_showing_logs(self, timeout: float | None) -> JobRecord:
+        """Wait; a job still running after ``LIVE_AFTER_S`` has its prints shown under the cell as they come, then
+        until it ends (docs/ARCHITECTURE.md, "Live output"). A quicker job costs one request, as before."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = LIVE_AFTER_S if timeout is None else min(timeout, LIVE_AFTER_S)
+        snapshot = self.client.jobs.wait(self.job_id, timeout=first)
+        if snapshot.job_state in TERMINAL_STATES or (deadline is not None and time.monotonic() >= deadline):
+            return snapshot
+        live = LiveLog(self.job_id, self.client.jobs.log_entries)
+        try:
+            while True:
+                live.pull()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return snapshot
+                snapshot = self.client.jobs.wait(
+                    self.job_id, timeout=LIVE_AFTER_S if left is None else min(left, LIVE_AFTER_S)
+                )
+                if snapshot.job_state in TERMINAL_STATES:
+                    return snapshot
+        finally:
+            live.close()
 
     def _batched_form(self) -> str | None:
         """A batched version's output form: its job's result is then the batch in that form (docs/

@@ -88,7 +88,17 @@ def job_timings(rec: JobRecord, reported: Mapping[str, Any] | None) -> dict[str,
         "setup_ms": setup_ms,
         "run_ms": _millis(reported.get("run_ms")),
         "cold": bool(start_ms > 0 or setup_ms > 0 or environment_ms > 0 or reported.get("cold") is True),
+        **_reused_setup(reported),
     }
+
+
+def _reused_setup(reported: Mapping[str, Any]) -> dict[str, Any]:
+    """A job run on the live worker of an earlier version with the same setup part (docs/ARCHITECTURE.md, "Setup
+    reuse"): that version's id, and the time the worker took to rebind the new code."""
+    source = reported.get("setup_reused_from")
+    if not isinstance(source, str) or not source:
+        return {}
+    return {"setup_reused_from": source[:128], "rebind_ms": _millis(reported.get("rebind_ms"))}
 
 
 class JobCallbacks:

@@ -82,6 +82,9 @@ class TaskSpec:
     # ``timeout_s`` is the server's maximum job run time (``--max-job-run-s``), not one the job asked for: its
     # TIMED_OUT message names the flag (docs/ARCHITECTURE.md, "Scheduling").
     timeout_limit: bool = False
+    # The version's setup digest (docs/ARCHITECTURE.md, "Setup reuse"): an idle worker of another version of the same
+    # (namespace, name) with the same digest may run it, rebinding its code; None: a worker of its own only.
+    setup_digest: str | None = None
 
     @property
     def rows_total(self) -> int:

@@ -54,6 +54,7 @@ def worker_task(task: TaskSpec, data: Mapping[str, object]) -> WorkerTask:
         data=data,
         state=task.state,
         python_version=task.environment.python_version if task.environment is not None else None,
+        setup_digest=task.setup_digest,
     )
 
 
