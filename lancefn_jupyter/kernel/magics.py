@@ -193,6 +193,20 @@ class GpuMagics(Magics):
             raise UsageError(str(error)) from None
 
     @line_magic
+    def gpu_debug(self, line: str) -> Any:
+        """%gpu_debug JOB_ID: step into a failed job's failing row here, stopped in the post-mortem debugger at the
+        failing line (`Job.debug()`; docs/ARCHITECTURE.md, "Debugging a failure")."""
+        from lancefn_jupyter.kernel import api
+
+        args = shlex.split(line)
+        if len(args) != 1:
+            raise UsageError("usage: %gpu_debug JOB_ID (a failed job's id, e.g. from %gpu_jobs state=failed)")
+        try:
+            return api.debug_job(args[0])
+        except api.LancefnError as error:
+            raise UsageError(str(error)) from None
+
+    @line_magic
     def gpu_jobs(self, line: str) -> list[Any]:
         """%gpu_jobs [state=pending|running|…] [name=FUNCTION]: recent jobs."""
         from lancefn_jupyter.kernel import api

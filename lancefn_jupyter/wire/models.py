@@ -44,6 +44,7 @@ __all__ = [
     "NAME_PATTERN",
     "PYTHON_VERSION_PATTERN",
     "TERMINAL_STATES",
+    "FailureFrame",
     "FunctionArtifact",
     "FunctionArtifactContent",
     "FunctionArtifactRequest",
@@ -625,6 +626,15 @@ class JobProgress(WireModel):
         return self
 
 
+class FailureFrame(WireModel):
+    """One remote frame of a failure: its function, its line in the artifact, its locals' short reprs
+    (``wire/frames.py``)."""
+
+    function: StrictStr
+    line: int
+    locals: dict[str, str] = Field(default_factory=dict)
+
+
 class JobFailure(WireModel):
     """Why a job failed, and whether running it again may succeed."""
 
@@ -643,6 +653,12 @@ class JobFailure(WireModel):
     message: StrictStr
     retryable: StrictBool = False
     traceback: StrictStr | None = None
+    # Debugging a failure (docs/ARCHITECTURE.md): the failing rows' span in the job's rows, those rows when kept, and
+    # the remote frames' locals (bounded and redacted by the control plane).
+    row_start: int | None = None
+    row_end: int | None = None
+    rows: list[dict[str, Any]] | None = None
+    frames: tuple[FailureFrame, ...] | None = None
 
 
 _Millis = Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)]

@@ -22,12 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.wire.frames import capture_frames
 from lancefn_jupyter.wire.setup_part import SetupPart, class_def, setup_part
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, cap_text, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
 
-__all__ = ["missing_packages", "python_mismatch", "release", "run_task_inline", "serve"]
+__all__ = ["call_here", "missing_packages", "python_mismatch", "release", "run_task_inline", "serve"]
 
 _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the loaded artifact
 _PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
@@ -117,6 +118,15 @@ def _user_traceback(exc: BaseException, filename: str) -> str:
     if frames:
         text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + text
     return text
+
+
+def _run_failure(exc: BaseException, task: dict, start: int, end: int, message: str) -> TaskFailure:
+    """Phase ``run`` for rows ``start…end`` of the task, with the artifact frames' locals (docs/ARCHITECTURE.md,
+    "Debugging a failure"); the function's env values never in them."""
+    earlier = _loaded.filenames if _loaded is not None else ()
+    frames = capture_frames(exc.__traceback__, (task["filename"], *earlier), (task.get("env") or {}).values())
+    tb = _user_traceback(exc, task["filename"])
+    return TaskFailure("run", message, tb, frames=frames, rows=(start, end))
 
 
 def _exception_line(exc: BaseException) -> str:
@@ -244,6 +254,20 @@ def _teardown(instance: object) -> None:
     if thread.is_alive():
         print(f"teardown() did not return within {TEARDOWN_S:g} s; the worker goes on without it", file=sys.stderr)
     flush_stdio()
+
+
+def call_here(task: dict) -> object:
+    """Load ``task``'s artifact afresh in *this* process and call its entry on the task's first row, letting what it
+    raises go up with its frames: the kernel's post-mortem (docs/ARCHITECTURE.md, "Debugging a failure"). The
+    version a worker holds is untouched; a class entry's ``teardown`` runs after the call. A setup failure raises
+    :class:`TaskFailure` (phase ``setup``)."""
+    loaded = _load(task, (task["filename"], task["artifact_b64"], task["entrypoint"]))
+    try:
+        return loaded.call(**_task_rows(task)[0])
+    finally:
+        if loaded.instance is not None:
+            _teardown(loaded.instance)
+        sys.modules.pop(_ARTIFACT_MODULE, None)  # its source stays in linecache: the debugger lists it
 
 
 def release() -> None:
@@ -416,7 +440,7 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
                     errors.append(_skipped(exc, task["filename"]))
                     continue
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
-                raise TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
+                raise _run_failure(exc, task, index, index + 1, _exception_line(exc) + where) from None
             results.append(value)
             errors.append(None)
             if index + 1 < len(rows):  # the last row's count rides on the result (one event less per job)
@@ -490,7 +514,7 @@ def _run_batched(task: dict, entry: Callable[..., object], proto: Protocol, timi
             value = entry(**part)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
             if not skip or not isinstance(exc, Exception):
-                raise TaskFailure("run", _exception_line(exc), _user_traceback(exc, task["filename"])) from None
+                raise _run_failure(exc, task, start, end, _exception_line(exc)) from None
             if end - start == 1:
                 errors[start] = _skipped(exc, task["filename"])
                 return
@@ -606,6 +630,8 @@ def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None
             phase=failure.phase,
             message=cap_text(failure.message),
             traceback=None if failure.traceback is None else cap_text(failure.traceback),
+            **({} if failure.frames is None else {"frames": failure.frames}),
+            **({} if failure.rows is None else {"failing_rows": list(failure.rows)}),
             timings=timings,
             rss_mb=_rss_mb(),
             task_id=task.get("task_id"),

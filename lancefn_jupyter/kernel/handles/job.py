@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiti
 from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, JobTimings, display_state
+from lancefn_jupyter.wire.frames import FAILING_ROWS_MAX_BYTES, frames_text
+from lancefn_jupyter.wire.models import TERMINAL_STATES, JobFailure, JobState, JobTimings, display_state
 from lancefn_jupyter.wire.models import Job as JobRecord
 
 __all__ = ["Job", "JobCancelled", "JobError", "JobTimedOut", "RemoteFunctionError", "missing_module_hint"]
@@ -141,6 +143,53 @@ class Job(RecordHandle[JobRecord]):
             snapshot = self.refresh()
         return snapshot.timings
 
+    @property
+    def failure(self) -> JobFailure | None:
+        """Why the job failed (phase, message, traceback) and what reproduces it (docs/ARCHITECTURE.md, "Debugging a
+        failure"): `row_start`/`row_end` (the failing rows in the job's rows), `rows` (those rows, when kept) and
+        `frames` (per remote frame of the user's code: `function`, `line`, `locals` as short reprs). None unless it
+        failed or timed out."""
+        snapshot = self.snapshot
+        if snapshot.job_state not in TERMINAL_STATES and not _listener_live():
+            snapshot = self.refresh()
+        return snapshot.failure
+
+    def debug(self, commands: Sequence[str] = ()) -> Any:
+        """Step into this failed job's failing row here: it runs again through `.local()` (the same artifact; the
+        simulator where there is no GPU) and, failing here too, in this kernel under IPython's post-mortem debugger,
+        stopped at the failing line; `commands` (e.g. `["p x", "q"]`) run first, as pdb's. The remote locals are
+        printed first. Returns the row's result when it ran without error here."""
+        failure = self.failure
+        if failure is None or self.snapshot.job_state != JobState.FAILED:
+            raise LancefnError(f"job {self.job_id} is {self.state}: only a failed job can be debugged")
+        if failure.rows is None:
+            span = "" if failure.row_start is None else f" (rows {failure.row_start}…{failure.row_end})"
+            raise LancefnError(
+                f"job {self.job_id} failed in phase {failure.phase} but kept no failing row{span}: a row is kept "
+                f"when the job's rows are JSON and the failing rows' JSON is at most {FAILING_ROWS_MAX_BYTES // 1024} "
+                "KiB; call the function's .local(...) on the input yourself, then %debug"
+            )
+        if self.function is None:
+            raise LancefnError(
+                f"this handle of job {self.job_id} has no function (attached by id): use %gpu_debug {self.job_id}, "
+                "which looks the job's version up"
+            )
+        if failure.frames:
+            print(f"[lancefn] job {self.job_id} failed remotely; its locals there:\n{self._frames_text(failure)}")
+        return self.function.debug_row(failure.rows[0], commands)
+
+    def _frames_text(self, failure: JobFailure) -> str:
+        """The remote frames' locals, lines at the user's lines where the function is known."""
+        function, spec = self.function, self.snapshot.spec
+        if function is None:
+            return frames_text(failure.frames or ())
+        artifact = f"<gpu_function {spec.get('name', '?')}@{spec.get('version', '?')}>"
+        # The mapped reference alone: the mapper follows it with the user's line, which would read as a local.
+        return frames_text(
+            failure.frames or (),
+            where=lambda line: function.map_traceback(f'File "{artifact}", line {line}').splitlines()[0].strip(),
+        )
+
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
         if self._snapshot is not None and self._snapshot.job_state in TERMINAL_STATES:
@@ -229,6 +278,9 @@ class Job(RecordHandle[JobRecord]):
         text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
         if remote_tb:
             text += "\n\nRemote traceback (your code only):\n" + remote_tb
+        if failure is not None and failure.frames:
+            steps = " (job.debug() steps into the failing row here)" if failure.rows is not None else ""
+            text += f"\n\nRemote locals{steps}:\n" + self._frames_text(failure)
         return RemoteFunctionError(text, snapshot, phase=phase, remote_traceback=remote_tb)
 
     def cancel(self) -> bool:
