@@ -655,8 +655,7 @@ class JobFailure(WireModel):
     traceback: StrictStr | None = None
     # Debugging a failure (docs/ARCHITECTURE.md): the failing rows' span in the job's rows, those rows when kept, and
     # the remote frames' locals (bounded and redacted by the control plane).
-    row_start: int | None = None
-    row_end: int | None = None
+    failing_rows: tuple[int, int] | None = None
     rows: list[dict[str, Any]] | None = None
     frames: tuple[FailureFrame, ...] | None = None
 

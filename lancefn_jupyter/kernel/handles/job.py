@@ -146,7 +146,7 @@ class Job(RecordHandle[JobRecord]):
     @property
     def failure(self) -> JobFailure | None:
         """Why the job failed (phase, message, traceback) and what reproduces it (docs/ARCHITECTURE.md, "Debugging a
-        failure"): `row_start`/`row_end` (the failing rows in the job's rows), `rows` (those rows, when kept) and
+        failure"): `failing_rows` (`(start, end)`: the failing rows in the job's rows), `rows` (those rows, when kept) and
         `frames` (per remote frame of the user's code: `function`, `line`, `locals` as short reprs). None unless it
         failed or timed out."""
         snapshot = self.snapshot
@@ -163,7 +163,7 @@ class Job(RecordHandle[JobRecord]):
         if failure is None or self.snapshot.job_state != JobState.FAILED:
             raise LancefnError(f"job {self.job_id} is {self.state}: only a failed job can be debugged")
         if failure.rows is None:
-            span = "" if failure.row_start is None else f" (rows {failure.row_start}…{failure.row_end})"
+            span = "" if failure.failing_rows is None else " (rows {}…{})".format(*failure.failing_rows)
             raise LancefnError(
                 f"job {self.job_id} failed in phase {failure.phase} but kept no failing row{span}: a row is kept "
                 f"when the job's rows are JSON and the failing rows' JSON is at most {FAILING_ROWS_MAX_BYTES // 1024} "

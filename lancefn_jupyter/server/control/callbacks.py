@@ -224,8 +224,8 @@ class JobCallbacks:
         wire = {k: clean_text(cap_text(redact_env(v, env))) if isinstance(v, str) else v for k, v in wire.items()}
         if "frames" in wire:
             wire["frames"] = bounded_frames(wire["frames"], env[0].values())
-        if "row_start" in wire:
-            wire.update(self._failing_rows(rec, wire["row_start"], wire.get("row_end", wire["row_start"])))
+        if "failing_rows" in wire:
+            wire.update(self._failing_rows(rec, *wire["failing_rows"]))
             wire = {k: v for k, v in wire.items() if v is not None}
         rec.failure = wire
         self.machine.finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
@@ -236,7 +236,7 @@ class JobCallbacks:
         outside the job's rows (a worker's claim) is dropped."""
         rows = self.journal.rows(rec.job_id) if rec.spec.get("rows_format") != "arrow" else None
         if not isinstance(rows, list) or not 0 <= start < end <= len(rows):
-            return {"row_start": None, "row_end": None}
+            return {"failing_rows": None}
         failing = rows[start:end]
         return {"rows": failing} if len(dumps(failing).encode("utf-8")) <= FAILING_ROWS_MAX_BYTES else {}
 

@@ -164,7 +164,7 @@ def _debugging(event: Mapping[str, Any]) -> dict[str, Any]:
     if frames is not None:
         fields["frames"] = frames
     if "failing_rows" in event:
-        fields["row_start"], fields["row_end"] = event["failing_rows"]
+        fields["failing_rows"] = tuple(event["failing_rows"])
     return fields
 
 

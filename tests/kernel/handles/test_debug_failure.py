@@ -43,7 +43,7 @@ def _failed_job(ip) -> tuple[object, Job]:
 def test_a_failed_job_keeps_its_failing_row_and_the_remote_locals_bounded_and_redacted(ip):
     error, job = _failed_job(ip)
     failure = job.failure
-    assert (failure.row_start, failure.row_end, failure.rows) == (1, 2, [{"x": 3}])
+    assert (failure.failing_rows, failure.rows) == ((1, 2), [{"x": 3}])
     frame = failure.frames[-1]
     lines = ip.user_ns["boom"].artifact_source.splitlines()
     raise_line = next(n for n, line in enumerate(lines, 1) if "raise ValueError" in line)

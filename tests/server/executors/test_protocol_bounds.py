@@ -125,7 +125,7 @@ def test_forged_failure_frames_are_kept_within_the_bounds_and_a_row_span_outside
     event = {"event": "failed", "phase": "run", "message": "forged", "frames": frames, "failing_rows": [0, 5]}
     job = forge(http, version, f"__import__('json').dumps({event!r}) + '\\n'", then="exit")
     failure = job["failure"]
-    assert failure["message"] == "forged" and "row_start" not in failure and "rows" not in failure, failure.keys()
+    assert failure["message"] == "forged" and "failing_rows" not in failure and "rows" not in failure, failure.keys()
     assert len(failure["frames"]) == FRAMES_MAX
     for frame in failure["frames"]:
         assert len(frame["function"]) == NAME_MAX and len(frame["locals"]) == LOCALS_MAX
