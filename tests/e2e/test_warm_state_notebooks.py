@@ -1,4 +1,4 @@
-"""Warm state (docs/ARCHITECTURE.md, "Warm state") as a notebook user meets it: cells registered with the real
+"""Warm state (docs/ARCHITECTURE.md, "Warm state", "Debugging a failure") as a notebook user meets it: cells registered with the real
 ``%%gpu_function`` magic in notebooks executed by nbclient against a real control plane, local and Ray.
 
 Every version under test appends its process id to a file each time its module (or a class entry's
@@ -354,3 +354,37 @@ def test_edits_outside_setup_keep_the_live_instance_and_a_changed_setup_or_impor
     assert len(setups) == 4, setups  # e1 (e2, e3 reused it), s1, i1, n1
     assert out["k1"] == [10, 15] and out["k2"] == 16
     assert len(executions(tmp_path / "loads.log", kernel)) == 1  # the module-level model kept across the edit
+
+
+RANKER = """%%gpu_function num_gpus=1
+class Ranker:
+    def setup(self):
+        self.weights = [1, 2, 3]
+
+    def __call__(self, i: int) -> int:
+        picked = i * 2
+        return self.weights[picked]
+"""
+
+
+def test_a_failing_row_is_stepped_into_with_job_debug_and_its_remote_locals_shown(control_plane, tmp_path):
+    out = run_notebook(
+        control_plane,
+        tmp_path,
+        [
+            RANKER,
+            "job = Ranker.submit(2)\ntry:\n    job.result()\nexcept Exception as e:\n"
+            "    print('OUT error', json.dumps(str(e)))",
+            report("frames", "[[f.function, f.locals] for f in job.failure.frames]"),
+            report("rows", "job.failure.rows"),
+            "job.debug(commands=['p picked + 100', 'p self.weights', 'q'])",
+        ],
+    )
+    assert "IndexError" in out["error"] and "Remote locals" in out["error"], out["_texts"]
+    assert "picked = 4" in out["error"]
+    function, local = out["frames"][-1]
+    assert function == "__call__" and local["picked"] == "4" and local["i"] == "2"
+    assert local["self"].startswith("<__gpu_function__.Ranker object")
+    assert out["rows"] == [{"i": 2}]
+    debugged = out["_texts"][-1]
+    assert "the row fails here too" in debugged and "104" in debugged and "[1, 2, 3]" in debugged, debugged
