@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
-from lancefn_jupyter.kernel.display.jobs import job_card
+from lancefn_jupyter.kernel.display.jobs import job_card, remote_locals_text
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
 from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.wire.frames import FAILING_ROWS_MAX_BYTES, frames_text
+from lancefn_jupyter.wire.frames import FAILING_ROWS_MAX_BYTES
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobFailure, JobState, JobTimings, display_state
 from lancefn_jupyter.wire.models import Job as JobRecord
 
@@ -175,20 +175,12 @@ class Job(RecordHandle[JobRecord]):
                 "which looks the job's version up"
             )
         if failure.frames:
-            print(f"[lancefn] job {self.job_id} failed remotely; its locals there:\n{self._frames_text(failure)}")
+            print(f"[lancefn] job {self.job_id} failed remotely; its locals there:\n{self._frames_text(self.snapshot)}")
         return self.function.debug_row(failure.rows[0], commands)
 
-    def _frames_text(self, failure: JobFailure) -> str:
-        """The remote frames' locals, lines at the user's lines where the function is known."""
-        function, spec = self.function, self.snapshot.spec
-        if function is None:
-            return frames_text(failure.frames or ())
-        artifact = f"<gpu_function {spec.get('name', '?')}@{spec.get('version', '?')}>"
-        # The mapped reference alone: the mapper follows it with the user's line, which would read as a local.
-        return frames_text(
-            failure.frames or (),
-            where=lambda line: function.map_traceback(f'File "{artifact}", line {line}').splitlines()[0].strip(),
-        )
+    def _frames_text(self, snapshot: JobRecord) -> str:
+        """The remote frames' locals, at the user's lines where the function is known."""
+        return remote_locals_text(snapshot, self.function.map_traceback if self.function is not None else None)
 
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
@@ -280,7 +272,7 @@ class Job(RecordHandle[JobRecord]):
             text += "\n\nRemote traceback (your code only):\n" + remote_tb
         if failure is not None and failure.frames:
             steps = " (job.debug() steps into the failing row here)" if failure.rows is not None else ""
-            text += f"\n\nRemote locals{steps}:\n" + self._frames_text(failure)
+            text += f"\n\nRemote locals{steps}:\n" + self._frames_text(snapshot)
         return RemoteFunctionError(text, snapshot, phase=phase, remote_traceback=remote_tb)
 
     def cancel(self) -> bool:
