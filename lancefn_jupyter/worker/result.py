@@ -54,6 +54,7 @@ class TaskFailure(Exception):
         self.phase, self.message, self.traceback = phase, message, tb
         # Debugging a failure (docs/ARCHITECTURE.md): the artifact frames' locals and the failing rows' span.
         self.frames, self.rows = frames, rows
+        self.original: BaseException | None = None  # the user's exception a setup failure stands for
 
 
 def _to_json(value: object, where: str) -> object:

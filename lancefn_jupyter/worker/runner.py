@@ -178,9 +178,11 @@ class _Loaded:
 _loaded: _Loaded | None = None
 
 
-def _setup_failure(exc: BaseException, filename: str) -> TaskFailure:
+def _setup_failure(exc: BaseException, task: dict) -> TaskFailure:
     """Phase ``setup``: the exception line and where in the artifact it happened (the kernel maps
-    ``<gpu_function …>:N`` to the cell's line)."""
+    ``<gpu_function …>:N`` to the cell's line), with the frames' locals and, as the failing row, the task's first
+    (docs/ARCHITECTURE.md, "Debugging a failure")."""
+    filename = task["filename"]
     message = _exception_line(exc)
     if isinstance(exc, ImportError):
         name = getattr(exc, "name", None) or "NAME"
@@ -191,7 +193,10 @@ def _setup_failure(exc: BaseException, filename: str) -> TaskFailure:
         lines.append(exc.lineno)
     if lines:
         message += f" (at {filename}:{lines[-1]})"
-    return TaskFailure("setup", message, _user_traceback(exc, filename))
+    frames = capture_frames(exc.__traceback__, (filename,), (task.get("env") or {}).values())
+    failure = TaskFailure("setup", message, _user_traceback(exc, filename), frames=frames, rows=(0, 1))
+    failure.original = exc  # call_here's caller debugs the exception itself
+    return failure
 
 
 def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
@@ -206,7 +211,7 @@ def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
     sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
     try:
         source, code = _compiled(task["artifact_b64"], filename)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # lines in tracebacks
+        _cache_lines(filename, source)
         exec(code, module.__dict__)
         entry = getattr(module, task["entrypoint"], None)
         if not callable(entry):
@@ -223,7 +228,12 @@ def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
         raise
     except BaseException as exc:
         _forget(filename)
-        raise _setup_failure(exc, filename) from None
+        raise _setup_failure(exc, task) from None
+
+
+def _cache_lines(filename: str, source: str) -> None:
+    """The artifact's lines where tracebacks and debuggers read them."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
 def _forget(filename: str, *earlier: str) -> None:
@@ -259,9 +269,15 @@ def _teardown(instance: object) -> None:
 def call_here(task: dict) -> object:
     """Load ``task``'s artifact afresh in *this* process and call its entry on the task's first row, letting what it
     raises go up with its frames: the kernel's post-mortem (docs/ARCHITECTURE.md, "Debugging a failure"). The
-    version a worker holds is untouched; a class entry's ``teardown`` runs after the call. A setup failure raises
-    :class:`TaskFailure` (phase ``setup``)."""
-    loaded = _load(task, (task["filename"], task["artifact_b64"], task["entrypoint"]))
+    version a worker holds is untouched; a class entry's ``teardown`` runs after the call. A setup failure raises the
+    exception that failed the setup, with its frames."""
+    try:
+        loaded = _load(task, (task["filename"], task["artifact_b64"], task["entrypoint"]))
+    except TaskFailure as failure:
+        if failure.original is None:
+            raise
+        _cache_lines(task["filename"], _compiled(task["artifact_b64"], task["filename"])[0])  # _load forgot them
+        raise failure.original from None
     try:
         return loaded.call(**_task_rows(task)[0])
     finally:
@@ -318,7 +334,7 @@ def _rebind(loaded: _Loaded, task: dict, key: tuple[str, str, str]) -> bool:
         new, old = setup_part(source, entrypoint), setup_part(old_source, loaded.key[2])
         if new is None or old is None or new.digest != old.digest or entrypoint != loaded.key[2]:
             return False  # the worker checks what the plane said: only the rebound definitions may differ
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        _cache_lines(filename, source)
         namespace = loaded.module.__dict__
         for name in set(old.functions) - set(new.functions):
             namespace.pop(name, None)  # gone from the new version: a fresh module would not have it

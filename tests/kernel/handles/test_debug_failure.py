@@ -86,3 +86,30 @@ def test_a_job_that_did_not_fail_cannot_be_debugged(ip):
     assert job.result() == 10 and job.failure is None
     with pytest.raises(Exception, match="only a failed job can be debugged"):
         job.debug()
+
+
+LOADER = """
+class Loader:
+    def setup(self):
+        shards = ["a.bin", "b.bin"]
+        missing = shards[1]
+        raise FileNotFoundError(missing)
+
+    def __call__(self, x: int) -> int:
+        return x
+"""
+
+
+def test_a_failed_setup_keeps_its_locals_and_job_debug_stops_in_setup(ip):
+    ip.run_cell_magic("gpu_function", "", LOADER)
+    loader = ip.user_ns["Loader"]
+    job = loader.submit(7)
+    with pytest.raises(RemoteFunctionError, match="phase setup"):
+        job.result()
+    failure = job.failure
+    assert failure.failing_rows == (0, 1) and failure.rows == [{"x": 7}]
+    assert failure.frames[-1].function == "setup" and failure.frames[-1].locals["missing"] == "'b.bin'"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        job.debug(commands=["p missing.upper()", "q"])
+    assert "'B.BIN'" in out.getvalue() and "raise FileNotFoundError" in out.getvalue()
