@@ -102,6 +102,20 @@ def _reused_setup(reported: Mapping[str, Any]) -> dict[str, Any]:
     return {"setup_reused_from": source[:128], "rebind_ms": _millis(reported.get("rebind_ms"))}
 
 
+def _storable(frames: list[dict] | None) -> list[dict] | None:
+    """Bounded frames with every text storable (``clean_text``: a forged event may carry lone surrogates)."""
+    if frames is None:
+        return None
+    return [
+        {
+            "function": clean_text(frame["function"]),
+            "line": frame["line"],
+            "locals": {clean_text(name): clean_text(text) for name, text in frame["locals"].items()},
+        }
+        for frame in frames
+    ]
+
+
 class JobCallbacks:
     """Implements ``executors.base.ExecutorCallbacks`` for the control plane."""
 
@@ -223,7 +237,7 @@ class JobCallbacks:
         env = [self.table.job_env.get(rec.job_id, {})]
         wire = {k: clean_text(cap_text(redact_env(v, env))) if isinstance(v, str) else v for k, v in wire.items()}
         if "frames" in wire:
-            wire["frames"] = bounded_frames(wire["frames"], env[0].values())
+            wire["frames"] = _storable(bounded_frames(wire["frames"], env[0].values()))
         if "failing_rows" in wire:
             wire.update(self._failing_rows(rec, *wire["failing_rows"]))
             wire = {k: v for k, v in wire.items() if v is not None}

@@ -122,12 +122,17 @@ def test_forged_failure_frames_are_kept_within_the_bounds_and_a_row_span_outside
     cp, http, version = forging
     frames = [{"function": "f" * 500, "line": 7, "locals": {f"v{i}": "x" * 300 for i in range(100)}}] * 40
     frames.append({"function": 7, "line": "no", "locals": []})  # malformed: left out
+    frames.append({"function": "g", "line": 9, "locals": {"odd": "\ud800"}})  # a lone surrogate: stored as "?"
     event = {"event": "failed", "phase": "run", "message": "forged", "frames": frames, "failing_rows": [0, 5]}
     job = forge(http, version, f"__import__('json').dumps({event!r}) + '\\n'", then="exit")
     failure = job["failure"]
     assert failure["message"] == "forged" and "failing_rows" not in failure and "rows" not in failure, failure.keys()
-    assert len(failure["frames"]) == FRAMES_MAX
-    for frame in failure["frames"]:
+    assert len(failure["frames"]) == FRAMES_MAX and failure["frames"][-1] == {
+        "function": "g",
+        "line": 9,
+        "locals": {"odd": "?"},
+    }
+    for frame in failure["frames"][:-1]:
         assert len(frame["function"]) == NAME_MAX and len(frame["locals"]) == LOCALS_MAX
         assert all(len(text) == REPR_MAX and text.endswith("…") for text in frame["locals"].values())
     assert len(http.post("/v1/jobs/describe", json={"job_id": job["job_id"]}).content) < 64 * 1024
