@@ -113,3 +113,14 @@ def test_a_failed_setup_keeps_its_locals_and_job_debug_stops_in_setup(ip):
     with contextlib.redirect_stdout(out):
         job.debug(commands=["p missing.upper()", "q"])
     assert "'B.BIN'" in out.getvalue() and "raise FileNotFoundError" in out.getvalue()
+
+
+def test_batch_debug_steps_into_the_failed_chunks_failing_row(ip):
+    ip.run_cell_magic("gpu_function", f"env=MODEL_KEY={SECRET}", BOOM)
+    batch = ip.user_ns["boom"].map([1, 2, 3, 4], chunk_size=2)
+    with pytest.raises(Exception, match="bad row 3"):
+        batch.result()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        batch.debug(commands=["p x * 1000", "q"])
+    assert "3000" in out.getvalue() and "scale = 30" in out.getvalue()
