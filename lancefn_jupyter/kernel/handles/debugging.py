@@ -68,20 +68,16 @@ def post_mortem(
         "rows": [row],
         **dataplane.task_fields(signature.to_wire()),
     }
-    earlier = {name: os.environ.get(name) for name in env or {}}
-    os.environ.update(env or {})
-    try:
-        call_here(task)
-    except Exception as exc:
-        debugger = _debugger()
-        debugger.rcLines.extend(commands)
-        debugger.reset()
-        debugger.interaction(None, _artifact_frames(exc.__traceback__, filename) or exc.__traceback__)
-        return exc
-    finally:
-        for name, value in earlier.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    from unittest import mock
+
+    # The standard library's set-then-restore of a mapping: os.environ as it was once the debugger ends.
+    with mock.patch.dict(os.environ, env or {}):
+        try:
+            call_here(task)
+        except Exception as exc:
+            debugger = _debugger()
+            debugger.rcLines.extend(commands)
+            debugger.reset()
+            debugger.interaction(None, _artifact_frames(exc.__traceback__, filename) or exc.__traceback__)
+            return exc
     return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 
 import pytest
 
@@ -69,6 +70,7 @@ def test_job_debug_reruns_the_failing_row_and_stops_at_the_failing_line_with_its
     assert "the row fails here too" in text  # .local(): the same artifact reproduced it
     assert "raise ValueError" in text  # the debugger's current line: the failing one
     assert "60" in text and f"'using {SECRET}'" in text  # the live frame's locals, the env set as in the worker
+    assert "MODEL_KEY" not in os.environ  # and taken out of the kernel's environment afterwards
 
 
 def test_gpu_debug_magic_steps_into_a_job_known_by_id(ip, monkeypatch):
