@@ -237,10 +237,15 @@ def _cache_lines(filename: str, source: str) -> None:
 
 
 def _forget(filename: str, *earlier: str) -> None:
-    """Drop the artifact's module and the notebook modules it shipped."""
-    sys.modules.pop(_ARTIFACT_MODULE, None)
+    """Drop the artifact's module, its lines and the notebook modules it shipped."""
     for name in (filename, *earlier):
         linecache.cache.pop(name, None)
+    _drop_module()
+
+
+def _drop_module() -> None:
+    """Drop the artifact's module and the notebook modules it shipped."""
+    sys.modules.pop(_ARTIFACT_MODULE, None)
     shipped = sys.modules.get("lancefn_jupyter.local_modules")
     if shipped is not None:  # the notebook's modules of this version must not serve another
         shipped.uninstall()
@@ -283,7 +288,7 @@ def call_here(task: dict) -> object:
     finally:
         if loaded.instance is not None:
             _teardown(loaded.instance)
-        sys.modules.pop(_ARTIFACT_MODULE, None)  # its source stays in linecache: the debugger lists it
+        _drop_module()  # its source stays in linecache: the debugger lists it
 
 
 def release() -> None:
