@@ -35,7 +35,7 @@ from lancefn_jupyter.kernel.handles.function import (
 from lancefn_jupyter.kernel.handles.function import bind_refused as bind_refused
 from lancefn_jupyter.kernel.handles.history import diff_versions, version_history
 from lancefn_jupyter.kernel.handles.job import Job, JobCancelled, JobError, JobTimedOut, RemoteFunctionError
-from lancefn_jupyter.kernel.handles.lookup import lookup
+from lancefn_jupyter.kernel.handles.lookup import debug_job, lookup
 from lancefn_jupyter.kernel.handles.table_map import Backfill
 from lancefn_jupyter.kernel.listings import gpu_usage, list_gpu_classes, list_jobs, list_versions
 from lancefn_jupyter.kernel.session import ConnectionInfo as ConnectionInfo
@@ -68,6 +68,7 @@ __all__ = [
     "connect",
     "connection_info",
     "current_client",
+    "debug_job",
     "diff_versions",
     "function_from_cell",
     "gpu_function",

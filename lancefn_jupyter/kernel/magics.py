@@ -66,7 +66,7 @@ class GpuMagics(Magics):
         """Run the cell, register it as an immutable GPU function version, bind its name to a handle.
 
         Options (key=value): num_gpus, gpu_class, name, pip, conda, conda_channels, env (K=V, repeatable),
-        python_version, image, profile, timeout_s, state (per_worker|per_job), batched (yes|no), register (yes|no),
+        python_version, image, profile, timeout_s, state (per_worker|per_job), reuse_setup (yes|no), batched (yes|no), register (yes|no),
         include (PATH, repeatable).
         """
         shell = self.shell
@@ -190,6 +190,20 @@ class GpuMagics(Magics):
                 raise UsageError(usage)
             return api.version_history(args[0]) if args else api.list_versions()
         except VersionLookupError as error:
+            raise UsageError(str(error)) from None
+
+    @line_magic
+    def gpu_debug(self, line: str) -> Any:
+        """%gpu_debug JOB_ID: step into a failed job's failing row here, stopped in the post-mortem debugger at the
+        failing line (`Job.debug()`; docs/ARCHITECTURE.md, "Debugging a failure")."""
+        from lancefn_jupyter.kernel import api
+
+        args = shlex.split(line)
+        if len(args) != 1:
+            raise UsageError("usage: %gpu_debug JOB_ID (a failed job's id, e.g. from %gpu_jobs state=failed)")
+        try:
+            return api.debug_job(args[0])
+        except api.LancefnError as error:
             raise UsageError(str(error)) from None
 
     @line_magic

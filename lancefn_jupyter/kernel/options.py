@@ -78,6 +78,7 @@ _EXAMPLES = {
     "state": "state=per_job",
     "include": "include=mylib.py",
     "batched": "batched=yes",
+    "reuse_setup": "reuse_setup=no",
 }
 _FUNCTION_KEYS = tuple(_EXAMPLES)
 _PER_FUNCTION_KEYS = ("name", "profile", "register", "include")
@@ -234,6 +235,16 @@ def _check_batched(value: Any) -> bool:
     return value
 
 
+def _check_reuse_setup(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(
+            "reuse_setup",
+            f"must be True or False (got {value!r})",
+            "write reuse_setup=False (reuse_setup=no in a magic)",
+        )
+    return value
+
+
 _CHECKS = {
     "num_gpus": _check_num_gpus,
     "gpu_class": lambda value: _check_name("gpu_class", value),
@@ -252,6 +263,7 @@ _CHECKS = {
     "state": _check_state,
     "include": _check_include,
     "batched": _check_batched,
+    "reuse_setup": _check_reuse_setup,
 }
 
 
@@ -293,6 +305,7 @@ class ComputeProfile:
     timeout_s: float | None = None
     state: State | None = None
     batched: bool | None = None
+    reuse_setup: bool | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -334,6 +347,9 @@ class FunctionOptions:
     include: tuple[str, ...] = ()
     # The entry takes every row of a chunk in one call (docs/ARCHITECTURE.md, "Batched functions").
     batched: bool = False
+    # A new version whose setup part is unchanged runs on the earlier version's live worker (docs/ARCHITECTURE.md,
+    # "Setup reuse"); False: always a worker of its own.
+    reuse_setup: bool = True
 
     def __post_init__(self) -> None:
         _normalize(self, _FUNCTION_KEYS)
@@ -365,6 +381,7 @@ class FunctionOptions:
             resources=self.resources(),
             # per_worker is the default and never encoded, so the version ids of earlier cells stay the same.
             state="per_job" if self.state == "per_job" else None,
+            reuse_setup=None if self.reuse_setup else "no",  # the default is never encoded either
         )
 
     @classmethod
@@ -389,6 +406,7 @@ class FunctionOptions:
             python_version=runtime.python_version,
             env=dict(runtime.env or {}) if env is None else env,
             state=runtime.state,
+            reuse_setup=runtime.reuse_setup != "no",
             **options,
         )
 
@@ -448,7 +466,7 @@ def _from_text(key: str, values: list[str]) -> Any:
         if not _DIGITS.fullmatch(text) or len(text) > 10:  # more digits than any uint32
             raise _fail("num_gpus", f"must be a whole number ≥ 1 (got {text!r})")
         return int(text)
-    if key in ("register", "batched"):
+    if key in ("register", "batched", "reuse_setup"):
         if text.lower() not in _BOOLEANS:
             raise _fail(key, f"must be yes or no (got {text!r})")
         return _BOOLEANS[text.lower()]

@@ -48,6 +48,7 @@ __all__ = [
     "NAME_PATTERN",
     "PYTHON_VERSION_PATTERN",
     "TERMINAL_STATES",
+    "FailureFrame",
     "FunctionArtifact",
     "FunctionArtifactContent",
     "FunctionArtifactRequest",
@@ -345,6 +346,20 @@ class PythonRuntimeSpec(WireModel):
     # (executed once per worker, so version ids of earlier registrations are unchanged);
     # "per_job" executes it afresh for every job.
     state: Literal["per_job"] | None = None
+    # Whether a new version whose setup part equals an earlier one's may run on that version's live worker
+    # (docs/ARCHITECTURE.md, "Setup reuse"): absent = yes (never encoded); "no" always gets a worker of its own.
+    reuse_setup: Literal["no"] | None = None
+
+    @field_validator("reuse_setup", mode="before")
+    @classmethod
+    def _default_reuse_setup(cls, reuse: Any) -> Any:
+        if reuse in ("yes", True):
+            return None  # the default is never encoded: it must not change a version id
+        if reuse is False:
+            return "no"
+        if reuse is not None and reuse != "no":
+            raise ValueError(f"reuse_setup must be 'yes' (the default) or 'no', not {reuse!r}")
+        return reuse
 
     @field_validator("state", mode="before")
     @classmethod
@@ -631,6 +646,15 @@ class JobProgress(WireModel):
         return self
 
 
+class FailureFrame(WireModel):
+    """One remote frame of a failure: its function, its line in the artifact, its locals' short reprs
+    (``wire/frames.py``)."""
+
+    function: StrictStr
+    line: int
+    locals: dict[str, str] = Field(default_factory=dict)
+
+
 class JobFailure(WireModel):
     """Why a job failed, and whether running it again may succeed."""
 
@@ -650,6 +674,11 @@ class JobFailure(WireModel):
     message: StrictStr
     retryable: StrictBool = False
     traceback: StrictStr | None = None
+    # Debugging a failure (docs/ARCHITECTURE.md): the failing rows' span in the job's rows, those rows when kept, and
+    # the remote frames' locals (bounded and redacted by the control plane).
+    failing_rows: tuple[int, int] | None = None
+    rows: list[dict[str, Any]] | None = None
+    frames: tuple[FailureFrame, ...] | None = None
 
 
 _Millis = Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)]
@@ -662,6 +691,7 @@ class JobTimings(WireModel):
     (0 when one was warm); ``environment_ms``: building its environment (0 for now);
     ``setup_ms``: executing the version's module and the class entry's ``setup()`` (0 when warm);
     ``run_ms``: calling the entry on the rows.  ``cold``: the job paid a start or a setup.
+    ``setup_reused_from`` / ``rebind_ms``: see "Setup reuse".
     """
 
     queued_ms: _Millis = 0.0
@@ -670,6 +700,10 @@ class JobTimings(WireModel):
     setup_ms: _Millis = 0.0
     run_ms: _Millis = 0.0
     cold: StrictBool = False
+    # The earlier version whose live worker ran it, its setup part being the same (docs/ARCHITECTURE.md, "Setup
+    # reuse"), and the milliseconds its worker took to rebind the new code; None / 0 otherwise.
+    setup_reused_from: _Text | None = None
+    rebind_ms: _Millis = 0.0
 
 
 class Job(WireModel):

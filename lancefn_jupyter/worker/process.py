@@ -115,6 +115,9 @@ class WorkerTask:
     data: Mapping[str, object] = field(default_factory=dict)
     state: str = "per_worker"
     python_version: str | None = None
+    # Equal for versions whose setup part is the same: a worker holding one rebinds the other's code onto its live
+    # module (docs/ARCHITECTURE.md, "Setup reuse"); None: never reused.
+    setup_digest: str | None = None
 
     def line(self) -> dict:
         """The task line of the protocol (before the parent moves files onto the pipes)."""
@@ -132,6 +135,8 @@ class WorkerTask:
             task["env"] = dict(self.env)
         if self.python_version:
             task["python_version"] = self.python_version
+        if self.setup_digest:
+            task["setup_digest"] = self.setup_digest
         if "rows_file" in task:
             del task["rows"]
         return task

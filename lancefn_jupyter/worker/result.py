@@ -41,9 +41,20 @@ def result_too_large(nbytes: int, limit: int) -> str:
 class TaskFailure(Exception):
     """Ends a task with a ``failed`` event of this phase, message and (user-only) traceback."""
 
-    def __init__(self, phase: str, message: str, tb: str | None = None) -> None:
+    def __init__(
+        self,
+        phase: str,
+        message: str,
+        tb: str | None = None,
+        *,
+        frames: list | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.phase, self.message, self.traceback = phase, message, tb
+        # Debugging a failure (docs/ARCHITECTURE.md): the artifact frames' locals and the failing rows' span.
+        self.frames, self.rows = frames, rows
+        self.original: BaseException | None = None  # the user's exception a setup failure stands for
 
 
 def _to_json(value: object, where: str) -> object:

@@ -8,6 +8,7 @@ task.  Standard library only at top level: a CPU-only task must not pay for numb
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import linecache
@@ -21,11 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.wire.frames import capture_frames
+from lancefn_jupyter.wire.setup_part import SetupPart, class_def, setup_part
 from lancefn_jupyter.worker import reap
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, cap_text, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
 
-__all__ = ["missing_packages", "python_mismatch", "release", "run_task_inline", "serve"]
+__all__ = ["call_here", "missing_packages", "python_mismatch", "release", "run_task_inline", "serve"]
 
 _ARTIFACT_MODULE = "__gpu_function__"  # sys.modules name of the loaded artifact
 _PROGRESS_INTERVAL_S = 0.02  # at most ~50 progress events per second; the latest count always goes out
@@ -117,6 +120,15 @@ def _user_traceback(exc: BaseException, filename: str) -> str:
     return text
 
 
+def _run_failure(exc: BaseException, task: dict, start: int, end: int, message: str) -> TaskFailure:
+    """Phase ``run`` for rows ``start…end`` of the task, with the artifact frames' locals (docs/ARCHITECTURE.md,
+    "Debugging a failure"); the function's env values never in them."""
+    earlier = _loaded.filenames if _loaded is not None else ()
+    frames = capture_frames(exc.__traceback__, (task["filename"], *earlier), (task.get("env") or {}).values())
+    tb = _user_traceback(exc, task["filename"])
+    return TaskFailure("run", message, tb, frames=frames, rows=(start, end))
+
+
 def _exception_line(exc: BaseException) -> str:
     """'ValueError: message' (the exception's name alone when it has no message)."""
     return f"{type(exc).__qualname__}: {exc}" if str(exc) else type(exc).__qualname__
@@ -159,14 +171,18 @@ class _Loaded:
     module: types.ModuleType
     call: Callable[..., object]
     instance: object | None  # a class entry's instance (its teardown runs when the version goes)
+    setup_digest: str | None = None  # the plane's setup digest of the version ("Setup reuse"); None: never reused
+    filenames: tuple[str, ...] = ()  # of the versions rebound onto it before this one (their lines in tracebacks)
 
 
 _loaded: _Loaded | None = None
 
 
-def _setup_failure(exc: BaseException, filename: str) -> TaskFailure:
+def _setup_failure(exc: BaseException, task: dict) -> TaskFailure:
     """Phase ``setup``: the exception line and where in the artifact it happened (the kernel maps
-    ``<gpu_function …>:N`` to the cell's line)."""
+    ``<gpu_function …>:N`` to the cell's line), with the frames' locals and, as the failing row, the task's first
+    (docs/ARCHITECTURE.md, "Debugging a failure")."""
+    filename = task["filename"]
     message = _exception_line(exc)
     if isinstance(exc, ImportError):
         name = getattr(exc, "name", None) or "NAME"
@@ -177,7 +193,10 @@ def _setup_failure(exc: BaseException, filename: str) -> TaskFailure:
         lines.append(exc.lineno)
     if lines:
         message += f" (at {filename}:{lines[-1]})"
-    return TaskFailure("setup", message, _user_traceback(exc, filename))
+    frames = capture_frames(exc.__traceback__, (filename,), (task.get("env") or {}).values())
+    failure = TaskFailure("setup", message, _user_traceback(exc, filename), frames=frames, rows=(0, 1))
+    failure.original = exc  # call_here's caller debugs the exception itself
+    return failure
 
 
 def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
@@ -192,7 +211,7 @@ def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
     sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
     try:
         source, code = _compiled(task["artifact_b64"], filename)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # lines in tracebacks
+        _cache_lines(filename, source)
         exec(code, module.__dict__)
         entry = getattr(module, task["entrypoint"], None)
         if not callable(entry):
@@ -209,13 +228,24 @@ def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
         raise
     except BaseException as exc:
         _forget(filename)
-        raise _setup_failure(exc, filename) from None
+        raise _setup_failure(exc, task) from None
 
 
-def _forget(filename: str) -> None:
+def _cache_lines(filename: str, source: str) -> None:
+    """The artifact's lines where tracebacks and debuggers read them."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+def _forget(filename: str, *earlier: str) -> None:
+    """Drop the artifact's module, its lines and the notebook modules it shipped."""
+    for name in (filename, *earlier):
+        linecache.cache.pop(name, None)
+    _drop_module()
+
+
+def _drop_module() -> None:
     """Drop the artifact's module and the notebook modules it shipped."""
     sys.modules.pop(_ARTIFACT_MODULE, None)
-    linecache.cache.pop(filename, None)
     shipped = sys.modules.get("lancefn_jupyter.local_modules")
     if shipped is not None:  # the notebook's modules of this version must not serve another
         shipped.uninstall()
@@ -241,6 +271,26 @@ def _teardown(instance: object) -> None:
     flush_stdio()
 
 
+def call_here(task: dict) -> object:
+    """Load ``task``'s artifact afresh in *this* process and call its entry on the task's first row, letting what it
+    raises go up with its frames: the kernel's post-mortem (docs/ARCHITECTURE.md, "Debugging a failure"). The
+    version a worker holds is untouched; a class entry's ``teardown`` runs after the call. A setup failure raises the
+    exception that failed the setup, with its frames."""
+    try:
+        loaded = _load(task, (task["filename"], task["artifact_b64"], task["entrypoint"]))
+    except TaskFailure as failure:
+        if failure.original is None:
+            raise
+        _cache_lines(task["filename"], _compiled(task["artifact_b64"], task["filename"])[0])  # _load forgot them
+        raise failure.original from None
+    try:
+        return loaded.call(**_task_rows(task)[0])
+    finally:
+        if loaded.instance is not None:
+            _teardown(loaded.instance)
+        _drop_module()  # its source stays in linecache: the debugger lists it
+
+
 def release() -> None:
     """Drop the loaded version, tearing it down first (a new version, or the worker ends)."""
     global _loaded
@@ -249,7 +299,7 @@ def release() -> None:
         return
     if loaded.instance is not None:
         _teardown(loaded.instance)
-    _forget(loaded.key[0])
+    _forget(loaded.key[0], *loaded.filenames)
 
 
 def _entry(task: dict, timings: dict[str, float]) -> Callable[..., object]:
@@ -260,13 +310,82 @@ def _entry(task: dict, timings: dict[str, float]) -> Callable[..., object]:
     per_job = task.get("state") == "per_job"
     if _loaded is not None and not per_job and _loaded.key == key:
         return _loaded.call
+    digest = task.get("setup_digest") if not per_job else None
+    if _loaded is not None and digest and _loaded.setup_digest == digest:
+        started = time.perf_counter()
+        if _rebind(_loaded, task, key):
+            timings["rebind_ms"] = (time.perf_counter() - started) * 1000.0
+            timings["setup_reused"] = 1
+            return _loaded.call
     release()
     started = time.perf_counter()
     try:
         _loaded = _load(task, key)
+        _loaded.setup_digest = digest
     finally:
         timings["setup_ms"] = (time.perf_counter() - started) * 1000.0
     return _loaded.call
+
+
+def _rebind(loaded: _Loaded, task: dict, key: tuple[str, str, str]) -> bool:
+    """Run ``task``'s version on the live module of ``loaded``, a version with the same setup digest (docs/ARCHITECTURE.md,
+    "Setup reuse"): only its rebound definitions (functions, and methods of the entry class set on the live class) are
+    executed. False, with nothing to undo (the caller releases the module), when the two setup parts differ after all
+    or the new definitions fail to execute."""
+    filename, entrypoint = task["filename"], task["entrypoint"]
+    try:
+        source, _code = _compiled(task["artifact_b64"], filename)
+        old_source = base64.b64decode(loaded.key[1]).decode("utf-8")
+        new, old = setup_part(source, entrypoint), setup_part(old_source, loaded.key[2])
+        if new is None or old is None or new.digest != old.digest or entrypoint != loaded.key[2]:
+            return False  # the worker checks what the plane said: only the rebound definitions may differ
+        _cache_lines(filename, source)
+        namespace = loaded.module.__dict__
+        for name in set(old.functions) - set(new.functions):
+            namespace.pop(name, None)  # gone from the new version: a fresh module would not have it
+        tree = ast.parse(source)
+        for statement in tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name in new.functions:
+                exec(compile(ast.Module([statement], []), filename, "exec", dont_inherit=True), namespace)
+        if new.entry_class:
+            _rebind_methods(tree, new, old, namespace, filename, entrypoint)
+        else:
+            loaded.call = namespace[entrypoint]
+    except BaseException:
+        traceback.print_exc()  # to the job's log: it then runs on a freshly loaded module
+        return False
+    loaded.filenames = (*loaded.filenames, loaded.key[0])
+    loaded.key = key
+    return True
+
+
+def _rebind_methods(
+    tree: ast.Module, new: SetupPart, old: SetupPart, namespace: dict, filename: str, entry: str
+) -> None:
+    """The new version's rebound methods of the entry class, set on the live class (its instance keeps its state)."""
+    live = namespace[entry]
+    node = next(s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == entry)
+    body: list[ast.stmt] = [
+        s for s in node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name in new.methods
+    ]
+    shell = ast.copy_location(class_def(node, body or [ast.Pass()], bare=True), node)
+    scratch: dict = {}
+    exec(
+        compile(ast.fix_missing_locations(ast.Module([shell], [])), filename, "exec", dont_inherit=True),
+        namespace,
+        scratch,
+    )
+    made = scratch[entry]
+    for name in set(old.methods) - set(new.methods):
+        if name in vars(live):
+            delattr(live, name)
+    for name in new.methods:
+        value = vars(made)[name]
+        for function in (value, getattr(value, "__func__", None), getattr(value, "fget", None)):
+            code = getattr(function, "__code__", None)
+            if code is not None and "__class__" in code.co_freevars:  # zero-argument super() sees the live class
+                function.__closure__[code.co_freevars.index("__class__")].cell_contents = live  # type: ignore[union-attr]
+        setattr(live, name, value)
 
 
 def _task_rows(task: dict) -> list:
@@ -342,7 +461,7 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
                     errors.append(_skipped(exc, task["filename"]))
                     continue
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
-                raise TaskFailure("run", _exception_line(exc) + where, _user_traceback(exc, task["filename"])) from None
+                raise _run_failure(exc, task, index, index + 1, _exception_line(exc) + where) from None
             results.append(value)
             errors.append(None)
             if index + 1 < len(rows):  # the last row's count rides on the result (one event less per job)
@@ -416,7 +535,7 @@ def _run_batched(task: dict, entry: Callable[..., object], proto: Protocol, timi
             value = entry(**part)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
             if not skip or not isinstance(exc, Exception):
-                raise TaskFailure("run", _exception_line(exc), _user_traceback(exc, task["filename"])) from None
+                raise _run_failure(exc, task, start, end, _exception_line(exc)) from None
             if end - start == 1:
                 errors[start] = _skipped(exc, task["filename"])
                 return
@@ -532,6 +651,8 @@ def serve(task: dict, proto: Protocol, flush_output: Callable[[], None]) -> None
             phase=failure.phase,
             message=cap_text(failure.message),
             traceback=None if failure.traceback is None else cap_text(failure.traceback),
+            **({} if failure.frames is None else {"frames": failure.frames}),
+            **({} if failure.rows is None else {"failing_rows": list(failure.rows)}),
             timings=timings,
             rss_mb=_rss_mb(),
             task_id=task.get("task_id"),

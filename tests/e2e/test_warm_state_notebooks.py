@@ -1,4 +1,4 @@
-"""Warm state (docs/ARCHITECTURE.md, "Warm state") as a notebook user meets it: cells registered with the real
+"""Warm state (docs/ARCHITECTURE.md, "Warm state", "Debugging a failure") as a notebook user meets it: cells registered with the real
 ``%%gpu_function`` magic in notebooks executed by nbclient against a real control plane, local and Ray.
 
 Every version under test appends its process id to a file each time its module (or a class entry's
@@ -278,3 +278,113 @@ def test_ray_actor_keeps_module_state_for_jobs_batches_and_classes(ray_cp, tmp_p
     kernel = out["kernel"]
     assert 1 <= len(batch_executions(out, tmp_path, 16)) <= 2
     assert out["scaler"] == [0, 10, 20] and len(executions(setups, kernel)) == 1
+
+
+EDITED = """%%gpu_function num_gpus=1{options}
+import os{extra_import}
+
+class Edited:
+    def setup(self):
+        with open({setups!r}, "a") as log:
+            log.write(f"{{os.getpid()}}\\n")
+        self.w, self.calls = {w}, 0
+
+    def __call__(self, x: int) -> int:
+        self.calls += 1
+        return {expr}
+"""
+
+KEPT = """%%gpu_function num_gpus=1
+import os
+with open({loads!r}, "a") as log:
+    log.write(f"{{os.getpid()}}\\n")
+MODEL = {{"w": 5}}
+
+def kept(x: int) -> int:
+    return {expr}
+"""
+
+
+def edit_cells(tmp_path: Path, tag: str, *, w: int = 10, expr: str, extra_import: str = "", options: str = "") -> list:
+    """An edit of ``Edited`` and a job of it: ``OUT <tag> [result, timings text, reused from, version]``."""
+    cell = EDITED.format(
+        options=options, extra_import=extra_import, setups=str(tmp_path / "setups.log"), w=w, expr=expr
+    )
+    run = (
+        "from lancefn_jupyter.kernel.display.timings import timings_text\n"
+        "j = Edited.submit(2); value = j.result()\n"
+        + report(tag, "[value, timings_text(j.timings), j.timings.setup_reused_from, Edited.version.version]")
+    )
+    return [cell, run]
+
+
+def test_edits_outside_setup_keep_the_live_instance_and_a_changed_setup_or_import_gets_a_fresh_one(
+    control_plane, tmp_path
+):
+    out = run_notebook(
+        control_plane,
+        tmp_path,
+        [
+            *edit_cells(tmp_path, "e1", expr="x * self.w + self.calls"),
+            *edit_cells(tmp_path, "e2", expr="x * self.w + 100 * self.calls"),
+            *edit_cells(tmp_path, "e3", expr="-(x * self.w) - self.calls"),
+            report("card", "Edited.card()[0]"),
+            *edit_cells(tmp_path, "s1", w=7, expr="-(x * self.w) - self.calls"),  # setup edited: a new setup
+            *edit_cells(tmp_path, "i1", w=7, expr="-(x * self.w) - self.calls", extra_import=", json"),
+            *edit_cells(tmp_path, "n1", w=7, expr="x * self.w", options=" reuse_setup=no"),
+            KEPT.format(loads=str(tmp_path / "loads.log"), expr="x * MODEL['w']"),
+            report("k1", "[kept(2), kept.submit(3).result()]"),
+            KEPT.format(loads=str(tmp_path / "loads.log"), expr="x * MODEL['w'] + 1"),
+            report("k2", "kept.submit(3).result()"),
+        ],
+    )
+    kernel = out["kernel"]
+    assert "e1" in out, out["_texts"]
+    e1, e2, e3 = out["e1"], out["e2"], out["e3"]
+    assert [e1[0], e2[0], e3[0]] == [21, 220, -23], out["_texts"]  # the instance's calls count on: 1, 2, 3
+    assert e1[2] is None and e2[2] == e1[3] and e3[2] == e2[3]
+    assert e2[1].startswith(f"setup reused from @{e1[3][:6]}")
+    assert (
+        "setup       module statements, Edited.setup (edits elsewhere" in out["card"]
+    )  # the card names the setup part
+    assert out["s1"][0] == -15 and out["s1"][2] is None  # setup edited: a fresh instance (calls from 0)
+    assert out["i1"][0] == -15 and out["i1"][2] is None  # an import added: a fresh module
+    assert out["n1"][0] == 14 and out["n1"][2] is None  # reuse_setup=no
+    setups = executions(tmp_path / "setups.log", kernel)
+    assert len(setups) == 4, setups  # e1 (e2, e3 reused it), s1, i1, n1
+    assert out["k1"] == [10, 15] and out["k2"] == 16
+    assert len(executions(tmp_path / "loads.log", kernel)) == 1  # the module-level model kept across the edit
+
+
+RANKER = """%%gpu_function num_gpus=1
+class Ranker:
+    def setup(self):
+        self.weights = [1, 2, 3]
+
+    def __call__(self, i: int) -> int:
+        picked = i * 2
+        return self.weights[picked]
+"""
+
+
+def test_a_failing_row_is_stepped_into_with_job_debug_and_its_remote_locals_shown(control_plane, tmp_path):
+    out = run_notebook(
+        control_plane,
+        tmp_path,
+        [
+            RANKER,
+            "job = Ranker.submit(2)\ntry:\n    job.result()\nexcept Exception as e:\n"
+            "    print('OUT error', json.dumps(str(e)))",
+            report("frames", "[[f.function, f.locals] for f in job.failure.frames]"),
+            report("rows", "job.failure.rows"),
+            "job.debug(commands=['p picked + 100', 'p self.weights', 'q'])",
+        ],
+    )
+    assert "IndexError" in out["error"] and "Remote locals" in out["error"], out["_texts"]
+    assert "picked = 4" in out["error"]
+    function, local = out["frames"][-1]
+    assert function == "__call__" and local["picked"] == "4" and local["i"] == "2"
+    assert local["self"].startswith("<__gpu_function__.Ranker object")
+    assert out["rows"] == [{"i": 2}]
+    debugged = out["_texts"][-1]
+    assert "the row fails here too" in debugged and "104" in debugged and "[1, 2, 3]" in debugged, debugged

@@ -395,6 +395,7 @@ def test_every_field_is_an_option():
         "state": "per_job",
         "include": "mylib.py",
         "batched": "yes",
+        "reuse_setup": "no",
     }
     assert {field.name for field in dataclasses.fields(FunctionOptions)} == set(values)
     profile_fields = {field.name for field in dataclasses.fields(ComputeProfile)} - {"name"}
@@ -402,6 +403,7 @@ def test_every_field_is_an_option():
     line = " ".join(f"{key}={value}" for key, value in values.items() if value)
     options = parse(line, p=ComputeProfile(name="p"))
     assert options.num_gpus == 2 and options.image == "i" and options.timeout_s == 1.0
+    assert options.reuse_setup is False and options.runtime("3.12").reuse_setup == "no"
     assert options.include == ("mylib.py",) and options.batched is True
     assert (options.cpu, options.memory) == ("500m", "16Gi")
     assert options.resources().to_wire() == {"num_gpus": 2, "gpu_class": "c", "cpu": "500m", "memory": "16Gi"}

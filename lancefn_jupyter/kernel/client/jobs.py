@@ -54,6 +54,13 @@ class JobsResource:
         reply = self._t.post("/v1/jobs/logs", {"job_id": job_id, "offset": offset})
         return list(reply["lines"]), int(reply["next_offset"])
 
+    def log_entries(self, job_id: str, offset: int = 0) -> tuple[builtins.list[str], builtins.list[str], int]:
+        """Lines from ``offset``, each line's stream (``stdout`` for a server that does not say), the next offset."""
+        reply = self._t.post("/v1/jobs/logs", {"job_id": job_id, "offset": offset})
+        lines = list(reply["lines"])
+        streams = list(reply.get("streams") or ())
+        return lines, streams + ["stdout"] * (len(lines) - len(streams)), int(reply["next_offset"])
+
     def wait(self, job_id: str, *, timeout: float | None = None) -> Job:
         """The job once terminal, or as it stands when `timeout` seconds have passed (long poll, no busy loop)."""
         deadline = None if timeout is None else time.monotonic() + timeout

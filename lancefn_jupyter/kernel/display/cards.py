@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lancefn_jupyter.wire.models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_state
+from lancefn_jupyter.wire.setup_part import setup_part
 
 __all__ = [
     "STATE_COLORS",
@@ -28,6 +29,7 @@ __all__ = [
     "progress_text",
     "render_table",
     "result_text",
+    "setup_text",
     "state_badge_html",
     "usage_line",
     "usage_table",
@@ -338,12 +340,14 @@ def function_card(
     entry: str = "",
     left_out: str = "",
     batched: bool = False,
+    setup: str = "",
 ) -> tuple[str, str]:
     """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware.
 
     `entry` describes a class entry (``class Scaler: setup once per worker``); `left_out` names the cell's
     statements the artifact leaves out (docs/ARCHITECTURE.md, "Function versions"), so none is lost unseen.
     `batched`: the entry takes a chunk's rows in one call (docs/ARCHITECTURE.md, "Batched functions").
+    `setup`: which part of the cell counts as setup (`setup_text`, docs/ARCHITECTURE.md, "Setup reuse").
     """
     hw = "unknown class"
     if hardware is not None:
@@ -362,6 +366,8 @@ def function_card(
         ("environment", environment),
         ("hardware", hw),
     ]
+    if setup:
+        fields.append(("setup", setup))
     if batched:
         fields.insert(0, ("calls", "batched: one call per chunk of rows"))
     if entry:
@@ -402,3 +408,15 @@ def job_card(job: Job) -> tuple[str, str]:
         f"{progress.rows_done}/{progress.rows_total} ({pct:.0f}%)</div>"
     )
     return text, markup
+
+
+def setup_text(source: str, entrypoint: str, state: str | None, reuse_setup: str | None) -> str:
+    """Which part of the cell counts as setup (docs/ARCHITECTURE.md, "Setup reuse"): "setup: module statements,
+    Model.setup, load (edits elsewhere keep the worker)" (the card's ``setup`` line); "" where no worker is kept across versions."""
+    if state == "per_job" or reuse_setup == "no":
+        return ""
+    part = setup_part(source, entrypoint)
+    if part is None:
+        return ""
+    names = ", ".join(("module statements", *part.setup))
+    return f"{names} (edits elsewhere keep the worker)"

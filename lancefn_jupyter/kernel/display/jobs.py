@@ -5,7 +5,7 @@ table (what the jobs dashboard falls back to, and what `list_jobs` shows without
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from lancefn_jupyter.kernel.display import cards
 from lancefn_jupyter.kernel.display.cards import (
@@ -16,9 +16,10 @@ from lancefn_jupyter.kernel.display.cards import (
     result_text,
 )
 from lancefn_jupyter.kernel.display.timings import job_timings_text
+from lancefn_jupyter.wire.frames import frames_text
 from lancefn_jupyter.wire.models import Job, JobState, display_state
 
-__all__ = ["JOBS_COLUMNS", "job_card", "jobs_table"]
+__all__ = ["JOBS_COLUMNS", "job_card", "jobs_table", "remote_locals_text"]
 
 JOBS_COLUMNS = (
     "job",
@@ -70,3 +71,18 @@ def job_card(job: Job) -> tuple[str, str]:
         text += f" · {timings}"
         markup += f"<div class='lancefn lancefn-job-timings'>{html.escape(timings)}</div>"
     return text, markup
+
+
+def remote_locals_text(job: Job, map_traceback: Callable[[str], str] | None = None) -> str:
+    """A failed job's remote frames and their locals (docs/ARCHITECTURE.md, "Debugging a failure"), each frame's line
+    at the user's line by ``map_traceback`` (the function's) when given; "" when the failure kept none."""
+    failure = job.failure
+    if failure is None or not failure.frames:
+        return ""
+    if map_traceback is None:
+        return frames_text(failure.frames)
+    artifact = f"<gpu_function {job.spec.get('name', '?')}@{job.spec.get('version', '?')}>"
+    # The mapped reference alone: the mapper follows it with the user's line, which would read as a local.
+    return frames_text(
+        failure.frames, where=lambda line: map_traceback(f'File "{artifact}", line {line}').splitlines()[0].strip()
+    )

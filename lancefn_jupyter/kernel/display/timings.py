@@ -2,6 +2,8 @@
 
     cold start 1.2 s, setup 1.0 s        a job that started a worker and executed the version's module
     setup 350 ms                         a worker was idle but fresh for this version: only setup was paid
+    setup reused from @1a2b3c, 2 ms      the idle worker of an earlier version with the same setup part ran it
+                                         ("Setup reuse"): only the rebinding of the changed code was paid
     warm                                 an idle worker already held the version (``run=True``: "warm, ran 12 ms")
     ""                                   no timings (the job has not ended on a worker)
 
@@ -62,6 +64,8 @@ def timings_text(timings: JobTimings | None, *, run: bool = False) -> str:
         )
         if value > 0
     ]
+    if timings.setup_reused_from:
+        parts.append(f"setup reused from @{timings.setup_reused_from[:6]}, {format_ms(timings.rebind_ms)}")
     if not parts:
         parts = ["cold start" if timings.cold else "warm"]
     if run and timings.run_ms > 0:

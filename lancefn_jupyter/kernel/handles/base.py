@@ -6,7 +6,7 @@ again on `refresh()`; and waits that Ctrl-C stops without stopping the work."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -53,6 +53,11 @@ class FunctionRef(Protocol):
 
     def map_failure(self, message: str, traceback: str) -> tuple[str, str]:
         """(message, traceback) of a failure at the user's lines."""
+        ...
+
+    def debug_row(self, row: dict[str, Any], commands: Sequence[str] = ()) -> Any:
+        """A failed job's row run again here, stopping in the post-mortem debugger where it fails
+        (docs/ARCHITECTURE.md, "Debugging a failure")."""
         ...
 
 

@@ -10,7 +10,7 @@ Runs in the kernel; it takes the function as a `FunctionRef` (handles/base.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -428,6 +428,14 @@ class Batch(RecordHandle[BatchRecord]):
                 )
 
     # -- control
+    def debug(self, commands: Sequence[str] = ()) -> Any:
+        """`Job.debug()` on the failed chunk's job (docs/ARCHITECTURE.md, "Debugging a failure"): its failing row run
+        again here, stopped in the post-mortem debugger at the failing line; its remote locals printed first."""
+        failure = self.snapshot.failure
+        if failure is None or failure.job_id is None:
+            raise LancefnError(f"batch {self.batch_id} is {self.state}: it has no failed chunk to debug")
+        return Job(failure.job_id, client=self.client, function=self.function).debug(commands)
+
     def retry_failed(self) -> Batch:
         """Run again only the chunks that did not finish; finished chunks keep their results."""
         self._snapshot = self.client.batches.retry(self.batch_id)

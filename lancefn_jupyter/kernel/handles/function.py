@@ -15,7 +15,7 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from lancefn_jupyter.kernel.client import LancefnEnvironmentWarning, LancefnError
@@ -34,6 +34,7 @@ from lancefn_jupyter.kernel.packaging import (
     package_function,
 )
 from lancefn_jupyter.kernel.session import class_hardware, current_client, profiles, registration_cache
+from lancefn_jupyter.wire.frames import short_repr
 from lancefn_jupyter.wire.models import FunctionRegistrationRequest, FunctionSignature, FunctionVersion
 
 if TYPE_CHECKING:
@@ -461,6 +462,41 @@ class GpuFunction:
         print(f"[lancefn] {self.name}.local() ran on {run.device}")
         return run.results[0]
 
+    def debug_row(self, row: dict[str, Any], commands: Sequence[str] = ()) -> Any:
+        """A failed job's row again, here (docs/ARCHITECTURE.md, "Debugging a failure"): through ``.local()`` (the same
+        artifact; the simulator where there is no GPU); when it fails there too, the row runs once more in this kernel
+        and IPython's post-mortem debugger opens at the failing line (``commands`` first, as pdb's rc lines). Returns
+        the row's result when it ran without error here."""
+        from lancefn_jupyter.kernel.handles.debugging import post_mortem
+
+        if self._packaged.signature.batched:
+            raise LancefnError(
+                f"{self.name} is a batched function: step into its failing rows with {self.name}.local(...) on them "
+                "(job.failure.rows) and %debug; job.debug() re-runs one row of a per-row function"
+            )
+        try:
+            result = self.local(**row)
+        except LancefnError as error:
+            print(f"[lancefn] the row fails here too: {error}\n[lancefn] stepping into it in this kernel")
+        else:
+            print(
+                f"[lancefn] the failing row ran without error here (result: {short_repr(result)}): the failure "
+                "depends on the remote machine (its GPU, its environment, the state of its warm worker); the remote "
+                "locals are in job.failure.frames"
+            )
+            return result
+        version = self._version.version if self._version else "local"
+        post_mortem(
+            self._packaged.source,
+            self._packaged.entrypoint,
+            f"<gpu_function {self.name}@{version}>",
+            row,
+            self._packaged.signature,
+            commands,
+            self._options.env_dict,
+        )
+        return None
+
     # -- display
     def card(self) -> tuple[str, str]:
         """(text, HTML) of the function card: version, digest, resources, environment, hardware."""
@@ -482,6 +518,7 @@ class GpuFunction:
             entry = f"class {self.entrypoint}"
             if self._packaged.entry_has_setup:
                 entry += f": setup once per {'job' if runtime.state == 'per_job' else 'worker'}"
+        source = self._packaged.source.decode("utf-8")
         return display.function_card(
             name=self.name,
             version=version.version if version else None,
@@ -497,6 +534,7 @@ class GpuFunction:
             entry=entry,
             left_out=self._left_out_text(),
             batched=self._packaged.signature.batched,
+            setup=display.setup_text(source, self.entrypoint, runtime.state, runtime.reuse_setup),
         )
 
     def _left_out_text(self) -> str:
@@ -622,6 +660,7 @@ def gpu_function(
     timeout_s: float | None = None,
     state: str | None = None,
     batched: bool | None = None,
+    reuse_setup: bool | None = None,
 ) -> GpuFunction | Callable[[Callable[..., Any]], GpuFunction]:
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
 

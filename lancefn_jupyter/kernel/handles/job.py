@@ -8,19 +8,25 @@ HTTP (docs/ARCHITECTURE.md, "Client and API (kernel side)").
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
-from lancefn_jupyter.kernel.display.jobs import job_card
+from lancefn_jupyter.kernel.display.jobs import job_card, remote_locals_text
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
+from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
-from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, JobTimings, display_state
+from lancefn_jupyter.wire.frames import FAILING_ROWS_MAX_BYTES
+from lancefn_jupyter.wire.models import TERMINAL_STATES, JobFailure, JobState, JobTimings, display_state
 from lancefn_jupyter.wire.models import Job as JobRecord
 
 __all__ = ["Job", "JobCancelled", "JobError", "JobTimedOut", "RemoteFunctionError", "missing_module_hint"]
 
+
+LIVE_AFTER_S = 0.3  # a job still running after this long has its prints shown live, polled this often
 
 _NO_MODULE = re.compile(r"No module named '([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -137,6 +143,45 @@ class Job(RecordHandle[JobRecord]):
             snapshot = self.refresh()
         return snapshot.timings
 
+    @property
+    def failure(self) -> JobFailure | None:
+        """Why the job failed (phase, message, traceback) and what reproduces it (docs/ARCHITECTURE.md, "Debugging a
+        failure"): `failing_rows` (`(start, end)`: the failing rows in the job's rows), `rows` (those rows, when kept) and
+        `frames` (per remote frame of the user's code: `function`, `line`, `locals` as short reprs). None unless it
+        failed or timed out."""
+        snapshot = self.snapshot
+        if snapshot.job_state not in TERMINAL_STATES and not _listener_live():
+            snapshot = self.refresh()
+        return snapshot.failure
+
+    def debug(self, commands: Sequence[str] = ()) -> Any:
+        """Step into this failed job's failing row here: it runs again through `.local()` (the same artifact; the
+        simulator where there is no GPU) and, failing here too, in this kernel under IPython's post-mortem debugger,
+        stopped at the failing line; `commands` (e.g. `["p x", "q"]`) run first, as pdb's. The remote locals are
+        printed first. Returns the row's result when it ran without error here."""
+        failure = self.failure
+        if failure is None or self.snapshot.job_state != JobState.FAILED:
+            raise LancefnError(f"job {self.job_id} is {self.state}: only a failed job can be debugged")
+        if failure.rows is None:
+            span = "" if failure.failing_rows is None else " (rows {}…{})".format(*failure.failing_rows)
+            raise LancefnError(
+                f"job {self.job_id} failed in phase {failure.phase} but kept no failing row{span}: a row is kept "
+                f"when the job's rows are JSON and the failing rows' JSON is at most {FAILING_ROWS_MAX_BYTES // 1024} "
+                "KiB; call the function's .local(...) on the input yourself, then %debug"
+            )
+        if self.function is None:
+            raise LancefnError(
+                f"this handle of job {self.job_id} has no function (attached by id): use %gpu_debug {self.job_id}, "
+                "which looks the job's version up"
+            )
+        if failure.frames:
+            print(f"[lancefn] job {self.job_id} failed remotely; its locals there:\n{self._frames_text(self.snapshot)}")
+        return self.function.debug_row(failure.rows[0], commands)
+
+    def _frames_text(self, snapshot: JobRecord) -> str:
+        """The remote frames' locals, at the user's lines where the function is known."""
+        return remote_locals_text(snapshot, self.function.map_traceback if self.function is not None else None)
+
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (or `timeout` s). Ctrl-C stops waiting, not the job."""
         if self._snapshot is not None and self._snapshot.job_state in TERMINAL_STATES:
@@ -145,8 +190,31 @@ class Job(RecordHandle[JobRecord]):
             f"Stopped waiting for job {self.job_id}; it keeps running on the control plane. "
             f"Cancel it with Job.attach({self.job_id!r}).cancel() or the Cancel button in %gpu_jobs."
         ):
-            self._snapshot = self.client.jobs.wait(self.job_id, timeout=timeout)
+            self._snapshot = self._wait_showing_logs(timeout)
         return self
+
+    def _wait_showing_logs(self, timeout: float | None) -> JobRecord:
+        """Wait; a job still running after ``LIVE_AFTER_S`` has its prints shown under the cell as they come, then
+        until it ends (docs/ARCHITECTURE.md, "Live output"). A quicker job costs one request, as before."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = LIVE_AFTER_S if timeout is None else min(timeout, LIVE_AFTER_S)
+        snapshot = self.client.jobs.wait(self.job_id, timeout=first)
+        if snapshot.job_state in TERMINAL_STATES or (deadline is not None and time.monotonic() >= deadline):
+            return snapshot
+        live = LiveLog(self.job_id, self.client.jobs.log_entries)
+        try:
+            while True:
+                live.pull()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return snapshot
+                snapshot = self.client.jobs.wait(
+                    self.job_id, timeout=LIVE_AFTER_S if left is None else min(left, LIVE_AFTER_S)
+                )
+                if snapshot.job_state in TERMINAL_STATES:
+                    return snapshot
+        finally:
+            live.close()
 
     def _batched_form(self) -> str | None:
         """A batched version's output form: its job's result is then the batch in that form (docs/
@@ -202,6 +270,9 @@ class Job(RecordHandle[JobRecord]):
         text = f"job {self.job_id} ({ref}) failed in phase {phase}: {message}"
         if remote_tb:
             text += "\n\nRemote traceback (your code only):\n" + remote_tb
+        if failure is not None and failure.frames:
+            steps = " (job.debug() steps into the failing row here)" if failure.rows is not None else ""
+            text += f"\n\nRemote locals{steps}:\n" + self._frames_text(snapshot)
         return RemoteFunctionError(text, snapshot, phase=phase, remote_traceback=remote_tb)
 
     def cancel(self) -> bool:

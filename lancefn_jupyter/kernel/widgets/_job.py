@@ -22,7 +22,7 @@ import ipywidgets as w
 from lancefn_jupyter.kernel.client.errors import LancefnError
 from lancefn_jupyter.kernel.client.listener import EventListener
 from lancefn_jupyter.kernel.display import cards as display
-from lancefn_jupyter.kernel.display.jobs import job_card
+from lancefn_jupyter.kernel.display.jobs import job_card, remote_locals_text
 from lancefn_jupyter.kernel.display.timings import job_timings_text, timings_breakdown
 from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
@@ -219,6 +219,13 @@ class JobWidget(FallbackReprMixin, w.VBox):
             body += (
                 "<details><summary>remote traceback (your code only)</summary>"
                 f"<pre style='font-size:90%'>{html.escape(trace)}</pre></details>"
+            )
+        local = remote_locals_text(job, function.map_traceback if function is not None else None)
+        if local:
+            steps = " — job.debug() steps into the failing row here" if failure.rows is not None else ""
+            body += (
+                f"<details class='lancefn-job-locals'><summary>remote locals{steps}</summary>"
+                f"<pre style='font-size:90%'>{html.escape(local)}</pre></details>"
             )
         return body
 

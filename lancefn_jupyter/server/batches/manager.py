@@ -575,7 +575,9 @@ class BatchManager:
             if batch.backfill is not None:
                 self.commits.chunk_done(batch, chunk, rec)
             return
-        failure = dict(rec.failure or {})
+        # The failing rows and remote frames stay with the chunk's job ("Debugging a failure"): a batch's reply
+        # carries every chunk's failure, so it keeps the rest only.
+        failure = {k: v for k, v in (rec.failure or {}).items() if k not in ("rows", "frames")}
         failure.setdefault("phase", "timeout" if state == TIMED_OUT else "run")
         failure.setdefault("message", "the chunk's job ended without a failure message")
         setup = state != CANCELLED and failure["phase"] in SETUP_PHASES

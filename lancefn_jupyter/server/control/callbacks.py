@@ -21,9 +21,10 @@ from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.results import Results
 from lancefn_jupyter.server.control.states import DONE, FAILED, IN_PROGRESS, TERMINAL, TIMED_OUT, now_ms
-from lancefn_jupyter.server.encoding import cap_text, clean_text
+from lancefn_jupyter.server.encoding import cap_text, clean_text, dumps
 from lancefn_jupyter.server.executors.base import redact_env
 from lancefn_jupyter.server.storage.store import JobRecord, is_storage_full
+from lancefn_jupyter.wire.frames import FAILING_ROWS_MAX_BYTES, bounded_frames
 from lancefn_jupyter.wire.models import JobFailure
 
 if TYPE_CHECKING:
@@ -88,7 +89,31 @@ def job_timings(rec: JobRecord, reported: Mapping[str, Any] | None) -> dict[str,
         "setup_ms": setup_ms,
         "run_ms": _millis(reported.get("run_ms")),
         "cold": bool(start_ms > 0 or setup_ms > 0 or environment_ms > 0 or reported.get("cold") is True),
+        **_reused_setup(reported),
     }
+
+
+def _reused_setup(reported: Mapping[str, Any]) -> dict[str, Any]:
+    """A job run on the live worker of an earlier version with the same setup part (docs/ARCHITECTURE.md, "Setup
+    reuse"): that version's id, and the time the worker took to rebind the new code."""
+    source = reported.get("setup_reused_from")
+    if not isinstance(source, str) or not source:
+        return {}
+    return {"setup_reused_from": source[:128], "rebind_ms": _millis(reported.get("rebind_ms"))}
+
+
+def _storable(frames: list[dict] | None) -> list[dict] | None:
+    """Bounded frames with every text storable (``clean_text``: a forged event may carry lone surrogates)."""
+    if frames is None:
+        return None
+    return [
+        {
+            "function": clean_text(frame["function"]),
+            "line": frame["line"],
+            "locals": {clean_text(name): clean_text(text) for name, text in frame["locals"].items()},
+        }
+        for frame in frames
+    ]
 
 
 class JobCallbacks:
@@ -211,8 +236,23 @@ class JobCallbacks:
                 wire = JobFailure(phase="executor", message=f"worker failed: {cap_text(str(failure), 2000)}").to_wire()
         env = [self.table.job_env.get(rec.job_id, {})]
         wire = {k: clean_text(cap_text(redact_env(v, env))) if isinstance(v, str) else v for k, v in wire.items()}
+        if "frames" in wire:
+            wire["frames"] = _storable(bounded_frames(wire["frames"], env[0].values()))
+        if "failing_rows" in wire:
+            wire.update(self._failing_rows(rec, *wire["failing_rows"]))
+            wire = {k: v for k, v in wire.items() if v is not None}
         rec.failure = wire
         self.machine.finish(rec, TIMED_OUT if wire["phase"] == "timeout" else FAILED)
+
+    def _failing_rows(self, rec: JobRecord, start: int, end: int) -> dict[str, Any]:
+        """The failing rows ``start…end`` of a job with JSON rows, kept with its failure when their JSON is at most
+        ``FAILING_ROWS_MAX_BYTES`` (docs/ARCHITECTURE.md, "Debugging a failure"); the span alone otherwise. A span
+        outside the job's rows (a worker's claim) is dropped."""
+        rows = self.journal.rows(rec.job_id) if rec.spec.get("rows_format") != "arrow" else None
+        if not isinstance(rows, list) or not 0 <= start < end <= len(rows):
+            return {"failing_rows": None}
+        failing = rows[start:end]
+        return {"rows": failing} if len(dumps(failing).encode("utf-8")) <= FAILING_ROWS_MAX_BYTES else {}
 
     def _fail_after_error(self, job_id: str) -> None:
         table = self.table

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
+import hmac
 import json
 import uuid
 from collections.abc import Callable, Mapping
@@ -38,8 +40,10 @@ from lancefn_jupyter.wire.models import (
     rfc3339_now,
     version_id,
 )
+from lancefn_jupyter.wire.setup_part import setup_part
 
 DEFAULT_MAX_ARTIFACT_BYTES = 4 * 1024 * 1024  # --max-artifact-bytes
+_SETUP_DIGESTS_KEPT = 4096  # versions whose setup digest is remembered
 
 
 class Where(TypedDict, total=False):
@@ -126,6 +130,32 @@ class FunctionCatalog:
         self.digest_key = digest_key
         # The executor's refusal of a version's environment (docs/ARCHITECTURE.md, "Environments"), or None.
         self.environment_check = environment_check
+        # (namespace, name, version) → its setup digest: derived from the stored version, never part of its id
+        # (docs/ARCHITECTURE.md, "Setup reuse"); parsed once per version, not per job.
+        self._setup_digests: dict[tuple[str, str, str], str | None] = {}
+
+    def setup_digest(self, namespace: str, name: str, version: FunctionVersion, artifact: bytes) -> str | None:
+        """The digest of the version's setup part with what else its setup depends on (its runtime: environment,
+        env, resources, state; its namespace and name), or None when its workers are never reused for another
+        version (``state=per_job``, ``reuse_setup=no``, a source that does not parse)."""
+        key = (namespace, name, version.version)
+        if key in self._setup_digests:
+            return self._setup_digests[key]
+        digest = None
+        runtime = version.runtime
+        if runtime.state != "per_job" and runtime.reuse_setup != "no":
+            try:
+                part = setup_part(artifact.decode("utf-8"), version.artifact.entrypoint)
+            except UnicodeDecodeError:
+                part = None
+            if part is not None:
+                text = "\0".join((namespace, name, part.digest, runtime.to_canonical_json())).encode()
+                key_bytes = self.digest_key or b""
+                digest = hmac.new(key_bytes, text, hashlib.sha256).hexdigest()  # env values are in it: keyed
+        if len(self._setup_digests) >= _SETUP_DIGESTS_KEPT:
+            self._setup_digests.clear()  # recomputed on demand: a parse per version
+        self._setup_digests[key] = digest
+        return digest
 
     # ----------------------------------------------------------------- requests
 

@@ -252,6 +252,7 @@ class JobMachine:
             venv=self.environments.venv(rec.job_id),
             table_slice=None if table_slice is None else TableSlice.from_wire(table_slice),
             resources=resource_request(runtime.resources, spec.gpu_class if spec else None),
+            setup_digest=self.catalog.setup_digest(rec.namespace, rec.spec["name"], fv, row.artifact),
         )
 
     def _task_data(self, rec: JobRecord, fv: FunctionVersion, rows: Any) -> TaskData:

@@ -116,11 +116,13 @@ class JobQueries:
                 "--log-max-bytes of job logs, the oldest jobs' first"
             )
             lines = [note, *(line for _, _, line in entries)]
-            return {"lines": lines, "next_offset": entries[-1][0] + 1 if entries else pruned}
+            streams = ["stderr", *(stream for _, stream, _ in entries)]
+            return {"lines": lines, "streams": streams, "next_offset": entries[-1][0] + 1 if entries else pruned}
         entries = self.store.read_logs(job_id, offset, limit)
         lines = [line for _, _, line in entries]
         next_offset = entries[-1][0] + 1 if entries else offset
-        return {"lines": lines, "next_offset": next_offset}
+        # streams: each line's stream (stdout, stderr), so a reader can keep them apart ("Live output")
+        return {"lines": lines, "streams": [stream for _, stream, _ in entries], "next_offset": next_offset}
 
     async def wait(self, job_id: str, timeout_s: float, scope: str | None, *, unless_queued: bool) -> dict:
         """The job once terminal, or as it stands after ``timeout_s`` (long poll).

@@ -85,6 +85,9 @@ class TaskSpec:
     timeout_limit: bool = False
     # The host CPU and memory its worker is given and held to (docs/ARCHITECTURE.md, "Compute resources").
     resources: ResourceRequest = NO_REQUEST
+    # The version's setup digest (docs/ARCHITECTURE.md, "Setup reuse"): an idle worker of another version of the same
+    # (namespace, name) with the same digest may run it, rebinding its code; None: a worker of its own only.
+    setup_digest: str | None = None
 
     @property
     def rows_total(self) -> int:

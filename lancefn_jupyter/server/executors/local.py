@@ -191,6 +191,7 @@ class _Run:
     outcome: str | None = None
     rows_done: int = 0
     start_ms: float | None = None  # starting a worker process for this run; 0 when one was idle
+    reused_from: str | None = None  # the version whose idle worker it took ("Setup reuse")
     sent: bool = False  # its worker has the task: a thread taking the run over only follows it
     timer: threading.Timer | None = None  # its own timeout_s, from when the task was sent
     deadline: float | None = None  # the server's maximum run time (monotonic), from the send: ``_watch_running``
@@ -258,6 +259,9 @@ class LocalExecutor(Executor):
         self._lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
         self._idle: dict[_Key, tuple[WorkerProcess, float]] = {}  # key → (worker, idle since)
+        # key → the setup digest of its version's task, for workers that may serve another version ("Setup reuse");
+        # pruned to the idle keys' when it grows.
+        self._setup_digests: dict[_Key, str] = {}
         self._spawners: set[threading.Thread] = set()
         self._spawning: set[_Key] = set()  # keys a background start is under way for
         self._venvs: dict[str, Environment] = {}  # environments tasks ran in, by key (to start their spares)
@@ -492,6 +496,8 @@ class LocalExecutor(Executor):
         """Report the run's ``result``/``failed`` event, its worker pooled first (or stopped, after the report);
         ``leftover``: why the worker must not serve again, found by :meth:`_end_strays`."""
         final["timings"] = {**(final.get("timings") or {}), "start_ms": run.start_ms or 0.0, **self._gpu_stats(run)}
+        if run.reused_from is not None and final["timings"].get("setup_reused"):  # the worker rebound its code
+            final["timings"]["setup_reused_from"] = run.reused_from
         over = self._over_memory(run, worker)
         if over is not None:  # it went past its memory= between two looks: the job fails, the worker goes
             final = {"event": "failed", "phase": "resources", "message": over, "timings": final["timings"]}
@@ -576,7 +582,7 @@ class LocalExecutor(Executor):
             if self._uids is not None:  # its namespace's uid, allocated on the namespace's first job
                 devices, simulated, owner, venv, _ = run.key
                 run.key = (devices, simulated, owner, venv, self._uids.uid_for(run.task.namespace))
-            worker, run.start_ms = self._acquire(run.key, run.task.venv)
+            worker, run.start_ms, run.reused_from = self._acquire(run.key, run.task.venv, run.task.setup_digest)
         except WorkerStartError as exc:
             if run.claim("crashed"):
                 self._callbacks.task_failed(run.task.job_id, JobFailure(phase="worker", message=str(exc)))
@@ -820,13 +826,23 @@ class LocalExecutor(Executor):
 
     # ----------------------------------------------------------------- the pool
 
-    def _acquire(self, key: _Key, venv: Environment | None = None) -> tuple[WorkerProcess, float]:
-        """Its own (namespace, version)'s idle worker, else a fresh one of the same Python (the base's, or
-        ``venv``'s), else a new process; and the milliseconds spent starting that process (0 for an idle one)."""
+    def _acquire(
+        self, key: _Key, venv: Environment | None = None, setup_digest: str | None = None
+    ) -> tuple[WorkerProcess, float, str | None]:
+        """Its own (namespace, version)'s idle worker, else an idle one of another version of the function with the
+        same ``setup_digest`` ("Setup reuse"), else a fresh one of the same Python (the base's, or ``venv``'s), else
+        a new process; the milliseconds spent starting that process (0 for an idle one), and the version whose
+        worker it is when it is another's."""
+        peer = None
         with self._lock:
             if venv is not None:
                 self._venvs[venv.key] = venv  # to start spares of it
+            if setup_digest is not None:
+                self._setup_digests[key] = setup_digest
             own = self._idle.pop(key, None)
+            if own is None and setup_digest is not None:
+                peer = self._idle_peer(key, setup_digest)
+                own = self._idle.pop(peer, None) if peer is not None else None
             fresh = self._idle.pop(_fresh(key), None) if own is None else None
             sharing = [
                 self._idle.pop(other)[0]
@@ -839,12 +855,28 @@ class LocalExecutor(Executor):
             if entry is None:
                 continue
             if entry[0].usable():
-                return entry[0], 0.0
+                reused = peer[2][2] if peer is not None and entry is own else None  # type: ignore[index]
+                return entry[0], 0.0, reused
             log.warning("replacing idle worker %d: %s", entry[0].pid, "stopped" if entry[0].alive() else "gone")
             entry[0].kill(self._grace_s)
         started = time.perf_counter()
         worker = self._start(key, venv)
-        return worker, (time.perf_counter() - started) * 1000.0
+        return worker, (time.perf_counter() - started) * 1000.0, None
+
+    def _idle_peer(self, key: _Key, setup_digest: str) -> _Key | None:
+        """(Lock held.) The most recently idle worker's key of another version of ``key``'s function, on the same
+        devices, Python and uid, whose version has ``setup_digest`` ("Setup reuse"); None if there is none."""
+        owner = key[2]
+        peers = [
+            other
+            for other in self._idle
+            if other[2] is not None
+            and other[2][:2] == owner[:2]  # type: ignore[index]
+            and other[2] != owner
+            and (other[0], other[1], other[3], other[4]) == (key[0], key[1], key[3], key[4])
+            and self._setup_digests.get(other) == setup_digest
+        ]
+        return max(peers, key=lambda other: self._idle[other][1]) if peers else None
 
     def _start(self, key: _Key, venv: Environment | None, *, spare: bool = False) -> WorkerProcess:
         """A worker process for ``key``: of the base Python, or of ``venv``'s, inheriting its own lease on it
@@ -904,6 +936,8 @@ class LocalExecutor(Executor):
                 if len(self._idle) > self._max_idle:
                     oldest = min(self._idle, key=lambda k: self._idle[k][1])
                     retire.append(self._idle.pop(oldest)[0])
+                if len(self._setup_digests) > 4 * self._max_idle:
+                    self._setup_digests = {k: v for k, v in self._setup_digests.items() if k in self._idle}
         if retire == [worker]:
             worker.stop(self._grace_s)  # not pooled: the caller's worker, stopped before it goes on
         elif retire:

@@ -54,6 +54,7 @@ def worker_task(task: TaskSpec, data: Mapping[str, object]) -> WorkerTask:
         data=data,
         state=task.state,
         python_version=task.environment.python_version if task.environment is not None else None,
+        setup_digest=task.setup_digest,
     )
 
 
@@ -89,6 +90,11 @@ def _failed(event: dict, phases: Collection[str]) -> str | None:
         return "its message is not a string"
     if type(event.get("traceback")) not in (str, type(None)):
         return "its traceback is not a string"
+    if type(event.get("frames", [])) is not list:  # their contents are bounded where stored (wire/frames.py)
+        return "its frames are not a list"
+    span = event.get("failing_rows", [0, 0])
+    if type(span) is not list or len(span) != 2 or not all(_count(n) for n in span) or span[0] > span[1]:
+        return "its failing_rows are not [start, end] row numbers"
     return None if type(event.get("retryable", False)) is bool else "retryable is not true or false"
 
 
@@ -144,7 +150,22 @@ def failure_of(event: Mapping[str, Any]) -> JobFailure:
         message=str(event.get("message", "")),
         retryable=bool(event.get("retryable", False)),
         traceback=event.get("traceback"),
+        **_debugging(event),
     )
+
+
+def _debugging(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``failed`` event's frames and failing rows' span as ``JobFailure`` fields, the frames within the bounds
+    (docs/ARCHITECTURE.md, "Debugging a failure")."""
+    from lancefn_jupyter.wire.frames import bounded_frames
+
+    fields: dict[str, Any] = {}
+    frames = bounded_frames(event.get("frames"))
+    if frames is not None:
+        fields["frames"] = frames
+    if "failing_rows" in event:
+        fields["failing_rows"] = tuple(event["failing_rows"])
+    return fields
 
 
 def relay(callbacks: ExecutorCallbacks, job_id: str, event: Mapping[str, Any]) -> None:

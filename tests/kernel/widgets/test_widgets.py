@@ -258,6 +258,8 @@ def test_failed_and_timed_out_jobs_show_readable_errors(cp, gates):
     wait_until(lambda: widget.state == "failed", "job failed")
     assert "failed in phase run" in status_text(widget)
     assert widget.error.layout.display is None and "value 3 is too big" in widget.error.value
+    assert "remote locals — job.debug() steps into the failing row here" in widget.error.value
+    assert "value = 3" in widget.error.value  # the failing row's local, as the remote frame held it
     assert widget.progress.bar_style == "danger" and widget.cancel_button.disabled
 
     slow = api.gpu_function(num_gpus=1, timeout_s=0.5)(wait_for_file)

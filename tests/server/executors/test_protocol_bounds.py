@@ -11,6 +11,7 @@ import pytest
 from conftest import register, registration_body
 from helpers import let_workers_reach_this_python, submit, text_body, wait_done
 
+from lancefn_jupyter.wire.frames import FRAMES_MAX, LOCALS_MAX, NAME_MAX, REPR_MAX
 from lancefn_jupyter.worker.protocol import JSON_RESULT_MAX_BYTES, LINE_MAX_BYTES
 
 pytestmark = pytest.mark.timeout(180)
@@ -99,6 +100,8 @@ def test_a_forged_oversized_json_result_is_refused_in_phase_result_and_never_sto
         ('{"event":"result","results":"not a list"}', "result event: results is not a list"),
         ('{"event":"result","results":["forged"],"task_id":"another"}', "result event: it is for another task"),
         ('{"event":"result","results":["a"]}\n{"event":"result","results":["b"]}', "result event: a second outcome"),
+        ('{"event":"failed","phase":"run","message":"m","frames":"x"}', "failed event: its frames are not a list"),
+        ('{"event":"failed","phase":"run","message":"m","failing_rows":[3,1]}', "failed event: its failing_rows"),
         ("[1, 2]", "protocol line: a line that is not a JSON object"),
         ("not json", "protocol line: a line that is not JSON"),
     ],
@@ -110,6 +113,29 @@ def test_a_forged_event_ends_the_job_cleanly_in_phase_worker_and_the_next_job_ru
     failure = job["failure"]
     assert failure["phase"] == "worker", failure
     assert f"the worker sent an invalid {invalid}" in failure["message"], failure
+    next_job_runs(http, version)
+    no_traceback(cp)
+
+
+def test_forged_failure_frames_are_kept_within_the_bounds_and_a_row_span_outside_the_rows_is_dropped(forging):
+    """Debugging a failure: what a worker claims of its frames and failing rows is bounded on the control plane."""
+    cp, http, version = forging
+    frames = [{"function": "f" * 500, "line": 7, "locals": {f"v{i}": "x" * 300 for i in range(100)}}] * 40
+    frames.append({"function": 7, "line": "no", "locals": []})  # malformed: left out
+    frames.append({"function": "g", "line": 9, "locals": {"odd": "\ud800"}})  # a lone surrogate: stored as "?"
+    event = {"event": "failed", "phase": "run", "message": "forged", "frames": frames, "failing_rows": [0, 5]}
+    job = forge(http, version, f"__import__('json').dumps({event!r}) + '\\n'", then="exit")
+    failure = job["failure"]
+    assert failure["message"] == "forged" and "failing_rows" not in failure and "rows" not in failure, failure.keys()
+    assert len(failure["frames"]) == FRAMES_MAX and failure["frames"][-1] == {
+        "function": "g",
+        "line": 9,
+        "locals": {"odd": "?"},
+    }
+    for frame in failure["frames"][:-1]:
+        assert len(frame["function"]) == NAME_MAX and len(frame["locals"]) == LOCALS_MAX
+        assert all(len(text) == REPR_MAX and text.endswith("…") for text in frame["locals"].values())
+    assert len(http.post("/v1/jobs/describe", json={"job_id": job["job_id"]}).content) < 64 * 1024
     next_job_runs(http, version)
     no_traceback(cp)
 

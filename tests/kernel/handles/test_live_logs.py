@@ -1,0 +1,59 @@
+"""A job's prints under the cell that waits for it, as they happen (docs/ARCHITECTURE.md, "Live output")."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from lancefn_jupyter.kernel.handles import live_logs
+from lancefn_jupyter.kernel.session import current_client
+
+TALK = """
+import os
+import time
+
+def talk(n: int) -> int:
+    for i in range(n):
+        print(f"line {i}", flush=True)
+        if i == 1:
+            os.write(2, f"warn {i}\\n".encode())
+        time.sleep(0.3)
+    return n
+"""
+
+
+class Recorder:
+    """A stream that keeps each write with when it came."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.writes.append((time.time() * 1000, text.strip()))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_prints_arrive_in_order_while_the_job_runs_with_stderr_apart_and_a_flood_is_cut_short(ip):
+    ip.run_cell_magic("gpu_function", "num_gpus=1", TALK)
+    talk = ip.user_ns["talk"]
+    out, err = Recorder(), Recorder()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        job = talk.submit(6)
+        assert job.result() == 6
+    finished = job.snapshot.finished_ms
+    assert [text for _, text in out.writes] == [f"line {i}" for i in range(6)]
+    assert [text for _, text in err.writes] == ["warn 1"]
+    assert out.writes[0][0] < finished  # shown while the job ran, not after it ended
+    stored = job.logs().splitlines()  # each stream in order (two pipes: their lines may interleave either way)
+    assert [line for line in stored if line.startswith("line")] == [f"line {i}" for i in range(6)]
+    assert len(stored) == 7 and "warn 1" in stored
+
+    out = Recorder()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(Recorder()):
+        follower = live_logs.LiveLog(job.job_id, current_client().jobs.log_entries, shown=3)
+        follower.close()
+    assert [text for _, text in out.writes] == ["line 0", "line 1", "[lancefn] 4 lines more — job.logs()"]
