@@ -177,6 +177,7 @@ def test_lookup_from_a_plain_python_process(ip, control_plane):
     script = textwrap.dedent(
         f"""
         import lancefn_jupyter as lf
+        from lancefn_jupyter.client import LancefnError
         lf.connect({control_plane.url!r}, {control_plane.api_key!r})
         newest = lf.lookup("score")
         old = lf.lookup("score@{v1[:6]}")
@@ -186,7 +187,7 @@ def test_lookup_from_a_plain_python_process(ip, control_plane):
         print("local", old.local(5.0))
         try:
             old(1.0)
-        except lf.api.LancefnError as error:
+        except LancefnError as error:
             print("call", "looked up" in str(error))
         try:
             lf.lookup("score@ffffff")
