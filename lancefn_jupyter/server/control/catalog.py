@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.environments.requirements import pip_problem
+from lancefn_jupyter.server.control import dialect
 from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
 from lancefn_jupyter.server.control.jobtable import TableLock
 from lancefn_jupyter.server.control.journal import JobJournal
@@ -68,6 +69,48 @@ class Prepared(NamedTuple):
     @property
     def entrypoint(self) -> str:
         return self.request.artifact.entrypoint
+
+    @property
+    def per_row(self) -> bool:
+        """Whether the entry is called once per row (an Arrow-batch signature in its source is then refused)."""
+        return not self.request.signature.batched
+
+
+def unsupported_artifact(artifact: Any) -> str | None:
+    """Why an artifact kind this server does not run is refused (checked before parsing, for a message that says
+    what to do), or None."""
+    kind = artifact.get("kind") if isinstance(artifact, Mapping) else None
+    if kind == "python_bundle":
+        return (
+            "artifact.kind 'python_bundle' (LanceDB's udf(code=[module])) is not supported by this server yet; "
+            "put the helper code in the function's own module, or register it from a notebook with "
+            "%%gpu_function include=MODULE"
+        )
+    return None
+
+
+def unsupported_fields(request: FunctionRegistrationRequest) -> str | None:
+    """Why a registration using a field this server cannot honour is refused (docs/ARCHITECTURE.md, "LanceDB 0.40
+    dialect": nothing accepted is dropped), or None."""
+    signature = request.signature
+    if signature.initialization:
+        names = ", ".join(parameter.name for parameter in signature.initialization)
+        return (
+            f"signature.initialization ({names}: a class's __init__ parameters) is not supported by this server yet; "
+            "give the class an __init__ without parameters (or defaults read from the environment) and register again"
+        )
+    if request.secret_bindings:
+        return (
+            "secret_bindings are not supported by this server yet; register without secrets and pass the value with "
+            "runtime.env (%%gpu_function env=NAME=VALUE)"
+        )
+    output = signature.output
+    if output.kind != "scalar" or output.fields:
+        return (
+            f"signature.output.kind {output.kind!r} is not supported by this server; return one value "
+            "(output kind 'scalar', e.g. {'kind': 'scalar', 'arrow_type': 'float64', 'nullable': False})"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -133,7 +176,9 @@ class FunctionCatalog:
         is parsed in a child here and now; the server's route takes a turn at the children first
         (:meth:`prepare`, ``artifact_check.CheckTurns``, :meth:`record`)."""
         prepared = self.prepare(body)
-        problem = None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint)
+        problem = (
+            None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint, prepared.per_row)
+        )
         if problem:
             raise ApiError(400, problem)
         return self.record(prepared, namespace)
@@ -143,10 +188,16 @@ class FunctionCatalog:
         what is wrong."""
         if not isinstance(body, Mapping):
             raise ApiError(400, "the body must be a JSON object: a function registration request")
+        refused = unsupported_artifact(body.get("artifact"))
+        if refused:
+            raise ApiError(400, refused)
         try:
             request = FunctionRegistrationRequest.from_wire(body)
         except ValidationError as error:
             raise ApiError(400, "invalid registration request: " + format_validation_error(error)) from None
+        refused = unsupported_fields(request)
+        if refused:
+            raise ApiError(400, refused)
         runtime = request.runtime
         if runtime.kind not in ("python", "python_v2"):
             raise ApiError(
@@ -170,14 +221,16 @@ class FunctionCatalog:
                 "keep data out of the function's source, or start lancefn-server with a larger --max-artifact-bytes",
             )
         checked = in_process(artifact)
-        problem = artifact_problem(artifact, request.artifact.entrypoint) if checked else None
+        per_row = not request.signature.batched
+        problem = artifact_problem(artifact, request.artifact.entrypoint, per_row) if checked else None
         if problem:
             raise ApiError(400, problem)
         return Prepared(request, artifact, checked)
 
-    def record(self, prepared: Prepared, namespace: str = DEFAULT_NAMESPACE) -> Registration:
+    def record(self, prepared: Prepared, namespace: str = DEFAULT_NAMESPACE, lancedb: bool = False) -> Registration:
         """Record a prepared registration whose artifact is checked in ``namespace``: the version and its DONE
-        ``create_function`` job; returns its id and the warnings about the version."""
+        ``create_function`` job; returns its id and the warnings about the version.  ``lancedb``: the job's result is
+        the version in LanceDB 0.40's shape (its client reads it)."""
         request, artifact = prepared.request, prepared.artifact
         runtime = request.runtime
         if runtime.resources is not None:
@@ -205,7 +258,9 @@ class FunctionCatalog:
                     finished_ms=now,
                     spec={"name": request.name, "version": vid},
                     name=request.name,
-                    result=redact_definition(json.loads(definition)),
+                    result=self._shaped(json.loads(definition), namespace)
+                    if lancedb
+                    else redact_definition(json.loads(definition)),
                     namespace=namespace,
                 )
                 self.journal.persist(rec, new=True)
@@ -302,6 +357,53 @@ class FunctionCatalog:
             if not row.dropped:
                 self.store.set_dropped(name, version, True, row.namespace)
             return {"dropped": not row.dropped}
+
+    # ------------------------------------------------- LanceDB 0.40 dialect
+
+    def _shaped(self, definition: dict, namespace: str) -> dict:
+        ids = self.store.version_ids(definition["name"], namespace)
+        return dialect.lancedb_version(redact_definition(definition), ids=ids, namespace=namespace)
+
+    def _lancedb_row(self, name: str, version: str, namespace: str) -> VersionRow:
+        """The live version a LanceDB ``version`` (decimal, or our content id) of ``name`` means; 404 otherwise."""
+        vid = dialect.version_position(self.store.version_ids(name, namespace), version)
+        row = self.store.get_version(name, vid, namespace) if vid is not None else None
+        if row is None or row.dropped:
+            raise ApiError(
+                404, f"function {name!r} has no version {version!r}; list its versions with db.list_functions()"
+            )
+        return row
+
+    def lancedb_describe(self, name: str, version: str, namespace: str) -> dict:
+        """A version in LanceDB 0.40's shape (``POST /v1/function/{id}/describe``)."""
+        return self._shaped(json.loads(self._lancedb_row(name, version, namespace).definition), namespace)
+
+    def lancedb_drop(self, name: str, version: str, namespace: str) -> dict:
+        """``POST /v1/function/{id}/drop``: ``{"dropped": false}`` when it was dropped already or never existed."""
+        vid = dialect.version_position(self.store.version_ids(name, namespace), version)
+        with self.lock:
+            row = self.store.get_version(name, vid, namespace) if vid is not None else None
+            if row is None or row.dropped:
+                return {"dropped": False}
+            self.store.set_dropped(name, row.version, True, namespace)
+            return {"dropped": True}
+
+    def lancedb_list(self, namespace: str, include_definition: bool, page_token: str | None, limit: int) -> dict:
+        """``GET /v1/namespace/{ns}/function/list``: live versions in registration order, paginated."""
+        listed = self.list_functions(
+            name=None, include_definition=True, page_token=page_token, limit=limit, scope=namespace
+        )
+        functions = []
+        for item in listed["functions"]:
+            shaped = self._shaped(item["definition"], namespace)
+            entry: dict[str, Any] = {"name": item["name"], "version": shaped["version"]}
+            if include_definition:
+                entry["definition"] = shaped
+            functions.append(entry)
+        reply: dict[str, Any] = {"functions": functions}
+        if "page_token" in listed:
+            reply["page_token"] = listed["page_token"]
+        return reply
 
     # ---------------------------------------------------------------- placement
 

@@ -78,6 +78,7 @@ class RegisterRequest(NamedTuple):
 
     prepared: Prepared
     namespace: str
+    lancedb: bool = False  # LanceDB 0.40's route: the job's result in its shape
 
 
 class Admitted(NamedTuple):
@@ -144,7 +145,7 @@ class Intake:
         too, once it ended or the wait is over (a job waiting for capacity or its environment is answered at once,
         saved first). A 4xx names what to change."""
         if isinstance(request, RegisterRequest):
-            return await off_loop(self.catalog.record, request.prepared, request.namespace)
+            return await off_loop(self.catalog.record, request.prepared, request.namespace, request.lancedb)
         lane = choose_lane(request)
         if lane is Lane.LOOP_WAITING:
             job_id = self.admit_on_loop(request, waiting=True)

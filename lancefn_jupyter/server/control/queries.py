@@ -8,6 +8,7 @@ import asyncio
 from collections import OrderedDict
 from typing import Any
 
+from lancefn_jupyter.server.control.dialect import job_row
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.reports import Reports
@@ -79,7 +80,7 @@ class JobQueries:
             )
             # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
             current = [table.active.get(rec.job_id) or self.unsaved.get(rec.job_id) or rec for rec in recs[:limit]]
-            jobs = [self.reports.job_wire(rec) for rec in current if state is None or rec.state == state]
+            jobs = [job_row(self.reports.job_wire(rec)) for rec in current if state is None or rec.state == state]
         reply: dict[str, Any] = {"jobs": jobs}
         if len(recs) > limit:
             reply["page_token"] = encode_token(recs[limit - 1].seq or 0)  # stored records have a seq

@@ -459,6 +459,12 @@ class Store:
             args += (namespace,)
         return self._query(sql + " ORDER BY seq LIMIT ?", (*args, limit))
 
+    def version_ids(self, name: str, namespace: str) -> list[str]:
+        """Every version id of ``name`` in ``namespace``, dropped ones too, in registration order (LanceDB's decimal
+        versions are positions in this list, so they never move)."""
+        sql = "SELECT version FROM function_versions WHERE name=? AND namespace=? ORDER BY seq"
+        return [row[0] for row in self._query(sql, (name, namespace))]
+
     def count_versions(self) -> int:
         return self._query("SELECT COUNT(*) FROM function_versions")[0][0]
 
