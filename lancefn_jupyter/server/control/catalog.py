@@ -23,6 +23,7 @@ from lancefn_jupyter.server.control.jobtable import TableLock
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.states import DONE, now_ms
+from lancefn_jupyter.server.control.vault import SecretVault
 from lancefn_jupyter.server.errors import ApiError, format_validation_error
 from lancefn_jupyter.server.executors.base import REDACTED
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -99,11 +100,6 @@ def unsupported_fields(request: FunctionRegistrationRequest) -> str | None:
             f"signature.initialization ({names}: a class's __init__ parameters) is not supported by this server yet; "
             "give the class an __init__ without parameters (or defaults read from the environment) and register again"
         )
-    if request.secret_bindings:
-        return (
-            "secret_bindings are not supported by this server yet; register without secrets and pass the value with "
-            "runtime.env (%%gpu_function env=NAME=VALUE)"
-        )
     output = signature.output
     if output.kind != "scalar" or output.fields:
         return (
@@ -157,8 +153,11 @@ class FunctionCatalog:
         environment_check: Callable[[EnvironmentRequest], str | None] | None = None,
         digest_key: bytes | None = None,
         allow_direct_references: bool = True,
+        secrets: SecretVault | None = None,
     ):
         self.store, self.classes, self.lock, self.journal = store, classes, lock, journal
+        # Each namespace's secrets (docs/ARCHITECTURE.md, "Secrets"): a version's bindings must name existing ones.
+        self.secrets = secrets or SecretVault(store)
         # Whether pip entries ``NAME @ URL`` are accepted (docs/ARCHITECTURE.md, "Environments"): a server of one
         # namespace, or --allow-direct-references.
         self.allow_direct_references = allow_direct_references
@@ -235,6 +234,10 @@ class FunctionCatalog:
         runtime = request.runtime
         if runtime.resources is not None:
             self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
+        if request.secret_bindings:
+            problem = self.secrets.binding_problem(namespace, request.secret_bindings, runtime.env or ())
+            if problem:
+                raise ApiError(400, problem)
         vid = version_id(request, self.digest_key)
         warnings = self._environment_warnings(request)
         with self.lock:

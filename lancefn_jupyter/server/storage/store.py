@@ -101,6 +101,14 @@ CREATE TABLE IF NOT EXISTS events(
     job_id TEXT,
     data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS secrets(
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY(namespace, name)
+);
 """
 
 
@@ -464,6 +472,21 @@ class Store:
         versions are positions in this list, so they never move)."""
         sql = "SELECT version FROM function_versions WHERE name=? AND namespace=? ORDER BY seq"
         return [row[0] for row in self._query(sql, (name, namespace))]
+
+    def load_secrets(self) -> list[tuple[str, str, str, int, int]]:
+        """Every secret: ``(namespace, name, value, created_ms, updated_ms)`` (the vault keeps them in memory)."""
+        return self._query("SELECT namespace, name, value, created_ms, updated_ms FROM secrets")
+
+    def put_secret(self, namespace: str, name: str, value: str, created_ms: int, updated_ms: int) -> None:
+        with self.batch():
+            self._db.execute(
+                "INSERT OR REPLACE INTO secrets(namespace, name, value, created_ms, updated_ms) VALUES(?,?,?,?,?)",
+                (namespace, name, value, created_ms, updated_ms),
+            )
+
+    def delete_secret(self, namespace: str, name: str) -> None:
+        with self.batch():
+            self._db.execute("DELETE FROM secrets WHERE namespace=? AND name=?", (namespace, name))
 
     def count_versions(self) -> int:
         return self._query("SELECT COUNT(*) FROM function_versions")[0][0]

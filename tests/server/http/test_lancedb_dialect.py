@@ -155,8 +155,6 @@ def test_fields_not_implemented_are_refused_never_dropped(teams, tmp_path):
                 output_schema=pa.float64(),
             )
         )
-    with pytest.raises(Exception, match=r"400.*secret_bindings"):
-        db.create_function(udf(triple, name="secretive"), secrets=[EnvVarSecret("HF", "HF_TOKEN")])
     helper = tmp_path / "helper_mod.py"
     helper.write_text("FACTOR = 3\n")
     spec = importlib.util.spec_from_file_location("helper_mod", helper)
@@ -173,7 +171,7 @@ def test_fields_not_implemented_are_refused_never_dropped(teams, tmp_path):
         reply = http.post("/v1/functions/create", json=body)
     assert reply.status_code == 400 and "named_struct" in reply.json()["error"]["message"]
     names = {fv.name for fv in db.list_functions()}
-    assert not names & {"Scale", "doubled", "secretive", "bundled", "struct"}
+    assert not names & {"Scale", "doubled", "bundled", "struct"}
 
 
 def test_gpu_marker_counts_in_identity_and_must_be_true(teams):
@@ -203,3 +201,51 @@ def test_create_function_async_result_is_the_version(teams):
     assert isinstance(fv, FunctionVersion) and fv.version == "1"
     with httpx.Client(base_url=teams.url, headers={"x-api-key": A_KEY}) as http:
         assert http.post("/v1/jobs/describe", json={"job_id": job.id}).json()["result"]["version"] == "1"
+
+
+def token_tail(x: int) -> str:
+    import os
+
+    return os.environ["HF_TOKEN"][-4:] + str(x)
+
+
+def test_secrets_end_to_end(teams):
+    db = connect(teams.url, B_KEY)
+    binding = [EnvVarSecret("HF", "HF_TOKEN")]
+    with pytest.raises(Exception, match=r"400.*secret 'HF' does not exist; create it with %gpu_secret HF"):
+        db.create_function(udf(token_tail), secrets=binding)
+    db.create_secret("HF", "hf_first_value_1234")
+    with pytest.raises(Exception, match="409"):
+        db.create_secret("HF", "again")
+    info = db.describe_secret("HF")
+    assert info.name == "HF" and info.created_at_millis == info.updated_at_millis > 0
+    assert db.list_secrets() == ["HF"]
+    assert connect(teams.url, A_KEY).list_secrets() == []  # per namespace
+    fv = db.create_function(udf(token_tail), secrets=binding)
+    assert [(b.variable, b.secret_ref.name) for b in fv.secret_bindings] == [("HF_TOKEN", "HF")]
+    bare = db.create_function(udf(token_tail, env={"HF_TOKEN": "plain"}))
+    assert bare.metadata["lancefn.version"] != fv.metadata["lancefn.version"]  # the binding counts in the id
+
+    def run() -> dict:
+        with teams.http(B_KEY) as http:
+            body = {"name": fv.name, "version": fv.metadata["lancefn.version"], "rows": [{"x": 1}], "wait_s": 30}
+            return http.post("/v1/functions/run", json=body).json()["job"]
+
+    assert run()["result"] == ["12341"]
+    db.alter_secret("HF", "hf_second_value_9999")
+    assert db.describe_secret("HF").updated_at_millis >= info.updated_at_millis
+    assert db.get_function(fv.name, version=fv.version) == fv  # altering changes no version
+    assert run()["result"] == ["99991"]
+    db.drop_secret("HF")
+    failed = run()
+    assert failed["job_state"] == "FAILED" and failed["failure"]["phase"] == "environment"
+    assert "secret 'HF' (bound to environment variable HF_TOKEN) does not exist" in failed["failure"]["message"]
+    assert "%gpu_secret HF" in failed["failure"]["message"]
+    with teams.http() as http:  # the admin reads everything there is to read: no value anywhere
+        seen = [
+            http.post("/v1/jobs/list", json={"limit": 1000}).text,
+            http.post("/v1/functions/list", json={"include_definition": True}).text,
+            http.get("/v1/namespace/b/function/list", params={"include_definition": "true"}).text,
+            teams.log_text(),
+        ]
+    assert not [text for text in seen if "first_value" in text or "second_value" in text]
