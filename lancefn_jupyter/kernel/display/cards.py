@@ -301,8 +301,10 @@ def function_card(
     entry: str = "",
     left_out: str = "",
     batched: bool = False,
+    secrets: str = "",
 ) -> tuple[str, str]:
-    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware.
+    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware; `secrets`: the bound secrets'
+    names (never values; docs/ARCHITECTURE.md, "Secrets").
 
     `entry` describes a class entry (``class Scaler: setup once per worker``); `left_out` names the cell's
     statements the artifact leaves out (docs/ARCHITECTURE.md, "Function versions"), so none is lost unseen.
@@ -321,6 +323,8 @@ def function_card(
         ("environment", environment),
         ("hardware", hw),
     ]
+    if secrets:
+        fields.insert(5, ("secrets", secrets))
     if batched:
         fields.insert(0, ("calls", "batched: one call per chunk of rows"))
     if entry:

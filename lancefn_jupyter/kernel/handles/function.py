@@ -134,6 +134,7 @@ class GpuFunction:
                 artifact=packaged.artifact_request(),
                 signature=packaged.signature,
                 runtime=options.runtime(f"{sys.version_info.major}.{sys.version_info.minor}"),
+                secret_bindings=options.secret_bindings(),
             )
         self._request = request
         self.__wrapped__ = fn
@@ -157,11 +158,16 @@ class GpuFunction:
             env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},  # the server redacts values
             name=fv.name,
             batched=fv.signature.batched or None,
+            secrets=tuple((b.variable, b.secret_ref.name) for b in fv.secret_bindings if b.variable and b.secret_ref),
         )
         # The registered request (env values redacted), cached as registered: `register()` finds the
         # version there and sends nothing.
         request = FunctionRegistrationRequest(
-            name=fv.name, artifact=packaged.artifact_request(), signature=fv.signature, runtime=runtime
+            name=fv.name,
+            artifact=packaged.artifact_request(),
+            signature=fv.signature,
+            runtime=runtime,
+            secret_bindings=fv.secret_bindings,
         )
         registration_cache()[(current_client().url, request_key(request))] = fv
         handle = cls(
@@ -485,6 +491,11 @@ class GpuFunction:
             entry=entry,
             left_out=self._left_out_text(),
             batched=self._packaged.signature.batched,
+            secrets=", ".join(
+                f"{b.secret_ref.name} as {b.variable}" if b.secret_ref.name != b.variable else b.variable
+                for b in self._request.secret_bindings
+                if b.secret_ref is not None
+            ),
         )
 
     def _left_out_text(self) -> str:
@@ -608,6 +619,7 @@ def gpu_function(
     timeout_s: float | None = None,
     state: str | None = None,
     batched: bool | None = None,
+    secrets: Iterable[Any] | Mapping[str, str] | str | None = None,
 ) -> GpuFunction | Callable[[Callable[..., Any]], GpuFunction]:
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
 
