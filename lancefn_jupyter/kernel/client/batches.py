@@ -66,6 +66,14 @@ class BatchesResource:
     def cancel(self, batch_id: str) -> bool:
         return bool(self._t.post("/v1/batches/cancel", {"batch_id": batch_id})["cancelled"])
 
+    def pause(self, batch_id: str) -> bool:
+        """True if this call paused the batch (False: it was paused already)."""
+        return bool(self._t.post("/v1/batches/pause", {"batch_id": batch_id})["paused"])
+
+    def resume(self, batch_id: str) -> bool:
+        """True if this call resumed the batch (False: it was not paused)."""
+        return bool(self._t.post("/v1/batches/resume", {"batch_id": batch_id})["resumed"])
+
     def retry(self, batch_id: str) -> Batch:
         return Batch.from_wire(self._t.post("/v1/batches/retry", {"batch_id": batch_id}))
 

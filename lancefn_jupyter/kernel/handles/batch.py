@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
-from lancefn_jupyter.kernel.display.batch import batch_card
+from lancefn_jupyter.kernel.display.batch import batch_card, batch_state_text
 from lancefn_jupyter.kernel.handles import chunking
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
 from lancefn_jupyter.kernel.handles.job import Job
@@ -198,11 +198,11 @@ class Batch(RecordHandle[BatchRecord]):
 
     @property
     def state(self) -> str:
-        """pending, running, finished, failed or cancelled."""
+        """pending, running, paused, finished, failed or cancelled."""
         snapshot = self.snapshot
         if snapshot.batch_state not in TERMINAL_STATES:
             snapshot = self.refresh()
-        return display_state(snapshot.batch_state)
+        return batch_state_text(snapshot)
 
     @property
     def done(self) -> bool:
@@ -364,6 +364,19 @@ class Batch(RecordHandle[BatchRecord]):
         """Run again only the chunks that did not finish; finished chunks keep their results."""
         self._snapshot = self.client.batches.retry(self.batch_id)
         return self
+
+    def pause(self) -> bool:
+        """No new chunk starts; running chunks finish and are kept (a restart keeps it paused). True if this call
+        paused it."""
+        paused = self.client.batches.pause(self.batch_id)
+        self.refresh()
+        return paused
+
+    def resume(self) -> bool:
+        """A paused batch goes on where it stopped. True if this call resumed it."""
+        resumed = self.client.batches.resume(self.batch_id)
+        self.refresh()
+        return resumed
 
     def cancel(self) -> bool:
         """Cancel every chunk still pending or running; True if this call cancelled the batch."""

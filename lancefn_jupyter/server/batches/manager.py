@@ -47,6 +47,7 @@ from lancefn_jupyter.server.batches.state import (
     SETUP_PHASES,
     Batch,
     Chunk,
+    batch_as_job,
     batch_wire,
     check_chunks,
     check_request,
@@ -425,6 +426,39 @@ class BatchManager:
             self._changed(batch)
             return {"batch_id": batch_id, "cancelled": True}
 
+    def pause(self, batch_id: str, scope: str | None = None) -> dict:
+        """No new chunk starts; running chunks finish and are kept (docs/ARCHITECTURE.md, "Batches": pause). The reply
+        is LanceDB 0.40's (``paused``: this call paused it; ``committing``: a backfill's commit is under way) and the
+        batch's wire form."""
+        with self.table.lock:
+            batch = self._get(batch_id, scope)
+            if batch.state in TERMINAL:
+                raise ApiError(409, f"batch {batch_id} has ended ({batch.state}); there is nothing to pause")
+            newly = not batch.paused
+            if newly:
+                batch.paused = True
+                self.saved.save_spec(batch)
+                self._changed(batch)
+            committing = batch.backfill is not None and bool(batch.backfill.committing)
+            return {"paused": newly, "committing": committing, "batch": batch_wire(batch, include_chunks=False)}
+
+    def resume(self, batch_id: str, scope: str | None = None) -> dict:
+        """A paused batch goes on: its waiting chunks start as the window allows. LanceDB 0.40's reply (``resumed``:
+        this call resumed it; ``still_pausing`` is never true here: resuming takes effect at once)."""
+        with self.table.lock:
+            batch = self._get(batch_id, scope)
+            resumed = batch.paused and batch.state not in TERMINAL
+            if resumed:
+                batch.paused = False
+                self.saved.save_spec(batch)
+                self._follow_up(batch)
+                self._changed(batch)
+            return {"resumed": resumed, "still_pausing": False, "batch": batch_wire(batch, include_chunks=False)}
+
+    def describe_as_job(self, batch_id: str, scope: str | None = None) -> dict:
+        """The batch or backfill as a job envelope (``state.batch_as_job``) for the jobs routes."""
+        return batch_as_job(self.describe(batch_id, include_chunks=False, scope=scope))
+
     def retry(self, batch_id: str, scope: str | None = None) -> dict:
         """Run again every chunk that did not finish (failed or cancelled); finished ones are kept."""
         batch, _ = self._retry(batch_id, scope)
@@ -621,7 +655,7 @@ class BatchManager:
         if batch.state in TERMINAL:
             return False
         window = batch.parallel or len(batch.chunks)
-        if batch.waiting and len(batch.live) < window and not batch.cancel_requested:
+        if batch.waiting and len(batch.live) < window and not batch.cancel_requested and not batch.paused:
             with self.store.batch():
                 for submitted in range(SUBMIT_SLICE):
                     if not (batch.waiting and len(batch.live) < window):

@@ -103,6 +103,8 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     router.post("/v1/batches/list", privilege="jobs")(listing(ListBatches, manager.list, "list_batches"))
     router.post("/v1/batches/cancel", privilege="jobs")(by_id(BatchId, "batch_id", manager.cancel, "cancel_batch"))
     router.post("/v1/batches/retry", privilege="functions")(by_id(BatchId, "batch_id", manager.retry, "retry_batch"))
+    router.post("/v1/batches/pause", privilege="jobs")(by_id(BatchId, "batch_id", manager.pause, "pause_batch"))
+    router.post("/v1/batches/resume", privilege="jobs")(by_id(BatchId, "batch_id", manager.resume, "resume_batch"))
 
     @router.post("/v1/batches/wait", privilege="jobs")
     async def wait_batch(request: Request) -> dict:

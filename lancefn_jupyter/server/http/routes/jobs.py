@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO, Literal
 
 from pydantic import Field
@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from lancefn_jupyter.server.control.offload import off_loop
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import who
 from lancefn_jupyter.server.http.bodies import Body, parse, parse_raw
 from lancefn_jupyter.server.http.router import Router, query
@@ -59,8 +60,52 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             headers={"content-length": str(os.fstat(opened.fileno()).st_size)},
         )
 
-    router.post("/v1/jobs/describe", privilege="jobs")(by_id(JobId, "job_id", queries.describe, "describe_job"))
-    router.post("/v1/jobs/cancel", privilege="jobs")(by_id(JobId, "job_id", plane.machine.cancel, "cancel_job"))
+    batches = plane.batches
+
+    def describe_any(job_id: str, scope: str | None) -> dict:
+        """A job, or a batch or backfill by its id as a job envelope (LanceDB 0.40's ``open_job``)."""
+        try:
+            return queries.describe(job_id, scope)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            try:
+                return batches.describe_as_job(job_id, scope)
+            except ApiError:
+                raise error from None
+
+    def pause_or_resume(method: Callable[[str, str | None], dict], verb: str) -> Callable[[str, str | None], dict]:
+        def act(job_id: str, scope: str | None) -> dict:
+            try:
+                return method(job_id, scope)
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+            queries.describe(job_id, scope)  # a job's id: say what can be paused; else the job's own 404
+            raise ApiError(409, f"job {job_id} is a single job; only batches and backfills {verb}; cancel it instead")
+
+        return act
+
+    def cancel_any(job_id: str, scope: str | None) -> dict:
+        """Cancel a job, or a batch or backfill by its id (LanceDB 0.40's ``cancel_job``)."""
+        try:
+            return plane.machine.cancel(job_id, scope)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            try:
+                return {"job_id": job_id, "cancelled": batches.cancel(job_id, scope)["cancelled"]}
+            except ApiError:
+                raise error from None
+
+    router.post("/v1/jobs/describe", privilege="jobs")(by_id(JobId, "job_id", describe_any, "describe_job"))
+    router.post("/v1/jobs/cancel", privilege="jobs")(by_id(JobId, "job_id", cancel_any, "cancel_job"))
+    router.post("/v1/jobs/pause", privilege="jobs")(
+        by_id(JobId, "job_id", pause_or_resume(batches.pause, "pause"), "pause_job")
+    )
+    router.post("/v1/jobs/resume", privilege="jobs")(
+        by_id(JobId, "job_id", pause_or_resume(batches.resume, "resume"), "resume_job")
+    )
 
     router.post("/v1/jobs/list", privilege="jobs")(listing(ListJobs, queries.list, "list_jobs"))
 
