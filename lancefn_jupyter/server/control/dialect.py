@@ -15,6 +15,7 @@ from lancefn_jupyter.server.policy.namespaces import visible
 __all__ = [
     "ARTIFACT_MEDIA_TYPE",
     "decimal_version",
+    "event_row",
     "job_row",
     "lancedb_version",
     "namespace_of",
@@ -111,3 +112,20 @@ def job_row(job: dict[str, Any]) -> dict[str, Any]:
     """A job as ``POST /v1/jobs/list`` lists it: ours, and the names LanceDB 0.40's ``JobInfo`` reads (``state``,
     ``created_at_millis``, ``table``: the table a backfill writes, else "" as 0.40 reads a string)."""
     return {**job, "state": job["job_state"], "created_at_millis": job["creation_ms"], "table": job.get("table") or ""}
+
+
+def event_row(seq: int, job: dict[str, Any]) -> dict[str, Any]:
+    """One recorded job change (a job's wire form at that moment) as a row of LanceDB 0.40's ``Job.events()``."""
+    state = job.get("job_state", "")
+    at = job.get("finished_ms") if state in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT") else None
+    return {
+        "seq": seq,
+        "job_id": job.get("job_id", ""),
+        "state": state,
+        "updated_at_millis": at or job.get("started_ms") or job.get("creation_ms") or 0,
+        "updated_by": "lancefn-server",
+        "emitted_from": "control_plane",
+        "emitted_by": (job.get("placement") or {}).get("node") or "lancefn-server",
+        "claim_entity": None,
+        "rows_processed": (job.get("progress") or {}).get("rows_done", 0),
+    }

@@ -5,10 +5,11 @@ control plane, on core threads (``wait`` on the event loop)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 from typing import Any
 
-from lancefn_jupyter.server.control.dialect import job_row
+from lancefn_jupyter.server.control.dialect import event_row, job_row
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.reports import Reports
@@ -51,6 +52,11 @@ class JobQueries:
                 or self._recent.get(job_id)
                 or self.store.get_job(job_id)
             )
+
+    def events(self, job_id: str, limit: int, scope: str | None = None) -> list[dict]:
+        """A job's recorded events (the ones the event log still keeps) as LanceDB 0.40's event rows."""
+        self.get(job_id, scope)
+        return [event_row(seq, json.loads(data)) for seq, data in self.store.job_events(job_id, limit)]
 
     def describe(self, job_id: str, scope: str | None = None) -> dict:
         with self.table.lock:

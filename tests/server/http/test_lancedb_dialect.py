@@ -249,3 +249,18 @@ def test_secrets_end_to_end(teams):
             teams.log_text(),
         ]
     assert not [text for text in seen if "first_value" in text or "second_value" in text]
+
+
+def test_job_events_as_an_arrow_stream(teams):
+    db = connect(teams.url, A_KEY)
+    fv = db.create_function(udf(triple, name="eventful"))
+    job = db.open_job(run_rows(teams, A_KEY, fv, [{"x": 1}, {"x": 2}]))
+    job.wait(WAIT)
+    events = job.events().to_pylist()
+    assert [e["state"] for e in events][-1] == "DONE"
+    assert {e["job_id"] for e in events} == {job.id} and events[-1]["rows_processed"] == 2
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+    with pytest.raises(Exception, match="filter is not supported"):
+        job.events(filter="state = 'DONE'")
+    with pytest.raises(Exception, match="not found"):  # another team's job reads as a missing one
+        connect(teams.url, B_KEY).open_job(job.id).events()

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import Field
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.errors import ApiError
@@ -31,6 +31,12 @@ class ListJobs(Body):
     job_type: Literal["create_function", "run_function"] | None = None
     page_token: str | None = None
     limit: int = Field(100, ge=1, le=1000)
+
+
+class QueryEvents(Body):
+    job_id: str
+    limit: int = Field(1000, ge=1, le=10000)
+    filter: str | None = None  # LanceDB 0.40's SQL-like filter: not supported here (a 400 says so)
 
 
 class Logs(Body):
@@ -109,6 +115,17 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
 
     router.post("/v1/jobs/list", privilege="jobs")(listing(ListJobs, queries.list, "list_jobs"))
 
+    @router.post("/v1/jobs/query_events", privilege="jobs")
+    async def query_events(request: Request) -> Response:
+        """A job's events as an Arrow IPC stream (LanceDB 0.40's ``Job.events()``)."""
+        body = await parse(request, QueryEvents)
+        if body.filter:
+            raise ApiError(
+                400, "filter is not supported by this server; read every event and filter the table it returns"
+            )
+        rows = await off_loop(queries.events, body.job_id, body.limit, who(request).scope)
+        return Response(await off_loop(_events_stream, rows), media_type=ARROW_STREAM)
+
     @router.post("/v1/jobs/logs", privilege="jobs")
     async def job_logs(request: Request) -> dict:
         body = await parse(request, Logs)
@@ -119,6 +136,29 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
         return await queries.wait(body.job_id, body.timeout_s, caller.scope, unless_queued=False)
 
     ctx.fastpath.post(router, "/v1/jobs/wait", "jobs", wait_job)
+
+
+def _events_stream(rows: list[dict]) -> bytes:
+    """``rows`` (``dialect.event_row``) as an Arrow IPC stream; the schema holds when there are none."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("seq", pa.int64()),
+            ("job_id", pa.string()),
+            ("state", pa.string()),
+            ("updated_at_millis", pa.int64()),
+            ("updated_by", pa.string()),
+            ("emitted_from", pa.string()),
+            ("emitted_by", pa.string()),
+            ("claim_entity", pa.string()),
+            ("rows_processed", pa.int64()),
+        ]
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+    return sink.getvalue().to_pybytes()
 
 
 async def _chunks(opened: BinaryIO) -> AsyncIterator[bytes]:
