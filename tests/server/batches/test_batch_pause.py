@@ -17,6 +17,21 @@ def server(control_plane_factory):
     return control_plane_factory()
 
 
+def gated_batch(http, gate: str, chunks: int) -> str:
+    """A batch of ``chunks`` one-row chunks of ``gated`` (each waits for ``gate``), one at a time; its id."""
+    body = registration_body(
+        "gate",
+        source=inspect.getsource(gated),
+        entrypoint="gated",
+        inputs=(("path", "utf8", False), ("value", "int64", False)),
+    )
+    version = register(http, body)["version"]
+    rows = [[{"path": gate, "value": v}] for v in range(chunks)]
+    created = http.post("/v1/batches/create", json={"name": "gate", "version": version, "chunks": rows, "parallel": 1})
+    assert created.status_code == 202, created.text
+    return created.json()["batch_id"]
+
+
 def describe(http, batch_id: str) -> dict:
     return http.post("/v1/batches/describe", json={"batch_id": batch_id}).json()
 
@@ -24,19 +39,7 @@ def describe(http, batch_id: str) -> dict:
 def test_pause_keeps_the_running_chunk_starts_none_survives_a_restart_and_resumes(server, tmp_path):
     gate = str(tmp_path / "gate")
     with server.http() as http:
-        body = registration_body(
-            "gate",
-            source=inspect.getsource(gated),
-            entrypoint="gated",
-            inputs=(("path", "utf8", False), ("value", "int64", False)),
-        )
-        version = register(http, body)["version"]
-        chunks = [[{"path": gate, "value": v}] for v in range(4)]
-        created = http.post(
-            "/v1/batches/create", json={"name": "gate", "version": version, "chunks": chunks, "parallel": 1}
-        )
-        assert created.status_code == 202, created.text
-        batch_id = created.json()["batch_id"]
+        batch_id = gated_batch(http, gate, 4)
         wait_until(lambda: describe(http, batch_id)["chunk_counts"].get("IN_PROGRESS") == 1, "the first chunk runs")
 
     db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
@@ -76,17 +79,7 @@ def test_pause_keeps_the_running_chunk_starts_none_survives_a_restart_and_resume
 def test_cancel_job_cancels_a_paused_batch_by_id(server, tmp_path):
     gate = str(tmp_path / "gate")
     with server.http() as http:
-        body = registration_body(
-            "gate",
-            source=inspect.getsource(gated),
-            entrypoint="gated",
-            inputs=(("path", "utf8", False), ("value", "int64", False)),
-        )
-        version = register(http, body)["version"]
-        chunks = [[{"path": gate, "value": v}] for v in range(3)]
-        batch_id = http.post(
-            "/v1/batches/create", json={"name": "gate", "version": version, "chunks": chunks, "parallel": 1}
-        ).json()["batch_id"]
+        batch_id = gated_batch(http, gate, 3)
         assert http.post("/v1/jobs/pause", json={"job_id": batch_id}).json()["paused"] is True
     db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
     assert db.cancel_job(batch_id) is True
