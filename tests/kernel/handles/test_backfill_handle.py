@@ -127,6 +127,23 @@ def test_a_batched_function_fills_a_vector_column_that_search_uses(cp, tmp_path)
     assert hits["text"].to_pylist() == ["text number 7"]
 
 
+def chunk_doubled(x: NDArray[np.float32]) -> list[float]:
+    """A batched function over a column of numbers: the chunk's values come as one 1-D array."""
+    if x.ndim != 1 or x.dtype != np.float32:
+        raise TypeError(f"expected a 1-D float32 array, got {x.ndim}-D {x.dtype}")
+    return [float(v) * 2 for v in x]
+
+
+def test_a_batched_ndarray_parameter_takes_a_column_of_numbers_as_one_1d_array(cp, tmp_path):
+    table = make_table(tmp_path / "db", ["a", "b", "c", "d"], score=[0.5, 1.5, 2.5, 4.0])
+    fn = api.gpu_function(num_gpus=1, batched=True)(chunk_doubled)
+    fn.map(table, column="score", into="twice", parallel="auto").result()
+    assert by_id(table, "twice") == {0: 1.0, 1: 3.0, 2: 5.0, 3: 8.0}
+    per_row = api.gpu_function(num_gpus=1, name="per_row_doubled")(chunk_doubled)
+    with pytest.raises(InvalidRequest, match="an ndarray parameter needs a list or fixed_size_list column"):
+        per_row.map(table, column="score", into="again", parallel="auto")
+
+
 def test_on_error_skip_leaves_the_bad_row_null_and_lists_it(cp, tmp_path):
     texts = ["a", "bb", "", "dddd", "eeeee"]
     table = make_table(tmp_path / "db", texts)
