@@ -31,8 +31,9 @@ class BatchesResource:
         timeout_s: float | None = None,
         arrow: bytes | None = None,
         rows_file: str | None = None,
+        init: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """`{batch_id, reused_chunks}`; `parallel=None` is "auto".
+        """`{batch_id, reused_chunks}`; `parallel=None` is "auto"; `init`: a class entry's initialization values.
 
         ``arrow``: the chunks as one Arrow IPC stream, one record batch per chunk (sent as
         ``application/vnd.apache.arrow.stream``, the other fields in the query string) instead of
@@ -43,6 +44,8 @@ class BatchesResource:
             body["parallel"] = parallel
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if init is not None:
+            body["init"] = init
         if arrow is not None:
             params = {k: v if k in ("name", "version") else json.dumps(v) for k, v in body.items()}
             return self._t.request(

@@ -113,6 +113,7 @@ def start_batch(
     fresh: bool = False,
     row_of: Callable[[Any], dict[str, Any]] | None = None,
     column: Any = None,
+    init: dict[str, Any] | None = None,
 ) -> Batch:
     """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
     ``column``: the values of the function's one parameter as an Arrow array (a table's column),
@@ -148,6 +149,7 @@ def start_batch(
         retries=retries,
         fresh=fresh,
         timeout_s=function.timeout_s,
+        **({"init": init} if init is not None else {}),
     )
     batch = Batch(
         reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions

@@ -63,6 +63,7 @@ from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.machine import JobMachine
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.results import Results
+from lancefn_jupyter.server.control.rows import check_init
 from lancefn_jupyter.server.control.states import (
     CANCELLED,
     DONE,
@@ -83,6 +84,7 @@ from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.tables.plan import slice_rows
 from lancefn_jupyter.wire.backfill_models import BackfillRequest
+from lancefn_jupyter.wire.models import canonical_json
 
 __all__ = ["BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES", "BatchManager"]
 
@@ -183,6 +185,7 @@ class BatchManager:
         scope: str | None = None,
         home: str = DEFAULT_NAMESPACE,
         arrow_rows: Any = None,
+        init: Any = None,
     ) -> dict:
         """Validate everything, then record the batch and submit its first chunks (nothing is
         created when any check fails).  Same version + same input (+ same cut) and not ``fresh``:
@@ -200,7 +203,9 @@ class BatchManager:
         check_request(chunks, parallel, retries)
         self._check_timeout(timeout_s)
         encoded = check_chunks(fv, chunks)
-        digest = input_digest(encoded)
+        init = check_init(fv, init)
+        # Other initialization values are another input: a batch of them is never resumed as this one.
+        digest = input_digest(encoded if init is None else [*encoded, canonical_json(init)])
         previous = None
         if not fresh:
             with self.table.lock:
@@ -213,6 +218,7 @@ class BatchManager:
         with self.table.lock:  # before its chunks are written; _start checks again, to be sure
             self._check_quota(namespace, len(chunks))
         batch = new_batch(name, version, digest, parallel, retries, timeout_s, namespace)
+        batch.init = init
         for chunk in cut(chunks):
             batch.add_chunk(chunk)
         self._write_chunks(batch, encoded)
@@ -755,6 +761,7 @@ class BatchManager:
                         table_slice=table_slice,
                         timeout_s=batch.timeout_s,
                         chunk=BatchChunk(batch.batch_id, chunk.idx, chunk.row_start, on_error),
+                        init=batch.init,
                     )
                 ).job_id
             finally:

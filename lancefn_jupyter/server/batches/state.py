@@ -66,6 +66,7 @@ class Batch:
     backfill: Any = None  # a backfill's BackfillRun (server/batches/backfill.py); None for a plain batch
     # Paused (docs/ARCHITECTURE.md, "Batches": pause): no chunk starts; running ones finish and are kept. Saved in spec.
     paused: bool = False
+    init: dict | None = None  # a class entry's initialization values for every chunk ("Warm state"); saved in spec
 
     @property
     def rows_total(self) -> int:
@@ -117,6 +118,8 @@ class Batch:
             spec["timeout_s"] = self.timeout_s
         if self.paused:
             spec["paused"] = True
+        if self.init is not None:
+            spec["init"] = self.init
         return spec
 
 

@@ -189,6 +189,7 @@ class BatchStore:
             finished_ms=finished_ms,
             cancel_requested=bool(cancel_requested),
             paused=bool(spec.get("paused")),
+            init=spec.get("init"),
             # Revisions only live in memory; starting from the clock keeps a client's last seen
             # revision older than any after a restart, so its long poll still returns on change.
             revision=time.time_ns() // 1000,

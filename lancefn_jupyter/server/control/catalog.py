@@ -94,12 +94,6 @@ def unsupported_fields(request: FunctionRegistrationRequest) -> str | None:
     """Why a registration using a field this server cannot honour is refused (docs/ARCHITECTURE.md, "LanceDB 0.40
     dialect": nothing accepted is dropped), or None."""
     signature = request.signature
-    if signature.initialization:
-        names = ", ".join(parameter.name for parameter in signature.initialization)
-        return (
-            f"signature.initialization ({names}: a class's __init__ parameters) is not supported by this server yet; "
-            "give the class an __init__ without parameters (or defaults read from the environment) and register again"
-        )
     output = signature.output
     if output.kind != "scalar" or output.fields:
         return (

@@ -274,6 +274,7 @@ class JobMachine:
             **self.data.result_fields(rec.job_id, arrow=dataplane.is_data_type(fv.signature.output.arrow_type)),
             rows_total=rec.rows_total,
             rows_file=rows_file,
+            init=rec.spec.get("init"),  # a class entry's __init__ arguments ("Warm state")
             # "skip": a failing row gets a null result (docs/ARCHITECTURE.md, "Batched functions")
             on_error=rec.spec.get("on_error"),
         )

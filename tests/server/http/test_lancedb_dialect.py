@@ -145,8 +145,6 @@ def test_list_jobs_rows_carry_040_fields(teams):
 
 def test_fields_not_implemented_are_refused_never_dropped(teams, tmp_path):
     db = connect(teams.url, A_KEY)
-    with pytest.raises(Exception, match=r"400.*signature\.initialization \(factor, offset"):
-        db.create_function(udf(Scale))
     with pytest.raises(Exception, match=r"400.*Arrow batches"):
         db.create_function(
             udf(
@@ -264,3 +262,30 @@ def test_job_events_as_an_arrow_stream(teams):
         job.events(filter="state = 'DONE'")
     with pytest.raises(Exception, match="not found"):  # another team's job reads as a missing one
         connect(teams.url, B_KEY).open_job(job.id).events()
+
+
+def test_a_class_with_initialization_runs_with_each_runs_values(teams):
+    db = connect(teams.url, A_KEY)
+    fv = db.create_function(udf(Scale))
+    assert [(f.name, f.nullable) for f in fv.signature.initialization] == [("factor", False), ("offset", True)]
+    ours = fv.metadata["lancefn.version"]
+
+    def run(http, init) -> httpx.Response:
+        body = {"name": "Scale", "version": ours, "rows": [{"x": 2.0}], "init": init, "wait_s": 30}
+        return http.post("/v1/functions/run", json=body)
+
+    with teams.http(A_KEY) as http:
+        assert run(http, {"factor": 3.0}).json()["job"]["result"] == [6.0]
+        assert run(http, {"factor": 0.5, "offset": 1.0}).json()["job"]["result"] == [2.0]  # its own instance
+        missing, unknown = run(http, {}), run(http, {"factor": 1.0, "scale": 2})
+    assert missing.status_code == unknown.status_code == 400
+    assert "init: missing factor; Scale@" in missing.text and "unknown scale" in unknown.text
+    # By our lookup: submit and map take init=, a batch's chunks all get it.
+    from lancefn_jupyter.kernel import api
+
+    api.connect(teams.url, A_KEY)
+    handle = api.lookup(f"Scale@{ours}")
+    assert handle.submit(2.0, init={"factor": 10.0}).result() == 20.0
+    assert handle.map([1.0, 2.0], init={"factor": 2.0}).result() == [2.0, 4.0]
+    batch = handle.map([1.0, 2.0, 3.0], chunk_size=1, parallel=2, init={"factor": -1.0}, fresh=True)
+    assert batch.result() == [-1.0, -2.0, -3.0]

@@ -65,6 +65,7 @@ class Run(Body):
     rows_file: str | None = None  # an Arrow IPC file a local client wrote into $HOME/data/uploads/
     timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     wait_s: float | None = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
+    init: Any = None  # a class entry's initialization values, checked against the signature by the control plane
 
 
 def add_routes(router: Router, ctx: RouteContext) -> None:
@@ -135,6 +136,7 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             timeout_s=body.timeout_s,
             wait_s=body.wait_s,
             small=len(raw) <= INLINE_JSON_BYTES,
+            init=body.init,
         )
         return _answer(await intake.submit(request), body.wait_s)
 
