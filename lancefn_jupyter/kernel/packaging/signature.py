@@ -279,13 +279,7 @@ def infer_signature(fn: Callable[..., Any], *, batched: bool = False) -> Functio
         )
     inputs = []
     for parameter in parameters:
-        try:
-            arrow_type, nullable = _arrow_type(hints[parameter.name])
-        except _Unsupported as error:
-            raise PackagingError(
-                f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); "
-                f"supported types: {SUPPORTED_TYPES}"
-            ) from None
+        arrow_type, nullable = _parameter_type(parameter, hints, name)
         default = None
         if parameter.default is not inspect.Parameter.empty:
             default = literal_source(parameter.default)  # an optional input (models.py)
@@ -321,16 +315,21 @@ def _initialization(cls: type) -> tuple[FunctionParameter, ...]:
     if not any(p.default is p.empty for p in parameters):
         return ()
     name = f"{cls.__name__}.__init__"
-    hints = _type_hints(cls.__init__, name)  # every parameter is annotated (check_class_entry)
+    hints = _type_hints(typing.cast(Any, cls).__init__, name)  # every parameter is annotated (check_class_entry)
     fields = []
     for parameter in parameters:
-        try:
-            arrow_type, nullable = _arrow_type(hints[parameter.name])
-        except _Unsupported as error:
-            raise PackagingError(
-                f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); supported types: "
-                f"{SUPPORTED_TYPES}"
-            ) from None
+        arrow_type, nullable = _parameter_type(parameter, hints, name)
         optional = nullable or parameter.default is not parameter.empty
         fields.append(FunctionParameter(name=parameter.name, arrow_type=arrow_type, nullable=optional))
     return tuple(fields)
+
+
+def _parameter_type(parameter: inspect.Parameter, hints: dict[str, Any], name: str) -> tuple[str, bool]:
+    """(arrow_type, nullable) of an annotated parameter of ``name``; a PackagingError names an unsupported type."""
+    try:
+        return _arrow_type(hints[parameter.name])
+    except _Unsupported as error:
+        raise PackagingError(
+            f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); "
+            f"supported types: {SUPPORTED_TYPES}"
+        ) from None
