@@ -387,3 +387,21 @@ def test_a_commit_waiting_for_its_fragments_chunks_lets_a_cancel_through(cp, tmp
     Path(gate).touch()
     again = fn.map(table, column=["text", "gate"], into="n", parallel="auto", chunk_size=5).result(timeout=120)
     assert by_id(again, "n") == {i: len(t) * 2 for i, t in enumerate(texts)}
+
+
+def test_a_backfill_pauses_keeps_its_written_rows_and_resumes(cp, tmp_path):
+    from helpers import wait_until
+
+    gate = str(tmp_path / "gate")
+    table = make_table(tmp_path / "db", [f"t{i}" for i in range(4)], gate=[gate] * 4)
+    fn = api.gpu_function(num_gpus=1)(gated_len)
+    backfill = fn.map(table, column=["text", "gate"], into="n", parallel=1, chunk_size=1)
+    wait_until(lambda: backfill.batch.refresh().chunk_counts.get("IN_PROGRESS") == 1, "the first chunk runs")
+    assert backfill.pause() is True
+    Path(gate).touch()
+    wait_until(lambda: backfill.batch.refresh().chunk_counts.get("DONE") == 1, "the running chunk ends")
+    snapshot = backfill.batch.refresh()
+    assert snapshot.paused and snapshot.chunk_counts == {"DONE": 1, "PENDING": 3} and backfill.batch.state == "paused"
+    assert backfill.resume() is True
+    backfill.result()
+    assert by_id(table, "n") == {i: 4 for i in range(4)}
