@@ -111,16 +111,18 @@ class CheckTurns:
                 del self._waiting[key]
 
 
-def artifact_problem(artifact: bytes, entrypoint: str, per_row: bool = False) -> str | None:
+def artifact_problem(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> str | None:
     """What is wrong with ``artifact`` (a message saying how to fix it), or None.  A large one is parsed in a child
-    process here and now: the server takes a turn at the children first (``CheckTurns``).  ``per_row``: the entry is
-    called once per row, so parameters annotated as Arrow batches (a LanceDB batch UDF) are refused."""
+    process here and now: the server takes a turn at the children first (``CheckTurns``).  ``plain``: the parameters
+    (and ``"return"``) a per-row signature declares with a plain Arrow type: one annotated as a pyarrow batch there
+    is a LanceDB batch UDF, refused (this server's own per-row ``pyarrow.Array`` / ``Table`` values are typed
+    ``arrow.*``)."""
     if in_process(artifact):
-        return _problem(artifact, entrypoint, per_row)
+        return _problem(artifact, entrypoint, plain)
     try:
         done = subprocess.run(
             # -P, cwd /: it runs as the server's user (root), so never from a directory another user can write
-            [sys.executable, "-P", "-m", __name__, entrypoint, *(["per_row"] if per_row else [])],
+            [sys.executable, "-P", "-m", __name__, entrypoint, *plain],
             input=artifact,
             cwd="/",
             capture_output=True,
@@ -137,7 +139,7 @@ def artifact_problem(artifact: bytes, entrypoint: str, per_row: bool = False) ->
     return done.stdout.decode("utf-8", "replace").strip() or None
 
 
-def _problem(artifact: bytes, entrypoint: str, per_row: bool = False) -> str | None:
+def _problem(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> str | None:
     # Cheap early checks so a broken upload fails at registration, not at the first run.
     try:
         tree = ast.parse(artifact.decode("utf-8"), filename="<artifact>")
@@ -154,7 +156,7 @@ def _problem(artifact: bytes, entrypoint: str, per_row: bool = False) -> str | N
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined.add(node.name)
-            if per_row and node.name == entrypoint and _takes_arrow_batches(node):
+            if plain and node.name == entrypoint and _takes_arrow_batches(node, frozenset(plain)):
                 return (
                     f"artifact.entrypoint {entrypoint!r} takes or returns Arrow batches (pa.Array / pa.RecordBatch: a "
                     "LanceDB batch UDF) but its signature is per row; register it as a batched function "
@@ -173,16 +175,17 @@ def _problem(artifact: bytes, entrypoint: str, per_row: bool = False) -> str | N
 _ARROW_BATCHES = frozenset({"Array", "ChunkedArray", "RecordBatch", "Table"})
 
 
-def _takes_arrow_batches(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
-    """Whether the entry (a function, or a class's ``__call__``) annotates a parameter or its return as a pyarrow
-    batch type (``pa.Array``, ``pyarrow.RecordBatch`` ...)."""
+def _takes_arrow_batches(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, plain: frozenset[str]) -> bool:
+    """Whether the entry (a function, or a class's ``__call__``) annotates one of the ``plain`` parameters (or
+    ``"return"``) as a pyarrow batch type (``pa.Array``, ``pyarrow.RecordBatch`` ...)."""
     if isinstance(node, ast.ClassDef):
         calls = [
             n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__call__"
         ]
-        return any(_takes_arrow_batches(call) for call in calls)
+        return any(_takes_arrow_batches(call, plain) for call in calls)
     args = node.args
-    annotations = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)] + [node.returns]
+    named = [(a.arg, a.annotation) for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    annotations = [annotation for name, annotation in [*named, ("return", node.returns)] if name in plain]
     return any(
         isinstance(part, ast.Attribute)
         and part.attr in _ARROW_BATCHES
@@ -195,4 +198,4 @@ def _takes_arrow_batches(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Clas
 
 
 if __name__ == "__main__":
-    sys.stdout.write(_problem(sys.stdin.buffer.read(), sys.argv[1], sys.argv[2:] == ["per_row"]) or "")
+    sys.stdout.write(_problem(sys.stdin.buffer.read(), sys.argv[1], tuple(sys.argv[2:])) or "")

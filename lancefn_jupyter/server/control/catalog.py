@@ -31,6 +31,7 @@ from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
 from lancefn_jupyter.server.storage.store import JobRecord, Store, VersionRow
 from lancefn_jupyter.wire.models import (
     FunctionRegistrationRequest,
+    FunctionSignature,
     FunctionVersion,
     decode_artifact,
     derive_version,
@@ -72,9 +73,18 @@ class Prepared(NamedTuple):
         return self.request.artifact.entrypoint
 
     @property
-    def per_row(self) -> bool:
-        """Whether the entry is called once per row (an Arrow-batch signature in its source is then refused)."""
-        return not self.request.signature.batched
+    def plain(self) -> tuple[str, ...]:
+        """A per-row signature's parameters (and ``"return"``) of plain Arrow types: annotated as pyarrow batches in
+        the source, they make a LanceDB batch UDF, which is refused (``artifact_check``)."""
+        return plain_typed(self.request.signature)
+
+
+def plain_typed(signature: FunctionSignature) -> tuple[str, ...]:
+    """See :attr:`Prepared.plain`: empty for a batched signature."""
+    if signature.batched:
+        return ()
+    typed = [(p.name, p.arrow_type) for p in signature.inputs] + [("return", signature.output.arrow_type or "")]
+    return tuple(name for name, arrow_type in typed if not arrow_type.startswith("arrow."))
 
 
 def unsupported_artifact(artifact: Any) -> str | None:
@@ -169,9 +179,7 @@ class FunctionCatalog:
         is parsed in a child here and now; the server's route takes a turn at the children first
         (:meth:`prepare`, ``artifact_check.CheckTurns``, :meth:`record`)."""
         prepared = self.prepare(body)
-        problem = (
-            None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint, prepared.per_row)
-        )
+        problem = None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint, prepared.plain)
         if problem:
             raise ApiError(400, problem)
         return self.record(prepared, namespace)
@@ -214,8 +222,9 @@ class FunctionCatalog:
                 "keep data out of the function's source, or start lancefn-server with a larger --max-artifact-bytes",
             )
         checked = in_process(artifact)
-        per_row = not request.signature.batched
-        problem = artifact_problem(artifact, request.artifact.entrypoint, per_row) if checked else None
+        problem = (
+            artifact_problem(artifact, request.artifact.entrypoint, plain_typed(request.signature)) if checked else None
+        )
         if problem:
             raise ApiError(400, problem)
         return Prepared(request, artifact, checked)

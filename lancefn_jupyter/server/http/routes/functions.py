@@ -79,7 +79,7 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             body = {**body, "name": name}
         prepared = await off_loop(catalog.prepare, body)
         if not prepared.checked:
-            problem = await off_loop(artifact_problem, prepared.artifact, prepared.entrypoint, prepared.per_row)
+            problem = await off_loop(artifact_problem, prepared.artifact, prepared.entrypoint, prepared.plain)
             if problem:
                 raise ApiError(400, problem)
         return prepared
