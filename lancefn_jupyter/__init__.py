@@ -25,6 +25,7 @@ __all__ = [
     "RemoteFunctionError",
     "__version__",
     "connect",
+    "connection_info",
     "current_client",
     "diff_versions",
     "gpu_function",
@@ -42,6 +43,10 @@ _API_NAMES = frozenset(__all__) - {"__version__", "load_ipython_extension", "unl
 
 
 def __getattr__(name: str) -> Any:
+    if name == "secrets":  # the module (lancefn_jupyter.secrets.create(...)), imported on first use
+        import importlib
+
+        return importlib.import_module("lancefn_jupyter.secrets")
     if name in _API_NAMES:
         from lancefn_jupyter.kernel import api
 

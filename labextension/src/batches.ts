@@ -33,6 +33,8 @@ export interface IBatch {
   strip?: string;
   revision?: number;
   failure?: IBatchFailure | null;
+  /** No new chunk starts until it is resumed (docs/ARCHITECTURE.md, "Batches": pause). */
+  paused?: boolean;
 }
 
 /** The strip letters (one per chunk) and the state each stands for. */
@@ -89,6 +91,10 @@ export interface IBatchView {
   cells: string[];
   failure: string;
   cancellable: boolean;
+  /** The state its badge shows: PAUSED while paused, else the batch's state. */
+  badgeState: string;
+  /** What its Pause/Resume button does now; null once the batch ended. */
+  toggle: 'pause' | 'resume' | null;
 }
 
 /** Everything a batch row shows. */
@@ -115,9 +121,11 @@ export function batchView(batch: IBatch, nowMs: number): IBatchView {
     detail += ` · ${formatElapsed(leftMs)} left`;
   }
   const f = batch.failure;
+  const ended = isTerminal(batch.batch_state);
+  const paused = !ended && Boolean(batch.paused);
   return {
     title: batch.name ? `${batch.name}@${batch.version ?? '?'}` : batch.batch_id,
-    state: displayState(batch.batch_state),
+    state: paused ? 'paused' : displayState(batch.batch_state),
     fraction: total ? Math.max(0, Math.min(1, done / total)) : 0,
     rowsText: `${done}/${total} rows`,
     detail,
@@ -125,7 +133,9 @@ export function batchView(batch: IBatch, nowMs: number): IBatchView {
     failure: f
       ? `chunk ${f.chunk} (rows ${f.row_start}–${f.row_end - 1}) failed${f.phase ? ` in ${f.phase}` : ''}: ${f.message ?? ''}`
       : '',
-    cancellable: !isTerminal(batch.batch_state)
+    cancellable: !ended,
+    badgeState: paused ? 'PAUSED' : batch.batch_state,
+    toggle: ended ? null : paused ? 'resume' : 'pause'
   };
 }
 

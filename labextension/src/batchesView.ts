@@ -26,6 +26,7 @@ interface IBatchRow extends ICancellableRow {
   detail: HTMLElement;
   strip: HTMLElement;
   failure: HTMLElement;
+  toggle: HTMLButtonElement;
 }
 
 export class BatchRows {
@@ -33,7 +34,8 @@ export class BatchRows {
     private readonly section: HTMLElement,
     private readonly body: HTMLElement,
     private readonly count: HTMLElement,
-    private readonly cancelBatch: (batchId: string) => Promise<void>
+    private readonly cancelBatch: (batchId: string) => Promise<void>,
+    private readonly toggleBatch: (batchId: string, action: 'pause' | 'resume') => Promise<void>
   ) {}
 
   /** Shows `batches` (the section is hidden while there are none). */
@@ -64,7 +66,10 @@ export class BatchRows {
     const failure = el('div', 'lf-job-failure');
     const error = el('div', 'lf-error lf-job-error');
     const cancel = cancelButton('Cancel every chunk still pending or running');
+    const toggle = el('button', 'lf-batch-toggle jp-mod-styled', 'Pause') as HTMLButtonElement;
+    toggle.type = 'button';
     const row: IBatchRow = {
+      toggle,
       root,
       badge,
       title,
@@ -78,14 +83,27 @@ export class BatchRows {
       cancelling: false
     };
     cancel.addEventListener('click', () => void cancelRow(row, () => this.cancelBatch(batchId)));
-    line1.append(cancel);
+    toggle.addEventListener('click', () => {
+      const action = toggle.dataset.action as 'pause' | 'resume';
+      toggle.disabled = true;
+      error.textContent = '';
+      this.toggleBatch(batchId, action)
+        .catch(err => {
+          error.textContent = `${action} failed: ${(err as Error).message ?? String(err)}`;
+          error.style.display = '';
+        })
+        .finally(() => {
+          toggle.disabled = false;
+        });
+    });
+    line1.append(toggle, cancel);
     root.append(line1, progress, detail, strip, failure, error);
     return row;
   }
 
   private _update(row: IBatchRow, batch: IBatch, now: number): void {
     const view = batchView(batch, now);
-    const badge = stateBadge(batch.batch_state);
+    const badge = stateBadge(view.badgeState);
     row.root.dataset.state = view.state;
     row.badge.className = badge.className;
     setText(row.badge, badge.label);
@@ -108,6 +126,13 @@ export class BatchRows {
     row.failure.style.display = view.failure ? '' : 'none';
     row.failure.title = batch.failure?.traceback ?? '';
     showCancel(row, view.cancellable);
+    row.toggle.style.display = view.toggle ? '' : 'none';
+    row.toggle.dataset.action = view.toggle ?? '';
+    setText(row.toggle, view.toggle === 'resume' ? 'Resume' : 'Pause');
+    row.toggle.title =
+      view.toggle === 'resume'
+        ? 'Go on where it stopped'
+        : 'No new chunk starts; running ones finish';
     row.error.style.display = row.error.textContent ? '' : 'none';
   }
 

@@ -187,8 +187,17 @@ export class LiveConnection {
 
   /** Cancels every pending or running chunk of a batch and applies its new state. */
   async cancelBatch(batchId: string): Promise<void> {
+    await this._batchAction(batchId, 'batches/cancel');
+  }
+
+  /** Pauses a batch (no new chunk starts) or resumes a paused one, and applies its new state. */
+  async toggleBatch(batchId: string, action: 'pause' | 'resume'): Promise<void> {
+    await this._batchAction(batchId, `batches/${action}`);
+  }
+
+  private async _batchAction(batchId: string, route: string): Promise<void> {
     const body = JSON.stringify({ batch_id: batchId });
-    await this._call('POST', 'batches/cancel', body);
+    await this._call('POST', route, body);
     try {
       const batch = (await this._call(
         'POST',

@@ -129,8 +129,12 @@ export class GpuFunctionsPanel extends Widget {
     const classes = this._section('GPU classes', 'lf-classes');
     this._classesBody = classes.body;
     const batches = this._section('Batches', 'lf-batches');
-    this._batches = new BatchRows(batches.root, batches.body, batches.count, id =>
-      this.connection.cancelBatch(id)
+    this._batches = new BatchRows(
+      batches.root,
+      batches.body,
+      batches.count,
+      id => this.connection.cancelBatch(id),
+      (id, action) => this.connection.toggleBatch(id, action)
     );
     const jobs = this._section('Jobs', 'lf-jobs');
     this._jobsBody = jobs.body;

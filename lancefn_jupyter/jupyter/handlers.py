@@ -52,6 +52,8 @@ ALLOWED_ROUTES: dict[str, frozenset[str]] = {
     "batches/list": frozenset({"POST"}),
     "batches/describe": frozenset({"POST"}),
     "batches/cancel": frozenset({"POST"}),
+    "batches/pause": frozenset({"POST"}),  # the panel's Pause / Resume button
+    "batches/resume": frozenset({"POST"}),
 }
 
 #: Largest request body forwarded (the allow-listed routes take small JSON objects).

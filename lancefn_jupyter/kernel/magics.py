@@ -130,6 +130,26 @@ class GpuMagics(Magics):
         print(f"profile {profile.name!r} defined")
         return None
 
+    @no_var_expand
+    @line_magic
+    def gpu_secret(self, line: str) -> None:
+        """%gpu_secret NAME asks for NAME's value (not shown, never in the notebook) and creates or alters the secret;
+        %gpu_secret lists the names; %gpu_secret --drop NAME removes one. Bind it: %%gpu_function secret=NAME."""
+        from lancefn_jupyter.kernel import secrets
+
+        words = line.split()
+        if not words:
+            names = secrets.list()
+            print(", ".join(names) if names else "no secrets yet; create one with %gpu_secret NAME")
+        elif words[0] == "--drop" and len(words) == 2:
+            secrets.drop(words[1])
+            print(f"secret {words[1]!r} dropped")
+        elif len(words) == 1 and not words[0].startswith("-"):
+            print(f"secret {words[0]!r} {secrets.prompt(words[0])}; bind it with %%gpu_function secret={words[0]}")
+        else:
+            raise UsageError("write %gpu_secret NAME (asks for the value), %gpu_secret --drop NAME, or %gpu_secret")
+        return None
+
     @line_magic
     def lancefn(self, line: str) -> _Status | None:
         """%lancefn [connect URL [api_key=KEY] | local | stop]"""

@@ -16,6 +16,9 @@ and conda environments are exclusive and mixing them would be an error the user 
 ``image``, ``timeout_s`` (default job timeout in seconds), ``state`` (``per_worker`` or
 ``per_job``: how long the module's state lives, "Warm state") and ``batched`` (the entry takes a chunk's
 rows in one call, "Batched functions") are part of a compute profile too.
+
+Over 600 lines: one concern, every option's parsing and check (the magic's words and the Python API's keywords
+alike) and its place in a runtime, both ways; each option is a few small functions.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from lancefn_jupyter.wire.models import (
     FunctionResourceRequirements,
     PythonEnvironmentSpec,
     PythonRuntimeSpec,
+    SecretBinding,
+    SecretReference,
     valid_num_gpus,
 )
 from lancefn_jupyter.wire.quantities import cpu_cores, memory_bytes, quantity_text
@@ -79,11 +84,14 @@ _EXAMPLES = {
     "include": "include=mylib.py",
     "batched": "batched=yes",
     "reuse_setup": "reuse_setup=no",
+    "secrets": "secret=HF_TOKEN (or secret=hf:HF_TOKEN: secret hf as variable HF_TOKEN)",
 }
+# A line's other spelling of an option: ``secret=A secret=B`` reads better than ``secrets=``.
+_ALIASES = {"secret": "secrets"}
 _FUNCTION_KEYS = tuple(_EXAMPLES)
-_PER_FUNCTION_KEYS = ("name", "profile", "register", "include")
+_PER_FUNCTION_KEYS = ("name", "profile", "register", "include", "secrets")
 _PROFILE_KEYS = tuple(key for key in _FUNCTION_KEYS if key not in _PER_FUNCTION_KEYS)
-_LIST_KEYS = ("pip", "conda", "conda_channels", "env", "include")
+_LIST_KEYS = ("pip", "conda", "conda_channels", "env", "include", "secrets")
 _PACKAGE_KEYS = ("pip", "conda", "conda_channels")
 
 
@@ -210,6 +218,41 @@ def _check_include(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))  # repeatable; paths may contain commas, so no splitting
 
 
+def _check_secrets(value: Any) -> tuple[tuple[str, str], ...]:
+    """Secret bindings as ``((variable, secret name), ...)`` sorted by variable (docs/ARCHITECTURE.md, "Secrets"):
+    from ``"NAME"`` (secret NAME as variable NAME), ``"secret:VARIABLE"``, a list of those, a mapping of variable to
+    secret name, or LanceDB's ``EnvVarSecret`` objects."""
+    if isinstance(value, str):
+        items: list[Any] = [part for part in value.split(",") if part]
+    elif isinstance(value, Mapping):
+        items = [f"{secret}:{variable}" for variable, secret in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [part for item in value for part in (item.split(",") if isinstance(item, str) else [item]) if part]
+    else:
+        raise _fail("secrets", f"must be names or secret:VARIABLE pairs (got {type(value).__name__})")
+    result: dict[str, str] = {}
+    for item in items:
+        if hasattr(item, "secret_name") and hasattr(item, "env_variable"):  # lancedb's EnvVarSecret
+            secret, variable = item.secret_name, item.env_variable
+        elif isinstance(item, tuple) and len(item) == 2:  # already checked: (variable, secret)
+            variable, secret = item
+        elif isinstance(item, str):
+            secret, _, variable = item.partition(":")
+            variable = variable or secret
+        else:
+            raise _fail("secrets", f"must be names or secret:VARIABLE pairs (got {item!r})")
+        if not isinstance(secret, str) or not NAME_PATTERN.fullmatch(secret):
+            raise _fail("secrets", f"names an invalid secret {secret!r}: use letters, digits, '_', '.', '-'")
+        if not isinstance(variable, str) or not ENV_NAME_PATTERN.fullmatch(variable):
+            raise _fail("secrets", f"binds an invalid variable name {variable!r}: use letters, digits and '_'")
+        if variable in _RESERVED_ENV:
+            raise _fail("secrets", f"must not set {variable}", _RESERVED_ENV[variable])
+        if result.get(variable, secret) != secret:
+            raise _fail("secrets", f"binds {variable} twice ({result[variable]!r} and {secret!r})", "keep one")
+        result[variable] = secret
+    return tuple(sorted(result.items()))
+
+
 def _check_timeout(value: Any) -> float:
     # The upper bound (about 31 years) keeps huge ints from overflowing float(); NaN fails both tests.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_TIMEOUT_S:
@@ -264,6 +307,7 @@ _CHECKS = {
     "include": _check_include,
     "batched": _check_batched,
     "reuse_setup": _check_reuse_setup,
+    "secrets": _check_secrets,
 }
 
 
@@ -281,6 +325,11 @@ def _normalize(instance: Any, keys: Iterable[str]) -> None:
         )
     if channels and not conda:
         raise OptionsError("conda_channels needs conda packages; add conda=PACKAGES or remove conda_channels")
+    both = {variable for variable, _ in getattr(instance, "secrets", None) or ()} & dict(instance.env or ()).keys()
+    if both:
+        raise OptionsError(
+            f"{sorted(both)[0]} is set by env= and bound to a secret; keep the secret (a token belongs in a secret)"
+        )
 
 
 # ------------------------------------------------------------------------- the values
@@ -350,9 +399,18 @@ class FunctionOptions:
     # A new version whose setup part is unchanged runs on the earlier version's live worker (docs/ARCHITECTURE.md,
     # "Setup reuse"); False: always a worker of its own.
     reuse_setup: bool = True
+    # Secrets bound to environment variables: ((variable, secret name), ...) (docs/ARCHITECTURE.md, "Secrets").
+    secrets: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         _normalize(self, _FUNCTION_KEYS)
+
+    def secret_bindings(self) -> tuple[SecretBinding, ...]:
+        """The registration's ``secret_bindings`` (LanceDB 0.40's ``env`` kind), in variable order."""
+        return tuple(
+            SecretBinding(kind="env", variable=variable, secret_ref=SecretReference(name=secret))
+            for variable, secret in self.secrets
+        )
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -451,7 +509,7 @@ def _lookup_profile(name: str, profiles: Mapping[str, ComputeProfile]) -> Comput
 
 def _from_text(key: str, values: list[str]) -> Any:
     """Convert the raw text(s) of one option to the Python value the checks take."""
-    if key in _PACKAGE_KEYS or key == "include":
+    if key in _PACKAGE_KEYS or key in ("include", "secrets"):
         return values
     if key == "env":
         pairs = []
@@ -486,6 +544,7 @@ def _parse_tokens(tokens: list[str], valid: tuple[str, ...], where: str) -> dict
             if token in valid:
                 raise _fail(token, "needs a value")
             raise OptionsError(f"expected key=value, got {token!r}; write options like num_gpus=1 pip=numpy")
+        key = _ALIASES.get(key, key) if _ALIASES.get(key) in valid else key
         if key not in valid:
             raise _unknown_option(key, valid, where)
         if key in raw and key not in _LIST_KEYS:

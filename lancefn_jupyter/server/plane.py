@@ -57,6 +57,7 @@ from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.results import Results
 from lancefn_jupyter.server.control.states import DONE, TERMINAL, now_ms
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
+from lancefn_jupyter.server.control.vault import SecretVault
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.executors.base import Executor
 from lancefn_jupyter.server.executors.table_agent import TableAgents
@@ -133,12 +134,14 @@ class ControlPlane:
             store, self.bus, table.lock, lambda rec: dumps(self.reports.job_wire(rec)), lambda: table.started
         )
         self.journal = JobJournal(table, store=store, bus=self.bus, reports=self.reports, unsaved=self.unsaved)
+        self.secrets = SecretVault(store)  # each namespace's secrets ("Secrets"): one copy, shared
         self.environments = EnvironmentStage(
             table,
             store=store,
             journal=self.journal,
             cache=environments,
             allow_direct_references=allow_direct_references,
+            secrets=self.secrets,
         )
         self.catalog = FunctionCatalog(
             store=store,
@@ -148,6 +151,7 @@ class ControlPlane:
             environment_check=self.environments.problem,
             digest_key=digest_key,
             allow_direct_references=allow_direct_references,
+            secrets=self.secrets,
         )
         self.jobs = JobQueries(table, store=store, unsaved=self.unsaved, reports=self.reports)
         self.results = Results(data=self.data, jobs=self.jobs, journal=self.journal)

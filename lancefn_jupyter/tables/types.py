@@ -48,12 +48,25 @@ def _casts(source: Any, target: Any) -> bool:
     return True
 
 
-def input_problem(param: str, sig_type: str, column: str, field_type: Any) -> str | None:
-    """Why the table column cannot feed ``param`` (a sentence with the fix), or None."""
+def _is_number(t: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def input_problem(param: str, sig_type: str, column: str, field_type: Any, batched: bool = False) -> str | None:
+    """Why the table column cannot feed ``param`` (a sentence with the fix), or None. ``batched``: the function takes a
+    chunk per call, so an ndarray parameter may take a column of numbers as one 1-D array (as Ray's ``map_batches``
+    and LanceDB's batch UDFs hand it over)."""
     import pyarrow as pa
 
     where = f"column {column!r} ({field_type}) for parameter {param!r} ({sig_type})"
     if sig_type in _AS_IS:
+        return None
+    if sig_type.startswith("tensor<") and batched and _is_number(field_type):
+        dtype = _dtype(sig_type)
+        if dtype != "any" and not _casts(field_type, pa.from_numpy_dtype(_np_dtype(dtype))):
+            return f"{where}: its values do not cast to {dtype}; declare NDArray[{field_type}]"
         return None
     if sig_type.startswith("tensor<"):
         dtype = _dtype(sig_type)
@@ -87,6 +100,9 @@ def param_column(array: Any, sig_type: str) -> Any:
         array = array.combine_chunks()
     if sig_type in _AS_IS:
         return array
+    if sig_type.startswith("tensor<") and _is_number(array.type):  # a batched function's 1-D array of the chunk
+        dtype = _dtype(sig_type)
+        return array if dtype == "any" else array.cast(pa.from_numpy_dtype(_np_dtype(dtype)))
     if sig_type.startswith("tensor<"):
         return _tensor_from_list(array, _dtype(sig_type))
     if sig_type == "arrow.array":

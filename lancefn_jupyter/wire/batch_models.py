@@ -99,6 +99,7 @@ class Batch(WireModel):
     revision: int = 0
     reused_chunks: int = 0
     cancel_requested: bool = False
+    paused: bool = False  # no new chunk starts until it is resumed (docs/ARCHITECTURE.md, "Batches": pause)
     namespace: str | None = None
     failure: BatchFailure | None = None
     chunks: tuple[BatchChunk, ...] | None = None

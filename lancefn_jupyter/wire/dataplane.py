@@ -464,6 +464,13 @@ def batch_value(column: Any, sig_type: str, form: str, *, writable: bool = False
         # A table's vector column (a backfill's rows): its buffer is already (n, d).
         array = _fixed_size_batch(column, sig_type[7:-1], writable)
         return array if form == "ndarray" else list(array)
+    if sig_type.startswith("tensor<") and (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        # A table's column of numbers for a batched NDArray parameter: the chunk's values as one 1-D array.
+        if column.null_count:
+            raise DataPlaneError("a batched NDArray parameter cannot take missing (null) rows; fill or drop them first")
+        values = column.to_numpy(zero_copy_only=False)
+        values = values.copy() if writable and not values.flags.writeable else values
+        return values if form == "ndarray" else list(values)
     if form != "ndarray":
         return decode_column(column, sig_type, writable=writable)
     import numpy as np

@@ -57,6 +57,7 @@ __all__ = [
     "FunctionRegistrationRequest",
     # function versions, leaf types first
     "FunctionResourceRequirements",
+    "FunctionResultField",
     "FunctionSignature",
     "FunctionVersion",
     "GpuClass",
@@ -72,6 +73,8 @@ __all__ = [
     "PythonAdapterSpec",
     "PythonEnvironmentSpec",
     "PythonRuntimeSpec",
+    "SecretBinding",
+    "SecretReference",
     "TextMap",
     "WireModel",
     # encoding
@@ -361,6 +364,28 @@ class PythonRuntimeSpec(WireModel):
             raise ValueError(f"reuse_setup must be 'yes' (the default) or 'no', not {reuse!r}")
         return reuse
 
+    # LanceDB 0.40's GPU marker (docs/ARCHITECTURE.md, "LanceDB 0.40 dialect"): true or absent, python_v2 only; alone
+    # it means one GPU of the default class (``resources`` is filled in), beside ``resources`` it must agree (it
+    # does: num_gpus ≥ 1). Encoded when present, so it counts in the version's identity.
+    gpu: Literal[True] | None = None
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_marker(cls, gpu: Any) -> Any:
+        if gpu is not None and gpu is not True:
+            raise ValueError(
+                f"runtime.gpu must be true or absent (got {gpu!r}); leave it out for a CPU function (kind='python')"
+            )
+        return gpu
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_means_one_gpu(cls, data: Any) -> Any:
+        one_gpu = isinstance(data, Mapping) and data.get("kind") == "python_v2" and data.get("gpu") is True
+        if one_gpu and data.get("resources") is None:
+            return {**data, "resources": {"num_gpus": 1}}
+        return data
+
     @field_validator("state", mode="before")
     @classmethod
     def _default_state(cls, state: Any) -> Any:
@@ -392,6 +417,8 @@ class PythonRuntimeSpec(WireModel):
         for name in required:
             if getattr(self, name) is None:
                 raise ValueError(f"{self.kind} runtime requires {name}; {fix[name]}")
+        if self.kind == "python" and self.gpu:
+            raise ValueError("python runtime with gpu requires kind='python_v2' (or drop gpu for a CPU function)")
         if self.kind == "python" and self.resources is not None:
             raise ValueError(
                 "python runtime with resources requires kind='python_v2' (or drop resources for a CPU function)"
@@ -449,6 +476,14 @@ class FunctionParameter(WireModel):
     form: StrictStr | None = None
 
 
+class FunctionResultField(WireModel):
+    """One field of a ``named_struct`` output (LanceDB 0.40)."""
+
+    name: _Text
+    arrow_type: _Text
+    nullable: StrictBool
+
+
 class FunctionOutput(WireModel):
     """The entry function's output; other kinds than ``scalar`` stay decodable."""
 
@@ -457,6 +492,8 @@ class FunctionOutput(WireModel):
     nullable: StrictBool | None = None
     # A batched function's return: "list", "ndarray" (axis 0 the rows) or "arrow" ("Batched functions").
     form: StrictStr | None = None
+    # A ``named_struct`` output's fields in order (LanceDB 0.40); empty (omitted) for a scalar.
+    fields: tuple[FunctionResultField, ...] = ()
 
     @model_validator(mode="after")
     def _scalar_needs_type(self):
@@ -476,6 +513,8 @@ class FunctionSignature(WireModel):
     # True: the entry is called once per chunk with every row's values (docs/ARCHITECTURE.md, "Batched
     # functions"); arrow_type stays the type of one row's value. False (omitted): once per row.
     batched: StrictBool = False
+    # A class entry's ``__init__`` parameters (LanceDB 0.40): values come per run, not from the version.
+    initialization: tuple[FunctionParameter, ...] = ()
 
     @field_validator("inputs")
     @classmethod
@@ -487,6 +526,21 @@ class FunctionSignature(WireModel):
         return inputs
 
 
+class SecretReference(WireModel):
+    """Which secret a binding means: its name and namespace path (LanceDB 0.40)."""
+
+    name: _Name
+    namespace_path: tuple[_Name, ...] = ()
+
+
+class SecretBinding(WireModel):
+    """How a secret reaches the function: ``kind`` ``env`` puts its value in the environment ``variable``."""
+
+    kind: _Text
+    variable: Annotated[StrictStr, _pattern(ENV_NAME_PATTERN, "an environment variable name", "HF_TOKEN")] | None = None
+    secret_ref: SecretReference | None = None
+
+
 class FunctionRegistrationRequest(WireModel):
     """What the kernel sends to register a function version."""
 
@@ -494,6 +548,8 @@ class FunctionRegistrationRequest(WireModel):
     artifact: FunctionArtifactRequest
     signature: FunctionSignature
     runtime: PythonRuntimeSpec
+    # Secrets bound by name (names only, never values); empty (omitted) keeps earlier ids.
+    secret_bindings: tuple[SecretBinding, ...] = ()
 
 
 class FunctionVersion(WireModel):
@@ -507,6 +563,7 @@ class FunctionVersion(WireModel):
     runtime_digest: _Digest
     environment_digest: _Digest
     created_at: Annotated[StrictStr, _pattern(_RFC3339, "an RFC 3339 UTC timestamp", "2025-01-31T12:00:00.000Z")]
+    secret_bindings: tuple[SecretBinding, ...] = ()
 
 
 # ---------------------------------------------------------------------- derivation
@@ -565,6 +622,7 @@ def derive_version(
         runtime_digest=runtime_digest(request.runtime, env_key),
         environment_digest=environment_digest(environment),
         created_at=created_at,
+        secret_bindings=request.secret_bindings,
     )
 
 

@@ -55,6 +55,8 @@ class TaskData(WireModel):
     result_max_bytes: StrictInt | None = None  # --max-arrow-result-bytes
     result_stage: ResultStage | None = None
     on_error: OnError | None = None
+    # A class entry's ``__init__`` arguments (LanceDB 0.40's initialization); each distinct set is its own instance.
+    init: dict[StrictStr, Any] | None = None
 
     @classmethod
     def of(cls, signature: FunctionSignature, **fields: Any) -> TaskData:

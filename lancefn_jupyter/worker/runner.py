@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import base64
 import functools
+import json
 import linecache
 import os
 import sys
@@ -167,7 +168,7 @@ def _compiled(artifact_b64: str, filename: str) -> tuple[str, types.CodeType]:
 class _Loaded:
     """The one version this process holds: its module, and what each row calls."""
 
-    key: tuple[str, str, str]  # (filename, artifact, entrypoint)
+    key: tuple[str, ...]  # (filename, artifact, entrypoint, init: its canonical JSON, "" without)
     module: types.ModuleType
     call: Callable[..., object]
     instance: object | None  # a class entry's instance (its teardown runs when the version goes)
@@ -199,7 +200,7 @@ def _setup_failure(exc: BaseException, task: dict) -> TaskFailure:
     return failure
 
 
-def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
+def _load(task: dict, key: tuple[str, ...]) -> _Loaded:
     """Execute the artifact in a fresh module and make its entry ready to call (a class entry is
     instantiated and set up); failures are phase ``setup``."""
     filename = task["filename"]
@@ -216,9 +217,12 @@ def _load(task: dict, key: tuple[str, str, str]) -> _Loaded:
         entry = getattr(module, task["entrypoint"], None)
         if not callable(entry):
             raise TaskFailure("setup", f"the artifact defines no function named {task['entrypoint']!r}")
+        init = task.get("init")
         if not isinstance(entry, type):
+            if init:
+                raise TaskFailure("setup", f"{task['entrypoint']!r} is a function: initialization values are a class's")
             return _Loaded(key, module, entry, None)
-        instance = entry()
+        instance = entry(**(init or {}))  # LanceDB 0.40's initialization: this set of values' own instance
         setup = getattr(instance, "setup", None)
         if callable(setup):
             setup()
@@ -252,8 +256,11 @@ def _drop_module() -> None:
 
 
 def _teardown(instance: object) -> None:
-    """A class entry's ``teardown()``, bounded by ``TEARDOWN_S``; its errors go to stderr, never up."""
+    """A class entry's ``teardown()`` (or LanceDB's ``close()``), bounded by ``TEARDOWN_S``; its errors go to stderr,
+    never up."""
     teardown = getattr(instance, "teardown", None)
+    if not callable(teardown):
+        teardown = getattr(instance, "close", None)
     if not callable(teardown):
         return
 
@@ -306,7 +313,9 @@ def _entry(task: dict, timings: dict[str, float]) -> Callable[..., object]:
     """What each row calls: the held version's when the task is of it, else loaded now
     (``timings["setup_ms"]``)."""
     global _loaded
-    key = (task["filename"], task["artifact_b64"], task["entrypoint"])
+    init = task.get("init")
+    init_key = json.dumps(init, sort_keys=True, separators=(",", ":")) if init is not None else ""
+    key = (task["filename"], task["artifact_b64"], task["entrypoint"], init_key)
     per_job = task.get("state") == "per_job"
     if _loaded is not None and not per_job and _loaded.key == key:
         return _loaded.call
@@ -327,7 +336,7 @@ def _entry(task: dict, timings: dict[str, float]) -> Callable[..., object]:
     return _loaded.call
 
 
-def _rebind(loaded: _Loaded, task: dict, key: tuple[str, str, str]) -> bool:
+def _rebind(loaded: _Loaded, task: dict, key: tuple[str, ...]) -> bool:
     """Run ``task``'s version on the live module of ``loaded``, a version with the same setup digest (docs/ARCHITECTURE.md,
     "Setup reuse"): only its rebound definitions (functions, and methods of the entry class set on the live class) are
     executed. False, with nothing to undo (the caller releases the module), when the two setup parts differ after all
@@ -339,6 +348,8 @@ def _rebind(loaded: _Loaded, task: dict, key: tuple[str, str, str]) -> bool:
         new, old = setup_part(source, entrypoint), setup_part(old_source, loaded.key[2])
         if new is None or old is None or new.digest != old.digest or entrypoint != loaded.key[2]:
             return False  # the worker checks what the plane said: only the rebound definitions may differ
+        if key[3:] != loaded.key[3:]:
+            return False  # other class init values: another instance (docs/ARCHITECTURE.md, "Warm state")
         _cache_lines(filename, source)
         namespace = loaded.module.__dict__
         for name in set(old.functions) - set(new.functions):

@@ -34,6 +34,7 @@ TUTORIALS = (
     "04-profiles-and-remote.ipynb",
     "05-batches-and-tables.ipynb",
     "06-embeddings-into-lancedb.ipynb",
+    "07-lancedb-client-and-secrets.ipynb",
 )
 CELL_TIMEOUT_S = 240
 
@@ -296,6 +297,26 @@ def test_06_embeddings_into_lancedb(run_tutorial):
     assert "2/3 rows written · 1 row skipped" in skip
     assert "skipped id 203 (fragment 1, offset 3): " in skip and "empty text: nothing to embed" in skip
     assert "still empty: [203]" in skip
+
+
+def test_07_lancedb_client_and_secrets(run_tutorial):
+    nb = run_tutorial("07-lancedb-client-and-secrets.ipynb")
+
+    assert "against the embedded control plane: True" in nb.text("check-connect")
+    assert "secrets: ['api_token']" in nb.text("check-secret")
+    assert "described: api_token (created at" in nb.text("check-secret")
+    udf_text = nb.text("check-udf")
+    assert "registered Scale version 1" in udf_text and "initialization: ['factor', 'offset']" in udf_text
+    assert "bound secrets: ['api_token']" in udf_text
+    run = nb.text("check-run")
+    assert "factor 3: 6.0" in run and "factor 10, offset 0.5: [10.5, 20.5, 30.5]" in run
+    assert "api_token as API_TOKEN" in nb.text("check-cell")
+    edited = nb.text("check-edited")
+    assert "lancedb version: 2" in edited and "result: 6.0" in edited
+    assert "paused: True | state: paused | lancedb sees: PAUSED" in nb.text("check-pause")
+    resume = nb.text("check-resume")
+    assert "resumed: True" in resume and "results: [0.0, 2.0, 4.0, 6.0" in resume
+    assert "tok-0000-demo-4321" not in nb.all_outputs()  # the secret's value is nowhere in the notebook's outputs
 
 
 def test_headless_quickstart_prints_a_version_and_a_finished_job(tmp_path):

@@ -51,6 +51,8 @@ POST_BODIES = {
     "batches/list": {"limit": 5},
     "batches/describe": {"batch_id": "no-such-batch"},
     "batches/cancel": {"batch_id": "no-such-batch"},
+    "batches/pause": {"batch_id": "no-such-batch"},
+    "batches/resume": {"batch_id": "no-such-batch"},
 }
 
 

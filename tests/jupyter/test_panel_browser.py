@@ -366,6 +366,15 @@ def test_a_batch_row_shows_rows_chunks_by_state_and_cancels(page, lab):
         ]
         assert "2 finished, 2 running, 1 pending of 5 chunks" in row.locator(".lf-batch-detail").inner_text()
         screenshot(page, "panel-batch")
+        # Pause: the badge says paused and the button offers Resume; Resume brings it back ("Batches": pause).
+        row.locator(".lf-batch-toggle:text('Pause')").click()
+        paused = page.locator(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"][data-state="paused"]')
+        paused.wait_for()
+        assert paused.locator(".lf-badge").inner_text() == "paused"
+        assert http.post("/v1/batches/describe", json={"batch_id": batch_id}).json()["paused"] is True
+        paused.locator(".lf-batch-toggle:text('Resume')").click()
+        row.wait_for()
+        assert "paused" not in http.post("/v1/batches/describe", json={"batch_id": batch_id}).json()
         row.locator(".lf-job-cancel").click()
         cancelled = page.locator(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"][data-state="cancelled"]')
         cancelled.wait_for()

@@ -396,10 +396,11 @@ def test_every_field_is_an_option():
         "include": "mylib.py",
         "batched": "yes",
         "reuse_setup": "no",
+        "secrets": "S",
     }
     assert {field.name for field in dataclasses.fields(FunctionOptions)} == set(values)
     profile_fields = {field.name for field in dataclasses.fields(ComputeProfile)} - {"name"}
-    assert profile_fields == set(values) - {"name", "profile", "register", "include"}
+    assert profile_fields == set(values) - {"name", "profile", "register", "include", "secrets"}
     line = " ".join(f"{key}={value}" for key, value in values.items() if value)
     options = parse(line, p=ComputeProfile(name="p"))
     assert options.num_gpus == 2 and options.image == "i" and options.timeout_s == 1.0

@@ -53,6 +53,17 @@ describe('batch rows', () => {
     expect(view.cancellable).toBe(false);
   });
 
+  it('says paused and offers Resume while paused, Pause while running, neither once ended', () => {
+    const paused = batchView(batch({ paused: true }), 14_000);
+    expect(paused.state).toBe('paused');
+    expect(paused.badgeState).toBe('PAUSED');
+    expect(paused.toggle).toBe('resume');
+    expect(batchView(batch(), 14_000).toggle).toBe('pause');
+    const ended = batchView(batch({ batch_state: 'DONE', paused: true }), 14_000);
+    expect(ended.toggle).toBeNull();
+    expect(ended.state).toBe('finished');
+  });
+
   it('folds a long strip keeping the most urgent state of each cell', () => {
     const cells = stripCells('d'.repeat(100) + 'f' + 'd'.repeat(43), 48);
     expect(cells).toHaveLength(48);

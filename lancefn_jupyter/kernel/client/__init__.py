@@ -26,6 +26,7 @@ from lancefn_jupyter.kernel.client.events import Event, iter_events, open_event_
 from lancefn_jupyter.kernel.client.functions import FunctionsResource
 from lancefn_jupyter.kernel.client.gpu import GpuResource
 from lancefn_jupyter.kernel.client.jobs import JobsResource
+from lancefn_jupyter.kernel.client.secrets import SecretsResource
 
 __all__ = [
     "ApiError",
@@ -65,6 +66,7 @@ class Client:
         self.gpu = GpuResource(self._transport)
         self.batches = BatchesResource(self._transport)
         self.backfills = BackfillsResource(self._transport)
+        self.secrets = SecretsResource(self._transport)
 
     @property
     def url(self) -> str:

@@ -31,8 +31,9 @@ class BatchesResource:
         timeout_s: float | None = None,
         arrow: bytes | None = None,
         rows_file: str | None = None,
+        init: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """`{batch_id, reused_chunks}`; `parallel=None` is "auto".
+        """`{batch_id, reused_chunks}`; `parallel=None` is "auto"; `init`: a class entry's initialization values.
 
         ``arrow``: the chunks as one Arrow IPC stream, one record batch per chunk (sent as
         ``application/vnd.apache.arrow.stream``, the other fields in the query string) instead of
@@ -43,6 +44,8 @@ class BatchesResource:
             body["parallel"] = parallel
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if init is not None:
+            body["init"] = init
         if arrow is not None:
             params = {k: v if k in ("name", "version") else json.dumps(v) for k, v in body.items()}
             return self._t.request(
@@ -65,6 +68,14 @@ class BatchesResource:
 
     def cancel(self, batch_id: str) -> bool:
         return bool(self._t.post("/v1/batches/cancel", {"batch_id": batch_id})["cancelled"])
+
+    def pause(self, batch_id: str) -> bool:
+        """True if this call paused the batch (False: it was paused already)."""
+        return bool(self._t.post("/v1/batches/pause", {"batch_id": batch_id})["paused"])
+
+    def resume(self, batch_id: str) -> bool:
+        """True if this call resumed the batch (False: it was not paused)."""
+        return bool(self._t.post("/v1/batches/resume", {"batch_id": batch_id})["resumed"])
 
     def retry(self, batch_id: str) -> Batch:
         return Batch.from_wire(self._t.post("/v1/batches/retry", {"batch_id": batch_id}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import builtins  # the resources have a list() method that shadows the type in annotations
+import json
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -92,6 +93,7 @@ class FunctionsResource:
         timeout_s: float | None = None,
         arrow: bytes | None = None,
         rows_file: str | None = None,
+        init: dict[str, Any] | None = None,
     ) -> str:
         """Submit a `run_function` job with one row per call; returns the job id (202).
 
@@ -103,6 +105,8 @@ class FunctionsResource:
             params: dict[str, Any] = {"name": name, "version": version}
             if timeout_s is not None:
                 params["timeout_s"] = timeout_s
+            if init is not None:
+                params["init"] = json.dumps(init)
             return self._t.request(
                 "POST", "/v1/functions/run", content=arrow, content_type=ARROW_STREAM, params=params
             )["job_id"]
@@ -113,6 +117,8 @@ class FunctionsResource:
             body["rows"] = rows
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if init is not None:
+            body["init"] = init
         return self._t.post("/v1/functions/run", body)["job_id"]
 
     def run_job(
@@ -123,10 +129,13 @@ class FunctionsResource:
         *,
         timeout_s: float | None = None,
         wait_s: float = 0.0,
+        init: dict[str, Any] | None = None,
     ) -> Job:
         """Submit a `run_function` job and return it as it stands after up to `wait_s` seconds
         (finished, for a quick job: its result comes in this one round trip)."""
         body: dict[str, Any] = {"name": name, "version": version, "rows": rows, "wait_s": wait_s}
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if init is not None:
+            body["init"] = init
         return Job.from_wire(self._t.post("/v1/functions/run", body, timeout=wait_s + 10.0)["job"])

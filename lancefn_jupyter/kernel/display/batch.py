@@ -108,9 +108,14 @@ def skipped_lines(batch: Batch, skipped: Sequence[BackfillError]) -> list[str]:
     return lines
 
 
+def batch_state_text(batch: Batch) -> str:
+    """The batch's state in words: ``paused`` while paused, else its job state's (pending, running, finished, …)."""
+    return "paused" if batch.paused and batch.batch_state not in TERMINAL_STATES else display_state(batch.batch_state)
+
+
 def batch_card(batch: Batch, now_ms: float | None = None, skipped: Sequence[BackfillError] = ()) -> tuple[str, str]:
     """Text and HTML of a batch; ``skipped``: a backfill's first skipped rows, to list under it."""
-    state = display_state(batch.batch_state)
+    state = batch_state_text(batch)
     pct = 100 * batch.rows_done / batch.rows_total if batch.rows_total else 0
     cells = strip_cells(batch.strip)
     ref = f"{batch.name}@{batch.version}"
@@ -153,7 +158,7 @@ def batches_table(batches: list[Batch], now_ms: float | None = None) -> tuple[st
             [
                 batch.batch_id,
                 f"{batch.name}@{batch.version}",
-                display_state(batch.batch_state),
+                batch_state_text(batch),
                 f"{batch.rows_done}/{batch.rows_total}"
                 + (
                     f" · {batch.backfill.rows_skipped} skipped"

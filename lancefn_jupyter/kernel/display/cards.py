@@ -341,8 +341,10 @@ def function_card(
     left_out: str = "",
     batched: bool = False,
     setup: str = "",
+    secrets: str = "",
 ) -> tuple[str, str]:
-    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware.
+    """What `%%gpu_function` shows: identity, runtime, resources and the class's hardware; `secrets`: the bound secrets'
+    names (never values; docs/ARCHITECTURE.md, "Secrets").
 
     `entry` describes a class entry (``class Scaler: setup once per worker``); `left_out` names the cell's
     statements the artifact leaves out (docs/ARCHITECTURE.md, "Function versions"), so none is lost unseen.
@@ -368,6 +370,8 @@ def function_card(
     ]
     if setup:
         fields.append(("setup", setup))
+    if secrets:
+        fields.insert(5, ("secrets", secrets))
     if batched:
         fields.insert(0, ("calls", "batched: one call per chunk of rows"))
     if entry:

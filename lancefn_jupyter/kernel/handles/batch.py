@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
-from lancefn_jupyter.kernel.display.batch import batch_card
+from lancefn_jupyter.kernel.display.batch import batch_card, batch_state_text
 from lancefn_jupyter.kernel.handles import chunking
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
 from lancefn_jupyter.kernel.handles.job import Job
@@ -114,6 +114,7 @@ def start_batch(
     fresh: bool = False,
     row_of: Callable[[Any], dict[str, Any]] | None = None,
     column: Any = None,
+    init: dict[str, Any] | None = None,
 ) -> Batch:
     """Check the options and the input, cut it into chunks, create the batch (nothing starts on bad input).
     ``column``: the values of the function's one parameter as an Arrow array (a table's column),
@@ -149,6 +150,7 @@ def start_batch(
         retries=retries,
         fresh=fresh,
         timeout_s=function.timeout_s,
+        **({"init": init} if init is not None else {}),
     )
     batch = Batch(
         reply["batch_id"], client=client, function=function, kind=parts.kind, return_exceptions=return_exceptions
@@ -266,11 +268,11 @@ class Batch(RecordHandle[BatchRecord]):
 
     @property
     def state(self) -> str:
-        """pending, running, finished, failed or cancelled."""
+        """pending, running, paused, finished, failed or cancelled."""
         snapshot = self.snapshot
         if snapshot.batch_state not in TERMINAL_STATES:
             snapshot = self.refresh()
-        return display_state(snapshot.batch_state)
+        return batch_state_text(snapshot)
 
     @property
     def done(self) -> bool:
@@ -440,6 +442,19 @@ class Batch(RecordHandle[BatchRecord]):
         """Run again only the chunks that did not finish; finished chunks keep their results."""
         self._snapshot = self.client.batches.retry(self.batch_id)
         return self
+
+    def pause(self) -> bool:
+        """No new chunk starts; running chunks finish and are kept (a restart keeps it paused). True if this call
+        paused it."""
+        paused = self.client.batches.pause(self.batch_id)
+        self.refresh()
+        return paused
+
+    def resume(self) -> bool:
+        """A paused batch goes on where it stopped. True if this call resumed it."""
+        resumed = self.client.batches.resume(self.batch_id)
+        self.refresh()
+        return resumed
 
     def cancel(self) -> bool:
         """Cancel every chunk still pending or running; True if this call cancelled the batch."""

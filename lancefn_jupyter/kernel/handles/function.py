@@ -137,6 +137,7 @@ class GpuFunction:
                 artifact=packaged.artifact_request(),
                 signature=packaged.signature,
                 runtime=options.runtime(f"{sys.version_info.major}.{sys.version_info.minor}"),
+                secret_bindings=options.secret_bindings(),
             )
         self._request = request
         self.__wrapped__ = fn
@@ -160,11 +161,16 @@ class GpuFunction:
             env={key: os.environ[key] for key in (runtime.env or {}) if key in os.environ},  # the server redacts values
             name=fv.name,
             batched=fv.signature.batched or None,
+            secrets=tuple((b.variable, b.secret_ref.name) for b in fv.secret_bindings if b.variable and b.secret_ref),
         )
         # The registered request (env values redacted), cached as registered: `register()` finds the
         # version there and sends nothing.
         request = FunctionRegistrationRequest(
-            name=fv.name, artifact=packaged.artifact_request(), signature=fv.signature, runtime=runtime
+            name=fv.name,
+            artifact=packaged.artifact_request(),
+            signature=fv.signature,
+            runtime=runtime,
+            secret_bindings=fv.secret_bindings,
         )
         registration_cache()[(current_client().url, request_key(request))] = fv
         handle = cls(
@@ -300,13 +306,22 @@ class GpuFunction:
         """Parameter defaults, to fill the Arrow column of a parameter only some rows of a map give."""
         return {n: p.default for n, p in self._call_signature().parameters.items() if p.default is not p.empty}
 
-    def _submit_rows(self, rows: list[dict[str, Any]], single: bool, table: Any = None) -> Job:
+    def _init_values(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """``init=`` taken out of a call's keywords when the version is created with initialization values (a class
+        entry's ``__init__`` arguments: LanceDB 0.40's ``signature.initialization``); else it is a parameter."""
+        if not self._packaged.signature.initialization or "init" not in kwargs:
+            return None
+        return kwargs.pop("init")
+
+    def _submit_rows(
+        self, rows: list[dict[str, Any]], single: bool, table: Any = None, init: dict[str, Any] | None = None
+    ) -> Job:
         version = registered_version(self)
         json_rows = None
         if table is None:
             json_rows, table = rows_payload(rows, self._packaged.signature, self.name, self.parameter_defaults())
         client = current_client()
-        job_id, snapshot = run_job(client, version, json_rows, table, timeout_s=self.timeout_s)
+        job_id, snapshot = run_job(client, version, json_rows, table, timeout_s=self.timeout_s, init=init)
         return Job(job_id, client=client, function=self, single=single, snapshot=snapshot)
 
     def _batch_table(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -327,10 +342,13 @@ class GpuFunction:
 
     def submit(self, *args: Any, **kwargs: Any) -> Job:
         """Run one call as a job; returns at once with a Job handle. A batched function's arguments are
-        batches (one call over their rows) and the job's result is the batch result."""
+        batches (one call over their rows) and the job's result is the batch result. ``init={...}``: a class
+        entry's initialization values (each distinct set is its own instance on a worker)."""
+        kwargs = dict(kwargs)
+        init = self._init_values(kwargs)
         if self._packaged.signature.batched:
-            return self._submit_rows([], single=False, table=self._batch_table(args, kwargs))
-        return self._submit_rows([self._row(args, kwargs)], single=True)
+            return self._submit_rows([], single=False, table=self._batch_table(args, kwargs), init=init)
+        return self._submit_rows([self._row(args, kwargs)], single=True, init=init)
 
     def item_row(self, item: Any) -> dict[str, Any]:
         """A map item as a row: a tuple → positional args, a dict → keyword args, else one arg."""
@@ -364,6 +382,7 @@ class GpuFunction:
         max_skip_fraction: float = 0.01,
         dry_run: bool = False,
         estimate: bool = False,
+        init: dict[str, Any] | None = None,
     ) -> Job | Batch | Backfill | Estimate:
         """Run the function over every item.
 
@@ -387,6 +406,10 @@ class GpuFunction:
             "fresh": fresh,
         }
         if column is not None or into is not None or key is not None or _is_lance_table(items):
+            if init is not None:
+                raise ValueError(
+                    "init= is not supported for a map over a table yet; give the class defaults, or map a list"
+                )
             from lancefn_jupyter.kernel.handles.table_map import map_table
 
             return map_table(
@@ -405,10 +428,10 @@ class GpuFunction:
             rows = [self.item_row(item) for item in items]
             if not rows:
                 raise ValueError(f"{self.name}.map() needs at least one item")
-            return self._submit_rows(rows, single=False)
+            return self._submit_rows(rows, single=False, init=init)
         from lancefn_jupyter.kernel.handles.batch import start_batch
 
-        return start_batch(self, items, **batch_options)
+        return start_batch(self, items, **batch_options, init=init)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Submit, wait and return the result (raises the remote error, mapped to the cell).
@@ -535,6 +558,11 @@ class GpuFunction:
             left_out=self._left_out_text(),
             batched=self._packaged.signature.batched,
             setup=display.setup_text(source, self.entrypoint, runtime.state, runtime.reuse_setup),
+            secrets=", ".join(
+                f"{b.secret_ref.name} as {b.variable}" if b.secret_ref.name != b.variable else b.variable
+                for b in self._request.secret_bindings
+                if b.secret_ref is not None
+            ),
         )
 
     def _left_out_text(self) -> str:
@@ -661,6 +689,7 @@ def gpu_function(
     state: str | None = None,
     batched: bool | None = None,
     reuse_setup: bool | None = None,
+    secrets: Iterable[Any] | Mapping[str, str] | str | None = None,
 ) -> GpuFunction | Callable[[Callable[..., Any]], GpuFunction]:
     """Decorator form of `%%gpu_function` for .py code; the same options, the same validation.
 

@@ -48,16 +48,17 @@ def run_job(
     table: Any,
     *,
     timeout_s: float | None,
+    init: dict[str, Any] | None = None,
 ) -> tuple[str, JobRecord | None]:
     """Start one job over the rows (`json_rows`, else the Arrow `table`): (job id, its record when
     the reply carries it, which JSON rows' replies do)."""
     if json_rows is not None:
         snapshot = client.functions.run_job(
-            version.name, version.version, json_rows, timeout_s=timeout_s, wait_s=_SUBMIT_WAIT_S
+            version.name, version.version, json_rows, timeout_s=timeout_s, wait_s=_SUBMIT_WAIT_S, init=init
         )
         return snapshot.job_id, snapshot
     job_id = client.functions.run(
-        version.name, version.version, None, timeout_s=timeout_s, **_arrow_upload(client, table)
+        version.name, version.version, None, timeout_s=timeout_s, init=init, **_arrow_upload(client, table)
     )
     return job_id, None
 

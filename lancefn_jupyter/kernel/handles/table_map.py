@@ -309,6 +309,14 @@ class Backfill:
         """Cancel every chunk still pending or running (fragments already committed stay written)."""
         return self.batch.cancel()
 
+    def pause(self) -> bool:
+        """No new chunk starts; running chunks finish and their fragments commit. True if this call paused it."""
+        return self.batch.pause()
+
+    def resume(self) -> bool:
+        """A paused backfill goes on where it stopped. True if this call resumed it."""
+        return self.batch.resume()
+
     # -- display
     def _card(self) -> tuple[str, str]:
         from lancefn_jupyter.kernel.display.batch import SKIPPED_SHOWN, batch_card

@@ -161,10 +161,12 @@ def check_class_entry(cls: type, where: str = "") -> None:
     except (TypeError, ValueError):
         init = []
     required = [p.name for p in init if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if required:
+    unannotated = [p.name for p in init if p.annotation is p.empty]
+    if required and unannotated:  # annotated, they are its initialization values (``_initialization``)
         raise PackagingError(
             f"{label} is instantiated with no arguments: give every __init__ parameter a default, or load "
-            f"in setup() (__init__ needs {', '.join(repr(name) for name in required)})"
+            f"in setup() (__init__ needs {', '.join(repr(name) for name in required)}); or annotate every __init__ "
+            "parameter (`factor: float`) to give the values per run: submit(x, init={...})"
         )
     for hook in ("setup", "teardown"):
         method = getattr(cls, hook, None)
@@ -252,6 +254,7 @@ def infer_signature(fn: Callable[..., Any], *, batched: bool = False) -> Functio
     with its ``form`` (docs/ARCHITECTURE.md, "Batched functions").
     """
     name = getattr(fn, "__name__", repr(fn))
+    initialization = _initialization(fn) if inspect.isclass(fn) else ()
     try:
         if inspect.isclass(fn):
             name = f"{name}.__call__"
@@ -271,16 +274,12 @@ def infer_signature(fn: Callable[..., Any], *, batched: bool = False) -> Functio
         if not parameters:
             raise PackagingError(f"batched {name} takes no parameters; a batched parameter is {BATCHED_FORMS}")
         batched_inputs, output = _batched_signature(name, parameters, hints)
-        return FunctionSignature(inputs=tuple(batched_inputs), output=output, batched=True)
+        return FunctionSignature(
+            inputs=tuple(batched_inputs), output=output, batched=True, initialization=initialization
+        )
     inputs = []
     for parameter in parameters:
-        try:
-            arrow_type, nullable = _arrow_type(hints[parameter.name])
-        except _Unsupported as error:
-            raise PackagingError(
-                f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); "
-                f"supported types: {SUPPORTED_TYPES}"
-            ) from None
+        arrow_type, nullable = _parameter_type(parameter, hints, name)
         default = None
         if parameter.default is not inspect.Parameter.empty:
             default = literal_source(parameter.default)  # an optional input (models.py)
@@ -301,4 +300,36 @@ def infer_signature(fn: Callable[..., Any], *, batched: bool = False) -> Functio
     return FunctionSignature(
         inputs=tuple(inputs),
         output=FunctionOutput(kind="scalar", arrow_type=output_type, nullable=False),
+        initialization=initialization,
     )
+
+
+def _initialization(cls: type) -> tuple[FunctionParameter, ...]:
+    """A class entry's initialization fields (LanceDB 0.40's ``signature.initialization``): its ``__init__``
+    parameters, when one of them has no default (a class whose ``__init__`` needs nothing has none, so its version
+    ids are as before); a parameter with a default is nullable (left out, the default applies)."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return ()
+    if not any(p.default is p.empty for p in parameters):
+        return ()
+    name = f"{cls.__name__}.__init__"
+    hints = _type_hints(typing.cast(Any, cls).__init__, name)  # every parameter is annotated (check_class_entry)
+    fields = []
+    for parameter in parameters:
+        arrow_type, nullable = _parameter_type(parameter, hints, name)
+        optional = nullable or parameter.default is not parameter.empty
+        fields.append(FunctionParameter(name=parameter.name, arrow_type=arrow_type, nullable=optional))
+    return tuple(fields)
+
+
+def _parameter_type(parameter: inspect.Parameter, hints: dict[str, Any], name: str) -> tuple[str, bool]:
+    """(arrow_type, nullable) of an annotated parameter of ``name``; a PackagingError names an unsupported type."""
+    try:
+        return _arrow_type(hints[parameter.name])
+    except _Unsupported as error:
+        raise PackagingError(
+            f"parameter {parameter.name!r} of {name} has an unsupported type ({error}); "
+            f"supported types: {SUPPORTED_TYPES}"
+        ) from None

@@ -30,6 +30,7 @@ from lancefn_jupyter.kernel.display.batch import (
     STRIP_COLOURS,
     backfill_line,
     batch_card,
+    batch_state_text,
     batch_summary,
     skipped_lines,
     strip_cells,
@@ -37,7 +38,7 @@ from lancefn_jupyter.kernel.display.batch import (
 from lancefn_jupyter.kernel.widgets._job import BAR_STYLE
 from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.batch_models import STRIP_STATES
-from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
+from lancefn_jupyter.wire.models import TERMINAL_STATES
 
 if TYPE_CHECKING:
     from lancefn_jupyter.kernel.client import Client
@@ -81,6 +82,11 @@ class BatchWidget(FallbackReprMixin, w.VBox):
             tooltip="Run again only the chunks that did not finish",
             layout=w.Layout(width="auto", display="none"),
         )
+        # Pause, or Resume while paused ("Batches": pause); hidden once the batch ended.
+        self.pause_button = w.Button(
+            description="Pause", icon="pause", tooltip="No new chunk starts", layout=w.Layout(width="auto")
+        )
+        self.pause_button.on_click(lambda _b: self.resume() if self._paused() else self.pause())
         self.cancel_button.on_click(lambda _b: self.cancel())
         self.retry_button.on_click(lambda _b: self.retry_failed())
         super().__init__(
@@ -90,7 +96,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
                 self.strip,
                 self.backfill,
                 self.error,
-                w.HBox([self.cancel_button, self.retry_button]),
+                w.HBox([self.pause_button, self.cancel_button, self.retry_button]),
             ],
             layout=w.Layout(border="1px solid #ddd", padding="4px", margin="2px 0", width="auto"),
         )
@@ -107,7 +113,7 @@ class BatchWidget(FallbackReprMixin, w.VBox):
 
     @property
     def state(self) -> str:
-        return display_state(self._snapshot.batch_state) if self._snapshot is not None else "unknown"
+        return batch_state_text(self._snapshot) if self._snapshot is not None else "unknown"
 
     def _fallback(self) -> tuple[str, str]:
         if self._snapshot is None:
@@ -146,9 +152,14 @@ class BatchWidget(FallbackReprMixin, w.VBox):
                 return  # an older event
             terminal = batch.batch_state in TERMINAL_STATES
             self.cancel_button.disabled = terminal
+            self.pause_button.layout.display = "none" if terminal else None
+            self.pause_button.description, self.pause_button.icon = (
+                ("Resume", "play") if batch.paused else ("Pause", "pause")
+            )
+            self.pause_button.tooltip = "Go on where it stopped" if batch.paused else "No new chunk starts"
             failed = batch.chunk_counts.get("FAILED", 0) + batch.chunk_counts.get("CANCELLED", 0)
             self.retry_button.layout.display = None if terminal and failed else "none"
-            self.badge.value = display.state_badge_html(display_state(batch.batch_state))
+            self.badge.value = display.state_badge_html(batch_state_text(batch))
             self.title.value = (
                 f"<span style='margin-left:6px'>batch <code title='{html.escape(batch.batch_id)}'>{html.escape(batch.batch_id[:12])}</code>"
                 f" <b>{html.escape(batch.name)}@{html.escape(batch.version)}</b></span>"
@@ -199,6 +210,26 @@ class BatchWidget(FallbackReprMixin, w.VBox):
             self.progress_label.value = f"cancel failed: {error}"
             return False
         return cancelled
+
+    def _paused(self) -> bool:
+        return self._snapshot is not None and self._snapshot.paused
+
+    def pause(self) -> bool:
+        """No new chunk starts; running ones finish. True if this call paused it."""
+        return self._act(self._client.batches.pause, "pause")
+
+    def resume(self) -> bool:
+        """A paused batch goes on. True if this call resumed it."""
+        return self._act(self._client.batches.resume, "resume")
+
+    def _act(self, call: Any, verb: str) -> bool:
+        try:
+            done = call(self.batch_id)
+            self._apply(self._client.batches.describe(self.batch_id, include_chunks=False))
+        except LancefnError as error:
+            self.progress_label.value = f"{verb} failed: {error}"
+            return False
+        return done
 
     def retry_failed(self) -> None:
         try:

@@ -294,7 +294,7 @@ def prepare(
         types = {p.name: p.arrow_type for p in fv.signature.inputs}
         if isinstance(columns, dict):
             for param, column in columns.items():
-                problem = input_problem(param, types[param], column, schema.field(column).type)
+                problem = input_problem(param, types[param], column, schema.field(column).type, fv.signature.batched)
                 if problem:
                     raise ApiError(400, problem)
         if into in schema.names:

@@ -47,6 +47,7 @@ from lancefn_jupyter.server.batches.state import (
     SETUP_PHASES,
     BatchRun,
     Chunk,
+    batch_as_job,
     batch_wire,
     check_chunks,
     check_request,
@@ -62,6 +63,7 @@ from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.machine import JobMachine
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.results import Results
+from lancefn_jupyter.server.control.rows import check_init
 from lancefn_jupyter.server.control.states import (
     CANCELLED,
     DONE,
@@ -82,6 +84,7 @@ from lancefn_jupyter.server.storage.files import DataStore
 from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.tables.plan import slice_rows
 from lancefn_jupyter.wire.backfill_models import BackfillRequest
+from lancefn_jupyter.wire.models import canonical_json
 
 __all__ = ["BATCH_SCHEMA", "MAX_CHUNKS", "MAX_RETRIES", "BatchManager"]
 
@@ -182,6 +185,7 @@ class BatchManager:
         scope: str | None = None,
         home: str = DEFAULT_NAMESPACE,
         arrow_rows: Any = None,
+        init: Any = None,
     ) -> dict:
         """Validate everything, then record the batch and submit its first chunks (nothing is
         created when any check fails).  Same version + same input (+ same cut) and not ``fresh``:
@@ -199,7 +203,9 @@ class BatchManager:
         check_request(chunks, parallel, retries)
         self._check_timeout(timeout_s)
         encoded = check_chunks(fv, chunks)
-        digest = input_digest(encoded)
+        init = check_init(fv, init)
+        # Other initialization values are another input: a batch of them is never resumed as this one.
+        digest = input_digest(encoded if init is None else [*encoded, canonical_json(init)])
         previous = None
         if not fresh:
             with self.table.lock:
@@ -212,6 +218,7 @@ class BatchManager:
         with self.table.lock:  # before its chunks are written; _start checks again, to be sure
             self._check_quota(namespace, len(chunks))
         batch = new_batch(name, version, digest, parallel, retries, timeout_s, namespace)
+        batch.init = init
         for chunk in cut(chunks):
             batch.add_chunk(chunk)
         self._write_chunks(batch, encoded)
@@ -425,6 +432,39 @@ class BatchManager:
             self._changed(batch)
             return {"batch_id": batch_id, "cancelled": True}
 
+    def pause(self, batch_id: str, scope: str | None = None) -> dict:
+        """No new chunk starts; running chunks finish and are kept (docs/ARCHITECTURE.md, "Batches": pause). The reply
+        is LanceDB 0.40's (``paused``: this call paused it; ``committing``: a backfill's commit is under way) and the
+        batch's wire form."""
+        with self.table.lock:
+            batch = self._get(batch_id, scope)
+            if batch.state in TERMINAL:
+                raise ApiError(409, f"batch {batch_id} has ended ({batch.state}); there is nothing to pause")
+            newly = not batch.paused
+            if newly:
+                batch.paused = True
+                self.saved.save_spec(batch)
+                self._changed(batch)
+            committing = batch.backfill is not None and bool(batch.backfill.committing)
+            return {"paused": newly, "committing": committing, "batch": batch_wire(batch, include_chunks=False)}
+
+    def resume(self, batch_id: str, scope: str | None = None) -> dict:
+        """A paused batch goes on: its waiting chunks start as the window allows. LanceDB 0.40's reply (``resumed``:
+        this call resumed it; ``still_pausing`` is never true here: resuming takes effect at once)."""
+        with self.table.lock:
+            batch = self._get(batch_id, scope)
+            resumed = batch.paused and batch.state not in TERMINAL
+            if resumed:
+                batch.paused = False
+                self.saved.save_spec(batch)
+                self._follow_up(batch)
+                self._changed(batch)
+            return {"resumed": resumed, "still_pausing": False, "batch": batch_wire(batch, include_chunks=False)}
+
+    def describe_as_job(self, batch_id: str, scope: str | None = None) -> dict:
+        """The batch or backfill as a job envelope (``state.batch_as_job``) for the jobs routes."""
+        return batch_as_job(self.describe(batch_id, include_chunks=False, scope=scope))
+
     def retry(self, batch_id: str, scope: str | None = None) -> dict:
         """Run again every chunk that did not finish (failed or cancelled); finished ones are kept."""
         batch, _ = self._retry(batch_id, scope)
@@ -627,7 +667,7 @@ class BatchManager:
         if batch.state in TERMINAL:
             return False
         window = batch.parallel or len(batch.chunks)
-        if batch.waiting and len(batch.live) < window and not batch.cancel_requested:
+        if batch.waiting and len(batch.live) < window and not batch.cancel_requested and not batch.paused:
             with self.store.batch():
                 for submitted in range(SUBMIT_SLICE):
                     if not (batch.waiting and len(batch.live) < window):
@@ -727,6 +767,7 @@ class BatchManager:
                         table_slice=table_slice,
                         timeout_s=batch.timeout_s,
                         chunk=BatchChunk(batch.batch_id, chunk.idx, chunk.row_start, on_error),
+                        init=batch.init,
                     )
                 ).job_id
             finally:

@@ -67,6 +67,9 @@ class BatchRun:
     counts: collections.Counter = field(default_factory=collections.Counter)  # chunk state → count
     rows_finished: int = 0  # rows of DONE chunks
     backfill: Any = None  # a backfill's BackfillRun (server/batches/backfill.py); None for a plain batch
+    # Paused (docs/ARCHITECTURE.md, "Batches": pause): no chunk starts; running ones finish and are kept. Saved in spec.
+    paused: bool = False
+    init: dict | None = None  # a class entry's initialization values for every chunk ("Warm state"); saved in spec
 
     @property
     def rows_total(self) -> int:
@@ -116,6 +119,10 @@ class BatchRun:
         }
         if self.timeout_s is not None:
             spec["timeout_s"] = self.timeout_s
+        if self.paused:
+            spec["paused"] = True
+        if self.init is not None:
+            spec["init"] = self.init
         return spec
 
 
@@ -237,6 +244,8 @@ def batch_wire(batch: BatchRun, *, include_chunks: bool) -> dict:
         wire["reused_chunks"] = batch.reused_chunks
     if batch.cancel_requested:
         wire["cancel_requested"] = True
+    if batch.paused and batch.state not in (DONE, FAILED, CANCELLED):
+        wire["paused"] = True
     failed_chunks = [c for c in batch.chunks if c.state in (FAILED, TIMED_OUT)]
     # A failed setup is the batch's failure when there is one: it is why the batch stopped.
     failed = next(
@@ -271,3 +280,18 @@ def batch_wire(batch: BatchRun, *, include_chunks: bool) -> dict:
             for c in batch.chunks
         ]
     return wire
+
+
+def batch_as_job(wire: dict) -> dict:
+    """A batch's wire form as a job envelope, so the jobs routes (LanceDB 0.40's ``open_job``, ``list_jobs``) address
+    batches and backfills by id: ``job_type`` ``batch`` or ``backfill``, ``job_state`` ``PAUSED`` while paused."""
+    return {
+        "job_id": wire["batch_id"],
+        "job_type": "backfill" if "backfill" in wire else "batch",
+        "job_state": "PAUSED" if wire.get("paused") else wire["batch_state"],
+        "creation_ms": wire["creation_ms"],
+        "spec": {"name": wire["name"], "version": wire["version"], "rows_total": wire["rows_total"]},
+        "progress": {"rows_done": wire["rows_done"], "rows_total": wire["rows_total"]},
+        **({"failure": wire["failure"]} if "failure" in wire else {}),
+        **({"namespace": wire["namespace"]} if "namespace" in wire else {}),
+    }

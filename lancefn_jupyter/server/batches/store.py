@@ -89,6 +89,10 @@ class BatchStore:
             (batch.state, batch.started_ms, batch.finished_ms, int(batch.cancel_requested), batch.batch_id),
         )
 
+    def save_spec(self, batch: BatchRun) -> None:
+        """The batch's spec again (it carries ``paused``, so a paused batch stays paused across a restart)."""
+        self.store.execute("UPDATE batches SET spec=? WHERE batch_id=?", (dumps(batch.spec()), batch.batch_id))
+
     def save_chunk(self, batch: BatchRun, chunk: Chunk) -> None:
         self.store.execute(
             "UPDATE batch_chunks SET state=?, job_id=?, attempts=?, failure=? WHERE batch_id=? AND idx=?",
@@ -184,6 +188,8 @@ class BatchStore:
             started_ms=started_ms,
             finished_ms=finished_ms,
             cancel_requested=bool(cancel_requested),
+            paused=bool(spec.get("paused")),
+            init=spec.get("init"),
             # Revisions only live in memory; starting from the clock keeps a client's last seen
             # revision older than any after a restart, so its long poll still returns on change.
             revision=time.time_ns() // 1000,

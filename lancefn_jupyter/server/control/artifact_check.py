@@ -111,15 +111,18 @@ class CheckTurns:
                 del self._waiting[key]
 
 
-def artifact_problem(artifact: bytes, entrypoint: str) -> str | None:
+def artifact_problem(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> str | None:
     """What is wrong with ``artifact`` (a message saying how to fix it), or None.  A large one is parsed in a child
-    process here and now: the server takes a turn at the children first (``CheckTurns``)."""
+    process here and now: the server takes a turn at the children first (``CheckTurns``).  ``plain``: the parameters
+    (and ``"return"``) a per-row signature declares with a plain Arrow type: one annotated as a pyarrow batch there
+    is a LanceDB batch UDF, refused (this server's own per-row ``pyarrow.Array`` / ``Table`` values are typed
+    ``arrow.*``)."""
     if in_process(artifact):
-        return _problem(artifact, entrypoint)
+        return _problem(artifact, entrypoint, plain)
     try:
         done = subprocess.run(
             # -P, cwd /: it runs as the server's user (root), so never from a directory another user can write
-            [sys.executable, "-P", "-m", __name__, entrypoint],
+            [sys.executable, "-P", "-m", __name__, entrypoint, *plain],
             input=artifact,
             cwd="/",
             capture_output=True,
@@ -136,7 +139,7 @@ def artifact_problem(artifact: bytes, entrypoint: str) -> str | None:
     return done.stdout.decode("utf-8", "replace").strip() or None
 
 
-def _problem(artifact: bytes, entrypoint: str) -> str | None:
+def _problem(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> str | None:
     # Cheap early checks so a broken upload fails at registration, not at the first run.
     try:
         tree = ast.parse(artifact.decode("utf-8"), filename="<artifact>")
@@ -153,6 +156,12 @@ def _problem(artifact: bytes, entrypoint: str) -> str | None:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined.add(node.name)
+            if plain and node.name == entrypoint and _takes_arrow_batches(node, frozenset(plain)):
+                return (
+                    f"artifact.entrypoint {entrypoint!r} takes or returns Arrow batches (pa.Array / pa.RecordBatch: a "
+                    "LanceDB batch UDF) but its signature is per row; register it as a batched function "
+                    "(%%gpu_function batched=yes, signature.batched true) or annotate one value per parameter"
+                )
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             defined.update(t.id for t in targets if isinstance(t, ast.Name))
@@ -163,5 +172,30 @@ def _problem(artifact: bytes, entrypoint: str) -> str | None:
     return None
 
 
+_ARROW_BATCHES = frozenset({"Array", "ChunkedArray", "RecordBatch", "Table"})
+
+
+def _takes_arrow_batches(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, plain: frozenset[str]) -> bool:
+    """Whether the entry (a function, or a class's ``__call__``) annotates one of the ``plain`` parameters (or
+    ``"return"``) as a pyarrow batch type (``pa.Array``, ``pyarrow.RecordBatch`` ...)."""
+    if isinstance(node, ast.ClassDef):
+        calls = [
+            n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__call__"
+        ]
+        return any(_takes_arrow_batches(call, plain) for call in calls)
+    args = node.args
+    named = [(a.arg, a.annotation) for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    annotations = [annotation for name, annotation in [*named, ("return", node.returns)] if name in plain]
+    return any(
+        isinstance(part, ast.Attribute)
+        and part.attr in _ARROW_BATCHES
+        and isinstance(part.value, ast.Name)
+        and part.value.id in ("pa", "pyarrow")
+        for annotation in annotations
+        if annotation is not None
+        for part in ast.walk(annotation)
+    )
+
+
 if __name__ == "__main__":
-    sys.stdout.write(_problem(sys.stdin.buffer.read(), sys.argv[1]) or "")
+    sys.stdout.write(_problem(sys.stdin.buffer.read(), sys.argv[1], tuple(sys.argv[2:])) or "")

@@ -19,11 +19,13 @@ from pydantic import ValidationError
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.environments.requirements import pip_problem
+from lancefn_jupyter.server.control import dialect
 from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
 from lancefn_jupyter.server.control.jobtable import TableLock
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.states import DONE, now_ms
+from lancefn_jupyter.server.control.vault import SecretVault
 from lancefn_jupyter.server.errors import ApiError, format_validation_error
 from lancefn_jupyter.server.executors.base import REDACTED
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
@@ -33,6 +35,7 @@ from lancefn_jupyter.server.storage.store import JobRecord, Store, VersionRow
 from lancefn_jupyter.wire.models import (
     FunctionRegistrationRequest,
     FunctionResourceRequirements,
+    FunctionSignature,
     FunctionVersion,
     decode_artifact,
     derive_version,
@@ -74,6 +77,46 @@ class Prepared(NamedTuple):
     @property
     def entrypoint(self) -> str:
         return self.request.artifact.entrypoint
+
+    @property
+    def plain(self) -> tuple[str, ...]:
+        """A per-row signature's parameters (and ``"return"``) of plain Arrow types: annotated as pyarrow batches in
+        the source, they make a LanceDB batch UDF, which is refused (``artifact_check``)."""
+        return plain_typed(self.request.signature)
+
+
+def plain_typed(signature: FunctionSignature) -> tuple[str, ...]:
+    """See :attr:`Prepared.plain`: empty for a batched signature."""
+    if signature.batched:
+        return ()
+    typed = [(p.name, p.arrow_type) for p in signature.inputs] + [("return", signature.output.arrow_type or "")]
+    return tuple(name for name, arrow_type in typed if not arrow_type.startswith("arrow."))
+
+
+def unsupported_artifact(artifact: Any) -> str | None:
+    """Why an artifact kind this server does not run is refused (checked before parsing, for a message that says
+    what to do), or None."""
+    kind = artifact.get("kind") if isinstance(artifact, Mapping) else None
+    if kind == "python_bundle":
+        return (
+            "artifact.kind 'python_bundle' (LanceDB's udf(code=[module])) is not supported by this server yet; "
+            "put the helper code in the function's own module, or register it from a notebook with "
+            "%%gpu_function include=MODULE"
+        )
+    return None
+
+
+def unsupported_fields(request: FunctionRegistrationRequest) -> str | None:
+    """Why a registration using a field this server cannot honour is refused (docs/ARCHITECTURE.md, "LanceDB 0.40
+    dialect": nothing accepted is dropped), or None."""
+    signature = request.signature
+    output = signature.output
+    if output.kind != "scalar" or output.fields:
+        return (
+            f"signature.output.kind {output.kind!r} is not supported by this server; return one value "
+            "(output kind 'scalar', e.g. {'kind': 'scalar', 'arrow_type': 'float64', 'nullable': False})"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -120,8 +163,11 @@ class FunctionCatalog:
         environment_check: Callable[[EnvironmentRequest], str | None] | None = None,
         digest_key: bytes | None = None,
         allow_direct_references: bool = True,
+        secrets: SecretVault | None = None,
     ):
         self.store, self.classes, self.lock, self.journal = store, classes, lock, journal
+        # Each namespace's secrets (docs/ARCHITECTURE.md, "Secrets"): a version's bindings must name existing ones.
+        self.secrets = secrets or SecretVault(store)
         # Whether pip entries ``NAME @ URL`` are accepted (docs/ARCHITECTURE.md, "Environments"): a server of one
         # namespace, or --allow-direct-references.
         self.allow_direct_references = allow_direct_references
@@ -165,7 +211,7 @@ class FunctionCatalog:
         is parsed in a child here and now; the server's route takes a turn at the children first
         (:meth:`prepare`, ``artifact_check.CheckTurns``, :meth:`record`)."""
         prepared = self.prepare(body)
-        problem = None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint)
+        problem = None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint, prepared.plain)
         if problem:
             raise ApiError(400, problem)
         return self.record(prepared, namespace)
@@ -175,10 +221,16 @@ class FunctionCatalog:
         what is wrong."""
         if not isinstance(body, Mapping):
             raise ApiError(400, "the body must be a JSON object: a function registration request")
+        refused = unsupported_artifact(body.get("artifact"))
+        if refused:
+            raise ApiError(400, refused)
         try:
             request = FunctionRegistrationRequest.from_wire(body)
         except ValidationError as error:
             raise ApiError(400, "invalid registration request: " + format_validation_error(error)) from None
+        refused = unsupported_fields(request)
+        if refused:
+            raise ApiError(400, refused)
         runtime = request.runtime
         if runtime.kind not in ("python", "python_v2"):
             raise ApiError(
@@ -202,19 +254,26 @@ class FunctionCatalog:
                 "keep data out of the function's source, or start lancefn-server with a larger --max-artifact-bytes",
             )
         checked = in_process(artifact)
-        problem = artifact_problem(artifact, request.artifact.entrypoint) if checked else None
+        problem = (
+            artifact_problem(artifact, request.artifact.entrypoint, plain_typed(request.signature)) if checked else None
+        )
         if problem:
             raise ApiError(400, problem)
         return Prepared(request, artifact, checked)
 
-    def record(self, prepared: Prepared, namespace: str = DEFAULT_NAMESPACE) -> Registration:
+    def record(self, prepared: Prepared, namespace: str = DEFAULT_NAMESPACE, lancedb: bool = False) -> Registration:
         """Record a prepared registration whose artifact is checked in ``namespace``: the version and its DONE
-        ``create_function`` job; returns its id and the warnings about the version."""
+        ``create_function`` job; returns its id and the warnings about the version.  ``lancedb``: the job's result is
+        the version in LanceDB 0.40's shape (its client reads it)."""
         request, artifact = prepared.request, prepared.artifact
         runtime = request.runtime
         if runtime.resources is not None:
             self.placement(runtime.resources.gpu_class, runtime.resources.num_gpus)
             self._check_resources(runtime.resources)
+        if request.secret_bindings:
+            problem = self.secrets.binding_problem(namespace, request.secret_bindings, runtime.env or ())
+            if problem:
+                raise ApiError(400, problem)
         vid = version_id(request, self.digest_key)
         warnings = self._environment_warnings(request)
         with self.lock:
@@ -238,7 +297,9 @@ class FunctionCatalog:
                     finished_ms=now,
                     spec={"name": request.name, "version": vid},
                     name=request.name,
-                    result=redact_definition(json.loads(definition)),
+                    result=self._shaped(json.loads(definition), namespace)
+                    if lancedb
+                    else redact_definition(json.loads(definition)),
                     namespace=namespace,
                 )
                 self.journal.persist(rec, new=True)
@@ -335,6 +396,53 @@ class FunctionCatalog:
             if not row.dropped:
                 self.store.set_dropped(name, version, True, row.namespace)
             return {"dropped": not row.dropped}
+
+    # ------------------------------------------------- LanceDB 0.40 dialect
+
+    def _shaped(self, definition: dict, namespace: str) -> dict:
+        ids = self.store.version_ids(definition["name"], namespace)
+        return dialect.lancedb_version(redact_definition(definition), ids=ids, namespace=namespace)
+
+    def _lancedb_row(self, name: str, version: str, namespace: str) -> VersionRow:
+        """The live version a LanceDB ``version`` (decimal, or our content id) of ``name`` means; 404 otherwise."""
+        vid = dialect.version_position(self.store.version_ids(name, namespace), version)
+        row = self.store.get_version(name, vid, namespace) if vid is not None else None
+        if row is None or row.dropped:
+            raise ApiError(
+                404, f"function {name!r} has no version {version!r}; list its versions with db.list_functions()"
+            )
+        return row
+
+    def lancedb_describe(self, name: str, version: str, namespace: str) -> dict:
+        """A version in LanceDB 0.40's shape (``POST /v1/function/{id}/describe``)."""
+        return self._shaped(json.loads(self._lancedb_row(name, version, namespace).definition), namespace)
+
+    def lancedb_drop(self, name: str, version: str, namespace: str) -> dict:
+        """``POST /v1/function/{id}/drop``: ``{"dropped": false}`` when it was dropped already or never existed."""
+        vid = dialect.version_position(self.store.version_ids(name, namespace), version)
+        with self.lock:
+            row = self.store.get_version(name, vid, namespace) if vid is not None else None
+            if row is None or row.dropped:
+                return {"dropped": False}
+            self.store.set_dropped(name, row.version, True, namespace)
+            return {"dropped": True}
+
+    def lancedb_list(self, namespace: str, include_definition: bool, page_token: str | None, limit: int) -> dict:
+        """``GET /v1/namespace/{ns}/function/list``: live versions in registration order, paginated."""
+        listed = self.list_functions(
+            name=None, include_definition=True, page_token=page_token, limit=limit, scope=namespace
+        )
+        functions = []
+        for item in listed["functions"]:
+            shaped = self._shaped(item["definition"], namespace)
+            entry: dict[str, Any] = {"name": item["name"], "version": shaped["version"]}
+            if include_definition:
+                entry["definition"] = shaped
+            functions.append(entry)
+        reply: dict[str, Any] = {"functions": functions}
+        if "page_token" in listed:
+            reply["page_token"] = listed["page_token"]
+        return reply
 
     # ---------------------------------------------------------------- placement
 

@@ -24,6 +24,7 @@ packages costs one dictionary lookup per job.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -35,12 +36,13 @@ from typing import TYPE_CHECKING
 
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.environments.requirements import pip_problem
-from lancefn_jupyter.server.control.catalog import stored_definition
+from lancefn_jupyter.server.control.catalog import stored_definition, stored_version
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.states import PENDING
+from lancefn_jupyter.server.control.vault import SecretVault
 from lancefn_jupyter.server.storage.store import JobRecord, Store
-from lancefn_jupyter.wire.models import JobFailure
+from lancefn_jupyter.wire.models import JobFailure, SecretBinding
 
 if TYPE_CHECKING:
     from lancefn_jupyter.environments.builders import BuildUser
@@ -68,6 +70,7 @@ class _Plan:
     gpu: bool = False  # a GPU function: an environment of another Python gets the GPU stack (numba-cuda)
     builder: BuildUser | None = None  # whom it is built as (None: the server's user)
     transient: bool = False  # the decision failed on an error of ours: ask again for the next version
+    secrets: tuple[SecretBinding, ...] = ()  # the version's bound secrets: each must exist when a job is admitted
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,12 @@ class EnvironmentStage:
         journal: JobJournal,
         cache: EnvironmentCache | None,
         allow_direct_references: bool = True,
+        secrets: SecretVault | None = None,
     ):
         """``allow_direct_references``: pip entries ``NAME @ URL`` are built (a server of one namespace, or
-        ``--allow-direct-references``); else refused."""
+        ``--allow-direct-references``); else refused. ``secrets``: whose bound secrets a job's admission checks."""
         self.table, self.store, self.journal, self.cache = table, store, journal, cache
+        self.secrets = secrets
         self.allow_direct_references = allow_direct_references
         # The machine's, bound by the plane: queue built jobs (lock held), fail a job in phase "environment".
         self.enqueue: Callable[[list[JobRecord]], None] = lambda recs: None
@@ -167,6 +172,9 @@ class EnvironmentStage:
                 self._plans.move_to_end(owner)
                 return plan
         plan = self._decide(owner)
+        row = self.store.get_version(*owner[1:], owner[0])
+        if row is not None and (bindings := stored_version(row.definition).secret_bindings):
+            plan = dataclasses.replace(plan, secrets=bindings)  # per version: plans are shared across versions
         with self._plans_lock:
             self._plans[owner] = plan
             while len(self._plans) > _PLANS_KEPT:
@@ -234,6 +242,8 @@ class EnvironmentStage:
         A ready job's lease is the caller's to :meth:`hold` or :meth:`close`."""
         since = time.monotonic()
         plan = self._plan(rec)  # the first job of a version decides it (the cache reads the base's packages)
+        if plan.secrets and self.secrets and (missing := self.secrets.missing(rec.namespace, plan.secrets)):
+            return Admission(_Plan(plan.request, problem=missing), ready=False)  # fails at once ("Secrets")
         if plan.problem is not None or plan.key is None:
             return Admission(plan, ready=plan.problem is None)
         assert self.cache is not None and plan.request is not None  # a key comes from the cache

@@ -28,7 +28,7 @@ from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.control.placement import NewJob, PlacementStrategy
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.reports import Reports
-from lancefn_jupyter.server.control.rows import check_rows, take_arrow_rows
+from lancefn_jupyter.server.control.rows import check_init, check_rows, take_arrow_rows
 from lancefn_jupyter.server.control.states import PENDING, TERMINAL, now_ms
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.policy.limits import Limits
@@ -71,6 +71,7 @@ class JobRequest(NamedTuple):
     wait_s: float | None = None  # the reply waits up to this long for the job to end (``functions/run``)
     small: bool = False  # its body was one the event loop parses (≤ ``INLINE_JSON_BYTES``): its rows may be too
     chunk: BatchChunk | None = None  # a batch's chunk job, saved by its batch's transaction (``admit`` only)
+    init: Any = None  # a class entry's initialization values (LanceDB 0.40's ``signature.initialization``)
 
 
 class RegisterRequest(NamedTuple):
@@ -78,6 +79,7 @@ class RegisterRequest(NamedTuple):
 
     prepared: Prepared
     namespace: str
+    lancedb: bool = False  # LanceDB 0.40's route: the job's result in its shape
 
 
 class Admitted(NamedTuple):
@@ -144,7 +146,7 @@ class Intake:
         too, once it ended or the wait is over (a job waiting for capacity or its environment is answered at once,
         saved first). A 4xx names what to change."""
         if isinstance(request, RegisterRequest):
-            return await off_loop(self.catalog.record, request.prepared, request.namespace)
+            return await off_loop(self.catalog.record, request.prepared, request.namespace, request.lancedb)
         lane = choose_lane(request)
         if lane is Lane.LOOP_WAITING:
             job_id = self.admit_on_loop(request, waiting=True)
@@ -332,6 +334,9 @@ class Intake:
             job_spec["timeout_s"] = timeout_s
         if isinstance(rows, dict):
             job_spec["rows_format"] = "arrow"
+        init = check_init(fv, request.init)
+        if init is not None:  # its own warm instance on a worker ("Warm state")
+            job_spec["init"] = init
         if request.chunk is not None:
             chunk = request.chunk
             job_spec.update(batch_id=chunk.batch_id, chunk=chunk.chunk, row_start=chunk.row_start)

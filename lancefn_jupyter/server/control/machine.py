@@ -41,6 +41,7 @@ from lancefn_jupyter.server.control.states import (
     TERMINAL,
     now_ms,
 )
+from lancefn_jupyter.server.control.vault import SecretMissing
 from lancefn_jupyter.server.encoding import cap_text
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.executors.base import TaskSpec, redact_env
@@ -213,6 +214,10 @@ class JobMachine:
                 new.inline = inline
                 return
             table.executor.launch(task)
+        except SecretMissing as missing:  # dropped since the job was admitted: its phase is the environment's
+            if rec.job_id in table.active:
+                rec.failure = JobFailure(phase="environment", message=str(missing)).to_wire()
+                self.finish(rec, FAILED)
         except Exception as error:
             log.exception("launching job %s failed", rec.job_id)
             if rec.job_id in table.active:
@@ -241,7 +246,10 @@ class JobMachine:
             simulated=bool(spec and spec.simulated),
             gpu_class=rec.gpu_class,
             num_gpus=rec.num_gpus,
-            env=dict(runtime.env or {}),
+            # Bound secrets join the env values by the same path ("Secrets"); one gone fails the job (launch).
+            env={**(runtime.env or {}), **self.catalog.secrets.values(rec.namespace, fv.secret_bindings)}
+            if fv.secret_bindings
+            else dict(runtime.env or {}),
             packages=runtime.environment.packages if runtime.environment else (),
             timeout_s=timeout_s,
             timeout_limit=limited,
@@ -270,6 +278,7 @@ class JobMachine:
             **self.data.result_fields(rec.job_id, arrow=dataplane.is_data_type(fv.signature.output.arrow_type)),
             rows_total=rec.rows_total,
             rows_file=rows_file,
+            init=rec.spec.get("init"),  # a class entry's __init__ arguments ("Warm state")
             # "skip": a failing row gets a null result (docs/ARCHITECTURE.md, "Batched functions")
             on_error=rec.spec.get("on_error"),
         )

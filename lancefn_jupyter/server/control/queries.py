@@ -5,9 +5,11 @@ control plane, on core threads (``wait`` on the event loop)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 from typing import Any
 
+from lancefn_jupyter.server.control.dialect import event_row, job_row
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.reports import Reports
@@ -70,6 +72,11 @@ class JobQueries:
                 or self.store.get_job(job_id)
             )
 
+    def events(self, job_id: str, limit: int, scope: str | None = None) -> list[dict]:
+        """A job's recorded events (the ones the event log still keeps) as LanceDB 0.40's event rows."""
+        self.get(job_id, scope)
+        return [event_row(seq, json.loads(data)) for seq, data in self.store.job_events(job_id, limit)]
+
     def describe(self, job_id: str, scope: str | None = None) -> dict:
         with self.table.lock:
             return self.reports.job_wire(self.get(job_id, scope))
@@ -98,7 +105,7 @@ class JobQueries:
             )
             # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
             current = [table.active.get(rec.job_id) or self.unsaved.get(rec.job_id) or rec for rec in recs[:limit]]
-            jobs = [self.reports.job_wire(rec) for rec in current if state is None or rec.state == state]
+            jobs = [job_row(self.reports.job_wire(rec)) for rec in current if state is None or rec.state == state]
         reply: dict[str, Any] = {"jobs": jobs}
         if len(recs) > limit:
             reply["page_token"] = encode_token(recs[limit - 1].seq or 0)  # stored records have a seq

@@ -14,6 +14,34 @@ from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.models import FunctionVersion
 
 
+def check_init(fv: FunctionVersion, init: Any) -> dict[str, Any] | None:
+    """A run's initialization values (a class entry's ``__init__`` arguments, LanceDB 0.40's
+    ``signature.initialization``) checked against ``fv``: the values to keep in its jobs' spec, None for a version
+    without initialization; a 400 naming what is missing, unknown or wrongly given."""
+    fields = fv.signature.initialization
+    if not fields:
+        if init:
+            raise ApiError(400, f"{fv.name}@{fv.version} takes no initialization values; leave init out")
+        return None
+    if init is None:
+        init = {}
+    if not isinstance(init, dict):
+        raise ApiError(400, "init must be an object mapping initialization names to values, e.g. {'factor': 2.0}")
+    names = [f.name for f in fields]
+    takes = ", ".join(f"{f.name}{'?' if f.nullable else ''}" for f in fields)
+    missing = [f.name for f in fields if not f.nullable and f.name not in init]
+    unknown = sorted(set(init) - set(names))
+    if missing or unknown:
+        problems = [f"missing {', '.join(missing)}"] if missing else []
+        problems += [f"unknown {', '.join(unknown)}"] if unknown else []
+        raise ApiError(
+            400,
+            f"init: {' and '.join(problems)}; {fv.name}@{fv.version} is created with ({takes}), "
+            "e.g. init={" + ", ".join(f"{n!r}: ..." for n in names) + "}",
+        )
+    return {name: init[name] for name in names if name in init}
+
+
 def check_rows(fv: FunctionVersion, rows: Any) -> None:
     """JSON ``rows`` fit ``fv``'s signature: a 400 naming the row and the parameters otherwise."""
     if not isinstance(rows, list) or not rows:

@@ -23,7 +23,7 @@ from lancefn_jupyter.server.http.caps import ClientCaps
 from lancefn_jupyter.server.http.fastpath import FastPath
 from lancefn_jupyter.server.http.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, Guard
 from lancefn_jupyter.server.http.router import Router
-from lancefn_jupyter.server.http.routes import backfills, batches, events, functions, jobs, system
+from lancefn_jupyter.server.http.routes import backfills, batches, events, functions, jobs, secrets, system
 from lancefn_jupyter.server.http.routes.context import RouteContext
 from lancefn_jupyter.server.plane import ControlPlane
 from lancefn_jupyter.server.policy.namespaces import Principal
@@ -85,7 +85,7 @@ def create_app(
     # A large artifact waiting for its check holds its body in memory: --max-bodies-per-key bounds those too.
     checks = CheckTurns(caps.bodies_per_key, "--max-bodies-per-key")
     ctx = RouteContext(plane, keys, bodies, FastPath(keys, enabled=fast_path), checks)
-    for module in (system, functions, jobs, batches, backfills, events):
+    for module in (system, functions, jobs, batches, backfills, events, secrets):
         module.add_routes(router, ctx)
     guard = Guard(
         router,

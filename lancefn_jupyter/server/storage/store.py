@@ -103,6 +103,14 @@ CREATE TABLE IF NOT EXISTS events(
     job_id TEXT,
     data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS secrets(
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY(namespace, name)
+);
 """
 
 
@@ -461,6 +469,27 @@ class Store:
             args += (namespace,)
         return self._query(sql + " ORDER BY seq LIMIT ?", (*args, limit))
 
+    def version_ids(self, name: str, namespace: str) -> list[str]:
+        """Every version id of ``name`` in ``namespace``, dropped ones too, in registration order (LanceDB's decimal
+        versions are positions in this list, so they never move)."""
+        sql = "SELECT version FROM function_versions WHERE name=? AND namespace=? ORDER BY seq"
+        return [row[0] for row in self._query(sql, (name, namespace))]
+
+    def load_secrets(self) -> list[tuple[str, str, str, int, int]]:
+        """Every secret: ``(namespace, name, value, created_ms, updated_ms)`` (the vault keeps them in memory)."""
+        return self._query("SELECT namespace, name, value, created_ms, updated_ms FROM secrets")
+
+    def put_secret(self, namespace: str, name: str, value: str, created_ms: int, updated_ms: int) -> None:
+        with self.batch():
+            self._db.execute(
+                "INSERT OR REPLACE INTO secrets(namespace, name, value, created_ms, updated_ms) VALUES(?,?,?,?,?)",
+                (namespace, name, value, created_ms, updated_ms),
+            )
+
+    def delete_secret(self, namespace: str, name: str) -> None:
+        with self.batch():
+            self._db.execute("DELETE FROM secrets WHERE namespace=? AND name=?", (namespace, name))
+
     # -------------------------------------------------------------------- jobs
 
     _JOB_COLUMNS = (
@@ -665,6 +694,10 @@ class Store:
         )
 
     # ------------------------------------------------------------------ events
+
+    def job_events(self, job_id: str, limit: int) -> list[tuple[int, str]]:
+        """``[(seq, data)]`` of one job's events still kept, oldest first."""
+        return self._query("SELECT seq, data FROM events WHERE job_id=? ORDER BY seq LIMIT ?", (job_id, limit))
 
     def insert_event(self, job_id: str | None, data: str, namespace: str = DEFAULT_NAMESPACE) -> int:
         return self.insert_events(job_id, [data], namespace)[0]

@@ -127,6 +127,23 @@ def test_a_batched_function_fills_a_vector_column_that_search_uses(cp, tmp_path)
     assert hits["text"].to_pylist() == ["text number 7"]
 
 
+def chunk_doubled(x: NDArray[np.float32]) -> list[float]:
+    """A batched function over a column of numbers: the chunk's values come as one 1-D array."""
+    if x.ndim != 1 or x.dtype != np.float32:
+        raise TypeError(f"expected a 1-D float32 array, got {x.ndim}-D {x.dtype}")
+    return [float(v) * 2 for v in x]
+
+
+def test_a_batched_ndarray_parameter_takes_a_column_of_numbers_as_one_1d_array(cp, tmp_path):
+    table = make_table(tmp_path / "db", ["a", "b", "c", "d"], score=[0.5, 1.5, 2.5, 4.0])
+    fn = api.gpu_function(num_gpus=1, batched=True)(chunk_doubled)
+    fn.map(table, column="score", into="twice", parallel="auto").result()
+    assert by_id(table, "twice") == {0: 1.0, 1: 3.0, 2: 5.0, 3: 8.0}
+    per_row = api.gpu_function(num_gpus=1, name="per_row_doubled")(chunk_doubled)
+    with pytest.raises(InvalidRequest, match="an ndarray parameter needs a list or fixed_size_list column"):
+        per_row.map(table, column="score", into="again", parallel="auto")
+
+
 def test_on_error_skip_leaves_the_bad_row_null_and_lists_it(cp, tmp_path):
     texts = ["a", "bb", "", "dddd", "eeeee"]
     table = make_table(tmp_path / "db", texts)
@@ -370,3 +387,21 @@ def test_a_commit_waiting_for_its_fragments_chunks_lets_a_cancel_through(cp, tmp
     Path(gate).touch()
     again = fn.map(table, column=["text", "gate"], into="n", parallel="auto", chunk_size=5).result(timeout=120)
     assert by_id(again, "n") == {i: len(t) * 2 for i, t in enumerate(texts)}
+
+
+def test_a_backfill_pauses_keeps_its_written_rows_and_resumes(cp, tmp_path):
+    from helpers import wait_until
+
+    gate = str(tmp_path / "gate")
+    table = make_table(tmp_path / "db", [f"t{i}" for i in range(4)], gate=[gate] * 4)
+    fn = api.gpu_function(num_gpus=1)(gated_len)
+    backfill = fn.map(table, column=["text", "gate"], into="n", parallel=1, chunk_size=1)
+    wait_until(lambda: backfill.batch.refresh().chunk_counts.get("IN_PROGRESS") == 1, "the first chunk runs")
+    assert backfill.pause() is True
+    Path(gate).touch()
+    wait_until(lambda: backfill.batch.refresh().chunk_counts.get("DONE") == 1, "the running chunk ends")
+    snapshot = backfill.batch.refresh()
+    assert snapshot.paused and snapshot.chunk_counts == {"DONE": 1, "PENDING": 3} and backfill.batch.state == "paused"
+    assert backfill.resume() is True
+    backfill.result()
+    assert by_id(table, "n") == {i: 4 for i in range(4)}

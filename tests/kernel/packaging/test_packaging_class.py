@@ -80,7 +80,8 @@ def test_the_packaged_class_runs_setup_then_call():
         (
             "    def __init__(self, path):\n        self.path = path\n",
             "the class entry 'M' (line 1) is instantiated with no arguments: give every __init__ parameter a "
-            "default, or load in setup() (__init__ needs 'path')",
+            "default, or load in setup() (__init__ needs 'path'); or annotate every __init__ parameter "
+            "(`factor: float`) to give the values per run: submit(x, init={...})",
         ),
         (
             "    def setup(self, device):\n        pass\n",
@@ -169,8 +170,8 @@ def test_package_function_takes_a_class_from_a_py_file():
 
 
 def test_package_function_refuses_classes_it_cannot_drive():
-    with pytest.raises(PackagingError, match="instantiated with no arguments"):
-        package_function(NeedsPath)
+    # An annotated __init__ parameter is an initialization value now (given per run), not a refusal.
+    assert [f.name for f in package_function(NeedsPath).signature.initialization] == ["path"]
     with pytest.raises(PackagingError, match="'NoCall' has no __call__"):
         package_function(NoCall)
 
@@ -179,3 +180,17 @@ def test_package_function_refuses_a_class_without_source():
     namespace = run_cell("class Made:\n    def __call__(self, x: int) -> int:\n        return x\n")
     with pytest.raises(PackagingError, match="the source of class 'Made' is not available"):
         package_function(namespace["Made"])
+
+
+def test_annotated_init_parameters_are_the_initialization_and_defaults_keep_none():
+    cell = (
+        "class Scale:\n    def __init__(self, factor: float, offset: float = 0.0):\n        self.f, self.o = factor, offset\n"
+        "    def __call__(self, x: float) -> float:\n        return x * self.f + self.o\n"
+    )
+    fields = pack(cell).signature.initialization
+    assert [(f.name, f.arrow_type, f.nullable) for f in fields] == [
+        ("factor", "float64", False),
+        ("offset", "float64", True),
+    ]
+    defaults = "class M:\n    def __init__(self, scale: int = 2):\n        self.scale = scale\n    def __call__(self, x: int) -> int:\n        return x\n"
+    assert pack(defaults).signature.initialization == ()  # nothing required: no initialization, ids as before

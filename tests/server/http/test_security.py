@@ -38,7 +38,14 @@ def privilege_of(path: str) -> str:
     # Starting work (like functions/run) needs `functions`; reading it, `jobs`.
     if path.startswith(("/v1/batches/", "/v1/backfills/")):
         return "functions" if path in ("/v1/batches/create", "/v1/batches/retry", "/v1/backfills/create") else "jobs"
-    for prefix, privilege in (("/v1/functions/", "functions"), ("/v1/jobs/", "jobs"), ("/v1/gpu/", "system_usage")):
+    # LanceDB 0.40's function, namespace-list and secret routes: `functions`, as ours.
+    lancedb = (("/v1/function/", "functions"), ("/v1/namespace/", "functions"), ("/v1/secret/", "functions"))
+    for prefix, privilege in (
+        ("/v1/functions/", "functions"),
+        ("/v1/jobs/", "jobs"),
+        ("/v1/gpu/", "system_usage"),
+        *lancedb,
+    ):
         if path.startswith(prefix):
             return privilege
     raise AssertionError(f"route {path} is not covered by the privilege rule; classify it here and in the app")

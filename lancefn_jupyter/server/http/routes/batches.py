@@ -30,6 +30,7 @@ class BatchCreate(Body):
     retries: int = Field(0, ge=0, le=10)
     fresh: bool = False
     timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    init: Any = None  # a class entry's initialization values for every chunk (checked by the control plane)
 
 
 class BatchId(Body):
@@ -53,7 +54,7 @@ class ListBatches(Body):
     limit: int = Field(100, ge=1, le=1000)
 
 
-_QUERY_JSON = ("parallel", "retries", "fresh", "timeout_s")  # JSON values in an Arrow batch's query string
+_QUERY_JSON = ("parallel", "retries", "fresh", "timeout_s", "init")  # JSON values in an Arrow batch's query string
 
 
 def add_routes(router: Router, ctx: RouteContext) -> None:
@@ -70,6 +71,7 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             timeout_s=params.timeout_s,
             fresh=params.fresh,
             arrow_rows=arrow_rows,
+            init=params.init,
             **pick(request, params.namespace),
         )
 
@@ -103,6 +105,8 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     router.post("/v1/batches/list", privilege="jobs")(listing(ListBatches, manager.list, "list_batches"))
     router.post("/v1/batches/cancel", privilege="jobs")(by_id(BatchId, "batch_id", manager.cancel, "cancel_batch"))
     router.post("/v1/batches/retry", privilege="functions")(by_id(BatchId, "batch_id", manager.retry, "retry_batch"))
+    router.post("/v1/batches/pause", privilege="jobs")(by_id(BatchId, "batch_id", manager.pause, "pause_batch"))
+    router.post("/v1/batches/resume", privilege="jobs")(by_id(BatchId, "batch_id", manager.resume, "resume_batch"))
 
     @router.post("/v1/batches/wait", privilege="jobs")
     async def wait_batch(request: Request) -> dict:

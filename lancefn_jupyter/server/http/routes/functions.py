@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 from starlette.requests import Request
 
+from lancefn_jupyter.server.control import dialect
 from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
 from lancefn_jupyter.server.control.catalog import Prepared
 from lancefn_jupyter.server.control.intake import Admitted, JobRequest, RegisterRequest
@@ -64,34 +65,44 @@ class Run(Body):
     rows_file: str | None = None  # an Arrow IPC file a local client wrote into $HOME/data/uploads/
     timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     wait_s: float | None = Field(None, ge=0, le=60)  # hold the reply until the job ends (≤ wait_s)
+    init: Any = None  # a class entry's initialization values, checked against the signature by the control plane
 
 
 def add_routes(router: Router, ctx: RouteContext) -> None:
     catalog, intake = ctx.plane.catalog, ctx.plane.intake
 
-    async def checked(raw: bytes) -> Prepared:
-        """The registration ``raw`` parsed and validated, its artifact's syntax checked (a large one in a child)."""
-        prepared = await off_loop(catalog.prepare, await decode_json(raw))
+    async def checked(raw: bytes, name: str | None = None) -> Prepared:
+        """The registration ``raw`` parsed and validated, its artifact's syntax checked (a large one in a child);
+        ``name``: the function's name from the path (LanceDB's route), which the body then does not carry."""
+        body = await decode_json(raw)
+        if name is not None and isinstance(body, dict):
+            body = {**body, "name": name}
+        prepared = await off_loop(catalog.prepare, body)
         if not prepared.checked:
-            problem = await off_loop(artifact_problem, prepared.artifact, prepared.entrypoint)
+            problem = await off_loop(artifact_problem, prepared.artifact, prepared.entrypoint, prepared.plain)
             if problem:
                 raise ApiError(400, problem)
         return prepared
 
-    @router.post("/v1/functions/create", privilege="functions", status_code=202)
-    async def create_function(request: Request) -> dict:
+    async def register(request: Request, namespace: str, name: str | None = None) -> dict:
         caller = who(request)
         raw = await request.body()
         if in_process(raw):  # base64 is larger than its bytes: no artifact here needs a child
-            prepared = await checked(raw)
+            prepared = await checked(raw, name)
         else:
             # A large registration waits for its turn on the loop, holding no thread, keys in turn: then its parsing
             # and its check in a child ("REST details").
             async with ctx.checks.turn(caller):
-                prepared = await checked(raw)
-        job_id, warnings = await intake.submit(RegisterRequest(prepared, caller.namespace))
+                prepared = await checked(raw, name)
+        job_id, warnings = await intake.submit(RegisterRequest(prepared, namespace, lancedb=name is not None))
         # ``warnings``: the version's environment cannot be honoured here ("Environments"); omitted when none.
         return {"job_id": job_id, "warnings": warnings} if warnings else {"job_id": job_id}
+
+    @router.post("/v1/functions/create", privilege="functions", status_code=202)
+    async def create_function(request: Request) -> dict:
+        return await register(request, who(request).namespace)
+
+    _add_lancedb_routes(router, ctx, register)
 
     for path, method, name in (
         ("/v1/functions/describe", catalog.describe, "describe_function"),
@@ -125,6 +136,7 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             timeout_s=body.timeout_s,
             wait_s=body.wait_s,
             small=len(raw) <= INLINE_JSON_BYTES,
+            init=body.init,
         )
         return _answer(await intake.submit(request), body.wait_s)
 
@@ -169,3 +181,78 @@ def _by_name_version(method: Callable[..., dict], name: str) -> Callable[[Reques
 
     route.__name__ = name
     return route
+
+
+# ----------------------------------------------------------------- LanceDB 0.40 dialect
+
+
+class LanceVersion(Body):
+    version: str
+
+
+def _add_lancedb_routes(
+    router: Router, ctx: RouteContext, register: Callable[[Request, str, str], Awaitable[dict]]
+) -> None:
+    """LanceDB 0.40's function routes (docs/ARCHITECTURE.md, "LanceDB 0.40 dialect"): ``{id}`` is the name, its
+    namespace path ``$``-joined in front; the root is the key's own namespace."""
+    catalog = ctx.plane.catalog
+
+    @router.post("/v1/function/{id}/create", privilege="functions", status_code=202)
+    async def lancedb_create_function(request: Request) -> dict:
+        namespace, name = _function_id(request)
+        return await register(request, namespace, name)
+
+    @router.post("/v1/function/{id}/describe", privilege="functions")
+    async def lancedb_describe_function(request: Request) -> dict:
+        namespace, name = _function_id(request)
+        body = await parse(request, LanceVersion)
+        return await off_loop(catalog.lancedb_describe, name, body.version, namespace)
+
+    @router.post("/v1/function/{id}/drop", privilege="functions")
+    async def lancedb_drop_function(request: Request) -> dict:
+        namespace, name = _function_id(request)
+        body = await parse(request, LanceVersion)
+        return await off_loop(catalog.lancedb_drop, name, body.version, namespace)
+
+    @router.get(
+        "/v1/namespace/{ns}/function/list",
+        privilege="functions",
+        query=(("include_definition", False), ("page_token", False), ("limit", False)),
+    )
+    async def lancedb_list_functions(request: Request) -> dict:
+        namespace = lancedb_namespace(request, dialect.namespace_path_of(request.path_params["ns"]))
+        query = request.query_params
+        params = parse_query(
+            LanceList,
+            {"page_token": query.get("page_token")},
+            "a function list",
+            query,
+            ("include_definition", "limit"),
+        )
+        return await off_loop(
+            catalog.lancedb_list, namespace, params.include_definition, params.page_token, params.limit
+        )
+
+
+class LanceList(Body):
+    include_definition: bool = False
+    page_token: str | None = None
+    limit: int = Field(100, ge=1, le=1000)
+
+
+def lancedb_namespace(request: Request, path: tuple[str, ...]) -> str:
+    """The namespace a LanceDB namespace path means for the caller; another team's answers as a missing one."""
+    caller = who(request)
+    namespace = dialect.namespace_of(path, caller.namespace, caller.scope)
+    if namespace is None:
+        raise ApiError(
+            404,
+            f"namespace {'$'.join(path)!r} not found; leave namespace_path out for this API key's own namespace "
+            f"({caller.namespace!r})",
+        )
+    return namespace
+
+
+def _function_id(request: Request) -> tuple[str, str]:
+    path, name = dialect.split_id(request.path_params["id"])
+    return lancedb_namespace(request, path), name

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO, Literal
 
 from pydantic import Field
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.control.states import now_ms
@@ -33,6 +33,12 @@ class ListJobs(Body):
     job_type: Literal["create_function", "run_function"] | None = None
     page_token: str | None = None
     limit: int = Field(100, ge=1, le=1000)
+
+
+class QueryEvents(Body):
+    job_id: str
+    limit: int = Field(1000, ge=1, le=10000)
+    filter: str | None = None  # LanceDB 0.40's SQL-like filter: not supported here (a 400 says so)
 
 
 class Logs(Body):
@@ -76,10 +82,65 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             headers={"content-length": str(os.fstat(opened.fileno()).st_size)},
         )
 
-    router.post("/v1/jobs/describe", privilege="jobs")(by_id(JobId, "job_id", queries.describe, "describe_job"))
-    router.post("/v1/jobs/cancel", privilege="jobs")(by_id(JobId, "job_id", plane.machine.cancel, "cancel_job"))
+    batches = plane.batches
+
+    def describe_any(job_id: str, scope: str | None) -> dict:
+        """A job, or a batch or backfill by its id as a job envelope (LanceDB 0.40's ``open_job``)."""
+        try:
+            return queries.describe(job_id, scope)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            try:
+                return batches.describe_as_job(job_id, scope)
+            except ApiError:
+                raise error from None
+
+    def pause_or_resume(method: Callable[[str, str | None], dict], verb: str) -> Callable[[str, str | None], dict]:
+        def act(job_id: str, scope: str | None) -> dict:
+            try:
+                return method(job_id, scope)
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+            queries.describe(job_id, scope)  # a job's id: say what can be paused; else the job's own 404
+            raise ApiError(409, f"job {job_id} is a single job; only batches and backfills {verb}; cancel it instead")
+
+        return act
+
+    def cancel_any(job_id: str, scope: str | None) -> dict:
+        """Cancel a job, or a batch or backfill by its id (LanceDB 0.40's ``cancel_job``)."""
+        try:
+            return plane.machine.cancel(job_id, scope)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            try:
+                return {"job_id": job_id, "cancelled": batches.cancel(job_id, scope)["cancelled"]}
+            except ApiError:
+                raise error from None
+
+    router.post("/v1/jobs/describe", privilege="jobs")(by_id(JobId, "job_id", describe_any, "describe_job"))
+    router.post("/v1/jobs/cancel", privilege="jobs")(by_id(JobId, "job_id", cancel_any, "cancel_job"))
+    router.post("/v1/jobs/pause", privilege="jobs")(
+        by_id(JobId, "job_id", pause_or_resume(batches.pause, "pause"), "pause_job")
+    )
+    router.post("/v1/jobs/resume", privilege="jobs")(
+        by_id(JobId, "job_id", pause_or_resume(batches.resume, "resume"), "resume_job")
+    )
 
     router.post("/v1/jobs/list", privilege="jobs")(listing(ListJobs, queries.list, "list_jobs"))
+
+    @router.post("/v1/jobs/query_events", privilege="jobs")
+    async def query_events(request: Request) -> Response:
+        """A job's events as an Arrow IPC stream (LanceDB 0.40's ``Job.events()``)."""
+        body = await parse(request, QueryEvents)
+        if body.filter:
+            raise ApiError(
+                400, "filter is not supported by this server; read every event and filter the table it returns"
+            )
+        rows = await off_loop(queries.events, body.job_id, body.limit, who(request).scope)
+        return Response(await off_loop(_events_stream, rows), media_type=ARROW_STREAM)
 
     @router.post("/v1/jobs/logs", privilege="jobs")
     async def job_logs(request: Request) -> dict:
@@ -91,6 +152,29 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
         return await queries.wait(body.job_id, body.timeout_s, caller.scope, unless_queued=False)
 
     ctx.fastpath.post(router, "/v1/jobs/wait", "jobs", wait_job)
+
+
+def _events_stream(rows: list[dict]) -> bytes:
+    """``rows`` (``dialect.event_row``) as an Arrow IPC stream; the schema holds when there are none."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("seq", pa.int64()),
+            ("job_id", pa.string()),
+            ("state", pa.string()),
+            ("updated_at_millis", pa.int64()),
+            ("updated_by", pa.string()),
+            ("emitted_from", pa.string()),
+            ("emitted_by", pa.string()),
+            ("claim_entity", pa.string()),
+            ("rows_processed", pa.int64()),
+        ]
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+    return sink.getvalue().to_pybytes()
 
 
 async def _chunks(opened: BinaryIO) -> AsyncIterator[bytes]:

@@ -1,0 +1,131 @@
+"""LanceDB 0.40's dialect of the function catalog (docs/ARCHITECTURE.md, "LanceDB 0.40 dialect"): its ``$``-joined
+ids and namespace paths, its decimal versions, and its ``FunctionVersion`` shape, from what this server stores.
+
+Pure: the catalog reads the store and hands the values in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from lancefn_jupyter.server.policy.namespaces import visible
+
+__all__ = [
+    "ARTIFACT_MEDIA_TYPE",
+    "decimal_version",
+    "event_row",
+    "job_row",
+    "lancedb_version",
+    "namespace_of",
+    "namespace_path_of",
+    "split_id",
+    "version_position",
+]
+
+ARTIFACT_MEDIA_TYPE = "application/vnd.lancefn.python-callable.v1"
+
+
+def split_id(raw: str) -> tuple[tuple[str, ...], str]:
+    """A ``$``-joined function or secret id: its namespace path and its name (``team$scale`` → ``(("team",),
+    "scale")``; ``scale`` → ``((), "scale")``)."""
+    *path, name = raw.split("$")
+    return tuple(path), name
+
+
+def namespace_of(path: tuple[str, ...], home: str, scope: str | None) -> str | None:
+    """The namespace a LanceDB namespace path means for a caller whose own namespace is ``home``: the root (``()``) is
+    the caller's own; a one-level path is that namespace when the caller may see it. None: another team's, a deeper
+    path, or an empty segment, each answered exactly as a namespace that does not exist."""
+    if not path:
+        return home
+    if len(path) == 1 and path[0] and visible(scope, path[0]):
+        return path[0]
+    return None
+
+
+def namespace_path_of(raw: str) -> tuple[str, ...]:
+    """A ``/v1/namespace/{ns}/...`` segment as a path: ``$`` is the root, else ``$``-joined parts."""
+    return () if raw in ("", "$") else tuple(raw.split("$"))
+
+
+def decimal_version(ids: list[str], vid: str) -> str:
+    """``vid``'s LanceDB version: its position (from 1) among its name's versions in registration order."""
+    return str(ids.index(vid) + 1)
+
+
+def version_position(ids: list[str], version: str) -> str | None:
+    """The version id a LanceDB ``version`` means: a decimal position, or one of our content ids as is; None if
+    neither names one of ``ids``."""
+    if version.isdigit() and version[0] != "0" and len(version) < 19:
+        position = int(version)
+        return ids[position - 1] if position <= len(ids) else None
+    return version if version in ids else None
+
+
+def object_id(namespace: str, name: str) -> str:
+    """A function's stable object id: the same for all its versions, different across namespaces."""
+    return "fn-" + hashlib.sha256(f"{namespace}\0{name}".encode()).hexdigest()[:24]
+
+
+def lancedb_version(definition: dict, *, ids: list[str], namespace: str) -> dict[str, Any]:
+    """A stored ``FunctionVersion`` (env values already redacted) in LanceDB 0.40's shape. Our content id and digests
+    are in ``metadata`` (``lancefn.version`` is accepted wherever a version is); ``runtime`` rides along with 0.40's
+    ``gpu`` marker on a GPU runtime, so 0.40's ``PythonRuntimeSpec`` parses it too."""
+    name, vid = definition["name"], definition["version"]
+    artifact = definition["artifact"]
+    runtime = dict(definition["runtime"])
+    if runtime.get("kind") == "python_v2":
+        runtime["gpu"] = True
+    return {
+        "name": name,
+        "namespace_path": [namespace],
+        "object_id": object_id(namespace, name),
+        "location": f"lancefn://{namespace}/functions/{name}",
+        "version": decimal_version(ids, vid),
+        "image": {
+            "manifest_digest": artifact["digest"],
+            "descriptor": {
+                "mediaType": ARTIFACT_MEDIA_TYPE,
+                "digest": artifact["digest"],
+                "annotations": {"org.lancefn.entrypoint": artifact["entrypoint"], "org.lancefn.kind": artifact["kind"]},
+            },
+            "source": True,
+        },
+        "signature": definition["signature"],
+        "secret_bindings": list(definition.get("secret_bindings", ())),
+        "runtime": runtime,
+        "created_at": definition["created_at"],
+        "metadata": {
+            "lancefn.version": vid,
+            "lancefn.namespace": namespace,
+            "lancefn.runtime_digest": definition["runtime_digest"],
+            "lancefn.environment_digest": definition["environment_digest"],
+            "lancefn.runtime": json.dumps(runtime, sort_keys=True, separators=(",", ":")),
+        },
+        "disabled": False,
+    }
+
+
+def job_row(job: dict[str, Any]) -> dict[str, Any]:
+    """A job as ``POST /v1/jobs/list`` lists it: ours, and the names LanceDB 0.40's ``JobInfo`` reads (``state``,
+    ``created_at_millis``, ``table``: the table a backfill writes, else "" as 0.40 reads a string)."""
+    return {**job, "state": job["job_state"], "created_at_millis": job["creation_ms"], "table": job.get("table") or ""}
+
+
+def event_row(seq: int, job: dict[str, Any]) -> dict[str, Any]:
+    """One recorded job change (a job's wire form at that moment) as a row of LanceDB 0.40's ``Job.events()``."""
+    state = job.get("job_state", "")
+    at = job.get("finished_ms") if state in ("DONE", "FAILED", "CANCELLED", "TIMED_OUT") else None
+    return {
+        "seq": seq,
+        "job_id": job.get("job_id", ""),
+        "state": state,
+        "updated_at_millis": at or job.get("started_ms") or job.get("creation_ms") or 0,
+        "updated_by": "lancefn-server",
+        "emitted_from": "control_plane",
+        "emitted_by": (job.get("placement") or {}).get("node") or "lancefn-server",
+        "claim_entity": None,
+        "rows_processed": (job.get("progress") or {}).get("rows_done", 0),
+    }

@@ -1,0 +1,91 @@
+"""Pausing and resuming a batch (docs/ARCHITECTURE.md, "Batches": pause): no new chunk starts, the running one
+finishes and is kept, the pause survives a restart, and LanceDB 0.40's client pauses, resumes and follows it by id."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import lancedb
+import pytest
+from conftest import register, registration_body
+from helpers import DEADLINE_S, gated, wait_until
+
+
+@pytest.fixture
+def server(control_plane_factory):
+    return control_plane_factory()
+
+
+def gated_batch(http, gate: str, chunks: int) -> str:
+    """A batch of ``chunks`` one-row chunks of ``gated`` (each waits for ``gate``), one at a time; its id."""
+    body = registration_body(
+        "gate",
+        source=inspect.getsource(gated),
+        entrypoint="gated",
+        inputs=(("path", "utf8", False), ("value", "int64", False)),
+    )
+    version = register(http, body)["version"]
+    rows = [[{"path": gate, "value": v}] for v in range(chunks)]
+    created = http.post("/v1/batches/create", json={"name": "gate", "version": version, "chunks": rows, "parallel": 1})
+    assert created.status_code == 202, created.text
+    return created.json()["batch_id"]
+
+
+def describe(http, batch_id: str) -> dict:
+    return http.post("/v1/batches/describe", json={"batch_id": batch_id}).json()
+
+
+def test_pause_keeps_the_running_chunk_starts_none_survives_a_restart_and_resumes(server, tmp_path):
+    gate = str(tmp_path / "gate")
+    with server.http() as http:
+        batch_id = gated_batch(http, gate, 4)
+        wait_until(lambda: describe(http, batch_id)["chunk_counts"].get("IN_PROGRESS") == 1, "the first chunk runs")
+
+    db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
+    assert db.pause_job(batch_id) == "pausing"
+    assert db.pause_job(batch_id) == "already_paused"
+    Path(gate).touch()
+    with server.http() as http:
+        paused = wait_until(
+            lambda: (b := describe(http, batch_id))["chunk_counts"].get("DONE") == 1 and b, "the running chunk ends"
+        )
+        # The chunk that ran is kept; none started after it (the next would start in the same step).
+        assert paused["paused"] is True and paused["chunk_counts"] == {"DONE": 1, "PENDING": 3}
+        assert [c.get("job_id") is not None for c in paused["chunks"]] == [True, False, False, False]
+        as_job = http.post("/v1/jobs/describe", json={"job_id": batch_id}).json()
+        assert (as_job["job_type"], as_job["job_state"]) == ("batch", "PAUSED")
+        pause_single = http.post("/v1/jobs/pause", json={"job_id": paused["chunks"][0]["job_id"]})
+        assert pause_single.status_code == 409 and "only batches and backfills pause" in pause_single.text
+
+    server.restart()
+    db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
+    with server.http() as http:
+        after = describe(http, batch_id)
+        assert after["paused"] is True and after["chunk_counts"] == {"DONE": 1, "PENDING": 3}
+    assert db.open_job(batch_id).status() == "PAUSED"
+    assert db.resume_job(batch_id) == "resumed"
+    with server.http() as http:
+        done = http.post(
+            "/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": DEADLINE_S}, timeout=DEADLINE_S + 10
+        ).json()
+        assert done["batch_state"] == "DONE" and "paused" not in done
+        assert http.post("/v1/batches/resume", json={"batch_id": batch_id}).json()["resumed"] is False
+        refused = http.post("/v1/batches/pause", json={"batch_id": batch_id})
+        assert refused.status_code == 409 and "has ended" in refused.text
+    assert db.open_job(batch_id).status() == "finished"
+
+
+def test_cancel_job_cancels_a_paused_batch_by_id(server, tmp_path):
+    gate = str(tmp_path / "gate")
+    with server.http() as http:
+        batch_id = gated_batch(http, gate, 3)
+        assert http.post("/v1/jobs/pause", json={"job_id": batch_id}).json()["paused"] is True
+    db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
+    assert db.cancel_job(batch_id) is True
+    Path(gate).touch()
+    with server.http() as http:
+        ended = http.post(
+            "/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": DEADLINE_S}, timeout=DEADLINE_S + 10
+        ).json()
+    assert ended["batch_state"] == "CANCELLED"
