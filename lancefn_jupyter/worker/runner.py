@@ -4,6 +4,9 @@ its timings (docs/ARCHITECTURE.md, "Worker protocol").
 
 Used by the local warm worker (``worker.py``) and, through :func:`run_task_inline`, inside a Ray
 task.  Standard library only at top level: a CPU-only task must not pay for numba.
+
+Over 600 lines: one concern, one task run in the worker (load, rebind, rows, outcome, the failure's frames),
+whose steps share the loaded version; its leaves (protocol, capture, results) are apart.
 """
 
 from __future__ import annotations
