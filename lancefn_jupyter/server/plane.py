@@ -108,6 +108,8 @@ class ControlPlane:
             classes.devices(), cpu_slots=cpu_slots or os.cpu_count() or 1, warm=self._warm_devices, caps=gpu_caps
         )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
+        if executor is not None and gpu_caps:
+            executor.limit_namespaces(gpu_caps)  # what it asks of a cluster stays within them
         self.placement = placement_for(table, executor, classes)  # the one place that asks who queues
         self.reports = Reports(table, classes=classes, bus=self.bus, placement=self.placement)
         # Jobs whose latest change the full disk kept from being saved; memory is authoritative

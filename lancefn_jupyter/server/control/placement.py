@@ -184,6 +184,9 @@ class ExecutorPlacement(PlacementStrategy):
                     reason = executor.pending_reason(rec.gpu_class, rec.num_gpus)
                     if reason:
                         row["pending_reason"] = reason
+        for name, nodes in ((executor.scaling() if executor is not None else None) or {}).items():
+            if name in rows:  # a class an autoscaler scales: nodes up / starting / maximum (docs/ray.md)
+                rows[name].update(nodes)
         return list(rows.values())
 
     def describe_wait(self, rec: JobRecord, placement: dict) -> None:

@@ -150,12 +150,10 @@ class StartClock:
         return ordered[len(ordered) // 2]
 
 
-def scaling_reason(starting: int, wanted_more: int, recent_s: float | None) -> str | None:
-    """A pending job's reason while its class scales up: "scaling up: 2 nodes starting, ~40 s recently"; None when
-    no node is starting or asked for."""
-    if starting <= 0 and wanted_more <= 0:
+def scaling_reason(starting: int, recent_s: float | None) -> str | None:
+    """A pending job's reason while its class scales up: "scaling up: 2 nodes starting, ~40 s recently" (``starting``:
+    nodes asked of the autoscaler and not up yet); None when none is starting."""
+    if starting <= 0:
         return None
-    count = starting if starting > 0 else wanted_more
-    what = "starting" if starting > 0 else "asked of the autoscaler"
     recently = f", ~{recent_s:.0f} s recently" if recent_s is not None else ""
-    return f"scaling up: {count} node{'' if count == 1 else 's'} {what}{recently}"
+    return f"scaling up: {starting} node{'' if starting == 1 else 's'} starting{recently}"
