@@ -179,7 +179,8 @@ class Executor(ABC):
 
     def scaling(self) -> dict[str, dict[str, int]] | None:
         """Per class an autoscaler scales: ``nodes_up``, ``nodes_starting``, ``nodes_max`` (shown in
-        ``/v1/gpu/usage``); None when no class scales."""
+        ``/v1/gpu/usage``), and ``next_up_ms`` (epoch ms) while a node starts and its start can be told from recent
+        ones; None when no class scales."""
         return None
 
     def limit_namespaces(self, caps: Mapping[str, int]) -> None:

@@ -142,6 +142,14 @@ class StartClock:
         while len(self._asked) > missing:
             self._asked.pop()
 
+    def next_up(self, now: float) -> float | None:
+        """When the next node asked for should join (its ask + the recent start time, never before ``now``); None
+        when none is asked for or no start has been timed yet."""
+        recent = self.recent_s()
+        if not self._asked or recent is None:
+            return None
+        return max(now, self._asked[0] + recent)
+
     def recent_s(self) -> float | None:
         """The median of the recent start durations, or None before any node has started."""
         if not self._took:

@@ -76,6 +76,9 @@ def test_the_start_clock_times_nodes_from_the_ask_to_the_join():
     clock.update(60.0, wanted=1, up=0)  # scaled down, one more asked: timed from now
     clock.update(100.0, wanted=1, up=1)
     assert sorted(clock._took) == [30.0, 40.0, 50.0] and clock.recent_s() == 40.0
+    assert clock.next_up(100.0) is None  # nothing asked
+    clock.update(110.0, wanted=2, up=1)
+    assert clock.next_up(120.0) == 150.0 and clock.next_up(160.0) == 160.0  # asked at 110, ~40 s; late: now
 
 
 def test_an_ask_withdrawn_before_any_node_joined_is_not_timed():

@@ -533,14 +533,17 @@ class RayExecutor(Executor):
             return None
         with self._lock:
             reported = dict(self._scaling)
-        return {
-            name: {
-                "nodes_up": int(reported.get(name, {}).get("nodes_up", 0)),
-                "nodes_starting": int(reported.get(name, {}).get("nodes_starting", 0)),
+        classes = {}
+        for name, entry in self._scaling_config.items():
+            nodes = reported.get(name, {})
+            classes[name] = {
+                "nodes_up": int(nodes.get("nodes_up", 0)),
+                "nodes_starting": int(nodes.get("nodes_starting", 0)),
                 "nodes_max": int(entry["max_nodes"]),
             }
-            for name, entry in self._scaling_config.items()
-        }
+            if nodes.get("nodes_starting") and isinstance(nodes.get("next_up_ms"), int):
+                classes[name]["next_up_ms"] = nodes["next_up_ms"]
+        return classes
 
     def limit_namespaces(self, caps: Mapping[str, int]) -> None:
         self._caps = {str(namespace): int(cap) for namespace, cap in caps.items()}

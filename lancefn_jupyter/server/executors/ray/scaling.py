@@ -134,12 +134,15 @@ class ScalingReport:
             up = int(nodes_up.get(name, 0))
             self.clocks[name].update(now, demand.nodes, up)
             recent = self.clocks[name].recent_s()
+            next_up = self.clocks[name].next_up(now)
             report[name] = {
                 "nodes_up": up,
                 "nodes_starting": max(0, min(demand.nodes, scaling.max_nodes) - up),
                 "nodes_max": scaling.max_nodes,
                 "nodes_wanted": demand.nodes,
                 "start_s": round(recent, 1) if recent is not None else None,
+                # wall clock, whole seconds (a report changes only when something does)
+                "next_up_ms": round(time.time() + next_up - now) * 1000 if next_up is not None else None,
             }
         if report == self.last:
             return None
