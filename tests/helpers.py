@@ -574,16 +574,16 @@ def fake_autoscaling_cluster(
     try:
         # Ray gives a node's agents 30 s to start: a loaded machine may take longer, so a failed start is retried
         for attempt in range(3):
-            start = subprocess.Popen(
-                command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-            )
-            sessions.append(start.pid)
-            _, err = start.communicate(timeout=180)
-            if start.returncode == 0:
-                break
-            _kill_sessions(sessions)
-            if attempt == 2:
-                raise RuntimeError(f"ray start failed 3 times: {err.decode(errors='replace')[-2000:]}")
+            # output to a file: Ray's daemons inherit it, so a pipe would stay open after ``ray start`` ends
+            with open(Path(temp_dir) / f"start{attempt}.log", "w+b") as log:
+                start = subprocess.Popen(command, env=env, start_new_session=True, stdout=log, stderr=log)
+                sessions.append(start.pid)
+                if start.wait(timeout=180) == 0:
+                    break
+                _kill_sessions(sessions)
+                if attempt == 2:
+                    log.seek(0)
+                    raise RuntimeError(f"ray start failed 3 times: {log.read().decode(errors='replace')[-2000:]}")
         yield f"127.0.0.1:{port}"
     finally:
         _kill_sessions(sessions)  # the head's daemons and every node the autoscaler added

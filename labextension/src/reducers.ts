@@ -119,6 +119,8 @@ export interface IClassRow {
   busy: number | null;
   total: number | null;
   pending: number;
+  /** "0 of 4 nodes up · 2 starting" for a class an autoscaler scales, else "". */
+  nodes: string;
 }
 
 /** Rows of the GPU classes section: hardware from `gpu/classes`, live numbers from usage. */
@@ -145,9 +147,19 @@ export function classRows(
       usage: usageText,
       busy,
       total,
-      pending: u?.jobs_pending ?? 0
+      pending: u?.jobs_pending ?? 0,
+      nodes: nodesText(u)
     };
   });
+}
+
+/** As `GpuUsage.nodes_text()` in Python: "0 of 4 nodes up · 2 starting", or "" for a class that does not scale. */
+export function nodesText(u: IGpuUsage | undefined): string {
+  if (u?.nodes_max === undefined) {
+    return '';
+  }
+  const starting = u.nodes_starting ? ` · ${u.nodes_starting} starting` : '';
+  return `${u.nodes_up ?? 0} of ${u.nodes_max} nodes up${starting}`;
 }
 
 /** Index a `usage` event (`{"classes": [GpuUsage...]}`) or a `gpu/usage` reply by class name. */

@@ -23,6 +23,7 @@ import {
   classRows,
   groupFunctions,
   mergeJobLists,
+  nodesText,
   usageMap
 } from '../reducers';
 import { errorMessage, IJob } from '../wire';
@@ -294,6 +295,21 @@ describe('GPU classes', () => {
       usage: '',
       busy: null
     });
+  });
+
+  it('says the nodes of a class an autoscaler scales', () => {
+    const usage = usageMap({
+      classes: [
+        { name: 'default', gpus_total: 2, gpus_busy: 1 },
+        { name: 'h100', gpus_total: 0, gpus_busy: 0, nodes_up: 0, nodes_starting: 2, nodes_max: 4 }
+      ]
+    });
+    const rows = classRows(classes, usage);
+    expect(rows[0].nodes).toBe('');
+    expect(rows[1].nodes).toBe('0 of 4 nodes up · 2 starting');
+    expect(nodesText({ name: 'h100', nodes_up: 3, nodes_starting: 0, nodes_max: 4 })).toBe(
+      '3 of 4 nodes up'
+    );
   });
 
   it('treats zero or missing memory as not reported', () => {
