@@ -570,6 +570,7 @@ def fake_autoscaling_cluster(
     ray_cli = str(Path(sys.executable).parent / "ray")
     command = [ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1"]
     command += ["--num-gpus=0", f"--autoscaling-config={path}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
+    command.append("--include-log-monitor=false")  # one Python process less to start
     sessions: list[int] = []
     try:
         # Ray gives a node's agents 30 s to start: a loaded machine may take longer, so a failed start is retried
@@ -578,8 +579,11 @@ def fake_autoscaling_cluster(
             with open(Path(temp_dir) / f"start{attempt}.log", "w+b") as log:
                 start = subprocess.Popen(command, env=env, start_new_session=True, stdout=log, stderr=log)
                 sessions.append(start.pid)
-                if start.wait(timeout=180) == 0:
-                    break
+                try:
+                    if start.wait(timeout=240) == 0:
+                        break
+                except subprocess.TimeoutExpired:
+                    start.kill()
                 _kill_sessions(sessions)
                 if attempt == 2:
                     log.seek(0)

@@ -15,7 +15,7 @@ from helpers import autoscaler_request, describe, fake_autoscaling_cluster, ray_
 
 pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 SLOW = 150.0  # nodes start in ~10 s each here, and go after the idle timeout; generous on a loaded 2-core machine
 CLASSES = """
