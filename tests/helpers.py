@@ -571,6 +571,8 @@ def fake_autoscaling_cluster(
     command = [ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1"]
     command += ["--num-gpus=0", f"--autoscaling-config={path}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
     command.append("--include-log-monitor=false")  # one Python process less to start
+    # ports of our own: Ray's defaults (10001, 8265) would clash with another cluster on this machine
+    command += [f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}"]
     sessions: list[int] = []
     try:
         # Ray gives a node's agents 30 s to start: a loaded machine may take longer, so a failed start is retried
