@@ -573,12 +573,10 @@ def fake_autoscaling_cluster(
     command.append("--include-log-monitor=false")  # one Python process less to start
     # ports of our own: Ray's defaults (10001, 8265) would clash with another cluster on this machine
     command += [f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}"]
-    # The head's agents on known ports: else its raylet waits at most 15 s for the port files they write, which a
-    # loaded machine's agents (Python processes importing Ray) miss
-    command += [f"--{flag}={_free_port()}" for flag in _AGENT_PORTS]
     sessions: list[int] = []
     try:
-        # Ray gives a node's agents 30 s to start: a loaded machine may take longer, so a failed start is retried
+        # Ray gives a node's agents 15 s to write their ports (a hard limit of its raylet): on a loaded machine they
+        # may take longer, so a failed start is retried
         for attempt in range(3):
             # output to a file: Ray's daemons inherit it, so a pipe would stay open after ``ray start`` ends
             with open(Path(temp_dir) / f"start{attempt}.log", "w+b") as log:
@@ -614,14 +612,6 @@ def autoscaler_request(address: str) -> list[dict]:
 
     raw = GcsClient(address=address).internal_kv_get(b"autoscaler_resource_request", None)
     return json.loads(raw) if raw else []
-
-
-_AGENT_PORTS = (
-    "metrics-export-port",
-    "dashboard-agent-grpc-port",
-    "dashboard-agent-listen-port",
-    "runtime-env-agent-port",
-)
 
 
 def _free_port() -> int:
