@@ -22,6 +22,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -524,6 +526,98 @@ def module_ray_server(tmp_path_factory: Any, *args: str) -> Iterator[ControlPlan
                     proc.kill()
                 except psutil.NoSuchProcess:
                     pass
+
+
+@contextlib.contextmanager
+def fake_autoscaling_cluster(
+    gpu_class: str, max_nodes: int, idle_timeout_s: float = 6.0, gpus_per_node: int = 1
+) -> Iterator[str]:
+    """A Ray cluster with an autoscaler (Ray's fake multi-node provider: each node it adds is a raylet on this machine)
+    whose one worker node type carries ``gpus_per_node`` GPUs of ``gpu_class`` and scales from 0 to ``max_nodes``,
+    removing a node idle for ``idle_timeout_s``; yields its GCS address. Started with ``ray start`` in a session of
+    its own, every process of which is killed at the end (never ``ray stop``: that stops every Ray on the machine)."""
+    temp_dir = tempfile.mkdtemp(prefix="lfa", dir="/tmp")  # short: Ray's unix sockets must fit in 107 chars
+    port = _free_port()
+    node = {"CPU": 1, "GPU": gpus_per_node, f"lancefn_gpu_class:{gpu_class}": gpus_per_node}
+    config = {
+        "cluster_name": "lancefn-fake",
+        "max_workers": max_nodes,
+        "upscaling_speed": 100,
+        "idle_timeout_minutes": idle_timeout_s / 60,
+        # ``type: fake_multinode`` reads an example config this wheel lacks; the provider module directly works
+        "provider": {
+            "type": "external",
+            "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+            "gcs_address": f"127.0.0.1:{port}",
+            "launch_multiple": True,
+        },
+        "available_node_types": {
+            "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
+            gpu_class: {"resources": node, "node_config": {}, "min_workers": 0, "max_workers": max_nodes},
+        },
+        "head_node_type": "ray.head.default",
+        "auth": {"ssh_user": "nobody"},
+        **{key: [] for key in ("initialization_commands", "setup_commands", "head_setup_commands")},
+        **{key: [] for key in ("worker_setup_commands", "head_start_ray_commands", "worker_start_ray_commands")},
+        "file_mounts": {},
+        "cluster_synced_files": [],
+    }
+    path = Path(temp_dir) / "autoscaling.json"
+    path.write_text(json.dumps(config))
+    env = make_env({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_AUTH_MODE": "disabled"})
+    env["RAY_raylet_start_wait_time_s"] = "120"  # a loaded machine starts the node agents slowly
+    env.update(RAY_TMPDIR=temp_dir, RAY_USAGE_STATS_ENABLED="0")
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    command = [ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1"]
+    command += ["--num-gpus=0", f"--autoscaling-config={path}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
+    command.append("--include-log-monitor=false")  # one Python process less to start
+    # ports of our own: Ray's defaults (10001, 8265) would clash with another cluster on this machine
+    command += [f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}"]
+    sessions: list[int] = []
+    try:
+        # Ray gives a node's agents 15 s to write their ports (a hard limit of its raylet): on a loaded machine they
+        # may take longer, so a failed start is retried
+        for attempt in range(3):
+            # output to a file: Ray's daemons inherit it, so a pipe would stay open after ``ray start`` ends
+            with open(Path(temp_dir) / f"start{attempt}.log", "w+b") as log:
+                start = subprocess.Popen(command, env=env, start_new_session=True, stdout=log, stderr=log)
+                sessions.append(start.pid)
+                try:
+                    if start.wait(timeout=240) == 0:
+                        break
+                except subprocess.TimeoutExpired:
+                    start.kill()
+                _kill_sessions(sessions)
+                if attempt == 2:
+                    log.seek(0)
+                    raise RuntimeError(f"ray start failed 3 times: {log.read().decode(errors='replace')[-2000:]}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        _kill_sessions(sessions)  # the head's daemons and every node the autoscaler added
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _kill_sessions(sessions: list[int]) -> None:
+    for sid in sessions:
+        for proc in session_processes(sid):
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def autoscaler_request(address: str) -> list[dict]:
+    """The bundles the cluster's autoscaler is asked for now (``request_resources``), read from its GCS."""
+    from ray._raylet import GcsClient
+
+    raw = GcsClient(address=address).internal_kv_get(b"autoscaler_resource_request", None)
+    return json.loads(raw) if raw else []
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------- packaging cells

@@ -269,7 +269,7 @@ export class GpuFunctionsPanel extends Widget {
         meter.appendChild(fill);
         usage.appendChild(meter);
         const text = row.pending > 0 ? `${row.usage} · ${row.pending} pending` : row.usage;
-        usage.appendChild(el('span', 'lf-usage-text', text));
+        usage.appendChild(el('span', 'lf-usage-text', row.nodes ? `${text} · ${row.nodes}` : text));
       } else {
         usage.appendChild(el('span', 'lf-usage-text', 'usage unknown'));
       }

@@ -121,6 +121,8 @@ export interface IClassRow {
   busy: number | null;
   total: number | null;
   pending: number;
+  /** "0 of 4 nodes up · 2 starting" for a class an autoscaler scales, else "". */
+  nodes: string;
 }
 
 /** A class's host CPU and memory, as the kernel's `%gpu_classes` says it (display/cards.py `host_resources`). */
@@ -165,9 +167,19 @@ export function classRows(
       usage: usageText,
       busy,
       total,
-      pending: u?.jobs_pending ?? 0
+      pending: u?.jobs_pending ?? 0,
+      nodes: nodesText(u)
     };
   });
+}
+
+/** As `GpuUsage.nodes_text()` in Python: "0 of 4 nodes up · 2 starting", or "" for a class that does not scale. */
+export function nodesText(u: IGpuUsage | undefined): string {
+  if (u?.nodes_max === undefined) {
+    return '';
+  }
+  const starting = u.nodes_starting ? ` · ${u.nodes_starting} starting` : '';
+  return `${u.nodes_up ?? 0} of ${u.nodes_max} nodes up${starting}`;
 }
 
 /** Index a `usage` event (`{"classes": [GpuUsage...]}`) or a `gpu/usage` reply by class name. */

@@ -108,6 +108,10 @@ export interface IGpuUsage {
   gpus_busy?: number;
   jobs_running?: number;
   jobs_pending?: number;
+  /** A class an autoscaler scales (Ray, `max_nodes`): nodes up, asked for and not up yet, its maximum. */
+  nodes_up?: number;
+  nodes_starting?: number;
+  nodes_max?: number;
 }
 
 export interface IFunctionEntry {

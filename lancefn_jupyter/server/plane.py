@@ -120,6 +120,8 @@ class ControlPlane:
             totals={spec.name: class_totals(spec.gpu_class, len(spec.devices)) for spec in classes.classes},
         )
         self.table = table = JobTable(scheduler=scheduler, executor=executor)
+        if executor is not None and gpu_caps:
+            executor.limit_namespaces(gpu_caps)  # what it asks of a cluster stays within them
         # the one place that asks who queues; a job's CPU and memory read from its version ("Compute resources")
         needs = functools.lru_cache(4096)(self._needs)
         self.placement = placement_for(table, executor, classes, needs=needs)

@@ -836,3 +836,14 @@ class GpuUsage(WireModel):
     jobs_running: _Count
     jobs_pending: _Count
     pending_reason: StrictStr | None = None  # a pending job of the class no node can fit (Ray)
+    # A class an autoscaler scales (Ray, ``max_nodes``): its nodes up, asked for and not up yet, and its maximum
+    nodes_up: _Count | None = None
+    nodes_starting: _Count | None = None
+    nodes_max: _Count | None = None
+
+    def nodes_text(self) -> str | None:
+        """'0 of 4 nodes up · 2 starting' for a class an autoscaler scales, else None."""
+        if self.nodes_max is None:
+            return None
+        starting = f" · {self.nodes_starting} starting" if self.nodes_starting else ""
+        return f"{self.nodes_up or 0} of {self.nodes_max} nodes up{starting}"

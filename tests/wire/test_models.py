@@ -512,6 +512,23 @@ def test_gpu_class_and_usage_round_trip():
     usage = GpuUsage(name="h100", gpus_total=8, gpus_busy=0, jobs_running=0, jobs_pending=3)
     assert usage.to_wire() == {"name": "h100", "gpus_total": 8, "gpus_busy": 0, "jobs_running": 0, "jobs_pending": 3}
     assert GpuUsage.from_json(usage.to_canonical_json()) == usage
+    assert usage.nodes_text() is None  # a class no autoscaler scales
+    scaling = GpuUsage.from_wire({**usage.to_wire(), "nodes_up": 0, "nodes_starting": 2, "nodes_max": 4})
+    assert scaling.nodes_text() == "0 of 4 nodes up · 2 starting"
+    assert scaling.model_copy(update={"nodes_up": 3, "nodes_starting": 0}).nodes_text() == "3 of 4 nodes up"
+
+
+def test_gpu_classes_table_and_usage_line_show_the_nodes_of_a_class_an_autoscaler_scales():
+    from lancefn_jupyter.kernel.display.cards import gpu_classes_table, usage_line
+
+    gpu = GpuClass(name="t4", gpu_model="NVIDIA T4", gpu_memory_bytes=0, max_gpu_count_per_worker=1)
+    plain = GpuUsage(name="t4", gpus_total=1, gpus_busy=0, jobs_running=0, jobs_pending=0)
+    scaled = plain.model_copy(update={"gpus_total": 0, "nodes_up": 0, "nodes_starting": 2, "nodes_max": 4})
+    assert "nodes" not in gpu_classes_table([gpu], [plain])[0]
+    text, markup = gpu_classes_table([gpu], [scaled])
+    assert "nodes" in text and "0 of 4 nodes up · 2 starting" in text and "0 of 4 nodes up · 2 starting" in markup
+    assert usage_line("t4", scaled).endswith("; 0 of 4 nodes up · 2 starting")
+    assert "nodes" not in usage_line("t4", plain)
 
 
 # ----------------------------------------------------------------------- properties

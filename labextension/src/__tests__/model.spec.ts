@@ -23,6 +23,7 @@ import {
   classRows,
   groupFunctions,
   mergeJobLists,
+  nodesText,
   usageMap
 } from '../reducers';
 import { errorMessage, IJob } from '../wire';
@@ -306,6 +307,21 @@ describe('GPU classes', () => {
       new Map()
     );
     expect(rows.map(r => r.host)).toEqual(['1 CPU + 2 GiB per GPU', 'node 2 CPUs, 24 GiB', '']);
+  });
+
+  it('says the nodes of a class an autoscaler scales', () => {
+    const usage = usageMap({
+      classes: [
+        { name: 'default', gpus_total: 2, gpus_busy: 1 },
+        { name: 'h100', gpus_total: 0, gpus_busy: 0, nodes_up: 0, nodes_starting: 2, nodes_max: 4 }
+      ]
+    });
+    const rows = classRows(classes, usage);
+    expect(rows[0].nodes).toBe('');
+    expect(rows[1].nodes).toBe('0 of 4 nodes up · 2 starting');
+    expect(nodesText({ name: 'h100', nodes_up: 3, nodes_starting: 0, nodes_max: 4 })).toBe(
+      '3 of 4 nodes up'
+    );
   });
 
   it('treats zero or missing memory as not reported', () => {

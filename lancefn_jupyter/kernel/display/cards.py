@@ -242,6 +242,7 @@ def usage_table(rows: Iterable[Mapping[str, Any]], by: str) -> tuple[str, str]:
 
 def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = ()) -> tuple[str, str]:
     by_name = {u.name: u for u in usage}
+    scaled = any(u.nodes_max is not None for u in by_name.values())  # a nodes column where an autoscaler scales
     rows = []
     for gpu in classes:
         u = by_name.get(gpu.name)
@@ -257,6 +258,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
                 f"{u.gpus_total - u.gpus_busy}/{u.gpus_total}" if u else "?",
                 f"{u.jobs_running}/{u.jobs_pending}" if u else "?",
                 host_resources(gpu),
+                *([(u.nodes_text() or "-") if u else "?"] if scaled else []),
             ]
         )
     return render_table(
@@ -271,6 +273,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
             "free/total",
             "running/pending",
             "CPU, memory",
+            *(["nodes"] if scaled else []),
         ],
         rows,
         title="GPU classes",
@@ -282,9 +285,10 @@ def usage_line(gpu_class: str, usage: GpuUsage | None) -> str:
     if usage is None:
         return f"class {gpu_class}: live usage unknown"
     free = usage.gpus_total - usage.gpus_busy
+    nodes = usage.nodes_text()
     return (
         f"class {gpu_class}: {usage.gpus_busy} busy, {free} free of {usage.gpus_total} GPUs; "
-        f"{usage.jobs_running} running, {usage.jobs_pending} pending"
+        f"{usage.jobs_running} running, {usage.jobs_pending} pending" + (f"; {nodes}" if nodes else "")
     )
 
 

@@ -10,6 +10,7 @@ executor that queues, it is launched at once and stays PENDING until the executo
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,6 +197,9 @@ class ExecutorPlacement(PlacementStrategy):
                     reason = executor.pending_reason(rec.gpu_class, rec.num_gpus)
                     if reason:
                         row["pending_reason"] = reason
+        for name, nodes in ((executor.scaling() if executor is not None else None) or {}).items():
+            if name in rows:  # a class an autoscaler scales: nodes up / starting / maximum (docs/ray.md)
+                rows[name].update((key, nodes[key]) for key in ("nodes_up", "nodes_starting", "nodes_max"))
         return list(rows.values())
 
     def describe_wait(self, rec: JobRecord, placement: dict) -> None:
@@ -206,6 +210,13 @@ class ExecutorPlacement(PlacementStrategy):
         reason = executor.pending_reason(rec.gpu_class, rec.num_gpus) if executor is not None else None
         if reason:
             placement["pending_reason"] = reason
+        scaling = ((executor.scaling() if executor is not None and rec.num_gpus else None) or {}).get(
+            rec.gpu_class or ""
+        )
+        if scaling and "next_up_ms" in scaling:
+            # Its class scales up: not before the next node joins, as long as recent starts took (docs/ray.md)
+            placement["expected_start_ms"] = max(scaling["next_up_ms"], int(time.time() * 1000))
+            placement["expected_start_uncertain"] = True
 
 
 def placement_for(

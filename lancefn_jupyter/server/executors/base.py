@@ -183,6 +183,17 @@ class Executor(ABC):
         is big enough); None when it simply waits its turn."""
         return None
 
+    def scaling(self) -> dict[str, dict[str, int]] | None:
+        """Per class an autoscaler scales: ``nodes_up``, ``nodes_starting``, ``nodes_max`` (shown in
+        ``/v1/gpu/usage``), and ``next_up_ms`` (epoch ms) while a node starts and its start can be told from recent
+        ones; None when no class scales."""
+        return None
+
+    def limit_namespaces(self, caps: Mapping[str, int]) -> None:
+        """Namespace → the most GPUs it may hold at once (``max_gpus``, "Scheduling"), set by the plane: an executor
+        that asks a cluster for capacity asks for no more than that."""
+        return None
+
     def environment_problem(self, request: EnvironmentRequest) -> str | None:
         """Why this executor cannot honour ``request`` (a registration warning; its jobs fail in phase
         ``environment`` with it), or None. Must be quick: it is asked on registration."""

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Protocol, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
 from lancefn_jupyter.server.errors import format_validation_error
+from lancefn_jupyter.server.policy.demand import Ask, NodeScaling
 from lancefn_jupyter.wire.models import GpuClass
 from lancefn_jupyter.wire.quantities import memory_bytes
 
@@ -71,6 +72,8 @@ class ClassSpec:
 
     gpu_class: GpuClass
     devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES ids, or "sim0", "sim1", … when simulated
+    # Its nodes as an autoscaler adds and removes them (``max_nodes`` …; executors that report capacity only)
+    scaling: NodeScaling | None = None
 
     @property
     def name(self) -> str:
@@ -261,7 +264,12 @@ _FIXES = {
     "currency": 'it must be a short code without spaces, e.g. currency = "EUR"',
     "tolerations": "it must be a list of tables: "
     'write tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]',
+    "max_nodes": "it must be a whole number ≥ 1: the most nodes of the class the autoscaler may run",
+    "min_nodes": "it must be a whole number ≥ 0: the nodes of the class the autoscaler keeps up",
+    "gpus_per_node": "it must be a whole number ≥ 1: the GPUs of one node (worker pod) of the class",
+    "node_type": "it must be a non-empty string: the autoscaler's node type (KubeRay worker group) of the class",
 }
+_SCALING_FIELDS = ("min_nodes", "gpus_per_node", "node_type")  # meaningful only with max_nodes
 _Text = Annotated[str, StringConstraints(pattern=r"\S")]  # not blank
 
 
@@ -326,6 +334,10 @@ class _ClassEntry(BaseModel):
     price_per_gpu_hour: Annotated[float | int, Field(ge=0)] | None = None
     price_per_cpu_hour: Annotated[float | int, Field(ge=0)] | None = None
     currency: Annotated[str, StringConstraints(pattern=r"^\S{1,16}$")] = "USD"
+    max_nodes: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
+    min_nodes: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = None
+    gpus_per_node: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
+    node_type: _Text | None = None
 
 
 def _entry_problem(error: ValidationError, raw: dict[str, Any]) -> str:
@@ -415,4 +427,32 @@ def _class_spec(entry: _ClassEntry, where: str, rules: ClassRules | None) -> Cla
         )
     except ValidationError as error:  # e.g. nan inside tolerations
         raise ConfigError(f"{where}: field {format_validation_error(error)}; fix the value") from None
-    return ClassSpec(gpu_class, devices)
+    return ClassSpec(gpu_class, devices, _scaling(entry, limit, devices, fail))
+
+
+def _scaling(
+    entry: _ClassEntry, limit: int, devices: tuple[str, ...], fail: Callable[[str, str, str], ConfigError]
+) -> NodeScaling | None:
+    """The class's nodes as an autoscaler scales them (docs/ray.md, "Scaling with the queue"), or None."""
+    if entry.max_nodes is None:
+        for name in _SCALING_FIELDS:
+            if getattr(entry, name) is not None:
+                raise fail(name, "is set without 'max_nodes'", "add max_nodes = N (the most nodes of the class)")
+        return None
+    if devices:
+        raise fail(
+            "max_nodes",
+            "is set on a class with devices",
+            "an autoscaler scales classes whose executor reports their capacity (--executor ray, no devices)",
+        )
+    per_node = entry.gpus_per_node or limit
+    if per_node < limit:
+        raise fail(
+            "gpus_per_node",
+            f"is {per_node} but max_gpu_count_per_worker is {limit}: a job of {limit} GPUs could never start",
+            f"lower max_gpu_count_per_worker to at most {per_node} or raise gpus_per_node",
+        )
+    min_nodes = entry.min_nodes or 0
+    if min_nodes > entry.max_nodes:
+        raise fail("min_nodes", f"is {min_nodes}, more than max_nodes = {entry.max_nodes}", "lower it")
+    return NodeScaling(Ask(per_node), entry.max_nodes, min_nodes, entry.node_type or entry.name)

@@ -171,3 +171,43 @@ def test_detected_gpus_form_the_default_class():
     assert not default.simulated
     # LANCEFN_DISABLE_NVML skips detection entirely.
     assert load_gpu_classes(None, environ={"LANCEFN_DISABLE_NVML": "1"}, detect=lambda: gpus).source == "simulated"
+
+
+SCALED = """
+[[gpu_classes]]
+name = "t4"
+gpu_model = "NVIDIA T4"
+gpu_memory_bytes = 17179869184
+max_gpu_count_per_worker = 1
+"""
+
+
+def test_a_ray_class_says_its_node_shape_and_node_range_for_the_autoscaler():
+    spec = parse_gpu_classes(SCALED + "max_nodes = 4\n", rules=RAY).get("t4")
+    assert spec.scaling.max_nodes == 4 and spec.scaling.min_nodes == 0
+    assert spec.scaling.node.gpus == 1 and spec.scaling.node_type == "t4"  # defaults: one worker, the class's name
+    spec = parse_gpu_classes(
+        SCALED + 'max_nodes = 3\nmin_nodes = 1\ngpus_per_node = 8\nnode_type = "t4-group"\n', rules=RAY
+    ).get("t4")
+    assert (spec.scaling.node.gpus, spec.scaling.min_nodes, spec.scaling.node_type) == (8, 1, "t4-group")
+    assert parse_gpu_classes(SCALED, rules=RAY).get("t4").scaling is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "rules", "says"),
+    [
+        ("max_nodes = 2\ngpus_per_node = 1\nmax_gpu_count_per_worker = 2\n", RAY, None),
+        ("max_nodes = 2\nmin_nodes = 3\n", RAY, "field 'min_nodes' is 3, more than max_nodes = 2"),
+        ("min_nodes = 1\n", RAY, "field 'min_nodes' is set without 'max_nodes'"),
+        ("max_nodes = 0\n", RAY, "field 'max_nodes' is 0"),
+        ("max_nodes = 2\ndevices = [0]\n", LOCAL, "field 'max_nodes' is set on a class with devices"),
+    ],
+)
+def test_node_scaling_fields_are_checked(extra, rules, says):
+    text = SCALED.replace("max_gpu_count_per_worker = 1\n", "") if "max_gpu_count_per_worker" in extra else SCALED
+    with pytest.raises(ConfigError) as error:
+        parse_gpu_classes(text + extra, rules=rules)
+    message = str(error.value)
+    if says is None:  # a job as large as the class allows must fit a node
+        says = "field 'gpus_per_node' is 1 but max_gpu_count_per_worker is 2: a job of 2 GPUs could never start"
+    assert says in message, message

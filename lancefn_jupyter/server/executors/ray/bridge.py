@@ -24,9 +24,11 @@ from typing import Any
 
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE, class_resource, kill_session
 from lancefn_jupyter.server.executors.ray.pool import ActorPool
+from lancefn_jupyter.server.executors.ray.scaling import DemandPublisher, ScalingReport, bundles_of, scaling_of
 from lancefn_jupyter.server.executors.ray.task import EventHub, JobActor
 from lancefn_jupyter.server.executors.ray_plugin import PLUGIN
 from lancefn_jupyter.server.executors.relay import event_problem
+from lancefn_jupyter.server.policy.demand import Ask, Demand, Job, allowances, shape_demand
 from lancefn_jupyter.server.policy.limits import timed_out_message
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker.process import invalid_event, long_line
@@ -157,9 +159,17 @@ class _Driver:
         self.last_ok = time.monotonic()
         self.capacity: dict[str, int] = {}
         self.largest: dict[str, int] = {}
+        self.nodes: dict[str, int] = {}  # per class: live nodes that have it
+        # Classes an autoscaler scales: their queue is asked of it (``_scale``; docs/ray.md, "Scaling with the queue")
+        self.scaling = scaling_of(config)
+        self.caps: dict[str, int] = {str(k): int(v) for k, v in (config.get("caps") or {}).items()}
+        self.demand_wake = threading.Event()
+        self.publisher: DemandPublisher | None = None  # made with the hub's name, below
         # Named, so each job actor looks it up once, when it is made, instead of receiving a
         # handle with every call (a handle argument costs each call a borrower round trip).
         self.hub_name = f"lancefn-hub-{uuid.uuid4().hex[:16]}"
+        if self.scaling:  # its KV entry is named like the hub: one per driver
+            self.publisher = DemandPublisher(self.hub_name)
         # Pinned to this driver's node: the hub then shares the driver's fate and no other node's
         # loss can stop every job's events (Ray would not restart it, and its events would be lost).
         self.hub = (
@@ -174,7 +184,7 @@ class _Driver:
         self.job_actor = ray.remote(JobActor)
         self.actor_idle_s = float(os.environ.get("LANCEFN_RAY_ACTOR_IDLE_S") or _ACTOR_IDLE_S)
         self.daemons = self._local_daemons() if self.local else []
-        self.capacity, self.largest, cpus = self._read_capacity()
+        self.capacity, self.largest, self.nodes, cpus = self._read_capacity()
         self.cpu_slots_fixed = int(os.environ.get("LANCEFN_RAY_CPU_ACTORS") or 0)
         self.cpu_pool = ActorPool(self._cpu_slots(cpus), self.actor_idle_s)
         self.gpu_pools: dict[str, ActorPool] = {}  # per class: slots are its GPUs in the cluster
@@ -203,7 +213,10 @@ class _Driver:
         except Exception:  # e.g. Ray Client (ray://) connections
             address = self.config.get("address") or "local"
         self.proto.send(event="ready", capacity=self.capacity, largest=self.largest, address=address)
-        for target, name in ((self._pump, "pump"), (self._report, "report"), (self._watch, "watch")):
+        threads = [(self._pump, "pump"), (self._report, "report"), (self._watch, "watch")]
+        if self.scaling:
+            threads.append((self._scale, "scale"))
+        for target, name in threads:
             threading.Thread(target=target, name=f"lancefn-ray-{name}", daemon=True).start()
         for line in sys.stdin.buffer:
             if not line.strip():
@@ -316,6 +329,8 @@ class _Driver:
         for record, actor in records:
             if record is not None:
                 self._start(record, actor)
+        if self.scaling:  # a job came, started, ended or left: the demand follows at once
+            self.demand_wake.set()
 
     def _start(self, record: _BridgeJob, actor: Any) -> None:
         """Run the job on ``actor``, or on a warm or new actor of its pool key."""
@@ -433,6 +448,11 @@ class _Driver:
         with self.lock:
             idle = [actor for pool in self._pools() for actor in pool.clear()]
         self._teardown_and_kill(idle)  # busy ones were killed above with their jobs
+        if self.publisher is not None:  # this control plane's demand goes with it (others' stays)
+            try:
+                self.publisher.withdraw()
+            except Exception:
+                pass
         try:
             self.ray.shutdown()
         except Exception:
@@ -678,10 +698,13 @@ class _Driver:
             if dead:
                 self._lost(f"the local Ray's {' and '.join(dead)} stopped")
             try:
-                capacity, largest, cpus = self._read_capacity()
+                capacity, largest, nodes, cpus = self._read_capacity()
             except Exception:
                 continue  # the reporter declares the cluster lost once this stays stale
             self.last_ok = time.monotonic()
+            if nodes != self.nodes:
+                self.nodes = nodes
+                self.demand_wake.set()
             if self._cpu_slots(cpus) != self.cpu_pool.slots:
                 with self.lock:
                     self.cpu_pool.slots = self._cpu_slots(cpus)
@@ -694,20 +717,64 @@ class _Driver:
                 self._dispatch()
                 self.proto.send(event="capacity", capacity=capacity, largest=largest)
 
-    def _read_capacity(self) -> tuple[dict[str, int], dict[str, int], int]:
+    def _read_capacity(self) -> tuple[dict[str, int], dict[str, int], dict[str, int], int]:
         """GPUs per class in the cluster, and on its biggest live node (a task never spans nodes:
         a job asking more than that waits until an autoscaler or operator adds a bigger node);
-        and the cluster's CPUs (how many CPU jobs run at once)."""
+        the live nodes of each class; and the cluster's CPUs (how many CPU jobs run at once)."""
         resources = self.ray.cluster_resources()
         capacity = {name: int(resources.get(class_resource(name), 0)) for name in self.classes}
         largest = dict.fromkeys(self.classes, 0)
+        nodes = dict.fromkeys(self.classes, 0)
         for node in self.ray.nodes():
             if node.get("Alive"):
                 have = node.get("Resources") or {}
                 for name in self.classes:
                     fit = int(min(have.get(class_resource(name), 0), have.get("GPU", 0)))
                     largest[name] = max(largest[name], fit)
-        return capacity, largest, int(resources.get("CPU", 0))
+                    nodes[name] += 1 if have.get(class_resource(name), 0) > 0 else 0
+        return capacity, largest, nodes, int(resources.get("CPU", 0))
+
+    # ------------------------------------------------------------------ scaling with the queue
+
+    def _demands(self) -> dict[str, Demand]:
+        """Each scaling class's demand: its running and queued jobs shaped into node bundles, each namespace within
+        its cap less what it holds in the other classes (lock held)."""
+        # pool keys are (class, GPUs, name, version, namespace)
+        running = {name: [Job(Ask(w), k[4]) for k, w in pool.running()] for name, pool in self.gpu_pools.items()}  # type: ignore[index]
+        demands = {}
+        for name, scaling in self.scaling.items():
+            elsewhere: dict[str, int] = {}
+            for job in (job for other, jobs in running.items() if other != name for job in jobs):
+                elsewhere[job.namespace] = elsewhere.get(job.namespace, 0) + job.ask.gpus
+            pool = self.gpu_pools.get(name)
+            queued = [Job(Ask(w), k[4]) for k, w in pool.queued()] if pool else []  # type: ignore[index]
+            demands[name] = shape_demand(running.get(name, []), queued, scaling, allowances(self.caps, elsewhere))
+        return demands
+
+    def _scale(self) -> None:
+        """Ask the autoscaler for what the scaling classes' jobs need, at once when they change and every few
+        seconds anyway; report nodes up / starting to the control plane."""
+        publisher = self.publisher
+        assert publisher is not None  # runs only for scaling classes
+        report = ScalingReport(self.scaling)
+        while not self.stopping.is_set():
+            self.demand_wake.wait(_CAPACITY_POLL_S)
+            self.demand_wake.clear()
+            if self.stopping.is_set():
+                break
+            with self.lock:
+                demands = self._demands()
+            now = time.monotonic()
+            bundles = [bundle for name, demand in demands.items() for bundle in bundles_of(name, demand)]
+            if publisher.due(bundles, now):
+                try:
+                    publisher.publish(bundles, now)
+                except Exception:  # the cluster is going away, or refuses: the next round retries
+                    log.warning("ray bridge: could not ask the autoscaler for %s", bundles, exc_info=True)
+                    continue
+            changed = report.update(now, demands, self.nodes)
+            if changed is not None:
+                self.proto.send(event="scaling", classes=changed)
 
     def _lost(self, message: str) -> None:
         if self.stopping.is_set():

@@ -31,7 +31,9 @@ from lancefn_jupyter.server.executors.ray.cluster import (
     needs_resolution,
 )
 from lancefn_jupyter.server.executors.ray.feed import BridgeFeed
+from lancefn_jupyter.server.executors.ray.scaling import scaling_config
 from lancefn_jupyter.server.executors.relay import ALL_PHASES, event_problem, failure_of, relay
+from lancefn_jupyter.server.policy.demand import scaling_reason
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker.process import ProtocolLines, invalid_event
 from lancefn_jupyter.worker.protocol import TEARDOWN_S, LineTooLong
@@ -339,6 +341,9 @@ class RayExecutor(Executor):
         self._recent_envs: collections.deque[dict[str, str]] = collections.deque(maxlen=64)
         self._capacity: dict[str, int] | None = None
         self._largest: dict[str, int] = {}  # per class: GPUs of its biggest node (from the bridge)
+        self._scaling_config = scaling_config(classes)  # classes an autoscaler scales (docs/ray.md)
+        self._scaling: dict[str, dict[str, Any]] = {}  # their nodes up / starting, as the bridge last reported
+        self._caps: dict[str, int] = {}  # namespace → max GPUs (``limit_namespaces``)
         self._start_failures = 0
         if self._address is None and classes is not None:
             plan = local_cluster_plan(classes)["resources"]
@@ -526,9 +531,35 @@ class RayExecutor(Executor):
         with self._lock:
             return dict(self._capacity) if self._capacity is not None else None
 
+    def scaling(self) -> dict[str, dict[str, int]] | None:
+        if not self._scaling_config:
+            return None
+        with self._lock:
+            reported = dict(self._scaling)
+        classes = {}
+        for name, entry in self._scaling_config.items():
+            nodes = reported.get(name, {})
+            classes[name] = {
+                "nodes_up": int(nodes.get("nodes_up", 0)),
+                "nodes_starting": int(nodes.get("nodes_starting", 0)),
+                "nodes_max": int(entry["max_nodes"]),
+            }
+            if nodes.get("nodes_starting") and isinstance(nodes.get("next_up_ms"), int):
+                classes[name]["next_up_ms"] = nodes["next_up_ms"]
+        return classes
+
+    def limit_namespaces(self, caps: Mapping[str, int]) -> None:
+        self._caps = {str(namespace): int(cap) for namespace, cap in caps.items()}
+
     def pending_reason(self, gpu_class: str | None, num_gpus: int) -> str | None:
         with self._lock:
             largest = self._largest.get(gpu_class) if gpu_class and num_gpus else None
+            scaled = self._scaling.get(gpu_class or "") if num_gpus else None
+        if gpu_class in self._scaling_config and num_gpus:
+            # A job never exceeds a node of a scaling class (the config says so at start): it waits for a node
+            # the autoscaler starts, or its turn.
+            scaled = scaled or {}
+            return scaling_reason(int(scaled.get("nodes_starting", 0)), scaled.get("start_s"))
         if largest is None or num_gpus <= largest:
             return None
         return (
@@ -579,6 +610,8 @@ class RayExecutor(Executor):
             "pip_mode": self._pip_mode,
             "lost_after_s": self._lost_after_s,
             "worker_max_rss_mb": self._worker_max_rss_mb,
+            "scaling": self._scaling_config,
+            "caps": self._caps,
         }
         if self._address is None:
             plan = local_cluster_plan(self._classes)
@@ -731,6 +764,10 @@ class RayExecutor(Executor):
             with self._lock:
                 self._capacity = {str(k): int(v) for k, v in event.get("capacity", {}).items()}
                 self._largest = {str(k): int(v) for k, v in event.get("largest", {}).items()}
+            return
+        if kind == "scaling":
+            with self._lock:
+                self._scaling = {str(k): dict(v) for k, v in event.get("classes", {}).items() if isinstance(v, dict)}
             return
         problem = event_problem(event, str(job_id), kinds=_JOB_EVENTS, phases=ALL_PHASES)
         with self._lock:

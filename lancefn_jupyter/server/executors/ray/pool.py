@@ -105,6 +105,14 @@ class ActorPool:
         """Whether jobs are queued (a freed slot may start one)."""
         return bool(self._queue)
 
+    def queued(self) -> list[tuple[Hashable, int]]:
+        """(key, weight) of each queued job, in submission order."""
+        return [(key, weight) for _, key, weight in self._queue]
+
+    def running(self) -> list[tuple[Hashable, int]]:
+        """(key, weight) of each started job (its actor running it or being placed)."""
+        return [(entry[0], entry[1]) for entry in self._busy.values()]
+
     def idle_count(self) -> int:
         return sum(len(idle) for idle in self._idle.values())
 
