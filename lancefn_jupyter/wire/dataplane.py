@@ -813,8 +813,21 @@ def summarize(value: Any) -> dict:
 
 
 def summarize_results(values: Sequence[Any], nbytes: int) -> dict:
-    """A job's result summary: the value's summary for one row, ``list`` of N otherwise."""
+    """A job's result summary: the value's summary for one row, ``list`` of N otherwise, whose ``item`` is true of
+    every row: a field the rows do not share is left out (``shape_varies`` when their shapes differ), and
+    ``items_nbytes`` totals the rows' bytes where each row has a size (docs/ARCHITECTURE.md, "Arrow data plane")."""
     if len(values) == 1:
         return {"nbytes": int(nbytes), **summarize(values[0])}
-    first = summarize(values[0]) if values else {}
-    return {"type": "list", "shape": [len(values)], "nbytes": int(nbytes), "item": first}
+    items = [summarize(v) for v in values]
+    summary: dict[str, Any] = {"type": "list", "shape": [len(values)], "nbytes": int(nbytes)}
+    if not items:
+        return {**summary, "item": {}}
+    item = {
+        key: items[0][key] for key in ("type", "dtype", "shape") if all(i.get(key) == items[0].get(key) for i in items)
+    }
+    if "shape" not in item and all("shape" in i for i in items):
+        item["shape_varies"] = True
+    sizes = [i.get("nbytes") for i in items]
+    if all(isinstance(n, int) for n in sizes):
+        summary["items_nbytes"] = sum(sizes)  # type: ignore[arg-type]
+    return {**summary, "item": item}

@@ -59,12 +59,8 @@ def _placement_text(job: Any) -> str:
     where = p.gpu_class or "cpu"
     if job.job_state == JobState.PENDING:
         if p.waiting_on_capacity or p.queue_position is not None:
-            position = f", position {p.queue_position}" if p.queue_position is not None else ""
-            if p.queue_position is not None and p.num_gpus:
-                position += (
-                    f", {display.expected_start_text(p.expected_start_ms, uncertain=p.expected_start_uncertain)}"
-                )
-            return f"waiting for {where}{position}"
+            queue = display.queue_text(p)
+            return f"waiting for {where}, {queue}" if queue else f"waiting for {where}"
         return f"queued ({where})"
     gpus = f"{p.num_gpus} GPU{'s' if p.num_gpus != 1 else ''}" if p.num_gpus else "no GPU"
     devices = f" [{','.join(p.devices)}]" if p.devices else ""

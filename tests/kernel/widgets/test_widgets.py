@@ -355,9 +355,9 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
     widget = GpuClassesWidget()
     text = widget._fallback()[0]
     for expected in (
-        "Simulated A100 (simulated)",
+        "Simulated A100",
         "40 GiB",
-        "Simulated H100 (simulated)",
+        "Simulated H100",
         "80 GiB",
         "example.com/gpu",
         "nvidia.com/gpu",
@@ -367,7 +367,7 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
     rows = table_rows(widget.table.value)
     assert rows["default"] == [
         "default",
-        "Simulated A100 (simulated)",
+        "Simulated A100",
         "40 GiB",
         "2",
         "nvidia.com/gpu",
@@ -378,7 +378,7 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
     ]
     assert rows["big"] == [
         "big",
-        "Simulated H100 (simulated)",
+        "Simulated H100",
         "80 GiB",
         "4",
         "example.com/gpu",
@@ -448,7 +448,7 @@ def test_function_card_widget_shows_version_and_class_hardware(cp, gate_fn, gate
         "python_v2",
         "1 GPU of class default",
         "pip: no packages",
-        "Simulated A100, 40 GiB, up to 2 GPUs/worker (simulated)",
+        "Simulated A100, 40 GiB, up to 2 GPUs/worker",
     ):
         assert expected in text, expected
     assert "0 busy, 2 free of 2 GPUs" in card.usage_label.value
