@@ -49,6 +49,10 @@ _SUMMARY_ORDER = [
     )
 ]
 COLUMNS = ["job", "function", "state", "placement", "progress", "detail", ""]
+# Each column's width, fixed or bounded, so columns stay put as rows come and go; Cancel follows the detail
+# rather than the far edge of a wide page.
+_WIDTHS = ["110px", "minmax(120px, 220px)", "90px", "minmax(150px, 260px)", "120px", "minmax(180px, 460px)", "90px"]
+_NAMESPACE_WIDTH = "minmax(80px, 140px)"
 # Shown after "function" once jobs of more than one namespace are visible (an admin on a shared server).
 NAMESPACE_COLUMN = "namespace"
 _KEEP_JOBS = 500  # jobs remembered (newest first) for filtering; older terminal ones are forgotten
@@ -198,20 +202,27 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         )
         self.summary = w.HTML()
         self.message = w.HTML()
+        # Said in place of the table while it has no row (a bare header row reads as broken).
+        self.empty = w.HTML()
         header = [w.HTML(f"<b>{html.escape(c)}</b>") for c in COLUMNS]
         self._header = header
         self._namespace_header = w.HTML(f"<b>{NAMESPACE_COLUMN}</b>")
         self.grid = w.GridBox(
             children=header,
             layout=w.Layout(
-                grid_template_columns="auto auto auto auto auto 1fr auto",
+                grid_template_columns=" ".join(_WIDTHS),
                 grid_gap="2px 10px",
                 align_items="center",
                 width="auto",
             ),
         )
         super().__init__(
-            children=[w.HBox([self.state_filter, self.name_filter, self.summary]), self.message, self.grid],
+            children=[
+                w.HBox([self.state_filter, self.name_filter, self.summary]),
+                self.message,
+                self.empty,
+                self.grid,
+            ],
             layout=w.Layout(width="auto"),
         )
         self.add_class("lancefn-jobs-dashboard")
@@ -317,12 +328,15 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             for job_id in ids:
                 cells.extend(self.rows[job_id].grid_cells(multi))
             self.grid.children = cells
-            self.grid.layout.grid_template_columns = ("auto " * (len(COLUMNS) + multi - 2)) + "1fr auto"
+            widths = [*_WIDTHS[:2], _NAMESPACE_WIDTH, *_WIDTHS[2:]] if multi else _WIDTHS
+            self.grid.layout.grid_template_columns = " ".join(widths)
+        self.grid.layout.display = "grid" if ids else "none"
+        self.empty.value = "" if ids else f"<i class='lancefn-jobs-empty'>{html.escape(self._empty_text())}</i>"
         names = sorted({str(j.spec.get("name", "")) for j in self.jobs.values()} - {""})
         if list(self.name_filter.options) != names:
             self.name_filter.options = names
         counts: dict[str, int] = {}
-        for job in self.jobs.values():
+        for job in visible:  # the rows shown, so the counts add up to the table
             label = display_state(job.job_state)
             counts[label] = counts.get(label, 0) + 1
         parts = ", ".join(f"{counts[s]} {s}" for s in _SUMMARY_ORDER if counts.get(s))
@@ -330,6 +344,12 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             f"<span class='lancefn-jobs-summary' style='margin-left:12px'>{len(ids)} shown"
             f"{' · ' + html.escape(parts) if parts else ''}</span>"
         )
+
+    def _empty_text(self) -> str:
+        state = self.state_filter.value
+        name = (self.name_filter.value or "").strip()
+        what = f"{display_state(state)} jobs" if state else "jobs"
+        return f"no {what} of {name}" if name else f"no {what} yet"
 
     def _fallback(self) -> tuple[str, str]:
         return jobs_table(self.visible_jobs())
@@ -366,6 +386,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             self.name_filter,
             self.summary,
             self.message,
+            self.empty,
             self.grid,
             *self._header,
             self._namespace_header,
