@@ -51,8 +51,10 @@ _SUMMARY_ORDER = [
 COLUMNS = ["job", "function", "state", "placement", "progress", "detail", ""]
 # Each column's width, fixed or bounded, so columns stay put as rows come and go; Cancel follows the detail
 # rather than the far edge of a wide page.
-_WIDTHS = ["110px", "minmax(120px, 220px)", "90px", "minmax(150px, 260px)", "120px", "minmax(180px, 460px)", "90px"]
+_WIDTHS = ["110px", "minmax(120px, 240px)", "90px", "minmax(140px, 220px)", "120px", "minmax(160px, 300px)", "90px"]
 _NAMESPACE_WIDTH = "minmax(80px, 140px)"
+# A name longer than its column: cut with an ellipsis, the whole of it on hover.
+_ONE_LINE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
 # Shown after "function" once jobs of more than one namespace are visible (an admin on a shared server).
 NAMESPACE_COLUMN = "namespace"
 _KEEP_JOBS = 500  # jobs remembered (newest first) for filtering; older terminal ones are forgotten
@@ -127,7 +129,8 @@ class _Row:
     def apply(self, job: Any) -> None:
         self.job = job
         state = display_state(job.job_state)
-        self.function_cell.value = f"<b>{html.escape(function_ref(job))}</b>"
+        ref = html.escape(function_ref(job), quote=True)
+        self.function_cell.value = f"<b title='{ref}' style='{_ONE_LINE}'>{ref}</b>"
         self.namespace_cell.value = (
             f"<span class='lancefn-namespace'>{html.escape(getattr(job, 'namespace', None) or '')}</span>"
         )
@@ -178,7 +181,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self._shown: list[str] = []
         self._multi_namespace = False  # the namespace column is shown
         self._shared = {
-            "cell": w.Layout(width="auto"),
+            "cell": w.Layout(width="auto", overflow="hidden"),
             "html": HTMLStyle(),
             "bar": w.Layout(width="120px"),
             "bar_style": ProgressStyle(),
