@@ -829,5 +829,5 @@ def summarize_results(values: Sequence[Any], nbytes: int) -> dict:
         item["shape_varies"] = True
     sizes = [i.get("nbytes") for i in items]
     if all(isinstance(n, int) for n in sizes):
-        summary["items_nbytes"] = sum(sizes)  # type: ignore[arg-type]
+        summary["items_nbytes"] = sum(sizes)
     return {**summary, "item": item}

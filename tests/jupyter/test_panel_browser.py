@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 from browser_util import (
     browser_page,
-    built_labextension,
-    chromium_missing_reason,
     free_port,
     jupyter_with_control_plane,
     notebook,
     open_lab,
+    panel_missing_reason,
     register_gate_function,
     run_command,
     screenshot,
@@ -35,9 +34,7 @@ from conftest import ControlPlaneProcess, register, registration_body
 from helpers import api_keys_toml, wait_until
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-_missing = chromium_missing_reason()
-if _missing is None and built_labextension() is None:
-    _missing = "the labextension is not built: `pip install -e .` (or `npm run build:prod` in labextension/)"
+_missing = panel_missing_reason()
 
 pytestmark = [
     pytest.mark.browser,

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 from browser_util import (
     browser_page,
-    built_labextension,
-    chromium_missing_reason,
     jupyter_with_control_plane,
     open_lab,
+    panel_missing_reason,
     run_command,
     screenshot,
     submit_gate_job,
@@ -24,9 +23,7 @@ from browser_util import (
 )
 from helpers import hold_version
 
-_missing = chromium_missing_reason()
-if _missing is None and built_labextension() is None:
-    _missing = "the labextension is not built: `pip install -e .` (or `npm run build:prod` in labextension/)"
+_missing = panel_missing_reason()
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(_missing is not None, reason=_missing or "")]
 

@@ -26,7 +26,7 @@ import {
   mergeJobLists,
   usageMap
 } from '../reducers';
-import { errorMessage, IJob } from '../wire';
+import { errorMessage, IJob, IResultSummary } from '../wire';
 
 function job(id: string, state: string, extra: Partial<IJob> = {}): IJob {
   return {
@@ -159,31 +159,23 @@ describe('job row texts', () => {
     expect(resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: summary }))).toBe(
       'ndarray float32 (1000, 768), 2.9 MiB'
     );
-    expect(
+    const list = (extra: IResultSummary) =>
       resultText(
         job('a', 'DONE', {
           result_format: 'arrow',
-          result_summary: {
-            type: 'list',
-            shape: [2],
-            item: { type: 'ndarray', dtype: 'int8', shape: [3] }
-          }
+          result_summary: { type: 'list', shape: [2], ...extra }
         })
-      )
-    ).toBe('list of 2 × ndarray int8 (3,)');
+      );
+    expect(list({ item: { type: 'ndarray', dtype: 'int8', shape: [3] } })).toBe(
+      'list of 2 × ndarray int8 (3,)'
+    );
+    // Rows shaped (1,) and (2,): not the first row's shape and bytes, but theirs.
     expect(
-      resultText(
-        job('a', 'DONE', {
-          result_format: 'arrow',
-          result_summary: {
-            type: 'list',
-            shape: [2],
-            nbytes: 500,
-            items_nbytes: 12,
-            item: { type: 'ndarray', dtype: 'float32', shape_varies: true }
-          }
-        })
-      )
+      list({
+        nbytes: 500,
+        items_nbytes: 12,
+        item: { type: 'ndarray', dtype: 'float32', shape_varies: true }
+      })
     ).toBe('list of 2 × ndarray float32 of varying shapes, 12 B in all');
     expect(
       resultText(
