@@ -1,19 +1,24 @@
-"""The "GPU Functions" side panel fits JupyterLab's default left sidebar, measured in headless Chromium.
+"""The "GPU Functions" side panel fits JupyterLab's default left sidebar and Notebook 7's, measured in headless
+Chromium.
 
 Long function names, versions, a diff, finished (cold and warm) and pending jobs: no text or element reaches
 past the panel's edge, nothing breaks mid-word, cut text carries its whole self in its title, the header
-covers no row however far the body scrolls, and registrations are not job rows (as `%gpu_jobs`).
+covers no row however far the body scrolls, and registrations are not job rows (as `%gpu_jobs`). In Notebook 7,
+a pending job's widget and the panel word its place and estimate the same way.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from browser_util import (
+    WAIT_FOR_FILE_CELL,
     browser_page,
     jupyter_with_control_plane,
+    notebook,
     open_lab,
     panel_missing_reason,
     run_command,
@@ -103,12 +108,51 @@ def lab(tmp_path_factory) -> Iterator[tuple]:
         yield cp, server, base
 
 
+def test_in_notebook_7_the_panel_fits_and_says_what_the_widget_says_of_a_pending_job(browser, lab):
+    """First in the module: no run has finished yet, so the estimate is "start time unknown" in both (a number of
+    seconds would tick in the panel between the two reads)."""
+    cp, server, base = lab
+    gate = base / "gate-nb7"
+    with cp.http() as http:
+        holder = submit_gate_job(http, LONG_NAME, hold_version(http, LONG_NAME, 2), gate)  # both GPUs busy
+        wait_job_state(http, holder, {"IN_PROGRESS"}, timeout=60)
+        cell = f"job = wait_for_file.submit({str(gate)!r})\njob"
+        (server.root_dir / "nb7.ipynb").write_text(
+            json.dumps(notebook(["%load_ext lancefn_jupyter", WAIT_FOR_FILE_CELL, cell]))
+        )
+        try:
+            with browser_page(browser, timeout_ms=60_000, height=720) as page:
+                page.goto(server.url(f"notebooks/nb7.ipynb?token={server.token}"), timeout=120_000)
+                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=120_000)
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+                widget = page.locator(".lancefn-job-widget").filter(has=page.locator(".lancefn-state-pending"))
+                widget.wait_for(timeout=120_000)
+                page.locator(".lm-MenuBar-itemLabel", has_text="View").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Left Sidebar").first.hover()
+                page.locator(".lm-Menu-itemLabel", has_text="Show GPU Functions").first.click()
+                pending = page.locator(f'{PANEL} .lf-job[data-state="pending"] .lf-job-queue')
+                pending.wait_for()
+                words = pending.inner_text()
+                assert words == "position 1, start time unknown", words
+                assert words in widget.locator(".lancefn-job-status").inner_text()
+                screenshot(page, "panel-fit-notebook7")
+                panel = page.locator(PANEL)
+                assert panel.evaluate(MEASURE) == []
+        finally:
+            gate.write_text("go")
+            wait_job_state(http, holder, {"DONE"}, timeout=60)
+
+
 def test_panel_fits_the_default_sidebar_with_long_names_diff_and_pending_jobs(browser, lab):
     cp, server, base = lab
     gate = base / "gate"
     with cp.http() as http:
         one = hold_version(http, LONG_NAME, 1)
-        two = hold_version(http, LONG_NAME, 2)  # a second version: its change line and Diff
+        two = hold_version(http, LONG_NAME, 2)  # a second version (or the first, after Notebook 7's): a change and Diff
+        newest = http.post("/v1/functions/history", json={"name": LONG_NAME}).json()["functions"][0]["versions"][0][
+            "version"
+        ]
         done = base / "done"
         done.write_text("go")
         for _ in range(2):  # cold, then warm
@@ -119,7 +163,7 @@ def test_panel_fits_the_default_sidebar_with_long_names_diff_and_pending_jobs(br
         pending = [submit_gate_job(http, LONG_NAME, one, gate) for _ in range(2)]
         try:
             with browser_page(browser, timeout_ms=45_000, height=640) as page:
-                check_panel(page, server, pending[-1], two)
+                check_panel(page, server, pending[-1], newest)
         finally:
             gate.write_text("go")
             for job_id in pending:
