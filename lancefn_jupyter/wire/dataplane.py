@@ -779,8 +779,9 @@ def _write_atomic(path: str, write: Any, durable: bool) -> int:
 # ---------------------------------------------------------------------------- summaries
 
 
-def summarize(value: Any) -> dict:
-    """``{type, dtype?, shape?, nbytes?}`` of one value, for widgets and listings (never the data)."""
+def summarize(value: Any, *, nonfinite: bool = True) -> dict:
+    """``{type, dtype?, shape?, nbytes?}`` of one value, for widgets and listings (never the data); ``nonfinite``: count
+    a float array's NaN/±Inf (a pass over its data, which a map's rows skip)."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(value, np.ndarray):
         summary = {
@@ -789,7 +790,8 @@ def summarize(value: Any) -> dict:
             "shape": list(value.shape),
             "nbytes": int(value.nbytes),
         }
-        if value.dtype.kind == "f" and not np.isfinite(value).all():  # silent NaNs stand out (one pass if all finite)
+        # Silent NaNs stand out (one pass if all finite).
+        if nonfinite and value.dtype.kind == "f" and not np.isfinite(value).all():
             summary["nonfinite"] = {
                 "nan": int(np.isnan(value).sum()),
                 "inf": int(np.isposinf(value).sum()),
@@ -818,7 +820,7 @@ def summarize_results(values: Sequence[Any], nbytes: int) -> dict:
     ``items_nbytes`` totals the rows' bytes where each row has a size (docs/ARCHITECTURE.md, "Arrow data plane")."""
     if len(values) == 1:
         return {"nbytes": int(nbytes), **summarize(values[0])}
-    items = [summarize(v) for v in values]
+    items = [summarize(v, nonfinite=False) for v in values]
     summary: dict[str, Any] = {"type": "list", "shape": [len(values)], "nbytes": int(nbytes)}
     if not items:
         return {**summary, "item": {}}
