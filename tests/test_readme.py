@@ -48,7 +48,7 @@ def test_relative_links_and_images_resolve(doc):
 
 def test_the_readme_is_a_short_front_page_with_its_commands_and_a_screenshot():
     readme = (REPO / "README.md").read_text()
-    assert len(readme) < 6000, "move long sections into docs/ and link them"
+    assert len(readme) < 8000, "a front page: move long sections into docs/ and link them"
     for script in set(re.findall(r"\bscripts/[\w.]+", readme)):
         path = REPO / script
         assert path.is_file(), script
