@@ -71,6 +71,14 @@ def install_labextension(built: Path, labextensions: Path) -> None:
         shutil.copytree(built, target)
 
 
+def panel_missing_reason() -> str | None:
+    """Why a test of the side panel cannot run here (no Chromium or playwright, or no built labextension), or None."""
+    missing = chromium_missing_reason()
+    if missing is None and built_labextension() is None:
+        return "the labextension is not built: `pip install -e .` (or `npm run build:prod` in labextension/)"
+    return missing
+
+
 def chromium_missing_reason() -> str | None:
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does it when root)"

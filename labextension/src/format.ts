@@ -130,13 +130,18 @@ export function showNamespaces(jobs: readonly IJob[]): boolean {
   return new Set(jobs.map(j => j.namespace).filter(ns => ns)).size > 1;
 }
 
-/** "queue #2" for a pending job that has a queue position, else "". */
-export function queueText(job: IJob): string {
+/**
+ * A pending job's place and estimate, the one wording of every front end (Python's `queue_text` in
+ * kernel/display/cards.py words it alike, tested on the same cases, queue-cases.json): "position 2, starts in
+ * about 40 s"; "position 2" with no estimate offered (CPU jobs, Ray); "" when the job is not queued.
+ */
+export function queueText(job: IJob, nowMs: number = Date.now()): string {
   const pos = job.placement?.queue_position;
-  if (job.job_state === 'PENDING' && pos !== null && pos !== undefined) {
-    return `queue #${pos}`;
+  if (job.job_state !== 'PENDING' || pos === null || pos === undefined) {
+    return '';
   }
-  return '';
+  const estimate = expectedStartText(job, nowMs);
+  return estimate ? `position ${pos}, ${estimate}` : `position ${pos}`;
 }
 
 /**
@@ -168,7 +173,7 @@ export function expectedStartText(job: IJob, nowMs: number): string {
   } else if (waitS < 90 * 60) {
     after = `${Math.round(waitS / 60)} min`;
   } else {
-    after = `${(waitS / 3600).toFixed(1)} h`;
+    after = `${(Math.round(waitS / 360) / 10).toFixed(1)} h`;
   }
   if (p.expected_start_uncertain) {
     return `start time uncertain (best guess ${after})`;
@@ -200,7 +205,10 @@ export function failureText(job: IJob): string {
 
 function describeSummary(s: IResultSummary): string {
   if (s.type === 'list' && s.item) {
-    return `list of ${s.shape?.[0] ?? '?'} × ${describeSummary(s.item)}`;
+    // The rows' own summary, then their bytes in all (an older item's nbytes was its first row's only).
+    const item = describeSummary({ ...s.item, nbytes: undefined });
+    const total = s.items_nbytes ? `, ${formatBytes(s.items_nbytes)} in all` : '';
+    return `list of ${s.shape?.[0] ?? '?'} × ${item}${total}`;
   }
   const parts = [s.type ?? '?'];
   if (s.dtype) {
@@ -208,6 +216,8 @@ function describeSummary(s: IResultSummary): string {
   }
   if (s.shape) {
     parts.push(`(${s.shape.join(', ')}${s.shape.length === 1 ? ',' : ''})`);
+  } else if (s.shape_varies) {
+    parts.push('of varying shapes');
   }
   let text = parts.join(' ');
   if (s.nbytes) {

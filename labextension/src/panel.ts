@@ -25,7 +25,6 @@ import {
   attachSnippet,
   canCancel,
   diffText,
-  expectedStartText,
   failureText,
   formatElapsed,
   jobElapsedMs,
@@ -38,7 +37,7 @@ import {
   showNamespaces,
   stateBadge
 } from './format';
-import { classRows, groupFunctions } from './reducers';
+import { classRows, groupFunctions, listedJobs } from './reducers';
 import { jobTimingsText, timingsBreakdown } from './timings';
 import { IJob, isTerminal } from './wire';
 
@@ -143,7 +142,11 @@ export class GpuFunctionsPanel extends Widget {
     this._functionsBody = functions.body;
     this._functionsCount = functions.count;
 
-    this.node.append(header, classes.root, batches.root, jobs.root, functions.root);
+    // The header sits above a scrolling body (never sticky over it), so it can cover no row however far
+    // the body scrolls or a diff grows.
+    const body = el('div', 'lf-body');
+    body.append(classes.root, batches.root, jobs.root, functions.root);
+    this.node.append(header, body);
     this._unsubscribe = this.connection.subscribe(state => this._render(state));
     this._render(this.connection.state);
   }
@@ -233,6 +236,7 @@ export class GpuFunctionsPanel extends Widget {
       }
     }
     setText(this._statusText, text);
+    this._statusText.title = text;
     this._retry.style.display = showRetry ? '' : 'none';
   }
 
@@ -247,7 +251,9 @@ export class GpuFunctionsPanel extends Widget {
       const card = el('div', 'lf-class');
       card.dataset.className = row.name;
       const top = el('div', 'lf-class-top');
-      top.appendChild(el('span', 'lf-class-name', row.name));
+      const name = el('span', 'lf-class-name', row.name);
+      name.title = row.name;
+      top.appendChild(name);
       if (row.simulated) {
         top.appendChild(el('span', 'lf-badge lf-simulated', 'simulated'));
       }
@@ -280,18 +286,19 @@ export class GpuFunctionsPanel extends Widget {
 
   private _renderJobs(state: Readonly<IPanelState>): void {
     const body = this._jobsBody;
-    const active = state.jobs.filter(j => !isTerminal(j.job_state)).length;
-    setText(this._jobsCount, state.jobs.length ? ` (${active} active)` : '');
-    if (placeholder(body, state, state.jobsError, state.jobs.length, NO_JOBS_TEXT)) {
+    const jobs = listedJobs(state.jobs);
+    const active = jobs.filter(j => !isTerminal(j.job_state)).length;
+    setText(this._jobsCount, jobs.length ? ` (${active} active)` : '');
+    if (placeholder(body, state, state.jobsError, jobs.length, NO_JOBS_TEXT)) {
       this._jobRows.clear();
       return;
     }
     const now = Date.now();
-    const namespaces = showNamespaces(state.jobs);
+    const namespaces = showNamespaces(jobs);
     syncRows(
       body,
       this._jobRows,
-      state.jobs,
+      jobs,
       j => j.job_id,
       id => this._createJobRow(id),
       (row, job) => this._updateJobRow(row, job, now, namespaces)
@@ -355,15 +362,17 @@ export class GpuFunctionsPanel extends Widget {
     row.root.dataset.state = badge.label;
     row.badge.className = badge.className;
     setText(row.badge, badge.label);
-    setText(row.title, jobTitle(job));
-    row.title.title = job.job_id;
+    const title = jobTitle(job);
+    setText(row.title, title);
+    row.title.title = `${title}\njob ${job.job_id}`;
     setText(row.namespace, namespaces ? (job.namespace ?? '') : '');
     row.namespace.style.display = namespaces ? '' : 'none';
     setText(row.elapsed, formatElapsed(jobElapsedMs(job, now)));
     setText(row.placement, jobPlacementText(job));
-    setText(row.queue, [queueText(job), expectedStartText(job, now)].filter(Boolean).join(' · '));
+    setText(row.queue, queueText(job, now));
     setText(row.timings, jobTimingsText(job));
     row.timings.title = timingsBreakdown(job.timings);
+    row.progressText.title = row.progressText.textContent ?? '';
     const progress = progressOf(job);
     row.progress.style.display = progress.fraction === null ? 'none' : '';
     row.progressBar.style.width = `${Math.round(100 * (progress.fraction ?? 0))}%`;
@@ -374,7 +383,6 @@ export class GpuFunctionsPanel extends Widget {
     row.failure.style.display = failure ? '' : 'none';
     row.failure.title = job.failure?.traceback ?? '';
     showCancel(row, canCancel(job));
-    // Run jobs only: a handle on a registration job is of little use in a notebook.
     const insertable = this._insertCode !== null && job.job_type === 'run_function';
     row.insert.style.display = insertable && attachSnippet(job.job_id) ? '' : 'none';
     row.error.style.display = row.error.textContent ? '' : 'none';
@@ -400,7 +408,9 @@ export class GpuFunctionsPanel extends Widget {
     for (const group of groups) {
       const item = el('div', 'lf-function');
       item.dataset.functionName = group.name;
-      item.appendChild(el('span', 'lf-function-name', group.name));
+      const name = el('span', 'lf-function-name', group.name);
+      name.title = group.name;
+      item.appendChild(name);
       const versions = el('span', 'lf-function-versions');
       const history = state.history.get(group.name);
       if (history && history.length) {
@@ -411,7 +421,9 @@ export class GpuFunctionsPanel extends Widget {
         }
       } else {
         for (const v of group.versions) {
-          versions.appendChild(el('code', 'lf-version', v));
+          const code = el('code', 'lf-version', v);
+          code.title = v;
+          versions.appendChild(code);
         }
       }
       item.appendChild(versions);
@@ -426,7 +438,9 @@ export class GpuFunctionsPanel extends Widget {
     const line = el('div', 'lf-job-line');
     const code = el('code', 'lf-version', version);
     code.title = version;
-    line.append(code, el('span', 'lf-version-change', change));
+    const what = el('span', 'lf-version-change', change);
+    what.title = change;
+    line.append(code, what);
     const note = el('div', 'lf-error lf-version-error');
     note.style.display = 'none';
     const snippet = lookupSnippet(name, version);

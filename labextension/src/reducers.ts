@@ -200,6 +200,14 @@ export function usageMap(payload: unknown): Map<string, IGpuUsage> {
   return map;
 }
 
+/**
+ * The jobs the panel lists: run jobs, not registrations (a registration is its function's new version, shown
+ * under Functions), as `%gpu_jobs` lists them.
+ */
+export function listedJobs(jobs: readonly IJob[]): IJob[] {
+  return jobs.filter(j => j.job_type !== 'create_function');
+}
+
 /** Group function versions by name, names sorted, versions in the order the server listed them. */
 export function groupFunctions(
   entries: readonly IFunctionEntry[]

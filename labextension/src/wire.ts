@@ -82,6 +82,10 @@ export interface IResultSummary {
   dtype?: string;
   shape?: number[];
   nbytes?: number;
+  /** A list's rows' bytes in all (its `nbytes` is the result file's). */
+  items_nbytes?: number;
+  /** A list's item: its rows' shapes differ (so it has no `shape`). */
+  shape_varies?: boolean;
   item?: IResultSummary;
   expired?: boolean;
   /** NaN / ±Inf counts of a float array result, present only when some value is not finite. */

@@ -786,8 +786,9 @@ def _write_atomic(path: str, write: Any, durable: bool) -> int:
 # ---------------------------------------------------------------------------- summaries
 
 
-def summarize(value: Any) -> dict:
-    """``{type, dtype?, shape?, nbytes?}`` of one value, for widgets and listings (never the data)."""
+def summarize(value: Any, *, nonfinite: bool = True) -> dict:
+    """``{type, dtype?, shape?, nbytes?}`` of one value, for widgets and listings (never the data); ``nonfinite``: count
+    a float array's NaN/±Inf (a pass over its data, which a map's rows skip)."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(value, np.ndarray):
         summary = {
@@ -796,7 +797,8 @@ def summarize(value: Any) -> dict:
             "shape": list(value.shape),
             "nbytes": int(value.nbytes),
         }
-        if value.dtype.kind == "f" and not np.isfinite(value).all():  # silent NaNs stand out (one pass if all finite)
+        # Silent NaNs stand out (one pass if all finite).
+        if nonfinite and value.dtype.kind == "f" and not np.isfinite(value).all():
             summary["nonfinite"] = {
                 "nan": int(np.isnan(value).sum()),
                 "inf": int(np.isposinf(value).sum()),
@@ -820,8 +822,21 @@ def summarize(value: Any) -> dict:
 
 
 def summarize_results(values: Sequence[Any], nbytes: int) -> dict:
-    """A job's result summary: the value's summary for one row, ``list`` of N otherwise."""
+    """A job's result summary: the value's summary for one row, ``list`` of N otherwise, whose ``item`` is true of
+    every row: a field the rows do not share is left out (``shape_varies`` when their shapes differ), and
+    ``items_nbytes`` totals the rows' bytes where each row has a size (docs/ARCHITECTURE.md, "Arrow data plane")."""
     if len(values) == 1:
         return {"nbytes": int(nbytes), **summarize(values[0])}
-    first = summarize(values[0]) if values else {}
-    return {"type": "list", "shape": [len(values)], "nbytes": int(nbytes), "item": first}
+    items = [summarize(v, nonfinite=False) for v in values]
+    summary: dict[str, Any] = {"type": "list", "shape": [len(values)], "nbytes": int(nbytes)}
+    if not items:
+        return {**summary, "item": {}}
+    item = {
+        key: items[0][key] for key in ("type", "dtype", "shape") if all(i.get(key) == items[0].get(key) for i in items)
+    }
+    if "shape" not in item and all("shape" in i for i in items):
+        item["shape_varies"] = True
+    sizes = [i.get("nbytes") for i in items]
+    if all(isinstance(n, int) for n in sizes):
+        summary["items_nbytes"] = sum(sizes)
+    return {**summary, "item": item}

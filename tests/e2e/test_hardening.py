@@ -479,6 +479,22 @@ esac
         pytest.fail("quickstart --headless left its control plane running")
 
 
+def test_quickstart_takes_a_port_and_passes_the_rest_to_jupyter_lab(tmp_path):
+    """README's `scripts/quickstart.sh --port N`: JupyterLab on port N, any other argument handed on."""
+    root = fake_tree(tmp_path, "quickstart.sh", 'case "$*" in\n  *pynvml*) exit 1 ;;\nesac\nexit 0\n')
+    record = tmp_path / "jupyter-args"
+    jupyter = root / ".venv" / "bin" / "jupyter"
+    jupyter.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    jupyter.chmod(0o755)
+    done = run_script(root, "quickstart.sh", "--port", "8890", "--no-browser")
+    assert done.returncode == 0, done.stdout + done.stderr
+    args = record.read_text().split()
+    assert args[:2] == ["lab", "--ip"] and "--port=8890" in args and "--no-browser" in args
+    assert args[-1] == "notebooks/01-quickstart.ipynb"
+    missing = run_script(root, "quickstart.sh", "--port")
+    assert missing.returncode == 2 and "--port needs a number" in missing.stderr
+
+
 def test_the_kernel_side_trusts_no_server_json_in_an_unsafe_home(tmp_path, control_plane):
     from lancefn_jupyter.embedded import EmbeddedServerError
 

@@ -232,6 +232,9 @@ def test_lancefn_dashboard_serves_a_team_page_whose_rows_change_as_jobs_run(page
         dashboard_page = page.locator(".lancefn-team-dashboard")
         dashboard_page.wait_for(timeout=180_000)
         dashboard_page.locator(".lancefn-gpu-classes-widget td", has_text="Simulated GPU").first.wait_for()
+        # Sections with nothing to show say so (no batch, no failure in this module), never a bare heading or header.
+        dashboard_page.locator(".lancefn-no-batches", has_text="no batches yet").wait_for()
+        dashboard_page.locator(".lancefn-jobs-empty", has_text="no failed jobs yet").wait_for()
         gate = work / "gate"
         job_id = submit_gate_job(http, "wait_for", servers.gate_version, gate)
         jobs = dashboard_page.locator(".lancefn-jobs-dashboard").first

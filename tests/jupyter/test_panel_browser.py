@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 from browser_util import (
     browser_page,
-    built_labextension,
-    chromium_missing_reason,
     free_port,
     jupyter_with_control_plane,
     notebook,
     open_lab,
+    panel_missing_reason,
     register_gate_function,
     run_command,
     screenshot,
@@ -35,9 +34,7 @@ from conftest import ControlPlaneProcess, register, registration_body
 from helpers import api_keys_toml, wait_until
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-_missing = chromium_missing_reason()
-if _missing is None and built_labextension() is None:
-    _missing = "the labextension is not built: `pip install -e .` (or `npm run build:prod` in labextension/)"
+_missing = panel_missing_reason()
 
 pytestmark = [
     pytest.mark.browser,
@@ -155,7 +152,7 @@ def test_panel_shows_classes_and_live_jobs_while_the_kernel_is_busy(page, lab):
         job_row(page, job_a, "running").wait_for()
         pending = job_row(page, job_b, "pending")
         pending.wait_for()
-        assert "queue #" in pending.inner_text()
+        assert "position 1, start time unknown" in pending.inner_text()
         # The module's first test: no run has finished on this control plane, so nothing to estimate from.
         assert "start time unknown" in pending.inner_text()
         assert f"wait_for@{version}" in pending.inner_text()
@@ -225,9 +222,7 @@ def test_insert_puts_a_job_handle_into_the_notebook(page, lab):
     open_panel(page)
     row = job_row(page, job_id, "finished")
     row.wait_for()
-    registration = page.locator(f"{PANEL} .lf-job", has_text="register wait_for").first
-    registration.wait_for()
-    assert registration.locator(".lf-job-insert").is_hidden()  # offered for run jobs only
+    assert page.locator(f"{PANEL} .lf-job", has_text="register wait_for").count() == 0  # not job rows
     row.locator(".lf-job-insert").click()
 
     cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
@@ -478,7 +473,7 @@ def test_pending_jobs_show_their_expected_start_behind_busy_gpus(page, lab):
             text = last.locator(".lf-job-queue").inner_text()
             # The holder's function has no history: its end rests on the class's runs, and once it outlived
             # them (how soon depends on the machine) the estimate says so (issue 29).
-            assert re.fullmatch(r"queue #8 · (starts in about|start time uncertain \(best guess) \d+ s\)?", text), text
+            assert re.fullmatch(r"position 8, (starts in about|start time uncertain \(best guess) \d+ s\)?", text), text
             screenshot(page, "panel-expected-start")
         finally:
             for job_id in queued:
@@ -517,8 +512,8 @@ def test_namespace_label_shows_only_when_jobs_of_two_namespaces_are_listed(page,
             row = job_row(page, runs[who], "finished")
             row.wait_for()
             if who == "alice":
-                # Only team-a's jobs so far (its registration and its run): no namespace label.
-                assert page.locator(f"{PANEL} .lf-job").count() == 2
+                # Only team-a's job so far (its run; its registration is no job row): no namespace label.
+                assert page.locator(f"{PANEL} .lf-job").count() == 1
                 assert row.locator(".lf-job-namespace").is_hidden()
         alice_row, carol_row = job_row(page, runs["alice"], "finished"), job_row(page, runs["carol"], "finished")
         alice_row.locator(".lf-job-namespace:visible").wait_for()

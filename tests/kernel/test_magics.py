@@ -151,7 +151,7 @@ def test_notebook_value_is_refused_with_a_fix(ip, cp):
         ip.run_cell_magic("gpu_function", "", "def f(x: int) -> int:\n    return x * len(scale)\n")
     assert "'scale[1]' is an object" in str(raised.value) and "define it in the cell" in str(raised.value)
     assert versions(cp) == []
-    # the refused cell's name is a handle that says so, not a plain function (README)
+    # the refused cell's name is a handle that says so, not a plain function (docs/user-guide.md)
     with pytest.raises(LancefnError, match="f is not registered: the function uses 'scale'"):
         ip.user_ns["f"].submit(1)
 
@@ -172,7 +172,8 @@ def test_listing_magics(ip, cp):
     classes = ip.run_line_magic("gpu_classes", "")
     assert [c.name for c in classes] == ["default", "big"]
     text = repr(classes)
-    assert "Simulated B" in text and "80 GiB" in text and "(simulated)" in text and "2/2" in text
+    assert "Simulated B" in text and "80 GiB" in text and "2/2" in text
+    assert "(simulated)" not in text  # "Simulated B" says it
     listed = ip.run_line_magic("gpu_versions", "normalize_score")
     assert [(v.name, v.version) for v in listed] == [("normalize_score", ip.user_ns["normalize_score"].version.version)]
     assert "normalize_score" in repr(listed)
@@ -269,7 +270,7 @@ def test_a_class_entry_that_needs_init_arguments_is_refused(ip, cp):
         raised.value
     )
     assert versions(cp) == []
-    # The refused cell's class name says so on job methods (README, "When a cell is refused").
+    # The refused cell's class name says so on job methods (docs/user-guide.md, "When a cell is refused").
     assert isinstance(ip.user_ns["Model"], api.UnregisteredFunction)
     with pytest.raises(LancefnError, match="Model is not registered: the class entry 'Model'"):
         ip.user_ns["Model"].submit(1)

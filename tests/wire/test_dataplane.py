@@ -208,8 +208,25 @@ def test_summary_never_holds_the_data():
         "type": "list",
         "shape": [2],
         "nbytes": 99,
-        "item": {"type": "ndarray", "dtype": "float32", "shape": [1000, 768], "nbytes": value.nbytes},
+        "items_nbytes": 2 * value.nbytes,
+        "item": {"type": "ndarray", "dtype": "float32", "shape": [1000, 768]},
     }
+
+
+def test_a_maps_summary_is_true_of_every_row_and_counts_all_their_bytes():
+    """Rows shaped (1,) and (2,): not "(1,), 4 B" (the first row's) but varying shapes and 12 B in all, through
+    what the control plane keeps of a worker's summary."""
+    from lancefn_jupyter.kernel.display import cards as display
+    from lancefn_jupyter.server.control.results import result_summary
+    from lancefn_jupyter.wire.models import Job
+
+    summary = result_summary(dp.summarize_results([np.zeros(1, np.float32), np.zeros(2, np.float32)], 500))
+    assert summary["item"] == {"type": "ndarray", "dtype": "float32", "shape_varies": True}
+    base = dict(job_id="a", job_type="run_function", job_state="DONE", creation_ms=1, placement={}, progress={})
+    job = Job.from_wire({**base, "result_format": "arrow", "result_summary": summary})
+    assert display.result_text(job) == "list of 2 × ndarray float32 of varying shapes, 12 B in all"
+    mixed = dp.summarize_results([np.zeros(1, np.float32), np.zeros(1, np.int8)], 500)
+    assert mixed["item"] == {"type": "ndarray", "shape": [1]} and mixed["items_nbytes"] == 5
 
 
 def test_ipc_file_is_written_atomically(tmp_path):

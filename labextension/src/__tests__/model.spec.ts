@@ -22,11 +22,12 @@ import {
   backoffDelay,
   classRows,
   groupFunctions,
+  listedJobs,
   mergeJobLists,
   nodesText,
   usageMap
 } from '../reducers';
-import { errorMessage, IJob } from '../wire';
+import { errorMessage, IJob, IResultSummary } from '../wire';
 
 function job(id: string, state: string, extra: Partial<IJob> = {}): IJob {
   return {
@@ -135,8 +136,8 @@ describe('job row texts', () => {
   });
 
   it('shows the queue position only while pending', () => {
-    expect(queueText(job('a', 'PENDING', { placement: { queue_position: 2 } }))).toBe('queue #2');
-    expect(queueText(job('a', 'PENDING', { placement: { queue_position: 0 } }))).toBe('queue #0');
+    expect(queueText(job('a', 'PENDING', { placement: { queue_position: 2 } }))).toBe('position 2');
+    expect(queueText(job('a', 'PENDING', { placement: { queue_position: 0 } }))).toBe('position 0');
     expect(queueText(job('a', 'IN_PROGRESS', { placement: { queue_position: 2 } }))).toBe('');
     expect(queueText(job('a', 'PENDING', { placement: {} }))).toBe('');
   });
@@ -159,18 +160,24 @@ describe('job row texts', () => {
     expect(resultText(job('a', 'DONE', { result_format: 'arrow', result_summary: summary }))).toBe(
       'ndarray float32 (1000, 768), 2.9 MiB'
     );
-    expect(
+    const list = (extra: IResultSummary) =>
       resultText(
         job('a', 'DONE', {
           result_format: 'arrow',
-          result_summary: {
-            type: 'list',
-            shape: [2],
-            item: { type: 'ndarray', dtype: 'int8', shape: [3] }
-          }
+          result_summary: { type: 'list', shape: [2], ...extra }
         })
-      )
-    ).toBe('list of 2 × ndarray int8 (3,)');
+      );
+    expect(list({ item: { type: 'ndarray', dtype: 'int8', shape: [3] } })).toBe(
+      'list of 2 × ndarray int8 (3,)'
+    );
+    // Rows shaped (1,) and (2,): not the first row's shape and bytes, but theirs.
+    expect(
+      list({
+        nbytes: 500,
+        items_nbytes: 12,
+        item: { type: 'ndarray', dtype: 'float32', shape_varies: true }
+      })
+    ).toBe('list of 2 × ndarray float32 of varying shapes, 12 B in all');
     expect(
       resultText(
         job('a', 'DONE', { result_format: 'arrow', result_summary: { ...summary, expired: true } })
@@ -425,5 +432,16 @@ describe('showNamespaces', () => {
     const mine = job('mine', 'PENDING', { placement: { gpu_class: 'default', queue_position: 5 } });
     const next = applyQueueEvent([mine], { classes: { default: [null, 'mine'] } });
     expect(next[0].placement?.queue_position).toBe(2);
+  });
+});
+
+describe('listedJobs', () => {
+  it('lists run jobs, not registrations (as %gpu_jobs)', () => {
+    const jobs = [
+      job('r', 'DONE', { job_type: 'create_function', spec: { name: 'f' } }),
+      job('a', 'PENDING', { job_type: 'run_function' }),
+      job('b', 'DONE')
+    ];
+    expect(listedJobs(jobs).map(j => j.job_id)).toEqual(['a', 'b']);
   });
 });

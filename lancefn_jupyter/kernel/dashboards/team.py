@@ -37,7 +37,7 @@ def heading_text(url: str | None, embedded: bool) -> str:
 
 class TeamDashboard(w.VBox):
     """Sections: ``classes`` (GpuClassesWidget), ``batches`` (a VBox of BatchWidget, newest first, at most
-    ``batches_limit``), ``jobs`` (JobsDashboard of the last ``jobs_limit`` jobs, every state) and ``failures``
+    ``batches_limit``; ``no_batches`` says so until the first), ``jobs`` (JobsDashboard of the last ``jobs_limit`` jobs, every state) and ``failures``
     (JobsDashboard filtered to failed jobs, the last ``failures_limit``)."""
 
     def __init__(
@@ -60,6 +60,7 @@ class TeamDashboard(w.VBox):
         self.heading = w.HTML(f"<h3>{html.escape(where)}</h3>")
         self.classes = GpuClassesWidget(**options)
         self.batches = w.VBox(layout=w.Layout(width="auto"))
+        self.no_batches = w.HTML("<i class='lancefn-no-batches'>no batches yet</i>")
         self.batch_rows: dict[str, BatchWidget] = {}
         # Every batch ever shown: a late event of one pushed off the bottom must not bring it back on top.
         self._shown: set[str] = set()
@@ -71,6 +72,7 @@ class TeamDashboard(w.VBox):
                 self.heading,
                 self.classes,  # titled "GPU classes" itself
                 _section("Batches"),
+                self.no_batches,
                 self.batches,
                 _section("Jobs: running, pending and recent"),
                 self.jobs,
@@ -112,10 +114,11 @@ class TeamDashboard(w.VBox):
                 self.batch_rows.pop(old.batch_id, None)
                 old.close()
             self.batches.children = rows[: self.batches_limit]
+            self.no_batches.layout.display = "none"
 
     def close(self) -> None:
         self._listener.unsubscribe(self)
-        for part in (self.classes, self.jobs, self.failures, *self.batch_rows.values()):
+        for part in (self.classes, self.jobs, self.failures, self.no_batches, *self.batch_rows.values()):
             part.close()
         super().close()
 

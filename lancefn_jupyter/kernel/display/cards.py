@@ -7,11 +7,20 @@ notebook reads well in nbconvert, GitHub and VS Code too. No I/O, no ipywidgets.
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from lancefn_jupyter.wire.models import FunctionVersion, GpuClass, GpuUsage, Job, JobState, display_state
+from lancefn_jupyter.wire.models import (
+    FunctionVersion,
+    GpuClass,
+    GpuUsage,
+    Job,
+    JobPlacement,
+    JobState,
+    display_state,
+)
 from lancefn_jupyter.wire.setup_part import setup_part
 
 __all__ = [
@@ -25,8 +34,10 @@ __all__ = [
     "job_card",
     "job_elapsed_s",
     "job_summary",
+    "model_text",
     "one_line",
     "progress_text",
+    "queue_text",
     "render_table",
     "result_text",
     "setup_text",
@@ -64,6 +75,12 @@ def gpu_memory(n: int) -> str:
     return format_bytes(n) if n > 0 else "memory not reported"
 
 
+def model_text(gpu: GpuClass) -> str:
+    """A class's GPU model, marked "(simulated)" unless its name already says so ("Simulated GPU (numba …)")."""
+    said = "simulat" in gpu.gpu_model.lower()
+    return gpu.gpu_model + (" (simulated)" if gpu.simulated and not said else "")
+
+
 def format_elapsed(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 60:
@@ -83,6 +100,11 @@ def job_elapsed_s(job: Job, now_ms: float | None = None) -> float | None:
     return (end - job.started_ms) / 1000
 
 
+def _half_up(x: float) -> int:
+    """Rounds .5 up, as JavaScript's Math.round: the panel's mirror (format.ts) words the same wait alike."""
+    return math.floor(x + 0.5)
+
+
 def expected_start_text(expected_start_ms: int | None, now_ms: float | None = None, uncertain: bool = False) -> str:
     """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None;
     "start time uncertain (best guess 40 s)" when `expected_start_uncertain`)."""
@@ -90,14 +112,27 @@ def expected_start_text(expected_start_ms: int | None, now_ms: float | None = No
         return "start time unknown"
     wait_s = (expected_start_ms - (now_ms if now_ms is not None else time.time() * 1000)) / 1000
     if wait_s < 90:
-        after = f"{max(wait_s, 0):.0f} s"
+        after = f"{max(_half_up(wait_s), 0)} s"
     elif wait_s < 90 * 60:
-        after = f"{wait_s / 60:.0f} min"
+        after = f"{_half_up(wait_s / 60)} min"
     else:
-        after = f"{wait_s / 3600:.1f} h"
+        after = f"{_half_up(wait_s / 360) / 10:.1f} h"
     if uncertain:
         return f"start time uncertain (best guess {after})"
     return "starts any moment" if wait_s < 1.5 else f"starts in about {after}"
+
+
+def queue_text(placement: JobPlacement, now_ms: float | None = None) -> str:
+    """A pending job's place and estimate, the one wording of every front end (the panel's `queueText` in
+    format.ts mirrors it, tested on the same cases): "position 2, starts in about 40 s"; "position 2" when the
+    control plane offers no estimate (CPU jobs, Ray); "" without a queue position."""
+    if placement.queue_position is None:
+        return ""
+    text = f"position {placement.queue_position}"
+    if placement.num_gpus and "expected_start_ms" in placement.model_fields_set:
+        uncertain = placement.expected_start_uncertain
+        text += f", {expected_start_text(placement.expected_start_ms, now_ms, uncertain=uncertain)}"
+    return text
 
 
 def job_summary(job: Job) -> str:
@@ -106,11 +141,8 @@ def job_summary(job: Job) -> str:
     placement = job.placement
     if job.job_state == JobState.PENDING:
         where = placement.gpu_class or "default"
-        position = f", position {placement.queue_position}" if placement.queue_position is not None else ""
-        if placement.queue_position is not None and placement.num_gpus:
-            position += (
-                f", {expected_start_text(placement.expected_start_ms, uncertain=placement.expected_start_uncertain)}"
-            )
+        queue = queue_text(placement)
+        position = f", {queue}" if queue else ""
         if placement.waiting_on_capacity:
             return f"pending: waiting for GPU capacity in class {where}{position}"
         return f"pending{position}"
@@ -137,7 +169,10 @@ def job_summary(job: Job) -> str:
 def _describe_summary(summary: dict) -> str:
     kind = summary.get("type", "?")
     if kind == "list" and "item" in summary:
-        return f"list of {summary.get('shape', ['?'])[0]} × {_describe_summary(summary['item'])}"
+        # The rows' own summary, then their bytes in all (an older item's nbytes was its first row's only).
+        item = {key: value for key, value in summary["item"].items() if key != "nbytes"}
+        text = f"list of {summary.get('shape', ['?'])[0]} × {_describe_summary(item)}"
+        return text + (f", {format_bytes(summary['items_nbytes'])} in all" if summary.get("items_nbytes") else "")
     parts = [kind]
     if summary.get("dtype"):
         dtype = str(summary["dtype"])
@@ -146,6 +181,8 @@ def _describe_summary(summary: dict) -> str:
         parts.append(
             "(" + ", ".join(str(n) for n in summary["shape"]) + ("," if len(summary["shape"]) == 1 else "") + ")"
         )
+    elif summary.get("shape_varies"):
+        parts.append("of varying shapes")
     text = " ".join(parts)
     if summary.get("nbytes"):
         text += f", {format_bytes(summary['nbytes'])}"
@@ -249,7 +286,7 @@ def gpu_classes_table(classes: Iterable[GpuClass], usage: Iterable[GpuUsage] = (
         rows.append(
             [
                 gpu.name,
-                gpu.gpu_model + (" (simulated)" if gpu.simulated else ""),
+                model_text(gpu),
                 gpu_memory(gpu.gpu_memory_bytes),
                 str(gpu.max_gpu_count_per_worker),
                 gpu.resource_name,
@@ -358,8 +395,7 @@ def function_card(
     hw = "unknown class"
     if hardware is not None:
         hw = f"{hardware.gpu_model}, {gpu_memory(hardware.gpu_memory_bytes)}, up to {hardware.max_gpu_count_per_worker} GPUs/worker"
-        if hardware.simulated:
-            hw += " (simulated)"
+        hw += model_text(hardware).removeprefix(hardware.gpu_model)  # " (simulated)" where the model does not say it
     fields = [
         ("version", version or "(not registered)"),
         ("digest", digest[:19]),

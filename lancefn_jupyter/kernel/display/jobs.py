@@ -12,6 +12,7 @@ from lancefn_jupyter.kernel.display.cards import (
     format_elapsed,
     function_ref,
     job_elapsed_s,
+    queue_text,
     render_table,
     result_text,
 )
@@ -42,7 +43,7 @@ def jobs_table(jobs: Iterable[Job]) -> tuple[str, str]:
     rows = []
     for job in jobs:
         p = job.placement
-        queue = str(p.queue_position) if job.job_state == JobState.PENDING and p.queue_position is not None else ""
+        queue = queue_text(p) if job.job_state == JobState.PENDING else ""
         elapsed = job_elapsed_s(job)
         rows.append(
             [

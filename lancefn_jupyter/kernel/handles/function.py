@@ -1,7 +1,7 @@
 """The function handle: `GpuFunction` (from `%%gpu_function` cells and the `gpu_function` decorator),
 its registration, and the calls that run it (`submit`, `map`, `remote`, `local`).
 
-A refused cell binds its name to an `UnregisteredFunction` instead (README, "When a cell is refused").
+A refused cell binds its name to an `UnregisteredFunction` instead (docs/user-guide.md, "When a cell is refused").
 `GpuFunction.from_version` builds the handle of a version looked up from the control plane (`lookup.py`).
 Runs in the kernel (docs/ARCHITECTURE.md, "Client and API (kernel side)").
 
@@ -585,7 +585,7 @@ class NotRegisteredError(LancefnError):
 
 
 class UnregisteredFunction:
-    """What a refused `%%gpu_function` cell binds its entry name to (README, "When a cell is refused").
+    """What a refused `%%gpu_function` cell binds its entry name to (docs/user-guide.md, "When a cell is refused").
 
     The cell ran, so calling it runs the plain function in this kernel, as it would without the magic;
     `submit` / `map` / `remote` / `local` / `register` / `version` raise the registration error again

@@ -49,6 +49,12 @@ _SUMMARY_ORDER = [
     )
 ]
 COLUMNS = ["job", "function", "state", "placement", "progress", "detail", ""]
+# Each column's width, fixed or bounded, so columns stay put as rows come and go; Cancel follows the detail
+# rather than the far edge of a wide page.
+_WIDTHS = ["110px", "minmax(120px, 240px)", "90px", "minmax(140px, 220px)", "120px", "minmax(160px, 300px)", "90px"]
+_NAMESPACE_WIDTH = "minmax(80px, 140px)"
+# A name longer than its column: cut with an ellipsis, the whole of it on hover.
+_ONE_LINE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
 # Shown after "function" once jobs of more than one namespace are visible (an admin on a shared server).
 NAMESPACE_COLUMN = "namespace"
 _KEEP_JOBS = 500  # jobs remembered (newest first) for filtering; older terminal ones are forgotten
@@ -59,12 +65,8 @@ def _placement_text(job: Any) -> str:
     where = p.gpu_class or "cpu"
     if job.job_state == JobState.PENDING:
         if p.waiting_on_capacity or p.queue_position is not None:
-            position = f", position {p.queue_position}" if p.queue_position is not None else ""
-            if p.queue_position is not None and p.num_gpus:
-                position += (
-                    f", {display.expected_start_text(p.expected_start_ms, uncertain=p.expected_start_uncertain)}"
-                )
-            return f"waiting for {where}{position}"
+            queue = display.queue_text(p)
+            return f"waiting for {where}, {queue}" if queue else f"waiting for {where}"
         return f"queued ({where})"
     gpus = f"{p.num_gpus} GPU{'s' if p.num_gpus != 1 else ''}" if p.num_gpus else "no GPU"
     devices = f" [{','.join(p.devices)}]" if p.devices else ""
@@ -127,7 +129,8 @@ class _Row:
     def apply(self, job: Any) -> None:
         self.job = job
         state = display_state(job.job_state)
-        self.function_cell.value = f"<b>{html.escape(function_ref(job))}</b>"
+        ref = html.escape(function_ref(job), quote=True)
+        self.function_cell.value = f"<b title='{ref}' style='{_ONE_LINE}'>{ref}</b>"
         self.namespace_cell.value = (
             f"<span class='lancefn-namespace'>{html.escape(getattr(job, 'namespace', None) or '')}</span>"
         )
@@ -178,7 +181,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         self._shown: list[str] = []
         self._multi_namespace = False  # the namespace column is shown
         self._shared = {
-            "cell": w.Layout(width="auto"),
+            "cell": w.Layout(width="auto", overflow="hidden"),
             "html": HTMLStyle(),
             "bar": w.Layout(width="120px"),
             "bar_style": ProgressStyle(),
@@ -202,20 +205,27 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
         )
         self.summary = w.HTML()
         self.message = w.HTML()
+        # Said in place of the table while it has no row (a bare header row reads as broken).
+        self.empty = w.HTML()
         header = [w.HTML(f"<b>{html.escape(c)}</b>") for c in COLUMNS]
         self._header = header
         self._namespace_header = w.HTML(f"<b>{NAMESPACE_COLUMN}</b>")
         self.grid = w.GridBox(
             children=header,
             layout=w.Layout(
-                grid_template_columns="auto auto auto auto auto 1fr auto",
+                grid_template_columns=" ".join(_WIDTHS),
                 grid_gap="2px 10px",
                 align_items="center",
                 width="auto",
             ),
         )
         super().__init__(
-            children=[w.HBox([self.state_filter, self.name_filter, self.summary]), self.message, self.grid],
+            children=[
+                w.HBox([self.state_filter, self.name_filter, self.summary]),
+                self.message,
+                self.empty,
+                self.grid,
+            ],
             layout=w.Layout(width="auto"),
         )
         self.add_class("lancefn-jobs-dashboard")
@@ -321,12 +331,15 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             for job_id in ids:
                 cells.extend(self.rows[job_id].grid_cells(multi))
             self.grid.children = cells
-            self.grid.layout.grid_template_columns = ("auto " * (len(COLUMNS) + multi - 2)) + "1fr auto"
+            widths = [*_WIDTHS[:2], _NAMESPACE_WIDTH, *_WIDTHS[2:]] if multi else _WIDTHS
+            self.grid.layout.grid_template_columns = " ".join(widths)
+        self.grid.layout.display = "grid" if ids else "none"
+        self.empty.value = "" if ids else f"<i class='lancefn-jobs-empty'>{html.escape(self._empty_text())}</i>"
         names = sorted({str(j.spec.get("name", "")) for j in self.jobs.values()} - {""})
         if list(self.name_filter.options) != names:
             self.name_filter.options = names
         counts: dict[str, int] = {}
-        for job in self.jobs.values():
+        for job in visible:  # the rows shown, so the counts add up to the table
             label = display_state(job.job_state)
             counts[label] = counts.get(label, 0) + 1
         parts = ", ".join(f"{counts[s]} {s}" for s in _SUMMARY_ORDER if counts.get(s))
@@ -334,6 +347,12 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             f"<span class='lancefn-jobs-summary' style='margin-left:12px'>{len(ids)} shown"
             f"{' · ' + html.escape(parts) if parts else ''}</span>"
         )
+
+    def _empty_text(self) -> str:
+        state = self.state_filter.value
+        name = (self.name_filter.value or "").strip()
+        what = f"{display_state(state)} jobs" if state else "jobs"
+        return f"no {what} of {name}" if name else f"no {what} yet"
 
     def _fallback(self) -> tuple[str, str]:
         return jobs_table(self.visible_jobs())
@@ -370,6 +389,7 @@ class JobsDashboard(FallbackReprMixin, w.VBox):
             self.name_filter,
             self.summary,
             self.message,
+            self.empty,
             self.grid,
             *self._header,
             self._namespace_header,

@@ -47,7 +47,7 @@ def _count(value: object) -> bool:
 
 def result_summary(summary: object, *, item: bool = True) -> dict:
     """An Arrow result's summary as the control plane keeps it, whatever the worker sent: its known fields only
-    (``type``, ``dtype``, ``shape``, ``nbytes``, ``rows_skipped``, ``nonfinite``, one level of ``item``: see
+    (``type``, ``dtype``, ``shape``, ``shape_varies``, ``nbytes``, ``items_nbytes``, ``rows_skipped``, ``nonfinite``, one level of ``item``: see
     ``dataplane.summarize``), each of its type and capped, so ``jobs/describe`` and ``jobs/list`` stay small."""
     if not isinstance(summary, Mapping):
         return {}
@@ -57,7 +57,9 @@ def result_summary(summary: object, *, item: bool = True) -> dict:
     shape = summary.get("shape")
     if isinstance(shape, list) and len(shape) <= _SUMMARY_DIMS and all(_count(n) for n in shape):
         kept["shape"] = shape
-    kept.update((key, summary[key]) for key in ("nbytes", "rows_skipped") if _count(summary.get(key)))
+    kept.update((key, summary[key]) for key in ("nbytes", "items_nbytes", "rows_skipped") if _count(summary.get(key)))
+    if summary.get("shape_varies") is True:
+        kept["shape_varies"] = True
     counts = summary.get("nonfinite")
     if isinstance(counts, Mapping):
         kept["nonfinite"] = {key: counts[key] for key in ("nan", "inf", "-inf", "floats") if _count(counts.get(key))}

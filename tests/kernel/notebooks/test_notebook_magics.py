@@ -27,7 +27,8 @@ def test_magics_notebook_runs_top_to_bottom(control_plane, tmp_path):
 
     texts = [outputs_text(cell) for cell in nb.cells]
     assert "remote" in texts[1] and cp.url in texts[1]
-    assert "default" in texts[2] and "(simulated)" in texts[2]
+    assert "default" in texts[2] and "Simulated GPU (numba CUDA simulator)" in texts[2]
+    assert "(simulated)" not in texts[2]  # the model already says it
     assert "GPU function normalize_score" in texts[3] and "python_v2" in texts[3]
     value, version = texts[4].split()
     assert value == "0.42"

@@ -357,9 +357,9 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
     widget = GpuClassesWidget()
     text = widget._fallback()[0]
     for expected in (
-        "Simulated A100 (simulated)",
+        "Simulated A100",
         "40 GiB",
-        "Simulated H100 (simulated)",
+        "Simulated H100",
         "80 GiB",
         "example.com/gpu",
         "nvidia.com/gpu",
@@ -369,7 +369,7 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
     rows = table_rows(widget.table.value)
     assert rows["default"] == [
         "default",
-        "Simulated A100 (simulated)",
+        "Simulated A100",
         "40 GiB",
         "2",
         "nvidia.com/gpu",
@@ -381,7 +381,7 @@ def test_gpu_classes_widget_shows_hardware_and_live_usage(cp, gate_fn, gates):
     ]
     assert rows["big"] == [
         "big",
-        "Simulated H100 (simulated)",
+        "Simulated H100",
         "80 GiB",
         "4",
         "example.com/gpu",
@@ -454,7 +454,7 @@ def test_function_card_widget_shows_version_and_class_hardware(cp, gate_fn, gate
         "python_v2",
         "1 GPU of class default",
         "pip: no packages",
-        "Simulated A100, 40 GiB, up to 2 GPUs/worker (simulated)",
+        "Simulated A100, 40 GiB, up to 2 GPUs/worker",
     ):
         assert expected in text, expected
     assert "0 busy, 2 free of 2 GPUs" in card.usage_label.value
@@ -617,14 +617,34 @@ def test_team_dashboard_shows_classes_batches_jobs_and_failures_live(cp, gate_fn
     assert "control plane " + cp.url in dashboard.heading.value
     assert isinstance(dashboard.classes, GpuClassesWidget) and "Simulated H100" in dashboard.classes.table.value
     assert dashboard.batch_rows == {} and dashboard.failures.state_filter.value == "FAILED"
+    # Sections without content say so, never a bare heading or header row.
+    assert "no batches yet" in dashboard.no_batches.value and dashboard.no_batches.layout.display != "none"
+    for section, empty in ((dashboard.jobs, "no jobs yet"), (dashboard.failures, "no failed jobs yet")):
+        assert empty in section.empty.value and section.grid.layout.display == "none"
+        assert re.search(r">0 shown</span>", section.summary.value), section.summary.value
+    widths = dashboard.jobs.grid.layout.grid_template_columns
+    assert "auto" not in widths and "1fr" not in widths  # columns keep their widths as rows change
+    done = gate_fn.submit(gates["done"])
+    gates.open("done")
+    wait_until(
+        lambda: (
+            done.job_id in dashboard.jobs.rows and ">finished<" in dashboard.jobs.rows[done.job_id].state_cell.value
+        ),
+        "a job finished",
+    )
+    # A finished job is not a failure: the failures' counts count failures only.
+    assert re.search(r">0 shown</span>", dashboard.failures.summary.value), dashboard.failures.summary.value
     running = gate_fn.submit(gates["a"])
     wait_until(lambda: running.job_id in dashboard.jobs.rows, "a new job appears live")
     failing = api.gpu_function(num_gpus=1)(explode).submit(3)  # on the other GPU
     wait_until(lambda: failing.job_id in dashboard.failures.rows, "a failure is listed")
     assert [j.job_id for j in dashboard.failures.visible_jobs()] == [failing.job_id]
+    assert re.search(r">1 shown · 1 failed</span>", dashboard.failures.summary.value), dashboard.failures.summary.value
+    assert dashboard.failures.empty.value == "" and dashboard.failures.grid.layout.display == "grid"
     # Three batches (distinct inputs: a repeated map is the same batch) started after the dashboard was built.
     batches = [gate_fn.map([gates[f"b{i}"]] * 2, parallel=2) for i in range(3)]
     wait_until(lambda: set(dashboard.batch_rows) == {b.batch_id for b in batches[1:]}, "the 2 newest batches shown")
+    assert dashboard.no_batches.layout.display == "none"
     assert [row.batch_id for row in dashboard.batches.children] == [batches[2].batch_id, batches[1].batch_id]
     # A late event of the batch pushed off the bottom (events of several batches interleave) leaves the rows be.
     dashboard._on_batch(dashboard._client.batches.describe(batches[0].batch_id))
@@ -633,6 +653,10 @@ def test_team_dashboard_shows_classes_batches_jobs_and_failures_live(cp, gate_fn
     for name in ("a", "b0", "b1", "b2"):
         gates.open(name)
     wait_until(lambda: ">finished<" in dashboard.jobs.rows[running.job_id].state_cell.value, "the job finishes")
+    # The jobs' counts add up to the rows shown.
+    shown = dashboard.jobs.visible_jobs()
+    counts = re.findall(r"(\d+) (?:running|pending|finished|failed|cancelled|timed out)", dashboard.jobs.summary.value)
+    assert sum(map(int, counts)) == len(shown) and f">{len(shown)} shown" in dashboard.jobs.summary.value
     dashboard.close()
 
 

@@ -133,7 +133,7 @@ def test_job_widgets_update_live_while_another_cell_runs_and_cancel_works(page, 
     dashboard.locator(".lancefn-jobs-summary", has_text="2 finished").wait_for()
     dashboard.locator(".lancefn-placement", has_text="waiting for default, position 1").wait_for()
     classes = page.locator(".lancefn-gpu-classes-widget")
-    classes.locator("td", has_text="Simulated GPU (numba CUDA simulator) (simulated)").wait_for()
+    classes.locator("td", has_text="Simulated GPU (numba CUDA simulator)").wait_for()
     # b and d run, e waits: 2 busy, 0/2 free, 2 running / 1 pending.
     classes.locator("tr").filter(has=page.locator("td", has_text="0/2")).filter(
         has=page.locator("td", has_text="2/1")
