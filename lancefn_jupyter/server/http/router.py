@@ -12,6 +12,7 @@ by its fixed parts when no fixed path matches, its segment handed over as ``requ
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +91,9 @@ class Router:
             return
         if scope["type"] != "http":
             return  # no websockets: uvicorn closes the connection
-        methods = self._paths.get(scope["path"]) or self._templated(scope)
+        # A template's own spelling ("/v1/function/{id}/create", sent as is) is no fixed path: its segment is "{id}".
+        fixed = self._paths.get(scope["path"]) if "{" not in scope["path"] else None
+        methods = fixed or self._templated(scope)
         route = methods.get(scope["method"]) if methods else None
         try:
             if route is None:
@@ -151,7 +154,7 @@ class Router:
         await send({"type": "lifespan.shutdown.complete"})
 
     def openapi(self, title: str, version: str) -> dict:
-        """An OpenAPI 3.1 outline of the routes (paths, methods, query parameters, the key scheme); the
+        """An OpenAPI 3.1 outline of the routes (paths, methods, path and query parameters, the key scheme); the
         request bodies are the pydantic models in ``routes/``.  Not served: no route but /v1/health
         answers without a key."""
         paths: dict[str, dict] = {}
@@ -160,11 +163,15 @@ class Router:
                 "operationId": route.name,
                 "responses": {str(route.status_code): {"description": "the reply's JSON"}},
             }
-            if route.query:
-                operation["parameters"] = [
-                    {"name": name, "in": "query", "required": required, "schema": {"type": "string"}}
-                    for name, required in route.query
-                ]
+            parameters = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in re.findall(r"{(\w+)}", route.path)  # a LanceDB 0.40 route's id segment
+            ] + [
+                {"name": name, "in": "query", "required": required, "schema": {"type": "string"}}
+                for name, required in route.query
+            ]
+            if parameters:
+                operation["parameters"] = parameters
             if route.privilege is None:
                 operation["description"] = "needs no key"
             paths.setdefault(route.path, {})[route.method.lower()] = operation

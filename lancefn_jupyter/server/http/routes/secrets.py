@@ -9,10 +9,21 @@ from starlette.requests import Request
 
 from lancefn_jupyter.server.control import dialect
 from lancefn_jupyter.server.control.offload import off_loop
-from lancefn_jupyter.server.http.bodies import Body, parse, parse_query
+from lancefn_jupyter.server.http.bodies import Body, parse, parse_query, parse_raw
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext
 from lancefn_jupyter.server.http.routes.functions import lancedb_namespace
+
+
+class NoFields(Body):
+    """The body of ``describe`` and ``drop``: none, or a JSON object (its fields are not read)."""
+
+
+async def no_fields(request: Request) -> None:
+    """A body sent with ``describe`` / ``drop`` must still be JSON (a 400 says what is wrong); none at all is fine."""
+    raw = await request.body()
+    if raw.strip():
+        await parse_raw(raw, NoFields)
 
 
 class SecretValue(Body):
@@ -46,11 +57,13 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     @router.post("/v1/secret/{id}/describe", privilege="functions")
     async def describe_secret(request: Request) -> dict:
         namespace, name = secret_id(request)
+        await no_fields(request)
         return vault.describe(namespace, name)
 
     @router.post("/v1/secret/{id}/drop", privilege="functions")
     async def drop_secret(request: Request) -> dict:
         namespace, name = secret_id(request)
+        await no_fields(request)
         return await off_loop(vault.drop, namespace, name)
 
     @router.get(
