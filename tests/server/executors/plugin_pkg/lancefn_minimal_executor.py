@@ -64,7 +64,8 @@ class MinimalExecutor(Executor):
             self.callbacks.task_failed(task.job_id, JobFailure(phase="worker", message=str(error)))
             return
         try:
-            worker.start_task(worker_task(task, PLUGIN.ship(task.data, task.table_slice)))
+            # In place: a backfill chunk's slice is in its rows file by now (above).
+            worker.start_task(worker_task(task, PLUGIN.ship(task.data.fields(), None)))
             self.callbacks.task_started(task.job_id, devices=task.devices, node=self.node)
             problem = self.follow(task, worker)
         finally:
