@@ -18,7 +18,17 @@ import pytest
 from conftest import registration_body
 
 ADMIN_KEY, JOBS_KEY, FUNCTIONS_KEY = "admin-key-parity", "jobs-only-parity", "functions-only-parity"
-_VOLATILE = {"job_id", "creation_ms", "started_ms", "finished_ms", "expected_start_ms", "devices", "node", "timings"}
+_VOLATILE = {
+    "job_id",
+    "creation_ms",
+    "started_ms",
+    "finished_ms",
+    "expected_start_ms",
+    "devices",
+    "node",
+    "timings",
+    "usage",
+}
 
 
 def _socket() -> socket.socket:
