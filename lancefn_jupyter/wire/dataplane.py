@@ -832,7 +832,9 @@ def summarize_results(values: Sequence[Any], nbytes: int) -> dict:
     if not items:
         return {**summary, "item": {}}
     item = {
-        key: items[0][key] for key in ("type", "dtype", "shape") if all(i.get(key) == items[0].get(key) for i in items)
+        key: items[0][key]
+        for key in ("type", "dtype", "shape")
+        if key in items[0] and all(i.get(key) == items[0][key] for i in items)
     }
     if "shape" not in item and all("shape" in i for i in items):
         item["shape_varies"] = True
