@@ -1,9 +1,9 @@
 """What a GPU class's queue asks of an autoscaler: the jobs waiting and running, packed into node-shaped bundles,
 bounded by the class's maximum nodes and what each namespace may hold (docs/ray.md, "Scaling with the queue").
 
-Pure: the Ray driver gathers the jobs and publishes the bundles (``executors/ray/bridge.py``).  A job asks GPUs now;
-CPUs and memory are the seam for versions that declare them (a bundle then carries them, and the node shape bounds
-them when it says them).
+Pure: the Ray driver gathers the jobs and publishes the bundles (``executors/ray/bridge.py``).  A job asks its GPUs,
+and the CPUs and memory its version declares (``cpu=`` / ``memory=``); a bundle carries their sums, and the class's
+node shape (``node_cpu`` / ``node_memory``) bounds them where the operator says it.
 """
 
 from __future__ import annotations

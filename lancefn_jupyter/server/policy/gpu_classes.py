@@ -455,4 +455,6 @@ def _scaling(
     min_nodes = entry.min_nodes or 0
     if min_nodes > entry.max_nodes:
         raise fail("min_nodes", f"is {min_nodes}, more than max_nodes = {entry.max_nodes}", "lower it")
-    return NodeScaling(Ask(per_node), entry.max_nodes, min_nodes, entry.node_type or entry.name)
+    # A node's CPUs and memory bound what its jobs may ask together (0: not said, not bounded)
+    node = Ask(per_node, float(entry.node_cpu or 0), int(entry.node_memory or 0))
+    return NodeScaling(node, entry.max_nodes, min_nodes, entry.node_type or entry.name)

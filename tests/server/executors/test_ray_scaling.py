@@ -26,12 +26,20 @@ def test_a_class_config_reaches_the_bridge_and_its_demand_becomes_class_bundles(
     classes = parse_gpu_classes(
         '[[gpu_classes]]\nname = "t4"\ngpu_model = "T4"\ngpu_memory_bytes = 1\nmax_gpu_count_per_worker = 2\n'
         "max_nodes = 3\ngpus_per_node = 4\n"
+        '[[gpu_classes]]\nname = "l4"\ngpu_model = "L4"\ngpu_memory_bytes = 1\nmax_gpu_count_per_worker = 1\n'
+        'max_nodes = 2\nnode_cpu = 8\nnode_memory = "32Gi"\n'
         '[[gpu_classes]]\nname = "a100"\ngpu_model = "A100"\ngpu_memory_bytes = 1\nmax_gpu_count_per_worker = 8\n',
         rules=PLUGIN,
     )
     config = scaling.scaling_config(classes)
-    assert config == {"t4": {"gpus": 4, "max_nodes": 3, "min_nodes": 0}}  # a100 does not scale
-    assert scaling.scaling_of(json.loads(json.dumps({"scaling": config}))) == {"t4": NodeScaling(Ask(4), 3)}
+    assert config == {  # a100 does not scale; a node's CPUs and memory shape l4's bundles (0: not said)
+        "t4": {"gpus": 4, "cpus": 0.0, "memory": 0, "max_nodes": 3, "min_nodes": 0},
+        "l4": {"gpus": 1, "cpus": 8.0, "memory": 32 << 30, "max_nodes": 2, "min_nodes": 0},
+    }
+    assert scaling.scaling_of(json.loads(json.dumps({"scaling": config}))) == {
+        "t4": NodeScaling(Ask(4), 3),
+        "l4": NodeScaling(Ask(1, cpus=8, memory=32 << 30), 2),
+    }
     demand = Demand((Ask(4), Ask(1, cpus=2, memory=8)))
     assert scaling.bundles_of("t4", demand) == [{"GPU": 4, T4: 4}, {"GPU": 1, T4: 1, "CPU": 2, "memory": 8}]
 

@@ -739,17 +739,27 @@ class _Driver:
     def _demands(self) -> dict[str, Demand]:
         """Each scaling class's demand: its running and queued jobs shaped into node bundles, each namespace within
         its cap less what it holds in the other classes (lock held)."""
-        # pool keys are (class, GPUs, name, version, namespace)
-        running = {name: [Job(Ask(w), k[4]) for k, w in pool.running()] for name, pool in self.gpu_pools.items()}  # type: ignore[index]
+        running = {name: self._demand_jobs(pool.running()) for name, pool in self.gpu_pools.items()}
         demands = {}
         for name, scaling in self.scaling.items():
             elsewhere: dict[str, int] = {}
             for job in (job for other, jobs in running.items() if other != name for job in jobs):
                 elsewhere[job.namespace] = elsewhere.get(job.namespace, 0) + job.ask.gpus
             pool = self.gpu_pools.get(name)
-            queued = [Job(Ask(w), k[4]) for k, w in pool.queued()] if pool else []  # type: ignore[index]
+            queued = self._demand_jobs(pool.queued()) if pool else []
             demands[name] = shape_demand(running.get(name, []), queued, scaling, allowances(self.caps, elsewhere))
         return demands
+
+    def _demand_jobs(self, job_ids: list[str]) -> list[Job]:
+        """Jobs as the demand sees them: their GPUs, the CPUs and memory their versions ask (their actors' options),
+        and their namespaces (lock held)."""
+        jobs = []
+        for record in filter(None, map(self.jobs.get, job_ids)):
+            options = record.options or {}
+            gpus, cpus, memory = options.get("num_gpus"), options.get("num_cpus"), options.get("memory")
+            namespace = record.pool_key[4] if record.pool_key else ""
+            jobs.append(Job(Ask(int(gpus or 0), float(cpus or 0), int(memory or 0)), namespace))
+        return jobs
 
     def _scale(self) -> None:
         """Ask the autoscaler for what the scaling classes' jobs need, at once when they change and every few

@@ -105,13 +105,13 @@ class ActorPool:
         """Whether jobs are queued (a freed slot may start one)."""
         return bool(self._queue)
 
-    def queued(self) -> list[tuple[Hashable, int]]:
-        """(key, weight) of each queued job, in submission order."""
-        return [(key, weight) for _, key, weight in self._queue]
+    def queued(self) -> list[str]:
+        """The queued jobs' ids, in submission order."""
+        return [job_id for job_id, _, _ in self._queue]
 
-    def running(self) -> list[tuple[Hashable, int]]:
-        """(key, weight) of each started job (its actor running it or being placed)."""
-        return [(entry[0], entry[1]) for entry in self._busy.values()]
+    def running(self) -> list[str]:
+        """The started jobs' ids (their actors running them or being placed)."""
+        return list(self._busy)
 
     def idle_count(self) -> int:
         return sum(len(idle) for idle in self._idle.values())

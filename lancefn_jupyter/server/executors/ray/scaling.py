@@ -29,16 +29,22 @@ REFRESH_S = 10.0  # each control plane rewrites its entry this often, even uncha
 def scaling_of(config: Mapping[str, Any]) -> dict[str, NodeScaling]:
     """The bridge config's ``scaling`` (class → node shape and range, as ``scaling_config`` writes it)."""
     return {
-        name: NodeScaling(Ask(int(entry["gpus"])), int(entry["max_nodes"]), int(entry.get("min_nodes", 0)))
+        name: NodeScaling(
+            Ask(int(entry["gpus"]), float(entry.get("cpus", 0)), int(entry.get("memory", 0))),
+            int(entry["max_nodes"]),
+            int(entry.get("min_nodes", 0)),
+        )
         for name, entry in (config.get("scaling") or {}).items()
     }
 
 
-def scaling_config(classes: Any) -> dict[str, dict[str, int]]:
+def scaling_config(classes: Any) -> dict[str, dict[str, float]]:
     """What the bridge needs of each class an autoscaler scales (``GpuClassConfig`` → JSON)."""
     return {
         spec.name: {
             "gpus": spec.scaling.node.gpus,
+            "cpus": spec.scaling.node.cpus,
+            "memory": spec.scaling.node.memory,
             "max_nodes": spec.scaling.max_nodes,
             "min_nodes": spec.scaling.min_nodes,
         }
