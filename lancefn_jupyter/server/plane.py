@@ -294,7 +294,7 @@ class ControlPlane:
             with self.table.lock:
                 if spend.roll(now_ms()):
                     self.table.scheduler.paused.clear()
-                    self.machine.dispatch(changed=True)
+                    self.placement.budgets_reset(self.machine)
 
     def _needs(self, namespace: str, name: str, version: str, gpu_class: str | None) -> tuple[float, int] | None:
         """The host (CPU cores, memory bytes) a job of the version holds while it runs (``resource_request``;

@@ -212,8 +212,29 @@ def estimate_batch(
     waves = -(-len(bounds) // at_once)
     largest = max(end - start for start, end in bounds)
     cost = past["cost"] * warm / past["rows"] * rows if "cost" in past else None
-    expected_s = waves * largest * per_row_s
+    gap_s = _wave_gap_s(client, function.name, version.version, per_row_s, at_once)
+    expected_s = waves * (largest * per_row_s + gap_s)
     return Estimate(rows, len(bounds), at_once, past["jobs"], expected_s, cost, past.get("currency"))
+
+
+def _wave_gap_s(client: Any, name: str, version: str, per_row_s: float, at_once: int) -> float:
+    """What a batch of the version spent per wave of chunks beyond running them (handing each chunk to a worker,
+    its results back, the next one out), from the newest finished batch of the version: its wall time less its
+    workers' starts, per wave, less its chunks' run time; 0 before any. docs/ARCHITECTURE.md, "Cost"."""
+    done = [
+        b
+        for b in client.batches.list(state="DONE", name=name, limit=20)
+        if b.version == version and b.started_ms and b.finished_ms and b.chunks_total
+    ]
+    if not done:
+        return 0.0
+    newest = max(done, key=lambda b: b.finished_ms)
+    slots = max(1, min(at_once, newest.chunks_total))
+    waves = -(-newest.chunks_total // slots)
+    usage = next((row for row in client.jobs.usage("batch")["rows"] if row["key"] == newest.batch_id), None)
+    starts_s = usage["start_s"] / slots if usage else 0.0  # its workers started side by side
+    wall_s = (newest.finished_ms - newest.started_ms) / 1000 - starts_s
+    return max(0.0, wall_s / waves - newest.rows_total / newest.chunks_total * per_row_s)
 
 
 def _count(items: Any) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lancefn_jupyter.server.control.jobtable import JobTable
-from lancefn_jupyter.server.control.states import IN_PROGRESS
+from lancefn_jupyter.server.control.states import IN_PROGRESS, TERMINAL
 from lancefn_jupyter.server.executors.base import Executor, InlineRun
 from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.storage.store import JobRecord
@@ -98,6 +98,11 @@ class PlacementStrategy(ABC):
         """Fill in ``placement`` (its wire form) for a PENDING job that is in no plane queue and waits for no
         environment."""
 
+    def budgets_reset(self, machine: Launcher) -> None:
+        """A new UTC day: no namespace is over its budget any more (``SchedulerState.paused`` was cleared); start
+        what waited for it (lock held; docs/ARCHITECTURE.md, "Budgets")."""
+        machine.dispatch(changed=True)
+
 
 class SchedulerPlacement(PlacementStrategy):
     """The plane's scheduler queues ready jobs per class and places them on devices (``policy/scheduler.py``)."""
@@ -147,25 +152,42 @@ class ExecutorPlacement(PlacementStrategy):
     def __init__(self, table: JobTable, classes: GpuClassConfig) -> None:
         super().__init__(table)
         self.classes = classes
+        # Jobs of a namespace over its daily budget, not handed to the executor until the budgets reset, in the order
+        # they came ("Budgets": the executor's queue cannot pass a namespace over, so they wait here)
+        self.held: dict[str, None] = {}
 
     def enqueue(self, rec: JobRecord) -> None:
         """Nothing: the executor queues it when it is launched."""
 
+    def _launch(self, machine: Launcher, rec: JobRecord, new: NewJob | None = None) -> None:
+        if rec.namespace in self.table.scheduler.paused:
+            self.held[rec.job_id] = None
+        else:
+            machine.launch(rec, new)
+
     def place_new(self, machine: Launcher, new: NewJob) -> bool:
         if self.table.started:
-            machine.launch(new.rec, new)
+            self._launch(machine, new.rec, new)
         machine.publish_usage()
         return False
 
     def place_ready(self, machine: Launcher, recs: list[JobRecord]) -> list[JobRecord]:
         if self.table.started:
             for rec in recs:
-                machine.launch(rec)
+                self._launch(machine, rec)
         return []
 
     def start(self, machine: Launcher) -> None:
         for rec in list(self.table.active.values()):  # recovered jobs, oldest first
-            machine.launch(rec)
+            self._launch(machine, rec)
+
+    def budgets_reset(self, machine: Launcher) -> None:
+        held, self.held = self.held, {}
+        for job_id in held:
+            rec = self.table.active.get(job_id)
+            if rec is not None and rec.state not in TERMINAL:  # not cancelled meanwhile
+                self._launch(machine, rec)
+        machine.publish_usage()
 
     def start_changes_usage(self, rec: JobRecord) -> bool:
         return rec.num_gpus > 0
@@ -205,7 +227,10 @@ class ExecutorPlacement(PlacementStrategy):
     def describe_wait(self, rec: JobRecord, placement: dict) -> None:
         if rec.devices:
             return
-        placement["waiting_on_capacity"] = True  # queued in the executor: no positions
+        placement["waiting_on_capacity"] = True  # queued in the executor (or held here): no positions
+        if rec.job_id in self.held:
+            placement["pending_reason"] = self.table.scheduler.paused.get(rec.namespace) or "waiting for its budget"
+            return
         executor = self.table.executor
         reason = executor.pending_reason(rec.gpu_class, rec.num_gpus) if executor is not None else None
         if reason:

@@ -98,7 +98,8 @@ def test_a_dry_run_estimates_rows_chunks_time_and_cost_from_the_versions_history
         before = pace.map(list(range(128)), chunk_size=2, dry_run=True)
         assert (before.rows, before.chunks, before.based_on, before.expected_s) == (128, 64, 0, None)
         assert "no estimate yet" in repr(before)
-        pace.map(list(range(16)), chunk_size=2).result()  # 8 chunk jobs of history
+        history = pace.map(list(range(16)), chunk_size=2)  # 8 chunk jobs of history
+        history.result()
         estimate = pace.map(list(range(128)), chunk_size=2, estimate=True)
         with cp.http() as http:
             (past,) = [
@@ -106,8 +107,19 @@ def test_a_dry_run_estimates_rows_chunks_time_and_cost_from_the_versions_history
                 for row in http.get("/v1/jobs/usage", params={"by": "version"}).json()["rows"]
                 if row["key"].endswith(f"/pace@{pace.version.version}")
             ]
+            ran = http.post("/v1/batches/describe", json={"batch_id": history.batch_id}).json()
+            (its,) = [
+                row
+                for row in http.get("/v1/jobs/usage", params={"by": "batch"}).json()["rows"]
+                if row["key"] == history.batch_id
+            ]
     assert (estimate.rows, estimate.chunks, estimate.at_once, estimate.based_on) == (128, 64, 2, 8)
     warm = 1 - past["start_s"] / past["held_s"]  # worker starts left out of the rate per row
+    per_row_s = warm * past["held_s"] / past["rows"]
     assert estimate.cost == pytest.approx(past["cost"] * warm / past["rows"] * 128)
-    assert estimate.expected_s == pytest.approx(32 * 2 * warm * past["held_s"] / past["rows"])  # 32 waves of 2 rows
+    # Each wave also pays what the history's batch spent per wave beyond running its chunks: its wall time less its
+    # two workers' starts, over its 4 waves, less a chunk's run.
+    wall_s = (ran["finished_ms"] - ran["started_ms"]) / 1000 - its["start_s"] / 2
+    gap_s = max(0.0, wall_s / 4 - 2 * per_row_s)
+    assert estimate.expected_s == pytest.approx(32 * (2 * per_row_s + gap_s))  # 32 waves of 2 rows
     assert estimate.currency == "EUR" and "€" in repr(estimate) and "from 8 earlier jobs" in repr(estimate)

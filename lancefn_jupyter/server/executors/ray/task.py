@@ -225,11 +225,28 @@ class JobActor:
         self._output = _ActorOutput()
         self._ready_at = time.time()  # wall clock: the bridge, which asked for this actor, counts its start
         self._env: dict[str, str] = {}  # the last job's function env, which the teardown sees too
+        # Its GPUs sampled through NVML while each job runs (docs/ARCHITECTURE.md, "Cost"), as the local executor
+        # does; False once NVML could not open them (no driver: a simulated class), so no job tries again.
+        self._sample_gpus = bool(self._where["devices"])
 
     def run(self, job: dict) -> dict:
         """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane)."""
         self._env = job.get("env") or {}
-        return {**_run_job(self._hub, {**self._task, **job}, self._where, self._output), "ready_at": self._ready_at}
+        sampler = None
+        if self._sample_gpus:
+            from lancefn_jupyter.worker.gpustats import GpuSampler
+
+            sampler = GpuSampler(os.getpid(), self._where["devices"])
+            if not sampler.start():
+                self._sample_gpus, sampler = False, None
+        try:
+            outcome = _run_job(self._hub, {**self._task, **job}, self._where, self._output)
+        finally:
+            stats = sampler.stop() if sampler is not None else {}
+        if stats:
+            final = outcome["final"]
+            final["timings"] = {**(final.get("timings") or {}), **stats}
+        return {**outcome, "ready_at": self._ready_at}
 
     def teardown(self) -> None:
         """The actor retires: tear down the version it holds (bounded in the runner); then it is killed."""
