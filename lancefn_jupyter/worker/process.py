@@ -329,6 +329,7 @@ class WorkerProcess:
         # memory.max (read as it ends: docs/ARCHITECTURE.md, "Compute resources").
         self.held: limits.Held | None = None
         self.oom_killed = False
+        self.oom_used = 0  # what the kernel saw it hold at most, when it killed it for its memory (a v1 cgroup's)
         try:
             ready = self._read_event()
         except ProtocolError:
@@ -443,7 +444,7 @@ class WorkerProcess:
 
     def hold(self, cpu: float | None, memory: int | None) -> None:
         """Hold the idle worker to ``cpu`` cores and ``memory`` bytes from now on (``worker/limits.py``)."""
-        self.held = limits.hold(self.pid, self._cgroup, cpu, memory)
+        self.held = limits.hold(self.pid, self._cgroup, cpu, memory, self.held.v1 if self.held else None)
 
     def memory_used(self) -> int:
         """Resident bytes of the worker and what its job started (in its cgroup)."""
@@ -493,9 +494,10 @@ class WorkerProcess:
                     except subprocess.TimeoutExpired:
                         continue
                 self.process.wait()
-            if self.held is not None and self.held.kernel_memory:
-                self.oom_killed = self.oom_killed or limits.oom_killed(self._cgroup)
+            if self.held is not None and self.held.kernel_memory and limits.oom_killed(self._cgroup, self.held):
+                self.oom_killed, self.oom_used = True, limits.peak_held(self.held)
             reap.end_cgroup(self._cgroup)  # what it left (a crashed worker's detached processes) ends with it
+            limits.release(self.held)
             reap.close_procs(self._procs)
             self._cgroup, self._procs = None, None
             self._close_pipes()

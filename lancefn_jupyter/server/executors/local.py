@@ -755,6 +755,8 @@ class LocalExecutor(Executor):
         task = run.task
         worker.kill(self._grace_s)
         if worker.oom_killed:  # the kernel ended it at its memory.max ("Compute resources")
+            log.info("job %s: the kernel killed its worker %d at its memory=", task.job_id, worker.pid)
+            run.memory_used = run.memory_used or worker.oom_used
             run.claim("resources")
         if error is not None and run.claim("refused"):
             log.warning("job %s failed in phase %s: %s", task.job_id, error.phase, error.message)

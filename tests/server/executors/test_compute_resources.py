@@ -37,6 +37,13 @@ def cp(module_control_plane_factory):
     return module_control_plane_factory(CLASSES)
 
 
+@pytest.fixture(scope="module")
+def watched_cp(module_control_plane_factory):
+    """A server whose workers' memory is only watched (no v1 memory cgroup; a host whose v2 cgroups offer the memory
+    controller still holds them by ``memory.max``)."""
+    return module_control_plane_factory(CLASSES, env={"LANCEFN_CGROUP_V1": "0"})
+
+
 def _body(name: str, **resources: str) -> dict:
     body = registration_body(
         name,
@@ -90,9 +97,10 @@ def test_a_worker_is_held_to_its_cpu(cp):
     assert job["result"][0].split()[1] == "1"  # its threads run on one CPU
 
 
+@pytest.mark.parametrize("server", ["cp", "watched_cp"])
 @pytest.mark.parametrize("hold_s", [0.0, 30.0], ids=["between-looks", "watched"])
-def test_a_job_past_its_memory_fails_in_phase_resources_and_the_next_runs_on_a_fresh_worker(cp, hold_s):
-    with cp.http() as http:
+def test_a_job_past_its_memory_fails_in_phase_resources_and_the_next_runs_on_a_fresh_worker(request, server, hold_s):
+    with request.getfixturevalue(server).http() as http:
         version = register(http, _body(f"greedy{int(hold_s)}", memory="400Mi"))
         first = _run(http, version, 1)
         over = _run(http, version, 600, hold_s)
