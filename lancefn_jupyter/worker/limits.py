@@ -26,6 +26,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _CPU_PERIOD_US = 100_000
 _next_cpu = itertools.count()  # spreads pinned workers over the CPUs
 _next_v1 = itertools.count()  # numbers v1 memory cgroups: a reused pid never meets its predecessor's
+_swept: list[bool] = []  # whether the stale v1 memory cgroups were swept (once per process)
 
 
 class Held:
@@ -64,6 +65,13 @@ def _hold_v1_memory(pid: int, memory: int) -> Path | None:
     root = _v1_memory_root()
     if root is None:
         return None
+    if not _swept:  # once: the empty cgroups of a server that was killed (``lancefn-w<pid>-<its pid>-<n>``) go
+        _swept.append(True)
+        for stale in root.glob("lancefn-w*-*-*"):
+            owner = stale.name.split("-")[2]
+            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                with contextlib.suppress(OSError):
+                    stale.rmdir()
     path = root / f"lancefn-w{pid}-{os.getpid()}-{next(_next_v1)}"
     try:
         path.mkdir(mode=0o755)
