@@ -32,9 +32,17 @@ if [ "${LANCEFN_SKIP_LINT:-0}" != 1 ]; then
   fi
 fi
 
-echo "== running the test suite"
+# Most tests wait on processes they started (servers, kernels, workers) more than they compute, so the suite runs on
+# LANCEFN_TEST_WORKERS pytest-xdist workers (default 3, even on 2 cores; 0: in this process, one test at a time);
+# tests/conftest.py keeps the Ray tests on one worker and the browser tests on one.
+workers="${LANCEFN_TEST_WORKERS:-3}"
+echo "== running the test suite ($workers workers)"
 set +e
-.venv/bin/python -m pytest "$@"
+if [ "$workers" = 0 ]; then
+  .venv/bin/python -m pytest "$@"
+else
+  .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+fi
 code=$?
 set -e
 if [ "$code" = 5 ]; then

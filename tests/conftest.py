@@ -70,6 +70,26 @@ def pytest_sessionfinish(session, exitstatus):
     remove_tree(ENV_CACHE)
 
 
+# Under pytest-xdist (scripts/test.sh runs the suite on several workers, --dist loadgroup): the tests that start a
+# Ray cluster run one after another on one worker, as do the browser tests (each starts JupyterLab and Chromium), so
+# that the machine never carries two of either at once; everything else spreads over the workers. The two groups are
+# the longest units, so they are collected first (each module's tests stay together and in order): they start at
+# once rather than last.
+_SERIAL_GROUPS = ("ray", "browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist") or not getattr(config.option, "numprocesses", None):
+        return
+    rank = {}
+    for item in items:
+        group = next((name for name in _SERIAL_GROUPS if item.get_closest_marker(name)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        rank[item.nodeid] = _SERIAL_GROUPS.index(group) if group is not None else len(_SERIAL_GROUPS)
+    items.sort(key=lambda item: rank[item.nodeid])
+
+
 class ControlPlaneProcess:
     """A running ``lancefn-server`` child process and how to reach it."""
 
