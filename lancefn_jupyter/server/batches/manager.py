@@ -367,6 +367,15 @@ class BatchManager:
         ids = self.saved.ids(scope=scope, state=state, name=name, limit=limit)
         return {"batches": [self._wire(*self._find(i), include_chunks=False) for i in ids]}
 
+    def page_as_jobs(
+        self, *, state: str | None, name: str | None, before: int | None, limit: int, scope: str | None = None
+    ) -> list[tuple[int, dict]]:
+        """``(seq, job envelope)`` of batches and backfills newest first, below ``before`` when given, for
+        ``jobs/list`` (a paused one is stored unfinished; the caller keeps the rows of the state it asked for)."""
+        states = (PENDING, IN_PROGRESS) if state == "PAUSED" else (state,) if state else None
+        found = self.saved.page(scope=scope, states=states, name=name, before=before, limit=limit)
+        return [(seq, batch_as_job(self._wire(*self._find(i), include_chunks=False))) for seq, i in found]
+
     def _find(self, batch_id: str, scope: str | None = None) -> tuple[BatchRun, bool]:
         """``(batch, active)`` as ``_get`` finds it, without the lock held: a finished batch is read from the
         store (O(its chunks)) while others go on."""

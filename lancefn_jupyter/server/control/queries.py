@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
-from typing import Any
 
-from lancefn_jupyter.server.control.dialect import event_row, job_row
+from lancefn_jupyter.server.control.dialect import event_row
 from lancefn_jupyter.server.control.jobtable import JobTable
-from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.states import PENDING, TERMINAL
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
@@ -81,35 +79,32 @@ class JobQueries:
         with self.table.lock:
             return self.reports.job_wire(self.get(job_id, scope))
 
-    def list(
+    def page(
         self,
         *,
         state: str | None,
         name: str | None,
         job_type: str | None,
-        page_token: str | None,
+        before: int | None,
         limit: int,
         scope: str | None,
-    ) -> dict:
+    ) -> list[tuple[int, dict]]:
+        """``(seq, job wire form)`` of the stored jobs newest first, below sequence number ``before`` when given (a row's
+        state may have moved off ``state`` since it was stored: the caller filters the page it keeps)."""
         table = self.table
-        before = decode_token(page_token)
-        limit = clamp_limit(limit)
         with table.lock:
             recs = self.store.list_jobs(
                 states=(state,) if state else None,
                 name=name,
                 job_type=job_type,
                 before_seq=before,
-                limit=limit + 1,
+                limit=limit,
                 namespace=scope,
             )
             # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
-            current = [table.active.get(rec.job_id) or self.unsaved.get(rec.job_id) or rec for rec in recs[:limit]]
-            jobs = [job_row(self.reports.job_wire(rec)) for rec in current if state is None or rec.state == state]
-        reply: dict[str, Any] = {"jobs": jobs}
-        if len(recs) > limit:
-            reply["page_token"] = encode_token(recs[limit - 1].seq or 0)  # stored records have a seq
-        return reply
+            current = [table.active.get(rec.job_id) or self.unsaved.get(rec.job_id) or rec for rec in recs]
+            # stored records have a seq
+            return [(rec.seq or 0, self.reports.job_wire(now)) for rec, now in zip(recs, current, strict=True)]
 
     def logs(self, job_id: str, offset: int, limit: int, scope: str | None) -> dict:
         self.get(job_id, scope)

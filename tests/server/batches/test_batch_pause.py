@@ -89,3 +89,34 @@ def test_cancel_job_cancels_a_paused_batch_by_id(server, tmp_path):
             "/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": DEADLINE_S}, timeout=DEADLINE_S + 10
         ).json()
     assert ended["batch_state"] == "CANCELLED"
+
+
+def test_list_jobs_lists_batches_among_jobs_page_by_page(server, tmp_path):
+    gate = str(tmp_path / "gate")
+    with server.http() as http:
+        batch_id = gated_batch(http, gate, 2)
+        assert http.post("/v1/jobs/pause", json={"job_id": batch_id}).json()["paused"] is True
+    db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
+    rows = {row.job_id: row for row in db.list_jobs()}  # 0.40's JobInfo rows, its pages followed
+    assert (rows[batch_id].job_type, rows[batch_id].state) == ("batch", "PAUSED")
+    assert rows[batch_id].created_at_millis > 0 and rows[batch_id].table == ""
+    with server.http() as http:
+        pages, token = [], None
+        while True:  # one row a page: every job and the batch once, newest first
+            reply = http.post("/v1/jobs/list", json={"limit": 1, **({"page_token": token} if token else {})}).json()
+            pages += reply["jobs"]
+            if not (token := reply.get("page_token")):
+                break
+        assert sorted(row["job_id"] for row in pages) == sorted(rows)
+        created = [row["creation_ms"] for row in pages]
+        assert created == sorted(created, reverse=True)
+        paused = http.post("/v1/jobs/list", json={"state": "PAUSED"}).json()["jobs"]
+        assert [row["job_id"] for row in paused] == [batch_id]
+        assert [row["job_id"] for row in http.post("/v1/jobs/list", json={"job_type": "batch"}).json()["jobs"]] == [
+            batch_id
+        ]
+        assert batch_id not in {
+            row["job_id"] for row in http.post("/v1/jobs/list", json={"job_type": "run_function"}).json()["jobs"]
+        }
+        assert http.post("/v1/jobs/list", json={"page_token": "bm9uZQ"}).status_code == 400
+    Path(gate).touch()

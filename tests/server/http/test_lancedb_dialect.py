@@ -289,3 +289,15 @@ def test_a_class_with_initialization_runs_with_each_runs_values(teams):
     assert handle.map([1.0, 2.0], init={"factor": 2.0}).result() == [2.0, 4.0]
     batch = handle.map([1.0, 2.0, 3.0], chunk_size=1, parallel=2, init={"factor": -1.0}, fresh=True)
     assert batch.result() == [-1.0, -2.0, -3.0]
+
+
+def test_list_jobs_lists_a_teams_batches_to_that_team_only(teams):
+    with teams.http(A_KEY) as http:
+        version = register(http, registration_body("batched"))["version"]
+        body = {"name": "batched", "version": version, "chunks": [[{"x": 1}], [{"x": 2}]]}
+        batch_id = http.post("/v1/batches/create", json=body).json()["batch_id"]
+    rows = {row.job_id: row for row in connect(teams.url, A_KEY).list_jobs()}
+    assert rows[batch_id].job_type == "batch"
+    assert batch_id not in {row.job_id for row in connect(teams.url, B_KEY).list_jobs()}
+    with teams.http(B_KEY) as http:
+        assert http.post("/v1/jobs/list", json={"job_type": "batch"}).json()["jobs"] == []
