@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 
 from lancefn_jupyter.server.control.dialect import event_row
 from lancefn_jupyter.server.control.jobtable import JobTable
@@ -70,10 +71,21 @@ class JobQueries:
                 or self.store.get_job(job_id)
             )
 
-    def events(self, job_id: str, limit: int, scope: str | None = None) -> list[dict]:
-        """A job's recorded events (the ones the event log still keeps) as LanceDB 0.40's event rows."""
+    def events(
+        self, job_id: str, limit: int, scope: str | None = None, keep: Callable[[dict], bool] | None = None
+    ) -> list[dict]:
+        """A job's recorded events (the ones the event log still keeps) as LanceDB 0.40's event rows, oldest first:
+        the first ``limit`` of those ``keep`` keeps (``event_filter.parse``), read a page at a time."""
         self.get(job_id, scope)
-        return [event_row(seq, json.loads(data)) for seq, data in self.store.job_events(job_id, limit)]
+        rows: list[dict] = []
+        after = 0
+        while page := self.store.job_events(job_id, limit, after=after):
+            read = [event_row(seq, json.loads(data)) for seq, data in page]
+            rows += read if keep is None else [row for row in read if keep(row)]
+            if keep is None or len(rows) >= limit or len(page) < limit:
+                break
+            after = page[-1][0]
+        return rows[:limit]
 
     def describe(self, job_id: str, scope: str | None = None) -> dict:
         with self.table.lock:

@@ -258,8 +258,13 @@ def test_job_events_as_an_arrow_stream(teams):
     assert [e["state"] for e in events][-1] == "DONE"
     assert {e["job_id"] for e in events} == {job.id} and events[-1]["rows_processed"] == 2
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
-    with pytest.raises(Exception, match="filter is not supported"):
-        job.events(filter="state = 'DONE'")
+    # 0.40's limit and filter (an SQL-like expression over the row's columns) are applied, the limit after the filter
+    assert job.events(limit=1).to_pylist() == events[:1]
+    assert job.events(filter="state = 'DONE'").to_pylist() == [e for e in events if e["state"] == "DONE"]
+    kept = job.events(filter="NOT (state IN ('DONE') OR claim_entity IS NOT NULL) AND seq > 0", limit=1).to_pylist()
+    assert kept == [e for e in events if e["state"] != "DONE"][:1] and kept
+    with pytest.raises(Exception, match="'colour' is not a column; a filter compares the columns state"):
+        job.events(filter="colour = 'red'")
     with pytest.raises(Exception, match="not found"):  # another team's job reads as a missing one
         connect(teams.url, B_KEY).open_job(job.id).events()
 

@@ -11,6 +11,7 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from lancefn_jupyter.server.control import event_filter
 from lancefn_jupyter.server.control.dialect import job_row
 from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_tokens, merge_newest
@@ -43,7 +44,7 @@ RUNS = ("batch", "backfill")  # the job types of batches' rows in jobs/list; the
 class QueryEvents(Body):
     job_id: str
     limit: int = Field(1000, ge=1, le=10000)
-    filter: str | None = None  # LanceDB 0.40's SQL-like filter: not supported here (a 400 says so)
+    filter: str | None = None  # LanceDB 0.40's SQL-like filter (event_filter.py)
 
 
 class Logs(Body):
@@ -171,11 +172,8 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     async def query_events(request: Request) -> Response:
         """A job's events as an Arrow IPC stream (LanceDB 0.40's ``Job.events()``)."""
         body = await parse(request, QueryEvents)
-        if body.filter:
-            raise ApiError(
-                400, "filter is not supported by this server; read every event and filter the table it returns"
-            )
-        rows = await off_loop(queries.events, body.job_id, body.limit, who(request).scope)
+        keep = event_filter.parse(body.filter) if body.filter else None
+        rows = await off_loop(queries.events, body.job_id, body.limit, who(request).scope, keep)
         return Response(await off_loop(_events_stream, rows), media_type=ARROW_STREAM)
 
     @router.post("/v1/jobs/logs", privilege="jobs")
