@@ -406,10 +406,6 @@ class GpuFunction:
             "fresh": fresh,
         }
         if column is not None or into is not None or key is not None or _is_lance_table(items):
-            if init is not None:
-                raise ValueError(
-                    "init= is not supported for a map over a table yet; give the class defaults, or map a list"
-                )
             from lancefn_jupyter.kernel.handles.table_map import map_table
 
             return map_table(
@@ -422,6 +418,7 @@ class GpuFunction:
                 recompute=recompute,
                 on_error=on_error,
                 max_skip_fraction=max_skip_fraction,
+                init=init,
                 **batch_options,
             )
         if parallel == 1 and chunk_size is None and not retries and not fresh:

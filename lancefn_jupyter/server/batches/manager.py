@@ -63,7 +63,7 @@ from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.machine import JobMachine
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.results import Results
-from lancefn_jupyter.server.control.rows import check_init
+from lancefn_jupyter.server.control.rows import check_init, init_of_binding
 from lancefn_jupyter.server.control.states import (
     CANCELLED,
     DONE,
@@ -241,6 +241,7 @@ class BatchManager:
             request.name, request.version, namespace=namespace, scope=scope, home=home
         )
         self._check_timeout(request.timeout_s)
+        init = check_init(fv, backfill_init(request))
         uri = table_key(request.table_uri)
         refused = self.table_roots.problem(uri, scope, admin=scope is None)
         if refused:  # before the table is opened: its existence is none of this caller's business
@@ -269,6 +270,7 @@ class BatchManager:
             namespace,
         )
         batch.backfill = run
+        batch.init = init
         start = 0
         for idx, piece in enumerate(prepared.slices):
             count = slice_rows(piece.ranges)
@@ -875,6 +877,15 @@ SUBMIT_SLICE = 16  # chunks submitted per hold of the lock (creating, retrying a
 RESET_SLICE = 256  # chunks a retry resets per hold of the lock
 WRITE_SLICE = 1000  # a new batch's chunk rows written per transaction (before the batch is recorded)
 CANCEL_PAUSE_S = 0.001  # between two slices at least: the lock is free long enough for its waiters
+
+
+def backfill_init(request: BackfillRequest) -> Any:
+    """A backfill's init values as given: JSON ``init``, or a LanceDB binding's ``initialization`` row."""
+    if request.initialization is None:
+        return request.init
+    if request.init is not None:
+        raise ApiError(400, "give init (JSON) or initialization (a LanceDB binding's Arrow row), not both")
+    return init_of_binding(request.initialization)
 
 
 def _not_found(batch_id: str) -> ApiError:
