@@ -234,6 +234,17 @@ def test_secrets_end_to_end(teams):
     assert db.describe_secret("HF").updated_at_millis >= info.updated_at_millis
     assert db.get_function(fv.name, version=fv.version) == fv  # altering changes no version
     assert run()["result"] == ["99991"]
+    ref = {"kind": "env", "variable": "HF_TOKEN", "secret_ref": {"name": "HF", "namespace_path": ["b"]}}
+    with teams.http(A_KEY) as http:  # .local()'s values go to a key of the secret's own namespace only
+        other = http.post("/v1/secrets/local_env", json={"secret_bindings": [ref]})
+        unqualified = http.post(
+            "/v1/secrets/local_env", json={"secret_bindings": [{**ref, "secret_ref": {"name": "HF"}}]}
+        )
+    assert other.status_code == unqualified.status_code == 404 and "second_value" not in other.text + unqualified.text
+    with teams.http(B_KEY) as http:
+        assert http.post("/v1/secrets/local_env", json={"secret_bindings": [ref]}).json() == {
+            "env": {"HF_TOKEN": "hf_second_value_9999"}
+        }
     db.drop_secret("HF")
     failed = run()
     assert failed["job_state"] == "FAILED" and failed["failure"]["phase"] == "environment"
