@@ -1,5 +1,6 @@
-"""Pausing and resuming a batch (docs/ARCHITECTURE.md, "Batches": pause): no new chunk starts, the running one
-finishes and is kept, the pause survives a restart, and LanceDB 0.40's client pauses, resumes and follows it by id."""
+"""Pausing and resuming a batch or a backfill (docs/ARCHITECTURE.md, "Batches": pause): no new chunk starts, the
+running one finishes and is kept, the pause survives a restart, and LanceDB 0.40's client pauses, resumes, lists and
+follows it by id."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import lancedb
 import pytest
-from conftest import register, registration_body
-from helpers import DEADLINE_S, gated, wait_until
+from conftest import python_body, register, registration_body
+from helpers import DEADLINE_S, column, gated, new_table, wait_backfill, wait_until
 
 
 @pytest.fixture
@@ -120,3 +121,55 @@ def test_list_jobs_lists_batches_among_jobs_page_by_page(server, tmp_path):
         }
         assert http.post("/v1/jobs/list", json={"page_token": "bm9uZQ"}).status_code == 400
     Path(gate).touch()
+
+
+GATED_ROWS = """from __future__ import annotations
+
+import os
+import time
+
+
+def held(n: int) -> int:
+    while not os.path.exists(GATE):
+        time.sleep(0.02)
+    return n + 1
+"""
+
+
+def test_a_paused_backfill_starts_no_chunk_keeps_the_running_one_stays_paused_across_a_restart_and_resumes(server):
+    db_dir, table = new_table()  # 500 rows in two fragments: 3 + 2 chunks of 100, one at a time
+    gate = db_dir / "gate"
+    with server.http() as http:
+        version = register(http, python_body("held", GATED_ROWS.replace("GATE", repr(str(gate)))))["version"]
+        body = {"name": "held", "version": version, "table_uri": table.uri, "columns": ["b"], "into": "out"}
+        created = http.post("/v1/backfills/create", json={**body, "chunk_size": 100, "parallel": 1})
+        assert created.status_code == 202, created.text
+        batch_id = created.json()["batch_id"]
+        wait_until(lambda: describe(http, batch_id)["chunk_counts"].get("IN_PROGRESS") == 1, "the first chunk runs")
+
+    db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
+    assert db.pause_job(batch_id) == "pausing"
+    gate.touch()
+    with server.http() as http:
+        paused = wait_until(
+            lambda: (b := describe(http, batch_id))["chunk_counts"].get("DONE") == 1 and b, "the running chunk ends"
+        )
+        assert paused["paused"] is True and paused["chunk_counts"] == {"DONE": 1, "PENDING": 4}
+        first = paused["chunks"][0]
+        assert [c.get("job_id") is not None for c in paused["chunks"]] == [True, False, False, False, False]
+    row = {r.job_id: r for r in db.list_jobs()}[batch_id]
+    assert (row.job_type, row.state, row.table) == ("backfill", "PAUSED", table.uri)
+
+    server.restart()
+    db = lancedb.connect("db://lancefn", api_key=server.api_key, host_override=server.url)
+    with server.http() as http:
+        after = describe(http, batch_id)
+        assert after["paused"] is True and after["chunk_counts"] == {"DONE": 1, "PENDING": 4}
+    assert db.open_job(batch_id).status() == "PAUSED"
+    assert db.resume_job(batch_id) == "resumed"
+    with server.http() as http:
+        done = wait_backfill(http, batch_id)
+    assert done["batch_state"] == "DONE" and "paused" not in done
+    assert done["backfill"]["rows_written"] == 500 and done["backfill"]["fragments_committed"] == 2
+    assert (done["chunks"][0]["job_id"], done["chunks"][0]["attempts"]) == (first["job_id"], 1)  # kept, not rerun
+    assert column(lancedb.connect(str(db_dir)).open_table("docs"), "out") == [i + 1 for i in range(500)]
