@@ -317,3 +317,29 @@ def test_list_jobs_lists_a_teams_batches_to_that_team_only(teams):
     assert batch_id not in {row.job_id for row in connect(teams.url, B_KEY).list_jobs()}
     with teams.http(B_KEY) as http:
         assert http.post("/v1/jobs/list", json={"job_type": "batch"}).json()["jobs"] == []
+
+
+def test_secrets_survive_a_restart_and_are_still_never_in_a_reply(control_plane_factory):
+    cp = control_plane_factory()
+    db = connect(cp.url, cp.api_key)
+    db.create_secret("HF", "hf_kept_value_5678")
+    fv = db.create_function(udf(token_tail, name="restarted"), secrets=[EnvVarSecret("HF", "HF_TOKEN")])
+    body = {"name": fv.name, "version": fv.metadata["lancefn.version"], "rows": [{"x": 3}], "wait_s": 30}
+    ref = {"kind": "env", "variable": "HF_TOKEN", "secret_ref": {"name": "HF"}}
+    cp.restart()
+    db = connect(cp.url, cp.api_key)
+    with cp.http() as http:
+        assert http.post("/v1/functions/run", json=body).json()["job"]["result"] == ["56783"]  # still delivered
+        assert http.post("/v1/secrets/local_env", json={"secret_bindings": [ref]}).json()["env"] == {
+            "HF_TOKEN": "hf_kept_value_5678"
+        }
+        seen = [  # everything else there is to read
+            http.post("/v1/jobs/list", json={"limit": 1000}).text,
+            http.post("/v1/functions/list", json={"include_definition": True}).text,
+            http.post("/v1/secret/HF/describe").text,
+            http.get("/v1/namespace/$/secret/list").text,
+            *(p.read_text(errors="replace") for p in cp.log_dir.glob(f"server-{cp.home.name}-*.log")),
+        ]
+    assert len(seen) == 6 and not [text for text in seen if "kept_value" in text]
+    assert db.describe_secret("HF").name == "HF" and db.list_secrets() == ["HF"]
+    assert [b.secret_ref.name for b in db.get_function("restarted", version="1").secret_bindings] == ["HF"]
