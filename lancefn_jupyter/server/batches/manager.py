@@ -31,6 +31,7 @@ follow, cancel, retry, recover), whose steps share the batch's state and the loc
 from __future__ import annotations
 
 import asyncio
+import builtins  # list() below shadows the type in annotations
 import functools
 import logging
 import threading
@@ -371,7 +372,7 @@ class BatchManager:
 
     def page_as_jobs(
         self, *, state: str | None, name: str | None, before: int | None, limit: int, scope: str | None = None
-    ) -> list[tuple[int, dict]]:
+    ) -> builtins.list[tuple[int, dict]]:
         """``(seq, job envelope)`` of batches and backfills newest first, below ``before`` when given, for
         ``jobs/list`` (a paused one is stored unfinished; the caller keeps the rows of the state it asked for)."""
         states = (PENDING, IN_PROGRESS) if state == "PAUSED" else (state,) if state else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from lancefn_jupyter.server.errors import ApiError
 
@@ -48,8 +48,8 @@ def parse(text: str) -> Predicate:
         raise ApiError(400, f"filter is {len(text)} characters, over {MAX_FILTER_CHARS}; {ACCEPTED}")
     parser = _Parser(_tokens(text))
     predicate = parser.disjunction(0)
-    if parser.peek() is not None:
-        parser.fail(f"unexpected {parser.peek()[1]!r}")
+    if (extra := parser.peek()) is not None:
+        parser.fail(f"unexpected {extra[1]!r}")
     return predicate
 
 
@@ -88,7 +88,7 @@ class _Parser:
             return True
         return False
 
-    def fail(self, problem: str) -> Any:
+    def fail(self, problem: str) -> NoReturn:
         raise ApiError(400, f"filter: {problem}; {ACCEPTED}")
 
     def disjunction(self, depth: int) -> Predicate:
