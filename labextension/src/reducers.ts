@@ -200,12 +200,16 @@ export function usageMap(payload: unknown): Map<string, IGpuUsage> {
   return map;
 }
 
+/** Job types `jobs/list` lists that the panel shows elsewhere. */
+const NOT_RUN_JOBS = new Set(['create_function', 'batch', 'backfill']);
+
 /**
  * The jobs the panel lists: run jobs, not registrations (a registration is its function's new version, shown
- * under Functions), as `%gpu_jobs` lists them.
+ * under Functions) nor batches and backfills (`jobs/list` lists them too; they are under Batches), as `%gpu_jobs`
+ * lists them.
  */
 export function listedJobs(jobs: readonly IJob[]): IJob[] {
-  return jobs.filter(j => j.job_type !== 'create_function');
+  return jobs.filter(j => !NOT_RUN_JOBS.has(j.job_type ?? ''));
 }
 
 /** Group function versions by name, names sorted, versions in the order the server listed them. */

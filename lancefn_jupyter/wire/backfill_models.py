@@ -132,6 +132,10 @@ class BackfillRequest(BackfillOptions):
     into: Annotated[StrictStr, AfterValidator(_column_name)]
     # {param: column}, [column, …] by position, one column, or omitted (the parameters named like table columns)
     columns: Annotated[Columns | StrictStr | None, WrapValidator(_columns_shape)] = None
+    # A class entry's initialization values for every chunk (checked against the signature by the control plane):
+    # JSON, or a LanceDB 0.40 binding's ``initialization`` (a base64 one-row Arrow IPC stream); one of the two.
+    init: dict[str, Any] | None = None
+    initialization: StrictStr | None = None
 
 
 class BackfillSpec(WireModel):

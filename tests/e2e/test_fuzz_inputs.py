@@ -349,6 +349,7 @@ def openapi_document() -> dict:
         "/v1/secret/{id}/alter": secrets.SecretValue,
         "/v1/secret/{id}/describe": secrets.NoFields,
         "/v1/secret/{id}/drop": secrets.NoFields,
+        "/v1/secrets/local_env": secrets.LocalEnv,
     }
     posts = {path for path, ops in document["paths"].items() if "post" in ops}
     assert posts == set(bodies), f"describe the body of every POST route here: {sorted(posts ^ set(bodies))}"

@@ -5,6 +5,7 @@ the cell's version parses with LanceDB 0.40's own models."""
 from __future__ import annotations
 
 import getpass
+import os
 
 import pytest
 from helpers import kernel_shell
@@ -86,3 +87,22 @@ def test_secret_options():
 def test_gpu_secret_usage(ip):
     with pytest.raises(UsageError, match="%gpu_secret NAME"):
         ip.run_line_magic("gpu_secret", "a b")
+
+
+def test_local_runs_get_the_bound_secret_from_the_server_and_name_a_missing_one(ip, cp, monkeypatch):
+    typed(monkeypatch, "local_value_4444")
+    ip.run_line_magic("gpu_secret", "LOCAL_TOKEN")
+    with capture_output() as shown:
+        ip.run_cell_magic("gpu_function", "num_gpus=1 secret=LOCAL_TOKEN", CELL.format(variable="LOCAL_TOKEN"))
+        assert ip.user_ns["token_tail"].local(5) == "44445"  # fetched with the key, into the run's environment only
+    assert "local_value" not in shown.stdout + shown.stderr
+    assert "LOCAL_TOKEN" not in os.environ  # not set in the kernel's own environment
+    ip.run_line_magic("gpu_secret", "--drop LOCAL_TOKEN")
+    with pytest.raises(
+        Exception,
+        match=r"token_tail.local\(\): secret 'LOCAL_TOKEN' \(bound to environment variable LOCAL_TOKEN\) does not exist .* %gpu_secret LOCAL_TOKEN",
+    ):
+        ip.user_ns["token_tail"].local(5)
+    with cp.http() as http:  # another form of binding is a 400, never a 5xx
+        bad = http.post("/v1/secrets/local_env", json={"secret_bindings": [{"kind": "file"}]})
+    assert bad.status_code == 400 and "only kind 'env'" in bad.text

@@ -436,10 +436,12 @@ describe('showNamespaces', () => {
 });
 
 describe('listedJobs', () => {
-  it('lists run jobs, not registrations (as %gpu_jobs)', () => {
+  it('lists run jobs, not registrations nor batches (as %gpu_jobs)', () => {
     const jobs = [
       job('r', 'DONE', { job_type: 'create_function', spec: { name: 'f' } }),
       job('a', 'PENDING', { job_type: 'run_function' }),
+      job('p', 'PAUSED', { job_type: 'batch' }),
+      job('f', 'DONE', { job_type: 'backfill' }),
       job('b', 'DONE')
     ];
     expect(listedJobs(jobs).map(j => j.job_id)).toEqual(['a', 'b']);

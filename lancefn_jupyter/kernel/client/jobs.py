@@ -40,7 +40,9 @@ class JobsResource:
         for key, value in (("state", state), ("name", name), ("job_type", job_type), ("limit", limit)):
             if value is not None:
                 body[key] = value
-        return [Job.from_wire(item) for item in self._t.post("/v1/jobs/list", body)["jobs"]]
+        rows = self._t.post("/v1/jobs/list", body)["jobs"]
+        # Batches and backfills are rows too (LanceDB 0.40's list_jobs); the kernel reads them from batches/list.
+        return [Job.from_wire(item) for item in rows if item.get("job_type") not in ("batch", "backfill")]
 
     def usage(self, by: str = "namespace", since: str | None = None) -> dict:
         """``GET /v1/jobs/usage``: ended jobs' GPU- and CPU-seconds and cost summed ``by`` namespace, version, class, day or

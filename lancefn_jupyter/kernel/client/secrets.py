@@ -1,4 +1,5 @@
-"""`/v1/secret/*`: the key's namespace's secrets (docs/ARCHITECTURE.md, "Secrets"); values go in, never come back."""
+"""`/v1/secret/*`: the key's namespace's secrets (docs/ARCHITECTURE.md, "Secrets"); values go in, and come back only
+to the kernel's `.local()` of a function that binds them (`local_env`)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,8 @@ class SecretsResource:
             if not reply.get("page_token"):
                 return names
             params = {"page_token": reply["page_token"]}
+
+    def local_env(self, bindings: builtins.list[dict]) -> dict[str, str]:
+        """The bound values by environment variable (``secret_bindings`` in wire form), for a ``.local()`` run only:
+        kept in that run's environment, never shown or stored."""
+        return dict(self._t.post("/v1/secrets/local_env", {"secret_bindings": bindings})["env"])

@@ -406,10 +406,6 @@ class GpuFunction:
             "fresh": fresh,
         }
         if column is not None or into is not None or key is not None or _is_lance_table(items):
-            if init is not None:
-                raise ValueError(
-                    "init= is not supported for a map over a table yet; give the class defaults, or map a list"
-                )
             from lancefn_jupyter.kernel.handles.table_map import map_table
 
             return map_table(
@@ -422,6 +418,7 @@ class GpuFunction:
                 recompute=recompute,
                 on_error=on_error,
                 max_skip_fraction=max_skip_fraction,
+                init=init,
                 **batch_options,
             )
         if parallel == 1 and chunk_size is None and not retries and not fresh:
@@ -456,7 +453,7 @@ class GpuFunction:
             json_rows, table = None, self._batch_table(args, kwargs)
         else:
             json_rows, table = rows_payload([self._row(args, kwargs)], self._packaged.signature, self.name)
-        env = self._options.env_dict
+        env = {**self._options.env_dict, **self._secret_env()}
         version = self._version.version if self._version else "local"
         try:
             run = run_local(
@@ -484,6 +481,22 @@ class GpuFunction:
         self.last_local_device = run.device
         print(f"[lancefn] {self.name}.local() ran on {run.device}")
         return run.results[0]
+
+    def _secret_env(self) -> dict[str, str]:
+        """The bound secrets' values by variable, fetched with the connected key for this ``.local()`` run only (its
+        worker's environment: never printed, never kept in the notebook); a missing one is an error naming it and how
+        to create it (docs/ARCHITECTURE.md, "Secrets")."""
+        bindings = self._request.secret_bindings
+        if not bindings:
+            return {}
+        from lancefn_jupyter.kernel.client import ApiError
+
+        try:
+            return current_client().secrets.local_env([binding.to_wire() for binding in bindings])
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            raise LancefnError(f"{self.name}.local(): {error.message}") from None
 
     def debug_row(self, row: dict[str, Any], commands: Sequence[str] = ()) -> Any:
         """A failed job's row again, here (docs/ARCHITECTURE.md, "Debugging a failure"): through ``.local()`` (the same

@@ -125,9 +125,11 @@ def map_table(
     retries: int = 0,
     return_exceptions: bool = False,
     fresh: bool = False,
+    init: dict[str, Any] | None = None,
 ) -> Backfill | Batch:
     """Check what the kernel can see (nothing starts on bad input), then create the backfill; the
-    control plane checks the rest (types, `where`) and refuses with a 400 that says what to change."""
+    control plane checks the rest (types, `where`, `init`: a class entry's values for every chunk) and refuses with a
+    400 that says what to change."""
     _lancedb()
     if key is not None:
         warnings.warn(
@@ -139,7 +141,7 @@ def map_table(
     names = _table_of(table, function)
     columns = _columns(function, names, column)
     if into is None:
-        options = {"parallel": parallel, "chunk_size": chunk_size, "retries": retries, "fresh": fresh}
+        options = {"parallel": parallel, "chunk_size": chunk_size, "retries": retries, "fresh": fresh, "init": init}
         return _plain_map(function, table, columns, {**options, "return_exceptions": return_exceptions})
     if return_exceptions:
         raise ValueError('a backfill writes no exceptions into the table: pass on_error="skip" to skip failing rows')
@@ -171,6 +173,7 @@ def map_table(
         table_uri=str(table.uri),
         into=into,
         columns=columns if isinstance(columns, dict) else tuple(columns),
+        init=init,
         **dict(checked),
     )
     from lancefn_jupyter.kernel.session import current_client

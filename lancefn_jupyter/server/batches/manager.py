@@ -31,6 +31,7 @@ follow, cancel, retry, recover), whose steps share the batch's state and the loc
 from __future__ import annotations
 
 import asyncio
+import builtins  # list() below shadows the type in annotations
 import functools
 import logging
 import threading
@@ -63,7 +64,7 @@ from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.machine import JobMachine
 from lancefn_jupyter.server.control.queries import JobQueries
 from lancefn_jupyter.server.control.results import Results
-from lancefn_jupyter.server.control.rows import check_init
+from lancefn_jupyter.server.control.rows import check_init, init_of_binding
 from lancefn_jupyter.server.control.states import (
     CANCELLED,
     DONE,
@@ -241,6 +242,7 @@ class BatchManager:
             request.name, request.version, namespace=namespace, scope=scope, home=home
         )
         self._check_timeout(request.timeout_s)
+        init = check_init(fv, backfill_init(request))
         uri = table_key(request.table_uri)
         refused = self.table_roots.problem(uri, scope, admin=scope is None)
         if refused:  # before the table is opened: its existence is none of this caller's business
@@ -269,6 +271,7 @@ class BatchManager:
             namespace,
         )
         batch.backfill = run
+        batch.init = init
         start = 0
         for idx, piece in enumerate(prepared.slices):
             count = slice_rows(piece.ranges)
@@ -366,6 +369,15 @@ class BatchManager:
     def list(self, *, state: str | None, name: str | None, limit: int, scope: str | None = None) -> dict:
         ids = self.saved.ids(scope=scope, state=state, name=name, limit=limit)
         return {"batches": [self._wire(*self._find(i), include_chunks=False) for i in ids]}
+
+    def page_as_jobs(
+        self, *, state: str | None, name: str | None, before: int | None, limit: int, scope: str | None = None
+    ) -> builtins.list[tuple[int, dict]]:
+        """``(seq, job envelope)`` of batches and backfills newest first, below ``before`` when given, for
+        ``jobs/list`` (a paused one is stored unfinished; the caller keeps the rows of the state it asked for)."""
+        states = (PENDING, IN_PROGRESS) if state == "PAUSED" else (state,) if state else None
+        found = self.saved.page(scope=scope, states=states, name=name, before=before, limit=limit)
+        return [(seq, batch_as_job(self._wire(*self._find(i), include_chunks=False))) for seq, i in found]
 
     def _find(self, batch_id: str, scope: str | None = None) -> tuple[BatchRun, bool]:
         """``(batch, active)`` as ``_get`` finds it, without the lock held: a finished batch is read from the
@@ -866,6 +878,15 @@ SUBMIT_SLICE = 16  # chunks submitted per hold of the lock (creating, retrying a
 RESET_SLICE = 256  # chunks a retry resets per hold of the lock
 WRITE_SLICE = 1000  # a new batch's chunk rows written per transaction (before the batch is recorded)
 CANCEL_PAUSE_S = 0.001  # between two slices at least: the lock is free long enough for its waiters
+
+
+def backfill_init(request: BackfillRequest) -> Any:
+    """A backfill's init values as given: JSON ``init``, or a LanceDB binding's ``initialization`` row."""
+    if request.initialization is None:
+        return request.init
+    if request.init is not None:
+        raise ApiError(400, "give init (JSON) or initialization (a LanceDB binding's Arrow row), not both")
+    return init_of_binding(request.initialization)
 
 
 def _not_found(batch_id: str) -> ApiError:

@@ -284,7 +284,8 @@ def batch_wire(batch: BatchRun, *, include_chunks: bool) -> dict:
 
 def batch_as_job(wire: dict) -> dict:
     """A batch's wire form as a job envelope, so the jobs routes (LanceDB 0.40's ``open_job``, ``list_jobs``) address
-    batches and backfills by id: ``job_type`` ``batch`` or ``backfill``, ``job_state`` ``PAUSED`` while paused."""
+    batches and backfills by id: ``job_type`` ``batch`` or ``backfill``, ``job_state`` ``PAUSED`` while paused, a
+    backfill's ``table`` the table it writes."""
     return {
         "job_id": wire["batch_id"],
         "job_type": "backfill" if "backfill" in wire else "batch",
@@ -294,4 +295,5 @@ def batch_as_job(wire: dict) -> dict:
         "progress": {"rows_done": wire["rows_done"], "rows_total": wire["rows_total"]},
         **({"failure": wire["failure"]} if "failure" in wire else {}),
         **({"namespace": wire["namespace"]} if "namespace" in wire else {}),
+        **({"table": wire["backfill"]["table_uri"]} if "backfill" in wire else {}),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from lancefn_jupyter.server.batches.state import BatchRun, Chunk
 from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
@@ -138,19 +139,30 @@ class BatchStore:
 
     def ids(self, *, scope: str | None, state: str | None, name: str | None, limit: int) -> list[str]:
         """Batch ids, newest first (``scope``: a namespace's key sees its own batches only)."""
-        clauses, args = [], []
+        states = (state,) if state else None
+        return [batch_id for _, batch_id in self.page(scope=scope, states=states, name=name, before=None, limit=limit)]
+
+    def page(
+        self, *, scope: str | None, states: tuple[str, ...] | None, name: str | None, before: int | None, limit: int
+    ) -> list[tuple[int, str]]:
+        """``(seq, batch_id)`` newest first, of sequence number below ``before`` when given (a page token's)."""
+        clauses: list[str] = []
+        args: list[Any] = []
         if scope is not None:
             clauses.append("namespace=?")
             args.append(scope)
-        if state:
-            clauses.append("state=?")
-            args.append(state)
+        if states:
+            clauses.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
         if name:
             clauses.append("name=?")
             args.append(name)
+        if before is not None:
+            clauses.append("seq<?")
+            args.append(before)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        query = f"SELECT batch_id FROM batches{where} ORDER BY seq DESC LIMIT ?"
-        return [row[0] for row in self.store.query(query, (*args, limit))]
+        query = f"SELECT seq, batch_id FROM batches{where} ORDER BY seq DESC LIMIT ?"
+        return [(row[0], row[1]) for row in self.store.query(query, (*args, limit))]
 
     def unfinished_ids(self) -> list[str]:
         rows = self.store.query(

@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
 
-from lancefn_jupyter.server.control.dialect import event_row, job_row
+from lancefn_jupyter.server.control.dialect import event_row
 from lancefn_jupyter.server.control.jobtable import JobTable
-from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.states import PENDING, TERMINAL
 from lancefn_jupyter.server.control.unsaved import UnsavedJobs
@@ -72,44 +71,53 @@ class JobQueries:
                 or self.store.get_job(job_id)
             )
 
-    def events(self, job_id: str, limit: int, scope: str | None = None) -> list[dict]:
-        """A job's recorded events (the ones the event log still keeps) as LanceDB 0.40's event rows."""
+    def events(
+        self, job_id: str, limit: int, scope: str | None = None, keep: Callable[[dict], bool] | None = None
+    ) -> list[dict]:
+        """A job's recorded events (the ones the event log still keeps) as LanceDB 0.40's event rows, oldest first:
+        the first ``limit`` of those ``keep`` keeps (``event_filter.parse``), read a page at a time."""
         self.get(job_id, scope)
-        return [event_row(seq, json.loads(data)) for seq, data in self.store.job_events(job_id, limit)]
+        size = limit if keep is None else max(limit, 1000)  # a filter reads on past the rows it drops
+        rows: list[dict] = []
+        after = 0
+        while page := self.store.job_events(job_id, size, after=after):
+            read = [event_row(seq, json.loads(data)) for seq, data in page]
+            rows += read if keep is None else [row for row in read if keep(row)]
+            if keep is None or len(rows) >= limit or len(page) < size:
+                break
+            after = page[-1][0]
+        return rows[:limit]
 
     def describe(self, job_id: str, scope: str | None = None) -> dict:
         with self.table.lock:
             return self.reports.job_wire(self.get(job_id, scope))
 
-    def list(
+    def page(
         self,
         *,
         state: str | None,
         name: str | None,
         job_type: str | None,
-        page_token: str | None,
+        before: int | None,
         limit: int,
         scope: str | None,
-    ) -> dict:
+    ) -> list[tuple[int, dict]]:
+        """``(seq, job wire form)`` of the stored jobs newest first, below sequence number ``before`` when given (a row's
+        state may have moved off ``state`` since it was stored: the caller filters the page it keeps)."""
         table = self.table
-        before = decode_token(page_token)
-        limit = clamp_limit(limit)
         with table.lock:
             recs = self.store.list_jobs(
                 states=(state,) if state else None,
                 name=name,
                 job_type=job_type,
                 before_seq=before,
-                limit=limit + 1,
+                limit=limit,
                 namespace=scope,
             )
             # Memory is authoritative for active jobs (e.g. coalesced progress) and unsaved ones.
-            current = [table.active.get(rec.job_id) or self.unsaved.get(rec.job_id) or rec for rec in recs[:limit]]
-            jobs = [job_row(self.reports.job_wire(rec)) for rec in current if state is None or rec.state == state]
-        reply: dict[str, Any] = {"jobs": jobs}
-        if len(recs) > limit:
-            reply["page_token"] = encode_token(recs[limit - 1].seq or 0)  # stored records have a seq
-        return reply
+            current = [table.active.get(rec.job_id) or self.unsaved.get(rec.job_id) or rec for rec in recs]
+            # stored records have a seq
+            return [(rec.seq or 0, self.reports.job_wire(now)) for rec, now in zip(recs, current, strict=True)]
 
     def logs(self, job_id: str, offset: int, limit: int, scope: str | None) -> dict:
         self.get(job_id, scope)

@@ -42,6 +42,30 @@ def check_init(fv: FunctionVersion, init: Any) -> dict[str, Any] | None:
     return {name: init[name] for name in names if name in init}
 
 
+def init_of_binding(initialization: str) -> dict[str, Any]:
+    """A LanceDB 0.40 binding's ``initialization`` (a base64 one-row Arrow IPC stream, its columns the values) as
+    init values; a 400 saying what it must be otherwise."""
+    import base64
+    import binascii
+    import json
+
+    import pyarrow as pa
+
+    shape = "initialization must be a base64 Arrow IPC stream of one row, a column per initialization value"
+    try:
+        table = pa.ipc.open_stream(base64.b64decode(initialization, validate=True)).read_all()
+    except (binascii.Error, ValueError, pa.ArrowException):
+        raise ApiError(400, f"{shape}; it is not one (or give init={{...}} as JSON instead)") from None
+    if table.num_rows != 1:
+        raise ApiError(400, f"{shape}; it has {table.num_rows} rows")
+    values = table.to_pylist()[0]
+    try:
+        json.dumps(values, allow_nan=False)
+    except (TypeError, ValueError):
+        raise ApiError(400, f"{shape} of JSON values (numbers, text, booleans, lists, structs)") from None
+    return values
+
+
 def check_rows(fv: FunctionVersion, rows: Any) -> None:
     """JSON ``rows`` fit ``fv``'s signature: a 400 naming the row and the parameters otherwise."""
     if not isinstance(rows, list) or not rows:

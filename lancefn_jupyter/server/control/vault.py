@@ -113,7 +113,7 @@ class SecretVault:
                 return f"{where}: secret {ref.name!r} does not exist; {how_to_create(ref.name)}"
         return None
 
-    def missing(self, namespace: str, bindings: Iterable[SecretBinding]) -> str | None:
+    def missing(self, namespace: str, bindings: Iterable[SecretBinding], then: str = "run the job again") -> str | None:
         """A job's failure message when a secret it binds is gone, or None."""
         for binding in bindings:
             assert binding.secret_ref is not None and binding.variable is not None  # checked at registration
@@ -121,9 +121,25 @@ class SecretVault:
             if (namespace, name) not in self._secrets:
                 return (
                     f"secret {name!r} (bound to environment variable {binding.variable}) does not exist in namespace "
-                    f"{namespace!r}; {how_to_create(name)}, then run the job again"
+                    f"{namespace!r}; {how_to_create(name)}, then {then}"
                 )
         return None
+
+    def local_env(self, namespace: str, bindings: tuple[SecretBinding, ...]) -> dict[str, str]:
+        """The values a function's bindings give its environment, for the kernel's ``.local()`` run of it with a key
+        of ``namespace`` (the secrets' own): a 400 for a binding of another form or namespace, a 404 naming a
+        missing secret and how to create it."""
+        for index, binding in enumerate(bindings):
+            ref = binding.secret_ref
+            if binding.kind != "env" or binding.variable is None or ref is None:
+                raise ApiError(400, f"secret_bindings[{index}]: only kind 'env' with a variable and a secret_ref")
+            if ref.namespace_path not in ((), (namespace,)):
+                raise ApiError(404, f"secret {ref.name!r} not found; {how_to_create(ref.name)}")
+        with self._lock:
+            problem = self.missing(namespace, bindings, then="run .local() again")
+            if problem:
+                raise ApiError(404, problem)
+            return self.values(namespace, bindings)
 
     def values(self, namespace: str, bindings: Iterable[SecretBinding]) -> dict[str, str]:
         """A job's bound values by variable; :class:`SecretMissing` when one is gone."""

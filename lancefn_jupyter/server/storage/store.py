@@ -695,9 +695,11 @@ class Store:
 
     # ------------------------------------------------------------------ events
 
-    def job_events(self, job_id: str, limit: int) -> list[tuple[int, str]]:
-        """``[(seq, data)]`` of one job's events still kept, oldest first."""
-        return self._query("SELECT seq, data FROM events WHERE job_id=? ORDER BY seq LIMIT ?", (job_id, limit))
+    def job_events(self, job_id: str, limit: int, *, after: int = 0) -> list[tuple[int, str]]:
+        """``[(seq, data)]`` of one job's events still kept, oldest first, of sequence number above ``after``."""
+        return self._query(
+            "SELECT seq, data FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?", (job_id, after, limit)
+        )
 
     def insert_event(self, job_id: str | None, data: str, namespace: str = DEFAULT_NAMESPACE) -> int:
         return self.insert_events(job_id, [data], namespace)[0]

@@ -392,3 +392,56 @@ def test_a_relative_table_root_refuses_to_start_saying_why(control_plane_factory
     result = subprocess.run(cp.command, env=cp.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "--table-roots 'data/{namespace}' is not an absolute path" in result.stderr
+
+
+class Shift:
+    def __init__(self, factor: float, offset: float = 0.0):
+        self.factor, self.offset = factor, offset
+
+    def __call__(self, x: float) -> float:
+        return x * self.factor + self.offset
+
+
+def init_row(**values) -> str:
+    """A LanceDB 0.40 binding's ``initialization``: a base64 one-row Arrow IPC stream."""
+    import base64
+
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    table = pa.table({name: [value] for name, value in values.items()})
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return base64.b64encode(sink.getvalue().to_pybytes()).decode()
+
+
+def test_a_class_backfill_takes_init_values_as_json_or_a_lancedb_binding_row(cp):
+    import lancedb
+    from lancedb.functions import udf
+
+    from lancefn_jupyter.kernel import api
+
+    _, table = new_table()
+    client = lancedb.connect("db://lancefn", api_key=cp.api_key, host_override=cp.url)
+    version = client.create_function(udf(Shift)).metadata["lancefn.version"]
+    target = {"name": "Shift", "version": version, "table_uri": table.uri, "columns": {"x": "a"}}
+    with cp.http() as http:
+        for init, problem in (
+            ({}, "init: missing factor; Shift@"),
+            ({"init": {"factor": 1.0, "scale": 2.0}}, "unknown scale"),
+            ({"initialization": init_row(scale=2.0)}, "init: missing factor and unknown scale"),
+            ({"initialization": "not arrow"}, "initialization must be a base64 Arrow IPC stream of one row"),
+            ({"initialization": init_row(factor=1.0), "init": {"factor": 1.0}}, "not both"),
+        ):
+            refused = http.post("/v1/backfills/create", json={**target, "into": "refused", **init})
+            assert refused.status_code == 400 and problem in refused.text, refused.text
+        by_json = create(http, **target, into="doubled", init={"factor": 2.0})
+        by_row = create(http, **target, into="shifted", initialization=init_row(factor=3.0, offset=1.0))
+        assert wait(http, by_json["batch_id"])["batch_state"] == "DONE"
+        assert wait(http, by_row["batch_id"])["batch_state"] == "DONE"
+    api.connect(cp.url, cp.api_key)  # the kernel's backfill: map(table, into=, init=)
+    api.lookup(f"Shift@{version}").map(table, column="a", into="halved", init={"factor": 0.5}).wait()
+    done = lancedb.connect(str(Path(table.uri).parent)).open_table("docs")
+    a = column(done, "a")
+    assert column(done, "doubled") == [x * 2 for x in a] and column(done, "shifted") == [x * 3 + 1 for x in a]
+    assert column(done, "halved") == [x * 0.5 for x in a]

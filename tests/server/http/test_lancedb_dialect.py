@@ -234,6 +234,17 @@ def test_secrets_end_to_end(teams):
     assert db.describe_secret("HF").updated_at_millis >= info.updated_at_millis
     assert db.get_function(fv.name, version=fv.version) == fv  # altering changes no version
     assert run()["result"] == ["99991"]
+    ref = {"kind": "env", "variable": "HF_TOKEN", "secret_ref": {"name": "HF", "namespace_path": ["b"]}}
+    with teams.http(A_KEY) as http:  # .local()'s values go to a key of the secret's own namespace only
+        other = http.post("/v1/secrets/local_env", json={"secret_bindings": [ref]})
+        unqualified = http.post(
+            "/v1/secrets/local_env", json={"secret_bindings": [{**ref, "secret_ref": {"name": "HF"}}]}
+        )
+    assert other.status_code == unqualified.status_code == 404 and "second_value" not in other.text + unqualified.text
+    with teams.http(B_KEY) as http:
+        assert http.post("/v1/secrets/local_env", json={"secret_bindings": [ref]}).json() == {
+            "env": {"HF_TOKEN": "hf_second_value_9999"}
+        }
     db.drop_secret("HF")
     failed = run()
     assert failed["job_state"] == "FAILED" and failed["failure"]["phase"] == "environment"
@@ -258,8 +269,13 @@ def test_job_events_as_an_arrow_stream(teams):
     assert [e["state"] for e in events][-1] == "DONE"
     assert {e["job_id"] for e in events} == {job.id} and events[-1]["rows_processed"] == 2
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
-    with pytest.raises(Exception, match="filter is not supported"):
-        job.events(filter="state = 'DONE'")
+    # 0.40's limit and filter (an SQL-like expression over the row's columns) are applied, the limit after the filter
+    assert job.events(limit=1).to_pylist() == events[:1]
+    assert job.events(filter="state = 'DONE'").to_pylist() == [e for e in events if e["state"] == "DONE"]
+    kept = job.events(filter="NOT (state IN ('DONE') OR claim_entity IS NOT NULL) AND seq > 0", limit=1).to_pylist()
+    assert kept == [e for e in events if e["state"] != "DONE"][:1] and kept
+    with pytest.raises(Exception, match="'colour' is not a column; a filter compares the columns state"):
+        job.events(filter="colour = 'red'")
     with pytest.raises(Exception, match="not found"):  # another team's job reads as a missing one
         connect(teams.url, B_KEY).open_job(job.id).events()
 
@@ -289,3 +305,41 @@ def test_a_class_with_initialization_runs_with_each_runs_values(teams):
     assert handle.map([1.0, 2.0], init={"factor": 2.0}).result() == [2.0, 4.0]
     batch = handle.map([1.0, 2.0, 3.0], chunk_size=1, parallel=2, init={"factor": -1.0}, fresh=True)
     assert batch.result() == [-1.0, -2.0, -3.0]
+
+
+def test_list_jobs_lists_a_teams_batches_to_that_team_only(teams):
+    with teams.http(A_KEY) as http:
+        version = register(http, registration_body("batched"))["version"]
+        body = {"name": "batched", "version": version, "chunks": [[{"x": 1}], [{"x": 2}]]}
+        batch_id = http.post("/v1/batches/create", json=body).json()["batch_id"]
+    rows = {row.job_id: row for row in connect(teams.url, A_KEY).list_jobs()}
+    assert rows[batch_id].job_type == "batch"
+    assert batch_id not in {row.job_id for row in connect(teams.url, B_KEY).list_jobs()}
+    with teams.http(B_KEY) as http:
+        assert http.post("/v1/jobs/list", json={"job_type": "batch"}).json()["jobs"] == []
+
+
+def test_secrets_survive_a_restart_and_are_still_never_in_a_reply(control_plane_factory):
+    cp = control_plane_factory()
+    db = connect(cp.url, cp.api_key)
+    db.create_secret("HF", "hf_kept_value_5678")
+    fv = db.create_function(udf(token_tail, name="restarted"), secrets=[EnvVarSecret("HF", "HF_TOKEN")])
+    body = {"name": fv.name, "version": fv.metadata["lancefn.version"], "rows": [{"x": 3}], "wait_s": 30}
+    ref = {"kind": "env", "variable": "HF_TOKEN", "secret_ref": {"name": "HF"}}
+    cp.restart()
+    db = connect(cp.url, cp.api_key)
+    with cp.http() as http:
+        assert http.post("/v1/functions/run", json=body).json()["job"]["result"] == ["56783"]  # still delivered
+        assert http.post("/v1/secrets/local_env", json={"secret_bindings": [ref]}).json()["env"] == {
+            "HF_TOKEN": "hf_kept_value_5678"
+        }
+        seen = [  # everything else there is to read
+            http.post("/v1/jobs/list", json={"limit": 1000}).text,
+            http.post("/v1/functions/list", json={"include_definition": True}).text,
+            http.post("/v1/secret/HF/describe").text,
+            http.get("/v1/namespace/$/secret/list").text,
+            *(p.read_text(errors="replace") for p in cp.log_dir.glob(f"server-{cp.home.name}-*.log")),
+        ]
+    assert len(seen) == 6 and not [text for text in seen if "kept_value" in text]
+    assert db.describe_secret("HF").name == "HF" and db.list_secrets() == ["HF"]
+    assert [b.secret_ref.name for b in db.get_function("restarted", version="1").secret_bindings] == ["HF"]

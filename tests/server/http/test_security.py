@@ -44,6 +44,7 @@ def privilege_of(path: str) -> str:
         ("/v1/functions/", "functions"),
         ("/v1/jobs/", "jobs"),
         ("/v1/gpu/", "system_usage"),
+        ("/v1/secrets/", "functions"),  # local_env: a version's bound values for .local()
         *lancedb,
     ):
         if path.startswith(prefix):

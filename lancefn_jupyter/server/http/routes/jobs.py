@@ -11,7 +11,10 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from lancefn_jupyter.server.control import event_filter
+from lancefn_jupyter.server.control.dialect import job_row
 from lancefn_jupyter.server.control.offload import off_loop
+from lancefn_jupyter.server.control.pages import clamp_limit, decode_tokens, merge_newest
 from lancefn_jupyter.server.control.states import now_ms
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import who
@@ -28,17 +31,20 @@ class JobId(Body):
 
 
 class ListJobs(Body):
-    state: Literal["PENDING", "IN_PROGRESS", "DONE", "FAILED", "CANCELLED", "TIMED_OUT"] | None = None
+    state: Literal["PENDING", "IN_PROGRESS", "PAUSED", "DONE", "FAILED", "CANCELLED", "TIMED_OUT"] | None = None
     name: str | None = None
-    job_type: Literal["create_function", "run_function"] | None = None
+    job_type: Literal["create_function", "run_function", "batch", "backfill"] | None = None
     page_token: str | None = None
     limit: int = Field(100, ge=1, le=1000)
+
+
+RUNS = ("batch", "backfill")  # the job types of batches' rows in jobs/list; the others are jobs'
 
 
 class QueryEvents(Body):
     job_id: str
     limit: int = Field(1000, ge=1, le=10000)
-    filter: str | None = None  # LanceDB 0.40's SQL-like filter: not supported here (a 400 says so)
+    filter: str | None = None  # LanceDB 0.40's SQL-like filter (event_filter.py)
 
 
 class Logs(Body):
@@ -129,17 +135,45 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
         by_id(JobId, "job_id", pause_or_resume(batches.resume, "resume"), "resume_job")
     )
 
-    router.post("/v1/jobs/list", privilege="jobs")(listing(ListJobs, queries.list, "list_jobs"))
+    def list_any(
+        *,
+        state: str | None,
+        name: str | None,
+        job_type: str | None,
+        page_token: str | None,
+        limit: int,
+        scope: str | None,
+    ) -> dict:
+        """Jobs, batches and backfills newest first (LanceDB 0.40's ``list_jobs``), one page of each table merged;
+        the token holds where each table's listing stands."""
+        before_jobs, before_runs = decode_tokens(page_token, 2)
+        limit = clamp_limit(limit)
+        jobs = (
+            queries.page(state=state, name=name, job_type=job_type, before=before_jobs, limit=limit + 1, scope=scope)
+            if job_type not in RUNS and state != "PAUSED"
+            else []
+        )
+        runs = (
+            batches.page_as_jobs(state=state, name=name, before=before_runs, limit=limit + 1, scope=scope)
+            if job_type is None or job_type in RUNS
+            else []
+        )
+        rows, token = merge_newest([jobs, runs], (before_jobs, before_runs), limit, lambda row: row["creation_ms"])
+        wanted = [
+            row
+            for row in rows
+            if (state is None or row["job_state"] == state) and (job_type is None or row["job_type"] == job_type)
+        ]
+        return {"jobs": [job_row(row) for row in wanted], **({"page_token": token} if token else {})}
+
+    router.post("/v1/jobs/list", privilege="jobs")(listing(ListJobs, list_any, "list_jobs"))
 
     @router.post("/v1/jobs/query_events", privilege="jobs")
     async def query_events(request: Request) -> Response:
         """A job's events as an Arrow IPC stream (LanceDB 0.40's ``Job.events()``)."""
         body = await parse(request, QueryEvents)
-        if body.filter:
-            raise ApiError(
-                400, "filter is not supported by this server; read every event and filter the table it returns"
-            )
-        rows = await off_loop(queries.events, body.job_id, body.limit, who(request).scope)
+        keep = event_filter.parse(body.filter) if body.filter else None
+        rows = await off_loop(queries.events, body.job_id, body.limit, who(request).scope, keep)
         return Response(await off_loop(_events_stream, rows), media_type=ARROW_STREAM)
 
     @router.post("/v1/jobs/logs", privilege="jobs")

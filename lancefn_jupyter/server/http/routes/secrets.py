@@ -1,6 +1,7 @@
 """LanceDB 0.40's secret routes: ``/v1/secret/{id}/create|alter|describe|drop`` and
 ``GET /v1/namespace/{ns}/secret/list`` (docs/ARCHITECTURE.md, "Secrets"). ``{id}`` is the name, its namespace path
-``$``-joined in front; the root is the key's own namespace. No reply carries a value."""
+``$``-joined in front; the root is the key's own namespace. No reply carries a value but ``/v1/secrets/local_env``'s,
+to a key of the secrets' own namespace, for the kernel's ``.local()``."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from starlette.requests import Request
 
 from lancefn_jupyter.server.control import dialect
 from lancefn_jupyter.server.control.offload import off_loop
+from lancefn_jupyter.server.http.auth import who
 from lancefn_jupyter.server.http.bodies import Body, parse, parse_query, parse_raw
 from lancefn_jupyter.server.http.router import Router
 from lancefn_jupyter.server.http.routes.context import RouteContext
 from lancefn_jupyter.server.http.routes.functions import lancedb_namespace
+from lancefn_jupyter.wire.models import SecretBinding
 
 
 class NoFields(Body):
@@ -28,6 +31,10 @@ async def no_fields(request: Request) -> None:
 
 class SecretValue(Body):
     value: object = None  # checked by the vault: a non-empty string
+
+
+class LocalEnv(Body):
+    secret_bindings: list[SecretBinding] = Field(max_length=64)
 
 
 class SecretList(Body):
@@ -65,6 +72,13 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
         namespace, name = secret_id(request)
         await no_fields(request)
         return await off_loop(vault.drop, namespace, name)
+
+    @router.post("/v1/secrets/local_env", privilege="functions")
+    async def local_env(request: Request) -> dict:
+        """The one reply with values: a version's bound secrets of the key's own namespace as ``{env: {VARIABLE:
+        value}}``, for the kernel's ``.local()`` run of it (docs/ARCHITECTURE.md, "Secrets")."""
+        body = await parse(request, LocalEnv)
+        return {"env": vault.local_env(who(request).namespace, tuple(body.secret_bindings))}
 
     @router.get(
         "/v1/namespace/{ns}/secret/list", privilege="functions", query=(("page_token", False), ("limit", False))
