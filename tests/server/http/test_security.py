@@ -44,7 +44,7 @@ def privilege_of(path: str) -> str:
         ("/v1/functions/", "functions"),
         ("/v1/jobs/", "jobs"),
         ("/v1/gpu/", "system_usage"),
-        ("/v1/secrets/", "functions"),  # local_env: a version's bound values for .local()
+        ("/v1/secrets/", "functions"),  # local_env: a version's bound values for .local() (and `jobs` too: below)
         *lancedb,
     ):
         if path.startswith(prefix):
@@ -75,7 +75,9 @@ def test_every_route_enforces_its_privilege(cp_with_keys):
         needed = privilege_of(path)
         for key, granted in GRANTS.items():
             reply = request(cp, method, path, key)
-            if granted == needed:
+            if path == "/v1/secrets/local_env" and granted == needed:  # secret values: a key that could run them
+                assert_error(reply, 403, "'jobs' privilege too")
+            elif granted == needed:
                 assert reply.status_code not in (401, 403), (method, path, key, reply.status_code)
             else:
                 assert_error(reply, 403, needed, path)

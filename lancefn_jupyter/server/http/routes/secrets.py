@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from lancefn_jupyter.server.control import dialect
 from lancefn_jupyter.server.control.offload import off_loop
+from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.http.auth import who
 from lancefn_jupyter.server.http.bodies import Body, parse, parse_query, parse_raw
 from lancefn_jupyter.server.http.router import Router
@@ -77,8 +78,12 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     async def local_env(request: Request) -> dict:
         """The one reply with values: a version's bound secrets of the key's own namespace as ``{env: {VARIABLE:
         value}}``, for the kernel's ``.local()`` run of it (docs/ARCHITECTURE.md, "Secrets")."""
+        caller = who(request)
+        if not caller.admin and "jobs" not in caller.privileges:
+            # values only to a key that could read them anyway: one that registers and runs the namespace's functions
+            raise ApiError(403, "reading bound secrets for .local() needs a key with the 'jobs' privilege too")
         body = await parse(request, LocalEnv)
-        return {"env": vault.local_env(who(request).namespace, tuple(body.secret_bindings))}
+        return {"env": vault.local_env(caller.namespace, tuple(body.secret_bindings))}
 
     @router.get(
         "/v1/namespace/{ns}/secret/list", privilege="functions", query=(("page_token", False), ("limit", False))
