@@ -362,10 +362,8 @@ def test_a_python_bundle_runs_with_its_own_modules(teams, tmp_path, monkeypatch)
 
 def bundle_body(files: dict[str, str]) -> dict:
     """A registration of a python_bundle of ``files`` beside a valid entry module."""
-    text = json.dumps({"files": {"user_function.py": "def f(x: int) -> int:\n    return x\n", **files}})
-    body = registration_body("bad_bundle", source=text, entrypoint="f", num_gpus=None)
-    body["artifact"]["kind"] = "python_bundle"
-    return body
+    entry = "def f(x: int) -> int:\n    return x\n"
+    return registration_body("bad_bundle", source=entry, entrypoint="f", num_gpus=None, bundle=files)
 
 
 @pytest.mark.parametrize(
