@@ -3,6 +3,7 @@ gets, lists and drops functions and follows their jobs; what the server cannot h
 
 from __future__ import annotations
 
+import base64
 import datetime
 import importlib
 import json
@@ -16,6 +17,8 @@ from conftest import register, registration_body
 from helpers import two_teams
 from lancedb.functions import FunctionVersion, udf
 from lancedb.secrets import EnvVarSecret
+
+from lancefn_jupyter.server.control.artifact_check import IN_PROCESS_MAX_BYTES
 
 A_KEY, B_KEY = "dialect-team-a-key-0001", "dialect-team-b-key-0002"
 WAIT = datetime.timedelta(seconds=60)
@@ -403,6 +406,39 @@ def calls(x: pa.Array) -> pa.Array:
 
 
 FLOATS = {"input_schema": pa.schema([pa.field("x", pa.float64())]), "output_schema": pa.float64()}
+
+
+class Shift:
+    """A class batch UDF with initialization values."""
+
+    def __init__(self, by: float):
+        self.by = by
+
+    def __call__(self, x: pa.Array) -> pa.Array:
+        import pyarrow.compute as pc
+
+        return pc.add(x, self.by)
+
+
+def test_a_class_batch_udf_and_a_large_one_are_batched_too(teams, tmp_path, monkeypatch):
+    db = connect(teams.url, A_KEY)
+    shift = db.create_function(udf(Shift, **FLOATS))
+    from lancefn_jupyter.kernel import api
+
+    api.connect(teams.url, A_KEY)
+    result = api.lookup(f"Shift@{shift.metadata['lancefn.version']}").map([1.0, 2.0], init={"by": 0.5}).result()
+    assert list(result.to_pylist() if isinstance(result, pa.Array) else result) == [1.5, 2.5]
+    # An entry source over the in-process limit is parsed in a child: batched all the same.
+    (tmp_path / "lfb_large.py").write_text(
+        f"import pyarrow as pa\n\n\ndef large(x: pa.Array) -> pa.Array:\n    '{'p' * 20000}'\n    return x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    definition = udf(importlib.import_module("lfb_large").large, **FLOATS)
+    assert len(base64.b64decode(definition.registration_request.artifact.content.data)) > IN_PROCESS_MAX_BYTES
+    large = db.create_function(definition)
+    with teams.http(A_KEY) as http:
+        ours = http.post("/v1/functions/describe", json={"name": "large", "version": large.metadata["lancefn.version"]})
+    assert ours.json()["signature"]["batched"] is True
 
 
 def test_a_batch_udf_is_called_once_per_batch(teams):
