@@ -40,11 +40,11 @@ def bundle_files(artifact: bytes) -> dict[str, str] | None:
     return files
 
 
-def bundle_problem(artifact: bytes) -> str | None:
-    """What is wrong with a ``python_bundle`` artifact (a message naming the path or limit and what to change), or
-    None: JSON ``{"files": {...}}`` with ``user_function.py``, at most ``MAX_FILES`` files of at most
-    ``MAX_FILE_BYTES`` each, every path a relative ``.py`` path of importable names (no absolute path, no ``..``)."""
-    files = bundle_files(artifact)
+def bundle_problem(files: dict[str, str] | None) -> str | None:
+    """What is wrong with a ``python_bundle`` artifact's ``files`` (``bundle_files``; None: not a bundle) as a message
+    naming the path or limit and what to change, or None: ``user_function.py`` present, at most ``MAX_FILES`` files of
+    at most ``MAX_FILE_BYTES`` each, every path a relative ``.py`` path of importable names (no absolute path, no
+    ``..``)."""
     if files is None:
         return (
             'artifact content of kind \'python_bundle\' must be the JSON {"files": {"<path>.py": "<source>", ...}} '

@@ -268,11 +268,10 @@ def _mount_bundle(artifact_b64: str) -> None:
     own (0700) at the front of ``sys.path``, for this version only (:func:`_unmount_bundle`); the paths are checked
     again here, before anything is written. Nothing for a callable artifact."""
     global _bundle_root
-    artifact = base64.b64decode(artifact_b64)
-    files = bundles.bundle_files(artifact)
+    files = bundles.bundle_files(base64.b64decode(artifact_b64))
     if files is None:
         return
-    problem = bundles.bundle_problem(artifact)
+    problem = bundles.bundle_problem(files)
     if problem:
         raise TaskFailure("setup", problem)
     import tempfile

@@ -262,10 +262,12 @@ class FunctionCatalog:
             )
         source = artifact
         if request.artifact.kind == "python_bundle":
-            problem = bundle_problem(artifact)
+            files = bundle_files(artifact)
+            problem = bundle_problem(files)
             if problem:
                 raise ApiError(400, problem)
-            source = (bundle_files(artifact) or {})[ENTRY_FILE].encode("utf-8", "surrogatepass")
+            assert files is not None  # bundle_problem refuses what is no bundle
+            source = files[ENTRY_FILE].encode("utf-8", "surrogatepass")
         prepared = Prepared(request, artifact, in_process(source), source)
         if not prepared.checked:
             return prepared
