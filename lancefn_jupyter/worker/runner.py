@@ -287,11 +287,15 @@ def _mount_bundle(artifact_b64: str) -> None:
 
 
 def _unmount_bundle() -> None:
-    """The loaded bundle's directory off ``sys.path`` and gone, with the modules imported from it."""
+    """The loaded bundle's directory (if any) off ``sys.path`` and gone, with the modules imported from it."""
     global _bundle_root
-    root, _bundle_root = _bundle_root, None
-    if root is None:
-        return
+    if _bundle_root is not None:
+        _remove_bundle(_bundle_root)
+        _bundle_root = None
+
+
+def _remove_bundle(root: str) -> None:
+    """``root`` off ``sys.path``, the modules imported from it dropped (the next version imports its own), removed."""
     import importlib
     import shutil
 
