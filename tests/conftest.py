@@ -346,12 +346,16 @@ def registration_body(
     gpu_class: str | None = None,
     packages: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    bundle: dict[str, str] | None = None,
 ) -> dict:
     """A FunctionRegistrationRequest as plain JSON data (base64 artifact, sha256 digest),
-    built without ``lancefn_jupyter.kernel.packaging``.  ``num_gpus=None`` → a CPU (``python``) function."""
+    built without ``lancefn_jupyter.kernel.packaging``.  ``num_gpus=None`` → a CPU (``python``) function.
+    ``bundle``: LanceDB 0.40's ``python_bundle`` of these files (path → source) beside ``source`` as its entry."""
     import base64
     import hashlib
 
+    if bundle is not None:
+        source = json.dumps({"files": {"user_function.py": source, **bundle}}, sort_keys=True)
     data = source.encode("utf-8")
     runtime: dict = {
         "kind": "python_v2" if num_gpus is not None else "python",
@@ -365,7 +369,7 @@ def registration_body(
     return {
         "name": name,
         "artifact": {
-            "kind": "python_callable",
+            "kind": "python_callable" if bundle is None else "python_bundle",
             "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
             "entrypoint": entrypoint,
             "content": {"encoding": "base64", "data": base64.b64encode(data).decode()},

@@ -418,8 +418,10 @@ def batch_column(value: Any, sig_type: str, form: str, *, coerce: bool, where: A
         return _stacked_tensor_column(array)
     if form == "arrow":
         if isinstance(value, pa.ChunkedArray):
-            return value.combine_chunks()
+            value = value.combine_chunks()
         if isinstance(value, pa.Array):
+            if not coerce and sig_type and not is_data_type(sig_type):  # a LanceDB batch UDF's output_schema
+                _check_arrow_type(value, sig_type, where)
             return value
         if not coerce:
             raise DataPlaneError(f"{where(None)}: expected a pyarrow.Array, got {_describe(value)}")
@@ -430,6 +432,20 @@ def batch_column(value: Any, sig_type: str, form: str, *, coerce: bool, where: A
         raise DataPlaneError(f"{where(None)}: expected a list with one value per row, got {_describe(value)}")
     values = list(value)
     return encode_column(values, sig_type, coerce=coerce, where=lambda i: where(i))
+
+
+def _check_arrow_type(value: Any, sig_type: str, where: Any) -> None:
+    """A result array is of its declared plain type (``float64``, ``list<int64>`` ...); a type this module cannot
+    spell is left to the reader."""
+    try:
+        expected = arrow_type(sig_type)
+    except (ValueError, KeyError, TypeError):
+        return
+    if value.type != expected:
+        raise DataPlaneError(
+            f"{where(None)}: expected a pyarrow.Array of {sig_type} (the declared output type), got one of "
+            f"{value.type}; cast it, e.g. pyarrow.compute.cast(result, {sig_type!r})"
+        )
 
 
 def batch_length(value: Any, form: str, where: str) -> int:
@@ -550,7 +566,8 @@ def batch_rows(args: Mapping[str, Any], types: Mapping[str, str], forms: Mapping
 
 def task_fields(signature: Mapping[str, Any]) -> dict[str, Any]:
     """The worker protocol's signature fields of a task from a signature's wire form: ``input_types``,
-    ``output_type`` and, for a batched function, ``batched: {inputs: {param: form}, output: form}``."""
+    ``output_type``, for a batched function ``batched: {inputs: {param: form}, output: form}``, and for a
+    ``named_struct`` output ``output_fields: {name: nullable}``."""
     inputs = signature.get("inputs") or ()
     output = signature.get("output") or {}
     fields: dict[str, Any] = {
@@ -559,6 +576,8 @@ def task_fields(signature: Mapping[str, Any]) -> dict[str, Any]:
     }
     if signature.get("batched"):
         fields["batched"] = {"inputs": {p["name"]: p.get("form") for p in inputs}, "output": output.get("form")}
+    if output.get("fields"):
+        fields["output_fields"] = {f["name"]: f["nullable"] for f in output["fields"]}
     return fields
 
 

@@ -444,7 +444,8 @@ class PythonAdapterSpec(WireModel):
 class FunctionArtifactRequest(WireModel):
     """The artifact as uploaded: identity plus content and adapter."""
 
-    kind: Literal["python_callable"]
+    # "python_bundle": LanceDB 0.40's ``udf(code=[module])``, the JSON of its files (``wire/bundles.py``).
+    kind: Literal["python_callable", "python_bundle"]
     digest: _Digest
     entrypoint: _Identifier
     content: FunctionArtifactContent
@@ -454,7 +455,7 @@ class FunctionArtifactRequest(WireModel):
 class FunctionArtifact(WireModel):
     """The artifact's identity as returned in a version (no bytes)."""
 
-    kind: Literal["python_callable"]
+    kind: Literal["python_callable", "python_bundle"]
     digest: _Digest
     entrypoint: _Identifier
 

@@ -57,6 +57,8 @@ class TaskData(WireModel):
     on_error: OnError | None = None
     # A class entry's ``__init__`` arguments (LanceDB 0.40's initialization); each distinct set is its own instance.
     init: dict[StrictStr, Any] | None = None
+    # A ``named_struct`` output's fields (name → nullable): each row's result is a dict of exactly these.
+    output_fields: dict[StrictStr, StrictBool] | None = None
 
     @classmethod
     def of(cls, signature: FunctionSignature, **fields: Any) -> TaskData:
@@ -67,7 +69,10 @@ class TaskData(WireModel):
             forms = {p.name: p.form for p in signature.inputs}
             batched = BatchedForms(inputs=forms, output=signature.output.form)
         types = {p.name: p.arrow_type for p in signature.inputs}
-        return cls(input_types=types, output_type=signature.output.arrow_type, batched=batched, **fields)
+        struct = {f.name: f.nullable for f in signature.output.fields} or None
+        return cls(
+            input_types=types, output_type=signature.output.arrow_type, batched=batched, output_fields=struct, **fields
+        )
 
     def fields(self) -> dict[str, Any]:
         """The fields as a worker's task line carries them (unset ones left out)."""

@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lancefn_jupyter.wire import dataplane  # imports neither numpy nor pyarrow until a task uses the data plane
+from lancefn_jupyter.wire import bundles, dataplane  # dataplane imports neither numpy nor pyarrow until a task uses it
 from lancefn_jupyter.wire.frames import capture_frames
 from lancefn_jupyter.wire.setup_part import SetupPart, class_def, setup_part
 from lancefn_jupyter.worker import reap
@@ -160,9 +160,11 @@ _STAND_INS = {"display": _display, "get_ipython": _get_ipython, "exit": _exit, "
 
 @functools.lru_cache(maxsize=8)
 def _compiled(artifact_b64: str, filename: str) -> tuple[str, types.CodeType]:
-    """The artifact's source and code, compiled once per version (a ``per_job`` version executes
-    it afresh for every task)."""
-    source = base64.b64decode(artifact_b64).decode("utf-8")
+    """The artifact's source (a bundle's: its entry module's) and code, compiled once per version (a ``per_job``
+    version executes it afresh for every task)."""
+    artifact = base64.b64decode(artifact_b64)
+    files = bundles.bundle_files(artifact)
+    source = files[bundles.ENTRY_FILE] if files is not None else artifact.decode("utf-8")
     # dont_inherit: this file's `from __future__` flags must not leak into the user's code
     return source, compile(source, filename, "exec", dont_inherit=True)
 
@@ -180,6 +182,7 @@ class _Loaded:
 
 
 _loaded: _Loaded | None = None
+_bundle_root: str | None = None  # the loaded bundle's directory on sys.path (LanceDB's ``code=[module]``)
 
 
 def _setup_failure(exc: BaseException, task: dict) -> TaskFailure:
@@ -214,6 +217,7 @@ def _load(task: dict, key: tuple[str, ...]) -> _Loaded:
     module.__builtins__ = {**_STAND_INS, **vars(builtins)}  # type: ignore[attr-defined]  # real builtins win where they exist
     sys.modules[_ARTIFACT_MODULE] = module  # dataclasses, pickle and numba look the module up by name
     try:
+        _mount_bundle(task["artifact_b64"])
         source, code = _compiled(task["artifact_b64"], filename)
         _cache_lines(filename, source)
         exec(code, module.__dict__)
@@ -256,6 +260,54 @@ def _drop_module() -> None:
     shipped = sys.modules.get("lancefn_jupyter.local_modules")
     if shipped is not None:  # the notebook's modules of this version must not serve another
         shipped.uninstall()
+    _unmount_bundle()
+
+
+def _mount_bundle(artifact_b64: str) -> None:
+    """A bundle's modules (not its entry, executed as the version's module) written into a directory of this worker's
+    own (0700) at the front of ``sys.path``, for this version only (:func:`_unmount_bundle`); the paths are checked
+    again here, before anything is written. Nothing for a callable artifact."""
+    global _bundle_root
+    files = bundles.bundle_files(base64.b64decode(artifact_b64))
+    if files is None:
+        return
+    problem = bundles.bundle_problem(files)
+    if problem:
+        raise TaskFailure("setup", problem)
+    import tempfile
+
+    _bundle_root = root = tempfile.mkdtemp(prefix="lancefn-bundle-")
+    for path, text in files.items():
+        if path != bundles.ENTRY_FILE:
+            target = os.path.join(root, *path.split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "x", encoding="utf-8", errors="surrogatepass") as file:
+                file.write(text)
+    sys.path.insert(0, root)
+
+
+def _unmount_bundle() -> None:
+    """The loaded bundle's directory (if any) off ``sys.path`` and gone, with the modules imported from it."""
+    global _bundle_root
+    if _bundle_root is not None:
+        _remove_bundle(_bundle_root)
+        _bundle_root = None
+
+
+def _remove_bundle(root: str) -> None:
+    """``root`` off ``sys.path``, the modules imported from it dropped (the next version imports its own), removed."""
+    import importlib
+    import shutil
+
+    while root in sys.path:
+        sys.path.remove(root)
+    inside = root + os.sep
+    for name, module in list(sys.modules.items()):
+        places = [getattr(module, "__file__", None) or "", *(getattr(module, "__path__", None) or ())]
+        if any(str(place).startswith(inside) for place in places):
+            del sys.modules[name]
+    shutil.rmtree(root, ignore_errors=True)
+    importlib.invalidate_caches()
 
 
 def _teardown(instance: object) -> None:
@@ -461,6 +513,7 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
         return _run_batched(task, entry, proto, timings)
     rows = _task_rows(task)
     skip = task.get("on_error") == "skip"
+    struct = task.get("output_fields")
     results: list = []
     errors: list[str | None] = []
     progress = _Progress(proto)
@@ -476,6 +529,8 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
                     continue
                 where = f" (row {index} of {len(rows)})" if len(rows) > 1 else ""
                 raise _run_failure(exc, task, index, index + 1, _exception_line(exc) + where) from None
+            if struct is not None:
+                _check_struct(value, struct, f"the result of row {index}" if len(rows) > 1 else "the result")
             results.append(value)
             errors.append(None)
             if index + 1 < len(rows):  # the last row's count rides on the result (one event less per job)
@@ -484,6 +539,23 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
         timings["run_ms"] = (time.perf_counter() - started) * 1000.0
         progress.close()  # before the final event, so no progress of this task can follow it
     return {"values": results, "errors": errors if any(e is not None for e in errors) else None}
+
+
+def _check_struct(value: object, fields: dict, where: str) -> None:
+    """A ``named_struct`` output's row: a dict of exactly its fields, a non-nullable one not None (phase ``result``)."""
+    names = ", ".join(fields)
+    if not isinstance(value, dict):
+        raise TaskFailure(
+            "result", f"{where} is {type(value).__name__}, not a dict of the named_struct fields ({names})"
+        )
+    missing = [name for name in fields if name not in value]
+    extra = [name for name in value if name not in fields]
+    if missing or extra:
+        wrong = f"lacks field {missing[0]!r}" if missing else f"has field {extra[0]!r}, which is not an output field"
+        raise TaskFailure("result", f"{where} {wrong}; return a dict of exactly the named_struct fields ({names})")
+    nulls = [name for name, nullable in fields.items() if not nullable and value[name] is None]
+    if nulls:
+        raise TaskFailure("result", f"{where}: field {nulls[0]!r} is None but not nullable; give it a value")
 
 
 def _batch_arguments(task: dict) -> tuple[dict, int]:

@@ -3,6 +3,7 @@ worker, class entries are set up once and torn down when the worker ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import textwrap
@@ -226,3 +227,28 @@ def test_shipped_local_modules_stay_importable_for_the_workers_life(worker):
     other = "def f(x):\n    import nb_helper_24\n    return 0\n"
     failed = _run(worker, WorkerTask("t", other.encode(), "f", "<gpu_function g@v2>", [{"x": 1}]))
     assert failed["event"] == "failed" and "nb_helper_24" in failed["message"]
+
+
+def _bundle(files: dict[str, str]) -> WorkerTask:
+    """A task of LanceDB's ``python_bundle`` of ``files`` beside its entry ``f``, which uses package ``lfb_shared``."""
+    entry = "import lfb_shared\n\n\ndef f(x):\n    import lfb_shared.deep\n    return x * lfb_shared.K + lfb_shared.deep.D\n"
+    artifact = json.dumps({"files": {"user_function.py": entry, **files}}).encode()
+    return WorkerTask("t", artifact, "f", FILENAME, [{"x": 2}])
+
+
+def test_a_bundles_modules_serve_its_version_only(worker):
+    """A bundle's modules are imported from its own directory on sys.path ("LanceDB 0.40 dialect"): another bundle
+    on the same warm worker imports its own, and a version without them cannot import them."""
+    first = {"lfb_shared/__init__.py": "K = 3\n", "lfb_shared/deep.py": "D = 1\n"}
+    assert [_run(worker, _bundle(first))["results"] for _ in range(2)] == [[7], [7]]
+    assert _run(worker, _bundle({**first, "lfb_shared/__init__.py": "K = 10\n"}))["results"] == [21]
+    failed = _run(worker, _task("def f(x):\n    import lfb_shared\n    return 0\n", [{"x": 1}]))
+    assert failed["event"] == "failed" and "No module named 'lfb_shared'" in failed["message"]
+
+
+def test_a_bundle_path_leaving_it_fails_in_setup_with_nothing_written(worker, tmp_path):
+    escape = f"{'../' * 8}{str(tmp_path).lstrip('/')}/lfb_escape.py"
+    failed = _run(worker, _bundle({"lfb_shared/__init__.py": "K = 1\n", escape: "X = 1\n"}))
+    assert failed["event"] == "failed" and failed["phase"] == "setup"
+    assert "must not contain '..'" in failed["message"]
+    assert not (tmp_path / "lfb_escape.py").exists()

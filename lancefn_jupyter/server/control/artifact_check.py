@@ -10,7 +10,7 @@ A worst-case artifact takes GBs to parse, so only ``CHILDREN`` large registratio
 in turn, so one key's burst of large registrations neither takes the threads (nor the GIL) other requests need nor
 makes another key's registration wait behind all of it (docs/ARCHITECTURE.md, "REST details").
 
-    python -m lancefn_jupyter.server.control.artifact_check ENTRYPOINT < artifact   → problem or nothing
+    python -m lancefn_jupyter.server.control.artifact_check ENTRYPOINT [PLAIN...] < artifact   → [problem, arrow] (JSON)
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Hashable
+from typing import NamedTuple
 
 from lancefn_jupyter.server.errors import ApiError
 
-__all__ = ["CHILDREN", "IN_PROCESS_MAX_BYTES", "CheckTurns", "artifact_problem", "in_process"]
+__all__ = ["CHILDREN", "IN_PROCESS_MAX_BYTES", "CheckTurns", "Checked", "check_artifact", "in_process"]
 
 IN_PROCESS_MAX_BYTES = 16 * 1024  # parses in a few ms at worst
 CHILD_TIMEOUT_S = 60.0
@@ -111,14 +113,22 @@ class CheckTurns:
                 del self._waiting[key]
 
 
-def artifact_problem(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> str | None:
-    """What is wrong with ``artifact`` (a message saying how to fix it), or None.  A large one is parsed in a child
-    process here and now: the server takes a turn at the children first (``CheckTurns``).  ``plain``: the parameters
-    (and ``"return"``) a per-row signature declares with a plain Arrow type: one annotated as a pyarrow batch there
-    is a LanceDB batch UDF, refused (this server's own per-row ``pyarrow.Array`` / ``Table`` values are typed
-    ``arrow.*``)."""
+class Checked(NamedTuple):
+    """An artifact's check: what is wrong with it (a message saying how to fix it) or None, and ``arrow``: the
+    per-row signature's ``plain`` parameters (and ``"return"``) its entry annotates as a pyarrow batch type, each with
+    that type's name (``Array``, ``RecordBatch`` ...): a LanceDB batch UDF (``dialect.batch_udf``)."""
+
+    problem: str | None
+    arrow: dict[str, str]
+
+
+def check_artifact(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> Checked:
+    """Check ``artifact`` (the entry's Python source).  A large one is parsed in a child process here and now: the
+    server takes a turn at the children first (``CheckTurns``).  ``plain``: the parameters (and ``"return"``) a
+    per-row signature declares with a plain Arrow type (this server's own per-row ``pyarrow.Array`` / ``Table``
+    values are typed ``arrow.*``)."""
     if in_process(artifact):
-        return _problem(artifact, entrypoint, plain)
+        return _check(artifact, entrypoint, plain)
     try:
         done = subprocess.run(
             # -P, cwd /: it runs as the server's user (root), so never from a directory another user can write
@@ -131,71 +141,85 @@ def artifact_problem(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = 
     except subprocess.TimeoutExpired:
         done = None
     if done is None or done.returncode != 0:
-        return (
+        return Checked(
             f"artifact content could not be checked within {CHILD_TIMEOUT_S:.0f}s and the checker's memory "
             "(too large or too deeply nested); keep data out of the source and package the function with "
-            "lancefn_jupyter.packaging"
+            "lancefn_jupyter.packaging",
+            {},
         )
-    return done.stdout.decode("utf-8", "replace").strip() or None
+    problem, arrow = json.loads(done.stdout)
+    return Checked(problem, arrow)
 
 
-def _problem(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> str | None:
+def _check(artifact: bytes, entrypoint: str, plain: tuple[str, ...] = ()) -> Checked:
     # Cheap early checks so a broken upload fails at registration, not at the first run.
     try:
         tree = ast.parse(artifact.decode("utf-8"), filename="<artifact>")
     except UnicodeDecodeError:
-        return "artifact content is not UTF-8 Python source; package the function with lancefn_jupyter.packaging"
+        return Checked(
+            "artifact content is not UTF-8 Python source; package the function with lancefn_jupyter.packaging", {}
+        )
     except (SyntaxError, ValueError) as error:
-        return f"artifact content is not valid Python ({error}); package the function with lancefn_jupyter.packaging"
+        return Checked(
+            f"artifact content is not valid Python ({error}); package the function with lancefn_jupyter.packaging", {}
+        )
     except (MemoryError, RecursionError):  # the parser's own stack (e.g. 100 000 nested unary minus signs)
-        return (
+        return Checked(
             "artifact content is nested too deeply for the Python parser; simplify the expression or keep data "
-            "out of the source, and package the function with lancefn_jupyter.packaging"
+            "out of the source, and package the function with lancefn_jupyter.packaging",
+            {},
         )
     defined = set()
+    arrow: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined.add(node.name)
-            if plain and node.name == entrypoint and _takes_arrow_batches(node, frozenset(plain)):
-                return (
-                    f"artifact.entrypoint {entrypoint!r} takes or returns Arrow batches (pa.Array / pa.RecordBatch: a "
-                    "LanceDB batch UDF) but its signature is per row; register it as a batched function "
-                    "(%%gpu_function batched=yes, signature.batched true) or annotate one value per parameter"
-                )
+            if plain and node.name == entrypoint:
+                arrow = _arrow_batches(node, frozenset(plain))
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             defined.update(t.id for t in targets if isinstance(t, ast.Name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
     if entrypoint not in defined:
-        return f"artifact.entrypoint {entrypoint!r} is not defined at the top level of the artifact; name the entry function"
-    return None
+        return Checked(
+            f"artifact.entrypoint {entrypoint!r} is not defined at the top level of the artifact; name the entry "
+            "function",
+            {},
+        )
+    return Checked(None, arrow)
 
 
 _ARROW_BATCHES = frozenset({"Array", "ChunkedArray", "RecordBatch", "Table"})
 
 
-def _takes_arrow_batches(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, plain: frozenset[str]) -> bool:
-    """Whether the entry (a function, or a class's ``__call__``) annotates one of the ``plain`` parameters (or
-    ``"return"``) as a pyarrow batch type (``pa.Array``, ``pyarrow.RecordBatch`` ...)."""
+def _arrow_batches(
+    node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, plain: frozenset[str]
+) -> dict[str, str]:
+    """The ``plain`` parameters (and ``"return"``) the entry (a function, or a class's ``__call__``) annotates as a
+    pyarrow batch type (``pa.Array``, ``pyarrow.RecordBatch`` ...), each with that type's name."""
     if isinstance(node, ast.ClassDef):
         calls = [
             n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "__call__"
         ]
-        return any(_takes_arrow_batches(call, plain) for call in calls)
+        return _arrow_batches(calls[-1], plain) if calls else {}
     args = node.args
     named = [(a.arg, a.annotation) for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-    annotations = [annotation for name, annotation in [*named, ("return", node.returns)] if name in plain]
-    return any(
-        isinstance(part, ast.Attribute)
-        and part.attr in _ARROW_BATCHES
-        and isinstance(part.value, ast.Name)
-        and part.value.id in ("pa", "pyarrow")
-        for annotation in annotations
-        if annotation is not None
-        for part in ast.walk(annotation)
-    )
+    found = {}
+    for name, annotation in [*named, ("return", node.returns)]:
+        if name not in plain or annotation is None:
+            continue
+        for part in ast.walk(annotation):
+            if (
+                isinstance(part, ast.Attribute)
+                and part.attr in _ARROW_BATCHES
+                and isinstance(part.value, ast.Name)
+                and part.value.id in ("pa", "pyarrow")
+            ):
+                found[name] = part.attr
+                break
+    return found
 
 
 if __name__ == "__main__":
-    sys.stdout.write(_problem(sys.stdin.buffer.read(), sys.argv[1], tuple(sys.argv[2:])) or "")
+    sys.stdout.write(json.dumps(_check(sys.stdin.buffer.read(), sys.argv[1], tuple(sys.argv[2:]))))

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from lancefn_jupyter.environments.request import EnvironmentRequest
 from lancefn_jupyter.environments.requirements import pip_problem
 from lancefn_jupyter.server.control import dialect
-from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
+from lancefn_jupyter.server.control.artifact_check import Checked, check_artifact, in_process
 from lancefn_jupyter.server.control.jobtable import TableLock
 from lancefn_jupyter.server.control.journal import JobJournal
 from lancefn_jupyter.server.control.pages import clamp_limit, decode_token, encode_token
@@ -32,6 +32,7 @@ from lancefn_jupyter.server.policy.gpu_classes import GpuClassConfig
 from lancefn_jupyter.server.policy.namespaces import DEFAULT_NAMESPACE, visible
 from lancefn_jupyter.server.policy.resources import request_problem, resource_request
 from lancefn_jupyter.server.storage.store import JobRecord, Store, VersionRow
+from lancefn_jupyter.wire.bundles import ENTRY_FILE, bundle_files, bundle_problem
 from lancefn_jupyter.wire.models import (
     FunctionRegistrationRequest,
     FunctionResourceRequirements,
@@ -68,11 +69,13 @@ class Registration(NamedTuple):
 
 class Prepared(NamedTuple):
     """A registration request checked but for a large artifact's syntax (``checked`` False: parse it in a child,
-    ``artifact_check``), and not yet recorded."""
+    ``artifact_check``, then :func:`finish_check`), and not yet recorded. ``source``: the entry's Python source (the
+    artifact, or a bundle's ``user_function.py``)."""
 
     request: FunctionRegistrationRequest
     artifact: bytes
     checked: bool
+    source: bytes
 
     @property
     def entrypoint(self) -> str:
@@ -81,7 +84,7 @@ class Prepared(NamedTuple):
     @property
     def plain(self) -> tuple[str, ...]:
         """A per-row signature's parameters (and ``"return"``) of plain Arrow types: annotated as pyarrow batches in
-        the source, they make a LanceDB batch UDF, which is refused (``artifact_check``)."""
+        the source, they make a LanceDB batch UDF (``artifact_check``, ``dialect.batch_udf``)."""
         return plain_typed(self.request.signature)
 
 
@@ -93,30 +96,37 @@ def plain_typed(signature: FunctionSignature) -> tuple[str, ...]:
     return tuple(name for name, arrow_type in typed if not arrow_type.startswith("arrow."))
 
 
-def unsupported_artifact(artifact: Any) -> str | None:
-    """Why an artifact kind this server does not run is refused (checked before parsing, for a message that says
-    what to do), or None."""
-    kind = artifact.get("kind") if isinstance(artifact, Mapping) else None
-    if kind == "python_bundle":
-        return (
-            "artifact.kind 'python_bundle' (LanceDB's udf(code=[module])) is not supported by this server yet; "
-            "put the helper code in the function's own module, or register it from a notebook with "
-            "%%gpu_function include=MODULE"
-        )
-    return None
+def finish_check(prepared: Prepared, check: Checked) -> Prepared:
+    """``prepared`` once its entry's source is checked: a 400 naming the problem, or the request as it runs (a
+    LanceDB batch UDF's signature made batched: ``dialect.batch_udf``)."""
+    if check.problem:
+        raise ApiError(400, check.problem)
+    request = prepared.request
+    if check.arrow:
+        signature = dialect.batch_udf(request.signature, check.arrow)
+        if isinstance(signature, str):
+            raise ApiError(400, f"artifact.entrypoint {request.artifact.entrypoint!r}: {signature}")
+        request = request.model_copy(update={"signature": signature})
+    return prepared._replace(request=request, checked=True)
 
 
 def unsupported_fields(request: FunctionRegistrationRequest) -> str | None:
     """Why a registration using a field this server cannot honour is refused (docs/ARCHITECTURE.md, "LanceDB 0.40
     dialect": nothing accepted is dropped), or None."""
-    signature = request.signature
-    output = signature.output
-    if output.kind != "scalar" or output.fields:
+    output = request.signature.output
+    if output.kind == "scalar" and not output.fields:
+        return None
+    if output.kind == "named_struct" and output.fields and output.arrow_type is None:
+        names = [field.name for field in output.fields]
+        twice = sorted({name for name in names if names.count(name) > 1})
         return (
-            f"signature.output.kind {output.kind!r} is not supported by this server; return one value "
-            "(output kind 'scalar', e.g. {'kind': 'scalar', 'arrow_type': 'float64', 'nullable': False})"
+            f"signature.output.fields name {twice[0]!r} more than once; give each field its own name" if twice else None
         )
-    return None
+    return (
+        f"signature.output.kind {output.kind!r} with {'fields' if output.fields else 'no fields'} is not supported by "
+        "this server; return one value (output kind 'scalar', e.g. {'kind': 'scalar', 'arrow_type': 'float64', "
+        "'nullable': False}) or a dict (kind 'named_struct' with its fields and no arrow_type)"
+    )
 
 
 @dataclass(frozen=True)
@@ -189,7 +199,8 @@ class FunctionCatalog:
             return self._setup_digests[key]
         digest = None
         runtime = version.runtime
-        if runtime.state != "per_job" and runtime.reuse_setup != "no":
+        # A bundle's other modules are no part of its entry's setup part: its workers are never reused.
+        if runtime.state != "per_job" and runtime.reuse_setup != "no" and version.artifact.kind != "python_bundle":
             try:
                 part = setup_part(artifact.decode("utf-8"), version.artifact.entrypoint)
             except UnicodeDecodeError:
@@ -211,9 +222,8 @@ class FunctionCatalog:
         is parsed in a child here and now; the server's route takes a turn at the children first
         (:meth:`prepare`, ``artifact_check.CheckTurns``, :meth:`record`)."""
         prepared = self.prepare(body)
-        problem = None if prepared.checked else artifact_problem(prepared.artifact, prepared.entrypoint, prepared.plain)
-        if problem:
-            raise ApiError(400, problem)
+        if not prepared.checked:
+            prepared = finish_check(prepared, check_artifact(prepared.source, prepared.entrypoint, prepared.plain))
         return self.record(prepared, namespace)
 
     def prepare(self, body: Any) -> Prepared:
@@ -221,9 +231,6 @@ class FunctionCatalog:
         what is wrong."""
         if not isinstance(body, Mapping):
             raise ApiError(400, "the body must be a JSON object: a function registration request")
-        refused = unsupported_artifact(body.get("artifact"))
-        if refused:
-            raise ApiError(400, refused)
         try:
             request = FunctionRegistrationRequest.from_wire(body)
         except ValidationError as error:
@@ -253,13 +260,18 @@ class FunctionCatalog:
                 f"the artifact is {len(artifact)} bytes, over this server's limit of {limit}; "
                 "keep data out of the function's source, or start lancefn-server with a larger --max-artifact-bytes",
             )
-        checked = in_process(artifact)
-        problem = (
-            artifact_problem(artifact, request.artifact.entrypoint, plain_typed(request.signature)) if checked else None
-        )
-        if problem:
-            raise ApiError(400, problem)
-        return Prepared(request, artifact, checked)
+        source = artifact
+        if request.artifact.kind == "python_bundle":
+            files = bundle_files(artifact)
+            problem = bundle_problem(files)
+            if problem:
+                raise ApiError(400, problem)
+            assert files is not None  # bundle_problem refuses what is no bundle
+            source = files[ENTRY_FILE].encode("utf-8", "surrogatepass")
+        prepared = Prepared(request, artifact, in_process(source), source)
+        if not prepared.checked:
+            return prepared
+        return finish_check(prepared, check_artifact(source, prepared.entrypoint, prepared.plain))
 
     def record(self, prepared: Prepared, namespace: str = DEFAULT_NAMESPACE, lancedb: bool = False) -> Registration:
         """Record a prepared registration whose artifact is checked in ``namespace``: the version and its DONE

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from lancefn_jupyter.server.policy.namespaces import visible
+from lancefn_jupyter.wire.models import FunctionSignature
 
 __all__ = [
     "ARTIFACT_MEDIA_TYPE",
+    "batch_udf",
     "decimal_version",
     "event_row",
     "job_row",
@@ -25,6 +28,7 @@ __all__ = [
 ]
 
 ARTIFACT_MEDIA_TYPE = "application/vnd.lancefn.python-callable.v1"
+_MEDIA_TYPES = {"python_bundle": "application/vnd.lancefn.python-bundle.v1"}
 
 
 def split_id(raw: str) -> tuple[tuple[str, ...], str]:
@@ -87,7 +91,7 @@ def lancedb_version(definition: dict, *, ids: list[str], namespace: str) -> dict
         "image": {
             "manifest_digest": artifact["digest"],
             "descriptor": {
-                "mediaType": ARTIFACT_MEDIA_TYPE,
+                "mediaType": _MEDIA_TYPES.get(artifact["kind"], ARTIFACT_MEDIA_TYPE),
                 "digest": artifact["digest"],
                 "annotations": {"org.lancefn.entrypoint": artifact["entrypoint"], "org.lancefn.kind": artifact["kind"]},
             },
@@ -106,6 +110,36 @@ def lancedb_version(definition: dict, *, ids: list[str], namespace: str) -> dict
         },
         "disabled": False,
     }
+
+
+def batch_udf(signature: FunctionSignature, arrow: Mapping[str, str]) -> FunctionSignature | str:
+    """A LanceDB 0.40 batch UDF (its entry annotates its parameters ``pa.Array``: ``arrow`` names them, and
+    ``"return"``, with their pyarrow type) as this server's batched signature: one call per chunk, each parameter the
+    chunk's values as one Arrow array of the type its ``input_schema`` declares (form ``arrow``), the result one Arrow
+    array of ``output_schema``'s type (docs/ARCHITECTURE.md, "Batched functions"). A str: why it cannot run here, and
+    what to do instead."""
+    names = [parameter.name for parameter in signature.inputs]
+    batches = [name for name in names if name in arrow]
+    fix = "annotate every parameter pa.Array (a LanceDB batch UDF: one call per batch) or none (one call per row)"
+    if not batches:
+        return f"the entry returns pa.{arrow['return']} but takes one value per row; {fix}"
+    if len(batches) < len(names):
+        rows = ", ".join(repr(name) for name in names if name not in arrow)
+        return f"the entry takes {', '.join(repr(n) for n in batches)} as Arrow batches but {rows} per row; {fix}"
+    tables = [name for name in batches if arrow[name] in ("RecordBatch", "Table")]
+    if tables:
+        return (
+            f"parameter {tables[0]!r} is a pa.{arrow[tables[0]]}: LanceDB batch UDFs over a RecordBatch are not "
+            "supported by this server yet; take each column as its own pa.Array parameter (input_schema naming them)"
+        )
+    if signature.output.kind != "scalar":
+        return (
+            f"a LanceDB batch UDF with a {signature.output.kind!r} output is not supported by this server yet; return "
+            "one pa.Array of a scalar output_schema, or take one value per row"
+        )
+    inputs = tuple(parameter.model_copy(update={"form": "arrow"}) for parameter in signature.inputs)
+    output = signature.output.model_copy(update={"form": "arrow"})
+    return signature.model_copy(update={"inputs": inputs, "output": output, "batched": True})
 
 
 def job_row(job: dict[str, Any]) -> dict[str, Any]:

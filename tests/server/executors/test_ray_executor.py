@@ -16,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from conftest import ControlPlaneProcess, register, registration_body
 from helpers import (
@@ -717,6 +718,41 @@ def test_a_ray_job_cannot_push_events_for_another_job(ray_cp, flag):
         flag.touch()
         done = _finished(http, other)
         assert done["job_state"] == "DONE" and done["result"] != ["forged"], done
+
+
+HELPED = "import helper\n\n\ndef helped(x: int) -> int:\n    return helper.K * x\n"
+PARTS = "def parts(x: int) -> dict:\n    return {'q': x // 3, 'r': x % 3} if x else {'q': 0}\n"
+DOUBLED = "import pyarrow as pa\nimport pyarrow.compute as pc\n\n\ndef doubled(x: pa.Array) -> pa.Array:\n    return pc.multiply(x, 2)\n"
+
+
+def test_lancedb_bundles_batch_udfs_and_named_structs_run_on_ray_actors(ray_cp):
+    """LanceDB 0.40's registrations ("LanceDB 0.40 dialect") run on Ray as on the local executor: a bundle's modules
+    travel with its artifact, a batch UDF's chunk is one call, a named-struct output's fields are checked there."""
+    struct = registration_body("parts", source=PARTS, entrypoint="parts", gpu_class="small")
+    fields = [{"name": name, "arrow_type": "int64", "nullable": False} for name in ("q", "r")]
+    struct["signature"]["output"] = {"kind": "named_struct", "fields": fields}
+    arrow = registration_body(
+        "doubled", source=DOUBLED, entrypoint="doubled", inputs=(("x", "float64", True),), output_type="float64"
+    )
+    with ray_cp.http() as http:
+        helped = _version(
+            http,
+            registration_body(
+                "helped", source=HELPED, entrypoint="helped", gpu_class="small", bundle={"helper.py": "K = 7\n"}
+            ),
+        )
+        parts, doubled = _version(http, struct), _version(http, arrow)
+        assert _finished(http, submit(http, "helped", helped, [{"x": 2}]))["result"] == [14]
+        assert _finished(http, submit(http, "parts", parts, [{"x": 7}, {"x": 3}]))["result"] == [
+            {"q": 2, "r": 1},
+            {"q": 1, "r": 0},
+        ]
+        failed = _finished(http, submit(http, "parts", parts, [{"x": 0}]))
+        assert failed["failure"]["phase"] == "result" and "lacks field 'r'" in failed["failure"]["message"]
+        job = _finished(http, submit(http, "doubled", doubled, [{"x": 1.5}, {"x": 2.0}]))
+        assert job["job_state"] == "DONE", job
+        table = pa.ipc.open_stream(http.get("/v1/jobs/result", params={"job_id": job["job_id"]}).content).read_all()
+        assert table.column(0).to_pylist() == [3.0, 4.0]
 
 
 def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp, tmp_path_factory, flag):

@@ -93,6 +93,21 @@ def test_each_namespace_runs_as_its_own_uid_which_another_cannot_signal_and_whic
         assert _run(a, "act", va, [{"target": ""}])[0].split()[0] == uid_a
 
 
+WHERE = "import os\n\n\ndef where():\n    st = os.stat(os.path.dirname(__file__))\n    return f'{st.st_uid} {oct(st.st_mode & 0o777)} {os.getuid()}'\n"
+
+
+@as_root
+def test_a_bundles_modules_are_written_by_and_for_its_namespaces_uid_alone(uid_server):
+    """LanceDB's ``code=[module]`` ("LanceDB 0.40 dialect"): the worker writes the bundle's modules itself, as the
+    namespace's uid, into a directory only that uid can read."""
+    entry = "import lfb_where\n\n\ndef f(x: int) -> str:\n    return lfb_where.where()\n"
+    body = registration_body("where", source=entry, entrypoint="f", output_type="utf8", bundle={"lfb_where.py": WHERE})
+    with uid_server.http(A_KEY, timeout=60.0) as a:
+        (seen,) = _run(a, "where", register(a, body)["version"], [{"x": 1}])
+    owner, mode, uid = seen.split()
+    assert owner == uid and int(uid) in range(61000, 61010) and mode == "0o700"
+
+
 def _each_namespaces_identity(cp) -> tuple[list[str], list[str], str, str]:
     """a's and b's ``uid gid pid umask`` (one job each), then what a's job did to b's idle worker and b's to a's."""
     with cp.http(A_KEY, timeout=60.0) as a, cp.http(B_KEY, timeout=60.0) as b:

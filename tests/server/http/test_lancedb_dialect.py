@@ -3,9 +3,11 @@ gets, lists and drops functions and follows their jobs; what the server cannot h
 
 from __future__ import annotations
 
+import base64
 import datetime
-import importlib.util
+import importlib
 import json
+import sys
 
 import httpx
 import lancedb
@@ -15,6 +17,8 @@ from conftest import register, registration_body
 from helpers import two_teams
 from lancedb.functions import FunctionVersion, udf
 from lancedb.secrets import EnvVarSecret
+
+from lancefn_jupyter.server.control.artifact_check import IN_PROCESS_MAX_BYTES
 
 A_KEY, B_KEY = "dialect-team-a-key-0001", "dialect-team-b-key-0002"
 WAIT = datetime.timedelta(seconds=60)
@@ -30,12 +34,6 @@ class Scale:
 
     def __call__(self, x: float) -> float:
         return x * self.factor + self.offset
-
-
-def doubled(x: pa.Array) -> pa.Array:
-    import pyarrow.compute as pc
-
-    return pc.multiply(x, 2)
 
 
 def connect(url: str, key: str):
@@ -143,33 +141,45 @@ def test_list_jobs_rows_carry_040_fields(teams):
     assert {row.state for row in rows} == {"finished"}
 
 
-def test_fields_not_implemented_are_refused_never_dropped(teams, tmp_path):
+def half_rows(x: pa.Array, y: float) -> pa.Array:
+    return x
+
+
+def whole(batch: pa.RecordBatch) -> pa.Array:
+    return batch.column(0)
+
+
+def test_fields_not_implemented_are_refused_never_dropped(teams):
     db = connect(teams.url, A_KEY)
-    with pytest.raises(Exception, match=r"400.*Arrow batches"):
+    with pytest.raises(Exception, match=r"400.*takes 'x' as Arrow batches but 'y' per row"):
         db.create_function(
             udf(
-                doubled,
-                input_schema=pa.schema([pa.field("x", pa.float64())]),
+                half_rows,
+                input_schema=pa.schema([pa.field("x", pa.float64()), pa.field("y", pa.float64())]),
                 output_schema=pa.float64(),
             )
         )
-    helper = tmp_path / "helper_mod.py"
-    helper.write_text("FACTOR = 3\n")
-    spec = importlib.util.spec_from_file_location("helper_mod", helper)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with pytest.raises(Exception, match=r"400.*python_bundle"):
-        db.create_function(udf(triple, name="bundled", code=[module]))
+    with pytest.raises(Exception, match=r"400.*pa.RecordBatch: LanceDB batch UDFs over a RecordBatch are not"):
+        db.create_function(
+            udf(whole, input_schema=pa.schema([pa.field("batch", pa.float64())]), output_schema=pa.float64())
+        )
     with teams.http(A_KEY) as http:
         body = registration_body("struct")
-        body["signature"]["output"] = {
-            "kind": "named_struct",
-            "fields": [{"name": "y", "arrow_type": "int64", "nullable": False}],
-        }
-        reply = http.post("/v1/functions/create", json=body)
-    assert reply.status_code == 400 and "named_struct" in reply.json()["error"]["message"]
+        body["signature"]["output"] = {"kind": "scalar", "arrow_type": "int64", "nullable": False, "fields": [FIELD_Y]}
+        scalar_with_fields = http.post("/v1/functions/create", json=body)
+        body["signature"]["output"] = {"kind": "named_struct", "fields": [FIELD_Y, FIELD_Y]}
+        twice = http.post("/v1/functions/create", json=body)
+        body["signature"]["output"] = {"kind": "union", "fields": [FIELD_Y]}
+        union = http.post("/v1/functions/create", json=body)
+    assert scalar_with_fields.status_code == twice.status_code == union.status_code == 400
+    assert "'scalar' with fields is not supported" in scalar_with_fields.json()["error"]["message"]
+    assert "name 'y' more than once" in twice.json()["error"]["message"]
+    assert "'union' with fields is not supported" in union.json()["error"]["message"]
     names = {fv.name for fv in db.list_functions()}
-    assert not names & {"Scale", "doubled", "bundled", "struct"}
+    assert not names & {"half_rows", "whole", "struct"}
+
+
+FIELD_Y = {"name": "y", "arrow_type": "int64", "nullable": False}
 
 
 def test_gpu_marker_counts_in_identity_and_must_be_true(teams):
@@ -343,3 +353,218 @@ def test_secrets_survive_a_restart_and_are_still_never_in_a_reply(control_plane_
     assert len(seen) == 6 and not [text for text in seen if "kept_value" in text]
     assert db.describe_secret("HF").name == "HF" and db.list_secrets() == ["HF"]
     assert [b.secret_ref.name for b in db.get_function("restarted", version="1").secret_bindings] == ["HF"]
+
+
+# ------------------------------------------------ bundles, batch UDFs and named-struct outputs run
+
+
+def bundle_udf(tmp_path, factor: int):
+    """``udf(code=[module])`` of an entry in its own module using a shipped module and a shipped package, ``factor``
+    in the module: (the definition, the entry's name)."""
+    (tmp_path / "lfb_helper.py").write_text(f"FACTOR = {factor}\n\ndef scale(x):\n    return x * FACTOR\n")
+    (tmp_path / "lfb_pkg").mkdir(exist_ok=True)
+    (tmp_path / "lfb_pkg" / "__init__.py").write_text("from lfb_pkg.plus import ONE\n")
+    (tmp_path / "lfb_pkg" / "plus.py").write_text("ONE = 1\n")
+    (tmp_path / "lfb_entry.py").write_text(
+        "import lfb_helper\nimport lfb_pkg\n\n\ndef bundled(x: int) -> int:\n    return lfb_helper.scale(x) + lfb_pkg.ONE\n"
+    )
+    importlib.invalidate_caches()
+    modules = {}
+    for name in ("lfb_helper", "lfb_pkg.plus", "lfb_pkg", "lfb_entry"):
+        sys.modules.pop(name, None)
+    for name in ("lfb_helper", "lfb_pkg", "lfb_entry"):
+        modules[name] = importlib.import_module(name)
+    return udf(modules["lfb_entry"].bundled, code=[modules["lfb_helper"], modules["lfb_pkg"]])
+
+
+def finished(db, job_id: str) -> list:
+    """Follow a run with the 0.40 client's job routes; its result."""
+    job = db.open_job(job_id)
+    job.wait(WAIT)
+    job.refresh()
+    assert job.state == "finished", job.failure
+    return job.result
+
+
+def failure(db, job_id: str):
+    """Follow a run that fails with the 0.40 client's job routes: its failure (phase, message)."""
+    job = db.open_job(job_id)
+    with pytest.raises(Exception, match="failed"):
+        job.wait(WAIT)
+    job.refresh()
+    assert job.state == "failed"
+    return job.failure
+
+
+def test_a_python_bundle_runs_with_its_own_modules(teams, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = connect(teams.url, B_KEY)
+    first = db.create_function(bundle_udf(tmp_path, 3))
+    assert first.image.descriptor["mediaType"] == "application/vnd.lancefn.python-bundle.v1"
+    assert db.get_function("bundled", version="1") == first
+    assert [fv.version for fv in db.list_functions() if fv.name == "bundled"] == ["1"]
+    assert finished(db, run_rows(teams, B_KEY, first, [{"x": 2}, {"x": 5}])) == [7, 16]
+    # Another file of the bundle, another version; the worker that ran the first must not serve its module.
+    second = db.create_function(bundle_udf(tmp_path, 10))
+    assert second.version == "2" and second.metadata["lancefn.version"] != first.metadata["lancefn.version"]
+    assert finished(db, run_rows(teams, B_KEY, second, [{"x": 2}])) == [21]
+    assert finished(db, run_rows(teams, B_KEY, first, [{"x": 2}])) == [7]
+    from lancefn_jupyter.kernel import api
+
+    api.connect(teams.url, B_KEY)
+    assert api.lookup(f"bundled@{second.metadata['lancefn.version']}").submit(1).result() == 11
+    assert db.drop_function("bundled", version="1") is True
+    assert [fv.version for fv in db.list_functions() if fv.name == "bundled"] == ["2"]
+
+
+def bundle_body(files: dict[str, str]) -> dict:
+    """A registration of a python_bundle of ``files`` beside a valid entry module."""
+    entry = "def f(x: int) -> int:\n    return x\n"
+    return registration_body("bad_bundle", source=entry, entrypoint="f", num_gpus=None, bundle=files)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"../evil.py": "X = 1\n"}, "must not contain '..'"),
+        ({"lib/../../evil.py": "X = 1\n"}, "must not contain '..'"),
+        ({"/etc/evil.py": "X = 1\n"}, "must be a relative path"),
+        ({"notes.txt": "hi"}, "must be a .py file"),
+        ({"os.py": "X = 1\n"}, "would shadow the worker's own modules"),
+        ({"big.py": "# " + "x" * (1 << 20) + "\n"}, "over the limit of 1048576 bytes per file"),
+        ({f"m{n}.py": "" for n in range(256)}, "257 files, over the limit of 256 files per bundle"),
+    ],
+)
+def test_bad_bundles_are_refused(teams, files, message):
+    with teams.http(A_KEY) as http:
+        reply = http.post("/v1/functions/create", json=bundle_body(files))
+        lancedb_reply = http.post("/v1/function/bad_bundle/create", json=bundle_body(files))
+    assert reply.status_code == lancedb_reply.status_code == 400, reply.text
+    assert message in reply.json()["error"]["message"]
+
+
+def doubled(x: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
+    return pc.multiply(x, 2)
+
+
+def integers(x: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
+    return pc.cast(x, pa.int64())
+
+
+def calls(x: pa.Array) -> pa.Array:
+    return pa.array([float(len(x))] * len(x))
+
+
+FLOATS = {"input_schema": pa.schema([pa.field("x", pa.float64())]), "output_schema": pa.float64()}
+
+
+class Shift:
+    """A class batch UDF with initialization values."""
+
+    def __init__(self, by: float):
+        self.by = by
+
+    def __call__(self, x: pa.Array) -> pa.Array:
+        import pyarrow.compute as pc
+
+        return pc.add(x, self.by)
+
+
+def test_a_class_batch_udf_and_a_large_one_are_batched_too(teams, tmp_path, monkeypatch):
+    db = connect(teams.url, A_KEY)
+    shift = db.create_function(udf(Shift, **FLOATS))
+    from lancefn_jupyter.kernel import api
+
+    api.connect(teams.url, A_KEY)
+    result = api.lookup(f"Shift@{shift.metadata['lancefn.version']}").map([1.0, 2.0], init={"by": 0.5}).result()
+    assert list(result.to_pylist() if isinstance(result, pa.Array) else result) == [1.5, 2.5]
+    # An entry source over the in-process limit is parsed in a child: batched all the same.
+    (tmp_path / "lfb_large.py").write_text(
+        f"import pyarrow as pa\n\n\ndef large(x: pa.Array) -> pa.Array:\n    '{'p' * 20000}'\n    return x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    definition = udf(importlib.import_module("lfb_large").large, **FLOATS)
+    assert len(base64.b64decode(definition.registration_request.artifact.content.data)) > IN_PROCESS_MAX_BYTES
+    large = db.create_function(definition)
+    with teams.http(A_KEY) as http:
+        ours = http.post("/v1/functions/describe", json={"name": "large", "version": large.metadata["lancefn.version"]})
+    assert ours.json()["signature"]["batched"] is True
+
+
+def test_a_batch_udf_is_called_once_per_batch(teams):
+    db = connect(teams.url, A_KEY)
+    fv = db.create_function(udf(doubled, **FLOATS))
+    assert [(p.name, p.arrow_type) for p in fv.signature.inputs] == [("x", "float64")]
+    with teams.http(A_KEY) as http:
+        ours = http.post("/v1/functions/describe", json={"name": "doubled", "version": fv.metadata["lancefn.version"]})
+    assert ours.json()["signature"]["batched"] is True
+    assert ours.json()["signature"]["inputs"][0]["form"] == "arrow"
+    from lancefn_jupyter.kernel import api
+
+    api.connect(teams.url, A_KEY)
+    result = api.lookup(f"doubled@{fv.metadata['lancefn.version']}").map([1.0, 2.5, -3.0]).result()
+    assert list(result.to_pylist() if isinstance(result, pa.Array) else result) == [2.0, 5.0, -6.0]
+    # one call per chunk: each row sees the chunk's length
+    counted = db.create_function(udf(calls, **FLOATS))
+    chunks = api.lookup(f"calls@{counted.metadata['lancefn.version']}").map([1.0] * 5, chunk_size=2).result()
+    assert list(chunks.to_pylist() if isinstance(chunks, pa.Array) else chunks) == [2.0, 2.0, 2.0, 2.0, 1.0]
+    job_id = run_rows(teams, A_KEY, fv, [{"x": 1.5}])
+    job = db.open_job(job_id)
+    job.wait(WAIT)
+    assert job.status() == "finished"
+    with teams.http(A_KEY) as http:
+        table = pa.ipc.open_stream(http.get("/v1/jobs/result", params={"job_id": job_id}).content).read_all()
+    assert table.column(0).to_pylist() == [3.0]
+
+
+def test_a_batch_udf_result_of_another_type_fails_naming_it(teams):
+    db = connect(teams.url, A_KEY)
+    fv = db.create_function(udf(integers, **FLOATS))
+    failed = failure(db, run_rows(teams, A_KEY, fv, [{"x": 1.0}]))
+    assert failed.phase == "result"
+    assert "expected a pyarrow.Array of float64 (the declared output type), got one of int64" in failed.message
+
+
+def divmod3(x: int) -> dict:
+    return {"q": x // 3, "r": x % 3}
+
+
+def quotient_only(x: int) -> dict:
+    return {"q": x // 3}
+
+
+def with_extra(x: int) -> dict:
+    return {"q": x // 3, "r": x % 3, "z": 0}
+
+
+def struct_udf(function, fields=("q", "r")):
+    return udf(
+        function,
+        input_schema=pa.schema([pa.field("x", pa.int64(), nullable=False)]),
+        output_schema=pa.schema([pa.field(name, pa.int64()) for name in fields]),
+    )
+
+
+def test_a_named_struct_output_keeps_and_checks_its_fields(teams):
+    db = connect(teams.url, A_KEY)
+    fv = db.create_function(struct_udf(divmod3))
+    assert fv.signature.output.kind == "named_struct"
+    assert [f.name for f in fv.signature.output.fields] == ["q", "r"]
+    renamed = db.create_function(struct_udf(divmod3, ("q", "rest")))
+    assert renamed.metadata["lancefn.version"] != fv.metadata["lancefn.version"]  # the fields count in the id
+    assert finished(db, run_rows(teams, A_KEY, fv, [{"x": 2}, {"x": 7}])) == [{"q": 0, "r": 2}, {"q": 2, "r": 1}]
+    from lancefn_jupyter.kernel import api
+
+    api.connect(teams.url, A_KEY)
+    assert api.lookup(f"divmod3@{fv.metadata['lancefn.version']}").submit(10).result() == {"q": 3, "r": 1}
+    for version, message in (
+        (renamed, "the result of row 0 lacks field 'rest'"),
+        (db.create_function(struct_udf(quotient_only)), "the result of row 0 lacks field 'r'"),
+        (db.create_function(struct_udf(with_extra)), "the result of row 0 has field 'z', which is not an output field"),
+    ):
+        failed = failure(db, run_rows(teams, A_KEY, version, [{"x": 2}, {"x": 7}]))
+        assert failed.phase == "result" and message in failed.message

@@ -10,8 +10,8 @@ from pydantic import Field
 from starlette.requests import Request
 
 from lancefn_jupyter.server.control import dialect
-from lancefn_jupyter.server.control.artifact_check import artifact_problem, in_process
-from lancefn_jupyter.server.control.catalog import Prepared
+from lancefn_jupyter.server.control.artifact_check import check_artifact, in_process
+from lancefn_jupyter.server.control.catalog import Prepared, finish_check
 from lancefn_jupyter.server.control.intake import Admitted, JobRequest, RegisterRequest
 from lancefn_jupyter.server.control.offload import off_loop
 from lancefn_jupyter.server.errors import ApiError
@@ -79,9 +79,8 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
             body = {**body, "name": name}
         prepared = await off_loop(catalog.prepare, body)
         if not prepared.checked:
-            problem = await off_loop(artifact_problem, prepared.artifact, prepared.entrypoint, prepared.plain)
-            if problem:
-                raise ApiError(400, problem)
+            check = await off_loop(check_artifact, prepared.source, prepared.entrypoint, prepared.plain)
+            prepared = finish_check(prepared, check)
         return prepared
 
     async def register(request: Request, namespace: str, name: str | None = None) -> dict:
