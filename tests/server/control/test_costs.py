@@ -128,7 +128,7 @@ def test_a_batch_widget_says_what_was_spent_and_about_how_long_and_how_much_is_l
     """Spent so far is the sum of the ended chunk jobs' costs (the batch's `usage`); the rest is the rows' rate so far
     and the cost per row so far times the rows left; once the batch ended only what it spent is said."""
     from lancefn_jupyter.kernel.display.timings import format_money
-    from lancefn_jupyter.kernel.widgets import BatchWidget
+    from lancefn_jupyter.kernel.widgets import BatchWidget, get_listener
 
     done, gate = tmp_path / "done", tmp_path / "gate"
     done.touch()
@@ -137,6 +137,7 @@ def test_a_batch_widget_says_what_was_spent_and_about_how_long_and_how_much_is_l
         shell.run_cell_magic("gpu_function", "name=gated", GATED)
         batch = shell.user_ns["gated"].map([str(done), str(done), str(gate), str(gate)], chunk_size=1, parallel=1)
         widget = BatchWidget(batch.batch_id)
+        assert get_listener().wait_connected(60)  # the batch's later events reach the widget
         wait_until(lambda w=widget: w.snapshot.usage is not None and w.snapshot.usage.rows == 2, "two chunks ended")
         running = widget.snapshot
         label = widget.progress_label.value
