@@ -144,6 +144,17 @@ export function queueText(job: IJob, nowMs: number = Date.now()): string {
   return estimate ? `position ${pos}, ${estimate}` : `position ${pos}`;
 }
 
+/** A time to come in the front ends' one wording ("40 s", "8 min", "1.5 h"), as `duration_text` in Python. */
+export function durationText(seconds: number): string {
+  if (seconds < 90) {
+    return `${Math.max(0, Math.round(seconds))} s`;
+  }
+  if (seconds < 90 * 60) {
+    return `${Math.round(seconds / 60)} min`;
+  }
+  return `${(Math.round(seconds / 360) / 10).toFixed(1)} h`;
+}
+
 /**
  * "starts in about 40 s" for a queued GPU job with an estimate, "start time unknown" when the control
  * plane has no run history to estimate from (null), "start time uncertain (best guess 40 s)" when it
@@ -167,14 +178,7 @@ export function expectedStartText(job: IJob, nowMs: number): string {
     return 'start time unknown';
   }
   const waitS = (at - nowMs) / 1000;
-  let after: string;
-  if (waitS < 90) {
-    after = `${Math.max(0, Math.round(waitS))} s`;
-  } else if (waitS < 90 * 60) {
-    after = `${Math.round(waitS / 60)} min`;
-  } else {
-    after = `${(Math.round(waitS / 360) / 10).toFixed(1)} h`;
-  }
+  const after = durationText(waitS);
   if (p.expected_start_uncertain) {
     return `start time uncertain (best guess ${after})`;
   }

@@ -280,6 +280,9 @@ export class GpuFunctionsPanel extends Widget {
         usage.appendChild(el('span', 'lf-usage-text', 'usage unknown'));
       }
       card.appendChild(usage);
+      if (row.warm) {
+        card.appendChild(el('div', 'lf-class-warm', row.warm));
+      }
       body.appendChild(card);
     }
   }
@@ -499,8 +502,12 @@ export class GpuFunctionsPanel extends Widget {
     if (this._ticker === null) {
       this._ticker = window.setInterval(() => {
         if (this.isVisible) {
-          this._renderStatus(this.connection.state);
-          this._renderJobs(this.connection.state);
+          const state = this.connection.state;
+          this._renderStatus(state);
+          this._renderJobs(state);
+          if ([...state.usage.values()].some(u => u.warm_retire_ms?.length)) {
+            this._renderClasses(state); // "retire in …" counts down, and a retired worker leaves the count
+          }
         }
       }, 1000);
     }

@@ -4,7 +4,7 @@
  * the reconnect delay. Pure: each returns new data and never touches the DOM or the network.
  */
 
-import { formatBytes } from './format';
+import { durationText, formatBytes } from './format';
 import { IFunctionEntry, IGpuClass, IGpuUsage, IJob, IJobPlacement, isTerminal } from './wire';
 
 function sortJobs(jobs: IJob[]): IJob[] {
@@ -123,6 +123,8 @@ export interface IClassRow {
   pending: number;
   /** "0 of 4 nodes up · 2 starting" for a class an autoscaler scales, else "". */
   nodes: string;
+  /** "warm: 2 workers, retire in 8 min" while idle workers hold loaded versions, else "". */
+  warm: string;
 }
 
 /** A class's host CPU and memory, as the kernel's `%gpu_classes` says it (display/cards.py `host_resources`). */
@@ -145,7 +147,8 @@ export function hostText(c: IGpuClass): string {
 /** Rows of the GPU classes section: hardware from `gpu/classes`, live numbers from usage. */
 export function classRows(
   classes: readonly IGpuClass[],
-  usage: ReadonlyMap<string, IGpuUsage>
+  usage: ReadonlyMap<string, IGpuUsage>,
+  nowMs: number = Date.now()
 ): IClassRow[] {
   return classes.map(c => {
     const u = usage.get(c.name);
@@ -168,7 +171,8 @@ export function classRows(
       busy,
       total,
       pending: u?.jobs_pending ?? 0,
-      nodes: nodesText(u)
+      nodes: nodesText(u),
+      warm: warmText(u, nowMs)
     };
   });
 }
@@ -180,6 +184,22 @@ export function nodesText(u: IGpuUsage | undefined): string {
   }
   const starting = u.nodes_starting ? ` · ${u.nodes_starting} starting` : '';
   return `${u.nodes_up ?? 0} of ${u.nodes_max} nodes up${starting}`;
+}
+
+/**
+ * The class's idle warm workers and when the last of them retires unused: "warm: 2 workers, retire in 8 min"
+ * ("warm: 1 worker, retires in 40 s"); "" when none is idle. Counted down from `warm_retire_ms` between usage
+ * events, so a retired worker leaves the count at its time without an event.
+ */
+export function warmText(u: IGpuUsage | undefined, nowMs: number): string {
+  const left = (u?.warm_retire_ms ?? []).filter(at => at > nowMs);
+  if (left.length === 0) {
+    return '';
+  }
+  const after = durationText((Math.max(...left) - nowMs) / 1000);
+  return left.length === 1
+    ? `warm: 1 worker, retires in ${after}`
+    : `warm: ${left.length} workers, retire in ${after}`;
 }
 
 /** Index a `usage` event (`{"classes": [GpuUsage...]}`) or a `gpu/usage` reply by class name. */

@@ -116,6 +116,8 @@ export interface IGpuUsage {
   nodes_up?: number;
   nodes_starting?: number;
   nodes_max?: number;
+  /** When each idle warm worker of the class retires unused (epoch ms, soonest first); absent: none. */
+  warm_retire_ms?: number[];
 }
 
 export interface IFunctionEntry {

@@ -8,7 +8,16 @@ from pydantic import Field
 
 from lancefn_jupyter.wire.models import JobState, WireModel, display_state
 
-__all__ = ["MAX_RETRIES", "STRIP_STATES", "BackfillError", "Batch", "BatchBackfill", "BatchChunk", "BatchFailure"]
+__all__ = [
+    "MAX_RETRIES",
+    "STRIP_STATES",
+    "BackfillError",
+    "Batch",
+    "BatchBackfill",
+    "BatchChunk",
+    "BatchFailure",
+    "BatchUsage",
+]
 
 MAX_RETRIES = 10  # re-runs of a failed chunk, at most (a batch's and a backfill's `retries`)
 
@@ -77,6 +86,18 @@ class BackfillError(WireModel):
     chunk: int
 
 
+class BatchUsage(WireModel):
+    """What a batch's ended chunk jobs held and cost so far, and the rows they did (docs/ARCHITECTURE.md, "Cost"):
+    the sums of their ``JobUsage``, counted by the server that runs the batch since it took the batch up."""
+
+    held_s: float = 0.0
+    gpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    cost: float | None = None
+    currency: str | None = None
+    rows: int = 0
+
+
 class Batch(WireModel):
     """A batch as the server reports it; `chunks` only in describe/wait replies."""
 
@@ -104,3 +125,4 @@ class Batch(WireModel):
     failure: BatchFailure | None = None
     chunks: tuple[BatchChunk, ...] | None = None
     backfill: BatchBackfill | None = None  # set when the batch is a backfill of a table column
+    usage: BatchUsage | None = None  # spent so far; absent until a chunk job ended

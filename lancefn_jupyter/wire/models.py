@@ -841,6 +841,9 @@ class GpuUsage(WireModel):
     nodes_up: _Count | None = None
     nodes_starting: _Count | None = None
     nodes_max: _Count | None = None
+    # Its idle warm workers (each holds a version's loaded state): when each retires unused, epoch ms, soonest first
+    # (`--worker-idle-s`; docs/ARCHITECTURE.md, "Isolation"). Empty where none is idle or the executor does not say.
+    warm_retire_ms: tuple[_Count, ...] = ()
 
     def nodes_text(self) -> str | None:
         """'0 of 4 nodes up · 2 starting' for a class an autoscaler scales, else None."""

@@ -41,7 +41,7 @@ from browser_util import (
     wait_job_state,
 )
 from conftest import ControlPlaneProcess
-from helpers import wait_until
+from helpers import register, submit, text_body, wait_until
 
 _missing = chromium_missing_reason()
 if _missing is None and not (importlib.util.find_spec("notebook") and importlib.util.find_spec("voila")):
@@ -327,3 +327,126 @@ def test_lancefn_dashboard_no_auth_serves_without_a_token_and_warns(servers):
             f"Anyone who can reach 127.0.0.1:{port} — every local user and every job — can act with this "
             "dashboard's key" in dashboard.log()
         )
+
+
+FAIL_SOURCE = (
+    "from __future__ import annotations\n\n\n"
+    "def fail(path: str) -> str:\n"
+    "    raise ValueError(f'cannot read {path}: the file holds no document, only a very long explanation of why')\n"
+)
+
+# A jobs table as the browser lays it out: its tracks' resolved widths, its right edge, and per row the job's id,
+# state, and the left and right edges (px) of its state cell and of its Cancel button.
+TABLE = """
+(table) => {
+  const grid = table.querySelector('.widget-gridbox');
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.right]; };
+  const tracks = getComputedStyle(grid).gridTemplateColumns;
+  const n = tracks.split(' ').length, cells = [...grid.children], rows = [];
+  for (let at = n; at + n <= cells.length; at += n) {
+    const row = cells.slice(at, at + n);
+    const state = row.find(c => c.querySelector('.lancefn-state'));
+    const cancel = row.find(c => c.textContent.includes('Cancel'));
+    rows.push({
+      id: row[0].querySelector('code').title,
+      state: state.textContent.trim(),
+      state_cell: box(state),
+      cancel: box(cancel),
+    });
+  }
+  return {tracks, right: box(table)[1], rows};
+}
+"""
+
+
+def _counts(summary: str) -> tuple[int, dict[str, int]]:
+    """A table's summary ("5 shown · 1 running, 3 finished, 1 failed") as (shown, {state: count})."""
+    shown, _, parts = summary.partition(" · ")
+    counts = {state: int(n) for n, state in (part.split(" ", 1) for part in parts.split(", ") if part)}
+    return int(shown.removesuffix(" shown")), counts
+
+
+def _check_table(table) -> dict:
+    """The table's summary adds up to its rows, state by state; returns its layout (TABLE)."""
+    laid_out = table.evaluate(TABLE)
+    shown, counts = _counts(table.locator(".lancefn-jobs-summary").inner_text())
+    states = [row["state"] for row in laid_out["rows"]]
+    assert shown == len(states) and counts == {s: states.count(s) for s in set(states)}, (shown, counts, laid_out)
+    return laid_out
+
+
+def test_the_team_dashboard_filled_shows_each_section_with_counts_that_add_up_and_columns_that_stay(page, servers):
+    """A batch, a failure, running, pending and finished jobs: every section shows them (no "yet" text left),
+    the failures' counts count failures, each summary adds up to its table; columns keep their widths as rows
+    change and line up across the two tables; each Cancel sits beside its job, where it stays on a wider page."""
+    work = servers.tmp / "dashboard-filled"
+    work.mkdir()
+    done, gate = work / "done", work / "gate"
+    done.touch()
+    with servers.cp.http() as http:
+        failing = register(http, text_body("fail", FAIL_SOURCE, num_gpus=None))["version"]
+        failed = submit(http, "fail", failing, [{"path": "first.txt"}])
+        finished = submit_gate_job(http, "wait_for", servers.gate_version, done)
+        created = http.post(
+            "/v1/batches/create",
+            json={"name": "wait_for", "version": servers.gate_version, "chunks": [[{"path": str(done)}]] * 3},
+        )
+        assert created.status_code == 202, created.text
+        batch_id = created.json()["batch_id"]
+        for job_id in (failed, finished):
+            wait_job_state(http, job_id, {"FAILED", "DONE"}, timeout=60)
+        wait_until(
+            lambda: http.post("/v1/batches/describe", json={"batch_id": batch_id}).json()["batch_state"] == "DONE",
+            "the batch finished",
+        )
+        running = [submit_gate_job(http, "wait_for", servers.gate_version, gate) for _ in range(2)]  # both GPUs
+        pending = submit_gate_job(http, "wait_for", servers.gate_version, gate)
+        for job_id in running:
+            wait_job_state(http, job_id, {"IN_PROGRESS"}, timeout=60)
+        try:
+            with _dashboard_command(servers, work) as dashboard:
+                page.goto(f"{dashboard.url}?token={dashboard.token}", timeout=180_000)
+                board = page.locator(".lancefn-team-dashboard")
+                board.wait_for(timeout=180_000)
+                jobs, failures = (
+                    board.locator(".lancefn-jobs-dashboard").nth(0),
+                    board.locator(".lancefn-jobs-dashboard").nth(1),
+                )
+                jobs.locator(f'code[title="{pending}"]').wait_for()
+                failures.locator(f'code[title="{failed}"]').wait_for()
+                board.locator(".lancefn-batch-widget", has_text=batch_id[:12]).wait_for()
+                board.locator(".lancefn-batch-widget", has_text="3/3 rows").wait_for()
+                screenshot(page, "dashboard-filled")
+                assert not board.locator(".lancefn-no-batches").is_visible()
+                assert board.locator(".lancefn-jobs-empty:visible").count() == 0
+                assert failures.locator(".lancefn-jobs-summary").inner_text() == "1 shown · 1 failed"
+                assert failures.locator(".lancefn-detail", has_text="cannot read first.txt").count() == 1
+                before = _check_table(jobs)
+                assert _check_table(failures)["tracks"] == before["tracks"]  # the two tables' columns line up
+                assert {r["id"] for r in before["rows"]} >= {failed, finished, pending, *running}
+
+                # Rows change: a running job ends, the pending one starts, a new failure with a longer message.
+                Path(gate).touch()
+                wait_job_state(http, pending, {"DONE"}, timeout=60)
+                again = submit(http, "fail", failing, [{"path": "a-much-longer-name-of-a-second-document.txt"}])
+                failures.locator(".lancefn-jobs-summary", has_text="2 shown · 2 failed").wait_for()
+                jobs.locator(f'code[title="{again}"]').wait_for()
+                jobs.locator(".lancefn-jobs-summary", has_text="running").wait_for(state="detached")
+                after = _check_table(jobs)
+                assert after["tracks"] == before["tracks"] == _check_table(failures)["tracks"]
+
+                # Each Cancel sits beside its job's state, not at the page's far edge, on a wide page as well.
+                for width in (1400, 2400):
+                    page.set_viewport_size({"width": width, "height": 1000})
+                    page.wait_for_function("w => window.innerWidth === w", arg=width)
+                    laid_out = _check_table(jobs)
+                    for row in laid_out["rows"]:
+                        gap = row["cancel"][0] - row["state_cell"][1]
+                        assert 0 <= gap < 40, (width, row)
+                        assert laid_out["right"] - row["cancel"][1] > 200, (width, row)
+                screenshot(page, "dashboard-filled-wide")
+        finally:
+            gate.touch()
+            for job_id in (*running, pending):
+                wait_job_state(http, job_id, {"DONE", "CANCELLED"}, timeout=60)
+    assert _ours(page.console_messages) == [], page.console_messages

@@ -10,6 +10,7 @@ a pending job's widget and the panel word its place and estimate the same way.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +224,29 @@ def test_measure_finds_a_mid_word_break_and_an_overflow(browser, lab, tmp_path: 
         problems = panel.evaluate(MEASURE)
         assert any("breaks mid-word" in p and "first" in p for p in problems), problems
         assert any("outside" in p for p in problems), problems
+
+
+def test_each_class_says_its_warm_workers_and_when_they_retire(browser, lab):
+    """An idle worker that holds a version is counted under its class with the time it retires unused (the server's
+    default `--worker-idle-s`, 10 minutes), counted down live; the line fits the panel like the rest."""
+    cp, server, base = lab
+    done = base / "warm-done"
+    done.write_text("go")
+    with cp.http() as http:
+        job = submit_gate_job(http, "warm_one", hold_version(http, "warm_one", 1), done)
+        wait_job_state(http, job, {"DONE"}, timeout=60)
+        (usage,) = http.get("/v1/gpu/usage").json()["classes"]
+    assert usage["warm_retire_ms"], usage
+    with browser_page(browser, timeout_ms=45_000, height=640) as page:
+        open_lab(page, server, workspace="fit-warm")
+        run_command(page, "Open GPU Functions Panel")
+        panel = page.locator(PANEL)
+        page.wait_for_selector(f'{PANEL} .lf-status[data-status="connected"]')
+        warm = panel.locator('.lf-class[data-class-name="default"] .lf-class-warm')
+        warm.wait_for()
+        count = len(usage["warm_retire_ms"])
+        words = "1 worker, retires" if count == 1 else f"{count} workers, retire"
+        assert re.fullmatch(rf"warm: {words} in (9|10) min", warm.inner_text()), warm.inner_text()
+        screenshot(page, "panel-warm")
+        assert panel.evaluate(MEASURE) == []
+        assert page.errors == []

@@ -25,6 +25,7 @@ import {
   listedJobs,
   mergeJobLists,
   nodesText,
+  warmText,
   usageMap
 } from '../reducers';
 import { errorMessage, IJob, IResultSummary } from '../wire';
@@ -329,6 +330,34 @@ describe('GPU classes', () => {
     expect(nodesText({ name: 'h100', nodes_up: 3, nodes_starting: 0, nodes_max: 4 })).toBe(
       '3 of 4 nodes up'
     );
+  });
+
+  it("says a class's idle warm workers and when the last retires, counting down between events", () => {
+    const now = 1_000_000;
+    const usage = usageMap({
+      classes: [
+        {
+          name: 'default',
+          gpus_total: 2,
+          gpus_busy: 0,
+          warm_retire_ms: [now + 40_000, now + 480_000]
+        },
+        { name: 'h100', gpus_total: 1, gpus_busy: 0 }
+      ]
+    });
+    expect(classRows(classes, usage, now).map(r => r.warm)).toEqual([
+      'warm: 2 workers, retire in 8 min',
+      ''
+    ]);
+    // The first retired (no event says so): one is left, whose time counts down.
+    expect(classRows(classes, usage, now + 60_000)[0].warm).toBe(
+      'warm: 1 worker, retires in 7 min'
+    );
+    expect(classRows(classes, usage, now + 450_000)[0].warm).toBe(
+      'warm: 1 worker, retires in 30 s'
+    );
+    expect(classRows(classes, usage, now + 480_000)[0].warm).toBe('');
+    expect(warmText(undefined, now)).toBe('');
   });
 
   it('treats zero or missing memory as not reported', () => {

@@ -8,7 +8,8 @@ import html
 import time
 from collections.abc import Sequence
 
-from lancefn_jupyter.kernel.display.cards import format_elapsed, state_badge_html
+from lancefn_jupyter.kernel.display.cards import duration_text, state_badge_html
+from lancefn_jupyter.kernel.display.timings import format_money
 from lancefn_jupyter.wire.batch_models import STRIP_STATES, BackfillError, Batch
 from lancefn_jupyter.wire.models import TERMINAL_STATES, display_state
 
@@ -18,6 +19,7 @@ __all__ = [
     "STRIP_WIDTH",
     "backfill_line",
     "batch_card",
+    "batch_cost_text",
     "batch_rate",
     "batch_summary",
     "skipped_lines",
@@ -56,16 +58,38 @@ def batch_rate(batch: Batch, now_ms: float | None = None) -> tuple[float | None,
     return rate, left
 
 
+def batch_cost_text(batch: Batch, left_s: float | None) -> str:
+    """What is left and what was spent: "about 6 min and $0.42 left · $0.12 spent" — time left from the rows' rate so
+    far, cost left from the cost per row of the chunks that ended (where the class has prices); either part alone
+    when the other is unknown, "" when both are."""
+    usage = batch.usage
+    cost = usage.cost if usage is not None else None
+    currency = (usage.currency if usage is not None else None) or "USD"
+    parts = []
+    if left_s is not None:
+        rows_left = batch.rows_total - batch.rows_done
+        if cost is not None and usage is not None and usage.rows:
+            parts.append(
+                f"about {duration_text(left_s)} and {format_money(cost / usage.rows * rows_left, currency)} left"
+            )
+        else:
+            parts.append(f"about {duration_text(left_s)} left")
+    if cost is not None:
+        parts.append(f"{format_money(cost, currency)} spent")
+    return " · ".join(parts)
+
+
 def batch_summary(batch: Batch, now_ms: float | None = None) -> str:
-    """`3 finished, 2 running, 4 pending of 9 chunks · 120 rows/s · 5s left`."""
+    """`3 finished, 2 running, 4 pending of 9 chunks · 120 rows/s · about 5 s and $0.02 left · $0.04 spent`."""
     counts = batch.chunk_counts
     parts = [f"{counts[state]} {display_state(state)}" for state in _CHUNK_ORDER if counts.get(state)]
     text = f"{', '.join(parts)} of {batch.chunks_total} chunks"
     rate, left = batch_rate(batch, now_ms)
     if rate is not None:
         text += f" · {rate:,.1f} rows/s"
-    if left is not None:
-        text += f" · {format_elapsed(left)} left"
+    cost = batch_cost_text(batch, left)
+    if cost:
+        text += f" · {cost}"
     if batch.reused_chunks:
         text += f" · {batch.reused_chunks} reused"
     return text
@@ -167,12 +191,12 @@ def batches_table(batches: list[Batch], now_ms: float | None = None) -> tuple[st
                 ),
                 f"[{strip_cells(batch.strip, 32)}]",
                 f"{rate:,.1f}" if rate is not None else "",
-                format_elapsed(left) if left is not None else "",
+                batch_cost_text(batch, left),
                 f"chunk {failure.chunk} (rows {failure.row_start}–{failure.row_end - 1}): {failure.message}"
                 if failure
                 else "",
             ]
         )
     return render_table(
-        ["batch", "function", "state", "rows", "chunks", "rows/s", "left", "error"], rows, title="GPU batches"
+        ["batch", "function", "state", "rows", "chunks", "rows/s", "left, spent", "error"], rows, title="GPU batches"
     )

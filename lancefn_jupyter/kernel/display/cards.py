@@ -25,6 +25,7 @@ from lancefn_jupyter.wire.setup_part import setup_part
 
 __all__ = [
     "STATE_COLORS",
+    "duration_text",
     "expected_start_text",
     "format_bytes",
     "format_elapsed",
@@ -105,18 +106,22 @@ def _half_up(x: float) -> int:
     return math.floor(x + 0.5)
 
 
+def duration_text(seconds: float) -> str:
+    """A time to come in the front ends' one wording: "40 s", "8 min", "1.5 h" (the panel's `durationText`)."""
+    if seconds < 90:
+        return f"{max(_half_up(seconds), 0)} s"
+    if seconds < 90 * 60:
+        return f"{_half_up(seconds / 60)} min"
+    return f"{_half_up(seconds / 360) / 10:.1f} h"
+
+
 def expected_start_text(expected_start_ms: int | None, now_ms: float | None = None, uncertain: bool = False) -> str:
     """ "starts in about 40 s" from a placement's `expected_start_ms` ("start time unknown" when None;
     "start time uncertain (best guess 40 s)" when `expected_start_uncertain`)."""
     if expected_start_ms is None:
         return "start time unknown"
     wait_s = (expected_start_ms - (now_ms if now_ms is not None else time.time() * 1000)) / 1000
-    if wait_s < 90:
-        after = f"{max(_half_up(wait_s), 0)} s"
-    elif wait_s < 90 * 60:
-        after = f"{_half_up(wait_s / 60)} min"
-    else:
-        after = f"{_half_up(wait_s / 360) / 10:.1f} h"
+    after = duration_text(wait_s)
     if uncertain:
         return f"start time uncertain (best guess {after})"
     return "starts any moment" if wait_s < 1.5 else f"starts in about {after}"

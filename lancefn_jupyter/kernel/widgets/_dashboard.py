@@ -1,8 +1,8 @@
 """The jobs dashboard (`%gpu_jobs`): a live table of recent jobs with filters and per-row Cancel.
 
-Columns: job, function, state, placement (class, GPUs, devices, or queue position), progress,
-detail (rows, elapsed time, result, cold or warm: "cold start 1.2 s, setup 1.0 s" or "warm", with every
-phase in its tooltip; or the error), Cancel. Filters: state (dropdown) and function (combobox; a
+Columns: job, function, state, Cancel (beside the state it changes), placement (class, GPUs, devices, or
+queue position), progress, detail (rows, elapsed time, result, cold or warm: "cold start 1.2 s, setup 1.0 s"
+or "warm", with every phase in its tooltip; or the error). Filters: state (dropdown) and function (combobox; a
 substring of the name). Recent jobs come from REST when the dashboard is built (and again when a
 filter changes or the listener reconnects afresh, e.g. after a kernel restart); every change after
 that comes from the kernel's event listener. Standard ipywidgets only: a `GridBox` of small widgets,
@@ -48,10 +48,10 @@ _SUMMARY_ORDER = [
         JobState.TIMED_OUT,
     )
 ]
-COLUMNS = ["job", "function", "state", "placement", "progress", "detail", ""]
-# Each column's width, fixed or bounded, so columns stay put as rows come and go; Cancel follows the detail
-# rather than the far edge of a wide page.
-_WIDTHS = ["110px", "minmax(120px, 240px)", "90px", "minmax(140px, 220px)", "120px", "minmax(160px, 300px)", "90px"]
+COLUMNS = ["job", "function", "state", "", "placement", "progress", "detail"]
+# Each column's width, fixed or bounded, so columns stay put as rows come and go. Cancel sits beside the job's
+# state, where the eye is when deciding to stop it, whatever the page's width (last, it went to the far edge).
+_WIDTHS = ["110px", "minmax(120px, 240px)", "90px", "90px", "minmax(140px, 220px)", "120px", "minmax(160px, 300px)"]
 _NAMESPACE_WIDTH = "minmax(80px, 140px)"
 # A name longer than its column: cut with an ellipsis, the whole of it on hover.
 _ONE_LINE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
@@ -116,10 +116,10 @@ class _Row:
             self.id_cell,
             self.function_cell,
             self.state_cell,
+            self.cancel_button,
             self.placement_cell,
             self.progress,
             self.detail_cell,
-            self.cancel_button,
         ]
         self.apply(job)
 

@@ -621,6 +621,9 @@ class BatchManager:
             return
         batch.live.discard(chunk.idx)
         self._by_job.pop(rec.job_id, None)
+        usage = self.jobs.reports.job_usage(rec)
+        if usage is not None:
+            batch.add_spent(usage, chunk.rows if state == DONE else rec.rows_done or 0)
         if state == DONE:
             chunk.rows_done = chunk.rows
             self._set_chunk(batch, chunk, DONE)

@@ -70,6 +70,17 @@ class BatchRun:
     # Paused (docs/ARCHITECTURE.md, "Batches": pause): no chunk starts; running ones finish and are kept. Saved in spec.
     paused: bool = False
     init: dict | None = None  # a class entry's initialization values for every chunk ("Warm state"); saved in spec
+    # What its ended chunk jobs held and cost, and the rows they did, since this server took it up ("Cost"); in memory
+    spent: dict = field(default_factory=dict)
+
+    def add_spent(self, usage: dict, rows: int) -> None:
+        """An ended chunk job's usage (``Reports.job_usage``) and the rows it did, into ``spent``."""
+        for key in ("held_s", "gpu_seconds", "cpu_seconds", "cost"):
+            if key in usage:
+                self.spent[key] = self.spent.get(key, 0.0) + usage[key]
+        if "currency" in usage:
+            self.spent["currency"] = usage["currency"]
+        self.spent["rows"] = self.spent.get("rows", 0) + rows
 
     @property
     def rows_total(self) -> int:
@@ -242,6 +253,8 @@ def batch_wire(batch: BatchRun, *, include_chunks: bool) -> dict:
     wire.update((key, value) for key, value in optional.items() if value is not None)  # unset: left out, not null
     if batch.reused_chunks:
         wire["reused_chunks"] = batch.reused_chunks
+    if batch.spent:
+        wire["usage"] = {k: round(v, 6) if isinstance(v, float) else v for k, v in batch.spent.items()}
     if batch.cancel_requested:
         wire["cancel_requested"] = True
     if batch.paused and batch.state not in (DONE, FAILED, CANCELLED):

@@ -186,8 +186,21 @@ class Reports:
             return {"classes": self.usage()}
 
     def usage(self) -> list[dict]:
-        """GpuUsage per class, as the placement strategy sees it (the scheduler's, or the executor's)."""
-        return self.placement.usage()
+        """GpuUsage per class, as the placement strategy sees it (the scheduler's, or the executor's), with when
+        each idle warm worker of the class retires (the executor's)."""
+        usage = self.placement.usage()
+        executor = self.table.executor
+        idle = executor.idle_retire_ms() if executor is not None else []
+        if idle:
+            class_of = {device: spec.name for spec in self.classes.classes for device in spec.devices}
+            retire: dict[str, list[int]] = {}
+            for devices, at in idle:
+                if devices and devices[0] in class_of:
+                    retire.setdefault(class_of[devices[0]], []).append(at)
+            for entry in usage:
+                if entry["name"] in retire:
+                    entry["warm_retire_ms"] = sorted(retire[entry["name"]])
+        return usage
 
     def publish_usage(self) -> None:
         if not self.bus.listened():  # a new stream starts from snapshots of both

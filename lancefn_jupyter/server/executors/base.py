@@ -205,6 +205,11 @@ class Executor(ABC):
         own user. May raise (no uid left for the namespace)."""
         return None
 
+    def idle_retire_ms(self) -> list[tuple[tuple[str, ...], int]]:
+        """Each idle worker that holds a version: its device set and when it retires unused (epoch ms), for the
+        usage's ``warm_retire_ms``; [] when unknown."""
+        return []
+
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
         """Device sets whose idle worker already holds this version (its module executed), so the
         scheduler can prefer them (docs/ARCHITECTURE.md, "Warm state"); [] when unknown."""

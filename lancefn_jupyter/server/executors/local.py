@@ -396,6 +396,14 @@ class LocalExecutor(Executor):
             return BuildUser(uid, uid)
         return BuildUser(self._user.uid, self._user.gid) if self._user is not None else None
 
+    def idle_retire_ms(self) -> list[tuple[tuple[str, ...], int]]:
+        # The retiring thread looks every min(idle, 30 s): a worker goes at most that long after this.
+        offset = time.time() - time.monotonic() + self._idle_timeout_s
+        with self._lock:
+            return [
+                (key[0], int((since + offset) * 1000)) for key, (_, since) in self._idle.items() if key[2] is not None
+            ]
+
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
         owner = (namespace, name, version)
         with self._lock:  # held only for dict work anywhere, never across a process call

@@ -62,3 +62,28 @@ def test_a_simulated_class_is_marked_once(model, simulated, text):
     )
     assert cards.model_text(gpu) == text
     assert cards.gpu_classes_table([gpu])[0].count("imulat") == text.count("imulat")
+
+
+def test_a_batch_says_about_how_long_and_how_much_is_left_and_what_it_spent():
+    """Time left from the rows' rate so far (the expected start's words), cost left from the cost per row so far; a
+    batch without prices, or without a chunk ended yet, says what it knows."""
+    from helpers import batch_record
+
+    from lancefn_jupyter.kernel.display.batch import batch_summary
+    from lancefn_jupyter.wire.batch_models import BatchUsage
+
+    running = {"batch_state": "IN_PROGRESS", "started_ms": 0, "rows_total": 100, "rows_done": 10, "chunks_total": 10}
+    counts = {"chunk_counts": {"DONE": 1, "PENDING": 9}}
+    now = 40_000  # 10 rows in 40 s: 90 rows left take 6 min
+    usage = BatchUsage(held_s=40, gpu_seconds=40, cost=0.05, currency="USD", rows=10)
+    assert batch_summary(batch_record(**running, **counts, usage=usage), now).endswith(
+        "of 10 chunks · 0.2 rows/s · about 6 min and $0.45 left · $0.05 spent"
+    )
+    unpriced = usage.model_copy(update={"cost": None, "currency": None})
+    assert batch_summary(batch_record(**running, **counts, usage=unpriced), now).endswith("· about 6 min left")
+    assert batch_summary(batch_record(**running, **counts), now).endswith("· about 6 min left")
+    ended = {**running, "batch_state": "DONE", "finished_ms": 400_000, "rows_done": 100}
+    summary = batch_summary(
+        batch_record(**ended, chunk_counts={"DONE": 10}, usage=usage.model_copy(update={"cost": 1.5}))
+    )
+    assert summary == "10 finished of 10 chunks · 0.2 rows/s · $1.50 spent", summary

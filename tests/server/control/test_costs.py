@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import register, registration_body
-from helpers import kernel_shell, submit, wait_done
+from helpers import describe, kernel_shell, submit, wait_done, wait_until
 from IPython.core.error import UsageError
 
 # An hour of a GPU for 3600 EUR: a GPU-second is 1 EUR; a CPU-second 0.1 EUR.
@@ -123,3 +125,50 @@ def test_a_dry_run_estimates_rows_chunks_time_and_cost_from_the_versions_history
     gap_s = max(0.0, wall_s / 4 - 2 * per_row_s)
     assert estimate.expected_s == pytest.approx(32 * (2 * per_row_s + gap_s))  # 32 waves of 2 rows
     assert estimate.currency == "EUR" and "€" in repr(estimate) and "from 8 earlier jobs" in repr(estimate)
+
+
+GATED = (
+    "def gated(path: str) -> str:\n"
+    "    import os, time\n"
+    "    while not os.path.exists(path):\n"
+    "        time.sleep(0.01)\n"
+    "    return path\n"
+)
+
+
+def test_a_batch_widget_says_what_was_spent_and_about_how_long_and_how_much_is_left(cp, tmp_path):
+    """Spent so far is the sum of the ended chunk jobs' costs (the batch's `usage`); the rest is the rows' rate so far
+    and the cost per row so far times the rows left; once the batch ended only what it spent is said."""
+    from lancefn_jupyter.kernel.display.timings import format_money
+    from lancefn_jupyter.kernel.widgets import BatchWidget, get_listener
+
+    done, gate = tmp_path / "done", tmp_path / "gate"
+    done.touch()
+    tmp_path.chmod(0o777)  # the worker may run as another user
+    for shell in kernel_shell(cp):
+        shell.run_cell_magic("gpu_function", "name=gated", GATED)
+        batch = shell.user_ns["gated"].map([str(done), str(done), str(gate), str(gate)], chunk_size=1, parallel=1)
+        widget = BatchWidget(batch.batch_id)
+        assert get_listener().wait_connected(60)  # the batch's later events reach the widget
+        wait_until(lambda w=widget: w.snapshot.usage is not None and w.snapshot.usage.rows == 2, "two chunks ended")
+        running = widget.snapshot
+        label = widget.progress_label.value
+        gate.touch()
+        batch.result()
+        wait_until(lambda w=widget: w.state == "finished", "the batch finished")
+        ended = widget.snapshot
+        with cp.http() as http:
+            chunks = http.post("/v1/batches/describe", json={"batch_id": batch.batch_id, "include_chunks": True})
+            costs = [describe(http, c["job_id"])["usage"]["cost"] for c in chunks.json()["chunks"]]
+        final = widget.progress_label.value
+        widget.close()
+    spent = running.usage.cost
+    assert running.usage.currency == "EUR" and spent > 0
+    per_row_left = format_money(spent / 2 * 2, "EUR")  # two rows left
+    assert re.search(
+        rf"· about \d+ (s|min|h) and {re.escape(per_row_left)} left · {re.escape(format_money(spent, 'EUR'))} spent",
+        label,
+    ), label
+    assert ended.usage.rows == 4 and ended.usage.cost == pytest.approx(sum(costs), abs=1e-5)
+    money = format_money(ended.usage.cost, "EUR")
+    assert re.search(rf"of 4 chunks · [\d.,]+ rows/s · {re.escape(money)} spent$", final), final

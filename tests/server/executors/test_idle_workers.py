@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 from conftest import SERVER_CMD, register, registration_body
-from helpers import submit, wait_done, wait_until
+from helpers import hold_version, submit, wait_done, wait_until
 
 TORN = """
 class torn:
@@ -44,3 +45,30 @@ def test_a_bad_idle_time_is_refused(tmp_path):
     )
     assert done.returncode == 2
     assert "--worker-idle-s must be a number of seconds > 0" in done.stderr
+
+
+def test_the_usage_says_when_each_idle_warm_worker_of_a_class_retires(control_plane_factory, tmp_path):
+    """`GET /v1/gpu/usage` (and the `usage` event the panel reads): per class, each idle worker that holds a
+    version retires `--worker-idle-s` after its last job (a fresh spare is no warm worker); none before a job."""
+    from lancefn_jupyter.wire.models import GpuUsage
+
+    cp = control_plane_factory(args=["--worker-idle-s", "300"])
+    done = tmp_path / "done"
+    done.touch()
+
+    def retire_ms(http) -> tuple[int, ...]:
+        (usage,) = [GpuUsage.from_wire(c) for c in http.get("/v1/gpu/usage").json()["classes"]]
+        return usage.warm_retire_ms
+
+    with cp.http() as http:
+        assert retire_ms(http) == ()
+        ends = []
+        for name in ("hold", "hold_too"):  # two functions, each leaves its own worker idle
+            version = hold_version(http, name, 1)
+            before = int(time.time() * 1000)
+            assert wait_done(http, submit(http, name, version, [{"path": str(done)}]))["job_state"] == "DONE"
+            ends.append((before, int(time.time() * 1000) + 1))
+        retiring = retire_ms(http)
+    assert len(retiring) == 2 and list(retiring) == sorted(retiring), retiring
+    for at, (before, after) in zip(retiring, ends, strict=True):
+        assert before + 300_000 <= at <= after + 300_000, (at, before, after)
