@@ -150,7 +150,13 @@ def test_a_batch_widget_says_what_was_spent_and_about_how_long_and_how_much_is_l
         batch = shell.user_ns["gated"].map([str(done), str(done), str(gate), str(gate)], chunk_size=1, parallel=1)
         widget = BatchWidget(batch.batch_id)
         assert get_listener().wait_connected(60)  # the batch's later events reach the widget
-        wait_until(lambda w=widget: w.snapshot.usage is not None and w.snapshot.usage.rows == 2, "two chunks ended")
+        # Two chunks ended and the widget has the batch's start with them (the rate needs it): what is left is said
+        wait_until(
+            lambda w=widget: (
+                w.snapshot.usage is not None and w.snapshot.usage.rows == 2 and " left · " in w.progress_label.value
+            ),
+            "two chunks ended and what is left said",
+        )
         running = widget.snapshot
         label = widget.progress_label.value
         gate.touch()
