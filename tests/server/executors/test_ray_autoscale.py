@@ -78,7 +78,8 @@ def test_four_queued_jobs_bring_up_two_nodes_say_so_and_the_class_goes_back_to_z
         usage = _usage(http)
         assert (usage["nodes_up"], usage["nodes_starting"], usage["nodes_max"], usage["gpus_total"]) == (0, 0, 2, 0)
         version = _nap_version(http)
-        jobs = [submit(http, "nap", version, [{"seconds": "4"}]) for _ in range(4)]
+        # long enough that the second node joins while the first still has work (a loaded machine starts nodes slowly)
+        jobs = [submit(http, "nap", version, [{"seconds": "12"}]) for _ in range(4)]
         reasons, peak = set(), 0
 
         def finished() -> bool:
