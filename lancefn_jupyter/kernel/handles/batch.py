@@ -471,6 +471,19 @@ class Batch(RecordHandle[BatchRecord]):
                     f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s"
                 )
 
+    def logs(self, row: int | None = None) -> str:
+        """Every chunk's log, in chunk order; `row=17`: only what the function printed for row 17 of the batch
+        (from the job of the chunk holding it; docs/ARCHITECTURE.md, "Live output")."""
+        chunks = [c for c in self.refresh().chunks or () if c.job_id is not None]
+        if row is not None:
+            chunks = [c for c in chunks if c.row_start <= row < c.row_end]
+        logs = [
+            Job(c.job_id, client=self.client).logs(None if row is None else row - c.row_start)
+            for c in chunks
+            if c.job_id is not None
+        ]
+        return "\n".join(text for text in logs if text)
+
     # -- control
     def debug(self, commands: Sequence[str] = ()) -> Any:
         """`Job.debug()` on the failed chunk's job (docs/ARCHITECTURE.md, "Debugging a failure"): its failing row run

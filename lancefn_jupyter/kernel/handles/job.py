@@ -281,11 +281,12 @@ class Job(RecordHandle[JobRecord]):
         self.refresh()
         return cancelled
 
-    def logs(self) -> str:
-        """The worker's captured stdout/stderr so far."""
+    def logs(self, row: int | None = None) -> str:
+        """The worker's captured stdout/stderr so far; `row=17`: only what the function printed for row 17 of the
+        job's rows (docs/ARCHITECTURE.md, "Live output")."""
         offset, out = 0, []
         while True:
-            lines, next_offset = self.client.jobs.logs(self.job_id, offset)
+            lines, next_offset = self.client.jobs.logs(self.job_id, offset, row=row)
             out.extend(lines)
             if not lines or next_offset == offset:
                 return "\n".join(out)

@@ -88,3 +88,27 @@ def test_a_batch_shows_each_running_chunk_s_prints_as_the_chunk_runs(ip):
         ]
         assert chunk.job_id is not None
         assert shown[0][0] < Job.attach(chunk.job_id).snapshot.finished_ms  # while the chunk ran
+
+
+NOISY = """
+def noisy(x: int) -> int:
+    print(f"row {x} a")
+    print(f"row {x} b", flush=True)
+    return x
+"""
+
+
+def test_each_row_s_prints_are_tagged_with_its_row_in_a_map_and_a_batch(ip):
+    ip.run_cell_magic("gpu_function", "num_gpus=1", NOISY)
+    noisy = ip.user_ns["noisy"]
+    job = noisy.map([10, 11, 12, 13])
+    assert job.result() == [10, 11, 12, 13]
+    assert job.logs(row=2) == "row 12 a\nrow 12 b"
+    assert job.logs(row=7) == ""  # no such row: nothing
+    assert job.logs().splitlines() == [f"row {x} {part}" for x in range(10, 14) for part in "ab"]  # nothing lost
+    assert noisy.submit(5).wait().logs(row=0) == "row 5 a\nrow 5 b"
+
+    batch = noisy.map(list(range(20, 26)), parallel=2, chunk_size=3)
+    assert batch.result() == list(range(20, 26))
+    assert batch.logs(row=4) == "row 24 a\nrow 24 b"  # row 1 of the second chunk
+    assert batch.logs().splitlines() == [f"row {x} {part}" for x in range(20, 26) for part in "ab"]
