@@ -69,7 +69,7 @@ def _texts(value: object) -> bool:
 def _log(event: dict, _phases: Collection[str]) -> str | None:
     if event.get("stream") not in _STREAMS:
         return f"its stream is {str(event.get('stream'))[:80]!r}, not one of {', '.join(_STREAMS)}"
-    lines = event.get("lines")
+    lines: list = event.get("lines")  # type: ignore[assignment]  # checked next
     if not _texts(lines):
         return "its lines are not a list of strings"
     rows = event.get("rows")
