@@ -846,4 +846,5 @@ def _job_payload(task: TaskSpec) -> dict:
         **({"table_slice": task.table_slice.to_wire()} if task.table_slice is not None else {}),
         "state": task.state,
         "python_version": task.environment.python_version if task.environment is not None else None,
+        "setup_digest": task.setup_digest,  # an idle actor of another version with it may run the job ("Setup reuse")
     }

@@ -228,7 +228,10 @@ class JobActor:
         self._env: dict[str, str] = {}  # the last job's function env, which the teardown sees too
 
     def run(self, job: dict) -> dict:
-        """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane)."""
+        """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane), and ``version_task`` when
+        the job is of another version with the same setup digest: this actor serves that version from now on
+        (the runner rebinds its code onto the live module: docs/ARCHITECTURE.md, "Setup reuse")."""
+        self._task = job.pop("version_task", None) or self._task
         self._env = job.get("env") or {}
         return {**_run_job(self._hub, {**self._task, **job}, self._where, self._output), "ready_at": self._ready_at}
 
