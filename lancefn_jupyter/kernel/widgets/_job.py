@@ -124,7 +124,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
             if self._events_seen == seen:  # no fresher event arrived while we read it
                 self._apply(job)
             if not self.done:
-                self._live = LiveLog(job_id, self._client.jobs.log_entries, emit=self._hold_line)
+                self._live = LiveLog(job_id, self._log_entries, emit=self._hold_line)
 
     # ---------------------------------------------------------------- reading
 
@@ -184,6 +184,9 @@ class JobWidget(FallbackReprMixin, w.VBox):
                 (self.output.append_stderr if lines[start][1] == "stderr" else self.output.append_stdout)(text)
                 start = end
         return not live.closed
+
+    def _log_entries(self, job_id: str, offset: int) -> tuple[list[str], list[str], int]:
+        return self._client.jobs.log_entries(job_id, offset)
 
     def _hold_line(self, line: str, stream: str) -> None:
         self._live_lines.append((line, stream))
