@@ -16,10 +16,10 @@ from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
 from lancefn_jupyter.kernel.display.batch import batch_card, batch_state_text
+from lancefn_jupyter.kernel.display.live_logs import LiveLog
 from lancefn_jupyter.kernel.handles import chunking
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
 from lancefn_jupyter.kernel.handles.job import LIVE_AFTER_S, Job
-from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.handles.rows import rows_payload
 from lancefn_jupyter.kernel.handles.submit import create_batch, registered_version
 from lancefn_jupyter.wire import dataplane

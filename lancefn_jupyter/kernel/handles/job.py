@@ -15,8 +15,8 @@ from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
 from lancefn_jupyter.kernel.display.jobs import job_card, remote_locals_text
+from lancefn_jupyter.kernel.display.live_logs import LiveLog
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
-from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.frames import FAILING_ROWS_MAX_BYTES

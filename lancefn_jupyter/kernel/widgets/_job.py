@@ -26,8 +26,8 @@ from lancefn_jupyter.kernel.client.errors import LancefnError
 from lancefn_jupyter.kernel.client.listener import EventListener
 from lancefn_jupyter.kernel.display import cards as display
 from lancefn_jupyter.kernel.display.jobs import job_card, remote_locals_text
+from lancefn_jupyter.kernel.display.live_logs import LiveLog
 from lancefn_jupyter.kernel.display.timings import job_timings_text, timings_breakdown
-from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
 

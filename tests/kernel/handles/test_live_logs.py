@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from lancefn_jupyter.kernel.handles import live_logs
+from lancefn_jupyter.kernel.display import live_logs
 from lancefn_jupyter.kernel.handles.job import Job
 from lancefn_jupyter.kernel.session import current_client
 
