@@ -818,8 +818,9 @@ def _add_start(final: dict, record: _BridgeJob, value: dict) -> None:
     if record.created_at is not None and isinstance(ready_at, (int, float)):
         start_ms = max(0.0, (ready_at - record.created_at) * 1000.0)
     final["timings"] = {**final["timings"], "start_ms": start_ms}
+    final.pop("setup_reused_from", None)  # the bridge's word only: the executor moves it into the timings
     if record.reused_from is not None and final["timings"].get("setup_reused"):  # the actor rebound its code
-        final["timings"]["setup_reused_from"] = record.reused_from
+        final["setup_reused_from"] = record.reused_from
 
 
 def _value_problem(value: object, job_id: str) -> str | None:
