@@ -406,6 +406,8 @@ def test_on_ray_edits_outside_setup_keep_the_live_actor_and_a_failing_row_keeps_
             "    print('OUT error', json.dumps(str(e)))",
             report("failure", "[job.failure.failing_rows, job.failure.rows]"),
             report("frames", "[[f.function, f.locals] for f in job.failure.frames]"),
+            f"%%gpu_function num_gpus=1{options}\ndef noisy(x: int) -> int:\n    print(f'row {{x}}')\n    return x\n",
+            report("row_logs", "noisy.map([5, 6, 7]).wait().logs(row=1)"),
         ],
         timeout=400,
     )
@@ -421,3 +423,4 @@ def test_on_ray_edits_outside_setup_keep_the_live_actor_and_a_failing_row_keeps_
     assert out["failure"] == [[0, 1], [{"i": 2}]]
     function, local = out["frames"][-1]
     assert function == "__call__" and local["picked"] == "4" and local["i"] == "2"
+    assert out["row_logs"] == "row 6"  # a Ray actor's prints carry their row too
