@@ -43,6 +43,7 @@ QUICK_ARGS = {
     "bench_batches.py": ["--runs", "1", "--backfill-rows", "20000", "--backfill-chunk", "2000"],
     "bench_backfill.py": ["--rows", "20000", "--memory-rows", "200000", "--reps", "1"],
     "bench_warm_state.py": ["--warm", "100"],
+    "bench_notebook_loop.py": ["--samples", "20"],
     "bench_environments.py": ["--rounds", "1", "--hits", "3"],
     "bench_env_build.py": ["--rounds", "1"],
     "bench_table_agent.py": ["--fragments", "20", "--reps", "5"],

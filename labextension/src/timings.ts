@@ -4,6 +4,7 @@
  *
  *   "cold start 1.2 s, setup 1.0 s"  a job that started a worker and executed the version's module
  *   "setup 350 ms"                   only the setup was paid
+ *   "setup reused from @1a2b3c, 2 ms" the idle worker of an earlier version with the same setup part ran it
  *   "warm"                           an idle worker already held the version ("warm, ran 12 ms" with run)
  *   ""                               no timings (the job has not ended on a worker, or an older server)
  *
@@ -74,6 +75,11 @@ export function timingsText(
   )
     .filter(([, value]) => value > 0)
     .map(([label, value]) => `${label} ${formatMs(value)}`);
+  if (typeof timings.setup_reused_from === 'string' && timings.setup_reused_from) {
+    parts.push(
+      `setup reused from @${timings.setup_reused_from.slice(0, 6)}, ${formatMs(part(timings.rebind_ms))}`
+    );
+  }
   if (!parts.length) {
     parts.push(timings.cold ? 'cold start' : 'warm');
   }

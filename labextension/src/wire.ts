@@ -74,6 +74,9 @@ export interface IJobTimings {
   setup_ms?: number;
   run_ms?: number;
   cold?: boolean;
+  /** The earlier version whose live worker ran it, with its model loaded ("Setup reuse"). */
+  setup_reused_from?: string;
+  rebind_ms?: number;
 }
 
 /** A result's description (never its data): type, dtype, shape, bytes; `item` for a map's rows. */

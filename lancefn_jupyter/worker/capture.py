@@ -2,20 +2,27 @@
 re-pointed at a pipe whose lines become ``log`` events, and :func:`flush_output` waits until every
 line written so far has gone out. Used by the local worker (``main.py``) and by the Ray job actor
 (``server/executors/ray/task.py``), in the process that runs user code; standard library only.
+
+Row tags ("Live output"): the runner says which row runs (:func:`set_row`); the first write of a row to
+``sys.stdout`` / ``sys.stderr`` (:func:`tag_rows` wraps them) puts a marker before it, in the same buffered text,
+so a row that prints nothing costs nothing; the reader tags each line with the last marker's row. Output written to
+fds 1/2 directly (C code, child processes) carries the row of the stream's last marker.
 """
 
 from __future__ import annotations
 
 import array
 import os
+import re
 import select
+import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from lancefn_jupyter.worker.protocol import flush_stdio
 
-__all__ = ["Capture", "EventSink", "flush_output"]
+__all__ = ["Capture", "EventSink", "flush_output", "set_row", "tag_rows"]
 
 
 class EventSink(Protocol):
@@ -25,6 +32,43 @@ class EventSink(Protocol):
 
 
 _SYNC = b"\x00lancefn-log-sync\x00"  # written into the log pipes to know every earlier line was sent
+_ROW = re.compile(rb"\x00lancefn-row:(\d*)\x00")  # the lines after it on its stream are that row's ("": none)
+_row: list[int | None] = [None]  # the row the task runs now
+
+
+def set_row(row: int | None) -> None:
+    """The row running from now on (None: none, e.g. setup or between tasks)."""
+    _row[0] = row
+
+
+class _RowTagged:
+    """``sys.stdout`` / ``sys.stderr`` as they were, but a row's first write is preceded by its marker."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._marked: int | None = None
+
+    def write(self, text: str) -> int:
+        row = _row[0]
+        if row != self._marked and text:
+            self._marked = row
+            self._stream.write(f"\x00lancefn-row:{'' if row is None else row}\x00")
+        return self._stream.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def tag_rows() -> None:
+    """Wrap ``sys.stdout`` and ``sys.stderr`` so what a row prints is tagged with it (once per process)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, _RowTagged):
+            setattr(sys, name, _RowTagged(stream))
 
 
 class Capture(threading.Thread):
@@ -39,6 +83,7 @@ class Capture(threading.Thread):
         self.synced = threading.Event()
         self.lock = threading.Lock()
         self._pending = b""  # a partial line, sent once its newline (or a sync marker) comes
+        self._row: int | None = None  # the row of this stream's last row marker
         self._read_fd, write_fd = os.pipe()
         os.dup2(write_fd, fd)
         os.close(write_fd)
@@ -59,14 +104,21 @@ class Capture(threading.Thread):
         if len(self._pending) > 65536:  # e.g. "\r" progress bars: never buffer a whole task's output
             complete.append(self._pending)
             self._pending = b""
-        lines, synced = [], False
+        lines, rows, synced = [], [], False
         for line in complete:
             if line.endswith(_SYNC):  # a partial line before the marker still counts as a line
                 line, synced = line[: -len(_SYNC)], True
                 if not line:
                     continue
+            if b"\x00lancefn-row:" in line:
+                for found in _ROW.finditer(line):
+                    self._row = int(found.group(1)) if found.group(1) else None
+                line = _ROW.sub(b"", line)
             lines.append(line.decode("utf-8", "replace"))
-        if lines:
+            rows.append(self._row)
+        if lines and any(row is not None for row in rows):
+            self._proto.send(event="log", stream=self._stream, lines=lines, rows=rows)
+        elif lines:
             self._proto.send(event="log", stream=self._stream, lines=lines)
         if synced:
             self.synced.set()

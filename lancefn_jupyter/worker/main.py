@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from lancefn_jupyter.wire.jsontext import loads
 from lancefn_jupyter.worker import reap
-from lancefn_jupyter.worker.capture import Capture, flush_output
+from lancefn_jupyter.worker.capture import Capture, flush_output, tag_rows
 from lancefn_jupyter.worker.protocol import MAX_PROCS_ENV, PRELOAD_ENV, Protocol
 from lancefn_jupyter.worker.runner import release, serve
 
@@ -184,6 +184,7 @@ def main() -> None:
         capture.start()
     for stream in (sys.stdout, sys.stderr):  # line-buffered, so prints show up in the logs live
         stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    tag_rows()
     _exit_with_parent()
     _warm_up(captures)
     proto.send(event="ready", device=_detect_device())

@@ -29,6 +29,7 @@ from lancefn_jupyter.wire import bundles, dataplane  # dataplane imports neither
 from lancefn_jupyter.wire.frames import capture_frames
 from lancefn_jupyter.wire.setup_part import SetupPart, class_def, setup_part
 from lancefn_jupyter.worker import reap
+from lancefn_jupyter.worker.capture import set_row
 from lancefn_jupyter.worker.protocol import FINAL_EVENTS, TEARDOWN_S, Protocol, cap_text, flush_stdio
 from lancefn_jupyter.worker.result import TaskFailure, result_event
 
@@ -520,6 +521,7 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
     started = time.perf_counter()
     try:
         for index, row in enumerate(rows):
+            set_row(index)
             try:
                 value = entry(**row)
             except BaseException as exc:  # SystemExit/KeyboardInterrupt from user code fail the task, not the worker
@@ -536,6 +538,7 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
             if index + 1 < len(rows):  # the last row's count rides on the result (one event less per job)
                 progress.update(index + 1)
     finally:
+        set_row(None)
         timings["run_ms"] = (time.perf_counter() - started) * 1000.0
         progress.close()  # before the final event, so no progress of this task can follow it
     return {"values": results, "errors": errors if any(e is not None for e in errors) else None}

@@ -35,6 +35,7 @@ TUTORIALS = (
     "05-batches-and-tables.ipynb",
     "06-embeddings-into-lancedb.ipynb",
     "07-lancedb-client-and-secrets.ipynb",
+    "08-edit-keep-the-model.ipynb",
 )
 CELL_TIMEOUT_S = 240
 
@@ -318,6 +319,32 @@ def test_07_lancedb_client_and_secrets(run_tutorial):
     resume = nb.text("check-resume")
     assert "resumed: True" in resume and "results: [0.0, 2.0, 4.0, 6.0" in resume
     assert "tok-0000-demo-4321" not in nb.all_outputs()  # the secret's value is nowhere in the notebook's outputs
+
+
+def test_08_edit_keep_the_model(run_tutorial):
+    nb = run_tutorial("08-edit-keep-the-model.ipynb")
+
+    assert "setup       module statements, Scorer.setup (edits elsewhere keep the worker)" in nb.text("check-register")
+    first = nb.text("check-first")
+    assert "result: 20.0" in first and "reused from: None" in first and "setup: 0 ms" not in first
+    versions = [re.search(r"version: ([0-9a-f]{16})", first).group(1)]
+    # Three edits of __call__, one setup: each runs on the instance setup() made (its call count goes on).
+    for run, result, calls in (("check-run-1", "20.0", 2), ("check-run-2", "100.0", 3), ("check-run-3", "400.0", 4)):
+        text = nb.text(run)
+        version = re.search(r"version: ([0-9a-f]{16})", text).group(1)
+        assert version not in versions, text  # each edit is a version of its own
+        assert f"result: {result}" in text and f"printed: call {calls}:" in text, text
+        assert f"setup: 0 ms | reused from: {versions[-1]}" in text, text
+        versions.append(version)
+
+    failure = nb.text("check-failure")
+    assert "IndexError: list index out of range" in failure and "Remote locals" in failure
+    assert "nxt = 4" in failure and "x = 3" in failure
+    frames = nb.text("check-frames")
+    assert "failing row: [{'x': 3}]" in frames and "'nxt': '4'" in frames
+    debugged = nb.text("check-debug")
+    assert "the row fails here too" in debugged and "stepping into it in this kernel" in debugged
+    assert debugged.rstrip().splitlines()[-2:] == ["4", "4"]  # the scripted `p nxt`, `p len(self.weights)`
 
 
 def test_headless_quickstart_prints_a_version_and_a_finished_job(tmp_path):

@@ -388,3 +388,39 @@ def test_a_failing_row_is_stepped_into_with_job_debug_and_its_remote_locals_show
     assert out["rows"] == [{"i": 2}]
     debugged = out["_texts"][-1]
     assert "the row fails here too" in debugged and "104" in debugged and "[1, 2, 3]" in debugged, debugged
+
+
+@pytest.mark.ray
+def test_on_ray_edits_outside_setup_keep_the_live_actor_and_a_failing_row_keeps_its_rows_and_frames(ray_cp, tmp_path):
+    options = " gpu_class=small"
+    out = run_notebook(
+        ray_cp,
+        tmp_path,
+        [
+            *edit_cells(tmp_path, "e1", expr="x * self.w + self.calls", options=options),
+            *edit_cells(tmp_path, "e2", expr="x * self.w + 100 * self.calls", options=options),
+            *edit_cells(tmp_path, "e3", expr="-(x * self.w) - self.calls", options=options),
+            *edit_cells(tmp_path, "s1", w=7, expr="-(x * self.w) - self.calls", options=options),
+            RANKER.replace("num_gpus=1", "num_gpus=1" + options),
+            "job = Ranker.submit(2)\ntry:\n    job.result()\nexcept Exception as e:\n"
+            "    print('OUT error', json.dumps(str(e)))",
+            report("failure", "[job.failure.failing_rows, job.failure.rows]"),
+            report("frames", "[[f.function, f.locals] for f in job.failure.frames]"),
+            f"%%gpu_function num_gpus=1{options}\ndef noisy(x: int) -> int:\n    print(f'row {{x}}')\n    return x\n",
+            report("row_logs", "noisy.map([5, 6, 7]).wait().logs(row=1)"),
+        ],
+        timeout=400,
+    )
+    assert "e1" in out, out["_texts"]
+    e1, e2, e3 = out["e1"], out["e2"], out["e3"]
+    assert [e1[0], e2[0], e3[0]] == [21, 220, -23], out["_texts"]  # one live instance: its calls count on
+    assert e1[2] is None and e2[2] == e1[3] and e3[2] == e2[3]
+    assert e2[1].startswith(f"setup reused from @{e1[3][:6]}")
+    assert out["s1"][0] == -15 and out["s1"][2] is None  # setup edited: a fresh actor
+    assert len(executions(tmp_path / "setups.log", out["kernel"])) == 2  # e1 (e2, e3 reused it), s1
+    # Debugging a failure: the same on Ray as on the local executor.
+    assert "IndexError" in out["error"] and "picked = 4" in out["error"], out["_texts"]
+    assert out["failure"] == [[0, 1], [{"i": 2}]]
+    function, local = out["frames"][-1]
+    assert function == "__call__" and local["picked"] == "4" and local["i"] == "2"
+    assert out["row_logs"] == "row 6"  # a Ray actor's prints carry their row too

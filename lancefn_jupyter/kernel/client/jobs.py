@@ -52,8 +52,12 @@ class JobsResource:
     def cancel(self, job_id: str) -> bool:
         return bool(self._t.post("/v1/jobs/cancel", {"job_id": job_id})["cancelled"])
 
-    def logs(self, job_id: str, offset: int = 0) -> tuple[builtins.list[str], int]:
-        reply = self._t.post("/v1/jobs/logs", {"job_id": job_id, "offset": offset})
+    def logs(self, job_id: str, offset: int = 0, *, row: int | None = None) -> tuple[builtins.list[str], int]:
+        """Lines from ``offset`` (only those ``row`` printed, when given) and the next offset."""
+        body: dict[str, Any] = {"job_id": job_id, "offset": offset}
+        if row is not None:
+            body["row"] = row
+        reply = self._t.post("/v1/jobs/logs", body)
         return list(reply["lines"]), int(reply["next_offset"])
 
     def log_entries(self, job_id: str, offset: int = 0) -> tuple[builtins.list[str], builtins.list[str], int]:

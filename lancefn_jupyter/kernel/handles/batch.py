@@ -16,9 +16,10 @@ from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
 from lancefn_jupyter.kernel.display.batch import batch_card, batch_state_text
+from lancefn_jupyter.kernel.display.live_logs import LiveLog
 from lancefn_jupyter.kernel.handles import chunking
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
-from lancefn_jupyter.kernel.handles.job import Job
+from lancefn_jupyter.kernel.handles.job import LIVE_AFTER_S, Job
 from lancefn_jupyter.kernel.handles.rows import rows_payload
 from lancefn_jupyter.kernel.handles.submit import create_batch, registered_version
 from lancefn_jupyter.wire import dataplane
@@ -28,6 +29,7 @@ from lancefn_jupyter.wire.models import TERMINAL_STATES, FunctionVersion, JobSta
 
 __all__ = ["Batch", "BatchChunkError", "BatchError", "check_parallel", "start_batch"]
 _FETCHERS = 8  # concurrent result fetches of one batch (the control plane serves them in parallel)
+CHUNK_LINES_SHOWN = 50  # lines of one chunk shown under the cell while the batch runs ("Live output")
 
 
 class BatchError(LancefnError):
@@ -311,8 +313,48 @@ class Batch(RecordHandle[BatchRecord]):
             f"Stopped waiting for batch {self.batch_id}; it keeps running. "
             f"Cancel it with Batch.attach({self.batch_id!r}).cancel() or its Cancel button."
         ):
-            self._snapshot = self.client.batches.wait(self.batch_id, timeout=timeout)
+            self._snapshot = self._wait_showing_chunks(timeout)
         return self
+
+    def _wait_showing_chunks(self, timeout: float | None) -> BatchRecord:
+        """Wait; while the batch runs, each running chunk's prints are shown under the cell as they come, each line
+        after `[chunk N] ` (docs/ARCHITECTURE.md, "Live output"). A batch that ends within ``LIVE_AFTER_S`` costs
+        that one request, as before."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        following: dict[str, LiveLog] = {}  # a running chunk's job → its follower
+        snapshot = self.client.batches.wait(
+            self.batch_id, timeout=LIVE_AFTER_S if timeout is None else min(timeout, LIVE_AFTER_S)
+        )
+        try:
+            while snapshot.batch_state not in TERMINAL_STATES:
+                self._follow_chunks(snapshot, following)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return snapshot
+                snapshot = self.client.batches.wait(
+                    self.batch_id, timeout=LIVE_AFTER_S if left is None else min(left, LIVE_AFTER_S)
+                )
+            return snapshot
+        finally:
+            for live in following.values():
+                live.close()
+
+    def _follow_chunks(self, snapshot: BatchRecord, following: dict[str, LiveLog]) -> None:
+        """Start following the chunks that run now, show what every followed chunk printed, close the ended ones."""
+        running = {c.job_id: c for c in snapshot.chunks or () if c.state == JobState.IN_PROGRESS and c.job_id}
+        for job_id, chunk in running.items():
+            if job_id not in following:
+                following[job_id] = LiveLog(
+                    job_id,
+                    self.client.jobs.log_entries,
+                    shown=CHUNK_LINES_SHOWN,
+                    prefix=f"[chunk {chunk.index}] ",
+                    more=f"Job.attach({job_id!r}).logs()",
+                )
+        for job_id, live in following.items():
+            live.pull() if job_id in running else live.close()
 
     # -- results
     def _chunk_value(self, chunk: BatchChunk) -> Any:
@@ -449,6 +491,19 @@ class Batch(RecordHandle[BatchRecord]):
                 raise TimeoutError(
                     f"batch {self.batch_id} is still {display_state(snapshot.batch_state)} after {timeout}s"
                 )
+
+    def logs(self, row: int | None = None) -> str:
+        """Every chunk's log, in chunk order; `row=17`: only what the function printed for row 17 of the batch
+        (from the job of the chunk holding it; docs/ARCHITECTURE.md, "Live output")."""
+        chunks = [c for c in self.refresh().chunks or () if c.job_id is not None]
+        if row is not None:
+            chunks = [c for c in chunks if c.row_start <= row < c.row_end]
+        logs = [
+            Job(c.job_id, client=self.client).logs(None if row is None else row - c.row_start)
+            for c in chunks
+            if c.job_id is not None
+        ]
+        return "\n".join(text for text in logs if text)
 
     # -- control
     def debug(self, commands: Sequence[str] = ()) -> Any:

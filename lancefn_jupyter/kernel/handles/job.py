@@ -15,8 +15,8 @@ from typing import Any
 
 from lancefn_jupyter.kernel.client import Client, LancefnError
 from lancefn_jupyter.kernel.display.jobs import job_card, remote_locals_text
+from lancefn_jupyter.kernel.display.live_logs import LiveLog
 from lancefn_jupyter.kernel.handles.base import FunctionRef, RecordHandle, waiting
-from lancefn_jupyter.kernel.handles.live_logs import LiveLog
 from lancefn_jupyter.kernel.session import current_client, listener, shared_home
 from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.frames import FAILING_ROWS_MAX_BYTES
@@ -281,11 +281,12 @@ class Job(RecordHandle[JobRecord]):
         self.refresh()
         return cancelled
 
-    def logs(self) -> str:
-        """The worker's captured stdout/stderr so far."""
+    def logs(self, row: int | None = None) -> str:
+        """The worker's captured stdout/stderr so far; `row=17`: only what the function printed for row 17 of the
+        job's rows (docs/ARCHITECTURE.md, "Live output")."""
         offset, out = 0, []
         while True:
-            lines, next_offset = self.client.jobs.logs(self.job_id, offset)
+            lines, next_offset = self.client.jobs.logs(self.job_id, offset, row=row)
             out.extend(lines)
             if not lines or next_offset == offset:
                 return "\n".join(out)

@@ -4,11 +4,14 @@
     pending: waiting for GPU capacity in class default, position 1
     [██████░░░░] 2/3 rows (67%)
     cold start 1.2 s, setup 1.0 s, ran 12 ms      (once it ended on a worker: cold or warm)
+    line 0                                        (what the job prints, live while it runs)
     [Cancel] [Logs]
 
 Child widgets are public attributes (`badge`, `status`, `progress`, `progress_label`, `timings`,
-`cancel_button`, `logs_button`, `logs_view`, `error`) so tests and users can read them. State comes
-from REST once, then from the kernel's event listener (never polled per widget).
+`output`, `cancel_button`, `logs_button`, `logs_view`, `error`) so tests and users can read them. State comes
+from REST once, then from the kernel's event listener (never polled per widget). A job still running when the
+widget is made has its prints shown in `output` as they come, read on the listener's tick
+(docs/ARCHITECTURE.md, "Live output").
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from lancefn_jupyter.kernel.client.errors import LancefnError
 from lancefn_jupyter.kernel.client.listener import EventListener
 from lancefn_jupyter.kernel.display import cards as display
 from lancefn_jupyter.kernel.display.jobs import job_card, remote_locals_text
+from lancefn_jupyter.kernel.display.live_logs import LiveLog
 from lancefn_jupyter.kernel.display.timings import job_timings_text, timings_breakdown
 from lancefn_jupyter.kernel.widgets._support import FallbackReprMixin, bind, start_listening
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
@@ -75,6 +79,10 @@ class JobWidget(FallbackReprMixin, w.VBox):
         self.progress_label = w.Label()
         # Where the time went, once the job ended on a worker (docs/ARCHITECTURE.md, "Warm state").
         self.timings = w.HTML(layout=w.Layout(display="none"))
+        # The job's prints while it runs: stdout and stderr as the cell shows them (Output's stream entries).
+        self.output = w.Output(layout=w.Layout(max_height="240px", overflow="auto"))
+        self._live: LiveLog | None = None
+        self._live_lines: list[tuple[str, str]] = []
         self.cancel_button = w.Button(
             description="Cancel", icon="stop", tooltip=f"Cancel job {job_id}", layout=w.Layout(width="auto")
         )
@@ -95,6 +103,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
                 self.status,
                 w.HBox([self.progress, self.progress_label]),
                 self.timings,
+                self.output,
                 self.error,
                 w.HBox([self.cancel_button, self.logs_button]),
                 self.logs_view,
@@ -114,6 +123,8 @@ class JobWidget(FallbackReprMixin, w.VBox):
         with self._lock:
             if self._events_seen == seen:  # no fresher event arrived while we read it
                 self._apply(job)
+            if not self.done:
+                self._live = LiveLog(job_id, self._log_entries, emit=self._hold_line)
 
     # ---------------------------------------------------------------- reading
 
@@ -152,8 +163,33 @@ class JobWidget(FallbackReprMixin, w.VBox):
             refresh_logs = self.logs_button.value and (job.job_state == JobState.IN_PROGRESS or self._log_stale)
         if refresh_logs:
             self._load_logs()
-        if job.job_state in TERMINAL_STATES and not refresh_logs and self._subscribed:
+        following = self._follow_output(job)
+        if job.job_state in TERMINAL_STATES and not refresh_logs and not following and self._subscribed:
             self._unsubscribe()
+
+    def _follow_output(self, job: Any) -> bool:
+        """Show what the job printed since the last tick (its last lines once it ended); True while following."""
+        live = self._live
+        if live is None or live.closed or job.job_state == JobState.PENDING:
+            return live is not None and not live.closed
+        try:
+            live.close() if job.job_state in TERMINAL_STATES else live.pull()
+        except LancefnError:
+            pass  # the next tick reads them
+        lines, self._live_lines = self._live_lines, []
+        start = 0
+        for end in range(1, len(lines) + 1):  # one output entry per run of lines of one stream
+            if end == len(lines) or lines[end][1] != lines[start][1]:
+                text = "".join(line + "\n" for line, _ in lines[start:end])
+                (self.output.append_stderr if lines[start][1] == "stderr" else self.output.append_stdout)(text)
+                start = end
+        return not live.closed
+
+    def _log_entries(self, job_id: str, offset: int) -> tuple[list[str], list[str], int]:
+        return self._client.jobs.log_entries(job_id, offset)
+
+    def _hold_line(self, line: str, stream: str) -> None:
+        self._live_lines.append((line, stream))
 
     def _apply(self, job: Any) -> None:
         previous = self._snapshot
@@ -290,6 +326,7 @@ class JobWidget(FallbackReprMixin, w.VBox):
             self.progress,
             self.progress_label,
             self.timings,
+            self.output,
             self.cancel_button,
             self.logs_button,
             self.logs_view,

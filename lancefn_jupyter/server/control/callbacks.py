@@ -9,7 +9,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from pydantic import ValidationError
@@ -204,8 +204,8 @@ class JobCallbacks:
             self.journal.persist(rec, new=False)
 
     @_callback
-    def task_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
-        self.journal.append_log(rec, clean_text(str(stream)), [clean_text(str(line)) for line in lines])
+    def task_log(self, rec: JobRecord, stream: str, lines: list[str], rows: Sequence[int | None] | None = None) -> None:
+        self.journal.append_log(rec, clean_text(str(stream)), [clean_text(str(line)) for line in lines], rows)
 
     @_callback
     def task_succeeded(

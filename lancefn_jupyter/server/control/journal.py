@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,7 +225,9 @@ class JobJournal:
         for job_id in list(self._deferred):
             self.flush(job_id)
 
-    def append_log(self, rec: JobRecord, stream: str, lines: list[str]) -> None:
+    def append_log(
+        self, rec: JobRecord, stream: str, lines: list[str], rows: Sequence[int | None] | None = None
+    ) -> None:
         pos = self._log_pos.get(rec.job_id)
         if pos is None:
             pos = self.store.next_log_pos(rec.job_id)
@@ -235,9 +237,12 @@ class JobJournal:
         clipped = [
             line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + "…" for line in lines[:room]
         ]
+        tags = None if rows is None else list(rows[: len(clipped)])
         if len(lines) > room:
             clipped[-1] = f"[lancefn] log truncated after {MAX_LOG_LINES_PER_JOB} lines"
-        self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped)
+            if tags is not None:
+                tags[-1] = None
+        self._log_pos[rec.job_id] = self.store.append_logs(rec.job_id, pos, stream, clipped, tags)
 
     def forget(self, job_id: str) -> None:
         """The job finished: its log position is no longer needed, nor what the forgetters keep of it."""

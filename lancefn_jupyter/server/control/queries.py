@@ -119,25 +119,34 @@ class JobQueries:
             # stored records have a seq
             return [(rec.seq or 0, self.reports.job_wire(now)) for rec, now in zip(recs, current, strict=True)]
 
-    def logs(self, job_id: str, offset: int, limit: int, scope: str | None) -> dict:
+    def logs(self, job_id: str, offset: int, limit: int, scope: str | None, row: int | None = None) -> dict:
+        """A page of the job's log from ``offset``: each line's stream and row ("Live output"); only ``row``'s lines
+        when it is given (the note on lines the log limit removed is then left out)."""
         self.get(job_id, scope)
         limit = max(1, min(limit, 10_000))
         offset = max(0, offset)
         pruned = self.store.pruned_log_lines(job_id)
-        if offset < pruned:  # its lines went to the log limit: say so once, where they were
+        if offset < pruned and row is None:  # its lines went to the log limit: say so once, where they were
             entries = self.store.read_logs(job_id, pruned, limit)
             note = (
                 f"[lancefn] lines {offset}-{pruned - 1} of this log were removed: the server keeps at most "
                 "--log-max-bytes of job logs, the oldest jobs' first"
             )
-            lines = [note, *(line for _, _, line in entries)]
-            streams = ["stderr", *(stream for _, stream, _ in entries)]
-            return {"lines": lines, "streams": streams, "next_offset": entries[-1][0] + 1 if entries else pruned}
-        entries = self.store.read_logs(job_id, offset, limit)
-        lines = [line for _, _, line in entries]
+            lines = [note, *(line for _, _, line, _ in entries)]
+            streams = ["stderr", *(stream for _, stream, _, _ in entries)]
+            rows = [None, *(tag for _, _, _, tag in entries)]
+            next_offset = entries[-1][0] + 1 if entries else pruned
+            return {"lines": lines, "streams": streams, "rows": rows, "next_offset": next_offset}
+        entries = self.store.read_logs(job_id, max(offset, pruned), limit, row)
         next_offset = entries[-1][0] + 1 if entries else offset
-        # streams: each line's stream (stdout, stderr), so a reader can keep them apart ("Live output")
-        return {"lines": lines, "streams": [stream for _, stream, _ in entries], "next_offset": next_offset}
+        # streams: each line's stream (stdout, stderr), so a reader can keep them apart; rows: the row that printed
+        # it, null for a line outside a row ("Live output")
+        return {
+            "lines": [line for _, _, line, _ in entries],
+            "streams": [stream for _, stream, _, _ in entries],
+            "rows": [tag for _, _, _, tag in entries],
+            "next_offset": next_offset,
+        }
 
     async def wait(self, job_id: str, timeout_s: float, scope: str | None, *, unless_queued: bool) -> dict:
         """The job once terminal, or as it stands after ``timeout_s`` (long poll).

@@ -9,7 +9,7 @@ core is thread-safe and ignores callbacks for jobs that are already terminal (ca
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -101,7 +101,10 @@ class ExecutorCallbacks(Protocol):
 
     def task_progress(self, job_id: str, rows_done: int) -> None: ...
 
-    def task_log(self, job_id: str, stream: str, lines: list[str]) -> None: ...
+    # ``rows``: each line's row in the job's rows (None: printed outside a row), when the worker tagged them
+    def task_log(
+        self, job_id: str, stream: str, lines: list[str], rows: Sequence[int | None] | None = None
+    ) -> None: ...
 
     # ``timings``: the job's ``start_ms``/``setup_ms``/``run_ms`` (and ``cold``) as the executor and
     # worker measured them (docs/ARCHITECTURE.md, "Warm state"); None when no worker ran it.

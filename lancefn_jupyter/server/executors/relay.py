@@ -69,7 +69,15 @@ def _texts(value: object) -> bool:
 def _log(event: dict, _phases: Collection[str]) -> str | None:
     if event.get("stream") not in _STREAMS:
         return f"its stream is {str(event.get('stream'))[:80]!r}, not one of {', '.join(_STREAMS)}"
-    return None if _texts(event.get("lines")) else "its lines are not a list of strings"
+    lines: list = event.get("lines")  # type: ignore[assignment]  # checked next
+    if not _texts(lines):
+        return "its lines are not a list of strings"
+    rows = event.get("rows")
+    if rows is not None and not (
+        type(rows) is list and len(rows) == len(lines) and all(row is None or _count(row) for row in rows)
+    ):
+        return "its rows are not a row number (or null) per line"
+    return None
 
 
 def _progress(event: dict, _phases: Collection[str]) -> str | None:
@@ -176,7 +184,12 @@ def relay(callbacks: ExecutorCallbacks, job_id: str, event: Mapping[str, Any]) -
     if kind == "started":
         callbacks.task_started(job_id, devices=tuple(event.get("devices", ())), node=event.get("node"))
     elif kind == "log":
-        callbacks.task_log(job_id, event.get("stream", "stdout"), list(event.get("lines", ())))
+        rows = event.get("rows")
+        lines = list(event.get("lines", ()))
+        if rows is None:
+            callbacks.task_log(job_id, event.get("stream", "stdout"), lines)
+        else:
+            callbacks.task_log(job_id, event.get("stream", "stdout"), lines, rows=list(rows))
     elif kind == "progress":
         callbacks.task_progress(job_id, int(event.get("rows_done", 0)))
     elif kind == "result":

@@ -25,7 +25,7 @@ import re
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,7 @@ CREATE TABLE IF NOT EXISTS job_logs(
     pos INTEGER NOT NULL,
     stream TEXT NOT NULL,
     line TEXT NOT NULL,
+    row INTEGER,
     PRIMARY KEY(job_id, pos)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS pruned_logs(
@@ -256,6 +257,7 @@ class Store:
         self._db.executescript(_SCHEMA)
         self._migrate_namespaces()
         self._migrate_timings()
+        self._migrate_log_rows()
         self._events_since_prune = 0
         self.prune_events()
         # Job logs over all jobs (docs/ARCHITECTURE.md, "REST details"): a byte total and each job's share,
@@ -378,6 +380,12 @@ class Store:
         with self.batch():
             if "timings" not in [row[1] for row in self._db.execute("PRAGMA table_info(jobs)")]:
                 self._db.execute("ALTER TABLE jobs ADD COLUMN timings TEXT")
+
+    def _migrate_log_rows(self) -> None:
+        """Give ``job_logs`` a ``row`` column (the row that printed the line; NULL for an older home's lines)."""
+        with self.batch():
+            if "row" not in [row[1] for row in self._db.execute("PRAGMA table_info(job_logs)")]:
+                self._db.execute("ALTER TABLE job_logs ADD COLUMN row INTEGER")
 
     # Generic access for modules that own their own tables (server/batches/manager.py).
     def executescript(self, script: str) -> None:
@@ -632,13 +640,16 @@ class Store:
         kept = self._query("SELECT COALESCE(MAX(pos) + 1, 0) FROM job_logs WHERE job_id=?", (job_id,))[0][0]
         return max(kept, self.pruned_log_lines(job_id))
 
-    def append_logs(self, job_id: str, start: int, stream: str, lines: list[str]) -> int:
-        """Append ``lines`` at positions ``start…``; returns the next position. Over the log limit, the
-        oldest jobs' logs are removed first (``limit_logs``)."""
+    def append_logs(
+        self, job_id: str, start: int, stream: str, lines: list[str], rows: Sequence[int | None] | None = None
+    ) -> int:
+        """Append ``lines`` at positions ``start…`` (``rows``: each line's row, "Live output"); returns the next
+        position. Over the log limit, the oldest jobs' logs are removed first (``limit_logs``)."""
+        tags = rows if rows is not None else (None,) * len(lines)
         with self.batch():
             self._db.executemany(
-                "INSERT INTO job_logs(job_id, pos, stream, line) VALUES(?,?,?,?)",
-                [(job_id, start + i, stream, line) for i, line in enumerate(lines)],
+                "INSERT INTO job_logs(job_id, pos, stream, line, row) VALUES(?,?,?,?,?)",
+                [(job_id, start + i, stream, line, row) for i, (line, row) in enumerate(zip(lines, tags, strict=True))],
             )
             if self._log_limit is not None:
                 size = sum(len(line.encode("utf-8", "surrogatepass")) for line in lines)
@@ -687,10 +698,18 @@ class Store:
         rows = self._query("SELECT lines FROM pruned_logs WHERE job_id=?", (job_id,))
         return rows[0][0] if rows else 0
 
-    def read_logs(self, job_id: str, offset: int, limit: int) -> list[tuple[int, str, str]]:
+    def read_logs(
+        self, job_id: str, offset: int, limit: int, row: int | None = None
+    ) -> list[tuple[int, str, str, int | None]]:
+        """``[(pos, stream, line, row)]`` from ``offset``; only the lines of ``row`` when it is given."""
+        if row is None:
+            return self._query(
+                "SELECT pos, stream, line, row FROM job_logs WHERE job_id=? AND pos>=? ORDER BY pos LIMIT ?",
+                (job_id, offset, limit),
+            )
         return self._query(
-            "SELECT pos, stream, line FROM job_logs WHERE job_id=? AND pos>=? ORDER BY pos LIMIT ?",
-            (job_id, offset, limit),
+            "SELECT pos, stream, line, row FROM job_logs WHERE job_id=? AND pos>=? AND row=? ORDER BY pos LIMIT ?",
+            (job_id, offset, row, limit),
         )
 
     # ------------------------------------------------------------------ events

@@ -71,6 +71,21 @@ def wait_for_file(path: str) -> str:
     return path
 
 
+def talk_until(path: str, n: int) -> int:
+    import os
+    import time
+
+    for i in range(3):
+        print(f"line {i}", flush=True)
+    os.write(2, b"warn\n")
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    for i in range(n):
+        print(f"flood {i}")
+    print("bye", flush=True)
+    return n
+
+
 def explode(value: int) -> int:
     if value > 2:
         raise ValueError(f"value {value} is too big")
@@ -297,6 +312,35 @@ def test_logs_toggle_shows_worker_output(cp, gate_fn, gates):
     wait_until(lambda: widget.state == "finished", "finished")
     widget.logs_button.value = False
     assert widget.logs_view.layout.display == "none"
+
+
+def shown_lines(widget: JobWidget, stream: str) -> list[str]:
+    """The lines the widget's output area shows on one stream, in order."""
+    text = "".join(entry["text"] for entry in widget.output.outputs if entry["name"] == stream)
+    return text.splitlines()
+
+
+def test_job_widget_shows_prints_live_in_order_stderr_apart_and_a_flood_cut_short(cp, gates):
+    talk = api.gpu_function(num_gpus=1)(talk_until)
+    job = talk.submit(gates["talk"], 250)
+    widget = JobWidget(job.job_id)
+    wait_until(lambda: shown_lines(widget, "stderr") == ["warn"], "the job's stderr line, while it runs")
+    wait_until(lambda: len(shown_lines(widget, "stdout")) == 3, "the job's first lines, while it runs")
+    assert shown_lines(widget, "stdout") == ["line 0", "line 1", "line 2"]
+    assert widget.state == "running"  # shown while the job runs, not after it ended
+    gates.open("talk")
+    wait_until(lambda: any("more" in line for line in shown_lines(widget, "stdout")), "the count of lines not shown")
+    assert widget.state == "finished"
+    assert shown_lines(widget, "stdout") == [
+        "line 0",
+        "line 1",
+        "line 2",
+        *(f"flood {i}" for i in range(196)),  # 200 lines of the job shown, both streams together
+        "[lancefn] 55 lines more — job.logs()",
+    ]
+    assert shown_lines(widget, "stderr") == ["warn"]
+    stored = job.logs().splitlines()  # nothing lost in the stored log
+    assert len(stored) == 255 and stored[-251:] == [*(f"flood {i}" for i in range(250)), "bye"]
 
 
 # ----------------------------------------------------------------------- reprs

@@ -298,7 +298,7 @@ def test_logs_are_read_by_offset(control_plane):
         rest = http.post("/v1/jobs/logs", json={"job_id": job_id, "offset": first["next_offset"]}).json()
         assert first["next_offset"] == 2 and first["lines"] + rest["lines"] == everything["lines"]
         beyond = http.post("/v1/jobs/logs", json={"job_id": job_id, "offset": 1000}).json()
-        assert beyond == {"lines": [], "streams": [], "next_offset": 1000}
+        assert beyond == {"lines": [], "streams": [], "rows": [], "next_offset": 1000}
 
 
 def test_unencodable_worker_output_fails_the_job_readably_and_keeps_the_server_healthy(control_plane):

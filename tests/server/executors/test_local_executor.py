@@ -39,7 +39,7 @@ class Recorder:
     def task_progress(self, job_id, rows_done):
         self._add("progress", job_id, rows_done)
 
-    def task_log(self, job_id, stream, lines):
+    def task_log(self, job_id, stream, lines, rows=None):
         self._add("log", job_id, stream, lines)
 
     def task_succeeded(self, job_id, results, *, timings=None):

@@ -97,6 +97,8 @@ def test_a_forged_oversized_json_result_is_refused_in_phase_result_and_never_sto
         ('{"event":"bogus"}', "bogus event: no such event"),
         ('{"event":"progress","rows_done":"many"}', "progress event: rows_done"),
         ('{"event":"log","stream":"stdout","lines":7}', "log event: its lines"),
+        ('{"event":"log","stream":"stdout","lines":["a","b"],"rows":[1]}', "log event: its rows"),
+        ('{"event":"log","stream":"stdout","lines":["a"],"rows":[-1]}', "log event: its rows"),
         ('{"event":"result","results":"not a list"}', "result event: results is not a list"),
         ('{"event":"result","results":["forged"],"task_id":"another"}', "result event: it is for another task"),
         ('{"event":"result","results":["a"]}\n{"event":"result","results":["b"]}', "result event: a second outcome"),

@@ -24,6 +24,27 @@ def test_jobs_start_in_order_up_to_the_slots_and_wait_for_a_free_one():
     assert starts == [("3", None)] and retire == ["actor-a1"]
 
 
+def test_a_new_version_with_the_same_setup_key_takes_the_idle_actor_of_an_earlier_one():
+    pool = ActorPool(slots=1, idle_s=60)
+    pool.submit("1", A, setup="s")
+    pool.dispatch()
+    pool.bind("1", "actor-a")
+    pool.release("1", now=1.0, reuse=True)
+    pool.submit("2", B, setup="s")  # another version, same setup key ("Setup reuse")
+    assert pool.dispatch() == ([("2", "actor-a")], [])
+    assert pool.reused_from("2") == A and pool.reused_from("2") is None  # said once
+    pool.release("2", now=2.0, reuse=True)  # the actor now serves B
+    pool.submit("3", B, setup="s")
+    assert pool.dispatch() == ([("3", "actor-a")], []) and pool.reused_from("3") is None  # its own now
+    pool.release("3", now=3.0, reuse=True)
+    pool.submit("4", C, setup="other")  # another setup key: never this actor
+    assert pool.dispatch() == ([("4", None)], ["actor-a"])
+    pool.bind("4", "actor-c")
+    pool.release("4", now=4.0, reuse=True)
+    pool.submit("5", A)  # no setup key (state=per_job, reuse_setup=no): only its own actors
+    assert pool.dispatch() == ([("5", None)], ["actor-c"])
+
+
 def test_a_version_reuses_its_most_recently_idle_actor():
     pool = ActorPool(slots=3, idle_s=60)
     for job_id in ("1", "2"):

@@ -107,7 +107,7 @@ class _Callbacks:
         self.logs: list[tuple[str, list[str]]] = []
         self.event = threading.Event()
 
-    def task_log(self, job_id, stream, lines):
+    def task_log(self, job_id, stream, lines, rows=None):
         self.logs.append((job_id, lines))
 
     def task_failed(self, job_id, failure, *, timings=None):

@@ -420,11 +420,12 @@ def leaky(mode: str) -> str:
 
 
 def test_a_simulated_class_job_never_runs_in_a_process_another_version_used(ray_cp):
-    """Simulated-class jobs run in warm actors kept per (class, GPUs, version, namespace)."""
+    """Simulated-class jobs run in warm actors kept per (class, GPUs, version, namespace); only a version whose setup
+    part is the same may take over an earlier one's idle actor (docs/ARCHITECTURE.md, "Setup reuse")."""
     with ray_cp.http() as http:
         versions = [
             _version(http, text_body("leaky", LEAKY + comment, arg="mode", gpu_class="big"))
-            for comment in ("", "# version B\n")
+            for comment in ("", "VERSION = 'B'\n")  # B's setup part differs: no setup reuse either
         ]
         assert versions[0] != versions[1]
         patched = _finished(http, submit(http, "leaky", versions[0], [{"mode": "patch"}]))

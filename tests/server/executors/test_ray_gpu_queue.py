@@ -32,7 +32,7 @@ def _version(http, comment: str = "") -> str:
 def test_queued_jobs_of_one_version_reuse_its_one_actor_and_another_version_gets_its_own(cp, tmp_path):
     gate = tmp_path / "gate"
     with cp.http() as http:
-        v1, v2 = _version(http), _version(http, "# another version\n")
+        v1, v2 = _version(http), _version(http, "OTHER = 1  # another version, of another setup part\n")
         first = submit(http, "gated", v1, [{"path": str(gate)}])
         wait_until((tmp_path / "gate.pid").exists, "the first job to hold the GPU", SLOW)
         queued = [submit(http, "gated", v1, [{"path": ""}]) for _ in range(3)]

@@ -134,6 +134,7 @@ class _BridgeJob:
     created_at: float | None = None  # wall clock when a new actor was asked for this job (None: a warm one)
     token: str = ""  # what its call's hub pushes name: another job's call cannot push for it (``EventHub``)
     result_max_bytes: int | None = None  # a larger Arrow result is refused (--max-arrow-result-bytes)
+    reused_from: str | None = None  # the version whose idle actor runs it ("Setup reuse")
 
 
 class _Driver:
@@ -269,6 +270,7 @@ class _Driver:
                 "packages": job.get("packages") or [],
                 "state": job.get("state") or "per_worker",
                 **({"python_version": job["python_version"]} if job.get("python_version") else {}),
+                **({"setup_digest": job["setup_digest"]} if job.get("setup_digest") else {}),
             },
         }
         token = secrets.token_hex(16)
@@ -298,6 +300,8 @@ class _Driver:
             job.get("namespace") or "",
         )
         record.payload, record.options, record.version = payload, options, version
+        digest = job.get("setup_digest")
+        setup = (*record.pool_key[:3], record.pool_key[4], digest) if digest else None  # all but the version
         with self.lock:  # registered first: the task's events may arrive before .remote() returns
             self.jobs[job_id] = record
             if gpus:
@@ -307,7 +311,7 @@ class _Driver:
                 record.pool = self.gpu_pools[gpu_class]
             else:
                 record.pool = self.cpu_pool
-            record.pool.submit(job_id, record.pool_key, max(gpus, 1))
+            record.pool.submit(job_id, record.pool_key, max(gpus, 1), setup)
         self._dispatch()
 
     def _pools(self) -> list[ActorPool]:
@@ -325,6 +329,11 @@ class _Driver:
                 starts += pool_starts
                 retire += pool_retire
             records = [(self.jobs.get(job_id), actor) for job_id, actor in starts]
+            for job_id, _ in starts:
+                record = self.jobs.get(job_id)
+                reused = record.pool.reused_from(job_id) if record is not None and record.pool is not None else None
+                if record is not None and reused is not None:
+                    record.reused_from = reused[3]  # type: ignore[index]  # pool keys are (class, GPUs, name, version, namespace)
         self._retire(retire)
         for record, actor in records:
             if record is not None:
@@ -349,7 +358,10 @@ class _Driver:
             elif record.timeout_s is not None:  # a warm actor runs it now: its timeout runs whatever it sends
                 record.deadline = time.monotonic() + float(record.timeout_s)
             record.actor = actor
-            ref = actor.run.remote(record.payload)
+            payload = record.payload
+            if record.reused_from is not None:  # another version's actor: it takes this version's shared part too
+                payload = {**(payload or {}), "version_task": record.version["task"]}  # type: ignore[index]
+            ref = actor.run.remote(payload)
         except Exception as error:  # e.g. an invalid runtime_env
             if actor is not None:
                 self._kill_actor(actor)
@@ -816,6 +828,9 @@ def _add_start(final: dict, record: _BridgeJob, value: dict) -> None:
     if record.created_at is not None and isinstance(ready_at, (int, float)):
         start_ms = max(0.0, (ready_at - record.created_at) * 1000.0)
     final["timings"] = {**final["timings"], "start_ms": start_ms}
+    final.pop("setup_reused_from", None)  # the bridge's word only: the executor moves it into the timings
+    if record.reused_from is not None and final["timings"].get("setup_reused"):  # the actor rebound its code
+        final["setup_reused_from"] = record.reused_from
 
 
 def _value_problem(value: object, job_id: str) -> str | None:

@@ -778,6 +778,9 @@ class RayExecutor(Executor):
         if not known:
             return  # cancelled meanwhile: the core has already finished it
         if problem is None:
+            reused = event.get("setup_reused_from")  # the bridge's: the earlier version whose actor ran it
+            if isinstance(reused, str) and isinstance(event.get("timings"), dict):  # timings hold numbers until here
+                event = {**event, "timings": {**event["timings"], "setup_reused_from": reused}}
             relay(callbacks, job_id, event)
             return
         # The bridge checks what jobs send: this is a last line of defence. The job fails; its actor is stopped.
@@ -846,4 +849,5 @@ def _job_payload(task: TaskSpec) -> dict:
         **({"table_slice": task.table_slice.to_wire()} if task.table_slice is not None else {}),
         "state": task.state,
         "python_version": task.environment.python_version if task.environment is not None else None,
+        "setup_digest": task.setup_digest,  # an idle actor of another version with it may run the job ("Setup reuse")
     }

@@ -6,7 +6,10 @@ so a process that ran one version never runs another.  The bridge, not Ray, queu
 pool for CPU jobs and one per GPU class.  A job weighs its GPUs (a CPU job weighs 1); a pool has
 ``slots`` (the cluster's CPUs, or the class's GPUs), and the jobs running plus the idle actors
 weigh at most that: an idle GPU actor holds its GPUs.  A job whose version has an idle actor
-reuses it; otherwise the least recently used idle actors of other keys retire to make room.
+reuses it; else an idle actor of another version whose *setup key* is the job's (same class, GPUs,
+name, namespace and setup digest: docs/ARCHITECTURE.md, "Setup reuse") takes it and moves to the
+job's key (:meth:`reused_from` says from which); otherwise the least recently used idle actors of
+other keys retire to make room.
 
 Jobs start in submission order, as the local scheduler places them (docs/ARCHITECTURE.md,
 "Scheduling"): the head of the queue waits for room and the jobs behind it wait too.  When
@@ -30,9 +33,35 @@ class ActorPool:
         self._queue: collections.deque[tuple[str, Hashable, int]] = collections.deque()
         self._busy: dict[str, list] = {}  # job id → [key, weight, actor or None while it is being created]
         self._idle: dict[Hashable, list[tuple[Any, float, int]]] = {}  # key → (actor, idle since, weight), oldest first
+        self._setups: dict[Hashable, Hashable] = {}  # key → its setup key (only keys whose setup may be reused)
+        self._reused: dict[str, Hashable] = {}  # a started job → the key whose idle actor it took
 
-    def submit(self, job_id: str, key: Hashable, weight: int = 1) -> None:
+    def submit(self, job_id: str, key: Hashable, weight: int = 1, setup: Hashable | None = None) -> None:
+        """Queue a job of ``key``; ``setup``: its setup key, so an idle actor of another key with it may run it."""
+        if setup is not None:
+            self._setups[key] = setup
         self._queue.append((job_id, key, weight))
+
+    def _take_idle(self, job_id: str, key: Hashable) -> Any:
+        """The most recently idle actor of ``key`` (the likeliest still cached), else of a key with its setup key."""
+        owner: Hashable | None = key if self._idle.get(key) else None
+        setup = self._setups.get(key)
+        if owner is None and setup is not None:
+            peers = [k for k, idle in self._idle.items() if self._setups.get(k) == setup and idle]
+            owner = max(peers, key=lambda k: self._idle[k][-1][1], default=None)
+            if owner is not None:
+                self._reused[job_id] = owner
+        if owner is None:
+            return None
+        idle = self._idle[owner]
+        actor = idle.pop()[0]
+        if not idle:
+            del self._idle[owner]
+        return actor
+
+    def reused_from(self, job_id: str) -> Hashable | None:
+        """The key of the other version whose idle actor the started job took (once; None: its own or a new one)."""
+        return self._reused.pop(job_id, None)
 
     def dispatch(self) -> tuple[list[tuple[str, Any]], list[Any]]:
         """Jobs that start now, each with its warm actor (``None``: create one and :meth:`bind`
@@ -44,10 +73,7 @@ class ActorPool:
             if busy and busy + weight > self.slots:
                 break  # the head waits for room, and the jobs behind it wait too
             self._queue.popleft()
-            idle = self._idle.get(key)
-            actor = idle.pop()[0] if idle else None  # the most recently idle: the likeliest still cached
-            if idle is not None and not idle:
-                del self._idle[key]
+            actor = self._take_idle(job_id, key)
             if actor is None:
                 while self._idle and busy + self.idle_weight() + weight > self.slots:
                     retire.append(self.retire_least_recent())
@@ -66,6 +92,7 @@ class ActorPool:
     def release(self, job_id: str, now: float, *, reuse: bool) -> Any:
         """The job ended: its actor turns idle (``reuse``), else it is returned to be killed."""
         entry = self._busy.pop(job_id, None)
+        self._reused.pop(job_id, None)
         if entry is None:
             return None
         key, weight, actor = entry
@@ -90,6 +117,9 @@ class ActorPool:
             self._idle[key] = [entry for entry in self._idle[key] if now - entry[1] < self.idle_s]
             if not self._idle[key]:
                 del self._idle[key]
+        if len(self._setups) > 64 + 4 * (len(self._idle) + len(self._busy) + len(self._queue)):
+            live = {*self._idle, *(entry[0] for entry in self._busy.values()), *(key for _, key, _ in self._queue)}
+            self._setups = {key: setup for key, setup in self._setups.items() if key in live}
         return retire
 
     def clear(self) -> list[Any]:
@@ -99,6 +129,7 @@ class ActorPool:
         self._queue.clear()
         self._busy.clear()
         self._idle.clear()
+        self._reused.clear()
         return actors
 
     def waiting(self) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lancefn_jupyter.server.executors.ray.cluster import NAMESPACE
-from lancefn_jupyter.worker.capture import Capture, flush_output
+from lancefn_jupyter.worker.capture import Capture, flush_output, tag_rows
 from lancefn_jupyter.worker.protocol import flush_stdio
 
 _HUB_FLUSH_S = 0.02  # a running task's events reach the hub (and the control plane) this often
@@ -174,6 +174,7 @@ class _ActorOutput:
                 std.reconfigure(line_buffering=True)  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass
+        tag_rows()
 
     def send(self, **event: Any) -> None:  # from the reader threads
         target = self.current
@@ -230,7 +231,10 @@ class JobActor:
         self._sample_gpus = bool(self._where["devices"])
 
     def run(self, job: dict) -> dict:
-        """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane)."""
+        """Run one job: ``job`` holds its own task fields (task_id, rows, env, data plane), and ``version_task`` when
+        the job is of another version with the same setup digest: this actor serves that version from now on
+        (the runner rebinds its code onto the live module: docs/ARCHITECTURE.md, "Setup reuse")."""
+        self._task = job.pop("version_task", None) or self._task
         self._env = job.get("env") or {}
         sampler = None
         if self._sample_gpus:

@@ -51,6 +51,7 @@ class Logs(Body):
     job_id: str
     offset: int = Field(0, ge=0, le=2**62)  # SQLite integers are 64-bit
     limit: int = Field(1000, ge=1, le=10000)
+    row: int | None = Field(None, ge=0, le=2**62)  # only the lines this row printed ("Live output")
 
 
 class Wait(Body):
@@ -179,7 +180,7 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
     @router.post("/v1/jobs/logs", privilege="jobs")
     async def job_logs(request: Request) -> dict:
         body = await parse(request, Logs)
-        return await off_loop(queries.logs, body.job_id, body.offset, body.limit, who(request).scope)
+        return await off_loop(queries.logs, body.job_id, body.offset, body.limit, who(request).scope, body.row)
 
     async def wait_job(caller: Principal, raw: bytes) -> dict:
         body = await parse_raw(raw, Wait)
