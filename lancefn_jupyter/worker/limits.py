@@ -9,7 +9,7 @@ and ours to write (a host on the hybrid layout), the worker joins a v1 memory cg
 most containers) the nearest fallback: the worker's threads are pinned to ``ceil(cpu)`` CPUs (``sched_setaffinity``; threads it starts
 later inherit it), and its memory is watched: the parent reads its resident memory (with that of the processes in its
 cgroup) about once a second while a job runs and kills it past ``memory``, and the worker reports its peak (RSS high
-water mark) with each outcome, so a quick job that went over between two looks still fails. Standard library only.
+water mark) with each outcome, so a quick job that went over between two looks still fails. Standard library only (and ``reap``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import itertools
 import math
 import os
 from pathlib import Path
+
+from lancefn_jupyter.worker import reap
 
 __all__ = ["Held", "hold", "memory_used", "oom_killed", "peak_held", "peak_rss", "release"]
 
@@ -72,18 +74,9 @@ def _hold_v1_memory(pid: int, memory: int) -> Path | None:
             if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
                 with contextlib.suppress(OSError):
                     stale.rmdir()
-    path = root / f"lancefn-w{pid}-{os.getpid()}-{next(_next_v1)}"
-    try:
-        path.mkdir(mode=0o755)
-        (path / "memory.limit_in_bytes").write_text(str(memory))
-        if (path / "memory.memsw.limit_in_bytes").exists():  # held in memory, not moved to swap
-            (path / "memory.memsw.limit_in_bytes").write_text(str(memory))
-        (path / "cgroup.procs").write_text(str(pid))
-    except OSError:
-        with contextlib.suppress(OSError):
-            path.rmdir()
-        return None
-    return path
+    # memsw (where swap is counted): held in memory, not moved to swap
+    limit = {"memory.limit_in_bytes": str(memory), "memory.memsw.limit_in_bytes": str(memory)}
+    return reap.new_cgroup(root / f"lancefn-w{pid}-{os.getpid()}-{next(_next_v1)}", pid, limit)
 
 
 def release(held: Held | None) -> None:

@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 __all__ = [
@@ -222,9 +222,18 @@ def worker_cgroup(pid: int) -> Path | None:
     own = _own_cgroup()
     if own is None:
         return None
-    path = own / f"w{pid}-{next(_numbers)}"  # numbered: a reused pid never meets its predecessor's cgroup
+    return new_cgroup(own / f"w{pid}-{next(_numbers)}", pid)  # numbered: a reused pid never meets its predecessor's
+
+
+def new_cgroup(path: Path, pid: int, settings: Mapping[str, str] | None = None) -> Path | None:
+    """Make the cgroup ``path`` (v2, or in a v1 hierarchy), write ``settings`` (file → value; a file the cgroup lacks
+    is skipped, e.g. v1's ``memory.memsw.limit_in_bytes`` where swap is not counted), then move ``pid`` into it; None,
+    with nothing left behind, where that fails."""
     try:
         path.mkdir(mode=0o755)
+        for name, value in (settings or {}).items():
+            if (path / name).exists():
+                (path / name).write_text(value)
         (path / "cgroup.procs").write_text(str(pid))
     except OSError:
         with contextlib.suppress(OSError):
