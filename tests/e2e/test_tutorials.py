@@ -244,7 +244,9 @@ def test_04_profiles_and_remote(run_tutorial):
     # pip= packages are built for the version (uv, layered over the control plane's packages).
     built = nb.text("check-built")
     assert "x²" in built and "waited for the environment:" in built, built
-    assert [line.split() for line in built.splitlines()[2:5]] == [["1", "1"], ["2", "4"], ["3", "9"]], built
+    # The table's rows (after the environment's build lines, when this cell waited for its build, and the header)
+    table = [line.split() for line in built.splitlines() if line.strip() and not line.startswith("[env]")]
+    assert table[2:5] == [["1", "1"], ["2", "4"], ["3", "9"]], built
     environment = nb.text("check-environment")
     assert "failed in phase: environment" in environment
     assert "lancefn-tutorial-no-such-package" in environment and "uv could not build" in environment, environment
