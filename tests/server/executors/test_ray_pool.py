@@ -75,7 +75,8 @@ def _pid(http, version: str) -> int:
 
 def test_a_version_reuses_its_warm_actor_and_another_version_never_does(cp):
     with cp.http() as http:
-        v1, v2 = _version(http), _version(http, comment="# another version\n")
+        # another version whose setup part differs (a comment alone would share the warm actor: "Setup reuse")
+        v1, v2 = _version(http), _version(http, comment="ANOTHER = 2\n")
         first = _pid(http, v1)
         assert _pid(http, v1) == first  # warm: the same actor process ran it
         other = _pid(http, v2)
