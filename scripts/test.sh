@@ -34,10 +34,10 @@ fi
 
 # Most tests wait on processes they started (servers, kernels, workers) more than they compute, so the suite runs on
 # LANCEFN_TEST_WORKERS pytest-xdist workers (default 3, even on 2 cores; 0: in this process, one test at a time);
-# tests/conftest.py keeps the browser tests on one worker. The bare run (CI) runs the tests that start a Ray cluster
-# (marker `ray`) beside the others, one at a time and ahead of them: the others run at the lowest CPU priority (nice
-# 19), because Ray gives its daemons fixed start-up deadlines that a machine busy with other tests misses, while the
-# Ray tests mostly wait. Their output follows the others'. With arguments, one run of what they select.
+# tests/conftest.py keeps the browser tests on one worker. The bare run (CI) first runs the tests that start a Ray
+# cluster (marker `ray`) on their own, one at a time: Ray gives its daemons fixed start-up deadlines that a machine
+# busy with other tests misses (tried beside the others, even at nice 19 for those, they failed). With arguments,
+# one run of what they select.
 workers="${LANCEFN_TEST_WORKERS:-3}"
 set +e
 if [ "$workers" = 0 ]; then
@@ -45,20 +45,13 @@ if [ "$workers" = 0 ]; then
   .venv/bin/python -m pytest "$@"
   code=$?
 elif [ "$#" = 0 ]; then
-  mkdir -p test-artifacts
-  ray_log=test-artifacts/ray-tests.log
-  ray_tmp=$(mktemp -d /tmp/lancefn-ray-tests.XXXXXX)
-  echo "== running the Ray tests (one at a time, output in $ray_log) and the others ($workers workers, nice 19)"
-  .venv/bin/python -m pytest -m ray -p no:cacheprovider --basetemp "$ray_tmp" >"$ray_log" 2>&1 &
-  ray_pid=$!
-  nice -n 19 .venv/bin/python -m pytest -n "$workers" --dist loadgroup -m "not ray"
-  code=$?
-  wait "$ray_pid"
+  echo "== running the Ray tests (one at a time)"
+  .venv/bin/python -m pytest -m ray
   ray_code=$?
-  echo "== the Ray tests"
-  cat "$ray_log"
-  rm -rf "$ray_tmp"
   [ "$ray_code" = 5 ] && ray_code=0  # none collected: Ray is not installed
+  echo "== running the other tests ($workers workers)"
+  .venv/bin/python -m pytest -n "$workers" --dist loadgroup -m "not ray"
+  code=$?
   [ "$code" = 0 ] && code=$ray_code
 else
   echo "== running the test suite ($workers workers)"
