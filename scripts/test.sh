@@ -33,12 +33,12 @@ if [ "${LANCEFN_SKIP_LINT:-0}" != 1 ]; then
 fi
 
 # Most tests wait on processes they started (servers, kernels, workers) more than they compute, so the suite runs on
-# LANCEFN_TEST_WORKERS pytest-xdist workers (default 3, even on 2 cores; 0: in this process, one test at a time);
+# LANCEFN_TEST_WORKERS pytest-xdist workers (default 2; 0: in this process, one test at a time);
 # tests/conftest.py keeps the browser tests on one worker. The bare run (CI) first runs the tests that start a Ray
 # cluster (marker `ray`) on their own, one at a time: Ray gives its daemons fixed start-up deadlines that a machine
 # busy with other tests misses (tried beside the others, even at nice 19 for those, they failed). With arguments,
 # one run of what they select.
-workers="${LANCEFN_TEST_WORKERS:-3}"
+workers="${LANCEFN_TEST_WORKERS:-2}"
 set +e
 if [ "$workers" = 0 ]; then
   echo "== running the test suite"
