@@ -183,12 +183,46 @@ def _expected(sig_type: str) -> str:
 
 
 def arrow_type(sig_type: str) -> Any:
-    """The pyarrow type of a plain signature type (`float64`, `utf8`, `list<float64>`, …)."""
+    """The pyarrow type of a plain signature type (`float64`, `utf8`, `list<float64>`, …), or of LanceDB 0.40's
+    canonical JSON for a nested type (``{"type": "struct", "fields": [...]}``: docs/ARCHITECTURE.md, "LanceDB 0.40
+    dialect"). ValueError for a type it cannot spell."""
     import pyarrow as pa
 
+    if sig_type.startswith("{"):
+        import json
+
+        try:
+            return _json_type(json.loads(sig_type))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{sig_type!r} is not an Arrow type this server reads ({error})") from None
     if sig_type.startswith("list<") and sig_type.endswith(">"):
         return pa.list_(arrow_type(sig_type[5:-1]))
-    return {"bool": pa.bool_(), "utf8": pa.utf8(), "binary": pa.binary()}.get(sig_type) or pa.type_for_alias(sig_type)
+    if sig_type.startswith("large_list<") and sig_type.endswith(">"):  # LanceDB 0.40's grammar: items not null
+        return pa.large_list(pa.field("item", arrow_type(sig_type[11:-1]), nullable=False))
+    if sig_type.startswith("fixed_size_list<") and sig_type.endswith(">"):
+        item, _, size = sig_type[16:-1].rpartition(", ")
+        return pa.list_(pa.field("item", arrow_type(item), nullable=False), int(size))
+    named = {"bool": pa.bool_(), "utf8": pa.utf8(), "large_utf8": pa.large_utf8(), "binary": pa.binary()}
+    return named.get(sig_type) or pa.type_for_alias(sig_type)
+
+
+def _json_type(spec: Mapping[str, Any]) -> Any:
+    """A type of LanceDB 0.40's canonical JSON (``type``; ``fields`` of a struct or list; a fixed size list's
+    ``length``)."""
+    import pyarrow as pa
+
+    kind = spec["type"]
+    fields = [
+        pa.field(f["name"], _json_type(f["type"]), nullable=bool(f["nullable"])) for f in spec.get("fields") or ()
+    ]
+    if kind == "struct":
+        return pa.struct(fields)
+    if kind in ("list", "large_list", "fixed_size_list"):
+        (item,) = fields
+        if kind == "fixed_size_list":
+            return pa.list_(item, int(spec["length"]))
+        return pa.list_(item) if kind == "list" else pa.large_list(item)
+    return arrow_type(kind)
 
 
 def _supported_dtypes(np: Any) -> frozenset:
@@ -567,7 +601,7 @@ def batch_rows(args: Mapping[str, Any], types: Mapping[str, str], forms: Mapping
 def task_fields(signature: Mapping[str, Any]) -> dict[str, Any]:
     """The worker protocol's signature fields of a task from a signature's wire form: ``input_types``,
     ``output_type``, for a batched function ``batched: {inputs: {param: form}, output: form}``, and for a
-    ``named_struct`` output ``output_fields: {name: nullable}``."""
+    ``named_struct`` output ``output_fields: {name: nullable}`` and ``output_field_types: {name: type}``."""
     inputs = signature.get("inputs") or ()
     output = signature.get("output") or {}
     fields: dict[str, Any] = {
@@ -578,6 +612,7 @@ def task_fields(signature: Mapping[str, Any]) -> dict[str, Any]:
         fields["batched"] = {"inputs": {p["name"]: p.get("form") for p in inputs}, "output": output.get("form")}
     if output.get("fields"):
         fields["output_fields"] = {f["name"]: f["nullable"] for f in output["fields"]}
+        fields["output_field_types"] = {f["name"]: f["arrow_type"] for f in output["fields"]}
     return fields
 
 

@@ -59,6 +59,8 @@ class TaskData(WireModel):
     init: dict[StrictStr, Any] | None = None
     # A ``named_struct`` output's fields (name → nullable): each row's result is a dict of exactly these.
     output_fields: dict[StrictStr, StrictBool] | None = None
+    # Their types (name → signature type): each row's values must convert to them.
+    output_field_types: dict[StrictStr, StrictStr] | None = None
 
     @classmethod
     def of(cls, signature: FunctionSignature, **fields: Any) -> TaskData:
@@ -70,8 +72,14 @@ class TaskData(WireModel):
             batched = BatchedForms(inputs=forms, output=signature.output.form)
         types = {p.name: p.arrow_type for p in signature.inputs}
         struct = {f.name: f.nullable for f in signature.output.fields} or None
+        struct_types = {f.name: f.arrow_type for f in signature.output.fields} or None
         return cls(
-            input_types=types, output_type=signature.output.arrow_type, batched=batched, output_fields=struct, **fields
+            input_types=types,
+            output_type=signature.output.arrow_type,
+            batched=batched,
+            output_fields=struct,
+            output_field_types=struct_types,
+            **fields,
         )
 
     def fields(self) -> dict[str, Any]:

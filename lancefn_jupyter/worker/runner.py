@@ -541,6 +541,8 @@ def _run_rows(task: dict, proto: Protocol, timings: dict[str, float]) -> dict:
         set_row(None)
         timings["run_ms"] = (time.perf_counter() - started) * 1000.0
         progress.close()  # before the final event, so no progress of this task can follow it
+    if struct is not None:
+        _check_struct_types(results, task.get("output_field_types") or {}, len(rows) > 1)
     return {"values": results, "errors": errors if any(e is not None for e in errors) else None}
 
 
@@ -559,6 +561,35 @@ def _check_struct(value: object, fields: dict, where: str) -> None:
     nulls = [name for name, nullable in fields.items() if not nullable and value[name] is None]
     if nulls:
         raise TaskFailure("result", f"{where}: field {nulls[0]!r} is None but not nullable; give it a value")
+
+
+def _check_struct_types(values: list, types: dict, many: bool) -> None:
+    """Each ``named_struct`` field's values convert to its Arrow type (phase ``result`` naming the row, field, type
+    and the value's Python type). The whole column is converted once; only on failure are the rows looked at. A type
+    this worker cannot spell is left to the reader."""
+    import pyarrow as pa
+
+    try:
+        fields = {name: dataplane.arrow_type(sig_type) for name, sig_type in types.items()}
+    except (ValueError, KeyError, TypeError):
+        return
+    bad = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError)
+    try:
+        pa.array(values, type=pa.struct([pa.field(name, kind) for name, kind in fields.items()]))
+        return
+    except bad:
+        pass
+    for index, value in enumerate(values):
+        for name, kind in fields.items():
+            try:
+                pa.array([value[name]], type=kind)
+            except bad as error:
+                where = f"the result of row {index}" if many else "the result"
+                raise TaskFailure(
+                    "result",
+                    f"{where}: field {name!r} is {type(value[name]).__name__}, which does not convert to "
+                    f"{types[name]} ({error}); return a value of the field's type",
+                ) from None
 
 
 def _batch_arguments(task: dict) -> tuple[dict, int]:

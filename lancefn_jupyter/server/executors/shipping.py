@@ -40,7 +40,12 @@ def as_bytes(data: Mapping[str, object], table_slice: Mapping[str, object] | Non
         fields["table_slice"] = table_slice
     elif "rows_file" in data:
         fields["rows_ipc"] = Path(str(data["rows_file"])).read_bytes()
-    for key in ("on_error", "batched", "output_fields"):  # the worker's call mode ("Batched functions"), its checks
+    for key in (
+        "on_error",
+        "batched",
+        "output_fields",
+        "output_field_types",
+    ):  # the worker's call mode ("Batched functions"), its checks
         if key in data:
             fields[key] = data[key]
     return fields

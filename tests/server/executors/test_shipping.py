@@ -30,6 +30,7 @@ def test_as_bytes_carries_a_named_struct_outputs_fields_and_the_rows(tmp_path):
     assert data["output_fields"] == {"q": False, "r": True}
     shipped = as_bytes(data)
     assert shipped["output_fields"] == {"q": False, "r": True} and shipped["on_error"] == "skip"
+    assert data["output_field_types"] == shipped["output_field_types"] == {"q": "int64", "r": "int64"}
     assert dataplane.read_ipc(shipped["rows_ipc"]).column("x").to_pylist() == [1, 2]
     scalar = {"inputs": [], "output": {"kind": "scalar", "arrow_type": "int64", "nullable": False}}
     assert "output_fields" not in TaskData.of(FunctionSignature.from_wire(scalar)).fields()

@@ -568,3 +568,28 @@ def test_a_named_struct_output_keeps_and_checks_its_fields(teams):
     ):
         failed = failure(db, run_rows(teams, A_KEY, version, [{"x": 2}, {"x": 7}]))
         assert failed.phase == "result" and message in failed.message
+
+
+def texts(x: int) -> dict:
+    return {"q": x // 3, "r": "one" if x == 7 else x % 3}
+
+
+def small(x: int) -> dict:
+    return {"q": x * 100, "r": [x]}
+
+
+def test_a_named_struct_outputs_values_are_checked_against_their_types(teams):
+    db = connect(teams.url, A_KEY)
+    failed = failure(db, run_rows(teams, A_KEY, db.create_function(struct_udf(texts)), [{"x": 2}, {"x": 7}]))
+    assert failed.phase == "result"
+    assert "the result of row 1: field 'r' is str, which does not convert to int64" in failed.message
+    typed = udf(
+        small,
+        input_schema=pa.schema([pa.field("x", pa.int64(), nullable=False)]),
+        output_schema=pa.schema([pa.field("q", pa.int8()), pa.field("r", pa.list_(pa.float64()))]),
+    )
+    fv = db.create_function(typed)
+    assert finished(db, run_rows(teams, A_KEY, fv, [{"x": 1}])) == [{"q": 100, "r": [1]}]
+    failed = failure(db, run_rows(teams, A_KEY, fv, [{"x": 1}, {"x": 2}]))
+    assert failed.phase == "result"
+    assert "the result of row 1: field 'q' is int, which does not convert to int8" in failed.message
