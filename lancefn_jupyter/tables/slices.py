@@ -61,6 +61,12 @@ def read_slice(table_slice: TableSlice, input_types: Mapping[str, str]) -> Any:
     wanted = list(dict.fromkeys(by_param.values()))
     read = fragment.take(_logical(fragment, slice_offsets(table_slice.ranges)), columns=wanted)
     if not isinstance(columns, Mapping):
+        struct = [(p, t) for p, t in input_types.items() if dataplane.struct_fields(t) is not None]
+        if struct:  # a LanceDB RecordBatch UDF: the listed columns as its struct parameter
+            ((param, sig_type),) = struct
+            array = dataplane.struct_column({c: read.column(c) for c in wanted}, sig_type, "the table slice")
+            field = pa.field(param, array.type, metadata={dataplane.TYPE_KEY: sig_type.encode()})
+            return pa.Table.from_arrays([array], schema=pa.schema([field]))
         fields = [pa.field(c, read.column(c).type, metadata={dataplane.TYPE_KEY: b"arrow.value"}) for c in wanted]
         return pa.Table.from_arrays([read.column(c) for c in wanted], schema=pa.schema(fields))
     arrays, fields = [], []

@@ -66,6 +66,8 @@ __all__ = [
     "is_data_type",
     "read_ipc",
     "rows_from_json",
+    "struct_column",
+    "struct_fields",
     "summarize",
     "summarize_results",
     "task_fields",
@@ -204,6 +206,46 @@ def arrow_type(sig_type: str) -> Any:
         return pa.list_(pa.field("item", arrow_type(item), nullable=False), int(size))
     named = {"bool": pa.bool_(), "utf8": pa.utf8(), "large_utf8": pa.large_utf8(), "binary": pa.binary()}
     return named.get(sig_type) or pa.type_for_alias(sig_type)
+
+
+def struct_fields(sig_type: str | None) -> list[str] | None:
+    """The field names of a struct signature type (LanceDB 0.40's canonical JSON), or None for any other type."""
+    if not sig_type or not sig_type.startswith("{"):
+        return None
+    import json
+
+    try:
+        spec = json.loads(sig_type)
+    except ValueError:
+        return None
+    if not isinstance(spec, dict) or spec.get("type") != "struct" or not isinstance(spec.get("fields"), list):
+        return None
+    return [str(field.get("name")) if isinstance(field, dict) else "" for field in spec["fields"]]
+
+
+def struct_column(columns: Mapping[str, Any], sig_type: str, where: str) -> Any:
+    """Columns named like a struct type's fields (a LanceDB RecordBatch UDF's columns) packed into one struct column
+    of that type, each cast to its field's type; a missing, extra or uncastable column is a :class:`DataPlaneError`
+    naming it."""
+    import pyarrow as pa
+
+    struct = arrow_type(sig_type)
+    names = [field.name for field in struct]
+    extra = [name for name in columns if name not in names]
+    missing = [name for name in names if name not in columns]
+    if missing or extra:
+        wrong = f"has no column {missing[0]!r}" if missing else f"has column {extra[0]!r}, which is not a field"
+        raise DataPlaneError(f"{where} {wrong}; its RecordBatch has the columns ({', '.join(names)})")
+    arrays = []
+    for field in struct:
+        column = columns[field.name]
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        try:
+            column = column if isinstance(column, pa.Array) else pa.array([_plain(v) for v in column])
+            arrays.append(column.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as error:
+            raise DataPlaneError(f"{where}: column {field.name!r} does not cast to {field.type} ({error})") from None
+    return pa.StructArray.from_arrays(arrays, fields=list(struct))
 
 
 def _json_type(spec: Mapping[str, Any]) -> Any:
@@ -567,7 +609,8 @@ def batch_rows(args: Mapping[str, Any], types: Mapping[str, str], forms: Mapping
     """A batched call's arguments (one batch per parameter) as the rows table of its n rows.
 
     A ``record_batch`` parameter's ``RecordBatch`` / ``Table`` gives the columns themselves (each
-    ``arrow.value``); the batches of one call must have one length."""
+    ``arrow.value``), or for a struct type (a LanceDB RecordBatch UDF) its one struct column; the batches of one call
+    must have one length."""
     import pyarrow as pa
 
     arrays, fields = [], []
@@ -580,6 +623,12 @@ def batch_rows(args: Mapping[str, Any], types: Mapping[str, str], forms: Mapping
         if form == "record_batch":
             if not isinstance(value, (pa.RecordBatch, pa.Table)):
                 raise DataPlaneError(f"{where(None)}: expected a pyarrow.RecordBatch or Table, got {_describe(value)}")
+            if sig_type != RECORD_BATCH_TYPE:  # a LanceDB RecordBatch UDF: its columns packed as its struct parameter
+                arrays.append(
+                    struct_column(dict(zip(value.schema.names, value.columns, strict=True)), sig_type, where(None))
+                )
+                fields.append(_field(param, arrays[-1], sig_type))
+                continue
             for field, column in zip(value.schema, value.columns, strict=True):
                 arrays.append(_value_column(column, where))
                 fields.append(pa.field(field.name, arrays[-1].type, metadata={TYPE_KEY: VALUE_TYPE.encode()}))

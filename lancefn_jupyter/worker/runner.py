@@ -24,6 +24,7 @@ import traceback
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lancefn_jupyter.wire import bundles, dataplane  # dataplane imports neither numpy nor pyarrow until a task uses it
 from lancefn_jupyter.wire.frames import capture_frames
@@ -607,6 +608,10 @@ def _batch_arguments(task: dict) -> tuple[dict, int]:
             import pyarrow as pa
 
             if "record_batch" in forms.values():
+                (param,) = forms
+                if types[param] != dataplane.RECORD_BATCH_TYPE:  # a LanceDB RecordBatch UDF: one struct per row
+                    column = pa.array([row[param] for row in rows], type=dataplane.arrow_type(types[param]))
+                    return {param: _struct_batch(column, types[param], param)}, len(rows)
                 table = pa.Table.from_pylist(rows)
             else:
                 table = dataplane.encode_rows(rows, types)
@@ -616,6 +621,8 @@ def _batch_arguments(task: dict) -> tuple[dict, int]:
             table = dataplane.read_ipc(arrow)
         if "record_batch" in forms.values():
             (param,) = forms
+            if types[param] != dataplane.RECORD_BATCH_TYPE:
+                return {param: _struct_batch(table.column(param), types[param], param)}, table.num_rows
             schema = pa.schema([field.remove_metadata() for field in table.schema if field.name != "_"])
             columns = [table.column(field.name).combine_chunks() for field in schema]
             return {param: pa.RecordBatch.from_arrays(columns, schema=schema)}, table.num_rows
@@ -627,8 +634,38 @@ def _batch_arguments(task: dict) -> tuple[dict, int]:
             if field.name != "_"
         }
         return args, table.num_rows
-    except (dataplane.DataPlaneError, OSError, KeyError) as error:
+    except (dataplane.DataPlaneError, OSError, KeyError, ValueError, TypeError) as error:
         raise TaskFailure("validation", f"the job's rows cannot be made into a batch: {error}") from None
+
+
+def _struct_batch(column: Any, sig_type: str, param: str) -> Any:
+    """A LanceDB RecordBatch UDF's chunk: its struct column (one struct per row) as the RecordBatch of its fields
+    (docs/ARCHITECTURE.md, "LanceDB 0.40 dialect"). A null row has no place in a RecordBatch, and a non-nullable
+    field takes no null: each is a :class:`dataplane.DataPlaneError` naming the row (phase ``validation``)."""
+    import pyarrow as pa
+
+    kind = dataplane.arrow_type(sig_type)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.type != kind:
+        try:
+            column = column.cast(kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
+            raise dataplane.DataPlaneError(f"parameter {param!r} is {column.type}, not {kind} ({error})") from None
+    if column.null_count:
+        row = column.is_null().index(True).as_py()
+        raise dataplane.DataPlaneError(
+            f"row {row} of parameter {param!r} is null, and a RecordBatch has no null rows; give every row a struct "
+            "(its fields may be null where the input_schema allows)"
+        )
+    for field, values in zip(kind, column.flatten(), strict=True):
+        if not field.nullable and values.null_count:
+            row = values.is_null().index(True).as_py()
+            raise dataplane.DataPlaneError(
+                f"field {field.name!r} of parameter {param!r} is null in row {row}, but the input_schema declares "
+                "it not nullable; give it a value"
+            )
+    return pa.RecordBatch.from_struct_array(column)
 
 
 def _slice(value: object, start: int, end: int) -> object:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from lancefn_jupyter.kernel.handles.base import FunctionRef
 from lancefn_jupyter.kernel.handles.batch import Batch, BatchError, check_parallel, start_batch
 from lancefn_jupyter.kernel.handles.submit import registered_version
+from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.backfill_models import BackfillOptions, BackfillRequest
 from lancefn_jupyter.wire.errors import format_validation_error
 from lancefn_jupyter.wire.models import TERMINAL_STATES, JobState, display_state
@@ -56,6 +57,9 @@ def _columns(function: FunctionRef, names: list[str], column: str | list[str] | 
     inputs = function.signature.inputs
     record_batch = len(inputs) == 1 and inputs[0].form == "record_batch"
     if column is None:
+        fields = dataplane.struct_fields(inputs[0].arrow_type) if record_batch else None
+        if fields is not None:  # a LanceDB RecordBatch UDF: its struct's fields, by name
+            return fields
         if record_batch:
             raise ValueError(
                 f"{function.name} takes a RecordBatch: pass column= the list of columns to put in it (of {', '.join(names)})"

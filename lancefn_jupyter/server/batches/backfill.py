@@ -21,6 +21,7 @@ from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
 from lancefn_jupyter.server.encoding import dumps
 from lancefn_jupyter.server.errors import ApiError
 from lancefn_jupyter.server.storage.store import Store
+from lancefn_jupyter.wire import dataplane
 from lancefn_jupyter.wire.backfill_models import BackfillRequest, BackfillSpec, Columns, TableSlice
 from lancefn_jupyter.wire.models import FunctionVersion
 
@@ -223,11 +224,19 @@ def _param_columns(fv: FunctionVersion, columns: Columns | str | None, table_col
     names = [p.name for p in params]
     if isinstance(columns, str):
         columns = (columns,)
-    if len(params) == 1 and params[0].arrow_type == "arrow.record_batch":
+    if len(params) == 1 and params[0].form == "record_batch":
+        # A LanceDB RecordBatch UDF's batch is its struct's fields: those columns, by name ("LanceDB 0.40 dialect").
+        fields = dataplane.struct_fields(params[0].arrow_type)
         if columns is None:
-            return tuple(table_columns)
+            return tuple(fields if fields is not None else table_columns)
         if not isinstance(columns, tuple) or not columns:
             raise ApiError(400, "columns must list the table columns the RecordBatch parameter receives")
+        if fields is not None and sorted(columns) != sorted(fields):
+            raise ApiError(
+                400,
+                f"columns must be the columns of {fv.name}'s RecordBatch, named like the fields of its struct "
+                f"input_schema ({', '.join(fields)}); got {', '.join(columns)}",
+            )
         return columns
     if columns is None:
         chosen = {n: n for n in names if n in table_columns}

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lancefn_jupyter.server.policy.namespaces import visible
+from lancefn_jupyter.wire.dataplane import struct_fields
 from lancefn_jupyter.wire.models import FunctionSignature
 
 __all__ = [
@@ -113,33 +114,55 @@ def lancedb_version(definition: dict, *, ids: list[str], namespace: str) -> dict
 
 
 def batch_udf(signature: FunctionSignature, arrow: Mapping[str, str]) -> FunctionSignature | str:
-    """A LanceDB 0.40 batch UDF (its entry annotates its parameters ``pa.Array``: ``arrow`` names them, and
-    ``"return"``, with their pyarrow type) as this server's batched signature: one call per chunk, each parameter the
-    chunk's values as one Arrow array of the type its ``input_schema`` declares (form ``arrow``), the result one Arrow
-    array of ``output_schema``'s type (docs/ARCHITECTURE.md, "Batched functions"). A str: why it cannot run here, and
-    what to do instead."""
+    """A LanceDB 0.40 batch UDF (its entry annotates its parameters ``pa.Array``, or its one parameter
+    ``pa.RecordBatch``: ``arrow`` names them, and ``"return"``, with their pyarrow type) as this server's batched
+    signature: one call per chunk, each parameter the chunk's values as one Arrow array of the type its
+    ``input_schema`` declares (form ``arrow``) or the RecordBatch of its struct's fields (form ``record_batch``), the
+    result one Arrow array of ``output_schema``'s type (docs/ARCHITECTURE.md, "Batched functions"). A str: why it
+    cannot run here, and what to do instead."""
     names = [parameter.name for parameter in signature.inputs]
     batches = [name for name in names if name in arrow]
     fix = "annotate every parameter pa.Array (a LanceDB batch UDF: one call per batch) or none (one call per row)"
     if not batches:
         return f"the entry returns pa.{arrow['return']} but takes one value per row; {fix}"
+    tables = [name for name in batches if arrow[name] in ("RecordBatch", "Table")]
+    if tables and (problem := _record_batch_problem(signature, tables[0], arrow[tables[0]])):
+        return problem
     if len(batches) < len(names):
         rows = ", ".join(repr(name) for name in names if name not in arrow)
         return f"the entry takes {', '.join(repr(n) for n in batches)} as Arrow batches but {rows} per row; {fix}"
-    tables = [name for name in batches if arrow[name] in ("RecordBatch", "Table")]
-    if tables:
-        return (
-            f"parameter {tables[0]!r} is a pa.{arrow[tables[0]]}: LanceDB batch UDFs over a RecordBatch are not "
-            "supported by this server yet; take each column as its own pa.Array parameter (input_schema naming them)"
-        )
     if signature.output.kind != "scalar":
         return (
             f"a LanceDB batch UDF with a {signature.output.kind!r} output is not supported by this server yet; return "
             "one pa.Array of a scalar output_schema, or take one value per row"
         )
-    inputs = tuple(parameter.model_copy(update={"form": "arrow"}) for parameter in signature.inputs)
+    form = "record_batch" if tables else "arrow"
+    inputs = tuple(parameter.model_copy(update={"form": form}) for parameter in signature.inputs)
     output = signature.output.model_copy(update={"form": "arrow"})
     return signature.model_copy(update={"inputs": inputs, "output": output, "batched": True})
+
+
+def _record_batch_problem(signature: FunctionSignature, name: str, kind: str) -> str | None:
+    """Why a LanceDB batch UDF over a RecordBatch cannot run here (a sentence saying what to do), or None: it takes
+    one ``pa.RecordBatch`` parameter whose ``input_schema`` field is a struct of the batch's columns, and each chunk
+    is that struct column as a RecordBatch."""
+    columns = f"pa.schema([pa.field({name!r}, pa.struct([pa.field('a', pa.float64()), ...]))])"
+    if kind != "RecordBatch":
+        return f"parameter {name!r} is a pa.{kind}; annotate it pa.RecordBatch (input_schema={columns})"
+    if len(signature.inputs) > 1:
+        others = ", ".join(repr(p.name) for p in signature.inputs if p.name != name)
+        return (
+            f"parameter {name!r} is a pa.RecordBatch beside {others}; a RecordBatch must be the only parameter (its "
+            "columns the fields of its struct input_schema), or take each column as its own pa.Array parameter"
+        )
+    (parameter,) = signature.inputs
+    if struct_fields(parameter.arrow_type) is None:
+        return (
+            f"parameter {name!r} is a pa.RecordBatch but its input_schema type is {parameter.arrow_type}, not a struct; "
+            f"declare the batch's columns as a struct (input_schema={columns}), or take each column as its own "
+            "pa.Array parameter"
+        )
+    return None
 
 
 def job_row(job: dict[str, Any]) -> dict[str, Any]:

@@ -405,3 +405,26 @@ def test_a_backfill_pauses_keeps_its_written_rows_and_resumes(cp, tmp_path):
     assert backfill.resume() is True
     backfill.result()
     assert by_id(table, "n") == {i: 4 for i in range(4)}
+
+
+def weighted(batch: pa.RecordBatch) -> pa.Array:
+    """A LanceDB 0.40 RecordBatch UDF: the chunk's columns as one RecordBatch."""
+    import pyarrow.compute as pc
+
+    return pc.multiply(batch.column("x"), batch.column("w"))
+
+
+def test_a_lancedb_record_batch_udf_backfills_from_its_structs_columns(cp, tmp_path):
+    from lancedb.functions import udf
+
+    struct = pa.struct([pa.field("x", pa.float64()), pa.field("w", pa.float64())])
+    client = lancedb.connect("db://lancefn", api_key=cp.api_key, host_override=cp.url)
+    fv = client.create_function(
+        udf(weighted, input_schema=pa.schema([pa.field("batch", struct)]), output_schema=pa.float64())
+    )
+    function = api.lookup(f"weighted@{fv.metadata['lancefn.version']}")
+    table = make_table(tmp_path / "db", [f"t{i}" for i in range(10)], x=[float(i) for i in range(10)], w=[2] * 10)
+    function.map(table, into="xw", chunk_size=4).result()  # the struct's fields are the columns read, cast to float64
+    assert by_id(table, "xw") == {i: 2.0 * i for i in range(10)}
+    with pytest.raises(InvalidRequest, match=r"columns must be the columns of weighted's RecordBatch, named like the"):
+        function.map(table, column=["x", "text"], into="bad")

@@ -159,10 +159,6 @@ def test_fields_not_implemented_are_refused_never_dropped(teams):
                 output_schema=pa.float64(),
             )
         )
-    with pytest.raises(Exception, match=r"400.*pa.RecordBatch: LanceDB batch UDFs over a RecordBatch are not"):
-        db.create_function(
-            udf(whole, input_schema=pa.schema([pa.field("batch", pa.float64())]), output_schema=pa.float64())
-        )
     with teams.http(A_KEY) as http:
         body = registration_body("struct")
         body["signature"]["output"] = {"kind": "scalar", "arrow_type": "int64", "nullable": False, "fields": [FIELD_Y]}
@@ -593,3 +589,70 @@ def test_a_named_struct_outputs_values_are_checked_against_their_types(teams):
     failed = failure(db, run_rows(teams, A_KEY, fv, [{"x": 1}, {"x": 2}]))
     assert failed.phase == "result"
     assert "the result of row 1: field 'q' is int, which does not convert to int8" in failed.message
+
+
+def weighted(batch: pa.RecordBatch) -> pa.Array:
+    import pyarrow.compute as pc
+
+    return pc.add(pc.multiply(batch.column("x"), batch.column("w")), float(batch.num_rows) / 100)
+
+
+def beside(batch: pa.RecordBatch, y: pa.Array) -> pa.Array:
+    return y
+
+
+XW = pa.struct([pa.field("x", pa.float64(), nullable=False), pa.field("w", pa.float64())])
+RECORD_BATCH = {"input_schema": pa.schema([pa.field("batch", XW)]), "output_schema": pa.float64()}
+
+
+def test_a_record_batch_udf_gets_each_chunk_as_one_record_batch(teams):
+    db = connect(teams.url, A_KEY)
+    fv = db.create_function(udf(weighted, **RECORD_BATCH))
+    assert fv.signature.inputs[0].name == "batch"
+    with teams.http(A_KEY) as http:
+        ours = http.post("/v1/functions/describe", json={"name": "weighted", "version": fv.metadata["lancefn.version"]})
+    assert (
+        ours.json()["signature"]["batched"] is True and ours.json()["signature"]["inputs"][0]["form"] == "record_batch"
+    )
+    # By our REST (one struct per row) and the client's job routes: one call per chunk, the rows' fields as columns.
+    rows = [{"batch": {"x": 1.0, "w": 2.0}}, {"batch": {"x": 3.0, "w": None}}, {"batch": {"x": -1.0, "w": 0.5}}]
+    job_id = run_rows(teams, A_KEY, fv, rows)
+    db.open_job(job_id).wait(WAIT)
+    with teams.http(A_KEY) as http:
+        table = pa.ipc.open_stream(http.get("/v1/jobs/result", params={"job_id": job_id}).content).read_all()
+    assert table.column(0).to_pylist() == [2.03, None, -0.47]
+    # By our lookup: dict rows (or a RecordBatch to submit) are the batch's columns, packed into the struct.
+    from lancefn_jupyter.kernel import api
+
+    api.connect(teams.url, A_KEY)
+    function = api.lookup(f"weighted@{fv.metadata['lancefn.version']}")
+    mapped = function.map([{"x": 1, "w": 1.0}] * 3, chunk_size=2).result()
+    assert list(mapped.to_pylist() if isinstance(mapped, pa.Array) else mapped) == [1.02, 1.02, 1.01]
+    batch = pa.record_batch({"w": [3.0], "x": [2.0]})  # by name, cast to the declared types
+    submitted = function.submit(batch).result()
+    assert list(submitted.to_pylist() if isinstance(submitted, pa.Array) else submitted) == [6.01]
+    with pytest.raises(TypeError, match="has column 'z', which is not a field; its RecordBatch has the columns"):
+        function.map([{"x": 1.0, "w": 1.0, "z": 0}])
+    # A null row, or a null in a non-nullable field, fails the job in phase validation naming it.
+    for bad, message in (
+        ([{"batch": {"x": 1.0, "w": 1.0}}, {"batch": None}], "row 1 of parameter 'batch' is null"),
+        ([{"batch": {"x": None, "w": 1.0}}], "field 'x' of parameter 'batch' is null in row 0"),
+    ):
+        failed = failure(db, run_rows(teams, A_KEY, fv, bad))
+        assert failed.phase == "validation" and message in failed.message
+
+
+def test_a_record_batch_udf_that_cannot_run_is_refused_saying_what_to_do(teams):
+    db = connect(teams.url, A_KEY)
+    with pytest.raises(Exception, match=r"400.*'batch' is a pa.RecordBatch but its input_schema type is float64"):
+        db.create_function(
+            udf(whole, input_schema=pa.schema([pa.field("batch", pa.float64())]), output_schema=pa.float64())
+        )
+    with pytest.raises(Exception, match=r"400.*'batch' is a pa.RecordBatch beside 'y'; a RecordBatch must be the only"):
+        db.create_function(
+            udf(
+                beside,
+                input_schema=pa.schema([pa.field("batch", XW), pa.field("y", pa.float64())]),
+                output_schema=pa.float64(),
+            )
+        )
