@@ -33,10 +33,12 @@ from __future__ import annotations
 import asyncio
 import builtins  # list() below shadows the type in annotations
 import functools
+import json
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from lancefn_jupyter.server.batches.backfill import BackfillRun, BackfillStore, Fragment, prepare, table_key
@@ -58,6 +60,8 @@ from lancefn_jupyter.server.batches.state import (
 )
 from lancefn_jupyter.server.batches.store import BATCH_SCHEMA, BatchStore
 from lancefn_jupyter.server.control.catalog import FunctionCatalog
+from lancefn_jupyter.server.control.dialect import batch_event_row
+from lancefn_jupyter.server.control.event_filter import kept_rows
 from lancefn_jupyter.server.control.events import EventBus
 from lancefn_jupyter.server.control.intake import BatchChunk, Intake, JobRequest
 from lancefn_jupyter.server.control.jobtable import JobTable
@@ -410,6 +414,7 @@ class BatchManager:
                 return {"batch_id": batch_id, "cancelled": False}
             batch.cancel_requested = True  # from here no chunk is submitted or re-queued
             self.saved.save_batch(batch)
+            self.saved.record(batch, batch.state, "cancel requested")
             # Queued jobs first, placed ones last: their devices are freed only once nothing of the
             # batch is left to take them.
             live = batch.live_jobs()
@@ -456,6 +461,7 @@ class BatchManager:
             if newly:
                 batch.paused = True
                 self.saved.save_spec(batch)
+                self.saved.record(batch, "PAUSED", "paused")
                 self._changed(batch)
             committing = batch.backfill is not None and bool(batch.backfill.committing)
             return {"paused": newly, "committing": committing, "batch": batch_wire(batch, include_chunks=False)}
@@ -469,9 +475,27 @@ class BatchManager:
             if resumed:
                 batch.paused = False
                 self.saved.save_spec(batch)
+                self.saved.record(batch, batch.state, "resumed")
                 self._follow_up(batch)
                 self._changed(batch)
             return {"resumed": resumed, "still_pausing": False, "batch": batch_wire(batch, include_chunks=False)}
+
+    def events(
+        self, batch_id: str, limit: int, scope: str | None = None, keep: Callable[[dict], bool] | None = None
+    ) -> list[dict]:
+        """A batch's or backfill's recorded changes (``BatchStore.record``) as LanceDB 0.40's event rows, oldest first:
+        the first ``limit`` ``keep`` keeps. Another namespace's batch is the same 404 as a missing one."""
+        with self.table.lock:
+            batch = self._batches.get(batch_id)
+        found, namespace = (True, batch.namespace) if batch is not None else self.saved.namespace(batch_id)
+        if not found or not visible(scope, namespace):
+            raise _not_found(batch_id)
+        return kept_rows(
+            lambda after, size: self.saved.events(batch_id, size, after=after),
+            lambda seq, data: batch_event_row(seq, batch_id, json.loads(data)),
+            limit,
+            keep,
+        )
 
     def describe_as_job(self, batch_id: str, scope: str | None = None) -> dict:
         """The batch or backfill as a job envelope (``state.batch_as_job``) for the jobs routes."""
@@ -515,6 +539,7 @@ class BatchManager:
                     run.failure, run.commit_failure = None, None
                     self.backfills.save(batch.batch_id, run)
                 self.saved.save_batch(batch)
+                self.saved.record(batch, batch.state, "retried")
         try:
             # In slices as for cancel; meanwhile _advance does not finish the batch (_resetting).
             for first in range(0, len(redo), RESET_SLICE):
@@ -615,11 +640,15 @@ class BatchManager:
             batch.started_ms = rec.started_ms or now_ms()
             batch.state = IN_PROGRESS
             self.saved.save_batch(batch)
+            self.saved.record(batch, IN_PROGRESS, "started", at_ms=batch.started_ms)
         if state not in TERMINAL:
             if state != chunk.state:
                 self._set_chunk(batch, chunk, state)
+                if state == IN_PROGRESS:
+                    self.saved.record(batch, state, "chunk started", at_ms=rec.started_ms, chunk=chunk)
             return
         batch.live.discard(chunk.idx)
+        self.saved.record(batch, state, "chunk ended", at_ms=rec.finished_ms, chunk=chunk)
         self._by_job.pop(rec.job_id, None)
         usage = self.jobs.reports.job_usage(rec)
         if usage is not None:
@@ -708,6 +737,7 @@ class BatchManager:
         batch.state = batch.outcome()
         batch.finished_ms = now_ms()
         self.saved.save_batch(batch)
+        self.saved.record(batch, batch.state, "ended", at_ms=batch.finished_ms)
         self._forget(batch)
         return False
 

@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS batch_chunks(
     failure TEXT,
     PRIMARY KEY(batch_id, idx)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS batch_events(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    batch_id TEXT NOT NULL,
+    data TEXT NOT NULL                 -- {state, at_ms, by, rows, chunk?, job_id?}: dialect.batch_event_row
+);
+CREATE INDEX IF NOT EXISTS batch_events_by_batch ON batch_events(batch_id, seq);
 """
 
 
@@ -83,6 +89,31 @@ class BatchStore:
                 batch.creation_ms,
             ),
         )
+        self.record(batch, batch.state, "created", at_ms=batch.creation_ms)
+
+    def record(
+        self, batch: BatchRun, state: str, by: str, *, at_ms: int | None = None, chunk: Chunk | None = None
+    ) -> None:
+        """One change of the batch (``by``: what changed it), or of one of its chunk's jobs, into its durable event
+        log (``POST /v1/jobs/query_events`` on the batch's id; docs/ARCHITECTURE.md, "LanceDB 0.40 dialect")."""
+        event: dict[str, Any] = {"state": state, "at_ms": at_ms or int(time.time() * 1000), "by": by}
+        if chunk is None:
+            event["rows"] = batch.rows_finished
+        else:
+            event.update(rows=chunk.rows_done, chunk=chunk.idx, job_id=chunk.job_id)
+        self.store.execute("INSERT INTO batch_events(batch_id, data) VALUES(?,?)", (batch.batch_id, dumps(event)))
+
+    def events(self, batch_id: str, limit: int, *, after: int = 0) -> list[tuple[int, str]]:
+        """``[(seq, data)]`` of a batch's recorded changes above sequence number ``after``, oldest first."""
+        return self.store.query(
+            "SELECT seq, data FROM batch_events WHERE batch_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (batch_id, after, limit),
+        )
+
+    def namespace(self, batch_id: str) -> tuple[bool, str | None]:
+        """Whether the batch exists, and its namespace."""
+        rows = self.store.query("SELECT namespace FROM batches WHERE batch_id=?", (batch_id,))
+        return (True, rows[0][0]) if rows else (False, None)
 
     def save_batch(self, batch: BatchRun) -> None:
         self.store.execute(

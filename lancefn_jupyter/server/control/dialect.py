@@ -17,6 +17,7 @@ from lancefn_jupyter.wire.models import FunctionSignature
 
 __all__ = [
     "ARTIFACT_MEDIA_TYPE",
+    "batch_event_row",
     "batch_udf",
     "decimal_version",
     "event_row",
@@ -185,4 +186,22 @@ def event_row(seq: int, job: dict[str, Any]) -> dict[str, Any]:
         "emitted_by": (job.get("placement") or {}).get("node") or "lancefn-server",
         "claim_entity": None,
         "rows_processed": (job.get("progress") or {}).get("rows_done", 0),
+    }
+
+
+def batch_event_row(seq: int, batch_id: str, event: dict[str, Any]) -> dict[str, Any]:
+    """One recorded change of a batch or backfill (``batches/store.py``'s ``batch_events``) as a row of LanceDB 0.40's
+    ``Job.events()``, in a job's event columns: ``job_id`` the batch's id; a chunk's change names the chunk in
+    ``emitted_by`` and its job in ``claim_entity``; ``updated_by`` says what changed it."""
+    chunk = event.get("chunk")
+    return {
+        "seq": seq,
+        "job_id": batch_id,
+        "state": event["state"],
+        "updated_at_millis": event["at_ms"],
+        "updated_by": event["by"],
+        "emitted_from": "control_plane" if chunk is None else "chunk",
+        "emitted_by": "lancefn-server" if chunk is None else f"chunk {chunk}",
+        "claim_entity": event.get("job_id"),
+        "rows_processed": event["rows"],
     }

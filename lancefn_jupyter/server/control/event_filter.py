@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from lancefn_jupyter.server.errors import ApiError
 
-__all__ = ["MAX_FILTER_CHARS", "parse"]
+__all__ = ["MAX_FILTER_CHARS", "kept_rows", "parse"]
 
 Row = dict[str, Any]
 Predicate = Callable[[Row], bool]
@@ -40,6 +40,27 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     ">": lambda a, b: a > b,
     ">=": lambda a, b: a >= b,
 }
+
+
+def kept_rows(
+    read: Callable[[int, int], list[tuple[int, str]]],
+    row: Callable[[int, str], Row],
+    limit: int,
+    keep: Predicate | None,
+) -> list[Row]:
+    """The first ``limit`` event rows ``keep`` keeps (all, when None), oldest first: ``read(after, size)`` gives a page
+    of ``(seq, data)`` above sequence number ``after``, ``row`` makes one an event row. A filter reads on past the rows
+    it drops, a page at a time."""
+    size = limit if keep is None else max(limit, 1000)
+    rows: list[Row] = []
+    after = 0
+    while page := read(after, size):
+        made = [row(seq, data) for seq, data in page]
+        rows += made if keep is None else [r for r in made if keep(r)]
+        if keep is None or len(rows) >= limit or len(page) < size:
+            break
+        after = page[-1][0]
+    return rows[:limit]
 
 
 def parse(text: str) -> Predicate:

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from lancefn_jupyter.server.control.dialect import event_row
+from lancefn_jupyter.server.control.event_filter import kept_rows
 from lancefn_jupyter.server.control.jobtable import JobTable
 from lancefn_jupyter.server.control.reports import Reports
 from lancefn_jupyter.server.control.states import PENDING, TERMINAL
@@ -77,16 +78,12 @@ class JobQueries:
         """A job's recorded events (the ones the event log still keeps) as LanceDB 0.40's event rows, oldest first:
         the first ``limit`` of those ``keep`` keeps (``event_filter.parse``), read a page at a time."""
         self.get(job_id, scope)
-        size = limit if keep is None else max(limit, 1000)  # a filter reads on past the rows it drops
-        rows: list[dict] = []
-        after = 0
-        while page := self.store.job_events(job_id, size, after=after):
-            read = [event_row(seq, json.loads(data)) for seq, data in page]
-            rows += read if keep is None else [row for row in read if keep(row)]
-            if keep is None or len(rows) >= limit or len(page) < size:
-                break
-            after = page[-1][0]
-        return rows[:limit]
+        return kept_rows(
+            lambda after, size: self.store.job_events(job_id, size, after=after),
+            lambda seq, data: event_row(seq, json.loads(data)),
+            limit,
+            keep,
+        )
 
     def describe(self, job_id: str, scope: str | None = None) -> dict:
         with self.table.lock:

@@ -90,7 +90,37 @@ def test_pause_keeps_the_running_chunk_starts_none_survives_a_restart_and_resume
         assert http.post("/v1/batches/resume", json={"batch_id": batch_id}).json()["resumed"] is False
         refused = http.post("/v1/batches/pause", json={"batch_id": batch_id})
         assert refused.status_code == 409 and "has ended" in refused.text
+        chunks = describe(http, batch_id)["chunks"]
     assert client(server).open_job(batch_id).status() == "finished"
+    assert_batch_events(server, batch_id, [c["job_id"] for c in chunks], 4)
+
+
+def assert_batch_events(server, batch_id: str, chunk_jobs: list[str], rows: int) -> None:
+    """The batch's events by LanceDB 0.40's ``Job.events()`` (recorded durably: those before the restart are there):
+    created, started, paused, resumed, ended; each chunk's job started and ended, the first across the pause."""
+    job = client(server).open_job(batch_id)
+    events = job.events().to_pylist()
+    assert {e["job_id"] for e in events} == {batch_id}
+    assert [e["seq"] for e in events] == sorted({e["seq"] for e in events})
+    own = [(e["state"], e["updated_by"]) for e in events if e["emitted_from"] == "control_plane"]
+    assert own == [
+        ("PENDING", "created"),
+        ("IN_PROGRESS", "started"),
+        ("PAUSED", "paused"),
+        ("IN_PROGRESS", "resumed"),
+        ("DONE", "ended"),
+    ]
+    assert events[-1]["rows_processed"] == rows
+    ended = [e for e in events if e["updated_by"] == "chunk ended"]
+    assert [(e["emitted_by"], e["state"], e["claim_entity"]) for e in ended] == [
+        (f"chunk {i}", "DONE", job_id) for i, job_id in enumerate(chunk_jobs)
+    ]
+    order = [(e["updated_by"], e["emitted_by"]) for e in events]
+    paused, resumed = order.index(("paused", "lancefn-server")), order.index(("resumed", "lancefn-server"))
+    assert order.index(("chunk started", "chunk 0")) < paused < order.index(("chunk ended", "chunk 0")) < resumed
+    assert job.events(filter="emitted_from = 'control_plane' AND state = 'PAUSED'", limit=5).to_pylist() == [
+        e for e in events if e["updated_by"] == "paused"
+    ]
 
 
 def paused_batch(server, gate: str, chunks: int) -> str:
@@ -176,3 +206,4 @@ def test_a_paused_backfill_starts_no_chunk_keeps_the_running_one_stays_paused_ac
     assert done["backfill"]["rows_written"] == 500 and done["backfill"]["fragments_committed"] == 2
     assert (done["chunks"][0]["job_id"], done["chunks"][0]["attempts"]) == (first["job_id"], 1)  # kept, not rerun
     assert column(lancedb.connect(str(db_dir)).open_table("docs"), "out") == [i + 1 for i in range(500)]
+    assert_batch_events(server, batch_id, [c["job_id"] for c in done["chunks"]], 500)

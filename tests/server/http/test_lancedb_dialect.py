@@ -656,3 +656,22 @@ def test_a_record_batch_udf_that_cannot_run_is_refused_saying_what_to_do(teams):
                 output_schema=pa.float64(),
             )
         )
+
+
+def test_a_batchs_events_by_its_id_and_another_namespace_reads_it_as_missing(teams):
+    fv = connect(teams.url, A_KEY).create_function(udf(triple, name="batch_events"))
+    with teams.http(A_KEY) as http:
+        body = {"name": fv.name, "version": fv.metadata["lancefn.version"], "chunks": [[{"x": 1}], [{"x": 2}]]}
+        batch_id = http.post("/v1/batches/create", json=body).json()["batch_id"]
+        http.post("/v1/batches/wait", json={"batch_id": batch_id, "timeout_s": 60}, timeout=70)
+    events = connect(teams.url, A_KEY).open_job(batch_id).events().to_pylist()
+    assert (events[0]["state"], events[0]["updated_by"]) == ("PENDING", "created")
+    assert (events[-1]["state"], events[-1]["updated_by"], events[-1]["rows_processed"]) == ("DONE", "ended", 2)
+    missing = "b" + batch_id[1:-4] + "0000"
+    with teams.http(B_KEY) as http:
+        theirs = http.post("/v1/jobs/query_events", json={"job_id": batch_id})
+        absent = http.post("/v1/jobs/query_events", json={"job_id": missing})
+    assert theirs.status_code == absent.status_code == 404
+    assert theirs.json()["error"]["message"] == absent.json()["error"]["message"].replace(missing, batch_id)
+    with pytest.raises(Exception, match="not found"):
+        connect(teams.url, B_KEY).open_job(batch_id).events()

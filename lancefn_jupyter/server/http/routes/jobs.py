@@ -169,12 +169,24 @@ def add_routes(router: Router, ctx: RouteContext) -> None:
 
     router.post("/v1/jobs/list", privilege="jobs")(listing(ListJobs, list_any, "list_jobs"))
 
+    def events_any(job_id: str, limit: int, scope: str | None, keep: Callable[[dict], bool] | None) -> list[dict]:
+        """A job's events, or a batch's or backfill's by its id; neither: the job's 404."""
+        try:
+            return queries.events(job_id, limit, scope, keep)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            try:
+                return batches.events(job_id, limit, scope, keep)
+            except ApiError:
+                raise error from None
+
     @router.post("/v1/jobs/query_events", privilege="jobs")
     async def query_events(request: Request) -> Response:
         """A job's events as an Arrow IPC stream (LanceDB 0.40's ``Job.events()``)."""
         body = await parse(request, QueryEvents)
         keep = event_filter.parse(body.filter) if body.filter else None
-        rows = await off_loop(queries.events, body.job_id, body.limit, who(request).scope, keep)
+        rows = await off_loop(events_any, body.job_id, body.limit, who(request).scope, keep)
         return Response(await off_loop(_events_stream, rows), media_type=ARROW_STREAM)
 
     @router.post("/v1/jobs/logs", privilege="jobs")
