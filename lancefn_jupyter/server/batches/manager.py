@@ -413,8 +413,9 @@ class BatchManager:
             if batch.state in TERMINAL:
                 return {"batch_id": batch_id, "cancelled": False}
             batch.cancel_requested = True  # from here no chunk is submitted or re-queued
-            self.saved.save_batch(batch)
-            self.saved.record(batch, batch.state, "cancel requested")
+            with self.store.batch():
+                self.saved.save_batch(batch)
+                self.saved.record(batch, batch.state, "cancel requested")
             # Queued jobs first, placed ones last: their devices are freed only once nothing of the
             # batch is left to take them.
             live = batch.live_jobs()
@@ -460,8 +461,9 @@ class BatchManager:
             newly = not batch.paused
             if newly:
                 batch.paused = True
-                self.saved.save_spec(batch)
-                self.saved.record(batch, "PAUSED", "paused")
+                with self.store.batch():
+                    self.saved.save_spec(batch)
+                    self.saved.record(batch, "PAUSED", "paused")
                 self._changed(batch)
             committing = batch.backfill is not None and bool(batch.backfill.committing)
             return {"paused": newly, "committing": committing, "batch": batch_wire(batch, include_chunks=False)}
@@ -474,15 +476,16 @@ class BatchManager:
             resumed = batch.paused and batch.state not in TERMINAL
             if resumed:
                 batch.paused = False
-                self.saved.save_spec(batch)
-                self.saved.record(batch, batch.state, "resumed")
+                with self.store.batch():
+                    self.saved.save_spec(batch)
+                    self.saved.record(batch, batch.state, "resumed")
                 self._follow_up(batch)
                 self._changed(batch)
             return {"resumed": resumed, "still_pausing": False, "batch": batch_wire(batch, include_chunks=False)}
 
     def events(
         self, batch_id: str, limit: int, scope: str | None = None, keep: Callable[[dict], bool] | None = None
-    ) -> list[dict]:
+    ) -> builtins.list[dict]:
         """A batch's or backfill's recorded changes (``BatchStore.record``) as LanceDB 0.40's event rows, oldest first:
         the first ``limit`` ``keep`` keeps. Another namespace's batch is the same 404 as a missing one."""
         with self.table.lock:
@@ -639,23 +642,21 @@ class BatchManager:
         if state == IN_PROGRESS and batch.started_ms is None:
             batch.started_ms = rec.started_ms or now_ms()
             batch.state = IN_PROGRESS
-            self.saved.save_batch(batch)
-            self.saved.record(batch, IN_PROGRESS, "started", at_ms=batch.started_ms)
+            with self.store.batch():
+                self.saved.save_batch(batch)
+                self.saved.record(batch, IN_PROGRESS, "started", at_ms=batch.started_ms)
         if state not in TERMINAL:
             if state != chunk.state:
-                self._set_chunk(batch, chunk, state)
-                if state == IN_PROGRESS:
-                    self.saved.record(batch, state, "chunk started", at_ms=rec.started_ms, chunk=chunk)
+                self._set_chunk(batch, chunk, state, rec if state == IN_PROGRESS else None)
             return
         batch.live.discard(chunk.idx)
-        self.saved.record(batch, state, "chunk ended", at_ms=rec.finished_ms, chunk=chunk)
         self._by_job.pop(rec.job_id, None)
         usage = self.jobs.reports.job_usage(rec)
         if usage is not None:
             batch.add_spent(usage, chunk.rows if state == DONE else rec.rows_done or 0)
         if state == DONE:
             chunk.rows_done = chunk.rows
-            self._set_chunk(batch, chunk, DONE)
+            self._set_chunk(batch, chunk, DONE, rec)
             if batch.backfill is not None:
                 self.commits.chunk_done(batch, chunk, rec)
             return
@@ -668,22 +669,22 @@ class BatchManager:
         setup_failed_before = setup and batch.setup_failed()  # read before this failure is kept
         chunk.failure = {**failure, "job_id": rec.job_id}
         if state == CANCELLED:
-            self._set_chunk(batch, chunk, CANCELLED)
+            self._set_chunk(batch, chunk, CANCELLED, rec)
         elif setup and setup_failed_before:
-            self._set_chunk(batch, chunk, FAILED)
+            self._set_chunk(batch, chunk, FAILED, rec)
             self._stop_after_setup(batch)
         elif setup and not batch.cancel_requested:
             # One more try whatever `retries` says: the executor retired the worker, so it lands on a
             # fresh one; a second failed setup stops the batch (docs/ARCHITECTURE.md, "Warm state").
             chunk.job_id, chunk.rows_done = None, 0
-            self._set_chunk(batch, chunk, PENDING)
+            self._set_chunk(batch, chunk, PENDING, rec)
             batch.waiting.appendleft(chunk.idx)
         elif chunk.attempts <= batch.retries and not batch.cancel_requested:
             chunk.job_id, chunk.rows_done = None, 0
-            self._set_chunk(batch, chunk, PENDING)
+            self._set_chunk(batch, chunk, PENDING, rec)
             batch.waiting.appendleft(chunk.idx)  # first in line among this batch's chunks
         else:
-            self._set_chunk(batch, chunk, FAILED)
+            self._set_chunk(batch, chunk, FAILED, rec)
 
     def _stop_after_setup(self, batch: BatchRun) -> None:
         """A second chunk setup failed: the version's setup is broken, so the batch fails now (it is
@@ -736,8 +737,9 @@ class BatchManager:
             return False  # DONE only once every fragment is committed ("Backfills", "State")
         batch.state = batch.outcome()
         batch.finished_ms = now_ms()
-        self.saved.save_batch(batch)
-        self.saved.record(batch, batch.state, "ended", at_ms=batch.finished_ms)
+        with self.store.batch():
+            self.saved.save_batch(batch)
+            self.saved.record(batch, batch.state, "ended", at_ms=batch.finished_ms)
         self._forget(batch)
         return False
 
@@ -826,10 +828,24 @@ class BatchManager:
         if rec is not None and rec.state != chunk.state:  # placed and started at once (hook ran before the mapping)
             self._job_changed(batch, chunk, rec)
 
-    def _set_chunk(self, batch: BatchRun, chunk: Chunk, state: str) -> None:
+    def _set_chunk(self, batch: BatchRun, chunk: Chunk, state: str, job: JobRecord | None = None) -> None:
+        """``chunk`` is now in ``state``, saved; ``job``: its job started or ended, recorded with it (one commit)."""
         if chunk.state != state:
             batch.move(chunk, state)
-        self.saved.save_chunk(batch, chunk)
+        if job is None:
+            self.saved.save_chunk(batch, chunk)
+            return
+        started = job.state == IN_PROGRESS
+        with self.store.batch():
+            self.saved.save_chunk(batch, chunk)
+            self.saved.record(
+                batch,
+                job.state,
+                "chunk started" if started else "chunk ended",
+                at_ms=job.started_ms if started else job.finished_ms,
+                chunk=chunk,
+                job=job,
+            )
 
     def _get(self, batch_id: str, scope: str | None = None) -> BatchRun:
         """The batch, if the caller (``scope``: its namespace; None: the admin) may see it; else the same 404."""

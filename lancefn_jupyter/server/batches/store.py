@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from lancefn_jupyter.server.batches.state import BatchRun, Chunk
-from lancefn_jupyter.server.control.states import IN_PROGRESS, PENDING
+from lancefn_jupyter.server.control.states import DONE, IN_PROGRESS, PENDING
 from lancefn_jupyter.server.encoding import dumps
-from lancefn_jupyter.server.storage.store import Store
+from lancefn_jupyter.server.storage.store import JobRecord, Store
 from lancefn_jupyter.wire.backfill_models import TableSlice
 
 BATCH_SCHEMA = """
@@ -92,15 +92,23 @@ class BatchStore:
         self.record(batch, batch.state, "created", at_ms=batch.creation_ms)
 
     def record(
-        self, batch: BatchRun, state: str, by: str, *, at_ms: int | None = None, chunk: Chunk | None = None
+        self,
+        batch: BatchRun,
+        state: str,
+        by: str,
+        *,
+        at_ms: int | None = None,
+        chunk: Chunk | None = None,
+        job: JobRecord | None = None,
     ) -> None:
-        """One change of the batch (``by``: what changed it), or of one of its chunk's jobs, into its durable event
+        """One change of the batch (``by``: what changed it), or of a ``chunk``'s ``job``, into its durable event
         log (``POST /v1/jobs/query_events`` on the batch's id; docs/ARCHITECTURE.md, "LanceDB 0.40 dialect")."""
         event: dict[str, Any] = {"state": state, "at_ms": at_ms or int(time.time() * 1000), "by": by}
-        if chunk is None:
+        if chunk is None or job is None:
             event["rows"] = batch.rows_finished
         else:
-            event.update(rows=chunk.rows_done, chunk=chunk.idx, job_id=chunk.job_id)
+            rows = chunk.rows if job.state == DONE else job.rows_done or 0
+            event.update(rows=rows, chunk=chunk.idx, job_id=job.job_id)
         self.store.execute("INSERT INTO batch_events(batch_id, data) VALUES(?,?)", (batch.batch_id, dumps(event)))
 
     def events(self, batch_id: str, limit: int, *, after: int = 0) -> list[tuple[int, str]]:
