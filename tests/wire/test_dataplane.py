@@ -282,3 +282,37 @@ def test_result_text_summarises_without_the_data():
     nan_job = Job.from_wire({**base, "result_format": "arrow", "result_summary": nan})
     assert display.result_text(nan_job).endswith("; holds 1 NaN, 1 -Inf of 3 floats")
     assert "nonfinite" not in dp.summarize(np.ones(3))
+
+
+STRUCT_XW = (
+    '{"fields":[{"name":"x","nullable":false,"type":{"type":"float64"}},'
+    '{"name":"w","nullable":true,"type":{"fields":[{"name":"item","nullable":false,"type":{"type":"int8"}}],'
+    '"type":"list"}}],"type":"struct"}'
+)
+
+
+def test_lancedb_040_types_are_read():
+    """LanceDB 0.40's grammar and canonical JSON (its ``_canonical_arrow_type``) as pyarrow types."""
+    item = pa.field("item", pa.int8(), nullable=False)
+    assert dp.arrow_type(STRUCT_XW) == pa.struct(
+        [pa.field("x", pa.float64(), nullable=False), pa.field("w", pa.list_(item))]
+    )
+    assert dp.arrow_type("large_list<int8>") == pa.large_list(item)
+    assert dp.arrow_type("fixed_size_list<int8, 3>") == pa.list_(item, 3)
+    assert dp.arrow_type("large_utf8") == pa.large_utf8() and dp.arrow_type("date32") == pa.date32()
+    with pytest.raises(ValueError, match="is not an Arrow type this server reads"):
+        dp.arrow_type('{"type": "map"}')
+    assert dp.struct_fields(STRUCT_XW) == ["x", "w"]
+    assert dp.struct_fields("float64") is None and dp.struct_fields('{"type":"list","fields":[]}') is None
+
+
+def test_struct_column_packs_columns_by_name_and_names_what_does_not_fit():
+    packed = dp.struct_column({"w": pa.array([[1], None]), "x": pa.array([1, 2])}, STRUCT_XW, "the batch")
+    assert packed.type == dp.arrow_type(STRUCT_XW) and packed.to_pylist() == [
+        {"x": 1.0, "w": [1]},
+        {"x": 2.0, "w": None},
+    ]
+    with pytest.raises(dp.DataPlaneError, match="the batch has no column 'w'; its RecordBatch has the columns"):
+        dp.struct_column({"x": pa.array([1.0])}, STRUCT_XW, "the batch")
+    with pytest.raises(dp.DataPlaneError, match="the batch: column 'x' does not cast to double"):
+        dp.struct_column({"x": pa.array(["a"]), "w": pa.array([[1]])}, STRUCT_XW, "the batch")
