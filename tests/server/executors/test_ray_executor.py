@@ -723,6 +723,20 @@ def test_a_ray_job_cannot_push_events_for_another_job(ray_cp, flag):
 
 HELPED = "import helper\n\n\ndef helped(x: int) -> int:\n    return helper.K * x\n"
 PARTS = "def parts(x: int) -> dict:\n    return {'q': x // 3, 'r': x % 3} if x else {'q': 0}\n"
+RECORD_BATCH = {
+    "input_schema": pa.schema(
+        [pa.field("batch", pa.struct([pa.field("x", pa.float64()), pa.field("w", pa.float64())]))]
+    ),
+    "output_schema": pa.float64(),
+}
+
+
+def weighted(batch: pa.RecordBatch) -> pa.Array:
+    import pyarrow.compute as pc
+
+    return pc.add(pc.multiply(batch.column("x"), batch.column("w")), float(batch.num_rows) / 100)
+
+
 DOUBLED = "import pyarrow as pa\nimport pyarrow.compute as pc\n\n\ndef doubled(x: pa.Array) -> pa.Array:\n    return pc.multiply(x, 2)\n"
 
 
@@ -754,6 +768,17 @@ def test_lancedb_bundles_batch_udfs_and_named_structs_run_on_ray_actors(ray_cp):
         assert job["job_state"] == "DONE", job
         table = pa.ipc.open_stream(http.get("/v1/jobs/result", params={"job_id": job["job_id"]}).content).read_all()
         assert table.column(0).to_pylist() == [3.0, 4.0]
+        # A RecordBatch UDF registered by the released client: each chunk is one RecordBatch of the struct's fields.
+        import lancedb
+        from lancedb.functions import udf
+
+        db = lancedb.connect("db://lancefn", api_key=ray_cp.api_key, host_override=ray_cp.url)
+        fv = db.create_function(udf(weighted, **RECORD_BATCH))
+        rows = [{"batch": {"x": 1.0, "w": 2.0}}, {"batch": {"x": -1.0, "w": 0.5}}]
+        job = _finished(http, submit(http, "weighted", fv.metadata["lancefn.version"], rows))
+        assert job["job_state"] == "DONE", job
+        table = pa.ipc.open_stream(http.get("/v1/jobs/result", params={"job_id": job["job_id"]}).content).read_all()
+        assert table.column(0).to_pylist() == [2.02, -0.48]
 
 
 def test_second_server_joins_the_cluster_by_address_and_leaves_it_running(ray_cp, tmp_path_factory, flag):
