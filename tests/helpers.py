@@ -550,6 +550,11 @@ def fake_autoscaling_cluster(
             "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
             "gcs_address": f"127.0.0.1:{port}",
             "launch_multiple": True,
+            # as Ray's own fake multi-node configs: no NodeUpdater (it would try to ssh into each node, fail, and
+            # terminate the node as "launch failed", killing the jobs on it), no launch-config check, node ids as ips
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+            "use_node_id_as_ip": True,
         },
         "available_node_types": {
             "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
