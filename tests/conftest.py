@@ -290,15 +290,27 @@ def shared_control_plane(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
     factory.close()
 
 
-@pytest.fixture(scope="module")
-def ray_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
-    """One ``lancefn-server --executor ray`` for a whole test module, on its own local Ray with
-    ``helpers.RAY_CLASSES`` (``small``: 2 simulated GPUs, ``big``: 1); skips where Ray is missing."""
+@pytest.fixture(scope="session")
+def _ray_session_cp(tmp_path_factory) -> Iterator[ControlPlaneProcess]:
     pytest.importorskip("ray")
     from helpers import module_ray_server  # helpers imports this module, so not at the top
 
     with module_ray_server(tmp_path_factory) as cp:
         yield cp
+
+
+@pytest.fixture(scope="module")
+def ray_cp(_ray_session_cp) -> ControlPlaneProcess:
+    """One ``lancefn-server --executor ray`` on its own local Ray with ``helpers.RAY_CLASSES`` (``small``: 2 simulated
+    GPUs, ``big``: 1), shared by every module that uses it: a Ray cluster costs ~20 s of a 2-core machine to start, so
+    it starts once per session. Tests tolerate each other's functions and jobs; a module whose tests stopped it (e.g.
+    test_ray_executor.py's last ones) leaves it to be started again here. Skips where Ray is missing."""
+    from helpers import ray_driver
+
+    if _ray_session_cp.proc is None or _ray_session_cp.proc.poll() is not None:
+        _ray_session_cp.start()
+        _ray_session_cp.sessions.append(ray_driver(_ray_session_cp).pid)
+    return _ray_session_cp
 
 
 @pytest.fixture
