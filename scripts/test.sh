@@ -34,11 +34,10 @@ fi
 
 # Most tests wait on processes they started (servers, kernels, workers) more than they compute, so the suite runs on
 # LANCEFN_TEST_WORKERS pytest-xdist workers (default 2; 0: in this process, one test at a time);
-# tests/conftest.py keeps the browser tests on one worker. The bare run (CI) runs the tests that start a Ray cluster
-# (marker `ray`) one at a time in a pytest of their own, and the others beside it at nice 19: Ray gives its daemons
-# fixed start-up deadlines, so its tests keep the CPU they ask for (a Ray test keeps about one core busy, measured),
-# and the others take what is left, then both cores once the Ray tests end. The Ray run's output follows the others'.
-# With arguments, one run of what they select.
+# tests/conftest.py keeps the browser tests on one worker. The bare run (CI) first runs the tests that start a Ray
+# cluster (marker `ray`) on their own, one at a time: Ray gives its daemons fixed start-up deadlines that a machine
+# busy with other tests misses (tried beside the others, even at nice 19 for those, they failed). With arguments,
+# one run of what they select.
 workers="${LANCEFN_TEST_WORKERS:-2}"
 set +e
 if [ "$workers" = 0 ]; then
@@ -46,19 +45,13 @@ if [ "$workers" = 0 ]; then
   .venv/bin/python -m pytest "$@"
   code=$?
 elif [ "$#" = 0 ]; then
-  ray_tmp=$(mktemp -d /tmp/lancefn-ray-tests.XXXXXX)  # a basetemp of its own: two pytest runs at once
-  echo "== running the Ray tests (one at a time; output in $ray_tmp/ray.log, shown at the end) and beside them"
-  echo "== the other tests ($workers workers, nice 19)"
-  .venv/bin/python -m pytest -m ray -p no:cacheprovider --basetemp "$ray_tmp/tmp" >"$ray_tmp/ray.log" 2>&1 &
-  ray_pid=$!
-  nice -n 19 .venv/bin/python -m pytest -n "$workers" --dist loadgroup -m "not ray"
-  code=$?
-  wait "$ray_pid"
+  echo "== running the Ray tests (one at a time)"
+  .venv/bin/python -m pytest -m ray
   ray_code=$?
-  echo "== the Ray tests"
-  cat "$ray_tmp/ray.log"
-  rm -rf "$ray_tmp"
   [ "$ray_code" = 5 ] && ray_code=0  # none collected: Ray is not installed
+  echo "== running the other tests ($workers workers)"
+  .venv/bin/python -m pytest -n "$workers" --dist loadgroup -m "not ray"
+  code=$?
   [ "$code" = 0 ] && code=$ray_code
 else
   echo "== running the test suite ($workers workers)"
