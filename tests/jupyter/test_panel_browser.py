@@ -349,8 +349,11 @@ def test_a_batch_row_shows_rows_chunks_by_state_and_cancels(page, lab):
         batch_id = reply.json()["batch_id"]
         row = page.locator(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"][data-state="running"]')
         row.wait_for()
-        # Two chunks finished, two running on the two GPUs, one waiting: one strip cell per chunk.
+        # Two chunks finished, two running on the two GPUs, one waiting: one strip cell per chunk. The fourth chunk
+        # starts a moment after the second ends, so wait for the settled detail line before reading the strip.
         page.wait_for_selector(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"] .lf-progress-text:text("4/10 rows")')
+        settled = "2 finished, 2 running, 1 pending of 5 chunks"
+        page.wait_for_selector(f'{PANEL} .lf-batch[data-batch-id="{batch_id}"] .lf-batch-detail:has-text("{settled}")')
         cells = row.locator(".lf-chunk")
         assert [cells.nth(i).get_attribute("title") for i in range(5)] == [
             "finished",
@@ -359,7 +362,7 @@ def test_a_batch_row_shows_rows_chunks_by_state_and_cancels(page, lab):
             "running",
             "pending",
         ]
-        assert "2 finished, 2 running, 1 pending of 5 chunks" in row.locator(".lf-batch-detail").inner_text()
+        assert settled in row.locator(".lf-batch-detail").inner_text()
         screenshot(page, "panel-batch")
         # Pause: the badge says paused and the button offers Resume; Resume brings it back ("Batches": pause).
         row.locator(".lf-batch-toggle:text('Pause')").click()
