@@ -111,19 +111,21 @@ def lab(tmp_path_factory) -> Iterator[tuple]:
 
 
 def _run_all_cells(page) -> None:
-    """Run > Run All Cells, once more if no cell was queued within 30 s (a loaded machine once lost the menu's click:
-    nothing ran in two minutes). A queued cell shows ``[*]`` at once, however busy the kernel, so a click that took
-    is never repeated."""
+    """Run > Run All Cells, by its exact label: a substring match may take "Restart Kernel and Run All Cells…", whose
+    confirmation dialog then holds every cell (seen on a loaded machine: nothing ran in two minutes). Once more, the
+    dialogs dismissed, if no cell was queued within 30 s; a queued cell shows ``[*]`` at once, however busy the kernel,
+    so a click that took is never repeated."""
     started = page.locator(".jp-InputPrompt:has-text('[*]'), .jp-InputPrompt:has-text('[1]')").first
     for attempt in range(2):
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
         try:
             started.wait_for(timeout=30_000)
             return
         except PlaywrightTimeoutError:
             if attempt:
                 raise
+            page.keyboard.press("Escape")  # a dialog or a menu left open
 
 
 def test_in_notebook_7_the_panel_fits_and_says_what_the_widget_says_of_a_pending_job(browser, lab):
