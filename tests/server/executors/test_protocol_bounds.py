@@ -6,6 +6,8 @@ real workers; the jobs find the channel as any job could (the worker's ``Protoco
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 import pytest
 from conftest import register, registration_body
@@ -22,6 +24,8 @@ pytestmark = pytest.mark.timeout(180)
 FORGE = """
 import gc
 import os
+import time
+from pathlib import Path
 import time
 
 HOLD_S = 120
@@ -167,9 +171,13 @@ FILE_RESULT = """
 import gc
 import json
 import os
+import time
+from pathlib import Path
 
 
-def file_result(size: int) -> str:
+def file_result(size: int, pid_file: str) -> str:
+    with open(pid_file, "w") as out:
+        out.write(str(os.getpid()))
     task = next(o for o in gc.get_objects() if type(o) is dict and "result_file" in o and "task_id" in o)
     os.makedirs(os.path.dirname(task["result_file"]), exist_ok=True)
     with open(task["result_file"], "wb") as out:
@@ -184,20 +192,42 @@ def file_result(size: int) -> str:
 """
 
 
+def _wait_exited(pid: int, timeout: float = 60.0) -> None:
+    """Until ``pid`` is gone or a zombie (the server's ``usable`` check then sees it exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the forging worker {pid} did not exit in {timeout} s")
+
+
 def test_an_arrow_result_is_checked_on_the_server_whatever_the_worker_says(control_plane_factory):
     cp = control_plane_factory(args=["--max-arrow-result-bytes", "4096"])
     body = registration_body(
-        "file_result", source=FILE_RESULT, entrypoint="file_result", inputs=(("size", "int64", False),), num_gpus=None
+        "file_result",
+        source=FILE_RESULT,
+        entrypoint="file_result",
+        inputs=(("size", "int64", False), ("pid_file", "string", False)),
+        num_gpus=None,
     )
+    pid_file = cp.home / "forger.pid"
     with cp.http() as http:
         version = register(http, body)["version"]
-        over = wait_done(http, submit(http, "file_result", version, [{"size": 4097}]))
+        over = wait_done(http, submit(http, "file_result", version, [{"size": 4097, "pid_file": str(pid_file)}]))
         assert over["job_state"] == "FAILED", over
         assert over["failure"]["phase"] == "result", over["failure"]
         assert "4097 bytes" in over["failure"]["message"] and "--max-arrow-result-bytes" in over["failure"]["message"]
         assert not (cp.home / "data" / "results" / f"{over['job_id']}.arrow").exists()
-        under = wait_done(http, submit(http, "file_result", version, [{"size": 4096}]))
-        assert under["job_state"] == "DONE", under
+        # The forger exits after its result, as no real worker does: the server may pool it before it has gone, and the
+        # next job, handed a worker that exits, would fail ("exited with code 0 while running").
+        _wait_exited(int(pid_file.read_text()))
+        under = wait_done(http, submit(http, "file_result", version, [{"size": 4096, "pid_file": str(pid_file)}]))
+        assert under["job_state"] == "DONE", under.get("failure")
         summary = under["result_summary"]
         assert set(summary) == {"type", "nbytes"} and len(summary["type"]) == 1024, summary  # known fields, capped
         assert len(http.post("/v1/jobs/describe", json={"job_id": under["job_id"]}).content) < 8 * 1024
