@@ -32,7 +32,7 @@ class CommitFailed(Exception):
 
 
 class _Lost(Exception):
-    """The Merge commit was refused (another writer committed first): redo it on the latest version."""
+    """A commit was refused (another writer committed first): redo it on the latest version."""
 
 
 def _field_ids(field: Any) -> list[int]:
@@ -48,7 +48,10 @@ def _ensure_columns(ds: Any, into: str, target: Any) -> Any:
     if sidecar not in ds.schema.names:
         missing.append(pa.field(sidecar, pa.utf8()))
     if missing:
-        ds.add_columns(pa.schema(missing))
+        try:
+            ds.add_columns(pa.schema(missing))
+        except Exception as error:  # a commit of its own, which another writer's may beat (CommitConflictError)
+            raise _Lost() from error
         ds = open_table(ds.uri)
     return ds
 

@@ -333,7 +333,9 @@ def test_08_edit_keep_the_model(run_tutorial):
     # Three edits of __call__, one setup: each runs on the instance setup() made (its call count goes on).
     for run, result, calls in (("check-run-1", "20.0", 2), ("check-run-2", "100.0", 3), ("check-run-3", "400.0", 4)):
         text = nb.text(run)
-        version = re.search(r"version: ([0-9a-f]{16})", text).group(1)
+        found = re.search(r"version: ([0-9a-f]{16})", text)
+        assert found is not None, text
+        version = found.group(1)
         assert version not in versions, text  # each edit is a version of its own
         assert f"result: {result}" in text and f"printed: call {calls}:" in text, text
         assert f"setup: 0 ms | reused from: {versions[-1]}" in text, text

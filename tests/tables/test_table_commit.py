@@ -88,3 +88,35 @@ def test_a_column_of_each_kind_committed_twice(tmp_path, output_type, values, ar
     expected = [values(i * 10) for i in range(6)]
     assert got == [e.tolist() if isinstance(e, np.ndarray) else e for e in expected]
     assert table.to_arrow().column("out__lancefn_version").to_pylist() == ["v10"] * 6
+
+
+def test_backfills_into_other_columns_of_one_table_at_once_all_commit(tmp_path):
+    """Each commit adds its column first (a commit of its own): when another backfill's got in between, it is redone
+    on the newer table, as a lost Merge commit is (before, the column's add failed the backfill: CommitConflictError)."""
+    import threading
+
+    from lancefn_jupyter.tables.commit import ChunkPart, commit_fragment
+
+    db = lancedb.connect(str(tmp_path))
+    table = db.create_table("t", pa.table({"id": list(range(50))}))
+    names = [f"out{i}" for i in range(6)]
+    start, errors = threading.Barrier(len(names)), []
+
+    def backfill(into: str, scale: float) -> None:
+        offsets = np.arange(50)
+        part = ChunkPart(offsets, lambda: (pa.array(offsets * scale, pa.float64()), None))
+        start.wait()
+        try:
+            commit_fragment(table.uri, 0, into=into, output_type="float64", parts=[part], version="v1")
+        except Exception as error:  # the test's own failure, named below
+            errors.append(f"{into}: {type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=backfill, args=(into, i + 1.0)) for i, into in enumerate(names)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    data = db.open_table("t").to_arrow().sort_by("id")
+    for i, into in enumerate(names):
+        assert data.column(into).to_pylist() == [float(row * (i + 1)) for row in range(50)], into

@@ -437,8 +437,9 @@ def test_a_class_backfill_takes_init_values_as_json_or_a_lancedb_binding_row(cp)
             assert refused.status_code == 400 and problem in refused.text, refused.text
         by_json = create(http, **target, into="doubled", init={"factor": 2.0})
         by_row = create(http, **target, into="shifted", initialization=init_row(factor=3.0, offset=1.0))
-        assert wait(http, by_json["batch_id"])["batch_state"] == "DONE"
-        assert wait(http, by_row["batch_id"])["batch_state"] == "DONE"
+        for created in (by_json, by_row):
+            ended = wait(http, created["batch_id"])
+            assert ended["batch_state"] == "DONE", {k: v for k, v in ended.items() if "fail" in k or k == "chunks"}
     api.connect(cp.url, cp.api_key)  # the kernel's backfill: map(table, into=, init=)
     api.lookup(f"Shift@{version}").map(table, column="a", into="halved", init={"factor": 0.5}).wait()
     done = lancedb.connect(str(Path(table.uri).parent)).open_table("docs")
