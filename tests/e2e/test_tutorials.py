@@ -23,6 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import outputs_text
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,14 +65,9 @@ class Executed:
         return cells[0]
 
     def text(self, tag: str) -> str:
-        """The cell's stream output and text/plain results (what a reader sees as text)."""
-        parts = []
-        for output in self.cell(tag).get("outputs", []):
-            if output.get("output_type") in ("stream", "error"):
-                parts.append(_output_text(output))
-            elif "text/plain" in output.get("data", {}):
-                parts.append(output["data"]["text/plain"])
-        return "\n".join(parts)
+        """The cell's stream output and text/plain results (what a reader sees as text; a print() a busy kernel
+        flushed in pieces, rejoined)."""
+        return outputs_text(self.cell(tag))
 
     def all_outputs(self) -> str:
         return "\n".join(_output_text(o) for c in self.nb.cells for o in c.get("outputs", []))
