@@ -229,7 +229,9 @@ class BatchStore:
         )
         if not rows:
             return None
-        namespace, name, version, digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested, spent = rows[0]
+        namespace, name, version, digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested, spent = (
+            rows[0]
+        )
         spec = json.loads(spec)
         batch = BatchRun(
             batch_id=batch_id,
