@@ -838,6 +838,8 @@ class BatchManager:
         started = job.state == IN_PROGRESS
         with self.store.batch():
             self.saved.save_chunk(batch, chunk)
+            if not started and batch.spent:  # its job ended: what it spent is in (``_job_changed``)
+                self.saved.save_spent(batch)
             self.saved.record(
                 batch,
                 job.state,

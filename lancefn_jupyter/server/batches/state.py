@@ -70,7 +70,7 @@ class BatchRun:
     # Paused (docs/ARCHITECTURE.md, "Batches": pause): no chunk starts; running ones finish and are kept. Saved in spec.
     paused: bool = False
     init: dict | None = None  # a class entry's initialization values for every chunk ("Warm state"); saved in spec
-    # What its ended chunk jobs held and cost, and the rows they did, since this server took it up ("Cost"); in memory
+    # What its ended chunk jobs held and cost, and the rows they did ("Cost"); saved with each chunk that ends
     spent: dict = field(default_factory=dict)
 
     def add_spent(self, usage: dict, rows: int) -> None:

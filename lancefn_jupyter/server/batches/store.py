@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS batches(
     creation_ms INTEGER NOT NULL,
     started_ms INTEGER,
     finished_ms INTEGER,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    spent TEXT                         -- BatchRun.spent: its ended chunk jobs' usage summed (BatchUsage)
 );
 CREATE INDEX IF NOT EXISTS batches_by_input ON batches(name, version, input_digest, seq);
 CREATE INDEX IF NOT EXISTS batches_by_state ON batches(state, seq);
@@ -55,6 +56,8 @@ class BatchStore:
     def __init__(self, store: Store):
         self.store = store
         store.executescript(BATCH_SCHEMA)
+        if "spent" not in [row[1] for row in store.query("PRAGMA table_info(batches)")]:  # a home from before it
+            store.execute("ALTER TABLE batches ADD COLUMN spent TEXT")
 
     def insert_chunks(self, batch: BatchRun, encoded: list, first: int, end: int) -> None:
         """Chunks ``first``..``end`` of a new batch with their rows (JSON text or Arrow IPC bytes), written
@@ -128,6 +131,10 @@ class BatchStore:
             "UPDATE batches SET state=?, started_ms=?, finished_ms=?, cancel_requested=? WHERE batch_id=?",
             (batch.state, batch.started_ms, batch.finished_ms, int(batch.cancel_requested), batch.batch_id),
         )
+
+    def save_spent(self, batch: BatchRun) -> None:
+        """What the batch's ended chunk jobs spent, so a restart goes on counting from there."""
+        self.store.execute("UPDATE batches SET spent=? WHERE batch_id=?", (dumps(batch.spent), batch.batch_id))
 
     def save_spec(self, batch: BatchRun) -> None:
         """The batch's spec again (it carries ``paused``, so a paused batch stays paused across a restart)."""
@@ -216,13 +223,15 @@ class BatchStore:
 
     def load(self, batch_id: str) -> BatchRun | None:
         rows = self.store.query(
-            "SELECT namespace, name, version, input_digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested "
-            "FROM batches WHERE batch_id=?",
+            "SELECT namespace, name, version, input_digest, state, spec, creation_ms, started_ms, finished_ms, "
+            "cancel_requested, spent FROM batches WHERE batch_id=?",
             (batch_id,),
         )
         if not rows:
             return None
-        namespace, name, version, digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested = rows[0]
+        namespace, name, version, digest, state, spec, creation_ms, started_ms, finished_ms, cancel_requested, spent = (
+            rows[0]
+        )
         spec = json.loads(spec)
         batch = BatchRun(
             batch_id=batch_id,
@@ -241,6 +250,7 @@ class BatchStore:
             cancel_requested=bool(cancel_requested),
             paused=bool(spec.get("paused")),
             init=spec.get("init"),
+            spent=json.loads(spent) if spent else {},
             # Revisions only live in memory; starting from the clock keeps a client's last seen
             # revision older than any after a restart, so its long poll still returns on change.
             revision=time.time_ns() // 1000,

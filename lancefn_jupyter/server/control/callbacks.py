@@ -163,6 +163,13 @@ class JobCallbacks:
     def event_loop(self) -> asyncio.AbstractEventLoop | None:
         return self.table.loop
 
+    def usage_changed(self) -> None:
+        try:
+            with self.table.lock:  # re-entrant: the event loop calls this with it held (``hold_now``)
+                self.reports.publish_usage()
+        except Exception:  # a report, never worth an executor's thread
+            log.exception("could not publish the usage the executor changed")
+
     @_callback
     def task_started(self, rec: JobRecord, *, devices: tuple[str, ...] = (), node: str | None = None) -> None:
         rec.state = IN_PROGRESS

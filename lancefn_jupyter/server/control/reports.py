@@ -190,13 +190,12 @@ class Reports:
         each idle warm worker of the class retires (the executor's)."""
         usage = self.placement.usage()
         executor = self.table.executor
-        idle = executor.idle_retire_ms() if executor is not None else []
+        class_of = {device: spec.name for spec in self.classes.classes for device in spec.devices}
+        idle = executor.idle_retire_ms(class_of) if executor is not None else []
         if idle:
-            class_of = {device: spec.name for spec in self.classes.classes for device in spec.devices}
             retire: dict[str, list[int]] = {}
-            for devices, at in idle:
-                if devices and devices[0] in class_of:
-                    retire.setdefault(class_of[devices[0]], []).append(at)
+            for gpu_class, at in idle:
+                retire.setdefault(gpu_class, []).append(at)
             for entry in usage:
                 if entry["name"] in retire:
                     entry["warm_retire_ms"] = sorted(retire[entry["name"]])

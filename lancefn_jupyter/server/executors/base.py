@@ -127,6 +127,11 @@ class ExecutorCallbacks(Protocol):
         there is none (the core runs without a server)."""
         ...
 
+    def usage_changed(self) -> None:
+        """The executor's part of ``/v1/gpu/usage`` changed (its capacity, nodes, idle warm workers): a ``usage``
+        event goes out. Callable with or without the core's locks."""
+        ...
+
 
 class InlineRun(Protocol):
     """A launched task that the thread which launched it runs itself (``Executor.launch_inline``)."""
@@ -208,9 +213,10 @@ class Executor(ABC):
         own user. May raise (no uid left for the namespace)."""
         return None
 
-    def idle_retire_ms(self) -> list[tuple[tuple[str, ...], int]]:
-        """Each idle worker that holds a version: its device set and when it retires unused (epoch ms), for the
-        usage's ``warm_retire_ms``; [] when unknown."""
+    def idle_retire_ms(self, class_of: Mapping[str, str]) -> list[tuple[str, int]]:
+        """Each idle worker that holds a version: its GPU class and when it retires unused (epoch ms), for the
+        usage's ``warm_retire_ms``; ``class_of``: device id → class, for executors that place on device sets; []
+        when unknown."""
         return []
 
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:

@@ -69,7 +69,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -396,13 +396,16 @@ class LocalExecutor(Executor):
             return BuildUser(uid, uid)
         return BuildUser(self._user.uid, self._user.gid) if self._user is not None else None
 
-    def idle_retire_ms(self) -> list[tuple[tuple[str, ...], int]]:
+    def idle_retire_ms(self, class_of: Mapping[str, str]) -> list[tuple[str, int]]:
         # The retiring thread looks every min(idle, 30 s): a worker goes at most that long after this.
         offset = time.time() - time.monotonic() + self._idle_timeout_s
         with self._lock:
-            return [
-                (key[0], int((since + offset) * 1000)) for key, (_, since) in self._idle.items() if key[2] is not None
-            ]
+            idle = [(key[0], since) for key, (_, since) in self._idle.items() if key[2] is not None]
+        return [
+            (class_of[devices[0]], int((since + offset) * 1000))
+            for devices, since in idle
+            if devices[0:1] and devices[0] in class_of
+        ]
 
     def warm_devices(self, namespace: str, name: str, version: str) -> list[tuple[str, ...]]:
         owner = (namespace, name, version)

@@ -88,3 +88,39 @@ def test_a_stored_chunk_is_read_back_as_its_slice(store):
         )
     table_slice = saved.chunk_slice("b3", 0)
     assert table_slice.ranges == ((0, 4),) and table_slice.columns == ("text",) and table_slice.to_wire() == piece
+
+
+def test_a_home_from_before_batch_spending_was_saved_opens_and_saves_it_from_then_on(tmp_path):
+    """The ``batches`` table without its ``spent`` column (an older server's) gains it on open: its batches load with
+    nothing spent yet, and what their chunks spend from then on is saved and loads again."""
+    from lancefn_jupyter.server.batches.state import BatchRun
+
+    path = tmp_path / "old.sqlite3"
+    store = Store(path)
+    batches = BatchStore(store)
+    batch = BatchRun(
+        batch_id="b1",
+        name="f",
+        version="v",
+        digest="d",
+        state="IN_PROGRESS",
+        parallel=None,
+        retries=0,
+        timeout_s=None,
+        creation_ms=1_000,
+        chunks=[],
+    )
+    with store.batch():
+        batches.insert(batch)
+    store.execute("ALTER TABLE batches DROP COLUMN spent")  # the table as it was
+    store.close()
+    store = Store(path)
+    batches = BatchStore(store)
+    loaded = batches.load("b1")
+    assert loaded is not None and loaded.spent == {} and loaded.state == "IN_PROGRESS"
+    loaded.add_spent({"held_s": 1.5, "gpu_seconds": 1.5, "cost": 0.25, "currency": "EUR"}, rows=4)
+    batches.save_spent(loaded)
+    store.close()
+    again = BatchStore(Store(path)).load("b1")
+    assert again is not None
+    assert again.spent == {"held_s": 1.5, "gpu_seconds": 1.5, "cost": 0.25, "currency": "EUR", "rows": 4}

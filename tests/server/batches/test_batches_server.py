@@ -12,6 +12,7 @@ import inspect
 import threading
 
 import httpx
+import pytest
 from conftest import register, registration_body
 from helpers import DEADLINE_S, api_keys_toml, gated, submit, wait_done, wait_until
 
@@ -231,11 +232,14 @@ def test_sigkill_mid_batch_resumes_on_restart_with_no_row_lost_or_counted_twice(
             lambda: (b := describe(http, batch_id))["strip"] == "ddrrpppp" and b, "two done, two running"
         )
         assert [("job_id" in c) for c in batch["chunks"]] == [True] * 5 + [False] * 3
+        spent = describe(http, batch_id)["usage"]
+        assert spent["rows"] == 4 and spent["held_s"] > 0, spent  # what the two ended chunk jobs held
     cp.kill()
     cp.start()
     with cp.http() as http:
         batch = describe(http, batch_id)
         assert batch["batch_state"] == "IN_PROGRESS" and batch["strip"].startswith("dd")
+        assert batch["usage"] == spent  # saved with the chunks that ended: counting goes on from there
         open_gates(tmp_path, 8)
         batch = wait_batch(http, batch_id)
         assert batch["batch_state"] == "DONE" and batch["rows_done"] == batch["rows_total"] == 16
@@ -246,6 +250,12 @@ def test_sigkill_mid_batch_resumes_on_restart_with_no_row_lost_or_counted_twice(
             j["spec"]["chunk"] for j in jobs if j["spec"].get("batch_id") == batch_id and j["job_state"] == "DONE"
         )
         assert done == list(range(8))
+        held = sum(
+            j["usage"]["held_s"] for j in jobs if j["spec"].get("batch_id") == batch_id and j["job_state"] == "DONE"
+        )
+        assert batch["usage"]["rows"] == 16 and batch["usage"]["held_s"] == pytest.approx(held, abs=1e-3), batch[
+            "usage"
+        ]
 
 
 def test_arrow_chunks_survive_sigkill_mid_batch_and_resume_on_restart(control_plane, tmp_path):

@@ -99,7 +99,9 @@ def test_idle_actors_expire_and_clear_returns_every_actor():
         pool.bind(job_id, f"actor-{job_id}")
     pool.release("1", now=0.0, reuse=True)
     pool.release("2", now=5.0, reuse=True)
+    assert pool.retire_times() == [10.0, 15.0]  # idle since + idle_s, soonest first (the usage's warm line)
     assert pool.expire(now=12.0) == ["actor-1"]
+    assert pool.retire_times() == [15.0]
     assert sorted(pool.clear()) == ["actor-2", "actor-3"]
     assert pool.idle_count() == 0 and pool.dispatch() == ([], [])
 

@@ -3,12 +3,16 @@ namespace), on a local Ray whose two logical GPUs stand in for real ones (a non-
 class with ``devices = [0, 1]``).  A version's later jobs reuse its warm actor; another version
 never does; a crashed actor is replaced; cancelling a job on a warm actor kills the actor and
 frees its GPUs; a job of another version waiting for the GPUs gets them when the running actor's
-job ends (the actor is not kept idle on them); an idle actor retires.
+job ends (the actor is not kept idle on them); an idle actor retires, and the usage says when until it does.
 
 One server (and its local Ray) for the module; every wait is bounded; nothing is timed."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -131,9 +135,42 @@ def test_a_job_of_another_version_waiting_for_the_gpus_gets_them_when_the_runnin
         wait_until(_gone(holder_pid), "the holder's actor to be gone", SLOW)
 
 
-def test_an_idle_actor_retires(cp):
-    with cp.http() as http:
+def _warm_usage_event(cp: ControlPlaneProcess, opened: threading.Event, after_ms: int) -> list[int]:
+    """From the event stream: the first ``usage`` event whose ``real`` class has an idle actor that retires after
+    ``after_ms`` (epoch ms), its ``warm_retire_ms``."""
+    with cp.http(timeout=SLOW) as http, http.stream("GET", "/v1/jobs/events") as reply:
+        event = ""
+        for line in reply.iter_lines():
+            opened.set()
+            if line.startswith("event:"):
+                event = line.removeprefix("event:").strip()
+            elif line.startswith("data:") and event == "usage":
+                usage = {entry["name"]: entry for entry in json.loads(line.removeprefix("data:"))["classes"]}
+                warm = usage["real"].get("warm_retire_ms", [])
+                if any(at > after_ms for at in warm):
+                    return warm
+    raise AssertionError("the event stream ended")
+
+
+def test_an_idle_actor_retires_and_the_usage_says_when(cp):
+    """The usage's ``warm_retire_ms`` (the side panel's warm line) counts the idle actor from when its job ends until
+    it retires, and a ``usage`` event says so (the bridge reports it just after the job's own events)."""
+    with cp.http() as http, concurrent.futures.ThreadPoolExecutor(1) as pool:
         v1 = _version(http, comment="# retire me\n")
+        opened = threading.Event()
+        submitted_ms = int(time.time() * 1000)
+        # Actors idle before this job retire before submitted_ms + IDLE_S; this job's one after.
+        seen = pool.submit(_warm_usage_event, cp, opened, submitted_ms + IDLE_S * 1000)
+        assert opened.wait(SLOW)
         warm = _pid(http, v1)
+        done_ms = int(time.time() * 1000)
+        events_warm = seen.result(timeout=SLOW)
+        assert max(events_warm) <= done_ms + IDLE_S * 1000 + 2000, (events_warm, done_ms)
+        assert any(at > submitted_ms + IDLE_S * 1000 for at in _real_usage(http).get("warm_retire_ms", []))
         wait_until(_gone(warm), "the idle actor to retire", IDLE_S + 60)
+        wait_until(lambda: not _real_usage(http).get("warm_retire_ms"), "the usage to show no warm actor", SLOW)
         assert _pid(http, v1) != warm
+
+
+def _real_usage(http) -> dict:
+    return next(entry for entry in http.get("/v1/gpu/usage").json()["classes"] if entry["name"] == "real")

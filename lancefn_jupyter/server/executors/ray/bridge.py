@@ -161,6 +161,7 @@ class _Driver:
         self.capacity: dict[str, int] = {}
         self.largest: dict[str, int] = {}
         self.nodes: dict[str, int] = {}  # per class: live nodes that have it
+        self.warm_sent: dict[str, list[float]] = {}  # per class: its idle actors' retire times, as last reported
         # Classes an autoscaler scales: their queue is asked of it (``_scale``; docs/ray.md, "Scaling with the queue")
         self.scaling = scaling_of(config)
         self.caps: dict[str, int] = {str(k): int(v) for k, v in (config.get("caps") or {}).items()}
@@ -700,8 +701,21 @@ class _Driver:
                     record.unplaced_since = now
                     retire.append(record.pool.retire_least_recent())  # type: ignore[union-attr]
         self._retire([actor for actor in retire if actor is not None])
+        self._report_warm()
         if now - self.last_ok > self.lost_after_s:
             self._lost(f"the Ray cluster has not answered for {self.lost_after_s:g} s")
+
+    def _report_warm(self) -> None:
+        """Each GPU class's idle actors, when they retire unused (epoch ms), sent when that changes: the usage's
+        ``warm_retire_ms`` (the side panel's warm line). Looked at every tick, so at most half a second late."""
+        with self.lock:
+            warm = {name: times for name, pool in self.gpu_pools.items() if (times := pool.retire_times())}
+        if warm == self.warm_sent:
+            return
+        self.warm_sent = warm
+        offset = time.time() - time.monotonic()
+        classes = {name: [int((at + offset) * 1000) for at in times] for name, times in warm.items()}
+        self.proto.send(event="warm", classes=classes)
 
     def _watch(self) -> None:
         """Capacity per class (from the cluster's resources), and whether the cluster is alive."""

@@ -343,6 +343,7 @@ class RayExecutor(Executor):
         self._largest: dict[str, int] = {}  # per class: GPUs of its biggest node (from the bridge)
         self._scaling_config = scaling_config(classes)  # classes an autoscaler scales (docs/ray.md)
         self._scaling: dict[str, dict[str, Any]] = {}  # their nodes up / starting, as the bridge last reported
+        self._warm: dict[str, list[int]] = {}  # per class: when its idle actors retire (epoch ms), the bridge's
         self._caps: dict[str, int] = {}  # namespace → max GPUs (``limit_namespaces``)
         self._start_failures = 0
         if self._address is None and classes is not None:
@@ -548,6 +549,10 @@ class RayExecutor(Executor):
                 classes[name]["next_up_ms"] = nodes["next_up_ms"]
         return classes
 
+    def idle_retire_ms(self, class_of: Mapping[str, str]) -> list[tuple[str, int]]:
+        with self._lock:
+            return [(name, at) for name, times in self._warm.items() for at in times]
+
     def limit_namespaces(self, caps: Mapping[str, int]) -> None:
         self._caps = {str(namespace): int(cap) for namespace, cap in caps.items()}
 
@@ -723,6 +728,7 @@ class RayExecutor(Executor):
             self._bridge = None
             # New launches wait (PENDING) for the next attempt; if it fails too, they fail then.
             self._state = "stopped" if self._closed.is_set() else "starting"
+            self._warm = {}  # its actors went with it
             failed = list(self._buffer) + list(self._inflight.values())
             self._buffer, self._inflight = [], {}
             self._loop_jobs.difference_update(task.job_id for task in failed)
@@ -764,10 +770,23 @@ class RayExecutor(Executor):
             with self._lock:
                 self._capacity = {str(k): int(v) for k, v in event.get("capacity", {}).items()}
                 self._largest = {str(k): int(v) for k, v in event.get("largest", {}).items()}
+            callbacks.usage_changed()
             return
         if kind == "scaling":
             with self._lock:
                 self._scaling = {str(k): dict(v) for k, v in event.get("classes", {}).items() if isinstance(v, dict)}
+            callbacks.usage_changed()
+            return
+        if kind == "warm":
+            classes = event.get("classes")
+            warm = {
+                str(name): [at for at in times if type(at) is int]
+                for name, times in (classes.items() if isinstance(classes, dict) else ())
+                if isinstance(times, list)
+            }
+            with self._lock:
+                self._warm = warm
+            callbacks.usage_changed()
             return
         problem = event_problem(event, str(job_id), kinds=_JOB_EVENTS, phases=ALL_PHASES)
         with self._lock:

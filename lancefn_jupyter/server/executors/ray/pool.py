@@ -144,6 +144,10 @@ class ActorPool:
         """The started jobs' ids (their actors running them or being placed)."""
         return list(self._busy)
 
+    def retire_times(self) -> list[float]:
+        """When each idle actor retires unused (the clock of ``release``'s ``now``), soonest first."""
+        return sorted(entry[1] + self.idle_s for idle in self._idle.values() for entry in idle)
+
     def idle_count(self) -> int:
         return sum(len(idle) for idle in self._idle.values())
 
