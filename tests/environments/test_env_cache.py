@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import remove_tree
-from helpers import absent_packages, let_workers_reach_this_python, tiny_wheel
+from helpers import absent_packages, let_workers_reach_this_python, tiny_wheel, wait_until
 from uv import find_uv_bin
 
 from lancefn_jupyter.environments import build as build_module
@@ -203,19 +203,29 @@ def test_a_build_waits_for_another_process_building_the_same_key(root):
 
 
 def test_a_package_that_does_not_exist_fails_naming_it_and_is_tried_again(root, monkeypatch):
-    builds = []
+    builds, waiting = [], [0]
     real_build = build_module.build
-    monkeypatch.setattr(build_module, "build", lambda *a, **k: builds.append(1) or real_build(*a, **k))
+
+    def build_once_all_wait(*args, **kwargs):
+        # The build starts once every caller of the attempt waits on it: this failing build is quick, and on a loaded
+        # machine a caller that reached ensure() after it ended would rightly start a build of its own.
+        builds.append(1)
+        flight = next(iter(cache._flights.values()))  # the build in flight, whose callers wait
+        wait_until(lambda: len(flight._logs) >= waiting[0], "every caller waiting on the build", 60)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(build_module, "build", build_once_all_wait)
     cache = EnvironmentCache(root)
     request = _pip("lancefn-nonexistent-xyz")
     for attempt, callers in ((1, 3), (2, 1)):  # three at once share one failed build; the next builds again
         barrier = threading.Barrier(callers)
         failures: list[EnvironmentFailure] = []
+        waiting[0] = callers
 
         def caller(barrier, failures):
             barrier.wait()
             try:
-                cache.ensure(request)
+                cache.ensure(request, log=lambda lines: None)  # a log: each caller waiting is counted
             except EnvironmentFailure as exc:
                 failures.append(exc)
 
