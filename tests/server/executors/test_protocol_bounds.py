@@ -25,8 +25,6 @@ FORGE = """
 import gc
 import os
 import time
-from pathlib import Path
-import time
 
 HOLD_S = 120
 
@@ -171,8 +169,6 @@ FILE_RESULT = """
 import gc
 import json
 import os
-import time
-from pathlib import Path
 
 
 def file_result(size: int, pid_file: str) -> str:
